@@ -1,0 +1,129 @@
+"""The topic catalog: which topics exist, their partition count, and each partition's row in
+the shared partition table.
+
+Invariants:
+- One writer: the timer process (the node's single authority for topic creation and deletion),
+  or the supervisor before any child runs. Every other process only reads.
+- The file `<data_dir>/catalog.json` is replaced atomically (write temp, fsync, rename, fsync the
+  directory), so a reader or a crash sees the old catalog or the new one, never a mix.
+- `version` grows by one with every change; workers reload when a layout message names a newer
+  version than theirs.
+- A partition's table row is unique among live partitions; rows of deleted topics are reused.
+- Topic names follow Kafka's rule: 1-249 characters of [a-zA-Z0-9._-], neither "." nor "..".
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+
+import orjson
+
+CATALOG_FILE = "catalog.json"
+_LEGAL_NAME = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")
+
+
+class CatalogError(Exception):
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def valid_topic_name(name: str) -> bool:
+    return bool(_LEGAL_NAME.match(name)) and name not in (".", "..")
+
+
+def partition_dir_name(topic: str, partition: int) -> str:
+    return f"{topic}-{partition}"
+
+
+@dataclass
+class TopicEntry:
+    name: str
+    rows: list[int]
+
+    @property
+    def partitions(self) -> int:
+        return len(self.rows)
+
+
+@dataclass
+class Catalog:
+    data_dir: str
+    max_partitions: int
+    version: int = 0
+    topics: dict[str, TopicEntry] = field(default_factory=dict)
+
+    @property
+    def path(self) -> str:
+        return os.path.join(self.data_dir, CATALOG_FILE)
+
+    @classmethod
+    def load(cls, data_dir: str, max_partitions: int) -> "Catalog":
+        catalog = cls(data_dir, max_partitions)
+        catalog.reload()
+        return catalog
+
+    def reload(self) -> bool:
+        """Re-read the file; True if it changed the version."""
+        try:
+            with open(self.path, "rb") as f:
+                raw = orjson.loads(f.read())
+        except FileNotFoundError:
+            return False
+        if raw["version"] == self.version and self.topics:
+            return False
+        self.version = raw["version"]
+        self.topics = {name: TopicEntry(name, list(t["rows"])) for name, t in raw["topics"].items()}
+        return True
+
+    def save(self) -> None:
+        self.version += 1
+        body = orjson.dumps({
+            "version": self.version,
+            "topics": {t.name: {"rows": t.rows} for t in self.topics.values()},
+        })
+        os.makedirs(self.data_dir, exist_ok=True)
+        tmp = self.path + ".tmp"
+        with open(tmp, "wb") as f:
+            f.write(body)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path)
+        dir_fd = os.open(self.data_dir, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+
+    def used_rows(self) -> set[int]:
+        return {row for t in self.topics.values() for row in t.rows}
+
+    def partition_row(self, topic: str, partition: int) -> int | None:
+        entry = self.topics.get(topic)
+        if entry is None or not 0 <= partition < len(entry.rows):
+            return None
+        return entry.rows[partition]
+
+    def add_topic(self, name: str, partitions: int) -> TopicEntry:
+        """Assign rows for a new topic (not saved). Raises CatalogError with Kafka's codes."""
+        if not valid_topic_name(name):
+            raise CatalogError(17, f"illegal topic name {name!r}")  # INVALID_TOPIC_EXCEPTION
+        if name in self.topics:
+            raise CatalogError(36, f"topic {name!r} exists")  # TOPIC_ALREADY_EXISTS
+        if partitions <= 0:
+            raise CatalogError(37, f"partitions must be positive, got {partitions}")  # INVALID_PARTITIONS
+        used = self.used_rows()
+        free = [row for row in range(self.max_partitions) if row not in used][:partitions]
+        if len(free) < partitions:
+            raise CatalogError(37, f"node holds at most {self.max_partitions} partitions")
+        entry = TopicEntry(name, free)
+        self.topics[name] = entry
+        return entry
+
+    def remove_topic(self, name: str) -> TopicEntry:
+        entry = self.topics.pop(name, None)
+        if entry is None:
+            raise CatalogError(3, f"unknown topic {name!r}")  # UNKNOWN_TOPIC_OR_PARTITION
+        return entry

@@ -1,0 +1,153 @@
+"""Node configuration: one dataclass tree, read from a TOML file, then overridden by the command line.
+
+Invariants:
+- Every tunable number of the node lives here (or in a nested config it owns, such as the log's);
+  modules take their numbers from a config object, never from literals.
+- A config is immutable once loaded; processes receive it as JSON on their command line, so a
+  restarted child runs with exactly the configuration its siblings have.
+- Unknown keys in the TOML file are an error (a typo must not silently fall back to a default).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+
+class ConfigError(ValueError):
+    """A config file or override that cannot be used."""
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    host: str = "127.0.0.1"
+    port: int = 9092
+    # Host and port written into Metadata responses; default: the listen address.
+    advertised_host: str = ""
+    advertised_port: int = 0
+    data_dir: str = "./data"
+    # Network worker processes; 0 means one per CPU.
+    workers: int = 0
+    node_id: int = 0
+    # A length prefix above this closes the connection (Kafka's socket.request.max.bytes).
+    request_max_bytes: int = 100 * 1024 * 1024
+    listen_backlog: int = 1024
+    socket_send_buffer_bytes: int = 1024 * 1024
+    socket_receive_buffer_bytes: int = 1024 * 1024
+    # On SIGTERM, in-flight responses get this long to finish.
+    shutdown_grace_ms: int = 5000
+    # Backoff between restarts of a child that keeps dying: doubles up to the maximum.
+    restart_backoff_min_ms: int = 100
+    restart_backoff_max_ms: int = 5000
+    # A child that lived this long resets its backoff.
+    restart_backoff_reset_ms: int = 10000
+
+    def worker_count(self) -> int:
+        return self.workers if self.workers > 0 else (os.cpu_count() or 1)
+
+
+@dataclass(frozen=True)
+class TopicDefaults:
+    auto_create_topics: bool = True
+    num_partitions: int = 1
+    # Upper bound of partitions on the node (rows of the shared partition table).
+    max_partitions: int = 4096
+
+
+@dataclass(frozen=True)
+class TimerConfig:
+    tick_ms: int = 1
+    wheel_size: int = 20
+    purge_interval: int = 1000
+    # Rings between each worker and the timer process.
+    ring_bytes: int = 4 * 1024 * 1024
+    # A worker answers by itself a delayed request this long past its deadline (timer gone).
+    delayed_grace_ms: int = 2000
+    # The timer process sleeps at most this long even with nothing due (liveness checks).
+    max_sleep_ms: int = 500
+    # Frames drained per ring per loop turn, so one busy worker cannot starve the others.
+    drain_batch: int = 4096
+
+
+@dataclass(frozen=True)
+class FlushConfig:
+    # Group commit: fsync dirty partitions this often, or sooner when this many bytes wait.
+    flush_interval_ms: int = 5
+    flush_bytes: int = 4 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class LogSettings:
+    segment_bytes: int = 1024 * 1024 * 1024
+    segment_ms: int = 7 * 24 * 3600 * 1000
+    index_interval_bytes: int = 4096
+    retention_ms: int = 7 * 24 * 3600 * 1000
+    retention_bytes: int = -1
+    max_message_bytes: int = 1024 * 1024 + 12
+    retention_check_interval_ms: int = 300 * 1000
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    server: ServerConfig = field(default_factory=ServerConfig)
+    topics: TopicDefaults = field(default_factory=TopicDefaults)
+    timer: TimerConfig = field(default_factory=TimerConfig)
+    flush: FlushConfig = field(default_factory=FlushConfig)
+    log: LogSettings = field(default_factory=LogSettings)
+
+    def to_json(self) -> bytes:
+        return orjson.dumps(dataclasses.asdict(self))
+
+    @classmethod
+    def from_json(cls, raw: bytes | str) -> "NodeConfig":
+        return from_mapping(orjson.loads(raw))
+
+
+def _build(kind: type, values: dict[str, Any], where: str) -> Any:
+    known = {f.name: f for f in dataclasses.fields(kind)}
+    kwargs: dict[str, Any] = {}
+    for key, value in values.items():
+        if key not in known:
+            raise ConfigError(f"unknown setting {where}{key}")
+        default = known[key].default_factory() if known[key].default_factory is not dataclasses.MISSING else known[key].default
+        if dataclasses.is_dataclass(default):
+            if not isinstance(value, dict):
+                raise ConfigError(f"{where}{key} must be a table")
+            kwargs[key] = _build(type(default), value, f"{where}{key}.")
+        else:
+            expected = type(default)
+            if expected is int and isinstance(value, bool) or not isinstance(value, expected):
+                raise ConfigError(f"{where}{key} must be {expected.__name__}, got {value!r}")
+            kwargs[key] = value
+    return kind(**kwargs)
+
+
+def from_mapping(values: dict[str, Any]) -> NodeConfig:
+    return _build(NodeConfig, values, "")
+
+
+def load(path: str | None = None, overrides: dict[str, Any] | None = None) -> NodeConfig:
+    """Read `path` (TOML) if given, then apply `overrides` ({"server.port": 9093, ...})."""
+    values: dict[str, Any] = {}
+    if path:
+        try:
+            with open(path, "rb") as f:
+                values = tomllib.load(f)
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise ConfigError(f"cannot read config {path}: {exc}") from exc
+    for dotted, value in (overrides or {}).items():
+        section, _, key = dotted.partition(".")
+        values.setdefault(section, {})[key] = value
+    return from_mapping(values)
+
+
+def parse_listen(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) < 65536:
+        raise ConfigError(f"--listen wants HOST:PORT, got {text!r}")
+    return host or "127.0.0.1", int(port)
