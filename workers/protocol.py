@@ -1,0 +1,327 @@
+"""Kafka request framing, header parsing and message codecs for the network workers.
+
+A worker reads 4-byte big-endian size-prefixed frames; each frame is a request
+header followed by the request body. This module turns frames into request
+objects and response objects into frames:
+
+- control APIs (ApiVersions, Metadata, ListOffsets, InitProducerId,
+  CreateTopics, DeleteTopics, and Fetch requests) are decoded and encoded by
+  kio, whose dataclasses are generated from Kafka's own JSON schemas; handlers
+  build plain kio response dataclasses (``response_schema(api_key, version)``
+  gives the module-like namespace with the nested classes);
+- the hot path, Produce requests and Fetch responses, uses our own zero-copy
+  codecs (workers/produce_codec.py, workers/fetch_codec.py); why is said there.
+
+Invariants:
+- Only non-flexible versions are advertised, except ApiVersions v3 (clients
+  start the negotiation with it). Its request uses header v2 (tagged fields);
+  every response header here is v0 (just the correlation id), ApiVersions v3
+  included, as Kafka specifies.
+- ``decode_request``, ``parse_request_header`` and ``frame_size`` raise
+  ``ProtocolError`` and nothing else on any malformed, truncated, oversized or
+  unsupported input; a body must be consumed exactly.
+- ``encode_response`` always returns a complete frame: size prefix, header v0
+  (correlation id) and body, and refuses a response object of the wrong
+  API or version.
+"""
+
+from __future__ import annotations
+
+import datetime
+import io
+import struct
+from types import ModuleType, SimpleNamespace
+from typing import Any, NamedTuple
+
+from kio.index import load_payload_module
+from kio.schema.api_versions.v0.response import ApiVersion as ApiVersionV0
+from kio.schema.api_versions.v0.response import ApiVersionsResponse as ApiVersionsResponseV0
+from kio.schema.request_header.v2.header import RequestHeader as KioRequestHeaderV2
+from kio.serial import entity_reader, entity_writer
+from kio.static.constants import EntityType
+from kio.static.primitive import i16, i32Timedelta
+
+from workers.errors import NONE, UNSUPPORTED_VERSION, ErrorCode, ProtocolError
+from workers.fetch_codec import (
+    FetchPartitionResult,
+    FetchResponseFrame,
+    FetchTopicResult,
+    FileRange,
+    encode_fetch_response,
+)
+from workers.legacy_schemas import LEGACY_SCHEMAS
+from workers.produce_codec import ProduceRequestView, decode_produce_request
+
+# API keys (Kafka's ApiKeys enum) this broker serves.
+PRODUCE = 0
+FETCH = 1
+LIST_OFFSETS = 2
+METADATA = 3
+API_VERSIONS = 18
+CREATE_TOPICS = 19
+DELETE_TOPICS = 20
+INIT_PRODUCER_ID = 22
+
+# api_key -> (min_version, max_version) advertised in ApiVersions.
+SUPPORTED_APIS: dict[int, tuple[int, int]] = {
+    PRODUCE: (3, 8),
+    FETCH: (4, 11),
+    LIST_OFFSETS: (1, 5),
+    METADATA: (0, 8),
+    API_VERSIONS: (0, 3),
+    CREATE_TOPICS: (0, 4),
+    DELETE_TOPICS: (0, 3),
+    INIT_PRODUCER_ID: (0, 1),
+}
+
+# Kafka's default socket.request.max.bytes.
+DEFAULT_MAX_REQUEST_SIZE = 100 * 1024 * 1024
+
+FRAME_SIZE_PREFIX = 4
+_SIZE = struct.Struct(">i")
+_HEADER_FIXED = struct.Struct(">hhih")  # api_key, api_version, correlation_id, client_id length
+_SIZE_AND_CORRELATION = struct.Struct(">ii")
+
+# First ApiVersions version whose request is flexible (header v2). Versions past
+# what we support are still parsed with header v2 so we can answer error 35.
+_API_VERSIONS_FIRST_FLEXIBLE = 3
+
+
+def is_supported(api_key: int, api_version: int) -> bool:
+    span = SUPPORTED_APIS.get(api_key)
+    return span is not None and span[0] <= api_version <= span[1]
+
+
+def frame_size(buffer: Any, offset: int = 0, max_request_size: int = DEFAULT_MAX_REQUEST_SIZE) -> int | None:
+    """Size of the frame starting at ``offset`` (prefix excluded), or None if fewer than 4 bytes are there.
+
+    Raises ProtocolError on a negative size or one over ``max_request_size``.
+    """
+    if len(buffer) - offset < FRAME_SIZE_PREFIX:
+        return None
+    (size,) = _SIZE.unpack_from(buffer, offset)
+    if size < 0 or size > max_request_size:
+        raise ProtocolError(f"frame size {size} outside [0, {max_request_size}]")
+    return size
+
+
+def split_frames(
+    buffer: Any, max_request_size: int = DEFAULT_MAX_REQUEST_SIZE
+) -> tuple[list[memoryview], int]:
+    """Whole frames (views without the prefix) at the start of ``buffer`` and the bytes they use."""
+    view = memoryview(buffer)
+    frames = []
+    pos = 0
+    while True:
+        size = frame_size(view, pos, max_request_size)
+        if size is None or len(view) - pos - FRAME_SIZE_PREFIX < size:
+            return frames, pos
+        frames.append(view[pos + FRAME_SIZE_PREFIX : pos + FRAME_SIZE_PREFIX + size])
+        pos += FRAME_SIZE_PREFIX + size
+
+
+class RequestHeader(NamedTuple):
+    api_key: int
+    api_version: int
+    correlation_id: int
+    client_id: str | None
+    body_offset: int  # where the request body starts in the frame
+
+
+_read_header_v2 = entity_reader(KioRequestHeaderV2)
+
+
+def _uses_header_v2(api_key: int, api_version: int) -> bool:
+    # Among the versions we decode, only ApiVersions >= 3 is flexible.
+    return api_key == API_VERSIONS and api_version >= _API_VERSIONS_FIRST_FLEXIBLE
+
+
+def parse_request_header(frame: Any) -> RequestHeader:
+    """Parse a request header (v1, or v2 for flexible ApiVersions) at the start of a frame.
+
+    Works for any api key and version (so an unsupported request can still be
+    answered or logged with its correlation id); the body offset is exact for
+    every version in SUPPORTED_APIS and for ApiVersions of any version.
+    """
+    if len(frame) < _HEADER_FIXED.size:
+        raise ProtocolError(f"request header truncated ({len(frame)} bytes)")
+    api_key, api_version, correlation_id, client_id_length = _HEADER_FIXED.unpack_from(frame, 0)
+    if _uses_header_v2(api_key, api_version):
+        try:
+            header, size = _read_header_v2(frame, 0)
+        except Exception as exc:  # kio raises several types on bad input; all mean malformed
+            raise ProtocolError(f"request header v2 malformed: {exc}") from None
+        return RequestHeader(api_key, api_version, correlation_id, header.client_id, size)
+    pos = _HEADER_FIXED.size
+    if client_id_length == -1:
+        return RequestHeader(api_key, api_version, correlation_id, None, pos)
+    if client_id_length < 0 or pos + client_id_length > len(frame):
+        raise ProtocolError(f"request header: bad client_id length {client_id_length}")
+    try:
+        client_id = str(frame[pos : pos + client_id_length], "utf-8")
+    except UnicodeDecodeError as exc:
+        raise ProtocolError(f"request header: client_id is not UTF-8: {exc}") from None
+    return RequestHeader(api_key, api_version, correlation_id, client_id, pos + client_id_length)
+
+
+def _kio_namespace(api_key: int, version: int, entity_type: EntityType) -> ModuleType | SimpleNamespace:
+    legacy = LEGACY_SCHEMAS.get((api_key, version))
+    if legacy is not None:
+        return legacy
+    return load_payload_module(api_key, version, entity_type)
+
+
+def _payload_class(namespace: Any, entity_type: EntityType) -> type:
+    if isinstance(namespace, SimpleNamespace):
+        return namespace.request if entity_type == EntityType.request else namespace.response
+    for value in vars(namespace).values():
+        if isinstance(value, type) and getattr(value, "__type__", None) == entity_type:
+            return value
+    raise LookupError(f"no {entity_type.name} class in {namespace}")
+
+
+def _build_codecs() -> tuple[dict, dict, dict, dict]:
+    request_schemas, response_schemas, readers, writers = {}, {}, {}, {}
+    for api_key, (low, high) in SUPPORTED_APIS.items():
+        for version in range(low, high + 1):
+            req_ns = _kio_namespace(api_key, version, EntityType.request)
+            resp_ns = _kio_namespace(api_key, version, EntityType.response)
+            request_schemas[api_key, version] = req_ns
+            response_schemas[api_key, version] = resp_ns
+            readers[api_key, version] = entity_reader(_payload_class(req_ns, EntityType.request))
+            resp_cls = _payload_class(resp_ns, EntityType.response)
+            writers[api_key, version] = (resp_cls, entity_writer(resp_cls))
+    return request_schemas, response_schemas, readers, writers
+
+
+_REQUEST_SCHEMAS, _RESPONSE_SCHEMAS, _READERS, _WRITERS = _build_codecs()
+
+
+def request_schema(api_key: int, version: int) -> Any:
+    """Namespace (kio module) with the request classes of that API version."""
+    try:
+        return _REQUEST_SCHEMAS[api_key, version]
+    except KeyError:
+        raise ProtocolError(f"unsupported api {api_key} v{version}") from None
+
+
+def response_schema(api_key: int, version: int) -> Any:
+    """Namespace (kio module) with the response classes of that API version, for handlers to build answers."""
+    try:
+        return _RESPONSE_SCHEMAS[api_key, version]
+    except KeyError:
+        raise ProtocolError(f"unsupported api {api_key} v{version}") from None
+
+
+def response_class(api_key: int, version: int) -> type:
+    """The top-level kio response dataclass for that API version."""
+    try:
+        return _WRITERS[api_key, version][0]
+    except KeyError:
+        raise ProtocolError(f"unsupported api {api_key} v{version}") from None
+
+
+def decode_request(api_key: int, version: int, body: Any) -> Any:
+    """Decode a request body: a ProduceRequestView for Produce, a kio request dataclass otherwise."""
+    if api_key == PRODUCE:
+        return decode_produce_request(version, body)
+    reader = _READERS.get((api_key, version))
+    if reader is None:
+        raise ProtocolError(f"unsupported api {api_key} v{version}")
+    try:
+        request, size = reader(body, 0)
+    except Exception as exc:  # kio raises DecodeError, ValueError, ... on bad input; all mean malformed
+        raise ProtocolError(f"api {api_key} v{version}: malformed request: {type(exc).__name__}: {exc}") from None
+    if size != len(body):
+        raise ProtocolError(f"api {api_key} v{version}: {len(body) - size} trailing bytes")
+    return request
+
+
+def encode_response(api_key: int, version: int, correlation_id: int, response: Any) -> bytes:
+    """A whole response frame: size prefix, header v0 and the kio-encoded body."""
+    entry = _WRITERS.get((api_key, version))
+    if entry is None:
+        raise ProtocolError(f"unsupported api {api_key} v{version}")
+    response_cls, writer = entry
+    if type(response) is not response_cls:
+        raise ProtocolError(
+            f"api {api_key} v{version}: expected {response_cls.__qualname__}, got {type(response).__qualname__}"
+        )
+    return _frame(correlation_id, writer, response)
+
+
+def _frame(correlation_id: int, writer: Any, response: Any) -> bytes:
+    buffer = io.BytesIO()
+    buffer.write(bytes(_SIZE_AND_CORRELATION.size))
+    try:
+        writer(buffer, response)
+    except Exception as exc:  # kio raises EncodeError, OutOfBoundValue, TypeError on bad values
+        raise ProtocolError(f"cannot encode {type(response).__qualname__}: {type(exc).__name__}: {exc}") from None
+    frame = buffer.getbuffer()
+    _SIZE_AND_CORRELATION.pack_into(frame, 0, len(frame) - FRAME_SIZE_PREFIX, correlation_id)
+    del frame  # release the export so getvalue() may run
+    return buffer.getvalue()
+
+
+def api_versions_response(version: int, error_code: ErrorCode = NONE) -> Any:
+    """The ApiVersions response (of ``version``) advertising SUPPORTED_APIS."""
+    schema = response_schema(API_VERSIONS, version)
+    api_keys = tuple(
+        schema.ApiVersion(api_key=i16(key), min_version=i16(low), max_version=i16(high))
+        for key, (low, high) in sorted(SUPPORTED_APIS.items())
+    )
+    fields = {"error_code": error_code, "api_keys": api_keys}
+    if version >= 1:
+        fields["throttle_time"] = i32Timedelta.parse(datetime.timedelta(0))
+    return schema.ApiVersionsResponse(**fields)
+
+
+_WRITE_API_VERSIONS_V0 = entity_writer(ApiVersionsResponseV0)
+
+
+def encode_api_versions_unsupported(correlation_id: int) -> bytes:
+    """Kafka's answer to an ApiVersions request of a version it does not know:
+    error UNSUPPORTED_VERSION (35) in a v0 body that still lists what is supported,
+    so the client can retry with a version from that list."""
+    response = ApiVersionsResponseV0(
+        error_code=UNSUPPORTED_VERSION,
+        api_keys=tuple(
+            ApiVersionV0(api_key=i16(key), min_version=i16(low), max_version=i16(high))
+            for key, (low, high) in sorted(SUPPORTED_APIS.items())
+        ),
+    )
+    return _frame(correlation_id, _WRITE_API_VERSIONS_V0, response)
+
+
+__all__ = [
+    "PRODUCE",
+    "FETCH",
+    "LIST_OFFSETS",
+    "METADATA",
+    "API_VERSIONS",
+    "CREATE_TOPICS",
+    "DELETE_TOPICS",
+    "INIT_PRODUCER_ID",
+    "SUPPORTED_APIS",
+    "DEFAULT_MAX_REQUEST_SIZE",
+    "FRAME_SIZE_PREFIX",
+    "ProtocolError",
+    "RequestHeader",
+    "ProduceRequestView",
+    "FetchPartitionResult",
+    "FetchTopicResult",
+    "FetchResponseFrame",
+    "FileRange",
+    "is_supported",
+    "frame_size",
+    "split_frames",
+    "parse_request_header",
+    "decode_request",
+    "encode_response",
+    "encode_fetch_response",
+    "request_schema",
+    "response_schema",
+    "response_class",
+    "api_versions_response",
+    "encode_api_versions_unsupported",
+]
