@@ -1,0 +1,120 @@
+"""Doorbells: how a ring producer wakes a consumer that sleeps instead of polling.
+
+Two kinds, because the two consumers sleep differently:
+- `SemaphoreDoorbell` (a named posix_ipc semaphore): the timer process sleeps on one of
+  these shared by all workers, with a timeout equal to its next timer deadline.
+- `EventfdDoorbell` (a Linux eventfd): a network worker sleeps in one selectors call over
+  its sockets and this fd. It is created by the supervisor before the children start and
+  inherited (fork, or subprocess.Popen(pass_fds=[bell.fileno()])).
+
+Invariants:
+- `ring()` never blocks and never fails for a live doorbell; rings made while nobody sleeps
+  accumulate (semaphore count, eventfd counter) and cost the consumer one spurious wakeup.
+- After a wakeup the consumer drains the accumulated rings, so an idle consumer blocks in
+  the kernel and uses no CPU.
+- A doorbell only says "look again"; the truth is in the rings. It is used with the
+  announce-then-recheck protocol of shm.ring (RingReader.announce_sleep) so no wakeup is lost.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+
+import posix_ipc
+
+# Bounds the drain loop of a semaphore; more pending rings than this just cause another wakeup.
+MAX_SEMAPHORE_DRAIN = 1 << 16
+
+
+class SemaphoreDoorbell:
+    """A named POSIX semaphore used as a doorbell (shows up as /dev/shm/sem.<name>)."""
+
+    def __init__(self, name: str, *, create: bool = False) -> None:
+        """Open the doorbell `name` (a leading '/' name); `create=True` creates it (must not exist)."""
+        flags = posix_ipc.O_CREX if create else 0
+        try:
+            self._sem = posix_ipc.Semaphore(name, flags, mode=0o600, initial_value=0)
+        except posix_ipc.ExistentialError as exc:
+            raise (FileExistsError if create else FileNotFoundError)(f"doorbell {name!r}: {exc}") from exc
+        self.name = name
+
+    def ring(self) -> None:
+        """Wake the sleeper (or make its next wait return at once)."""
+        self._sem.release()
+
+    def wait(self, timeout: float | None) -> bool:
+        """Sleep until rung or `timeout` seconds pass (None: forever, 0: poll). True if rung."""
+        try:
+            self._sem.acquire(timeout)
+        except posix_ipc.BusyError:
+            return False
+        self._drain()
+        return True
+
+    def _drain(self) -> None:
+        for _ in range(MAX_SEMAPHORE_DRAIN):
+            try:
+                self._sem.acquire(0)
+            except posix_ipc.BusyError:
+                return
+
+    def close(self) -> None:
+        """Close this process's handle (the semaphore stays until unlinked)."""
+        self._sem.close()
+
+    def unlink(self) -> None:
+        """Remove the name; processes holding it open keep working."""
+        unlink_semaphore(self.name)
+
+
+def unlink_semaphore(name: str) -> bool:
+    """Remove semaphore `name`; False if it did not exist."""
+    try:
+        posix_ipc.unlink_semaphore(name)
+        return True
+    except posix_ipc.ExistentialError:
+        return False
+
+
+class EventfdDoorbell:
+    """An eventfd doorbell for a consumer that sleeps in select/epoll."""
+
+    def __init__(self, fd: int | None = None) -> None:
+        """Create a new eventfd, or wrap an inherited one (`fd`)."""
+        if fd is None:
+            # CLOEXEC: only children that are meant to get it (pass_fds / fork) inherit it.
+            fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        else:
+            os.set_blocking(fd, False)
+        self._fd = fd
+
+    def fileno(self) -> int:
+        """The fd to register for reading with a selector."""
+        return self._fd
+
+    def ring(self) -> None:
+        """Make the fd readable."""
+        try:
+            os.eventfd_write(self._fd, 1)
+        except BlockingIOError:
+            pass  # counter at its maximum: it is readable already
+
+    def drain(self) -> int:
+        """Reset after a wakeup; returns how many rings had accumulated (0 if none)."""
+        try:
+            return os.eventfd_read(self._fd)
+        except BlockingIOError:
+            return 0
+
+    def wait(self, timeout: float | None) -> bool:
+        """Sleep until rung or `timeout` seconds pass; True if rung (and drains)."""
+        poller = select.poll()
+        poller.register(self._fd, select.POLLIN)
+        ready = poller.poll(None if timeout is None else max(0, int(timeout * 1000 + 0.999)))
+        return bool(ready) and self.drain() > 0
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
