@@ -1,0 +1,536 @@
+"""A partition log: the directory `<data_dir>/<topic>-<partition>/` of segments, shared by many processes.
+
+Every process that appends to or reads a partition opens its own PartitionLog on the same directory and the
+same row of the shared partition table (shm/table.py). The supervisor opens each partition first with
+PartitionLog.recover(), alone, before any worker starts.
+
+Invariants:
+- Appends, rolls, retention and the table row's updates happen only under the partition's lock: an open
+  file description (OFD) fcntl lock on `partition.lock`, which the kernel releases when its holder dies,
+  and which also excludes two PartitionLog objects of one process from each other.
+- The table row is the truth about the log's extent. A batch is appended at the row's end_position (not at
+  the file's size), and only then is the row published with the new end; a writer killed before publishing
+  leaves a torn tail that the next append overwrites and that no reader sees: readers never read past the
+  row's end_position, and recovery truncates the file to the last whole batch whose CRC checks.
+- Offsets are dense: each append's base offset is the row's log_end_offset, and log_end_offset grows by the
+  batch's record count. Segment base offsets strictly increase; only the last segment is active.
+- Retention publishes the new log_start_offset before unlinking files; a process that finds a segment file
+  gone re-reads the row. Segments dropped from this process's view stay open for
+  retired_segment_close_delay_s so that a sendfile of a range already handed out still works.
+- Before checking an idempotent batch (and before each roll's producer snapshot) a process applies to its
+  producer state the headers of every batch appended since the offset it last saw (node/producer_state.py).
+"""
+
+from __future__ import annotations
+
+import bisect
+import fcntl
+import os
+import struct
+import time
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from node.producer_state import ProducerStateTable, delete_snapshots, load_latest_snapshot, snapshot_offsets
+from node.records import (
+    BASE_OFFSET,
+    LENGTH_FIELDS_SIZE,
+    ErrorCode,
+    StorageError,
+    last_sequence,
+    parse_header,
+    record_timestamps,
+    validate_client_batch,
+)
+from node.segment import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX, Segment, segment_base_offsets
+from shm.table import PartitionState, PartitionTable
+
+LOCK_FILE = "partition.lock"
+MAX_REFRESH_ATTEMPTS = 100
+# struct flock for F_OFD_SETLKW on Linux x86-64: l_type, l_whence, l_start, l_len, l_pid (must be 0), padding.
+FLOCK = struct.Struct("hhqqi4x")
+LOCK_REQUEST = FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET, 0, 1, 0)
+UNLOCK_REQUEST = FLOCK.pack(fcntl.F_UNLCK, os.SEEK_SET, 0, 1, 0)
+
+
+@dataclass(frozen=True)
+class LogConfig:
+    """Storage tunables; defaults are Kafka's where Kafka has the setting."""
+
+    segment_bytes: int = 1 << 30  # log.segment.bytes
+    segment_ms: int = 7 * 24 * 3600 * 1000  # log.roll.ms
+    index_interval_bytes: int = 4096  # log.index.interval.bytes
+    index_max_bytes: int = 10 << 20  # log.index.size.max.bytes
+    retention_ms: int = 7 * 24 * 3600 * 1000  # log.retention.ms; -1 keeps data forever
+    retention_bytes: int = -1  # log.retention.bytes; -1 means no size limit
+    max_message_bytes: int = 1048588  # message.max.bytes: largest batch accepted
+    producer_batches_retained: int = 5  # Kafka's max in-flight batches per idempotent producer
+    producer_id_expiration_ms: int = 24 * 3600 * 1000  # producer.id.expiration.ms
+    producer_snapshots_retained: int = 2
+    scan_chunk_bytes: int = 8192  # bytes read per pread when scanning batch headers
+    retired_segment_close_delay_s: float = 60.0  # like file.delete.delay.ms: keeps fds valid for sendfile
+
+    def __post_init__(self):
+        if not 0 < self.segment_bytes < 2**31:
+            raise ValueError("segment_bytes must be in (0, 2**31): index positions are 32-bit")
+        if self.index_max_bytes < 64 or self.index_interval_bytes < 0 or self.max_message_bytes <= 0:
+            raise ValueError("index_max_bytes >= 64, index_interval_bytes >= 0 and max_message_bytes > 0")
+
+
+class AppendResult(NamedTuple):
+    base_offset: int
+    last_offset: int
+    log_start_offset: int
+    end_bytes: int  # the row's end_bytes after this append (for waking delayed fetches)
+    duplicate: bool  # True: a retried idempotent batch, answered with its original offsets, not appended
+
+
+class FetchSlice(NamedTuple):
+    """What a fetch returns: file ranges to os.sendfile, whole batches only, plus the partition's offsets."""
+
+    ranges: tuple  # ((fd, position, length), ...)
+    size: int  # total bytes in ranges
+    high_watermark: int
+    log_start_offset: int
+    log_end_offset: int
+
+
+def partition_directory(data_dir: str, topic: str, partition: int) -> str:
+    return os.path.join(data_dir, f"{topic}-{partition}")
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class PartitionLock:
+    """The partition's cross-process lock (an OFD fcntl lock: dies with its holder, per open file)."""
+
+    def __init__(self, directory: str):
+        self.fd = os.open(os.path.join(directory, LOCK_FILE), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+
+    def __enter__(self):
+        fcntl.fcntl(self.fd, fcntl.F_OFD_SETLKW, LOCK_REQUEST)
+        return self
+
+    def __exit__(self, *exc_info):
+        fcntl.fcntl(self.fd, fcntl.F_OFD_SETLK, UNLOCK_REQUEST)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+class PartitionLog:
+    """This process's handle on one partition. Open with PartitionLog(...) in workers, recover() at start."""
+
+    def __init__(self, directory: str, table: PartitionTable, row: int, config: LogConfig = LogConfig()):
+        self.directory = directory
+        self.table = table
+        self.row = row
+        self.config = config
+        self.lock = PartitionLock(directory)
+        self.segments: list[Segment] = []
+        self._bases: list[int] = []
+        self._segments_version = -1
+        self._retired: list[tuple[float, Segment]] = []
+        self._producer_state: ProducerStateTable | None = None
+
+    # Segment list -----------------------------------------------------------------------------------
+
+    def _segment(self, base_offset: int, create: bool = False) -> Segment:
+        config = self.config
+        return Segment(self.directory, base_offset, config.index_max_bytes, config.scan_chunk_bytes, create)
+
+    def _refresh(self, state: PartitionState) -> PartitionState:
+        """Bring the segment list in line with the directory after a roll or retention by anyone."""
+        for _ in range(MAX_REFRESH_ATTEMPTS):
+            bases = segment_base_offsets(self.directory)
+            # Skip segments wholly below the log start: retention is deleting them.
+            first = max(0, bisect.bisect_right(bases, state.log_start_offset) - 1)
+            bases = [base for base in bases[first:] if base <= state.active_base_offset]
+            current = {segment.base_offset: segment for segment in self.segments}
+            try:
+                segments = [current.get(base) or self._segment(base) for base in bases]
+            except FileNotFoundError:
+                state = self.table.read(self.row)
+                continue
+            kept = {id(segment) for segment in segments}
+            for segment in self.segments:
+                if id(segment) not in kept:
+                    self._retired.append((time.monotonic() + self.config.retired_segment_close_delay_s, segment))
+            self.segments = segments
+            self._bases = bases
+            self._segments_version = state.segments_version
+            self._close_retired()
+            return state
+        raise StorageError(ErrorCode.KAFKA_STORAGE_ERROR, f"{self.directory} kept changing while being listed")
+
+    def _close_retired(self) -> None:
+        if self._retired and self._retired[0][0] <= time.monotonic():
+            now = time.monotonic()
+            for _, segment in [item for item in self._retired if item[0] <= now]:
+                segment.close()
+            self._retired = [item for item in self._retired if item[0] > now]
+
+    def _current_state(self) -> PartitionState:
+        state = self.table.read(self.row)
+        if state.segments_version != self._segments_version:
+            state = self._refresh(state)
+        return state
+
+    def _extent(self, segment: Segment, state: PartitionState) -> tuple[int, int]:
+        """(end position, valid index entries) of a segment as of `state`."""
+        if segment.base_offset == state.active_base_offset:
+            return state.end_position, state.active_index_entries
+        return segment.sealed_size(), segment.sealed_entries()
+
+    # Append -----------------------------------------------------------------------------------------
+
+    def append(self, batch, now: int | None = None) -> AppendResult:
+        """Validate and append one client batch (bytes or memoryview, baseOffset 0). Raises StorageError."""
+        header = validate_client_batch(batch, self.config.max_message_bytes)
+        size = len(batch)
+        if now is None:
+            now = now_ms()
+        with self.lock:
+            state = self._current_state()
+            if header.producer_id >= 0:
+                duplicate = self._check_producer(header, state)
+                if duplicate is not None:
+                    return AppendResult(
+                        duplicate.base_offset, duplicate.last_offset, state.log_start_offset, state.end_bytes, True
+                    )
+            position = state.end_position
+            entries = state.active_index_entries
+            segment = self.segments[-1]
+            if position > 0 and (
+                position + size > self.config.segment_bytes
+                or entries >= segment.capacity - 1
+                or (state.active_first_append_ms >= 0 and now - state.active_first_append_ms > self.config.segment_ms)
+            ):
+                state = self._roll(state, segment)
+                segment, position, entries = self.segments[-1], 0, 0
+            base_offset = state.log_end_offset
+            segment.write_batch(position, BASE_OFFSET.pack(base_offset), batch)
+            last_indexed = segment.index_positions[entries - 1] if entries else 0
+            if position > 0 and position - last_indexed >= self.config.index_interval_bytes:
+                segment.write_index_entry(entries, base_offset, position, state.active_max_timestamp)
+                entries += 1
+            last_offset = base_offset + header.last_offset_delta
+            end_bytes = state.end_bytes + size
+            self.table.publish(
+                self.row,
+                state._replace(
+                    log_end_offset=last_offset + 1,
+                    high_watermark=last_offset + 1,
+                    end_bytes=end_bytes,
+                    end_position=position + size,
+                    active_max_timestamp=max(state.active_max_timestamp, header.max_timestamp),
+                    active_first_append_ms=now if position == 0 else state.active_first_append_ms,
+                    active_index_entries=entries,
+                ),
+            )
+            producers = self._producer_state
+            if producers is not None and producers.end_offset == base_offset:
+                producers.apply(
+                    header.producer_id,
+                    header.producer_epoch,
+                    header.base_sequence,
+                    header.last_sequence,
+                    base_offset,
+                    last_offset,
+                    header.max_timestamp,
+                )
+        return AppendResult(base_offset, last_offset, state.log_start_offset, end_bytes, False)
+
+    def _check_producer(self, header, state: PartitionState):
+        producers = self._caught_up_producer_state(state)
+        return producers.check(header.producer_id, header.producer_epoch, header.base_sequence, header.last_sequence)
+
+    def _caught_up_producer_state(self, state: PartitionState) -> ProducerStateTable:
+        """This process's producer state, brought up to the row's log end (caller holds the lock)."""
+        producers = self._producer_state
+        if producers is None:
+            producers = load_latest_snapshot(
+                self.directory, state.log_end_offset, self.config.producer_batches_retained
+            ) or ProducerStateTable(self.config.producer_batches_retained, state.log_start_offset)
+            self._producer_state = producers
+        if producers.end_offset < state.log_start_offset:
+            producers.end_offset = state.log_start_offset
+        if producers.end_offset < state.log_end_offset:
+            for header in self._headers_from(producers.end_offset, state):
+                producers.apply(
+                    header[9],
+                    header[10],
+                    header[11],
+                    last_sequence(header[11], header[6]),
+                    header[0],
+                    header[0] + header[6],
+                    header[8],
+                )
+        return producers
+
+    def _headers_from(self, offset: int, state: PartitionState):
+        """Header tuples of the batches from the one holding `offset` to the end of the log."""
+        first = max(0, bisect.bisect_right(self._bases, offset) - 1)
+        for segment in self.segments[first:]:
+            end, entries = self._extent(segment, state)
+            start = segment.position_of(offset, entries, end) if segment.base_offset <= offset else 0
+            for _, header in segment.scanner.headers(start, end):
+                if header[0] + header[6] >= offset:
+                    yield header
+
+    def _roll(self, state: PartitionState, old: Segment) -> PartitionState:
+        """Seal the active segment and start a new one at the log end (caller holds the lock)."""
+        next_offset = state.log_end_offset
+        old.seal(state.end_position, state.active_index_entries, state.active_max_timestamp, next_offset)
+        segment = self._segment(next_offset, create=True)
+        segment.reset()  # a roll interrupted before publishing may have left this segment's files behind
+        producers = self._caught_up_producer_state(state)
+        producers.expire(now_ms(), self.config.producer_id_expiration_ms)
+        producers.write_snapshot(self.directory)
+        self._prune_snapshots(state.log_start_offset)
+        state = state._replace(
+            active_base_offset=next_offset,
+            end_position=0,
+            active_index_entries=0,
+            active_max_timestamp=-1,
+            active_first_append_ms=-1,
+            segments_version=state.segments_version + 1,
+        )
+        self.table.publish(self.row, state)
+        self.segments.append(segment)
+        self._bases.append(next_offset)
+        self._segments_version = state.segments_version
+        return state
+
+    def _prune_snapshots(self, log_start_offset: int) -> None:
+        offsets = snapshot_offsets(self.directory)
+        keep = set(offsets[-self.config.producer_snapshots_retained :])
+        delete_snapshots(self.directory, lambda offset: offset in keep and offset >= log_start_offset)
+
+    def roll(self) -> None:
+        """Roll now if the active segment has data (for tests and administrative use)."""
+        with self.lock:
+            state = self._current_state()
+            if state.end_position > 0:
+                self._roll(state, self.segments[-1])
+
+    # Read -------------------------------------------------------------------------------------------
+
+    def read(self, fetch_offset: int, max_bytes: int, min_one_batch: bool = True) -> FetchSlice:
+        """File ranges holding whole batches from the one containing fetch_offset, up to max_bytes.
+
+        With min_one_batch (KIP-74) the first batch is returned even if it is larger than max_bytes.
+        Raises StorageError(OFFSET_OUT_OF_RANGE) outside [log_start_offset, log_end_offset].
+        """
+        state = self.table.read(self.row)
+        log_end = state.log_end_offset
+        if fetch_offset == log_end:
+            return FetchSlice((), 0, state.high_watermark, state.log_start_offset, log_end)
+        if fetch_offset > log_end or fetch_offset < state.log_start_offset:
+            raise StorageError(
+                ErrorCode.OFFSET_OUT_OF_RANGE,
+                f"offset {fetch_offset} outside [{state.log_start_offset}, {log_end}]",
+            )
+        if state.segments_version != self._segments_version:
+            state = self._refresh(state)
+        index = bisect.bisect_right(self._bases, fetch_offset) - 1
+        while index < len(self.segments):
+            segment = self.segments[index]
+            end, entries = self._extent(segment, state)
+            start = segment.position_of(fetch_offset, entries, end)
+            if start < end:
+                break
+            index += 1  # fetch_offset is past this segment's last batch: it starts the next one
+        else:
+            return FetchSlice((), 0, state.high_watermark, state.log_start_offset, log_end)
+        length = end - start
+        if length > max_bytes:
+            boundary = segment.boundary_at_or_before(start, start + max_bytes, entries)
+            if boundary == start:
+                if not min_one_batch:
+                    return FetchSlice((), 0, state.high_watermark, state.log_start_offset, log_end)
+                (first_size,) = struct.unpack(">i", os.pread(segment.log_fd, 4, start + 8))
+                boundary = start + first_size + LENGTH_FIELDS_SIZE
+            length = boundary - start
+        return FetchSlice(
+            ((segment.log_fd, start, length),), length, state.high_watermark, state.log_start_offset, log_end
+        )
+
+    def state(self) -> PartitionState:
+        """The partition's published state (log start/end offsets, high watermark, flushed offset, ...)."""
+        return self.table.read(self.row)
+
+    def offset_for_timestamp(self, timestamp: int) -> tuple[int, int] | None:
+        """ListOffsets by timestamp: (offset, timestamp) of the first record with timestamp >= `timestamp`.
+
+        Exact for uncompressed batches; for a compressed batch, its base offset and maxTimestamp.
+        None when no record is that recent.
+        """
+        state = self._current_state()
+        for segment in self.segments:
+            end, entries = self._extent(segment, state)
+            if segment.base_offset == state.active_base_offset:
+                newest = state.active_max_timestamp
+            else:
+                newest = segment.max_timestamp()
+            if newest < timestamp:
+                continue
+            found = segment.first_batch_with_timestamp(timestamp, entries, end)
+            if found is None:
+                continue
+            position, raw = found
+            batch = os.pread(segment.log_fd, raw[1] + LENGTH_FIELDS_SIZE, position)
+            header = parse_header(batch)
+            timestamps = record_timestamps(batch, header)
+            if timestamps:
+                for delta, record_timestamp in enumerate(timestamps):
+                    if record_timestamp >= timestamp:
+                        return max(header.base_offset + delta, state.log_start_offset), record_timestamp
+            return max(header.base_offset, state.log_start_offset), header.max_timestamp
+        return None
+
+    # Flush and retention (timer process) -------------------------------------------------------------
+
+    def flush(self) -> int:
+        """fsync every segment holding unflushed data, then publish flushed_offset. Returns it.
+
+        The fsyncs run outside the lock so appends continue meanwhile; the lock is taken only to publish.
+        """
+        state = self._current_state()
+        if state.flushed_offset >= state.log_end_offset:
+            return state.flushed_offset
+        first = max(0, bisect.bisect_right(self._bases, state.flushed_offset) - 1)
+        for segment in self.segments[first:]:
+            segment.flush()
+        with self.lock:
+            current = self.table.read(self.row)
+            if current.flushed_offset < state.log_end_offset:
+                self.table.publish(
+                    self.row,
+                    current._replace(flushed_offset=state.log_end_offset, flushed_bytes=state.end_bytes),
+                )
+        return max(current.flushed_offset, state.log_end_offset)
+
+    def enforce_retention(self, now: int | None = None) -> int:
+        """Delete whole old segments past retention_ms or beyond retention_bytes; returns how many."""
+        config = self.config
+        if config.retention_ms < 0 and config.retention_bytes < 0:
+            return 0
+        if now is None:
+            now = now_ms()
+        with self.lock:
+            state = self._current_state()
+            sealed = self.segments[:-1]
+            doomed = 0
+            if config.retention_ms >= 0:
+                while doomed < len(sealed) and sealed[doomed].max_timestamp() < now - config.retention_ms:
+                    doomed += 1
+            if config.retention_bytes >= 0:
+                total = state.end_position + sum(segment.sealed_size() for segment in sealed[doomed:])
+                while doomed < len(sealed) and total - sealed[doomed].sealed_size() >= config.retention_bytes:
+                    total -= sealed[doomed].sealed_size()
+                    doomed += 1
+            if doomed == 0:
+                return 0
+            deleted = sealed[:doomed]
+            state = state._replace(
+                log_start_offset=self.segments[doomed].base_offset,
+                segments_version=state.segments_version + 1,
+            )
+            self.table.publish(self.row, state)  # before unlinking: see the module invariants
+            for segment in deleted:
+                segment.delete_files()
+            self._refresh(state)
+            self._prune_snapshots(state.log_start_offset)
+        return doomed
+
+    def close(self) -> None:
+        for segment in self.segments:
+            segment.close()
+        for _, segment in self._retired:
+            segment.close()
+        self.segments, self._bases, self._retired = [], [], []
+        self.lock.close()
+
+    # Recovery (supervisor, one process, before workers start) ------------------------------------------
+
+    @classmethod
+    def recover(
+        cls, directory: str, table: PartitionTable, row: int, config: LogConfig = LogConfig(), verify_all_crc=False
+    ) -> "PartitionLog":
+        """Open a partition after a (possibly unclean) stop and fill its table row.
+
+        Creates the directory if missing. Scans the last segment from its last good index entry,
+        CRC-checking each batch and truncating after the last whole valid one; rebuilds any missing or
+        inconsistent index; rebuilds producer state from the newest snapshot plus the batches after it.
+        """
+        os.makedirs(directory, exist_ok=True)
+        for name in os.listdir(directory):
+            path = os.path.join(directory, name)
+            if ".tmp." in name:
+                os.unlink(path)  # an interrupted snapshot write
+            elif name.endswith((INDEX_SUFFIX, TIME_INDEX_SUFFIX)):
+                if not os.path.exists(os.path.join(directory, name.rsplit(".", 1)[0] + LOG_SUFFIX)):
+                    os.unlink(path)  # indexes of a segment whose log retention already deleted
+        bases = segment_base_offsets(directory) or [0]
+        log = cls(directory, table, row, config)
+        with log.lock:
+            log.segments = [log._segment(base, create=True) for base in bases]
+            log._bases = list(bases)
+            total_bytes = 0
+            for number, segment in enumerate(log.segments):
+                last = number == len(log.segments) - 1
+                next_base = bases[number + 1] if not last else None
+                valid = segment.valid_entries()
+                if valid and not segment.entry_points_at_batch(valid - 1):
+                    valid = 0
+                if valid < segment.count_entries():
+                    segment.clear_indexes()  # inconsistent: rebuild it from scratch
+                if last or verify_all_crc or valid < segment.count_entries() or not _time_index_sealed(segment):
+                    # Rescan from the last trusted entry (the whole segment if the index is untrustworthy).
+                    start = valid - 1 if (last and valid) else -1
+                    end, entries, next_offset, max_timestamp, first_timestamp = segment.recover(
+                        start, config.index_interval_bytes, verify_crc=last or verify_all_crc
+                    )
+                    if not last:
+                        segment.seal(end, entries, max_timestamp, next_base)
+                else:
+                    end = segment.file_size()
+                total_bytes += end
+            segment = log.segments[-1]
+            segment.flush()
+            previous = table.read(row)
+            log_start = bases[0]
+            state = PartitionState(
+                log_end_offset=next_offset,
+                high_watermark=next_offset,
+                log_start_offset=log_start,
+                end_bytes=total_bytes,
+                end_position=end,
+                active_base_offset=segment.base_offset,
+                flushed_offset=next_offset,
+                flushed_bytes=total_bytes,
+                segments_version=previous.segments_version + 1,
+                active_max_timestamp=max_timestamp,
+                active_first_append_ms=min(first_timestamp, now_ms()) if end > 0 else -1,
+                online=1,
+                active_index_entries=entries,
+            )
+            table.publish(row, state)
+            log._segments_version = state.segments_version
+            delete_snapshots(directory, lambda offset: log_start <= offset <= next_offset)
+            producers = log._caught_up_producer_state(state)
+            if producers.end_offset != next_offset:
+                raise StorageError(ErrorCode.KAFKA_STORAGE_ERROR, f"{directory}: producer state rebuild stopped short")
+        return log
+
+
+def _time_index_sealed(segment: Segment) -> bool:
+    """A sealed segment's time index has exactly one entry more than its offset index (the final one)."""
+    time_offsets = segment.time_index_offsets
+    count = bisect.bisect_left(range(segment.capacity), True, key=lambda i: time_offsets[i] == 0)
+    return count == segment.count_entries() + 1

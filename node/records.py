@@ -1,0 +1,246 @@
+"""Kafka record batches (magic v2): header layout and the cheap validation done on produce.
+
+A v2 record batch is a 61-byte big-endian header followed by the (possibly compressed) records:
+
+    offset  size  field
+         0     8  baseOffset            rewritten by the broker on append; nothing else is
+         8     4  batchLength           bytes after this field (= total size - 12)
+        12     4  partitionLeaderEpoch
+        16     1  magic                 must be 2
+        17     4  crc                   CRC-32C of bytes 21..end (attributes onward)
+        21     2  attributes            bits 0-2 compression, 3 timestamp type, 4 transactional, 5 control
+        23     4  lastOffsetDelta
+        27     8  baseTimestamp
+        35     8  maxTimestamp
+        43     8  producerId            -1 when not idempotent
+        51     2  producerEpoch
+        53     4  baseSequence
+        57     4  recordCount
+        61     .  records
+
+Invariants:
+- The CRC does not cover baseOffset, batchLength or partitionLeaderEpoch, so rewriting baseOffset keeps a
+  batch valid; batches are stored byte-for-byte as received apart from that field.
+- validate_client_batch() either returns the parsed header or raises StorageError with a Kafka error code;
+  it never raises anything else, whatever the input bytes (fuzzed in tests/test_records.py).
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import NamedTuple
+
+import crc32c
+import numpy as np
+
+
+class ErrorCode:
+    """Kafka protocol error codes that storage can produce."""
+
+    NONE = 0
+    OFFSET_OUT_OF_RANGE = 1
+    CORRUPT_MESSAGE = 2
+    MESSAGE_TOO_LARGE = 10
+    UNSUPPORTED_FOR_MESSAGE_FORMAT = 43
+    OUT_OF_ORDER_SEQUENCE_NUMBER = 45
+    DUPLICATE_SEQUENCE_NUMBER = 46
+    INVALID_PRODUCER_EPOCH = 47
+    UNKNOWN_PRODUCER_ID = 59
+    KAFKA_STORAGE_ERROR = 56
+    INVALID_RECORD = 87
+
+
+class StorageError(Exception):
+    """A request the log refuses; error_code is the Kafka error code to put in the response."""
+
+    def __init__(self, error_code: int, message: str):
+        super().__init__(message)
+        self.error_code = error_code
+
+
+MAGIC_V2 = 2
+BATCH_HEADER = struct.Struct(">qiibIhiqqqhii")
+BATCH_HEADER_SIZE = BATCH_HEADER.size  # 61
+LENGTH_FIELDS_SIZE = 12  # baseOffset + batchLength: what batchLength does not count
+CRC_START = 21  # the CRC covers attributes onward
+BASE_OFFSET = struct.Struct(">q")
+OFFSET_AND_LENGTH = struct.Struct(">qi")
+
+# The same layout as a numpy dtype, for reading many headers at once (recovery, tests, tools).
+BATCH_HEADER_DTYPE = np.dtype(
+    [
+        ("base_offset", ">i8"),
+        ("batch_length", ">i4"),
+        ("partition_leader_epoch", ">i4"),
+        ("magic", "i1"),
+        ("crc", ">u4"),
+        ("attributes", ">i2"),
+        ("last_offset_delta", ">i4"),
+        ("base_timestamp", ">i8"),
+        ("max_timestamp", ">i8"),
+        ("producer_id", ">i8"),
+        ("producer_epoch", ">i2"),
+        ("base_sequence", ">i4"),
+        ("record_count", ">i4"),
+    ]
+)
+assert BATCH_HEADER_DTYPE.itemsize == BATCH_HEADER_SIZE
+
+COMPRESSION_MASK = 0x07
+MAX_COMPRESSION_CODEC = 4  # none, gzip, snappy, lz4, zstd
+TIMESTAMP_TYPE_BIT = 0x08
+TRANSACTIONAL_BIT = 0x10
+CONTROL_BIT = 0x20
+NO_PRODUCER_ID = -1
+NO_SEQUENCE = -1
+MIN_UNCOMPRESSED_RECORD_SIZE = 7  # length, attributes, 3 deltas, key length, value length, header count: 1 byte each
+INT32_MAX = 2**31 - 1
+
+
+class BatchHeader(NamedTuple):
+    base_offset: int
+    batch_length: int
+    partition_leader_epoch: int
+    magic: int
+    crc: int
+    attributes: int
+    last_offset_delta: int
+    base_timestamp: int
+    max_timestamp: int
+    producer_id: int
+    producer_epoch: int
+    base_sequence: int
+    record_count: int
+
+    @property
+    def size(self) -> int:
+        return self.batch_length + LENGTH_FIELDS_SIZE
+
+    @property
+    def last_offset(self) -> int:
+        return self.base_offset + self.last_offset_delta
+
+    @property
+    def compression(self) -> int:
+        return self.attributes & COMPRESSION_MASK
+
+    @property
+    def last_sequence(self) -> int:
+        return last_sequence(self.base_sequence, self.last_offset_delta)
+
+
+def last_sequence(base_sequence: int, last_offset_delta: int) -> int:
+    """Sequence of the batch's last record; sequences wrap from INT32_MAX to 0 as in Kafka."""
+    if base_sequence < 0:
+        return NO_SEQUENCE
+    if base_sequence > INT32_MAX - last_offset_delta:
+        return last_offset_delta - (INT32_MAX - base_sequence) - 1
+    return base_sequence + last_offset_delta
+
+
+def parse_header(buf, position: int = 0) -> BatchHeader:
+    """Header of the batch starting at buf[position:]; the caller guarantees 61 bytes are there."""
+    return BatchHeader._make(BATCH_HEADER.unpack_from(buf, position))
+
+
+def validate_client_batch(buf, max_message_bytes: int) -> BatchHeader:
+    """Check a produce request's record set for one partition the way Kafka's LogValidator does, cheaply.
+
+    buf must hold exactly one v2 batch with baseOffset 0. Returns its header or raises StorageError.
+    """
+    size = len(buf)
+    if size < BATCH_HEADER_SIZE:
+        raise StorageError(ErrorCode.CORRUPT_MESSAGE, f"record set of {size} bytes is shorter than a batch header")
+    header = BatchHeader._make(BATCH_HEADER.unpack_from(buf, 0))
+    if header.magic != MAGIC_V2:
+        # Produce v3+ may carry only v2 batches (Kafka's ProduceRequest.validateRecords): INVALID_RECORD.
+        code = ErrorCode.INVALID_RECORD if 0 <= header.magic < MAGIC_V2 else ErrorCode.CORRUPT_MESSAGE
+        raise StorageError(code, f"record batch magic {header.magic}, only magic 2 is accepted")
+    batch_size = header.batch_length + LENGTH_FIELDS_SIZE
+    if batch_size < BATCH_HEADER_SIZE or batch_size > size:
+        raise StorageError(ErrorCode.CORRUPT_MESSAGE, f"batch length {header.batch_length} does not fit {size} bytes")
+    if batch_size < size:
+        raise StorageError(ErrorCode.INVALID_RECORD, "exactly one record batch per partition is allowed")
+    if size > max_message_bytes:
+        raise StorageError(ErrorCode.MESSAGE_TOO_LARGE, f"batch of {size} bytes exceeds {max_message_bytes}")
+    if crc32c.crc32c(buf[CRC_START:]) != header.crc:
+        raise StorageError(ErrorCode.CORRUPT_MESSAGE, "record batch CRC-32C mismatch")
+    if header.base_offset != 0:
+        raise StorageError(ErrorCode.INVALID_RECORD, f"client batch has base offset {header.base_offset}, not 0")
+    if header.record_count <= 0 or header.last_offset_delta + 1 != header.record_count:
+        raise StorageError(
+            ErrorCode.INVALID_RECORD,
+            f"lastOffsetDelta {header.last_offset_delta} + 1 != record count {header.record_count}",
+        )
+    attributes = header.attributes
+    if attributes & COMPRESSION_MASK > MAX_COMPRESSION_CODEC:
+        raise StorageError(ErrorCode.CORRUPT_MESSAGE, f"unknown compression codec {attributes & COMPRESSION_MASK}")
+    if attributes & CONTROL_BIT:
+        raise StorageError(ErrorCode.INVALID_RECORD, "clients may not send control batches")
+    if attributes & TRANSACTIONAL_BIT:
+        raise StorageError(ErrorCode.INVALID_RECORD, "transactional batches are not supported")
+    if (
+        attributes & COMPRESSION_MASK == 0
+        and header.record_count * MIN_UNCOMPRESSED_RECORD_SIZE > size - BATCH_HEADER_SIZE
+    ):
+        raise StorageError(ErrorCode.CORRUPT_MESSAGE, f"{header.record_count} records cannot fit in {size} bytes")
+    if header.producer_id >= 0 and (header.base_sequence < 0 or header.producer_epoch < 0):
+        raise StorageError(ErrorCode.INVALID_RECORD, "idempotent batch without a sequence number or epoch")
+    return header
+
+
+def stored_batch_is_valid(buf, expected_base_offset: int) -> bool:
+    """Recovery's check of one whole stored batch: magic, length, CRC and the offset it should start at."""
+    if len(buf) < BATCH_HEADER_SIZE:
+        return False
+    header = BATCH_HEADER.unpack_from(buf, 0)
+    base_offset, batch_length, _, magic, crc = header[:5]
+    last_offset_delta, record_count = header[6], header[12]
+    return (
+        magic == MAGIC_V2
+        and batch_length + LENGTH_FIELDS_SIZE == len(buf)
+        and base_offset == expected_base_offset
+        and record_count > 0
+        and last_offset_delta + 1 == record_count
+        and crc32c.crc32c(buf[CRC_START:]) == crc
+    )
+
+
+def record_timestamps(buf, header: BatchHeader) -> list[int] | None:
+    """Timestamps of an uncompressed batch's records in order, or None if compressed or malformed.
+
+    Used by ListOffsets-by-timestamp to find the exact record; not on the produce or fetch path.
+    """
+    if header.compression != 0:
+        return None
+    if header.attributes & TIMESTAMP_TYPE_BIT:  # LogAppendTime: every record has maxTimestamp
+        return [header.max_timestamp] * header.record_count
+    view = memoryview(buf)
+    position = BATCH_HEADER_SIZE
+    timestamps = []
+    try:
+        for _ in range(header.record_count):
+            length, position = _read_varint(view, position)
+            record_end = position + length
+            position += 1  # record attributes
+            timestamp_delta, _ = _read_varint(view, position)
+            timestamps.append(header.base_timestamp + timestamp_delta)
+            position = record_end
+    except IndexError:
+        return None
+    return timestamps
+
+
+def _read_varint(view, position: int) -> tuple[int, int]:
+    """Zig-zag varint at position: (value, next position)."""
+    shift = 0
+    raw = 0
+    while True:
+        byte = view[position]
+        position += 1
+        raw |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return (raw >> 1) ^ -(raw & 1), position
+        shift += 7
+        if shift > 63:
+            raise IndexError("varint too long")

@@ -1,0 +1,181 @@
+"""The shared partition-state table: one fixed-size row per partition in POSIX shared memory.
+
+Every process maps the table and reads rows without locks; the writers of a row are serialised by the
+partition's cross-process fcntl lock (see node/log.py), so a row has one writer at a time.
+
+Row layout (little-endian int64 words, 320 bytes, cache-line aligned):
+
+    word 0       version   incremented once per publish; its low bit names the slot holding the current state
+    words 1-7    padding   keeps the version on its own cache line
+    words 8-23   slot 0    PartitionState fields
+    words 24-39  slot 1    PartitionState fields
+
+Invariants (a double-buffered seqlock, chosen over a plain seqlock because a writer killed mid-publish
+must not leave readers spinning on an odd sequence number forever):
+- A writer copies the current slot, writes the new state into the other slot, then stores version + 1
+  with one aligned 8-byte store. A writer that dies before that store changes nothing readers can see.
+- A reader loads version v, copies slot v & 1, loads version again; the copy is consistent iff the
+  version is still v (the writer of v + 2 would be the first to touch slot v & 1 again).
+- Relies on x86-64 total store order (stores become visible in program order); other CPUs would need fences.
+- Fields only move forward except when recovery (single process, before workers start) fills a row.
+
+Header (first 64 bytes): magic, row count, row size.
+"""
+
+from __future__ import annotations
+
+import mmap
+import struct
+from typing import NamedTuple
+
+import numpy as np
+import posix_ipc
+
+TABLE_MAGIC = 0x53484D4250415254  # "SHMBPART"
+HEADER = struct.Struct("<qqq")
+HEADER_BYTES = 64
+WORD = 8
+VERSION_WORDS = 8  # version + padding to a cache line
+SLOT_WORDS = 16
+ROW_WORDS = VERSION_WORDS + 2 * SLOT_WORDS
+ROW_BYTES = ROW_WORDS * WORD
+VERSION = struct.Struct("<q")
+
+
+class PartitionState(NamedTuple):
+    """One partition's published state. Offsets are Kafka offsets; positions are byte positions."""
+
+    log_end_offset: int = 0  # offset the next appended record gets
+    high_watermark: int = 0  # == log_end_offset on a single node
+    log_start_offset: int = 0  # first offset still in the log
+    end_bytes: int = 0  # logical count of bytes ever appended (monotonic, for fetch min_bytes)
+    end_position: int = 0  # byte position of the end of the active segment; readers never go past it
+    active_base_offset: int = 0  # base offset of the active segment; a change means a roll
+    flushed_offset: int = 0  # every offset below this is fsync'd
+    flushed_bytes: int = 0  # end_bytes at the time of the last fsync (pending = end_bytes - flushed_bytes)
+    segments_version: int = 0  # bumped on every roll or deletion: other processes rescan the directory
+    active_max_timestamp: int = -1  # largest batch maxTimestamp in the active segment, -1 when empty
+    active_first_append_ms: int = -1  # wall-clock ms of the first append to the active segment (age roll)
+    online: int = 0  # 1 once recovery has filled the row
+    active_index_entries: int = 0  # valid entries in the active segment's offset and time indexes
+    reserved_13: int = 0
+    reserved_14: int = 0
+    reserved_15: int = 0
+
+
+assert len(PartitionState._fields) == SLOT_WORDS
+SLOT = struct.Struct("<" + "q" * SLOT_WORDS)
+SLOT_DTYPE = np.dtype([(name, "<i8") for name in PartitionState._fields])
+ROW_DTYPE = np.dtype([("version", "<i8"), ("padding", "<i8", VERSION_WORDS - 1), ("slots", SLOT_DTYPE, 2)])
+assert ROW_DTYPE.itemsize == ROW_BYTES
+
+
+class TornReadError(RuntimeError):
+    """A row kept changing under a reader for more than max_read_attempts copies."""
+
+
+class PartitionTable:
+    """A mapping of the shared table. Use create() in the supervisor and attach() everywhere else."""
+
+    def __init__(self, name: str, memory: mmap.mmap, rows: int, max_read_attempts: int = 10_000):
+        self.name = name
+        self.rows = rows
+        self.max_read_attempts = max_read_attempts
+        self._memory = memory
+        self._array = np.ndarray((rows,), dtype=ROW_DTYPE, buffer=memory, offset=HEADER_BYTES)
+
+    @classmethod
+    def create(cls, name: str, rows: int, **options) -> "PartitionTable":
+        """Create (exclusively) and zero a table of `rows` rows named `name` (e.g. /shmbroker-<id>-partitions)."""
+        if rows <= 0:
+            raise ValueError("a partition table needs at least one row")
+        size = HEADER_BYTES + rows * ROW_BYTES
+        shared = posix_ipc.SharedMemory(name, posix_ipc.O_CREX, mode=0o600, size=size)
+        try:
+            memory = mmap.mmap(shared.fd, size)
+        finally:
+            shared.close_fd()
+        HEADER.pack_into(memory, 0, TABLE_MAGIC, rows, ROW_BYTES)
+        return cls(name, memory, rows, **options)
+
+    @classmethod
+    def attach(cls, name: str, **options) -> "PartitionTable":
+        """Map an existing table."""
+        shared = posix_ipc.SharedMemory(name)
+        try:
+            memory = mmap.mmap(shared.fd, shared.size)
+        finally:
+            shared.close_fd()
+        magic, rows, row_bytes = HEADER.unpack_from(memory, 0)
+        if magic != TABLE_MAGIC or row_bytes != ROW_BYTES or HEADER_BYTES + rows * ROW_BYTES > len(memory):
+            memory.close()
+            raise ValueError(f"{name} is not a partition table of this version")
+        return cls(name, memory, rows, **options)
+
+    @staticmethod
+    def unlink_name(name: str) -> None:
+        """Remove the named table if it exists (mappings stay valid until closed)."""
+        try:
+            posix_ipc.unlink_shared_memory(name)
+        except posix_ipc.ExistentialError:
+            pass
+
+    def unlink(self) -> None:
+        self.unlink_name(self.name)
+
+    def close(self) -> None:
+        self._array = None
+        try:
+            self._memory.close()
+        except BufferError:
+            pass  # a numpy view handed out by read_rows' caller still references the mapping
+
+    def _row_offset(self, row: int) -> int:
+        if not 0 <= row < self.rows:
+            raise IndexError(f"row {row} outside table of {self.rows}")
+        return HEADER_BYTES + row * ROW_BYTES
+
+    def read(self, row: int) -> PartitionState:
+        """Consistent snapshot of one row, without locks."""
+        base = self._row_offset(row)
+        memory = self._memory
+        slots = base + VERSION_WORDS * WORD
+        for _ in range(self.max_read_attempts):
+            (version,) = VERSION.unpack_from(memory, base)
+            state = SLOT.unpack_from(memory, slots + (version & 1) * SLOT_WORDS * WORD)
+            if VERSION.unpack_from(memory, base)[0] == version:
+                return PartitionState._make(state)
+        raise TornReadError(f"row {row} of {self.name} changed during {self.max_read_attempts} reads")
+
+    def publish(self, row: int, state: PartitionState) -> None:
+        """Make `state` the row's current state. Only the holder of the partition's lock may call this."""
+        base = self._row_offset(row)
+        memory = self._memory
+        (version,) = VERSION.unpack_from(memory, base)
+        next_version = version + 1
+        SLOT.pack_into(memory, base + VERSION_WORDS * WORD + (next_version & 1) * SLOT_WORDS * WORD, *state)
+        VERSION.pack_into(memory, base, next_version)
+
+    def update(self, row: int, **fields) -> PartitionState:
+        """publish() the current state with some fields replaced (caller holds the partition's lock)."""
+        state = self.read(row)._replace(**fields)
+        self.publish(row, state)
+        return state
+
+    def read_rows(self, rows=None) -> np.ndarray:
+        """Consistent snapshots of many rows at once (default: all) as a structured array of SLOT_DTYPE.
+
+        Vectorised for the timer process, which checks many partitions per tick.
+        """
+        array = self._array
+        index = np.arange(self.rows) if rows is None else np.asarray(rows, dtype=np.int64)
+        before = array["version"][index]
+        result = array["slots"][index, before & 1]
+        for _ in range(self.max_read_attempts):
+            after = array["version"][index]
+            changed = np.flatnonzero(after != before)
+            if changed.size == 0:
+                return result
+            before[changed] = after[changed]
+            result[changed] = array["slots"][index[changed], after[changed] & 1]
+        raise TornReadError(f"rows of {self.name} kept changing during {self.max_read_attempts} reads")
