@@ -1,0 +1,489 @@
+"""Hierarchical timing wheel on numpy arrays, driven by a heap of buckets (Kafka's TimingWheel, KAFKA-1430).
+
+Time is integer milliseconds from a monotonic clock chosen by the owner (time.monotonic_ns() // 1_000_000);
+the wheel never reads a clock itself, so a wall-clock jump can neither fire nor stall timers (KAFKA-4051).
+``advance(now)`` with a ``now`` older than the wheel's clock is a no-op for the clock (it never runs backwards).
+
+Shape (u = tick_ms, n = wheel_size, p_L = n**L ticks per bucket at level L):
+  * A deadline d (ms) maps to its fire tick t = max(ceil(d / u), current tick). Level 0 buckets hold one tick
+    each; level L buckets hold p_L ticks. An entry lives at the lowest level L whose window still covers it:
+    t // p_L < current_tick // p_L + n. Levels above 0 exist only once an entry needs them (on demand).
+  * A bucket's expiration is (t // p_L) * p_L ticks. When a bucket of level L >= 1 expires its live entries
+    are re-placed in finer levels (or fire if already due); only level 0 fires.
+  * The clock is a heapq of (bucket expiration tick, bucket id), one entry per non-empty bucket, so at most
+    levels * n entries. The owner sleeps until ``next_expiration()``; nothing is polled per tick.
+  * Entry storage is numpy arrays indexed by slot: deadline, bucket id (-1 = not live), generation. A slot
+    is reused through a free list (a numpy stack); arrays grow by doubling. Each bucket holds a numpy array of
+    slot references (its member list) that also grows by doubling.
+  * A handle is (generation << 32) | slot; the generation changes when a slot is freed, so a handle of a fired
+    or cancelled entry never aliases a later entry (until the 31-bit generation of that slot wraps).
+
+Invariants (hold after every public call):
+  I1  Never early: an entry fires at the first advance(now) with now >= ceil(d / u) * u, which is >= d.
+  I2  Never more than one tick late: after advance(now) every entry with ceil(d / u) * u <= now has fired,
+      so for integer deadlines an unfired entry has d > now - u (with u = 1 ms: d > now exactly).
+  I3  ``pending`` is exact: live entries only; cancelled and fired entries never count.
+  I4  Every allocated slot is referenced exactly once by a bucket's member array. Cancel is lazy: it clears
+      the slot's bucket id (O(1)) and leaves the reference; the slot is reclaimed when its bucket is drained or
+      by compaction. Compaction runs when cancelled-unreclaimed > pending + compaction_slack, hence
+      slots_in_use = pending + cancelled_unreclaimed <= 2 * pending + compaction_slack.
+  I5  Every bucket with references has exactly one heap entry; a bucket is only re-armed with a new
+      expiration after it was drained (windows of distinct buckets at one level never share a slot).
+
+Costs: add is O(1) amortised per level it passes through (an entry moves down at most once per level);
+cancel is O(1) amortised: compaction costs O(pending + cancelled + buckets) and is paid for by the
+> pending + compaction_slack cancels since the previous one. Batches (add_many, cancel_many, advance) cost a
+handful of numpy calls plus a Python step per distinct bucket touched, never a Python step per entry.
+Measured crossover (scripts/bench_purgatory.py --crossover, this 2-core machine): add_many beats a loop of
+add() from about 8 entries per batch and cancel_many beats a loop of cancel() from about 16 entries per batch;
+below that the single-entry calls are cheaper.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+
+import numpy as np
+
+SLOT_BITS = 32
+SLOT_MASK = (1 << SLOT_BITS) - 1
+GENERATION_MASK = (1 << 31) - 1  # keeps handles positive int64
+# Bucket spans (ticks) stay below this, so every product and quotient fits int64.
+SPAN_LIMIT = 1 << 62
+MAX_WHEEL_SIZE = 1 << 16  # buckets per level; bounds the per-bucket bookkeeping
+NO_BUCKET = -1
+NOT_ARMED = None  # expirations can be any int, including negative ones
+
+
+@dataclass(frozen=True)
+class WheelConfig:
+    """Tunables of a TimingWheel (the timer process builds its wheel from this)."""
+
+    tick_ms: int = 1
+    wheel_size: int = 20
+    initial_capacity: int = 1024  # entry slots allocated up front; doubles when full
+    bucket_initial_capacity: int = 64  # references per bucket member array; doubles when full
+    compaction_slack: int = 1024  # the constant C in slots_in_use <= 2 * pending + C
+
+
+def _check_int(name: str, value, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    value = int(value)
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
+def _as_int64_array(name: str, values) -> np.ndarray:
+    array = np.asarray(values)
+    if array.ndim != 1:
+        array = array.reshape(-1) if array.ndim == 0 else array
+        if array.ndim != 1:
+            raise ValueError(f"{name} must be one-dimensional, got shape {array.shape}")
+    if array.size and array.dtype.kind not in "iu":
+        raise TypeError(f"{name} must hold integers, got dtype {array.dtype}")
+    return array.astype(np.int64, copy=False)
+
+
+class TimingWheel:
+    """A hierarchical timing wheel; see the module docstring for its invariants and costs."""
+
+    def __init__(
+        self,
+        tick_ms: int = WheelConfig.tick_ms,
+        wheel_size: int = WheelConfig.wheel_size,
+        start_ms: int = 0,
+        *,
+        initial_capacity: int = WheelConfig.initial_capacity,
+        bucket_initial_capacity: int = WheelConfig.bucket_initial_capacity,
+        compaction_slack: int = WheelConfig.compaction_slack,
+    ) -> None:
+        self.tick_ms = _check_int("tick_ms", tick_ms, 1)
+        self.wheel_size = _check_int("wheel_size", wheel_size, 2)
+        if self.wheel_size > MAX_WHEEL_SIZE:
+            raise ValueError(f"wheel_size must be <= {MAX_WHEEL_SIZE}, got {self.wheel_size}")
+        capacity = _check_int("initial_capacity", initial_capacity, 1)
+        self._bucket_initial_capacity = _check_int("bucket_initial_capacity", bucket_initial_capacity, 1)
+        self.compaction_slack = _check_int("compaction_slack", compaction_slack, 0)
+
+        # Ticks per bucket at each level. Times are limited to +-limit_ms so that the top level's span is at
+        # least twice the whole tick range: every tick then fits the top level's window (on-demand levels never
+        # run out), and all tick arithmetic fits int64 (n=20, u=1: about 25 million years).
+        spans = [1]
+        while spans[-1] * self.wheel_size <= SPAN_LIMIT:
+            spans.append(spans[-1] * self.wheel_size)
+        self._spans = spans
+        self._max_levels = len(spans)
+        self.limit_ms = (spans[-1] // 2) * self.tick_ms
+        start_ms = self._check_time("start_ms", start_ms)
+        bucket_count = self._max_levels * self.wheel_size
+
+        self._tick = start_ms // self.tick_ms  # the wheel's clock, in ticks (floor)
+        self._deadline = np.zeros(capacity, np.int64)
+        self._bucket = np.full(capacity, NO_BUCKET, np.int64)
+        self._generation = np.zeros(capacity, np.int64)
+        self._stamp = np.zeros(capacity, np.int64)  # scratch for de-duplicating cancel batches
+        self._free = np.empty(capacity, np.int64)  # stack of reusable slots
+        self._free_top = 0
+        self._high = 0  # slots [0, high) have been handed out at least once
+
+        self._members: list[np.ndarray | None] = [None] * bucket_count
+        self._fill = [0] * bucket_count
+        self._armed = [NOT_ARMED] * bucket_count  # expiration tick of the bucket's heap entry
+        self._live = np.zeros(bucket_count, np.int64)  # live entries per bucket
+        self._heap: list[tuple[int, int]] = []
+        self._levels_used = 1
+
+        self._pending = 0
+        self._cancelled_unreclaimed = 0
+        self.compactions = 0
+
+    def _check_time(self, name: str, value) -> int:
+        value = _check_int(name, value, -self.limit_ms)
+        if value > self.limit_ms:
+            raise ValueError(f"{name} must be <= {self.limit_ms}, got {value}")
+        return value
+
+    # ----------------------------------------------------------------- introspection
+    @property
+    def pending(self) -> int:
+        """Exact number of live entries (added, neither fired nor cancelled)."""
+        return self._pending
+
+    @property
+    def slots_in_use(self) -> int:
+        """Allocated entry slots: pending plus cancelled ones not yet reclaimed (I4)."""
+        return self._high - self._free_top
+
+    @property
+    def levels(self) -> int:
+        """Number of wheel levels created so far (1 + overflow levels)."""
+        return self._levels_used
+
+    @property
+    def current_ms(self) -> int:
+        """The wheel's clock: the start of the current tick, in ms."""
+        return self._tick * self.tick_ms
+
+    @property
+    def heap_size(self) -> int:
+        return len(self._heap)
+
+    # ----------------------------------------------------------------- slots
+    def _grow(self, needed: int) -> None:
+        capacity = len(self._deadline)
+        if needed <= capacity:
+            return
+        new_capacity = max(needed, 2 * capacity)
+        for name, fill in (("_deadline", 0), ("_bucket", NO_BUCKET), ("_generation", 0), ("_stamp", 0)):
+            old = getattr(self, name)
+            new = np.full(new_capacity, fill, np.int64)
+            new[:capacity] = old
+            setattr(self, name, new)
+        free = np.empty(new_capacity, np.int64)
+        free[: self._free_top] = self._free[: self._free_top]
+        self._free = free
+
+    def _alloc(self, count: int) -> np.ndarray:
+        reused = min(count, self._free_top)
+        fresh = count - reused
+        start = self._free_top - reused
+        if fresh == 0:
+            slots = self._free[start : self._free_top].copy()
+        else:
+            self._grow(self._high + fresh)
+            new = np.arange(self._high, self._high + fresh, dtype=np.int64)
+            self._high += fresh
+            slots = new if reused == 0 else np.concatenate((self._free[start : self._free_top], new))
+        self._free_top = start
+        return slots
+
+    def _release(self, slots: np.ndarray) -> None:
+        """Return slots to the free list; bumping the generation invalidates their handles."""
+        self._bucket[slots] = NO_BUCKET
+        self._generation[slots] = (self._generation[slots] + 1) & GENERATION_MASK
+        top = self._free_top
+        self._free[top : top + len(slots)] = slots
+        self._free_top = top + len(slots)
+
+    def _handles(self, slots: np.ndarray) -> np.ndarray:
+        return (self._generation[slots] << SLOT_BITS) | slots
+
+    # ----------------------------------------------------------------- placement
+    def _level_of(self, tick: int) -> int:
+        n, current = self.wheel_size, self._tick
+        for level, span in enumerate(self._spans):
+            if tick // span < current // span + n:
+                return level
+        raise AssertionError("tick beyond the last level")  # limit_ms prevents this
+
+    def _append(self, bucket: int, slots: np.ndarray, expiration: int) -> None:
+        fill = self._fill[bucket]
+        if self._armed[bucket] != expiration:
+            if fill:
+                raise AssertionError(f"bucket {bucket} re-armed while holding {fill} references")
+            self._armed[bucket] = expiration
+            heapq.heappush(self._heap, (expiration, bucket))
+        members = self._members[bucket]
+        end = fill + len(slots)
+        if members is None or end > len(members):
+            size = self._bucket_initial_capacity if members is None else len(members)
+            grown = np.empty(max(end, 2 * size), np.int64)
+            if fill:
+                grown[:fill] = members[:fill]
+            members = self._members[bucket] = grown
+        members[fill:end] = slots
+        self._fill[bucket] = end
+        self._live[bucket] += len(slots)
+
+    def _place(self, slots: np.ndarray, ticks: np.ndarray) -> None:
+        """Put live slots with fire ticks (all > current tick) into their buckets."""
+        n, current = self.wheel_size, self._tick
+        low = self._level_of(int(ticks.min()))
+        high = self._level_of(int(ticks.max()))
+        if high >= self._levels_used:
+            self._levels_used = high + 1
+        if low == high:  # the usual case: one level, level is monotone in the tick
+            levels = None
+            span = self._spans[low]
+            bucket_vids = ticks // span
+            buckets = bucket_vids % n + low * n
+        else:
+            levels = np.full(len(ticks), high, np.int64)
+            for level in range(high - 1, low - 1, -1):
+                span = self._spans[level]
+                fits = ticks // span < current // span + n
+                levels[fits] = level
+            spans = np.asarray(self._spans, np.int64)[levels]
+            bucket_vids = ticks // spans
+            buckets = bucket_vids % n + levels * n
+        self._bucket[slots] = buckets
+        first, last = int(buckets[0]), int(buckets[-1])
+        if first == last and (len(buckets) < 3 or int(buckets.min()) == int(buckets.max())):
+            self._append(first, slots, int(bucket_vids[0]) * self._spans[first // n])
+            return
+        order = np.argsort(buckets, kind="stable")
+        sorted_buckets = buckets[order]
+        starts = np.flatnonzero(sorted_buckets[1:] != sorted_buckets[:-1]) + 1
+        bounds = [0, *starts.tolist(), len(order)]
+        sorted_slots = slots[order]
+        sorted_vids = bucket_vids[order]
+        for begin, end in zip(bounds[:-1], bounds[1:]):
+            bucket = int(sorted_buckets[begin])
+            expiration = int(sorted_vids[begin]) * self._spans[bucket // n]
+            self._append(bucket, sorted_slots[begin:end], expiration)
+
+    def _due_bucket(self) -> int:
+        """The level-0 bucket of the current tick, which takes entries already due (fired at next advance)."""
+        return self._tick % self.wheel_size
+
+    # ----------------------------------------------------------------- add
+    def add(self, deadline_ms: int) -> int:
+        """Add one timer; returns its handle. A deadline already due fires at the next advance()."""
+        deadline_ms = self._check_time("deadline_ms", deadline_ms)
+        if self._free_top:
+            self._free_top -= 1
+            slot = int(self._free[self._free_top])
+        else:
+            self._grow(self._high + 1)
+            slot = self._high
+            self._high += 1
+        self._deadline[slot] = deadline_ms
+        tick = max(-(-deadline_ms // self.tick_ms), self._tick)
+        level = self._level_of(tick)
+        if level >= self._levels_used:
+            self._levels_used = level + 1
+        span = self._spans[level]
+        vid = tick // span
+        bucket = level * self.wheel_size + vid % self.wheel_size
+        self._bucket[slot] = bucket
+        self._append_one(bucket, slot, vid * span)
+        self._pending += 1
+        return (int(self._generation[slot]) << SLOT_BITS) | slot
+
+    def _append_one(self, bucket: int, slot: int, expiration: int) -> None:
+        fill = self._fill[bucket]
+        members = self._members[bucket]
+        if self._armed[bucket] != expiration or members is None or fill == len(members):
+            self._append(bucket, np.array((slot,), np.int64), expiration)
+            return
+        members[fill] = slot
+        self._fill[bucket] = fill + 1
+        self._live[bucket] += 1
+
+    def add_many(self, deadlines_ms) -> np.ndarray:
+        """Add a batch of timers (int64 ms); returns their handles (int64), in order."""
+        deadlines = _as_int64_array("deadlines_ms", deadlines_ms)
+        count = len(deadlines)
+        if count == 0:
+            return np.empty(0, np.int64)
+        lowest, highest = int(deadlines.min()), int(deadlines.max())
+        if lowest < -self.limit_ms or highest > self.limit_ms:
+            raise ValueError(f"deadlines must lie within +-{self.limit_ms} ms")
+        slots = self._alloc(count)
+        self._deadline[slots] = deadlines
+        ticks = -((-deadlines) // self.tick_ms)
+        if -(-lowest // self.tick_ms) <= self._tick:  # some are already due: they wait in the current tick
+            ticks = np.maximum(ticks, self._tick)
+        self._place(slots, ticks)
+        self._pending += count
+        return self._handles(slots)
+
+    # ----------------------------------------------------------------- cancel
+    def is_live(self, handles) -> np.ndarray:
+        """Boolean mask: which handles name a live (pending) entry. Unknown handles are simply not live."""
+        handles = _as_int64_array("handles", handles)
+        slots = handles & SLOT_MASK
+        valid = (handles >= 0) & (slots < self._high)
+        if not valid.all():
+            slots = np.where(valid, slots, 0)
+        return valid & (self._generation[slots] == (handles >> SLOT_BITS)) & (self._bucket[slots] >= 0)
+
+    def cancel(self, handle: int) -> bool:
+        """Cancel one timer; False if it already fired, was cancelled, or the handle is unknown."""
+        if isinstance(handle, bool) or not isinstance(handle, (int, np.integer)):
+            raise TypeError(f"handle must be an int, got {type(handle).__name__}")
+        handle = int(handle)
+        slot = handle & SLOT_MASK
+        if handle < 0 or slot >= self._high or int(self._generation[slot]) != handle >> SLOT_BITS:
+            return False
+        bucket = int(self._bucket[slot])
+        if bucket < 0:
+            return False
+        self._bucket[slot] = NO_BUCKET
+        self._live[bucket] -= 1
+        self._pending -= 1
+        self._cancelled_unreclaimed += 1
+        self._maybe_compact()
+        return True
+
+    def cancel_many(self, handles) -> np.ndarray:
+        """Cancel a batch; returns a mask of the handles this call cancelled (a repeated handle counts once)."""
+        handles = _as_int64_array("handles", handles)
+        cancelled = self.is_live(handles)
+        positions = np.flatnonzero(cancelled)
+        if len(positions) == 0:
+            return cancelled
+        slots = handles[positions] & SLOT_MASK
+        if len(slots) > 1:  # keep one position per slot: whichever write wins, exactly one matches
+            order = np.arange(len(slots), dtype=np.int64)
+            self._stamp[slots] = order
+            first = self._stamp[slots] == order
+            if not first.all():
+                cancelled[positions[~first]] = False
+                slots = slots[first]
+        buckets = self._bucket[slots]
+        self._bucket[slots] = NO_BUCKET
+        self._live -= np.bincount(buckets, minlength=len(self._live))
+        self._pending -= len(slots)
+        self._cancelled_unreclaimed += len(slots)
+        self._maybe_compact()
+        return cancelled
+
+    def _maybe_compact(self) -> None:
+        if self._cancelled_unreclaimed > self._pending + self.compaction_slack:
+            self._compact()
+
+    def _compact(self) -> None:
+        """Reclaim every cancelled slot by filtering each bucket's members (O(slots in use + buckets))."""
+        for bucket, fill in enumerate(self._fill):
+            if not fill:
+                continue
+            members = self._members[bucket]
+            refs = members[:fill]
+            keep = self._bucket[refs] >= 0
+            if keep.all():
+                continue
+            dead = refs[~keep]
+            kept = refs[keep]
+            members[: len(kept)] = kept
+            self._fill[bucket] = len(kept)
+            self._release(dead)
+        self._cancelled_unreclaimed = 0
+        self.compactions += 1
+
+    # ----------------------------------------------------------------- clock
+    def _drain(self, bucket: int) -> np.ndarray:
+        """Empty a popped bucket: reclaim its cancelled slots, return its live slots."""
+        fill = self._fill[bucket]
+        self._fill[bucket] = 0
+        self._armed[bucket] = NOT_ARMED
+        self._live[bucket] = 0
+        if not fill:
+            return np.empty(0, np.int64)
+        members = self._members[bucket]
+        refs = members[:fill]
+        live_mask = self._bucket[refs] >= 0
+        if live_mask.all():
+            live = refs.copy()
+        else:
+            live = refs[live_mask]
+            dead = refs[~live_mask]
+            self._cancelled_unreclaimed -= len(dead)
+            self._release(dead)
+        if len(members) > 4 * max(fill, self._bucket_initial_capacity):
+            self._members[bucket] = None  # give back memory of a burst
+        return live
+
+    def next_expiration(self) -> int | None:
+        """Expiration (ms) of the earliest bucket that still holds a live entry, or None when nothing is pending.
+
+        Buckets emptied by cancels are dropped here, so the owner does not wake for them."""
+        heap = self._heap
+        while heap:
+            expiration, bucket = heap[0]
+            if self._live[bucket] > 0:
+                return expiration * self.tick_ms
+            heapq.heappop(heap)
+            self._drain(bucket)
+        return None
+
+    def advance(self, now_ms: int) -> np.ndarray:
+        """Move the clock to now_ms (monotonic ms); returns the handles of the entries that fired."""
+        now_ms = self._check_time("now_ms", now_ms)
+        now_tick = max(now_ms // self.tick_ms, self._tick)  # the clock never runs backwards
+        heap = self._heap
+        if not heap or heap[0][0] > now_tick:  # the common idle case: nothing due
+            if now_tick > self._tick:
+                self._tick = now_tick
+            return np.empty(0, np.int64)
+        n = self.wheel_size
+        fired: list[np.ndarray] = []
+        while heap and heap[0][0] <= now_tick:
+            expiration, bucket = heapq.heappop(heap)
+            if expiration > self._tick:
+                self._tick = expiration  # run the clock bucket by bucket, as Kafka does
+            live = self._drain(bucket)
+            if not len(live):
+                continue
+            if bucket < n:  # level 0: every member's fire tick is this bucket's tick (or was already due)
+                fired.append(live)
+                continue
+            ticks = -((-self._deadline[live]) // self.tick_ms)
+            due = ticks <= self._tick
+            if due.all():
+                fired.append(live)
+            elif not due.any():
+                self._place(live, ticks)
+            else:
+                fired.append(live[due])
+                self._place(live[~due], ticks[~due])
+        if now_tick > self._tick:
+            self._tick = now_tick
+        if not fired:
+            return np.empty(0, np.int64)
+        slots = fired[0] if len(fired) == 1 else np.concatenate(fired)
+        handles = self._handles(slots)
+        self._release(slots)
+        self._pending -= len(slots)
+        self._maybe_compact()
+        return handles
+
+    def deadlines(self, handles) -> np.ndarray:
+        """Deadlines (ms) of live handles (for diagnostics); raises ValueError for a handle that is not live."""
+        handles = _as_int64_array("handles", handles)
+        if not self.is_live(handles).all():
+            raise ValueError("deadlines() needs live handles")
+        return self._deadline[handles & SLOT_MASK]
