@@ -33,7 +33,7 @@ from __future__ import annotations
 import os
 import struct
 from dataclasses import dataclass, field
-from typing import NamedTuple, Sequence
+from typing import Any, ClassVar, Protocol, Sequence, Union
 
 from workers.errors import ProtocolError
 
@@ -41,15 +41,27 @@ FETCH_MIN_VERSION = 4
 FETCH_MAX_VERSION = 11
 
 
-class FileRange(NamedTuple):
-    """Bytes ``[offset, offset + count)`` of open file ``fd``, for ``os.sendfile``."""
+class FileRange(Protocol):
+    """What a record piece that lives in a file looks like (workers.connection.FileRange
+    is one): ``length`` bytes of ``file`` (an open file object or a descriptor) from
+    ``position``, for ``os.sendfile``. Such pieces are passed through untouched."""
 
-    fd: int
-    offset: int
-    count: int
+    file: Any
+    position: int
+    length: int
 
 
-RecordPiece = FileRange | bytes | bytearray | memoryview
+RecordPiece = Union[FileRange, bytes, bytearray, memoryview]
+_IN_MEMORY = (bytes, bytearray)
+
+
+def piece_length(piece: Any) -> int:
+    """Wire length of one record piece: in-memory bytes or a file range."""
+    if isinstance(piece, _IN_MEMORY):
+        return len(piece)
+    if isinstance(piece, memoryview):
+        return piece.nbytes
+    return piece.length
 
 
 @dataclass(slots=True)
@@ -59,12 +71,20 @@ class FetchPartitionResult:
     partition_index: int
     error_code: int = 0
     high_watermark: int = -1
-    last_stable_offset: int | None = None  # None: equal to high_watermark
+    last_stable_offset: int | None = None  # None: set to high_watermark at construction
     log_start_offset: int = -1
     records: Sequence[RecordPiece] = field(default_factory=tuple)
 
+    # Fixed by this broker: no transactions, no follower fetching.
+    aborted_transactions_count: ClassVar[int] = 0
+    preferred_read_replica: ClassVar[int] = -1
+
+    def __post_init__(self) -> None:
+        if self.last_stable_offset is None:
+            self.last_stable_offset = self.high_watermark
+
     def records_length(self) -> int:
-        return sum(p.count if type(p) is FileRange else len(p) for p in self.records)
+        return sum(piece_length(p) for p in self.records)
 
 
 @dataclass(slots=True)
@@ -84,13 +104,14 @@ class FetchResponseFrame:
         """Materialize the whole frame (tests, small answers); reads file ranges with pread."""
         out = bytearray()
         for piece in self.pieces:
-            if type(piece) is FileRange:
-                data = os.pread(piece.fd, piece.count, piece.offset)
-                if len(data) != piece.count:
-                    raise ProtocolError(f"file range {piece} is past the end of its file")
-                out += data
-            else:
+            if isinstance(piece, (bytes, bytearray, memoryview)):
                 out += piece
+                continue
+            fd = piece.file if isinstance(piece.file, int) else piece.file.fileno()
+            data = os.pread(fd, piece.length, piece.position)
+            if len(data) != piece.length:
+                raise ProtocolError(f"file range {piece} is past the end of its file")
+            out += data
         return bytes(out)
 
 
@@ -110,8 +131,6 @@ _PARTITION_FIELDS = (
     ("preferred_read_replica", "i", 11),
     ("records_length", "i", 0),
 )
-_NO_ABORTED_TRANSACTIONS = 0
-_NO_PREFERRED_READ_REPLICA = -1
 
 _SIZE_AND_CORRELATION = struct.Struct(">ii")
 _I16 = struct.Struct(">h")
@@ -123,7 +142,7 @@ class _Layout:
     top: struct.Struct
     top_fields: tuple[str, ...]
     partition: struct.Struct
-    partition_fields: tuple[str, ...]
+    partition_fields: tuple[str, ...]  # all but the trailing records_length
 
 
 def _compile(version: int) -> _Layout:
@@ -133,26 +152,11 @@ def _compile(version: int) -> _Layout:
         top=struct.Struct(">" + "".join(code for _, code, _ in top)),
         top_fields=tuple(name for name, _, _ in top),
         partition=struct.Struct(">" + "".join(code for _, code, _ in part)),
-        partition_fields=tuple(name for name, _, _ in part),
+        partition_fields=tuple(name for name, _, _ in part if name != "records_length"),
     )
 
 
 _LAYOUTS = {v: _compile(v) for v in range(FETCH_MIN_VERSION, FETCH_MAX_VERSION + 1)}
-
-
-def _partition_values(p: FetchPartitionResult, names: tuple[str, ...], records_length: int) -> list[int]:
-    lso = p.high_watermark if p.last_stable_offset is None else p.last_stable_offset
-    known = {
-        "partition_index": p.partition_index,
-        "error_code": p.error_code,
-        "high_watermark": p.high_watermark,
-        "last_stable_offset": lso,
-        "log_start_offset": p.log_start_offset,
-        "aborted_transactions_count": _NO_ABORTED_TRANSACTIONS,
-        "preferred_read_replica": _NO_PREFERRED_READ_REPLICA,
-        "records_length": records_length,
-    }
-    return [known[n] for n in names]
 
 
 def encode_fetch_response(
@@ -169,6 +173,8 @@ def encode_fetch_response(
     if layout is None:
         raise ProtocolError(f"fetch: unsupported version {version}")
     top_values = {"throttle_time_ms": throttle_time_ms, "error_code": error_code, "session_id": session_id}
+    pack_partition = layout.partition.pack
+    names = layout.partition_fields
     pieces: list[RecordPiece] = []
     head = bytearray(8)  # size + correlation id, patched at the end
     try:
@@ -182,17 +188,17 @@ def encode_fetch_response(
             head += _I32.pack(len(topic.partitions))
             for p in topic.partitions:
                 records_length = p.records_length()
-                head += layout.partition.pack(*_partition_values(p, layout.partition_fields, records_length))
+                head += pack_partition(*[getattr(p, n) for n in names], records_length)
                 if records_length:
                     pieces.append(head)
                     total += len(head)
-                    pieces.extend(r for r in p.records if (r.count if type(r) is FileRange else len(r)))
+                    pieces.extend(r for r in p.records if piece_length(r))
                     total += records_length
                     head = bytearray()
         if head:
             pieces.append(head)
             total += len(head)
         _SIZE_AND_CORRELATION.pack_into(pieces[0], 0, total - 4, correlation_id)
-    except (struct.error, UnicodeEncodeError, OverflowError) as exc:
+    except (struct.error, UnicodeEncodeError, OverflowError, TypeError, AttributeError) as exc:
         raise ProtocolError(f"fetch: cannot encode response: {exc}") from None
     return FetchResponseFrame(pieces, total)

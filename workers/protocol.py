@@ -9,8 +9,12 @@ objects and response objects into frames:
   kio, whose dataclasses are generated from Kafka's own JSON schemas; handlers
   build plain kio response dataclasses (``response_schema(api_key, version)``
   gives the module-like namespace with the nested classes);
-- the hot path, Produce requests and Fetch responses, uses our own zero-copy
-  codecs (workers/produce_codec.py, workers/fetch_codec.py); why is said there.
+- the hot path, Produce requests and responses and Fetch responses, uses our
+  own codecs (``decode_request`` returns a zero-copy ProduceRequestView for
+  Produce; ``encode_produce_response`` and ``encode_fetch_response`` build
+  those answers; ``encode_response`` with kio dataclasses still works for
+  both, for rare paths); why is measured and said in workers/produce_codec.py
+  and workers/fetch_codec.py.
 
 Invariants:
 - Only non-flexible versions are advertised, except ApiVersions v3 (clients
@@ -36,6 +40,7 @@ from typing import Any, NamedTuple
 from kio.index import load_payload_module
 from kio.schema.api_versions.v0.response import ApiVersion as ApiVersionV0
 from kio.schema.api_versions.v0.response import ApiVersionsResponse as ApiVersionsResponseV0
+from kio.schema.request_header.v1.header import RequestHeader as KioRequestHeaderV1
 from kio.schema.request_header.v2.header import RequestHeader as KioRequestHeaderV2
 from kio.serial import entity_reader, entity_writer
 from kio.static.constants import EntityType
@@ -48,6 +53,11 @@ from workers.fetch_codec import (
     FetchTopicResult,
     FileRange,
     encode_fetch_response,
+)
+from workers.produce_codec import (
+    ProducePartitionResult,
+    ProduceTopicResult,
+    encode_produce_response,
 )
 from workers.legacy_schemas import LEGACY_SCHEMAS
 from workers.produce_codec import ProduceRequestView, decode_produce_request
@@ -79,7 +89,6 @@ DEFAULT_MAX_REQUEST_SIZE = 100 * 1024 * 1024
 
 FRAME_SIZE_PREFIX = 4
 _SIZE = struct.Struct(">i")
-_HEADER_FIXED = struct.Struct(">hhih")  # api_key, api_version, correlation_id, client_id length
 _SIZE_AND_CORRELATION = struct.Struct(">ii")
 
 # First ApiVersions version whose request is flexible (header v2). Versions past
@@ -128,7 +137,9 @@ class RequestHeader(NamedTuple):
     body_offset: int  # where the request body starts in the frame
 
 
+_read_header_v1 = entity_reader(KioRequestHeaderV1)
 _read_header_v2 = entity_reader(KioRequestHeaderV2)
+_API_KEY_AND_VERSION = struct.Struct(">hh")
 
 
 def _uses_header_v2(api_key: int, api_version: int) -> bool:
@@ -143,25 +154,15 @@ def parse_request_header(frame: Any) -> RequestHeader:
     answered or logged with its correlation id); the body offset is exact for
     every version in SUPPORTED_APIS and for ApiVersions of any version.
     """
-    if len(frame) < _HEADER_FIXED.size:
+    if len(frame) < _API_KEY_AND_VERSION.size:
         raise ProtocolError(f"request header truncated ({len(frame)} bytes)")
-    api_key, api_version, correlation_id, client_id_length = _HEADER_FIXED.unpack_from(frame, 0)
-    if _uses_header_v2(api_key, api_version):
-        try:
-            header, size = _read_header_v2(frame, 0)
-        except Exception as exc:  # kio raises several types on bad input; all mean malformed
-            raise ProtocolError(f"request header v2 malformed: {exc}") from None
-        return RequestHeader(api_key, api_version, correlation_id, header.client_id, size)
-    pos = _HEADER_FIXED.size
-    if client_id_length == -1:
-        return RequestHeader(api_key, api_version, correlation_id, None, pos)
-    if client_id_length < 0 or pos + client_id_length > len(frame):
-        raise ProtocolError(f"request header: bad client_id length {client_id_length}")
+    api_key, api_version = _API_KEY_AND_VERSION.unpack_from(frame, 0)
+    reader = _read_header_v2 if _uses_header_v2(api_key, api_version) else _read_header_v1
     try:
-        client_id = str(frame[pos : pos + client_id_length], "utf-8")
-    except UnicodeDecodeError as exc:
-        raise ProtocolError(f"request header: client_id is not UTF-8: {exc}") from None
-    return RequestHeader(api_key, api_version, correlation_id, client_id, pos + client_id_length)
+        header, size = reader(frame, 0)
+    except Exception as exc:  # kio raises several types on bad input; all mean malformed
+        raise ProtocolError(f"request header malformed: {type(exc).__name__}: {exc}") from None
+    return RequestHeader(api_key, api_version, header.correlation_id, header.client_id, size)
 
 
 def _kio_namespace(api_key: int, version: int, entity_type: EntityType) -> ModuleType | SimpleNamespace:
@@ -319,6 +320,9 @@ __all__ = [
     "decode_request",
     "encode_response",
     "encode_fetch_response",
+    "encode_produce_response",
+    "ProducePartitionResult",
+    "ProduceTopicResult",
     "request_schema",
     "response_schema",
     "response_class",
