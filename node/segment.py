@@ -172,9 +172,8 @@ class Segment:
     def boundary_at_or_before(self, start: int, limit: int, entries: int) -> int:
         """The largest batch boundary in (start, limit], or start if the batch at start ends after limit."""
         slot = bisect.bisect_right(self.index_positions, limit, 0, entries) - 1
-        position = self.index_positions[slot] if slot >= 0 else 0
-        boundary = start
-        for position, header in self.scanner.headers(max(position, start), limit):
+        boundary = max(self.index_positions[slot] if slot >= 0 else 0, start)
+        for position, header in self.scanner.headers(boundary, limit):
             boundary = position + header[1] + LENGTH_FIELDS_SIZE
         return boundary
 
