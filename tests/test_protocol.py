@@ -1,0 +1,282 @@
+"""workers.protocol: framing, request headers, and kio round trips for every supported API version."""
+
+from __future__ import annotations
+
+import io
+import struct
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from kio.schema.api_versions.v0.response import ApiVersionsResponse as ApiVersionsResponseV0
+from kio.schema.request_header.v1.header import RequestHeader as KioHeaderV1
+from kio.schema.request_header.v2.header import RequestHeader as KioHeaderV2
+from kio.serial import entity_reader, entity_writer
+from kio.static.constants import EntityType
+from kio.static.primitive import Records, i16, i32
+
+from workers import protocol
+from workers.errors import NONE, UNSUPPORTED_VERSION, ErrorCode, ProtocolError
+from workers.protocol import (
+    API_VERSIONS,
+    CREATE_TOPICS,
+    DELETE_TOPICS,
+    PRODUCE,
+    SUPPORTED_APIS,
+    api_versions_response,
+    decode_request,
+    encode_api_versions_unsupported,
+    encode_response,
+    frame_size,
+    parse_request_header,
+    response_class,
+    split_frames,
+)
+
+# kio's phantom types carry their own hypothesis strategies; record sets are opaque bytes.
+st.register_type_strategy(Records, st.binary(max_size=64))
+
+ALL_VERSIONS = [(key, v) for key, (low, high) in sorted(SUPPORTED_APIS.items()) for v in range(low, high + 1)]
+NON_PRODUCE_VERSIONS = [(k, v) for k, v in ALL_VERSIONS if k != PRODUCE]
+ROUNDTRIP = settings(
+    max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much]
+)
+
+
+def kio_bytes(entity: object) -> bytes:
+    buffer = io.BytesIO()
+    entity_writer(type(entity))(buffer, entity)
+    return buffer.getvalue()
+
+
+def request_class(api_key: int, version: int) -> type:
+    ns = protocol.request_schema(api_key, version)
+    return protocol._payload_class(ns, EntityType.request)
+
+
+def test_advertised_versions_are_the_issues() -> None:
+    assert SUPPORTED_APIS == {
+        18: (0, 3),  # ApiVersions
+        3: (0, 8),  # Metadata
+        0: (3, 8),  # Produce
+        1: (4, 11),  # Fetch
+        2: (1, 5),  # ListOffsets
+        22: (0, 1),  # InitProducerId
+        19: (0, 4),  # CreateTopics
+        20: (0, 3),  # DeleteTopics
+    }
+
+
+def test_only_api_versions_v3_is_flexible() -> None:
+    flexible = [(k, v) for k, v in ALL_VERSIONS if request_class(k, v).__flexible__]
+    assert flexible == [(API_VERSIONS, 3)]
+    for key, version in ALL_VERSIONS:
+        # Every response header here is v0 (ApiVersions v3 included, by Kafka's rule).
+        assert response_class(key, version).__header_schema__.__version__ == 0
+
+
+@pytest.mark.parametrize(("api_key", "version"), NON_PRODUCE_VERSIONS)
+def test_request_decodes_like_kio(api_key: int, version: int) -> None:
+    cls = request_class(api_key, version)
+
+    @ROUNDTRIP
+    @given(st.from_type(cls))
+    def check(request: object) -> None:
+        body = kio_bytes(request)
+        assert decode_request(api_key, version, memoryview(body)) == request
+        if body:
+            with pytest.raises(ProtocolError):
+                decode_request(api_key, version, body + b"\x00")
+            with pytest.raises(ProtocolError):
+                decode_request(api_key, version, body[:-1])
+
+    check()
+
+
+@pytest.mark.parametrize(("api_key", "version"), ALL_VERSIONS)
+def test_response_frame_decodes_with_kio(api_key: int, version: int) -> None:
+    cls = response_class(api_key, version)
+    reader = entity_reader(cls)
+
+    @ROUNDTRIP
+    @given(st.from_type(cls), st.integers(-(2**31), 2**31 - 1))
+    def check(response: object, correlation_id: int) -> None:
+        frame = encode_response(api_key, version, correlation_id, response)
+        size, got_correlation_id = struct.unpack_from(">ii", frame)
+        assert size == len(frame) - 4
+        assert got_correlation_id == correlation_id
+        decoded, used = reader(frame, 8)
+        assert used == len(frame) - 8
+        assert decoded == response
+
+    check()
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    api_key=st.integers(-(2**15), 2**15 - 1),
+    version=st.integers(-(2**15), 2**15 - 1),
+    correlation_id=st.integers(-(2**31), 2**31 - 1),
+    client_id=st.none() | st.text(max_size=20),
+    body=st.binary(max_size=16),
+)
+def test_request_header_matches_kio(api_key, version, correlation_id, client_id, body) -> None:
+    flexible = api_key == API_VERSIONS and version >= 3
+    header_cls = KioHeaderV2 if flexible else KioHeaderV1
+    header = header_cls(
+        request_api_key=i16(api_key),
+        request_api_version=i16(version),
+        correlation_id=i32(correlation_id),
+        client_id=client_id,
+    )
+    encoded = kio_bytes(header)
+    parsed = parse_request_header(memoryview(encoded + body))
+    assert parsed.api_key == api_key
+    assert parsed.api_version == version
+    assert parsed.correlation_id == correlation_id
+    assert parsed.client_id == client_id
+    assert parsed.body_offset == len(encoded)
+
+
+def test_api_versions_v3_request_with_header_v2_decodes() -> None:
+    schema = protocol.request_schema(API_VERSIONS, 3)
+    request = schema.ApiVersionsRequest(client_software_name="librdkafka", client_software_version="2.3.0")
+    header = KioHeaderV2(
+        request_api_key=i16(18), request_api_version=i16(3), correlation_id=i32(5), client_id="rdkafka"
+    )
+    frame = memoryview(kio_bytes(header) + kio_bytes(request))
+    parsed = parse_request_header(frame)
+    assert decode_request(parsed.api_key, parsed.api_version, frame[parsed.body_offset :]) == request
+
+
+@pytest.mark.parametrize("version", [0, 1, 2, 3])
+def test_api_versions_response_lists_supported_apis(version: int) -> None:
+    frame = encode_response(API_VERSIONS, version, 99, api_versions_response(version))
+    decoded, _ = entity_reader(response_class(API_VERSIONS, version))(frame, 8)
+    assert decoded.error_code == NONE
+    assert {a.api_key: (a.min_version, a.max_version) for a in decoded.api_keys} == SUPPORTED_APIS
+
+
+def test_unsupported_api_versions_gets_error_35_in_a_v0_body() -> None:
+    frame = encode_api_versions_unsupported(1234)
+    size, correlation_id = struct.unpack_from(">ii", frame)
+    assert (size, correlation_id) == (len(frame) - 4, 1234)
+    decoded, used = entity_reader(ApiVersionsResponseV0)(frame, 8)
+    assert used == len(frame) - 8
+    assert decoded.error_code == UNSUPPORTED_VERSION == 35
+    assert {a.api_key: (a.min_version, a.max_version) for a in decoded.api_keys} == SUPPORTED_APIS
+
+
+def test_unsupported_api_version_headers_still_parse() -> None:
+    # A client opening with ApiVersions v4 (header v2) must get its correlation id back.
+    header = KioHeaderV2(request_api_key=i16(18), request_api_version=i16(4), correlation_id=i32(77), client_id="x")
+    parsed = parse_request_header(kio_bytes(header) + b"\x00\x00\x00")
+    assert (parsed.api_key, parsed.api_version, parsed.correlation_id) == (18, 4, 77)
+    assert not protocol.is_supported(18, 4)
+    with pytest.raises(ProtocolError):
+        decode_request(18, 4, b"")
+    for api_key, version in [(0, 2), (0, 9), (1, 3), (1, 12), (3, 9), (50, 0), (-1, 0)]:
+        with pytest.raises(ProtocolError):
+            decode_request(api_key, version, b"\x00" * 32)
+
+
+def test_encode_response_refuses_wrong_class_or_version() -> None:
+    response = api_versions_response(2)
+    with pytest.raises(ProtocolError):
+        encode_response(API_VERSIONS, 3, 1, response)
+    with pytest.raises(ProtocolError):
+        encode_response(API_VERSIONS, 9, 1, response)
+    with pytest.raises(ProtocolError):
+        encode_response(3, 1, 1, response)
+
+
+def test_encode_response_reports_bad_values_as_protocol_error() -> None:
+    schema = protocol.response_schema(API_VERSIONS, 2)
+    bad = schema.ApiVersionsResponse(error_code=0, api_keys=(), throttle_time=None)  # error_code must be ErrorCode
+    with pytest.raises(ProtocolError):
+        encode_response(API_VERSIONS, 2, 1, bad)
+
+
+@pytest.mark.parametrize(("api_key", "version"), [(CREATE_TOPICS, 0), (CREATE_TOPICS, 1), (DELETE_TOPICS, 0)])
+def test_legacy_versions_kio_no_longer_ships_match_kafka_bytes(api_key: int, version: int) -> None:
+    """CreateTopics v0/v1 and DeleteTopics v0 are declared in workers/legacy_schemas.py; check them
+    against kafka-python's independent definitions of the same versions."""
+    from kafka.protocol.old.admin import (
+        CreateTopicsRequest_v0,
+        CreateTopicsRequest_v1,
+        CreateTopicsResponse_v0,
+        CreateTopicsResponse_v1,
+        DeleteTopicsRequest_v0,
+        DeleteTopicsResponse_v0,
+    )
+
+    if api_key == CREATE_TOPICS:
+        topic = ("orders", 3, 1, [(0, [1])], [("retention.ms", "1000"), ("x", None)])
+        if version == 0:
+            wire = CreateTopicsRequest_v0(create_topic_requests=[topic], timeout=5000).encode()
+        else:
+            wire = CreateTopicsRequest_v1(create_topic_requests=[topic], timeout=5000, validate_only=True).encode()
+        request = decode_request(api_key, version, wire)
+        (created,) = request.topics
+        assert (created.name, created.num_partitions, created.replication_factor) == ("orders", 3, 1)
+        assert [(a.partition_index, a.broker_ids) for a in created.assignments] == [(0, (1,))]
+        assert [(c.name, c.value) for c in created.configs] == [("retention.ms", "1000"), ("x", None)]
+        assert request.timeout.total_seconds() == 5
+        schema = protocol.response_schema(api_key, version)
+        if version == 0:
+            response = schema.CreateTopicsResponse(
+                topics=(schema.CreatableTopicResult(name="orders", error_code=ErrorCode.topic_already_exists),)
+            )
+            expected = CreateTopicsResponse_v0(topic_errors=[("orders", 36)]).encode()
+        else:
+            response = schema.CreateTopicsResponse(
+                topics=(
+                    schema.CreatableTopicResult(
+                        name="orders", error_code=ErrorCode.invalid_partitions, error_message="no"
+                    ),
+                )
+            )
+            expected = CreateTopicsResponse_v1(topic_errors=[("orders", 37, "no")]).encode()
+    else:
+        wire = DeleteTopicsRequest_v0(topics=["a", "b"], timeout=100).encode()
+        request = decode_request(api_key, version, wire)
+        assert request.topic_names == ("a", "b")
+        schema = protocol.response_schema(api_key, version)
+        response = schema.DeleteTopicsResponse(
+            responses=(schema.DeletableTopicResult(name="a", error_code=ErrorCode.unknown_topic_or_partition),)
+        )
+        expected = DeleteTopicsResponse_v0(topic_error_codes=[("a", 3)]).encode()
+    assert encode_response(api_key, version, 1, response)[8:] == expected
+
+
+# ------------------------------------------------------------------------------ framing
+
+
+def test_frame_size_and_split_frames() -> None:
+    frames = [b"abc", b"", b"x" * 300]
+    stream = b"".join(struct.pack(">i", len(f)) + f for f in frames)
+    for cut in range(len(stream) + 1):
+        got, used = split_frames(stream[:cut])
+        # Exactly the frames wholly inside the prefix, and the bytes they use.
+        whole, pos = [], 0
+        for f in frames:
+            if pos + 4 + len(f) <= cut:
+                whole.append(f)
+                pos += 4 + len(f)
+            else:
+                break
+        assert [bytes(g) for g in got] == whole
+        assert used == pos
+    assert frame_size(b"\x00\x00") is None
+    assert frame_size(b"\x00\x00\x00\x05") == 5
+
+
+@pytest.mark.parametrize("size", [-1, -(2**31), 101 * 1024 * 1024, 2**31 - 1])
+def test_frame_size_out_of_bounds_is_a_protocol_error(size: int) -> None:
+    with pytest.raises(ProtocolError):
+        frame_size(struct.pack(">i", size))
+    with pytest.raises(ProtocolError):
+        split_frames(struct.pack(">i", 0) + struct.pack(">i", size))
+    assert frame_size(struct.pack(">i", 1000), max_request_size=1000) == 1000
+    with pytest.raises(ProtocolError):
+        frame_size(struct.pack(">i", 1001), max_request_size=1000)
