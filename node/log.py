@@ -67,7 +67,8 @@ class LogConfig:
     producer_batches_retained: int = 5  # Kafka's max in-flight batches per idempotent producer
     producer_id_expiration_ms: int = 24 * 3600 * 1000  # producer.id.expiration.ms
     producer_snapshots_retained: int = 2
-    scan_chunk_bytes: int = 8192  # bytes read per pread when scanning batch headers
+    scan_chunk_bytes: int = 8192  # most bytes read per pread when scanning batch headers
+    scan_first_read_bytes: int = 512  # first pread of a scan: a lookup usually needs just one header
     retired_segment_close_delay_s: float = 60.0  # like file.delete.delay.ms: keeps fds valid for sendfile
 
     def __post_init__(self):
@@ -141,7 +142,14 @@ class PartitionLog:
 
     def _segment(self, base_offset: int, create: bool = False) -> Segment:
         config = self.config
-        return Segment(self.directory, base_offset, config.index_max_bytes, config.scan_chunk_bytes, create)
+        return Segment(
+            self.directory,
+            base_offset,
+            config.index_max_bytes,
+            config.scan_chunk_bytes,
+            create,
+            config.scan_first_read_bytes,
+        )
 
     def _refresh(self, state: PartitionState) -> PartitionState:
         """Bring the segment list in line with the directory after a roll or retention by anyone."""

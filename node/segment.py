@@ -54,22 +54,26 @@ def segment_base_offsets(directory: str) -> list[int]:
 class BatchScanner:
     """Reads batch headers (and, for recovery, whole batches) from a log file with few pread calls."""
 
-    def __init__(self, fd: int, chunk_bytes: int):
+    def __init__(self, fd: int, chunk_bytes: int, first_read_bytes: int = 512):
         self.fd = fd
         self.chunk_bytes = max(chunk_bytes, BATCH_HEADER_SIZE)
+        self.first_read_bytes = max(min(first_read_bytes, self.chunk_bytes), BATCH_HEADER_SIZE)
 
     def headers(self, start: int, end: int):
         """Yield (position, header tuple) of the batches between byte positions start and end.
 
         Stops early at a header that does not fit before end or has an impossible length.
+        Reads grow from first_read_bytes to chunk_bytes: most lookups need one header, some scans many.
         """
         position = start
         chunk_start = start
         chunk = b""
+        read_bytes = self.first_read_bytes
         while position + BATCH_HEADER_SIZE <= end:
             if position + BATCH_HEADER_SIZE > chunk_start + len(chunk):
                 chunk_start = position
-                chunk = os.pread(self.fd, min(self.chunk_bytes, end - position), position)
+                chunk = os.pread(self.fd, min(read_bytes, end - position), position)
+                read_bytes = min(read_bytes * 2, self.chunk_bytes)
                 if len(chunk) < BATCH_HEADER_SIZE:
                     return
             header = BATCH_HEADER.unpack_from(chunk, position - chunk_start)
@@ -83,7 +87,15 @@ class BatchScanner:
 class Segment:
     """A segment's open files in this process. Create with Segment(..., create=True) when rolling."""
 
-    def __init__(self, directory: str, base_offset: int, index_max_bytes: int, scan_chunk_bytes: int, create=False):
+    def __init__(
+        self,
+        directory: str,
+        base_offset: int,
+        index_max_bytes: int,
+        scan_chunk_bytes: int,
+        create: bool = False,
+        scan_first_read_bytes: int = 512,
+    ):
         self.directory = directory
         self.base_offset = base_offset
         self.log_path = os.path.join(directory, segment_file_name(base_offset, LOG_SUFFIX))
@@ -107,7 +119,7 @@ class Segment:
         time_words = self._view(memoryview(self._time_index_map).cast("q"))
         self.time_index_timestamps = self._view(time_words[0::2])
         self.time_index_offsets = self._view(time_words[1::2])
-        self.scanner = BatchScanner(self.log_fd, scan_chunk_bytes)
+        self.scanner = BatchScanner(self.log_fd, scan_chunk_bytes, scan_first_read_bytes)
         self._sealed_size = None  # cached once the segment is known to be rolled
         self._sealed_entries = None
 

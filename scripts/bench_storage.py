@@ -1,0 +1,113 @@
+"""Storage hot-path benchmark: microseconds per append of an 8 KiB batch and per fetch lookup.
+
+Each measurement is paired with a baseline measured in the same run, so the ratio survives a noisy machine:
+- append vs. the bare minimum an append must do (CRC-32C of the batch + one pwrite at the end);
+- read lookup vs. one table read (the lock-free seqlock snapshot every read starts with).
+Prints one JSON line per measurement with --json (median of --runs runs), otherwise a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+
+import crc32c
+import orjson
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from kafka.record.default_records import DefaultRecordBatchBuilder  # noqa: E402
+
+from node.log import LogConfig, PartitionLog  # noqa: E402
+from shm.table import PartitionTable  # noqa: E402
+
+
+def build_batch(batch_bytes: int, record_bytes: int) -> bytes:
+    builder = DefaultRecordBatchBuilder(2, 0, 0, -1, -1, -1, 1 << 30)
+    timestamp = time.time_ns() // 1_000_000
+    index = 0
+    while builder.size() + record_bytes + 20 <= batch_bytes:
+        builder.append(index, timestamp, None, b"x" * record_bytes, [])
+        index += 1
+    return bytes(builder.build())
+
+
+def per_call_us(function, calls: int) -> float:
+    started = time.perf_counter_ns()
+    for _ in range(calls):
+        function()
+    return (time.perf_counter_ns() - started) / calls / 1000
+
+
+def one_run(directory: str, table: PartitionTable, batch: bytes, appends: int, reads: int, row: int) -> dict:
+    config = LogConfig(segment_bytes=256 << 20)
+    log = PartitionLog.recover(os.path.join(directory, f"bench-{row}"), table, row, config)
+    append_us = per_call_us(lambda: log.append(batch), appends)
+
+    baseline_fd = os.open(os.path.join(directory, f"baseline-{row}"), os.O_RDWR | os.O_CREAT, 0o644)
+    position = [0]
+
+    def bare_append():
+        crc32c.crc32c(batch)
+        os.pwrite(baseline_fd, batch, position[0])
+        position[0] += len(batch)
+
+    baseline_append_us = per_call_us(bare_append, appends)
+    os.close(baseline_fd)
+
+    end = log.state().log_end_offset
+    rng = random.Random(row)
+    offsets = [rng.randrange(end) for _ in range(reads)]
+    iterator = iter(offsets)
+    read_us = per_call_us(lambda: log.read(next(iterator), 1 << 20), reads)
+    baseline_read_us = per_call_us(lambda: table.read(row), reads)
+    log.close()
+    return {
+        "append_us": append_us,
+        "baseline_append_us": baseline_append_us,
+        "read_lookup_us": read_us,
+        "baseline_table_read_us": baseline_read_us,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--batch-bytes", type=int, default=8192)
+    parser.add_argument("--record-bytes", type=int, default=100)
+    parser.add_argument("--appends", type=int, default=20_000)
+    parser.add_argument("--reads", type=int, default=20_000)
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    batch = build_batch(args.batch_bytes, args.record_bytes)
+    directory = tempfile.mkdtemp(prefix="bench-storage-")
+    name = f"/shmbroker-bench-storage-{os.getpid()}"
+    table = PartitionTable.create(name, args.runs)
+    try:
+        runs = [one_run(directory, table, batch, args.appends, args.reads, row) for row in range(args.runs)]
+    finally:
+        table.close()
+        PartitionTable.unlink_name(name)
+        shutil.rmtree(directory, ignore_errors=True)
+    result = {"script": "bench_storage", "batch_bytes": len(batch), "runs": args.runs}
+    for key in runs[0]:
+        result[key] = round(statistics.median(run[key] for run in runs), 2)
+    result["append_vs_baseline"] = round(result["append_us"] / result["baseline_append_us"], 2)
+    result["read_vs_table_read"] = round(result["read_lookup_us"] / result["baseline_table_read_us"], 2)
+    result["appends_per_s"] = round(1e6 / result["append_us"])
+    result["append_mb_per_s"] = round(len(batch) * result["appends_per_s"] / 1e6, 1)
+    if args.json:
+        print(orjson.dumps(result).decode())
+    else:
+        for key, value in result.items():
+            print(f"{key:28} {value}")
+
+
+if __name__ == "__main__":
+    main()
