@@ -217,6 +217,9 @@ class PartitionLog:
                 position + size > self.config.segment_bytes
                 or entries >= segment.capacity - 1
                 or (state.active_first_append_ms >= 0 and now - state.active_first_append_ms > self.config.segment_ms)
+                # A time entry past the published ones: a roll sealed this segment and died before
+                # publishing (or a killed writer left a stale entry); rolling now finishes it either way.
+                or segment.time_index_offsets[entries] != 0
             ):
                 state = self._roll(state, segment)
                 segment, position, entries = self.segments[-1], 0, 0

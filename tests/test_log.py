@@ -480,3 +480,49 @@ def stored_offset_of(log: PartitionLog, tag: bytes) -> int:
         if any(record.value.startswith(tag + b".") for record in DefaultRecordBatch(batch)):
             return parse_header(batch).base_offset
     raise AssertionError(tag)
+
+
+def _roll_and_die(directory, table_name):
+    """A roll killed after sealing the active segment and creating the next one, before publishing."""
+    table = PartitionTable.attach(table_name)
+    log = PartitionLog(directory, table, 0, SMALL)
+    with log.lock:
+        state = log._current_state()
+        log.segments[-1].seal(state.end_position, state.active_index_entries, state.active_max_timestamp, state.log_end_offset)
+        log._segment(state.log_end_offset, create=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def test_roll_killed_before_publishing_is_finished_by_the_next_append(tmp_path, table):
+    directory = str(tmp_path / "t-0")
+    log = PartitionLog.recover(directory, table, 0, SMALL)
+    for _ in range(3):
+        log.append(make_batch(count=2))
+    child = FORK.Process(target=_roll_and_die, args=(directory, table.name))
+    child.start()
+    child.join(10)
+    assert child.exitcode == -signal.SIGKILL
+    assert segment_base_offsets(directory) == [0, 6]
+    assert log.state().active_base_offset == 0  # the roll was never published
+    assert log.append(make_batch(count=2)).base_offset == 6
+    assert log.state().active_base_offset == 6  # the next append finished the roll
+    log.append(make_batch(count=2))
+    assert len(check_dense_and_valid(stored_batches(log))) == 10
+    log.close()
+    with SharedTable() as fresh:
+        recovered = PartitionLog.recover(directory, fresh, 0, SMALL)
+        assert recovered.state().log_end_offset == 10
+        assert len(check_dense_and_valid(stored_batches(recovered))) == 10
+        recovered.close()
+
+
+def test_full_index_rolls_the_segment(tmp_path, table):
+    config = LogConfig(index_interval_bytes=0, index_max_bytes=64)  # 8 entries per segment
+    log = PartitionLog.recover(str(tmp_path / "t-0"), table, 0, config)
+    for _ in range(30):
+        log.append(make_batch(count=1))
+    assert len(segment_base_offsets(log.directory)) >= 4
+    for offset in range(30):
+        (fd, position, length), = log.read(offset, 1).ranges
+        assert parse_header(os.pread(fd, length, position)).base_offset == offset
+    log.close()
