@@ -2,7 +2,8 @@
 
 Each measurement is paired with a baseline measured in the same run, so the ratio survives a noisy machine:
 - append vs. the bare minimum an append must do (CRC-32C of the batch + one pwrite at the end);
-- read lookup vs. one table read (the lock-free seqlock snapshot every read starts with).
+- read lookup vs. one table read (the lock-free seqlock snapshot every read starts with);
+- two processes appending to one partition (contending for its lock) vs. one process, aggregate appends/s.
 Prints one JSON line per measurement with --json (median of --runs runs), otherwise a table.
 """
 
@@ -76,6 +77,37 @@ def one_run(directory: str, table: PartitionTable, batch: bytes, appends: int, r
     }
 
 
+def _contending_writer(directory: str, table_name: str, row: int, batch: bytes, appends: int) -> None:
+    table = PartitionTable.attach(table_name)
+    log = PartitionLog(directory, table, row, LogConfig(segment_bytes=256 << 20))
+    for _ in range(appends):
+        log.append(batch)
+    log.close()
+    table.close()
+
+
+def contended_appends_per_s(directory: str, table: PartitionTable, row: int, batch: bytes, appends: int, writers: int):
+    """Aggregate appends/s of `writers` processes appending to one partition (the fcntl lock contended)."""
+    import multiprocessing
+
+    partition = os.path.join(directory, f"contended-{row}")
+    PartitionLog.recover(partition, table, row, LogConfig(segment_bytes=256 << 20)).close()
+    context = multiprocessing.get_context("fork")
+    processes = [
+        context.Process(target=_contending_writer, args=(partition, table.name, row, batch, appends // writers))
+        for _ in range(writers)
+    ]
+    started = time.perf_counter()
+    for process in processes:
+        process.start()
+    for process in processes:
+        process.join()
+    elapsed = time.perf_counter() - started
+    if any(process.exitcode != 0 for process in processes):
+        raise RuntimeError("a writer failed")
+    return (appends // writers) * writers / elapsed
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--batch-bytes", type=int, default=8192)
@@ -88,9 +120,15 @@ def main() -> None:
     batch = build_batch(args.batch_bytes, args.record_bytes)
     directory = tempfile.mkdtemp(prefix="bench-storage-")
     name = f"/shmbroker-bench-storage-{os.getpid()}"
-    table = PartitionTable.create(name, args.runs)
+    table = PartitionTable.create(name, args.runs * 3)
     try:
         runs = [one_run(directory, table, batch, args.appends, args.reads, row) for row in range(args.runs)]
+        for number, run in enumerate(runs):
+            row = args.runs + 2 * number
+            run["one_process_appends_per_s"] = contended_appends_per_s(directory, table, row, batch, args.appends, 1)
+            run["two_process_appends_per_s"] = contended_appends_per_s(
+                directory, table, row + 1, batch, args.appends, 2
+            )
     finally:
         table.close()
         PartitionTable.unlink_name(name)
@@ -101,6 +139,7 @@ def main() -> None:
     result["append_vs_baseline"] = round(result["append_us"] / result["baseline_append_us"], 2)
     result["read_vs_table_read"] = round(result["read_lookup_us"] / result["baseline_table_read_us"], 2)
     result["appends_per_s"] = round(1e6 / result["append_us"])
+    result["two_vs_one_process"] = round(result["two_process_appends_per_s"] / result["one_process_appends_per_s"], 2)
     result["append_mb_per_s"] = round(len(batch) * result["appends_per_s"] / 1e6, 1)
     if args.json:
         print(orjson.dumps(result).decode())

@@ -107,13 +107,13 @@ def _validate_never_crashes(data: bytes):
         assert header.size == len(data) and header.record_count > 0
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=400, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.binary(max_size=300))
 def test_fuzz_random_bytes(data):
     _validate_never_crashes(data)
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=400, deadline=None, database=None)
 @given(st.integers(0, 400), st.binary(min_size=1, max_size=8), st.booleans(), st.integers(0, 500))
 def test_fuzz_mutated_real_batches(position, patch, fix_crc, cut):
     from tests.record_batches import recrc
