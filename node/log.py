@@ -478,6 +478,7 @@ class PartitionLog:
         Creates the directory if missing. Scans the last segment from its last good index entry,
         CRC-checking each batch and truncating after the last whole valid one; rebuilds any missing or
         inconsistent index; rebuilds producer state from the newest snapshot plus the batches after it.
+        verify_all_crc: CRC-check every batch of every segment instead (slow; after a crash of the machine).
         """
         os.makedirs(directory, exist_ok=True)
         for name in os.listdir(directory):
@@ -503,7 +504,7 @@ class PartitionLog:
                     segment.clear_indexes()  # inconsistent: rebuild it from scratch
                 if last or verify_all_crc or valid < segment.count_entries() or not _time_index_sealed(segment):
                     # Rescan from the last trusted entry (the whole segment if the index is untrustworthy).
-                    start = valid - 1 if (last and valid) else -1
+                    start = valid - 1 if (last and valid and not verify_all_crc) else -1
                     end, entries, next_offset, max_timestamp, first_timestamp = segment.recover(
                         start, config.index_interval_bytes, verify_crc=last or verify_all_crc
                     )

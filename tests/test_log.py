@@ -335,9 +335,22 @@ def test_concurrent_appends_from_many_processes_lose_and_duplicate_nothing(tmp_p
     ]
     for writer in writers:
         writer.start()
+    reader = PartitionLog(directory, table, 0, config)
+    deadline = time.monotonic() + 60
+    reads = 0
+    while any(writer.is_alive() for writer in writers) and time.monotonic() < deadline:
+        # Meanwhile this process reads: whatever is published is whole, valid and dense.
+        state = reader.state()
+        start = max(state.log_end_offset - 50, state.log_start_offset)
+        batches = stored_batches(reader, start=start)
+        if batches:
+            check_dense_and_valid(batches[1:], parse_header(batches[0]).last_offset + 1)
+        reads += 1
+    reader.close()
     for writer in writers:
-        writer.join(60)
+        writer.join(max(1, deadline - time.monotonic()))
     try:
+        assert reads > 3
         assert [writer.exitcode for writer in writers] == [0] * 4
     finally:
         for writer in writers:
@@ -526,3 +539,47 @@ def test_full_index_rolls_the_segment(tmp_path, table):
         (fd, position, length), = log.read(offset, 1).ranges
         assert parse_header(os.pread(fd, length, position)).base_offset == offset
     log.close()
+
+
+def test_recovery_truncates_at_a_corrupt_batch_after_the_last_index_entry(tmp_path):
+    directory = str(tmp_path / "t-0")
+    with SharedTable() as table:
+        log = PartitionLog.recover(directory, table, 0, SMALL)
+        sizes = [len(make_batch(count=2))] * 10
+        for _ in range(10):
+            log.append(make_batch(count=2))
+        path = log.segments[-1].log_path
+        log.close()
+    with open(path, "r+b") as file:
+        file.seek(sum(sizes[:9]) + 100)  # inside the last batch's records, after the last index entry
+        byte = file.read(1)
+        file.seek(-1, os.SEEK_CUR)
+        file.write(bytes([byte[0] ^ 0x55]))
+    with SharedTable() as table:
+        log = PartitionLog.recover(directory, table, 0, SMALL)
+        assert log.state().log_end_offset == 18
+        assert os.path.getsize(path) == sum(sizes[:9])
+        assert len(check_dense_and_valid(stored_batches(log))) == 18
+        assert log.append(make_batch(count=2)).base_offset == 18
+        log.close()
+
+
+def test_full_verification_truncates_at_a_corrupt_batch_anywhere_in_the_last_segment(tmp_path):
+    directory = str(tmp_path / "t-0")
+    with SharedTable() as table:
+        log = PartitionLog.recover(directory, table, 0, SMALL)
+        for _ in range(10):
+            log.append(make_batch(count=2))
+        size = len(make_batch(count=2))
+        path = log.segments[-1].log_path
+        log.close()
+    with open(path, "r+b") as file:
+        file.seek(size * 6 + 100)  # inside the 7th batch, before the last index entry
+        byte = file.read(1)
+        file.seek(-1, os.SEEK_CUR)
+        file.write(bytes([byte[0] ^ 0x55]))
+    with SharedTable() as table:
+        log = PartitionLog.recover(directory, table, 0, SMALL, verify_all_crc=True)
+        assert log.state().log_end_offset == 12 and os.path.getsize(path) == size * 6
+        assert len(check_dense_and_valid(stored_batches(log))) == 12
+        log.close()
