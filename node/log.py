@@ -322,6 +322,19 @@ class PartitionLog:
         keep = set(offsets[-self.config.producer_snapshots_retained :])
         delete_snapshots(self.directory, lambda offset: offset in keep and offset >= log_start_offset)
 
+    def write_producer_snapshot(self) -> int:
+        """Snapshot the producer state at the log end (bounds the scans of recovery and of catching up).
+
+        Meant for the timer process now and then; rolls write one too. Returns the snapshot's offset.
+        """
+        with self.lock:
+            state = self._current_state()
+            producers = self._caught_up_producer_state(state)
+            producers.expire(now_ms(), self.config.producer_id_expiration_ms)
+            producers.write_snapshot(self.directory)
+            self._prune_snapshots(state.log_start_offset)
+            return producers.end_offset
+
     def roll(self) -> None:
         """Roll now if the active segment has data (for tests and administrative use)."""
         with self.lock:

@@ -12,6 +12,7 @@ import pytest
 from kafka.record.default_records import DefaultRecordBatch
 
 from node.log import LogConfig, PartitionLog
+from node.producer_state import load_latest_snapshot
 from node.records import ErrorCode, StorageError, parse_header, stored_batch_is_valid
 from node.segment import segment_base_offsets
 from shm.table import PartitionTable
@@ -437,15 +438,20 @@ def test_retry_gets_original_offsets_without_second_append(tmp_path, table):
     log.close()
 
 
-@pytest.mark.parametrize("roll_first", [False, True])
-def test_producer_state_survives_restart(tmp_path, roll_first):
+@pytest.mark.parametrize("snapshot", ["none", "roll", "explicit"])
+def test_producer_state_survives_restart(tmp_path, snapshot):
     directory = str(tmp_path / "t-0")
     with SharedTable() as table:
         log = PartitionLog.recover(directory, table, 0, SMALL)
         originals = [log.append(idempotent(sequence)) for sequence in range(0, 10, 2)]
-        if roll_first:
+        if snapshot == "roll":
             log.roll()
-            assert any(name.endswith(".snapshot") for name in os.listdir(directory))
+        elif snapshot == "explicit":
+            assert log.write_producer_snapshot() == 10
+        if snapshot != "none":
+            loaded = load_latest_snapshot(directory, 10**9)
+            assert loaded.end_offset == 10 and loaded.producers[77].last_sequence == 9
+            assert [batch.base_offset for batch in loaded.producers[77].batches] == [0, 2, 4, 6, 8]
             log.append(make_batch())  # a non-idempotent batch after the snapshot
         log.close()
     with SharedTable() as table:
