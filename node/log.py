@@ -24,6 +24,7 @@ Invariants:
 from __future__ import annotations
 
 import bisect
+import shutil
 import fcntl
 import os
 import struct
@@ -184,6 +185,8 @@ class PartitionLog:
 
     def _current_state(self) -> PartitionState:
         state = self.table.read(self.row)
+        if not state.online:
+            raise StorageError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"{self.directory} is not online")
         if state.segments_version != self._segments_version:
             state = self._refresh(state)
         return state
@@ -351,6 +354,8 @@ class PartitionLog:
         Raises StorageError(OFFSET_OUT_OF_RANGE) outside [log_start_offset, log_end_offset].
         """
         state = self.table.read(self.row)
+        if not state.online:
+            raise StorageError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"{self.directory} is not online")
         log_end = state.log_end_offset
         if fetch_offset == log_end:
             return FetchSlice((), 0, state.high_watermark, state.log_start_offset, log_end)
@@ -471,6 +476,17 @@ class PartitionLog:
             self._refresh(state)
             self._prune_snapshots(state.log_start_offset)
         return doomed
+
+    def delete(self) -> None:
+        """Delete the partition (DeleteTopics): mark its row offline, then remove its directory.
+
+        Other processes get UNKNOWN_TOPIC_OR_PARTITION from then on and should close their handles.
+        """
+        with self.lock:
+            state = self.table.read(self.row)
+            self.table.publish(self.row, state._replace(online=0, segments_version=state.segments_version + 1))
+            shutil.rmtree(self.directory, ignore_errors=True)
+        self.close()
 
     def close(self) -> None:
         for segment in self.segments:

@@ -589,3 +589,20 @@ def test_full_verification_truncates_at_a_corrupt_batch_anywhere_in_the_last_seg
         assert log.state().log_end_offset == 12 and os.path.getsize(path) == size * 6
         assert len(check_dense_and_valid(stored_batches(log))) == 12
         log.close()
+
+
+def test_deleted_partition_is_unknown_to_every_process(tmp_path, table):
+    directory = str(tmp_path / "t-0")
+    log = PartitionLog.recover(directory, table, 0, SMALL)
+    log.append(make_batch())
+    other = PartitionLog(directory, table, 0, SMALL)
+    log.delete()
+    assert not os.path.exists(directory)
+    for operation in (lambda: other.read(0, 100), lambda: other.append(make_batch())):
+        with pytest.raises(StorageError) as caught:
+            operation()
+        assert caught.value.error_code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+    other.close()
+    recreated = PartitionLog.recover(directory, table, 0, SMALL)  # a new topic of the same name
+    assert recreated.state().log_end_offset == 0 and recreated.append(make_batch()).base_offset == 0
+    recreated.close()
