@@ -31,11 +31,13 @@ Invariants:
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
+import functools
 import io
 import struct
 from types import ModuleType, SimpleNamespace
-from typing import Any, NamedTuple
+from typing import Any, Mapping, NamedTuple
 
 from kio.index import load_payload_module
 from kio.schema.api_versions.v0.response import ApiVersion as ApiVersionV0
@@ -264,12 +266,36 @@ def _frame(correlation_id: int, writer: Any, response: Any) -> bytes:
     return buffer.getvalue()
 
 
-def api_versions_response(version: int, error_code: ErrorCode = NONE) -> Any:
-    """The ApiVersions response (of ``version``) advertising SUPPORTED_APIS."""
+@functools.cache
+def _field_names(cls: type) -> frozenset[str]:
+    return frozenset(f.name for f in dataclasses.fields(cls))
+
+
+def build_entity(cls: type, **values: Any) -> Any:
+    """Construct kio dataclass ``cls`` from ``values``, ignoring those its version lacks.
+
+    Lets one handler answer every version: pass the newest field set and each
+    version keeps the fields it has (its defaults fill the rest). Error codes
+    must be ``ErrorCode`` members and durations ``datetime.timedelta``, as kio expects.
+    """
+    names = _field_names(cls)
+    return cls(**{k: v for k, v in values.items() if k in names})
+
+
+def api_versions_response(
+    version: int, error_code: ErrorCode = NONE, apis: Mapping[int, tuple[int, int]] | None = None
+) -> Any:
+    """The ApiVersions response (of ``version``) advertising ``apis`` (default SUPPORTED_APIS).
+
+    Note for whoever sets ``apis``: librdkafka enables LZ4 only when the broker
+    advertises FindCoordinator (api key 10) v0 (its rdkafka_feature.c maps LZ4 to
+    "0.8.2", the release that added group coordinators); without it a producer
+    configured with compression.type=lz4 silently sends uncompressed batches.
+    """
     schema = response_schema(API_VERSIONS, version)
     api_keys = tuple(
         schema.ApiVersion(api_key=i16(key), min_version=i16(low), max_version=i16(high))
-        for key, (low, high) in sorted(SUPPORTED_APIS.items())
+        for key, (low, high) in sorted((SUPPORTED_APIS if apis is None else apis).items())
     )
     fields = {"error_code": error_code, "api_keys": api_keys}
     if version >= 1:
@@ -327,5 +353,6 @@ __all__ = [
     "response_schema",
     "response_class",
     "api_versions_response",
+    "build_entity",
     "encode_api_versions_unsupported",
 ]
