@@ -153,6 +153,8 @@ class TimingWheel:
         self.compactions = 0
 
     def _check_time(self, name: str, value) -> int:
+        if type(value) is int and -self.limit_ms <= value <= self.limit_ms:
+            return value  # the hot path
         value = _check_int(name, value, -self.limit_ms)
         if value > self.limit_ms:
             raise ValueError(f"{name} must be <= {self.limit_ms}, got {value}")
@@ -228,6 +230,8 @@ class TimingWheel:
     # ----------------------------------------------------------------- placement
     def _level_of(self, tick: int) -> int:
         n, current = self.wheel_size, self._tick
+        if tick < current + n:
+            return 0
         for level, span in enumerate(self._spans):
             if tick // span < current // span + n:
                 return level
