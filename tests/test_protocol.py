@@ -39,7 +39,7 @@ st.register_type_strategy(Records, st.binary(max_size=64))
 ALL_VERSIONS = [(key, v) for key, (low, high) in sorted(SUPPORTED_APIS.items()) for v in range(low, high + 1)]
 NON_PRODUCE_VERSIONS = [(k, v) for k, v in ALL_VERSIONS if k != PRODUCE]
 ROUNDTRIP = settings(
-    max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much]
+    max_examples=12, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much]
 )
 
 
@@ -112,7 +112,7 @@ def test_response_frame_decodes_with_kio(api_key: int, version: int) -> None:
     check()
 
 
-@settings(max_examples=50, deadline=None)
+@settings(max_examples=50, deadline=None, database=None)
 @given(
     api_key=st.integers(-(2**15), 2**15 - 1),
     version=st.integers(-(2**15), 2**15 - 1),

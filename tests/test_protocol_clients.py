@@ -17,6 +17,9 @@ import threading
 import time
 from collections import defaultdict
 
+import sys
+from pathlib import Path
+
 import crc32c
 import pytest
 
@@ -24,6 +27,9 @@ from workers import protocol
 from workers.errors import NONE, UNKNOWN_TOPIC_OR_PARTITION, ErrorCode, ProtocolError
 from workers.fetch_codec import FetchPartitionResult, FetchTopicResult, encode_fetch_response
 from workers.produce_codec import ProducePartitionResult, ProduceTopicResult, encode_produce_response
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+import rawkafka  # noqa: E402
 
 PARTITIONS = 2
 CLIENT_DEADLINE_S = 30.0
@@ -297,3 +303,45 @@ def test_confluent_consumer_reads_what_was_produced(answerer: ProtocolAnswerer, 
         sent = [(k, v) for part, k, v in messages if part == p]
         assert [(o, k, v) for o, k, v, _ in got[p]] == [(i, k, v) for i, (k, v) in enumerate(sent)]
         assert all(h == [("h", b"1")] for *_, h in got[p])
+
+
+def test_rawkafka_pipelines_produce_fetch_and_control_requests(answerer: ProtocolAnswerer) -> None:
+    batch = rawkafka.make_batch(10, 100)
+    with rawkafka.RawConnection("127.0.0.1", answerer.port, timeout_s=CLIENT_DEADLINE_S) as conn:
+        versions = conn.call(protocol.API_VERSIONS, 3, rawkafka.api_versions_body(3))
+        assert {a.api_key: (a.min_version, a.max_version) for a in versions.api_keys} == protocol.SUPPORTED_APIS
+        # An ApiVersions version we do not know gets error 35 in a v0 body.
+        unknown = conn.request(protocol.API_VERSIONS, 9, rawkafka.api_versions_body(3))
+        assert rawkafka.decode_response(protocol.API_VERSIONS, 0, unknown).error_code == 35
+        metadata = conn.call(protocol.METADATA, 8, rawkafka.metadata_body(["t"], version=8))
+        assert [(b.host, b.port) for b in metadata.brokers] == [("127.0.0.1", answerer.port)]
+
+        frame = rawkafka.produce_request("t", 1, batch, acks=1)
+        cids = conn.send_frames([(protocol.PRODUCE, 8, frame)] * 20)
+        assert conn.inflight == 20
+        base_offsets = []
+        for cid in cids:
+            got, api_key, version, body = conn.recv_response()
+            assert (got, api_key, version) == (cid, protocol.PRODUCE, 8)
+            response = rawkafka.decode_response(protocol.PRODUCE, 8, body)
+            (partition,) = response.responses[0].partition_responses
+            assert partition.error_code == 0
+            base_offsets.append(partition.base_offset)
+        assert base_offsets == list(range(0, 200, 10))
+        conn.send(protocol.PRODUCE, 8, rawkafka.produce_body({"t": {0: batch}}, acks=0), expect_response=False)
+
+        offsets = {0: 0, 1: 0}
+        records = {0: 0, 1: 0}
+        for _ in range(50):
+            if records == {0: 10, 1: 200}:
+                break
+            body = conn.request(protocol.FETCH, 11, rawkafka.fetch_body({"t": offsets}, max_wait_ms=20,
+                                                                          partition_max_bytes=4096))
+            result = rawkafka.parse_fetch_response(11, body)
+            for p in result.partitions:
+                assert p.error_code == 0
+                records[p.partition] += p.record_count
+                if p.next_offset is not None:
+                    offsets[p.partition] = p.next_offset
+        assert records == {0: 10, 1: 200}
+        assert offsets == {0: 10, 1: 200}

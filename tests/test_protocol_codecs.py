@@ -32,7 +32,7 @@ import rawkafka  # noqa: E402
 
 PRODUCE_VERSIONS = range(3, 9)
 FETCH_VERSIONS = range(4, 12)
-CODEC = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+CODEC = settings(max_examples=40, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 
 int16s = st.integers(-(2**15), 2**15 - 1)
 int32s = st.integers(-(2**31), 2**31 - 1)

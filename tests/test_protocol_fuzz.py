@@ -20,7 +20,7 @@ from workers.errors import ProtocolError
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 import rawkafka  # noqa: E402
 
-FUZZ = settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FUZZ = settings(max_examples=1000, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 ALL_VERSIONS = [(k, v) for k, (lo, hi) in protocol.SUPPORTED_APIS.items() for v in range(lo, hi + 1)]
 WRONG_VERSIONS = [(0, 2), (0, 9), (1, 3), (1, 12), (3, 9), (18, 4), (2, 0), (19, 5), (7, 0), (-5, 0)]
 
