@@ -1,9 +1,10 @@
 """Benchmark: kio versus our hot-path codecs (Produce request decode, Fetch response encode).
 
-Cases: request header parse (kio against our former struct parser is not
-compared: both sides here use kio's reader, ours adds the NamedTuple), Produce
-request decode, Produce response build+encode, Fetch response build+encode
-(kio including the pread its in-memory records need).
+Cases: request header parse (kio's bare reader against
+workers.protocol.parse_request_header, which wraps that same reader: the cost
+of the wrapper), Produce request decode, Produce response build+encode, Fetch
+response build+encode (kio's side includes the pread its in-memory records
+need; ours leaves the records as file ranges for sendfile).
 
 This is the measurement behind the choice, stated in workers/produce_codec.py and
 workers/fetch_codec.py, to hand-write those two and use kio for everything else.

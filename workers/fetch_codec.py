@@ -4,9 +4,11 @@ Why our own encoder rather than kio: kio needs every partition's records as
 one in-memory ``bytes`` object, so serving a fetch would mean reading the
 segment file into Python memory and copying it again into the response. Here
 the response is a list of pieces: encoded header bytes, and ``FileRange``s that
-the worker sends with ``os.sendfile`` straight from the segment files. It is
-also several times faster than kio at encoding the headers themselves (see
-``scripts/bench_protocol.py``). Every byte is cross-checked against kio in
+the worker sends with ``os.sendfile`` straight from the segment files. Measured
+with ``scripts/bench_protocol.py`` (median, us per response, building included):
+one 1 MiB partition 142 (kio, pread included) against 4.5 (ours); ten 64 KiB
+partitions 143 against 24; ten empty partitions 85 against 21, so the header
+encoding alone is about four times faster than kio's pure-Python writer. Every byte is cross-checked against kio in
 tests/test_protocol_codecs.py (encode here, decode with kio).
 
 The wire layout is declared as data (``_TOP_LEVEL_FIELDS``,
