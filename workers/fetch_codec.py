@@ -8,8 +8,10 @@ the worker sends with ``os.sendfile`` straight from the segment files. Measured
 with ``scripts/bench_protocol.py`` (median, us per response, building included):
 one 1 MiB partition 142 (kio, pread included) against 4.5 (ours); ten 64 KiB
 partitions 143 against 24; ten empty partitions 85 against 21, so the header
-encoding alone is about four times faster than kio's pure-Python writer. Every byte is cross-checked against kio in
-tests/test_protocol_codecs.py (encode here, decode with kio).
+encoding alone is about four times faster than kio's pure-Python writer.
+Every byte is cross-checked in tests/test_protocol_codecs.py (byte-identical to
+kio's encoding, decoded by kio and kafka-python) and real consumers read it in
+tests/test_protocol_clients.py (librdkafka, kafka-python).
 
 The wire layout is declared as data (``_TOP_LEVEL_FIELDS``,
 ``_PARTITION_FIELDS``: name, struct code, first version having the field) and
@@ -18,8 +20,8 @@ compiled once per version into ``struct.Struct``s.
 Invariants:
 - The size prefix equals the exact sum of all header bytes and all record
   range lengths after it; a records field is always written with its real
-  length, never null (-1): an empty record set is length 0, because clients
-  treat null records as an error on some paths.
+  length, never null (-1): an empty record set is length 0, which every
+  client reads as "no records", while null is not accepted by all of them.
 - ``aborted_transactions`` is always an empty array (count 0), never null:
   this broker has no transactions, and an empty array is what every client
   parses without a special case.

@@ -8,7 +8,9 @@ objects and response objects into frames:
   CreateTopics, DeleteTopics, and Fetch requests) are decoded and encoded by
   kio, whose dataclasses are generated from Kafka's own JSON schemas; handlers
   build plain kio response dataclasses (``response_schema(api_key, version)``
-  gives the module-like namespace with the nested classes);
+  gives the module-like namespace with the nested classes, ``build_entity``
+  lets one handler fill every version; kio wants ``ErrorCode`` members for
+  error codes and ``datetime.timedelta`` for durations such as throttle_time);
 - the hot path, Produce requests and responses and Fetch responses, uses our
   own codecs (``decode_request`` returns a zero-copy ProduceRequestView for
   Produce; ``encode_produce_response`` and ``encode_fetch_response`` build
@@ -56,13 +58,14 @@ from workers.fetch_codec import (
     FileRange,
     encode_fetch_response,
 )
+from workers.legacy_schemas import LEGACY_SCHEMAS
 from workers.produce_codec import (
     ProducePartitionResult,
+    ProduceRequestView,
     ProduceTopicResult,
+    decode_produce_request,
     encode_produce_response,
 )
-from workers.legacy_schemas import LEGACY_SCHEMAS
-from workers.produce_codec import ProduceRequestView, decode_produce_request
 
 # API keys (Kafka's ApiKeys enum) this broker serves.
 PRODUCE = 0
