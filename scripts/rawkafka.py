@@ -420,7 +420,7 @@ class _Cursor:
 
 _I16 = struct.Struct(">h")
 _I32 = struct.Struct(">i")
-_I32I16I32 = struct.Struct(">ihi")
+_I16I32 = struct.Struct(">hi")
 _PART_V4 = struct.Struct(">ihqq")  # partition, error, high watermark, last stable offset
 _I64 = struct.Struct(">q")
 _ABORTED = struct.Struct(">qq")
@@ -433,7 +433,7 @@ def parse_fetch_response(version: int, body: bytes | memoryview) -> FetchResult:
     throttle = cur.take(_I32)[0]
     error_code = session_id = 0
     if version >= 7:
-        error_code, session_id = cur.take(struct.Struct(">hi"))
+        error_code, session_id = cur.take(_I16I32)
     result = FetchResult(throttle, error_code, session_id)
     (topic_count,) = cur.take(_I32)
     for _ in range(topic_count):
@@ -525,21 +525,36 @@ class RawConnection:
     def inflight(self) -> int:
         return len(self._inflight)
 
+    def _recv_more(self) -> None:
+        chunk = self.sock.recv(_RECV_CHUNK)
+        if not chunk:
+            raise RawProtocolError("broker closed the connection")
+        self._inbuf += chunk
+
     def _read_exact_frame(self) -> memoryview:
         buf = self._inbuf
-        while True:
-            if len(buf) >= 4:
-                (size,) = _I32.unpack_from(buf, 0)
-                if size < 4:
-                    raise RawProtocolError(f"response size {size}")
-                if len(buf) >= 4 + size:
-                    frame = bytes(buf[4 : 4 + size])
-                    del buf[: 4 + size]
-                    return memoryview(frame)
-            chunk = self.sock.recv(_RECV_CHUNK)
-            if not chunk:
-                raise RawProtocolError("broker closed the connection")
-            buf += chunk
+        while len(buf) < 4:
+            self._recv_more()
+        (size,) = _I32.unpack_from(buf, 0)
+        if size < 4:
+            raise RawProtocolError(f"response size {size}")
+        if len(buf) >= 4 + size:
+            frame = bytes(buf[4 : 4 + size])
+            del buf[: 4 + size]
+            return memoryview(frame)
+        # A large response (a fetch): read the rest straight into its own buffer, exactly,
+        # so nothing is copied twice and nothing of the next response is consumed.
+        frame = bytearray(size)
+        have = len(buf) - 4
+        frame[:have] = buf[4:]
+        buf.clear()
+        view = memoryview(frame)
+        while have < size:
+            n = self.sock.recv_into(view[have:])
+            if n == 0:
+                raise RawProtocolError("broker closed the connection mid-response")
+            have += n
+        return view
 
     def recv_response(self) -> tuple[int, int, int, memoryview]:
         """The next response: (correlation id, api key, version, body after the header)."""

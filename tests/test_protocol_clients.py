@@ -345,3 +345,22 @@ def test_rawkafka_pipelines_produce_fetch_and_control_requests(answerer: Protoco
                     offsets[p.partition] = p.next_offset
         assert records == {0: 10, 1: 200}
         assert offsets == {0: 10, 1: 200}
+
+
+def test_rawkafka_reads_a_response_larger_than_one_receive(answerer: ProtocolAnswerer) -> None:
+    batch = rawkafka.make_batch(1000, 100)  # about 110 KB
+    batches = 30  # about 3.3 MB in one fetch response, over several 1 MiB receives
+    with rawkafka.RawConnection("127.0.0.1", answerer.port, timeout_s=CLIENT_DEADLINE_S) as conn:
+        frame = rawkafka.produce_request("t", 0, batch, acks=1)
+        for _ in conn.send_frames([(protocol.PRODUCE, 8, frame)] * batches):
+            conn.recv_response()
+        # Pipeline a large fetch and a small request behind it: both must come back intact.
+        conn.send(protocol.FETCH, 11, rawkafka.fetch_body({"t": {0: 0}}, max_wait_ms=0))
+        conn.send(protocol.API_VERSIONS, 2, rawkafka.api_versions_body(2))
+        _, api_key, _, body = conn.recv_response()
+        assert api_key == protocol.FETCH and len(body) > 3 * rawkafka._RECV_CHUNK
+        (partition,) = rawkafka.parse_fetch_response(11, body).partitions
+        assert (partition.record_count, partition.batch_count, partition.next_offset) == (
+            1000 * batches, batches, 1000 * batches)
+        _, api_key, version, body = conn.recv_response()
+        assert rawkafka.decode_response(api_key, version, body).error_code == 0
