@@ -41,7 +41,7 @@ from kio.schema.produce.v8.request import ProduceRequest  # noqa: E402
 from kio.schema.request_header.v1.header import RequestHeader as KioRequestHeaderV1  # noqa: E402
 from kio.schema.errors import ErrorCode  # noqa: E402
 from kio.serial import entity_reader, entity_writer  # noqa: E402
-from kio.static.primitive import i16, i32, i32Timedelta, i64  # noqa: E402
+from kio.static.primitive import i32, i32Timedelta, i64  # noqa: E402
 
 from workers.fetch_codec import FetchPartitionResult, FetchTopicResult, encode_fetch_response  # noqa: E402
 from workers.produce_codec import (  # noqa: E402
