@@ -18,6 +18,8 @@ from typing import Any
 
 import orjson
 
+from node.log import LogConfig
+
 
 class ConfigError(ValueError):
     """A config file or override that cannot be used."""
@@ -79,17 +81,9 @@ class FlushConfig:
     # Group commit: fsync dirty partitions this often, or sooner when this many bytes wait.
     flush_interval_ms: int = 5
     flush_bytes: int = 4 * 1024 * 1024
-
-
-@dataclass(frozen=True)
-class LogSettings:
-    segment_bytes: int = 1024 * 1024 * 1024
-    segment_ms: int = 7 * 24 * 3600 * 1000
-    index_interval_bytes: int = 4096
-    retention_ms: int = 7 * 24 * 3600 * 1000
-    retention_bytes: int = -1
-    max_message_bytes: int = 1024 * 1024 + 12
-    retention_check_interval_ms: int = 300 * 1000
+    # Producer-state snapshots bound the catch-up scan a worker does on its first idempotent batch.
+    producer_snapshot_interval_ms: int = 30_000
+    retention_check_interval_ms: int = 300_000
 
 
 @dataclass(frozen=True)
@@ -98,7 +92,7 @@ class NodeConfig:
     topics: TopicDefaults = field(default_factory=TopicDefaults)
     timer: TimerConfig = field(default_factory=TimerConfig)
     flush: FlushConfig = field(default_factory=FlushConfig)
-    log: LogSettings = field(default_factory=LogSettings)
+    log: LogConfig = field(default_factory=LogConfig)
 
     def to_json(self) -> bytes:
         return orjson.dumps(dataclasses.asdict(self))
@@ -121,6 +115,8 @@ def _build(kind: type, values: dict[str, Any], where: str) -> Any:
             kwargs[key] = _build(type(default), value, f"{where}{key}.")
         else:
             expected = type(default)
+            if expected is float and isinstance(value, int) and not isinstance(value, bool):
+                value = float(value)
             if expected is int and isinstance(value, bool) or not isinstance(value, expected):
                 raise ConfigError(f"{where}{key} must be {expected.__name__}, got {value!r}")
             kwargs[key] = value

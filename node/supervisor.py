@@ -22,7 +22,7 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from node import sdnotify
 from node.config import NodeConfig
@@ -42,7 +42,6 @@ class Child:
     backoff_ms: int = 0
     restart_at: float = 0.0
     restarts: int = 0
-    extra_fds: list[int] = field(default_factory=list)
 
 
 class Supervisor:
@@ -83,12 +82,12 @@ class Supervisor:
     def _spawn(self, child: Child) -> None:
         assert self.resources is not None and self.listener is not None
         module = "node.timer_process" if child.role == "timer" else "workers.worker"
-        fds = self.resources.fds_for(child.role, child.index)
+        extra_args, fds = self.resources.child_args(child.role, child.index)
         args = [sys.executable, "-m", module,
                 "--instance", self.instance,
                 "--index", str(child.index),
                 "--config-json", self.config.to_json().decode(),
-                "--supervisor-pid", str(os.getpid())]
+                "--supervisor-pid", str(os.getpid())] + extra_args
         if child.role == "worker":
             args += ["--listen-fd", str(self.listener.fileno())]
             fds = fds + [self.listener.fileno()]
@@ -146,8 +145,6 @@ class Supervisor:
                                        server.restart_backoff_max_ms)
                 log.warning("%s %d (pid %d) exited with %s; restarting in %d ms", child.role, child.index,
                             child.process.pid, child.process.returncode, child.backoff_ms)
-                assert self.resources is not None
-                self.resources.child_died(child.role, child.index)
                 child.process = None
                 child.restart_at = now + child.backoff_ms / 1000
             if child.process is None and now >= child.restart_at:

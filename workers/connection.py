@@ -19,7 +19,7 @@ import os
 import socket
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, BinaryIO
+from typing import Any
 
 # sendmsg takes at most IOV_MAX buffers per call; more pieces go in later calls.
 _IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024
@@ -28,9 +28,9 @@ _RECV_CHUNK = 256 * 1024
 
 @dataclass(slots=True)
 class FileRange:
-    """`length` bytes of an open segment file from `position`, sent with os.sendfile."""
+    """`length` bytes of an open segment file descriptor from `position`, sent with os.sendfile."""
 
-    file: BinaryIO
+    file: int
     position: int
     length: int
 
@@ -142,7 +142,7 @@ class Connection:
                     outq.popleft()
                     continue
                 try:
-                    sent = os.sendfile(self.fd, head.file.fileno(), head.position, head.length)
+                    sent = os.sendfile(self.fd, head.file, head.position, head.length)
                 except (BlockingIOError, InterruptedError):
                     return False
                 except OSError as exc:

@@ -72,6 +72,7 @@ PRODUCE = 0
 FETCH = 1
 LIST_OFFSETS = 2
 METADATA = 3
+FIND_COORDINATOR = 10
 API_VERSIONS = 18
 CREATE_TOPICS = 19
 DELETE_TOPICS = 20
@@ -87,6 +88,9 @@ SUPPORTED_APIS: dict[int, tuple[int, int]] = {
     CREATE_TOPICS: (0, 4),
     DELETE_TOPICS: (0, 3),
     INIT_PRODUCER_ID: (0, 1),
+    # Served with COORDINATOR_NOT_AVAILABLE until the group coordinator exists; advertised because
+    # librdkafka enables LZ4 only when a broker lists FindCoordinator.
+    FIND_COORDINATOR: (0, 2),
 }
 
 # Kafka's default socket.request.max.bytes.
@@ -332,6 +336,7 @@ __all__ = [
     "CREATE_TOPICS",
     "DELETE_TOPICS",
     "INIT_PRODUCER_ID",
+    "FIND_COORDINATOR",
     "SUPPORTED_APIS",
     "DEFAULT_MAX_REQUEST_SIZE",
     "FRAME_SIZE_PREFIX",

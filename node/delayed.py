@@ -1,0 +1,92 @@
+"""The timer process's delayed operations: DelayedFetch and DelayedProduce (Kafka's, on one node).
+
+Invariants:
+- An operation is keyed by (worker, request id); the timer keeps at most one live operation per
+  key, so a request re-submitted after a timer restart (or delivered twice by a ring) is ignored.
+- Conditions are read from the shared partition table, never from a message: the table is the
+  truth, append and flush events only say when to look again.
+  * DelayedFetch: bytes appended to the watched partitions since the worker read them
+    (end_bytes - start_bytes, summed) reach min_bytes.
+  * DelayedProduce: every partition's flushed (fsync'd) offset reaches the offset after the batch.
+- Completion (satisfied or expired) sends exactly one completion frame to the owning worker;
+  the worker builds the response itself from the table and the logs.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from node.purgatory import DelayedOperation
+from shm.table import PartitionTable
+
+# (worker index, request id, expired) -> None
+CompletionSink = Callable[[int, int, bool], None]
+
+
+class _TimerOperation(DelayedOperation):
+    __slots__ = ("worker", "request_id", "rows", "table", "sink", "registry", "expired")
+
+    def __init__(self, worker: int, request_id: int, rows: np.ndarray, table: PartitionTable,
+                 sink: CompletionSink, registry: dict) -> None:
+        self.worker = worker
+        self.request_id = request_id
+        self.rows = rows
+        self.table = table
+        self.sink = sink
+        self.registry = registry
+        self.expired = False
+
+    @property
+    def key(self) -> tuple[int, int]:
+        return (self.worker, self.request_id)
+
+    def watch_keys(self) -> list[int]:
+        return [int(r) for r in np.unique(self.rows)]
+
+    def on_expiration(self) -> None:
+        self.expired = True
+
+    def on_complete(self) -> None:
+        self.registry.pop(self.key, None)
+        # on_expiration runs after on_complete (Kafka's order), so read the deadline, not the flag.
+        self.sink(self.worker, self.request_id, self._condition_failed())
+
+    def _condition_failed(self) -> bool:
+        return not self.satisfied()
+
+    def satisfied(self) -> bool:
+        raise NotImplementedError
+
+    def try_complete(self) -> bool:
+        if self.satisfied():
+            return self.force_complete()
+        return False
+
+
+class DelayedFetch(_TimerOperation):
+    __slots__ = ("min_bytes", "start_bytes")
+
+    def __init__(self, worker: int, request_id: int, min_bytes: int, rows: np.ndarray, start_bytes: np.ndarray,
+                 table: PartitionTable, sink: CompletionSink, registry: dict) -> None:
+        super().__init__(worker, request_id, rows, table, sink, registry)
+        self.min_bytes = min_bytes
+        self.start_bytes = start_bytes
+
+    def satisfied(self) -> bool:
+        end_bytes = self.table.read_rows(self.rows)["end_bytes"]
+        return int(np.maximum(end_bytes - self.start_bytes, 0).sum()) >= self.min_bytes
+
+
+class DelayedProduce(_TimerOperation):
+    __slots__ = ("required_offsets",)
+
+    def __init__(self, worker: int, request_id: int, rows: np.ndarray, required_offsets: np.ndarray,
+                 table: PartitionTable, sink: CompletionSink, registry: dict) -> None:
+        super().__init__(worker, request_id, rows, table, sink, registry)
+        self.required_offsets = required_offsets
+
+    def satisfied(self) -> bool:
+        flushed = self.table.read_rows(self.rows)["flushed_offset"]
+        return bool(np.all(flushed >= self.required_offsets))

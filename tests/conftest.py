@@ -1,0 +1,36 @@
+"""Shared fixtures: real nodes as subprocesses, cleaned up by pid; nothing left in /dev/shm."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.nodeproc import NodeProcess, shm_leftovers
+
+
+@pytest.fixture
+def node_factory(tmp_path):
+    """Start nodes with `node_factory(workers=1, config="", ...)`; all are stopped after the test."""
+    started: list[NodeProcess] = []
+    before = set(shm_leftovers())
+
+    def make(**kwargs) -> NodeProcess:
+        node = NodeProcess(tmp_path, **kwargs)
+        started.append(node)
+        return node.start()
+
+    yield make
+    for node in started:
+        if node.alive():
+            node.stop()
+    # A test that killed every process left the instance's shared memory behind on purpose;
+    # a start of the same instance removes it, and the clean stop above unlinks it.
+    for node in started:
+        if not node.alive() and set(shm_leftovers()) - before:
+            node.start()
+            node.stop()
+    assert set(shm_leftovers()) - before == set()
+
+
+@pytest.fixture
+def node(node_factory):
+    return node_factory(workers=1)

@@ -1,0 +1,142 @@
+"""Processes die: clean restarts keep data, kill -9 of a worker or the timer is survived, and
+kill -9 of the whole node loses nothing that was acknowledged with acks=all."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+from confluent_kafka import Producer
+
+from tests.nodeproc import NodeProcess, shm_leftovers
+from tests.test_clients import CLIENT_TIMEOUT_S, consume_all, create_topic, produce
+
+
+class BackgroundProducer:
+    """confluent-kafka producing numbered values until stopped; remembers what was acknowledged."""
+
+    def __init__(self, bootstrap: str, topic: str, partitions: int, **config) -> None:
+        self.producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 2, "acks": "all",
+                                  "enable.idempotence": True, "message.timeout.ms": 60000,
+                                  "reconnect.backoff.ms": 50, "reconnect.backoff.max.ms": 500, **config})
+        self.topic, self.partitions = topic, partitions
+        self.acked: set[bytes] = set()
+        self.failed: list = []
+        self.sent = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _on_delivery(self, err, msg) -> None:
+        if err:
+            self.failed.append(err)
+        else:
+            self.acked.add(msg.value())
+
+    def _run(self) -> None:
+        deadline = time.monotonic() + 120
+        while not self._stop.is_set() and time.monotonic() < deadline:
+            try:
+                self.producer.produce(self.topic, value=b"value-%d" % self.sent,
+                                      partition=self.sent % self.partitions, on_delivery=self._on_delivery)
+                self.sent += 1
+            except BufferError:
+                pass
+            self.producer.poll(0.001)
+
+    def start(self) -> "BackgroundProducer":
+        self._thread.start()
+        return self
+
+    def stop(self, flush: bool = True) -> None:
+        self._stop.set()
+        self._thread.join(timeout=CLIENT_TIMEOUT_S)
+        if flush:
+            self.producer.flush(CLIENT_TIMEOUT_S)
+        else:
+            self.producer.purge()
+            self.producer.poll(0)
+
+    def wait_acked(self, count: int) -> None:
+        deadline = time.monotonic() + CLIENT_TIMEOUT_S
+        while len(self.acked) < count and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert len(self.acked) >= count, f"only {len(self.acked)} acknowledged, failures {self.failed[:3]}"
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_restart_keeps_all_data(node_factory, workers):
+    node = node_factory(workers=workers)
+    create_topic(node.bootstrap, "durable", 2)
+    sent = [{"value": f"r{i}".encode(), "partition": i % 2} for i in range(1000)]
+    produce(node.bootstrap, "durable", sent, acks="1")
+    assert node.stop() == 0
+    assert shm_leftovers() == []
+    node.start()
+    got = consume_all(node.bootstrap, "durable", 2, len(sent))
+    assert sorted(m.value() for m in got) == sorted(r["value"] for r in sent)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_worker_killed_is_replaced(node_factory, workers):
+    node = node_factory(workers=workers)
+    create_topic(node.bootstrap, "survive", 2)
+    load = BackgroundProducer(node.bootstrap, "survive", 2).start()
+    load.wait_acked(500)
+    victim = node.pids("worker")[0]
+    os.kill(victim, signal.SIGKILL)
+    node.wait_for_pids("worker", workers, exclude={victim})
+    acked_at_kill = len(load.acked)
+    load.wait_acked(acked_at_kill + 500)
+    load.stop()
+    assert load.failed == []
+    got = consume_all(node.bootstrap, "survive", 2, len(load.acked))
+    values = [m.value() for m in got]
+    assert len(values) == len(set(values)), "idempotent producer must not duplicate across a worker crash"
+    assert set(values) == load.acked
+
+
+def test_timer_killed_long_poll_still_answers(node_factory):
+    node = node_factory(workers=1)
+    create_topic(node.bootstrap, "longpoll", 1)
+    timer = node.pids("timer")[0]
+    os.kill(timer, signal.SIGKILL)
+    node.wait_for_pids("timer", 1, exclude={timer})
+    # acks=all needs the (restarted) timer's flusher; a consumer's long poll needs its purgatory.
+    produce(node.bootstrap, "longpoll", [{"value": b"after-timer-restart", "partition": 0}], acks="all")
+    got = consume_all(node.bootstrap, "longpoll", 1, 1, **{"fetch.wait.max.ms": 500})
+    assert [m.value() for m in got] == [b"after-timer-restart"]
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_kill9_everything_loses_nothing_acknowledged(node_factory, workers):
+    node = node_factory(workers=workers)
+    create_topic(node.bootstrap, "acked", 3)
+    load = BackgroundProducer(node.bootstrap, "acked", 3).start()
+    load.wait_acked(2000)
+    node.kill_all()
+    acked = set(load.acked)  # nothing can be acknowledged after the kill
+    load.stop(flush=False)
+    node.start()
+    got = consume_all_at_least(node.bootstrap, "acked", 3, len(acked))
+    missing = acked - {m.value() for m in got}
+    assert not missing, f"{len(missing)} acknowledged records lost, e.g. {sorted(missing)[:5]}"
+
+
+def consume_all_at_least(bootstrap: str, topic: str, partitions: int, minimum: int) -> list:
+    """Everything in the topic (at least `minimum` records): unacknowledged in-flight records may be there too."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "unused", "enable.auto.commit": False})
+    consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+    got, quiet_since = [], time.monotonic()
+    deadline = time.monotonic() + CLIENT_TIMEOUT_S
+    while time.monotonic() < deadline and (len(got) < minimum or time.monotonic() - quiet_since < 1.0):
+        msg = consumer.poll(0.2)
+        if msg is not None and not msg.error():
+            got.append(msg)
+            quiet_since = time.monotonic()
+    consumer.close()
+    return got
