@@ -17,8 +17,7 @@ Operation ids are the timer handles, so "completed" is simply "no longer live in
 Purge (the proposal's estimate, KAFKA-664 / KAFKA-19763): ``watched`` is incremented once per watched
 operation and reset to ``pending`` (exact, from the timer) just before each purge; a purge runs when
 ``watched - pending > purge_interval``. Single-threaded, ``watched - pending`` is exactly the number of
-operations completed since the last purge, so completed operations still in watcher lists never exceed
-purge_interval + one batch. Completions never scan watcher lists. The purge itself costs O(entries of the
+operations completed since the last purge. Completions never scan watcher lists. The purge itself costs O(entries of the
 operations completed since the last purge), not O(all watcher entries):
   * batch watcher lists are one append-only log of (key id, op id) entries; each op's entries are contiguous
     and the op's first position is kept per timer slot. A purge overwrites the entries of completed ops with a
@@ -28,7 +27,8 @@ operations completed since the last purge), not O(all watcher entries):
 ``check_and_complete`` also drops completed operations from the key it walks, as Kafka does.
 
 Invariants (after every public call): each operation completes exactly once (completed + expired counts each
-once); pending == timer.pending (exact); completed-but-watched operations <= purge_interval + one batch.
+once); pending == timer.pending (exact); every call that completes or watches ends with the purge check, so
+completed operations still in watcher lists <= purge_interval.
 Callbacks that raise are logged and counted (``callback_errors``); they never break the purgatory.
 """
 
@@ -235,6 +235,7 @@ class Purgatory:
             self._dirty_keys.update(op._keys)
         self.completed += 1
         self._call(op, op.on_complete)
+        self._maybe_purge()
         return True
 
     def check_and_complete(self, key) -> int:
@@ -339,6 +340,7 @@ class Purgatory:
         if self._objects:
             self._complete_objects(done, expired=False)
         self.completed += len(done)
+        self._maybe_purge()
         return len(done)
 
     def advance_many(self, now_ms: int) -> np.ndarray:

@@ -1,0 +1,257 @@
+"""TimingWheel against a reference model (a sorted list of (fire time, handle)), plus its edge cases."""
+
+from __future__ import annotations
+
+import bisect
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from node.wheel import SLOT_BITS, SLOT_MASK, TimingWheel
+
+HOUR_MS = 3_600_000
+DAY_MS = 24 * HOUR_MS
+
+# Offsets from "now" for new deadlines: already due, within the first level, and far into overflow levels.
+offsets = st.one_of(
+    st.integers(-50, 0),
+    st.integers(1, 60),
+    st.integers(61, 20_000),
+    st.integers(HOUR_MS // 2, 3 * DAY_MS),
+)
+steps = st.one_of(st.integers(0, 3), st.integers(4, 500), st.integers(501, 2 * HOUR_MS), st.integers(-20, -1))
+
+
+def fire_ms(deadline: int, tick: int) -> int:
+    """The earliest clock at which the wheel may fire this deadline: the next tick boundary at or after it."""
+    return -(-deadline // tick) * tick
+
+
+class WheelMachine(RuleBasedStateMachine):
+    """Random interleavings of add, add_many, cancel, cancel_many and advance."""
+
+    @initialize(
+        tick=st.sampled_from([1, 1, 3, 10]),
+        size=st.sampled_from([2, 3, 20]),
+        start=st.integers(-1_000, 10_000),
+        slack=st.sampled_from([0, 3, 64]),
+    )
+    def setup(self, tick, size, start, slack):
+        self.tick = tick
+        self.wheel = TimingWheel(tick, size, start, initial_capacity=2, bucket_initial_capacity=1,
+                                 compaction_slack=slack)
+        self.now = start
+        self.model: list[tuple[int, int]] = []  # sorted (fire_ms, handle) of live entries
+        self.deadline: dict[int, int] = {}  # live handle -> deadline
+        self.dead: list[int] = []  # handles that fired or were cancelled
+
+    def _insert(self, handle: int, deadline: int) -> None:
+        assert handle not in self.deadline, "handle reused while live"
+        self.deadline[handle] = deadline
+        bisect.insort(self.model, (fire_ms(deadline, self.tick), handle))
+
+    def _remove(self, handle: int) -> None:
+        deadline = self.deadline.pop(handle)
+        self.model.remove((fire_ms(deadline, self.tick), handle))
+        self.dead.append(handle)
+
+    @rule(offset=offsets)
+    def add(self, offset):
+        deadline = self.now + offset
+        self._insert(self.wheel.add(deadline), deadline)
+
+    @rule(batch=st.lists(offsets, max_size=40))
+    def add_many(self, batch):
+        deadlines = np.array([self.now + o for o in batch], np.int64)
+        handles = self.wheel.add_many(deadlines)
+        assert handles.dtype == np.int64 and len(handles) == len(batch)
+        for handle, deadline in zip(handles.tolist(), deadlines.tolist()):
+            self._insert(handle, deadline)
+
+    @precondition(lambda self: self.deadline or self.dead)
+    @rule(data=st.data())
+    def cancel(self, data):
+        handle = data.draw(st.sampled_from(sorted(self.deadline) + self.dead[-20:]))
+        expected = handle in self.deadline
+        assert self.wheel.cancel(handle) is expected
+        if expected:
+            self._remove(handle)
+
+    @precondition(lambda self: self.deadline or self.dead)
+    # Handles never issued: negative ones, and slot numbers far beyond any capacity these tests reach.
+    @rule(data=st.data(), junk=st.lists(st.integers(-(2**63), -1) | st.integers(2**31, 2**32 - 1), max_size=2))
+    def cancel_many(self, data, junk):
+        pool = sorted(self.deadline) + self.dead[-20:]
+        chosen = data.draw(st.lists(st.sampled_from(pool), max_size=30))
+        handles = chosen + chosen[:3] + junk  # repeated handles and handles never issued
+        mask = self.wheel.cancel_many(np.array(handles, np.int64))
+        cancelled = [h for h, ok in zip(handles, mask.tolist()) if ok]
+        assert sorted(cancelled) == sorted(set(chosen) & set(self.deadline)), "each live handle cancelled once"
+        for handle in cancelled:
+            self._remove(handle)
+
+    @rule(step=steps)
+    def advance(self, step):
+        self.now += step
+        fired = self.wheel.advance(self.now).tolist()
+        clock = max(self.now, self.wheel.current_ms)
+        expected = [h for f, h in self.model if f <= clock]
+        assert sorted(fired) == sorted(expected), "fired exactly what is due, each once"
+        for handle in fired:
+            assert self.deadline[handle] <= clock, "never fires before its deadline"
+            self._remove(handle)
+
+    @invariant()
+    def pending_is_exact(self):
+        if hasattr(self, "wheel"):
+            assert self.wheel.pending == len(self.model)
+
+    @invariant()
+    def memory_is_bounded(self):
+        if hasattr(self, "wheel"):
+            w = self.wheel
+            assert w.slots_in_use <= 2 * w.pending + w.compaction_slack
+            assert w.heap_size <= w.levels * w.wheel_size
+
+    @invariant()
+    def next_expiration_is_not_late(self):
+        if hasattr(self, "wheel"):
+            due = self.wheel.next_expiration()
+            if self.model:
+                assert due is not None and due <= max(self.model[0][0], self.wheel.current_ms)
+            else:
+                assert due is None
+
+
+TestWheelMachine = WheelMachine.TestCase
+TestWheelMachine.settings = settings(max_examples=150, stateful_step_count=40, deadline=None, database=None,
+                                     suppress_health_check=[HealthCheck.too_slow])
+
+
+def test_deadlines_days_away_use_overflow_levels_and_fire_within_a_tick():
+    wheel = TimingWheel(tick_ms=1, wheel_size=20, start_ms=0)
+    deadlines = np.array([7, 19, 20, 399, 400, 8_000, HOUR_MS, 2 * DAY_MS + 17], np.int64)
+    handles = wheel.add_many(deadlines)
+    assert wheel.levels >= 6  # 20 ms, 400 ms, 8 s, 160 s, 3200 s, 64000 s, ... per bucket
+    now, wakes, fired_at = 0, 0, {}
+    while wheel.pending and wakes < 1_000:  # driven by bucket expirations only, never per tick
+        now = wheel.next_expiration()
+        for handle in wheel.advance(now).tolist():
+            fired_at[handle] = now
+        wakes += 1
+    assert wheel.pending == 0
+    assert wakes <= wheel.levels * wheel.wheel_size
+    for handle, deadline in zip(handles.tolist(), deadlines.tolist()):
+        assert deadline <= fired_at[handle] < deadline + 1
+
+
+def test_coarse_tick_fires_at_the_next_tick_boundary_never_early():
+    wheel = TimingWheel(tick_ms=10, wheel_size=4, start_ms=0)
+    handle = wheel.add(15)
+    assert len(wheel.advance(15)) == 0  # 15 is inside tick [10, 20): firing now would be early
+    assert wheel.advance(19).tolist() == []
+    assert wheel.advance(20).tolist() == [handle]
+
+
+def test_clock_never_runs_backwards_and_a_jump_back_does_not_stall():
+    wheel = TimingWheel(1, 20, 1_000)
+    handle = wheel.add(1_010)
+    assert wheel.advance(500).tolist() == []  # a clock going back neither fires nor moves the wheel back
+    assert wheel.current_ms == 1_000
+    assert wheel.advance(1_009).tolist() == []
+    assert wheel.advance(1_010).tolist() == [handle]
+
+
+def test_already_due_deadlines_fire_at_the_next_advance():
+    wheel = TimingWheel(1, 20, 100)
+    handles = wheel.add_many(np.array([-5, 50, 100], np.int64))
+    assert wheel.next_expiration() == 100
+    assert sorted(wheel.advance(100).tolist()) == sorted(handles.tolist())
+
+
+def test_cancelled_slots_are_reclaimed_and_reused_without_growth():
+    wheel = TimingWheel(1, 20, 0, initial_capacity=1024, compaction_slack=100)
+    handles = wheel.add_many(np.full(50_000, DAY_MS, np.int64))
+    capacity = len(wheel._deadline)
+    assert wheel.cancel_many(handles).all()
+    assert wheel.pending == 0
+    assert wheel.slots_in_use <= wheel.compaction_slack
+    again = wheel.add_many(np.full(50_000, DAY_MS, np.int64))
+    assert len(wheel._deadline) == capacity  # reused the reclaimed slots
+    assert not wheel.is_live(handles).any(), "old handles never alias new entries"
+    assert wheel.is_live(again).all()
+    assert wheel.cancel_many(handles).sum() == 0
+    assert wheel.pending == 50_000
+
+
+def test_stale_handle_does_not_cancel_the_slot_s_next_entry():
+    wheel = TimingWheel(1, 20, 0, compaction_slack=0)
+    old = wheel.add(10)
+    assert wheel.cancel(old)
+    new = wheel.add(10)  # compaction_slack=0: the slot was reclaimed and is reused
+    assert new & SLOT_MASK == old & SLOT_MASK and new != old
+    assert not wheel.cancel(old)
+    assert wheel.advance(10).tolist() == [new]
+
+
+def test_handle_generation_wraps_to_a_positive_handle():
+    wheel = TimingWheel(1, 20, 0)
+    handle = wheel.add(5)
+    slot = handle & SLOT_MASK
+    top_generation = (1 << 31) - 1
+    wheel._handle[slot] = (top_generation << SLOT_BITS) | slot  # the slot's last generation
+    assert wheel.advance(5).tolist() == [(top_generation << SLOT_BITS) | slot]
+    wrapped = wheel.add(6)
+    assert wrapped == slot  # generation 0 again, still a non-negative int64
+    assert wheel.advance(6).tolist() == [wrapped]
+
+
+def test_next_expiration_is_none_when_only_cancelled_entries_remain():
+    wheel = TimingWheel(1, 20, 0)
+    handles = wheel.add_many(np.arange(10, 5_000, 7, dtype=np.int64))
+    wheel.cancel_many(handles)
+    assert wheel.next_expiration() is None
+    assert wheel.heap_size == 0
+
+
+@pytest.mark.parametrize(
+    "call, error",
+    [
+        (lambda w: w.add("10"), TypeError),
+        (lambda w: w.add(1.5), TypeError),
+        (lambda w: w.add(True), TypeError),
+        (lambda w: w.add(1 << 70), ValueError),
+        (lambda w: w.add_many(np.array([1.5])), TypeError),
+        (lambda w: w.add_many([[1, 2], [3, 4]]), ValueError),
+        (lambda w: w.add_many([1 << 62]), ValueError),
+        (lambda w: w.advance(None), TypeError),
+        (lambda w: w.cancel("1"), TypeError),
+        (lambda w: w.cancel_many(["a"]), TypeError),
+    ],
+)
+def test_bad_input_gets_a_clear_error_and_leaves_the_wheel_intact(call, error):
+    wheel = TimingWheel(1, 20, 0)
+    handle = wheel.add(5)
+    with pytest.raises(error):
+        call(wheel)
+    assert wheel.pending == 1
+    assert wheel.advance(5).tolist() == [handle]
+
+
+@pytest.mark.parametrize("kwargs", [{"tick_ms": 0}, {"wheel_size": 1}, {"wheel_size": 1 << 20}, {"tick_ms": "1"}])
+def test_bad_configuration_is_rejected(kwargs):
+    with pytest.raises((ValueError, TypeError)):
+        TimingWheel(**kwargs)
+
+
+def test_unknown_handles_are_not_live_and_cancel_nothing():
+    wheel = TimingWheel(1, 20, 0)
+    wheel.add(5)
+    junk = np.array([-1, 1 << 40, 12345, (1 << 63) - 1], np.int64)
+    assert not wheel.is_live(junk).any()
+    assert not wheel.cancel_many(junk).any()
+    assert not wheel.cancel(-7)
+    assert wheel.pending == 1
