@@ -1,0 +1,471 @@
+"""Shared harness of the node benchmarks (producer_perf, consumer_perf, e2e_latency).
+
+- ``BenchNode``: a real node (``python -m node.cli serve``) as a subprocess on a free 127.0.0.1 port
+  with a temporary data dir; ``node_for(args)`` uses ``--bootstrap`` instead when given.
+- ``Pipeliner``: the raw load generators' request loop: several connections, a fixed number of
+  requests in flight on each, responses matched by correlation id, per-request latency.
+- ``result_row`` / ``emit``: the JSON line every benchmark prints; ``percentiles_ms``.
+- ``create_topic``: CreateTopics + wait until Metadata shows the partitions.
+
+Invariants:
+- Only 127.0.0.1 is ever contacted (``parse_bootstrap`` refuses any other host).
+- A node started here is stopped by its pid with SIGTERM (SIGKILL of its recorded process tree
+  only if it does not exit within ``NodeSettings.stop_timeout_s``); its shared-memory objects
+  (/dev/shm names containing "shmbroker") are removed if a hard kill left any; its temp dir is
+  removed. If the benchmark process dies, the kernel sends the node SIGTERM (PR_SET_PDEATHSIG).
+- Every wait here is bounded in time; every loop bounded in count or time.
+- The ``Pipeliner`` never keeps more than ``inflight`` requests outstanding per connection and
+  hands each response body to its callback exactly once, in request order per connection; the
+  body view is valid only during the callback.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import selectors
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Sequence
+
+import numpy as np
+import orjson
+import psutil
+
+SCRIPTS_DIR = os.path.dirname(os.path.abspath(__file__))
+REPO_ROOT = os.path.dirname(SCRIPTS_DIR)
+if REPO_ROOT not in sys.path:
+    sys.path.insert(0, REPO_ROOT)
+
+import rawkafka  # noqa: E402
+
+LOOPBACK = "127.0.0.1"
+_LOOPBACK_NAMES = {"127.0.0.1", "localhost"}
+# Fields every benchmark JSON line has (null where not measured).
+RESULT_FIELDS = ("script", "client", "records", "records_per_s", "mb_per_s", "p50_ms", "p99_ms", "p999_ms")
+MB = 1_000_000  # MB/s as Kafka's perf tools report it (10^6 bytes)
+
+
+# --------------------------------------------------------------------------- node process
+
+
+@dataclass(frozen=True)
+class NodeSettings:
+    workers: int = 2
+    start_timeout_s: float = 30.0
+    stop_timeout_s: float = 30.0
+    # Extra TOML for the node's config file (e.g. "[flush]\nflush_interval_ms = 2\n").
+    config_toml: str = ""
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind((LOOPBACK, 0))
+        return sock.getsockname()[1]
+
+
+def parse_bootstrap(text: str) -> tuple[str, int]:
+    """'HOST:PORT' with HOST a loopback name; any other host is refused (benchmarks stay on 127.0.0.1)."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        raise SystemExit(f"--bootstrap wants HOST:PORT, got {text!r}")
+    if host not in _LOOPBACK_NAMES:
+        raise SystemExit(f"--bootstrap must be on 127.0.0.1 (benchmarks use loopback only), got {host!r}")
+    return LOOPBACK, int(port)
+
+
+def _answers_api_versions(port: int, timeout_s: float) -> bool:
+    try:
+        with rawkafka.RawConnection(LOOPBACK, port, timeout_s=timeout_s) as conn:
+            conn.call(rawkafka.API_VERSIONS, 0, rawkafka.api_versions_body(0))
+            return True
+    except (OSError, rawkafka.RawProtocolError):
+        return False
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM the node (a clean stop) if the benchmark process dies."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):
+        pass
+
+
+class BenchNode:
+    """A node subprocess with a temp data dir. Use as a context manager, or start()/stop()."""
+
+    def __init__(self, settings: NodeSettings = NodeSettings()) -> None:
+        self.settings = settings
+        self.port = free_port()
+        self.temp_dir = tempfile.mkdtemp(prefix="benchnode-")
+        self.data_dir = os.path.join(self.temp_dir, "data")
+        self.log_path = os.path.join(self.temp_dir, "node.log")
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def bootstrap(self) -> str:
+        return f"{LOOPBACK}:{self.port}"
+
+    def start(self) -> BenchNode:
+        config_path = os.path.join(self.temp_dir, "node.toml")
+        with open(config_path, "w") as f:
+            f.write(self.settings.config_toml)
+        args = [sys.executable, "-m", "node.cli", "serve", "--config", config_path, "--listen", self.bootstrap,
+                "--data-dir", self.data_dir, "--workers", str(self.settings.workers)]
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(args, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
+        deadline = time.monotonic() + self.settings.start_timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"node exited with {self.proc.returncode}:\n{self.log_tail()}")
+            if _answers_api_versions(self.port, timeout_s=0.5):
+                return self
+            time.sleep(0.05)
+        raise RuntimeError(f"node did not answer in {self.settings.start_timeout_s}s:\n{self.log_tail()}")
+
+    def log_tail(self, chars: int = 4000) -> str:
+        try:
+            with open(self.log_path, "rb") as f:
+                return f.read().decode(errors="replace")[-chars:]
+        except OSError:
+            return ""
+
+    def child_pids(self, module: str = "") -> list[int]:
+        """Pids of the node's processes below the supervisor whose command line names `module`
+        ('workers.worker', 'node.timer_process'); all of them when empty."""
+        if self.proc is None:
+            return []
+        try:
+            children = psutil.Process(self.proc.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            return []
+        pids = []
+        for child in children:
+            with contextlib.suppress(psutil.Error):
+                if not module or module in " ".join(child.cmdline()):
+                    pids.append(child.pid)
+        return pids
+
+    def stop(self) -> None:
+        """SIGTERM by pid and wait; SIGKILL of the recorded tree only if that times out. Then remove
+        any shared memory a hard kill left and the temp dir."""
+        try:
+            if self.proc is not None and self.proc.poll() is None:
+                tree = [psutil.Process(pid) for pid in self.child_pids() if psutil.pid_exists(pid)]
+                self.proc.send_signal(signal.SIGTERM)
+                try:
+                    self.proc.wait(timeout=self.settings.stop_timeout_s)
+                except subprocess.TimeoutExpired:
+                    print(f"benchnode: node pid {self.proc.pid} ignored SIGTERM for "
+                          f"{self.settings.stop_timeout_s}s; killing it", file=sys.stderr)
+                    for victim in [psutil.Process(self.proc.pid)] + tree:
+                        with contextlib.suppress(psutil.Error):
+                            victim.kill()
+                    self.proc.wait(timeout=self.settings.stop_timeout_s)
+                psutil.wait_procs(tree, timeout=self.settings.stop_timeout_s)
+                if self.proc.returncode != 0:
+                    print(f"benchnode: node exited with {self.proc.returncode}:\n{self.log_tail()}", file=sys.stderr)
+            self._remove_leftover_shm()
+        finally:
+            shutil.rmtree(self.temp_dir, ignore_errors=True)
+
+    def _remove_leftover_shm(self) -> None:
+        from node.resources import instance_id_for
+        from shm import instance as shm_instance
+
+        with contextlib.suppress(shm_instance.InstanceBusy):
+            removed = shm_instance.remove_leftovers(instance_id_for(self.data_dir, self.port))
+            if removed:
+                print(f"benchnode: removed leftover shared memory {removed}", file=sys.stderr)
+
+    def __enter__(self) -> BenchNode:
+        try:
+            return self.start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+
+@dataclass
+class Target:
+    """Where a benchmark sends its traffic, and the node (if it started one)."""
+
+    host: str
+    port: int
+    data_dir: str | None  # the node's data dir, when known (for reading segment files)
+    node: BenchNode | None = None
+
+    @property
+    def bootstrap(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+def add_common_arguments(parser: Any, default_seconds: float) -> None:
+    parser.add_argument("--bootstrap", help="HOST:PORT of a running node on 127.0.0.1 (default: start one)")
+    parser.add_argument("--workers", type=int, default=NodeSettings.workers,
+                        help="network workers of the node started here (default %(default)s)")
+    parser.add_argument("--seconds", type=float, default=default_seconds,
+                        help="upper bound of each measurement (default %(default)s)")
+    parser.add_argument("--json", action="store_true", help="one JSON object per line")
+
+
+def _sigterm_as_exit(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)
+
+
+@contextlib.contextmanager
+def node_for(args: Any, data_dir: str | None = None, config_toml: str = "") -> Iterator[Target]:
+    """The node under test: ``--bootstrap`` if given, else a node started (and stopped) here.
+    SIGTERM to the benchmark becomes SystemExit, so the node is still stopped cleanly."""
+    signal.signal(signal.SIGTERM, _sigterm_as_exit)
+    if args.bootstrap:
+        host, port = parse_bootstrap(args.bootstrap)
+        yield Target(host, port, data_dir)
+        return
+    if args.workers < 1:
+        raise SystemExit("--workers must be at least 1")
+    with BenchNode(NodeSettings(workers=args.workers, config_toml=config_toml)) as node:
+        yield Target(LOOPBACK, node.port, node.data_dir, node)
+
+
+# --------------------------------------------------------------------------- topics
+
+
+def create_topic(host: str, port: int, topic: str, partitions: int, timeout_s: float = 30.0) -> None:
+    """Create `topic` (an existing one is accepted) and wait until Metadata lists all its partitions."""
+    deadline = time.monotonic() + timeout_s
+    with rawkafka.RawConnection(host, port, timeout_s=timeout_s) as conn:
+        created = conn.call(rawkafka.CREATE_TOPICS, 4, rawkafka.create_topics_body({topic: partitions}))
+        for result in created.topics:
+            if int(result.error_code) not in (0, 36):  # 36: TOPIC_ALREADY_EXISTS
+                raise RuntimeError(f"CreateTopics {topic}: error {int(result.error_code)} {result.error_message}")
+        while time.monotonic() < deadline:
+            meta = conn.call(rawkafka.METADATA, 8, rawkafka.metadata_body([topic], allow_auto_topic_creation=False))
+            found = [t for t in meta.topics if t.name == topic and int(t.error_code) == 0]
+            if found and len(found[0].partitions) >= partitions:
+                return
+            time.sleep(0.05)
+    raise RuntimeError(f"topic {topic} did not show {partitions} partitions in {timeout_s}s")
+
+
+# --------------------------------------------------------------------------- results
+
+
+def percentiles_ms(latencies_ns: Sequence[int] | np.ndarray) -> dict[str, float | None]:
+    """p50/p99/p99.9 in milliseconds (None when there are no samples)."""
+    if len(latencies_ns) == 0:
+        return {"p50_ms": None, "p99_ms": None, "p999_ms": None}
+    values = np.percentile(np.asarray(latencies_ns, dtype=np.float64), [50, 99, 99.9]) / 1e6
+    return {"p50_ms": round(float(values[0]), 4), "p99_ms": round(float(values[1]), 4),
+            "p999_ms": round(float(values[2]), 4)}
+
+
+def result_row(script: str, client: str, records: int, seconds: float, data_bytes: int | None,
+               latencies_ns: Sequence[int] | np.ndarray | None = None, **extra: Any) -> dict[str, Any]:
+    """One benchmark result; mb_per_s is `data_bytes` (None: not measured) per second in 10^6 bytes."""
+    row: dict[str, Any] = {"script": script, "client": client, "records": int(records),
+                           "records_per_s": round(records / seconds, 1) if seconds > 0 else None,
+                           "mb_per_s": (round(data_bytes / seconds / MB, 3)
+                                        if data_bytes is not None and seconds > 0 else None)}
+    row.update(percentiles_ms(latencies_ns if latencies_ns is not None else ()))
+    row["seconds"] = round(seconds, 3)
+    row.update(extra)
+    return row
+
+
+def emit(row: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        print(orjson.dumps(row).decode(), flush=True)
+    else:
+        print("  ".join(f"{k}={v}" for k, v in row.items()), flush=True)
+
+
+# --------------------------------------------------------------------------- pipelined requests
+
+
+@dataclass(frozen=True)
+class PipelineSettings:
+    connections: int = 4
+    inflight: int = 8  # requests outstanding per connection
+    socket_timeout_s: float = 30.0
+    # Responses larger than this are read straight into their own buffer (fetches), not via the
+    # small-frame receive buffer, so their bytes are copied once.
+    large_frame_bytes: int = 64 * 1024
+    recv_chunk_bytes: int = 256 * 1024
+
+
+@dataclass
+class PipelineStats:
+    responses: int = 0
+    requests: int = 0
+    latencies_ns: list[int] = field(default_factory=list)
+    elapsed_s: float = 0.0
+
+
+class _Channel:
+    __slots__ = ("index", "sock", "next_cid", "sent", "inbuf", "big", "big_view", "big_have", "exhausted")
+
+    def __init__(self, index: int, sock: socket.socket) -> None:
+        self.index = index
+        self.sock = sock
+        self.next_cid = 0
+        self.sent: deque[tuple[int, int, Any]] = deque()  # (correlation id, send time ns, tag)
+        self.inbuf = bytearray()
+        self.big: bytearray | None = None
+        self.big_view: memoryview | None = None
+        self.big_have = 0
+        self.exhausted = False
+
+
+_I32 = struct.Struct(">i")
+# A request source: (connection index) -> (pre-encoded frame, tag) or None when it has no more.
+NextRequest = Callable[[int], "tuple[bytes | bytearray, Any] | None"]
+# A response sink: (connection index, tag, response body after the correlation id, latency ns).
+OnResponse = Callable[[int, Any, memoryview, int], None]
+
+
+class Pipeliner:
+    """Keeps `inflight` requests outstanding on each of `connections` sockets to one node.
+
+    Written here rather than with ``rawkafka.RawConnection`` (blocking, one socket at a time)
+    because a load generator must read whichever connection answers first: one selector loop
+    over all sockets, one send per refill, large responses received straight into place.
+    Frames come pre-encoded; only the correlation id (bytes 8..11) is rewritten per request.
+    """
+
+    def __init__(self, host: str, port: int, settings: PipelineSettings = PipelineSettings()) -> None:
+        self.settings = settings
+        self.channels: list[_Channel] = []
+        self.selector = selectors.DefaultSelector()
+        try:
+            for index in range(settings.connections):
+                sock = socket.create_connection((host, port), timeout=settings.socket_timeout_s)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                channel = _Channel(index, sock)
+                self.channels.append(channel)
+                self.selector.register(sock, selectors.EVENT_READ, channel)
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        for channel in self.channels:
+            with contextlib.suppress(KeyError, ValueError):
+                self.selector.unregister(channel.sock)
+            channel.sock.close()
+        self.channels = []
+        self.selector.close()
+
+    def __enter__(self) -> Pipeliner:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def _refill(self, channel: _Channel, next_request: NextRequest, stats: PipelineStats) -> None:
+        channel.exhausted = False
+        out = bytearray()
+        now = time.perf_counter_ns()
+        while len(channel.sent) < self.settings.inflight:
+            got = next_request(channel.index)
+            if got is None:
+                channel.exhausted = True
+                break
+            frame, tag = got
+            start = len(out)
+            out += frame
+            cid = channel.next_cid
+            channel.next_cid = (cid + 1) & 0x7FFFFFFF
+            _I32.pack_into(out, start + 8, cid)
+            channel.sent.append((cid, now, tag))
+            stats.requests += 1
+        if out:
+            channel.sock.sendall(out)
+
+    def _deliver(self, channel: _Channel, frame: memoryview, on_response: OnResponse, stats: PipelineStats) -> None:
+        now = time.perf_counter_ns()
+        if not channel.sent:
+            raise rawkafka.RawProtocolError(f"connection {channel.index}: response with no request in flight")
+        cid, sent_ns, tag = channel.sent.popleft()
+        (got,) = _I32.unpack_from(frame, 0)
+        if got != cid:
+            raise rawkafka.RawProtocolError(f"connection {channel.index}: correlation id {got}, expected {cid}")
+        latency = now - sent_ns
+        stats.responses += 1
+        stats.latencies_ns.append(latency)
+        on_response(channel.index, tag, frame[4:], latency)
+
+    def _on_readable(self, channel: _Channel, on_response: OnResponse, stats: PipelineStats) -> None:
+        if channel.big is not None:
+            n = channel.sock.recv_into(channel.big_view[channel.big_have:])
+            if n == 0:
+                raise rawkafka.RawProtocolError(f"connection {channel.index}: node closed it mid-response")
+            channel.big_have += n
+            if channel.big_have == len(channel.big):
+                view = channel.big_view
+                channel.big = channel.big_view = None
+                with view:
+                    self._deliver(channel, view, on_response, stats)
+            return
+        chunk = channel.sock.recv(self.settings.recv_chunk_bytes)
+        if not chunk:
+            raise rawkafka.RawProtocolError(f"connection {channel.index}: node closed it")
+        buf = channel.inbuf
+        buf += chunk
+        pos, end = 0, len(buf)
+        with memoryview(buf) as view:
+            while end - pos >= 4:
+                (size,) = _I32.unpack_from(view, pos)
+                if size < 4:
+                    raise rawkafka.RawProtocolError(f"connection {channel.index}: response size {size}")
+                if end - pos - 4 >= size:
+                    with view[pos + 4 : pos + 4 + size] as frame:
+                        self._deliver(channel, frame, on_response, stats)
+                    pos += 4 + size
+                elif size > self.settings.large_frame_bytes:
+                    channel.big = bytearray(size)
+                    channel.big_view = memoryview(channel.big)
+                    channel.big_have = end - pos - 4
+                    channel.big_view[: channel.big_have] = view[pos + 4 : end]
+                    pos = end
+                else:
+                    break
+        del buf[:pos]
+
+    def run(self, next_request: NextRequest, on_response: OnResponse, deadline: float,
+            start_at: float | None = None) -> PipelineStats:
+        """Send and receive until every source is exhausted and answered, or until `deadline`
+        (a source may offer more requests again after a response: it is asked after each one)
+        (time.monotonic()); responses still outstanding then are not waited for (closing the
+        connections drops them). `start_at`: wait until that monotonic time before the first send."""
+        stats = PipelineStats()
+        if start_at is not None:
+            time.sleep(max(0.0, start_at - time.monotonic()))
+        started = time.monotonic()
+        for channel in self.channels:
+            self._refill(channel, next_request, stats)
+        while time.monotonic() < deadline:
+            if all(ch.exhausted and not ch.sent for ch in self.channels):
+                break
+            for key, _ in self.selector.select(timeout=min(1.0, max(0.0, deadline - time.monotonic()))):
+                channel = key.data
+                self._on_readable(channel, on_response, stats)
+                self._refill(channel, next_request, stats)
+        stats.elapsed_s = time.monotonic() - started
+        return stats

@@ -1,0 +1,303 @@
+"""End-to-end latency of the node: paced records, a long-polling consumer, produce-to-receive percentiles.
+
+A producer thread sends one record every 1/``--rate`` seconds (default 1000/s: one per millisecond)
+on an absolute schedule; each record's value starts with time.monotonic_ns() taken just before it is
+handed to the client. The consumer, in the same process (so both read one monotonic clock), polls
+with fetch.wait.max.ms = ``--fetch-wait-ms`` (large) and fetch.min.bytes = 1: its fetch waits in the
+node's purgatory until an append wakes it. Latency = receive time - value timestamp, per record.
+- ``--client confluent`` (default): confluent-kafka Producer (acks=1, linger.ms=0) and Consumer.
+- ``--client raw``: a raw Produce connection (acks=1, one request per record, waiting for its ack)
+  and a raw Fetch v11 long-poll loop that decodes the record values.
+Without ``--client`` both run. Records sent during the first ``--warmup-seconds`` are not measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import struct
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import benchnode  # noqa: E402
+import rawkafka  # noqa: E402
+
+SCRIPT = "e2e_latency"
+FETCH_VERSION = 11
+PRODUCE_VERSION = 8
+# Value prefix: monotonic send time (ns) and whether the record is measured (0 during warm-up).
+STAMP = struct.Struct(">qB")
+
+
+@dataclass(frozen=True)
+class LatencyRun:
+    topic: str
+    rate: float = 1000.0
+    seconds: float = 10.0
+    warmup_seconds: float = 0.5
+    record_size: int = 100
+    fetch_wait_ms: int = 10_000
+    # After the last send, how long the consumer may still wait for what is missing.
+    drain_seconds: float = 5.0
+    request_timeout_s: float = 30.0
+
+    def value(self, measured: bool) -> bytes:
+        stamp = STAMP.pack(time.monotonic_ns(), 1 if measured else 0)
+        return stamp + bytes(max(0, self.record_size - len(stamp)))
+
+
+@dataclass
+class LatencyOutcome:
+    sent: int = 0
+    received: int = 0  # measured records received
+    latencies_ns: list[int] = field(default_factory=list)
+    send_errors: int = 0
+    elapsed_s: float = 0.0
+    producer_error: BaseException | None = None
+
+
+def paced_sends(run: LatencyRun, send: Callable[[bytes], None], outcome: LatencyOutcome, stop: threading.Event) -> None:
+    """Call send(value) at run.rate per second on an absolute schedule (late sends go at once,
+    they are not skipped), for warm-up + run.seconds."""
+    interval = 1.0 / run.rate
+    warmup = int(run.warmup_seconds * run.rate)
+    total = warmup + int(run.seconds * run.rate)
+    started = time.monotonic()
+    try:
+        for i in range(total):
+            if stop.is_set():
+                return
+            wait = started + i * interval - time.monotonic()
+            if wait > 0:
+                time.sleep(wait)
+            send(run.value(measured=i >= warmup))
+            outcome.sent += i >= warmup
+    except BaseException as exc:  # the consumer loop re-raises it
+        outcome.producer_error = exc
+
+
+def _measure(outcome: LatencyOutcome, value: bytes | memoryview, received_ns: int) -> None:
+    sent_ns, measured = STAMP.unpack_from(value, 0)
+    if measured:
+        outcome.received += 1
+        outcome.latencies_ns.append(received_ns - sent_ns)
+
+
+def _consume_until(outcome: LatencyOutcome, producer: threading.Thread, run: LatencyRun,
+                   poll_once: Callable[[], None]) -> None:
+    """Run poll_once until the producer is done and every measured record arrived, or the drain bound."""
+    started = time.monotonic()
+    hard_stop = started + run.warmup_seconds + run.seconds + run.drain_seconds + run.request_timeout_s
+    drain_until = None
+    while time.monotonic() < hard_stop:
+        if outcome.producer_error is not None:
+            raise RuntimeError("producer failed") from outcome.producer_error
+        if not producer.is_alive():
+            if outcome.received >= outcome.sent:
+                break
+            drain_until = drain_until or time.monotonic() + run.drain_seconds
+            if time.monotonic() > drain_until:
+                break
+        poll_once()
+    outcome.elapsed_s = time.monotonic() - started
+
+
+# --------------------------------------------------------------------------- confluent
+
+
+def run_confluent(target: benchnode.Target, run: LatencyRun) -> LatencyOutcome:
+    from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+
+    outcome = LatencyOutcome()
+    consumer = Consumer({"bootstrap.servers": target.bootstrap, "group.id": f"e2e-{os.getpid()}",
+                         "enable.auto.commit": False, "fetch.wait.max.ms": run.fetch_wait_ms,
+                         "fetch.min.bytes": 1, "enable.partition.eof": False})
+    producer = Producer({"bootstrap.servers": target.bootstrap, "acks": 1, "linger.ms": 0,
+                         "enable.idempotence": False})
+    stop = threading.Event()
+    try:
+        consumer.assign([TopicPartition(run.topic, 0, 0)])
+
+        def send(value: bytes) -> None:
+            producer.produce(run.topic, value, partition=0)
+            producer.poll(0)
+
+        def poll_once() -> None:
+            msg = consumer.poll(0.1)
+            if msg is None:
+                return
+            received_ns = time.monotonic_ns()
+            if msg.error():
+                raise KafkaException(msg.error())
+            _measure(outcome, msg.value(), received_ns)
+
+        thread = threading.Thread(target=paced_sends, args=(run, send, outcome, stop), daemon=True)
+        thread.start()
+        try:
+            _consume_until(outcome, thread, run, poll_once)
+        finally:
+            stop.set()
+            thread.join(timeout=run.request_timeout_s)
+        producer.flush(run.request_timeout_s)
+    finally:
+        consumer.close()
+    return outcome
+
+
+# --------------------------------------------------------------------------- raw
+
+
+def _varint(view: memoryview, pos: int) -> tuple[int, int]:
+    """A zigzag varint at `pos`: (value, position after it)."""
+    shift = result = 0
+    while True:
+        byte = view[pos]
+        pos += 1
+        result |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return (result >> 1) ^ -(result & 1), pos
+        shift += 7
+        if shift > 63:
+            raise rawkafka.RawProtocolError("varint too long")
+
+
+# v2 batch header fields record_values() reads (see rawkafka's batch layout).
+_ATTRIBUTES, _ATTRIBUTES_AT = struct.Struct(">h"), 21
+_RECORDS_COUNT, _RECORDS_COUNT_AT = struct.Struct(">i"), 57
+_COMPRESSION_MASK = 0x07
+
+
+def record_values(batch: memoryview) -> list[memoryview]:
+    """The values of an uncompressed v2 batch's records (what the raw producer here sends)."""
+    (attributes,) = _ATTRIBUTES.unpack_from(batch, _ATTRIBUTES_AT)
+    if attributes & _COMPRESSION_MASK:
+        raise rawkafka.RawProtocolError("compressed batch: the raw e2e consumer reads only its own records")
+    (count,) = _RECORDS_COUNT.unpack_from(batch, _RECORDS_COUNT_AT)
+    pos, values = rawkafka.BATCH_HEADER_SIZE, []
+    for _ in range(count):
+        length, pos = _varint(batch, pos)
+        end = pos + length
+        pos += 1  # record attributes
+        _, pos = _varint(batch, pos)  # timestamp delta
+        _, pos = _varint(batch, pos)  # offset delta
+        key_length, pos = _varint(batch, pos)
+        pos += max(0, key_length)
+        value_length, pos = _varint(batch, pos)
+        values.append(batch[pos : pos + max(0, value_length)])
+        pos = end
+    return values
+
+
+def _produce_error(body: memoryview, topic: str) -> int:
+    (code,) = struct.unpack_from(">h", body, 4 + 2 + len(topic.encode()) + 4 + 4)
+    return code
+
+
+class FetchFrame:
+    """A Fetch v11 body for one partition, encoded once by rawkafka; only the fetch offset changes."""
+
+    _SENTINEL = 0x0102030405060708
+
+    def __init__(self, topic: str, partition: int, max_wait_ms: int, max_bytes: int = 1024 * 1024) -> None:
+        def body(offset: int) -> bytes:
+            return rawkafka.fetch_body({topic: {partition: offset}}, max_wait_ms=max_wait_ms, min_bytes=1,
+                                       max_bytes=max_bytes, partition_max_bytes=max_bytes, version=FETCH_VERSION)
+
+        self.body = bytearray(body(0))
+        marked = body(self._SENTINEL)
+        self.offset_at = marked.find(struct.pack(">q", self._SENTINEL))
+        if self.offset_at < 0 or len(marked) != len(self.body):
+            raise RuntimeError("cannot locate the fetch offset in the encoded request")
+
+    def at(self, offset: int) -> bytes:
+        struct.pack_into(">q", self.body, self.offset_at, offset)
+        return bytes(self.body)
+
+
+def run_raw(target: benchnode.Target, run: LatencyRun) -> LatencyOutcome:
+    outcome = LatencyOutcome()
+    stop = threading.Event()
+    fetch = FetchFrame(run.topic, 0, run.fetch_wait_ms)
+    timeout = run.request_timeout_s + run.fetch_wait_ms / 1000
+    with rawkafka.RawConnection(target.host, target.port, timeout_s=timeout) as producer_conn, \
+            rawkafka.RawConnection(target.host, target.port, timeout_s=timeout) as fetch_conn:
+        def send(value: bytes) -> None:
+            batch = rawkafka.build_record_batch([value])
+            body = rawkafka.produce_body({run.topic: {0: batch}}, acks=1)
+            if _produce_error(producer_conn.request(rawkafka.PRODUCE, PRODUCE_VERSION, body), run.topic):
+                outcome.send_errors += 1
+
+        next_offset = [0]
+
+        def poll_once() -> None:
+            body = fetch_conn.request(rawkafka.FETCH, FETCH_VERSION, fetch.at(next_offset[0]))
+            received_ns = time.monotonic_ns()
+            result = rawkafka.parse_fetch_response(FETCH_VERSION, body)
+            if result.error_code or len(result.partitions) != 1 or result.partitions[0].error_code:
+                raise RuntimeError(f"fetch error {result.error_code} {[p.error_code for p in result.partitions]}")
+            got = result.partitions[0]
+            if got.records_bytes:
+                # One topic, one partition, non-flexible version: the record set ends the body.
+                records = body[len(body) - got.records_bytes :]
+                pos = 0
+                for info in rawkafka.iter_batches(records):
+                    batch = records[pos : pos + info.size]
+                    pos += info.size
+                    if info.base_offset + info.record_count <= next_offset[0]:
+                        continue  # wholly before the fetch offset
+                    for delta, value in enumerate(record_values(batch)):
+                        if info.base_offset + delta >= next_offset[0]:
+                            _measure(outcome, value, received_ns)
+                if got.next_offset is not None:
+                    next_offset[0] = got.next_offset
+
+        thread = threading.Thread(target=paced_sends, args=(run, send, outcome, stop), daemon=True)
+        thread.start()
+        try:
+            _consume_until(outcome, thread, run, poll_once)
+        finally:
+            stop.set()
+            thread.join(timeout=timeout)
+    return outcome
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    benchnode.add_common_arguments(parser, default_seconds=10.0)
+    parser.add_argument("--client", choices=("confluent", "raw"), help="default: both")
+    parser.add_argument("--rate", type=float, default=1000.0, help="records per second (default %(default)s)")
+    parser.add_argument("--record-size", type=int, default=100)
+    parser.add_argument("--fetch-wait-ms", type=int, default=10_000, help="consumer long-poll wait")
+    parser.add_argument("--warmup-seconds", type=float, default=0.5)
+    parser.add_argument("--topic", default="e2e-latency")
+    args = parser.parse_args(argv)
+    if args.rate <= 0 or args.seconds <= 0 or args.record_size < STAMP.size or args.fetch_wait_ms < 0 \
+            or args.warmup_seconds < 0:
+        parser.error(f"--rate and --seconds must be positive, --record-size at least {STAMP.size}")
+    clients = [args.client] if args.client else ["confluent", "raw"]
+    runners: dict[str, Callable[[benchnode.Target, LatencyRun], LatencyOutcome]] = {
+        "confluent": run_confluent, "raw": run_raw}
+
+    with benchnode.node_for(args) as target:
+        for client in clients:
+            topic = f"{args.topic}-{client}-{os.getpid()}"
+            benchnode.create_topic(target.host, target.port, topic, 1)
+            run = LatencyRun(topic, args.rate, args.seconds, args.warmup_seconds, args.record_size, args.fetch_wait_ms)
+            outcome = runners[client](target, run)
+            row = benchnode.result_row(
+                SCRIPT, client, outcome.received, outcome.elapsed_s, outcome.received * args.record_size,
+                outcome.latencies_ns, sent=outcome.sent, lost=outcome.sent - outcome.received,
+                send_errors=outcome.send_errors, rate=args.rate, fetch_wait_ms=args.fetch_wait_ms,
+                max_ms=round(max(outcome.latencies_ns) / 1e6, 4) if outcome.latencies_ns else None,
+                workers=None if args.bootstrap else args.workers)
+            benchnode.emit(row, args.json)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
