@@ -1,0 +1,411 @@
+#!/usr/bin/env python3
+"""Benchmark: shm ring vs os.pipe, multiprocessing Pipe and Queue, two processes.
+
+For each transport and frame size it measures, in the same run:
+  - throughput: a writer process sends frames as fast as it can for --seconds; the reader
+    process takes each frame as a separate message (ring: an in-place memoryview; pipe: a
+    view into its read buffer after splitting the length-prefixed stream; mp: one bytes).
+  - one-way latency p50/p99: the writer sends one frame every 1/--pace-hz s carrying
+    time.perf_counter_ns() (CLOCK_MONOTONIC, shared by processes); the reader sleeps
+    in the kernel between frames (ring: announce_sleep + eventfd doorbell).
+  - idle CPU: CPU time the blocked reader uses over --idle-seconds with nothing sent.
+Each measurement is repeated --runs times and the median is reported.
+
+Batching: the ring writer publishes up to --batch frames per head update (write_many);
+os.pipe does one os.write per frame unless --pipe-batch > 1 (then one write per batch).
+
+--json prints one JSON object per (transport, size).
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import json
+import multiprocessing as mp
+import os
+import statistics
+import struct
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import psutil  # noqa: E402
+
+from shm.doorbell import EventfdDoorbell  # noqa: E402
+from shm.instance import Instance, object_name  # noqa: E402
+from shm.ring import RingConfig, RingReader, RingWriter, announce_sleep_all  # noqa: E402
+
+TRANSPORTS = ("shm-ring", "os-pipe", "mp-pipe", "mp-queue")
+F_SETPIPE_SZ = 1031
+_LEN = struct.Struct("<I")
+_STAMP = struct.Struct("<q")
+
+
+# --------------------------------------------------------------------------- transports
+class RingTransport:
+    name = "shm-ring"
+
+    def __init__(self, args) -> None:
+        self.instance = Instance.start(f"bench{os.getpid()}")
+        self.ring_name = self.instance.create_ring(object_name(self.instance.instance_id, "bench"),
+                                                   RingConfig(capacity=args.ring_capacity))
+        self.bell = EventfdDoorbell()
+        self.batch = args.batch
+
+    def close(self) -> None:
+        self.bell.close()
+        self.instance.shutdown()
+
+    # writer side
+    def open_writer(self):
+        self.writer = RingWriter(self.ring_name, self.bell, takeover=True)
+
+    def send_batch(self, frames) -> None:
+        sent = 0
+        while sent < len(frames):
+            n = self.writer.write_many(frames[sent:] if sent else frames)
+            sent += n
+            if n == 0:
+                os.sched_yield()  # full: let the reader run
+
+    def send_one(self, frame) -> None:
+        while not self.writer.write(frame):
+            os.sched_yield()
+
+    # reader side
+    def open_reader(self):
+        self.reader = RingReader(self.ring_name, takeover=True)
+
+    def recv_frames(self, on_frame) -> None:
+        """Calls on_frame(view) per frame until it returns True; sleeps when empty."""
+        reader, bell = self.reader, self.bell
+        while True:
+            frames = reader.read_batch()
+            if frames:
+                stop = False
+                for view in frames:
+                    if on_frame(view):
+                        stop = True
+                        break
+                del frames, view
+                reader.release()
+                if stop:
+                    return
+            else:
+                bell.drain()  # reset before announcing, off the wakeup path
+                if announce_sleep_all([reader]):
+                    bell.wait(None)
+                    reader.woke()
+
+
+class OsPipeTransport:
+    name = "os-pipe"
+
+    def __init__(self, args) -> None:
+        self.rfd, self.wfd = os.pipe()
+        for fd in (self.rfd, self.wfd):
+            try:
+                fcntl.fcntl(fd, F_SETPIPE_SZ, 1 << 20)  # same order of buffering as the ring
+            except OSError:
+                pass
+        self.pipe_batch = args.pipe_batch
+
+    def close(self) -> None:
+        for fd in (self.rfd, self.wfd):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+    def open_writer(self):
+        pass
+
+    def send_batch(self, frames) -> None:
+        wfd = self.wfd
+        if self.pipe_batch > 1:
+            step = self.pipe_batch
+            for i in range(0, len(frames), step):
+                os.write(wfd, b"".join(_LEN.pack(len(f)) + f for f in frames[i : i + step]))
+        else:
+            for frame in frames:
+                os.write(wfd, _LEN.pack(len(frame)) + frame)
+
+    def send_one(self, frame) -> None:
+        os.write(self.wfd, _LEN.pack(len(frame)) + frame)
+
+    def open_reader(self):
+        pass
+
+    def recv_frames(self, on_frame) -> None:
+        buf = bytearray(4 << 20)
+        view = memoryview(buf)
+        have = pos = 0
+        unpack = _LEN.unpack_from
+        while True:
+            n = os.readv(self.rfd, [view[have:]])
+            if n == 0:
+                return
+            have += n
+            while have - pos >= 4:
+                (length,) = unpack(buf, pos)
+                if have - pos - 4 < length:
+                    break
+                if on_frame(view[pos + 4 : pos + 4 + length]):
+                    return
+                pos += 4 + length
+            buf[: have - pos] = buf[pos:have]
+            have -= pos
+            pos = 0
+
+
+class MpPipeTransport:
+    name = "mp-pipe"
+
+    def __init__(self, args) -> None:
+        self.rconn, self.wconn = mp.get_context("fork").Pipe(duplex=False)
+
+    def close(self) -> None:
+        self.rconn.close()
+        self.wconn.close()
+
+    def open_writer(self):
+        pass
+
+    def send_batch(self, frames) -> None:
+        send = self.wconn.send_bytes
+        for frame in frames:
+            send(frame)
+
+    def send_one(self, frame) -> None:
+        self.wconn.send_bytes(frame)
+
+    def open_reader(self):
+        pass
+
+    def recv_frames(self, on_frame) -> None:
+        recv = self.rconn.recv_bytes
+        while not on_frame(recv()):
+            pass
+
+
+class MpQueueTransport:
+    name = "mp-queue"
+
+    def __init__(self, args) -> None:
+        # Bounded like the ring (same bytes in flight), else a fast writer just grows memory.
+        self.queue = mp.get_context("fork").Queue(maxsize=max(1, args.ring_capacity // args.current_size))
+
+    def close(self) -> None:
+        self.queue.close()
+        self.queue.join_thread()
+
+    def open_writer(self):
+        pass
+
+    def send_batch(self, frames) -> None:
+        put = self.queue.put
+        for frame in frames:
+            put(frame)
+
+    def send_one(self, frame) -> None:
+        self.queue.put(frame)
+
+    def open_reader(self):
+        pass
+
+    def recv_frames(self, on_frame) -> None:
+        get = self.queue.get
+        while not on_frame(get()):
+            pass
+
+
+TRANSPORT_CLASSES = {cls.name: cls for cls in (RingTransport, OsPipeTransport, MpPipeTransport, MpQueueTransport)}
+
+# --------------------------------------------------------------------------- measurements
+END = b""  # a zero-length frame ends a measurement
+
+
+def _throughput_writer(transport, size, seconds, batch) -> None:
+    transport.open_writer()
+    frames = [bytes([i % 251]) * size for i in range(batch)]
+    deadline = time.perf_counter() + seconds
+    while time.perf_counter() < deadline:
+        transport.send_batch(frames)
+    transport.send_one(END)
+    if isinstance(transport, MpQueueTransport):
+        transport.queue.close()
+        transport.queue.join_thread()
+
+
+def _throughput_reader(transport, result) -> None:
+    transport.open_reader()
+    state = {"frames": 0, "bytes": 0, "start": 0.0}
+
+    def on_frame(frame) -> bool:
+        length = len(frame)
+        if length == 0:
+            return True
+        if not state["frames"]:
+            state["start"] = time.perf_counter()
+        state["frames"] += 1
+        state["bytes"] += length
+        return False
+
+    transport.recv_frames(on_frame)
+    elapsed = time.perf_counter() - state["start"]
+    result.send((state["frames"] - 1, state["bytes"], elapsed))  # first frame only starts the clock
+
+
+def _latency_writer(transport, size, seconds, pace_hz) -> None:
+    transport.open_writer()
+    filler = b"\0" * max(0, size - 8)
+    interval = 1.0 / pace_hz
+    count = int(seconds * pace_hz)
+    next_at = time.perf_counter()
+    for _ in range(count):
+        next_at += interval
+        pause = next_at - time.perf_counter()
+        if pause > 0:
+            time.sleep(pause)
+        transport.send_one(_STAMP.pack(time.perf_counter_ns()) + filler)
+    transport.send_one(END)
+    if isinstance(transport, MpQueueTransport):
+        transport.queue.close()
+        transport.queue.join_thread()
+
+
+def _latency_reader(transport, result) -> None:
+    transport.open_reader()
+    samples = []
+
+    def on_frame(frame) -> bool:
+        now = time.perf_counter_ns()
+        if len(frame) == 0:
+            return True
+        samples.append(now - _STAMP.unpack_from(frame)[0])
+        return False
+
+    transport.recv_frames(on_frame)
+    samples.sort()
+    n = len(samples)
+    result.send((samples[n // 2] / 1000, samples[min(n - 1, int(n * 0.99))] / 1000) if n else (None, None))
+
+
+def _idle_reader(transport, result) -> None:
+    transport.open_reader()
+    transport.recv_frames(lambda frame: True)
+    result.send("done")
+
+
+def _run_pair(transport, writer_fn, writer_args, reader_fn, timeout):
+    ctx = mp.get_context("fork")
+    result_r, result_w = ctx.Pipe(duplex=False)
+    reader = ctx.Process(target=reader_fn, args=(transport, result_w))
+    reader.start()
+    writer = ctx.Process(target=writer_fn, args=(transport, *writer_args))
+    writer.start()
+    try:
+        if not result_r.poll(timeout):
+            raise TimeoutError(f"{transport.name}: no result in {timeout} s")
+        return result_r.recv()
+    finally:
+        for proc in (writer, reader):
+            proc.join(5)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+        result_r.close()
+        result_w.close()
+
+
+def measure(name: str, size: int, args) -> dict:
+    runs = {"frames_per_s": [], "mb_per_s": [], "p50_us": [], "p99_us": [], "idle_cpu_pct": []}
+    args.current_size = size
+    for _ in range(args.runs):
+        transport = TRANSPORT_CLASSES[name](args)
+        try:
+            frames, nbytes, elapsed = _run_pair(transport, _throughput_writer, (size, args.seconds, args.batch),
+                                                _throughput_reader, args.seconds * 4 + 30)
+            runs["frames_per_s"].append(frames / elapsed)
+            runs["mb_per_s"].append(nbytes / elapsed / 1e6)
+        finally:
+            transport.close()
+        transport = TRANSPORT_CLASSES[name](args)
+        try:
+            p50, p99 = _run_pair(transport, _latency_writer, (size, args.latency_seconds, args.pace_hz),
+                                 _latency_reader, args.latency_seconds * 4 + 30)
+            runs["p50_us"].append(p50)
+            runs["p99_us"].append(p99)
+        finally:
+            transport.close()
+        if args.idle_seconds > 0 and size == args.sizes[0]:
+            runs["idle_cpu_pct"].append(measure_idle(name, args))
+    out = {"transport": name, "size": size, "runs": args.runs}
+    for key, values in runs.items():
+        values = [v for v in values if v is not None]
+        out[key] = round(statistics.median(values), 3) if values else None
+    return out
+
+
+def measure_idle(name: str, args) -> float:
+    """CPU% of a reader blocked with nothing to read, over --idle-seconds."""
+    args.current_size = args.sizes[0]
+    transport = TRANSPORT_CLASSES[name](args)
+    ctx = mp.get_context("fork")
+    result_r, result_w = ctx.Pipe(duplex=False)
+    reader = ctx.Process(target=_idle_reader, args=(transport, result_w))
+    reader.start()
+    try:
+        time.sleep(0.3)  # let it reach its blocking wait
+        proc = psutil.Process(reader.pid)
+        before = proc.cpu_times()
+        time.sleep(args.idle_seconds)
+        after = proc.cpu_times()
+        used = (after.user - before.user) + (after.system - before.system)
+        transport.open_writer()
+        transport.send_one(END)
+        result_r.poll(10)
+        return 100.0 * used / args.idle_seconds
+    finally:
+        reader.join(5)
+        if reader.is_alive():
+            reader.kill()
+            reader.join()
+        result_r.close()
+        result_w.close()
+        transport.close()
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--json", action="store_true", help="one JSON object per (transport, size)")
+    parser.add_argument("--seconds", type=float, default=2.0, help="length of each throughput measurement")
+    parser.add_argument("--latency-seconds", type=float, default=1.0, help="length of each latency measurement")
+    parser.add_argument("--idle-seconds", type=float, default=1.0, help="idle CPU window (0: skip)")
+    parser.add_argument("--runs", type=int, default=3, help="repetitions; the median is reported")
+    parser.add_argument("--sizes", type=int, nargs="+", default=[100, 4096, 65536])
+    parser.add_argument("--transports", nargs="+", default=list(TRANSPORTS), choices=TRANSPORTS)
+    parser.add_argument("--batch", type=int, default=64, help="frames per writer batch")
+    parser.add_argument("--pipe-batch", type=int, default=1, help="frames per os.write for os-pipe")
+    parser.add_argument("--pace-hz", type=float, default=5000.0, help="frame rate of the latency test")
+    parser.add_argument("--ring-capacity", type=int, default=1 << 22)
+    args = parser.parse_args(argv)
+    results = []
+    for size in args.sizes:
+        for name in args.transports:
+            row = measure(name, size, args)
+            results.append(row)
+            if args.json:
+                print(json.dumps(row), flush=True)
+            else:
+                print(f"{name:9s} {size:6d} B  {row['frames_per_s']:>12,.0f} frames/s  {row['mb_per_s']:>9,.1f} MB/s"
+                      f"  p50 {row['p50_us']} us  p99 {row['p99_us']} us  idle cpu {row['idle_cpu_pct']} %",
+                      flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
