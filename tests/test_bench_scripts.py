@@ -1,0 +1,118 @@
+"""Smoke tests of the benchmark scripts: each runs for about 2 s against a real node and prints JSON lines
+with the fields every benchmark promises. Speed is never asserted (benchmarks are not timed tests).
+
+Each script run starts its own node (the default) with TMPDIR pointed into the test's tmp_path, so the
+test can check that the script removed its temp dir, stopped its node and left nothing in /dev/shm.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.nodeproc import shm_leftovers
+
+REPO = Path(__file__).resolve().parent.parent
+SCRIPTS = REPO / "scripts"
+RUN_TIMEOUT_S = 240.0
+COMMON_FIELDS = ("script", "client", "records", "records_per_s", "mb_per_s", "p50_ms", "p99_ms", "p999_ms")
+
+sys.path.insert(0, str(SCRIPTS))
+import benchnode  # noqa: E402
+
+
+def run_script(tmp_path: Path, name: str, *args: str) -> list[dict]:
+    temp = tmp_path / "script-tmp"
+    temp.mkdir(exist_ok=True)
+    env = {**os.environ, "TMPDIR": str(temp)}
+    before = set(shm_leftovers())
+    done = subprocess.run([sys.executable, str(SCRIPTS / name), "--json", *args], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    assert done.returncode == 0, done.stderr[-5000:]
+    rows = [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
+    # Nothing left behind: the node's temp dir, its processes, its shared memory.
+    assert list(temp.iterdir()) == []
+    assert [p.pid for p in psutil.process_iter(["cmdline"]) if str(temp) in " ".join(p.info["cmdline"] or ())] == []
+    assert set(shm_leftovers()) - before == set()
+    return rows
+
+
+def check_rows(rows: list[dict], script: str, latency: bool = True) -> None:
+    for row in rows:
+        for name in COMMON_FIELDS:
+            assert name in row, (name, row)
+        assert row["script"] == script
+        assert row["records"] > 0, row
+        assert row["records_per_s"] > 0 and row["mb_per_s"] > 0, row
+        if latency or row["p50_ms"] is not None:
+            assert row["p50_ms"] is not None and 0 < row["p50_ms"] <= row["p99_ms"] <= row["p999_ms"], row
+        assert not row.get("errors"), row
+
+
+def test_producer_perf_both_clients_both_acks(tmp_path):
+    rows = run_script(tmp_path, "producer_perf.py", "--seconds", "2", "--partitions", "2", "--connections", "2")
+    check_rows(rows, "producer_perf")
+    assert sorted((r["client"], r["acks"]) for r in rows) == [
+        ("confluent", "1"), ("confluent", "all"), ("raw", "1"), ("raw", "all")]
+
+
+def test_producer_perf_raw_from_two_processes(tmp_path):
+    rows = run_script(tmp_path, "producer_perf.py", "--seconds", "1.5", "--client", "raw", "--acks", "1",
+                      "--processes", "2", "--connections", "2", "--workers", "1")
+    check_rows(rows, "producer_perf")
+    assert [(r["client"], r["processes"]) for r in rows] == [("raw", 2)]
+
+
+def test_consumer_perf_reads_everything_and_measures_the_ceiling(tmp_path):
+    rows = run_script(tmp_path, "consumer_perf.py", "--seconds", "20", "--records", "60000", "--partitions", "2",
+                      "--ceiling-seconds", "0.3")
+    check_rows(rows, "consumer_perf", latency=False)
+    assert sorted(r["client"] for r in rows) == ["confluent", "raw"]
+    for row in rows:
+        assert row["complete"] and row["records"] == row["records_filled"] >= 60000, row
+        assert row["ceiling_mb_per_s"] > 0 and row["ceiling_ratio"] > 0, row
+
+
+def test_e2e_latency_both_clients(tmp_path):
+    rows = run_script(tmp_path, "e2e_latency.py", "--seconds", "2", "--rate", "500", "--warmup-seconds", "0.2")
+    check_rows(rows, "e2e_latency")
+    assert sorted(r["client"] for r in rows) == ["confluent", "raw"]
+    for row in rows:
+        assert row["lost"] == 0 and row["sent"] == row["records"], row
+
+
+def test_scripts_use_a_running_node_with_bootstrap(tmp_path, node):
+    rows = run_script(tmp_path, "producer_perf.py", "--bootstrap", node.bootstrap, "--seconds", "1",
+                      "--client", "raw", "--acks", "all")
+    check_rows(rows, "producer_perf")
+    rows = run_script(tmp_path, "consumer_perf.py", "--bootstrap", node.bootstrap, "--seconds", "10",
+                      "--records", "20000", "--client", "raw", "--partitions", "1")
+    assert rows[0]["complete"] and rows[0]["ceiling_mb_per_s"] is None, rows
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--bootstrap", "10.1.2.3:9092"], "127.0.0.1"),
+    (["--bootstrap", "nonsense"], "HOST:PORT"),
+    (["--seconds", "0"], "positive"),
+])
+def test_bad_arguments_get_a_clear_error(tmp_path, args, message):
+    done = subprocess.run([sys.executable, str(SCRIPTS / "producer_perf.py"), *args], cwd=REPO,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0
+    assert message in done.stderr and "Traceback" not in done.stderr
+
+
+def test_percentiles_and_result_row():
+    latencies_ns = [i * 1_000_000 for i in range(1, 1001)]  # 1..1000 ms
+    row = benchnode.result_row("s", "c", 1000, 2.0, 5_000_000, latencies_ns)
+    assert row["records_per_s"] == 500 and row["mb_per_s"] == 2.5
+    assert row["p50_ms"] == pytest.approx(500.5) and row["p99_ms"] == pytest.approx(990.01)
+    assert row["p999_ms"] == pytest.approx(999.001)
+    empty = benchnode.result_row("s", "c", 0, 1.0, None)
+    assert empty["p50_ms"] is None and empty["mb_per_s"] is None
