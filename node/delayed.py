@@ -26,7 +26,7 @@ CompletionSink = Callable[[int, int, bool], None]
 
 
 class _TimerOperation(DelayedOperation):
-    __slots__ = ("worker", "request_id", "rows", "table", "sink", "registry", "expired")
+    __slots__ = ("worker", "request_id", "rows", "table", "sink", "registry")
 
     def __init__(self, worker: int, request_id: int, rows: np.ndarray, table: PartitionTable,
                  sink: CompletionSink, registry: dict) -> None:
@@ -36,7 +36,6 @@ class _TimerOperation(DelayedOperation):
         self.table = table
         self.sink = sink
         self.registry = registry
-        self.expired = False
 
     @property
     def key(self) -> tuple[int, int]:
@@ -45,16 +44,10 @@ class _TimerOperation(DelayedOperation):
     def watch_keys(self) -> list[int]:
         return [int(r) for r in np.unique(self.rows)]
 
-    def on_expiration(self) -> None:
-        self.expired = True
-
     def on_complete(self) -> None:
         self.registry.pop(self.key, None)
-        # on_expiration runs after on_complete (Kafka's order), so read the deadline, not the flag.
-        self.sink(self.worker, self.request_id, self._condition_failed())
-
-    def _condition_failed(self) -> bool:
-        return not self.satisfied()
+        # on_expiration runs after on_complete (Kafka's order): the condition itself tells expiry.
+        self.sink(self.worker, self.request_id, not self.satisfied())
 
     def satisfied(self) -> bool:
         raise NotImplementedError

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from tests.nodeproc import NodeProcess, shm_leftovers
+from tests.nodeproc import NodeProcess
 
 
 @pytest.fixture
 def node_factory(tmp_path):
     """Start nodes with `node_factory(workers=1, config="", ...)`; all are stopped after the test."""
     started: list[NodeProcess] = []
-    before = set(shm_leftovers())
 
     def make(**kwargs) -> NodeProcess:
         node = NodeProcess(tmp_path, **kwargs)
@@ -25,10 +24,10 @@ def node_factory(tmp_path):
     # A test that killed every process left the instance's shared memory behind on purpose;
     # a start of the same instance removes it, and the clean stop above unlinks it.
     for node in started:
-        if not node.alive() and set(shm_leftovers()) - before:
+        if node.leftovers():
             node.start()
             node.stop()
-    assert set(shm_leftovers()) - before == set()
+        assert node.leftovers() == []
 
 
 @pytest.fixture

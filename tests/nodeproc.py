@@ -49,6 +49,14 @@ class NodeProcess:
         self.proc: subprocess.Popen | None = None
 
     @property
+    def instance(self) -> str:
+        from node.resources import instance_id_for
+        return instance_id_for(str(self.data_dir), self.port)
+
+    def leftovers(self) -> list[str]:
+        return shm_leftovers(self.instance)
+
+    @property
     def bootstrap(self) -> str:
         return f"127.0.0.1:{self.port}"
 
@@ -130,8 +138,10 @@ class NodeProcess:
         return self.proc is not None and self.proc.poll() is None
 
 
-def shm_leftovers() -> list[str]:
+def shm_leftovers(instance: str = "") -> list[str]:
+    """Names in /dev/shm of one node instance (or of every shmbroker instance)."""
+    stem = f"shmbroker-{instance}"
     try:
-        return sorted(name for name in os.listdir("/dev/shm") if "shmbroker" in name)
+        return sorted(name for name in os.listdir("/dev/shm") if stem in name)
     except FileNotFoundError:
         return []

@@ -11,7 +11,6 @@ import time
 import pytest
 from confluent_kafka import Producer
 
-from tests.nodeproc import NodeProcess, shm_leftovers
 from tests.test_clients import CLIENT_TIMEOUT_S, consume_all, create_topic, produce
 
 
@@ -73,7 +72,7 @@ def test_restart_keeps_all_data(node_factory, workers):
     sent = [{"value": f"r{i}".encode(), "partition": i % 2} for i in range(1000)]
     produce(node.bootstrap, "durable", sent, acks="1")
     assert node.stop() == 0
-    assert shm_leftovers() == []
+    assert node.leftovers() == []
     node.start()
     got = consume_all(node.bootstrap, "durable", 2, len(sent))
     assert sorted(m.value() for m in got) == sorted(r["value"] for r in sent)

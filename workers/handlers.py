@@ -78,9 +78,9 @@ class Handlers:
         h = req.header
         return [P.encode_response(h.api_key, h.api_version, h.correlation_id, response)]
 
-    def _entity(self, req: Any, name: str, **values: Any) -> Any:
+    def _entity(self, req: Any, class_name: str, /, **values: Any) -> Any:
         schema = P.response_schema(req.header.api_key, req.header.api_version)
-        return P.build_entity(getattr(schema, name), **values)
+        return P.build_entity(getattr(schema, class_name), **values)
 
     # -- ApiVersions, FindCoordinator, InitProducerId ------------------------------------------
 

@@ -36,9 +36,10 @@ from node.resources import table_name
 from shm.table import PartitionTable
 from workers import protocol as P
 from workers.connection import Connection, ConnectionClosed, ResponseSlot
+from workers import errors as E
 from workers.errors import ProtocolError
 from workers.handlers import DEFERRED, NO_RESPONSE, Handlers
-from workers.timer_link import Completion, TimerLink
+from workers.timer_link import OP_LAYOUT, OP_REPLY, OP_TIMER_STARTED, Message, TimerLink
 
 log = logging.getLogger("shmbroker.worker")
 
@@ -70,7 +71,8 @@ class Waiting:
 
 
 class Worker:
-    def __init__(self, instance: str, index: int, config: NodeConfig, listen_fd: int, supervisor_pid: int) -> None:
+    def __init__(self, instance: str, index: int, config: NodeConfig, listen_fd: int, bell_fd: int,
+                 supervisor_pid: int) -> None:
         self.instance = instance
         self.index = index
         self.config = config
@@ -78,7 +80,7 @@ class Worker:
         self.table = PartitionTable.attach(table_name(instance))
         self.partitions = Partitions(os.path.abspath(config.server.data_dir), self.table, config.log,
                                      config.topics.max_partitions)
-        self.link = TimerLink(instance, index, config)
+        self.link = TimerLink(instance, index, config, bell_fd)
         self.handlers = Handlers(self)
         self.listener = socket.socket(fileno=listen_fd)
         self.listener.setblocking(False)
@@ -134,9 +136,8 @@ class Worker:
         def finish(outcome: Any) -> list:
             self.partitions.reload()
             if not isinstance(outcome, dict):  # expired: the timer never answered
-                from workers.errors import REQUEST_TIMED_OUT
                 names = [t[0] if isinstance(t, (list, tuple)) else t for t in payload["topics"]]
-                outcome = {n: (int(REQUEST_TIMED_OUT), "timed out") for n in names}
+                outcome = {n: (int(E.REQUEST_TIMED_OUT), "timed out") for n in names}
             return answer(outcome)
 
         return self._wait(req, lambda rid: self.link.control_frame(rid, payload), deadline, finish)
@@ -247,14 +248,15 @@ class Worker:
 
     # -- completions from the timer --------------------------------------------------------------
 
-    def _on_completion(self, completion: Completion) -> None:
-        if completion.timer_started:
+    def _on_message(self, message: Message) -> None:
+        if message.op == OP_TIMER_STARTED:
             self._resubmit()
-            return
-        waiting = self.waiting.pop(completion.request_id, None)
-        if waiting is None:
-            return
-        self._finish(waiting, completion.outcome)
+        elif message.op == OP_LAYOUT:
+            self.partitions.reload()
+        else:  # a completion or a control reply: finish the request it answers, if still waiting
+            waiting = self.waiting.pop(message.request_id, None)
+            if waiting is not None:
+                self._finish(waiting, message.outcome)
 
     def _finish(self, waiting: Waiting, outcome: Any) -> None:
         req = waiting.request
@@ -274,7 +276,6 @@ class Worker:
         log.info("timer process (re)started: re-submitting %d delayed requests", len(self.waiting))
         for waiting in self.waiting.values():
             self.link.send(waiting.frame)
-        # The new timer must know what is appended but maybe not yet flushed.
         self.partitions.reload()
 
     def _self_answer(self, now_ms: int) -> None:
@@ -346,8 +347,8 @@ class Worker:
                         self._on_readable(tag)
                     if mask & selectors.EVENT_WRITE and not tag.closed:
                         self._dirty.add(tag)
-            for completion in self.link.receive():
-                self._on_completion(completion)
+            for message in self.link.receive():
+                self._on_message(message)
             if self._appends:
                 self.link.send_appends(self._appends)
                 self._appends = {}
@@ -375,10 +376,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config-json", required=True)
     parser.add_argument("--supervisor-pid", type=int, required=True)
     parser.add_argument("--listen-fd", type=int, required=True)
+    parser.add_argument("--bell-fd", type=int, required=True)
     args = parser.parse_args(argv)
     setup_logging(f"worker-{args.index}")
     config = NodeConfig.from_json(args.config_json)
-    worker = Worker(args.instance, args.index, config, args.listen_fd, args.supervisor_pid)
+    worker = Worker(args.instance, args.index, config, args.listen_fd, args.bell_fd, args.supervisor_pid)
     return worker.run()
 
 
