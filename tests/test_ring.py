@@ -1,0 +1,161 @@
+"""The ring in one process: framing, wrap and exact-fit edges, backpressure, batching, re-attach."""
+
+import time
+
+import posix_ipc
+import pytest
+from shm_testing import fresh_instance
+
+from shm.ring import (
+    FRAME_HEADER_BYTES,
+    FrameTooLarge,
+    RingConfig,
+    RingCorrupt,
+    RingFull,
+    RingReader,
+    RingWriter,
+    frame_bytes,
+    max_payload,
+)
+
+CAPACITY = 4096
+
+
+@pytest.fixture
+def ring():
+    with fresh_instance() as instance:
+        name = instance.create_ring(instance.name("r"), RingConfig(capacity=CAPACITY))
+        writer, reader = RingWriter(name), RingReader(name)
+        yield writer, reader
+        writer.close()
+        reader.close()
+
+
+def read_all(reader):
+    frames = [bytes(view) for view in reader.read_batch()]
+    reader.release()
+    return frames
+
+
+def test_frames_come_out_in_order_with_their_lengths(ring):
+    writer, reader = ring
+    payloads = [bytes([i]) * i for i in range(60)]
+    assert writer.write_many(payloads) == 60
+    assert read_all(reader) == payloads
+    assert read_all(reader) == []
+
+
+def test_exact_fit_at_the_end_uses_no_skip_marker(ring):
+    writer, reader = ring
+    half = max_payload(CAPACITY)
+    assert frame_bytes(half) * 2 == CAPACITY
+    assert writer.write_many([b"a" * half, b"b" * half]) == 2  # fills the buffer exactly
+    assert not writer.write(b"c")  # full
+    assert read_all(reader) == [b"a" * half, b"b" * half]
+    assert writer.write(b"d" * half)  # starts at offset 0 again
+    assert writer._pending % CAPACITY == frame_bytes(half)
+    assert read_all(reader) == [b"d" * half]
+
+
+def test_frame_that_does_not_fit_before_the_end_wraps_with_a_skip(ring):
+    writer, reader = ring
+    assert writer.write_many([b"x" * 1500, b"x" * 1500]) == 2
+    assert read_all(reader) == [b"x" * 1500] * 2
+    # 4096 - 2 * 1512 = 1072 bytes left before the end; this frame needs 1208: offset 0
+    big = b"y" * 1200
+    assert writer.write(big)
+    assert writer._pending == CAPACITY + frame_bytes(1200)
+    assert read_all(reader) == [big]
+
+
+def test_full_ring_never_overwrites_and_reports_clearly(ring):
+    writer, reader = ring
+    written = writer.write_many([b"z" * 100] * 1000)
+    assert written == CAPACITY // frame_bytes(100)
+    assert not writer.write(b"z" * 100)
+    started = time.monotonic()
+    with pytest.raises(RingFull):
+        writer.write(b"z" * 100, timeout=0.05)
+    assert 0.04 < time.monotonic() - started < 2
+    frames = read_all(reader)
+    assert len(frames) == written and set(frames) == {b"z" * 100}
+    assert writer.write(b"after", timeout=0.05)
+    assert read_all(reader) == [b"after"]
+
+
+def test_too_large_frame_is_refused(ring):
+    writer, _ = ring
+    with pytest.raises(FrameTooLarge):
+        writer.write(b"q" * (max_payload(CAPACITY) + 1))
+    with pytest.raises(FrameTooLarge):
+        writer.write_many([b"ok", b"q" * CAPACITY])
+
+
+def test_reserved_frames_are_invisible_until_commit(ring):
+    writer, reader = ring
+    for i in range(3):
+        writer.reserve(5)[:] = b"%05d" % i
+    assert not reader.has_pending() and reader.read_batch() == []
+    writer.commit()
+    assert read_all(reader) == [b"00000", b"00001", b"00002"]
+    writer.reserve(4)[:] = b"gone"
+    writer.abandon()
+    writer.commit()
+    assert read_all(reader) == []
+
+
+def test_space_comes_back_only_at_release(ring):
+    writer, reader = ring
+    assert writer.write_many([b"w" * 500] * 100) == CAPACITY // frame_bytes(500)
+    views = reader.read_batch(max_frames=2)
+    assert len(views) == 2
+    assert not writer.write(b"w" * 500)  # read but not released: still occupied
+    del views
+    reader.release()  # one tail store for the batch
+    assert writer.write_many([b"v" * 500] * 3) == 2
+
+
+def test_restarted_consumer_gets_unreleased_frames_again(ring):
+    writer, reader = ring
+    writer.write_many([b"1", b"2"])
+    assert len(reader.read_batch()) == 2  # read, not released, then "restart"
+    again = RingReader(reader.name)
+    assert read_all(again) == [b"1", b"2"]
+    writer.write_many([b"3", b"4"])
+    assert again.discard_pending() == 2 * (FRAME_HEADER_BYTES + 8)
+    assert read_all(again) == []
+    again.close()
+
+
+def test_restarted_producer_resumes_from_committed_head(ring):
+    writer, reader = ring
+    writer.write(b"committed")
+    writer.reserve(9)[:] = b"uncommitt"  # this producer "dies" here
+    successor = RingWriter(writer.name)
+    successor.write(b"next")
+    assert read_all(reader) == [b"committed", b"next"]
+    successor.close()
+
+
+def test_segment_that_is_not_a_ring_is_refused():
+    with fresh_instance() as instance:
+        name = instance.name("junk")
+        junk = posix_ipc.SharedMemory(name, posix_ipc.O_CREX, size=8192)
+        junk.close_fd()
+        with pytest.raises(RingCorrupt):
+            RingReader(name)
+        with pytest.raises(FileNotFoundError):
+            RingWriter(instance.name("missing"))
+
+
+def test_corrupt_frame_header_raises_not_crashes(ring):
+    writer, reader = ring
+    writer.write(b"fine")
+    writer._data_words[0] = 100_000  # length beyond head and beyond any frame
+    with pytest.raises(RingCorrupt):
+        reader.read_batch()
+
+
+def test_capacity_must_be_a_power_of_two():
+    with pytest.raises(ValueError):
+        RingConfig(capacity=5000)
