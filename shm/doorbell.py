@@ -46,20 +46,22 @@ class SemaphoreDoorbell:
         self._sem.release()
 
     def wait(self, timeout: float | None) -> bool:
-        """Sleep until rung or `timeout` seconds pass (None: forever, 0: poll). True if rung."""
+        """Sleep until rung or `timeout` seconds pass (None: forever, 0: poll). True if rung.
+        Consumes one ring; call drain() before the next announce_sleep."""
         try:
             self._sem.acquire(timeout)
         except posix_ipc.BusyError:
             return False
-        self._drain()
         return True
 
-    def _drain(self) -> None:
-        for _ in range(MAX_SEMAPHORE_DRAIN):
+    def drain(self) -> int:
+        """Consume rings that accumulated while we were awake; returns how many."""
+        for drained in range(MAX_SEMAPHORE_DRAIN):
             try:
                 self._sem.acquire(0)
             except posix_ipc.BusyError:
-                return
+                return drained
+        return MAX_SEMAPHORE_DRAIN
 
     def close(self) -> None:
         """Close this process's handle (the semaphore stays until unlinked)."""

@@ -139,10 +139,12 @@ def remove_leftovers(instance_id: str) -> list[str]:
     return _unlink_all(others, semaphores) + _unlink_all([lease] if lease in segments else [], [])
 
 
-def sweep_dead_instances() -> list[str]:
-    """Machine-wide: remove objects of every instance whose lease is missing or dead."""
+def sweep_dead_instances(id_prefix: str = "") -> list[str]:
+    """Machine-wide: remove objects of every instance (whose id starts with `id_prefix`)
+    whose lease is missing or names a dead process."""
     segments, semaphores = list_objects()
     instances = {_instance_of(name) for name in segments + semaphores} - {None}
+    instances = {instance_id for instance_id in instances if instance_id.startswith(id_prefix)}
     removed = []
     for instance_id in sorted(instances):
         if not instance_is_live(instance_id):

@@ -153,5 +153,32 @@ def cmd_echo_worker(instance_id: str, worker: str, bell_fd: str) -> None:
             completions.woke()
 
 
+def cmd_jittered_write(ring: str, count: str, bell_kind: str, bell_arg: str, seed: str) -> None:
+    """Write `count` frames with random 0-40 us busy gaps, so commits land at every phase of
+    the consumer's announce-recheck-sleep sequence. Prints how often it rang."""
+    import random
+
+    rng = random.Random(int(seed))
+    bell = EventfdDoorbell(int(bell_arg)) if bell_kind == "eventfd" else SemaphoreDoorbell(bell_arg)
+    writer = RingWriter(ring, bell)
+    rang = 0
+    deadline = _deadline()
+    for seq in range(int(count)):
+        gap_end = time.perf_counter() + rng.random() * 40e-6
+        while time.perf_counter() < gap_end:
+            pass
+        while True:
+            view = writer.reserve(8)
+            if view is not None:
+                break
+            if time.monotonic() > deadline:
+                sys.exit("jittered_write: ring stayed full")
+            time.sleep(0.0001)
+        view[:] = seq.to_bytes(8, "little")
+        del view
+        rang += writer.commit()
+    print("rang", rang, flush=True)
+
+
 if __name__ == "__main__":
     globals()["cmd_" + sys.argv[1]](*sys.argv[2:])
