@@ -132,6 +132,8 @@ class BenchNode:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"node exited with {self.proc.returncode}:\n{self.log_tail()}")
             if _answers_api_versions(self.port, timeout_s=0.5):
+                print(f"benchnode: node pid {self.proc.pid} on {self.bootstrap}, data {self.data_dir}",
+                      file=sys.stderr, flush=True)
                 return self
             time.sleep(0.05)
         raise RuntimeError(f"node did not answer in {self.settings.start_timeout_s}s:\n{self.log_tail()}")

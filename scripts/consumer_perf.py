@@ -46,9 +46,10 @@ FETCH_VERSION = 11
 class CeilingSettings:
     min_seconds: float = 2.0
     max_rounds: int = 1000
-    # Same as the node's default socket_send_buffer_bytes, so both paths send through equal buffers.
+    # Same as the node's default socket_send_buffer_bytes, so both paths send through equal buffers;
+    # the reading side keeps the kernel's default (autotuned) buffer, as the raw consumer's sockets do.
     send_buffer_bytes: int = 1024 * 1024
-    recv_buffer_bytes: int = 1024 * 1024
+    read_chunk_bytes: int = 1024 * 1024
     timeout_s: float = 60.0
 
 
@@ -97,12 +98,11 @@ def segment_files(data_dir: str, topic: str, partitions: int) -> list[str]:
     return files
 
 
-def _discard_sink(port: int, recv_buffer_bytes: int, timeout_s: float, pipe: Any) -> None:
+def _discard_sink(port: int, read_chunk_bytes: int, timeout_s: float, pipe: Any) -> None:
     """Peer of the ceiling: connect, read into one buffer until EOF, report the byte count."""
     try:
         with socket.create_connection((benchnode.LOOPBACK, port), timeout=timeout_s) as sock:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, recv_buffer_bytes)
-            buffer = memoryview(bytearray(recv_buffer_bytes))
+            buffer = memoryview(bytearray(read_chunk_bytes))
             total = 0
             while True:
                 n = sock.recv_into(buffer)
@@ -126,7 +126,7 @@ def sendfile_ceiling(files: list[str], settings: CeilingSettings = CeilingSettin
         listener.settimeout(settings.timeout_s)
         mine, theirs = context.Pipe()
         sink = context.Process(target=_discard_sink, daemon=True,
-                               args=(listener.getsockname()[1], settings.recv_buffer_bytes, settings.timeout_s, theirs))
+                               args=(listener.getsockname()[1], settings.read_chunk_bytes, settings.timeout_s, theirs))
         sink.start()
         theirs.close()
         fds = [os.open(path, os.O_RDONLY) for path in files]
