@@ -25,8 +25,9 @@ sysdeps:
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing; \
 	fi
 
+# The node on 127.0.0.1:9092 with its data in ./data, until Ctrl-C (a clean stop).
 run: venv
-	$(PY) scripts/bench_purgatory.py --clock real --requests 200000
+	$(VENV)/bin/shmbroker serve --listen 127.0.0.1:9092 --data-dir ./data
 
 test: venv sysdeps
 	$(PY) -m pytest -q tests

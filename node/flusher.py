@@ -4,8 +4,9 @@ Invariants:
 - Dirty means `end_bytes > flushed_bytes` in the shared table: the table, not a message, says
   what needs an fsync, so appends made while the timer was down are flushed after its restart.
 - A flush round fsyncs every dirty partition, then reports their rows; acks=all produces waiting
-  on those rows are re-checked by the timer loop. Rounds run every `flush_interval_ms`, or at once
-  when `kick()` says `flush_bytes` are waiting.
+  on those rows are re-checked by the timer loop. After `mark_dirty()` (an append) the next round
+  runs within `flush_interval_ms` (the group-commit window), or at once after `kick()` (when
+  `flush_bytes` are waiting). With nothing appended the thread sleeps: an idle node does not poll.
 - The thread owns its own Partitions view (no sharing with the timer loop); fsync releases the
   GIL, so the timer loop keeps serving timers during a flush.
 - Now and then it also writes producer-state snapshots (bounding a worker's catch-up scan) and
@@ -39,29 +40,39 @@ class Flusher(threading.Thread):
         self.flushed: queue.SimpleQueue[list[int]] = queue.SimpleQueue()
         self.catalog_version = 0  # set by the timer loop after it changes the catalog
         self._kick = threading.Event()
+        self._dirty = threading.Event()
+        self._dirty.set()  # first round at once: a restarted timer inherits unflushed appends
         self._stop = threading.Event()
         self.rounds = 0
         self.errors = 0
 
+    def mark_dirty(self) -> None:
+        self._dirty.set()
+
     def kick(self) -> None:
         self._kick.set()
+        self._dirty.set()
 
     def stop(self, timeout: float) -> None:
         self._stop.set()
-        self._kick.set()
+        self.kick()
         self.join(timeout)
 
     def run(self) -> None:
         partitions = Partitions(os.path.abspath(self.config.server.data_dir), self.table, self.config.log,
                                 self.config.topics.max_partitions)
         interval_s = self.config.flush.flush_interval_ms / 1000
+        idle_s = self.config.flush.idle_check_interval_ms / 1000
         snapshot_every = self.config.flush.producer_snapshot_interval_ms / 1000
         retention_every = self.config.flush.retention_check_interval_ms / 1000
         next_snapshot = time.monotonic() + snapshot_every
         next_retention = time.monotonic() + retention_every
         try:
             while True:
-                self._kick.wait(interval_s)
+                # A round at start too: appends made while no timer ran still need their fsync.
+                if self._dirty.wait(idle_s):
+                    self._kick.wait(interval_s)
+                self._dirty.clear()
                 self._kick.clear()
                 if partitions.version != self.catalog_version:
                     partitions.reload()

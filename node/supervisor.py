@@ -6,6 +6,8 @@ Invariants:
   the same instance, recovered every partition log and filled the shared partition table.
 - Children: one timer process and N network workers. Any child that dies is restarted, with a
   backoff that doubles per quick death and resets after a child has lived long enough.
+- A child dies with the supervisor (PR_SET_PDEATHSIG), so kill -9 of the supervisor never leaves
+  orphans holding the port or the rings.
 - SIGTERM / SIGINT: workers stop accepting and finish in-flight responses within the grace period,
   then the timer stops, then every partition is fsync'd, shared memory is unlinked, exit 0.
 - Signals are handled synchronously (blocked, then sigtimedwait), so no handler ever runs in the
@@ -14,6 +16,7 @@ Invariants:
 
 from __future__ import annotations
 
+import ctypes
 import fcntl
 import logging
 import os
@@ -93,7 +96,7 @@ class Supervisor:
             fds = fds + [self.listener.fileno()]
         # Children must not inherit our blocked signal mask.
         child.process = subprocess.Popen(args, pass_fds=fds, close_fds=True,
-                                         preexec_fn=_unblock_signals, cwd=os.getcwd())
+                                         preexec_fn=_child_setup, cwd=os.getcwd())
         child.started_at = time.monotonic()
         log.info("started %s %d as pid %d", child.role, child.index, child.process.pid)
 
@@ -192,8 +195,14 @@ class Supervisor:
             self._lock_fd = None
 
 
-def _unblock_signals() -> None:
+_PR_SET_PDEATHSIG = 1
+
+
+def _child_setup() -> None:
+    """Runs in the child before exec: our blocked signals are not the child's; and a child must
+    not outlive a supervisor killed with -9 (it would hold the port and the rings)."""
     signal.pthread_sigmask(signal.SIG_UNBLOCK, _HANDLED)
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
 def serve(config: NodeConfig) -> int:

@@ -135,6 +135,7 @@ class TimerProcess:
         _, items = F.decode_events(frame, F.Kind.APPEND)
         for row in np.unique(items["partition"]).tolist():
             self.fetches.check_and_complete(row)
+        self.flusher.mark_dirty()
         # Group commit sooner when enough bytes wait.
         state = self.table.read_rows(np.unique(items["partition"]).astype(np.int64))
         waiting = int((state["end_bytes"] - state["flushed_bytes"]).sum())

@@ -1,0 +1,266 @@
+"""The live node at the protocol level: error codes, bad input, long polls, shutdown, and a fuzz
+run while a well-behaved client keeps producing and consuming."""
+
+from __future__ import annotations
+
+import os
+import random
+import socket
+import struct
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+import rawkafka as R  # noqa: E402
+
+from tests.test_clients import CLIENT_TIMEOUT_S, consume_all, create_topic, produce  # noqa: E402
+from tests.test_crash import BackgroundProducer  # noqa: E402
+
+PRODUCE, FETCH, LIST_OFFSETS, METADATA, API_VERSIONS, INIT_PRODUCER_ID = 0, 1, 2, 3, 18, 22
+NONE, OFFSET_OUT_OF_RANGE, CORRUPT_MESSAGE, UNKNOWN_TOPIC_OR_PARTITION, UNSUPPORTED_VERSION = 0, 1, 2, 3, 35
+
+
+def connect(node) -> R.RawConnection:
+    return R.RawConnection("127.0.0.1", node.port)
+
+
+def closed_by_peer(sock: socket.socket, timeout: float = 5.0) -> bool:
+    sock.settimeout(timeout)
+    try:
+        while True:
+            data = sock.recv(65536)
+            if not data:
+                return True
+    except ConnectionResetError:
+        return True
+    except socket.timeout:
+        return False
+
+
+def raw_socket(node) -> socket.socket:
+    return socket.create_connection(("127.0.0.1", node.port), timeout=5)
+
+
+def test_api_versions_of_unknown_version_gets_error_35_with_v0_body(node):
+    sock = raw_socket(node)
+    frame = R.encode_request(API_VERSIONS, 99, 7, b"\x00\x00")  # some future flexible body
+    sock.sendall(frame)
+    size = struct.unpack(">i", sock.recv(4, socket.MSG_WAITALL))[0]
+    body = sock.recv(size, socket.MSG_WAITALL)
+    correlation_id, error_code, count = struct.unpack_from(">ihi", body)
+    assert (correlation_id, error_code) == (7, UNSUPPORTED_VERSION)
+    apis = {struct.unpack_from(">hhh", body, 10 + 6 * i)[0] for i in range(count)}
+    assert {PRODUCE, FETCH, METADATA, API_VERSIONS} <= apis
+    sock.close()
+
+
+@pytest.mark.parametrize("bad", ["unknown_api", "huge_length", "negative_length", "truncated_header",
+                                 "unsupported_version", "garbage_body"])
+def test_bad_input_closes_only_that_connection(node, bad):
+    frames = {
+        "unknown_api": R.encode_request(999, 0, 1, b""),
+        "huge_length": struct.pack(">i", 200 * 1024 * 1024) + b"\x00" * 16,
+        "negative_length": struct.pack(">i", -5) + b"\x00" * 16,
+        "truncated_header": struct.pack(">i", 1) + b"\x00",
+        "unsupported_version": R.encode_request(METADATA, 99, 1, b""),
+        "garbage_body": R.encode_request(METADATA, 8, 1, b"\xff\xff\xff\x7f garbage"),
+    }
+    with connect(node) as good:
+        sock = raw_socket(node)
+        sock.sendall(frames[bad])
+        assert closed_by_peer(sock)
+        sock.close()
+        # Another connection, opened before, is untouched and the worker is the same process.
+        assert good.call(API_VERSIONS, 3, R.api_versions_body(3)).error_code == NONE
+    assert "closing connection" in node.log()
+
+
+def test_corrupt_batch_is_rejected_and_writes_nothing(node):
+    create_topic(node.bootstrap, "crc", 1)
+    batch = bytearray(R.build_record_batch([b"payload"]))
+    batch[-1] ^= 0xFF
+    with connect(node) as conn:
+        body = R.produce_body({"crc": {0: bytes(batch)}}, acks=1)
+        response = conn.call(PRODUCE, 8, body)
+        assert response.responses[0].partition_responses[0].error_code == CORRUPT_MESSAGE
+        offsets = conn.call(LIST_OFFSETS, 5, R.list_offsets_body({"crc": [0]}, timestamp=-1))
+        assert offsets.topics[0].partitions[0].offset == 0
+        good = conn.call(PRODUCE, 8, R.produce_body({"crc": {0: R.build_record_batch([b"ok"])}}, acks=1))
+        assert good.responses[0].partition_responses[0].base_offset == 0
+
+
+def test_fetch_out_of_range_and_unknown_partition(node):
+    create_topic(node.bootstrap, "range", 1)
+    with connect(node) as conn:
+        body = R.fetch_body({"range": {0: 1000, 5: 0}}, max_wait_ms=0)
+        result = R.parse_fetch_response(11, conn.request(FETCH, 11, body))
+        errors = {p.partition: p.error_code for p in result.partitions}
+        assert errors == {0: OFFSET_OUT_OF_RANGE, 5: UNKNOWN_TOPIC_OR_PARTITION}
+
+
+def test_long_poll_waits_for_data_then_answers(node):
+    create_topic(node.bootstrap, "poll", 1)
+    with connect(node) as consumer, connect(node) as producer:
+        started = time.monotonic()
+        consumer.send(FETCH, 11, R.fetch_body({"poll": {0: 0}}, max_wait_ms=10_000, min_bytes=1))
+        time.sleep(0.3)
+        producer.call(PRODUCE, 8, R.produce_body({"poll": {0: R.build_record_batch([b"wake up"])}}, acks=1))
+        _, _, _, body = consumer.recv_response()
+        waited = time.monotonic() - started
+        result = R.parse_fetch_response(11, body)
+        assert result.record_count == 1
+        assert 0.3 <= waited < 5, "the fetch must wait for the append, then answer without waiting max_wait"
+        # With nothing to come, it waits max_wait and answers empty.
+        started = time.monotonic()
+        empty = R.parse_fetch_response(11, consumer.request(FETCH, 11, R.fetch_body({"poll": {0: 1}}, max_wait_ms=400)))
+        assert empty.record_count == 0 and empty.partitions[0].error_code == NONE
+        assert time.monotonic() - started >= 0.39
+
+
+def test_sigterm_answers_inflight_long_poll_then_exits_0(node_factory):
+    node = node_factory(workers=1)
+    create_topic(node.bootstrap, "bye", 1)
+    with connect(node) as consumer:
+        consumer.send(FETCH, 11, R.fetch_body({"bye": {0: 0}}, max_wait_ms=1500, min_bytes=1))
+        time.sleep(0.2)
+        node.proc.send_signal(15)
+        _, _, _, body = consumer.recv_response()
+        assert R.parse_fetch_response(11, body).partitions[0].error_code == NONE
+    assert node.proc.wait(timeout=CLIENT_TIMEOUT_S) == 0
+    assert node.leftovers() == []
+
+
+def test_list_offsets_earliest_latest_and_by_time(node):
+    create_topic(node.bootstrap, "times", 1)
+    records = [{"value": f"v{i}".encode(), "partition": 0, "timestamp": 1_000_000 + 1000 * i} for i in range(20)]
+    produce(node.bootstrap, "times", records, **{"linger.ms": 0, "batch.num.messages": 1})
+    consumer = Consumer({"bootstrap.servers": node.bootstrap, "group.id": "x"})
+    found = consumer.offsets_for_times([TopicPartition("times", 0, 1_000_000 + 1000 * 7 - 1)], timeout=CLIENT_TIMEOUT_S)
+    assert found[0].offset == 7
+    beyond = consumer.offsets_for_times([TopicPartition("times", 0, 9_000_000)], timeout=CLIENT_TIMEOUT_S)
+    assert beyond[0].offset == -1  # no record at or after that time: the latest offset is unknown (-1)
+    assert consumer.get_watermark_offsets(TopicPartition("times", 0), timeout=CLIENT_TIMEOUT_S) == (0, 20)
+    consumer.close()
+
+
+def test_create_and_delete_topics_errors(node):
+    admin = AdminClient({"bootstrap.servers": node.bootstrap})
+    create_topic(node.bootstrap, "exists", 2)
+
+    def create_error(topic: NewTopic) -> str:
+        with pytest.raises(KafkaException) as info:
+            admin.create_topics([topic])[topic.topic].result(timeout=CLIENT_TIMEOUT_S)
+        return info.value.args[0].name()
+
+    assert create_error(NewTopic("exists", 1, 1)) == "TOPIC_ALREADY_EXISTS"
+    assert create_error(NewTopic("three-replicas", 1, 3)) == "INVALID_REPLICATION_FACTOR"
+    assert create_error(NewTopic("bad name!", 1, 1)) == "TOPIC_EXCEPTION"  # librdkafka's name for code 17
+    produce(node.bootstrap, "exists", [{"value": b"x", "partition": 1}])
+    admin.delete_topics(["exists"])["exists"].result(timeout=CLIENT_TIMEOUT_S)
+    assert "exists" not in admin.list_topics(timeout=CLIENT_TIMEOUT_S).topics
+    assert not (node.data_dir / "exists-1").exists()
+    with pytest.raises(KafkaException) as info:
+        admin.delete_topics(["exists"])["exists"].result(timeout=CLIENT_TIMEOUT_S)
+    assert info.value.args[0].name() == "UNKNOWN_TOPIC_OR_PART"
+    # The name can be used again, from offset 0.
+    create_topic(node.bootstrap, "exists", 1)
+    produce(node.bootstrap, "exists", [{"value": b"again", "partition": 0}])
+    assert [m.offset() for m in consume_all(node.bootstrap, "exists", 1, 1)] == [0]
+
+
+def test_producer_ids_unique_across_restarts(node):
+    def init_producer_id() -> int:
+        schema = R.request_schema(INIT_PRODUCER_ID, 1)
+        body = R._kio_body(INIT_PRODUCER_ID, 1, schema.InitProducerIdRequest(transactional_id=None,
+                                                                                transaction_timeout=R._ms(60000)))
+        with connect(node) as conn:
+            response = conn.call(INIT_PRODUCER_ID, 1, body)
+        assert response.error_code == NONE
+        return response.producer_id
+
+    first = [init_producer_id() for _ in range(3)]
+    node.kill_all()  # even kill -9 must not make an id come back
+    node.start()
+    after = [init_producer_id() for _ in range(3)]
+    ids = first + after
+    assert len(set(ids)) == len(ids) and ids == sorted(ids)
+
+
+def _fuzz_frames(rng: random.Random, templates: list[bytes]) -> bytes:
+    """One hostile input: random bytes, a truncated or bit-flipped real request, a huge or
+    negative length, or a real request under a wrong version."""
+    choice = rng.randrange(6)
+    template = rng.choice(templates)
+    if choice == 0:
+        return rng.randbytes(rng.randrange(1, 300))
+    if choice == 1:
+        return template[: rng.randrange(1, len(template))]
+    if choice == 2:
+        flipped = bytearray(template)
+        for _ in range(rng.randrange(1, 8)):
+            flipped[rng.randrange(4, len(flipped))] ^= 1 << rng.randrange(8)
+        return bytes(flipped)
+    if choice == 3:
+        return struct.pack(">i", rng.choice([2**31 - 1, 100 * 1024 * 1024 + 1, -1, -(2**31)])) + rng.randbytes(20)
+    if choice == 4:
+        wrong = bytearray(template)
+        struct.pack_into(">h", wrong, 6, rng.choice([-1, 12, 99, 32767]))
+        return bytes(wrong)
+    # A valid size prefix with a random body.
+    body = rng.randbytes(rng.randrange(0, 200))
+    return struct.pack(">i", len(body)) + body
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_fuzz_live_node_while_clients_work(node_factory, workers):
+    node = node_factory(workers=workers)
+    create_topic(node.bootstrap, "steady", 2)
+    worker_pids = set(node.pids("worker"))
+    timer_pids = set(node.pids("timer"))
+    load = BackgroundProducer(node.bootstrap, "steady", 2).start()
+    templates = [
+        R.encode_request(API_VERSIONS, 3, 1, R.api_versions_body(3)),
+        R.encode_request(METADATA, 8, 1, R.metadata_body(["steady"])),
+        R.encode_request(PRODUCE, 8, 1, R.produce_body({"steady": {0: R.build_record_batch([b"fuzz"] * 3)}}, acks=1)),
+        R.encode_request(FETCH, 11, 1, R.fetch_body({"steady": {0: 0, 1: 0}}, max_wait_ms=50)),
+        R.encode_request(LIST_OFFSETS, 5, 1, R.list_offsets_body({"steady": [0, 1]})),
+    ]
+    rng = random.Random(20261121 + workers)
+    deadline = time.monotonic() + 60
+    sent = 0
+    while sent < 400 and time.monotonic() < deadline:
+        sock = raw_socket(node)
+        try:
+            sock.sendall(_fuzz_frames(rng, templates))
+            if rng.random() < 0.5:
+                sock.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass  # the node may close first: that is an answer too
+        sock.close()
+        sent += 1
+    load.wait_acked(len(load.acked) + 200)
+    load.stop()
+    assert load.failed == []
+    assert set(node.pids("worker")) == worker_pids and set(node.pids("timer")) == timer_pids, "no process may die"
+    assert "Traceback" not in node.log()
+    # Fuzz frames that happened to be valid produces may have added records; the client's are all there once.
+    consumer = Consumer({"bootstrap.servers": node.bootstrap, "group.id": "x", "enable.auto.commit": False})
+    consumer.assign([TopicPartition("steady", p, 0) for p in range(2)])
+    values = []
+    end = time.monotonic() + CLIENT_TIMEOUT_S
+    while time.monotonic() < end:
+        msg = consumer.poll(0.5)
+        if msg is None:
+            if load.acked <= set(values):
+                break
+            continue
+        if not msg.error():
+            values.append(msg.value())
+    consumer.close()
+    client_values = [v for v in values if v.startswith(b"value-")]
+    assert len(client_values) == len(set(client_values)) and set(client_values) == load.acked
