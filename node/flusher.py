@@ -42,7 +42,7 @@ class Flusher(threading.Thread):
         self._kick = threading.Event()
         self._dirty = threading.Event()
         self._dirty.set()  # first round at once: a restarted timer inherits unflushed appends
-        self._stop = threading.Event()
+        self._stopping = threading.Event()
         self.rounds = 0
         self.errors = 0
 
@@ -54,7 +54,7 @@ class Flusher(threading.Thread):
         self._dirty.set()
 
     def stop(self, timeout: float) -> None:
-        self._stop.set()
+        self._stopping.set()
         self.kick()
         self.join(timeout)
 
@@ -77,7 +77,7 @@ class Flusher(threading.Thread):
                 if partitions.version != self.catalog_version:
                     partitions.reload()
                 self._flush_round(partitions)
-                if self._stop.is_set():
+                if self._stopping.is_set():
                     return
                 now = time.monotonic()
                 if now >= next_snapshot:

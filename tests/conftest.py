@@ -28,6 +28,8 @@ def node_factory(tmp_path):
             node.start()
             node.stop()
         assert node.leftovers() == []
+        # No process of the node may have died of an exception, whatever the test did to it.
+        assert "Traceback" not in node.log(), node.log()
 
 
 @pytest.fixture

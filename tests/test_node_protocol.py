@@ -264,3 +264,73 @@ def test_fuzz_live_node_while_clients_work(node_factory, workers):
     consumer.close()
     client_values = [v for v in values if v.startswith(b"value-")]
     assert len(client_values) == len(set(client_values)) and set(client_values) == load.acked
+
+
+def test_pipelined_responses_keep_request_order(node):
+    """A long poll first, then quick requests on the same connection: answers come in request order."""
+    create_topic(node.bootstrap, "order", 1)
+    with connect(node) as conn:
+        requests = [
+            (FETCH, 11, R.fetch_body({"order": {0: 0}}, max_wait_ms=700, min_bytes=1)),
+            (API_VERSIONS, 3, R.api_versions_body(3)),
+            (METADATA, 8, R.metadata_body(["order"])),
+            (PRODUCE, 8, R.produce_body({"order": {0: R.build_record_batch([b"x"])}}, acks=1)),
+        ]
+        ids = conn.send_frames([(key, version, R.encode_request(key, version, 0, body))
+                                for key, version, body in requests])
+        got = [conn.recv_response()[0] for _ in ids]
+    assert got == ids
+
+
+def test_idempotent_retry_after_restart_gets_original_offsets(node):
+    create_topic(node.bootstrap, "idem", 1)
+    producer_id = 4242
+
+    def send(sequence: int, values: list[bytes]):
+        batch = R.build_record_batch(values, producer_id=producer_id, producer_epoch=0, base_sequence=sequence)
+        with connect(node) as conn:
+            return conn.call(PRODUCE, 8, R.produce_body({"idem": {0: batch}}, acks=-1)).responses[0].partition_responses[0]
+
+    first = send(0, [b"a", b"b"])
+    second = send(2, [b"c"])
+    assert (first.error_code, first.base_offset, second.base_offset) == (NONE, 0, 2)
+    node.kill_all()
+    node.start()
+    retried = send(0, [b"a", b"b"])  # a retry of an acknowledged batch: same offsets, no second copy
+    assert (retried.error_code, retried.base_offset) == (NONE, 0)
+    gap = send(7, [b"z"])
+    assert gap.error_code == 45  # OUT_OF_ORDER_SEQUENCE_NUMBER
+    assert consume_all(node.bootstrap, "idem", 1, 3)[-1].value() == b"c"
+
+
+def test_acks_all_times_out_when_nothing_is_flushed(node_factory):
+    # A group-commit window far longer than the request timeout: the flush cannot come in time.
+    node = node_factory(workers=1, config="[flush]\nflush_interval_ms = 60000\nflush_bytes = 1073741824\n")
+    create_topic(node.bootstrap, "slowdisk", 1)
+    with connect(node) as conn:
+        started = time.monotonic()
+        body = R.produce_body({"slowdisk": {0: R.build_record_batch([b"x"])}}, acks=-1, timeout_ms=300)
+        result = conn.call(PRODUCE, 8, body).responses[0].partition_responses[0]
+        assert result.error_code == 7  # REQUEST_TIMED_OUT
+        assert 0.29 <= time.monotonic() - started < 5
+        ok = conn.call(PRODUCE, 8, R.produce_body({"slowdisk": {0: R.build_record_batch([b"y"])}}, acks=1))
+        assert ok.responses[0].partition_responses[0].error_code == NONE
+
+
+def test_no_auto_create_when_disabled(node_factory):
+    node = node_factory(workers=1, config="[topics]\nauto_create_topics = false\n")
+    with connect(node) as conn:
+        metadata = conn.call(METADATA, 8, R.metadata_body(["nope"]))
+        assert metadata.topics[0].error_code == UNKNOWN_TOPIC_OR_PARTITION
+        result = conn.call(PRODUCE, 8, R.produce_body({"nope": {0: R.build_record_batch([b"x"])}}, acks=1))
+        assert result.responses[0].partition_responses[0].error_code == UNKNOWN_TOPIC_OR_PARTITION
+    assert not (node.data_dir / "nope-0").exists()
+
+
+def test_zstd_needs_produce_v7(node):
+    create_topic(node.bootstrap, "zstd", 1)
+    batch = bytearray(R.build_record_batch([b"x"]))
+    batch[22] |= 4  # claim zstd; the version check comes before any decompression or CRC check
+    with connect(node) as conn:
+        old = conn.call(PRODUCE, 6, R.produce_body({"zstd": {0: bytes(batch)}}, acks=1))
+        assert old.responses[0].partition_responses[0].error_code == 76  # UNSUPPORTED_COMPRESSION_TYPE

@@ -41,6 +41,11 @@ _ZERO_THROTTLE = i32Timedelta.parse(datetime.timedelta(0))
 _ACKS_ALL = -1
 _LATEST = -1
 _EARLIEST = -2
+# zstd batches (codec 4) need Produce v7+ (KIP-110); older requests get UNSUPPORTED_COMPRESSION_TYPE.
+_ZSTD = 4
+_ZSTD_MIN_PRODUCE_VERSION = 7
+_ATTRIBUTES_LOW_BYTE = 22  # offset of the low byte of a v2 batch's attributes
+_COMPRESSION_MASK = 0x07
 
 
 def _code(value: int) -> E.ErrorCode:
@@ -244,6 +249,10 @@ class Handlers:
                     continue
                 if part.records is None or len(part.records) == 0:
                     result.error_code = E.INVALID_RECORD
+                    continue
+                if (request.version < _ZSTD_MIN_PRODUCE_VERSION and len(part.records) > _ATTRIBUTES_LOW_BYTE
+                        and part.records[_ATTRIBUTES_LOW_BYTE] & _COMPRESSION_MASK == _ZSTD):
+                    result.error_code = E.ErrorCode.unsupported_compression_type
                     continue
                 try:
                     appended = self.partitions.log(row).append(part.records, now_ms)
