@@ -199,7 +199,7 @@ class Purgatory:
             raise ValueError("an operation must watch at least one key")
         for key in keys:
             hash(key)  # an unhashable key fails here, before anything changed
-        deadline_ms = self._timer._check_time("deadline_ms", deadline_ms)
+        deadline_ms = self._timer.check_time("deadline_ms", deadline_ms)
         if op._purgatory is not None or op._completed:
             raise ValueError("operation was already handed to a purgatory or completed")
         op._purgatory = self
@@ -266,7 +266,7 @@ class Purgatory:
 
     # ----------------------------------------------------------------- batch operations
     def _ensure_slot_capacity(self) -> None:
-        needed = len(self._timer._deadline)
+        needed = self._timer.capacity
         have = len(self._op_log_start)
         if have < needed:
             for name in ("_op_log_start", "_op_log_width"):

@@ -10,8 +10,8 @@ Shape (u = tick_ms, n = wheel_size, p_L = n**L ticks per bucket at level L):
     t // p_L < current_tick // p_L + n. Levels above 0 exist only once an entry needs them (on demand).
   * A bucket's expiration is (t // p_L) * p_L ticks. When a bucket of level L >= 1 expires its live entries
     are re-placed in finer levels (or fire if already due); only level 0 fires.
-  * The clock is a heapq of (bucket expiration tick, bucket id), one entry per non-empty bucket, so at most
-    levels * n entries. The owner sleeps until ``next_expiration()``; nothing is polled per tick.
+  * The clock is a heapq of (bucket expiration tick, bucket id), one entry per bucket holding references, so
+    at most levels * n entries. The owner sleeps until ``next_expiration()``; nothing is polled per tick.
   * Entry storage is numpy arrays indexed by slot: deadline, bucket id (< 0 = not live), handle. A slot
     is reused through a free list (a numpy stack); arrays grow by doubling. Each bucket holds a numpy array of
     slot references (its member list) that also grows by doubling.
@@ -24,7 +24,7 @@ Invariants (hold after every public call):
       so for integer deadlines an unfired entry has d > now - u (with u = 1 ms: d > now exactly).
   I3  ``pending`` is exact: live entries only; cancelled and fired entries never count.
   I4  Every allocated slot is referenced exactly once by a bucket's member array. Cancel is lazy: it clears
-      the slot's bucket id (O(1)) and leaves the reference; the slot is reclaimed when its bucket is drained or
+      the slot's bucket id negative (O(1)) and leaves the reference; the slot is reclaimed when its bucket is drained or
       by compaction. Compaction runs when cancelled-unreclaimed > pending + compaction_slack, hence
       slots_in_use = pending + cancelled_unreclaimed <= 2 * pending + compaction_slack.
   I5  Every bucket with references has exactly one heap entry; a bucket is only re-armed with a new
@@ -131,7 +131,7 @@ class TimingWheel:
         self._spans = spans
         self._max_levels = len(spans)
         self.limit_ms = (spans[-1] // 2) * self.tick_ms
-        start_ms = self._check_time("start_ms", start_ms)
+        start_ms = self.check_time("start_ms", start_ms)
         bucket_count = self._max_levels * self.wheel_size
 
         self._tick = start_ms // self.tick_ms  # the wheel's clock, in ticks (floor)
@@ -154,7 +154,8 @@ class TimingWheel:
         self._cancelled_unreclaimed = 0
         self.compactions = 0
 
-    def _check_time(self, name: str, value) -> int:
+    def check_time(self, name: str, value) -> int:
+        """value as an int within +-limit_ms, or a clear TypeError / ValueError naming it."""
         if type(value) is int and -self.limit_ms <= value <= self.limit_ms:
             return value  # the hot path
         value = _check_int(name, value, -self.limit_ms)
@@ -182,6 +183,11 @@ class TimingWheel:
     def current_ms(self) -> int:
         """The wheel's clock: the start of the current tick, in ms."""
         return self._tick * self.tick_ms
+
+    @property
+    def capacity(self) -> int:
+        """Entry slots allocated (grows by doubling); slot numbers in handles are below this."""
+        return len(self._deadline)
 
     @property
     def heap_size(self) -> int:
@@ -305,7 +311,7 @@ class TimingWheel:
     # ----------------------------------------------------------------- add
     def add(self, deadline_ms: int) -> int:
         """Add one timer; returns its handle. A deadline already due fires at the next advance()."""
-        deadline_ms = self._check_time("deadline_ms", deadline_ms)
+        deadline_ms = self.check_time("deadline_ms", deadline_ms)
         if self._free_top:
             self._free_top -= 1
             slot = int(self._free[self._free_top])
@@ -497,7 +503,7 @@ class TimingWheel:
     def advance(self, now_ms: int) -> np.ndarray:
         """Move the clock to now_ms (monotonic ms); returns the handles of the entries that fired."""
         if type(now_ms) is not int or not -self.limit_ms <= now_ms <= self.limit_ms:
-            now_ms = self._check_time("now_ms", now_ms)
+            now_ms = self.check_time("now_ms", now_ms)
         now_tick = max(now_ms // self.tick_ms, self._tick)  # the clock never runs backwards
         heap = self._heap
         if not heap or heap[0][0] > now_tick:  # the common idle case: nothing due
