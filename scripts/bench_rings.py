@@ -54,6 +54,7 @@ class RingTransport:
                                                    RingConfig(capacity=args.ring_capacity))
         self.bell = EventfdDoorbell()
         self.batch = args.batch
+        self.full_pause_s = args.full_pause_us / 1e6
 
     def close(self) -> None:
         self.bell.close()
@@ -69,11 +70,11 @@ class RingTransport:
             n = self.writer.write_many(frames[sent:] if sent else frames)
             sent += n
             if n == 0:
-                os.sched_yield()  # full: let the reader run
+                time.sleep(self.full_pause_s)  # full: sleep, so the reader gets the CPU
 
     def send_one(self, frame) -> None:
         while not self.writer.write(frame):
-            os.sched_yield()
+            time.sleep(self.full_pause_s)
 
     # reader side
     def open_reader(self):
@@ -392,6 +393,8 @@ def main(argv=None) -> int:
     parser.add_argument("--pipe-batch", type=int, default=1, help="frames per os.write for os-pipe")
     parser.add_argument("--pace-hz", type=float, default=5000.0, help="frame rate of the latency test")
     parser.add_argument("--ring-capacity", type=int, default=1 << 22)
+    parser.add_argument("--full-pause-us", type=float, default=100.0,
+                        help="how long the ring writer sleeps when the ring is full")
     args = parser.parse_args(argv)
     results = []
     for size in args.sizes:

@@ -47,11 +47,13 @@ class SemaphoreDoorbell:
 
     def wait(self, timeout: float | None) -> bool:
         """Sleep until rung or `timeout` seconds pass (None: forever, 0: poll). True if rung.
-        Consumes one ring; call drain() before the next announce_sleep."""
+        Also drains rings that piled up (safe: their frames were committed before the ring,
+        so the caller's next read sees them), saving a spurious wakeup per extra ring."""
         try:
             self._sem.acquire(timeout)
         except posix_ipc.BusyError:
             return False
+        self.drain()
         return True
 
     def drain(self) -> int:

@@ -22,8 +22,8 @@ Invariants:
 - Publication order: the producer writes payload and frame headers first, then stores head.
   The consumer loads head first, then reads frames below it. So a reader never sees a torn
   frame, even if the producer is killed mid-write: uncommitted bytes lie above head and the
-  next producer (`RingWriter(..., takeover=True)`) resumes from the committed head,
-  overwriting them.
+  next producer (`RingWriter(name)`; `takeover=True` only if the old one is still alive)
+  resumes from the committed head, overwriting them.
 - Release order: the consumer finishes with frames, then stores tail (one store per batch).
   The producer never writes below tail + capacity, so views handed out by `read_batch`
   stay valid until the next `release()`; using them afterwards reads garbage.
@@ -341,7 +341,9 @@ class RingWriter(_RingEnd):
         return True
 
     def write_many(self, payloads: Sequence | Iterable) -> int:
-        """Write frames in order until one does not fit; commit once. Returns how many were written."""
+        """Write frames in order until one does not fit; commit once. Returns how many were written.
+
+        A frame larger than max_payload raises FrameTooLarge after committing those before it."""
         written = 0
         # Inlined reserve(): this loop is the hot path of batched producers (measured ~2x faster).
         data, data_words, mask, capacity = self._data, self._data_words, self._mask, self.capacity
@@ -436,6 +438,8 @@ class RingReader(_RingEnd):
             size = data_u32[off >> 2]
             if size == SKIP_MARKER:
                 pos += capacity - off
+                if pos > head:
+                    raise RingCorrupt(f"ring {self.name!r}: skip marker at {pos - capacity + off} crosses head {head}")
                 continue
             end = pos + FRAME_HEADER_BYTES + ((size + 7) & _ALIGN_MASK)
             if size > limit or end > head:
