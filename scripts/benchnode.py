@@ -4,7 +4,7 @@
   with a temporary data dir; ``node_for(args)`` uses ``--bootstrap`` instead when given.
 - ``Pipeliner``: the raw load generators' request loop: several connections, a fixed number of
   requests in flight on each, responses matched by correlation id, per-request latency.
-- ``result_row`` / ``emit``: the JSON line every benchmark prints; ``percentiles_ms``.
+- ``result_row`` / ``emit``: the JSON line every benchmark prints; ``percentiles_ms``; ``CpuMeter``.
 - ``create_topic``: CreateTopics + wait until Metadata shows the partitions.
 
 Invariants:
@@ -244,6 +244,42 @@ def node_for(args: Any, data_dir: str | None = None, config_toml: str = "") -> I
         raise SystemExit("--workers must be at least 1")
     with BenchNode(NodeSettings(workers=args.workers, config_toml=config_toml)) as node:
         yield Target(LOOPBACK, node.port, node.data_dir, node)
+
+
+class CpuMeter:
+    """CPU used during a measurement, in cores (CPU seconds per wall second): by this process
+    (its threads included, load generator child processes not) and by the node's processes,
+    when the node was started here. Tells which side a figure is limited by on a small machine."""
+
+    def __init__(self, node: BenchNode | None) -> None:
+        self.node = node
+        self.fields: dict[str, float | None] = {"client_cores": None, "node_cores": None}
+
+    def _node_cpu(self) -> dict[int, float]:
+        if self.node is None or self.node.proc is None:
+            return {}
+        found = {}
+        for pid in [self.node.proc.pid] + self.node.child_pids():
+            with contextlib.suppress(psutil.Error):
+                times = psutil.Process(pid).cpu_times()
+                found[pid] = times.user + times.system
+        return found
+
+    def __enter__(self) -> CpuMeter:
+        self._wall = time.monotonic()
+        self._self = time.process_time()
+        self._node = self._node_cpu()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        wall = time.monotonic() - self._wall
+        if wall <= 0:
+            return
+        self.fields["client_cores"] = round((time.process_time() - self._self) / wall, 3)
+        if self.node is not None:
+            after = self._node_cpu()
+            used = sum(cpu - self._node.get(pid, 0.0) for pid, cpu in after.items())
+            self.fields["node_cores"] = round(used / wall, 3)
 
 
 # --------------------------------------------------------------------------- topics

@@ -6,7 +6,8 @@
    127.0.0.1 socket whose peer (another process) reads into a buffer and discards, repeated for at
    least ``--ceiling-seconds``. This is what a zero-copy fetch path could at best do on this machine.
 3. Consume everything from offset 0, bounded by ``--seconds``:
-   - ``--client raw``: pipelined Fetch v11 requests (``--connections``, ``--inflight`` each). Since the
+   - ``--client raw``: pipelined Fetch v11 requests (``--connections``, ``--inflight`` each), reading
+     everything ``--passes`` times (default 3: one pass lasts well under a second). Since the
      batch layout is known, the fetch offsets are too: each request asks for ``--fetch-bytes`` worth of
      whole batches at a precomputed offset, so requests need not wait for each other. Records are
      counted from batch headers; a short answer is re-asked for the rest.
@@ -22,6 +23,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import glob
+import itertools
 import math
 import multiprocessing
 import os
@@ -182,13 +184,14 @@ class ConsumeOutcome:
 
 
 def consume_raw(target: benchnode.Target, filled: FilledTopic, fetch_bytes: int, connections: int, inflight: int,
-                seconds: float, max_wait_ms: int = 500) -> ConsumeOutcome:
-    """Pipelined fetches of every partition from offset 0 to its end; connection c serves partitions c, c+C, ..."""
+                seconds: float, passes: int = 1, max_wait_ms: int = 500) -> ConsumeOutcome:
+    """Pipelined fetches of every partition from offset 0 to its end, `passes` times over (one pass of 2M
+    records takes well under a second); connection c serves partitions c, c+C, ..."""
     batches_per_fetch = max(1, fetch_bytes // filled.batch_bytes)
     span = batches_per_fetch * filled.records_per_batch
     limit = batches_per_fetch * filled.batch_bytes
     pending: list[deque[tuple[int, int, int]]] = [deque() for _ in range(connections)]
-    for partition in range(filled.partitions):
+    for _, partition in itertools.product(range(passes), range(filled.partitions)):
         for start in range(0, filled.end_offset, span):
             pending[partition % connections].append((partition, start, min(start + span, filled.end_offset)))
     outcome = ConsumeOutcome()
@@ -259,6 +262,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--connections", type=int, help="raw: sockets (default: one per partition)")
     parser.add_argument("--inflight", type=int, default=4, help="raw: fetches in flight per socket")
     parser.add_argument("--fetch-bytes", type=int, default=1024 * 1024, help="raw: bytes asked per fetch")
+    parser.add_argument("--passes", type=int, default=3,
+                        help="raw: read everything from offset 0 this many times (default %(default)s)")
     parser.add_argument("--fill-seconds", type=float, default=300.0, help="bound of the fill")
     parser.add_argument("--ceiling-seconds", type=float, help="minimum ceiling measurement (default min(2, --seconds))")
     parser.add_argument("--data-dir", help="with --bootstrap: the node's data dir, for the ceiling")
@@ -266,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     connections = args.connections or args.partitions
     if min(args.records, args.record_size, args.batch_bytes, args.partitions, connections, args.inflight,
-           args.fetch_bytes) < 1 or args.seconds <= 0 or args.fill_seconds <= 0:
+           args.fetch_bytes, args.passes) < 1 or args.seconds <= 0 or args.fill_seconds <= 0:
         parser.error("sizes, counts and durations must be positive")
     clients = [args.client] if args.client else ["raw", "confluent"]
     ceiling_settings = CeilingSettings(min_seconds=args.ceiling_seconds or min(2.0, args.seconds))
@@ -280,12 +285,18 @@ def main(argv: list[str] | None = None) -> int:
                                              ceiling_settings)
             ceiling_mb_per_s = round(sent / elapsed / benchnode.MB, 3)
         for client in clients:
+            meter = benchnode.CpuMeter(target.node)
             if client == "raw":
-                outcome = consume_raw(target, filled, args.fetch_bytes, connections, args.inflight, args.seconds)
+                with meter:
+                    outcome = consume_raw(target, filled, args.fetch_bytes, connections, args.inflight, args.seconds,
+                                          args.passes)
+                expected = filled.records * args.passes
                 extra = {"connections": connections, "inflight": args.inflight, "fetch_bytes": args.fetch_bytes,
-                         "refetches": outcome.refetches}
+                         "refetches": outcome.refetches, "passes": args.passes}
             else:
-                outcome = consume_confluent(target, filled, args.seconds)
+                with meter:
+                    outcome = consume_confluent(target, filled, args.seconds)
+                expected = filled.records
                 extra = {}
             log_mb_per_s = outcome.log_bytes / outcome.elapsed_s / benchnode.MB if outcome.elapsed_s > 0 else None
             row = benchnode.result_row(
@@ -294,9 +305,9 @@ def main(argv: list[str] | None = None) -> int:
                 log_mb_per_s=None if log_mb_per_s is None else round(log_mb_per_s, 3),
                 ceiling_ratio=(round(log_mb_per_s / ceiling_mb_per_s, 4)
                                if ceiling_mb_per_s and log_mb_per_s is not None else None),
-                complete=outcome.records == filled.records, records_filled=filled.records,
+                complete=outcome.records == expected, records_filled=filled.records,
                 record_size=filled.record_size, partitions=filled.partitions,
-                workers=None if args.bootstrap else args.workers, **extra)
+                workers=None if args.bootstrap else args.workers, **meter.fields, **extra)
             benchnode.emit(row, args.json)
     return 0
 

@@ -288,13 +288,14 @@ def main(argv: list[str] | None = None) -> int:
             topic = f"{args.topic}-{client}-{os.getpid()}"
             benchnode.create_topic(target.host, target.port, topic, 1)
             run = LatencyRun(topic, args.rate, args.seconds, args.warmup_seconds, args.record_size, args.fetch_wait_ms)
-            outcome = runners[client](target, run)
+            with benchnode.CpuMeter(target.node) as meter:
+                outcome = runners[client](target, run)
             row = benchnode.result_row(
                 SCRIPT, client, outcome.received, outcome.elapsed_s, outcome.received * args.record_size,
                 outcome.latencies_ns, sent=outcome.sent, lost=outcome.sent - outcome.received,
                 send_errors=outcome.send_errors, rate=args.rate, fetch_wait_ms=args.fetch_wait_ms,
                 max_ms=round(max(outcome.latencies_ns) / 1e6, 4) if outcome.latencies_ns else None,
-                workers=None if args.bootstrap else args.workers)
+                workers=None if args.bootstrap else args.workers, **meter.fields)
             benchnode.emit(row, args.json)
     return 0
 

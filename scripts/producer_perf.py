@@ -248,23 +248,27 @@ def main(argv: list[str] | None = None) -> int:
             for acks_name in acks_list:
                 topic = f"{args.topic}-{client}-acks{acks_name}-{os.getpid()}"
                 benchnode.create_topic(target.host, target.port, topic, args.partitions)
+                meter = benchnode.CpuMeter(target.node)
                 if client == "raw":
                     load = RawProduceLoad(topic, args.partitions, args.record_size, args.batch_bytes, ACKS[acks_name],
                                           pipeline=benchnode.PipelineSettings(connections=args.connections,
                                                                               inflight=args.inflight))
-                    outcome = run_raw_producer(target.host, target.port, load, args.seconds, args.processes)
+                    with meter:
+                        outcome = run_raw_producer(target.host, target.port, load, args.seconds, args.processes)
                     extra = {"connections": args.connections, "inflight": args.inflight, "processes": args.processes,
                              "records_per_batch": load.records_per_batch(), "batch_bytes": outcome.batch_bytes,
                              "requests": outcome.requests}
                 else:
-                    outcome = run_confluent_producer(target.bootstrap, topic, args.record_size, ACKS[acks_name],
-                                                     args.seconds, args.batch_bytes, args.linger_ms)
+                    with meter:
+                        outcome = run_confluent_producer(target.bootstrap, topic, args.record_size, ACKS[acks_name],
+                                                         args.seconds, args.batch_bytes, args.linger_ms)
                     extra = {"linger_ms": args.linger_ms, "batch_size": args.batch_bytes}
                 row = benchnode.result_row(SCRIPT, client, outcome.records, outcome.elapsed_s,
                                            outcome.records * args.record_size, outcome.latencies_ns,
                                            acks=acks_name, record_size=args.record_size, partitions=args.partitions,
                                            workers=None if args.bootstrap else args.workers,
-                                           errors={str(k): v for k, v in outcome.errors.items()}, **extra)
+                                           errors={str(k): v for k, v in outcome.errors.items()},
+                                           **meter.fields, **extra)
                 benchnode.emit(row, args.json)
     return 0
 
