@@ -109,27 +109,23 @@ class TimerProcess:
 
     # -- requests ---------------------------------------------------------------------------
 
+    def _watch(self, purgatory: Purgatory, op: Any, deadline_ms: int) -> None:
+        if op.key in self.operations:  # a re-submission, or a frame delivered twice
+            return
+        self.operations[op.key] = op
+        purgatory.try_complete_else_watch(op, op.watch_keys(), deadline_ms)
+
     def _delay_fetch(self, worker: int, frame: memoryview) -> None:
         request = F.decode_delay_fetch(frame)
-        key = (worker, request.request_id)
-        if key in self.operations:
-            return
-        rows = request.items["partition"].astype(np.int64)
-        op = DelayedFetch(worker, request.request_id, request.min_bytes, rows,
+        op = DelayedFetch(worker, request.request_id, request.min_bytes, request.items["partition"].astype(np.int64),
                           request.items["start_bytes"].copy(), self.table, self._complete, self.operations)
-        self.operations[key] = op
-        self.fetches.try_complete_else_watch(op, op.watch_keys(), request.deadline_ms)
+        self._watch(self.fetches, op, request.deadline_ms)
 
     def _delay_produce(self, worker: int, frame: memoryview) -> None:
         request = F.decode_delay_produce(frame)
-        key = (worker, request.request_id)
-        if key in self.operations:
-            return
-        rows = request.items["partition"].astype(np.int64)
-        op = DelayedProduce(worker, request.request_id, rows, request.items["required_offset"].copy(),
-                            self.table, self._complete, self.operations)
-        self.operations[key] = op
-        self.produces.try_complete_else_watch(op, op.watch_keys(), request.deadline_ms)
+        op = DelayedProduce(worker, request.request_id, request.items["partition"].astype(np.int64),
+                            request.items["required_offset"].copy(), self.table, self._complete, self.operations)
+        self._watch(self.produces, op, request.deadline_ms)
 
     def _appends(self, frame: memoryview) -> None:
         _, items = F.decode_events(frame, F.Kind.APPEND)
