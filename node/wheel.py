@@ -226,8 +226,9 @@ class TimingWheel:
     def _release(self, slots: np.ndarray) -> np.ndarray:
         """Return slots to the free list and their last handles; bumping the generation invalidates them.
 
-        A free slot's bucket id is left as it was: liveness is "handle matches and bucket id >= 0", and
-        no bucket references a free slot."""
+        Liveness is "handle matches and bucket id >= 0": a free slot's stored handle is the one its next entry
+        will get, so its bucket id must be negative until then."""
+        self._bucket[slots] = NO_BUCKET
         handles = self._handle[slots]
         self._handle[slots] = (handles + NEXT_GENERATION) & HANDLE_MASK
         top = self._free_top
@@ -366,12 +367,8 @@ class TimingWheel:
         """Boolean mask: which handles name a live (pending) entry. Unknown handles are simply not live."""
         handles = _as_int64_array("handles", handles)
         slots = handles & SLOT_MASK
-        if len(handles) and (int(_min(handles)) < 0 or int(_max(slots)) >= self._high):
-            valid = (handles >= 0) & (slots < self._high)
-            slots = np.where(valid, slots, 0)
-            return valid & (self._handle[slots] == handles) & (self._bucket[slots] >= 0)
-        live = self._handle[slots] == handles
-        live &= self._bucket[slots] >= 0
+        live = self._handle.take(slots, mode="clip") == handles  # see cancel_many for why clipping is safe
+        live &= self._bucket.take(slots, mode="clip") >= 0
         return live
 
     def cancel(self, handle: int) -> bool:
@@ -398,11 +395,10 @@ class TimingWheel:
         if count == 0:
             return np.zeros(0, bool)
         slots = handles & SLOT_MASK
-        if int(_max(slots)) >= self._high:  # a negative handle needs no check: no generation is negative
-            cancelled = self.is_live(handles)
-        else:
-            cancelled = self._handle[slots] == handles
-            cancelled &= self._bucket[slots] >= 0
+        # take(mode="clip") keeps unknown slots in range without a bounds check; a clipped slot's handle holds
+        # a different slot number (and no stored handle is negative), so an unknown handle never matches.
+        cancelled = self._handle.take(slots, mode="clip") == handles
+        cancelled &= self._bucket.take(slots, mode="clip") >= 0
         live_count = _count(cancelled)
         if live_count != count:
             positions = np.flatnonzero(cancelled)

@@ -197,6 +197,18 @@ def test_stale_handle_does_not_cancel_the_slot_s_next_entry():
     assert wheel.advance(10).tolist() == [new]
 
 
+def test_the_next_handle_of_a_free_slot_is_not_live():
+    wheel = TimingWheel(1, 20, 0, compaction_slack=0)
+    fired = wheel.add(3)
+    cancelled = wheel.add(DAY_MS)
+    assert wheel.advance(3).tolist() == [fired]
+    wheel.cancel(cancelled)  # compaction_slack=0: reclaimed at once
+    guesses = np.array([fired + (1 << SLOT_BITS), cancelled + (1 << SLOT_BITS), wheel.capacity - 1], np.int64)
+    assert not wheel.is_live(guesses).any()
+    assert not wheel.cancel_many(guesses).any() and not wheel.cancel(int(guesses[0]))
+    assert wheel.pending == 0
+
+
 def test_handle_generation_wraps_to_a_positive_handle():
     wheel = TimingWheel(1, 20, 0)
     handle = wheel.add(5)
