@@ -55,6 +55,8 @@ class RingTransport:
         self.bell = EventfdDoorbell()
         self.batch = args.batch
         self.full_pause_s = args.full_pause_us / 1e6
+        self.read_batch = args.read_batch
+        self.spin_s = args.spin_us / 1e6
 
     def close(self) -> None:
         self.bell.close()
@@ -83,8 +85,9 @@ class RingTransport:
     def recv_frames(self, on_frame) -> None:
         """Calls on_frame(view) per frame until it returns True; sleeps when empty."""
         reader, bell = self.reader, self.bell
+        max_frames, spin_s = self.read_batch, self.spin_s
         while True:
-            frames = reader.read_batch()
+            frames = reader.read_batch(max_frames)
             if frames:
                 stop = False
                 for view in frames:
@@ -96,6 +99,12 @@ class RingTransport:
                 if stop:
                     return
             else:
+                if spin_s:  # a producer in full flow refills within microseconds: skip a sleep
+                    spin_end = time.perf_counter() + spin_s
+                    while not reader.has_pending() and time.perf_counter() < spin_end:
+                        pass
+                    if reader.has_pending():
+                        continue
                 bell.drain()  # reset before announcing, off the wakeup path
                 if announce_sleep_all([reader]):
                     bell.wait(None)
@@ -393,6 +402,9 @@ def main(argv=None) -> int:
     parser.add_argument("--pipe-batch", type=int, default=1, help="frames per os.write for os-pipe")
     parser.add_argument("--pace-hz", type=float, default=5000.0, help="frame rate of the latency test")
     parser.add_argument("--ring-capacity", type=int, default=1 << 22)
+    parser.add_argument("--read-batch", type=int, default=4096, help="max frames per ring read_batch")
+    parser.add_argument("--spin-us", type=float, default=0.0,
+                        help="ring reader polls this long before announcing sleep")
     parser.add_argument("--full-pause-us", type=float, default=100.0,
                         help="how long the ring writer sleeps when the ring is full")
     args = parser.parse_args(argv)
