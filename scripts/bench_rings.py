@@ -9,7 +9,8 @@ For each transport and frame size it measures, in the same run:
     time.perf_counter_ns() (CLOCK_MONOTONIC, shared by processes); the reader sleeps
     in the kernel between frames (ring: announce_sleep + eventfd doorbell).
   - idle CPU: CPU time the blocked reader uses over --idle-seconds with nothing sent.
-Each measurement is repeated --runs times and the median is reported.
+Each measurement is repeated --runs times, interleaved across transports; medians of the
+values and of the per-run ratios to os-pipe (`*_vs_os_pipe`; MB/s ratio = frames/s ratio) are reported.
 
 Batching: the ring writer publishes up to --batch frames per head update (write_many);
 os.pipe does one os.write per frame unless --pipe-batch > 1 (then one write per batch).
@@ -331,33 +332,51 @@ def _run_pair(transport, writer_fn, writer_args, reader_fn, timeout):
         result_w.close()
 
 
-def measure(name: str, size: int, args) -> dict:
-    runs = {"frames_per_s": [], "mb_per_s": [], "p50_us": [], "p99_us": [], "idle_cpu_pct": []}
+def measure_once(name: str, size: int, args, with_idle: bool) -> dict:
+    """One run of every measurement for one (transport, size)."""
     args.current_size = size
+    sample = {"idle_cpu_pct": None}
+    transport = TRANSPORT_CLASSES[name](args)
+    try:
+        frames, nbytes, elapsed = _run_pair(transport, _throughput_writer, (size, args.seconds, args.batch),
+                                            _throughput_reader, args.seconds * 4 + 30)
+        sample["frames_per_s"] = frames / elapsed
+        sample["mb_per_s"] = nbytes / elapsed / 1e6
+    finally:
+        transport.close()
+    transport = TRANSPORT_CLASSES[name](args)
+    try:
+        sample["p50_us"], sample["p99_us"] = _run_pair(transport, _latency_writer,
+                                                       (size, args.latency_seconds, args.pace_hz),
+                                                       _latency_reader, args.latency_seconds * 4 + 30)
+    finally:
+        transport.close()
+    if with_idle:
+        sample["idle_cpu_pct"] = measure_idle(name, args)
+    return sample
+
+
+def measure_size(size: int, args) -> list[dict]:
+    """All transports for one size. Runs are interleaved (run 1 of every transport, then
+    run 2, ...) so load from other work on the machine hits all of them alike; ratios to
+    os-pipe are taken within each run, then the median of values and ratios is reported."""
+    samples = {name: [] for name in args.transports}
     for _ in range(args.runs):
-        transport = TRANSPORT_CLASSES[name](args)
-        try:
-            frames, nbytes, elapsed = _run_pair(transport, _throughput_writer, (size, args.seconds, args.batch),
-                                                _throughput_reader, args.seconds * 4 + 30)
-            runs["frames_per_s"].append(frames / elapsed)
-            runs["mb_per_s"].append(nbytes / elapsed / 1e6)
-        finally:
-            transport.close()
-        transport = TRANSPORT_CLASSES[name](args)
-        try:
-            p50, p99 = _run_pair(transport, _latency_writer, (size, args.latency_seconds, args.pace_hz),
-                                 _latency_reader, args.latency_seconds * 4 + 30)
-            runs["p50_us"].append(p50)
-            runs["p99_us"].append(p99)
-        finally:
-            transport.close()
-        if args.idle_seconds > 0 and size == args.sizes[0]:
-            runs["idle_cpu_pct"].append(measure_idle(name, args))
-    out = {"transport": name, "size": size, "runs": args.runs}
-    for key, values in runs.items():
-        values = [v for v in values if v is not None]
-        out[key] = round(statistics.median(values), 3) if values else None
-    return out
+        for name in args.transports:
+            samples[name].append(measure_once(name, size, args, args.idle_seconds > 0 and size == args.sizes[0]))
+    rows = []
+    for name in args.transports:
+        row = {"transport": name, "size": size, "runs": args.runs}
+        for key in ("frames_per_s", "mb_per_s", "p50_us", "p99_us", "idle_cpu_pct"):
+            values = [sample[key] for sample in samples[name] if sample[key] is not None]
+            row[key] = round(statistics.median(values), 3) if values else None
+        if "os-pipe" in samples and name != "os-pipe":
+            for key in ("frames_per_s", "p99_us"):
+                ratios = [mine[key] / base[key] for mine, base in zip(samples[name], samples["os-pipe"])
+                          if mine[key] and base[key]]
+                row[f"{key}_vs_os_pipe"] = round(statistics.median(ratios), 3) if ratios else None
+        rows.append(row)
+    return rows
 
 
 def measure_idle(name: str, args) -> float:
@@ -410,14 +429,15 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     results = []
     for size in args.sizes:
-        for name in args.transports:
-            row = measure(name, size, args)
+        for row in measure_size(size, args):
+            name = row["transport"]
             results.append(row)
             if args.json:
                 print(json.dumps(row), flush=True)
             else:
                 print(f"{name:9s} {size:6d} B  {row['frames_per_s']:>12,.0f} frames/s  {row['mb_per_s']:>9,.1f} MB/s"
-                      f"  p50 {row['p50_us']} us  p99 {row['p99_us']} us  idle cpu {row['idle_cpu_pct']} %",
+                      f"  p50 {row['p50_us']} us  p99 {row['p99_us']} us  idle cpu {row['idle_cpu_pct']} %"
+                      f"  x os-pipe: {row.get('frames_per_s_vs_os_pipe')} (frames/s), {row.get('p99_us_vs_os_pipe')} (p99)",
                       flush=True)
     return 0
 

@@ -151,7 +151,7 @@ class _Mapping:
                 self.close()
                 raise RingCorrupt(f"segment {name!r} is not a ring of layout version {LAYOUT_VERSION}")
             capacity = self.words[_CAPACITY]
-            if capacity & (capacity - 1) or HEADER_BYTES + capacity > len(self.mm):
+            if capacity < 4096 or capacity & (capacity - 1) or HEADER_BYTES + capacity > len(self.mm):
                 self.close()
                 raise RingCorrupt(f"segment {name!r} has an impossible capacity {capacity}")
         self.capacity = capacity
