@@ -63,6 +63,9 @@ class NodeSettings:
     workers: int = 2
     start_timeout_s: float = 30.0
     stop_timeout_s: float = 30.0
+    # While starting: how often, and how patiently, to ask the node for ApiVersions.
+    start_probe_interval_s: float = 0.05
+    start_probe_timeout_s: float = 0.5
     # Extra TOML for the node's config file (e.g. "[flush]\nflush_interval_ms = 2\n").
     config_toml: str = ""
 
@@ -103,6 +106,15 @@ def _die_with_parent() -> None:
         pass
 
 
+def _processes(pids: Sequence[int]) -> list[psutil.Process]:
+    """psutil handles of those pids still alive (taken before a stop, so a kill hits only them)."""
+    found = []
+    for pid in pids:
+        with contextlib.suppress(psutil.Error):
+            found.append(psutil.Process(pid))
+    return found
+
+
 class BenchNode:
     """A node subprocess with a temp data dir. Use as a context manager, or start()/stop()."""
 
@@ -131,11 +143,11 @@ class BenchNode:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"node exited with {self.proc.returncode}:\n{self.log_tail()}")
-            if _answers_api_versions(self.port, timeout_s=0.5):
+            if _answers_api_versions(self.port, timeout_s=self.settings.start_probe_timeout_s):
                 print(f"benchnode: node pid {self.proc.pid} on {self.bootstrap}, data {self.data_dir}",
                       file=sys.stderr, flush=True)
                 return self
-            time.sleep(0.05)
+            time.sleep(self.settings.start_probe_interval_s)
         raise RuntimeError(f"node did not answer in {self.settings.start_timeout_s}s:\n{self.log_tail()}")
 
     def log_tail(self, chars: int = 4000) -> str:
@@ -166,7 +178,7 @@ class BenchNode:
         any shared memory a hard kill left and the temp dir."""
         try:
             if self.proc is not None and self.proc.poll() is None:
-                tree = [psutil.Process(pid) for pid in self.child_pids() if psutil.pid_exists(pid)]
+                tree = _processes(self.child_pids())
                 self.proc.send_signal(signal.SIGTERM)
                 try:
                     self.proc.wait(timeout=self.settings.stop_timeout_s)

@@ -37,6 +37,12 @@ import rawkafka  # noqa: E402
 
 SCRIPT = "producer_perf"
 ACKS = {"1": 1, "all": -1}
+# Load generator processes: how long they may take to start and connect, and the head start the
+# parent gives itself to hand every one the common start time before it comes.
+PROCESS_START_TIMEOUT_S = 60.0
+PROCESS_START_MARGIN_S = 0.1
+# A process reports at most this long after its deadline (its last responses, pickling latencies).
+PROCESS_REPORT_GRACE_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -129,7 +135,7 @@ def _produce_process(host: str, port: int, load: RawProduceLoad, first_connectio
     """Child of run_raw_producer: connect, say ready, wait for (start_at, deadline), run, report."""
     try:
         pipe.send("ready")
-        if not pipe.poll(60.0):
+        if not pipe.poll(PROCESS_START_TIMEOUT_S):
             return
         start_at, deadline = pipe.recv()
         outcome = produce_with_connections(host, port, load, deadline, first_connection, start_at)
@@ -159,14 +165,14 @@ def run_raw_producer(host: str, port: int, load: RawProduceLoad, seconds: float,
             children.append(child)
             pipes.append(mine)
         for pipe in pipes:
-            if not pipe.poll(60.0) or pipe.recv() != "ready":
+            if not pipe.poll(PROCESS_START_TIMEOUT_S) or pipe.recv() != "ready":
                 raise RuntimeError("a load generator process did not start")
-        start_at = time.monotonic() + 0.1
+        start_at = time.monotonic() + PROCESS_START_MARGIN_S
         for pipe in pipes:
             pipe.send((start_at, start_at + seconds))
         total = ProduceOutcome()
         for pipe in pipes:
-            if not pipe.poll(seconds + 60.0):
+            if not pipe.poll(seconds + PROCESS_REPORT_GRACE_S):
                 raise RuntimeError("a load generator process did not report")
             got = pipe.recv()
             if isinstance(got, Exception):
@@ -177,10 +183,10 @@ def run_raw_producer(host: str, port: int, load: RawProduceLoad, seconds: float,
         for pipe in pipes:
             pipe.close()
         for child in children:
-            child.join(timeout=10.0)
+            child.join(timeout=PROCESS_REPORT_GRACE_S)
             if child.is_alive():
                 child.kill()  # by pid
-                child.join(timeout=10.0)
+                child.join(timeout=PROCESS_REPORT_GRACE_S)
 
 
 def run_confluent_producer(bootstrap: str, topic: str, record_size: int, acks: int, seconds: float,
