@@ -3,8 +3,9 @@
 
 For each transport and frame size it measures, in the same run:
   - throughput: a writer process sends frames as fast as it can for --seconds; the reader
-    process takes each frame as a separate message (ring: an in-place memoryview; pipe: a
-    view into its read buffer after splitting the length-prefixed stream; mp: one bytes).
+    process takes each frame as a separate message, in the batches the transport delivers
+    (ring: in-place memoryviews of one read_batch; os-pipe: views into its read buffer after
+    splitting what one read returned by length prefix; mp: one bytes per receive).
   - one-way latency p50/p99: the writer sends one frame every 1/--pace-hz s carrying
     time.perf_counter_ns() (CLOCK_MONOTONIC, shared by processes); the reader sleeps
     in the kernel between frames (ring: announce_sleep + eventfd doorbell).
@@ -83,19 +84,15 @@ class RingTransport:
     def open_reader(self):
         self.reader = RingReader(self.ring_name, takeover=True)
 
-    def recv_frames(self, on_frame) -> None:
-        """Calls on_frame(view) per frame until it returns True; sleeps when empty."""
+    def recv_frames(self, on_batch) -> None:
+        """Calls on_batch(frames) per batch of in-place views until it returns True; sleeps when empty."""
         reader, bell = self.reader, self.bell
         max_frames, spin_s = self.read_batch, self.spin_s
         while True:
             frames = reader.read_batch(max_frames)
             if frames:
-                stop = False
-                for view in frames:
-                    if on_frame(view):
-                        stop = True
-                        break
-                del frames, view
+                stop = on_batch(frames)
+                del frames
                 reader.release()
                 if stop:
                     return
@@ -150,7 +147,8 @@ class OsPipeTransport:
     def open_reader(self):
         pass
 
-    def recv_frames(self, on_frame) -> None:
+    def recv_frames(self, on_batch) -> None:
+        """Reads what the pipe has (one syscall), splits it into frames, on_batch(frames)."""
         buf = bytearray(4 << 20)
         view = memoryview(buf)
         have = pos = 0
@@ -160,13 +158,19 @@ class OsPipeTransport:
             if n == 0:
                 return
             have += n
+            frames = []
+            append = frames.append
             while have - pos >= 4:
                 (length,) = unpack(buf, pos)
                 if have - pos - 4 < length:
                     break
-                if on_frame(view[pos + 4 : pos + 4 + length]):
-                    return
+                append(view[pos + 4 : pos + 4 + length])
                 pos += 4 + length
+            if frames:
+                stop = on_batch(frames)
+                del frames
+                if stop:
+                    return
             buf[: have - pos] = buf[pos:have]
             have -= pos
             pos = 0
@@ -196,9 +200,9 @@ class MpPipeTransport:
     def open_reader(self):
         pass
 
-    def recv_frames(self, on_frame) -> None:
+    def recv_frames(self, on_batch) -> None:
         recv = self.rconn.recv_bytes
-        while not on_frame(recv()):
+        while not on_batch([recv()]):
             pass
 
 
@@ -227,9 +231,9 @@ class MpQueueTransport:
     def open_reader(self):
         pass
 
-    def recv_frames(self, on_frame) -> None:
+    def recv_frames(self, on_batch) -> None:
         get = self.queue.get
-        while not on_frame(get()):
+        while not on_batch([get()]):
             pass
 
 
@@ -253,21 +257,21 @@ def _throughput_writer(transport, size, seconds, batch) -> None:
 
 def _throughput_reader(transport, result) -> None:
     transport.open_reader()
-    state = {"frames": 0, "bytes": 0, "start": 0.0}
+    state = {"frames": 0, "bytes": 0, "start": None}
 
-    def on_frame(frame) -> bool:
-        length = len(frame)
-        if length == 0:
-            return True
-        if not state["frames"]:
+    def on_batch(frames) -> bool:
+        """Takes every frame (its length); the first batch only starts the clock."""
+        sizes = list(map(len, frames))
+        if state["start"] is None:
             state["start"] = time.perf_counter()
-        state["frames"] += 1
-        state["bytes"] += length
-        return False
+        else:
+            state["frames"] += len(sizes)
+            state["bytes"] += sum(sizes)
+        return sizes[-1] == 0  # END is the writer's last frame
 
-    transport.recv_frames(on_frame)
+    transport.recv_frames(on_batch)
     elapsed = time.perf_counter() - state["start"]
-    result.send((state["frames"] - 1, state["bytes"], elapsed))  # first frame only starts the clock
+    result.send((state["frames"] - 1, state["bytes"], elapsed))  # minus END
 
 
 def _latency_writer(transport, size, seconds, pace_hz) -> None:
@@ -292,14 +296,15 @@ def _latency_reader(transport, result) -> None:
     transport.open_reader()
     samples = []
 
-    def on_frame(frame) -> bool:
+    def on_batch(frames) -> bool:
         now = time.perf_counter_ns()
-        if len(frame) == 0:
-            return True
-        samples.append(now - _STAMP.unpack_from(frame)[0])
+        for frame in frames:
+            if len(frame) == 0:
+                return True
+            samples.append(now - _STAMP.unpack_from(frame)[0])
         return False
 
-    transport.recv_frames(on_frame)
+    transport.recv_frames(on_batch)
     samples.sort()
     n = len(samples)
     result.send((samples[n // 2] / 1000, samples[min(n - 1, int(n * 0.99))] / 1000) if n else (None, None))
@@ -307,7 +312,7 @@ def _latency_reader(transport, result) -> None:
 
 def _idle_reader(transport, result) -> None:
     transport.open_reader()
-    transport.recv_frames(lambda frame: True)
+    transport.recv_frames(lambda frames: True)
     result.send("done")
 
 

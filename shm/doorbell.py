@@ -5,13 +5,17 @@ Two kinds, because the two consumers sleep differently:
   these shared by all workers, with a timeout equal to its next timer deadline.
 - `EventfdDoorbell` (a Linux eventfd): a network worker sleeps in one selectors call over
   its sockets and this fd. It is created by the supervisor before the children start and
-  inherited (fork, or subprocess.Popen(pass_fds=[bell.fileno()])).
+  inherited (fork, or subprocess.Popen(pass_fds=[bell.fileno()])). `PipeDoorbell` is the
+  same thing on a pipe (two fds), for platforms or tools without eventfd.
+
+Consumer loop (all kinds):
+    bell.drain(); if reader.announce_sleep(): bell.wait(timeout); reader.woke()
 
 Invariants:
 - `ring()` never blocks and never fails for a live doorbell; rings made while nobody sleeps
   accumulate (semaphore count, eventfd counter) and cost the consumer one spurious wakeup.
-- After a wakeup the consumer drains the accumulated rings, so an idle consumer blocks in
-  the kernel and uses no CPU.
+- The consumer drains accumulated rings before announcing sleep (not on the wakeup path,
+  which keeps wakeup latency low), so an idle consumer blocks in the kernel and uses no CPU.
 - A doorbell only says "look again"; the truth is in the rings. It is used with the
   announce-then-recheck protocol of shm.ring (RingReader.announce_sleep) so no wakeup is lost.
 """
@@ -131,8 +135,7 @@ class EventfdDoorbell:
 class PipeDoorbell:
     """A pipe doorbell for a consumer that sleeps in select/epoll (same API as EventfdDoorbell).
 
-    Measured lower wakeup latency than eventfd on our 2-vCPU VM (see scripts/bench_rings.py):
-    a pipe write wakes the reader with the scheduler's "sync" hint. Costs two fds.
+    Measured no latency difference to eventfd on our 2-vCPU VM; costs two fds instead of one.
     """
 
     def __init__(self, fds: tuple[int, int] | None = None) -> None:

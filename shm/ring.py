@@ -429,25 +429,27 @@ class RingReader(_RingEnd):
         pos = self._read_pos
         if pos == head:
             return out
-        data, data_u32, mask, capacity = self._data, self._data_u32, self._mask, self.capacity
+        # Hot path, measured: walk each contiguous run of frames with a local offset and one
+        # bound check per frame (a skip marker's huge length fails the same check).
+        data, data_u32, capacity = self._data, self._data_u32, self.capacity
         append = out.append
-        limit = self.max_payload
-        count = 0
-        while pos < head and count < max_frames:
-            off = pos & mask
-            size = data_u32[off >> 2]
-            if size == SKIP_MARKER:
-                pos += capacity - off
-                if pos > head:
-                    raise RingCorrupt(f"ring {self.name!r}: skip marker at {pos - capacity + off} crosses head {head}")
-                continue
-            end = pos + FRAME_HEADER_BYTES + ((size + 7) & _ALIGN_MASK)
-            if size > limit or end > head:
-                raise RingCorrupt(f"ring {self.name!r}: frame of {size} bytes at {pos} crosses head {head}")
-            start = off + FRAME_HEADER_BYTES
-            append(data[start : start + size])
-            pos = end
-            count += 1
+        left = max_frames
+        while pos < head and left > 0:
+            off = run_start = pos & self._mask
+            run_end = min(capacity, off + head - pos)
+            while left > 0 and off < run_end:
+                size = data_u32[off >> 2]
+                end = off + FRAME_HEADER_BYTES + ((size + 7) & _ALIGN_MASK)
+                if end > run_end:
+                    if size == SKIP_MARKER and run_end == capacity:
+                        off = capacity
+                        break
+                    raise RingCorrupt(f"ring {self.name!r}: frame of {size} bytes at {pos + off - run_start} "
+                                      f"crosses head {head}")
+                append(data[off + FRAME_HEADER_BYTES : off + FRAME_HEADER_BYTES + size])
+                off = end
+                left -= 1
+            pos += off - run_start
         self._read_pos = pos
         return out
 
