@@ -8,12 +8,14 @@ node's purgatory until an append wakes it. Latency = receive time - value timest
 - ``--client confluent`` (default): confluent-kafka Producer (acks=1, linger.ms=0) and Consumer.
 - ``--client raw``: a raw Produce connection (acks=1, one request per record, waiting for its ack)
   and a raw Fetch v11 long-poll loop that decodes the record values.
-Without ``--client`` both run. Records sent during the first ``--warmup-seconds`` are not measured.
+Without ``--client`` both run. Records sent before the consumer received its first record, and
+during ``--warmup-seconds`` after that, are not measured.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import struct
 import sys
@@ -45,6 +47,8 @@ class LatencyRun:
     # After the last send, how long the consumer may still wait for what is missing.
     drain_seconds: float = 5.0
     request_timeout_s: float = 30.0
+    # The consumer must receive its first (warm-up) record within this long.
+    ready_timeout_s: float = 30.0
 
     def value(self, measured: bool) -> bytes:
         stamp = STAMP.pack(time.monotonic_ns(), 1 if measured else 0)
@@ -57,33 +61,50 @@ class LatencyOutcome:
     received: int = 0  # measured records received
     latencies_ns: list[int] = field(default_factory=list)
     send_errors: int = 0
-    elapsed_s: float = 0.0
+    elapsed_s: float = 0.0  # first measured send to last measured receipt
     producer_error: BaseException | None = None
+    ready: threading.Event = field(default_factory=threading.Event)  # the consumer received a record
+    first_measured_send_ns: int = 0
+    last_receive_ns: int = 0
 
 
 def paced_sends(run: LatencyRun, send: Callable[[bytes], None], outcome: LatencyOutcome, stop: threading.Event) -> None:
     """Call send(value) at run.rate per second on an absolute schedule (late sends go at once,
-    they are not skipped), for warm-up + run.seconds."""
+    they are not skipped). Warm-up lasts until the consumer has received a record (a client may
+    take a second to connect to the partition leader) and then run.warmup_seconds; after it,
+    run.seconds * run.rate measured records are sent."""
     interval = 1.0 / run.rate
-    warmup = int(run.warmup_seconds * run.rate)
-    total = warmup + int(run.seconds * run.rate)
+    measured_total = int(run.seconds * run.rate)
     started = time.monotonic()
+    give_up = started + run.ready_timeout_s
+    warm_until = None
     try:
-        for i in range(total):
-            if stop.is_set():
+        for i in itertools.count():
+            if stop.is_set() or outcome.sent >= measured_total:
                 return
             wait = started + i * interval - time.monotonic()
             if wait > 0:
                 time.sleep(wait)
-            send(run.value(measured=i >= warmup))
-            outcome.sent += i >= warmup
+            now = time.monotonic()
+            if warm_until is None:
+                if outcome.ready.is_set():
+                    warm_until = now + run.warmup_seconds
+                elif now > give_up:
+                    raise RuntimeError(f"the consumer received nothing in {run.ready_timeout_s}s")
+            measured = warm_until is not None and now >= warm_until
+            if measured and not outcome.first_measured_send_ns:
+                outcome.first_measured_send_ns = time.monotonic_ns()
+            send(run.value(measured))
+            outcome.sent += measured
     except BaseException as exc:  # the consumer loop re-raises it
         outcome.producer_error = exc
 
 
 def _measure(outcome: LatencyOutcome, value: bytes | memoryview, received_ns: int) -> None:
     sent_ns, measured = STAMP.unpack_from(value, 0)
+    outcome.ready.set()
     if measured:
+        outcome.last_receive_ns = received_ns
         outcome.received += 1
         outcome.latencies_ns.append(received_ns - sent_ns)
 
@@ -92,7 +113,8 @@ def _consume_until(outcome: LatencyOutcome, producer: threading.Thread, run: Lat
                    poll_once: Callable[[], None]) -> None:
     """Run poll_once until the producer is done and every measured record arrived, or the drain bound."""
     started = time.monotonic()
-    hard_stop = started + run.warmup_seconds + run.seconds + run.drain_seconds + run.request_timeout_s
+    hard_stop = started + run.ready_timeout_s + run.warmup_seconds + run.seconds + run.drain_seconds \
+        + run.request_timeout_s
     drain_until = None
     while time.monotonic() < hard_stop:
         if outcome.producer_error is not None:
@@ -104,7 +126,8 @@ def _consume_until(outcome: LatencyOutcome, producer: threading.Thread, run: Lat
             if time.monotonic() > drain_until:
                 break
         poll_once()
-    outcome.elapsed_s = time.monotonic() - started
+    if outcome.received:
+        outcome.elapsed_s = (outcome.last_receive_ns - outcome.first_measured_send_ns) / 1e9
 
 
 # --------------------------------------------------------------------------- confluent
