@@ -19,10 +19,12 @@ operation and reset to ``pending`` (exact, from the timer) just before each purg
 ``watched - pending > purge_interval``. Single-threaded, ``watched - pending`` is exactly the number of
 operations completed since the last purge. Completions never scan watcher lists. The purge itself costs O(entries of the
 operations completed since the last purge), not O(all watcher entries):
-  * batch watcher lists are one append-only log of (key id, op id) entries; each op's entries are contiguous
-    and the op's first position is kept per timer slot. A purge overwrites the entries of completed ops with a
-    tombstone (vectorised), and the log is compacted (order kept) when tombstones > live entries +
-    log_compaction_slack, so the log holds <= 2 x live entries + slack after every purge;
+  * batch watcher lists are one log of (key id, op id) entries; each op's entries are a contiguous range and
+    the range's start is kept per timer slot. A purge overwrites the entries of completed ops with a tombstone
+    (vectorised) and puts their ranges on a free stack per width, which later operations of that width reuse
+    before the log grows; so under a steady load the log neither grows nor needs compacting, whatever the
+    number outstanding. When tombstones > live entries + log_compaction_slack (after the load dropped) the log
+    is compacted in one O(log size) pass, so it holds <= 2 x live entries + slack after every purge;
   * object watcher lists are Python lists per key; a purge filters only the keys whose operations completed.
 ``check_and_complete`` also drops completed operations from the key it walks, as Kafka does.
 
@@ -133,6 +135,10 @@ class Purgatory:
         self._log_ops = np.empty(capacity, np.int64)
         self._log_fill = 0
         self._log_tombstones = 0
+        # Purged ranges, by width, as stacks of start positions: new operations of that width reuse them, so
+        # the log does not grow (nor need compacting) while the number of watched operations is steady.
+        self._free_ranges: dict[int, np.ndarray] = {}
+        self._free_range_count: dict[int, int] = {}
         self._op_log_start = np.zeros(0, np.int64)  # per timer slot: first log position of its op
         self._op_log_width = np.zeros(0, np.int64)  # per timer slot: number of keys (0 = object op)
         self._completed_backlog: list[tuple[np.ndarray, np.ndarray]] = []  # (starts, widths) since last purge
@@ -226,6 +232,8 @@ class Purgatory:
 
     def force_complete(self, op: DelayedOperation) -> bool:
         """Complete an object operation now (satisfied); True only for the call that completed it."""
+        if op._purgatory is not self and op._purgatory is not None:
+            raise ValueError(f"operation belongs to purgatory {op._purgatory.name!r}, not {self.name!r}")
         if op._completed:
             return False
         op._completed = True
@@ -290,16 +298,28 @@ class Purgatory:
             return np.empty(0, np.int64)
         ids = self._timer.add_many(deadlines)
         self._ensure_slot_capacity()
-        start = self._log_fill
-        end = start + count * width
-        if end > len(self._log_ops):
-            self._grow_log(end)
-        self._log_keys[start:end] = keys.ravel()
-        self._log_ops[start:end] = np.repeat(ids, width) if width > 1 else ids
         slots = ids & SLOT_MASK
-        self._op_log_start[slots] = np.arange(start, end, width, dtype=np.int64)
+        free = self._free_range_count.get(width, 0)
+        reused = min(count, free)
+        if reused:  # purged ranges of this width first
+            starts = self._free_ranges[width][free - reused : free].copy()
+            self._free_range_count[width] = free - reused
+            self._log_tombstones -= reused * width
+            positions = (starts[:, None] + np.arange(width, dtype=np.int64)).ravel() if width > 1 else starts
+            self._log_keys[positions] = keys[:reused].ravel()
+            self._log_ops[positions] = np.repeat(ids[:reused], width) if width > 1 else ids[:reused]
+        if reused < count:  # the rest at the end of the log
+            start = self._log_fill
+            end = start + (count - reused) * width
+            if end > len(self._log_ops):
+                self._grow_log(end)
+            self._log_keys[start:end] = keys[reused:].ravel()
+            self._log_ops[start:end] = np.repeat(ids[reused:], width) if width > 1 else ids[reused:]
+            self._log_fill = end
+            appended = np.arange(start, end, width, dtype=np.int64)
+            starts = appended if not reused else np.concatenate((starts, appended))
+        self._op_log_start[slots] = starts
         self._op_log_width[slots] = width
-        self._log_fill = end
         self._watched += count
         self._maybe_purge()
         return ids
@@ -384,6 +404,7 @@ class Purgatory:
             if len(positions):
                 self._log_ops[positions] = TOMBSTONE
                 self._log_tombstones += len(positions)
+                self._free_purged_ranges(starts, widths)
         if self._log_tombstones > (self._log_fill - self._log_tombstones) + self.log_compaction_slack:
             self._compact_log()
         watchers = self._object_watchers
@@ -397,6 +418,26 @@ class Purgatory:
             else:
                 del watchers[key]
         self._dirty_keys.clear()
+
+    def _free_purged_ranges(self, starts: np.ndarray, widths: np.ndarray) -> None:
+        """Push the start of every purged range onto the free stack of its width."""
+        first = int(widths[0])
+        if int(widths.min()) == first == int(widths.max()):
+            groups = [(first, starts)]
+        else:
+            groups = [(int(w), starts[widths == w]) for w in np.unique(widths) if w > 0]
+        for width, group in groups:
+            if width == 0:
+                continue
+            count = self._free_range_count.get(width, 0)
+            stack = self._free_ranges.get(width)
+            if stack is None or count + len(group) > len(stack):
+                grown = np.empty(max(count + len(group), 2 * (0 if stack is None else len(stack)), 64), np.int64)
+                if count:
+                    grown[:count] = stack[:count]
+                stack = self._free_ranges[width] = grown
+            stack[count : count + len(group)] = group
+            self._free_range_count[width] = count + len(group)
 
     def _compact_log(self) -> None:
         """Squeeze tombstones out of the batch watcher log, keeping order (each op's entries stay contiguous)."""
@@ -413,3 +454,4 @@ class Purgatory:
         self._op_log_start[slots[first]] = np.flatnonzero(first)
         self._log_fill = count
         self._log_tombstones = 0
+        self._free_range_count.clear()  # the purged ranges are gone

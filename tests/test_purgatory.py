@@ -229,6 +229,28 @@ def test_batch_purge_tombstones_only_completed_operations_and_compacts():
     assert purgatory.advance(10) == 5
 
 
+def test_steady_load_reuses_purged_ranges_so_the_log_does_not_grow():
+    purgatory = Purgatory("p", purge_interval=50, log_compaction_slack=1 << 30)  # never compacts
+    rng = np.random.default_rng(3)
+    keys = rng.integers(0, 10, (20_000, 3))
+    outstanding = purgatory.watch_many(keys, np.full(20_000, HOUR_MS, np.int64))
+    keys_of = dict(zip(outstanding.tolist(), map(tuple, keys.tolist())))
+    size = purgatory.watcher_log_size
+    for _ in range(100):
+        purgatory.force_complete_many(outstanding[:200])
+        for op_id in outstanding[:200].tolist():
+            del keys_of[op_id]
+        keys = rng.integers(0, 10, (200, 3))
+        fresh = purgatory.watch_many(keys, np.full(200, HOUR_MS, np.int64))
+        keys_of.update(zip(fresh.tolist(), map(tuple, keys.tolist())))
+        outstanding = np.concatenate([outstanding[200:], fresh])
+    assert purgatory.watcher_log_size <= size + 3 * (50 + 200)
+    assert purgatory.pending == 20_000
+    for key in range(10):
+        expected = {op_id for op_id, row in keys_of.items() if key in row}
+        assert set(purgatory.watched_ids(key).tolist()) == expected
+
+
 def test_watcher_log_stays_bounded_over_many_cycles():
     purgatory = Purgatory("p", purge_interval=100)
     rng = np.random.default_rng(7)
@@ -387,6 +409,9 @@ def test_an_operation_cannot_be_handed_in_twice():
         purgatory.try_complete_else_watch(op, ["k"], 10)
     with pytest.raises(ValueError):
         Purgatory("other").try_complete_else_watch(op, ["k"], 10)
+    with pytest.raises(ValueError):
+        Purgatory("other").force_complete(op)  # would cancel an unrelated timer entry there
+    assert purgatory.pending == 1 and purgatory.force_complete(op)
 
 
 def test_unknown_ids_complete_nothing():
