@@ -41,7 +41,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from node.wheel import SLOT_MASK, TimingWheel, WheelConfig, _as_int64_array, _check_int
+from node.wheel import SLOT_MASK, TimingWheel, WheelConfig, _as_int64_array, _check_int, doubled
 
 log = logging.getLogger(__name__)
 
@@ -325,7 +325,7 @@ class Purgatory:
         return ids
 
     def _grow_log(self, needed: int) -> None:
-        capacity = max(needed, 2 * len(self._log_ops))
+        capacity = doubled(len(self._log_ops), needed)
         for name in ("_log_keys", "_log_ops"):
             grown = np.empty(capacity, np.int64)
             grown[: self._log_fill] = getattr(self, name)[: self._log_fill]
@@ -432,7 +432,7 @@ class Purgatory:
             count = self._free_range_count.get(width, 0)
             stack = self._free_ranges.get(width)
             if stack is None or count + len(group) > len(stack):
-                grown = np.empty(max(count + len(group), 2 * (0 if stack is None else len(stack)), 64), np.int64)
+                grown = np.empty(doubled(64 if stack is None else len(stack), count + len(group)), np.int64)
                 if count:
                     grown[:count] = stack[:count]
                 stack = self._free_ranges[width] = grown

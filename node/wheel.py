@@ -66,6 +66,14 @@ _EMPTY.flags.writeable = False  # shared "nothing" result
 NOT_ARMED = None  # expirations can be any int, including negative ones
 
 
+def doubled(capacity: int, needed: int) -> int:
+    """capacity doubled as often as needed: a big batch leaves headroom instead of a full array."""
+    capacity = max(capacity, 1)
+    while capacity < needed:
+        capacity *= 2
+    return capacity
+
+
 @dataclass(frozen=True)
 class WheelConfig:
     """Tunables of a TimingWheel (the timer process builds its wheel from this)."""
@@ -198,7 +206,7 @@ class TimingWheel:
         capacity = len(self._deadline)
         if needed <= capacity:
             return
-        new_capacity = max(needed, 2 * capacity)
+        new_capacity = doubled(capacity, needed)
         for name, fill in (("_deadline", 0), ("_bucket", NO_BUCKET), ("_handle", 0)):
             old = getattr(self, name)
             new = np.full(new_capacity, fill, np.int64)
@@ -257,7 +265,7 @@ class TimingWheel:
         end = fill + len(slots)
         if members is None or end > len(members):
             size = self._bucket_initial_capacity if members is None else len(members)
-            grown = np.empty(max(end, 2 * size), np.int64)
+            grown = np.empty(doubled(size, end), np.int64)
             if fill:
                 grown[:fill] = members[:fill]
             members = self._members[bucket] = grown
