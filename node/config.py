@@ -81,8 +81,8 @@ class FlushConfig:
     # Group commit: fsync dirty partitions this often, or sooner when this many bytes wait.
     flush_interval_ms: int = 5
     flush_bytes: int = 4 * 1024 * 1024
-    # With no append announced, the flusher still checks the table this often (housekeeping).
-    idle_check_interval_ms: int = 1000
+    # Appends no acks=all produce waits on are fsync'd this often (and the flusher's housekeeping).
+    background_flush_interval_ms: int = 1000
     # Producer-state snapshots bound the catch-up scan a worker does on its first idempotent batch.
     producer_snapshot_interval_ms: int = 30_000
     retention_check_interval_ms: int = 300_000

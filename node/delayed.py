@@ -21,21 +21,20 @@ import numpy as np
 from node.purgatory import DelayedOperation
 from shm.table import PartitionTable
 
-# (worker index, request id, expired) -> None
-CompletionSink = Callable[[int, int, bool], None]
+# (operation, expired) -> None; called once per operation
+CompletionSink = Callable[["_TimerOperation", bool], None]
 
 
 class _TimerOperation(DelayedOperation):
-    __slots__ = ("worker", "request_id", "rows", "table", "sink", "registry")
+    __slots__ = ("worker", "request_id", "rows", "table", "sink")
 
     def __init__(self, worker: int, request_id: int, rows: np.ndarray, table: PartitionTable,
-                 sink: CompletionSink, registry: dict) -> None:
+                 sink: CompletionSink) -> None:
         self.worker = worker
         self.request_id = request_id
         self.rows = rows
         self.table = table
         self.sink = sink
-        self.registry = registry
 
     @property
     def key(self) -> tuple[int, int]:
@@ -45,9 +44,8 @@ class _TimerOperation(DelayedOperation):
         return [int(r) for r in np.unique(self.rows)]
 
     def on_complete(self) -> None:
-        self.registry.pop(self.key, None)
         # on_expiration runs after on_complete (Kafka's order): the condition itself tells expiry.
-        self.sink(self.worker, self.request_id, not self.satisfied())
+        self.sink(self, not self.satisfied())
 
     def satisfied(self) -> bool:
         raise NotImplementedError
@@ -62,8 +60,8 @@ class DelayedFetch(_TimerOperation):
     __slots__ = ("min_bytes", "start_bytes")
 
     def __init__(self, worker: int, request_id: int, min_bytes: int, rows: np.ndarray, start_bytes: np.ndarray,
-                 table: PartitionTable, sink: CompletionSink, registry: dict) -> None:
-        super().__init__(worker, request_id, rows, table, sink, registry)
+                 table: PartitionTable, sink: CompletionSink) -> None:
+        super().__init__(worker, request_id, rows, table, sink)
         self.min_bytes = min_bytes
         self.start_bytes = start_bytes
 
@@ -76,8 +74,8 @@ class DelayedProduce(_TimerOperation):
     __slots__ = ("required_offsets",)
 
     def __init__(self, worker: int, request_id: int, rows: np.ndarray, required_offsets: np.ndarray,
-                 table: PartitionTable, sink: CompletionSink, registry: dict) -> None:
-        super().__init__(worker, request_id, rows, table, sink, registry)
+                 table: PartitionTable, sink: CompletionSink) -> None:
+        super().__init__(worker, request_id, rows, table, sink)
         self.required_offsets = required_offsets
 
     def satisfied(self) -> bool:

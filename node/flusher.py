@@ -4,9 +4,11 @@ Invariants:
 - Dirty means `end_bytes > flushed_bytes` in the shared table: the table, not a message, says
   what needs an fsync, so appends made while the timer was down are flushed after its restart.
 - A flush round fsyncs every dirty partition, then reports their rows; acks=all produces waiting
-  on those rows are re-checked by the timer loop. After `mark_dirty()` (an append) the next round
-  runs within `flush_interval_ms` (the group-commit window), or at once after `kick()` (when
-  `flush_bytes` are waiting). With nothing appended the thread sleeps: an idle node does not poll.
+  on those rows are re-checked by the timer loop. After `mark_dirty()` (an acks=all produce
+  waits) the next round runs within `flush_interval_ms` (the group-commit window), or at once
+  after `kick()` (when `flush_bytes` are waiting). Appends nobody waits on (acks=0/1) are flushed
+  by the background round every `background_flush_interval_ms`: like Kafka, acks=1 is answered
+  from the page cache, which survives any process crash.
 - The thread owns its own Partitions view (no sharing with the timer loop); fsync releases the
   GIL, so the timer loop keeps serving timers during a flush.
 - Now and then it also writes producer-state snapshots (bounding a worker's catch-up scan) and
@@ -62,7 +64,7 @@ class Flusher(threading.Thread):
         partitions = Partitions(os.path.abspath(self.config.server.data_dir), self.table, self.config.log,
                                 self.config.topics.max_partitions)
         interval_s = self.config.flush.flush_interval_ms / 1000
-        idle_s = self.config.flush.idle_check_interval_ms / 1000
+        idle_s = self.config.flush.background_flush_interval_ms / 1000
         snapshot_every = self.config.flush.producer_snapshot_interval_ms / 1000
         retention_every = self.config.flush.retention_check_interval_ms / 1000
         next_snapshot = time.monotonic() + snapshot_every

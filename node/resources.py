@@ -3,6 +3,7 @@
 Invariants:
 - The instance id is derived from the data directory and port, so a restart of the same node
   finds (and removes) what a crashed run left in /dev/shm before creating anything.
+- The interest table (delayed fetches per partition row) is written by the timer only.
 - Per worker i: request ring i (worker -> timer), completion ring i (timer -> worker) and
   eventfd doorbell i (inherited by worker i and by the timer). One semaphore doorbell for the timer.
 - The partition table row of every catalogued partition is filled by recovery before any child
@@ -22,6 +23,7 @@ from node.config import NodeConfig
 from node.log import PartitionLog, partition_directory
 from shm import instance as shm_instance
 from shm.doorbell import EventfdDoorbell
+from shm.interest import InterestTable
 from shm.ring import RingConfig
 from shm.table import PartitionTable
 
@@ -35,6 +37,10 @@ def instance_id_for(data_dir: str, port: int) -> str:
 
 def table_name(instance: str) -> str:
     return shm_instance.object_name(instance, "partitions")
+
+
+def interest_name(instance: str) -> str:
+    return shm_instance.object_name(instance, "interest")
 
 
 def ring_config(config: NodeConfig) -> RingConfig:
@@ -66,6 +72,7 @@ class NodeResources:
         instance = shm_instance.Instance.start(instance_id)  # removes a crashed run's leftovers first
         try:
             table = PartitionTable.create(table_name(instance_id), config.topics.max_partitions)
+            InterestTable.create(interest_name(instance_id), config.topics.max_partitions).close()
             recovered = recover_partitions(data_dir, table, config)
             log.info("recovered %d partitions", recovered)
             workers = config.server.worker_count()

@@ -38,11 +38,12 @@ from node.flusher import Flusher
 from node.log import PartitionLog, partition_directory
 from node.partitions import Partitions
 from node.purgatory import Purgatory
-from node.resources import ring_config, table_name
+from node.resources import interest_name, ring_config, table_name
 from shm import frames as F
 from shm import instance as shm_instance
 from shm.doorbell import EventfdDoorbell, SemaphoreDoorbell
 from shm.ring import RingCorrupt, RingReader, RingWriter, announce_sleep_all, woke_all
+from shm.interest import InterestTable, full_fence
 from shm.table import PartitionTable
 from workers.timer_link import OP_LAYOUT, OP_REPLY, OP_TIMER_STARTED
 
@@ -61,6 +62,8 @@ class TimerProcess:
         self.config = config
         self.supervisor_pid = supervisor_pid
         self.table = PartitionTable.attach(table_name(instance))
+        self.interest = InterestTable.attach(interest_name(instance))
+        self.interest.counts[:] = 0  # the only writer; operations of a dead predecessor are gone
         self.data_dir = os.path.abspath(config.server.data_dir)
         self.partitions = Partitions(self.data_dir, self.table, config.log, config.topics.max_partitions)
         self.bell = SemaphoreDoorbell(shm_instance.timer_doorbell_name(instance))
@@ -85,12 +88,15 @@ class TimerProcess:
 
     # -- completions ------------------------------------------------------------------------
 
-    def _complete(self, worker: int, request_id: int, expired: bool) -> None:
-        if (worker, request_id) in self.cancelled:
-            self.cancelled.discard((worker, request_id))
+    def _complete(self, op: Any, expired: bool) -> None:
+        self.operations.pop(op.key, None)
+        if isinstance(op, DelayedFetch):
+            self.interest.add(op.watch_keys(), -1)
+        if op.key in self.cancelled:
+            self.cancelled.discard(op.key)
             return
-        ids, statuses = self._done[worker]
-        ids.append(request_id)
+        ids, statuses = self._done[op.worker]
+        ids.append(op.request_id)
         statuses.append(F.Status.EXPIRED if expired else F.Status.SATISFIED)
 
     def _control(self, worker: int, document: dict) -> None:
@@ -113,29 +119,36 @@ class TimerProcess:
         if op.key in self.operations:  # a re-submission, or a frame delivered twice
             return
         self.operations[op.key] = op
+        if isinstance(op, DelayedFetch):
+            # Interest first, then the table check inside try_complete (see shm.interest).
+            self.interest.add(op.watch_keys(), +1)
+            full_fence()
         purgatory.try_complete_else_watch(op, op.watch_keys(), deadline_ms)
 
     def _delay_fetch(self, worker: int, frame: memoryview) -> None:
         request = F.decode_delay_fetch(frame)
         op = DelayedFetch(worker, request.request_id, request.min_bytes, request.items["partition"].astype(np.int64),
-                          request.items["start_bytes"].copy(), self.table, self._complete, self.operations)
+                          request.items["start_bytes"].copy(), self.table, self._complete)
         self._watch(self.fetches, op, request.deadline_ms)
 
     def _delay_produce(self, worker: int, frame: memoryview) -> None:
         request = F.decode_delay_produce(frame)
         op = DelayedProduce(worker, request.request_id, request.items["partition"].astype(np.int64),
-                            request.items["required_offset"].copy(), self.table, self._complete, self.operations)
+                            request.items["required_offset"].copy(), self.table, self._complete)
+        self._mark_dirty(op.watch_keys())
         self._watch(self.produces, op, request.deadline_ms)
 
     def _appends(self, frame: memoryview) -> None:
         _, items = F.decode_events(frame, F.Kind.APPEND)
         for row in np.unique(items["partition"]).tolist():
             self.fetches.check_and_complete(row)
+
+    def _mark_dirty(self, rows: list[int]) -> None:
+        """An acks=all produce waits on `rows`: flush within the group-commit window, or at once
+        when enough bytes wait. (Appends nobody waits on are flushed in the background.)"""
         self.flusher.mark_dirty()
-        # Group commit sooner when enough bytes wait.
-        state = self.table.read_rows(np.unique(items["partition"]).astype(np.int64))
-        waiting = int((state["end_bytes"] - state["flushed_bytes"]).sum())
-        if waiting >= self.config.flush.flush_bytes:
+        state = self.table.read_rows(np.asarray(rows, dtype=np.int64))
+        if int((state["end_bytes"] - state["flushed_bytes"]).sum()) >= self.config.flush.flush_bytes:
             self.flusher.kick()
 
     def _cancels(self, worker: int, frame: memoryview) -> None:
@@ -297,6 +310,7 @@ class TimerProcess:
         for end in self.readers + self.writers:
             end.close()
         self.partitions.close()
+        self.interest.close()
         return 0
 
 

@@ -32,7 +32,8 @@ from typing import Any, Callable
 from node.cli import setup_logging
 from node.config import NodeConfig
 from node.partitions import Partitions
-from node.resources import table_name
+from node.resources import interest_name, table_name
+from shm.interest import InterestTable, full_fence
 from shm.table import PartitionTable
 from workers import protocol as P
 from workers.connection import Connection, ConnectionClosed, ResponseSlot
@@ -78,6 +79,7 @@ class Worker:
         self.config = config
         self.supervisor_pid = supervisor_pid
         self.table = PartitionTable.attach(table_name(instance))
+        self.interest = InterestTable.attach(interest_name(instance))
         self.partitions = Partitions(os.path.abspath(config.server.data_dir), self.table, config.log,
                                      config.topics.max_partitions)
         self.link = TimerLink(instance, index, config, bell_fd)
@@ -106,8 +108,11 @@ class Worker:
         return self._pid_bits | self._request_seq
 
     def appended(self, row: int, end_offset: int, end_bytes: int) -> None:
-        """Note an append; the timer hears of it once per loop turn (it wakes fetches, marks dirty)."""
-        self._appends[row] = (end_offset, end_bytes)
+        """Note an append. If a delayed fetch watches the partition, the timer hears of it at the end
+        of this loop turn. The fence orders the append (in the table) before the interest read."""
+        full_fence()
+        if self.interest.counts[row]:
+            self._appends[row] = (end_offset, end_bytes)
 
     def _wait(self, req: Request, frame_for: Callable[[int], bytes], deadline_ms: int,
               finish: Callable[[Any], list]) -> object:
@@ -366,6 +371,7 @@ class Worker:
         self.link.close()
         self.partitions.close()
         self.table.close()
+        self.interest.close()
         return 0
 
 
