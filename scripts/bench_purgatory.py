@@ -495,7 +495,8 @@ def median_of(runs: list[dict]) -> dict:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             values = [r[key] for r in runs if isinstance(r.get(key), (int, float))]
             if len(values) == len(runs):
-                merged[key] = statistics.median(values)
+                exact = all(isinstance(v, int) for v in values)  # counts stay ints
+                merged[key] = statistics.median_low(values) if exact else statistics.median(values)
     merged["runs"] = len(runs)
     if len(runs) > 1 and all(r.get("req_per_cpu_s") for r in runs):
         merged["req_per_cpu_s_all"] = [round(r["req_per_cpu_s"]) for r in runs]
@@ -537,22 +538,26 @@ def main(argv=None) -> int:
     failures = 0
     for case in args.case:
         for rate in args.rate:
-            for impl in args.impl:
-                runs = []
-                error = None
-                for _ in range(args.repeat):
+            # Repeats outermost, so the implementations compared share the machine's state as closely as they can.
+            runs: dict[str, list[dict]] = {impl: [] for impl in args.impl}
+            errors: dict[str, str] = {}
+            for _ in range(args.repeat):
+                for impl in args.impl:
+                    if impl in errors:
+                        continue
                     proc = subprocess.run(child_argv(args, impl, case, rate), capture_output=True, text=True,
                                           env={**os.environ, "PYTHONHASHSEED": "0"})
                     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
                     if proc.returncode != 0 or not lines:
-                        error = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
-                        break
-                    runs.append(json.loads(lines[-1]))
-                if error is not None:
+                        errors[impl] = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
+                        continue
+                    runs[impl].append(json.loads(lines[-1]))
+            for impl in args.impl:
+                if impl in errors:
                     failures += 1
-                    print_row({"impl": impl, "case": case, "rate": rate, "error": error}, args.json)
-                    continue
-                print_row(median_of(runs), args.json)
+                    print_row({"impl": impl, "case": case, "rate": rate, "error": errors[impl]}, args.json)
+                else:
+                    print_row(median_of(runs[impl]), args.json)
     return 1 if failures else 0
 
 
