@@ -4,7 +4,8 @@ Invariants:
 - An operation is keyed by (worker, request id); the timer keeps at most one live operation per
   key, so a request re-submitted after a timer restart (or delivered twice by a ring) is ignored.
 - Conditions are read from the shared partition table, never from a message: the table is the
-  truth, append and flush events only say when to look again.
+  truth, append and flush events only say when to look again. Rows are few per request, so
+  each is read with the table's struct path (numpy's fixed cost would dominate).
   * DelayedFetch: bytes appended to the watched partitions since the worker read them
     (end_bytes - start_bytes, summed) reach min_bytes.
   * DelayedProduce: every partition's flushed (fsync'd) offset reaches the offset after the batch.
@@ -16,8 +17,6 @@ from __future__ import annotations
 
 from typing import Callable
 
-import numpy as np
-
 from node.purgatory import DelayedOperation
 from shm.table import PartitionTable
 
@@ -28,7 +27,7 @@ CompletionSink = Callable[["_TimerOperation", bool], None]
 class _TimerOperation(DelayedOperation):
     __slots__ = ("worker", "request_id", "rows", "table", "sink")
 
-    def __init__(self, worker: int, request_id: int, rows: np.ndarray, table: PartitionTable,
+    def __init__(self, worker: int, request_id: int, rows: list[int], table: PartitionTable,
                  sink: CompletionSink) -> None:
         self.worker = worker
         self.request_id = request_id
@@ -41,7 +40,7 @@ class _TimerOperation(DelayedOperation):
         return (self.worker, self.request_id)
 
     def watch_keys(self) -> list[int]:
-        return [int(r) for r in np.unique(self.rows)]
+        return list(dict.fromkeys(self.rows))
 
     def on_complete(self) -> None:
         # on_expiration runs after on_complete (Kafka's order): the condition itself tells expiry.
@@ -59,25 +58,26 @@ class _TimerOperation(DelayedOperation):
 class DelayedFetch(_TimerOperation):
     __slots__ = ("min_bytes", "start_bytes")
 
-    def __init__(self, worker: int, request_id: int, min_bytes: int, rows: np.ndarray, start_bytes: np.ndarray,
+    def __init__(self, worker: int, request_id: int, min_bytes: int, rows: list[int], start_bytes: list[int],
                  table: PartitionTable, sink: CompletionSink) -> None:
         super().__init__(worker, request_id, rows, table, sink)
         self.min_bytes = min_bytes
         self.start_bytes = start_bytes
 
     def satisfied(self) -> bool:
-        end_bytes = self.table.read_rows(self.rows)["end_bytes"]
-        return int(np.maximum(end_bytes - self.start_bytes, 0).sum()) >= self.min_bytes
+        read = self.table.read
+        available = sum(max(0, read(row).end_bytes - start) for row, start in zip(self.rows, self.start_bytes))
+        return available >= self.min_bytes
 
 
 class DelayedProduce(_TimerOperation):
     __slots__ = ("required_offsets",)
 
-    def __init__(self, worker: int, request_id: int, rows: np.ndarray, required_offsets: np.ndarray,
+    def __init__(self, worker: int, request_id: int, rows: list[int], required_offsets: list[int],
                  table: PartitionTable, sink: CompletionSink) -> None:
         super().__init__(worker, request_id, rows, table, sink)
         self.required_offsets = required_offsets
 
     def satisfied(self) -> bool:
-        flushed = self.table.read_rows(self.rows)["flushed_offset"]
-        return bool(np.all(flushed >= self.required_offsets))
+        read = self.table.read
+        return all(read(row).flushed_offset >= required for row, required in zip(self.rows, self.required_offsets))

@@ -27,7 +27,6 @@ import sys
 import time
 from typing import Any
 
-import numpy as np
 import posix_ipc
 
 from node.catalog import CatalogError
@@ -74,8 +73,8 @@ class TimerProcess:
                                    config=rings, takeover=True)
                         for i, fd in enumerate(worker_bell_fds)]
         self.outbox: list[list[bytes]] = [[] for _ in worker_bell_fds]
-        # Completions gathered during one turn, per worker: (request ids, statuses).
-        self._done: list[tuple[list[int], list[int]]] = [([], []) for _ in worker_bell_fds]
+        # Completion items (request id, status, error) gathered during one turn, per worker.
+        self._done: list[list[tuple[int, int, int]]] = [[] for _ in worker_bell_fds]
         timer = config.timer
         now = monotonic_ms()
         self.fetches = Purgatory("fetch", timer.purge_interval, timer.tick_ms, timer.wheel_size, now)
@@ -95,19 +94,16 @@ class TimerProcess:
         if op.key in self.cancelled:
             self.cancelled.discard(op.key)
             return
-        ids, statuses = self._done[op.worker]
-        ids.append(op.request_id)
-        statuses.append(F.Status.EXPIRED if expired else F.Status.SATISFIED)
+        self._done[op.worker].append((op.request_id, F.Status.EXPIRED if expired else F.Status.SATISFIED, 0))
 
     def _control(self, worker: int, document: dict) -> None:
         self.outbox[worker].append(F.encode_control(document))
 
     def _send(self) -> None:
-        for worker, (ids, statuses) in enumerate(self._done):
-            if ids:
-                self.outbox[worker].append(F.encode_events(F.Kind.COMPLETION, request_id=ids, status=statuses,
-                                                           error=[0] * len(ids)))
-                self._done[worker] = ([], [])
+        for worker, items in enumerate(self._done):
+            if items:
+                self.outbox[worker].append(F.encode_rows(F.Kind.COMPLETION, None, items))
+                self._done[worker] = []
         for worker, frames in enumerate(self.outbox):
             if frames:
                 written = self.writers[worker].write_many(frames)
@@ -126,34 +122,34 @@ class TimerProcess:
         purgatory.try_complete_else_watch(op, op.watch_keys(), deadline_ms)
 
     def _delay_fetch(self, worker: int, frame: memoryview) -> None:
-        request = F.decode_delay_fetch(frame)
-        op = DelayedFetch(worker, request.request_id, request.min_bytes, request.items["partition"].astype(np.int64),
-                          request.items["start_bytes"].copy(), self.table, self._complete)
-        self._watch(self.fetches, op, request.deadline_ms)
+        _, (request_id, deadline_ms, min_bytes), items = F.decode_rows(frame, F.Kind.DELAY_FETCH)
+        op = DelayedFetch(worker, request_id, min_bytes, [i[0] for i in items], [i[1] for i in items],
+                          self.table, self._complete)
+        self._watch(self.fetches, op, deadline_ms)
 
     def _delay_produce(self, worker: int, frame: memoryview) -> None:
-        request = F.decode_delay_produce(frame)
-        op = DelayedProduce(worker, request.request_id, request.items["partition"].astype(np.int64),
-                            request.items["required_offset"].copy(), self.table, self._complete)
+        _, (request_id, deadline_ms), items = F.decode_rows(frame, F.Kind.DELAY_PRODUCE)
+        op = DelayedProduce(worker, request_id, [i[0] for i in items], [i[1] for i in items],
+                            self.table, self._complete)
         self._mark_dirty(op.watch_keys())
-        self._watch(self.produces, op, request.deadline_ms)
+        self._watch(self.produces, op, deadline_ms)
 
     def _appends(self, frame: memoryview) -> None:
-        _, items = F.decode_events(frame, F.Kind.APPEND)
-        for row in np.unique(items["partition"]).tolist():
+        _, _, items = F.decode_rows(frame, F.Kind.APPEND)
+        for row in dict.fromkeys(item[0] for item in items):
             self.fetches.check_and_complete(row)
 
     def _mark_dirty(self, rows: list[int]) -> None:
         """An acks=all produce waits on `rows`: flush within the group-commit window, or at once
         when enough bytes wait. (Appends nobody waits on are flushed in the background.)"""
         self.flusher.mark_dirty()
-        state = self.table.read_rows(np.asarray(rows, dtype=np.int64))
-        if int((state["end_bytes"] - state["flushed_bytes"]).sum()) >= self.config.flush.flush_bytes:
+        states = [self.table.read(row) for row in rows]
+        if sum(s.end_bytes - s.flushed_bytes for s in states) >= self.config.flush.flush_bytes:
             self.flusher.kick()
 
     def _cancels(self, worker: int, frame: memoryview) -> None:
-        _, items = F.decode_events(frame, F.Kind.CANCEL)
-        for request_id in items["request_id"].tolist():
+        _, _, items = F.decode_rows(frame, F.Kind.CANCEL)
+        for (request_id,) in items:
             op = self.operations.get((worker, request_id))
             if op is not None:
                 self.cancelled.add((worker, request_id))

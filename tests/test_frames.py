@@ -90,3 +90,34 @@ def test_arbitrary_bytes_never_raise_anything_but_frame_error(data):
             frames.decode_events(data)
     except FrameError:
         pass
+
+
+u64 = st.integers(0, 2**64 - 1)
+i64 = st.integers(-(2**63), 2**63 - 1)
+u32 = st.integers(0, 2**32 - 1)
+
+
+@settings(max_examples=200, deadline=None, database=None)
+@given(request_id=u64, deadline=i64, min_bytes=st.integers(-(2**31), 2**31 - 1),
+       items=st.lists(st.tuples(u32, i64), max_size=20))
+def test_struct_rows_write_the_numpy_layout(request_id, deadline, min_bytes, items):
+    by_numpy = frames.encode_delay_fetch(request_id, deadline, min_bytes, [i[0] for i in items], [i[1] for i in items])
+    by_struct = frames.encode_rows(Kind.DELAY_FETCH, (request_id, deadline, min_bytes), items)
+    assert by_struct == by_numpy
+    assert frames.decode_rows(by_numpy) == (Kind.DELAY_FETCH, (request_id, deadline, min_bytes), items)
+
+
+@settings(max_examples=300, deadline=None, database=None)
+@given(st.binary(max_size=200))
+def test_decode_rows_of_random_bytes_raises_only_frame_error(raw):
+    try:
+        frames.decode_rows(raw)
+    except FrameError:
+        pass
+
+
+def test_encode_rows_rejects_bad_values():
+    with pytest.raises(FrameError):
+        frames.encode_rows(Kind.CANCEL, None, [(-1,)])
+    with pytest.raises(FrameError):
+        frames.encode_rows(Kind.APPEND, None, [(1, 2)])

@@ -67,18 +67,15 @@ class TimerLink:
         return bool(self.backlog)
 
     def send_appends(self, appends: dict[int, tuple[int, int]]) -> None:
-        rows = list(appends)
-        ends = list(appends.values())
-        self.send(F.encode_events(F.Kind.APPEND, partition=rows, end_offset=[e[0] for e in ends],
-                                  end_bytes=[e[1] for e in ends]))
+        self.send(F.encode_rows(F.Kind.APPEND, None, [(row, *end) for row, end in appends.items()]))
 
     @staticmethod
     def delay_produce_frame(request_id: int, deadline_ms: int, waits: list[tuple[int, int]]) -> bytes:
-        return F.encode_delay_produce(request_id, deadline_ms, [w[0] for w in waits], [w[1] for w in waits])
+        return F.encode_rows(F.Kind.DELAY_PRODUCE, (request_id, deadline_ms), waits)
 
     @staticmethod
     def delay_fetch_frame(request_id: int, deadline_ms: int, min_bytes: int, watch: list[tuple[int, int]]) -> bytes:
-        return F.encode_delay_fetch(request_id, deadline_ms, min_bytes, [w[0] for w in watch], [w[1] for w in watch])
+        return F.encode_rows(F.Kind.DELAY_FETCH, (request_id, deadline_ms, min_bytes), watch)
 
     @staticmethod
     def control_frame(request_id: int, payload: dict) -> bytes:
@@ -86,7 +83,7 @@ class TimerLink:
 
     @staticmethod
     def cancel_frame(request_id: int) -> bytes:
-        return F.encode_events(F.Kind.CANCEL, request_id=[request_id])
+        return F.encode_rows(F.Kind.CANCEL, None, [(request_id,)])
 
     # -- receiving ---------------------------------------------------------------------------
 
@@ -108,10 +105,8 @@ class TimerLink:
             try:
                 kind = F.kind_of(frame)
                 if kind == F.Kind.COMPLETION:
-                    _, items = F.decode_events(frame, F.Kind.COMPLETION)
-                    expired = items["status"] != F.Status.SATISFIED
-                    out.extend(Message("completion", int(rid), bool(exp))
-                               for rid, exp in zip(items["request_id"].tolist(), expired.tolist()))
+                    _, _, items = F.decode_rows(frame, F.Kind.COMPLETION)
+                    out.extend(Message("completion", rid, status != F.Status.SATISFIED) for rid, status, _ in items)
                 elif kind == F.Kind.CONTROL:
                     doc = F.decode_control(frame)
                     out.append(Message(doc["op"], int(doc.get("request_id", 0)), doc.get("outcome")))
