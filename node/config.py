@@ -70,6 +70,8 @@ class TimerConfig:
     ring_bytes: int = 4 * 1024 * 1024
     # A worker answers by itself a delayed request this long past its deadline (timer gone).
     delayed_grace_ms: int = 2000
+    # Topic creation and deletion requests wait this long for the timer process.
+    control_timeout_ms: int = 10000
     # The timer process sleeps at most this long even with nothing due (liveness checks).
     max_sleep_ms: int = 500
     # Frames drained per ring per loop turn, so one busy worker cannot starve the others.

@@ -334,3 +334,44 @@ def test_zstd_needs_produce_v7(node):
     with connect(node) as conn:
         old = conn.call(PRODUCE, 6, R.produce_body({"zstd": {0: bytes(batch)}}, acks=1))
         assert old.responses[0].partition_responses[0].error_code == 76  # UNSUPPORTED_COMPRESSION_TYPE
+
+
+def test_timer_killed_during_long_poll_resubmitted_and_answered(node_factory):
+    node = node_factory(workers=1)
+    create_topic(node.bootstrap, "resubmit", 1)
+    with connect(node) as consumer, connect(node) as producer:
+        consumer.send(FETCH, 11, R.fetch_body({"resubmit": {0: 0}}, max_wait_ms=20_000, min_bytes=1))
+        time.sleep(0.3)
+        timer = node.pids("timer")[0]
+        os.kill(timer, 9)
+        node.wait_for_pids("timer", 1, exclude={timer})
+        time.sleep(0.5)  # the new timer announces itself; the worker re-submits the waiting fetch
+        started = time.monotonic()
+        producer.call(PRODUCE, 8, R.produce_body({"resubmit": {0: R.build_record_batch([b"late"])}}, acks=1))
+        _, _, _, body = consumer.recv_response()
+        assert R.parse_fetch_response(11, body).record_count == 1
+        assert time.monotonic() - started < 5, "the re-submitted fetch must complete on the append"
+
+
+def test_segments_roll_and_retention_deletes_old_ones(node_factory):
+    config = ("[log]\nsegment_bytes = 16384\nretention_bytes = 65536\n"
+              "[flush]\nretention_check_interval_ms = 200\n")
+    node = node_factory(workers=1, config=config)
+    create_topic(node.bootstrap, "rolling", 1)
+    with connect(node) as conn:
+        for i in range(60):
+            batch = R.build_record_batch([b"%04d" % i + b"x" * 1000] * 4)
+            assert conn.call(PRODUCE, 8, R.produce_body({"rolling": {0: batch}}, acks=1)) \
+                .responses[0].partition_responses[0].error_code == NONE
+        deadline = time.monotonic() + 10
+        earliest = 0
+        while time.monotonic() < deadline and earliest == 0:
+            time.sleep(0.2)
+            earliest = conn.call(LIST_OFFSETS, 5, R.list_offsets_body({"rolling": [0]}, timestamp=-2)) \
+                .topics[0].partitions[0].offset
+    segments = sorted((node.data_dir / "rolling-0").glob("*.log"))
+    assert earliest > 0, "retention by size must delete whole old segments and advance the log start"
+    assert 2 <= len(segments) <= 8
+    assert int(segments[0].stem) == earliest
+    got = consume_all(node.bootstrap, "rolling", 1, 240 - earliest, **{"auto.offset.reset": "earliest"})
+    assert got[0].offset() == earliest and got[-1].offset() == 239

@@ -134,15 +134,15 @@ class Worker:
                           deadline, finish)
 
     def control_then(self, req: Request, payload: dict, answer: Callable[[dict], list]) -> object:
-        """Send a control request (topic creation/deletion) to the timer; answer with its outcome."""
-        timeout_ms = self.config.timer.delayed_grace_ms * 5
-        deadline = monotonic_ms() + timeout_ms
+        """Send a topic creation or deletion to the timer; answer with its outcome, a document
+        {topic: (error code, message)}. If the timer never answers, every topic times out."""
+        deadline = monotonic_ms() + self.config.timer.control_timeout_ms
+        names = [t[0] if isinstance(t, (list, tuple)) else t for t in payload["topics"]]
 
         def finish(outcome: Any) -> list:
             self.partitions.reload()
             if not isinstance(outcome, dict):  # expired: the timer never answered
-                names = [t[0] if isinstance(t, (list, tuple)) else t for t in payload["topics"]]
-                outcome = {n: (int(E.REQUEST_TIMED_OUT), "timed out") for n in names}
+                outcome = {name: (int(E.REQUEST_TIMED_OUT), "timed out") for name in names}
             return answer(outcome)
 
         return self._wait(req, lambda rid: self.link.control_frame(rid, payload), deadline, finish)
