@@ -34,10 +34,10 @@ Costs: add is O(1) amortised per level it passes through (an entry moves down at
 cancel is O(1) amortised: compaction costs O(pending + cancelled + buckets) and is paid for by the
 > pending + compaction_slack cancels since the previous one. Batches (add_many, cancel_many, advance) cost a
 handful of numpy calls plus a Python step per distinct bucket touched, never a Python step per entry.
-Measured crossover (scripts/bench_purgatory.py --crossover, 2-core dev machine): add_many beats a loop of
-add() from about 5 entries per batch (1.2 us vs 1.3 us per entry at 4, 0.75 vs 1.2 at 8, 0.08 vs 1.2 at 256)
-and cancel_many beats a loop of cancel() from about 8 (0.55 vs 0.55 us at 8, 0.04 vs 0.56 at 256); below that
-the single-entry calls are cheaper.
+Measured crossover (scripts/bench_purgatory.py --crossover, 2-core dev machine, per entry): add_many beats a
+loop of add() somewhere between 4 and 8 entries per batch (1.6 vs 1.3 us at 4, 0.8 vs 1.3 at 8, 0.08 vs 1.3 at
+256), and so does cancel_many against cancel() (1.0 vs 0.6 us at 4, 0.5 vs 0.6 at 8, 0.04 vs 0.6 at 256);
+below that the single-entry calls are cheaper.
 """
 
 from __future__ import annotations
