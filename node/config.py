@@ -39,6 +39,8 @@ class ServerConfig:
     # A length prefix above this closes the connection (Kafka's socket.request.max.bytes).
     request_max_bytes: int = 100 * 1024 * 1024
     listen_backlog: int = 1024
+    # Accepts per readiness event, so a connection storm cannot starve established clients.
+    accepts_per_turn: int = 64
     socket_send_buffer_bytes: int = 1024 * 1024
     socket_receive_buffer_bytes: int = 1024 * 1024
     # On SIGTERM, in-flight responses get this long to finish.
@@ -70,6 +72,8 @@ class TimerConfig:
     ring_bytes: int = 4 * 1024 * 1024
     # A worker answers by itself a delayed request this long past its deadline (timer gone).
     delayed_grace_ms: int = 2000
+    # How often a worker looks for delayed requests the timer failed to answer.
+    self_check_interval_ms: int = 100
     # Topic creation and deletion requests wait this long for the timer process.
     control_timeout_ms: int = 10000
     # The timer process sleeps at most this long even with nothing due (liveness checks).

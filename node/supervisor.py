@@ -55,7 +55,7 @@ class Supervisor:
         self.children: list[Child] = []
         self.stopping = False
         self._lock_fd: int | None = None
-        self.listener: socket.socket | None = None
+        self.listeners: list[socket.socket] = []
         self.resources: NodeResources | None = None
 
     # -- start ---------------------------------------------------------------------------
@@ -72,18 +72,31 @@ class Supervisor:
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         self._lock_fd = fd
 
-    def _listen(self) -> socket.socket:
+    def _listen(self, count: int) -> list[socket.socket]:
+        """One listening socket per worker in one SO_REUSEPORT group: the kernel spreads new
+        connections over the workers (one shared socket would let whichever worker wakes first
+        take them all). The supervisor keeps them open, so connections waiting in a dead worker's
+        backlog are accepted by its replacement, not reset."""
         server = self.config.server
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((server.host, server.port))
-        sock.listen(server.listen_backlog)
-        sock.setblocking(False)
-        sock.set_inheritable(True)
-        return sock
+        # SO_REUSEPORT would let a second node on the same port join our group and take half the
+        # connections: a plain bind first fails with EADDRINUSE if anyone holds the port.
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind((server.host, server.port))
+        sockets = []
+        for _ in range(count):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            sock.bind((server.host, server.port))
+            sock.listen(server.listen_backlog)
+            sock.setblocking(False)
+            sock.set_inheritable(True)
+            sockets.append(sock)
+        return sockets
 
     def _spawn(self, child: Child) -> None:
-        assert self.resources is not None and self.listener is not None
+        assert self.resources is not None
         module = "node.timer_process" if child.role == "timer" else "workers.worker"
         extra_args, fds = self.resources.child_args(child.role, child.index)
         args = [sys.executable, "-m", module,
@@ -92,8 +105,9 @@ class Supervisor:
                 "--config-json", self.config.to_json().decode(),
                 "--supervisor-pid", str(os.getpid())] + extra_args
         if child.role == "worker":
-            args += ["--listen-fd", str(self.listener.fileno())]
-            fds = fds + [self.listener.fileno()]
+            listen_fd = self.listeners[child.index].fileno()
+            args += ["--listen-fd", str(listen_fd)]
+            fds = fds + [listen_fd]
         # Children must not inherit our blocked signal mask.
         child.process = subprocess.Popen(args, pass_fds=fds, close_fds=True,
                                          preexec_fn=_child_setup, cwd=os.getcwd())
@@ -102,9 +116,10 @@ class Supervisor:
 
     def start(self) -> None:
         self._lock_data_dir()
+        workers = self.config.server.worker_count()
+        self.listeners = self._listen(workers)  # first: a taken port fails before anything is created
         self.resources = NodeResources.create(self.instance, self.config, self.data_dir)
-        self.listener = self._listen()
-        self.children = [Child("timer", 0)] + [Child("worker", i) for i in range(self.config.server.worker_count())]
+        self.children = [Child("timer", 0)] + [Child("worker", i) for i in range(workers)]
         for child in self.children:
             self._spawn(child)
 
@@ -113,7 +128,11 @@ class Supervisor:
     def run(self) -> int:
         signal.pthread_sigmask(signal.SIG_BLOCK, _HANDLED)
         try:
-            self.start()
+            try:
+                self.start()
+            except OSError as exc:
+                log.error("cannot start on %s:%d: %s", self.config.server.host, self.config.server.port, exc)
+                return 1
             sdnotify.notify(f"READY=1\nSTATUS=serving on {self.config.server.host}:{self.config.server.port}\nMAINPID={os.getpid()}")
             log.info("serving on %s:%d (instance %s, data %s)", self.config.server.host,
                      self.config.server.port, self.instance, self.data_dir)
@@ -174,8 +193,8 @@ class Supervisor:
     def stop(self) -> None:
         sdnotify.notify("STOPPING=1")
         grace_s = self.config.server.shutdown_grace_ms / 1000
-        if self.listener is not None:
-            self.listener.close()
+        for listener in self.listeners:
+            listener.close()
         self._terminate([c for c in self.children if c.role == "worker"], grace_s)
         self._terminate([c for c in self.children if c.role == "timer"], grace_s)
         if self.resources is not None:

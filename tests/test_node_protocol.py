@@ -7,6 +7,7 @@ import os
 import random
 import socket
 import struct
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -375,3 +376,27 @@ def test_segments_roll_and_retention_deletes_old_ones(node_factory):
     assert int(segments[0].stem) == earliest
     got = consume_all(node.bootstrap, "rolling", 1, 240 - earliest, **{"auto.offset.reset": "earliest"})
     assert got[0].offset() == earliest and got[-1].offset() == 239
+
+
+def test_failed_auto_create_answers_instead_of_retrying_forever(node_factory):
+    node = node_factory(workers=1, config="[topics]\nmax_partitions = 2\nnum_partitions = 2\n")
+    create_topic(node.bootstrap, "fills-the-node", 2)
+    with connect(node) as conn:
+        started = time.monotonic()
+        result = conn.call(PRODUCE, 8, R.produce_body({"no-room": {0: R.build_record_batch([b"x"])}}, acks=1))
+        assert result.responses[0].partition_responses[0].error_code == UNKNOWN_TOPIC_OR_PARTITION
+        metadata = conn.call(METADATA, 8, R.metadata_body(["no-room"]))
+        assert metadata.topics[0].error_code == UNKNOWN_TOPIC_OR_PARTITION
+        assert time.monotonic() - started < 5
+
+
+def test_second_node_on_the_same_port_is_refused(node_factory, tmp_path):
+    first = node_factory(workers=2)
+    second = subprocess.run([sys.executable, "-m", "node.cli", "serve", "--listen", first.bootstrap,
+                             "--data-dir", str(tmp_path / "other-data"), "--workers", "1"],
+                            capture_output=True, text=True, timeout=CLIENT_TIMEOUT_S,
+                            cwd=Path(__file__).resolve().parent.parent)
+    assert second.returncode != 0
+    assert "Address already in use" in second.stderr
+    with connect(first) as conn:
+        assert conn.call(API_VERSIONS, 3, R.api_versions_body(3)).error_code == NONE

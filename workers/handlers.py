@@ -109,17 +109,18 @@ class Handlers:
 
     # -- Metadata ----------------------------------------------------------------------------
 
-    def metadata(self, req: Any, request: Any) -> Any:
+    def metadata(self, req: Any, request: Any, auto_create: bool = True) -> Any:
         version = req.header.api_version
         if request.topics is None or (version == 0 and not request.topics):
             names = sorted(self.partitions.catalog.topics)
         else:
             names = [t.name for t in request.topics]
-        allow_create = self.config.topics.auto_create_topics and getattr(request, "allow_auto_topic_creation", True)
+        allow_create = (auto_create and self.config.topics.auto_create_topics
+                        and getattr(request, "allow_auto_topic_creation", True))
         missing = [n for n in names if self.partitions.topic_partitions(n) is None and valid_topic_name(n)]
         if missing and allow_create:
             return self.worker.create_topics_then(req, [(n, self.config.topics.num_partitions) for n in missing],
-                                                  lambda: self.metadata(req, request))
+                                                  lambda: self.metadata(req, request, auto_create=False))
         server = self.config.server
         node_id = server.node_id
         topics = []
@@ -221,14 +222,14 @@ class Handlers:
 
     # -- Produce -----------------------------------------------------------------------------
 
-    def produce(self, req: Any, request: P.ProduceRequestView) -> Any:
+    def produce(self, req: Any, request: P.ProduceRequestView, auto_create: bool = True) -> Any:
         acks = request.acks
-        if self.config.topics.auto_create_topics:
+        if auto_create and self.config.topics.auto_create_topics:
             missing = sorted({t.name for t in request.topics
                               if self.partitions.topic_partitions(t.name) is None and valid_topic_name(t.name)})
             if missing:
                 return self.worker.create_topics_then(req, [(n, self.config.topics.num_partitions) for n in missing],
-                                                      lambda: self.produce(req, request))
+                                                      lambda: self.produce(req, request, auto_create=False))
         now_ms = self.worker.wall_ms()
         topics: list[ProduceTopicResult] = []
         waits: list[tuple[int, int]] = []  # (row, offset that must be flushed) for acks=all

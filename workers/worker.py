@@ -45,10 +45,6 @@ from workers.timer_link import OP_LAYOUT, OP_REPLY, OP_TIMER_STARTED, Message, T
 log = logging.getLogger("shmbroker.worker")
 
 _ACCEPT, _BELL, _WAKEUP = "accept", "bell", "wakeup"
-# Accepts per readiness event, so a connection storm cannot starve established clients.
-_ACCEPTS_PER_TURN = 64
-# How often the worker looks for delayed requests the timer failed to answer.
-_SELF_CHECK_MS = 100
 
 
 def monotonic_ms() -> int:
@@ -148,7 +144,8 @@ class Worker:
         return self._wait(req, lambda rid: self.link.control_frame(rid, payload), deadline, finish)
 
     def create_topics_then(self, req: Request, topics: list[tuple[str, int]], rerun: Callable[[], Any]) -> object:
-        """Auto-create `topics`, then run the request again (it will find them)."""
+        """Auto-create `topics`, then run the request again; `rerun` must not auto-create again
+        (a creation that failed, e.g. the node is full, then answers UNKNOWN_TOPIC_OR_PARTITION)."""
 
         def after(outcome: dict) -> list:
             result = rerun()
@@ -161,7 +158,7 @@ class Worker:
     # -- connections -------------------------------------------------------------------------
 
     def _accept(self) -> None:
-        for _ in range(_ACCEPTS_PER_TURN):
+        for _ in range(self.config.server.accepts_per_turn):
             try:
                 sock, peer = self.listener.accept()
             except (BlockingIOError, InterruptedError):
@@ -329,7 +326,8 @@ class Worker:
                     self._begin_stop()
                 if self._stop_done():
                     break
-            timeout = _SELF_CHECK_MS / 1000 if self.waiting or self._stopping_since else None
+            self_check_ms = self.config.timer.self_check_interval_ms
+            timeout = self_check_ms / 1000 if self.waiting or self._stopping_since else None
             if self.link.backlogged():
                 timeout = 0.001
             if not self.link.announce_sleep():
@@ -360,7 +358,7 @@ class Worker:
             self.link.flush()
             now = monotonic_ms()
             if self.waiting and now >= self._next_self_check:
-                self._next_self_check = now + _SELF_CHECK_MS
+                self._next_self_check = now + self_check_ms
                 self._self_answer(now)
             if self._dirty:
                 dirty, self._dirty = self._dirty, set()
