@@ -1,29 +1,28 @@
 # Two entry points: `make run` and `make test`. Everything they need is set up here,
 # so a fresh Debian machine with only Python 3.11 and make is enough.
-PYTHON ?= python3.11
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# Debian packages, installed only when missing (root, or sudo when there is one).
+APT_INSTALL = SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
+	$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq
 
-.PHONY: run test venv sysdeps clean bench
+.PHONY: run test venv sysdeps clean
 
 $(STAMP): pyproject.toml
-	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "need $(PYTHON)"; exit 1; }
-	$(PYTHON) -m venv $(VENV)
+	@test -n "$(PYTHON)" || { echo "make: Python 3.11 is needed"; exit 1; }
+	@# Debian ships venv's pip bootstrap separately (python3-venv, which pulls python3.11-venv).
+	$(PYTHON) -m venv $(VENV) || { rm -rf $(VENV); $(APT_INSTALL) python3-venv; $(PYTHON) -m venv $(VENV); }
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[test]'
 	touch $(STAMP)
 
 venv: $(STAMP)
 
-# System packages the tests use, from the distribution, only when missing.
+# System packages the tests use (kcat), from the distribution, only when missing.
 sysdeps:
-	@missing=""; \
-	command -v kcat >/dev/null 2>&1 || missing="$$missing kcat"; \
-	if [ -n "$$missing" ]; then \
-	  SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
-	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing; \
-	fi
+	@command -v kcat >/dev/null 2>&1 || { $(APT_INSTALL) kcat; }
 
 # The node on 127.0.0.1:9092 with its data in ./data, until Ctrl-C (a clean stop).
 run: venv
