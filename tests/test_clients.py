@@ -35,21 +35,26 @@ def produce(bootstrap: str, topic: str, records: list[dict], **config) -> list:
     return delivered
 
 
-def consume_all(bootstrap: str, topic: str, partitions: int, expected: int, **config) -> list:
+def consume_all(bootstrap: str, topic: str, partitions: int, expected: int, *, at_least: bool = False,
+                **config) -> list:
+    """Every record from offset 0: exactly `expected` of them, or with `at_least` all there are
+    once `expected` arrived and nothing more came for a second (unacknowledged records may be there)."""
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "unused-assign-only",
                          "enable.auto.commit": False, **config})
     consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
     got = []
-    deadline = time.monotonic() + CLIENT_TIMEOUT_S
-    while len(got) < expected and time.monotonic() < deadline:
-        msg = consumer.poll(0.5)
+    quiet_since = time.monotonic()
+    deadline = quiet_since + CLIENT_TIMEOUT_S
+    while time.monotonic() < deadline and (len(got) < expected or at_least and time.monotonic() - quiet_since < 1):
+        msg = consumer.poll(0.2)
         if msg is None:
             continue
         if msg.error():
             raise KafkaException(msg.error())
         got.append(msg)
+        quiet_since = time.monotonic()
     # Nothing more than expected arrives.
-    extra = consumer.poll(0.5)
+    extra = None if at_least else consumer.poll(0.5)
     consumer.close()
     assert extra is None or extra.error() is not None
     return got

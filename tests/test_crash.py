@@ -119,23 +119,7 @@ def test_kill9_everything_loses_nothing_acknowledged(node_factory, workers):
     acked = set(load.acked)  # nothing can be acknowledged after the kill
     load.stop(flush=False)
     node.start()
-    got = consume_all_at_least(node.bootstrap, "acked", 3, len(acked))
+    got = consume_all(node.bootstrap, "acked", 3, len(acked), at_least=True)
     missing = acked - {m.value() for m in got}
     assert not missing, f"{len(missing)} acknowledged records lost, e.g. {sorted(missing)[:5]}"
 
-
-def consume_all_at_least(bootstrap: str, topic: str, partitions: int, minimum: int) -> list:
-    """Everything in the topic (at least `minimum` records): unacknowledged in-flight records may be there too."""
-    from confluent_kafka import Consumer, TopicPartition
-
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "unused", "enable.auto.commit": False})
-    consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
-    got, quiet_since = [], time.monotonic()
-    deadline = time.monotonic() + CLIENT_TIMEOUT_S
-    while time.monotonic() < deadline and (len(got) < minimum or time.monotonic() - quiet_since < 1.0):
-        msg = consumer.poll(0.2)
-        if msg is not None and not msg.error():
-            got.append(msg)
-            quiet_since = time.monotonic()
-    consumer.close()
-    return got
