@@ -19,15 +19,16 @@ import re
 from dataclasses import dataclass, field
 
 import orjson
+from kio.schema.errors import ErrorCode
 
 CATALOG_FILE = "catalog.json"
 _LEGAL_NAME = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")
 
 
 class CatalogError(Exception):
-    def __init__(self, code: int, message: str) -> None:
+    def __init__(self, code: ErrorCode, message: str) -> None:
         super().__init__(message)
-        self.code = code
+        self.code = int(code)
 
 
 def valid_topic_name(name: str) -> bool:
@@ -109,15 +110,15 @@ class Catalog:
     def add_topic(self, name: str, partitions: int) -> TopicEntry:
         """Assign rows for a new topic (not saved). Raises CatalogError with Kafka's codes."""
         if not valid_topic_name(name):
-            raise CatalogError(17, f"illegal topic name {name!r}")  # INVALID_TOPIC_EXCEPTION
+            raise CatalogError(ErrorCode.invalid_topic_exception, f"illegal topic name {name!r}")
         if name in self.topics:
-            raise CatalogError(36, f"topic {name!r} exists")  # TOPIC_ALREADY_EXISTS
+            raise CatalogError(ErrorCode.topic_already_exists, f"topic {name!r} exists")
         if partitions <= 0:
-            raise CatalogError(37, f"partitions must be positive, got {partitions}")  # INVALID_PARTITIONS
+            raise CatalogError(ErrorCode.invalid_partitions, f"partitions must be positive, got {partitions}")
         used = self.used_rows()
         free = [row for row in range(self.max_partitions) if row not in used][:partitions]
         if len(free) < partitions:
-            raise CatalogError(37, f"node holds at most {self.max_partitions} partitions")
+            raise CatalogError(ErrorCode.invalid_partitions, f"node holds at most {self.max_partitions} partitions")
         entry = TopicEntry(name, free)
         self.topics[name] = entry
         return entry
@@ -125,5 +126,5 @@ class Catalog:
     def remove_topic(self, name: str) -> TopicEntry:
         entry = self.topics.pop(name, None)
         if entry is None:
-            raise CatalogError(3, f"unknown topic {name!r}")  # UNKNOWN_TOPIC_OR_PARTITION
+            raise CatalogError(ErrorCode.unknown_topic_or_partition, f"unknown topic {name!r}")
         return entry

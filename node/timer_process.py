@@ -28,6 +28,7 @@ import time
 from typing import Any
 
 import posix_ipc
+from kio.schema.errors import ErrorCode
 
 from node.catalog import CatalogError
 from node.cli import setup_logging
@@ -47,8 +48,6 @@ from shm.table import PartitionTable
 from workers.timer_link import OP_LAYOUT, OP_REPLY, OP_TIMER_STARTED
 
 log = logging.getLogger("shmbroker.timer")
-
-_UNKNOWN_TOPIC_OR_PARTITION = 3
 
 
 def monotonic_ms() -> int:
@@ -207,7 +206,7 @@ class TimerProcess:
         for name in names:
             entry = catalog.topics.get(name)
             if entry is None:
-                outcome[name] = (_UNKNOWN_TOPIC_OR_PARTITION, f"unknown topic {name!r}")
+                outcome[name] = (int(ErrorCode.unknown_topic_or_partition), f"unknown topic {name!r}")
                 continue
             doomed.append(entry)
             catalog.remove_topic(name)

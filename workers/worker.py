@@ -40,7 +40,7 @@ from workers.connection import Connection, ConnectionClosed, ResponseSlot
 from workers import errors as E
 from workers.errors import ProtocolError
 from workers.handlers import DEFERRED, NO_RESPONSE, Handlers
-from workers.timer_link import OP_LAYOUT, OP_REPLY, OP_TIMER_STARTED, Message, TimerLink
+from workers.timer_link import OP_LAYOUT, OP_TIMER_STARTED, Message, TimerLink
 
 log = logging.getLogger("shmbroker.worker")
 
