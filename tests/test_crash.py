@@ -123,3 +123,21 @@ def test_kill9_everything_loses_nothing_acknowledged(node_factory, workers):
     missing = acked - {m.value() for m in got}
     assert not missing, f"{len(missing)} acknowledged records lost, e.g. {sorted(missing)[:5]}"
 
+
+
+def test_supervisor_killed_children_follow_and_restart_recovers(node_factory):
+    import psutil
+
+    node = node_factory(workers=2)
+    create_topic(node.bootstrap, "orphans", 1)
+    sent = [{"value": f"o{i}".encode(), "partition": 0} for i in range(100)]
+    produce(node.bootstrap, "orphans", sent, acks="all")
+    children = node.children()
+    assert len(children) == 3
+    os.kill(node.proc.pid, signal.SIGKILL)
+    node.proc.wait(timeout=CLIENT_TIMEOUT_S)
+    _, alive = psutil.wait_procs(children, timeout=CLIENT_TIMEOUT_S)
+    assert alive == [], "children must not outlive their supervisor (they would hold the port and rings)"
+    node.start()  # same port and data dir: the dead instance's shared memory is cleared first
+    got = consume_all(node.bootstrap, "orphans", 1, len(sent))
+    assert [m.value() for m in got] == [r["value"] for r in sent]

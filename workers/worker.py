@@ -320,6 +320,10 @@ class Worker:
         self.selector.register(self._wakeup_r, selectors.EVENT_READ, _WAKEUP)
         stop_started = False
         while True:
+            if self._stopping_since is None and os.getppid() != self.supervisor_pid:
+                # Normally PR_SET_PDEATHSIG has killed us already; this covers a lost signal.
+                log.error("supervisor is gone: stopping")
+                self._stopping_since = time.monotonic()
             if self._stopping_since is not None:
                 if not stop_started:
                     stop_started = True
