@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol, Sequence, Union
 
 from workers.errors import ProtocolError
+from workers.wire_layout import I16, I32, SIZE_AND_CORRELATION, compile_fields
 
 FETCH_MIN_VERSION = 4
 FETCH_MAX_VERSION = 11
@@ -136,9 +137,6 @@ _PARTITION_FIELDS = (
     ("records_length", "i", 0),
 )
 
-_SIZE_AND_CORRELATION = struct.Struct(">ii")
-_I16 = struct.Struct(">h")
-_I32 = struct.Struct(">i")
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,14 +148,10 @@ class _Layout:
 
 
 def _compile(version: int) -> _Layout:
-    top = tuple(f for f in _TOP_LEVEL_FIELDS if f[2] <= version)
-    part = tuple(f for f in _PARTITION_FIELDS if f[2] <= version)
-    return _Layout(
-        top=struct.Struct(">" + "".join(code for _, code, _ in top)),
-        top_fields=tuple(name for name, _, _ in top),
-        partition=struct.Struct(">" + "".join(code for _, code, _ in part)),
-        partition_fields=tuple(name for name, _, _ in part if name != "records_length"),
-    )
+    top, top_fields = compile_fields(_TOP_LEVEL_FIELDS, version)
+    partition, partition_fields = compile_fields(_PARTITION_FIELDS, version)
+    return _Layout(top=top, top_fields=top_fields, partition=partition,
+                   partition_fields=tuple(name for name in partition_fields if name != "records_length"))
 
 
 _LAYOUTS = {v: _compile(v) for v in range(FETCH_MIN_VERSION, FETCH_MAX_VERSION + 1)}
@@ -183,13 +177,13 @@ def encode_fetch_response(
     head = bytearray(8)  # size + correlation id, patched at the end
     try:
         head += layout.top.pack(*[top_values[n] for n in layout.top_fields])
-        head += _I32.pack(len(topics))
+        head += I32.pack(len(topics))
         total = 0
         for topic in topics:
             name = topic.name.encode("utf-8")
-            head += _I16.pack(len(name))
+            head += I16.pack(len(name))
             head += name
-            head += _I32.pack(len(topic.partitions))
+            head += I32.pack(len(topic.partitions))
             for p in topic.partitions:
                 records_length = p.records_length()
                 head += pack_partition(*[getattr(p, n) for n in names], records_length)
@@ -202,7 +196,7 @@ def encode_fetch_response(
         if head:
             pieces.append(head)
             total += len(head)
-        _SIZE_AND_CORRELATION.pack_into(pieces[0], 0, total - 4, correlation_id)
+        SIZE_AND_CORRELATION.pack_into(pieces[0], 0, total - 4, correlation_id)
     except (struct.error, UnicodeEncodeError, OverflowError, TypeError, AttributeError) as exc:
         raise ProtocolError(f"fetch: cannot encode response: {exc}") from None
     return FetchResponseFrame(pieces, total)

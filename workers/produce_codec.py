@@ -42,12 +42,11 @@ from dataclasses import dataclass, field
 from typing import NamedTuple, Sequence
 
 from workers.errors import ProtocolError
+from workers.wire_layout import I16, I32, SIZE_AND_CORRELATION, compile_fields
 
 PRODUCE_MIN_VERSION = 3
 PRODUCE_MAX_VERSION = 8
 
-_I16 = struct.Struct(">h")
-_I32 = struct.Struct(">i")
 _ACKS_TIMEOUT_COUNT = struct.Struct(">hii")  # acks, timeout_ms, topic count
 _PARTITION_HEAD = struct.Struct(">ii")  # partition index, records length
 
@@ -79,7 +78,7 @@ class ProduceRequestView(NamedTuple):
 def _read_string(body: memoryview, pos: int, end: int, nullable: bool) -> tuple[str | None, int]:
     if pos + 2 > end:
         raise ProtocolError("produce: truncated string length")
-    (length,) = _I16.unpack_from(body, pos)
+    (length,) = I16.unpack_from(body, pos)
     pos += 2
     if length < 0:
         if length == -1 and nullable:
@@ -116,7 +115,7 @@ def decode_produce_request(version: int, body: memoryview) -> ProduceRequestView
         name, pos = _read_string(body, pos, end, nullable=False)
         if pos + 4 > end:
             raise ProtocolError("produce: truncated partition count")
-        (partition_count,) = _I32.unpack_from(body, pos)
+        (partition_count,) = I32.unpack_from(body, pos)
         pos += 4
         if partition_count < 0 or partition_count * _MIN_PARTITION_BYTES > end - pos:
             raise ProtocolError(f"produce: invalid partition count {partition_count}")
@@ -171,24 +170,18 @@ _RESPONSE_PARTITION_FIELDS = (
 )
 _RECORD_ERRORS_SINCE = 8
 _THROTTLE_TIME_SINCE = 1
-_SIZE_AND_CORRELATION = struct.Struct(">ii")
-_NULL_STRING = _I16.pack(-1)
-_EMPTY_ARRAY = _I32.pack(0)
+_NULL_STRING = I16.pack(-1)
+_EMPTY_ARRAY = I32.pack(0)
 
 
-def _compile_partition_layout(version: int) -> tuple[struct.Struct, tuple[str, ...]]:
-    present = [f for f in _RESPONSE_PARTITION_FIELDS if f[2] <= version]
-    return struct.Struct(">" + "".join(code for _, code, _ in present)), tuple(n for n, _, _ in present)
-
-
-_RESPONSE_LAYOUTS = {v: _compile_partition_layout(v) for v in range(PRODUCE_MIN_VERSION, PRODUCE_MAX_VERSION + 1)}
+_RESPONSE_LAYOUTS = {v: compile_fields(_RESPONSE_PARTITION_FIELDS, v) for v in range(PRODUCE_MIN_VERSION, PRODUCE_MAX_VERSION + 1)}
 
 
 def _nullable_string(text: str | None) -> bytes:
     if text is None:
         return _NULL_STRING
     raw = text.encode("utf-8")
-    return _I16.pack(len(raw)) + raw
+    return I16.pack(len(raw)) + raw
 
 
 def encode_produce_response(
@@ -205,26 +198,26 @@ def encode_produce_response(
     with_record_errors = version >= _RECORD_ERRORS_SINCE
     out = bytearray(8)  # size and correlation id, patched at the end
     try:
-        out += _I32.pack(len(topics))
+        out += I32.pack(len(topics))
         for topic in topics:
             name = topic.name.encode("utf-8")
-            out += _I16.pack(len(name))
+            out += I16.pack(len(name))
             out += name
-            out += _I32.pack(len(topic.partitions))
+            out += I32.pack(len(topic.partitions))
             for p in topic.partitions:
                 out += partition_struct.pack(*[getattr(p, n) for n in names])
                 if with_record_errors:
                     if p.record_errors:
-                        out += _I32.pack(len(p.record_errors))
+                        out += I32.pack(len(p.record_errors))
                         for batch_index, message in p.record_errors:
-                            out += _I32.pack(batch_index)
+                            out += I32.pack(batch_index)
                             out += _nullable_string(message)
                     else:
                         out += _EMPTY_ARRAY
                     out += _nullable_string(p.error_message)
         if version >= _THROTTLE_TIME_SINCE:
-            out += _I32.pack(throttle_time_ms)
-        _SIZE_AND_CORRELATION.pack_into(out, 0, len(out) - 4, correlation_id)
+            out += I32.pack(throttle_time_ms)
+        SIZE_AND_CORRELATION.pack_into(out, 0, len(out) - 4, correlation_id)
     except (struct.error, UnicodeEncodeError, OverflowError, TypeError) as exc:
         raise ProtocolError(f"produce: cannot encode response: {exc}") from None
     return bytes(out)
