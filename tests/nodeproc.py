@@ -38,7 +38,7 @@ def api_versions_roundtrip(port: int, timeout: float = 2.0) -> bool:
 
 class NodeProcess:
     def __init__(self, tmp_path: Path, workers: int = 1, config: str = "", port: int | None = None,
-                 data_dir: Path | None = None) -> None:
+                 data_dir: Path | None = None, env: dict[str, str] | None = None) -> None:
         self.tmp_path = tmp_path
         self.workers = workers
         self.port = port or free_port()
@@ -47,6 +47,7 @@ class NodeProcess:
         self.config_path.write_text(config)
         self.log_path = tmp_path / f"node-{self.port}.log"
         self.proc: subprocess.Popen | None = None
+        self.env = env
 
     @property
     def instance(self) -> str:
@@ -64,7 +65,9 @@ class NodeProcess:
         args = [sys.executable, "-m", "node.cli", "serve", "--config", str(self.config_path),
                 "--listen", self.bootstrap, "--data-dir", str(self.data_dir), "--workers", str(self.workers)]
         log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, cwd=Path(__file__).parent.parent)
+        env = {**os.environ, **self.env} if self.env else None
+        self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, cwd=Path(__file__).parent.parent,
+                                     env=env)
         log.close()
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:

@@ -141,3 +141,17 @@ def test_supervisor_killed_children_follow_and_restart_recovers(node_factory):
     node.start()  # same port and data dir: the dead instance's shared memory is cleared first
     got = consume_all(node.bootstrap, "orphans", 1, len(sent))
     assert [m.value() for m in got] == [r["value"] for r in sent]
+
+
+def test_systemd_notify_ready_then_stopping(node_factory, tmp_path):
+    import socket
+
+    address = str(tmp_path / "notify.sock")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as listener:
+        listener.bind(address)
+        listener.settimeout(CLIENT_TIMEOUT_S)
+        node = node_factory(workers=1, env={"NOTIFY_SOCKET": address})
+        ready = listener.recv(4096).decode()
+        assert "READY=1" in ready and f"MAINPID={node.proc.pid}" in ready
+        assert node.stop() == 0
+        assert "STOPPING=1" in listener.recv(4096).decode()
