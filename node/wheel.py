@@ -12,32 +12,39 @@ Shape (u = tick_ms, n = wheel_size, p_L = n**L ticks per bucket at level L):
     are re-placed in finer levels (or fire if already due); only level 0 fires.
   * The clock is a heapq of (bucket expiration tick, bucket id), one entry per bucket holding references, so
     at most levels * n entries. The owner sleeps until ``next_expiration()``; nothing is polled per tick.
-  * Entry storage is numpy arrays indexed by slot: deadline, bucket id (< 0 = not live), handle. A slot
-    is reused through a free list (a numpy stack); arrays grow by doubling. Each bucket holds a numpy array of
-    slot references (its member list) that also grows by doubling.
-  * A handle is (generation << 32) | slot; the generation changes when a slot is freed, so a handle of a fired
-    or cancelled entry never aliases a later entry (until the 31-bit generation of that slot wraps).
+  * Entry storage is two numpy arrays indexed by slot: the deadline, and ``live`` (the entry's handle while it
+    is live, a negative value otherwise). A slot is reused through a free list (a numpy stack); arrays grow by
+    doubling. Each bucket holds a numpy array of slot references (its member list) that grows by doubling.
+  * A handle is (epoch << 32) | slot, where the epoch counts allocating calls (add, add_many) modulo 2**31.
+    A handle is live iff live[slot] == handle, so a handle of a fired or cancelled entry never aliases a later
+    entry of its slot until 2**31 allocating calls later. One comparison tells liveness, and ending an entry
+    is one store: no generation to bump, no per-entry bucket id to keep.
 
 Invariants (hold after every public call):
   I1  Never early: an entry fires at the first advance(now) with now >= ceil(d / u) * u, which is >= d.
   I2  Never more than one tick late: after advance(now) every entry with ceil(d / u) * u <= now has fired,
       so for integer deadlines an unfired entry has d > now - u (with u = 1 ms: d > now exactly).
   I3  ``pending`` is exact: live entries only; cancelled and fired entries never count.
-  I4  Every allocated slot is referenced exactly once by a bucket's member array. Cancel is lazy: it clears
-      the slot's bucket id negative (O(1)) and leaves the reference; the slot is reclaimed when its bucket is drained or
+  I4  Every allocated slot is referenced exactly once by a bucket's member array. Cancel is lazy: it makes
+      live[slot] negative (O(1)) and leaves the reference; the slot is reclaimed when its bucket is drained or
       by compaction. Compaction runs when cancelled-unreclaimed > pending + compaction_slack, hence
       slots_in_use = pending + cancelled_unreclaimed <= 2 * pending + compaction_slack.
   I5  Every bucket with references has exactly one heap entry; a bucket is only re-armed with a new
       expiration after it was drained (windows of distinct buckets at one level never share a slot).
+  I6  Unknown handles never match: the last slot (capacity - 1) is never handed out and holds 0, and every
+      negative live[] value has slot bits >= 2**31 > capacity. A lookup clips an out-of-range slot to that
+      sentinel, whose 0 never equals a handle whose slot bits reach it, and a negative value at slot s never
+      equals a handle whose slot bits are s. So ``live.take(handle & SLOT_MASK, mode="clip") == handle`` is the
+      whole liveness test, for any int64.
 
 Costs: add is O(1) amortised per level it passes through (an entry moves down at most once per level);
 cancel is O(1) amortised: compaction costs O(pending + cancelled + buckets) and is paid for by the
 > pending + compaction_slack cancels since the previous one. Batches (add_many, cancel_many, advance) cost a
 handful of numpy calls plus a Python step per distinct bucket touched, never a Python step per entry.
 Measured crossover (scripts/bench_purgatory.py --crossover, 2-core dev machine, per entry): add_many beats a
-loop of add() somewhere between 4 and 8 entries per batch (1.6 vs 1.3 us at 4, 0.8 vs 1.3 at 8, 0.08 vs 1.3 at
-256), and so does cancel_many against cancel() (1.0 vs 0.6 us at 4, 0.5 vs 0.6 at 8, 0.04 vs 0.6 at 256);
-below that the single-entry calls are cheaper.
+loop of add() between 4 and 8 entries per batch (1.7 vs 1.4 us at 4, 0.9 vs 1.3 at 8, 0.08 vs 1.3 at 256),
+and so does cancel_many against cancel() (0.7 vs 0.5 us at 4, 0.36 vs 0.49 at 8, 0.03 vs 0.5 at 256); below
+that the single-entry calls are cheaper.
 """
 
 from __future__ import annotations
@@ -49,18 +56,23 @@ import numpy as np
 
 SLOT_BITS = 32
 SLOT_MASK = (1 << SLOT_BITS) - 1
-HANDLE_MASK = (1 << 63) - 1  # a handle's 31-bit generation wraps to 0 instead of turning the int64 negative
-NEXT_GENERATION = 1 << SLOT_BITS
+EPOCH_MASK = (1 << (63 - SLOT_BITS)) - 1  # the epoch wraps to 0 instead of turning a handle negative
+MAX_CAPACITY = 1 << 31  # I6: every negative value's slot bits (>= 2**31) then lie beyond every real slot
+NOT_LIVE = -1  # live[] of a free, fired or cancelled slot (cancel batches leave other negative marks)
+SENTINEL = 0  # live[capacity - 1], the slot that out-of-range lookups clip to (I6)
 # Bucket spans (ticks) stay below this, so every product and quotient fits int64.
 SPAN_LIMIT = 1 << 62
 MAX_WHEEL_SIZE = 1 << 16  # buckets per level; bounds the per-bucket bookkeeping
-NO_BUCKET = -1
+INT64 = np.dtype(np.int64)
 
 # Direct ufunc reductions: the ndarray.min/max/all methods add a Python-level wrapper call each, which
 # matters when batches are a few hundred entries (measured ~1 us per call).
 _min = np.minimum.reduce
 _max = np.maximum.reduce
-_count = np.count_nonzero
+try:  # np.count_nonzero is a Python wrapper around this C function (~0.2 us per call, several per step)
+    from numpy._core.multiarray import count_nonzero as _count
+except ImportError:  # a numpy that moved it
+    _count = np.count_nonzero
 _EMPTY = np.empty(0, np.int64)
 _EMPTY.flags.writeable = False  # shared "nothing" result
 NOT_ARMED = None  # expirations can be any int, including negative ones
@@ -97,7 +109,7 @@ def _check_int(name: str, value, minimum: int) -> int:
 
 
 def _as_int64_array(name: str, values) -> np.ndarray:
-    if type(values) is np.ndarray and values.dtype == np.int64 and values.ndim == 1:
+    if type(values) is np.ndarray and values.dtype is INT64 and values.ndim == 1:
         return values  # the hot path: already what we need
     array = np.asarray(values)
     if array.ndim != 1:
@@ -126,7 +138,9 @@ class TimingWheel:
         self.wheel_size = _check_int("wheel_size", wheel_size, 2)
         if self.wheel_size > MAX_WHEEL_SIZE:
             raise ValueError(f"wheel_size must be <= {MAX_WHEEL_SIZE}, got {self.wheel_size}")
-        capacity = _check_int("initial_capacity", initial_capacity, 1)
+        capacity = _check_int("initial_capacity", initial_capacity, 1) + 1  # + the sentinel slot (I6)
+        if capacity > MAX_CAPACITY:
+            raise ValueError(f"initial_capacity must be < {MAX_CAPACITY}, got {initial_capacity}")
         self._bucket_initial_capacity = _check_int("bucket_initial_capacity", bucket_initial_capacity, 1)
         self.compaction_slack = _check_int("compaction_slack", compaction_slack, 0)
 
@@ -144,14 +158,16 @@ class TimingWheel:
 
         self._tick = start_ms // self.tick_ms  # the wheel's clock, in ticks (floor)
         self._deadline = np.zeros(capacity, np.int64)
-        self._bucket = np.full(capacity, NO_BUCKET, np.int64)
-        self._handle = np.arange(capacity, dtype=np.int64)  # the slot's current handle (generation 0 at first)
+        self._live = np.full(capacity, NOT_LIVE, np.int64)
+        self._live[capacity - 1] = SENTINEL
+        self._epoch = 0  # of the last allocating call; handles carry it above the slot bits
         self._marks = -2 - np.arange(capacity, dtype=np.int64)  # cancel batches mark slots with these
         self._free = np.empty(capacity, np.int64)  # stack of reusable slots
         self._free_top = 0
-        self._high = 0  # slots [0, high) have been handed out at least once
+        self._high = 0  # slots [0, high) have been handed out at least once; high < capacity - 1 always
 
-        self._sort_dtype = np.int16 if bucket_count <= np.iinfo(np.int16).max else np.int64
+        self._sort_dtype = np.int16 if self.wheel_size <= np.iinfo(np.int16).max else np.int32
+        self._bucket_sort_dtype = np.int16 if bucket_count <= np.iinfo(np.int16).max else np.int64
         self._members: list[np.ndarray | None] = [None] * bucket_count
         self._fill = [0] * bucket_count
         self._armed = [NOT_ARMED] * bucket_count  # expiration tick of the bucket's heap entry
@@ -203,53 +219,55 @@ class TimingWheel:
 
     # ----------------------------------------------------------------- slots
     def _grow(self, needed: int) -> None:
+        """Room for slots [0, needed) plus the sentinel after them."""
         capacity = len(self._deadline)
-        if needed <= capacity:
+        if needed < capacity:
             return
-        new_capacity = doubled(capacity, needed)
-        for name, fill in (("_deadline", 0), ("_bucket", NO_BUCKET), ("_handle", 0)):
-            old = getattr(self, name)
-            new = np.full(new_capacity, fill, np.int64)
-            new[:capacity] = old
-            setattr(self, name, new)
-        self._handle[capacity:] = np.arange(capacity, new_capacity, dtype=np.int64)
+        new_capacity = doubled(capacity, needed + 1)
+        if new_capacity > MAX_CAPACITY:
+            raise MemoryError(f"a timing wheel holds fewer than {MAX_CAPACITY} entries")
+        deadline = np.zeros(new_capacity, np.int64)
+        deadline[:capacity] = self._deadline
+        live = np.full(new_capacity, NOT_LIVE, np.int64)
+        live[:capacity] = self._live
+        live[capacity - 1] = NOT_LIVE  # the old sentinel becomes an ordinary, never used slot
+        live[new_capacity - 1] = SENTINEL
         free = np.empty(new_capacity, np.int64)
         free[: self._free_top] = self._free[: self._free_top]
-        self._free = free
+        self._deadline, self._live, self._free = deadline, live, free
 
     def _alloc(self, count: int) -> np.ndarray:
-        reused = min(count, self._free_top)
-        fresh = count - reused
-        start = self._free_top - reused
-        if fresh == 0:
-            slots = self._free[start : self._free_top].copy()
-        else:
-            self._grow(self._high + fresh)
-            new = np.arange(self._high, self._high + fresh, dtype=np.int64)
-            self._high += fresh
-            slots = new if reused == 0 else np.concatenate((self._free[start : self._free_top], new))
-        self._free_top = start
-        return slots
+        """count free slots. A view of the free stack when it has them all: the caller must be done with it
+        before anything is pushed onto the stack again."""
+        top = self._free_top
+        if count <= top:
+            self._free_top = top - count
+            return self._free[top - count : top]
+        fresh = count - top
+        self._grow(self._high + fresh)
+        new = np.arange(self._high, self._high + fresh, dtype=np.int64)
+        self._high += fresh
+        self._free_top = 0
+        return new if top == 0 else np.concatenate((self._free[:top], new))
 
-    def _release(self, slots: np.ndarray) -> np.ndarray:
-        """Return slots to the free list and their last handles; bumping the generation invalidates them.
-
-        Liveness is "handle matches and bucket id >= 0": a free slot's stored handle is the one its next entry
-        will get, so its bucket id must be negative until then."""
-        self._bucket[slots] = NO_BUCKET
-        handles = self._handle[slots]
-        self._handle[slots] = (handles + NEXT_GENERATION) & HANDLE_MASK
+    def _free_slots(self, slots: np.ndarray) -> None:
+        """Push slots whose live[] is already negative back onto the free stack."""
         top = self._free_top
         self._free[top : top + len(slots)] = slots
         self._free_top = top + len(slots)
-        return handles
+
+    def _next_epoch(self) -> int:
+        """The handle bits above the slot for this allocating call."""
+        self._epoch = epoch = (self._epoch + 1) & EPOCH_MASK
+        return epoch << SLOT_BITS
 
     # ----------------------------------------------------------------- placement
     def _level_of(self, tick: int) -> int:
         n, current = self.wheel_size, self._tick
         if tick < current + n:
             return 0
-        for level, span in enumerate(self._spans):
+        for level in range(1, self._max_levels):
+            span = self._spans[level]
             if tick // span < current // span + n:
                 return level
         raise AssertionError("tick beyond the last level")  # limit_ms prevents this
@@ -275,34 +293,45 @@ class TimingWheel:
     def _place(self, slots: np.ndarray, ticks: np.ndarray, low_tick: int, high_tick: int) -> None:
         """Put live slots into their buckets; ticks are their fire ticks (>= current tick), low/high their range."""
         n, current = self.wheel_size, self._tick
-        low = self._level_of(low_tick)
-        high = self._level_of(high_tick)  # the level is monotone in the tick
-        if high >= self._levels_used:
-            self._levels_used = high + 1
+        if high_tick < current + n:
+            low = high = 0
+        else:
+            low = self._level_of(low_tick)
+            high = self._level_of(high_tick)  # the level is monotone in the tick
+            if high >= self._levels_used:
+                self._levels_used = high + 1
         if low == high:  # the usual case: one level
             span = self._spans[low]
             first_vid = low_tick // span
             if first_vid == high_tick // span:  # ... and one bucket: no per-entry arithmetic at all
-                bucket = low * n + first_vid % n
-                self._bucket[slots] = bucket
-                self._append(bucket, slots, first_vid * span)
+                self._append(low * n + first_vid % n, slots, first_vid * span)
                 return
-            bucket_vids = ticks // span if span > 1 else ticks
-            buckets = bucket_vids % n
-            if low:
-                buckets += low * n
-        else:
-            levels = np.full(len(ticks), high, np.int64)
-            for level in range(high - 1, low - 1, -1):
-                span = self._spans[level]
-                fits = ticks // span < current // span + n
-                levels[fits] = level
-            spans = np.asarray(self._spans, np.int64)[levels]
-            bucket_vids = ticks // spans
-            buckets = bucket_vids % n + levels * n
-        self._bucket[slots] = buckets
-        # Bucket ids are small: sorting them as int16 lets numpy use its O(n) radix sort (3x faster at 1k).
-        order = np.argsort(buckets.astype(self._sort_dtype), kind="stable")
+            # One level: a bucket's position in the level's window is its vid minus the window's first vid, so
+            # one count per position gives every bucket's run in the sorted order (no per-run numpy calls).
+            window_start = current // span
+            positions = (ticks // span if span > 1 else ticks) - window_start
+            # Positions are < n <= 2**16: sorting them narrow lets numpy use its O(n) radix sort (3x at 1k).
+            order = np.argsort(positions.astype(self._sort_dtype), kind="stable")
+            counts = np.bincount(positions, minlength=n).tolist()
+            sorted_slots = slots[order]
+            begin = 0
+            base = low * n
+            for position, count in enumerate(counts):
+                if count:
+                    vid = window_start + position
+                    end = begin + count
+                    self._append(base + vid % n, sorted_slots[begin:end], vid * span)
+                    begin = end
+            return
+        levels = np.full(len(ticks), high, np.int64)
+        for level in range(high - 1, low - 1, -1):
+            span = self._spans[level]
+            fits = ticks // span < current // span + n
+            levels[fits] = level
+        spans = np.asarray(self._spans, np.int64)[levels]
+        bucket_vids = ticks // spans
+        buckets = bucket_vids % n + levels * n
+        order = np.argsort(buckets.astype(self._bucket_sort_dtype), kind="stable")
         sorted_buckets = buckets[order]
         starts = np.flatnonzero(sorted_buckets[1:] != sorted_buckets[:-1]) + 1
         bounds = [0, *starts.tolist(), len(order)]
@@ -312,10 +341,6 @@ class TimingWheel:
             bucket = int(sorted_buckets[begin])
             expiration = int(sorted_vids[begin]) * self._spans[bucket // n]
             self._append(bucket, sorted_slots[begin:end], expiration)
-
-    def _due_bucket(self) -> int:
-        """The level-0 bucket of the current tick, which takes entries already due (fired at next advance)."""
-        return self._tick % self.wheel_size
 
     # ----------------------------------------------------------------- add
     def add(self, deadline_ms: int) -> int:
@@ -328,18 +353,18 @@ class TimingWheel:
             self._grow(self._high + 1)
             slot = self._high
             self._high += 1
+        handle = self._next_epoch() | slot
         self._deadline[slot] = deadline_ms
+        self._live[slot] = handle
         tick = max(-(-deadline_ms // self.tick_ms), self._tick)
         level = self._level_of(tick)
         if level >= self._levels_used:
             self._levels_used = level + 1
         span = self._spans[level]
         vid = tick // span
-        bucket = level * self.wheel_size + vid % self.wheel_size
-        self._bucket[slot] = bucket
-        self._append_one(bucket, slot, vid * span)
+        self._append_one(level * self.wheel_size + vid % self.wheel_size, slot, vid * span)
         self._pending += 1
-        return int(self._handle[slot])
+        return handle
 
     def _append_one(self, bucket: int, slot: int, expiration: int) -> None:
         fill = self._fill[bucket]
@@ -352,7 +377,9 @@ class TimingWheel:
 
     def add_many(self, deadlines_ms) -> np.ndarray:
         """Add a batch of timers (int64 ms); returns their handles (int64), in order."""
-        deadlines = _as_int64_array("deadlines_ms", deadlines_ms)
+        deadlines = deadlines_ms
+        if type(deadlines) is not np.ndarray or deadlines.dtype is not INT64 or deadlines.ndim != 1:
+            deadlines = _as_int64_array("deadlines_ms", deadlines_ms)
         count = len(deadlines)
         if count == 0:
             return np.empty(0, np.int64)
@@ -361,23 +388,28 @@ class TimingWheel:
         low_tick, high_tick = int(_min(ticks)), int(_max(ticks))
         if low_tick * tick_ms < -self.limit_ms or high_tick * tick_ms > self.limit_ms:
             raise ValueError(f"deadlines must lie within +-{self.limit_ms} ms")
-        slots = self._alloc(count)
+        top = self._free_top
+        if count <= top:  # _alloc's usual case, inline: the batch calls are the hot path
+            self._free_top = top = top - count
+            slots = self._free[top : top + count]
+        else:
+            slots = self._alloc(count)
+        self._epoch = epoch = (self._epoch + 1) & EPOCH_MASK
+        handles = slots | (epoch << SLOT_BITS)
         self._deadline[slots] = deadlines
+        self._live[slots] = handles
         if low_tick <= self._tick:  # some are already due: they wait in the current tick's bucket
             ticks = np.maximum(ticks, self._tick)
             low_tick, high_tick = self._tick, max(high_tick, self._tick)
-        self._place(slots, ticks, low_tick, high_tick)
+        self._place(slots, ticks, low_tick, high_tick)  # copies slots into member arrays: done with the view
         self._pending += count
-        return self._handle[slots]
+        return handles
 
     # ----------------------------------------------------------------- cancel
     def is_live(self, handles) -> np.ndarray:
-        """Boolean mask: which handles name a live (pending) entry. Unknown handles are simply not live."""
+        """Boolean mask: which handles name a live (pending) entry. Unknown handles are simply not live (I6)."""
         handles = _as_int64_array("handles", handles)
-        slots = handles & SLOT_MASK
-        live = self._handle.take(slots, mode="clip") == handles  # see cancel_many for why clipping is safe
-        live &= self._bucket.take(slots, mode="clip") >= 0
-        return live
+        return self._live.take(handles & SLOT_MASK, mode="clip") == handles
 
     def cancel(self, handle: int) -> bool:
         """Cancel one timer; False if it already fired, was cancelled, or the handle is unknown."""
@@ -385,15 +417,13 @@ class TimingWheel:
             raise TypeError(f"handle must be an int, got {type(handle).__name__}")
         handle = int(handle)
         slot = handle & SLOT_MASK
-        if handle < 0 or slot >= self._high or int(self._handle[slot]) != handle:
+        if handle < 0 or slot >= self._high or int(self._live[slot]) != handle:
             return False
-        bucket = int(self._bucket[slot])
-        if bucket < 0:
-            return False
-        self._bucket[slot] = NO_BUCKET
+        self._live[slot] = NOT_LIVE
         self._pending -= 1
         self._cancelled_unreclaimed += 1
-        self._maybe_compact()
+        if self._cancelled_unreclaimed > self._pending + self.compaction_slack:
+            self._compact()
         return True
 
     def cancel_many(self, handles) -> np.ndarray:
@@ -402,89 +432,101 @@ class TimingWheel:
         count = len(handles)
         if count == 0:
             return np.zeros(0, bool)
+        live = self._live
         slots = handles & SLOT_MASK
-        # take(mode="clip") keeps unknown slots in range without a bounds check; a clipped slot's handle holds
-        # a different slot number (and no stored handle is negative), so an unknown handle never matches.
-        cancelled = self._handle.take(slots, mode="clip") == handles
-        cancelled &= self._bucket.take(slots, mode="clip") >= 0
+        cancelled = live.take(slots, mode="clip") == handles  # I6: exact for any int64
         live_count = _count(cancelled)
+        positions = None
         if live_count != count:
             positions = np.flatnonzero(cancelled)
             slots = slots[positions]
-        else:
-            positions = None
-        unique = len(slots)
-        if unique > 1:
-            # Mark each slot cancelled with a distinct negative bucket id -2 - i (any negative id means "not
-            # live"); reading back keeps exactly one position per slot, whichever duplicate write won.
+        unique = live_count
+        if live_count > 1:
+            # Mark each slot with a distinct negative value -2 - i (any negative value means "not live");
+            # reading back keeps exactly one position per slot, whichever duplicate write won.
             marks = self._marks
-            if len(marks) < unique:
-                marks = self._marks = -2 - np.arange(max(unique, 2 * len(marks)), dtype=np.int64)
-            marks = marks[:unique]
-            self._bucket[slots] = marks
-            first = self._bucket[slots] == marks
-            first_count = _count(first)
-            if first_count != unique:
+            if len(marks) < live_count:
+                marks = self._marks = -2 - np.arange(doubled(len(marks), live_count), dtype=np.int64)
+            marks = marks[:live_count]
+            live[slots] = marks
+            first = live[slots] == marks
+            unique = _count(first)
+            if unique != live_count:
                 if positions is None:
                     positions = np.arange(count, dtype=np.int64)
                 cancelled[positions[~first]] = False
-                unique = first_count
-        elif unique == 1:
-            self._bucket[slots] = NO_BUCKET
+        elif live_count == 1:
+            live[slots] = NOT_LIVE
         self._pending -= unique
         self._cancelled_unreclaimed += unique
         if self._cancelled_unreclaimed > self._pending + self.compaction_slack:
             self._compact()
         return cancelled
 
-    def _maybe_compact(self) -> None:
-        if self._cancelled_unreclaimed > self._pending + self.compaction_slack:
-            self._compact()
-
     def _compact(self) -> None:
         """Reclaim every cancelled slot by filtering each bucket's members (O(slots in use + buckets))."""
+        live = self._live
         for _, bucket in self._heap:  # every bucket holding references is armed (I5)
             fill = self._fill[bucket]
             if not fill:
                 continue
             members = self._members[bucket]
             refs = members[:fill]
-            keep = self._bucket[refs] >= 0
-            if _count(keep) == fill:
+            keep = live[refs] >= 0
+            kept_count = _count(keep)
+            if kept_count == fill:
                 continue
-            dead = refs[~keep]
-            kept = refs[keep]
-            members[: len(kept)] = kept
-            self._fill[bucket] = len(kept)
-            self._release(dead)
+            self._free_slots(refs[~keep])
+            members[:kept_count] = refs[keep]
+            self._fill[bucket] = kept_count
         self._cancelled_unreclaimed = 0
         self.compactions += 1
 
     # ----------------------------------------------------------------- clock
-    def _drain(self, bucket: int, dead_out: list) -> np.ndarray:
-        """Empty a popped bucket: return its live slots; its cancelled slots go to dead_out, which the caller
-        releases (one release per advance instead of one per bucket)."""
+    def _take(self, bucket: int) -> np.ndarray | None:
+        """Disarm a popped bucket; its references (a view, valid until the bucket is appended to again)."""
         fill = self._fill[bucket]
         self._fill[bucket] = 0
         self._armed[bucket] = NOT_ARMED
         if not fill:
-            return _EMPTY
+            return None
         members = self._members[bucket]
-        refs = members[:fill]
-        live_mask = self._bucket[refs] >= 0
-        live_count = _count(live_mask)
-        if live_count == fill:
-            live = refs.copy()
-        elif live_count == 0:
-            live = _EMPTY
-            dead_out.append(refs.copy())
-        else:
-            live = refs[live_mask]
-            dead_out.append(refs[~live_mask])
-        self._cancelled_unreclaimed -= fill - live_count
         if len(members) > 4 * max(fill, self._bucket_initial_capacity):
-            self._members[bucket] = None  # give back memory of a burst
-        return live
+            self._members[bucket] = None  # give back memory of a burst (the view keeps it until used)
+        return members[:fill]
+
+    def _fire(self, refs: np.ndarray, fired: list) -> None:
+        """End every entry of refs: their live[] values (handles, or negatives for cancelled ones) go to
+        fired, and the slots to the free list."""
+        fired.append(self._live[refs])
+        self._live[refs] = NOT_LIVE
+        self._free_slots(refs)
+
+    def _cascade(self, refs: np.ndarray, fired: list) -> None:
+        """Re-place the live entries of an expired overflow bucket in finer levels; fire those already due."""
+        values = self._live[refs]
+        keep = values >= 0
+        live_count = _count(keep)
+        if live_count != len(refs):
+            self._free_slots(refs[~keep])
+            self._cancelled_unreclaimed -= len(refs) - live_count
+            if not live_count:
+                return
+            refs = refs[keep]
+        deadlines = self._deadline[refs]
+        ticks = deadlines if self.tick_ms == 1 else -((-deadlines) // self.tick_ms)
+        low_tick, high_tick = int(_min(ticks)), int(_max(ticks))
+        current = self._tick
+        if high_tick <= current:
+            self._fire(refs, fired)
+        elif low_tick > current:
+            self._place(refs, ticks, low_tick, high_tick)  # never into the bucket refs is a view of
+        else:
+            due = ticks <= current
+            self._fire(refs[due], fired)
+            later = ~due
+            ticks = ticks[later]
+            self._place(refs[later], ticks, int(_min(ticks)), high_tick)
 
     def next_expiration(self) -> int | None:
         """Expiration (ms) of the earliest armed bucket, or None when no bucket is armed.
@@ -496,11 +538,11 @@ class TimingWheel:
         if not heap:
             return None
         if self._pending == 0:
-            dead: list[np.ndarray] = []
             while heap:
-                self._drain(heapq.heappop(heap)[1], dead)
-            if dead:
-                self._release(np.concatenate(dead))
+                refs = self._take(heapq.heappop(heap)[1])
+                if refs is not None:
+                    self._free_slots(refs)  # all cancelled: live[] is already negative
+            self._cancelled_unreclaimed = 0
             return None
         return heap[0][0] * self.tick_ms
 
@@ -515,42 +557,28 @@ class TimingWheel:
                 self._tick = now_tick
             return _EMPTY
         n = self.wheel_size
-        fired: list[np.ndarray] = []
-        dead: list[np.ndarray] = []
+        fired: list[np.ndarray] = []  # live[] values of the ended entries: handles, or < 0 if cancelled
         while heap and heap[0][0] <= now_tick:
             expiration, bucket = heapq.heappop(heap)
             if expiration > self._tick:
                 self._tick = expiration  # run the clock bucket by bucket, as Kafka does
-            live = self._drain(bucket, dead)
-            if not len(live):
+            refs = self._take(bucket)
+            if refs is None:
                 continue
             if bucket < n:  # level 0: every member's fire tick is this bucket's tick (or was already due)
-                fired.append(live)
-                continue
-            deadlines = self._deadline[live]
-            ticks = deadlines if self.tick_ms == 1 else -((-deadlines) // self.tick_ms)
-            low_tick, high_tick = int(_min(ticks)), int(_max(ticks))
-            if high_tick <= self._tick:
-                fired.append(live)
-            elif low_tick > self._tick:
-                self._place(live, ticks, low_tick, high_tick)
+                self._fire(refs, fired)
             else:
-                due = ticks <= self._tick
-                fired.append(live[due])
-                later = ticks[~due]
-                self._place(live[~due], later, int(_min(later)), high_tick)
+                self._cascade(refs, fired)
         if now_tick > self._tick:
             self._tick = now_tick
         if not fired:
-            if dead:
-                self._release(dead[0] if len(dead) == 1 else np.concatenate(dead))
             return _EMPTY
-        fired_count = sum(map(len, fired))
-        if len(fired) == 1 and not dead:
-            handles = self._release(fired[0])
-        else:
-            handles = self._release(np.concatenate(fired + dead))[:fired_count]
+        values = fired[0] if len(fired) == 1 else np.concatenate(fired)
+        was_live = values >= 0
+        handles = values[was_live]
+        fired_count = len(handles)
         self._pending -= fired_count
+        self._cancelled_unreclaimed -= len(values) - fired_count
         if self._cancelled_unreclaimed > self._pending + self.compaction_slack:
             self._compact()
         return handles

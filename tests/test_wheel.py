@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from node.wheel import SLOT_BITS, SLOT_MASK, TimingWheel
+from node.wheel import EPOCH_MASK, SLOT_BITS, SLOT_MASK, TimingWheel
 
 HOUR_MS = 3_600_000
 DAY_MS = 24 * HOUR_MS
@@ -209,16 +209,28 @@ def test_the_next_handle_of_a_free_slot_is_not_live():
     assert wheel.pending == 0
 
 
-def test_handle_generation_wraps_to_a_positive_handle():
+def test_handle_epoch_wraps_to_a_positive_handle():
     wheel = TimingWheel(1, 20, 0)
-    handle = wheel.add(5)
-    slot = handle & SLOT_MASK
-    top_generation = (1 << 31) - 1
-    wheel._handle[slot] = (top_generation << SLOT_BITS) | slot  # the slot's last generation
-    assert wheel.advance(5).tolist() == [(top_generation << SLOT_BITS) | slot]
+    wheel._epoch = EPOCH_MASK - 1  # as after 2**31 - 2 allocating calls
+    top = wheel.add(5)
+    assert top == (EPOCH_MASK << SLOT_BITS) | (top & SLOT_MASK) and top > 0
+    assert wheel.advance(5).tolist() == [top]
     wrapped = wheel.add(6)
-    assert wrapped == slot  # generation 0 again, still a non-negative int64
+    assert wrapped == wrapped & SLOT_MASK  # epoch 0 again, still a non-negative int64
     assert wheel.advance(6).tolist() == [wrapped]
+
+
+def test_not_live_values_and_the_sentinel_never_match_a_handle():
+    """I6: cancel batches leave negative marks in live[]; passing those very values, or -1, or a handle whose slot
+    bits point past the capacity (clipped onto the sentinel slot) must not match anything."""
+    wheel = TimingWheel(1, 20, 0, initial_capacity=4, compaction_slack=1000)
+    handles = wheel.add_many(np.full(3, 100, np.int64))
+    assert wheel.cancel_many(handles).all()
+    stored = wheel._live[: wheel.capacity].copy()
+    probes = np.concatenate([stored, [-1, -2, -3, -4, 0, (1 << SLOT_BITS) - 1, wheel.capacity - 1]]).astype(np.int64)
+    assert not wheel.is_live(probes).any()
+    assert not wheel.cancel_many(probes).any()
+    assert wheel.pending == 0
 
 
 def test_next_expiration_is_none_when_only_cancelled_entries_remain():
