@@ -87,6 +87,7 @@ class RingTransport:
     def recv_frames(self, on_batch) -> None:
         """Calls on_batch(frames) per batch of in-place views until it returns True; sleeps when empty."""
         reader, bell = self.reader, self.bell
+        readers = [reader]
         max_frames, spin_s = self.read_batch, self.spin_s
         while True:
             frames = reader.read_batch(max_frames)
@@ -104,9 +105,16 @@ class RingTransport:
                     if reader.has_pending():
                         continue
                 bell.drain()  # reset before announcing, off the wakeup path
-                if announce_sleep_all([reader]):
+                if announce_sleep_all(readers):
                     bell.wait(None)
+                    frames = reader.read_batch(max_frames)  # before woke(): the frame is the latency path
                     reader.woke()
+                    if frames:
+                        stop = on_batch(frames)
+                        del frames
+                        reader.release()
+                        if stop:
+                            return
 
 
 class OsPipeTransport:

@@ -53,7 +53,7 @@ from typing import Iterable, Protocol, Sequence
 import posix_ipc
 
 from shm import liveness
-from shm.fence import full_fence
+from shm.fence import fence_enter, fence_exit, full_fence
 
 MAGIC = 0x474E_4952_4D48_5300  # "\0SHMRING" little-endian
 LAYOUT_VERSION = 1
@@ -69,6 +69,7 @@ _TAIL = 32
 _SLEEPING = 48
 
 _ALIGN_MASK = ~7
+MAP_POPULATE = getattr(mmap, "MAP_POPULATE", 0)  # Linux; elsewhere pages fault in on first use
 
 
 class RingError(Exception):
@@ -133,7 +134,9 @@ class _Mapping:
         try:
             if shm.size < HEADER_BYTES + 4096:
                 raise RingCorrupt(f"segment {name!r} is {shm.size} bytes, too small for a ring")
-            self.mm = mmap.mmap(shm.fd, shm.size)
+            # MAP_POPULATE: fault every page in now, not on the hot path. Without it a fresh ring takes a page
+            # fault every 4 KiB of frames on its first lap (measured: paced writer p99 26 -> 10 us for 100 B frames).
+            self.mm = mmap.mmap(shm.fd, shm.size, flags=mmap.MAP_SHARED | MAP_POPULATE)
         finally:
             shm.close_fd()
         self.mv = memoryview(self.mm)
@@ -243,7 +246,8 @@ class RingWriter(_RingEnd):
         `takeover=True` replaces a producer that is still alive (normally refused).
         """
         super().__init__(name, config, takeover)
-        self.doorbell = doorbell
+        self.doorbell = doorbell  # set at construction only: _ring_bell caches its bound method
+        self._ring_bell = doorbell.ring if doorbell is not None else None
         self._words = self._map.words
         self._data = self._map.data
         self._data_words = self._map.data_words
@@ -296,8 +300,8 @@ class RingWriter(_RingEnd):
         self._words[_HEAD] = self._head
         full_fence()  # the head store must be visible before we read the consumer's flag
         if self._words[_SLEEPING]:
-            if self.doorbell is not None:
-                self.doorbell.ring()
+            if self._ring_bell is not None:
+                self._ring_bell()
             return True
         return False
 
@@ -308,36 +312,34 @@ class RingWriter(_RingEnd):
     def write(self, payload, timeout: float | None = None) -> bool:
         """Write and commit one frame. Full ring: False, or with `timeout` (seconds) wait
         up to that long for space and raise RingFull if there is none."""
-        # reserve() + commit() inlined: this is the latency path of a paced producer, which
-        # runs with cold caches after sleeping; fewer calls measured ~2 us less per frame.
+        # The latency path of a paced producer, which runs with cold caches after sleeping: one test for
+        # "fits before the end, within the free space and max_payload", then the stores, the inlined fence
+        # and the flag. Measured from stamp to doorbell for a 100 B frame: 3.4 -> 2.7 us (p50). Everything
+        # else (full, wrap, too large) goes through reserve().
         size = len(payload)
-        if size > self.max_payload:
-            raise FrameTooLarge(f"frame of {size} bytes; this ring takes at most {self.max_payload}")
-        total = FRAME_HEADER_BYTES + ((size + 7) & _ALIGN_MASK)
         pos = self._pending
         off = pos & self._mask
-        to_end = self.capacity - off
-        need = total if total <= to_end else to_end + total
-        if pos + need - self._tail_seen > self.capacity:
-            self._tail_seen = self._words[_TAIL]
-            if pos + need - self._tail_seen > self.capacity:
-                if timeout is None:
-                    return False
-                self._wait_for_space(size, timeout)[:] = payload
-                self.commit()
-                return True
-        if total > to_end:
-            self._data_words[off >> 3] = SKIP_MARKER
-            pos += to_end
-            off = 0
+        end = off + FRAME_HEADER_BYTES + ((size + 7) & _ALIGN_MASK)
+        if size > self.max_payload or end > self.capacity or pos + end - off - self._tail_seen > self.capacity:
+            return self._write_slow(payload, timeout)
         self._data_words[off >> 3] = size
-        start = off + FRAME_HEADER_BYTES
-        self._data[start : start + size] = payload
-        self._head = self._pending = pos + total
-        self._words[_HEAD] = self._head
-        full_fence()
-        if self._words[_SLEEPING] and self.doorbell is not None:
-            self.doorbell.ring()
+        self._data[off + FRAME_HEADER_BYTES : off + FRAME_HEADER_BYTES + size] = payload
+        self._head = self._pending = head = pos + end - off
+        self._words[_HEAD] = head
+        fence_enter()  # full_fence(), inlined: the head store must be visible before we read the flag
+        fence_exit()
+        if self._words[_SLEEPING] and self._ring_bell is not None:
+            self._ring_bell()
+        return True
+
+    def _write_slow(self, payload, timeout: float | None) -> bool:
+        view = self.reserve(len(payload))  # refreshes tail, wraps with a skip marker, checks the size
+        if view is None:
+            if timeout is None:
+                return False
+            view = self._wait_for_space(len(payload), timeout)
+        view[:] = payload
+        self.commit()
         return True
 
     def write_many(self, payloads: Sequence | Iterable) -> int:
@@ -433,11 +435,19 @@ class RingReader(_RingEnd):
 
         Views are valid until the next `release()`. Raises RingCorrupt on an impossible frame.
         """
-        out: list[memoryview] = []
         head = self._words[_HEAD]
         pos = self._read_pos
         if pos == head:
-            return out
+            return []
+        # Exactly one whole frame waiting is the paced, latency-bound case (a consumer just woken for it):
+        # answer it in a few steps. Measured: read_batch of one frame after a wakeup 2.2 -> 1.0 us (p50).
+        off = pos & self._mask
+        size = self._data_u32[off >> 2]
+        end = off + FRAME_HEADER_BYTES + ((size + 7) & _ALIGN_MASK)
+        if pos + end - off == head and end <= self.capacity and max_frames > 0:
+            self._read_pos = head
+            return [self._data[off + FRAME_HEADER_BYTES : off + FRAME_HEADER_BYTES + size]]
+        out: list[memoryview] = []
         # Hot path, measured: walk each contiguous run of frames with a local offset and one
         # bound check per frame (a skip marker's huge length fails the same check).
         data, data_u32, capacity = self._data, self._data_u32, self.capacity
