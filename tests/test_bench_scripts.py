@@ -122,3 +122,35 @@ def test_percentiles_and_result_row():
     assert row["p999_ms"] == pytest.approx(999.001)
     empty = benchnode.result_row("s", "c", 0, 1.0, None)
     assert empty["p50_ms"] is None and empty["mb_per_s"] is None
+
+
+def test_bench_purgatory_prints_every_impl_case_and_rate():
+    done = subprocess.run([sys.executable, str(SCRIPTS / "bench_purgatory.py"), "--json", "--requests", "20000"],
+                          cwd=REPO, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    assert done.returncode == 0, done.stderr[-5000:]
+    rows = [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
+    assert {(r["impl"], r["case"], r["rate"]) for r in rows} == {
+        (impl, case, rate) for impl in ("wheel-timer", "heapq-timer", "purgatory", "purgatory-0.8")
+        for case in ("low", "high") for rate in (100_000.0, 1_000_000.0)}
+    for row in rows:
+        assert row["requests"] == 20000 and row["req_per_cpu_s"] > 0 and row["peak_rss_mb"] > 0, row
+        # Every request completes exactly once, and exactly the ones whose latency exceeds the timeout expire.
+        assert row["completed"] + row["expired"] == row["requests"], row
+        assert row["expired"] == row["expected_expired"], row
+
+
+def test_bench_rings_prints_every_transport_and_size_and_leaves_no_shared_memory():
+    before = set(os.listdir("/dev/shm"))
+    done = subprocess.run([sys.executable, str(SCRIPTS / "bench_rings.py"), "--json", "--runs", "1", "--seconds", "0.3",
+                           "--latency-seconds", "0.3", "--idle-seconds", "0.2", "--sizes", "100", "65536"],
+                          cwd=REPO, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    assert done.returncode == 0, done.stderr[-5000:]
+    rows = [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
+    assert {(r["transport"], r["size"]) for r in rows} == {
+        (t, s) for t in ("shm-ring", "os-pipe", "mp-pipe", "mp-queue") for s in (100, 65536)}
+    for row in rows:
+        assert row["frames_per_s"] > 0 and row["mb_per_s"] > 0, row
+        assert 0 < row["p50_us"] <= row["p99_us"], row
+        if row["size"] == 100:
+            assert row["idle_cpu_pct"] is not None, row
+    assert {name for name in os.listdir("/dev/shm") if "bench" in name} <= before
