@@ -12,6 +12,8 @@ For each transport and frame size it measures, in the same run:
   - idle CPU: CPU time the blocked reader uses over --idle-seconds with nothing sent.
 Each measurement is repeated --runs times, interleaved across transports; medians of the
 values and of the per-run ratios to os-pipe (`*_vs_os_pipe`; MB/s ratio = frames/s ratio) are reported.
+Latency samples of all runs are also pooled per transport (`p50_us_pooled`, `p99_us_pooled`,
+`p99_us_pooled_vs_os_pipe`), the steadier p99 figure on a noisy machine.
 
 Batching: the ring writer publishes up to --batch frames and --batch-bytes bytes per head update
 (write_many); os.pipe does one os.write per frame unless --pipe-batch > 1 (then one write per batch).
@@ -316,9 +318,14 @@ def _latency_reader(transport, result) -> None:
         return False
 
     transport.recv_frames(on_batch)
-    samples.sort()
-    n = len(samples)
-    result.send((samples[n // 2] / 1000, samples[min(n - 1, int(n * 0.99))] / 1000) if n else (None, None))
+    result.send(samples)
+
+
+def percentile_us(sorted_ns: list[int], q: float) -> float | None:
+    """Nearest-rank percentile q (0..1) of sorted nanosecond samples, in microseconds."""
+    if not sorted_ns:
+        return None
+    return sorted_ns[min(len(sorted_ns) - 1, int(len(sorted_ns) * q))] / 1000
 
 
 def _idle_reader(transport, result) -> None:
@@ -363,9 +370,10 @@ def measure_once(name: str, size: int, args, with_idle: bool) -> dict:
         transport.close()
     transport = TRANSPORT_CLASSES[name](args)
     try:
-        sample["p50_us"], sample["p99_us"] = _run_pair(transport, _latency_writer,
-                                                       (size, args.latency_seconds, args.pace_hz),
-                                                       _latency_reader, args.latency_seconds * 4 + 30)
+        latencies = sorted(_run_pair(transport, _latency_writer, (size, args.latency_seconds, args.pace_hz),
+                                     _latency_reader, args.latency_seconds * 4 + 30))
+        sample["latency_ns"] = latencies
+        sample["p50_us"], sample["p99_us"] = percentile_us(latencies, 0.5), percentile_us(latencies, 0.99)
     finally:
         transport.close()
     if with_idle:
@@ -375,23 +383,33 @@ def measure_once(name: str, size: int, args, with_idle: bool) -> dict:
 
 def measure_size(size: int, args) -> list[dict]:
     """All transports for one size. Runs are interleaved (run 1 of every transport, then
-    run 2, ...) so load from other work on the machine hits all of them alike; ratios to
-    os-pipe are taken within each run, then the median of values and ratios is reported."""
+    run 2, ..., every other run in reverse order) so load from other work on the machine
+    hits all of them alike; ratios to os-pipe are taken within each run, then the median of
+    values and ratios is reported. Latency is also pooled over all runs (`*_pooled`): on a
+    noisy machine the p99 of one run swings by tens of percent, the pooled p99 much less."""
     samples = {name: [] for name in args.transports}
-    for _ in range(args.runs):
-        for name in args.transports:
+    for run in range(args.runs):
+        order = args.transports if run % 2 == 0 else args.transports[::-1]
+        for name in order:
             samples[name].append(measure_once(name, size, args, args.idle_seconds > 0 and size == args.sizes[0]))
+    pooled = {name: sorted(ns for sample in runs for ns in sample["latency_ns"]) for name, runs in samples.items()}
     rows = []
     for name in args.transports:
         row = {"transport": name, "size": size, "runs": args.runs}
         for key in ("frames_per_s", "mb_per_s", "p50_us", "p99_us", "idle_cpu_pct"):
             values = [sample[key] for sample in samples[name] if sample[key] is not None]
             row[key] = round(statistics.median(values), 3) if values else None
+        row["latency_samples"] = len(pooled[name])
+        row["p50_us_pooled"] = percentile_us(pooled[name], 0.5)
+        row["p99_us_pooled"] = percentile_us(pooled[name], 0.99)
         if "os-pipe" in samples and name != "os-pipe":
             for key in ("frames_per_s", "p99_us"):
                 ratios = [mine[key] / base[key] for mine, base in zip(samples[name], samples["os-pipe"])
                           if mine[key] and base[key]]
                 row[f"{key}_vs_os_pipe"] = round(statistics.median(ratios), 3) if ratios else None
+            base_p99 = percentile_us(pooled["os-pipe"], 0.99)
+            if row["p99_us_pooled"] and base_p99:
+                row["p99_us_pooled_vs_os_pipe"] = round(row["p99_us_pooled"] / base_p99, 3)
         rows.append(row)
     return rows
 
@@ -455,8 +473,10 @@ def main(argv=None) -> int:
                 print(json.dumps(row), flush=True)
             else:
                 print(f"{name:9s} {size:6d} B  {row['frames_per_s']:>12,.0f} frames/s  {row['mb_per_s']:>9,.1f} MB/s"
-                      f"  p50 {row['p50_us']} us  p99 {row['p99_us']} us  idle cpu {row['idle_cpu_pct']} %"
-                      f"  x os-pipe: {row.get('frames_per_s_vs_os_pipe')} (frames/s), {row.get('p99_us_vs_os_pipe')} (p99)",
+                      f"  p50 {row['p50_us']} us  p99 {row['p99_us']} us (pooled {row['p99_us_pooled']})"
+                      f"  idle cpu {row['idle_cpu_pct']} %"
+                      f"  x os-pipe: {row.get('frames_per_s_vs_os_pipe')} (frames/s), {row.get('p99_us_vs_os_pipe')} (p99),"
+                      f" {row.get('p99_us_pooled_vs_os_pipe')} (pooled p99)",
                       flush=True)
     return 0
 
