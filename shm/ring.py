@@ -50,6 +50,7 @@ import time
 from dataclasses import dataclass
 from typing import Iterable, Protocol, Sequence
 
+import numpy as np
 import posix_ipc
 
 from shm import liveness
@@ -69,7 +70,8 @@ _TAIL = 32
 _SLEEPING = 48
 
 _ALIGN_MASK = ~7
-MAP_POPULATE = getattr(mmap, "MAP_POPULATE", 0)  # Linux; elsewhere pages fault in on first use
+MAP_POPULATE = getattr(mmap, "MAP_POPULATE", 0)
+_count_nonzero = np.count_nonzero  # Linux; elsewhere pages fault in on first use
 
 
 class RingError(Exception):
@@ -103,6 +105,13 @@ class RingConfig:
     capacity: int = 1 << 20  # data bytes; a power of two >= 4096
     full_wait_initial_s: float = 0.000_05  # first back-off sleep of a bounded wait when full
     full_wait_max_s: float = 0.002  # back-off cap, keeps a waiting producer near 0% CPU
+    # write_many copies a list of at least this many equal-size frames with numpy instead of a Python loop.
+    # Measured crossover, writer plus reader per frame: 16 frames of 16-100 B (458 vs 427 ns, 464 vs 442), 24 of
+    # 1000 B (even); at 64 frames of 100 B: 485 vs 344 ns.
+    uniform_batch_min: int = 16
+    # read_batch checks a run of at least this many equal-size frames with one numpy comparison. Measured per 100 B
+    # frame, loop vs numpy: 280 vs 311 ns at 16 frames, 238 vs 196 at 32, 220 vs 140 at 64, 205 vs 97 at 256.
+    uniform_read_min: int = 32
 
     def __post_init__(self) -> None:
         if self.capacity < 4096 or self.capacity & (self.capacity - 1):
@@ -161,8 +170,10 @@ class _Mapping:
         self.data = self.mv[HEADER_BYTES : HEADER_BYTES + capacity]
         self.data_words = self.data.cast("Q")
         self.data_u32 = self.data.cast("I")
+        self.data_np = np.frombuffer(self.data, np.uint8)  # the batch path of write_many
 
     def close(self) -> None:
+        self.data_np = None  # holds an export of `data`: drop it first, or `data` cannot be released
         for attr in ("data_u32", "data_words", "data", "floats", "words", "mv"):
             view = getattr(self, attr, None)
             if view is not None:
@@ -346,6 +357,10 @@ class RingWriter(_RingEnd):
         """Write frames in order until one does not fit; commit once. Returns how many were written.
 
         A frame larger than max_payload raises FrameTooLarge after committing those before it."""
+        if type(payloads) is list and len(payloads) >= self.config.uniform_batch_min:
+            written = self._write_uniform(payloads)
+            if written:
+                return written + (self.write_many(payloads[written:]) if written < len(payloads) else 0)
         # Hot path of batched producers (measured 240 -> 215 ns per 100 B frame vs per-frame reserve logic):
         # frames go into the current contiguous room [off, room_end) with one bound check
         # each; wrap, skip marker, tail refresh and size errors are handled out of line.
@@ -388,6 +403,36 @@ class RingWriter(_RingEnd):
         self._tail_seen = tail_seen
         self.commit()
         return written
+
+    def _write_uniform(self, payloads: list) -> int:
+        """A batch of equal-size frames, as one numpy copy of all payloads and one strided store of all
+        headers; 0 (nothing written) if the frames differ in size or fewer than uniform_batch_min fit
+        before the end of the data area. Measured with 64 frames of 100 B: 187 -> 40 ns per frame."""
+        sizes = set(map(len, payloads))
+        if len(sizes) != 1:
+            return 0
+        size = sizes.pop()
+        if size > self.max_payload:
+            return 0  # the loop raises FrameTooLarge
+        total = FRAME_HEADER_BYTES + ((size + 7) & _ALIGN_MASK)
+        pos = self._pending
+        off = pos & self._mask
+        room = min(self.capacity - off, self._tail_seen + self.capacity - pos)
+        if room < total * len(payloads):
+            self._tail_seen = self._words[_TAIL]
+            room = min(self.capacity - off, self._tail_seen + self.capacity - pos)
+        count = min(len(payloads), room // total)
+        if count < self.config.uniform_batch_min:
+            return 0
+        frames = self._map.data_np[off : off + count * total].reshape(count, total)
+        if size:
+            joined = b"".join(payloads if count == len(payloads) else payloads[:count])
+            frames[:, FRAME_HEADER_BYTES : FRAME_HEADER_BYTES + size] = np.frombuffer(joined, np.uint8).reshape(
+                count, size)
+        frames.view(np.uint64)[:, 0] = size  # header: u32 length, u32 reserved 0 (little-endian)
+        self._pending = pos + count * total
+        self.commit()
+        return count
 
     def _wait_for_space(self, size: int, timeout: float) -> memoryview:
         deadline = time.monotonic() + timeout
@@ -453,9 +498,23 @@ class RingReader(_RingEnd):
         data, data_u32, capacity = self._data, self._data_u32, self.capacity
         append = out.append
         left = max_frames
+        uniform_min = self.config.uniform_read_min
         while pos < head and left > 0:
             off = run_start = pos & self._mask
             run_end = min(capacity, off + head - pos)
+            # A run that starts with many frames of one size (a writer's uniform batch): check all their headers
+            # with one numpy comparison and slice the views in a comprehension. The cheap test of the last
+            # header first keeps mixed-size runs off this path (see RingConfig.uniform_read_min for the figures).
+            size = data_u32[off >> 2]
+            total = FRAME_HEADER_BYTES + ((size + 7) & _ALIGN_MASK)
+            count = min(left, (run_end - off) // total)
+            if count >= uniform_min and data_u32[(off + (count - 1) * total) >> 2] == size:
+                headers = self._map.data_np[off : off + count * total].reshape(count, total).view(np.uint64)[:, 0]
+                if _count_nonzero(headers == size) == count:
+                    first = off + FRAME_HEADER_BYTES
+                    out.extend([data[start : start + size] for start in range(first, first + count * total, total)])
+                    off += count * total
+                    left -= count
             while left > 0 and off < run_end:
                 size = data_u32[off >> 2]
                 end = off + FRAME_HEADER_BYTES + ((size + 7) & _ALIGN_MASK)

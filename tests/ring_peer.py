@@ -22,12 +22,14 @@ from shm.ring import RingConfig, RingReader, RingWriter  # noqa: E402
 
 PEER_MAX_SECONDS = 120
 STRESS_CHUNK = 1 << 16
+UNIFORM_STRETCH = 300  # frames of one size in a row (a 256-frame writer batch falls inside one, or spans two)
 
 
 def stress_sizes(seed: int, count: int, max_size: int):
     """The frame sizes of the stress test, in chunks; both sides generate the same ones.
 
-    Multiples of 8 from 8 up (so exact fits at the buffer end are common), plus odd sizes.
+    Multiples of 8 from 8 up (so exact fits at the buffer end are common), plus odd sizes, and
+    stretches of one size (which the ring writes and reads with its numpy uniform-batch paths).
     """
     rng = np.random.default_rng(seed)
     done = 0
@@ -36,6 +38,8 @@ def stress_sizes(seed: int, count: int, max_size: int):
         sizes = rng.integers(1, max_size // 8 + 1, size=n) * 8
         odd = rng.random(n) < 0.3
         sizes[odd] -= rng.integers(0, 8, size=int(odd.sum()))
+        for start in np.flatnonzero(rng.random((n + UNIFORM_STRETCH - 1) // UNIFORM_STRETCH) < 0.3) * UNIFORM_STRETCH:
+            sizes[start : start + UNIFORM_STRETCH] = sizes[start]
         yield np.maximum(sizes, 8).tolist()
         done += n
 

@@ -159,3 +159,39 @@ def test_corrupt_frame_header_raises_not_crashes(ring):
 def test_capacity_must_be_a_power_of_two():
     with pytest.raises(ValueError):
         RingConfig(capacity=5000)
+
+
+def test_uniform_batches_take_the_numpy_paths_and_keep_order_across_the_wrap():
+    """write_many of >= uniform_batch_min equal frames and read_batch of >= uniform_read_min of them use numpy;
+    a batch that reaches the end of the data area is written up to the end that way and the rest wraps."""
+    config = RingConfig(capacity=CAPACITY, uniform_batch_min=4, uniform_read_min=4)
+    with fresh_instance() as instance:
+        name = instance.create_ring(instance.name("u"), config)
+        with RingWriter(name, config=config) as writer, RingReader(name, config=config) as reader:
+            first = [bytes([i]) * 8 for i in range(240)]  # 240 frames of 16 bytes: 3840 of the 4096 bytes
+            assert writer.write_many(first) == 240
+            assert read_all(reader) == first
+            second = [bytes([i]) * 8 for i in range(40)]  # 16 fit before the end; 24 wrap to offset 0
+            assert writer.write_many(second) == 40
+            assert writer._pending == CAPACITY + 24 * frame_bytes(8)
+            assert read_all(reader) == second
+            empty = [b""] * 20  # header-only frames
+            assert writer.write_many(empty) == 20
+            mixed_after = [b"m" * 5] * 8 + [b"x" * 3, b"yy"]  # a uniform run, then frames of other sizes
+            assert writer.write_many(mixed_after) == 10
+            assert read_all(reader) == empty + mixed_after
+            assert writer.write_many([b"k" * 24] * 10) == 10
+            assert [bytes(v) for v in reader.read_batch(max_frames=6)] == [b"k" * 24] * 6  # bounds the run too
+            assert [bytes(v) for v in reader.read_batch()] == [b"k" * 24] * 4
+            reader.release()
+
+
+def test_uniform_batch_fills_a_nearly_full_ring_and_refuses_too_large_frames(ring):
+    writer, reader = ring
+    assert writer.write_many([b"f" * 100] * 30) == 30  # 30 * 112 = 3360 bytes
+    assert writer.write_many([b"g" * 100] * 30) == (CAPACITY - 3360) // frame_bytes(100)  # only what fits
+    frames = read_all(reader)
+    assert frames == [b"f" * 100] * 30 + [b"g" * 100] * ((CAPACITY - 3360) // frame_bytes(100))
+    with pytest.raises(FrameTooLarge):
+        writer.write_many([b"q" * (max_payload(CAPACITY) + 1)] * 20)
+    assert read_all(reader) == []
