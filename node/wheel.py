@@ -394,8 +394,7 @@ class TimingWheel:
             slots = self._free[top : top + count]
         else:
             slots = self._alloc(count)
-        self._epoch = epoch = (self._epoch + 1) & EPOCH_MASK
-        handles = slots | (epoch << SLOT_BITS)
+        handles = slots | self._next_epoch()
         self._deadline[slots] = deadlines
         self._live[slots] = handles
         if low_tick <= self._tick:  # some are already due: they wait in the current tick's bucket
