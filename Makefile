@@ -10,8 +10,13 @@ APT_INSTALL = SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
 
 .PHONY: run test venv sysdeps clean
 
-$(STAMP): pyproject.toml
+# The C compiler and Python headers build shm/_ringops.c, the ring's compiled write path.
+HAVE_PY_HEADERS = $(PYTHON) -c "import os, sys, sysconfig; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()['include'], 'Python.h')))"
+PY_DEV_PACKAGE = python$$($(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])')-dev
+
+$(STAMP): pyproject.toml setup.py shm/_ringops.c
 	@test -n "$(PYTHON)" || { echo "make: Python 3.11 is needed"; exit 1; }
+	@{ command -v gcc >/dev/null 2>&1 && $(HAVE_PY_HEADERS); } || { $(APT_INSTALL) gcc $(PY_DEV_PACKAGE); } || { $(APT_INSTALL) gcc python3-dev; }
 	@# Debian ships venv's pip bootstrap separately (python3-venv, which pulls python3.11-venv).
 	$(PYTHON) -m venv $(VENV) || { rm -rf $(VENV); $(APT_INSTALL) python3-venv; $(PYTHON) -m venv $(VENV); }
 	$(PY) -m pip install --quiet --upgrade pip
@@ -32,4 +37,4 @@ test: venv sysdeps
 	$(PY) -m pytest -q tests
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build *.egg-info shm/*.so

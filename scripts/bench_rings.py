@@ -43,6 +43,7 @@ import psutil  # noqa: E402
 
 from shm.doorbell import EventfdDoorbell  # noqa: E402
 from shm.instance import Instance, object_name  # noqa: E402
+import shm.ring  # noqa: E402
 from shm.ring import RingConfig, RingReader, RingWriter, announce_sleep_all  # noqa: E402
 
 TRANSPORTS = ("shm-ring", "os-pipe", "mp-pipe", "mp-queue")
@@ -399,6 +400,8 @@ def measure_size(size: int, args) -> list[dict]:
         for key in ("frames_per_s", "mb_per_s", "p50_us", "p99_us", "idle_cpu_pct"):
             values = [sample[key] for sample in samples[name] if sample[key] is not None]
             row[key] = round(statistics.median(values), 3) if values else None
+        if name == RingTransport.name:  # which write path the figures are for (the C one unless it failed to build)
+            row["ring_write_path"] = "compiled" if shm.ring._ringops is not None else "python"
         row["latency_samples"] = len(pooled[name])
         row["p50_us_pooled"] = percentile_us(pooled[name], 0.5)
         row["p99_us_pooled"] = percentile_us(pooled[name], 0.99)

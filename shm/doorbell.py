@@ -97,24 +97,26 @@ class EventfdDoorbell:
             fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         else:
             os.set_blocking(fd, False)
-        self._fd = fd
+        # Public for shm.ring's compiled write path, which rings the eventfd itself (one C call per frame).
+        # -1 once closed, so a writer that outlives its doorbell never writes to a reused fd number.
+        self.eventfd = fd
         self._poller: select.poll | None = None
 
     def fileno(self) -> int:
         """The fd to register for reading with a selector."""
-        return self._fd
+        return self.eventfd
 
     def ring(self) -> None:
         """Make the fd readable."""
         try:
-            os.eventfd_write(self._fd, 1)
+            os.eventfd_write(self.eventfd, 1)
         except BlockingIOError:
             pass  # counter at its maximum: it is readable already
 
     def drain(self) -> int:
         """Reset after a wakeup; returns how many rings had accumulated (0 if none)."""
         try:
-            return os.eventfd_read(self._fd)
+            return os.eventfd_read(self.eventfd)
         except BlockingIOError:
             return 0
 
@@ -123,13 +125,13 @@ class EventfdDoorbell:
         doorbell: call drain() before the next announce_sleep (keeps it off the wakeup path)."""
         if self._poller is None:
             self._poller = select.poll()
-            self._poller.register(self._fd, select.POLLIN)
+            self._poller.register(self.eventfd, select.POLLIN)
         return bool(self._poller.poll(None if timeout is None else max(0, int(timeout * 1000 + 0.999))))
 
     def close(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
+        if self.eventfd >= 0:
+            os.close(self.eventfd)
+            self.eventfd = -1
 
 
 class PipeDoorbell:

@@ -195,3 +195,86 @@ def test_uniform_batch_fills_a_nearly_full_ring_and_refuses_too_large_frames(rin
     with pytest.raises(FrameTooLarge):
         writer.write_many([b"q" * (max_payload(CAPACITY) + 1)] * 20)
     assert read_all(reader) == []
+
+
+# --------------------------------------------------------------------------- the compiled write path
+def test_compiled_write_path_is_built():
+    """`make` installs a C compiler and the Python headers, so the fast path must be there."""
+    import shm.ring
+
+    assert shm.ring._ringops is not None, "shm._ringops did not build: pip install -e . with gcc and python3-dev"
+
+
+def _segment_bytes(writer) -> tuple[bytes, int, int]:
+    return bytes(writer._map.data), writer._words[16], writer._words[32]
+
+
+def test_compiled_and_python_writes_leave_identical_rings():
+    """Same frames, same reads: the C path and the Python path must produce the same bytes, head and tail,
+    through exact fits, wraps (which the C path hands to Python), full rings and empty frames."""
+    sizes = [0, 1, 7, 8, 9, 100, 1000, 2040, 5, 1500, 64, 0, 511, 2000, 2040, 17] * 8
+    with fresh_instance() as instance:
+        results = []
+        for compiled in (True, False):
+            name = instance.create_ring(instance.name(f"c{int(compiled)}"), RingConfig(capacity=CAPACITY))
+            with RingWriter(name) as writer, RingReader(name) as reader:
+                if not compiled:
+                    writer._header_addr = 0
+                assert bool(writer._header_addr) == compiled
+                outcomes, got = [], []
+                for i, size in enumerate(sizes):
+                    payload = bytes([i % 251]) * size
+                    outcomes.append(writer.write(payload))
+                    if i % 3 == 2:  # read and release now and then, so head laps the buffer
+                        got += read_all(reader)
+                got += read_all(reader)
+                with pytest.raises(FrameTooLarge):
+                    writer.write(b"x" * (max_payload(CAPACITY) + 1))
+                results.append((outcomes, got, _segment_bytes(writer)))
+        assert results[0] == results[1]
+        assert False in results[0][0] and True in results[0][0]  # the run did hit a full ring
+
+
+def test_compiled_write_rings_an_eventfd_only_for_a_sleeping_consumer():
+    from shm.doorbell import EventfdDoorbell
+
+    bell = EventfdDoorbell()
+    try:
+        with fresh_instance() as instance:
+            name = instance.create_ring(instance.name("e"), RingConfig(capacity=CAPACITY))
+            with RingWriter(name, bell) as writer, RingReader(name) as reader:
+                assert writer._header_addr and writer._eventfd_bell is bell
+                assert writer.write(b"awake")
+                assert bell.drain() == 0
+                assert read_all(reader) == [b"awake"]
+                assert reader.announce_sleep()
+                assert writer.write(b"asleep") and writer.write(b"still asleep")
+                assert bell.drain() == 2
+                reader.woke()
+                assert read_all(reader) == [b"asleep", b"still asleep"]
+    finally:
+        bell.close()
+
+
+def test_compiled_write_leaves_other_doorbells_to_python():
+    from shm.doorbell import PipeDoorbell
+
+    bell = PipeDoorbell()
+    try:
+        with fresh_instance() as instance:
+            name = instance.create_ring(instance.name("p"), RingConfig(capacity=CAPACITY))
+            with RingWriter(name, bell) as writer, RingReader(name) as reader:
+                assert writer._eventfd_bell is None
+                assert reader.announce_sleep()
+                assert writer.write(b"x")
+                assert bell.drain() == 1
+    finally:
+        bell.close()
+
+
+def test_write_after_close_raises_instead_of_touching_the_unmapped_segment(ring):
+    writer, _ = ring
+    writer.close()
+    assert writer._header_addr == 0
+    with pytest.raises(ValueError):
+        writer.write(b"late")
