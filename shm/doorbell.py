@@ -90,6 +90,8 @@ def unlink_semaphore(name: str) -> bool:
 class EventfdDoorbell:
     """An eventfd doorbell for a consumer that sleeps in select/epoll."""
 
+    RING_BYTES = (1).to_bytes(8, "little")  # what ring() writes: add 1 to the counter
+
     def __init__(self, fd: int | None = None) -> None:
         """Create a new eventfd, or wrap an inherited one (`fd`)."""
         if fd is None:
@@ -97,26 +99,26 @@ class EventfdDoorbell:
             fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         else:
             os.set_blocking(fd, False)
-        # Public for shm.ring's compiled write path, which rings the eventfd itself (one C call per frame).
-        # -1 once closed, so a writer that outlives its doorbell never writes to a reused fd number.
-        self.eventfd = fd
+        # ring_fd and RING_BYTES are public for shm.ring's compiled write path, which rings an fd doorbell itself
+        # (one C call per frame). -1 once closed, so a writer that outlives its doorbell never writes to a reused fd.
+        self.ring_fd = fd
         self._poller: select.poll | None = None
 
     def fileno(self) -> int:
         """The fd to register for reading with a selector."""
-        return self.eventfd
+        return self.ring_fd
 
     def ring(self) -> None:
         """Make the fd readable."""
         try:
-            os.eventfd_write(self.eventfd, 1)
+            os.eventfd_write(self.ring_fd, 1)
         except BlockingIOError:
             pass  # counter at its maximum: it is readable already
 
     def drain(self) -> int:
         """Reset after a wakeup; returns how many rings had accumulated (0 if none)."""
         try:
-            return os.eventfd_read(self.eventfd)
+            return os.eventfd_read(self.ring_fd)
         except BlockingIOError:
             return 0
 
@@ -125,13 +127,13 @@ class EventfdDoorbell:
         doorbell: call drain() before the next announce_sleep (keeps it off the wakeup path)."""
         if self._poller is None:
             self._poller = select.poll()
-            self._poller.register(self.eventfd, select.POLLIN)
+            self._poller.register(self.ring_fd, select.POLLIN)
         return bool(self._poller.poll(None if timeout is None else max(0, int(timeout * 1000 + 0.999))))
 
     def close(self) -> None:
-        if self.eventfd >= 0:
-            os.close(self.eventfd)
-            self.eventfd = -1
+        if self.ring_fd >= 0:
+            os.close(self.ring_fd)
+            self.ring_fd = -1
 
 
 class PipeDoorbell:
@@ -140,13 +142,16 @@ class PipeDoorbell:
     Measured no latency difference to eventfd on our 2-vCPU VM; costs two fds instead of one.
     """
 
+    RING_BYTES = b"\x01"  # what ring() writes
+
     def __init__(self, fds: tuple[int, int] | None = None) -> None:
         """Create a new pipe, or wrap inherited (read_fd, write_fd)."""
         if fds is None:
             fds = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-        self._read_fd, self._write_fd = fds
+        # ring_fd (the write end) is public for shm.ring's compiled write path, as with EventfdDoorbell.
+        self._read_fd, self.ring_fd = fds
         os.set_blocking(self._read_fd, False)
-        os.set_blocking(self._write_fd, False)
+        os.set_blocking(self.ring_fd, False)
 
     def fileno(self) -> int:
         """The fd to register for reading with a selector."""
@@ -154,12 +159,12 @@ class PipeDoorbell:
 
     def fds(self) -> tuple[int, int]:
         """(read fd, write fd), e.g. for subprocess.Popen(pass_fds=...)."""
-        return self._read_fd, self._write_fd
+        return self._read_fd, self.ring_fd
 
     def ring(self) -> None:
         """Make the read end readable."""
         try:
-            os.write(self._write_fd, b"\x01")
+            os.write(self.ring_fd, self.RING_BYTES)
         except BlockingIOError:
             pass  # pipe full of rings: it is readable already
 
@@ -183,7 +188,7 @@ class PipeDoorbell:
         return bool(ready)
 
     def close(self) -> None:
-        for fd in (self._read_fd, self._write_fd):
+        for fd in (self._read_fd, self.ring_fd):
             if fd >= 0:
                 os.close(fd)
-        self._read_fd = self._write_fd = -1
+        self._read_fd = self.ring_fd = -1

@@ -44,9 +44,12 @@ write (shm/_ringops.c) already publishes with a release store and a seq_cst fenc
 other paths would have to move there too. The sleep handshake needs a store->load fence
 even on x86-64 (`shm.fence.full_fence`).
 
-Compiled fast path: `RingWriter.write` hands a frame that fits before the end to
-`shm._ringops.publish_frame` (header, payload, head, fence, flag and eventfd doorbell in one
-C call) when the extension was built; without it the same steps run in Python.
+Compiled fast paths (shm/_ringops.c), used when the extension was built; without it the same
+steps run in Python with the same results:
+- `RingWriter.write` of a frame that fits before the end: header, payload, head, fence, flag
+  and fd doorbell (eventfd or pipe) in one C call;
+- `RingReader.read_batch` when exactly one whole frame waits (a woken consumer's usual case);
+- `RingReader.announce_sleep`: flag, fence, re-check of head.
 """
 
 from __future__ import annotations
@@ -86,6 +89,8 @@ if _ringops is not None and (_ringops.HEADER_BYTES, _ringops.FRAME_HEADER_BYTES,
     raise ImportError("shm._ringops was built for another ring layout; rebuild it (pip install -e .)")
 MAP_POPULATE = getattr(mmap, "MAP_POPULATE", 0)
 _publish_frame = _ringops.publish_frame if _ringops is not None else None
+_read_one = _ringops.read_one if _ringops is not None else None
+_announce_sleep = _ringops.announce_sleep if _ringops is not None else None
 _count_nonzero = np.count_nonzero  # Linux; elsewhere pages fault in on first use
 
 
@@ -237,12 +242,16 @@ class _RingEnd:
         self.capacity = self._map.capacity
         self._mask = self.capacity - 1
         self.max_payload = max_payload(self.capacity)
+        # Address of the mapping for the compiled paths (0: use Python). Zeroed at close(), so a late call fails
+        # in Python instead of reaching C with a stale address.
+        self._header_addr = _ringops.address(self._map.mm) if _ringops is not None else 0
 
     def _peer_alive(self, pid_word: int, start_word: int) -> bool:
         return liveness.is_alive(self._map.words[pid_word], self._map.floats[start_word])
 
     def close(self) -> None:
         """Unmap (the segment itself stays until unlinked)."""
+        self._header_addr = 0
         self._map.close()
 
     def __enter__(self):
@@ -274,9 +283,9 @@ class RingWriter(_RingEnd):
         super().__init__(name, config, takeover)
         self.doorbell = doorbell  # set at construction only: _ring_bell caches its bound method
         self._ring_bell = doorbell.ring if doorbell is not None else None
-        # The compiled write rings an eventfd doorbell itself (it reads `.eventfd` per call: -1 once closed).
-        self._eventfd_bell = doorbell if isinstance(getattr(doorbell, "eventfd", None), int) else None
-        self._header_addr = _ringops.address(self._map.mm) if _ringops is not None else 0
+        # The compiled write rings an fd doorbell (eventfd, pipe) itself; it reads `.ring_fd` per call (-1 once closed).
+        self._fd_bell = doorbell if isinstance(getattr(doorbell, "ring_fd", None), int) else None
+        self._ring_bytes = getattr(doorbell, "RING_BYTES", b"")
         self._words = self._map.words
         self._data = self._map.data
         self._data_words = self._map.data_words
@@ -284,13 +293,8 @@ class RingWriter(_RingEnd):
         self._pending = self._head  # end of reserved, not yet committed frames
         self._tail_seen = self._words[_TAIL]
         if not 0 <= self._head - self._tail_seen <= self.capacity:
-            self._map.close()
+            self.close()
             raise RingCorrupt(f"ring {name!r}: head {self._head} and tail {self._tail_seen} are inconsistent")
-
-    def close(self) -> None:
-        """Unmap; later writes fail instead of reaching the compiled path with a stale address."""
-        self._header_addr = 0
-        super().close()
 
     def consumer_alive(self) -> bool:
         """True if the process recorded as consumer is running."""
@@ -353,9 +357,9 @@ class RingWriter(_RingEnd):
         # step (figures in shm/_ringops.c).
         header = self._header_addr
         if header:
-            bell = self._eventfd_bell
+            bell = self._fd_bell
             result = _publish_frame(header, self.capacity, self._pending, self._tail_seen, self.max_payload,
-                                    payload, bell.eventfd if bell is not None else -1)
+                                    payload, bell.ring_fd if bell is not None else -1, self._ring_bytes)
             if result >= 0:
                 self._head = self._pending = result >> 1
                 if result & 1 and self._ring_bell is not None:
@@ -499,7 +503,7 @@ class RingReader(_RingEnd):
         self._read_pos = self._words[_TAIL]
         head = self._words[_HEAD]
         if not 0 <= head - self._read_pos <= self.capacity:
-            self._map.close()
+            self.close()
             raise RingCorrupt(f"ring {name!r}: head {head} and tail {self._read_pos} are inconsistent")
 
     def producer_alive(self) -> bool:
@@ -515,6 +519,14 @@ class RingReader(_RingEnd):
 
         Views are valid until the next `release()`. Raises RingCorrupt on an impossible frame.
         """
+        if self._header_addr and max_frames > 0:
+            # The consumer's latency path in one C call (empty, or exactly one whole frame; False: anything else).
+            one = _read_one(self._header_addr, self.capacity, self._read_pos, self._data)
+            if one is None:
+                return []
+            if one is not False:
+                view, self._read_pos = one
+                return [view]
         head = self._words[_HEAD]
         pos = self._read_pos
         if pos == head:
@@ -584,6 +596,8 @@ class RingReader(_RingEnd):
 
         Consumer loop:  bell.drain(); if reader.announce_sleep(): bell.wait(t); reader.woke()
         (drain first, so that only rings made after the announcement can wake us)."""
+        if self._header_addr:
+            return _announce_sleep(self._header_addr, self._read_pos)
         self._words[_SLEEPING] = 1
         full_fence()  # the flag store must be visible before we re-read head
         if self._words[_HEAD] != self._read_pos:
@@ -601,6 +615,8 @@ def announce_sleep_all(readers: Sequence[RingReader]) -> bool:
 
     True: all are empty and the caller may sleep. False: some has frames; flags are cleared.
     """
+    if len(readers) == 1:
+        return readers[0].announce_sleep()
     for reader in readers:
         reader._words[_SLEEPING] = 1
     full_fence()

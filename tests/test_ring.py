@@ -209,9 +209,10 @@ def _segment_bytes(writer) -> tuple[bytes, int, int]:
     return bytes(writer._map.data), writer._words[16], writer._words[32]
 
 
-def test_compiled_and_python_writes_leave_identical_rings():
-    """Same frames, same reads: the C path and the Python path must produce the same bytes, head and tail,
-    through exact fits, wraps (which the C path hands to Python), full rings and empty frames."""
+def test_compiled_and_python_paths_leave_identical_rings():
+    """Same frames, same reads: the C paths (write, one-frame read, announce) and the Python paths must produce
+    the same outcomes, frames, bytes, head and tail, through exact fits, wraps and skip markers (which C hands
+    to Python), full rings, empty frames, and reads of one frame and of several."""
     sizes = [0, 1, 7, 8, 9, 100, 1000, 2040, 5, 1500, 64, 0, 511, 2000, 2040, 17] * 8
     with fresh_instance() as instance:
         results = []
@@ -219,20 +220,25 @@ def test_compiled_and_python_writes_leave_identical_rings():
             name = instance.create_ring(instance.name(f"c{int(compiled)}"), RingConfig(capacity=CAPACITY))
             with RingWriter(name) as writer, RingReader(name) as reader:
                 if not compiled:
-                    writer._header_addr = 0
-                assert bool(writer._header_addr) == compiled
-                outcomes, got = [], []
-                for i, size in enumerate(sizes):
-                    payload = bytes([i % 251]) * size
-                    outcomes.append(writer.write(payload))
-                    if i % 3 == 2:  # read and release now and then, so head laps the buffer
-                        got += read_all(reader)
-                got += read_all(reader)
+                    writer._header_addr = reader._header_addr = 0
+                assert bool(writer._header_addr) == bool(reader._header_addr) == compiled
+                outcomes, got, announced = [], [], []
+                for every in (3, 1):  # read after every third write (batches), then after each (single frames)
+                    for i, size in enumerate(sizes):
+                        outcomes.append(writer.write(bytes([i % 251]) * size))
+                        if i % every == every - 1:
+                            announced.append(reader.announce_sleep())
+                            got += read_all(reader)
+                            announced.append(reader.announce_sleep())
+                            reader.woke()
+                    got += read_all(reader)
                 with pytest.raises(FrameTooLarge):
                     writer.write(b"x" * (max_payload(CAPACITY) + 1))
-                results.append((outcomes, got, _segment_bytes(writer)))
+                results.append((outcomes, got, announced, _segment_bytes(writer)))
         assert results[0] == results[1]
-        assert False in results[0][0] and True in results[0][0]  # the run did hit a full ring
+        outcomes, _, announced, _ = results[0]
+        assert False in outcomes and True in outcomes  # the run did hit a full ring
+        assert False in announced and True in announced  # announce saw frames, and an empty ring
 
 
 def test_compiled_write_rings_an_eventfd_only_for_a_sleeping_consumer():
@@ -243,7 +249,7 @@ def test_compiled_write_rings_an_eventfd_only_for_a_sleeping_consumer():
         with fresh_instance() as instance:
             name = instance.create_ring(instance.name("e"), RingConfig(capacity=CAPACITY))
             with RingWriter(name, bell) as writer, RingReader(name) as reader:
-                assert writer._header_addr and writer._eventfd_bell is bell
+                assert writer._header_addr and writer._fd_bell is bell
                 assert writer.write(b"awake")
                 assert bell.drain() == 0
                 assert read_all(reader) == [b"awake"]
@@ -256,20 +262,29 @@ def test_compiled_write_rings_an_eventfd_only_for_a_sleeping_consumer():
         bell.close()
 
 
-def test_compiled_write_leaves_other_doorbells_to_python():
-    from shm.doorbell import PipeDoorbell
+def test_compiled_write_rings_a_pipe_and_leaves_a_semaphore_to_python():
+    from shm.doorbell import PipeDoorbell, SemaphoreDoorbell
 
-    bell = PipeDoorbell()
-    try:
-        with fresh_instance() as instance:
-            name = instance.create_ring(instance.name("p"), RingConfig(capacity=CAPACITY))
-            with RingWriter(name, bell) as writer, RingReader(name) as reader:
-                assert writer._eventfd_bell is None
-                assert reader.announce_sleep()
-                assert writer.write(b"x")
-                assert bell.drain() == 1
-    finally:
-        bell.close()
+    with fresh_instance() as instance:
+        pipe_bell = PipeDoorbell()
+        semaphore_bell = SemaphoreDoorbell(instance.name("bell"), create=True)
+        try:
+            for bell in (pipe_bell, semaphore_bell):
+                name = instance.create_ring(instance.name(f"p{type(bell).__name__}"), RingConfig(capacity=CAPACITY))
+                with RingWriter(name, bell) as writer, RingReader(name) as reader:
+                    assert (writer._fd_bell is bell) == (bell is pipe_bell)
+                    assert writer.write(b"awake")
+                    assert bell.drain() == 0
+                    assert read_all(reader) == [b"awake"]
+                    assert reader.announce_sleep()
+                    assert writer.write(b"x") and writer.write(b"y")
+                    assert bell.drain() == 2
+                    reader.woke()
+                    assert read_all(reader) == [b"x", b"y"]
+        finally:
+            pipe_bell.close()
+            semaphore_bell.close()
+            semaphore_bell.unlink()
 
 
 def test_write_after_close_raises_instead_of_touching_the_unmapped_segment(ring):
@@ -278,3 +293,24 @@ def test_write_after_close_raises_instead_of_touching_the_unmapped_segment(ring)
     assert writer._header_addr == 0
     with pytest.raises(ValueError):
         writer.write(b"late")
+
+
+def test_a_doorbell_that_fails_after_the_frame_is_published_raises_but_loses_nothing():
+    import os
+
+    from shm.doorbell import PipeDoorbell
+
+    bell = PipeDoorbell()
+    os.close(bell.fileno())  # the read end is gone: ringing fails with EPIPE
+    try:
+        with fresh_instance() as instance:
+            name = instance.create_ring(instance.name("f"), RingConfig(capacity=CAPACITY))
+            with RingWriter(name, bell) as writer, RingReader(name) as reader:
+                assert reader.announce_sleep()
+                with pytest.raises(BrokenPipeError):
+                    writer.write(b"published")
+                reader.woke()
+                assert writer.write(b"next")
+                assert read_all(reader) == [b"published", b"next"]
+    finally:
+        os.close(bell.ring_fd)
