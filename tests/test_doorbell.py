@@ -89,11 +89,32 @@ def test_semaphore_wait_times_out_then_wakes():
         bell.close()
 
 
-@pytest.mark.parametrize("kind", ["eventfd", "semaphore"])
+def test_eventfd_wait_is_edge_triggered_and_needs_no_drain():
+    bell = EventfdDoorbell()
+    try:
+        assert not bell.wait(0)
+        bell.ring()
+        assert bell.wait(0)
+        assert not bell.wait(0)  # the counter still holds 1: a level-triggered wait would return again
+        started = time.monotonic()
+        assert not bell.wait(0.05)
+        assert time.monotonic() - started >= 0.04
+        bell.ring()
+        bell.ring()
+        assert bell.wait(1)  # rings made while awake: one return for all of them
+        assert not bell.wait(0)
+        assert bell.drain() == 3  # never drained so far: the counter kept every ring
+        bell.ring()
+        assert bell.wait(0)  # and a drain in between changes nothing
+    finally:
+        bell.close()
+
+
+@pytest.mark.parametrize("kind", ["eventfd", "eventfd-without-drain", "semaphore"])
 def test_no_lost_wakeup_when_commits_race_the_consumer_going_to_sleep(kind):
     with fresh_instance() as instance:
         name = instance.create_ring(instance.name("race"), RingConfig(capacity=4096))
-        if kind == "eventfd":
+        if kind.startswith("eventfd"):
             bell = EventfdDoorbell()
             peer_args, fds = ("eventfd", bell.fileno()), (bell.fileno(),)
         else:
@@ -114,7 +135,8 @@ def test_no_lost_wakeup_when_commits_race_the_consumer_going_to_sleep(kind):
                     del frames, view
                     reader.release()
                     continue
-                bell.drain()
+                if kind != "eventfd-without-drain":
+                    bell.drain()
                 # a random pause before announcing makes commits land inside the window
                 # between our empty read and our re-check, which the protocol must catch
                 pause_end = time.perf_counter() + jitter.random() * 20e-6
