@@ -60,7 +60,10 @@ class RingTransport:
         self.instance = Instance.start(f"bench{os.getpid()}")
         self.ring_name = self.instance.create_ring(object_name(self.instance.instance_id, "bench"),
                                                    RingConfig(capacity=args.ring_capacity))
-        self.bell = EventfdDoorbell()
+        # eventfd: how a network worker sleeps (completion rings); semaphore: how the timer process sleeps
+        # (request rings). Both wait() without a separate drain on the wakeup path.
+        self.bell = (self.instance.create_semaphore_doorbell(object_name(self.instance.instance_id, "bell"))
+                     if args.ring_doorbell == "semaphore" else EventfdDoorbell())
         self.batch = args.batch
         self.full_pause_s = args.full_pause_us / 1e6
         self.read_batch = args.read_batch
@@ -110,7 +113,8 @@ class RingTransport:
                         pass
                     if reader.has_pending():
                         continue
-                # No drain(): EventfdDoorbell.wait is edge-triggered (a syscall less per wakeup).
+                # No drain(): EventfdDoorbell.wait is edge-triggered (a syscall less per wakeup), and
+                # SemaphoreDoorbell.wait takes what piled up itself.
                 if announce_sleep_all(readers):
                     bell.wait(None)
                     frames = reader.read_batch(max_frames)  # before woke(): the frame is the latency path
@@ -402,6 +406,7 @@ def measure_size(size: int, args) -> list[dict]:
             row[key] = round(statistics.median(values), 3) if values else None
         if name == RingTransport.name:  # which write path the figures are for (the C one unless it failed to build)
             row["ring_write_path"] = "compiled" if shm.ring._ringops is not None else "python"
+            row["ring_doorbell"] = args.ring_doorbell
         row["latency_samples"] = len(pooled[name])
         row["p50_us_pooled"] = percentile_us(pooled[name], 0.5)
         row["p99_us_pooled"] = percentile_us(pooled[name], 0.99)
@@ -464,6 +469,8 @@ def main(argv=None) -> int:
     parser.add_argument("--read-batch", type=int, default=4096, help="max frames per ring read_batch")
     parser.add_argument("--spin-us", type=float, default=0.0,
                         help="ring reader polls this long before announcing sleep")
+    parser.add_argument("--ring-doorbell", choices=["eventfd", "semaphore"], default="eventfd",
+                        help="how the ring's consumer sleeps: like a network worker (eventfd) or the timer (semaphore)")
     parser.add_argument("--full-pause-us", type=float, default=100.0,
                         help="how long the ring writer sleeps when the ring is full")
     args = parser.parse_args(argv)

@@ -35,6 +35,7 @@ import posix_ipc
 
 # Bounds the drain loop of a semaphore; more pending rings than this just cause another wakeup.
 MAX_SEMAPHORE_DRAIN = 1 << 16
+_SEMAPHORE_VALUE = posix_ipc.SEMAPHORE_VALUE_SUPPORTED  # sem_getvalue (Linux: yes; macOS: no)
 PIPE_DRAIN_CHUNK = 4096
 MAX_PIPE_DRAIN_READS = 64
 
@@ -68,12 +69,16 @@ class SemaphoreDoorbell:
 
     def drain(self) -> int:
         """Consume rings that accumulated while we were awake; returns how many."""
-        for drained in range(MAX_SEMAPHORE_DRAIN):
+        drained = 0
+        # Reading the count first spares the failing acquire(0) of every drain: its BusyError costs ~0.45 us
+        # against ~0.05 us for sem_getvalue, on the timer process's wakeup path (wait() drains).
+        while drained < MAX_SEMAPHORE_DRAIN and (not _SEMAPHORE_VALUE or self._sem.value > 0):
             try:
                 self._sem.acquire(0)
             except posix_ipc.BusyError:
-                return drained
-        return MAX_SEMAPHORE_DRAIN
+                break
+            drained += 1
+        return drained
 
     def close(self) -> None:
         """Close this process's handle (the semaphore stays until unlinked)."""

@@ -154,6 +154,7 @@ def test_bench_rings_prints_every_transport_and_size_and_leaves_no_shared_memory
         assert row["latency_samples"] > 0 and 0 < row["p50_us_pooled"] <= row["p99_us_pooled"], row
         assert (row.get("p99_us_pooled_vs_os_pipe") is None) == (row["transport"] == "os-pipe"), row
         assert row.get("ring_write_path") == ("compiled" if row["transport"] == "shm-ring" else None), row
+        assert row.get("ring_doorbell") == ("eventfd" if row["transport"] == "shm-ring" else None), row
         if row["size"] == 100:
             assert row["idle_cpu_pct"] is not None, row
     assert {name for name in os.listdir("/dev/shm") if "bench" in name} <= before
