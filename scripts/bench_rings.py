@@ -8,7 +8,9 @@ For each transport and frame size it measures, in the same run:
     splitting what one read returned by length prefix; mp: one bytes per receive).
   - one-way latency p50/p99: the writer sends one frame every 1/--pace-hz s carrying
     time.perf_counter_ns() (CLOCK_MONOTONIC, shared by processes); the reader sleeps
-    in the kernel between frames (ring: announce_sleep + eventfd doorbell).
+    in the kernel between frames (ring: announce_sleep + eventfd doorbell, or the timer
+    process's semaphore with --ring-doorbell semaphore). The first --latency-warmup-seconds
+    of frames are not counted.
   - idle CPU: CPU time the blocked reader uses over --idle-seconds with nothing sent.
 Each measurement is repeated --runs times, interleaved across transports; medians of the
 values and of the per-run ratios to os-pipe (`*_vs_os_pipe`; MB/s ratio = frames/s ratio) are reported.
@@ -259,6 +261,7 @@ TRANSPORT_CLASSES = {cls.name: cls for cls in (RingTransport, OsPipeTransport, M
 
 # --------------------------------------------------------------------------- measurements
 END = b""  # a zero-length frame ends a measurement
+WARMUP_STAMP = -1  # a latency frame sent during the warm-up, not counted
 
 
 def _throughput_writer(transport, size, seconds, batch) -> None:
@@ -292,18 +295,21 @@ def _throughput_reader(transport, result) -> None:
     result.send((state["frames"] - 1, state["bytes"], elapsed))  # minus END
 
 
-def _latency_writer(transport, size, seconds, pace_hz) -> None:
+def _latency_writer(transport, size, seconds, pace_hz, warmup_seconds) -> None:
+    """Paced frames carrying their send time; the first warmup_seconds of them carry WARMUP_STAMP instead (the
+    reader skips those), so process start-up and first-touch costs stay out of the figures."""
     transport.open_writer()
     filler = b"\0" * max(0, size - 8)
     interval = 1.0 / pace_hz
+    warmup = int(warmup_seconds * pace_hz)
     count = int(seconds * pace_hz)
     next_at = time.perf_counter()
-    for _ in range(count):
+    for i in range(warmup + count):
         next_at += interval
         pause = next_at - time.perf_counter()
         if pause > 0:
             time.sleep(pause)
-        transport.send_one(_STAMP.pack(time.perf_counter_ns()) + filler)
+        transport.send_one(_STAMP.pack(time.perf_counter_ns() if i >= warmup else WARMUP_STAMP) + filler)
     transport.send_one(END)
     if isinstance(transport, MpQueueTransport):
         transport.queue.close()
@@ -319,7 +325,9 @@ def _latency_reader(transport, result) -> None:
         for frame in frames:
             if len(frame) == 0:
                 return True
-            samples.append(now - _STAMP.unpack_from(frame)[0])
+            (stamp,) = _STAMP.unpack_from(frame)
+            if stamp != WARMUP_STAMP:
+                samples.append(now - stamp)
         return False
 
     transport.recv_frames(on_batch)
@@ -375,8 +383,9 @@ def measure_once(name: str, size: int, args, with_idle: bool) -> dict:
         transport.close()
     transport = TRANSPORT_CLASSES[name](args)
     try:
-        latencies = sorted(_run_pair(transport, _latency_writer, (size, args.latency_seconds, args.pace_hz),
-                                     _latency_reader, args.latency_seconds * 4 + 30))
+        latencies = sorted(_run_pair(transport, _latency_writer,
+                                     (size, args.latency_seconds, args.pace_hz, args.latency_warmup_seconds),
+                                     _latency_reader, (args.latency_seconds + args.latency_warmup_seconds) * 4 + 30))
         sample["latency_ns"] = latencies
         sample["p50_us"], sample["p99_us"] = percentile_us(latencies, 0.5), percentile_us(latencies, 0.99)
     finally:
@@ -456,6 +465,8 @@ def main(argv=None) -> int:
     parser.add_argument("--json", action="store_true", help="one JSON object per (transport, size)")
     parser.add_argument("--seconds", type=float, default=2.0, help="length of each throughput measurement")
     parser.add_argument("--latency-seconds", type=float, default=1.0, help="length of each latency measurement")
+    parser.add_argument("--latency-warmup-seconds", type=float, default=0.1,
+                        help="paced frames sent first and not counted (process start-up, first touches)")
     parser.add_argument("--idle-seconds", type=float, default=1.0, help="idle CPU window (0: skip)")
     parser.add_argument("--runs", type=int, default=3, help="repetitions; the median is reported")
     parser.add_argument("--sizes", type=int, nargs="+", default=[100, 4096, 65536])
