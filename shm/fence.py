@@ -14,8 +14,9 @@ locked instructions, at the cost of two C calls (~60 ns), with no ctypes and no 
 Invariants:
 - `full_fence()` orders every load/store issued before it against every load/store after
   it, on x86-64. On arm64 glibc's semaphore CAS is acquire/release only; a real
-  `atomic_thread_fence(memory_order_seq_cst)` (a `dmb ish`, via a small C extension)
-  would have to replace this.
+  `atomic_thread_fence(memory_order_seq_cst)` (a `dmb ish`) would have to replace this.
+  The ring's compiled paths (shm/_ringops.c: one-frame write, announce_sleep) already
+  use that fence; this one serves the Python paths (batches, and builds without a compiler).
 """
 
 from __future__ import annotations
