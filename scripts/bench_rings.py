@@ -46,7 +46,7 @@ import psutil  # noqa: E402
 from shm.doorbell import EventfdDoorbell  # noqa: E402
 from shm.instance import Instance, object_name  # noqa: E402
 import shm.ring  # noqa: E402
-from shm.ring import RingConfig, RingReader, RingWriter, announce_sleep_all  # noqa: E402
+from shm.ring import RingConfig, RingReader, RingWriter  # noqa: E402
 
 TRANSPORTS = ("shm-ring", "os-pipe", "mp-pipe", "mp-queue")
 F_SETPIPE_SZ = 1031
@@ -98,17 +98,10 @@ class RingTransport:
     def recv_frames(self, on_batch) -> None:
         """Calls on_batch(frames) per batch of in-place views until it returns True; sleeps when empty."""
         reader, bell = self.reader, self.bell
-        readers = [reader]
         max_frames, spin_s = self.read_batch, self.spin_s
         while True:
             frames = reader.read_batch(max_frames)
-            if frames:
-                stop = on_batch(frames)
-                del frames
-                reader.release()
-                if stop:
-                    return
-            else:
+            if not frames:
                 if spin_s:  # a producer in full flow refills within microseconds: skip a sleep
                     spin_end = time.perf_counter() + spin_s
                     while not reader.has_pending() and time.perf_counter() < spin_end:
@@ -117,16 +110,18 @@ class RingTransport:
                         continue
                 # No drain(): EventfdDoorbell.wait is edge-triggered (a syscall less per wakeup), and
                 # SemaphoreDoorbell.wait takes what piled up itself.
-                if announce_sleep_all(readers):
-                    bell.wait(None)
-                    frames = reader.read_batch(max_frames)  # before woke(): the frame is the latency path
-                    reader.woke()
-                    if frames:
-                        stop = on_batch(frames)
-                        del frames
-                        reader.release()
-                        if stop:
-                            return
+                if not reader.announce_sleep():
+                    continue
+                bell.wait(None)
+                frames = reader.read_batch(max_frames)  # before woke(): the frame is the latency path
+                reader.woke()
+                if not frames:
+                    continue
+            stop = on_batch(frames)
+            del frames
+            reader.release()
+            if stop:
+                return
 
 
 class OsPipeTransport:

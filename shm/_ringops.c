@@ -44,6 +44,27 @@ ringops_address(PyObject *module, PyObject *obj)
     return result;
 }
 
+/* Parses (header, capacity, pos), the start of every ring call's arguments; -1 with an exception set. */
+static int
+parse_ring_position(const char *name, PyObject *const *args, Py_ssize_t nargs, Py_ssize_t expected,
+                    char **header, unsigned long long *capacity, unsigned long long *pos)
+{
+    if (nargs != expected) {
+        PyErr_Format(PyExc_TypeError, "%s takes %zd arguments", name, expected);
+        return -1;
+    }
+    *header = (char *)PyLong_AsVoidPtr(args[0]);
+    *capacity = PyLong_AsUnsignedLongLong(args[1]);
+    *pos = PyLong_AsUnsignedLongLong(args[2]);
+    if (PyErr_Occurred())
+        return -1;
+    if (*header == NULL || *capacity == 0 || (*capacity & (*capacity - 1))) {
+        PyErr_Format(PyExc_ValueError, "%s: not a ring mapping", name);
+        return -1;
+    }
+    return 0;
+}
+
 /* publish_frame(header, capacity, pos, tail_seen, max_payload, payload, ring_fd, ring_bytes) -> int
  *
  * Returns -1 if the frame needs the Python path. Otherwise the new head, times two, plus 1 if the
@@ -53,22 +74,15 @@ ringops_address(PyObject *module, PyObject *obj)
 static PyObject *
 ringops_publish_frame(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 8) {
-        PyErr_SetString(PyExc_TypeError, "publish_frame takes 8 arguments");
+    char *header;
+    unsigned long long capacity, pos;
+    if (parse_ring_position("publish_frame", args, nargs, 8, &header, &capacity, &pos) < 0)
         return NULL;
-    }
-    char *header = (char *)PyLong_AsVoidPtr(args[0]);
-    unsigned long long capacity = PyLong_AsUnsignedLongLong(args[1]);
-    unsigned long long pos = PyLong_AsUnsignedLongLong(args[2]);
     unsigned long long tail_seen = PyLong_AsUnsignedLongLong(args[3]);
     long long max_payload = PyLong_AsLongLong(args[4]);
     int ring_fd = _PyLong_AsInt(args[6]);
     if (PyErr_Occurred())
         return NULL;
-    if (header == NULL || capacity == 0 || (capacity & (capacity - 1))) {
-        PyErr_SetString(PyExc_ValueError, "publish_frame: not a ring mapping");
-        return NULL;
-    }
     char *ring_bytes = NULL;
     Py_ssize_t ring_len = 0;
     if (ring_fd >= 0 && PyBytes_AsStringAndSize(args[7], &ring_bytes, &ring_len) < 0)
@@ -110,19 +124,10 @@ ringops_publish_frame(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 static PyObject *
 ringops_read_one(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 4) {
-        PyErr_SetString(PyExc_TypeError, "read_one takes 4 arguments");
+    char *header;
+    unsigned long long capacity, pos;
+    if (parse_ring_position("read_one", args, nargs, 4, &header, &capacity, &pos) < 0)
         return NULL;
-    }
-    char *header = (char *)PyLong_AsVoidPtr(args[0]);
-    unsigned long long capacity = PyLong_AsUnsignedLongLong(args[1]);
-    unsigned long long pos = PyLong_AsUnsignedLongLong(args[2]);
-    if (PyErr_Occurred())
-        return NULL;
-    if (header == NULL || capacity == 0 || (capacity & (capacity - 1))) {
-        PyErr_SetString(PyExc_ValueError, "read_one: not a ring mapping");
-        return NULL;
-    }
     unsigned long long head = __atomic_load_n((uint64_t *)header + HEAD_WORD, __ATOMIC_ACQUIRE);
     if (head == pos)
         Py_RETURN_NONE;
@@ -135,29 +140,20 @@ ringops_read_one(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
                                          (Py_ssize_t)(off + FRAME_HEADER_BYTES + size));
     if (view == NULL)
         return NULL;
-    PyObject *result = Py_BuildValue("(NK)", view, head);
-    return result;
+    return Py_BuildValue("(NK)", view, head);
 }
 
-/* announce_sleep(header, read_pos) -> bool
+/* announce_sleep(header, capacity, read_pos) -> bool
  *
  * The consumer half of the handshake: store the sleeping flag, full fence, load head (acquire). True: the
  * ring is empty and the caller may sleep; False: frames arrived, and the flag is cleared again. */
 static PyObject *
 ringops_announce_sleep(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "announce_sleep takes 2 arguments");
+    char *header;
+    unsigned long long capacity, pos;
+    if (parse_ring_position("announce_sleep", args, nargs, 3, &header, &capacity, &pos) < 0)
         return NULL;
-    }
-    char *header = (char *)PyLong_AsVoidPtr(args[0]);
-    unsigned long long pos = PyLong_AsUnsignedLongLong(args[1]);
-    if (PyErr_Occurred())
-        return NULL;
-    if (header == NULL) {
-        PyErr_SetString(PyExc_ValueError, "announce_sleep: not a ring mapping");
-        return NULL;
-    }
     uint64_t *sleeping_word = (uint64_t *)header + SLEEPING_WORD;
     __atomic_store_n(sleeping_word, 1, __ATOMIC_RELAXED);
     __atomic_thread_fence(__ATOMIC_SEQ_CST);

@@ -597,7 +597,7 @@ class RingReader(_RingEnd):
         Consumer loop:  bell.drain(); if reader.announce_sleep(): bell.wait(t); reader.woke()
         (drain first, so that only rings made after the announcement can wake us)."""
         if self._header_addr:
-            return _announce_sleep(self._header_addr, self._read_pos)
+            return _announce_sleep(self._header_addr, self.capacity, self._read_pos)
         self._words[_SLEEPING] = 1
         full_fence()  # the flag store must be visible before we re-read head
         if self._words[_HEAD] != self._read_pos:
