@@ -10,7 +10,7 @@ APT_INSTALL = SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
 
 .PHONY: run test venv sysdeps clean
 
-# The C compiler and Python headers build shm/_ringops.c, the ring's compiled write path.
+# The C compiler and Python headers build shm/_ringops.c, the ring's compiled one-frame paths.
 HAVE_PY_HEADERS = $(PYTHON) -c "import os, sys, sysconfig; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()['include'], 'Python.h')))"
 PY_DEV_PACKAGE = python$$($(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])')-dev
 

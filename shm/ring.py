@@ -40,8 +40,8 @@ and loads are not reordered with older loads, which is all the head/tail protoco
 CPython executes each memoryview item store as one aligned `mov`, and the calls between
 Python statements act as compiler barriers. On arm64 head/tail would need store-release /
 load-acquire (`stlr`/`ldar`); plain Python stores are not enough. The compiled one-frame
-write (shm/_ringops.c) already publishes with a release store and a seq_cst fence; the
-other paths would have to move there too. The sleep handshake needs a store->load fence
+paths (shm/_ringops.c) already use release stores, acquire loads and a seq_cst fence; the
+batch paths would have to move there too. The sleep handshake needs a store->load fence
 even on x86-64 (`shm.fence.full_fence`).
 
 Compiled fast paths (shm/_ringops.c), used when the extension was built; without it the same
@@ -87,11 +87,11 @@ _ALIGN_MASK = ~7
 if _ringops is not None and (_ringops.HEADER_BYTES, _ringops.FRAME_HEADER_BYTES, _ringops.HEAD_WORD,
                              _ringops.SLEEPING_WORD) != (HEADER_BYTES, FRAME_HEADER_BYTES, _HEAD, _SLEEPING):
     raise ImportError("shm._ringops was built for another ring layout; rebuild it (pip install -e .)")
-MAP_POPULATE = getattr(mmap, "MAP_POPULATE", 0)
+MAP_POPULATE = getattr(mmap, "MAP_POPULATE", 0)  # Linux; elsewhere pages fault in on first use
 _publish_frame = _ringops.publish_frame if _ringops is not None else None
 _read_one = _ringops.read_one if _ringops is not None else None
 _announce_sleep = _ringops.announce_sleep if _ringops is not None else None
-_count_nonzero = np.count_nonzero  # Linux; elsewhere pages fault in on first use
+_count_nonzero = np.count_nonzero
 
 
 class RingError(Exception):
@@ -531,14 +531,15 @@ class RingReader(_RingEnd):
         pos = self._read_pos
         if pos == head:
             return []
-        # Exactly one whole frame waiting is the paced, latency-bound case (a consumer just woken for it):
-        # answer it in a few steps. Measured: read_batch of one frame after a wakeup 2.2 -> 1.0 us (p50).
-        off = pos & self._mask
-        size = self._data_u32[off >> 2]
-        end = off + FRAME_HEADER_BYTES + ((size + 7) & _ALIGN_MASK)
-        if pos + end - off == head and end <= self.capacity and max_frames > 0:
-            self._read_pos = head
-            return [self._data[off + FRAME_HEADER_BYTES : off + FRAME_HEADER_BYTES + size]]
+        if not self._header_addr:
+            # Without the C call: exactly one whole frame waiting is the paced, latency-bound case (a consumer just
+            # woken for it); answer it in a few steps. Measured: one frame after a wakeup 2.2 -> 1.0 us (p50).
+            off = pos & self._mask
+            size = self._data_u32[off >> 2]
+            end = off + FRAME_HEADER_BYTES + ((size + 7) & _ALIGN_MASK)
+            if pos + end - off == head and end <= self.capacity and max_frames > 0:
+                self._read_pos = head
+                return [self._data[off + FRAME_HEADER_BYTES : off + FRAME_HEADER_BYTES + size]]
         out: list[memoryview] = []
         # Hot path, measured: walk each contiguous run of frames with a local offset and one
         # bound check per frame (a skip marker's huge length fails the same check).
