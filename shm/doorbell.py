@@ -8,16 +8,19 @@ Two kinds, because the two consumers sleep differently:
   inherited (fork, or subprocess.Popen(pass_fds=[bell.fileno()])). `PipeDoorbell` is the
   same thing on a pipe (two fds), for platforms or tools without eventfd.
 
-Consumer loop:
-    bell.drain(); if reader.announce_sleep(): bell.wait(timeout); reader.woke()
-`EventfdDoorbell.wait` is edge-triggered, so a consumer that sleeps only there skips drain().
+Consumer loop, for a consumer that sleeps on one ring's doorbell (shm.ring's RingReader.wait_batch does it):
+    if reader.announce_sleep(): bell.wait(timeout); reader.woke()
+Every wait() takes the rings it returns for (`EventfdDoorbell.wait` is edge-triggered, the others drain), so
+a consumer that sleeps only in wait() needs no drain(). One that watches the fd in its own selector drains:
+    bell.drain(); if reader.announce_sleep(): selector.select(timeout); reader.woke()
 
 Invariants:
 - `ring()` never blocks and never fails for a live doorbell; rings made while nobody sleeps
   accumulate (semaphore count, eventfd counter) and cost the consumer one spurious wakeup.
-- A level-triggered sleeper (a selector over the fd, a semaphore, a pipe) drains accumulated
-  rings before announcing sleep (not on the wakeup path, which keeps wakeup latency low), so
-  an idle consumer blocks in the kernel and uses no CPU.
+- Rings are taken once, so an idle consumer blocks in the kernel and uses no CPU: wait() takes
+  them itself (a semaphore or pipe drains after waking; an eventfd wait is edge-triggered); a
+  sleeper that watches the fd in its own selector drains before announcing sleep (not on the
+  wakeup path, which keeps wakeup latency low).
 - `EventfdDoorbell.wait` (epoll, EPOLLET) returns once for the rings made since it last
   returned, whatever the counter holds: every eventfd write is a new edge. Undrained, the
   counter grows by one per ring and saturates only after 2**64 - 2 rings (centuries at a
@@ -141,10 +144,20 @@ class EventfdDoorbell:
         ring latency test (5,000 frames/s, 8 interleaved runs): consumer CPU per wakeup 8.2-8.8 -> 6.4-6.8 us
         (schedstat), p50 9.4 -> 6.0 us at 100 B and 13.2 -> 7.0 us at 4 KiB.
         A ring made while the consumer was awake costs at most one spurious return."""
+        return bool(self._waiter().poll(-1 if timeout is None else max(0.0, timeout), 1))
+
+    @property
+    def wait_fd(self) -> int:
+        """The epoll fd wait() sleeps on: readable once per batch of rings (edge-triggered). shm.ring's compiled
+        RingReader.wait_batch sleeps on it directly. -1 once closed."""
+        return self._waiter().fileno() if self.ring_fd >= 0 else -1
+
+    def _waiter(self) -> select.epoll:
+        # Made in the sleeping process on first use: an epoll made before a fork would be shared with the child.
         if self._epoll is None:
             self._epoll = select.epoll(1)
             self._epoll.register(self.ring_fd, select.EPOLLIN | select.EPOLLET)
-        return bool(self._epoll.poll(-1 if timeout is None else max(0.0, timeout), 1))
+        return self._epoll
 
     def close(self) -> None:
         if self._epoll is not None:
@@ -201,9 +214,11 @@ class PipeDoorbell:
         return total
 
     def wait(self, timeout: float | None) -> bool:
-        """Sleep until rung or `timeout` seconds pass; True if rung. Does not reset the
-        doorbell: call drain() before the next announce_sleep."""
+        """Sleep until rung or `timeout` seconds pass; True if rung. Takes the rings it woke for (as every
+        doorbell's wait() does), so the next wait() sleeps until a new ring."""
         ready, _, _ = select.select([self._read_fd], [], [], timeout)
+        if ready:
+            self.drain()
         return bool(ready)
 
     def close(self) -> None:

@@ -49,11 +49,17 @@ steps run in Python with the same results:
 - `RingWriter.write` of a frame that fits before the end: header, payload, head, fence, flag
   and fd doorbell (eventfd or pipe) in one C call;
 - `RingReader.read_batch` when exactly one whole frame waits (a woken consumer's usual case);
-- `RingReader.announce_sleep`: flag, fence, re-check of head.
+- `RingReader.announce_sleep`: flag, fence, re-check of head;
+- `RingReader.wait_batch` with an EventfdDoorbell: announce, sleep, clear the flag and read a lone
+  frame, so a woken consumer runs no Python before it has its frame.
+The node's processes sleep on more than one ring (the timer process, on a semaphore) or on sockets
+too (a network worker, in its selector), so they use announce_sleep / read_batch; wait_batch is
+for a consumer of one ring (scripts/bench_rings.py measures the ring with it).
 """
 
 from __future__ import annotations
 
+import math
 import mmap
 import time
 from dataclasses import dataclass
@@ -91,6 +97,8 @@ MAP_POPULATE = getattr(mmap, "MAP_POPULATE", 0)  # Linux; elsewhere pages fault 
 _publish_frame = _ringops.publish_frame if _ringops is not None else None
 _read_one = _ringops.read_one if _ringops is not None else None
 _announce_sleep = _ringops.announce_sleep if _ringops is not None else None
+_wait_frame = _ringops.wait_frame if _ringops is not None else None
+MAX_WAIT_MS = (1 << 31) - 1  # epoll_wait's timeout is a C int; longer waits are cut to ~24 days
 _count_nonzero = np.count_nonzero
 
 
@@ -578,6 +586,36 @@ class RingReader(_RingEnd):
             pos += off - run_start
         self._read_pos = pos
         return out
+
+    def wait_batch(self, bell, timeout: float | None = None, max_frames: int = 1 << 30) -> list[memoryview]:
+        """read_batch, sleeping on `bell` first while the ring is empty: the whole consumer side of the sleep
+        protocol (announce, re-check, wait, woke) for a consumer that sleeps on this one ring.
+
+        [] if nothing came: `timeout` seconds passed (None: no limit), the wakeup was spurious (a ring left from
+        an earlier announce), or a signal arrived and its handler returned; what the handler raises propagates,
+        as does what `bell.wait` raises. `bell` is one of shm.doorbell's doorbells (its wait() takes the rings it
+        returns for). With an EventfdDoorbell the sleep, the wakeup and a lone frame are one C call.
+        """
+        if self._header_addr and max_frames > 0:
+            wait_fd = getattr(bell, "wait_fd", -1)
+            if wait_fd >= 0:
+                timeout_ms = -1 if timeout is None else min(MAX_WAIT_MS, max(0, math.ceil(timeout * 1000)))
+                one = _wait_frame(self._header_addr, self.capacity, self._read_pos, self._data, wait_fd, timeout_ms)
+                if one is None:
+                    return []
+                if one is not False:
+                    view, self._read_pos = one
+                    return [view]
+                return self.read_batch(max_frames)
+        frames = self.read_batch(max_frames)
+        if frames or max_frames <= 0:
+            return frames
+        if self.announce_sleep():
+            try:
+                bell.wait(timeout)
+            finally:
+                self.woke()
+        return self.read_batch(max_frames)
 
     def release(self) -> None:
         """Give every frame read so far back to the producer (one tail store)."""
