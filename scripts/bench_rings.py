@@ -8,9 +8,9 @@ For each transport and frame size it measures, in the same run:
     splitting what one read returned by length prefix; mp: one bytes per receive).
   - one-way latency p50/p99: the writer sends one frame every 1/--pace-hz s carrying
     time.perf_counter_ns() (CLOCK_MONOTONIC, shared by processes); the reader sleeps
-    in the kernel between frames (ring: announce_sleep + eventfd doorbell, or the timer
-    process's semaphore with --ring-doorbell semaphore). The first --latency-warmup-seconds
-    of frames are not counted.
+    in the kernel between frames (ring: RingReader.wait_batch on an eventfd doorbell, or on
+    the timer process's semaphore with --ring-doorbell semaphore; os-pipe: a blocking read).
+    The first --latency-warmup-seconds of frames are not counted.
   - idle CPU: CPU time the blocked reader uses over --idle-seconds with nothing sent.
 Each measurement is repeated --runs times, interleaved across transports; medians of the
 values and of the per-run ratios to os-pipe (`*_vs_os_pipe`; MB/s ratio = frames/s ratio) are reported.
@@ -100,23 +100,15 @@ class RingTransport:
         reader, bell = self.reader, self.bell
         max_frames, spin_s = self.read_batch, self.spin_s
         while True:
-            frames = reader.read_batch(max_frames)
+            if spin_s and not reader.has_pending():  # a producer in full flow refills within microseconds
+                spin_end = time.perf_counter() + spin_s
+                while not reader.has_pending() and time.perf_counter() < spin_end:
+                    pass
+            # Sleeps when empty: the blocking read, as os.read is for os.pipe. With the eventfd doorbell the sleep,
+            # the wakeup and a lone frame are one C call; the semaphore doorbell takes the Python steps.
+            frames = reader.wait_batch(bell, None, max_frames)
             if not frames:
-                if spin_s:  # a producer in full flow refills within microseconds: skip a sleep
-                    spin_end = time.perf_counter() + spin_s
-                    while not reader.has_pending() and time.perf_counter() < spin_end:
-                        pass
-                    if reader.has_pending():
-                        continue
-                # No drain(): EventfdDoorbell.wait is edge-triggered (a syscall less per wakeup), and
-                # SemaphoreDoorbell.wait takes what piled up itself.
-                if not reader.announce_sleep():
-                    continue
-                bell.wait(None)
-                frames = reader.read_batch(max_frames)  # before woke(): the frame is the latency path
-                reader.woke()
-                if not frames:
-                    continue
+                continue
             stop = on_batch(frames)
             del frames
             reader.release()
@@ -408,8 +400,10 @@ def measure_size(size: int, args) -> list[dict]:
         for key in ("frames_per_s", "mb_per_s", "p50_us", "p99_us", "idle_cpu_pct"):
             values = [sample[key] for sample in samples[name] if sample[key] is not None]
             row[key] = round(statistics.median(values), 3) if values else None
-        if name == RingTransport.name:  # which write path the figures are for (the C one unless it failed to build)
-            row["ring_write_path"] = "compiled" if shm.ring._ringops is not None else "python"
+        if name == RingTransport.name:  # which paths the figures are for (the C ones unless it failed to build)
+            compiled = shm.ring._ringops is not None
+            row["ring_write_path"] = "compiled" if compiled else "python"
+            row["ring_wait_path"] = "compiled" if compiled and args.ring_doorbell == "eventfd" else "python"
             row["ring_doorbell"] = args.ring_doorbell
         row["latency_samples"] = len(pooled[name])
         row["p50_us_pooled"] = percentile_us(pooled[name], 0.5)

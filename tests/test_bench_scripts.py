@@ -154,7 +154,20 @@ def test_bench_rings_prints_every_transport_and_size_and_leaves_no_shared_memory
         assert row["latency_samples"] > 0 and 0 < row["p50_us_pooled"] <= row["p99_us_pooled"], row
         assert (row.get("p99_us_pooled_vs_os_pipe") is None) == (row["transport"] == "os-pipe"), row
         assert row.get("ring_write_path") == ("compiled" if row["transport"] == "shm-ring" else None), row
+        assert row.get("ring_wait_path") == ("compiled" if row["transport"] == "shm-ring" else None), row
         assert row.get("ring_doorbell") == ("eventfd" if row["transport"] == "shm-ring" else None), row
         if row["size"] == 100:
             assert row["idle_cpu_pct"] is not None, row
     assert {name for name in os.listdir("/dev/shm") if "bench" in name} <= before
+
+
+def test_bench_rings_measures_the_ring_also_with_the_timer_process_semaphore():
+    done = subprocess.run([sys.executable, str(SCRIPTS / "bench_rings.py"), "--json", "--runs", "1", "--seconds", "0.2",
+                           "--latency-seconds", "0.2", "--idle-seconds", "0.2", "--sizes", "100",
+                           "--transports", "shm-ring", "--ring-doorbell", "semaphore"],
+                          cwd=REPO, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    assert done.returncode == 0, done.stderr[-5000:]
+    [row] = [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
+    assert row["transport"] == "shm-ring" and row["ring_doorbell"] == "semaphore", row
+    assert row["ring_wait_path"] == "python" and row["ring_write_path"] == "compiled", row
+    assert row["frames_per_s"] > 0 and 0 < row["p50_us"] <= row["p99_us"] and row["idle_cpu_pct"] is not None, row
