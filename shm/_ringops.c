@@ -188,21 +188,21 @@ ringops_wait_frame(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     uint64_t *head_word = (uint64_t *)header + HEAD_WORD;
     unsigned long long head = __atomic_load_n(head_word, __ATOMIC_ACQUIRE);
-    if (head == pos && announce(header, pos)) {
+    if (head == pos) {
         /* Without the GIL another thread could close the ring; an export of `data` keeps the mapping alive
          * (its close() then leaves the mapping to the process), so the stores after the sleep stay valid. */
         Py_buffer hold;
-        if (PyObject_GetBuffer(args[3], &hold, PyBUF_SIMPLE) < 0) {
-            __atomic_store_n((uint64_t *)header + SLEEPING_WORD, 0, __ATOMIC_RELAXED);
+        if (PyObject_GetBuffer(args[3], &hold, PyBUF_SIMPLE) < 0)
             return NULL;
+        int ready = 0, error = 0;
+        if (announce(header, pos)) {
+            struct epoll_event event;
+            Py_BEGIN_ALLOW_THREADS
+            ready = epoll_wait(epoll_fd, &event, 1, timeout_ms);
+            error = errno;
+            Py_END_ALLOW_THREADS
+            __atomic_store_n((uint64_t *)header + SLEEPING_WORD, 0, __ATOMIC_RELAXED);
         }
-        struct epoll_event event;
-        int ready, error;
-        Py_BEGIN_ALLOW_THREADS
-        ready = epoll_wait(epoll_fd, &event, 1, timeout_ms);
-        error = errno;
-        Py_END_ALLOW_THREADS
-        __atomic_store_n((uint64_t *)header + SLEEPING_WORD, 0, __ATOMIC_RELAXED);
         PyBuffer_Release(&hold);
         if (ready < 0) {
             if (error != EINTR) {
