@@ -15,7 +15,9 @@ For each transport and frame size it measures, in the same run:
 Each measurement is repeated --runs times, interleaved across transports; medians of the
 values and of the per-run ratios to os-pipe (`*_vs_os_pipe`; MB/s ratio = frames/s ratio) are reported.
 Latency samples of all runs are also pooled per transport (`p50_us_pooled`, `p99_us_pooled`,
-`p99_us_pooled_vs_os_pipe`), the steadier p99 figure on a noisy machine.
+`p99_us_pooled_vs_os_pipe`), the steadier p99 figure on a noisy machine. How far the median ratios can be
+trusted: `*_vs_os_pipe_ci95`, a bootstrap 95% interval of the median per-run ratio, and
+`p99_us_le_os_pipe_share`, the share of runs whose p99 was at or below os-pipe's in the same run.
 
 Batching: the ring writer publishes up to --batch frames and --batch-bytes bytes per head update
 (write_many); os.pipe does one os.write per frame unless --pipe-batch > 1 (then one write per batch).
@@ -41,6 +43,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import numpy as np  # noqa: E402
 import psutil  # noqa: E402
 
 from shm.doorbell import EventfdDoorbell  # noqa: E402
@@ -413,11 +416,27 @@ def measure_size(size: int, args) -> list[dict]:
                 ratios = [mine[key] / base[key] for mine, base in zip(samples[name], samples["os-pipe"])
                           if mine[key] and base[key]]
                 row[f"{key}_vs_os_pipe"] = round(statistics.median(ratios), 3) if ratios else None
+                row[f"{key}_vs_os_pipe_ci95"] = median_ci95(ratios, args.bootstrap_resamples)
+                if key == "p99_us":
+                    row["p99_us_le_os_pipe_share"] = (round(sum(r <= 1 for r in ratios) / len(ratios), 3)
+                                                      if ratios else None)
             base_p99 = percentile_us(pooled["os-pipe"], 0.99)
             if row["p99_us_pooled"] and base_p99:
                 row["p99_us_pooled_vs_os_pipe"] = round(row["p99_us_pooled"] / base_p99, 3)
         rows.append(row)
     return rows
+
+
+def median_ci95(values: list[float], resamples: int, seed: int = 0) -> list[float] | None:
+    """Percentile-bootstrap 95% interval of the median of `values` (a fixed seed, so a rerun on the same
+    samples prints the same interval). Per-run p99 ratios on a shared VM swing by tens of percent from run to
+    run; the interval says whether a median ratio is apart from 1 or within the noise."""
+    if not values:
+        return None
+    samples = np.asarray(values, dtype=float)
+    draws = np.random.default_rng(seed).choice(samples, size=(resamples, len(samples)), replace=True)
+    low, high = np.percentile(np.median(draws, axis=1), [2.5, 97.5])
+    return [round(float(low), 3), round(float(high), 3)]
 
 
 def measure_idle(name: str, args) -> float:
@@ -464,6 +483,8 @@ def main(argv=None) -> int:
     parser.add_argument("--batch-bytes", type=int, default=256 << 10,
                         help="bytes per writer batch at most (a batch holds at least one frame)")
     parser.add_argument("--pipe-batch", type=int, default=1, help="frames per os.write for os-pipe")
+    parser.add_argument("--bootstrap-resamples", type=int, default=2000,
+                        help="resamples for the 95%% intervals of the median ratios")
     parser.add_argument("--pace-hz", type=float, default=5000.0, help="frame rate of the latency test")
     parser.add_argument("--ring-capacity", type=int, default=1 << 22)
     parser.add_argument("--read-batch", type=int, default=4096, help="max frames per ring read_batch")

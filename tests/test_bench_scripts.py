@@ -26,6 +26,7 @@ RUN_TIMEOUT_S = 240.0
 COMMON_FIELDS = ("script", "client", "records", "records_per_s", "mb_per_s", "p50_ms", "p99_ms", "p999_ms")
 
 sys.path.insert(0, str(SCRIPTS))
+import bench_rings  # noqa: E402
 import benchnode  # noqa: E402
 
 
@@ -153,12 +154,27 @@ def test_bench_rings_prints_every_transport_and_size_and_leaves_no_shared_memory
         assert 0 < row["p50_us"] <= row["p99_us"], row
         assert row["latency_samples"] > 0 and 0 < row["p50_us_pooled"] <= row["p99_us_pooled"], row
         assert (row.get("p99_us_pooled_vs_os_pipe") is None) == (row["transport"] == "os-pipe"), row
+        if row["transport"] != "os-pipe":  # one run: the interval is that run's ratio
+            assert row["p99_us_vs_os_pipe_ci95"] == [row["p99_us_vs_os_pipe"]] * 2, row
+            assert row["frames_per_s_vs_os_pipe_ci95"] == [row["frames_per_s_vs_os_pipe"]] * 2, row
+            assert row["p99_us_le_os_pipe_share"] == (1.0 if row["p99_us_vs_os_pipe"] <= 1 else 0.0), row
         assert row.get("ring_write_path") == ("compiled" if row["transport"] == "shm-ring" else None), row
         assert row.get("ring_wait_path") == ("compiled" if row["transport"] == "shm-ring" else None), row
         assert row.get("ring_doorbell") == ("eventfd" if row["transport"] == "shm-ring" else None), row
         if row["size"] == 100:
             assert row["idle_cpu_pct"] is not None, row
     assert {name for name in os.listdir("/dev/shm") if "bench" in name} <= before
+
+
+def test_bench_rings_median_interval_separates_a_shift_from_noise():
+    noisy = [0.6, 0.8, 0.9, 0.95, 1.0, 1.05, 1.1, 1.3, 2.5] * 3  # median 1.0, spread both ways
+    low, high = bench_rings.median_ci95(noisy, 2000)
+    assert min(noisy) <= low < 1.0 < high <= max(noisy)
+    assert bench_rings.median_ci95(noisy, 2000) == [low, high]  # seeded: a rerun prints the same interval
+    shifted = [ratio + 0.3 for ratio in noisy]
+    assert bench_rings.median_ci95(shifted, 2000)[0] > 1.0
+    assert bench_rings.median_ci95([0.9] * 7, 500) == [0.9, 0.9]
+    assert bench_rings.median_ci95([], 500) is None
 
 
 def test_bench_rings_measures_the_ring_also_with_the_timer_process_semaphore():
