@@ -633,8 +633,8 @@ class RingReader(_RingEnd):
         """Tell the producer we are about to sleep. True: the ring is empty and we may sleep on
         our doorbell; a later commit will ring it. False: frames arrived; the flag is cleared.
 
-        Consumer loop:  bell.drain(); if reader.announce_sleep(): bell.wait(t); reader.woke()
-        (drain first, so that only rings made after the announcement can wake us)."""
+        Consumer loop:  if reader.announce_sleep(): bell.wait(t); reader.woke()  (wait_batch does it). A consumer
+        that watches the doorbell's fd in its own selector drains it first (shm.doorbell's module docstring)."""
         if self._header_addr:
             return _announce_sleep(self._header_addr, self.capacity, self._read_pos)
         self._words[_SLEEPING] = 1
