@@ -18,7 +18,7 @@ from typing import Any
 
 import orjson
 
-from node.log import LogConfig
+from node.storage.log import LogConfig
 
 
 class ConfigError(ValueError):

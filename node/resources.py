@@ -18,9 +18,9 @@ import hashlib
 import logging
 import os
 
-from node.catalog import Catalog
+from node.storage.catalog import Catalog
 from node.config import NodeConfig
-from node.log import PartitionLog, partition_directory
+from node.storage.log import PartitionLog, partition_directory
 from shm import instance as shm_instance
 from shm.doorbell import EventfdDoorbell
 from shm.interest import InterestTable

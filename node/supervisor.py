@@ -97,7 +97,7 @@ class Supervisor:
 
     def _spawn(self, child: Child) -> None:
         assert self.resources is not None
-        module = "node.timer_process" if child.role == "timer" else "workers.worker"
+        module = "node.timer.process" if child.role == "timer" else "workers.worker"
         extra_args, fds = self.resources.child_args(child.role, child.index)
         args = [sys.executable, "-m", module,
                 "--instance", self.instance,

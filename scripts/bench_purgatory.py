@@ -8,9 +8,9 @@ force-completed at arrival + latency (the current Java port schedules it at the 
 copied here); the others expire. Time is integer monotonic milliseconds.
 
 Implementations (--impl):
-  wheel-timer    node.wheel.TimingWheel alone: add_many / cancel_many / advance.
+  wheel-timer    node.timer.wheel.TimingWheel alone: add_many / cancel_many / advance.
   heapq-timer    baseline (a): a bare heapq of (deadline, request), lazy cancel flag, pop expired.
-  purgatory      node.purgatory.Purgatory batch path: watch_many / force_complete_many / advance_many.
+  purgatory      node.timer.purgatory.Purgatory batch path: watch_many / force_complete_many / advance_many.
   purgatory-0.8  baseline (b): Kafka 0.8.x style: a heapq delay queue of requests with lazy deletion, per-key
                  Python watcher lists, and on every reaper pass (one per advance) a purge that scans every
                  watcher list when their total size reaches --purge-interval (and the delay queue when its
@@ -49,8 +49,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from node.purgatory import Purgatory  # noqa: E402
-from node.wheel import SLOT_MASK, TimingWheel  # noqa: E402
+from node.timer.purgatory import Purgatory  # noqa: E402
+from node.timer.wheel import SLOT_MASK, TimingWheel  # noqa: E402
 
 IMPLS = ("wheel-timer", "heapq-timer", "purgatory", "purgatory-0.8")
 CASES = {"low": (60.0, 20.0), "high": (400.0, 200.0)}  # (pct75, pct50) of the completion latency, ms

@@ -25,7 +25,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from kafka.record.default_records import DefaultRecordBatchBuilder  # noqa: E402
 
-from node.log import LogConfig, PartitionLog  # noqa: E402
+from node.storage.log import LogConfig, PartitionLog  # noqa: E402
 from shm.table import PartitionTable  # noqa: E402
 
 

@@ -159,7 +159,7 @@ class BenchNode:
 
     def child_pids(self, module: str = "") -> list[int]:
         """Pids of the node's processes below the supervisor whose command line names `module`
-        ('workers.worker', 'node.timer_process'); all of them when empty."""
+        ('workers.worker', 'node.timer.process'); all of them when empty."""
         if self.proc is None:
             return []
         try:

@@ -95,7 +95,7 @@ class NodeProcess:
 
     def pids(self, role: str) -> list[int]:
         """Pids of children by role: 'worker' or 'timer'."""
-        module = "workers.worker" if role == "worker" else "node.timer_process"
+        module = "workers.worker" if role == "worker" else "node.timer.process"
         found = []
         for child in self.children():
             try:

@@ -9,7 +9,7 @@ import time
 import crc32c
 from kafka.record.default_records import DefaultRecordBatchBuilder
 
-from node.records import BATCH_HEADER_SIZE, CRC_START
+from node.storage.records import BATCH_HEADER_SIZE, CRC_START
 from shm.table import PartitionTable
 
 GZIP = 1

@@ -11,10 +11,10 @@ import time
 import pytest
 from kafka.record.default_records import DefaultRecordBatch
 
-from node.log import LogConfig, PartitionLog
-from node.producer_state import load_latest_snapshot
-from node.records import ErrorCode, StorageError, parse_header, stored_batch_is_valid
-from node.segment import segment_base_offsets
+from node.storage.log import LogConfig, PartitionLog
+from node.storage.producer_state import load_latest_snapshot
+from node.storage.records import ErrorCode, StorageError, parse_header, stored_batch_is_valid
+from node.storage.segment import segment_base_offsets
 from shm.table import PartitionTable
 from tests.record_batches import GZIP, SharedTable, dev_shm_entries, edit, make_batch, opaque_compressed_batch
 

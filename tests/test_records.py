@@ -7,7 +7,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from node.records import (
+from node.storage.records import (
     BATCH_HEADER_DTYPE,
     INT32_MAX,
     ErrorCode,

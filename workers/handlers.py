@@ -20,9 +20,9 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from kio.static.primitive import i16, i32, i32Timedelta
 
-from node import producer_ids
-from node.catalog import valid_topic_name
-from node.records import StorageError
+from node.storage import producer_ids
+from node.storage.catalog import valid_topic_name
+from node.storage.records import StorageError
 from workers import errors as E
 from workers import protocol as P
 from workers.connection import FileRange

@@ -25,7 +25,7 @@ from shm.ring import RingReader, RingWriter
 
 log = logging.getLogger("shmbroker.timer_link")
 
-# Control document ops, shared with node.timer_process.
+# Control document ops, shared with node.timer.process.
 OP_TIMER_STARTED = "timer_started"
 OP_REPLY = "reply"
 OP_LAYOUT = "layout"

@@ -31,7 +31,7 @@ from typing import Any, Callable
 
 from node.cli import setup_logging
 from node.config import NodeConfig
-from node.partitions import Partitions
+from node.storage.partitions import Partitions
 from node.resources import interest_name, table_name
 from shm.interest import InterestTable, full_fence
 from shm.table import PartitionTable

@@ -10,8 +10,8 @@ Invariants:
 
 from __future__ import annotations
 
-from node.catalog import Catalog
-from node.log import LogConfig, PartitionLog, partition_directory
+from node.storage.catalog import Catalog
+from node.storage.log import LogConfig, PartitionLog, partition_directory
 from shm.table import PartitionTable
 
 

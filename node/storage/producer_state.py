@@ -26,7 +26,7 @@ from typing import NamedTuple
 
 import orjson
 
-from node.records import INT32_MAX, ErrorCode, StorageError
+from node.storage.records import INT32_MAX, ErrorCode, StorageError
 
 SNAPSHOT_SUFFIX = ".snapshot"
 

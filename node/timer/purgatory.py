@@ -41,7 +41,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from node.wheel import SLOT_MASK, TimingWheel, WheelConfig, _as_int64_array, _check_int, doubled
+from node.timer.wheel import SLOT_MASK, TimingWheel, WheelConfig, _as_int64_array, _check_int, doubled
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from node.purgatory import DelayedOperation
+from node.timer.purgatory import DelayedOperation
 from shm.table import PartitionTable
 
 # (operation, expired) -> None; called once per operation

@@ -30,14 +30,14 @@ from typing import Any
 import posix_ipc
 from kio.schema.errors import ErrorCode
 
-from node.catalog import CatalogError
+from node.storage.catalog import CatalogError
 from node.cli import setup_logging
 from node.config import NodeConfig
-from node.delayed import DelayedFetch, DelayedProduce
-from node.flusher import Flusher
-from node.log import PartitionLog, partition_directory
-from node.partitions import Partitions
-from node.purgatory import Purgatory
+from node.timer.delayed import DelayedFetch, DelayedProduce
+from node.timer.flusher import Flusher
+from node.storage.log import PartitionLog, partition_directory
+from node.storage.partitions import Partitions
+from node.timer.purgatory import Purgatory
 from node.resources import interest_name, ring_config, table_name
 from shm import frames as F
 from shm import instance as shm_instance

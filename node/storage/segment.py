@@ -28,7 +28,7 @@ import mmap
 import os
 import struct
 
-from node.records import BATCH_HEADER, BATCH_HEADER_SIZE, LENGTH_FIELDS_SIZE, stored_batch_is_valid
+from node.storage.records import BATCH_HEADER, BATCH_HEADER_SIZE, LENGTH_FIELDS_SIZE, stored_batch_is_valid
 
 LOG_SUFFIX = ".log"
 INDEX_SUFFIX = ".index"

@@ -32,8 +32,8 @@ import time
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from node.producer_state import ProducerStateTable, delete_snapshots, load_latest_snapshot, snapshot_offsets
-from node.records import (
+from node.storage.producer_state import ProducerStateTable, delete_snapshots, load_latest_snapshot, snapshot_offsets
+from node.storage.records import (
     BASE_OFFSET,
     LENGTH_FIELDS_SIZE,
     ErrorCode,
@@ -43,7 +43,7 @@ from node.records import (
     record_timestamps,
     validate_client_batch,
 )
-from node.segment import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX, Segment, segment_base_offsets
+from node.storage.segment import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX, Segment, segment_base_offsets
 from shm.table import PartitionState, PartitionTable
 
 LOCK_FILE = "partition.lock"

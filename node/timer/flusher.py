@@ -27,7 +27,7 @@ from typing import Callable
 import numpy as np
 
 from node.config import NodeConfig
-from node.partitions import Partitions
+from node.storage.partitions import Partitions
 from shm.table import PartitionTable
 
 log = logging.getLogger("shmbroker.flusher")
