@@ -3,18 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 
 from node import config as node_config
-
-
-def setup_logging(role: str) -> None:
-    logging.basicConfig(
-        level=logging.INFO,
-        format=f"%(asctime)s {role}[%(process)d] %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+from node.logging_setup import setup_logging
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -6,6 +6,8 @@ Invariants:
 - A config is immutable once loaded; processes receive it as JSON on their command line, so a
   restarted child runs with exactly the configuration its siblings have.
 - Unknown keys in the TOML file are an error (a typo must not silently fall back to a default).
+- A table in the file overrides only the keys it names: the rest keep the node's defaults (which may
+  differ from a nested config class's own defaults, e.g. the rings' capacity).
 """
 
 from __future__ import annotations
@@ -19,6 +21,9 @@ from typing import Any
 import orjson
 
 from node.storage.log import LogConfig
+from node.timer.purgatory import PurgatoryConfig
+from node.timer.wheel import WheelConfig
+from shm.ring import RingConfig
 
 
 class ConfigError(ValueError):
@@ -50,6 +55,12 @@ class ServerConfig:
     restart_backoff_max_ms: int = 5000
     # A child that lived this long resets its backoff.
     restart_backoff_reset_ms: int = 10000
+    # A child that exits this soon after starting, this many times in a row, cannot boot (a bad install,
+    # a broken config): the node stops with exit code 1 instead of restarting it forever.
+    child_boot_window_ms: int = 5000
+    child_boot_failures_max: int = 5
+    # The supervisor looks at its children at least this often (a SIGCHLD can be merged with another).
+    supervisor_poll_ms: int = 1000
 
     def worker_count(self) -> int:
         return self.workers if self.workers > 0 else (os.cpu_count() or 1)
@@ -65,11 +76,8 @@ class TopicDefaults:
 
 @dataclass(frozen=True)
 class TimerConfig:
-    tick_ms: int = 1
-    wheel_size: int = 20
-    purge_interval: int = 1000
-    # Rings between each worker and the timer process.
-    ring_bytes: int = 4 * 1024 * 1024
+    wheel: WheelConfig = field(default_factory=WheelConfig)
+    purgatory: PurgatoryConfig = field(default_factory=PurgatoryConfig)
     # A worker answers by itself a delayed request this long past its deadline (timer gone).
     delayed_grace_ms: int = 2000
     # How often a worker looks for delayed requests the timer failed to answer.
@@ -80,6 +88,8 @@ class TimerConfig:
     max_sleep_ms: int = 500
     # Frames drained per ring per loop turn, so one busy worker cannot starve the others.
     drain_batch: int = 4096
+    # Frames that did not fit a full ring are retried this soon (a worker's requests, the timer's completions).
+    ring_full_retry_ms: int = 1
 
 
 @dataclass(frozen=True)
@@ -101,6 +111,8 @@ class NodeConfig:
     timer: TimerConfig = field(default_factory=TimerConfig)
     flush: FlushConfig = field(default_factory=FlushConfig)
     log: LogConfig = field(default_factory=LogConfig)
+    # The rings between each worker and the timer process (one each way).
+    rings: RingConfig = field(default_factory=lambda: RingConfig(capacity=4 * 1024 * 1024))
 
     def to_json(self) -> bytes:
         return orjson.dumps(dataclasses.asdict(self))
@@ -110,17 +122,18 @@ class NodeConfig:
         return from_mapping(orjson.loads(raw))
 
 
-def _build(kind: type, values: dict[str, Any], where: str) -> Any:
-    known = {f.name: f for f in dataclasses.fields(kind)}
+def _build(defaults: Any, values: dict[str, Any], where: str) -> Any:
+    """`defaults` (a config instance) with the keys of `values` replaced, recursively and type-checked."""
+    known = {f.name for f in dataclasses.fields(defaults)}
     kwargs: dict[str, Any] = {}
     for key, value in values.items():
         if key not in known:
             raise ConfigError(f"unknown setting {where}{key}")
-        default = known[key].default_factory() if known[key].default_factory is not dataclasses.MISSING else known[key].default
+        default = getattr(defaults, key)
         if dataclasses.is_dataclass(default):
             if not isinstance(value, dict):
                 raise ConfigError(f"{where}{key} must be a table")
-            kwargs[key] = _build(type(default), value, f"{where}{key}.")
+            kwargs[key] = _build(default, value, f"{where}{key}.")
         else:
             expected = type(default)
             if expected is float and isinstance(value, int) and not isinstance(value, bool):
@@ -128,11 +141,14 @@ def _build(kind: type, values: dict[str, Any], where: str) -> Any:
             if expected is int and isinstance(value, bool) or not isinstance(value, expected):
                 raise ConfigError(f"{where}{key} must be {expected.__name__}, got {value!r}")
             kwargs[key] = value
-    return kind(**kwargs)
+    try:
+        return dataclasses.replace(defaults, **kwargs)
+    except ValueError as exc:  # a nested config's own check (__post_init__)
+        raise ConfigError(f"{where.rstrip('.') or 'config'}: {exc}") from None
 
 
 def from_mapping(values: dict[str, Any]) -> NodeConfig:
-    return _build(NodeConfig, values, "")
+    return _build(NodeConfig(), values, "")
 
 
 def load(path: str | None = None, overrides: dict[str, Any] | None = None) -> NodeConfig:

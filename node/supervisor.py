@@ -1,11 +1,17 @@
 """The supervisor: `shmbroker serve`. Owns the node's shared resources and its child processes.
 
+A loop of signals, as gunicorn's arbiter: wait for a signal (or the next restart due), run its
+`handle_<signal>` method, reap children that exited, spawn those whose restart is due.
+
 Invariants:
 - Exactly one supervisor per data directory: it holds an fcntl lock on `<data_dir>/.lock`.
 - Before any child starts, the supervisor has removed the shared memory left by a crashed run of
   the same instance, recovered every partition log and filled the shared partition table.
-- Children: one timer process and N network workers. Any child that dies is restarted, with a
-  backoff that doubles per quick death and resets after a child has lived long enough.
+- Children are data (`ChildSpec`: role, module, arguments, inherited fds): one timer process and N
+  network workers. Any child that dies is restarted, with a backoff that doubles per quick death and
+  resets after a child has lived long enough.
+- A child that cannot boot (exits within `child_boot_window_ms` of its start `child_boot_failures_max`
+  times in a row) stops the node with one log line and exit code 1, instead of restarting forever.
 - A child dies with the supervisor (PR_SET_PDEATHSIG), so kill -9 of the supervisor never leaves
   orphans holding the port or the rings.
 - SIGTERM / SIGINT: workers stop accepting and finish in-flight responses within the grace period,
@@ -29,22 +35,48 @@ from dataclasses import dataclass
 
 from node import sdnotify
 from node.config import NodeConfig
-from node.resources import NodeResources, instance_id_for
+from node.resources import NodeResources
+from shm.instance import instance_id_for
 
 log = logging.getLogger("shmbroker.supervisor")
 
-_HANDLED = {signal.SIGTERM, signal.SIGINT, signal.SIGCHLD, signal.SIGHUP}
+SIGNALS = {
+    signal.SIGTERM: "handle_term",
+    signal.SIGINT: "handle_int",
+    signal.SIGCHLD: "handle_chld",
+    signal.SIGHUP: "handle_hup",
+}
+EXIT_CHILD_CANNOT_BOOT = 1
+
+
+@dataclass(frozen=True)
+class ChildSpec:
+    """What a child is: its role, the module it runs, its own arguments and the fds it inherits."""
+
+    role: str  # "timer" or "worker"
+    index: int
+    module: str
+    args: tuple[str, ...]
+    fds: tuple[int, ...]
+
+    @property
+    def name(self) -> str:
+        return f"{self.role} {self.index}"
 
 
 @dataclass
 class Child:
-    role: str  # "timer" or "worker"
-    index: int
+    spec: ChildSpec
     process: subprocess.Popen | None = None
     started_at: float = 0.0
     backoff_ms: int = 0
     restart_at: float = 0.0
     restarts: int = 0
+    boot_failures: int = 0  # exits in a row within child_boot_window_ms of starting
+
+
+class ChildCannotBoot(Exception):
+    pass
 
 
 class Supervisor:
@@ -95,38 +127,42 @@ class Supervisor:
             sockets.append(sock)
         return sockets
 
-    def _spawn(self, child: Child) -> None:
+    def _child_specs(self) -> list[ChildSpec]:
         assert self.resources is not None
-        module = "node.timer.process" if child.role == "timer" else "workers.worker"
-        extra_args, fds = self.resources.child_args(child.role, child.index)
-        args = [sys.executable, "-m", module,
+        bells = [bell.fileno() for bell in self.resources.worker_bells]
+        timer = ChildSpec("timer", 0, "node.timer.process", ("--worker-bell-fds", ",".join(map(str, bells))),
+                          tuple(bells))
+        workers = [ChildSpec("worker", i, "workers.worker",
+                             ("--bell-fd", str(bell), "--listen-fd", str(self.listeners[i].fileno())),
+                             (bell, self.listeners[i].fileno()))
+                   for i, bell in enumerate(bells)]
+        return [timer] + workers
+
+    def spawn(self, child: Child) -> None:
+        spec = child.spec
+        argv = [sys.executable, "-m", spec.module,
                 "--instance", self.instance,
-                "--index", str(child.index),
+                "--index", str(spec.index),
                 "--config-json", self.config.to_json().decode(),
-                "--supervisor-pid", str(os.getpid())] + extra_args
-        if child.role == "worker":
-            listen_fd = self.listeners[child.index].fileno()
-            args += ["--listen-fd", str(listen_fd)]
-            fds = fds + [listen_fd]
-        # Children must not inherit our blocked signal mask.
-        child.process = subprocess.Popen(args, pass_fds=fds, close_fds=True,
-                                         preexec_fn=_child_setup, cwd=os.getcwd())
+                "--supervisor-pid", str(os.getpid()), *spec.args]
+        child.process = subprocess.Popen(argv, pass_fds=spec.fds, close_fds=True, preexec_fn=_child_setup,
+                                         cwd=os.getcwd())
         child.started_at = time.monotonic()
-        log.info("started %s %d as pid %d", child.role, child.index, child.process.pid)
+        log.info("started %s as pid %d", spec.name, child.process.pid)
 
     def start(self) -> None:
         self._lock_data_dir()
         workers = self.config.server.worker_count()
         self.listeners = self._listen(workers)  # first: a taken port fails before anything is created
         self.resources = NodeResources.create(self.instance, self.config, self.data_dir)
-        self.children = [Child("timer", 0)] + [Child("worker", i) for i in range(workers)]
+        self.children = [Child(spec) for spec in self._child_specs()]
         for child in self.children:
-            self._spawn(child)
+            self.spawn(child)
 
     # -- run -----------------------------------------------------------------------------
 
     def run(self) -> int:
-        signal.pthread_sigmask(signal.SIG_BLOCK, _HANDLED)
+        signal.pthread_sigmask(signal.SIG_BLOCK, set(SIGNALS))
         try:
             try:
                 self.start()
@@ -136,42 +172,71 @@ class Supervisor:
             sdnotify.notify(f"READY=1\nSTATUS=serving on {self.config.server.host}:{self.config.server.port}\nMAINPID={os.getpid()}")
             log.info("serving on %s:%d (instance %s, data %s)", self.config.server.host,
                      self.config.server.port, self.instance, self.data_dir)
-            while not self.stopping:
-                timeout = self._next_restart_delay()
-                info = signal.sigtimedwait(_HANDLED, timeout)
-                if info is not None and info.si_signo in (signal.SIGTERM, signal.SIGINT):
-                    log.info("signal %d: stopping", info.si_signo)
-                    self.stopping = True
-                    break
-                self._reap_and_restart()
+            code = 0
+            try:
+                while not self.stopping:
+                    info = signal.sigtimedwait(set(SIGNALS), self._next_wakeup_s())
+                    if info is not None:
+                        getattr(self, SIGNALS[signal.Signals(info.si_signo)])()
+                    self.reap()
+                    self.spawn_due()
+            except ChildCannotBoot as exc:
+                log.error("%s: stopping the node", exc)
+                code = EXIT_CHILD_CANNOT_BOOT
             self.stop()
-            return 0
+            return code
         finally:
             self._release()
 
-    def _next_restart_delay(self) -> float:
+    def handle_term(self) -> None:
+        log.info("SIGTERM: stopping")
+        self.stopping = True
+
+    def handle_int(self) -> None:
+        log.info("SIGINT: stopping")
+        self.stopping = True
+
+    def handle_chld(self) -> None:
+        pass  # reap() runs after every signal
+
+    def handle_hup(self) -> None:
+        log.info("SIGHUP: nothing to reload")
+
+    def _next_wakeup_s(self) -> float:
         now = time.monotonic()
         pending = [c.restart_at - now for c in self.children if c.process is None]
-        # Poll at least once a second: a SIGCHLD can be merged with another one.
-        return max(0.0, min(pending + [1.0]))
+        # Look at the children at least this often: a SIGCHLD can be merged with another one.
+        return max(0.0, min(pending + [self.config.server.supervisor_poll_ms / 1000]))
 
-    def _reap_and_restart(self) -> None:
+    def reap(self) -> None:
+        """Note children that exited and schedule their restart; raise ChildCannotBoot for one that
+        keeps dying at start."""
         server = self.config.server
         now = time.monotonic()
         for child in self.children:
-            if child.process is not None and child.process.poll() is not None:
-                lived_ms = (now - child.started_at) * 1000
-                if lived_ms >= server.restart_backoff_reset_ms:
-                    child.backoff_ms = 0
-                child.backoff_ms = min(max(child.backoff_ms * 2, server.restart_backoff_min_ms),
-                                       server.restart_backoff_max_ms)
-                log.warning("%s %d (pid %d) exited with %s; restarting in %d ms", child.role, child.index,
-                            child.process.pid, child.process.returncode, child.backoff_ms)
-                child.process = None
-                child.restart_at = now + child.backoff_ms / 1000
+            if child.process is None or child.process.poll() is None:
+                continue
+            lived_ms = (now - child.started_at) * 1000
+            child.boot_failures = child.boot_failures + 1 if lived_ms < server.child_boot_window_ms else 0
+            if child.boot_failures >= server.child_boot_failures_max:
+                raise ChildCannotBoot(f"{child.spec.name} exited {child.boot_failures} times within "
+                                      f"{server.child_boot_window_ms} ms of starting (last exit code "
+                                      f"{child.process.returncode}); see its log lines above")
+            if lived_ms >= server.restart_backoff_reset_ms:
+                child.backoff_ms = 0
+            child.backoff_ms = min(max(child.backoff_ms * 2, server.restart_backoff_min_ms),
+                                   server.restart_backoff_max_ms)
+            log.warning("%s (pid %d) exited with %s; restarting in %d ms", child.spec.name,
+                        child.process.pid, child.process.returncode, child.backoff_ms)
+            child.process = None
+            child.restart_at = now + child.backoff_ms / 1000
+
+    def spawn_due(self) -> None:
+        now = time.monotonic()
+        for child in self.children:
             if child.process is None and now >= child.restart_at:
                 child.restarts += 1
-                self._spawn(child)
+                self.spawn(child)
 
     # -- stop ----------------------------------------------------------------------------
 
@@ -186,7 +251,7 @@ class Supervisor:
             try:
                 child.process.wait(timeout=max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                log.warning("%s %d did not stop in time: killing", child.role, child.index)
+                log.warning("%s did not stop in time: killing", child.spec.name)
                 child.process.kill()
                 child.process.wait()
 
@@ -195,8 +260,8 @@ class Supervisor:
         grace_s = self.config.server.shutdown_grace_ms / 1000
         for listener in self.listeners:
             listener.close()
-        self._terminate([c for c in self.children if c.role == "worker"], grace_s)
-        self._terminate([c for c in self.children if c.role == "timer"], grace_s)
+        self._terminate([c for c in self.children if c.spec.role == "worker"], grace_s)
+        self._terminate([c for c in self.children if c.spec.role == "timer"], grace_s)
         if self.resources is not None:
             self.resources.flush_all()
         log.info("stopped")
@@ -220,7 +285,7 @@ _PR_SET_PDEATHSIG = 1
 def _child_setup() -> None:
     """Runs in the child before exec: our blocked signals are not the child's; and a child must
     not outlive a supervisor killed with -9 (it would hold the port and the rings)."""
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, _HANDLED)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, set(SIGNALS))
     ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 

@@ -197,7 +197,7 @@ class BenchNode:
             shutil.rmtree(self.temp_dir, ignore_errors=True)
 
     def _remove_leftover_shm(self) -> None:
-        from node.resources import instance_id_for
+        from shm.instance import instance_id_for
         from shm import instance as shm_instance
 
         with contextlib.suppress(shm_instance.InstanceBusy):

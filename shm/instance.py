@@ -17,6 +17,7 @@ Invariants:
 
 from __future__ import annotations
 
+import hashlib
 import mmap
 import os
 import re
@@ -45,6 +46,13 @@ def check_instance_id(instance_id: str) -> str:
     return instance_id
 
 
+def instance_id_for(data_dir: str, port: int) -> str:
+    """The instance id of the node serving `data_dir` on `port`: stable across restarts, so a restart
+    finds (and removes) what a crashed run of the same node left behind."""
+    digest = hashlib.sha1(f"{os.path.realpath(data_dir)}:{port}".encode()).hexdigest()
+    return digest[:16]
+
+
 def object_name(instance_id: str, what: str) -> str:
     """The POSIX name (leading '/') of object `what` of an instance."""
     return f"/{PREFIX}-{check_instance_id(instance_id)}-{what}"
@@ -63,6 +71,16 @@ def completion_ring_name(instance_id: str, worker: int) -> str:
 def timer_doorbell_name(instance_id: str) -> str:
     """The semaphore the timer process sleeps on."""
     return object_name(instance_id, "timer-bell")
+
+
+def table_name(instance_id: str) -> str:
+    """The shared partition table (shm.table)."""
+    return object_name(instance_id, "partitions")
+
+
+def interest_name(instance_id: str) -> str:
+    """The delayed-fetch interest counts per partition row (shm.interest)."""
+    return object_name(instance_id, "interest")
 
 
 def lease_name(instance_id: str) -> str:

@@ -51,7 +51,7 @@ class NodeProcess:
 
     @property
     def instance(self) -> str:
-        from node.resources import instance_id_for
+        from shm.instance import instance_id_for
         return instance_id_for(str(self.data_dir), self.port)
 
     def leftovers(self) -> list[str]:

@@ -17,7 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from node.resources import instance_id_for
+from shm.instance import instance_id_for
 from shm import instance as shm_instance
 
 REPO = Path(__file__).resolve().parent.parent

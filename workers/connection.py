@@ -49,6 +49,15 @@ class ResponseSlot:
         self.ready = True
 
 
+@dataclass(slots=True)
+class Request:
+    """A request read from a connection: its header and the slot its response goes into."""
+
+    conn: "Connection"
+    header: Any  # workers.protocol.RequestHeader
+    slot: ResponseSlot
+
+
 class ConnectionClosed(Exception):
     """The peer closed, or the connection must be dropped (the message says why)."""
 

@@ -1,10 +1,11 @@
 """Request handlers of a network worker: one method per Kafka API.
 
 Invariants:
-- A handler answers at once when it can: it returns the response pieces. Produce with acks=0
-  returns NO_RESPONSE. A handler that must wait (acks=all produce, fetch below min_bytes, topic
-  creation or deletion) hands the wait to the timer process through `Worker` and returns DEFERRED;
-  the continuation it registers builds the response later, exactly once.
+- A handler returns an Outcome (workers.outcome): the response when it can answer at once (none for
+  Produce with acks=0), or DEFERRED when it must wait (acks=all produce, fetch below min_bytes, topic
+  creation or deletion): it hands the wait to the timer process through DelayedRequests
+  (workers.delayed), its only view of the timer, and the continuation it registers builds the
+  outcome later, exactly once.
 - Appends happen here, in the worker, before any wait: the timer only decides *when* to answer.
 - Every error a client causes is answered with Kafka's error code for it; exceptions other than
   ProtocolError never escape to the event loop from bad input (StorageError becomes its code).
@@ -16,26 +17,26 @@ from __future__ import annotations
 
 import datetime
 import logging
-from typing import TYPE_CHECKING, Any, Callable
+import time
+from typing import Any, Callable
 
 from kio.static.primitive import i16, i32, i32Timedelta
 
+from node.config import NodeConfig
 from node.storage import producer_ids
 from node.storage.catalog import valid_topic_name
+from node.storage.store import PartitionStore
 from node.storage.records import StorageError
+from shm import messages as M
 from workers import errors as E
 from workers import protocol as P
-from workers.connection import FileRange
+from workers.connection import FileRange, Request
+from workers.delayed import DelayedRequests
 from workers.fetch_codec import FetchPartitionResult, FetchTopicResult, encode_fetch_response
+from workers.outcome import Outcome
 from workers.produce_codec import ProducePartitionResult, ProduceTopicResult, encode_produce_response
 
-if TYPE_CHECKING:
-    from workers.worker import Worker
-
 log = logging.getLogger("shmbroker.handlers")
-
-NO_RESPONSE = object()
-DEFERRED = object()
 
 _ZERO_THROTTLE = i32Timedelta.parse(datetime.timedelta(0))
 _ACKS_ALL = -1
@@ -55,15 +56,27 @@ def _code(value: int) -> E.ErrorCode:
         return E.UNKNOWN_SERVER_ERROR
 
 
+def _topic_outcomes(outcome: dict | None, names: list[str]) -> dict[str, tuple[int, str | None]]:
+    """The timer's per-topic outcome; None (it never answered): every topic timed out."""
+    if outcome is None:
+        return {name: (int(E.REQUEST_TIMED_OUT), "timed out") for name in names}
+    return {name: (int(code), message) for name, (code, message) in outcome.items()}
+
+
 def _millis(delta: Any) -> int:
     return int(delta.total_seconds() * 1000) if isinstance(delta, datetime.timedelta) else int(delta)
 
 
+def wall_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
 class Handlers:
-    def __init__(self, worker: "Worker") -> None:
-        self.worker = worker
-        self.partitions = worker.partitions
-        self.config = worker.config
+    def __init__(self, partitions: PartitionStore, config: NodeConfig, delayed: DelayedRequests, cluster_id: str) -> None:
+        self.partitions = partitions
+        self.config = config
+        self.delayed = delayed
+        self.cluster_id = cluster_id
         self.dispatch_table: dict[int, Callable[[Any, Any], Any]] = {
             P.PRODUCE: self.produce,
             P.FETCH: self.fetch,
@@ -76,30 +89,40 @@ class Handlers:
             P.FIND_COORDINATOR: self.find_coordinator,
         }
 
-    def dispatch(self, req: Any, request: Any) -> Any:
+    def dispatch(self, req: Request, request: Any) -> Outcome:
         return self.dispatch_table[req.header.api_key](req, request)
 
-    def _frame(self, req: Any, response: Any) -> list:
+    def _frame(self, req: Request, response: Any) -> Outcome:
         h = req.header
-        return [P.encode_response(h.api_key, h.api_version, h.correlation_id, response)]
+        return Outcome.reply([P.encode_response(h.api_key, h.api_version, h.correlation_id, response)])
 
-    def _entity(self, req: Any, class_name: str, /, **values: Any) -> Any:
+    def _create_then(self, req: Request, topics: list[tuple[str, int]], rerun: Callable[[], Outcome]) -> Outcome:
+        """Auto-create `topics`, then run the request again; `rerun` must not auto-create again (a creation
+        that failed, e.g. the node is full, then answers UNKNOWN_TOPIC_OR_PARTITION)."""
+
+        def after(outcome: Any) -> Outcome:
+            self.partitions.reload()
+            return rerun()
+
+        return self.delayed.topics(req, M.Kind.CREATE_TOPICS, topics, self.config.timer.control_timeout_ms, after)
+
+    def _entity(self, req: Request, class_name: str, /, **values: Any) -> Any:
         schema = P.response_schema(req.header.api_key, req.header.api_version)
         return P.build_entity(getattr(schema, class_name), **values)
 
     # -- ApiVersions, FindCoordinator, InitProducerId ------------------------------------------
 
-    def api_versions(self, req: Any, request: Any) -> list:
+    def api_versions(self, req: Request, request: Any) -> Outcome:
         return self._frame(req, P.api_versions_response(req.header.api_version))
 
-    def find_coordinator(self, req: Any, request: Any) -> list:
+    def find_coordinator(self, req: Request, request: Any) -> Outcome:
         # Groups come with the group coordinator; until then clients are told to retry. librdkafka
         # needs the API advertised at all to enable LZ4 (see workers/protocol.py).
         return self._frame(req, self._entity(
             req, "FindCoordinatorResponse", throttle_time=_ZERO_THROTTLE, error_code=E.ErrorCode.coordinator_not_available,
             error_message="no group coordinator on this node", node_id=i32(-1), host="", port=i32(-1)))
 
-    def init_producer_id(self, req: Any, request: Any) -> list:
+    def init_producer_id(self, req: Request, request: Any) -> Outcome:
         if request.transactional_id is not None:
             code, producer_id = E.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, -1
         else:
@@ -109,7 +132,7 @@ class Handlers:
 
     # -- Metadata ----------------------------------------------------------------------------
 
-    def metadata(self, req: Any, request: Any, auto_create: bool = True) -> Any:
+    def metadata(self, req: Request, request: Any, auto_create: bool = True) -> Outcome:
         version = req.header.api_version
         if request.topics is None or (version == 0 and not request.topics):
             names = sorted(self.partitions.catalog.topics)
@@ -119,8 +142,8 @@ class Handlers:
                         and getattr(request, "allow_auto_topic_creation", True))
         missing = [n for n in names if self.partitions.topic_partitions(n) is None and valid_topic_name(n)]
         if missing and allow_create:
-            return self.worker.create_topics_then(req, [(n, self.config.topics.num_partitions) for n in missing],
-                                                  lambda: self.metadata(req, request, auto_create=False))
+            return self._create_then(req, [(n, self.config.topics.num_partitions) for n in missing],
+                                     lambda: self.metadata(req, request, auto_create=False))
         server = self.config.server
         node_id = server.node_id
         topics = []
@@ -140,12 +163,12 @@ class Handlers:
                               host=server.advertised_host or server.host,
                               port=i32(server.advertised_port or server.port), rack=None)
         return self._frame(req, self._entity(req, "MetadataResponse", throttle_time=_ZERO_THROTTLE, brokers=(broker,),
-                                             cluster_id=f"shmbroker-{self.worker.instance}",
+                                             cluster_id=self.cluster_id,
                                              controller_id=i32(node_id), topics=tuple(topics)))
 
     # -- CreateTopics / DeleteTopics ---------------------------------------------------------
 
-    def create_topics(self, req: Any, request: Any) -> Any:
+    def create_topics(self, req: Request, request: Any) -> Outcome:
         results: dict[str, tuple[E.ErrorCode, str | None]] = {}
         wanted: list[tuple[str, int]] = []
         seen: set[str] = set()
@@ -169,8 +192,9 @@ class Handlers:
             else:
                 wanted.append((name, partitions))
 
-        def answer(outcome: dict[str, tuple[int, str | None]]) -> list:
-            for name, (code, message) in outcome.items():
+        def answer(outcome: dict[str, tuple[int, str | None]] | None) -> Outcome:
+            self.partitions.reload()
+            for name, (code, message) in _topic_outcomes(outcome, [n for n, _ in wanted]).items():
                 results[name] = (_code(code), message)
             return self._frame(req, self._entity(req, "CreateTopicsResponse", throttle_time=_ZERO_THROTTLE, topics=tuple(
                 self._entity(req, "CreatableTopicResult", name=t.name, error_code=results[t.name][0],
@@ -179,21 +203,23 @@ class Handlers:
 
         if not wanted:
             return answer({})
-        return self.worker.control_then(req, {"op": "create_topics", "topics": wanted}, answer)
+        return self.delayed.topics(req, M.Kind.CREATE_TOPICS, wanted, self.config.timer.control_timeout_ms, answer)
 
-    def delete_topics(self, req: Any, request: Any) -> Any:
+    def delete_topics(self, req: Request, request: Any) -> Outcome:
         names = list(request.topic_names)
 
-        def answer(outcome: dict[str, tuple[int, str | None]]) -> list:
+        def answer(outcome: dict[str, tuple[int, str | None]] | None) -> Outcome:
+            self.partitions.reload()
+            outcome = _topic_outcomes(outcome, names)
             return self._frame(req, self._entity(req, "DeleteTopicsResponse", throttle_time=_ZERO_THROTTLE, responses=tuple(
                 self._entity(req, "DeletableTopicResult", name=n, error_code=_code(outcome.get(n, (0, None))[0]))
                 for n in names)))
 
-        return self.worker.control_then(req, {"op": "delete_topics", "topics": names}, answer)
+        return self.delayed.topics(req, M.Kind.DELETE_TOPICS, names, self.config.timer.control_timeout_ms, answer)
 
     # -- ListOffsets -------------------------------------------------------------------------
 
-    def list_offsets(self, req: Any, request: Any) -> list:
+    def list_offsets(self, req: Request, request: Any) -> Outcome:
         topics = []
         for topic in request.topics:
             results = []
@@ -222,15 +248,15 @@ class Handlers:
 
     # -- Produce -----------------------------------------------------------------------------
 
-    def produce(self, req: Any, request: P.ProduceRequestView, auto_create: bool = True) -> Any:
+    def produce(self, req: Request, request: P.ProduceRequestView, auto_create: bool = True) -> Outcome:
         acks = request.acks
         if auto_create and self.config.topics.auto_create_topics:
             missing = sorted({t.name for t in request.topics
                               if self.partitions.topic_partitions(t.name) is None and valid_topic_name(t.name)})
             if missing:
-                return self.worker.create_topics_then(req, [(n, self.config.topics.num_partitions) for n in missing],
-                                                      lambda: self.produce(req, request, auto_create=False))
-        now_ms = self.worker.wall_ms()
+                return self._create_then(req, [(n, self.config.topics.num_partitions) for n in missing],
+                                         lambda: self.produce(req, request, auto_create=False))
+        now_ms = wall_ms()
         topics: list[ProduceTopicResult] = []
         waits: list[tuple[int, int]] = []  # (row, offset that must be flushed) for acks=all
         for topic in request.topics:
@@ -264,22 +290,22 @@ class Handlers:
                 result.base_offset = appended.base_offset
                 result.log_start_offset = appended.log_start_offset
                 if not appended.duplicate:
-                    self.worker.appended(row, appended.last_offset + 1, appended.end_bytes)
+                    self.delayed.appended(row)
                 if acks == _ACKS_ALL:
                     waits.append((row, appended.last_offset + 1))
             topics.append(ProduceTopicResult(topic.name, results))
         if acks == 0:
-            return NO_RESPONSE
+            return Outcome.NO_RESPONSE
         h = req.header
 
-        def answer(expired: bool = False) -> list:
+        def answer(status: Any = None) -> Outcome:
             if waits:
                 self._mark_unflushed(topics, waits)
-            return [encode_produce_response(h.api_version, h.correlation_id, topics)]
+            return Outcome.reply([encode_produce_response(h.api_version, h.correlation_id, topics)])
 
         if not waits or self._all_flushed(waits):
             return answer()
-        return self.worker.delay_produce(req, waits, request.timeout_ms, answer)
+        return self.delayed.delay_produce(req, waits, request.timeout_ms, answer)
 
     def _all_flushed(self, waits: list[tuple[int, int]]) -> bool:
         table = self.partitions.table
@@ -298,17 +324,17 @@ class Handlers:
 
     # -- Fetch -------------------------------------------------------------------------------
 
-    def fetch(self, req: Any, request: Any) -> Any:
+    def fetch(self, req: Request, request: Any) -> Outcome:
         topics, total, has_error, watch = self._read_fetch(request)
         max_wait_ms = _millis(request.max_wait)
         if total >= request.min_bytes or max_wait_ms <= 0 or has_error or not watch:
             return self._fetch_response(req, topics)
-        return self.worker.delay_fetch(req, watch, request.min_bytes, max_wait_ms,
-                                       lambda expired: self._fetch_response(req, self._read_fetch(request)[0]))
+        return self.delayed.delay_fetch(req, watch, request.min_bytes, max_wait_ms,
+                                        lambda status: self._fetch_response(req, self._read_fetch(request)[0]))
 
-    def _fetch_response(self, req: Any, topics: list[FetchTopicResult]) -> list:
+    def _fetch_response(self, req: Request, topics: list[FetchTopicResult]) -> Outcome:
         h = req.header
-        return encode_fetch_response(h.api_version, h.correlation_id, topics).pieces
+        return Outcome.reply(encode_fetch_response(h.api_version, h.correlation_id, topics).pieces)
 
     def _read_fetch(self, request: Any) -> tuple[list[FetchTopicResult], int, bool, list[tuple[int, int]]]:
         """Read every requested partition: (results, total bytes, any error, [(row, end_bytes)] to watch)."""
@@ -341,7 +367,8 @@ class Handlers:
                     records=[FileRange(fd, position, length) for fd, position, length in piece.ranges]))
                 total += piece.size
                 remaining = max(0, remaining - piece.size)
-                # A delayed fetch counts bytes appended after what this read already saw.
-                watch.append((row, self.partitions.table.read(row).end_bytes - piece.size))
+                # A delayed fetch counts the bytes appended after the state this read saw: its own end_bytes,
+                # not a later look at the table, which could already include an append that raced the read.
+                watch.append((row, piece.end_bytes - piece.size))
             topics.append(FetchTopicResult(topic.topic, results))
         return topics, total, has_error, watch

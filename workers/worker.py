@@ -5,13 +5,9 @@ Invariants:
 - The worker never blocks except in its single select(); sockets are non-blocking, ring writes
   never wait (a full ring keeps frames in a local backlog, retried every turn).
 - Every request read gets its response in request order on its connection (see
-  workers.connection). Delayed requests stay in `waiting` until their completion arrives, or until
-  their deadline is `delayed_grace_ms` past, when the worker answers by itself: no client waits
-  forever, even with the timer process dead.
-- Request ids carry the worker's pid in their high bits, so a restarted worker never mistakes a
-  completion meant for its predecessor; unknown completions are dropped.
-- When the timer process restarts it announces itself; the worker re-submits every waiting
-  request (the timer ignores duplicates), so nothing waits on a purgatory that no longer exists.
+  workers.connection). Requests that wait on the timer live in workers.delayed, which answers them
+  when the timer does, or by itself once they are far past their deadline, and re-submits them when
+  the timer process restarts: no client waits forever, even with the timer process dead.
 - Bad input closes only its own connection, with one log line; no input ends the process.
 - SIGTERM: stop accepting, finish in-flight requests within the grace period, then exit 0.
 """
@@ -26,45 +22,26 @@ import signal
 import socket
 import sys
 import time
-from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
-from node.cli import setup_logging
 from node.config import NodeConfig
-from node.storage.partitions import Partitions
-from node.resources import interest_name, table_name
-from shm.interest import InterestTable, full_fence
+from node.logging_setup import setup_logging
+from node.storage.store import PartitionStore
+from shm import instance as shm_instance
+from shm import messages as M
+from shm.interest import InterestTable
 from shm.table import PartitionTable
 from workers import protocol as P
-from workers.connection import Connection, ConnectionClosed, ResponseSlot
-from workers import errors as E
+from workers.connection import Connection, ConnectionClosed, Request
+from workers.delayed import DelayedRequests, monotonic_ms
 from workers.errors import ProtocolError
-from workers.handlers import DEFERRED, NO_RESPONSE, Handlers
-from workers.timer_link import OP_LAYOUT, OP_TIMER_STARTED, Message, TimerLink
+from workers.handlers import Handlers
+from workers.outcome import Outcome
+from workers.timer_link import TimerLink
 
 log = logging.getLogger("shmbroker.worker")
 
 _ACCEPT, _BELL, _WAKEUP = "accept", "bell", "wakeup"
-
-
-def monotonic_ms() -> int:
-    return time.monotonic_ns() // 1_000_000
-
-
-@dataclass(slots=True)
-class Request:
-    conn: Connection
-    header: P.RequestHeader
-    slot: ResponseSlot
-
-
-@dataclass(slots=True)
-class Waiting:
-    request: Request
-    deadline_ms: int
-    # Called with expired=True/False; returns the response pieces.
-    finish: Callable[[Any], list]
-    frame: bytes  # as sent to the timer, kept for re-submission
 
 
 class Worker:
@@ -74,86 +51,27 @@ class Worker:
         self.index = index
         self.config = config
         self.supervisor_pid = supervisor_pid
-        self.table = PartitionTable.attach(table_name(instance))
-        self.interest = InterestTable.attach(interest_name(instance))
-        self.partitions = Partitions(os.path.abspath(config.server.data_dir), self.table, config.log,
-                                     config.topics.max_partitions)
-        self.link = TimerLink(instance, index, config, bell_fd)
-        self.handlers = Handlers(self)
+        self.table = PartitionTable.attach(shm_instance.table_name(instance))
+        self.interest = InterestTable.attach(shm_instance.interest_name(instance))
+        self.partitions = PartitionStore(os.path.abspath(config.server.data_dir), self.table, config.log,
+                                         config.topics.max_partitions)
+        self.link = TimerLink(instance, index, config.rings, bell_fd)
+        self.delayed = DelayedRequests(self.link, self.interest, config.timer.delayed_grace_ms, self._settle)
+        self.handlers = Handlers(self.partitions, config, self.delayed, cluster_id=f"shmbroker-{instance}")
+        self.message_handlers = {
+            M.Kind.COMPLETION: self.delayed.on_completion,
+            M.Kind.TOPICS_OUTCOME: self.delayed.on_topics_outcome,
+            M.Kind.TIMER_STARTED: self._on_timer_started,
+            M.Kind.LAYOUT: self._on_layout,
+        }
         self.listener = socket.socket(fileno=listen_fd)
         self.listener.setblocking(False)
         self.selector = selectors.DefaultSelector()
         self.connections: dict[int, Connection] = {}
-        self.waiting: dict[int, Waiting] = {}
-        self._request_seq = 0
-        self._pid_bits = (os.getpid() & 0xFFFFFF) << 40
-        self._appends: dict[int, tuple[int, int]] = {}
         self._dirty: set[Connection] = set()
         self._stopping_since: float | None = None
         self._next_self_check = 0
         self._wakeup_r, self._wakeup_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-
-    # -- services for handlers ---------------------------------------------------------------
-
-    @staticmethod
-    def wall_ms() -> int:
-        return time.time_ns() // 1_000_000
-
-    def _new_request_id(self) -> int:
-        self._request_seq += 1
-        return self._pid_bits | self._request_seq
-
-    def appended(self, row: int, end_offset: int, end_bytes: int) -> None:
-        """Note an append. If a delayed fetch watches the partition, the timer hears of it at the end
-        of this loop turn. The fence orders the append (in the table) before the interest read."""
-        full_fence()
-        if self.interest.counts[row]:
-            self._appends[row] = (end_offset, end_bytes)
-
-    def _wait(self, req: Request, frame_for: Callable[[int], bytes], deadline_ms: int,
-              finish: Callable[[Any], list]) -> object:
-        request_id = self._new_request_id()
-        frame = frame_for(request_id)
-        self.waiting[request_id] = Waiting(req, deadline_ms, finish, frame)
-        self.link.send(frame)
-        return DEFERRED
-
-    def delay_produce(self, req: Request, waits: list[tuple[int, int]], timeout_ms: int,
-                      finish: Callable[[Any], list]) -> object:
-        deadline = monotonic_ms() + max(0, timeout_ms)
-        return self._wait(req, lambda rid: self.link.delay_produce_frame(rid, deadline, waits), deadline, finish)
-
-    def delay_fetch(self, req: Request, watch: list[tuple[int, int]], min_bytes: int, max_wait_ms: int,
-                    finish: Callable[[Any], list]) -> object:
-        deadline = monotonic_ms() + max_wait_ms
-        return self._wait(req, lambda rid: self.link.delay_fetch_frame(rid, deadline, min_bytes, watch),
-                          deadline, finish)
-
-    def control_then(self, req: Request, payload: dict, answer: Callable[[dict], list]) -> object:
-        """Send a topic creation or deletion to the timer; answer with its outcome, a document
-        {topic: (error code, message)}. If the timer never answers, every topic times out."""
-        deadline = monotonic_ms() + self.config.timer.control_timeout_ms
-        names = [t[0] if isinstance(t, (list, tuple)) else t for t in payload["topics"]]
-
-        def finish(outcome: Any) -> list:
-            self.partitions.reload()
-            if not isinstance(outcome, dict):  # expired: the timer never answered
-                outcome = {name: (int(E.REQUEST_TIMED_OUT), "timed out") for name in names}
-            return answer(outcome)
-
-        return self._wait(req, lambda rid: self.link.control_frame(rid, payload), deadline, finish)
-
-    def create_topics_then(self, req: Request, topics: list[tuple[str, int]], rerun: Callable[[], Any]) -> object:
-        """Auto-create `topics`, then run the request again; `rerun` must not auto-create again
-        (a creation that failed, e.g. the node is full, then answers UNKNOWN_TOPIC_OR_PARTITION)."""
-
-        def after(outcome: dict) -> list:
-            result = rerun()
-            if result is DEFERRED:
-                return None  # the re-run registered its own wait and owns the slot now
-            return [] if result is NO_RESPONSE else result
-
-        return self.control_then(req, {"op": "create_topics", "topics": topics}, after)
 
     # -- connections -------------------------------------------------------------------------
 
@@ -187,9 +105,7 @@ class Worker:
         self.connections.pop(conn.fd, None)
         self._dirty.discard(conn)
         conn.close()
-        for request_id in [rid for rid, w in self.waiting.items() if w.request.conn is conn]:
-            del self.waiting[request_id]
-            self.link.send(self.link.cancel_frame(request_id))
+        self.delayed.cancel_connection(conn)
 
     def _on_readable(self, conn: Connection) -> None:
         try:
@@ -228,10 +144,14 @@ class Worker:
             return
         self._settle(req, outcome)
 
-    def _settle(self, req: Request, outcome: Any) -> None:
-        if outcome is DEFERRED or outcome is None:
+    def _settle(self, req: Request, outcome: Outcome | None) -> None:
+        """Fill the request's slot with its outcome; None: its continuation failed (a bug), close the connection."""
+        if outcome is None:
+            self._close(req.conn, "internal error")
             return
-        req.slot.fill([] if outcome is NO_RESPONSE else outcome)
+        if outcome.deferred or req.conn.closed:
+            return
+        req.slot.fill(outcome.pieces)
         self._dirty.add(req.conn)
 
     def _write(self, conn: Connection) -> None:
@@ -248,46 +168,15 @@ class Worker:
             conn.wants_write = not done
             self.selector.modify(conn.sock, events, conn)
 
-    # -- completions from the timer --------------------------------------------------------------
+    # -- messages from the timer -------------------------------------------------------------
 
-    def _on_message(self, message: Message) -> None:
-        if message.op == OP_TIMER_STARTED:
-            self._resubmit()
-        elif message.op == OP_LAYOUT:
-            self.partitions.reload()
-        else:  # a completion or a control reply: finish the request it answers, if still waiting
-            waiting = self.waiting.pop(message.request_id, None)
-            if waiting is not None:
-                self._finish(waiting, message.outcome)
-
-    def _finish(self, waiting: Waiting, outcome: Any) -> None:
-        req = waiting.request
-        if req.conn.closed:
-            return
-        try:
-            pieces = waiting.finish(outcome)
-        except Exception:
-            log.exception("finishing a delayed request failed")
-            self._close(req.conn, "internal error")
-            return
-        if pieces is not None:
-            req.slot.fill(pieces)
-            self._dirty.add(req.conn)
-
-    def _resubmit(self) -> None:
-        log.info("timer process (re)started: re-submitting %d delayed requests", len(self.waiting))
-        for waiting in self.waiting.values():
-            self.link.send(waiting.frame)
+    def _on_timer_started(self, message) -> None:
+        self.delayed.resubmit()
         self.partitions.reload()
 
-    def _self_answer(self, now_ms: int) -> None:
-        """Answer delayed requests the timer left far past their deadline."""
-        grace = self.config.timer.delayed_grace_ms
-        late = [rid for rid, w in self.waiting.items() if now_ms > w.deadline_ms + grace]
-        for request_id in late:
-            waiting = self.waiting.pop(request_id)
-            log.warning("timer did not answer request %d in time; answering it here", request_id)
-            self._finish(waiting, True)
+    def _on_layout(self, message) -> None:
+        if message.catalog_version != self.partitions.version:
+            self.partitions.reload()
 
     # -- loop --------------------------------------------------------------------------------
 
@@ -331,9 +220,9 @@ class Worker:
                 if self._stop_done():
                     break
             self_check_ms = self.config.timer.self_check_interval_ms
-            timeout = self_check_ms / 1000 if self.waiting or self._stopping_since else None
-            if self.link.backlogged():
-                timeout = 0.001
+            timeout = self_check_ms / 1000 if self.delayed or self._stopping_since else None
+            if self.link.backlogged():  # a full request ring: try again soon
+                timeout = self.config.timer.ring_full_retry_ms / 1000
             if not self.link.announce_sleep():
                 timeout = 0
             events = self.selector.select(timeout)
@@ -355,15 +244,16 @@ class Worker:
                     if mask & selectors.EVENT_WRITE and not tag.closed:
                         self._dirty.add(tag)
             for message in self.link.receive():
-                self._on_message(message)
-            if self._appends:
-                self.link.send_appends(self._appends)
-                self._appends = {}
-            self.link.flush()
+                handler = self.message_handlers.get(message.kind)
+                if handler is None:
+                    log.warning("dropping a %s message: no handler", message.kind.name)
+                else:
+                    handler(message)
+            self.delayed.end_turn()
             now = monotonic_ms()
-            if self.waiting and now >= self._next_self_check:
+            if self.delayed and now >= self._next_self_check:
                 self._next_self_check = now + self_check_ms
-                self._self_answer(now)
+                self.delayed.self_answer(now)
             if self._dirty:
                 dirty, self._dirty = self._dirty, set()
                 for conn in dirty:

@@ -95,6 +95,7 @@ class FetchSlice(NamedTuple):
     high_watermark: int
     log_start_offset: int
     log_end_offset: int
+    end_bytes: int  # the row's end_bytes in the state this read saw: a waiter counts appends from here
 
 
 def partition_directory(data_dir: str, topic: str, partition: int) -> str:
@@ -358,7 +359,7 @@ class PartitionLog:
             raise StorageError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"{self.directory} is not online")
         log_end = state.log_end_offset
         if fetch_offset == log_end:
-            return FetchSlice((), 0, state.high_watermark, state.log_start_offset, log_end)
+            return FetchSlice((), 0, state.high_watermark, state.log_start_offset, log_end, state.end_bytes)
         if fetch_offset > log_end or fetch_offset < state.log_start_offset:
             raise StorageError(
                 ErrorCode.OFFSET_OUT_OF_RANGE,
@@ -375,18 +376,19 @@ class PartitionLog:
                 break
             index += 1  # fetch_offset is past this segment's last batch: it starts the next one
         else:
-            return FetchSlice((), 0, state.high_watermark, state.log_start_offset, log_end)
+            return FetchSlice((), 0, state.high_watermark, state.log_start_offset, log_end, state.end_bytes)
         length = end - start
         if length > max_bytes:
             boundary = segment.boundary_at_or_before(start, start + max_bytes, entries)
             if boundary == start:
                 if not min_one_batch:
-                    return FetchSlice((), 0, state.high_watermark, state.log_start_offset, log_end)
+                    return FetchSlice((), 0, state.high_watermark, state.log_start_offset, log_end, state.end_bytes)
                 (first_size,) = struct.unpack(">i", os.pread(segment.log_fd, 4, start + 8))
                 boundary = start + first_size + LENGTH_FIELDS_SIZE
             length = boundary - start
         return FetchSlice(
-            ((segment.log_fd, start, length),), length, state.high_watermark, state.log_start_offset, log_end
+            ((segment.log_fd, start, length),), length, state.high_watermark, state.log_start_offset, log_end,
+            state.end_bytes,
         )
 
     def state(self) -> PartitionState:

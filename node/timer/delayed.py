@@ -21,10 +21,10 @@ from node.timer.purgatory import DelayedOperation
 from shm.table import PartitionTable
 
 # (operation, expired) -> None; called once per operation
-CompletionSink = Callable[["_TimerOperation", bool], None]
+CompletionSink = Callable[["TimerOperation", bool], None]
 
 
-class _TimerOperation(DelayedOperation):
+class TimerOperation(DelayedOperation):
     __slots__ = ("worker", "request_id", "rows", "table", "sink")
 
     def __init__(self, worker: int, request_id: int, rows: list[int], table: PartitionTable,
@@ -55,7 +55,7 @@ class _TimerOperation(DelayedOperation):
         return False
 
 
-class DelayedFetch(_TimerOperation):
+class DelayedFetch(TimerOperation):
     __slots__ = ("min_bytes", "start_bytes")
 
     def __init__(self, worker: int, request_id: int, min_bytes: int, rows: list[int], start_bytes: list[int],
@@ -70,7 +70,7 @@ class DelayedFetch(_TimerOperation):
         return available >= self.min_bytes
 
 
-class DelayedProduce(_TimerOperation):
+class DelayedProduce(TimerOperation):
     __slots__ = ("required_offsets",)
 
     def __init__(self, worker: int, request_id: int, rows: list[int], required_offsets: list[int],

@@ -1,4 +1,4 @@
-"""The flusher: group commit of partition logs, a thread of the timer process.
+"""The flusher: group commit of partition logs, and the timer process's thread for background I/O.
 
 Invariants:
 - Dirty means `end_bytes > flushed_bytes` in the shared table: the table, not a message, says
@@ -9,10 +9,10 @@ Invariants:
   after `kick()` (when `flush_bytes` are waiting). Appends nobody waits on (acks=0/1) are flushed
   by the background round every `background_flush_interval_ms`: like Kafka, acks=1 is answered
   from the page cache, which survives any process crash.
-- The thread owns its own Partitions view (no sharing with the timer loop); fsync releases the
+- Jobs handed to `submit()` (the timer's periodic chores) run on this thread between flush rounds,
+  with its store, in the order submitted; a job that fails is logged and the thread goes on.
+- The thread owns its own PartitionStore (no sharing with the timer loop); fsync releases the
   GIL, so the timer loop keeps serving timers during a flush.
-- Now and then it also writes producer-state snapshots (bounding a worker's catch-up scan) and
-  enforces retention; a failure there is logged and retried next time, never fatal.
 """
 
 from __future__ import annotations
@@ -21,16 +21,15 @@ import logging
 import os
 import queue
 import threading
-import time
 from typing import Callable
 
-import numpy as np
-
 from node.config import NodeConfig
-from node.storage.partitions import Partitions
+from node.storage.store import PartitionStore
 from shm.table import PartitionTable
 
 log = logging.getLogger("shmbroker.flusher")
+
+Job = Callable[[PartitionStore], object]
 
 
 class Flusher(threading.Thread):
@@ -41,6 +40,7 @@ class Flusher(threading.Thread):
         self.wake = wake
         self.flushed: queue.SimpleQueue[list[int]] = queue.SimpleQueue()
         self.catalog_version = 0  # set by the timer loop after it changes the catalog
+        self._jobs: queue.SimpleQueue[tuple[str, Job]] = queue.SimpleQueue()
         self._kick = threading.Event()
         self._dirty = threading.Event()
         self._dirty.set()  # first round at once: a restarted timer inherits unflushed appends
@@ -55,20 +55,21 @@ class Flusher(threading.Thread):
         self._kick.set()
         self._dirty.set()
 
+    def submit(self, name: str, job: Job) -> None:
+        """Run job(store) on this thread soon (after the current flush round)."""
+        self._jobs.put((name, job))
+        self.kick()
+
     def stop(self, timeout: float) -> None:
         self._stopping.set()
         self.kick()
         self.join(timeout)
 
     def run(self) -> None:
-        partitions = Partitions(os.path.abspath(self.config.server.data_dir), self.table, self.config.log,
-                                self.config.topics.max_partitions)
+        store = PartitionStore(os.path.abspath(self.config.server.data_dir), self.table, self.config.log,
+                               self.config.topics.max_partitions)
         interval_s = self.config.flush.flush_interval_ms / 1000
         idle_s = self.config.flush.background_flush_interval_ms / 1000
-        snapshot_every = self.config.flush.producer_snapshot_interval_ms / 1000
-        retention_every = self.config.flush.retention_check_interval_ms / 1000
-        next_snapshot = time.monotonic() + snapshot_every
-        next_retention = time.monotonic() + retention_every
         try:
             while True:
                 # A round at start too: appends made while no timer ran still need their fsync.
@@ -76,34 +77,20 @@ class Flusher(threading.Thread):
                     self._kick.wait(interval_s)
                 self._dirty.clear()
                 self._kick.clear()
-                if partitions.version != self.catalog_version:
-                    partitions.reload()
-                self._flush_round(partitions)
+                if store.version != self.catalog_version:
+                    store.reload()
+                self._flush_round(store)
                 if self._stopping.is_set():
                     return
-                now = time.monotonic()
-                if now >= next_snapshot:
-                    next_snapshot = now + snapshot_every
-                    self._each_partition(partitions, "write_producer_snapshot")
-                if now >= next_retention:
-                    next_retention = now + retention_every
-                    self._each_partition(partitions, "enforce_retention")
+                self._run_jobs(store)
         finally:
-            partitions.close()
+            store.close()
 
-    def _dirty_rows(self, partitions: Partitions) -> list[int]:
-        rows = partitions.all_rows()
-        if not rows:
-            return []
-        state = self.table.read_rows(np.asarray(rows, dtype=np.int64))
-        dirty = np.flatnonzero(state["end_bytes"] > state["flushed_bytes"])
-        return [rows[i] for i in dirty]
-
-    def _flush_round(self, partitions: Partitions) -> None:
+    def _flush_round(self, store: PartitionStore) -> None:
         done = []
-        for row in self._dirty_rows(partitions):
+        for row in store.dirty_rows():
             try:
-                partitions.log(row).flush()
+                store.log(row).flush()
                 done.append(row)
             except Exception:  # a deleted topic, a full disk: log, retry next round
                 self.errors += 1
@@ -113,9 +100,10 @@ class Flusher(threading.Thread):
             self.flushed.put(done)
             self.wake()
 
-    def _each_partition(self, partitions: Partitions, method: str) -> None:
-        for row in partitions.all_rows():
+    def _run_jobs(self, store: PartitionStore) -> None:
+        while not self._jobs.empty():
+            name, job = self._jobs.get_nowait()
             try:
-                getattr(partitions.log(row), method)()
+                job(store)
             except Exception:
-                log.exception("%s of partition row %d failed", method, row)
+                log.exception("%s failed", name)

@@ -54,8 +54,6 @@ class PurgatoryConfig:
     """Tunables of a Purgatory."""
 
     purge_interval: int = 1000  # Kafka's default for produce and fetch purgatories
-    tick_ms: int = WheelConfig.tick_ms
-    wheel_size: int = WheelConfig.wheel_size
     log_initial_capacity: int = 4096  # batch watcher log entries allocated up front; doubles when full
     log_compaction_slack: int = 4096  # tombstones tolerated beyond the live entry count
 
@@ -119,17 +117,21 @@ class Purgatory:
         self,
         name: str,
         purge_interval: int = PurgatoryConfig.purge_interval,
-        tick_ms: int = PurgatoryConfig.tick_ms,
-        wheel_size: int = PurgatoryConfig.wheel_size,
+        tick_ms: int = WheelConfig.tick_ms,
+        wheel_size: int = WheelConfig.wheel_size,
         start_ms: int = 0,
         *,
         log_initial_capacity: int = PurgatoryConfig.log_initial_capacity,
         log_compaction_slack: int = PurgatoryConfig.log_compaction_slack,
+        wheel_initial_capacity: int = WheelConfig.initial_capacity,
+        bucket_initial_capacity: int = WheelConfig.bucket_initial_capacity,
+        compaction_slack: int = WheelConfig.compaction_slack,
     ) -> None:
         self.name = str(name)
         self.purge_interval = _check_int("purge_interval", purge_interval, 0)
         self.log_compaction_slack = _check_int("log_compaction_slack", log_compaction_slack, 0)
-        self._timer = TimingWheel(tick_ms, wheel_size, start_ms)
+        self._timer = TimingWheel(tick_ms, wheel_size, start_ms, initial_capacity=wheel_initial_capacity,
+                                  bucket_initial_capacity=bucket_initial_capacity, compaction_slack=compaction_slack)
         capacity = _check_int("log_initial_capacity", log_initial_capacity, 1)
         self._log_keys = np.empty(capacity, np.int64)
         self._log_ops = np.empty(capacity, np.int64)
@@ -150,6 +152,14 @@ class Purgatory:
         self.completed = 0
         self.expired = 0
         self.callback_errors = 0
+
+    @classmethod
+    def configured(cls, name: str, config: PurgatoryConfig, wheel: WheelConfig, start_ms: int) -> "Purgatory":
+        """A purgatory with the node's settings (NodeConfig.timer)."""
+        return cls(name, config.purge_interval, wheel.tick_ms, wheel.wheel_size, start_ms,
+                   log_initial_capacity=config.log_initial_capacity, log_compaction_slack=config.log_compaction_slack,
+                   wheel_initial_capacity=wheel.initial_capacity, bucket_initial_capacity=wheel.bucket_initial_capacity,
+                   compaction_slack=wheel.compaction_slack)
 
     # ----------------------------------------------------------------- counters
     @property

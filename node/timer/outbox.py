@@ -1,0 +1,52 @@
+"""The timer process's outbox: every message it sends to the workers, over one completion ring each.
+
+Completions gathered during a loop turn go out as one COMPLETION frame per worker (split at the
+contract's MAX_ITEMS); other messages (topic outcomes, layout changes, the start announcement) keep
+their order behind them.
+
+Invariants:
+- Nothing here blocks: frames a full ring does not take wait in that worker's queue, in order, and
+  `flush()` retries them every turn; the timer never waits for a worker.
+- A worker's messages leave in the order they were queued (completions of a turn are queued when
+  the turn's flush begins, behind what was queued before them).
+"""
+
+from __future__ import annotations
+
+from shm import messages as M
+from shm.ring import RingWriter
+
+
+class Outbox:
+    def __init__(self, writers: list[RingWriter]) -> None:
+        self.writers = writers
+        self._queued: list[list[bytes]] = [[] for _ in writers]
+        self._completions: list[list[tuple[int, int]]] = [[] for _ in writers]
+
+    @property
+    def workers(self) -> int:
+        return len(self.writers)
+
+    def complete(self, worker: int, request_id: int, status: M.Status) -> None:
+        self._completions[worker].append((request_id, status))
+
+    def send(self, worker: int, frame: bytes) -> None:
+        self._queued[worker].append(frame)
+
+    def broadcast(self, frame: bytes) -> None:
+        for queue in self._queued:
+            queue.append(frame)
+
+    def pending(self) -> bool:
+        return any(self._queued) or any(self._completions)
+
+    def flush(self) -> None:
+        for worker, items in enumerate(self._completions):
+            if items:
+                for start in range(0, len(items), M.MAX_ITEMS):
+                    self._queued[worker].append(M.encode(M.Kind.COMPLETION, items=items[start:start + M.MAX_ITEMS]))
+                self._completions[worker] = []
+        for worker, frames in enumerate(self._queued):
+            if frames:
+                written = self.writers[worker].write_many(frames)
+                del frames[:written]

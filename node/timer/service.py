@@ -1,0 +1,110 @@
+"""The delayed-operation service of the timer process: long-poll fetches and acks=all produces in their
+purgatories, completed by appends, flushes and deadlines, answered through the outbox.
+
+Invariants:
+- Exactly one live operation per (worker, request id): duplicates (a re-submission after a timer
+  restart, a frame delivered twice after a consumer crash) are ignored.
+- Every operation completes once, satisfied or expired, and yields exactly one completion to its
+  worker; a cancelled operation (its connection closed) yields none.
+- A delayed fetch raises the interest count of its rows before its first check against the table, and
+  lowers it when it completes (shm.interest: no append is missed between the two).
+- Conditions are read from the shared partition table (node.timer.delayed); appends and flushes only
+  say which rows to look at again.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from node.config import NodeConfig
+from node.timer.delayed import DelayedFetch, DelayedProduce, TimerOperation
+from node.timer.flusher import Flusher
+from node.timer.outbox import Outbox
+from node.timer.purgatory import Purgatory
+from shm import messages as M
+from shm.interest import InterestTable, full_fence
+from shm.table import PartitionTable
+
+
+class DelayedOperations:
+    def __init__(self, config: NodeConfig, table: PartitionTable, interest: InterestTable, outbox: Outbox,
+                 flusher: Flusher, now_ms: int) -> None:
+        self.table = table
+        self.interest = interest
+        self.interest.counts[:] = 0  # the only writer; the operations of a dead predecessor are gone
+        self.outbox = outbox
+        self.flusher = flusher
+        self.flush_bytes = config.flush.flush_bytes
+        timer = config.timer
+        self.fetches = Purgatory.configured("fetch", timer.purgatory, timer.wheel, now_ms)
+        self.produces = Purgatory.configured("produce", timer.purgatory, timer.wheel, now_ms)
+        self.operations: dict[tuple[int, int], TimerOperation] = {}
+        self.cancelled: set[tuple[int, int]] = set()
+
+    # -- messages from workers --------------------------------------------------------------------
+
+    def delay_fetch(self, worker: int, message: Any) -> None:
+        rows = [row for row, _ in message.items]
+        op = DelayedFetch(worker, message.request_id, message.min_bytes, rows,
+                          [start for _, start in message.items], self.table, self._completed)
+        self._watch(self.fetches, op, message.deadline_ms)
+
+    def delay_produce(self, worker: int, message: Any) -> None:
+        op = DelayedProduce(worker, message.request_id, [row for row, _ in message.items],
+                            [offset for _, offset in message.items], self.table, self._completed)
+        self._mark_dirty(op.watch_keys())
+        self._watch(self.produces, op, message.deadline_ms)
+
+    def appended(self, worker: int, message: Any) -> None:
+        for (row,) in message.items:
+            self.fetches.check_and_complete(row)
+
+    def cancel(self, worker: int, message: Any) -> None:
+        for (request_id,) in message.items:
+            op = self.operations.get((worker, request_id))
+            if op is not None:
+                self.cancelled.add(op.key)
+                op.force_complete()
+
+    # -- events of the timer process --------------------------------------------------------------
+
+    def flushed(self, rows: list[int]) -> None:
+        for row in rows:
+            self.produces.check_and_complete(row)
+
+    def advance(self, now_ms: int) -> None:
+        self.fetches.advance(now_ms)
+        self.produces.advance(now_ms)
+
+    def next_expiration(self) -> int | None:
+        deadlines = [d for d in (self.fetches.next_expiration(), self.produces.next_expiration()) if d is not None]
+        return min(deadlines) if deadlines else None
+
+    # -- internals --------------------------------------------------------------------------------
+
+    def _watch(self, purgatory: Purgatory, op: TimerOperation, deadline_ms: int) -> None:
+        if op.key in self.operations:  # a re-submission, or a frame delivered twice
+            return
+        self.operations[op.key] = op
+        if isinstance(op, DelayedFetch):
+            # Interest first, then the table check inside try_complete (see shm.interest).
+            self.interest.add(op.watch_keys(), +1)
+            full_fence()
+        purgatory.try_complete_else_watch(op, op.watch_keys(), deadline_ms)
+
+    def _completed(self, op: TimerOperation, expired: bool) -> None:
+        self.operations.pop(op.key, None)
+        if isinstance(op, DelayedFetch):
+            self.interest.add(op.watch_keys(), -1)
+        if op.key in self.cancelled:
+            self.cancelled.discard(op.key)
+            return
+        self.outbox.complete(op.worker, op.request_id, M.Status.EXPIRED if expired else M.Status.SATISFIED)
+
+    def _mark_dirty(self, rows: list[int]) -> None:
+        """An acks=all produce waits on `rows`: flush within the group-commit window, or at once when
+        enough bytes wait. (Appends nobody waits on are flushed in the background.)"""
+        self.flusher.mark_dirty()
+        states = [self.table.read(row) for row in rows]
+        if sum(s.end_bytes - s.flushed_bytes for s in states) >= self.flush_bytes:
+            self.flusher.kick()

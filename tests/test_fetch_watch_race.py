@@ -1,0 +1,101 @@
+"""A long-poll fetch must not miss an append that races its read.
+
+The worker's fetch handler reads the log, and if it found too little hands the timer a watch: "complete
+me when min_bytes are appended past what I saw". An append that lands between the read and the watch must
+count as new. This runs the real worker-side objects (partition store and log on a real shared table,
+handlers, delayed requests, the timer link over real rings) in-process, with one hook: PartitionLog.read is
+wrapped so that another log handle (standing for another worker) appends right after the read returns.
+The watch that reaches the request ring must start at the read's end, and the timer's DelayedFetch must
+find it satisfied at once.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from pathlib import Path
+
+import pytest
+
+from node.config import NodeConfig
+from node.storage.log import PartitionLog
+from node.storage.store import PartitionStore
+from node.timer.delayed import DelayedFetch
+from shm import instance as shm_instance
+from shm import messages as M
+from shm.doorbell import EventfdDoorbell
+from shm.interest import InterestTable
+from shm.ring import RingReader
+from shm.table import PartitionTable
+from shm_testing import fresh_instance
+from workers import protocol as P
+from workers.connection import Connection, Request
+from workers.delayed import DelayedRequests
+from workers.handlers import Handlers
+from workers.timer_link import TimerLink
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+import rawkafka as R  # noqa: E402
+
+
+@pytest.fixture
+def worker_side(tmp_path):
+    config = NodeConfig()
+    with fresh_instance("race") as instance:
+        iid = instance.instance_id
+        table = PartitionTable.create(shm_instance.table_name(iid), 8)
+        interest = InterestTable.create(shm_instance.interest_name(iid), 8)
+        instance.create_ring(shm_instance.request_ring_name(iid, 0), config.rings)
+        instance.create_ring(shm_instance.completion_ring_name(iid, 0), config.rings)
+        instance.create_semaphore_doorbell(shm_instance.timer_doorbell_name(iid)).close()
+        bell = EventfdDoorbell()
+        link = TimerLink(iid, 0, config.rings, os.dup(bell.fileno()))
+        store = PartitionStore(str(tmp_path), table, config.log, 8)
+        assert store.create_topics([("t", 1)]) == {"t": (0, None)}
+        settled = []
+        delayed = DelayedRequests(link, interest, config.timer.delayed_grace_ms,
+                                  lambda req, outcome: settled.append(outcome))
+        handlers = Handlers(store, config, delayed, "cluster")
+        requests = RingReader(shm_instance.request_ring_name(iid, 0), config=config.rings)
+        client, server = socket.socketpair()
+        try:
+            yield store, handlers, delayed, requests, Connection(server, "test", config.server.request_max_bytes)
+        finally:
+            for closable in (client, server, requests, link, bell, store, interest):
+                closable.close()
+            table.close()
+
+
+def test_an_append_between_the_read_and_the_watch_counts_as_new(worker_side, monkeypatch):
+    store, handlers, delayed, requests, conn = worker_side
+    row = store.row("t", 0)
+    other_worker = PartitionLog(store.log(row).directory, store.table, row, store.log_config)
+    racing_batch = R.build_record_batch([b"raced"])
+    seen_at_read = []
+    real_read = PartitionLog.read
+
+    def read_then_another_worker_appends(self, *args, **kwargs):
+        piece = real_read(self, *args, **kwargs)
+        seen_at_read.append(self.table.read(self.row).end_bytes)
+        other_worker.append(racing_batch)  # lands after the read, before the handler builds its watch
+        return piece
+
+    monkeypatch.setattr(PartitionLog, "read", read_then_another_worker_appends)
+    header = P.RequestHeader(P.FETCH, 11, 1, "test", 0)
+    request = P.decode_request(P.FETCH, 11, R.fetch_body({"t": {0: 0}}, max_wait_ms=500, min_bytes=1))
+    try:
+        outcome = handlers.fetch(Request(conn, header, conn.new_slot()), request)
+    finally:
+        other_worker.close()
+    assert outcome.deferred, "nothing was there when the handler read: it must wait"
+    delayed.end_turn()
+    frames = requests.read_batch()
+    watches = [M.decode(frame) for frame in frames]
+    requests.release()
+    assert [w.kind for w in watches] == [M.Kind.DELAY_FETCH]
+    watch = watches[0]
+    assert watch.items == [(row, seen_at_read[0])], "the watch starts where the read ended, before the racing append"
+    fetch = DelayedFetch(0, watch.request_id, watch.min_bytes, [row], [watch.items[0][1]], store.table,
+                         lambda op, expired: None)
+    assert fetch.satisfied(), "the timer must find the raced append at once, not at max_wait"

@@ -1,0 +1,172 @@
+"""A worker's delayed requests: the requests that wait on the timer process, and how each is answered.
+
+This is all a request handler knows of the timer. A handler that must wait hands its request here
+(`delay_produce`, `delay_fetch`, `topics`) with a continuation; this object sends the message to the
+timer (shm.messages), keeps the continuation, and when the answer comes (COMPLETION, TOPICS_OUTCOME)
+runs it and settles the request through the worker's `settle` callback. It also reports appends to
+rows that delayed fetches watch, so the timer knows when to look again.
+
+Invariants:
+- Request ids carry the worker's pid in their high bits (PID_SHIFT), so a restarted worker never mistakes
+  a completion meant for its predecessor; answers for unknown ids are dropped.
+- At most one wait per request id, and its continuation runs exactly once: with the timer's result
+  (a Status, or a TOPICS_OUTCOME document), or with None when the worker answers it by itself.
+- `self_answer`: a wait `delayed_grace_ms` past its deadline is answered here, so no client waits forever,
+  even with the timer process dead.
+- `resubmit` (the timer announced a restart) sends every waiting request's frame again; the timer ignores
+  duplicates of what it already holds.
+- A closed connection cancels its waits (`cancel_connection`); the timer completes them without an answer.
+- Nothing here blocks: frames go to the link's backlog; `end_turn` sends this turn's appends as one APPEND
+  frame and flushes the link.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from shm import messages as M
+from shm.interest import InterestTable, full_fence
+from workers.connection import Connection, Request
+from workers.outcome import Outcome
+from workers.timer_link import TimerLink
+
+log = logging.getLogger("shmbroker.delayed")
+
+# Request id = (pid & PID_MASK) << PID_SHIFT | sequence: 24 bits of pid above a 40-bit sequence, which
+# a worker would take decades to exhaust at a million delayed requests per second.
+PID_SHIFT = 40
+PID_MASK = 0xFFFFFF
+
+# A continuation: called once with the timer's result (or None: answered without the timer); returns the outcome.
+Continuation = Callable[[Any], Outcome]
+
+
+def monotonic_ms() -> int:
+    return time.monotonic_ns() // 1_000_000
+
+
+@dataclass(slots=True)
+class Waiting:
+    request: Request
+    deadline_ms: int
+    finish: Continuation
+    frame: bytes  # as sent to the timer, kept for re-submission
+
+
+class DelayedRequests:
+    def __init__(self, link: TimerLink, interest: InterestTable, delayed_grace_ms: int,
+                 settle: Callable[[Request, Outcome | None], None]) -> None:
+        self.link = link
+        self.interest = interest
+        self.delayed_grace_ms = delayed_grace_ms
+        self.settle = settle
+        self.waiting: dict[int, Waiting] = {}
+        self._by_connection: dict[Connection, set[int]] = {}
+        self._sequence = 0
+        self._pid_bits = (os.getpid() & PID_MASK) << PID_SHIFT
+        self._appended_rows: set[int] = set()
+
+    def __len__(self) -> int:
+        return len(self.waiting)
+
+    # -- what handlers call ----------------------------------------------------------------------
+
+    def appended(self, row: int) -> None:
+        """Note an append to `row`. If a delayed fetch watches it, the timer hears of it at the end of this
+        turn. The fence orders the append (published in the table) before the interest read (shm.interest)."""
+        full_fence()
+        if self.interest.counts[row]:
+            self._appended_rows.add(row)
+
+    def delay_produce(self, req: Request, waits: list[tuple[int, int]], timeout_ms: int,
+                      finish: Continuation) -> Outcome:
+        """Wait until every (row, offset) is fsync'd, or timeout_ms; `finish(status)` builds the answer."""
+        deadline = monotonic_ms() + max(0, timeout_ms)
+        return self._wait(req, deadline, finish,
+                          lambda rid: M.encode(M.Kind.DELAY_PRODUCE, rid, deadline, items=waits))
+
+    def delay_fetch(self, req: Request, watch: list[tuple[int, int]], min_bytes: int, max_wait_ms: int,
+                    finish: Continuation) -> Outcome:
+        """Wait until min_bytes are appended past the (row, start_bytes) pairs, or max_wait_ms."""
+        deadline = monotonic_ms() + max(0, max_wait_ms)
+        return self._wait(req, deadline, finish,
+                          lambda rid: M.encode(M.Kind.DELAY_FETCH, rid, deadline, min_bytes, items=watch))
+
+    def topics(self, req: Request, kind: M.Kind, document: Any, timeout_ms: int, answer: Continuation) -> Outcome:
+        """A topic creation or deletion by the timer process; `answer(document or None)` builds the response."""
+        deadline = monotonic_ms() + timeout_ms
+        return self._wait(req, deadline, answer, lambda rid: M.encode(kind, rid, document=document))
+
+    def _wait(self, req: Request, deadline_ms: int, finish: Continuation, frame_for: Callable[[int], bytes]) -> Outcome:
+        self._sequence += 1
+        request_id = self._pid_bits | self._sequence
+        frame = frame_for(request_id)
+        self.waiting[request_id] = Waiting(req, deadline_ms, finish, frame)
+        self._by_connection.setdefault(req.conn, set()).add(request_id)
+        self.link.send(frame)
+        return Outcome.DEFERRED
+
+    # -- what the worker's loop calls ------------------------------------------------------------
+
+    def on_completion(self, message: Any) -> None:
+        for request_id, status in message.items:
+            self._finish(request_id, M.Status.SATISFIED if status == M.Status.SATISFIED else M.Status.EXPIRED)
+
+    def on_topics_outcome(self, message: Any) -> None:
+        self._finish(message.request_id, message.document)
+
+    def _finish(self, request_id: int, result: Any) -> None:
+        waiting = self._pop(request_id)
+        if waiting is None or waiting.request.conn.closed:
+            return
+        try:
+            outcome = waiting.finish(result)
+        except Exception:
+            log.exception("finishing a delayed request failed")
+            outcome = None  # the worker closes the connection: a bug costs one connection, never the worker
+        self.settle(waiting.request, outcome)
+
+    def _pop(self, request_id: int) -> Waiting | None:
+        waiting = self.waiting.pop(request_id, None)
+        if waiting is not None:
+            ids = self._by_connection.get(waiting.request.conn)
+            if ids is not None:
+                ids.discard(request_id)
+                if not ids:
+                    del self._by_connection[waiting.request.conn]
+        return waiting
+
+    def cancel_connection(self, conn: Connection) -> None:
+        """The connection closed: forget its waits and tell the timer to drop them."""
+        ids = self._by_connection.pop(conn, None)
+        if not ids:
+            return
+        for request_id in ids:
+            del self.waiting[request_id]
+        self._send_items(M.Kind.CANCEL, [(request_id,) for request_id in ids])
+
+    def resubmit(self) -> None:
+        log.info("timer process (re)started: re-submitting %d delayed requests", len(self.waiting))
+        for waiting in self.waiting.values():
+            self.link.send(waiting.frame)
+
+    def self_answer(self, now_ms: int) -> None:
+        """Answer the waits the timer left `delayed_grace_ms` past their deadline."""
+        late = [rid for rid, w in self.waiting.items() if now_ms > w.deadline_ms + self.delayed_grace_ms]
+        for request_id in late:
+            log.warning("timer did not answer request %d in time; answering it here", request_id)
+            self._finish(request_id, None)
+
+    def end_turn(self) -> None:
+        if self._appended_rows:
+            self._send_items(M.Kind.APPEND, [(row,) for row in self._appended_rows])
+            self._appended_rows.clear()
+        self.link.flush()
+
+    def _send_items(self, kind: M.Kind, items: list[tuple]) -> None:
+        for start in range(0, len(items), M.MAX_ITEMS):
+            self.link.send(M.encode(kind, items=items[start:start + M.MAX_ITEMS]))

@@ -1,0 +1,35 @@
+"""What a request handler did with a request: the one outcome type of every handler and continuation.
+
+- `Outcome.reply(pieces)`: the response is ready: pieces (bytes-likes and FileRanges) to write in order.
+  An empty list is a request that gets no response (Produce with acks=0): its slot is filled with nothing,
+  so the responses behind it still leave in order.
+- `Outcome.DEFERRED`: the request waits (for the timer process, or for a topic creation); whoever owns the
+  wait fills the request's slot later, exactly once, with the outcome of its continuation.
+
+Invariants: an Outcome is immutable; DEFERRED is the only outcome without pieces.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    pieces: list[Any] | None
+
+    DEFERRED: ClassVar["Outcome"]
+    NO_RESPONSE: ClassVar["Outcome"]
+
+    @staticmethod
+    def reply(pieces: list[Any]) -> "Outcome":
+        return Outcome(pieces)
+
+    @property
+    def deferred(self) -> bool:
+        return self.pieces is None
+
+
+Outcome.DEFERRED = Outcome(None)
+Outcome.NO_RESPONSE = Outcome([])
