@@ -48,6 +48,8 @@ class ServerConfig:
     accepts_per_turn: int = 64
     socket_send_buffer_bytes: int = 1024 * 1024
     socket_receive_buffer_bytes: int = 1024 * 1024
+    # Most bytes a worker takes from one socket per read (a large request arrives over several reads).
+    recv_bytes: int = 256 * 1024
     # On SIGTERM, in-flight responses get this long to finish.
     shutdown_grace_ms: int = 5000
     # Backoff between restarts of a child that keeps dying: doubles up to the maximum.

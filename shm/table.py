@@ -40,6 +40,9 @@ SLOT_WORDS = 16
 ROW_WORDS = VERSION_WORDS + 2 * SLOT_WORDS
 ROW_BYTES = ROW_WORDS * WORD
 VERSION = struct.Struct("<q")
+# A reader gives up (TornReadError) after this many copies of a row that kept changing under it: a writer
+# publishes in well under a microsecond, so this only trips on a writer stuck mid-publish in a loop.
+MAX_READ_ATTEMPTS = 10_000
 
 
 class PartitionState(NamedTuple):
@@ -77,7 +80,7 @@ class TornReadError(RuntimeError):
 class PartitionTable:
     """A mapping of the shared table. Use create() in the supervisor and attach() everywhere else."""
 
-    def __init__(self, name: str, memory: mmap.mmap, rows: int, max_read_attempts: int = 10_000):
+    def __init__(self, name: str, memory: mmap.mmap, rows: int, max_read_attempts: int = MAX_READ_ATTEMPTS):
         self.name = name
         self.rows = rows
         self.max_read_attempts = max_read_attempts

@@ -155,3 +155,23 @@ def test_systemd_notify_ready_then_stopping(node_factory, tmp_path):
         assert "READY=1" in ready and f"MAINPID={node.proc.pid}" in ready
         assert node.stop() == 0
         assert "STOPPING=1" in listener.recv(4096).decode()
+
+
+def test_a_child_that_cannot_boot_stops_the_node(tmp_path):
+    """A worker that dies at every start (here: a sitecustomize hook that makes any process started with
+    --listen-fd exit at once) is not restarted forever: the supervisor stops the node, says why, exits 1."""
+    from tests.nodeproc import NodeProcess, STOP_TIMEOUT_S
+
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text("import os, sys\nif '--listen-fd' in sys.argv:\n    os._exit(3)\n")
+    node = NodeProcess(tmp_path, workers=1, config="[server]\nchild_boot_failures_max = 3\n",
+                       env={"PYTHONPATH": f"{hook}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"})
+    with pytest.raises(RuntimeError, match="node exited with 1"):
+        node.start()
+    node.proc.wait(timeout=STOP_TIMEOUT_S)
+    log = node.log()
+    assert "worker 0 exited 3 times within 5000 ms of starting (last exit code 3)" in log, log
+    assert log.count("restarting in") == 2, log
+    assert node.leftovers() == []
+    assert "Traceback" not in log

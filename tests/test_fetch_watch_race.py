@@ -60,7 +60,7 @@ def worker_side(tmp_path):
         requests = RingReader(shm_instance.request_ring_name(iid, 0), config=config.rings)
         client, server = socket.socketpair()
         try:
-            yield store, handlers, delayed, requests, Connection(server, "test", config.server.request_max_bytes)
+            yield store, handlers, delayed, requests, Connection(server, "test", config.server.request_max_bytes, config.server.recv_bytes)
         finally:
             for closable in (client, server, requests, link, bell, store, interest):
                 closable.close()

@@ -23,7 +23,6 @@ from typing import Any
 
 # sendmsg takes at most IOV_MAX buffers per call; more pieces go in later calls.
 _IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024
-_RECV_CHUNK = 256 * 1024
 
 
 @dataclass(slots=True)
@@ -63,9 +62,9 @@ class ConnectionClosed(Exception):
 
 
 class Connection:
-    __slots__ = ("sock", "fd", "peer", "inbuf", "slots", "outq", "max_request", "wants_write", "closed")
+    __slots__ = ("sock", "fd", "peer", "inbuf", "slots", "outq", "max_request", "recv_bytes", "wants_write", "closed")
 
-    def __init__(self, sock: socket.socket, peer: Any, max_request: int) -> None:
+    def __init__(self, sock: socket.socket, peer: Any, max_request: int, recv_bytes: int) -> None:
         self.sock = sock
         self.fd = sock.fileno()
         self.peer = peer
@@ -74,6 +73,7 @@ class Connection:
         # Pieces ready to write, in order; the head may be partly written.
         self.outq: deque[Any] = deque()
         self.max_request = max_request
+        self.recv_bytes = recv_bytes  # most bytes taken from the socket per read
         self.wants_write = False
         self.closed = False
 
@@ -86,7 +86,7 @@ class Connection:
         Raises ConnectionClosed on EOF, reset, or an oversize / negative length prefix.
         """
         try:
-            data = self.sock.recv(_RECV_CHUNK)
+            data = self.sock.recv(self.recv_bytes)
         except (BlockingIOError, InterruptedError):
             return []
         except OSError as exc:

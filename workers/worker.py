@@ -42,6 +42,7 @@ from workers.timer_link import TimerLink
 log = logging.getLogger("shmbroker.worker")
 
 _ACCEPT, _BELL, _WAKEUP = "accept", "bell", "wakeup"
+WAKEUP_READ_BYTES = 512  # one byte per signal delivered; more than a turn ever sees
 
 
 class Worker:
@@ -89,7 +90,7 @@ class Worker:
             server = self.config.server
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, server.socket_send_buffer_bytes)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, server.socket_receive_buffer_bytes)
-            conn = Connection(sock, peer, server.request_max_bytes)
+            conn = Connection(sock, peer, server.request_max_bytes, server.recv_bytes)
             self.connections[conn.fd] = conn
             self.selector.register(sock, selectors.EVENT_READ, conn)
 
@@ -235,7 +236,7 @@ class Worker:
                     self.link.drain_doorbell()
                 elif tag is _WAKEUP:
                     try:
-                        os.read(self._wakeup_r, 512)
+                        os.read(self._wakeup_r, WAKEUP_READ_BYTES)
                     except BlockingIOError:
                         pass
                 else:
