@@ -8,8 +8,9 @@ For each transport and frame size it measures, in the same run:
     splitting what one read returned by length prefix; mp: one bytes per receive).
   - one-way latency p50/p99: the writer sends one frame every 1/--pace-hz s carrying
     time.perf_counter_ns() (CLOCK_MONOTONIC, shared by processes); the reader sleeps
-    in the kernel between frames (ring: RingReader.wait_batch on an eventfd doorbell, or on
-    the timer process's semaphore with --ring-doorbell semaphore; os-pipe: a blocking read).
+    in the kernel between frames as the node's processes do (ring: in a selector on an eventfd
+    doorbell, as a network worker; on a semaphore with --ring-doorbell semaphore, as the timer
+    process; os-pipe: a blocking read). The ring's writer calls write_many, as the node does.
     The first --latency-warmup-seconds of frames are not counted.
   - idle CPU: CPU time the blocked reader uses over --idle-seconds with nothing sent.
 Each measurement is repeated --runs times, interleaved across transports; medians of the
@@ -35,6 +36,7 @@ import fcntl
 import json
 import multiprocessing as mp
 import os
+import selectors
 import statistics
 import struct
 import sys
@@ -49,7 +51,7 @@ import psutil  # noqa: E402
 from shm.doorbell import EventfdDoorbell  # noqa: E402
 from shm.instance import Instance, object_name  # noqa: E402
 import shm.ring  # noqa: E402
-from shm.ring import RingConfig, RingReader, RingWriter  # noqa: E402
+from shm.ring import RingConfig, RingReader, RingWriter, announce_sleep_all, woke_all  # noqa: E402
 
 TRANSPORTS = ("shm-ring", "os-pipe", "mp-pipe", "mp-queue")
 F_SETPIPE_SZ = 1031
@@ -91,26 +93,43 @@ class RingTransport:
                 time.sleep(self.full_pause_s)  # full: sleep, so the reader gets the CPU
 
     def send_one(self, frame) -> None:
-        while not self.writer.write(frame):
+        while not self.writer.write_many([frame]):
             time.sleep(self.full_pause_s)
 
     # reader side
     def open_reader(self):
         self.reader = RingReader(self.ring_name, takeover=True)
+        self.selector = None
+        if isinstance(self.bell, EventfdDoorbell):
+            self.selector = selectors.DefaultSelector()
+            self.selector.register(self.bell.fileno(), selectors.EVENT_READ)
+
+    def _sleep(self) -> None:
+        """As the node's processes sleep: a network worker in its selector over the eventfd (drain, announce,
+        select, woke), the timer process on its semaphore (announce_sleep_all, wait, woke_all)."""
+        reader, bell = self.reader, self.bell
+        if self.selector is None:
+            if announce_sleep_all([reader]):
+                bell.wait(None)
+            woke_all([reader])
+            return
+        bell.drain()
+        if reader.announce_sleep():
+            self.selector.select(None)
+        reader.woke()
 
     def recv_frames(self, on_batch) -> None:
         """Calls on_batch(frames) per batch of in-place views until it returns True; sleeps when empty."""
-        reader, bell = self.reader, self.bell
+        reader = self.reader
         max_frames, spin_s = self.read_batch, self.spin_s
         while True:
             if spin_s and not reader.has_pending():  # a producer in full flow refills within microseconds
                 spin_end = time.perf_counter() + spin_s
                 while not reader.has_pending() and time.perf_counter() < spin_end:
                     pass
-            # Sleeps when empty: the blocking read, as os.read is for os.pipe. With the eventfd doorbell the sleep,
-            # the wakeup and a lone frame are one C call; the semaphore doorbell takes the Python steps.
-            frames = reader.wait_batch(bell, None, max_frames)
+            frames = reader.read_batch(max_frames)
             if not frames:
+                self._sleep()  # the blocking read, as os.read is for os.pipe
                 continue
             stop = on_batch(frames)
             del frames
@@ -406,7 +425,6 @@ def measure_size(size: int, args) -> list[dict]:
         if name == RingTransport.name:  # which paths the figures are for (the C ones unless it failed to build)
             compiled = shm.ring._ringops is not None
             row["ring_write_path"] = "compiled" if compiled else "python"
-            row["ring_wait_path"] = "compiled" if compiled and args.ring_doorbell == "eventfd" else "python"
             row["ring_doorbell"] = args.ring_doorbell
         row["latency_samples"] = len(pooled[name])
         row["p50_us_pooled"] = percentile_us(pooled[name], 0.5)

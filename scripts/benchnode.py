@@ -1,7 +1,7 @@
 """Shared harness of the node benchmarks (producer_perf, consumer_perf, e2e_latency).
 
-- ``BenchNode``: a real node (``python -m node.cli serve``) as a subprocess on a free 127.0.0.1 port
-  with a temporary data dir; ``node_for(args)`` uses ``--bootstrap`` instead when given.
+- ``node_for(args)``: the node under test: a real node started with scripts/nodeproc.py (the one launcher
+  of tests and benchmarks) on a free 127.0.0.1 port with a temporary data dir, or ``--bootstrap``.
 - ``Pipeliner``: the raw load generators' request loop: several connections, a fixed number of
   requests in flight on each, responses matched by correlation id, per-request latency.
 - ``result_row`` / ``emit``: the JSON line every benchmark prints; ``percentiles_ms``; ``CpuMeter``.
@@ -9,10 +9,9 @@
 
 Invariants:
 - Only 127.0.0.1 is ever contacted (``parse_bootstrap`` refuses any other host).
-- A node started here is stopped by its pid with SIGTERM (SIGKILL of its recorded process tree
-  only if it does not exit within ``NodeSettings.stop_timeout_s``); its shared-memory objects
-  (/dev/shm names containing "shmbroker") are removed if a hard kill left any; its temp dir is
-  removed. If the benchmark process dies, the kernel sends the node SIGTERM (PR_SET_PDEATHSIG).
+- A node started here is stopped by its pid with SIGTERM (SIGKILL of its process tree only if it
+  does not exit in time); shared memory a hard kill left is removed, and its temp dir. If the
+  benchmark process dies, the kernel sends the node SIGTERM (PR_SET_PDEATHSIG).
 - Every wait here is bounded in time; every loop bounded in count or time.
 - The ``Pipeliner`` never keeps more than ``inflight`` requests outstanding per connection and
   hands each response body to its callback exactly once, in request order per connection; the
@@ -22,16 +21,12 @@ Invariants:
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import selectors
-import shutil
 import signal
 import socket
 import struct
-import subprocess
 import sys
-import tempfile
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -47,8 +42,8 @@ if REPO_ROOT not in sys.path:
     sys.path.insert(0, REPO_ROOT)
 
 import rawkafka  # noqa: E402
+from nodeproc import LOOPBACK, NodeProcess  # noqa: E402
 
-LOOPBACK = "127.0.0.1"
 _LOOPBACK_NAMES = {"127.0.0.1", "localhost"}
 # Fields every benchmark JSON line has (null where not measured).
 RESULT_FIELDS = ("script", "client", "records", "records_per_s", "mb_per_s", "p50_ms", "p99_ms", "p999_ms")
@@ -57,23 +52,7 @@ MB = 1_000_000  # MB/s as Kafka's perf tools report it (10^6 bytes)
 
 # --------------------------------------------------------------------------- node process
 
-
-@dataclass(frozen=True)
-class NodeSettings:
-    workers: int = 2
-    start_timeout_s: float = 30.0
-    stop_timeout_s: float = 30.0
-    # While starting: how often, and how patiently, to ask the node for ApiVersions.
-    start_probe_interval_s: float = 0.05
-    start_probe_timeout_s: float = 0.5
-    # Extra TOML for the node's config file (e.g. "[flush]\nflush_interval_ms = 2\n").
-    config_toml: str = ""
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind((LOOPBACK, 0))
-        return sock.getsockname()[1]
+DEFAULT_WORKERS = 2
 
 
 def parse_bootstrap(text: str) -> tuple[str, int]:
@@ -86,136 +65,6 @@ def parse_bootstrap(text: str) -> tuple[str, int]:
     return LOOPBACK, int(port)
 
 
-def _answers_api_versions(port: int, timeout_s: float) -> bool:
-    try:
-        with rawkafka.RawConnection(LOOPBACK, port, timeout_s=timeout_s) as conn:
-            conn.call(rawkafka.API_VERSIONS, 0, rawkafka.api_versions_body(0))
-            return True
-    except (OSError, rawkafka.RawProtocolError):
-        return False
-
-
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:
-    """In the child before exec: SIGTERM the node (a clean stop) if the benchmark process dies."""
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-    except (OSError, AttributeError):
-        pass
-
-
-def _processes(pids: Sequence[int]) -> list[psutil.Process]:
-    """psutil handles of those pids still alive (taken before a stop, so a kill hits only them)."""
-    found = []
-    for pid in pids:
-        with contextlib.suppress(psutil.Error):
-            found.append(psutil.Process(pid))
-    return found
-
-
-class BenchNode:
-    """A node subprocess with a temp data dir. Use as a context manager, or start()/stop()."""
-
-    def __init__(self, settings: NodeSettings = NodeSettings()) -> None:
-        self.settings = settings
-        self.port = free_port()
-        self.temp_dir = tempfile.mkdtemp(prefix="benchnode-")
-        self.data_dir = os.path.join(self.temp_dir, "data")
-        self.log_path = os.path.join(self.temp_dir, "node.log")
-        self.proc: subprocess.Popen | None = None
-
-    @property
-    def bootstrap(self) -> str:
-        return f"{LOOPBACK}:{self.port}"
-
-    def start(self) -> BenchNode:
-        config_path = os.path.join(self.temp_dir, "node.toml")
-        with open(config_path, "w") as f:
-            f.write(self.settings.config_toml)
-        args = [sys.executable, "-m", "node.cli", "serve", "--config", config_path, "--listen", self.bootstrap,
-                "--data-dir", self.data_dir, "--workers", str(self.settings.workers)]
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(args, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
-        deadline = time.monotonic() + self.settings.start_timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"node exited with {self.proc.returncode}:\n{self.log_tail()}")
-            if _answers_api_versions(self.port, timeout_s=self.settings.start_probe_timeout_s):
-                print(f"benchnode: node pid {self.proc.pid} on {self.bootstrap}, data {self.data_dir}",
-                      file=sys.stderr, flush=True)
-                return self
-            time.sleep(self.settings.start_probe_interval_s)
-        raise RuntimeError(f"node did not answer in {self.settings.start_timeout_s}s:\n{self.log_tail()}")
-
-    def log_tail(self, chars: int = 4000) -> str:
-        try:
-            with open(self.log_path, "rb") as f:
-                return f.read().decode(errors="replace")[-chars:]
-        except OSError:
-            return ""
-
-    def child_pids(self, module: str = "") -> list[int]:
-        """Pids of the node's processes below the supervisor whose command line names `module`
-        ('workers.worker', 'node.timer.process'); all of them when empty."""
-        if self.proc is None:
-            return []
-        try:
-            children = psutil.Process(self.proc.pid).children(recursive=True)
-        except psutil.NoSuchProcess:
-            return []
-        pids = []
-        for child in children:
-            with contextlib.suppress(psutil.Error):
-                if not module or module in " ".join(child.cmdline()):
-                    pids.append(child.pid)
-        return pids
-
-    def stop(self) -> None:
-        """SIGTERM by pid and wait; SIGKILL of the recorded tree only if that times out. Then remove
-        any shared memory a hard kill left and the temp dir."""
-        try:
-            if self.proc is not None and self.proc.poll() is None:
-                tree = _processes(self.child_pids())
-                self.proc.send_signal(signal.SIGTERM)
-                try:
-                    self.proc.wait(timeout=self.settings.stop_timeout_s)
-                except subprocess.TimeoutExpired:
-                    print(f"benchnode: node pid {self.proc.pid} ignored SIGTERM for "
-                          f"{self.settings.stop_timeout_s}s; killing it", file=sys.stderr)
-                    for victim in [psutil.Process(self.proc.pid)] + tree:
-                        with contextlib.suppress(psutil.Error):
-                            victim.kill()
-                    self.proc.wait(timeout=self.settings.stop_timeout_s)
-                psutil.wait_procs(tree, timeout=self.settings.stop_timeout_s)
-                if self.proc.returncode != 0:
-                    print(f"benchnode: node exited with {self.proc.returncode}:\n{self.log_tail()}", file=sys.stderr)
-            self._remove_leftover_shm()
-        finally:
-            shutil.rmtree(self.temp_dir, ignore_errors=True)
-
-    def _remove_leftover_shm(self) -> None:
-        from shm.instance import instance_id_for
-        from shm import instance as shm_instance
-
-        with contextlib.suppress(shm_instance.InstanceBusy):
-            removed = shm_instance.remove_leftovers(instance_id_for(self.data_dir, self.port))
-            if removed:
-                print(f"benchnode: removed leftover shared memory {removed}", file=sys.stderr)
-
-    def __enter__(self) -> BenchNode:
-        try:
-            return self.start()
-        except BaseException:
-            self.stop()
-            raise
-
-    def __exit__(self, *exc: Any) -> None:
-        self.stop()
-
-
 @dataclass
 class Target:
     """Where a benchmark sends its traffic, and the node (if it started one)."""
@@ -223,7 +72,7 @@ class Target:
     host: str
     port: int
     data_dir: str | None  # the node's data dir, when known (for reading segment files)
-    node: BenchNode | None = None
+    node: NodeProcess | None = None
 
     @property
     def bootstrap(self) -> str:
@@ -232,7 +81,7 @@ class Target:
 
 def add_common_arguments(parser: Any, default_seconds: float) -> None:
     parser.add_argument("--bootstrap", help="HOST:PORT of a running node on 127.0.0.1 (default: start one)")
-    parser.add_argument("--workers", type=int, default=NodeSettings.workers,
+    parser.add_argument("--workers", type=int, default=DEFAULT_WORKERS,
                         help="network workers of the node started here (default %(default)s)")
     parser.add_argument("--seconds", type=float, default=default_seconds,
                         help="upper bound of each measurement (default %(default)s)")
@@ -254,8 +103,8 @@ def node_for(args: Any, data_dir: str | None = None, config_toml: str = "") -> I
         return
     if args.workers < 1:
         raise SystemExit("--workers must be at least 1")
-    with BenchNode(NodeSettings(workers=args.workers, config_toml=config_toml)) as node:
-        yield Target(LOOPBACK, node.port, node.data_dir, node)
+    with NodeProcess(workers=args.workers, config=config_toml, announce=True) as node:
+        yield Target(LOOPBACK, node.port, str(node.data_dir), node)
 
 
 class CpuMeter:
@@ -263,7 +112,7 @@ class CpuMeter:
     (its threads included, load generator child processes not) and by the node's processes,
     when the node was started here. Tells which side a figure is limited by on a small machine."""
 
-    def __init__(self, node: BenchNode | None) -> None:
+    def __init__(self, node: NodeProcess | None) -> None:
         self.node = node
         self.fields: dict[str, float | None] = {"client_cores": None, "node_cores": None}
 
@@ -271,7 +120,7 @@ class CpuMeter:
         if self.node is None or self.node.proc is None:
             return {}
         found = {}
-        for pid in [self.node.proc.pid] + self.node.child_pids():
+        for pid in [self.node.proc.pid] + self.node.pids():
             with contextlib.suppress(psutil.Error):
                 times = psutil.Process(pid).cpu_times()
                 found[pid] = times.user + times.system

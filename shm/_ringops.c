@@ -1,15 +1,16 @@
-/* Compiled fast paths of shm/ring.py: one frame published, read or slept on in one C call each.
+/* Compiled fast paths of shm/ring.py: one frame published or read, and the sleep announcement, in one C
+ * call each. The node's processes take all three: a worker's or the timer's lone frame per turn goes
+ * through publish_frame (write_many of one frame: 1.19 -> 0.47 us), read_batch through read_one, and
+ * both sleepers announce through announce().
  *
  * Why it exists (measured): a paced producer or a just-woken consumer runs with cold caches, and the
  * pure-Python steps (about fifteen bytecode lines per write, a lock-based fence, the doorbell call)
  * made the ring's one-way latency at 100 B worse than a raw os.pipe, which moves and wakes in one
  * syscall. 100 B frames paced at 5,000/s, ring vs os.pipe in the same runs: the C write took p10
- * from 6.2 to 5.1 us; with the C read and announce (and the edge-triggered eventfd wait) the
+ * from 6.2 to 5.1 us; with the C read and announce the
  * ring's p50 went from 10.4 us to 5-9 us (os.pipe: 4.9-5.5) and its pooled p99 from 1.43x os.pipe
- * to 0.86-1.54x across runs. A consumer that sleeps on one ring (wait_frame) then still ran Python between
- * its wakeup and its frame; doing that in C took p50 from 5.9 to 4.7 us (os.pipe 5.7) and the pooled
- * p99 from 57 to 46 us (os.pipe 47), 14 interleaved runs. The rest of the ring (batches, wraps,
- * errors) stays in Python, where numpy pays off.
+ * to 0.86-1.54x across runs. The rest of the ring (batches, wraps, errors) stays in Python, where numpy
+ * pays off.
  *
  * Invariants (the same as shm/ring.py's, which documents the layout):
  * - Publication order: frame header and payload are stored first, then head with a release
@@ -27,7 +28,6 @@
 #include <errno.h>
 #include <stdint.h>
 #include <string.h>
-#include <sys/epoll.h>
 #include <unistd.h>
 
 /* Layout constants; shm/ring.py checks at import that they equal its own. */
@@ -168,55 +168,6 @@ announce(char *header, unsigned long long pos)
     return 1;
 }
 
-/* wait_frame(header, capacity, read_pos, data, epoll_fd, timeout_ms) -> as read_one
- *
- * read_one, after sleeping if the ring is empty: announce, epoll_wait(epoll_fd, timeout_ms) without the GIL,
- * clear the flag, load head. The whole wakeup path of a consumer that sleeps on one ring is one C call: woken,
- * it runs no Python before it has the frame. `epoll_fd` must report the doorbell's rings edge-triggered (no
- * drain needed; EventfdDoorbell.wait_fd). None: still empty (timeout, a spurious wakeup, or a signal whose
- * handler ran and did not raise; if it raised, that exception). */
-static PyObject *
-ringops_wait_frame(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
-{
-    char *header;
-    unsigned long long capacity, pos;
-    if (parse_ring_position("wait_frame", args, nargs, 6, &header, &capacity, &pos) < 0)
-        return NULL;
-    int epoll_fd = _PyLong_AsInt(args[4]);
-    int timeout_ms = _PyLong_AsInt(args[5]);
-    if (PyErr_Occurred())
-        return NULL;
-    uint64_t *head_word = (uint64_t *)header + HEAD_WORD;
-    unsigned long long head = __atomic_load_n(head_word, __ATOMIC_ACQUIRE);
-    if (head == pos) {
-        /* Without the GIL another thread could close the ring; an export of `data` keeps the mapping alive
-         * (its close() then leaves the mapping to the process), so the stores after the sleep stay valid. */
-        Py_buffer hold;
-        if (PyObject_GetBuffer(args[3], &hold, PyBUF_SIMPLE) < 0)
-            return NULL;
-        int ready = 0, error = 0;
-        if (announce(header, pos)) {
-            struct epoll_event event;
-            Py_BEGIN_ALLOW_THREADS
-            ready = epoll_wait(epoll_fd, &event, 1, timeout_ms);
-            error = errno;
-            Py_END_ALLOW_THREADS
-            __atomic_store_n((uint64_t *)header + SLEEPING_WORD, 0, __ATOMIC_RELAXED);
-        }
-        PyBuffer_Release(&hold);
-        if (ready < 0) {
-            if (error != EINTR) {
-                errno = error;
-                return PyErr_SetFromErrno(PyExc_OSError);
-            }
-            if (PyErr_CheckSignals() < 0)
-                return NULL;
-        }
-        head = __atomic_load_n(head_word, __ATOMIC_ACQUIRE);
-    }
-    return take_one(header, capacity, pos, head, args[3]);
-}
-
 /* announce_sleep(header, capacity, read_pos) -> bool: announce()'s answer (True: the caller may sleep). */
 static PyObject *
 ringops_announce_sleep(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
@@ -231,8 +182,6 @@ ringops_announce_sleep(PyObject *module, PyObject *const *args, Py_ssize_t nargs
 static PyMethodDef ringops_methods[] = {
     {"read_one", (PyCFunction)(void (*)(void))ringops_read_one, METH_FASTCALL,
      "The one waiting frame as (view, new read position); None if empty, False for the Python path."},
-    {"wait_frame", (PyCFunction)(void (*)(void))ringops_wait_frame, METH_FASTCALL,
-     "read_one, after sleeping on an edge-triggered epoll fd while the ring is empty."},
     {"announce_sleep", (PyCFunction)(void (*)(void))ringops_announce_sleep, METH_FASTCALL,
      "Set the sleeping flag, fence, re-check head; True if the caller may sleep."},
     {"address", ringops_address, METH_O, "Address of a writable contiguous buffer (the caller keeps it alive)."},

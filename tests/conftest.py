@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 
-from tests.nodeproc import NodeProcess
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+from nodeproc import NodeProcess  # noqa: E402  (the one launcher of tests and benchmarks)
 
 
 @pytest.fixture

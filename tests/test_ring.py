@@ -241,16 +241,16 @@ def test_compiled_and_python_paths_leave_identical_rings():
         assert False in announced and True in announced  # announce saw frames, and an empty ring
 
 
-@pytest.mark.parametrize("kind", ["eventfd", "pipe", "semaphore"])
+@pytest.mark.parametrize("kind", ["eventfd", "semaphore"])
 def test_compiled_write_rings_only_for_a_sleeping_consumer(kind):
-    """fd doorbells (eventfd, pipe) are rung inside the C call; a semaphore is rung by Python on its return."""
-    from shm.doorbell import EventfdDoorbell, PipeDoorbell
+    """An eventfd doorbell is rung inside the C call; a semaphore is rung by Python on its return."""
+    from shm.doorbell import EventfdDoorbell
 
     with fresh_instance() as instance:
         if kind == "semaphore":
             bell = instance.create_semaphore_doorbell(instance.name("bell"))
         else:
-            bell = EventfdDoorbell() if kind == "eventfd" else PipeDoorbell()
+            bell = EventfdDoorbell()
         try:
             name = instance.create_ring(instance.name("e"), RingConfig(capacity=CAPACITY))
             with RingWriter(name, bell) as writer, RingReader(name) as reader:
@@ -278,19 +278,21 @@ def test_write_after_close_raises_instead_of_touching_the_unmapped_segment(ring)
 def test_a_doorbell_that_fails_after_the_frame_is_published_raises_but_loses_nothing():
     import os
 
-    from shm.doorbell import PipeDoorbell
+    from shm.doorbell import EventfdDoorbell
 
-    bell = PipeDoorbell()
-    os.close(bell.fileno())  # the read end is gone: ringing fails with EPIPE
+    # An eventfd whose descriptor is a pipe's read end: the compiled write's ring fails with EBADF.
+    read_end, write_end = os.pipe()
+    bell = EventfdDoorbell(read_end)
     try:
         with fresh_instance() as instance:
             name = instance.create_ring(instance.name("f"), RingConfig(capacity=CAPACITY))
             with RingWriter(name, bell) as writer, RingReader(name) as reader:
                 assert reader.announce_sleep()
-                with pytest.raises(BrokenPipeError):
+                with pytest.raises(OSError):
                     writer.write(b"published")
                 reader.woke()
                 assert writer.write(b"next")
                 assert read_all(reader) == [b"published", b"next"]
     finally:
-        os.close(bell.ring_fd)
+        bell.close()
+        os.close(write_end)

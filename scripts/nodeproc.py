@@ -1,0 +1,216 @@
+"""The one launcher of a real node, for the tests and the benchmarks: `python -m node.cli serve` as a
+subprocess on a free 127.0.0.1 port with its own data dir, stopped with real signals, by pid.
+
+    node = NodeProcess(work_dir, workers=2, config="[flush]\\nflush_interval_ms = 2\\n").start()
+    ... node.bootstrap, node.pids("timer"), node.kill_all() ...
+    node.close()          # SIGTERM if still running, leftover shared memory removed, own temp dir removed
+
+Without `work_dir` the node gets a temp dir of its own (config, log, data), removed by close().
+
+Invariants:
+- Only 127.0.0.1 is ever used.
+- Processes are found and stopped by pid: the supervisor's, and its children's as psutil lists them.
+- Every wait is bounded (start_timeout_s, stop_timeout_s). If the process that started the node dies, the
+  kernel sends the node SIGTERM (PR_SET_PDEATHSIG), a clean stop.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+
+from shm import instance as shm_instance  # noqa: E402
+
+LOOPBACK = "127.0.0.1"
+START_TIMEOUT_S = 30.0
+STOP_TIMEOUT_S = 30.0
+START_PROBE_INTERVAL_S = 0.05
+START_PROBE_TIMEOUT_S = 0.5
+# The module each child role runs (how a child is recognised on its command line).
+ROLE_MODULES = {"worker": "workers.worker", "timer": "node.timer.process"}
+_PR_SET_PDEATHSIG = 1
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind((LOOPBACK, 0))
+        return sock.getsockname()[1]
+
+
+def api_versions_roundtrip(port: int, timeout: float = 2.0) -> bool:
+    """True when the node answers an ApiVersions v0 request on `port`."""
+    request = struct.pack(">hhih", 18, 0, 1, 4) + b"test"
+    try:
+        with socket.create_connection((LOOPBACK, port), timeout=timeout) as sock:
+            sock.sendall(struct.pack(">i", len(request)) + request)
+            header = sock.recv(8)
+            return len(header) == 8 and struct.unpack(">ii", header)[1] == 1
+    except OSError:
+        return False
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM the node (a clean stop) if the process that started it dies."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+class NodeProcess:
+    def __init__(self, work_dir: Path | str | None = None, workers: int = 1, config: str = "",
+                 port: int | None = None, data_dir: Path | str | None = None, env: dict[str, str] | None = None,
+                 announce: bool = False) -> None:
+        self._own_dir = work_dir is None
+        self.work_dir = Path(tempfile.mkdtemp(prefix="shmbroker-node-") if work_dir is None else work_dir)
+        self.workers = workers
+        self.port = port or free_port()
+        self.data_dir = Path(data_dir) if data_dir is not None else self.work_dir / "data"
+        self.config_path = self.work_dir / "node.toml"
+        self.config_path.write_text(config)
+        self.log_path = self.work_dir / f"node-{self.port}.log"
+        self.env = env
+        self.announce = announce  # print "nodeproc: node pid ... on ..., data ..." to stderr once it answers
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def bootstrap(self) -> str:
+        return f"{LOOPBACK}:{self.port}"
+
+    @property
+    def instance(self) -> str:
+        return shm_instance.instance_id_for(str(self.data_dir), self.port)
+
+    def start(self) -> "NodeProcess":
+        args = [sys.executable, "-m", "node.cli", "serve", "--config", str(self.config_path),
+                "--listen", self.bootstrap, "--data-dir", str(self.data_dir), "--workers", str(self.workers)]
+        env = {**os.environ, **self.env} if self.env else None
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         cwd=REPO_ROOT, env=env, preexec_fn=_die_with_parent)
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"node exited with {self.proc.returncode}:\n{self.log()}")
+            if api_versions_roundtrip(self.port, timeout=START_PROBE_TIMEOUT_S):
+                if self.announce:
+                    print(f"nodeproc: node pid {self.proc.pid} on {self.bootstrap}, data {self.data_dir}",
+                          file=sys.stderr, flush=True)
+                return self
+            time.sleep(START_PROBE_INTERVAL_S)
+        self.kill_all()
+        raise RuntimeError(f"node did not answer in {START_TIMEOUT_S}s:\n{self.log()}")
+
+    def log(self, chars: int = 20000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-chars:]
+        except OSError:
+            return ""
+
+    # -- processes ---------------------------------------------------------------------------
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def children(self) -> list[psutil.Process]:
+        if self.proc is None:
+            return []
+        try:
+            return psutil.Process(self.proc.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            return []
+
+    def pids(self, role: str = "") -> list[int]:
+        """Pids of the children of a role ('worker', 'timer'); all children when empty."""
+        module = ROLE_MODULES[role] if role else ""
+        found = []
+        for child in self.children():
+            with contextlib.suppress(psutil.Error):
+                if not module or module in child.cmdline():
+                    found.append(child.pid)
+        return found
+
+    def wait_for_pids(self, role: str, count: int, exclude: set[int] = frozenset(), timeout: float = 20.0) -> list[int]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            pids = [p for p in self.pids(role) if p not in exclude]
+            if len(pids) >= count:
+                return pids
+            time.sleep(0.05)
+        raise AssertionError(f"no {count} {role} processes in {timeout}s:\n{self.log()}")
+
+    # -- stopping ----------------------------------------------------------------------------
+
+    def stop(self) -> int:
+        """SIGTERM and wait: the clean shutdown path. Returns the exit code. A node that ignores SIGTERM
+        for STOP_TIMEOUT_S is killed (its whole tree) and AssertionError raised."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout=STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            self.kill_all()
+            raise AssertionError(f"node did not stop in {STOP_TIMEOUT_S}s:\n{self.log()}")
+
+    def kill_all(self) -> None:
+        """kill -9 the supervisor and every child, by pid."""
+        if self.proc is None:
+            return
+        victims = self.children()
+        for pid in [self.proc.pid] + [c.pid for c in victims]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        self.proc.wait(timeout=STOP_TIMEOUT_S)
+        psutil.wait_procs(victims, timeout=STOP_TIMEOUT_S)
+
+    def leftovers(self) -> list[str]:
+        return shm_leftovers(self.instance)
+
+    def close(self) -> None:
+        """Stop the node if it runs, remove what a hard kill left in /dev/shm, and the node's own temp dir."""
+        try:
+            if self.alive():
+                code = self.stop()
+                if code != 0:
+                    print(f"nodeproc: node exited with {code}:\n{self.log(4000)}", file=sys.stderr)
+            with contextlib.suppress(shm_instance.InstanceBusy):
+                removed = shm_instance.remove_leftovers(self.instance)
+                if removed:
+                    print(f"nodeproc: removed leftover shared memory {removed}", file=sys.stderr)
+        finally:
+            if self._own_dir:
+                shutil.rmtree(self.work_dir, ignore_errors=True)
+
+    def __enter__(self) -> "NodeProcess":
+        try:
+            return self.start()
+        except BaseException:
+            self.close()
+            raise
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def shm_leftovers(instance: str = "") -> list[str]:
+    """Names in /dev/shm of one node instance (or of every shmbroker instance)."""
+    stem = f"shmbroker-{instance}"
+    try:
+        return sorted(name for name in os.listdir("/dev/shm") if stem in name)
+    except FileNotFoundError:
+        return []
