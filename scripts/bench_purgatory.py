@@ -8,23 +8,23 @@ force-completed at arrival + latency (the current Java port schedules it at the 
 copied here); the others expire. Time is integer monotonic milliseconds.
 
 Implementations (--impl):
-  wheel-timer    node.timer.wheel.TimingWheel alone: add_many / cancel_many / advance.
+  wheel-timer    node.timer.wheel.TimingWheel alone, as the node calls it: add / cancel per request, advance.
   heapq-timer    baseline (a): a bare heapq of (deadline, request), lazy cancel flag, pop expired.
-  purgatory      node.timer.purgatory.Purgatory batch path: watch_many / force_complete_many / advance_many.
+  purgatory      node.timer.purgatory.Purgatory, as the timer process calls it: one DelayedOperation per
+                 request, try_complete_else_watch / force_complete / advance.
   purgatory-0.8  baseline (b): Kafka 0.8.x style: a heapq delay queue of requests with lazy deletion, per-key
                  Python watcher lists, and on every reaper pass (one per advance) a purge that scans every
                  watcher list when their total size reaches --purge-interval (and the delay queue when its
                  size does), as 0.8.x's ExpiredRequestReaper did on each poll.
 
 --clock virtual runs the events as fast as possible: the timer owner wakes every --step-ms of virtual time
-(default: one tick), takes that step's arrivals and completions as batches and advances the clock; it reports
+(default: one tick), takes that step's arrivals and completions and advances the clock; it reports
 requests per CPU-second. --clock real paces arrivals in real time and reports target and achieved rate, CPU %
 and timer lateness (fire time minus deadline) p50/p99/max.
 
 Each (impl, case, rate) runs in its own child process (so peak RSS is per configuration), --repeat times;
 the parent reports medians. --outstanding M first loads M timers (or watched operations) with deadlines hours
-away, to compare the cost per request with 10k and 1M timers outstanding. --crossover measures the batch size
-from which the wheel's numpy batch calls beat a Python loop of single calls.
+away, to compare the cost per request with 10k and 1M timers outstanding.
 
 Examples:
   bench_purgatory.py --json                                  # all impls, both cases, 100k/s and 1M/s
@@ -49,8 +49,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from node.timer.purgatory import Purgatory  # noqa: E402
-from node.timer.wheel import SLOT_MASK, TimingWheel  # noqa: E402
+from node.timer.purgatory import DelayedOperation, Purgatory  # noqa: E402
+from node.timer.wheel import TimingWheel  # noqa: E402
 
 IMPLS = ("wheel-timer", "heapq-timer", "purgatory", "purgatory-0.8")
 CASES = {"low": (60.0, 20.0), "high": (400.0, 200.0)}  # (pct75, pct50) of the completion latency, ms
@@ -96,68 +96,94 @@ def distinct_keys(rng, n: int, width: int, space: int) -> np.ndarray:
 
 # --------------------------------------------------------------------------- implementations
 class WheelTimer:
+    """The node's wheel calls: one add() per arrival, one cancel() per completion, advance() per wake."""
+
     def __init__(self, args, w: Workload, start_ms: int) -> None:
         self.wheel = TimingWheel(args.tick_ms, args.wheel_size, start_ms)
-        self.ids = np.zeros(w.n, np.int64)
-        self.w = w
-        self.request_of_slot = None  # real clock only: maps an expired handle back to its request
+        self.ids = [0] * w.n
+        self.deadlines = w.deadline.tolist()
+        self.completion_order = w.completion_order.tolist()
+        self.request_of: dict[int, int] | None = None  # real clock only: maps an expired handle to its request
 
     def preload(self, deadlines: np.ndarray, keys: np.ndarray) -> None:
-        self.wheel.add_many(deadlines)
+        add = self.wheel.add
+        for deadline in deadlines.tolist():
+            add(deadline)
 
     def arrive(self, a0: int, a1: int) -> None:
-        ids = self.wheel.add_many(self.w.deadline[a0:a1])
-        self.ids[a0:a1] = ids
-        if self.request_of_slot is not None:
-            self._remember(ids, a0, a1)
-
-    def _remember(self, ids, a0, a1) -> None:
-        slots = ids & SLOT_MASK
-        top = int(slots.max()) + 1
-        if top > len(self.request_of_slot):
-            grown = np.zeros(max(top, 2 * len(self.request_of_slot)), np.int64)
-            grown[: len(self.request_of_slot)] = self.request_of_slot
-            self.request_of_slot = grown
-        self.request_of_slot[slots] = np.arange(a0, a1, dtype=np.int64)
+        add, ids = self.wheel.add, self.ids
+        for request in range(a0, a1):
+            ids[request] = add(self.deadlines[request])
+        if self.request_of is not None:
+            self.request_of.update((ids[request], request) for request in range(a0, a1))
 
     def complete(self, c0: int, c1: int) -> int:
-        return int(np.count_nonzero(self.wheel.cancel_many(self.ids[self.w.completion_order[c0:c1]])))
+        cancel, ids = self.wheel.cancel, self.ids
+        return sum(cancel(ids[request]) for request in self.completion_order[c0:c1])
 
-    def advance(self, now_ms: int) -> np.ndarray:
-        return self.wheel.advance(now_ms)
-
-    def requests_of(self, expired: np.ndarray) -> np.ndarray:
-        return self.request_of_slot[expired & SLOT_MASK]
+    def advance(self, now_ms: int) -> list[int]:
+        fired = self.wheel.advance(now_ms).tolist()
+        return [self.request_of.pop(handle) for handle in fired] if self.request_of is not None else fired
 
     def extra(self) -> dict:
         return {"levels": self.wheel.levels, "compactions": self.wheel.compactions}
 
 
-class PurgatoryImpl(WheelTimer):
+class BenchOperation(DelayedOperation):
+    """A request as the timer process holds one: completed by force_complete or by its deadline."""
+
+    __slots__ = ("request", "expired_sink")
+
+    def __init__(self, request: int, expired_sink: list | None) -> None:
+        self.request = request
+        self.expired_sink = expired_sink
+
+    def try_complete(self) -> bool:
+        return False
+
+    def on_expiration(self) -> None:
+        if self.expired_sink is not None:
+            self.expired_sink.append(self.request)
+
+
+class PurgatoryImpl:
+    """The node's purgatory calls: try_complete_else_watch per arrival, force_complete per completion."""
+
     def __init__(self, args, w: Workload, start_ms: int) -> None:
         self.purgatory = Purgatory("bench", args.purge_interval, args.tick_ms, args.wheel_size, start_ms)
-        self.ids = np.zeros(w.n, np.int64)
-        self.w = w
-        self.request_of_slot = None
+        self.ops: list[BenchOperation | None] = [None] * w.n
+        self.deadlines = w.deadline.tolist()
+        self.keys = [tuple(row) for row in w.keys.tolist()]
+        self.completion_order = w.completion_order.tolist()
+        self.request_of: dict[int, int] | None = None  # set by run_real: then expired requests are collected
+        self._expired: list[int] = []
 
     def preload(self, deadlines: np.ndarray, keys: np.ndarray) -> None:
-        self.purgatory.watch_many(keys, deadlines)
+        watch = self.purgatory.try_complete_else_watch
+        for deadline, row in zip(deadlines.tolist(), keys.tolist()):
+            watch(BenchOperation(-1, None), tuple(row), deadline)
 
     def arrive(self, a0: int, a1: int) -> None:
-        ids = self.purgatory.watch_many(self.w.keys[a0:a1], self.w.deadline[a0:a1])
-        self.ids[a0:a1] = ids
-        if self.request_of_slot is not None:
-            self._remember(ids, a0, a1)
+        watch, ops = self.purgatory.try_complete_else_watch, self.ops
+        sink = self._expired if self.request_of is not None else None
+        for request in range(a0, a1):
+            op = ops[request] = BenchOperation(request, sink)
+            watch(op, self.keys[request], self.deadlines[request])
 
     def complete(self, c0: int, c1: int) -> int:
-        return self.purgatory.force_complete_many(self.ids[self.w.completion_order[c0:c1]])
+        force, ops = self.purgatory.force_complete, self.ops
+        return sum(force(ops[request]) for request in self.completion_order[c0:c1])
 
-    def advance(self, now_ms: int) -> np.ndarray:
-        return self.purgatory.advance_many(now_ms)
+    def advance(self, now_ms: int) -> list[int]:
+        count = self.purgatory.advance(now_ms)
+        if self.request_of is None:
+            return [0] * count
+        expired, self._expired = self._expired, []
+        return expired
 
     def extra(self) -> dict:
         p = self.purgatory
-        return {"purges": p.purges, "levels": p.timer.levels, "watcher_log": p.watcher_log_size}
+        return {"purges": p.purges, "levels": p.timer.levels}
 
 
 class HeapqTimer:
@@ -192,9 +218,6 @@ class HeapqTimer:
             if not cancelled[i]:
                 expired.append(i)
         return expired
-
-    def requests_of(self, expired) -> np.ndarray:
-        return np.asarray(expired, np.int64)
 
     def extra(self) -> dict:
         return {}
@@ -257,9 +280,6 @@ class Purgatory08:
             self.queue_purges += 1
         return expired
 
-    def requests_of(self, expired) -> np.ndarray:
-        return np.asarray(expired, np.int64)
-
     def extra(self) -> dict:
         return {"purges": self.purges, "queue_purges": self.queue_purges}
 
@@ -304,7 +324,8 @@ def run_virtual(impl, w: Workload, args) -> dict:
 
 def run_real(impl, w: Workload, args) -> dict:
     """Pace arrivals in real time; the owner sleeps until its next event, as the timer process will."""
-    impl.request_of_slot = np.zeros(1024, np.int64) if hasattr(impl, "_remember") else None
+    if hasattr(impl, "request_of"):
+        impl.request_of = {}
     timer = getattr(impl, "wheel", None) or getattr(getattr(impl, "purgatory", None), "timer", None)
     n_completions = len(w.completion_time)
     arrival, completion_time = w.arrival, w.completion_time
@@ -331,7 +352,7 @@ def run_real(impl, w: Workload, args) -> dict:
         if len(fired):
             fired_at_ms = (time.monotonic_ns() - origin) / 1e6
             expired += len(fired)
-            lateness.append(fired_at_ms - w.deadline[impl.requests_of(fired)])
+            lateness.append(fired_at_ms - w.deadline[np.asarray(fired, np.int64)])
         if a0 == w.n and c0 == n_completions and expired + done >= w.n:
             break
         if now > w.end_ms + 10_000:  # bounded: never wait more than 10 s past the last deadline
@@ -389,47 +410,6 @@ def run_child(args) -> dict:
     return result
 
 
-# --------------------------------------------------------------------------- crossover
-def crossover(args) -> list[dict]:
-    """Per-entry cost of a Python loop of add()/cancel() versus one add_many()/cancel_many(), by batch size."""
-    rows = []
-    rounds = 2000
-    for batch in (1, 2, 4, 8, 16, 32, 64, 128, 256):
-        deadlines = np.arange(batch, dtype=np.int64) + 150
-        deadline_list = deadlines.tolist()
-        timings = {}
-        for mode in ("loop", "batch"):
-            best_add = best_cancel = float("inf")
-            for _ in range(3):
-                wheel = TimingWheel(args.tick_ms, args.wheel_size, 0)
-                handles = []
-                t0 = time.perf_counter()
-                if mode == "loop":
-                    add = wheel.add
-                    for r in range(rounds):
-                        handles.append([add(d + r) for d in deadline_list])
-                else:
-                    for r in range(rounds):
-                        handles.append(wheel.add_many(deadlines + r))
-                t1 = time.perf_counter()
-                if mode == "loop":
-                    cancel = wheel.cancel
-                    for hs in handles:
-                        for h in hs:
-                            cancel(h)
-                else:
-                    for hs in handles:
-                        wheel.cancel_many(hs)
-                t2 = time.perf_counter()
-                best_add = min(best_add, (t1 - t0) / (rounds * batch) * 1e6)
-                best_cancel = min(best_cancel, (t2 - t1) / (rounds * batch) * 1e6)
-            timings[mode] = (best_add, best_cancel)
-        rows.append({"bench": "crossover", "batch": batch,
-                     "add_loop_us": timings["loop"][0], "add_many_us": timings["batch"][0],
-                     "cancel_loop_us": timings["loop"][1], "cancel_many_us": timings["batch"][1]})
-    return rows
-
-
 # --------------------------------------------------------------------------- parent
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
@@ -454,7 +434,6 @@ def parse_args(argv=None):
     p.add_argument("--repeat", type=int, default=1, help="runs per configuration; the median is reported")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--json", action="store_true", help="one JSON object per line")
-    p.add_argument("--crossover", action="store_true", help="measure the numpy batch crossover and exit")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     unknown = [i for i in args.impl if i not in IMPLS]
@@ -525,12 +504,6 @@ def main(argv=None) -> int:
     if args.child:
         args.case = args.case[0]
         print(json.dumps(run_child(args)), flush=True)
-        return 0
-    if args.crossover:
-        for row in crossover(args):
-            print(json.dumps(row) if args.json else
-                  "batch {batch:>4}: add loop {add_loop_us:.3f} us  add_many {add_many_us:.3f} us  "
-                  "cancel loop {cancel_loop_us:.3f} us  cancel_many {cancel_many_us:.3f} us".format(**row), flush=True)
         return 0
     if not args.json:
         print(f"clock={args.clock} requests={args.requests} purge_interval={args.purge_interval} "

@@ -110,20 +110,23 @@ def node_for(args: Any, data_dir: str | None = None, config_toml: str = "") -> I
 class CpuMeter:
     """CPU used during a measurement, in cores (CPU seconds per wall second): by this process
     (its threads included, load generator child processes not) and by the node's processes,
-    when the node was started here. Tells which side a figure is limited by on a small machine."""
+    when the node was started here, in all and per role (timer, workers). Tells which side a figure
+    is limited by on a small machine."""
 
     def __init__(self, node: NodeProcess | None) -> None:
         self.node = node
-        self.fields: dict[str, float | None] = {"client_cores": None, "node_cores": None}
+        self.fields: dict[str, float | None] = {"client_cores": None, "node_cores": None,
+                                                "timer_cores": None, "worker_cores": None}
 
-    def _node_cpu(self) -> dict[int, float]:
+    def _node_cpu(self) -> dict[int, tuple[str, float]]:
         if self.node is None or self.node.proc is None:
             return {}
+        roles = {pid: role for role in ("timer", "worker") for pid in self.node.pids(role)}
         found = {}
         for pid in [self.node.proc.pid] + self.node.pids():
             with contextlib.suppress(psutil.Error):
                 times = psutil.Process(pid).cpu_times()
-                found[pid] = times.user + times.system
+                found[pid] = (roles.get(pid, "supervisor"), times.user + times.system)
         return found
 
     def __enter__(self) -> CpuMeter:
@@ -138,9 +141,12 @@ class CpuMeter:
             return
         self.fields["client_cores"] = round((time.process_time() - self._self) / wall, 3)
         if self.node is not None:
-            after = self._node_cpu()
-            used = sum(cpu - self._node.get(pid, 0.0) for pid, cpu in after.items())
-            self.fields["node_cores"] = round(used / wall, 3)
+            used: dict[str, float] = {}
+            for pid, (role, cpu) in self._node_cpu().items():
+                used[role] = used.get(role, 0.0) + cpu - self._node.get(pid, (role, 0.0))[1]
+            self.fields["node_cores"] = round(sum(used.values()) / wall, 3)
+            self.fields["timer_cores"] = round(used.get("timer", 0.0) / wall, 3)
+            self.fields["worker_cores"] = round(used.get("worker", 0.0) / wall, 3)
 
 
 # --------------------------------------------------------------------------- topics

@@ -2,31 +2,22 @@
 
 An operation waits on one or more watch keys until it is satisfied or its deadline passes; every operation
 completes exactly once, either way, and leaves the timer at once (O(1) cancel). The timer process owns the
-purgatory, so there are no locks. Two ways in, sharing one timer and one purge rule:
-
-  * Object operations (``DelayedOperation`` subclasses, Kafka's API): ``try_complete_else_watch``,
-    ``check_and_complete(key)`` (re-runs ``try_complete`` of the operations watching a hashable key),
-    ``force_complete(op)``. One Python object per operation; fine for rates of tens of thousands per second.
-  * Batch operations (the hot path, no Python object per operation): ``watch_many(key_ids, deadlines)``
-    returns operation ids (int64), ``force_complete_many(ids)``, and ``advance_many(now)`` returns the ids
-    that expired. Their keys are integer key ids chosen by the owner (e.g. a partition index); the owner
-    evaluates their conditions on its own arrays (``watched_ids(key_id)`` lists the live ones of a key).
-
-Operation ids are the timer handles, so "completed" is simply "no longer live in the timer".
+purgatory, so there are no locks. Kafka's API: ``try_complete_else_watch(op, keys, deadline)``,
+``check_and_complete(key)`` (re-runs ``try_complete`` of the operations watching a hashable key),
+``force_complete(op)``, and ``advance(now)`` to expire what is due.
 
 Purge (the proposal's estimate, KAFKA-664 / KAFKA-19763): ``watched`` is incremented once per watched
 operation and reset to ``pending`` (exact, from the timer) just before each purge; a purge runs when
 ``watched - pending > purge_interval``. Single-threaded, ``watched - pending`` is exactly the number of
-operations completed since the last purge. Completions never scan watcher lists. The purge itself costs O(entries of the
-operations completed since the last purge), not O(all watcher entries):
-  * batch watcher lists are one log of (key id, op id) entries; each op's entries are a contiguous range and
-    the range's start is kept per timer slot. A purge overwrites the entries of completed ops with a tombstone
-    (vectorised) and puts their ranges on a free stack per width, which later operations of that width reuse
-    before the log grows; so under a steady load the log neither grows nor needs compacting, whatever the
-    number outstanding. When tombstones > live entries + log_compaction_slack (after the load dropped) the log
-    is compacted in one O(log size) pass, so it holds <= 2 x live entries + slack after every purge;
-  * object watcher lists are Python lists per key; a purge filters only the keys whose operations completed.
-``check_and_complete`` also drops completed operations from the key it walks, as Kafka does.
+operations completed since the last purge. Completions never scan watcher lists: a purge filters only the keys
+whose operations completed since the last one, and ``check_and_complete`` drops completed operations from the
+key it walks, as Kafka does.
+
+Why one Python object per operation (measured in the live node, scripts/bench_delayed.py and e2e_latency.py,
+2 workers, 3 alternating runs): a vectorised path over batches of operations (numpy watcher logs, one
+watch/complete call per ring drain) completed a 10,000-waiter fan-out in 0.70x the time, but most drains carry
+1-4 fetches, where its fixed numpy costs made a lone long-polling consumer's end-to-end latency 1.6x (p50)
+and 1.9x (p99) worse, and it did not lower the timer's CPU. So the node keeps this path.
 
 Invariants (after every public call): each operation completes exactly once (completed + expired counts each
 once); pending == timer.pending (exact); every call that completes or watches ends with the purge check, so
@@ -39,13 +30,10 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-import numpy as np
-
-from node.timer.wheel import SLOT_MASK, TimingWheel, WheelConfig, _as_int64_array, _check_int, doubled
+from node.timer.wheel import TimingWheel, WheelConfig, _check_int
 
 log = logging.getLogger(__name__)
 
-TOMBSTONE = -1  # a batch watcher entry whose operation was purged
 NO_HANDLE = -1
 
 
@@ -54,12 +42,10 @@ class PurgatoryConfig:
     """Tunables of a Purgatory."""
 
     purge_interval: int = 1000  # Kafka's default for produce and fetch purgatories
-    log_initial_capacity: int = 4096  # batch watcher log entries allocated up front; doubles when full
-    log_compaction_slack: int = 4096  # tombstones tolerated beyond the live entry count
 
 
 class DelayedOperation:
-    """Base class of an object operation, as Kafka's DelayedOperation.
+    """Base class of an operation, as Kafka's DelayedOperation.
 
     Subclasses implement ``try_complete`` (check the condition; when satisfied call ``self.force_complete()``
     and return its result), ``on_complete`` (called exactly once, satisfied or expired) and ``on_expiration``
@@ -94,22 +80,6 @@ class DelayedOperation:
         return True
 
 
-def _ranges(starts: np.ndarray, widths: np.ndarray) -> np.ndarray:
-    """All positions start..start+width-1 of each (start, width), concatenated, without a Python loop."""
-    if len(widths) == 0:
-        return np.empty(0, np.int64)
-    width = int(widths[0])
-    if int(widths.min()) == width == int(widths.max()):
-        return (starts[:, None] + np.arange(width, dtype=np.int64)).ravel()
-    keep = widths > 0
-    starts, widths = starts[keep], widths[keep]
-    total = int(widths.sum())
-    ends = np.cumsum(widths)
-    # position i of the output belongs to range r; its value is starts[r] + (i - (ends[r] - widths[r]))
-    offsets = np.repeat(starts - (ends - widths), widths)
-    return offsets + np.arange(total, dtype=np.int64)
-
-
 class Purgatory:
     """Delayed operations waiting on keys or a deadline; see the module docstring."""
 
@@ -121,32 +91,17 @@ class Purgatory:
         wheel_size: int = WheelConfig.wheel_size,
         start_ms: int = 0,
         *,
-        log_initial_capacity: int = PurgatoryConfig.log_initial_capacity,
-        log_compaction_slack: int = PurgatoryConfig.log_compaction_slack,
         wheel_initial_capacity: int = WheelConfig.initial_capacity,
         bucket_initial_capacity: int = WheelConfig.bucket_initial_capacity,
         compaction_slack: int = WheelConfig.compaction_slack,
     ) -> None:
         self.name = str(name)
         self.purge_interval = _check_int("purge_interval", purge_interval, 0)
-        self.log_compaction_slack = _check_int("log_compaction_slack", log_compaction_slack, 0)
         self._timer = TimingWheel(tick_ms, wheel_size, start_ms, initial_capacity=wheel_initial_capacity,
                                   bucket_initial_capacity=bucket_initial_capacity, compaction_slack=compaction_slack)
-        capacity = _check_int("log_initial_capacity", log_initial_capacity, 1)
-        self._log_keys = np.empty(capacity, np.int64)
-        self._log_ops = np.empty(capacity, np.int64)
-        self._log_fill = 0
-        self._log_tombstones = 0
-        # Purged ranges, by width, as stacks of start positions: new operations of that width reuse them, so
-        # the log does not grow (nor need compacting) while the number of watched operations is steady.
-        self._free_ranges: dict[int, np.ndarray] = {}
-        self._free_range_count: dict[int, int] = {}
-        self._op_log_start = np.zeros(0, np.int64)  # per timer slot: first log position of its op
-        self._op_log_width = np.zeros(0, np.int64)  # per timer slot: number of keys (0 = object op)
-        self._completed_backlog: list[tuple[np.ndarray, np.ndarray]] = []  # (starts, widths) since last purge
-        self._objects: dict[int, DelayedOperation] = {}
-        self._object_watchers: dict[object, list[DelayedOperation]] = {}
-        self._dirty_keys: set = set()
+        self._operations: dict[int, DelayedOperation] = {}  # timer handle -> pending operation
+        self._watchers: dict[object, list[DelayedOperation]] = {}
+        self._dirty_keys: set = set()  # keys whose lists hold operations completed since the last purge
         self._watched = 0
         self.purges = 0
         self.completed = 0
@@ -157,7 +112,6 @@ class Purgatory:
     def configured(cls, name: str, config: PurgatoryConfig, wheel: WheelConfig, start_ms: int) -> "Purgatory":
         """A purgatory with the node's settings (NodeConfig.timer)."""
         return cls(name, config.purge_interval, wheel.tick_ms, wheel.wheel_size, start_ms,
-                   log_initial_capacity=config.log_initial_capacity, log_compaction_slack=config.log_compaction_slack,
                    wheel_initial_capacity=wheel.initial_capacity, bucket_initial_capacity=wheel.bucket_initial_capacity,
                    compaction_slack=wheel.compaction_slack)
 
@@ -176,14 +130,13 @@ class Purgatory:
     def timer(self) -> TimingWheel:
         return self._timer
 
-    @property
-    def watcher_log_size(self) -> int:
-        """Batch watcher entries held (live, completed-unpurged and tombstones)."""
-        return self._log_fill
-
     def next_expiration(self) -> int | None:
         """The earliest bucket expiration (ms) holding a pending operation, for the owner's sleep timeout."""
         return self._timer.next_expiration()
+
+    def watcher_count(self, key) -> int:
+        """Operations currently listed under key (pending or completed-not-yet-purged)."""
+        return len(self._watchers.get(key, ()))
 
     # ----------------------------------------------------------------- callbacks
     def _call(self, op: DelayedOperation, callback) -> None:
@@ -204,7 +157,7 @@ class Purgatory:
             return self.force_complete(op)
         return satisfied
 
-    # ----------------------------------------------------------------- object operations
+    # ----------------------------------------------------------------- operations
     def try_complete_else_watch(self, op: DelayedOperation, keys, deadline_ms: int) -> bool:
         """Kafka's tryCompleteElseWatch: complete now if possible, else watch every key until completion or
         deadline_ms (monotonic ms). Returns True if the operation completed in this call."""
@@ -225,11 +178,9 @@ class Purgatory:
         if op._completed:  # completed by someone other than this try_complete's claim
             return False
         handle = self._timer.add(deadline_ms)
-        self._ensure_slot_capacity()
         op._handle = handle
-        self._op_log_width[handle & SLOT_MASK] = 0
-        self._objects[handle] = op
-        watchers = self._object_watchers
+        self._operations[handle] = op
+        watchers = self._watchers
         for key in keys:
             lst = watchers.get(key)
             if lst is None:
@@ -241,7 +192,7 @@ class Purgatory:
         return False
 
     def force_complete(self, op: DelayedOperation) -> bool:
-        """Complete an object operation now (satisfied); True only for the call that completed it."""
+        """Complete an operation now (satisfied); True only for the call that completed it."""
         if op._purgatory is not self and op._purgatory is not None:
             raise ValueError(f"operation belongs to purgatory {op._purgatory.name!r}, not {self.name!r}")
         if op._completed:
@@ -249,7 +200,7 @@ class Purgatory:
         op._completed = True
         if op._handle != NO_HANDLE:
             self._timer.cancel(op._handle)
-            self._objects.pop(op._handle, None)
+            self._operations.pop(op._handle, None)
             self._dirty_keys.update(op._keys)
         self.completed += 1
         self._call(op, op.on_complete)
@@ -257,8 +208,8 @@ class Purgatory:
         return True
 
     def check_and_complete(self, key) -> int:
-        """Re-run try_complete of the object operations watching key; returns how many completed."""
-        ops = self._object_watchers.pop(key, None)
+        """Re-run try_complete of the operations watching key; returns how many completed."""
+        ops = self._watchers.pop(key, None)
         if not ops:
             return 0
         completed = 0
@@ -270,131 +221,29 @@ class Purgatory:
                 completed += 1
             elif not op._completed:
                 survivors.append(op)
-        added_meanwhile = self._object_watchers.pop(key, None)  # a callback may have watched this key again
+        added_meanwhile = self._watchers.pop(key, None)  # a callback may have watched this key again
         if added_meanwhile:
             survivors.extend(added_meanwhile)
         if survivors:
-            self._object_watchers[key] = survivors
+            self._watchers[key] = survivors
         self._maybe_purge()
         return completed
 
-    def watcher_count(self, key) -> int:
-        """Object operations currently listed under key (pending or completed-not-yet-purged)."""
-        return len(self._object_watchers.get(key, ()))
-
-    # ----------------------------------------------------------------- batch operations
-    def _ensure_slot_capacity(self) -> None:
-        needed = self._timer.capacity
-        have = len(self._op_log_start)
-        if have < needed:
-            for name in ("_op_log_start", "_op_log_width"):
-                grown = np.zeros(needed, np.int64)
-                grown[:have] = getattr(self, name)
-                setattr(self, name, grown)
-
-    def watch_many(self, key_ids, deadlines_ms) -> np.ndarray:
-        """Watch a batch: row i of key_ids (shape (k, w), or (k,) for one key each) holds the integer key ids of
-        operation i, deadlines_ms[i] its deadline. Returns the k operation ids (int64)."""
-        keys = np.asarray(key_ids)
-        if keys.ndim == 1:
-            keys = keys[:, None]
-        deadlines = _as_int64_array("deadlines_ms", deadlines_ms)
-        if keys.ndim != 2 or keys.shape[0] != len(deadlines) or keys.shape[1] < 1:
-            raise ValueError(f"key_ids must have shape ({len(deadlines)}, w>=1), got {keys.shape}")
-        if keys.size and keys.dtype.kind not in "iu":
-            raise TypeError(f"key_ids must hold integers, got dtype {keys.dtype}")
-        count, width = keys.shape
-        if count == 0:
-            return np.empty(0, np.int64)
-        ids = self._timer.add_many(deadlines)
-        self._ensure_slot_capacity()
-        slots = ids & SLOT_MASK
-        free = self._free_range_count.get(width, 0)
-        reused = min(count, free)
-        if reused:  # purged ranges of this width first
-            starts = self._free_ranges[width][free - reused : free].copy()
-            self._free_range_count[width] = free - reused
-            self._log_tombstones -= reused * width
-            positions = (starts[:, None] + np.arange(width, dtype=np.int64)).ravel() if width > 1 else starts
-            self._log_keys[positions] = keys[:reused].ravel()
-            self._log_ops[positions] = np.repeat(ids[:reused], width) if width > 1 else ids[:reused]
-        if reused < count:  # the rest at the end of the log
-            start = self._log_fill
-            end = start + (count - reused) * width
-            if end > len(self._log_ops):
-                self._grow_log(end)
-            self._log_keys[start:end] = keys[reused:].ravel()
-            self._log_ops[start:end] = np.repeat(ids[reused:], width) if width > 1 else ids[reused:]
-            self._log_fill = end
-            appended = np.arange(start, end, width, dtype=np.int64)
-            starts = appended if not reused else np.concatenate((starts, appended))
-        self._op_log_start[slots] = starts
-        self._op_log_width[slots] = width
-        self._watched += count
-        self._maybe_purge()
-        return ids
-
-    def _grow_log(self, needed: int) -> None:
-        capacity = doubled(len(self._log_ops), needed)
-        for name in ("_log_keys", "_log_ops"):
-            grown = np.empty(capacity, np.int64)
-            grown[: self._log_fill] = getattr(self, name)[: self._log_fill]
-            setattr(self, name, grown)
-
-    def _finish_batch(self, ids: np.ndarray) -> None:
-        """Bookkeeping for ops that just left the timer: remember their log entries for the next purge."""
-        slots = ids & SLOT_MASK
-        self._completed_backlog.append((self._op_log_start[slots], self._op_log_width[slots]))
-
-    def _complete_objects(self, ids: np.ndarray, expired: bool) -> None:
-        objects = self._objects
-        for handle in ids.tolist():
-            op = objects.pop(handle, None)
+    def advance(self, now_ms: int) -> int:
+        """Advance the clock to now_ms (monotonic ms); expires what is due; returns how many expired."""
+        expired = self._timer.advance(now_ms)
+        operations = self._operations
+        for handle in expired.tolist():
+            op = operations.pop(handle, None)
             if op is None or op._completed:
                 continue
             op._completed = True
             self._dirty_keys.update(op._keys)
             self._call(op, op.on_complete)
-            if expired:
-                self._call(op, op.on_expiration)
-
-    def force_complete_many(self, ids) -> int:
-        """Complete a batch of operations (satisfied) by id; returns how many this call completed."""
-        ids = _as_int64_array("ids", ids)
-        if len(ids) == 0:
-            return 0
-        done = ids[self._timer.cancel_many(ids)]
-        if len(done) == 0:
-            return 0
-        self._finish_batch(done)
-        if self._objects:
-            self._complete_objects(done, expired=False)
-        self.completed += len(done)
+            self._call(op, op.on_expiration)
+        self.expired += len(expired)
         self._maybe_purge()
-        return len(done)
-
-    def advance_many(self, now_ms: int) -> np.ndarray:
-        """Advance the clock to now_ms (monotonic ms); expires what is due; returns the expired ids."""
-        expired = self._timer.advance(now_ms)
-        if len(expired):
-            self._finish_batch(expired)
-            if self._objects:
-                self._complete_objects(expired, expired=True)
-            self.expired += len(expired)
-        self._maybe_purge()
-        return expired
-
-    def advance(self, now_ms: int) -> int:
-        """Advance the clock to now_ms (monotonic ms); returns the number of operations that expired."""
-        return len(self.advance_many(now_ms))
-
-    def watched_ids(self, key_id: int) -> np.ndarray:
-        """Pending batch operations watching key_id (a scan of the watcher log: O(log size), vectorised)."""
-        key_id = _check_int("key_id", key_id, -(1 << 63))
-        fill = self._log_fill
-        ops = self._log_ops[:fill][self._log_keys[:fill] == key_id]
-        ops = ops[ops != TOMBSTONE]
-        return ops[self._timer.is_live(ops)]
+        return len(expired)
 
     # ----------------------------------------------------------------- purge
     def _maybe_purge(self) -> None:
@@ -405,19 +254,7 @@ class Purgatory:
         """Drop completed operations from every watcher list (normally triggered by the estimate)."""
         self._watched = self._timer.pending  # the proposal: reset the estimate before purging
         self.purges += 1
-        if self._completed_backlog:
-            backlog = self._completed_backlog
-            starts = backlog[0][0] if len(backlog) == 1 else np.concatenate([b[0] for b in backlog])
-            widths = backlog[0][1] if len(backlog) == 1 else np.concatenate([b[1] for b in backlog])
-            backlog.clear()
-            positions = _ranges(starts, widths)
-            if len(positions):
-                self._log_ops[positions] = TOMBSTONE
-                self._log_tombstones += len(positions)
-                self._free_purged_ranges(starts, widths)
-        if self._log_tombstones > (self._log_fill - self._log_tombstones) + self.log_compaction_slack:
-            self._compact_log()
-        watchers = self._object_watchers
+        watchers = self._watchers
         for key in self._dirty_keys:
             lst = watchers.get(key)
             if lst is None:
@@ -428,40 +265,3 @@ class Purgatory:
             else:
                 del watchers[key]
         self._dirty_keys.clear()
-
-    def _free_purged_ranges(self, starts: np.ndarray, widths: np.ndarray) -> None:
-        """Push the start of every purged range onto the free stack of its width."""
-        first = int(widths[0])
-        if int(widths.min()) == first == int(widths.max()):
-            groups = [(first, starts)]
-        else:
-            groups = [(int(w), starts[widths == w]) for w in np.unique(widths) if w > 0]
-        for width, group in groups:
-            if width == 0:
-                continue
-            count = self._free_range_count.get(width, 0)
-            stack = self._free_ranges.get(width)
-            if stack is None or count + len(group) > len(stack):
-                grown = np.empty(doubled(64 if stack is None else len(stack), count + len(group)), np.int64)
-                if count:
-                    grown[:count] = stack[:count]
-                stack = self._free_ranges[width] = grown
-            stack[count : count + len(group)] = group
-            self._free_range_count[width] = count + len(group)
-
-    def _compact_log(self) -> None:
-        """Squeeze tombstones out of the batch watcher log, keeping order (each op's entries stay contiguous)."""
-        fill = self._log_fill
-        ops = self._log_ops[:fill]
-        keep = ops != TOMBSTONE
-        old_positions = np.flatnonzero(keep)
-        kept_ops = ops[keep]
-        count = len(kept_ops)
-        self._log_keys[:count] = self._log_keys[:fill][keep]
-        self._log_ops[:count] = kept_ops
-        slots = kept_ops & SLOT_MASK
-        first = old_positions == self._op_log_start[slots]
-        self._op_log_start[slots[first]] = np.flatnonzero(first)
-        self._log_fill = count
-        self._log_tombstones = 0
-        self._free_range_count.clear()  # the purged ranges are gone

@@ -15,7 +15,7 @@ Shape (u = tick_ms, n = wheel_size, p_L = n**L ticks per bucket at level L):
   * Entry storage is two numpy arrays indexed by slot: the deadline, and ``live`` (the entry's handle while it
     is live, a negative value otherwise). A slot is reused through a free list (a numpy stack); arrays grow by
     doubling. Each bucket holds a numpy array of slot references (its member list) that grows by doubling.
-  * A handle is (epoch << 32) | slot, where the epoch counts allocating calls (add, add_many) modulo 2**31.
+  * A handle is (epoch << 32) | slot, where the epoch counts add() calls modulo 2**31.
     A handle is live iff live[slot] == handle, so a handle of a fired or cancelled entry never aliases a later
     entry of its slot until 2**31 allocating calls later. One comparison tells liveness, and ending an entry
     is one store: no generation to bump, no per-entry bucket id to keep.
@@ -31,20 +31,15 @@ Invariants (hold after every public call):
       slots_in_use = pending + cancelled_unreclaimed <= 2 * pending + compaction_slack.
   I5  Every bucket with references has exactly one heap entry; a bucket is only re-armed with a new
       expiration after it was drained (windows of distinct buckets at one level never share a slot).
-  I6  Unknown handles never match: the last slot (capacity - 1) is never handed out and holds 0, and every
-      negative live[] value has slot bits >= 2**31 > capacity. A lookup clips an out-of-range slot to that
-      sentinel, whose 0 never equals a handle whose slot bits reach it, and a negative value at slot s never
-      equals a handle whose slot bits are s. So ``live.take(handle & SLOT_MASK, mode="clip") == handle`` is the
-      whole liveness test, for any int64.
+  I6  Unknown handles never match: cancel() accepts a handle only if its slot has been handed out and live[slot]
+      equals it; live[] is negative except at live entries, and handles are never negative.
 
 Costs: add is O(1) amortised per level it passes through (an entry moves down at most once per level);
 cancel is O(1) amortised: compaction costs O(pending + cancelled + buckets) and is paid for by the
-> pending + compaction_slack cancels since the previous one. Batches (add_many, cancel_many, advance) cost a
-handful of numpy calls plus a Python step per distinct bucket touched, never a Python step per entry.
-Measured crossover (scripts/bench_purgatory.py --crossover, 2-core dev machine, per entry): add_many beats a
-loop of add() between 4 and 8 entries per batch (1.7 vs 1.4 us at 4, 0.9 vs 1.3 at 8, 0.08 vs 1.3 at 256),
-and so does cancel_many against cancel() (0.7 vs 0.5 us at 4, 0.36 vs 0.49 at 8, 0.03 vs 0.5 at 256); below
-that the single-entry calls are cheaper.
+> pending + compaction_slack cancels since the previous one. advance costs a handful of numpy calls plus a
+Python step per distinct bucket it drains, never a Python step per entry: a bucket's entries fire or cascade
+as one array. (The node adds and cancels one entry at a time: batch add/cancel calls measured faster only
+from 4-8 entries per batch, and the timer process's drains mostly carry fewer; see node.timer.purgatory.)
 """
 
 from __future__ import annotations
@@ -57,13 +52,11 @@ import numpy as np
 SLOT_BITS = 32
 SLOT_MASK = (1 << SLOT_BITS) - 1
 EPOCH_MASK = (1 << (63 - SLOT_BITS)) - 1  # the epoch wraps to 0 instead of turning a handle negative
-MAX_CAPACITY = 1 << 31  # I6: every negative value's slot bits (>= 2**31) then lie beyond every real slot
-NOT_LIVE = -1  # live[] of a free, fired or cancelled slot (cancel batches leave other negative marks)
-SENTINEL = 0  # live[capacity - 1], the slot that out-of-range lookups clip to (I6)
+MAX_CAPACITY = 1 << 31  # slots fit the handle's slot bits with room to spare
+NOT_LIVE = -1  # live[] of a free, fired or cancelled slot
 # Bucket spans (ticks) stay below this, so every product and quotient fits int64.
 SPAN_LIMIT = 1 << 62
 MAX_WHEEL_SIZE = 1 << 16  # buckets per level; bounds the per-bucket bookkeeping
-INT64 = np.dtype(np.int64)
 
 # Direct ufunc reductions: the ndarray.min/max/all methods add a Python-level wrapper call each, which
 # matters when batches are a few hundred entries (measured ~1 us per call).
@@ -108,19 +101,6 @@ def _check_int(name: str, value, minimum: int) -> int:
     return value
 
 
-def _as_int64_array(name: str, values) -> np.ndarray:
-    if type(values) is np.ndarray and values.dtype is INT64 and values.ndim == 1:
-        return values  # the hot path: already what we need
-    array = np.asarray(values)
-    if array.ndim != 1:
-        array = array.reshape(-1) if array.ndim == 0 else array
-        if array.ndim != 1:
-            raise ValueError(f"{name} must be one-dimensional, got shape {array.shape}")
-    if array.size and array.dtype.kind not in "iu":
-        raise TypeError(f"{name} must hold integers, got dtype {array.dtype}")
-    return array.astype(np.int64, copy=False)
-
-
 class TimingWheel:
     """A hierarchical timing wheel; see the module docstring for its invariants and costs."""
 
@@ -138,7 +118,7 @@ class TimingWheel:
         self.wheel_size = _check_int("wheel_size", wheel_size, 2)
         if self.wheel_size > MAX_WHEEL_SIZE:
             raise ValueError(f"wheel_size must be <= {MAX_WHEEL_SIZE}, got {self.wheel_size}")
-        capacity = _check_int("initial_capacity", initial_capacity, 1) + 1  # + the sentinel slot (I6)
+        capacity = _check_int("initial_capacity", initial_capacity, 1)
         if capacity > MAX_CAPACITY:
             raise ValueError(f"initial_capacity must be < {MAX_CAPACITY}, got {initial_capacity}")
         self._bucket_initial_capacity = _check_int("bucket_initial_capacity", bucket_initial_capacity, 1)
@@ -159,12 +139,10 @@ class TimingWheel:
         self._tick = start_ms // self.tick_ms  # the wheel's clock, in ticks (floor)
         self._deadline = np.zeros(capacity, np.int64)
         self._live = np.full(capacity, NOT_LIVE, np.int64)
-        self._live[capacity - 1] = SENTINEL
         self._epoch = 0  # of the last allocating call; handles carry it above the slot bits
-        self._marks = -2 - np.arange(capacity, dtype=np.int64)  # cancel batches mark slots with these
         self._free = np.empty(capacity, np.int64)  # stack of reusable slots
         self._free_top = 0
-        self._high = 0  # slots [0, high) have been handed out at least once; high < capacity - 1 always
+        self._high = 0  # slots [0, high) have been handed out at least once
 
         self._sort_dtype = np.int16 if self.wheel_size <= np.iinfo(np.int16).max else np.int32
         self._bucket_sort_dtype = np.int16 if bucket_count <= np.iinfo(np.int16).max else np.int64
@@ -219,36 +197,20 @@ class TimingWheel:
 
     # ----------------------------------------------------------------- slots
     def _grow(self, needed: int) -> None:
-        """Room for slots [0, needed) plus the sentinel after them."""
+        """Room for slots [0, needed)."""
         capacity = len(self._deadline)
-        if needed < capacity:
+        if needed <= capacity:
             return
-        new_capacity = doubled(capacity, needed + 1)
+        new_capacity = doubled(capacity, needed)
         if new_capacity > MAX_CAPACITY:
             raise MemoryError(f"a timing wheel holds fewer than {MAX_CAPACITY} entries")
         deadline = np.zeros(new_capacity, np.int64)
         deadline[:capacity] = self._deadline
         live = np.full(new_capacity, NOT_LIVE, np.int64)
         live[:capacity] = self._live
-        live[capacity - 1] = NOT_LIVE  # the old sentinel becomes an ordinary, never used slot
-        live[new_capacity - 1] = SENTINEL
         free = np.empty(new_capacity, np.int64)
         free[: self._free_top] = self._free[: self._free_top]
         self._deadline, self._live, self._free = deadline, live, free
-
-    def _alloc(self, count: int) -> np.ndarray:
-        """count free slots. A view of the free stack when it has them all: the caller must be done with it
-        before anything is pushed onto the stack again."""
-        top = self._free_top
-        if count <= top:
-            self._free_top = top - count
-            return self._free[top - count : top]
-        fresh = count - top
-        self._grow(self._high + fresh)
-        new = np.arange(self._high, self._high + fresh, dtype=np.int64)
-        self._high += fresh
-        self._free_top = 0
-        return new if top == 0 else np.concatenate((self._free[:top], new))
 
     def _free_slots(self, slots: np.ndarray) -> None:
         """Push slots whose live[] is already negative back onto the free stack."""
@@ -375,41 +337,7 @@ class TimingWheel:
         members[fill] = slot
         self._fill[bucket] = fill + 1
 
-    def add_many(self, deadlines_ms) -> np.ndarray:
-        """Add a batch of timers (int64 ms); returns their handles (int64), in order."""
-        deadlines = deadlines_ms
-        if type(deadlines) is not np.ndarray or deadlines.dtype is not INT64 or deadlines.ndim != 1:
-            deadlines = _as_int64_array("deadlines_ms", deadlines_ms)
-        count = len(deadlines)
-        if count == 0:
-            return np.empty(0, np.int64)
-        tick_ms = self.tick_ms
-        ticks = deadlines if tick_ms == 1 else -((-deadlines) // tick_ms)  # ceil: never early
-        low_tick, high_tick = int(_min(ticks)), int(_max(ticks))
-        if low_tick * tick_ms < -self.limit_ms or high_tick * tick_ms > self.limit_ms:
-            raise ValueError(f"deadlines must lie within +-{self.limit_ms} ms")
-        top = self._free_top
-        if count <= top:  # _alloc's usual case, inline: the batch calls are the hot path
-            self._free_top = top = top - count
-            slots = self._free[top : top + count]
-        else:
-            slots = self._alloc(count)
-        handles = slots | self._next_epoch()
-        self._deadline[slots] = deadlines
-        self._live[slots] = handles
-        if low_tick <= self._tick:  # some are already due: they wait in the current tick's bucket
-            ticks = np.maximum(ticks, self._tick)
-            low_tick, high_tick = self._tick, max(high_tick, self._tick)
-        self._place(slots, ticks, low_tick, high_tick)  # copies slots into member arrays: done with the view
-        self._pending += count
-        return handles
-
     # ----------------------------------------------------------------- cancel
-    def is_live(self, handles) -> np.ndarray:
-        """Boolean mask: which handles name a live (pending) entry. Unknown handles are simply not live (I6)."""
-        handles = _as_int64_array("handles", handles)
-        return self._live.take(handles & SLOT_MASK, mode="clip") == handles
-
     def cancel(self, handle: int) -> bool:
         """Cancel one timer; False if it already fired, was cancelled, or the handle is unknown."""
         if isinstance(handle, bool) or not isinstance(handle, (int, np.integer)):
@@ -424,43 +352,6 @@ class TimingWheel:
         if self._cancelled_unreclaimed > self._pending + self.compaction_slack:
             self._compact()
         return True
-
-    def cancel_many(self, handles) -> np.ndarray:
-        """Cancel a batch; returns a mask of the handles this call cancelled (a repeated handle counts once)."""
-        handles = _as_int64_array("handles", handles)
-        count = len(handles)
-        if count == 0:
-            return np.zeros(0, bool)
-        live = self._live
-        slots = handles & SLOT_MASK
-        cancelled = live.take(slots, mode="clip") == handles  # I6: exact for any int64
-        live_count = _count(cancelled)
-        positions = None
-        if live_count != count:
-            positions = np.flatnonzero(cancelled)
-            slots = slots[positions]
-        unique = live_count
-        if live_count > 1:
-            # Mark each slot with a distinct negative value -2 - i (any negative value means "not live");
-            # reading back keeps exactly one position per slot, whichever duplicate write won.
-            marks = self._marks
-            if len(marks) < live_count:
-                marks = self._marks = -2 - np.arange(doubled(len(marks), live_count), dtype=np.int64)
-            marks = marks[:live_count]
-            live[slots] = marks
-            first = live[slots] == marks
-            unique = _count(first)
-            if unique != live_count:
-                if positions is None:
-                    positions = np.arange(count, dtype=np.int64)
-                cancelled[positions[~first]] = False
-        elif live_count == 1:
-            live[slots] = NOT_LIVE
-        self._pending -= unique
-        self._cancelled_unreclaimed += unique
-        if self._cancelled_unreclaimed > self._pending + self.compaction_slack:
-            self._compact()
-        return cancelled
 
     def _compact(self) -> None:
         """Reclaim every cancelled slot by filtering each bucket's members (O(slots in use + buckets))."""
@@ -581,10 +472,3 @@ class TimingWheel:
         if self._cancelled_unreclaimed > self._pending + self.compaction_slack:
             self._compact()
         return handles
-
-    def deadlines(self, handles) -> np.ndarray:
-        """Deadlines (ms) of live handles (for diagnostics); raises ValueError for a handle that is not live."""
-        handles = _as_int64_array("handles", handles)
-        if not self.is_live(handles).all():
-            raise ValueError("deadlines() needs live handles")
-        return self._deadline[handles & SLOT_MASK]
