@@ -94,6 +94,20 @@ def test_e2e_latency_both_clients(tmp_path):
         assert row["lost"] == 0 and row["sent"] == row["records"], row
 
 
+def test_bench_delayed_answers_every_waiter_in_both_workloads(tmp_path):
+    rows = run_script(tmp_path, "bench_delayed.py", "--waiters", "50", "--rounds", "2", "--partitions", "2",
+                      "--settle-ms", "200", "--expire-ms", "100")
+    assert [r["workload"] for r in rows] == ["fanout", "expire"]
+    for row in rows:  # answers carry no payload of interest: mb_per_s is not measured
+        assert set(COMMON_FIELDS) <= set(row) and row["script"] == "bench_delayed" and row["mb_per_s"] is None, row
+        assert 0 < row["p50_ms"] <= row["p99_ms"] <= row["p999_ms"], row
+    fanout, expire = rows
+    assert fanout["records"] == 100 and len(fanout["fanout_ms"]) == 2 and fanout["fanout_ms_median"] > 0, fanout
+    assert expire["records"] == 100 and expire["early_answers"] == 0, expire
+    for row in rows:
+        assert row["timer_cores"] is not None and row["worker_cores"] is not None, row
+
+
 def test_scripts_use_a_running_node_with_bootstrap(tmp_path, node):
     rows = run_script(tmp_path, "producer_perf.py", "--bootstrap", node.bootstrap, "--seconds", "1",
                       "--client", "raw", "--acks", "all")

@@ -1,8 +1,15 @@
-"""A network worker process: one selectors loop over the shared listening socket, its client
-connections, its completion doorbell and a signal wakeup pipe.
+"""A network worker process: its own SO_REUSEPORT listening socket, its client connections, its completion
+doorbell and a signal wakeup pipe, on one event loop (workers.eventloop).
+
+The server logic hangs on the loop as handlers and hooks:
+- file events: accept on the listener; read and write on each connection; drain the doorbell; the wakeup pipe;
+- before each sleep: the stop procedure, the timer's messages (completions, topic outcomes, layout changes),
+  the turn's frames to the timer, the responses that became ready; then the doorbell's sleep announcement;
+- after each sleep: the completion ring's sleep flag is cleared;
+- a timer: delayed requests the timer process left far past their deadline (workers.delayed).
 
 Invariants:
-- The worker never blocks except in its single select(); sockets are non-blocking, ring writes
+- The worker never blocks except in the loop's one select(); sockets are non-blocking, ring writes
   never wait (a full ring keeps frames in a local backlog, retried every turn).
 - Every request read gets its response in request order on its connection (see
   workers.connection). Requests that wait on the timer live in workers.delayed, which answers them
@@ -17,7 +24,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import selectors
 import signal
 import socket
 import sys
@@ -35,13 +41,13 @@ from workers import protocol as P
 from workers.connection import Connection, ConnectionClosed, Request
 from workers.delayed import DelayedRequests, monotonic_ms
 from workers.errors import ProtocolError
+from workers.eventloop import EventLoop, Timer
 from workers.handlers import Handlers
 from workers.outcome import Outcome
 from workers.timer_link import TimerLink
 
 log = logging.getLogger("shmbroker.worker")
 
-_ACCEPT, _BELL, _WAKEUP = "accept", "bell", "wakeup"
 WAKEUP_READ_BYTES = 512  # one byte per signal delivered; more than a turn ever sees
 
 
@@ -67,11 +73,12 @@ class Worker:
         }
         self.listener = socket.socket(fileno=listen_fd)
         self.listener.setblocking(False)
-        self.selector = selectors.DefaultSelector()
+        self.loop = EventLoop()
         self.connections: dict[int, Connection] = {}
         self._dirty: set[Connection] = set()
         self._stopping_since: float | None = None
-        self._next_self_check = 0
+        self._stop_started = False
+        self._self_check: Timer | None = None
         self._wakeup_r, self._wakeup_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
 
     # -- connections -------------------------------------------------------------------------
@@ -92,23 +99,22 @@ class Worker:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, server.socket_receive_buffer_bytes)
             conn = Connection(sock, peer, server.request_max_bytes, server.recv_bytes)
             self.connections[conn.fd] = conn
-            self.selector.register(sock, selectors.EVENT_READ, conn)
+            self.loop.watch(sock, lambda conn=conn: self._on_readable(conn))
 
     def _close(self, conn: Connection, reason: str | None = None) -> None:
         if conn.closed:
             return
         if reason:
             log.warning("closing connection from %s: %s", conn.peer, reason)
-        try:
-            self.selector.unregister(conn.sock)
-        except (KeyError, ValueError):
-            pass
+        self.loop.unwatch(conn.sock)
         self.connections.pop(conn.fd, None)
         self._dirty.discard(conn)
         conn.close()
         self.delayed.cancel_connection(conn)
 
     def _on_readable(self, conn: Connection) -> None:
+        if conn.closed:
+            return
         try:
             frames = conn.receive()
         except ConnectionClosed as exc:
@@ -164,10 +170,9 @@ class Worker:
         except ConnectionClosed as exc:
             self._close(conn, str(exc))
             return
-        events = selectors.EVENT_READ | (0 if done else selectors.EVENT_WRITE)
         if conn.wants_write != (not done):
             conn.wants_write = not done
-            self.selector.modify(conn.sock, events, conn)
+            self.loop.want_write(conn.sock, None if done else lambda: self._dirty.add(conn))
 
     # -- messages from the timer -------------------------------------------------------------
 
@@ -179,88 +184,86 @@ class Worker:
         if message.catalog_version != self.partitions.version:
             self.partitions.reload()
 
-    # -- loop --------------------------------------------------------------------------------
+    # -- loop hooks ---------------------------------------------------------------------------
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         if self._stopping_since is None:
             self._stopping_since = time.monotonic()
 
-    def _begin_stop(self) -> None:
-        try:
-            self.selector.unregister(self.listener)
-        except (KeyError, ValueError):
-            pass
-        self.listener.close()
-        for conn in list(self.connections.values()):
-            if not conn.slots and not conn.pending_output():
-                self._close(conn)
-
-    def _stop_done(self) -> bool:
+    def _stop_procedure(self) -> float | None:
+        """Before sleeping: notice a lost supervisor; once stopping, stop accepting, close idle connections,
+        and end the loop when in-flight responses are out (or the grace period is over)."""
+        if self._stopping_since is None and os.getppid() != self.supervisor_pid:
+            # Normally PR_SET_PDEATHSIG has killed us already; this covers a lost signal.
+            log.error("supervisor is gone: stopping")
+            self._stopping_since = time.monotonic()
+        if self._stopping_since is None:
+            return None
+        if not self._stop_started:
+            self._stop_started = True
+            self.loop.unwatch(self.listener)
+            self.listener.close()
+            for conn in list(self.connections.values()):
+                if not conn.slots and not conn.pending_output():
+                    self._close(conn)
         grace_s = self.config.server.shutdown_grace_ms / 1000
-        if time.monotonic() - self._stopping_since > grace_s:
-            return True
-        return not any(conn.slots or conn.pending_output() for conn in self.connections.values())
+        if time.monotonic() - self._stopping_since > grace_s or not any(
+                conn.slots or conn.pending_output() for conn in self.connections.values()):
+            self.loop.stop()
+        return self.config.timer.self_check_interval_ms / 1000
+
+    def _from_timer(self) -> float | None:
+        """Before sleeping: the timer's messages, then this turn's frames to it."""
+        for message in self.link.receive():
+            handler = self.message_handlers.get(message.kind)
+            if handler is None:
+                log.warning("dropping a %s message: no handler", message.kind.name)
+            else:
+                handler(message)
+        self.delayed.end_turn()
+        if self.delayed and self._self_check is None:
+            self._self_check = self.loop.call_later(self.config.timer.self_check_interval_ms / 1000,
+                                                    self._check_delayed)
+        if self.link.backlogged():  # a full request ring: try again soon
+            return self.config.timer.ring_full_retry_ms / 1000
+        return None
+
+    def _check_delayed(self) -> None:
+        self._self_check = None
+        self.delayed.self_answer(monotonic_ms())
+
+    def _write_ready(self) -> float | None:
+        if self._dirty:
+            dirty, self._dirty = self._dirty, set()
+            for conn in dirty:
+                self._write(conn)
+        return None
+
+    def _announce_sleep(self) -> float | None:
+        """Last before sleeping: tell the timer we sleep on the doorbell (0: frames arrived meanwhile)."""
+        return None if self.link.announce_sleep() else 0.0
+
+    def _read_wakeup(self) -> None:
+        try:
+            os.read(self._wakeup_r, WAKEUP_READ_BYTES)
+        except BlockingIOError:
+            pass
 
     def run(self) -> int:
         signal.set_wakeup_fd(self._wakeup_w)
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
-        self.selector.register(self.listener, selectors.EVENT_READ, _ACCEPT)
-        self.selector.register(self.link.doorbell_fd, selectors.EVENT_READ, _BELL)
-        self.selector.register(self._wakeup_r, selectors.EVENT_READ, _WAKEUP)
-        stop_started = False
-        while True:
-            if self._stopping_since is None and os.getppid() != self.supervisor_pid:
-                # Normally PR_SET_PDEATHSIG has killed us already; this covers a lost signal.
-                log.error("supervisor is gone: stopping")
-                self._stopping_since = time.monotonic()
-            if self._stopping_since is not None:
-                if not stop_started:
-                    stop_started = True
-                    self._begin_stop()
-                if self._stop_done():
-                    break
-            self_check_ms = self.config.timer.self_check_interval_ms
-            timeout = self_check_ms / 1000 if self.delayed or self._stopping_since else None
-            if self.link.backlogged():  # a full request ring: try again soon
-                timeout = self.config.timer.ring_full_retry_ms / 1000
-            if not self.link.announce_sleep():
-                timeout = 0
-            events = self.selector.select(timeout)
-            self.link.woke()
-            for key, mask in events:
-                tag = key.data
-                if tag is _ACCEPT:
-                    self._accept()
-                elif tag is _BELL:
-                    self.link.drain_doorbell()
-                elif tag is _WAKEUP:
-                    try:
-                        os.read(self._wakeup_r, WAKEUP_READ_BYTES)
-                    except BlockingIOError:
-                        pass
-                else:
-                    if mask & selectors.EVENT_READ:
-                        self._on_readable(tag)
-                    if mask & selectors.EVENT_WRITE and not tag.closed:
-                        self._dirty.add(tag)
-            for message in self.link.receive():
-                handler = self.message_handlers.get(message.kind)
-                if handler is None:
-                    log.warning("dropping a %s message: no handler", message.kind.name)
-                else:
-                    handler(message)
-            self.delayed.end_turn()
-            now = monotonic_ms()
-            if self.delayed and now >= self._next_self_check:
-                self._next_self_check = now + self_check_ms
-                self.delayed.self_answer(now)
-            if self._dirty:
-                dirty, self._dirty = self._dirty, set()
-                for conn in dirty:
-                    self._write(conn)
+        loop = self.loop
+        loop.watch(self.listener, self._accept)
+        loop.watch(self.link.doorbell_fd, self.link.drain_doorbell)
+        loop.watch(self._wakeup_r, self._read_wakeup)
+        for hook in (self._stop_procedure, self._from_timer, self._write_ready, self._announce_sleep):
+            loop.before_sleep(hook)
+        loop.after_sleep(self.link.woke)
+        loop.run()
         for conn in list(self.connections.values()):
             self._close(conn)
+        loop.close()
         self.link.close()
         self.partitions.close()
         self.table.close()
