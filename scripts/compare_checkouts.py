@@ -1,7 +1,9 @@
 """Before and after in one run: the same benchmark scripts, alternately from two checkouts of the node.
 
-Each checkout runs its own scripts with its own venv (`<checkout>/.venv/bin/python`), so each benchmark
-starts and measures that checkout's node. Runs alternate (base, new, new, base, ...) so drift on a shared
+Each checkout's node is started here, the same way for both (scripts/nodeproc.py with the checkout as its
+code, then --settle-s for every child to be up), and measured by that checkout's own scripts with its own venv
+(`<checkout>/.venv/bin/python`) through --bootstrap: the figures compare the nodes, not the checkouts' ways of
+starting them. A fresh node per script run. Runs alternate (base, new, new, base, ...) so drift on a shared
 machine hits both alike; the report gives per-metric medians, the median of the per-run ratios new/base,
 and every run's values.
 
@@ -22,6 +24,9 @@ import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from nodeproc import NodeProcess  # noqa: E402
+
 # (label, script and arguments, {metric name: (row filter, field)})
 WORKLOADS = [
     ("producer", ["producer_perf.py", "--client", "raw", "--seconds", "5"],
@@ -36,10 +41,18 @@ WORKLOADS = [
 ]
 
 
-def run_workload(checkout: Path, args: list[str], timeout_s: float) -> list[dict]:
+def run_workload(checkout: Path, args: list[str], timeout_s: float, workers: int, settle_s: float) -> list[dict]:
     python = checkout / ".venv" / "bin" / "python"
-    done = subprocess.run([str(python), str(checkout / "scripts" / args[0]), "--json", *args[1:]], cwd=checkout,
-                          capture_output=True, text=True, timeout=timeout_s)
+    node = NodeProcess(workers=workers, repo=checkout, wait_ready=False)
+    try:
+        node.start()
+        time.sleep(settle_s)
+        extra = ["--bootstrap", node.bootstrap, "--data-dir", str(node.data_dir)] if args[0] == "consumer_perf.py" \
+            else ["--bootstrap", node.bootstrap]
+        done = subprocess.run([str(python), str(checkout / "scripts" / args[0]), "--json", *args[1:], *extra],
+                              cwd=checkout, capture_output=True, text=True, timeout=timeout_s)
+    finally:
+        node.close()
     if done.returncode != 0:
         raise RuntimeError(f"{checkout}: {' '.join(args)} failed:\n{done.stderr[-3000:]}")
     return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
@@ -58,6 +71,8 @@ def main(argv=None) -> int:
     parser.add_argument("--new", required=True, type=Path, help="checkout compared with it")
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--timeout-s", type=float, default=600.0, help="bound of one script run")
+    parser.add_argument("--workers", type=int, default=2, help="network workers of each node")
+    parser.add_argument("--settle-s", type=float, default=3.0, help="wait after a node answers, for every child")
     parser.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     args = parser.parse_args(argv)
     checkouts = {"base": args.base.resolve(), "new": args.new.resolve()}
@@ -67,7 +82,7 @@ def main(argv=None) -> int:
         order = ("base", "new") if run % 2 == 0 else ("new", "base")
         for label, script_args, metrics in WORKLOADS:
             for side in order:
-                rows = run_workload(checkouts[side], script_args, args.timeout_s)
+                rows = run_workload(checkouts[side], script_args, args.timeout_s, args.workers, args.settle_s)
                 for metric, (where, field) in metrics.items():
                     value = pick(rows, where, field)
                     if value is not None:

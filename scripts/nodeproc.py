@@ -45,6 +45,9 @@ START_PROBE_INTERVAL_S = 0.05
 START_PROBE_TIMEOUT_S = 0.5
 # The module each child role runs (how a child is recognised on its command line).
 ROLE_MODULES = {"worker": "workers.worker", "timer": "node.timer.process"}
+# The log lines of children that finished starting: start() returns only once every child wrote its own,
+# so connections made right after it spread over all workers.
+READY_LINES = ("timer process ready", "worker {index} ready")
 _PR_SET_PDEATHSIG = 1
 
 
@@ -75,7 +78,7 @@ def _die_with_parent() -> None:
 class NodeProcess:
     def __init__(self, work_dir: Path | str | None = None, workers: int = 1, config: str = "",
                  port: int | None = None, data_dir: Path | str | None = None, env: dict[str, str] | None = None,
-                 announce: bool = False) -> None:
+                 announce: bool = False, repo: Path | str = REPO_ROOT, wait_ready: bool = True) -> None:
         self._own_dir = work_dir is None
         self.work_dir = Path(tempfile.mkdtemp(prefix="shmbroker-node-") if work_dir is None else work_dir)
         self.workers = workers
@@ -85,6 +88,8 @@ class NodeProcess:
         self.config_path.write_text(config)
         self.log_path = self.work_dir / f"node-{self.port}.log"
         self.env = env
+        self.repo = Path(repo)  # the checkout whose node runs (another one's, to compare checkouts)
+        self.wait_ready = wait_ready  # False: return once a worker answers (a checkout whose children log no ready line)
         self.announce = announce  # print "nodeproc: node pid ... on ..., data ..." to stderr once it answers
         self.proc: subprocess.Popen | None = None
 
@@ -100,14 +105,18 @@ class NodeProcess:
         args = [sys.executable, "-m", "node.cli", "serve", "--config", str(self.config_path),
                 "--listen", self.bootstrap, "--data-dir", str(self.data_dir), "--workers", str(self.workers)]
         env = {**os.environ, **self.env} if self.env else None
+        log_start = self.log_path.stat().st_size if self.log_path.exists() else 0
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         cwd=REPO_ROOT, env=env, preexec_fn=_die_with_parent)
+                                         cwd=self.repo, env=env, preexec_fn=_die_with_parent)
+        ready_lines = ([READY_LINES[0]] + [READY_LINES[1].format(index=i) for i in range(self.workers)]
+                       if self.wait_ready else [])
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"node exited with {self.proc.returncode}:\n{self.log()}")
-            if api_versions_roundtrip(self.port, timeout=START_PROBE_TIMEOUT_S):
+            if self._logged_since(log_start, ready_lines) and api_versions_roundtrip(self.port,
+                                                                                      timeout=START_PROBE_TIMEOUT_S):
                 if self.announce:
                     print(f"nodeproc: node pid {self.proc.pid} on {self.bootstrap}, data {self.data_dir}",
                           file=sys.stderr, flush=True)
@@ -115,6 +124,15 @@ class NodeProcess:
             time.sleep(START_PROBE_INTERVAL_S)
         self.kill_all()
         raise RuntimeError(f"node did not answer in {START_TIMEOUT_S}s:\n{self.log()}")
+
+    def _logged_since(self, offset: int, lines: list[str]) -> bool:
+        try:
+            with open(self.log_path, "rb") as log:
+                log.seek(offset)
+                text = log.read().decode(errors="replace")
+        except OSError:
+            return False
+        return all(line in text for line in lines)
 
     def log(self, chars: int = 20000) -> str:
         try:

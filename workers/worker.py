@@ -260,6 +260,7 @@ class Worker:
         for hook in (self._stop_procedure, self._from_timer, self._write_ready, self._announce_sleep):
             loop.before_sleep(hook)
         loop.after_sleep(self.link.woke)
+        log.info("worker %d ready", self.index)
         loop.run()
         for conn in list(self.connections.values()):
             self._close(conn)
