@@ -107,12 +107,39 @@ class FlushConfig:
 
 
 @dataclass(frozen=True)
+class GroupConfig:
+    """The group coordinator; defaults and names are Kafka's where Kafka has the setting."""
+
+    initial_rebalance_delay_ms: int = 3000  # group.initial.rebalance.delay.ms
+    min_session_timeout_ms: int = 6000  # group.min.session.timeout.ms
+    max_session_timeout_ms: int = 1_800_000  # group.max.session.timeout.ms
+    max_size: int = 0  # group.max.size; 0: no limit
+    offsets_retention_minutes: int = 7 * 24 * 60  # offsets.retention.minutes
+    offsets_retention_check_interval_ms: int = 600_000  # offsets.retention.check.interval.ms
+    offset_metadata_max_bytes: int = 4096  # offset.metadata.max.bytes
+    offsets_commit_timeout_ms: int = 5000  # offsets.commit.timeout.ms
+    # Loading the offsets log at start: bytes read per timer loop turn, so the timer keeps serving meanwhile.
+    offsets_load_bytes_per_turn: int = 1 << 20
+    # The offsets log is compacted (its live set rewritten) once it holds this many records and twice the live.
+    offsets_compaction_min_records: int = 50_000
+    # A worker waits this long for a JoinGroup or SyncGroup answer beyond the request's own rebalance timeout
+    # (the coordinator always answers within it; the margin only matters if the timer process is gone).
+    join_answer_margin_ms: int = 5000
+    # A SyncGroup waits at most this long (Kafka bounds it by the rebalance timeout, which a worker cannot see).
+    sync_wait_max_ms: int = 300_000
+    # Largest encoded group request a worker hands the timer (member metadata, assignments), within the rings'
+    # largest frame; a larger one is refused with INVALID_REQUEST.
+    max_request_document_bytes: int = 1 << 20
+
+
+@dataclass(frozen=True)
 class NodeConfig:
     server: ServerConfig = field(default_factory=ServerConfig)
     topics: TopicDefaults = field(default_factory=TopicDefaults)
     timer: TimerConfig = field(default_factory=TimerConfig)
     flush: FlushConfig = field(default_factory=FlushConfig)
     log: LogConfig = field(default_factory=LogConfig)
+    groups: GroupConfig = field(default_factory=GroupConfig)
     # The rings between each worker and the timer process (one each way).
     rings: RingConfig = field(default_factory=lambda: RingConfig(capacity=4 * 1024 * 1024))
 

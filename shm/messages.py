@@ -61,9 +61,21 @@ class Kind(IntEnum):
     CANCEL = 4  # the client of these delayed requests is gone: complete them without an answer
     CREATE_TOPICS = 5  # document: [[name, partitions], ...]
     DELETE_TOPICS = 6  # document: [name, ...]
+    # The group coordinator's requests (node.timer.groups): body (request id, the Kafka API version), and the
+    # request as a document (bytes fields base64); answered by a REPLY with the response as a document.
+    JOIN_GROUP = 16
+    SYNC_GROUP = 17
+    HEARTBEAT = 18
+    LEAVE_GROUP = 19
+    COMMIT_OFFSETS = 20
+    FETCH_OFFSETS = 21
+    LIST_GROUPS = 22
+    DESCRIBE_GROUPS = 23
+    DELETE_GROUPS = 24
+    DELETE_OFFSETS = 25
     # timer -> worker
     COMPLETION = 64  # delayed requests that completed, satisfied or expired
-    TOPICS_OUTCOME = 65  # the answer to CREATE_TOPICS / DELETE_TOPICS; document: {name: [error code, message]}
+    REPLY = 65  # the answer to a request that carries a document (topics, groups); document: the outcome
     TIMER_STARTED = 66  # a timer process (re)started: re-submit every delayed request still waiting
     LAYOUT = 67  # the topic catalog changed: reload it if older than catalog_version
 
@@ -113,7 +125,11 @@ Cancel = declare(Kind.CANCEL, items=[("request_id", "Q")]).tuple_class
 CreateTopics = declare(Kind.CREATE_TOPICS, body=[("request_id", "Q")], document=True).tuple_class
 DeleteTopics = declare(Kind.DELETE_TOPICS, body=[("request_id", "Q")], document=True).tuple_class
 Completion = declare(Kind.COMPLETION, items=[("request_id", "Q"), ("status", "B")]).tuple_class
-TopicsOutcome = declare(Kind.TOPICS_OUTCOME, body=[("request_id", "Q")], document=True).tuple_class
+GROUP_KINDS = (Kind.JOIN_GROUP, Kind.SYNC_GROUP, Kind.HEARTBEAT, Kind.LEAVE_GROUP, Kind.COMMIT_OFFSETS,
+               Kind.FETCH_OFFSETS, Kind.LIST_GROUPS, Kind.DESCRIBE_GROUPS, Kind.DELETE_GROUPS, Kind.DELETE_OFFSETS)
+for _kind in GROUP_KINDS:
+    declare(_kind, body=[("request_id", "Q"), ("api_version", "H")], document=True)
+Reply = declare(Kind.REPLY, body=[("request_id", "Q")], document=True).tuple_class
 TimerStarted = declare(Kind.TIMER_STARTED, body=[("pid", "I")]).tuple_class
 Layout = declare(Kind.LAYOUT, body=[("catalog_version", "Q")]).tuple_class
 

@@ -31,8 +31,9 @@ def test_delay_fetch_round_trip(request_id, deadline, min_bytes, items):
     (Kind.CREATE_TOPICS, (5,), [], [["t", 4], ["u", 1]]),
     (Kind.DELETE_TOPICS, (6,), [], ["t"]),
     (Kind.COMPLETION, (), [(1, M.Status.SATISFIED), (2, M.Status.EXPIRED)], None),
-    (Kind.TOPICS_OUTCOME, (5,), [], {"t": [0, None], "bad name": [17, "illegal topic name"]}),
+    (Kind.REPLY, (5,), [], {"t": [0, None], "bad name": [17, "illegal topic name"]}),
     (Kind.TIMER_STARTED, (4321,), [], None),
+    (Kind.HEARTBEAT, (7, 3), [], {"group": "g", "member": "m-1", "generation": 4, "instance": None}),
     (Kind.LAYOUT, (12,), [], None),
 ])
 def test_every_kind_round_trips(kind, body, items, document):
@@ -45,7 +46,8 @@ def test_every_kind_round_trips(kind, body, items, document):
 def test_every_declared_kind_is_in_the_test_above():
     assert set(M.MESSAGES) == set(Kind)
     assert {kind for kind in Kind if kind < M.FIRST_TIMER_KIND} == {
-        Kind.DELAY_FETCH, Kind.DELAY_PRODUCE, Kind.APPEND, Kind.CANCEL, Kind.CREATE_TOPICS, Kind.DELETE_TOPICS}
+        Kind.DELAY_FETCH, Kind.DELAY_PRODUCE, Kind.APPEND, Kind.CANCEL, Kind.CREATE_TOPICS, Kind.DELETE_TOPICS,
+        *M.GROUP_KINDS}
 
 
 @pytest.mark.parametrize("bad", [

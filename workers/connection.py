@@ -89,6 +89,8 @@ class Connection:
             data = self.sock.recv(self.recv_bytes)
         except (BlockingIOError, InterruptedError):
             return []
+        except ConnectionResetError:
+            raise ConnectionClosed("peer closed") from None  # an abrupt close is still the peer's close
         except OSError as exc:
             raise ConnectionClosed(f"recv failed: {exc}") from exc
         if not data:

@@ -2,7 +2,7 @@
 
 This is all a request handler knows of the timer. A handler that must wait hands its request here
 (`delay_produce`, `delay_fetch`, `topics`) with a continuation; this object sends the message to the
-timer (shm.messages), keeps the continuation, and when the answer comes (COMPLETION, TOPICS_OUTCOME)
+timer (shm.messages), keeps the continuation, and when the answer comes (COMPLETION, REPLY)
 runs it and settles the request through the worker's `settle` callback. It also reports appends to
 rows that delayed fetches watch, so the timer knows when to look again.
 
@@ -10,7 +10,7 @@ Invariants:
 - Request ids carry the worker's pid in their high bits (PID_SHIFT), so a restarted worker never mistakes
   a completion meant for its predecessor; answers for unknown ids are dropped.
 - At most one wait per request id, and its continuation runs exactly once: with the timer's result
-  (a Status, or a TOPICS_OUTCOME document), or with None when the worker answers it by itself.
+  (a Status, or a REPLY document), or with None when the worker answers it by itself.
 - `self_answer`: a wait `delayed_grace_ms` past its deadline is answered here, so no client waits forever,
   even with the timer process dead.
 - `resubmit` (the timer announced a restart) sends every waiting request's frame again; the timer ignores
@@ -57,10 +57,15 @@ class Waiting:
     frame: bytes  # as sent to the timer, kept for re-submission
 
 
+class DocumentTooLarge(ValueError):
+    """A request whose message would not fit the ring to the timer (or the configured bound)."""
+
+
 class DelayedRequests:
     def __init__(self, link: TimerLink, interest: InterestTable, delayed_grace_ms: int,
-                 settle: Callable[[Request, Outcome | None], None]) -> None:
+                 settle: Callable[[Request, Outcome | None], None], max_frame_bytes: int) -> None:
         self.link = link
+        self.max_frame_bytes = max_frame_bytes
         self.interest = interest
         self.delayed_grace_ms = delayed_grace_ms
         self.settle = settle
@@ -96,10 +101,16 @@ class DelayedRequests:
         return self._wait(req, deadline, finish,
                           lambda rid: M.encode(M.Kind.DELAY_FETCH, rid, deadline, min_bytes, items=watch))
 
-    def topics(self, req: Request, kind: M.Kind, document: Any, timeout_ms: int, answer: Continuation) -> Outcome:
-        """A topic creation or deletion by the timer process; `answer(document or None)` builds the response."""
+    def ask(self, req: Request, kind: M.Kind, document: Any, timeout_ms: int, answer: Continuation,
+            *body: Any) -> Outcome:
+        """A request the timer process answers with a REPLY document (topic creation and deletion, the group
+        coordinator's requests): the message is (request id, *body, document); `answer(document or None)` builds
+        the response. Raises DocumentTooLarge, sending nothing, if the message exceeds max_frame_bytes."""
         deadline = monotonic_ms() + timeout_ms
-        return self._wait(req, deadline, answer, lambda rid: M.encode(kind, rid, document=document))
+        frame = M.encode(kind, 0, *body, document=document)  # its size; the id is fixed in the real one
+        if len(frame) > self.max_frame_bytes:
+            raise DocumentTooLarge(f"{kind.name} of {len(frame)} bytes, at most {self.max_frame_bytes}")
+        return self._wait(req, deadline, answer, lambda rid: M.encode(kind, rid, *body, document=document))
 
     def _wait(self, req: Request, deadline_ms: int, finish: Continuation, frame_for: Callable[[int], bytes]) -> Outcome:
         self._sequence += 1
@@ -116,7 +127,7 @@ class DelayedRequests:
         for request_id, status in message.items:
             self._finish(request_id, M.Status.SATISFIED if status == M.Status.SATISFIED else M.Status.EXPIRED)
 
-    def on_topics_outcome(self, message: Any) -> None:
+    def on_reply(self, message: Any) -> None:
         self._finish(message.request_id, message.document)
 
     def _finish(self, request_id: int, result: Any) -> None:

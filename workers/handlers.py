@@ -20,7 +20,7 @@ import logging
 import time
 from typing import Any, Callable
 
-from kio.static.primitive import i16, i32, i32Timedelta
+from kio.static.primitive import i16, i32
 
 from node.config import NodeConfig
 from node.storage import producer_ids
@@ -32,13 +32,14 @@ from workers import errors as E
 from workers import protocol as P
 from workers.connection import FileRange, Request
 from workers.delayed import DelayedRequests
+from workers.groups import GroupHandlers
 from workers.fetch_codec import FetchPartitionResult, FetchTopicResult, encode_fetch_response
 from workers.outcome import Outcome
 from workers.produce_codec import ProducePartitionResult, ProduceTopicResult, encode_produce_response
+from workers.responses import ZERO_THROTTLE, code, entity, reply
 
 log = logging.getLogger("shmbroker.handlers")
 
-_ZERO_THROTTLE = i32Timedelta.parse(datetime.timedelta(0))
 _ACKS_ALL = -1
 _LATEST = -1
 _EARLIEST = -2
@@ -48,12 +49,6 @@ _ZSTD_MIN_PRODUCE_VERSION = 7
 _ATTRIBUTES_LOW_BYTE = 22  # offset of the low byte of a v2 batch's attributes
 _COMPRESSION_MASK = 0x07
 
-
-def _code(value: int) -> E.ErrorCode:
-    try:
-        return E.ErrorCode(value)
-    except ValueError:
-        return E.UNKNOWN_SERVER_ERROR
 
 
 def _topic_outcomes(outcome: dict | None, names: list[str]) -> dict[str, tuple[int, str | None]]:
@@ -86,15 +81,12 @@ class Handlers:
             P.CREATE_TOPICS: self.create_topics,
             P.DELETE_TOPICS: self.delete_topics,
             P.INIT_PRODUCER_ID: self.init_producer_id,
-            P.FIND_COORDINATOR: self.find_coordinator,
+            **GroupHandlers(config, delayed).table(),
         }
 
     def dispatch(self, req: Request, request: Any) -> Outcome:
         return self.dispatch_table[req.header.api_key](req, request)
 
-    def _frame(self, req: Request, response: Any) -> Outcome:
-        h = req.header
-        return Outcome.reply([P.encode_response(h.api_key, h.api_version, h.correlation_id, response)])
 
     def _create_then(self, req: Request, topics: list[tuple[str, int]], rerun: Callable[[], Outcome]) -> Outcome:
         """Auto-create `topics`, then run the request again; `rerun` must not auto-create again (a creation
@@ -104,30 +96,19 @@ class Handlers:
             self.partitions.reload()
             return rerun()
 
-        return self.delayed.topics(req, M.Kind.CREATE_TOPICS, topics, self.config.timer.control_timeout_ms, after)
-
-    def _entity(self, req: Request, class_name: str, /, **values: Any) -> Any:
-        schema = P.response_schema(req.header.api_key, req.header.api_version)
-        return P.build_entity(getattr(schema, class_name), **values)
+        return self.delayed.ask(req, M.Kind.CREATE_TOPICS, topics, self.config.timer.control_timeout_ms, after)
 
     # -- ApiVersions, FindCoordinator, InitProducerId ------------------------------------------
 
     def api_versions(self, req: Request, request: Any) -> Outcome:
-        return self._frame(req, P.api_versions_response(req.header.api_version))
-
-    def find_coordinator(self, req: Request, request: Any) -> Outcome:
-        # Groups come with the group coordinator; until then clients are told to retry. librdkafka
-        # needs the API advertised at all to enable LZ4 (see workers/protocol.py).
-        return self._frame(req, self._entity(
-            req, "FindCoordinatorResponse", throttle_time=_ZERO_THROTTLE, error_code=E.ErrorCode.coordinator_not_available,
-            error_message="no group coordinator on this node", node_id=i32(-1), host="", port=i32(-1)))
+        return reply(req, P.api_versions_response(req.header.api_version))
 
     def init_producer_id(self, req: Request, request: Any) -> Outcome:
         if request.transactional_id is not None:
             code, producer_id = E.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, -1
         else:
             code, producer_id = E.NONE, producer_ids.allocate(self.partitions.data_dir)
-        return self._frame(req, self._entity(req, "InitProducerIdResponse", throttle_time=_ZERO_THROTTLE,
+        return reply(req, entity(req, "InitProducerIdResponse", throttle_time=ZERO_THROTTLE,
                                              error_code=code, producer_id=producer_id, producer_epoch=i16(0)))
 
     # -- Metadata ----------------------------------------------------------------------------
@@ -151,18 +132,18 @@ class Handlers:
             count = self.partitions.topic_partitions(name)
             if count is None:
                 code = E.UNKNOWN_TOPIC_OR_PARTITION if valid_topic_name(name) else E.INVALID_TOPIC_EXCEPTION
-                topics.append(self._entity(req, "MetadataResponseTopic", error_code=code, name=name, partitions=()))
+                topics.append(entity(req, "MetadataResponseTopic", error_code=code, name=name, partitions=()))
                 continue
-            partitions = tuple(self._entity(req, "MetadataResponsePartition", error_code=E.NONE, partition_index=i32(p),
+            partitions = tuple(entity(req, "MetadataResponsePartition", error_code=E.NONE, partition_index=i32(p),
                                             leader_id=i32(node_id), leader_epoch=i32(0), replica_nodes=(i32(node_id),),
                                             isr_nodes=(i32(node_id),), offline_replicas=())
                                for p in range(count))
-            topics.append(self._entity(req, "MetadataResponseTopic", error_code=E.NONE, name=name,
-                                       is_internal=False, partitions=partitions))
-        broker = self._entity(req, "MetadataResponseBroker", node_id=i32(node_id),
+            topics.append(entity(req, "MetadataResponseTopic", error_code=E.NONE, name=name,
+                                 is_internal=self.partitions.is_internal(name), partitions=partitions))
+        broker = entity(req, "MetadataResponseBroker", node_id=i32(node_id),
                               host=server.advertised_host or server.host,
                               port=i32(server.advertised_port or server.port), rack=None)
-        return self._frame(req, self._entity(req, "MetadataResponse", throttle_time=_ZERO_THROTTLE, brokers=(broker,),
+        return reply(req, entity(req, "MetadataResponse", throttle_time=ZERO_THROTTLE, brokers=(broker,),
                                              cluster_id=self.cluster_id,
                                              controller_id=i32(node_id), topics=tuple(topics)))
 
@@ -194,16 +175,16 @@ class Handlers:
 
         def answer(outcome: dict[str, tuple[int, str | None]] | None) -> Outcome:
             self.partitions.reload()
-            for name, (code, message) in _topic_outcomes(outcome, [n for n, _ in wanted]).items():
-                results[name] = (_code(code), message)
-            return self._frame(req, self._entity(req, "CreateTopicsResponse", throttle_time=_ZERO_THROTTLE, topics=tuple(
-                self._entity(req, "CreatableTopicResult", name=t.name, error_code=results[t.name][0],
+            for name, (number, message) in _topic_outcomes(outcome, [n for n, _ in wanted]).items():
+                results[name] = (code(number), message)
+            return reply(req, entity(req, "CreateTopicsResponse", throttle_time=ZERO_THROTTLE, topics=tuple(
+                entity(req, "CreatableTopicResult", name=t.name, error_code=results[t.name][0],
                              error_message=results[t.name][1])
                 for t in request.topics)))
 
         if not wanted:
             return answer({})
-        return self.delayed.topics(req, M.Kind.CREATE_TOPICS, wanted, self.config.timer.control_timeout_ms, answer)
+        return self.delayed.ask(req, M.Kind.CREATE_TOPICS, wanted, self.config.timer.control_timeout_ms, answer)
 
     def delete_topics(self, req: Request, request: Any) -> Outcome:
         names = list(request.topic_names)
@@ -211,11 +192,11 @@ class Handlers:
         def answer(outcome: dict[str, tuple[int, str | None]] | None) -> Outcome:
             self.partitions.reload()
             outcome = _topic_outcomes(outcome, names)
-            return self._frame(req, self._entity(req, "DeleteTopicsResponse", throttle_time=_ZERO_THROTTLE, responses=tuple(
-                self._entity(req, "DeletableTopicResult", name=n, error_code=_code(outcome.get(n, (0, None))[0]))
+            return reply(req, entity(req, "DeleteTopicsResponse", throttle_time=ZERO_THROTTLE, responses=tuple(
+                entity(req, "DeletableTopicResult", name=n, error_code=code(outcome.get(n, (0, None))[0]))
                 for n in names)))
 
-        return self.delayed.topics(req, M.Kind.DELETE_TOPICS, names, self.config.timer.control_timeout_ms, answer)
+        return self.delayed.ask(req, M.Kind.DELETE_TOPICS, names, self.config.timer.control_timeout_ms, answer)
 
     # -- ListOffsets -------------------------------------------------------------------------
 
@@ -241,10 +222,10 @@ class Handlers:
                             if found is not None:
                                 values["offset"], values["timestamp"] = found
                     except StorageError as exc:
-                        values["error_code"] = _code(exc.error_code)
-                results.append(self._entity(req, "ListOffsetsPartitionResponse", **values))
-            topics.append(self._entity(req, "ListOffsetsTopicResponse", name=topic.name, partitions=tuple(results)))
-        return self._frame(req, self._entity(req, "ListOffsetsResponse", throttle_time=_ZERO_THROTTLE, topics=tuple(topics)))
+                        values["error_code"] = code(exc.error_code)
+                results.append(entity(req, "ListOffsetsPartitionResponse", **values))
+            topics.append(entity(req, "ListOffsetsTopicResponse", name=topic.name, partitions=tuple(results)))
+        return reply(req, entity(req, "ListOffsetsResponse", throttle_time=ZERO_THROTTLE, topics=tuple(topics)))
 
     # -- Produce -----------------------------------------------------------------------------
 
@@ -273,6 +254,10 @@ class Handlers:
                 row = self.partitions.row(topic.name, part.index)
                 if row is None:
                     result.error_code = E.UNKNOWN_TOPIC_OR_PARTITION
+                    continue
+                if self.partitions.is_internal(topic.name):  # as Kafka: only the node writes __consumer_offsets
+                    result.error_code = E.INVALID_TOPIC_EXCEPTION
+                    result.error_message = f"{topic.name} is internal to the node"
                     continue
                 if part.records is None or len(part.records) == 0:
                     result.error_code = E.INVALID_RECORD

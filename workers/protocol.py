@@ -72,11 +72,21 @@ PRODUCE = 0
 FETCH = 1
 LIST_OFFSETS = 2
 METADATA = 3
+OFFSET_COMMIT = 8
+OFFSET_FETCH = 9
 FIND_COORDINATOR = 10
+JOIN_GROUP = 11
+HEARTBEAT = 12
+LEAVE_GROUP = 13
+SYNC_GROUP = 14
+DESCRIBE_GROUPS = 15
+LIST_GROUPS = 16
 API_VERSIONS = 18
 CREATE_TOPICS = 19
 DELETE_TOPICS = 20
 INIT_PRODUCER_ID = 22
+DELETE_GROUPS = 42
+OFFSET_DELETE = 47
 
 # api_key -> (min_version, max_version) advertised in ApiVersions.
 SUPPORTED_APIS: dict[int, tuple[int, int]] = {
@@ -88,9 +98,18 @@ SUPPORTED_APIS: dict[int, tuple[int, int]] = {
     CREATE_TOPICS: (0, 4),
     DELETE_TOPICS: (0, 3),
     INIT_PRODUCER_ID: (0, 1),
-    # Served with COORDINATOR_NOT_AVAILABLE until the group coordinator exists; advertised because
-    # librdkafka enables LZ4 only when a broker lists FindCoordinator.
+    # The group coordinator (workers/groups.py, node/timer/groups/): non-flexible versions only.
     FIND_COORDINATOR: (0, 2),
+    JOIN_GROUP: (0, 5),
+    SYNC_GROUP: (0, 3),
+    HEARTBEAT: (0, 3),
+    LEAVE_GROUP: (0, 3),
+    OFFSET_COMMIT: (2, 7),
+    OFFSET_FETCH: (1, 5),
+    LIST_GROUPS: (0, 2),
+    DESCRIBE_GROUPS: (0, 4),
+    DELETE_GROUPS: (0, 1),
+    OFFSET_DELETE: (0, 0),
 }
 
 # Kafka's default socket.request.max.bytes.
@@ -337,6 +356,16 @@ __all__ = [
     "DELETE_TOPICS",
     "INIT_PRODUCER_ID",
     "FIND_COORDINATOR",
+    "JOIN_GROUP",
+    "SYNC_GROUP",
+    "HEARTBEAT",
+    "LEAVE_GROUP",
+    "OFFSET_COMMIT",
+    "OFFSET_FETCH",
+    "LIST_GROUPS",
+    "DESCRIBE_GROUPS",
+    "DELETE_GROUPS",
+    "OFFSET_DELETE",
     "SUPPORTED_APIS",
     "DEFAULT_MAX_REQUEST_SIZE",
     "FRAME_SIZE_PREFIX",

@@ -36,6 +36,7 @@ from node.storage.store import PartitionStore
 from shm import instance as shm_instance
 from shm import messages as M
 from shm.interest import InterestTable
+from shm.ring import max_payload
 from shm.table import PartitionTable
 from workers import protocol as P
 from workers.connection import Connection, ConnectionClosed, Request
@@ -63,11 +64,12 @@ class Worker:
         self.partitions = PartitionStore(os.path.abspath(config.server.data_dir), self.table, config.log,
                                          config.topics.max_partitions)
         self.link = TimerLink(instance, index, config.rings, bell_fd)
-        self.delayed = DelayedRequests(self.link, self.interest, config.timer.delayed_grace_ms, self._settle)
+        max_frame = min(config.groups.max_request_document_bytes, max_payload(config.rings.capacity))
+        self.delayed = DelayedRequests(self.link, self.interest, config.timer.delayed_grace_ms, self._settle, max_frame)
         self.handlers = Handlers(self.partitions, config, self.delayed, cluster_id=f"shmbroker-{instance}")
         self.message_handlers = {
             M.Kind.COMPLETION: self.delayed.on_completion,
-            M.Kind.TOPICS_OUTCOME: self.delayed.on_topics_outcome,
+            M.Kind.REPLY: self.delayed.on_reply,
             M.Kind.TIMER_STARTED: self._on_timer_started,
             M.Kind.LAYOUT: self._on_layout,
         }

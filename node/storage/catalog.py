@@ -43,6 +43,7 @@ def partition_dir_name(topic: str, partition: int) -> str:
 class TopicEntry:
     name: str
     rows: list[int]
+    internal: bool = False  # the node's own (__consumer_offsets): clients may read it, not write or delete it
 
     @property
     def partitions(self) -> int:
@@ -76,14 +77,16 @@ class Catalog:
         if raw["version"] == self.version and self.topics:
             return False
         self.version = raw["version"]
-        self.topics = {name: TopicEntry(name, list(t["rows"])) for name, t in raw["topics"].items()}
+        self.topics = {name: TopicEntry(name, list(t["rows"]), bool(t.get("internal", False)))
+                       for name, t in raw["topics"].items()}
         return True
 
     def save(self) -> None:
         self.version += 1
         body = orjson.dumps({
             "version": self.version,
-            "topics": {t.name: {"rows": t.rows} for t in self.topics.values()},
+            "topics": {t.name: {"rows": t.rows, **({"internal": True} if t.internal else {})}
+                       for t in self.topics.values()},
         })
         os.makedirs(self.data_dir, exist_ok=True)
         tmp = self.path + ".tmp"
@@ -107,7 +110,7 @@ class Catalog:
             return None
         return entry.rows[partition]
 
-    def add_topic(self, name: str, partitions: int) -> TopicEntry:
+    def add_topic(self, name: str, partitions: int, internal: bool = False) -> TopicEntry:
         """Assign rows for a new topic (not saved). Raises CatalogError with Kafka's codes."""
         if not valid_topic_name(name):
             raise CatalogError(ErrorCode.invalid_topic_exception, f"illegal topic name {name!r}")
@@ -119,7 +122,7 @@ class Catalog:
         free = [row for row in range(self.max_partitions) if row not in used][:partitions]
         if len(free) < partitions:
             raise CatalogError(ErrorCode.invalid_partitions, f"node holds at most {self.max_partitions} partitions")
-        entry = TopicEntry(name, free)
+        entry = TopicEntry(name, free, internal)
         self.topics[name] = entry
         return entry
 

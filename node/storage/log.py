@@ -465,19 +465,36 @@ class PartitionLog:
                 while doomed < len(sealed) and total - sealed[doomed].sealed_size() >= config.retention_bytes:
                     total -= sealed[doomed].sealed_size()
                     doomed += 1
-            if doomed == 0:
-                return 0
-            deleted = sealed[:doomed]
-            state = state._replace(
-                log_start_offset=self.segments[doomed].base_offset,
-                segments_version=state.segments_version + 1,
-            )
-            self.table.publish(self.row, state)  # before unlinking: see the module invariants
-            for segment in deleted:
-                segment.delete_files()
-            self._refresh(state)
-            self._prune_snapshots(state.log_start_offset)
+            self._delete_oldest(state, doomed)
         return doomed
+
+    def delete_segments_before(self, offset: int) -> int:
+        """Delete the whole sealed segments holding only offsets below `offset` (a compaction that rewrote the
+        live records from `offset` on); returns how many."""
+        with self.lock:
+            state = self._current_state()
+            sealed = self.segments[:-1]
+            doomed = 0
+            while doomed < len(sealed) and self.segments[doomed + 1].base_offset <= offset:
+                doomed += 1
+            self._delete_oldest(state, doomed)
+        return doomed
+
+    def _delete_oldest(self, state: PartitionState, count: int) -> None:
+        """Drop the `count` oldest segments (caller holds the lock): the new log start is published before any
+        file goes, as the module invariants require."""
+        if count == 0:
+            return
+        deleted = self.segments[:count]
+        state = state._replace(
+            log_start_offset=self.segments[count].base_offset,
+            segments_version=state.segments_version + 1,
+        )
+        self.table.publish(self.row, state)
+        for segment in deleted:
+            segment.delete_files()
+        self._refresh(state)
+        self._prune_snapshots(state.log_start_offset)
 
     def delete(self) -> None:
         """Delete the partition (DeleteTopics): mark its row offline, then remove its directory.

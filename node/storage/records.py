@@ -245,3 +245,58 @@ def _read_varint(view, position: int) -> tuple[int, int]:
         shift += 7
         if shift > 63:
             raise IndexError("varint too long")
+
+
+# Batches the node writes itself (the offsets log of node.timer.groups): uncompressed, no producer id.
+
+def _varint(value: int) -> bytes:
+    raw = (value << 1) ^ (value >> 63)  # zig-zag
+    out = bytearray()
+    while raw >= 0x80:
+        out.append((raw & 0x7F) | 0x80)
+        raw >>= 7
+    out.append(raw)
+    return bytes(out)
+
+
+def build_batch(records: list[tuple[bytes | None, bytes | None]], timestamp_ms: int) -> bytes:
+    """An uncompressed v2 batch of (key, value) records (None: null), baseOffset 0, no headers."""
+    body = bytearray()
+    for delta, (key, value) in enumerate(records):
+        record = bytearray(b"\x00")  # attributes
+        record += _varint(0) + _varint(delta)  # timestamp delta, offset delta
+        for field in (key, value):
+            record += _varint(-1) if field is None else _varint(len(field)) + field
+        record += _varint(0)  # no headers
+        body += _varint(len(record)) + record
+    count = len(records)
+    header = BATCH_HEADER.pack(0, BATCH_HEADER_SIZE - LENGTH_FIELDS_SIZE + len(body), 0, MAGIC_V2, 0, 0, count - 1,
+                               timestamp_ms, timestamp_ms, NO_PRODUCER_ID, -1, NO_SEQUENCE, count)
+    batch = bytearray(header) + body
+    struct.pack_into(">I", batch, 17, crc32c.crc32c(batch[CRC_START:]))
+    return bytes(batch)
+
+
+def iter_records(buf, header: BatchHeader):
+    """(offset, key, value) of each record of an uncompressed batch (None for a null key or value).
+    Raises StorageError(CORRUPT_MESSAGE) on a compressed or malformed batch."""
+    if header.compression != 0:
+        raise StorageError(ErrorCode.CORRUPT_MESSAGE, "compressed batch where an uncompressed one was expected")
+    view = memoryview(buf)
+    position = BATCH_HEADER_SIZE
+    try:
+        for _ in range(header.record_count):
+            length, position = _read_varint(view, position)
+            record_end = position + length
+            position += 1  # attributes
+            _, position = _read_varint(view, position)  # timestamp delta
+            offset_delta, position = _read_varint(view, position)
+            fields = []
+            for _ in range(2):
+                size, position = _read_varint(view, position)
+                fields.append(None if size < 0 else bytes(view[position:position + size]))
+                position += max(size, 0)
+            yield header.base_offset + offset_delta, fields[0], fields[1]
+            position = record_end
+    except IndexError:
+        raise StorageError(ErrorCode.CORRUPT_MESSAGE, "record batch ends inside a record") from None

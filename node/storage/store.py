@@ -76,9 +76,15 @@ class PartitionStore:
         entry = self.catalog.topics.get(topic)
         return None if entry is None else entry.partitions
 
-    def rows(self) -> list[int]:
-        """Every catalogued partition's row, ascending."""
-        return sorted(self._owners)
+    def is_internal(self, topic: str) -> bool:
+        entry = self.catalog.topics.get(topic)
+        return entry is not None and entry.internal
+
+    def rows(self, internal: bool = True) -> list[int]:
+        """Every catalogued partition's row, ascending (without internal topics' when internal=False)."""
+        if internal:
+            return sorted(self._owners)
+        return sorted(row for row, (topic, _) in self._owners.items() if not self.is_internal(topic))
 
     def log(self, row: int) -> PartitionLog:
         entry = self._logs.get(row)
@@ -89,10 +95,11 @@ class PartitionStore:
         self._logs[row] = (topic, partition, plog)
         return plog
 
-    def each_log(self, action: Callable[[PartitionLog], object], what: str) -> int:
-        """Run `action` on every partition's log; a failure is logged and the others go on. Returns failures."""
+    def each_log(self, action: Callable[[PartitionLog], object], what: str, internal: bool = True) -> int:
+        """Run `action` on every partition's log (internal topics' too unless internal=False); a failure is
+        logged and the others go on. Returns failures."""
         failures = 0
-        for row in self.rows():
+        for row in self.rows(internal):
             try:
                 action(self.log(row))
             except Exception:
@@ -132,9 +139,9 @@ class PartitionStore:
         for row in self.rows():
             self.log(row).flush()
 
-    def create_topics(self, topics: list[tuple[str, int]]) -> TopicOutcomes:
+    def create_topics(self, topics: list[tuple[str, int]], internal: bool = False) -> TopicOutcomes:
         """Create topics of the given partition counts; an existing topic succeeds (two workers auto-creating
-        the same topic both get it). One catalog write for the whole batch."""
+        the same topic both get it). One catalog write for the whole batch. `internal`: the node's own."""
         self.reload()
         outcome: TopicOutcomes = {}
         created = []
@@ -143,7 +150,7 @@ class PartitionStore:
                 outcome[name] = (0, None)
                 continue
             try:
-                entry = self.catalog.add_topic(name, count)
+                entry = self.catalog.add_topic(name, count, internal)
             except CatalogError as exc:
                 outcome[name] = (exc.code, str(exc))
                 continue
@@ -162,6 +169,9 @@ class PartitionStore:
         outcome: TopicOutcomes = {}
         doomed = []
         for name in names:
+            if self.is_internal(name):
+                outcome[name] = (int(ErrorCode.invalid_topic_exception), f"{name} is internal to the node")
+                continue
             try:
                 doomed.append(self.catalog.remove_topic(name))
             except CatalogError as exc:

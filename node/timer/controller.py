@@ -3,7 +3,7 @@
 Invariants:
 - Topic changes happen only here: partition directories and table rows first, then the catalog file
   (atomically; see node.storage.store), then a LAYOUT message to every worker, then the requester's
-  TOPICS_OUTCOME. So a worker that hears of a topic finds it complete on disk and in the table.
+  REPLY. So a worker that hears of a topic finds it complete on disk and in the table.
 - The flusher is told the new catalog version before the next flush round looks at the catalog.
 """
 
@@ -35,4 +35,4 @@ class Controller:
         if self.store.version != self.flusher.catalog_version:
             self.flusher.catalog_version = self.store.version
             self.outbox.broadcast(M.encode(M.Kind.LAYOUT, self.store.version))
-        self.outbox.send(worker, M.encode(M.Kind.TOPICS_OUTCOME, request_id, document=outcome))
+        self.outbox.send(worker, M.encode(M.Kind.REPLY, request_id, document=outcome))

@@ -81,3 +81,14 @@ class DelayedProduce(TimerOperation):
     def satisfied(self) -> bool:
         read = self.table.read
         return all(read(row).flushed_offset >= required for row, required in zip(self.rows, self.required_offsets))
+
+
+class DelayedFlush(DelayedProduce):
+    """A wait of the timer process itself (not of a worker's request) until rows are fsync'd to the given
+    offsets: the durable offset commits of the group coordinator. `done(flushed)` is called once."""
+
+    __slots__ = ("done",)
+
+    def __init__(self, rows: list[int], required_offsets: list[int], table: PartitionTable,
+                 done: Callable[[bool], None]) -> None:
+        super().__init__(-1, 0, rows, required_offsets, table, lambda op, expired: done(not expired))

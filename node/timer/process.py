@@ -5,6 +5,7 @@
   message to the part registered for its kind; advance the clocks; send what is due back;
 - the delayed-operation service (node.timer.service): long-poll fetches and acks=all produces;
 - the controller (node.timer.controller): topic creation and deletion;
+- the group coordinator (node.timer.groups): consumer groups and their committed offsets;
 - the flusher (node.timer.flusher): group-commit fsync, and the thread the chores run on;
 - the chores (node.timer.chores): producer-state snapshots and retention, on a wheel of their own;
 - the outbox (node.timer.outbox): everything sent back to the workers.
@@ -37,6 +38,8 @@ from node.storage.store import PartitionStore
 from node.timer.chores import Chore, ChoreScheduler
 from node.timer.controller import Controller
 from node.timer.flusher import Flusher
+from node.timer.groups.coordinator import GroupCoordinator
+from node.timer.groups.offsets import OffsetStore
 from node.timer.outbox import Outbox
 from node.timer.service import DelayedOperations
 from shm import instance as shm_instance
@@ -70,11 +73,20 @@ class TimerProcess:
         now = monotonic_ms()
         self.flusher = Flusher(config, self.table, self.bell.ring)
         self.operations = DelayedOperations(config, self.table, self.interest, self.outbox, self.flusher, now)
+        groups = config.groups
+        offsets = OffsetStore(self.store, self.operations.wait_flushed, self.flusher.submit,
+                              load_bytes_per_turn=groups.offsets_load_bytes_per_turn,
+                              compaction_min_records=groups.offsets_compaction_min_records,
+                              commit_timeout_ms=groups.offsets_commit_timeout_ms)
+        self.groups = GroupCoordinator(groups, self.outbox, offsets, self.store, config.timer.wheel,
+                                       config.timer.purgatory, now)
         self.controller = Controller(self.store, self.outbox, self.flusher)
         self.chores = ChoreScheduler(config.timer.wheel, now, self._run_chore)
         flush = config.flush
         self.chores.every("producer snapshots", flush.producer_snapshot_interval_ms, _write_producer_snapshots, now)
         self.chores.every("retention", flush.retention_check_interval_ms, _enforce_retention, now)
+        self.chores.every("offset expiry", groups.offsets_retention_check_interval_ms, self.groups.expire_offsets, now,
+                          inline=True)
         self.handlers: dict[M.Kind, Callable[[int, Any], None]] = {
             M.Kind.DELAY_FETCH: self.operations.delay_fetch,
             M.Kind.DELAY_PRODUCE: self.operations.delay_produce,
@@ -82,6 +94,7 @@ class TimerProcess:
             M.Kind.CANCEL: self.operations.cancel,
             M.Kind.CREATE_TOPICS: self.controller.create_topics,
             M.Kind.DELETE_TOPICS: self.controller.delete_topics,
+            **self.groups.handlers,
         }
         self.stopping = False
 
@@ -119,7 +132,10 @@ class TimerProcess:
 
     def _sleep_timeout_s(self, now: int) -> float:
         timeout = self.config.timer.max_sleep_ms
-        for deadline in (self.operations.next_expiration(), self.chores.next_expiration()):
+        if self.groups.loading:  # load the next slice of the offsets log at once
+            return 0.0
+        for deadline in (self.operations.next_expiration(), self.chores.next_expiration(),
+                         self.groups.next_expiration()):
             if deadline is not None:
                 timeout = min(timeout, max(0, deadline - now))
         if self.outbox.pending():  # a full completion ring: try again soon
@@ -150,8 +166,10 @@ class TimerProcess:
             woke_all(self.readers)
             self._drain()
             self._on_flushed()
+            self.groups.turn()
             now = monotonic_ms()
             self.operations.advance(now)
+            self.groups.advance(now)
             self.chores.advance(now)
             self.outbox.flush()
         # Let pending acks=all produces see a last flush before going.
@@ -171,7 +189,8 @@ def _write_producer_snapshots(store: PartitionStore) -> None:
 
 
 def _enforce_retention(store: PartitionStore) -> None:
-    store.each_log(lambda plog: plog.enforce_retention(), "retention")
+    """Time and size retention of the clients' topics (the offsets log is compacted by its coordinator)."""
+    store.each_log(lambda plog: plog.enforce_retention(), "retention", internal=False)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from node.config import NodeConfig
-from node.timer.delayed import DelayedFetch, DelayedProduce, TimerOperation
+from node.timer.delayed import DelayedFetch, DelayedFlush, DelayedProduce, TimerOperation
 from node.timer.flusher import Flusher
 from node.timer.outbox import Outbox
 from node.timer.purgatory import Purgatory
@@ -65,6 +65,13 @@ class DelayedOperations:
             if op is not None:
                 self.cancelled.add(op.key)
                 op.force_complete()
+
+    def wait_flushed(self, rows: list[int], required_offsets: list[int], deadline_ms: int, done) -> None:
+        """The timer process's own wait (not a worker's): done(True) once every row is fsync'd to its offset,
+        done(False) at the deadline. Flushed within the group-commit window, as acks=all produces are."""
+        op = DelayedFlush(rows, required_offsets, self.table, done)
+        self._mark_dirty(op.watch_keys())
+        self.produces.try_complete_else_watch(op, op.watch_keys(), deadline_ms)
 
     # -- events of the timer process --------------------------------------------------------------
 

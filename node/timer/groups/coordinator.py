@@ -1,0 +1,646 @@
+"""The group coordinator of the node (every group's): Kafka's classic-protocol GroupCoordinator, in the timer
+process, driven by the group messages of the worker-timer contract (shm.messages) and by its timers.
+
+Each request handler takes (worker, message): the message's document is the Kafka request (bytes fields as
+base64), and the answer goes back as a REPLY document, at once or when a delayed operation completes (a join
+phase, a pending sync, an offset commit's fsync). The worker turns it into the response of the request's
+API version. Error codes are Kafka's, chosen as Kafka's GroupCoordinator chooses them.
+
+Timers (node.timer.groups.delayed), in purgatories of their own on the timer's wheel: join phases
+(`joins`), member sessions (`sessions`), pending syncs (`syncs`). Durable commits wait on the flusher
+through the delayed-operation service (node.timer.groups.offsets).
+
+Invariants:
+- Every request gets exactly one REPLY, unless the timer process dies first (then the worker answers it).
+- Group state changes only here, in the timer loop's thread; operations re-check the group when they fire.
+- While the offsets log loads, every request answers COORDINATOR_LOAD_IN_PROGRESS (clients retry).
+- Groups with committed offsets exist (Empty) even without members, as in Kafka; a group with neither
+  members nor offsets is forgotten.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from typing import Any, Callable
+
+from kio.schema.errors import ErrorCode
+
+from node.config import GroupConfig
+from node.storage.store import PartitionStore
+from node.timer.groups.delayed import DelayedJoin, InitialDelayedJoin, PendingSync, SessionExpiry, join_key
+from node.timer.groups.group import Group, GroupState, Member, Waiter
+from node.timer.groups.offsets import OffsetStore
+from node.timer.outbox import Outbox
+from node.timer.purgatory import Purgatory, PurgatoryConfig
+from node.timer.wheel import WheelConfig
+from shm import messages as M
+
+log = logging.getLogger("shmbroker.groups")
+
+E = ErrorCode
+NO_GENERATION = -1
+# JoinGroup v4+ answers a member without an id MEMBER_ID_REQUIRED (KIP-394); older versions may not get it.
+REQUIRE_MEMBER_ID_VERSION = 4
+EMPTY, PREPARING, COMPLETING, STABLE, DEAD = (GroupState.EMPTY, GroupState.PREPARING_REBALANCE,
+                                             GroupState.COMPLETING_REBALANCE, GroupState.STABLE, GroupState.DEAD)
+
+
+def monotonic_ms() -> int:
+    return time.monotonic_ns() // 1_000_000
+
+
+class GroupCoordinator:
+    def __init__(self, config: GroupConfig, outbox: Outbox, offsets: OffsetStore, store: PartitionStore,
+                 wheel: WheelConfig, purgatory: PurgatoryConfig, now_ms: int,
+                 clock: Callable[[], int] = monotonic_ms) -> None:
+        self.config = config
+        self.outbox = outbox
+        self.offsets = offsets
+        self.store = store
+        self.clock = clock
+        self.groups: dict[str, Group] = {}
+        self.joins = Purgatory.configured("rebalance", purgatory, wheel, now_ms)
+        self.sessions = Purgatory.configured("heartbeat", purgatory, wheel, now_ms)
+        self.syncs = Purgatory.configured("sync", purgatory, wheel, now_ms)
+        self.rebalances = 0  # completed join phases (for the stats of a later issue, and tests)
+        self.handlers: dict[M.Kind, Callable[[int, Any], None]] = {
+            M.Kind.JOIN_GROUP: self.join_group,
+            M.Kind.SYNC_GROUP: self.sync_group,
+            M.Kind.HEARTBEAT: self.heartbeat,
+            M.Kind.LEAVE_GROUP: self.leave_group,
+            M.Kind.COMMIT_OFFSETS: self.commit_offsets,
+            M.Kind.FETCH_OFFSETS: self.fetch_offsets,
+            M.Kind.LIST_GROUPS: self.list_groups,
+            M.Kind.DESCRIBE_GROUPS: self.describe_groups,
+            M.Kind.DELETE_GROUPS: self.delete_groups,
+            M.Kind.DELETE_OFFSETS: self.delete_offsets,
+        }
+
+    # -- the timer loop's calls ---------------------------------------------------------------
+
+    def turn(self) -> None:
+        """Once per loop turn: load a slice of the offsets log while it loads."""
+        if self.offsets.loading and self.offsets.load_step():
+            for group_id in self.offsets.groups():
+                self.groups.setdefault(group_id, Group(group_id))
+
+    def advance(self, now_ms: int) -> None:
+        for purgatory in (self.joins, self.sessions, self.syncs):
+            purgatory.advance(now_ms)
+
+    def next_expiration(self) -> int | None:
+        due = [d for p in (self.joins, self.sessions, self.syncs) if (d := p.next_expiration()) is not None]
+        return min(due) if due else None
+
+    @property
+    def loading(self) -> bool:
+        return self.offsets.loading
+
+    # -- answers ------------------------------------------------------------------------------
+
+    def _reply(self, waiter: Waiter, document: dict) -> None:
+        worker, request_id, _ = waiter
+        self.outbox.send(worker, M.encode(M.Kind.REPLY, request_id, document=document))
+
+    def _join_reply(self, waiter: Waiter, error: E, member_id: str = "", group: Group | None = None,
+                    members: list | None = None) -> None:
+        self._reply(waiter, {
+            "error": int(error), "member": member_id,
+            "generation": group.generation if group is not None and not error else NO_GENERATION,
+            "protocol": group.protocol if group is not None and not error else None,
+            "protocol_type": group.protocol_type if group is not None and not error else None,
+            "leader": group.leader if group is not None and not error and group.leader else "",
+            "members": members or []})
+
+    def _error_only(self, waiter: Waiter, error: E) -> None:
+        self._reply(waiter, {"error": int(error)})
+
+    @staticmethod
+    def _waiter(worker: int, message: Any) -> Waiter:
+        return (worker, message.request_id, message.api_version)
+
+    def _unavailable(self, waiter: Waiter) -> bool:
+        """Answer COORDINATOR_LOAD_IN_PROGRESS while the offsets load; True if it did."""
+        if self.offsets.loading:
+            self._error_only(waiter, E.coordinator_load_in_progress)
+            return True
+        return False
+
+    # -- JoinGroup ----------------------------------------------------------------------------
+
+    def join_group(self, worker: int, message: Any) -> None:
+        d, waiter = message.document, self._waiter(worker, message)
+        group_id, member_id, instance_id = d["group"], d["member"], d.get("instance")
+        protocols = [(str(name), str(metadata)) for name, metadata in d["protocols"]]
+        if self.offsets.loading:
+            return self._join_reply(waiter, E.coordinator_load_in_progress, member_id)
+        if not group_id:
+            return self._join_reply(waiter, E.invalid_group_id, member_id)
+        if not self.config.min_session_timeout_ms <= d["session_timeout_ms"] <= self.config.max_session_timeout_ms:
+            return self._join_reply(waiter, E.invalid_session_timeout, member_id)
+        group = self.groups.get(group_id)
+        if group is None:
+            if member_id:
+                return self._join_reply(waiter, E.unknown_member_id, member_id)
+            group = self.groups[group_id] = Group(group_id)
+            group.transition(EMPTY, self.clock())
+        if group.is_(DEAD):
+            return self._join_reply(waiter, E.coordinator_not_available, member_id)
+        joining_anew = not member_id or (member_id not in group.members and member_id not in group.pending)
+        if self.config.max_size and joining_anew and len(group.members) + len(group.pending) >= self.config.max_size:
+            return self._join_reply(waiter, E.group_max_size_reached, member_id)
+        if not group.supports(d["protocol_type"], protocols):
+            return self._join_reply(waiter, E.inconsistent_group_protocol, member_id)
+        if not member_id:
+            self._join_new(group, d, protocols, waiter)
+        else:
+            self._join_known(group, member_id, instance_id, d, protocols, waiter)
+        if group.is_(PREPARING):
+            self.joins.check_and_complete(join_key(group.group_id))
+
+    def _new_member(self, member_id: str, d: dict, protocols: list, waiter: Waiter | None) -> Member:
+        return Member(member_id, d.get("instance"), d.get("client_id") or "", d.get("client_host") or "",
+                      int(d["session_timeout_ms"]), int(d["rebalance_timeout_ms"]), d["protocol_type"], protocols,
+                      awaiting_join=waiter, is_new=True)
+
+    def _join_new(self, group: Group, d: dict, protocols: list, waiter: Waiter) -> None:
+        instance_id = d.get("instance")
+        new_id = f"{instance_id or d.get('client_id') or 'member'}-{uuid.uuid4()}"
+        if instance_id is not None and group.current_static_member(instance_id) is not None:
+            self._rejoin_static(group, group.current_static_member(instance_id), new_id, d, protocols, waiter)
+        elif instance_id is None and waiter[2] >= REQUIRE_MEMBER_ID_VERSION:
+            # KIP-394: the member must rejoin with this id; until then it is pending, with a session of its own.
+            expiry = SessionExpiry(self, group, new_id)
+            group.pending[new_id] = expiry
+            self.sessions.try_complete_else_watch(expiry, [("member", group.group_id, new_id)],
+                                                  self.clock() + int(d["session_timeout_ms"]))
+            self._join_reply(waiter, E.member_id_required, new_id)
+        else:
+            self._add_member_and_rebalance(group, self._new_member(new_id, d, protocols, waiter))
+
+    def _join_known(self, group: Group, member_id: str, instance_id: str | None, d: dict, protocols: list,
+                    waiter: Waiter) -> None:
+        if member_id in group.pending:
+            group.pending.pop(member_id).force_complete()
+            self._add_member_and_rebalance(group, self._new_member(member_id, d, protocols, waiter))
+            return
+        if instance_id is not None and group.current_static_member(instance_id) not in (None, member_id):
+            return self._join_reply(waiter, E.fenced_instance_id, member_id)
+        member = group.members.get(member_id)
+        unknown_instance = instance_id is not None and group.current_static_member(instance_id) is None
+        if member is None or unknown_instance or group.is_(EMPTY) or group.is_(DEAD):
+            return self._join_reply(waiter, E.unknown_member_id, member_id)
+        if group.is_(PREPARING):
+            self._update_member_and_rebalance(group, member, d, protocols, waiter)
+        elif group.is_(COMPLETING):
+            if member.same_protocols(protocols):  # it missed the answer: repeat this generation's
+                self._renew_session(group, member)
+                self._answer_join(group, member, waiter)
+            else:
+                self._update_member_and_rebalance(group, member, d, protocols, waiter)
+        elif member_id == group.leader or not member.same_protocols(protocols):  # Stable
+            self._update_member_and_rebalance(group, member, d, protocols, waiter)
+        else:
+            self._renew_session(group, member)
+            self._answer_join(group, member, waiter)
+
+    def _rejoin_static(self, group: Group, old_id: str, new_id: str, d: dict, protocols: list,
+                       waiter: Waiter) -> None:
+        """KIP-345: a static member back with no member id takes over its instance's membership under a new id;
+        if nothing changed and the group is Stable, it gets the current generation (and its assignment at
+        SyncGroup) without a rebalance. The old id is fenced from now on."""
+        old_member = group.members[old_id]
+        if old_member.awaiting_join is not None:
+            self._join_reply(old_member.awaiting_join, E.fenced_instance_id, old_id)
+            old_member.awaiting_join = None
+        if old_member.awaiting_sync is not None:
+            self._reply(old_member.awaiting_sync, {"error": int(E.fenced_instance_id), "assignment": ""})
+            old_member.awaiting_sync = None
+        if old_member.session is not None:
+            old_member.session.force_complete()
+        member = group.replace_static_member(d["instance"], old_id, new_id)
+        member.protocols = protocols
+        member.session_timeout_ms = int(d["session_timeout_ms"])
+        member.rebalance_timeout_ms = int(d["rebalance_timeout_ms"])
+        self._renew_session(group, member)
+        if group.is_(STABLE) and group.select_protocol() == group.protocol:
+            self._answer_join(group, member, waiter)
+        elif group.is_(PREPARING):
+            member.awaiting_join = waiter
+        else:  # the leader may be assigning with the old id, or the protocol would change: a new generation
+            member.awaiting_join = waiter
+            self._prepare_rebalance(group, f"static member {d['instance']} rejoined as {new_id}")
+
+    def _add_member_and_rebalance(self, group: Group, member: Member) -> None:
+        group.add(member)
+        if group.is_(PREPARING) and isinstance(group.join, InitialDelayedJoin):
+            group.new_member_added = True
+        self._renew_session(group, member)
+        self._maybe_prepare_rebalance(group, f"member {member.member_id} joined")
+
+    def _update_member_and_rebalance(self, group: Group, member: Member, d: dict, protocols: list,
+                                     waiter: Waiter) -> None:
+        member.protocols = protocols
+        member.session_timeout_ms = int(d["session_timeout_ms"])
+        member.rebalance_timeout_ms = int(d["rebalance_timeout_ms"])
+        if member.awaiting_join is not None and member.awaiting_join != waiter:
+            self._join_reply(member.awaiting_join, E.rebalance_in_progress, member.member_id)
+        member.awaiting_join = waiter
+        self._renew_session(group, member)
+        self._maybe_prepare_rebalance(group, f"member {member.member_id} rejoined")
+
+    def _answer_join(self, group: Group, member: Member, waiter: Waiter) -> None:
+        members = None
+        if member.member_id == group.leader:
+            members = [[m.member_id, m.instance_id, m.metadata(group.protocol)] for m in group.members.values()]
+        self._join_reply(waiter, E.none, member.member_id, group, members)
+
+    def _maybe_prepare_rebalance(self, group: Group, reason: str) -> None:
+        if group.state in (STABLE, COMPLETING, EMPTY):
+            self._prepare_rebalance(group, reason)
+
+    def _prepare_rebalance(self, group: Group, reason: str) -> None:
+        if group.is_(COMPLETING):  # members waiting for this generation's assignment must rejoin instead
+            for member in group.members.values():
+                member.assignment = ""
+                if member.awaiting_sync is not None:
+                    self._reply(member.awaiting_sync, {"error": int(E.rebalance_in_progress), "assignment": ""})
+                    member.awaiting_sync = None
+        now = self.clock()
+        if group.is_(EMPTY):
+            delay = self.config.initial_rebalance_delay_ms
+            remaining = max(group.max_rebalance_timeout_ms() - delay, 0)
+            op: DelayedJoin = InitialDelayedJoin(self, group, delay, remaining)
+            deadline = now + delay
+        else:
+            op = DelayedJoin(self, group)
+            deadline = now + group.max_rebalance_timeout_ms()
+        group.transition(PREPARING, now)
+        group.join = op
+        log.info("group %s: preparing rebalance (generation %d): %s", group.group_id, group.generation, reason)
+        self.joins.try_complete_else_watch(op, [join_key(group.group_id)], deadline)
+
+    def complete_initial_join(self, group: Group, op: InitialDelayedJoin) -> None:
+        if group.join is not op:
+            return
+        if group.new_member_added and op.remaining_ms > 0:  # members keep coming: wait some more
+            group.new_member_added = False
+            delay = min(op.delay_ms, op.remaining_ms)
+            follow = InitialDelayedJoin(self, group, op.delay_ms, op.remaining_ms - delay)
+            group.join = follow
+            self.joins.try_complete_else_watch(follow, [join_key(group.group_id)], self.clock() + delay)
+        else:
+            self.complete_join(group, op)
+
+    def complete_join(self, group: Group, op: DelayedJoin) -> None:
+        """The join phase ended: drop who did not rejoin, then the next generation (or Empty)."""
+        if group.join is not op or not group.is_(PREPARING):
+            return
+        group.join = None
+        group.new_member_added = False
+        now = self.clock()
+        # Dynamic members that did not rejoin are gone; static ones keep their place until their session ends.
+        for member in [m for m in group.members.values() if m.awaiting_join is None and m.instance_id is None]:
+            log.info("group %s: member %s did not rejoin in time: removed", group.group_id, member.member_id)
+            self._forget(group, member)
+        for expiry in group.pending.values():
+            expiry.force_complete()
+        group.pending.clear()
+        joined = [m.member_id for m in group.members.values() if m.awaiting_join is not None]
+        if group.members and not joined:  # only absent static members: wait for their sessions to end
+            log.warning("group %s: no member rejoined; waiting again", group.group_id)
+            group.join = DelayedJoin(self, group)
+            self.joins.try_complete_else_watch(group.join, [join_key(group.group_id)],
+                                               now + group.max_rebalance_timeout_ms())
+            return
+        if group.leader not in joined:
+            group.leader = joined[0] if joined else None
+        if not group.members:
+            group.generation += 1
+            group.protocol = None
+            group.transition(EMPTY, now)
+            self._forget_if_unused(group)
+            return
+        group.complete_join_phase(now)
+        self.rebalances += 1
+        log.info("group %s: generation %d with %d members, protocol %s, leader %s", group.group_id,
+                 group.generation, len(group.members), group.protocol, group.leader)
+        for member in group.members.values():
+            waiter, member.awaiting_join, member.is_new = member.awaiting_join, None, False
+            if waiter is not None:
+                self._renew_session(group, member)
+                self._answer_join(group, member, waiter)
+        pending = PendingSync(self, group, group.generation)
+        self.syncs.try_complete_else_watch(pending, [("sync", group.group_id)],
+                                           now + group.max_rebalance_timeout_ms())
+
+    # -- SyncGroup ----------------------------------------------------------------------------
+
+    def _check_member(self, group: Group | None, member_id: str, instance_id: str | None,
+                      generation: int | None) -> E:
+        """Kafka's validateCurrentMember plus the generation check, for SyncGroup, Heartbeat and commits."""
+        if group is None or not group.has(member_id):
+            if group is not None and instance_id is not None and group.current_static_member(instance_id):
+                return E.fenced_instance_id
+            return E.unknown_member_id
+        if group.is_(DEAD):
+            return E.coordinator_not_available
+        if instance_id is not None and group.current_static_member(instance_id) != member_id:
+            return E.fenced_instance_id
+        if generation is not None and generation != group.generation:
+            return E.illegal_generation
+        return E.none
+
+    def sync_group(self, worker: int, message: Any) -> None:
+        d, waiter = message.document, self._waiter(worker, message)
+        if self.offsets.loading:
+            return self._reply(waiter, {"error": int(E.coordinator_load_in_progress), "assignment": ""})
+        group = self.groups.get(d["group"])
+        error = self._check_member(group, d["member"], d.get("instance"), d["generation"])
+        if error:
+            return self._reply(waiter, {"error": int(error), "assignment": ""})
+        member = group.members[d["member"]]
+        if group.is_(EMPTY):
+            return self._reply(waiter, {"error": int(E.unknown_member_id), "assignment": ""})
+        if group.is_(PREPARING):
+            return self._reply(waiter, {"error": int(E.rebalance_in_progress), "assignment": ""})
+        self._renew_session(group, member)
+        if group.is_(STABLE):
+            return self._reply(waiter, {"error": int(E.none), "assignment": member.assignment})
+        member.awaiting_sync = waiter  # CompletingRebalance: the leader's assignment decides
+        if member.member_id == group.leader:
+            assignments = {str(m): str(a) for m, a in d["assignments"]}
+            for other in group.members.values():
+                other.assignment = assignments.get(other.member_id, "")
+            group.transition(STABLE, self.clock())
+            for other in group.members.values():
+                if other.awaiting_sync is not None:
+                    self._reply(other.awaiting_sync, {"error": int(E.none), "assignment": other.assignment})
+                    other.awaiting_sync = None
+
+    def sync_expired(self, group: Group, generation: int) -> None:
+        """The rebalance timeout passed with the generation still waiting for SyncGroups: members that never
+        sent one are gone; the rest rejoin."""
+        if not group.is_(COMPLETING) or group.generation != generation:
+            return
+        missing = [m for m in group.members.values() if m.awaiting_sync is None]
+        for member in missing:
+            log.info("group %s: member %s never synced generation %d: removed", group.group_id, member.member_id,
+                     generation)
+            self._forget(group, member)
+        self._after_removal(group, "members never synced")
+
+    # -- Heartbeat ----------------------------------------------------------------------------
+
+    def heartbeat(self, worker: int, message: Any) -> None:
+        d, waiter = message.document, self._waiter(worker, message)
+        if self._unavailable(waiter):
+            return
+        group = self.groups.get(d["group"])
+        error = self._check_member(group, d["member"], d.get("instance"), d["generation"])
+        if error:
+            return self._error_only(waiter, error)
+        member = group.members[d["member"]]
+        if group.is_(EMPTY):
+            return self._error_only(waiter, E.unknown_member_id)
+        self._renew_session(group, member)
+        self._error_only(waiter, E.rebalance_in_progress if group.is_(PREPARING) else E.none)
+
+    def _renew_session(self, group: Group, member: Member) -> None:
+        """Kafka's completeAndScheduleNextHeartbeatExpiration: end the current session timer, start a new one."""
+        if member.session is not None:
+            member.session.force_complete()
+        member.session = SessionExpiry(self, group, member.member_id)
+        self.sessions.try_complete_else_watch(member.session, [("member", group.group_id, member.member_id)],
+                                              self.clock() + member.session_timeout_ms)
+
+    def session_expired(self, group: Group, member_id: str, op: SessionExpiry) -> None:
+        if group.pending.get(member_id) is op:
+            del group.pending[member_id]
+            if group.is_(PREPARING):
+                self.joins.check_and_complete(join_key(group.group_id))
+            return
+        member = group.members.get(member_id)
+        if member is None or member.session is not op:
+            return
+        if member.awaiting_join is not None or member.awaiting_sync is not None:
+            self._renew_session(group, member)  # Kafka keeps members waiting for an answer alive
+            return
+        log.info("group %s: member %s session expired", group.group_id, member_id)
+        self._forget(group, member)
+        self._after_removal(group, f"member {member_id} session expired")
+
+    # -- LeaveGroup ---------------------------------------------------------------------------
+
+    def leave_group(self, worker: int, message: Any) -> None:
+        d, waiter = message.document, self._waiter(worker, message)
+        if self._unavailable(waiter):
+            return
+        group = self.groups.get(d["group"])
+        results = []
+        for member_id, instance_id in d["members"]:
+            if group is None:
+                results.append([member_id, instance_id, int(E.unknown_member_id)])
+                continue
+            if not member_id and instance_id is not None:
+                member_id = group.current_static_member(instance_id) or ""
+            if member_id in group.pending:
+                group.pending.pop(member_id).force_complete()
+                results.append([member_id, instance_id, int(E.none)])
+                if group.is_(PREPARING):
+                    self.joins.check_and_complete(join_key(group.group_id))
+                continue
+            error = self._check_member(group, member_id, instance_id, None)
+            if not error:
+                self._forget(group, group.members[member_id])
+                self._after_removal(group, f"member {member_id} left")
+            results.append([member_id, instance_id, int(error)])
+        self._reply(waiter, {"error": int(E.none), "members": results})
+
+    def _forget(self, group: Group, member: Member) -> None:
+        """Drop a member: answer what it waits on, stop its session."""
+        if member.awaiting_join is not None:
+            self._join_reply(member.awaiting_join, E.unknown_member_id, member.member_id)
+            member.awaiting_join = None
+        if member.awaiting_sync is not None:
+            self._reply(member.awaiting_sync, {"error": int(E.unknown_member_id), "assignment": ""})
+            member.awaiting_sync = None
+        if member.session is not None:
+            member.session.force_complete()
+            member.session = None
+        group.remove(member.member_id)
+
+    def _after_removal(self, group: Group, reason: str) -> None:
+        if group.state in (STABLE, COMPLETING):
+            self._prepare_rebalance(group, reason)
+        elif group.is_(PREPARING):
+            self.joins.check_and_complete(join_key(group.group_id))
+
+    def _forget_if_unused(self, group: Group) -> None:
+        if group.is_(EMPTY) and not group.members and not self.offsets.fetch(group.group_id, None):
+            group.transition(DEAD, self.clock())
+            self.groups.pop(group.group_id, None)
+
+    # -- offsets ------------------------------------------------------------------------------
+
+    def commit_offsets(self, worker: int, message: Any) -> None:
+        d, waiter = message.document, self._waiter(worker, message)
+        topics = d["topics"]
+
+        def answer(error_of: Callable[[str, int], E]) -> None:
+            self._reply(waiter, {"topics": [[topic, [[p[0], int(error_of(topic, p[0]))] for p in partitions]]
+                                            for topic, partitions in topics]})
+
+        if self.offsets.loading:
+            return answer(lambda t, p: E.coordinator_load_in_progress)
+        group_id, member_id, generation = d["group"], d["member"], d["generation"]
+        if not group_id:
+            return answer(lambda t, p: E.invalid_group_id)
+        group = self.groups.get(group_id)
+        if group is None:  # a group only storing offsets (assign() consumers), or a commit of a gone generation
+            error = E.none if generation < 0 else E.illegal_generation
+        elif group.is_(DEAD):
+            error = E.coordinator_not_available
+        elif member_id in group.pending:
+            error = E.unknown_member_id
+        elif generation < 0 and group.is_(EMPTY):
+            error = E.none
+        elif group.is_(COMPLETING):
+            error = E.rebalance_in_progress
+        else:
+            error = self._check_member(group, member_id, d.get("instance"), generation)
+        if error:
+            return answer(lambda t, p: error)
+        entries, refused = {}, {}
+        for topic, partitions in topics:
+            for partition, offset, leader_epoch, metadata in partitions:
+                if self.store.row(topic, partition) is None:
+                    refused[(topic, partition)] = E.unknown_topic_or_partition
+                elif metadata is not None and len(metadata.encode()) > self.config.offset_metadata_max_bytes:
+                    refused[(topic, partition)] = E.offset_metadata_too_large
+                else:
+                    entries[(topic, partition)] = (int(offset), int(leader_epoch), metadata)
+        if not entries:
+            return answer(lambda t, p: refused.get((t, p), E.none))
+        if group is None:
+            group = self.groups[group_id] = Group(group_id)
+            group.transition(EMPTY, self.clock())
+        if group.members.get(member_id) is not None:
+            self._renew_session(group, group.members[member_id])
+
+        def durable(flushed: bool) -> None:
+            answer(lambda t, p: refused.get((t, p), E.none if flushed else E.request_timed_out))
+
+        self.offsets.commit(group_id, entries, self.clock(), durable)
+
+    def fetch_offsets(self, worker: int, message: Any) -> None:
+        d, waiter = message.document, self._waiter(worker, message)
+        if self._unavailable(waiter):
+            return
+        wanted = None if d["topics"] is None else [(t, p) for t, partitions in d["topics"] for p in partitions]
+        found = self.offsets.fetch(d["group"], wanted)
+        by_topic: dict[str, list] = {}
+        for (topic, partition), entry in found.items():
+            row = [partition, -1, -1, "", int(E.none)] if entry is None else \
+                [partition, entry.offset, entry.leader_epoch, entry.metadata, int(E.none)]
+            by_topic.setdefault(topic, []).append(row)
+        self._reply(waiter, {"error": int(E.none), "topics": [[t, rows] for t, rows in by_topic.items()]})
+
+    def delete_offsets(self, worker: int, message: Any) -> None:
+        d, waiter = message.document, self._waiter(worker, message)
+        if self._unavailable(waiter):
+            return
+        group = self.groups.get(d["group"])
+        if group is None or group.is_(DEAD):
+            return self._reply(waiter, {"error": int(E.group_id_not_found), "topics": []})
+        if group.members and group.protocol_type != "consumer":
+            return self._reply(waiter, {"error": int(E.non_empty_group), "topics": []})
+        subscribed = group.subscribed_topics() if group.members else set()
+        deletable, results = [], []
+        for topic, partitions in d["topics"]:
+            rows = []
+            for partition in partitions:
+                if subscribed is None or topic in subscribed:
+                    rows.append([partition, int(E.group_subscribed_to_topic)])
+                else:
+                    deletable.append((topic, partition))
+                    rows.append([partition, int(E.none)])
+            results.append([topic, rows])
+
+        def durable(flushed: bool) -> None:
+            self._forget_if_unused(group)
+            self._reply(waiter, {"error": int(E.none), "topics": results})
+
+        self.offsets.delete(group.group_id, deletable, self.clock(), durable)
+
+    # -- groups -------------------------------------------------------------------------------
+
+    def list_groups(self, worker: int, message: Any) -> None:
+        waiter = self._waiter(worker, message)
+        if self._unavailable(waiter):
+            return
+        self._reply(waiter, {"error": int(E.none), "groups": [[g.group_id, g.protocol_type or ""]
+                                                              for g in self.groups.values() if not g.is_(DEAD)]})
+
+    def describe_groups(self, worker: int, message: Any) -> None:
+        waiter = self._waiter(worker, message)
+        described = []
+        for group_id in message.document["groups"]:
+            if self.offsets.loading:
+                described.append([int(E.coordinator_load_in_progress), group_id, "", "", "", []])
+                continue
+            group = self.groups.get(group_id)
+            if group is None:
+                described.append([int(E.none), group_id, DEAD.value, "", "", []])
+                continue
+            stable = group.is_(STABLE)
+            members = [[m.member_id, m.instance_id, m.client_id, m.client_host,
+                        m.metadata(group.protocol) if group.protocol and stable else "",
+                        m.assignment if stable else ""] for m in group.members.values()]
+            described.append([int(E.none), group_id, group.state.value, group.protocol_type or "",
+                              (group.protocol or "") if stable else "", members])
+        self._reply(waiter, {"groups": described})
+
+    def delete_groups(self, worker: int, message: Any) -> None:
+        waiter = self._waiter(worker, message)
+        results, now = [], self.clock()
+        for group_id in message.document["groups"]:
+            group = self.groups.get(group_id)
+            if self.offsets.loading:
+                results.append([group_id, int(E.coordinator_load_in_progress)])
+            elif group is None or group.is_(DEAD):
+                results.append([group_id, int(E.group_id_not_found)])
+            elif not group.is_(EMPTY):
+                results.append([group_id, int(E.non_empty_group)])
+            else:
+                group.transition(DEAD, now)
+                del self.groups[group_id]
+                self.offsets.delete(group_id, None, now)
+                results.append([group_id, int(E.none)])
+        self._reply(waiter, {"results": results})
+
+    # -- chores -------------------------------------------------------------------------------
+
+    def expire_offsets(self) -> int:
+        """Delete the offsets of groups empty for offsets_retention_minutes (KIP-211); forget such groups."""
+        if self.offsets.loading:
+            return 0
+        now, wall = self.clock(), time.time_ns() // 1_000_000
+
+        def empty_since_wall_ms(group_id: str) -> int | None:
+            group = self.groups.get(group_id)
+            if group is None or group.generation == 0:
+                return -1  # never had members (since this process started): each offset by its commit time
+            if group.members or group.empty_since_ms is None:
+                return None
+            return wall - (now - group.empty_since_ms)
+
+        expired = self.offsets.expire(wall, self.config.offsets_retention_minutes * 60_000, empty_since_wall_ms, now)
+        for group in list(self.groups.values()):
+            self._forget_if_unused(group)
+        if expired:
+            log.info("expired %d committed offsets", expired)
+        self.offsets.maybe_compact()
+        return expired

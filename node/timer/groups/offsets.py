@@ -1,0 +1,260 @@
+"""Committed offsets: the coordinator's table, made durable in an internal log, `__consumer_offsets`.
+
+The log is an ordinary partition log of the node (one partition, flagged internal in the catalog), written
+only by the timer process and fsync'd by the flusher's group commit, as acks=all produces are. Each record:
+
+    key    orjson [group, topic, partition]
+    value  orjson [version, offset, leader_epoch, metadata, commit_ms]    a commit
+           orjson [version]                                             a deletion (DeleteGroups, OffsetDelete,
+                                                                        expiry)
+
+`version` is a logical clock: one more than the highest seen, per record written; load keeps, per key, the
+record of the highest version. So records may reach the log in any order (a compaction's rewrite of the live
+set interleaves with new commits) and the newest still wins.
+
+Lifecycle:
+- load (at start, a bounded slice per loop turn, so the timer keeps serving): the table is rebuilt from the
+  log; meanwhile `loading` is True and the coordinator answers COORDINATOR_LOAD_IN_PROGRESS;
+- commit: one batch appended per request; the table changes only once the batch is fsync'd (then the
+  coordinator answers), so nothing is ever visible that a crash could take back;
+- compaction: when the log holds more than `compaction_min_records` and twice the live entries, the timer
+  rolls the log and hands the live set (as of the roll) to the flusher thread, which appends it, fsyncs it
+  and deletes every segment before the roll; a crash half way leaves both, and versions sort them out;
+- expiry (a chore): offsets of a group empty for `offsets_retention_minutes`, or, for a group that never had
+  members, committed longer ago than that, are deleted (Kafka's KIP-211).
+
+Invariants: the table holds exactly the durable, undeleted entries of the highest version per key; every
+acknowledged commit is in an fsync'd batch; versions never repeat.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import orjson
+
+from node.storage.records import (BATCH_HEADER_SIZE, LENGTH_FIELDS_SIZE, OFFSET_AND_LENGTH, StorageError,
+                                  build_batch, iter_records, parse_header)
+from node.storage.store import PartitionStore
+
+log = logging.getLogger("shmbroker.offsets")
+
+OFFSETS_TOPIC = "__consumer_offsets"
+# Records per batch the node writes: well below the log's max.message.bytes for any sane metadata string.
+RECORDS_PER_BATCH = 500
+
+Key = tuple[str, str, int]  # group, topic, partition
+
+
+@dataclass(frozen=True)
+class OffsetEntry:
+    offset: int
+    leader_epoch: int
+    metadata: str | None
+    commit_ms: int
+    version: int
+
+
+def wall_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class OffsetStore:
+    def __init__(self, store: PartitionStore, wait_flushed: Callable, submit_io: Callable, *,
+                 load_bytes_per_turn: int, compaction_min_records: int, commit_timeout_ms: int) -> None:
+        self.store = store
+        self._wait_flushed = wait_flushed  # (rows, offsets, deadline_ms, callback(flushed: bool)) -> None
+        self._submit_io = submit_io  # (name, job(store)) -> None: runs on the flusher thread
+        self.load_bytes_per_turn = load_bytes_per_turn
+        self.compaction_min_records = compaction_min_records
+        self.commit_timeout_ms = commit_timeout_ms
+        self.table: dict[str, dict[tuple[str, int], OffsetEntry]] = {}
+        self.version = 0
+        self.loading = True
+        self.records = 0  # records in the log since its start (for the compaction trigger)
+        self._load_offset = 0
+        self._versions: dict[Key, int] = {}  # during load: highest version per key, deletions included
+        created = store.create_topics([(OFFSETS_TOPIC, 1)], internal=True)
+        code, message = created[OFFSETS_TOPIC]
+        if code:
+            raise RuntimeError(f"cannot create {OFFSETS_TOPIC}: {message}")
+        self.row = store.row(OFFSETS_TOPIC, 0)
+        self._load_offset = store.log(self.row).state().log_start_offset
+
+    # -- load ---------------------------------------------------------------------------------
+
+    def load_step(self) -> bool:
+        """Load the next slice of the log; True once everything is loaded (then the table is complete)."""
+        if not self.loading:
+            return True
+        plog = self.store.log(self.row)
+        state = plog.state()
+        if self._load_offset >= state.log_end_offset:
+            self._finish_load()
+            return True
+        piece = plog.read(self._load_offset, self.load_bytes_per_turn)
+        for fd, position, length in piece.ranges:
+            data = os.pread(fd, length, position)
+            self._apply_batches(data)
+        if not piece.ranges:  # the read found nothing although the end is further: skip a gap
+            self._load_offset = state.log_end_offset
+        return False
+
+    def _apply_batches(self, data: bytes) -> None:
+        position = 0
+        while position + BATCH_HEADER_SIZE <= len(data):
+            base, length = OFFSET_AND_LENGTH.unpack_from(data, position)
+            end = position + LENGTH_FIELDS_SIZE + length
+            batch = data[position:end]
+            header = parse_header(batch)
+            for offset, key, value in iter_records(batch, header):
+                self.records += 1
+                self._apply_record(key, value)
+                self._load_offset = offset + 1
+            position = end
+
+    def _apply_record(self, key: bytes | None, value: bytes | None) -> None:
+        try:
+            group, topic, partition = orjson.loads(key)
+            fields = orjson.loads(value)
+            version = int(fields[0])
+        except (orjson.JSONDecodeError, TypeError, ValueError, IndexError):
+            log.warning("skipping an unreadable record in %s", OFFSETS_TOPIC)
+            return
+        full_key = (str(group), str(topic), int(partition))
+        self.version = max(self.version, version)
+        if version <= self._versions.get(full_key, -1):
+            return
+        self._versions[full_key] = version
+        offsets = self.table.setdefault(full_key[0], {})
+        if len(fields) == 1:
+            offsets.pop(full_key[1:], None)
+        else:
+            offsets[full_key[1:]] = OffsetEntry(int(fields[1]), int(fields[2]), fields[3], int(fields[4]), version)
+
+    def _finish_load(self) -> None:
+        self.loading = False
+        self._versions = {}
+        self.table = {group: offsets for group, offsets in self.table.items() if offsets}
+        log.info("loaded %d committed offsets of %d groups from %d records", self.live_entries(), len(self.table),
+                 self.records)
+        self.maybe_compact()
+
+    # -- reads --------------------------------------------------------------------------------
+
+    def live_entries(self) -> int:
+        return sum(len(offsets) for offsets in self.table.values())
+
+    def groups(self) -> list[str]:
+        return list(self.table)
+
+    def fetch(self, group: str, partitions: list[tuple[str, int]] | None) -> dict[tuple[str, int], OffsetEntry | None]:
+        """Committed entries of `group` (None for a partition with none); partitions None: all it has."""
+        offsets = self.table.get(group, {})
+        if partitions is None:
+            return dict(offsets)
+        return {tp: offsets.get(tp) for tp in partitions}
+
+    # -- writes -------------------------------------------------------------------------------
+
+    def commit(self, group: str, entries: dict[tuple[str, int], tuple[int, int, str | None]], now_ms: int,
+               done: Callable[[bool], None]) -> None:
+        """Append the commits of one request; `done(True)` once fsync'd and visible, `done(False)` if the
+        fsync did not come within commit_timeout_ms (then nothing changed)."""
+        commit_ms = wall_ms()
+        written: dict[tuple[str, int], OffsetEntry] = {}
+        records = []
+        for (topic, partition), (offset, leader_epoch, metadata) in entries.items():
+            self.version += 1
+            entry = OffsetEntry(offset, leader_epoch, metadata, commit_ms, self.version)
+            written[(topic, partition)] = entry
+            records.append((orjson.dumps([group, topic, partition]),
+                            orjson.dumps([entry.version, offset, leader_epoch, metadata, commit_ms])))
+
+        def durable(flushed: bool) -> None:
+            if flushed:
+                self.table.setdefault(group, {}).update(written)
+            done(flushed)
+
+        self._append(records, now_ms, durable)
+
+    def delete(self, group: str, partitions: list[tuple[str, int]] | None, now_ms: int,
+               done: Callable[[bool], None] | None = None) -> list[tuple[str, int]]:
+        """Delete `group`'s offsets of `partitions` (None: all); returns those that existed. They vanish from the
+        table at once (deletion only ever hides data); `done` hears when the tombstones are fsync'd."""
+        offsets = self.table.get(group, {})
+        doomed = [tp for tp in (list(offsets) if partitions is None else partitions) if tp in offsets]
+        records = []
+        for topic, partition in doomed:
+            del offsets[(topic, partition)]
+            self.version += 1
+            records.append((orjson.dumps([group, topic, partition]), orjson.dumps([self.version])))
+        if not offsets:
+            self.table.pop(group, None)
+        if records:
+            self._append(records, now_ms, done or (lambda flushed: None))
+        elif done is not None:
+            done(True)
+        return doomed
+
+    def _append(self, records: list[tuple[bytes, bytes]], now_ms: int, done: Callable[[bool], None]) -> None:
+        plog = self.store.log(self.row)
+        last = None
+        try:
+            for start in range(0, len(records), RECORDS_PER_BATCH):
+                appended = plog.append(build_batch(records[start:start + RECORDS_PER_BATCH], wall_ms()))
+                last = appended.last_offset
+        except StorageError as exc:
+            log.error("cannot append to %s: %s", OFFSETS_TOPIC, exc)
+            done(False)
+            return
+        self.records += len(records)
+        self._wait_flushed([self.row], [last + 1], now_ms + self.commit_timeout_ms, done)
+
+    # -- compaction and expiry ----------------------------------------------------------------
+
+    def maybe_compact(self) -> bool:
+        """Rewrite the live set if the log holds much more than it; True if a compaction started."""
+        live = self.live_entries()
+        if self.loading or self.records <= max(self.compaction_min_records, 2 * live):
+            return False
+        plog = self.store.log(self.row)
+        plog.roll()
+        start = plog.state().active_base_offset
+        records = [(orjson.dumps([group, topic, partition]),
+                    orjson.dumps([e.version, e.offset, e.leader_epoch, e.metadata, e.commit_ms]))
+                   for group, offsets in self.table.items() for (topic, partition), e in offsets.items()]
+        self.records = live
+        row = self.row
+        log.info("compacting %s: rewriting %d live offsets from offset %d", OFFSETS_TOPIC, live, start)
+
+        def rewrite(store: PartitionStore) -> None:
+            target = store.log(row)
+            for first in range(0, len(records), RECORDS_PER_BATCH):
+                target.append(build_batch(records[first:first + RECORDS_PER_BATCH], wall_ms()))
+            target.flush()
+            deleted = target.delete_segments_before(start)
+            log.info("compacted %s: %d old segments deleted", OFFSETS_TOPIC, deleted)
+
+        self._submit_io(f"compaction of {OFFSETS_TOPIC}", rewrite)
+        return True
+
+    def expire(self, now_wall_ms: int, retention_ms: int, empty_since_wall_ms: Callable[[str], Any], now_ms: int) -> int:
+        """Delete expired offsets; `empty_since_wall_ms(group)` is when the group became empty (wall ms), None
+        while it has members, or -1 if it never had any (then each offset expires by its commit time)."""
+        expired = 0
+        for group in list(self.table):
+            since = empty_since_wall_ms(group)
+            if since is None:
+                continue
+            offsets = self.table[group]
+            if since >= 0:
+                doomed = list(offsets) if now_wall_ms - since >= retention_ms else []
+            else:
+                doomed = [tp for tp, e in offsets.items() if now_wall_ms - e.commit_ms >= retention_ms]
+            expired += len(self.delete(group, doomed, now_ms)) if doomed else 0
+        return expired

@@ -1,0 +1,281 @@
+"""Request handlers of the group APIs: FindCoordinator, JoinGroup, SyncGroup, Heartbeat, LeaveGroup,
+OffsetCommit, OffsetFetch, ListGroups, DescribeGroups, DeleteGroups, OffsetDelete.
+
+The node is the coordinator of every group, and the coordinator lives in the timer process
+(node.timer.groups): each handler here turns its request into a document message (shm.messages; bytes
+fields as base64), waits for the coordinator's REPLY through DelayedRequests, and builds the response of the
+request's API version from it. FindCoordinator is answered here.
+
+Invariants:
+- Every request gets its response: the coordinator's, or, if the timer process never answers (it died and
+  its successor lost the request), an error the client retries on (COORDINATOR_NOT_AVAILABLE, or
+  REQUEST_TIMED_OUT for offset commits).
+- A request too large for the rings (enormous member metadata or assignments) is answered INVALID_REQUEST
+  here and never reaches the timer.
+- How long a worker waits: a JoinGroup the request's rebalance timeout plus the initial rebalance delay and
+  a margin; a SyncGroup up to groups.sync_wait_max_ms; the rest the control timeout.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime
+from typing import Any, Callable
+
+from kio.static.primitive import i32, i64
+
+from node.config import NodeConfig
+from shm import messages as M
+from workers import errors as E
+from workers import protocol as P
+from workers.connection import Request
+from workers.delayed import DelayedRequests, DocumentTooLarge
+from workers.outcome import Outcome
+from workers.responses import ZERO_THROTTLE, code, entity, reply
+
+GROUP_KEY_TYPE = 0
+TRANSACTION_KEY_TYPE = 1
+NO_AUTHORIZED_OPERATIONS = -(2**31)  # DescribeGroups v3+ when include_authorized_operations is false
+
+
+def b64(data: bytes | None) -> str:
+    return base64.b64encode(data or b"").decode()
+
+
+def unb64(text: str | None) -> bytes:
+    return base64.b64decode(text) if text else b""
+
+
+def millis(delta: Any) -> int:
+    return int(delta.total_seconds() * 1000) if isinstance(delta, datetime.timedelta) else int(delta)
+
+
+class GroupHandlers:
+    def __init__(self, config: NodeConfig, delayed: DelayedRequests) -> None:
+        self.config = config
+        self.delayed = delayed
+
+    def table(self) -> dict[int, Callable[[Request, Any], Outcome]]:
+        return {
+            P.FIND_COORDINATOR: self.find_coordinator,
+            P.JOIN_GROUP: self.join_group,
+            P.SYNC_GROUP: self.sync_group,
+            P.HEARTBEAT: self.heartbeat,
+            P.LEAVE_GROUP: self.leave_group,
+            P.OFFSET_COMMIT: self.offset_commit,
+            P.OFFSET_FETCH: self.offset_fetch,
+            P.LIST_GROUPS: self.list_groups,
+            P.DESCRIBE_GROUPS: self.describe_groups,
+            P.DELETE_GROUPS: self.delete_groups,
+            P.OFFSET_DELETE: self.offset_delete,
+        }
+
+    def _ask(self, req: Request, kind: M.Kind, document: dict, timeout_ms: int,
+             answer: Callable[[dict | None], Outcome], refuse: Callable[[E.ErrorCode], Outcome]) -> Outcome:
+        try:
+            return self.delayed.ask(req, kind, document, timeout_ms, answer, req.header.api_version)
+        except DocumentTooLarge:
+            return refuse(E.INVALID_REQUEST)
+
+    # -- FindCoordinator ----------------------------------------------------------------------
+
+    def find_coordinator(self, req: Request, request: Any) -> Outcome:
+        key_type = getattr(request, "key_type", GROUP_KEY_TYPE)
+        server = self.config.server
+        if key_type == GROUP_KEY_TYPE:
+            error, message, node = E.NONE, None, server.node_id
+        elif key_type == TRANSACTION_KEY_TYPE:
+            error, message, node = E.ErrorCode.coordinator_not_available, "this node has no transactions", -1
+        else:
+            error, message, node = E.INVALID_REQUEST, f"unknown key type {key_type}", -1
+        return reply(req, entity(
+            req, "FindCoordinatorResponse", throttle_time=ZERO_THROTTLE, error_code=error, error_message=message,
+            node_id=i32(node), host=(server.advertised_host or server.host) if node >= 0 else "",
+            port=i32(server.advertised_port or server.port) if node >= 0 else i32(-1)))
+
+    # -- JoinGroup, SyncGroup, Heartbeat, LeaveGroup ------------------------------------------
+
+    def join_group(self, req: Request, request: Any) -> Outcome:
+        session_ms = millis(request.session_timeout)
+        rebalance_ms = millis(request.rebalance_timeout) if hasattr(request, "rebalance_timeout") else session_ms
+        peer = req.conn.peer
+        document = {
+            "group": request.group_id, "session_timeout_ms": session_ms, "rebalance_timeout_ms": rebalance_ms,
+            "member": request.member_id, "instance": getattr(request, "group_instance_id", None),
+            "protocol_type": request.protocol_type,
+            "protocols": [[p.name, b64(p.metadata)] for p in request.protocols],
+            "client_id": req.header.client_id or "",
+            "client_host": peer[0] if isinstance(peer, tuple) else str(peer)}
+        groups = self.config.groups
+        timeout_ms = max(rebalance_ms, session_ms) + groups.initial_rebalance_delay_ms + groups.join_answer_margin_ms
+
+        def answer(outcome: dict | None) -> Outcome:
+            if outcome is None:
+                return refuse(E.ErrorCode.coordinator_not_available)
+            members = tuple(entity(req, "JoinGroupResponseMember", member_id=member, group_instance_id=instance,
+                                   metadata=unb64(metadata)) for member, instance, metadata in outcome["members"])
+            return reply(req, entity(
+                req, "JoinGroupResponse", throttle_time=ZERO_THROTTLE, error_code=code(outcome["error"]),
+                generation_id=i32(outcome["generation"]), protocol_type=outcome.get("protocol_type"),
+                protocol_name=outcome["protocol"] or "", leader=outcome["leader"], member_id=outcome["member"],
+                members=members))
+
+        def refuse(error: E.ErrorCode) -> Outcome:
+            return answer({"error": int(error), "generation": -1, "protocol": None, "leader": "",
+                           "member": request.member_id, "members": []})
+
+        return self._ask(req, M.Kind.JOIN_GROUP, document, timeout_ms, answer, refuse)
+
+    def sync_group(self, req: Request, request: Any) -> Outcome:
+        document = {"group": request.group_id, "generation": int(request.generation_id),
+                    "member": request.member_id, "instance": getattr(request, "group_instance_id", None),
+                    "assignments": [[a.member_id, b64(a.assignment)] for a in request.assignments]}
+
+        def answer(outcome: dict | None) -> Outcome:
+            if outcome is None:
+                return refuse(E.ErrorCode.coordinator_not_available)
+            return reply(req, entity(req, "SyncGroupResponse", throttle_time=ZERO_THROTTLE,
+                                     error_code=code(outcome["error"]), assignment=unb64(outcome["assignment"])))
+
+        def refuse(error: E.ErrorCode) -> Outcome:
+            return answer({"error": int(error), "assignment": ""})
+
+        return self._ask(req, M.Kind.SYNC_GROUP, document, self.config.groups.sync_wait_max_ms, answer, refuse)
+
+    def heartbeat(self, req: Request, request: Any) -> Outcome:
+        document = {"group": request.group_id, "generation": int(request.generation_id),
+                    "member": request.member_id, "instance": getattr(request, "group_instance_id", None)}
+
+        def answer(outcome: dict | None) -> Outcome:
+            error = E.ErrorCode.coordinator_not_available if outcome is None else code(outcome["error"])
+            return reply(req, entity(req, "HeartbeatResponse", throttle_time=ZERO_THROTTLE, error_code=error))
+
+        return self._ask(req, M.Kind.HEARTBEAT, document, self.config.timer.control_timeout_ms, answer,
+                         lambda error: answer({"error": int(error)}))
+
+    def leave_group(self, req: Request, request: Any) -> Outcome:
+        if hasattr(request, "members"):  # v3+: a batch of members
+            leaving = [[m.member_id, m.group_instance_id] for m in request.members]
+        else:
+            leaving = [[request.member_id, None]]
+        document = {"group": request.group_id, "members": leaving}
+
+        def answer(outcome: dict | None) -> Outcome:
+            if outcome is None:
+                outcome = {"error": int(E.ErrorCode.coordinator_not_available), "members": []}
+            members = outcome["members"]
+            error = code(outcome["error"])
+            if not hasattr(request, "members") and members and not error:  # v0-2: the one member's error
+                error = code(members[0][2])
+            return reply(req, entity(
+                req, "LeaveGroupResponse", throttle_time=ZERO_THROTTLE, error_code=error,
+                members=tuple(entity(req, "MemberResponse", member_id=m, group_instance_id=i, error_code=code(e))
+                              for m, i, e in members)))
+
+        return self._ask(req, M.Kind.LEAVE_GROUP, document, self.config.timer.control_timeout_ms, answer,
+                         lambda error: answer({"error": int(error), "members": []}))
+
+    # -- offsets ------------------------------------------------------------------------------
+
+    def offset_commit(self, req: Request, request: Any) -> Outcome:
+        topics = [[t.name, [[p.partition_index, int(p.committed_offset), int(getattr(p, "committed_leader_epoch", -1)),
+                             p.committed_metadata] for p in t.partitions]] for t in request.topics]
+        document = {"group": request.group_id, "generation": int(request.generation_id_or_member_epoch),
+                    "member": request.member_id, "instance": getattr(request, "group_instance_id", None),
+                    "topics": topics}
+
+        def answer(outcome: dict | None) -> Outcome:
+            if outcome is None:
+                return refuse(E.REQUEST_TIMED_OUT)
+            return reply(req, entity(req, "OffsetCommitResponse", throttle_time=ZERO_THROTTLE, topics=tuple(
+                entity(req, "OffsetCommitResponseTopic", name=name, partitions=tuple(
+                    entity(req, "OffsetCommitResponsePartition", partition_index=i32(p), error_code=code(e))
+                    for p, e in partitions)) for name, partitions in outcome["topics"])))
+
+        def refuse(error: E.ErrorCode) -> Outcome:
+            return answer({"topics": [[name, [[p[0], int(error)] for p in parts]] for name, parts in topics]})
+
+        return self._ask(req, M.Kind.COMMIT_OFFSETS, document, self.config.timer.control_timeout_ms, answer, refuse)
+
+    def offset_fetch(self, req: Request, request: Any) -> Outcome:
+        wanted = None if request.topics is None else [[t.name, list(t.partition_indexes)] for t in request.topics]
+        document = {"group": request.group_id, "topics": wanted}
+
+        def answer(outcome: dict | None) -> Outcome:
+            if outcome is None:
+                return refuse(E.ErrorCode.coordinator_not_available)
+            error = code(outcome["error"])
+            return reply(req, entity(req, "OffsetFetchResponse", throttle_time=ZERO_THROTTLE, error_code=error,
+                                     topics=tuple(entity(req, "OffsetFetchResponseTopic", name=name, partitions=tuple(
+                                         entity(req, "OffsetFetchResponsePartition", partition_index=i32(p),
+                                                committed_offset=i64(offset), committed_leader_epoch=i32(epoch),
+                                                metadata=metadata, error_code=code(e))
+                                         for p, offset, epoch, metadata, e in partitions))
+                                         for name, partitions in outcome["topics"])))
+
+        def refuse(error: E.ErrorCode) -> Outcome:
+            # v0-1 have no top-level error: each partition carries it.
+            return answer({"error": int(error), "topics": [[name, [[p, -1, -1, "", int(error)] for p in parts]]
+                                                            for name, parts in (wanted or [])]})
+
+        return self._ask(req, M.Kind.FETCH_OFFSETS, document, self.config.timer.control_timeout_ms, answer, refuse)
+
+    def offset_delete(self, req: Request, request: Any) -> Outcome:
+        wanted = [[t.name, [p.partition_index for p in t.partitions]] for t in request.topics]
+        document = {"group": request.group_id, "topics": wanted}
+
+        def answer(outcome: dict | None) -> Outcome:
+            if outcome is None:
+                outcome = {"error": int(E.ErrorCode.coordinator_not_available), "topics": []}
+            return reply(req, entity(
+                req, "OffsetDeleteResponse", throttle_time=ZERO_THROTTLE, error_code=code(outcome["error"]),
+                topics=tuple(entity(req, "OffsetDeleteResponseTopic", name=name, partitions=tuple(
+                    entity(req, "OffsetDeleteResponsePartition", partition_index=i32(p), error_code=code(e))
+                    for p, e in partitions)) for name, partitions in outcome["topics"])))
+
+        return self._ask(req, M.Kind.DELETE_OFFSETS, document, self.config.timer.control_timeout_ms, answer,
+                         lambda error: answer({"error": int(error), "topics": []}))
+
+    # -- ListGroups, DescribeGroups, DeleteGroups ---------------------------------------------
+
+    def list_groups(self, req: Request, request: Any) -> Outcome:
+        def answer(outcome: dict | None) -> Outcome:
+            if outcome is None:
+                outcome = {"error": int(E.ErrorCode.coordinator_not_available), "groups": []}
+            return reply(req, entity(req, "ListGroupsResponse", throttle_time=ZERO_THROTTLE,
+                                     error_code=code(outcome["error"]), groups=tuple(
+                                         entity(req, "ListedGroup", group_id=g, protocol_type=t)
+                                         for g, t in outcome["groups"])))
+
+        return self._ask(req, M.Kind.LIST_GROUPS, {}, self.config.timer.control_timeout_ms, answer,
+                         lambda error: answer({"error": int(error), "groups": []}))
+
+    def describe_groups(self, req: Request, request: Any) -> Outcome:
+        names = list(request.groups)
+        authorized = NO_AUTHORIZED_OPERATIONS
+
+        def answer(outcome: dict | None) -> Outcome:
+            if outcome is None:
+                outcome = {"groups": [[int(E.ErrorCode.coordinator_not_available), g, "", "", "", []] for g in names]}
+            return reply(req, entity(req, "DescribeGroupsResponse", throttle_time=ZERO_THROTTLE, groups=tuple(
+                entity(req, "DescribedGroup", error_code=code(error), group_id=group, group_state=state,
+                       protocol_type=protocol_type, protocol_data=protocol, authorized_operations=i32(authorized),
+                       members=tuple(entity(req, "DescribedGroupMember", member_id=m, group_instance_id=i, client_id=c,
+                                            client_host=h, member_metadata=unb64(md), member_assignment=unb64(a))
+                                     for m, i, c, h, md, a in members))
+                for error, group, state, protocol_type, protocol, members in outcome["groups"])))
+
+        return self._ask(req, M.Kind.DESCRIBE_GROUPS, {"groups": names}, self.config.timer.control_timeout_ms,
+                         answer, lambda error: answer({"groups": [[int(error), g, "", "", "", []] for g in names]}))
+
+    def delete_groups(self, req: Request, request: Any) -> Outcome:
+        names = list(request.groups_names)
+
+        def answer(outcome: dict | None) -> Outcome:
+            if outcome is None:
+                outcome = {"results": [[g, int(E.ErrorCode.coordinator_not_available)] for g in names]}
+            return reply(req, entity(req, "DeleteGroupsResponse", throttle_time=ZERO_THROTTLE, results=tuple(
+                entity(req, "DeletableGroupResult", group_id=g, error_code=code(e)) for g, e in outcome["results"])))
+
+        return self._ask(req, M.Kind.DELETE_GROUPS, {"groups": names}, self.config.timer.control_timeout_ms, answer,
+                         lambda error: answer({"results": [[g, int(error)] for g in names]}))
