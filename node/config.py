@@ -114,12 +114,14 @@ class GroupConfig:
     min_session_timeout_ms: int = 6000  # group.min.session.timeout.ms
     max_session_timeout_ms: int = 1_800_000  # group.max.session.timeout.ms
     max_size: int = 0  # group.max.size; 0: no limit
-    offsets_retention_minutes: int = 7 * 24 * 60  # offsets.retention.minutes
+    offsets_retention_minutes: float = 7 * 24 * 60.0  # offsets.retention.minutes
     offsets_retention_check_interval_ms: int = 600_000  # offsets.retention.check.interval.ms
     offset_metadata_max_bytes: int = 4096  # offset.metadata.max.bytes
     offsets_commit_timeout_ms: int = 5000  # offsets.commit.timeout.ms
     # Loading the offsets log at start: bytes read per timer loop turn, so the timer keeps serving meanwhile.
     offsets_load_bytes_per_turn: int = 1 << 20
+    # ... and at most one slice per this interval (0: every turn), to bound the timer's CPU on a huge log.
+    offsets_load_interval_ms: int = 0
     # The offsets log is compacted (its live set rewritten) once it holds this many records and twice the live.
     offsets_compaction_min_records: int = 50_000
     # A worker waits this long for a JoinGroup or SyncGroup answer beyond the request's own rebalance timeout

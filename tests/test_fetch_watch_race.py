@@ -55,7 +55,7 @@ def worker_side(tmp_path):
         assert store.create_topics([("t", 1)]) == {"t": (0, None)}
         settled = []
         delayed = DelayedRequests(link, interest, config.timer.delayed_grace_ms,
-                                  lambda req, outcome: settled.append(outcome))
+                                  lambda req, outcome: settled.append(outcome), config.groups.max_request_document_bytes)
         handlers = Handlers(store, config, delayed, "cluster")
         requests = RingReader(shm_instance.request_ring_name(iid, 0), config=config.rings)
         client, server = socket.socketpair()

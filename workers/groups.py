@@ -163,7 +163,7 @@ class GroupHandlers:
         def answer(outcome: dict | None) -> Outcome:
             if outcome is None:
                 outcome = {"error": int(E.ErrorCode.coordinator_not_available), "members": []}
-            members = outcome["members"]
+            members = outcome.get("members", [])
             error = code(outcome["error"])
             if not hasattr(request, "members") and members and not error:  # v0-2: the one member's error
                 error = code(members[0][2])
@@ -190,7 +190,7 @@ class GroupHandlers:
             return reply(req, entity(req, "OffsetCommitResponse", throttle_time=ZERO_THROTTLE, topics=tuple(
                 entity(req, "OffsetCommitResponseTopic", name=name, partitions=tuple(
                     entity(req, "OffsetCommitResponsePartition", partition_index=i32(p), error_code=code(e))
-                    for p, e in partitions)) for name, partitions in outcome["topics"])))
+                    for p, e in partitions)) for name, partitions in outcome.get("topics", []))))
 
         def refuse(error: E.ErrorCode) -> Outcome:
             return answer({"topics": [[name, [[p[0], int(error)] for p in parts]] for name, parts in topics]})
@@ -211,7 +211,7 @@ class GroupHandlers:
                                                 committed_offset=i64(offset), committed_leader_epoch=i32(epoch),
                                                 metadata=metadata, error_code=code(e))
                                          for p, offset, epoch, metadata, e in partitions))
-                                         for name, partitions in outcome["topics"])))
+                                         for name, partitions in outcome.get("topics", []))))
 
         def refuse(error: E.ErrorCode) -> Outcome:
             # v0-1 have no top-level error: each partition carries it.
@@ -231,7 +231,7 @@ class GroupHandlers:
                 req, "OffsetDeleteResponse", throttle_time=ZERO_THROTTLE, error_code=code(outcome["error"]),
                 topics=tuple(entity(req, "OffsetDeleteResponseTopic", name=name, partitions=tuple(
                     entity(req, "OffsetDeleteResponsePartition", partition_index=i32(p), error_code=code(e))
-                    for p, e in partitions)) for name, partitions in outcome["topics"])))
+                    for p, e in partitions)) for name, partitions in outcome.get("topics", []))))
 
         return self._ask(req, M.Kind.DELETE_OFFSETS, document, self.config.timer.control_timeout_ms, answer,
                          lambda error: answer({"error": int(error), "topics": []}))
@@ -245,7 +245,7 @@ class GroupHandlers:
             return reply(req, entity(req, "ListGroupsResponse", throttle_time=ZERO_THROTTLE,
                                      error_code=code(outcome["error"]), groups=tuple(
                                          entity(req, "ListedGroup", group_id=g, protocol_type=t)
-                                         for g, t in outcome["groups"])))
+                                         for g, t in outcome.get("groups", []))))
 
         return self._ask(req, M.Kind.LIST_GROUPS, {}, self.config.timer.control_timeout_ms, answer,
                          lambda error: answer({"error": int(error), "groups": []}))

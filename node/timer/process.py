@@ -76,6 +76,7 @@ class TimerProcess:
         groups = config.groups
         offsets = OffsetStore(self.store, self.operations.wait_flushed, self.flusher.submit,
                               load_bytes_per_turn=groups.offsets_load_bytes_per_turn,
+                              load_interval_ms=groups.offsets_load_interval_ms,
                               compaction_min_records=groups.offsets_compaction_min_records,
                               commit_timeout_ms=groups.offsets_commit_timeout_ms)
         self.groups = GroupCoordinator(groups, self.outbox, offsets, self.store, config.timer.wheel,
@@ -132,8 +133,6 @@ class TimerProcess:
 
     def _sleep_timeout_s(self, now: int) -> float:
         timeout = self.config.timer.max_sleep_ms
-        if self.groups.loading:  # load the next slice of the offsets log at once
-            return 0.0
         for deadline in (self.operations.next_expiration(), self.chores.next_expiration(),
                          self.groups.next_expiration()):
             if deadline is not None:

@@ -15,7 +15,7 @@ Invariants:
 - Group state changes only here, in the timer loop's thread; operations re-check the group when they fire.
 - While the offsets log loads, every request answers COORDINATOR_LOAD_IN_PROGRESS (clients retry).
 - Groups with committed offsets exist (Empty) even without members, as in Kafka; a group with neither
-  members nor offsets is forgotten.
+  members nor offsets is forgotten by the periodic offset expiry (until then it shows as Empty).
 """
 
 from __future__ import annotations
@@ -81,17 +81,23 @@ class GroupCoordinator:
     # -- the timer loop's calls ---------------------------------------------------------------
 
     def turn(self) -> None:
-        """Once per loop turn: load a slice of the offsets log while it loads."""
-        if self.offsets.loading and self.offsets.load_step():
-            for group_id in self.offsets.groups():
-                self.groups.setdefault(group_id, Group(group_id))
+        """Once per loop turn: load a slice of the offsets log while it loads; compact it when it is due."""
+        if self.offsets.loading:
+            if self.offsets.load_step(self.clock()):
+                for group_id in self.offsets.groups():
+                    self.groups.setdefault(group_id, Group(group_id))
+        else:
+            self.offsets.maybe_compact()
 
     def advance(self, now_ms: int) -> None:
         for purgatory in (self.joins, self.sessions, self.syncs):
             purgatory.advance(now_ms)
 
     def next_expiration(self) -> int | None:
+        """The earliest deadline of a group timer, or of the next slice of the offsets log while it loads."""
         due = [d for p in (self.joins, self.sessions, self.syncs) if (d := p.next_expiration()) is not None]
+        if self.offsets.loading:
+            due.append(self.offsets.next_load_ms())
         return min(due) if due else None
 
     @property
@@ -321,7 +327,6 @@ class GroupCoordinator:
             group.generation += 1
             group.protocol = None
             group.transition(EMPTY, now)
-            self._forget_if_unused(group)
             return
         group.complete_join_phase(now)
         self.rebalances += 1
@@ -537,8 +542,10 @@ class GroupCoordinator:
 
     def fetch_offsets(self, worker: int, message: Any) -> None:
         d, waiter = message.document, self._waiter(worker, message)
-        if self._unavailable(waiter):
-            return
+        if self.offsets.loading:  # v0-1 have no top-level error: each partition carries it
+            loading = int(E.coordinator_load_in_progress)
+            return self._reply(waiter, {"error": loading, "topics": [
+                [t, [[p, -1, -1, "", loading] for p in partitions]] for t, partitions in (d["topics"] or [])]})
         wanted = None if d["topics"] is None else [(t, p) for t, partitions in d["topics"] for p in partitions]
         found = self.offsets.fetch(d["group"], wanted)
         by_topic: dict[str, list] = {}
@@ -570,7 +577,6 @@ class GroupCoordinator:
             results.append([topic, rows])
 
         def durable(flushed: bool) -> None:
-            self._forget_if_unused(group)
             self._reply(waiter, {"error": int(E.none), "topics": results})
 
         self.offsets.delete(group.group_id, deletable, self.clock(), durable)
@@ -642,5 +648,4 @@ class GroupCoordinator:
             self._forget_if_unused(group)
         if expired:
             log.info("expired %d committed offsets", expired)
-        self.offsets.maybe_compact()
         return expired

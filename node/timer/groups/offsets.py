@@ -65,11 +65,15 @@ def wall_ms() -> int:
 
 class OffsetStore:
     def __init__(self, store: PartitionStore, wait_flushed: Callable, submit_io: Callable, *,
-                 load_bytes_per_turn: int, compaction_min_records: int, commit_timeout_ms: int) -> None:
+                 load_bytes_per_turn: int, load_interval_ms: int, compaction_min_records: int,
+                 commit_timeout_ms: int) -> None:
         self.store = store
         self._wait_flushed = wait_flushed  # (rows, offsets, deadline_ms, callback(flushed: bool)) -> None
         self._submit_io = submit_io  # (name, job(store)) -> None: runs on the flusher thread
         self.load_bytes_per_turn = load_bytes_per_turn
+        self.load_interval_ms = load_interval_ms
+        self._next_load_ms = 0
+        self.live = 0  # entries in the table
         self.compaction_min_records = compaction_min_records
         self.commit_timeout_ms = commit_timeout_ms
         self.table: dict[str, dict[tuple[str, int], OffsetEntry]] = {}
@@ -87,10 +91,14 @@ class OffsetStore:
 
     # -- load ---------------------------------------------------------------------------------
 
-    def load_step(self) -> bool:
-        """Load the next slice of the log; True once everything is loaded (then the table is complete)."""
+    def load_step(self, now_ms: int) -> bool:
+        """Load the next slice of the log (at most one per load_interval_ms); True once everything is loaded
+        (then the table is complete)."""
         if not self.loading:
             return True
+        if now_ms < self._next_load_ms:
+            return False
+        self._next_load_ms = now_ms + self.load_interval_ms
         plog = self.store.log(self.row)
         state = plog.state()
         if self._load_offset >= state.log_end_offset:
@@ -140,6 +148,7 @@ class OffsetStore:
         self.loading = False
         self._versions = {}
         self.table = {group: offsets for group, offsets in self.table.items() if offsets}
+        self.live = sum(len(offsets) for offsets in self.table.values())
         log.info("loaded %d committed offsets of %d groups from %d records", self.live_entries(), len(self.table),
                  self.records)
         self.maybe_compact()
@@ -147,7 +156,10 @@ class OffsetStore:
     # -- reads --------------------------------------------------------------------------------
 
     def live_entries(self) -> int:
-        return sum(len(offsets) for offsets in self.table.values())
+        return self.live
+
+    def next_load_ms(self) -> int | None:
+        return self._next_load_ms if self.loading else None
 
     def groups(self) -> list[str]:
         return list(self.table)
@@ -177,7 +189,9 @@ class OffsetStore:
 
         def durable(flushed: bool) -> None:
             if flushed:
-                self.table.setdefault(group, {}).update(written)
+                offsets = self.table.setdefault(group, {})
+                self.live += sum(1 for tp in written if tp not in offsets)
+                offsets.update(written)
             done(flushed)
 
         self._append(records, now_ms, durable)
@@ -189,6 +203,7 @@ class OffsetStore:
         offsets = self.table.get(group, {})
         doomed = [tp for tp in (list(offsets) if partitions is None else partitions) if tp in offsets]
         records = []
+        self.live -= len(doomed)
         for topic, partition in doomed:
             del offsets[(topic, partition)]
             self.version += 1
