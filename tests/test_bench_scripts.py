@@ -108,6 +108,24 @@ def test_bench_delayed_answers_every_waiter_in_both_workloads(tmp_path):
         assert row["timer_cores"] is not None and row["worker_cores"] is not None, row
 
 
+def test_bench_groups_runs_every_workload(tmp_path):
+    rows = run_script(tmp_path, "bench_groups.py", "--members", "40", "--group-size", "4", "--seconds", "2",
+                      "--connections", "4", "--rebalance-members", "8", "--rebalance-rounds", "2",
+                      "--failure-members", "3", "--failure-session-ms", "1000", "--failure-heartbeat-ms", "200",
+                      "--failure-rounds", "1", "--committers", "1", "--committers", "5", "--commit-seconds", "1")
+    by_workload = {}
+    for row in rows:
+        assert set(COMMON_FIELDS) <= set(row) and row["script"] == "bench_groups", row
+        by_workload.setdefault(row["workload"], []).append(row)
+    heartbeat = by_workload["heartbeat"][0]
+    assert heartbeat["members"] == 40 and heartbeat["records"] >= 40 and heartbeat["members_with_errors"] == 0
+    assert 0 < heartbeat["p50_ms"] <= heartbeat["p99_ms"], heartbeat
+    assert len(by_workload["rebalance"][0]["rebalance_ms"]) == 2
+    assert by_workload["failure"][0]["detection_ms_median"] >= 1000, "not before the session timeout"
+    assert [r["committers"] for r in by_workload["commit"]] == [1, 5]
+    assert all(r["records"] > 0 and r["errors"] == 0 for r in by_workload["commit"])
+
+
 def test_scripts_use_a_running_node_with_bootstrap(tmp_path, node):
     rows = run_script(tmp_path, "producer_perf.py", "--bootstrap", node.bootstrap, "--seconds", "1",
                       "--client", "raw", "--acks", "all")

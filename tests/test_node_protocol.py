@@ -384,7 +384,8 @@ def test_segments_roll_and_retention_deletes_old_ones(node_factory):
 
 
 def test_failed_auto_create_answers_instead_of_retrying_forever(node_factory):
-    node = node_factory(workers=1, config="[topics]\nmax_partitions = 2\nnum_partitions = 2\n")
+    # Three rows: __consumer_offsets takes one, the topic below the other two.
+    node = node_factory(workers=1, config="[topics]\nmax_partitions = 3\nnum_partitions = 2\n")
     create_topic(node.bootstrap, "fills-the-node", 2)
     with connect(node) as conn:
         started = time.monotonic()

@@ -57,7 +57,7 @@ def request_class(api_key: int, version: int) -> type:
 def test_advertised_versions_are_the_issues() -> None:
     assert SUPPORTED_APIS == {
         18: (0, 3),  # ApiVersions
-        10: (0, 2),  # FindCoordinator (answered COORDINATOR_NOT_AVAILABLE; librdkafka needs it for LZ4)
+        10: (0, 2),  # FindCoordinator
         3: (0, 8),  # Metadata
         0: (3, 8),  # Produce
         1: (4, 11),  # Fetch
@@ -65,6 +65,17 @@ def test_advertised_versions_are_the_issues() -> None:
         22: (0, 1),  # InitProducerId
         19: (0, 4),  # CreateTopics
         20: (0, 3),  # DeleteTopics
+        # The group coordinator's, non-flexible versions only:
+        11: (0, 5),  # JoinGroup
+        14: (0, 3),  # SyncGroup
+        12: (0, 3),  # Heartbeat
+        13: (0, 3),  # LeaveGroup
+        8: (2, 7),  # OffsetCommit
+        9: (1, 5),  # OffsetFetch
+        16: (0, 2),  # ListGroups
+        15: (0, 4),  # DescribeGroups
+        42: (0, 1),  # DeleteGroups
+        47: (0, 0),  # OffsetDelete
     }
 
 
