@@ -50,7 +50,9 @@ SCRIPT = "bench_groups"
 JOIN_V, SYNC_V, HEARTBEAT_V, COMMIT_V = 5, 3, 3, 7
 MEMBER_ID_REQUIRED, REBALANCE_IN_PROGRESS = 79, 27
 TOPIC = "bench-groups"
-NODE_CONFIG = "[groups]\ninitial_rebalance_delay_ms = 100\nmin_session_timeout_ms = 500\n"
+# Kafka's default initial rebalance delay (3 s) gathers each group's first members into one generation even
+# with thousands joining at once; short sessions are allowed for the failure workload.
+NODE_CONFIG = "[groups]\nmin_session_timeout_ms = 500\n"
 _SIZE = struct.Struct(">i")
 _HEARTBEAT_RESPONSE = struct.Struct(">ih")  # v3: throttle_time_ms, error_code
 
@@ -213,8 +215,8 @@ class Group:
     def _joined(self, member: Member, body: bytes) -> None:
         response = R.decode_response(P.JOIN_GROUP, JOIN_V, body)
         if int(response.error_code) == MEMBER_ID_REQUIRED:
-            member.member_id = response.member_id
-            return self.join(member)
+            member.member_id = response.member_id  # form_groups sends the rejoin once every member has its id
+            return
         if int(response.error_code):
             member.error = int(response.error_code)
             return
@@ -257,6 +259,13 @@ def form_groups(mux: Mux, prefix: str, groups: int, size: int, session_ms: int, 
     for g in range(groups):
         members = [Member(f"{prefix}-{g}", mux.conns[(g * size + i) % len(mux.conns)]) for i in range(size)]
         made.append(Group(mux, f"{prefix}-{g}", members, session_ms, rebalance_ms, partitions))
+    # Two passes over shared connections (answers come in request order per connection): every member first
+    # gets its id (MEMBER_ID_REQUIRED, answered at once), then all rejoin. Rejoining as each id arrives would let
+    # an id's answer queue behind another member's rejoin that waits for its join phase.
+    for group in made:
+        for member in group.members:
+            group.join(member)
+    mux.run_until(lambda: mux.pending() == 0, timeout_s, "member ids")
     for group in made:
         for member in group.members:
             group.join(member)

@@ -94,6 +94,7 @@ class MessageType:
     item: struct.Struct
     document: bool
     tuple_class: type
+    head: struct.Struct  # header and body in one struct: one pack or unpack call for both
 
     @property
     def to_timer(self) -> bool:
@@ -101,6 +102,7 @@ class MessageType:
 
 
 MESSAGES: dict[int, MessageType] = {}
+_BY_BYTE: list[MessageType | None] = [None] * 256  # kind byte -> its type, without an enum call per frame
 
 
 def declare(kind: Kind, body: Iterable[tuple[str, str]] = (), items: Iterable[tuple[str, str]] = (),
@@ -110,9 +112,11 @@ def declare(kind: Kind, body: Iterable[tuple[str, str]] = (), items: Iterable[tu
     names = [name for name, _ in body] + ["items", "document"]
     tuple_class = namedtuple(kind.name.title().replace("_", ""), names)
     tuple_class.kind = kind
-    message = MessageType(kind, struct.Struct("<" + "".join(code for _, code in body)),
-                          struct.Struct("<" + "".join(code for _, code in items)), document, tuple_class)
+    codes = "".join(code for _, code in body)
+    message = MessageType(kind, struct.Struct("<" + codes), struct.Struct("<" + "".join(code for _, code in items)),
+                          document, tuple_class, struct.Struct("<BBHI" + codes))
     MESSAGES[kind] = message
+    _BY_BYTE[kind] = message
     return message
 
 
@@ -137,59 +141,70 @@ Layout = declare(Kind.LAYOUT, body=[("catalog_version", "Q")]).tuple_class
 def encode(kind: Kind, *body: Any, items: Iterable[tuple] = (), document: Any = None) -> bytes:
     """A frame of `kind` from its body values (in declared order), item tuples and document."""
     message = MESSAGES[kind]
-    items = items if isinstance(items, (list, tuple)) else list(items)
-    count = len(items)
-    if count > MAX_ITEMS:
-        raise MessageError(f"{kind.name}: {count} items, at most {MAX_ITEMS} per frame")
-    if count and not message.item.size:
-        raise MessageError(f"{kind.name} has no items")
+    if items:
+        if not message.item.size:
+            raise MessageError(f"{kind.name} has no items")
+        items = items if isinstance(items, (list, tuple)) else list(items)
+        if len(items) > MAX_ITEMS:
+            raise MessageError(f"{kind.name}: {len(items)} items, at most {MAX_ITEMS} per frame")
     try:
-        parts = [HEADER.pack(kind, LAYOUT_VERSION, count, 0)]
-        if message.body.size:
-            parts.append(message.body.pack(*body))
-        elif body:
-            raise MessageError(f"{kind.name} has no body fields")
-        pack = message.item.pack
-        parts.extend(pack(*item) for item in items)
+        head = message.head.pack(kind, LAYOUT_VERSION, len(items), 0, *body)
+        if items:
+            pack = message.item.pack
+            head += b"".join([pack(*item) for item in items])
     except (struct.error, TypeError) as exc:
         raise MessageError(f"{kind.name}: bad values: {exc}") from None
     if message.document:
         try:
-            parts.append(orjson.dumps(document))
+            return head + orjson.dumps(document)
         except TypeError as exc:
             raise MessageError(f"{kind.name}: document not serialisable: {exc}") from None
-    elif document is not None:
+    if document is not None:
         raise MessageError(f"{kind.name} carries no document")
-    return b"".join(parts)
+    return head
+
+
+def with_request_id(frame: bytes, request_id: int) -> bytes:
+    """The frame with another request id, for kinds whose body starts with one (every kind a worker waits on
+    for a REPLY), so a request encoded once (to check its size) is sent under the id it gets later."""
+    out = bytearray(frame)
+    REQUEST_ID.pack_into(out, HEADER.size, request_id)
+    return bytes(out)
+
+
+REQUEST_ID = struct.Struct("<Q")
 
 
 def kind_of(frame) -> Kind:
     """The kind of a frame (bytes or memoryview); MessageError if unknown or truncated."""
     if len(frame) < HEADER.size:
         raise MessageError(f"frame of {len(frame)} bytes is shorter than its header")
-    try:
-        return Kind(frame[0])
-    except ValueError:
-        raise MessageError(f"unknown message kind {frame[0]}") from None
+    message = _BY_BYTE[frame[0]]
+    if message is None:
+        raise MessageError(f"unknown message kind {frame[0]}")
+    return message.kind
 
 
 def decode(frame) -> Any:
     """The message in `frame`: its kind's named tuple (class attribute `.kind`)."""
-    kind = kind_of(frame)
-    _, version, count, _ = HEADER.unpack_from(frame, 0)
-    if version != LAYOUT_VERSION:
-        raise MessageError(f"{kind.name} frame of layout version {version}, expected {LAYOUT_VERSION}")
-    message = MESSAGES[kind]
-    items_start = HEADER.size + message.body.size
+    size = len(frame)
+    message = _BY_BYTE[frame[0]] if size else None
+    if message is None or size < message.head.size:
+        kind_of(frame)  # raises the precise error
+        raise MessageError(f"{message.kind.name} frame of {size} bytes is shorter than its header and body")
+    head = message.head.unpack_from(frame, 0)
+    if head[1] != LAYOUT_VERSION:
+        raise MessageError(f"{message.kind.name} frame of layout version {head[1]}, expected {LAYOUT_VERSION}")
+    count = head[2]
+    items_start = message.head.size
     end = items_start + count * message.item.size
-    if len(frame) < end or (len(frame) != end and not message.document) or (count and not message.item.size):
-        raise MessageError(f"{kind.name} frame with {count} items has {len(frame)} bytes")
-    body = message.body.unpack_from(frame, HEADER.size) if message.body.size else ()
+    if size < end or (size != end and not message.document) or (count and not message.item.size):
+        raise MessageError(f"{message.kind.name} frame with {count} items has {size} bytes")
     items = list(message.item.iter_unpack(frame[items_start:end])) if count else []
     document = None
     if message.document:
         try:
-            document = orjson.loads(bytes(frame[end:]))
+            document = orjson.loads(frame[end:])
         except orjson.JSONDecodeError as exc:
-            raise MessageError(f"{kind.name}: bad document: {exc}") from None
-    return message.tuple_class(*body, items, document)
+            raise MessageError(f"{message.kind.name}: bad document: {exc}") from None
+    return message.tuple_class(*head[4:], items, document)

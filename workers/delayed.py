@@ -107,10 +107,10 @@ class DelayedRequests:
         coordinator's requests): the message is (request id, *body, document); `answer(document or None)` builds
         the response. Raises DocumentTooLarge, sending nothing, if the message exceeds max_frame_bytes."""
         deadline = monotonic_ms() + timeout_ms
-        frame = M.encode(kind, 0, *body, document=document)  # its size; the id is fixed in the real one
+        frame = M.encode(kind, 0, *body, document=document)  # encoded once; the request id is set in _wait
         if len(frame) > self.max_frame_bytes:
             raise DocumentTooLarge(f"{kind.name} of {len(frame)} bytes, at most {self.max_frame_bytes}")
-        return self._wait(req, deadline, answer, lambda rid: M.encode(kind, rid, *body, document=document))
+        return self._wait(req, deadline, answer, lambda rid: M.with_request_id(frame, rid))
 
     def _wait(self, req: Request, deadline_ms: int, finish: Continuation, frame_for: Callable[[int], bytes]) -> Outcome:
         self._sequence += 1

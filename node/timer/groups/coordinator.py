@@ -6,9 +6,10 @@ base64), and the answer goes back as a REPLY document, at once or when a delayed
 phase, a pending sync, an offset commit's fsync). The worker turns it into the response of the request's
 API version. Error codes are Kafka's, chosen as Kafka's GroupCoordinator chooses them.
 
-Timers (node.timer.groups.delayed), in purgatories of their own on the timer's wheel: join phases
-(`joins`), member sessions (`sessions`), pending syncs (`syncs`). Durable commits wait on the flusher
-through the delayed-operation service (node.timer.groups.offsets).
+Timers: join phases (`joins`) and pending syncs (`syncs`) are operations (node.timer.groups.delayed) in
+purgatories of their own on the timer's wheel; member sessions (`sessions`, node.timer.groups.sessions) are
+wheel timers renewed lazily. Durable commits wait on the flusher through the delayed-operation service
+(node.timer.groups.offsets).
 
 Invariants:
 - Every request gets exactly one REPLY, unless the timer process dies first (then the worker answers it).
@@ -29,9 +30,10 @@ from kio.schema.errors import ErrorCode
 
 from node.config import GroupConfig
 from node.storage.store import PartitionStore
-from node.timer.groups.delayed import DelayedJoin, InitialDelayedJoin, PendingSync, SessionExpiry, join_key
+from node.timer.groups.delayed import DelayedJoin, InitialDelayedJoin, PendingSync, join_key
 from node.timer.groups.group import Group, GroupState, Member, Waiter
 from node.timer.groups.offsets import OffsetStore
+from node.timer.groups.sessions import Sessions
 from node.timer.outbox import Outbox
 from node.timer.purgatory import Purgatory, PurgatoryConfig
 from node.timer.wheel import WheelConfig
@@ -62,7 +64,7 @@ class GroupCoordinator:
         self.clock = clock
         self.groups: dict[str, Group] = {}
         self.joins = Purgatory.configured("rebalance", purgatory, wheel, now_ms)
-        self.sessions = Purgatory.configured("heartbeat", purgatory, wheel, now_ms)
+        self.sessions = Sessions(wheel, now_ms, self.session_expired)
         self.syncs = Purgatory.configured("sync", purgatory, wheel, now_ms)
         self.rebalances = 0  # completed join phases (for the stats of a later issue, and tests)
         self.handlers: dict[M.Kind, Callable[[int, Any], None]] = {
@@ -90,8 +92,8 @@ class GroupCoordinator:
             self.offsets.maybe_compact()
 
     def advance(self, now_ms: int) -> None:
-        for purgatory in (self.joins, self.sessions, self.syncs):
-            purgatory.advance(now_ms)
+        for timers in (self.joins, self.sessions, self.syncs):
+            timers.advance(now_ms)
 
     def next_expiration(self) -> int | None:
         """The earliest deadline of a group timer, or of the next slice of the offsets log while it loads."""
@@ -169,7 +171,7 @@ class GroupCoordinator:
     def _new_member(self, member_id: str, d: dict, protocols: list, waiter: Waiter | None) -> Member:
         return Member(member_id, d.get("instance"), d.get("client_id") or "", d.get("client_host") or "",
                       int(d["session_timeout_ms"]), int(d["rebalance_timeout_ms"]), d["protocol_type"], protocols,
-                      awaiting_join=waiter, is_new=True)
+                      awaiting_join=waiter)
 
     def _join_new(self, group: Group, d: dict, protocols: list, waiter: Waiter) -> None:
         instance_id = d.get("instance")
@@ -178,10 +180,8 @@ class GroupCoordinator:
             self._rejoin_static(group, group.current_static_member(instance_id), new_id, d, protocols, waiter)
         elif instance_id is None and waiter[2] >= REQUIRE_MEMBER_ID_VERSION:
             # KIP-394: the member must rejoin with this id; until then it is pending, with a session of its own.
-            expiry = SessionExpiry(self, group, new_id)
-            group.pending[new_id] = expiry
-            self.sessions.try_complete_else_watch(expiry, [("member", group.group_id, new_id)],
-                                                  self.clock() + int(d["session_timeout_ms"]))
+            group.pending[new_id] = True
+            self.sessions.renew((group.group_id, new_id), self.clock() + int(d["session_timeout_ms"]))
             self._join_reply(waiter, E.member_id_required, new_id)
         else:
             self._add_member_and_rebalance(group, self._new_member(new_id, d, protocols, waiter))
@@ -189,7 +189,7 @@ class GroupCoordinator:
     def _join_known(self, group: Group, member_id: str, instance_id: str | None, d: dict, protocols: list,
                     waiter: Waiter) -> None:
         if member_id in group.pending:
-            group.pending.pop(member_id).force_complete()
+            del group.pending[member_id]
             self._add_member_and_rebalance(group, self._new_member(member_id, d, protocols, waiter))
             return
         if instance_id is not None and group.current_static_member(instance_id) not in (None, member_id):
@@ -224,8 +224,7 @@ class GroupCoordinator:
         if old_member.awaiting_sync is not None:
             self._reply(old_member.awaiting_sync, {"error": int(E.fenced_instance_id), "assignment": ""})
             old_member.awaiting_sync = None
-        if old_member.session is not None:
-            old_member.session.force_complete()
+        self.sessions.forget((group.group_id, old_id))
         member = group.replace_static_member(d["instance"], old_id, new_id)
         member.protocols = protocols
         member.session_timeout_ms = int(d["session_timeout_ms"])
@@ -311,9 +310,8 @@ class GroupCoordinator:
         for member in [m for m in group.members.values() if m.awaiting_join is None and m.instance_id is None]:
             log.info("group %s: member %s did not rejoin in time: removed", group.group_id, member.member_id)
             self._forget(group, member)
-        for expiry in group.pending.values():
-            expiry.force_complete()
-        group.pending.clear()
+        # Pending members (given an id, not yet back with it) stay pending under their own session: back in
+        # time, they join a next generation, as in Kafka.
         joined = [m.member_id for m in group.members.values() if m.awaiting_join is not None]
         if group.members and not joined:  # only absent static members: wait for their sessions to end
             log.warning("group %s: no member rejoined; waiting again", group.group_id)
@@ -333,7 +331,7 @@ class GroupCoordinator:
         log.info("group %s: generation %d with %d members, protocol %s, leader %s", group.group_id,
                  group.generation, len(group.members), group.protocol, group.leader)
         for member in group.members.values():
-            waiter, member.awaiting_join, member.is_new = member.awaiting_join, None, False
+            waiter, member.awaiting_join = member.awaiting_join, None
             if waiter is not None:
                 self._renew_session(group, member)
                 self._answer_join(group, member, waiter)
@@ -414,21 +412,20 @@ class GroupCoordinator:
         self._error_only(waiter, E.rebalance_in_progress if group.is_(PREPARING) else E.none)
 
     def _renew_session(self, group: Group, member: Member) -> None:
-        """Kafka's completeAndScheduleNextHeartbeatExpiration: end the current session timer, start a new one."""
-        if member.session is not None:
-            member.session.force_complete()
-        member.session = SessionExpiry(self, group, member.member_id)
-        self.sessions.try_complete_else_watch(member.session, [("member", group.group_id, member.member_id)],
-                                              self.clock() + member.session_timeout_ms)
+        """Kafka's completeAndScheduleNextHeartbeatExpiration: the session runs session_timeout_ms from now."""
+        self.sessions.renew((group.group_id, member.member_id), self.clock() + member.session_timeout_ms)
 
-    def session_expired(self, group: Group, member_id: str, op: SessionExpiry) -> None:
-        if group.pending.get(member_id) is op:
-            del group.pending[member_id]
+    def session_expired(self, key: tuple[str, str]) -> None:
+        group_id, member_id = key
+        group = self.groups.get(group_id)
+        if group is None:
+            return
+        if group.pending.pop(member_id, None) is not None:
             if group.is_(PREPARING):
                 self.joins.check_and_complete(join_key(group.group_id))
             return
         member = group.members.get(member_id)
-        if member is None or member.session is not op:
+        if member is None:
             return
         if member.awaiting_join is not None or member.awaiting_sync is not None:
             self._renew_session(group, member)  # Kafka keeps members waiting for an answer alive
@@ -452,7 +449,8 @@ class GroupCoordinator:
             if not member_id and instance_id is not None:
                 member_id = group.current_static_member(instance_id) or ""
             if member_id in group.pending:
-                group.pending.pop(member_id).force_complete()
+                del group.pending[member_id]
+                self.sessions.forget((group.group_id, member_id))
                 results.append([member_id, instance_id, int(E.none)])
                 if group.is_(PREPARING):
                     self.joins.check_and_complete(join_key(group.group_id))
@@ -472,9 +470,7 @@ class GroupCoordinator:
         if member.awaiting_sync is not None:
             self._reply(member.awaiting_sync, {"error": int(E.unknown_member_id), "assignment": ""})
             member.awaiting_sync = None
-        if member.session is not None:
-            member.session.force_complete()
-            member.session = None
+        self.sessions.forget((group.group_id, member.member_id))
         group.remove(member.member_id)
 
     def _after_removal(self, group: Group, reason: str) -> None:

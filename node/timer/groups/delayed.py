@@ -1,12 +1,10 @@
-"""The group coordinator's delayed operations, each a timer in its purgatory's wheel (Kafka's DelayedJoin,
-InitialDelayedJoin and DelayedHeartbeat, plus the wait for a generation's SyncGroups).
+"""The group coordinator's delayed operations, each a timer in its purgatory's wheel (Kafka's DelayedJoin and
+InitialDelayedJoin, plus the wait for a generation's SyncGroups; sessions are node.timer.groups.sessions).
 
 - DelayedJoin: a join phase; completes once every known member has rejoined (checked on the group's key
   after each join or leave) or when the longest rebalance timeout of the members passes.
 - InitialDelayedJoin: the first join phase of an empty group waits `initial_rebalance_delay_ms` to batch the
   first joins, and again (never past the rebalance timeout) while new members keep arriving.
-- SessionExpiry: a member's session; replaced by a new one on every heartbeat, join and sync (the old one is
-  force-completed, which does nothing); expiring removes the member.
 - PendingSync: a generation's wait for SyncGroups; completed when the leader's assignment arrives, expiring
   (after the rebalance timeout) removes the members that never synced and starts a new join phase.
 
@@ -28,8 +26,6 @@ class GroupCoordinator(Protocol):
     def complete_join(self, group: Group, op: "DelayedJoin") -> None: ...
 
     def complete_initial_join(self, group: Group, op: "InitialDelayedJoin") -> None: ...
-
-    def session_expired(self, group: Group, member_id: str, op: "SessionExpiry") -> None: ...
 
     def sync_expired(self, group: Group, generation: int) -> None: ...
 
@@ -67,21 +63,6 @@ class InitialDelayedJoin(DelayedJoin):
 
     def on_complete(self) -> None:
         self.coordinator.complete_initial_join(self.group, self)
-
-
-class SessionExpiry(DelayedOperation):
-    __slots__ = ("coordinator", "group", "member_id")
-
-    def __init__(self, coordinator: GroupCoordinator, group: Group, member_id: str) -> None:
-        self.coordinator = coordinator
-        self.group = group
-        self.member_id = member_id
-
-    def try_complete(self) -> bool:
-        return False
-
-    def on_expiration(self) -> None:
-        self.coordinator.session_expired(self.group, self.member_id, self)
 
 
 class PendingSync(DelayedOperation):

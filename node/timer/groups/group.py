@@ -52,8 +52,6 @@ class Member:
     assignment: str = ""  # base64
     awaiting_join: Waiter | None = None
     awaiting_sync: Waiter | None = None
-    session: Any = None  # the pending session-expiry operation (node.timer.groups.delayed.SessionExpiry)
-    is_new: bool = False  # joined in the current join phase for the first time
 
     def metadata(self, protocol: str) -> str:
         for name, metadata in self.protocols:
@@ -74,7 +72,7 @@ class Group:
     protocol: str | None = None
     leader: str | None = None
     members: dict[str, Member] = field(default_factory=dict)
-    pending: dict[str, Any] = field(default_factory=dict)  # member id -> its session expiry, until it rejoins
+    pending: dict[str, bool] = field(default_factory=dict)  # member ids issued, not yet back (sessions of their own)
     static_members: dict[str, str] = field(default_factory=dict)  # instance id -> member id
     new_member_added: bool = False  # a new member joined during the initial rebalance delay
     join: Any = None  # the pending join phase (node.timer.groups.delayed.DelayedJoin)
