@@ -224,3 +224,22 @@ def test_static_member_restart_keeps_its_partitions_without_a_rebalance(node_fac
     duplicate = members("confluent", node.bootstrap, "g-static", topic, "--instance-id", "one", *session)
     wait_until(lambda: any("fenced" in e["text"].lower() for e in again.of("error")), "the fenced instance's error")
     wait_until(lambda: duplicate.assignment == owned, "the newest instance owning the partitions")
+
+
+def test_group_consumers_recover_when_the_timer_is_killed(node_factory, members):
+    """kill -9 of the timer process loses the groups' membership (they rejoin the new coordinator) but no
+    committed offset: after the restart no record is consumed again past a commit, and none is lost."""
+    node = node_factory(workers=2, config=GROUP_CONFIG)
+    topic, partitions = "timer-dies", 4
+    create_topic(node.bootstrap, topic, partitions)
+    produced = produce_numbered(node.bootstrap, topic, 0, 400, partitions)
+    group = [members("confluent", node.bootstrap, "g-timer", topic) for _ in range(2)]
+    wait_until(lambda: balanced(group, partitions), "two members")
+    wait_until(lambda: produced <= consumed_values(group), "every record consumed")
+    timer = node.pids("timer")[0]
+    os.kill(timer, signal.SIGKILL)
+    node.wait_for_pids("timer", 1, exclude={timer})
+    produced |= produce_numbered(node.bootstrap, topic, 400, 400, partitions)
+    wait_until(lambda: produced <= consumed_values(group), "records after the timer's restart consumed")
+    wait_until(lambda: balanced(group, partitions), "the group formed again")
+    check_no_committed_record_again(group)
