@@ -38,7 +38,8 @@ def main(argv: list[str] | None = None) -> int:
 
     setup_logging("supervisor")
     from node.supervisor import serve as run_node
-    return run_node(cfg)
+    reload = (lambda: node_config.load(args.config, overrides)) if args.config else None
+    return run_node(cfg, reload)
 
 
 if __name__ == "__main__":

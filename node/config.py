@@ -3,8 +3,10 @@
 Invariants:
 - Every tunable number of the node lives here (or in a nested config it owns, such as the log's);
   modules take their numbers from a config object, never from literals.
-- A config is immutable once loaded; processes receive it as JSON on their command line, so a
-  restarted child runs with exactly the configuration its siblings have.
+- A config is immutable once loaded. The supervisor writes the node's config to a file in the data directory
+  (`write_runtime`), which its children read at start (`read_runtime`), so a restarted child runs with exactly
+  the configuration its siblings have; on SIGHUP the supervisor rewrites it with the reloadable settings
+  changed (`RELOADABLE`) and the children re-read it.
 - Unknown keys in the TOML file are an error (a typo must not silently fall back to a default).
 - A table in the file overrides only the keys it names: the rest keep the node's defaults (which may
   differ from a nested config class's own defaults, e.g. the rings' capacity).
@@ -135,6 +137,44 @@ class GroupConfig:
 
 
 @dataclass(frozen=True)
+class QuotaLimits:
+    """Byte-rate quotas of one client id (0: unlimited), Kafka's producer_byte_rate and consumer_byte_rate."""
+
+    producer_byte_rate: int = 0
+    consumer_byte_rate: int = 0
+
+    def __post_init__(self) -> None:
+        for key in ("producer_byte_rate", "consumer_byte_rate"):
+            if getattr(self, key) < 0:
+                raise ValueError(f"{key}: must be 0 (unlimited) or a positive byte rate, got {getattr(self, key)}")
+
+
+@dataclass(frozen=True)
+class QuotaConfig:
+    """Client quotas (KIP-13, KIP-219): rates measured node-wide over sampled windows, as Kafka's."""
+
+    window_samples: int = 11  # quota.window.num
+    window_ms: int = 1000  # quota.window.size.seconds, in ms
+    default: QuotaLimits = field(default_factory=QuotaLimits)  # every client id not listed
+    clients: dict = field(default_factory=dict, metadata={"entries": QuotaLimits})  # client id -> QuotaLimits
+    # Workers report the bytes of quota'd clients to the timer's quota manager this often.
+    report_interval_ms: int = 10
+
+    def __post_init__(self) -> None:
+        for key, least in (("window_samples", 2), ("window_ms", 1), ("report_interval_ms", 1)):
+            if getattr(self, key) < least:
+                raise ValueError(f"{key}: must be at least {least}, got {getattr(self, key)}")
+
+    def limits(self, client_id: str | None) -> QuotaLimits:
+        return self.clients.get(client_id or "", self.default)
+
+    @property
+    def enabled(self) -> bool:
+        limits = [self.default, *self.clients.values()]
+        return any(q.producer_byte_rate or q.consumer_byte_rate for q in limits)
+
+
+@dataclass(frozen=True)
 class NodeConfig:
     server: ServerConfig = field(default_factory=ServerConfig)
     topics: TopicDefaults = field(default_factory=TopicDefaults)
@@ -142,6 +182,7 @@ class NodeConfig:
     flush: FlushConfig = field(default_factory=FlushConfig)
     log: LogConfig = field(default_factory=LogConfig)
     groups: GroupConfig = field(default_factory=GroupConfig)
+    quotas: QuotaConfig = field(default_factory=QuotaConfig)
     # The rings between each worker and the timer process (one each way).
     rings: RingConfig = field(default_factory=lambda: RingConfig(capacity=4 * 1024 * 1024))
 
@@ -155,13 +196,21 @@ class NodeConfig:
 
 def _build(defaults: Any, values: dict[str, Any], where: str) -> Any:
     """`defaults` (a config instance) with the keys of `values` replaced, recursively and type-checked."""
-    known = {f.name for f in dataclasses.fields(defaults)}
+    known = {f.name: f for f in dataclasses.fields(defaults)}
     kwargs: dict[str, Any] = {}
     for key, value in values.items():
         if key not in known:
             raise ConfigError(f"unknown setting {where}{key}")
         default = getattr(defaults, key)
-        if dataclasses.is_dataclass(default):
+        entries = known[key].metadata.get("entries")
+        if entries is not None:  # a table of named entries of one config class (quotas.clients)
+            if not isinstance(value, dict):
+                raise ConfigError(f"{where}{key} must be a table")
+            for name, entry in value.items():
+                if not isinstance(entry, dict):
+                    raise ConfigError(f"{where}{key}.{name} must be a table")
+            kwargs[key] = {name: _build(entries(), entry, f"{where}{key}.{name}.") for name, entry in value.items()}
+        elif dataclasses.is_dataclass(default):
             if not isinstance(value, dict):
                 raise ConfigError(f"{where}{key} must be a table")
             kwargs[key] = _build(default, value, f"{where}{key}.")
@@ -174,7 +223,10 @@ def _build(defaults: Any, values: dict[str, Any], where: str) -> Any:
             kwargs[key] = value
     try:
         return dataclasses.replace(defaults, **kwargs)
-    except ValueError as exc:  # a nested config's own check (__post_init__)
+    except ValueError as exc:  # a nested config's own check (__post_init__): "key: reason" names the key
+        key, sep, reason = str(exc).partition(": ")
+        if sep and key in known:
+            raise ConfigError(f"{where}{key}: {reason}") from None
         raise ConfigError(f"{where.rstrip('.') or 'config'}: {exc}") from None
 
 
@@ -194,7 +246,41 @@ def load(path: str | None = None, overrides: dict[str, Any] | None = None) -> No
     for dotted, value in (overrides or {}).items():
         section, _, key = dotted.partition(".")
         values.setdefault(section, {})[key] = value
-    return from_mapping(values)
+    try:
+        return from_mapping(values)
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}" if path else str(exc)) from None
+
+
+# Sections a running node takes on SIGHUP; a change anywhere else needs a restart.
+RELOADABLE = ("quotas",)
+RUNTIME_FILE = ".node-config.json"
+
+
+def runtime_path(data_dir: str) -> str:
+    return os.path.join(data_dir, RUNTIME_FILE)
+
+
+def write_runtime(config: NodeConfig, data_dir: str) -> str:
+    """Replace the children's config file atomically (readers see the old file or the new one)."""
+    path = runtime_path(data_dir)
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as f:
+        f.write(config.to_json())
+    os.replace(tmp, path)
+    return path
+
+
+def read_runtime(path: str) -> NodeConfig:
+    with open(path, "rb") as f:
+        return NodeConfig.from_json(f.read())
+
+
+def reloaded(current: NodeConfig, new: NodeConfig) -> tuple[NodeConfig, list[str]]:
+    """`current` with the reloadable sections of `new`, and the names of the other sections that differ."""
+    ignored = [f.name for f in dataclasses.fields(NodeConfig)
+               if f.name not in RELOADABLE and getattr(current, f.name) != getattr(new, f.name)]
+    return dataclasses.replace(current, **{name: getattr(new, name) for name in RELOADABLE}), ignored
 
 
 def parse_listen(text: str) -> tuple[str, int]:

@@ -16,6 +16,9 @@ Invariants:
   orphans holding the port or the rings.
 - SIGTERM / SIGINT: workers stop accepting and finish in-flight responses within the grace period,
   then the timer stops, then every partition is fsync'd, shared memory is unlinked, exit 0.
+- SIGHUP: the config file is read again; if valid, its reloadable sections (node.config.RELOADABLE) replace
+  the running ones in the children's config file and the children get SIGHUP to re-read it; an invalid file
+  changes nothing (one error line naming the file, key and reason).
 - Signals are handled synchronously (blocked, then sigtimedwait), so no handler ever runs in the
   middle of the supervisor's own bookkeeping.
 """
@@ -32,7 +35,9 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from typing import Callable
 
+from node import config as node_config
 from node import sdnotify
 from node.config import NodeConfig
 from node.resources import NodeResources
@@ -80,8 +85,10 @@ class ChildCannotBoot(Exception):
 
 
 class Supervisor:
-    def __init__(self, config: NodeConfig) -> None:
+    def __init__(self, config: NodeConfig, reload: Callable[[], NodeConfig] | None = None) -> None:
         self.config = config
+        self.reload = reload  # reads the config file again (SIGHUP); None: nothing to reload from
+        self.runtime_path = ""
         self.data_dir = os.path.abspath(config.server.data_dir)
         self.instance = instance_id_for(self.data_dir, config.server.port)
         self.children: list[Child] = []
@@ -143,7 +150,7 @@ class Supervisor:
         argv = [sys.executable, "-m", spec.module,
                 "--instance", self.instance,
                 "--index", str(spec.index),
-                "--config-json", self.config.to_json().decode(),
+                "--config-file", self.runtime_path,
                 "--supervisor-pid", str(os.getpid()), *spec.args]
         child.process = subprocess.Popen(argv, pass_fds=spec.fds, close_fds=True, preexec_fn=_child_setup,
                                          cwd=os.getcwd())
@@ -152,6 +159,7 @@ class Supervisor:
 
     def start(self) -> None:
         self._lock_data_dir()
+        self.runtime_path = node_config.write_runtime(self.config, self.data_dir)
         workers = self.config.server.worker_count()
         self.listeners = self._listen(workers)  # first: a taken port fails before anything is created
         self.resources = NodeResources.create(self.instance, self.config, self.data_dir)
@@ -200,7 +208,26 @@ class Supervisor:
         pass  # reap() runs after every signal
 
     def handle_hup(self) -> None:
-        log.info("SIGHUP: nothing to reload")
+        if self.reload is None:
+            log.info("SIGHUP: no config file to reload")
+            return
+        sdnotify.notify("RELOADING=1")
+        try:
+            new = self.reload()
+        except node_config.ConfigError as exc:
+            log.error("SIGHUP: config not reloaded: %s", exc)
+        else:
+            merged, ignored = node_config.reloaded(self.config, new)
+            if ignored:
+                log.warning("SIGHUP: changes to %s take effect at the next restart", ", ".join(ignored))
+            if merged != self.config:
+                self.config = merged
+                node_config.write_runtime(merged, self.data_dir)
+                for child in self.children:
+                    if child.process is not None and child.process.poll() is None:
+                        child.process.send_signal(signal.SIGHUP)
+                log.info("SIGHUP: reloaded %s", ", ".join(node_config.RELOADABLE))
+        sdnotify.notify("READY=1")
 
     def _next_wakeup_s(self) -> float:
         now = time.monotonic()
@@ -289,5 +316,5 @@ def _child_setup() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
-def serve(config: NodeConfig) -> int:
-    return Supervisor(config).run()
+def serve(config: NodeConfig, reload: Callable[[], NodeConfig] | None = None) -> int:
+    return Supervisor(config, reload).run()

@@ -73,11 +73,17 @@ class Kind(IntEnum):
     DESCRIBE_GROUPS = 23
     DELETE_GROUPS = 24
     DELETE_OFFSETS = 25
+    # Client quotas (node.timer.quotas)
+    QUOTA_USAGE = 32  # report number; document: {client id: [produce bytes, fetch bytes]} since the last report
+    THROTTLE = 33  # hold a throttled client until deadline_ms; document: the client id (for its counters)
     # timer -> worker
     COMPLETION = 64  # delayed requests that completed, satisfied or expired
     REPLY = 65  # the answer to a request that carries a document (topics, groups); document: the outcome
     TIMER_STARTED = 66  # a timer process (re)started: re-submit every delayed request still waiting
     LAYOUT = 67  # the topic catalog changed: reload it if older than catalog_version
+    # document: {"rates": {client id: [produce bytes/s, fetch bytes/s, produce window ms, fetch window ms]},
+    # "counted": {worker: the last report number counted in these rates}}, node-wide
+    QUOTA_STATE = 68
 
 
 class Status(IntEnum):
@@ -133,6 +139,10 @@ GROUP_KINDS = (Kind.JOIN_GROUP, Kind.SYNC_GROUP, Kind.HEARTBEAT, Kind.LEAVE_GROU
                Kind.FETCH_OFFSETS, Kind.LIST_GROUPS, Kind.DESCRIBE_GROUPS, Kind.DELETE_GROUPS, Kind.DELETE_OFFSETS)
 for _kind in GROUP_KINDS:
     declare(_kind, body=[("request_id", "Q"), ("api_version", "H")], document=True)
+QuotaUsage = declare(Kind.QUOTA_USAGE, body=[("report", "Q")], document=True).tuple_class
+Throttle = declare(Kind.THROTTLE, body=[("request_id", "Q"), ("deadline_ms", "q"), ("throttle_ms", "I"),
+                                        ("quota_kind", "B")], document=True).tuple_class
+QuotaState = declare(Kind.QUOTA_STATE, document=True).tuple_class
 Reply = declare(Kind.REPLY, body=[("request_id", "Q")], document=True).tuple_class
 TimerStarted = declare(Kind.TIMER_STARTED, body=[("pid", "I")]).tuple_class
 Layout = declare(Kind.LAYOUT, body=[("catalog_version", "Q")]).tuple_class

@@ -33,6 +33,7 @@ from workers import protocol as P
 from workers.connection import Connection, Request
 from workers.delayed import DelayedRequests
 from workers.handlers import Handlers
+from workers.quotas import ClientQuotas, Throttler
 from workers.timer_link import TimerLink
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
@@ -56,7 +57,8 @@ def worker_side(tmp_path):
         settled = []
         delayed = DelayedRequests(link, interest, config.timer.delayed_grace_ms,
                                   lambda req, outcome: settled.append(outcome), config.groups.max_request_document_bytes)
-        handlers = Handlers(store, config, delayed, "cluster")
+        handlers = Handlers(store, config, delayed, "cluster",
+                            Throttler(ClientQuotas(config.quotas, 0), delayed, lambda conn: None, lambda conn: None))
         requests = RingReader(shm_instance.request_ring_name(iid, 0), config=config.rings)
         client, server = socket.socketpair()
         try:

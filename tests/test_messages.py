@@ -34,6 +34,9 @@ def test_delay_fetch_round_trip(request_id, deadline, min_bytes, items):
     (Kind.REPLY, (5,), [], {"t": [0, None], "bad name": [17, "illegal topic name"]}),
     (Kind.TIMER_STARTED, (4321,), [], None),
     (Kind.HEARTBEAT, (7, 3), [], {"group": "g", "member": "m-1", "generation": 4, "instance": None}),
+    (Kind.QUOTA_USAGE, (7,), [], {"reporting-job": [1048576, 0]}),
+    (Kind.THROTTLE, (9, 123, 450, 1), [], "reporting-job"),
+    (Kind.QUOTA_STATE, (), [], {"rates": {"reporting-job": [2000000, 0, 10000, 10000]}, "counted": {"0": 7}}),
     (Kind.LAYOUT, (12,), [], None),
 ])
 def test_every_kind_round_trips(kind, body, items, document):
@@ -47,7 +50,7 @@ def test_every_declared_kind_is_in_the_test_above():
     assert set(M.MESSAGES) == set(Kind)
     assert {kind for kind in Kind if kind < M.FIRST_TIMER_KIND} == {
         Kind.DELAY_FETCH, Kind.DELAY_PRODUCE, Kind.APPEND, Kind.CANCEL, Kind.CREATE_TOPICS, Kind.DELETE_TOPICS,
-        *M.GROUP_KINDS}
+        *M.GROUP_KINDS, Kind.QUOTA_USAGE, Kind.THROTTLE}
 
 
 @pytest.mark.parametrize("bad", [

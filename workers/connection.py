@@ -62,7 +62,8 @@ class ConnectionClosed(Exception):
 
 
 class Connection:
-    __slots__ = ("sock", "fd", "peer", "inbuf", "slots", "outq", "max_request", "recv_bytes", "wants_write", "closed")
+    __slots__ = ("sock", "fd", "peer", "inbuf", "slots", "outq", "max_request", "recv_bytes", "wants_write", "closed",
+                 "mutes", "held")
 
     def __init__(self, sock: socket.socket, peer: Any, max_request: int, recv_bytes: int) -> None:
         self.sock = sock
@@ -76,6 +77,10 @@ class Connection:
         self.recv_bytes = recv_bytes  # most bytes taken from the socket per read
         self.wants_write = False
         self.closed = False
+        self.mutes = 0  # throttles in force (quotas): the connection is read only when none is
+        # Requests read before a throttle muted the connection, handled when it ends (as Kafka, which handles
+        # one request of a connection at a time, would read them only then).
+        self.held: deque[memoryview] = deque()
 
     # -- input ---------------------------------------------------------------------------
 

@@ -101,6 +101,14 @@ class DelayedRequests:
         return self._wait(req, deadline, finish,
                           lambda rid: M.encode(M.Kind.DELAY_FETCH, rid, deadline, min_bytes, items=watch))
 
+    def throttle(self, req: Request, client: str | None, quota_kind: int, throttle_ms: int,
+                 then: Continuation) -> Outcome:
+        """Hold a throttled client for throttle_ms on a timer in the timer process (THROTTLE); `then(status)` runs
+        when it ends: it unmutes the connection (Outcome.DEFERRED) or returns the response held back."""
+        deadline = monotonic_ms() + throttle_ms
+        return self._wait(req, deadline, then, lambda rid: M.encode(M.Kind.THROTTLE, rid, deadline, throttle_ms,
+                                                                    quota_kind, document=client or ""))
+
     def ask(self, req: Request, kind: M.Kind, document: Any, timeout_ms: int, answer: Continuation,
             *body: Any) -> Outcome:
         """A request the timer process answers with a REPLY document (topic creation and deletion, the group

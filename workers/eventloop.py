@@ -8,7 +8,7 @@ file events that fired (read first, then write), then the timers that are due.
 Invariants:
 - The loop never blocks anywhere but in its one select(); handlers must not block either.
 - A file object is registered at most once, with a read handler and an optional write handler; it is
-  selected for writing only while it has a write handler.
+  selected for reading unless paused, and for writing only while it has a write handler.
 - A timer runs once, at or after its time (monotonic seconds), in time order; a cancelled one never runs.
 - `stop()` ends the loop after the current turn.
 """
@@ -39,6 +39,7 @@ class Timer:
 class EventLoop:
     def __init__(self) -> None:
         self.selector = selectors.DefaultSelector()
+        self._files: dict[Any, list] = {}  # file object -> [read handler, write handler, reading paused]
         self._timers: list[tuple[float, int, Timer]] = []
         self._sequence = itertools.count()
         self._before_sleep: list[Callable[[], float | None]] = []
@@ -48,20 +49,48 @@ class EventLoop:
     # -- file events --------------------------------------------------------------------------
 
     def watch(self, fileobj: Any, on_read: Handler, on_write: Handler | None = None) -> None:
-        events = selectors.EVENT_READ | (selectors.EVENT_WRITE if on_write else 0)
-        self.selector.register(fileobj, events, (on_read, on_write))
+        self._files[fileobj] = [on_read, on_write, False]
+        self._apply(fileobj)
 
     def want_write(self, fileobj: Any, on_write: Handler | None) -> None:
         """Select `fileobj` for writing with this handler, or (None) stop selecting it for writing."""
-        on_read, _ = self.selector.get_key(fileobj).data
-        events = selectors.EVENT_READ | (selectors.EVENT_WRITE if on_write else 0)
-        self.selector.modify(fileobj, events, (on_read, on_write))
+        self._files[fileobj][1] = on_write
+        self._apply(fileobj)
+
+    def pause_reading(self, fileobj: Any) -> None:
+        """Stop selecting `fileobj` for reading until resume_reading (its write handler, if any, stays)."""
+        entry = self._files.get(fileobj)
+        if entry is not None and not entry[2]:
+            entry[2] = True
+            self._apply(fileobj)
+
+    def resume_reading(self, fileobj: Any) -> None:
+        entry = self._files.get(fileobj)
+        if entry is not None and entry[2]:
+            entry[2] = False
+            self._apply(fileobj)
 
     def unwatch(self, fileobj: Any) -> None:
+        if self._files.pop(fileobj, None) is not None:
+            try:
+                self.selector.unregister(fileobj)
+            except (KeyError, ValueError):
+                pass
+
+    def _apply(self, fileobj: Any) -> None:
+        on_read, on_write, paused = self._files[fileobj]
+        events = (0 if paused else selectors.EVENT_READ) | (selectors.EVENT_WRITE if on_write else 0)
         try:
-            self.selector.unregister(fileobj)
-        except (KeyError, ValueError):
-            pass
+            key = self.selector.get_key(fileobj)
+        except KeyError:
+            key = None
+        if not events:
+            if key is not None:
+                self.selector.unregister(fileobj)
+        elif key is None:
+            self.selector.register(fileobj, events, (on_read, on_write))
+        else:
+            self.selector.modify(fileobj, events, (on_read, on_write))
 
     # -- timers and hooks ---------------------------------------------------------------------
 

@@ -36,11 +36,16 @@ from workers.groups import GroupHandlers
 from workers.fetch_codec import FetchPartitionResult, FetchTopicResult, encode_fetch_response
 from workers.outcome import Outcome
 from workers.produce_codec import ProducePartitionResult, ProduceTopicResult, encode_produce_response
+from workers.quotas import FETCH, PRODUCE, Throttler
 from workers.responses import ZERO_THROTTLE, code, entity, reply
 
 log = logging.getLogger("shmbroker.handlers")
 
 _ACKS_ALL = -1
+# KIP-219: from these versions a client backs off by itself on throttle_time_ms: answer at once, mute the
+# connection; older ones get their response held back for the throttle time.
+_SELF_THROTTLING_PRODUCE_VERSION = 6
+_SELF_THROTTLING_FETCH_VERSION = 8
 _LATEST = -1
 _EARLIEST = -2
 # zstd batches (codec 4) need Produce v7+ (KIP-110); older requests get UNSUPPORTED_COMPRESSION_TYPE.
@@ -67,11 +72,14 @@ def wall_ms() -> int:
 
 
 class Handlers:
-    def __init__(self, partitions: PartitionStore, config: NodeConfig, delayed: DelayedRequests, cluster_id: str) -> None:
+    def __init__(self, partitions: PartitionStore, config: NodeConfig, delayed: DelayedRequests, cluster_id: str,
+                 throttler: Throttler) -> None:
         self.partitions = partitions
         self.config = config
         self.delayed = delayed
         self.cluster_id = cluster_id
+        self.throttler = throttler
+        self.quotas = throttler.quotas
         self.dispatch_table: dict[int, Callable[[Any, Any], Any]] = {
             P.PRODUCE: self.produce,
             P.FETCH: self.fetch,
@@ -240,9 +248,12 @@ class Handlers:
         now_ms = wall_ms()
         topics: list[ProduceTopicResult] = []
         waits: list[tuple[int, int]] = []  # (row, offset that must be flushed) for acks=all
+        record_bytes = 0
         for topic in request.topics:
             results = []
             for part in topic.partitions:
+                if part.records is not None:
+                    record_bytes += len(part.records)
                 result = ProducePartitionResult(part.index)
                 results.append(result)
                 if acks not in (0, 1, _ACKS_ALL):
@@ -279,17 +290,24 @@ class Handlers:
                 if acks == _ACKS_ALL:
                     waits.append((row, appended.last_offset + 1))
             topics.append(ProduceTopicResult(topic.name, results))
-        if acks == 0:
-            return Outcome.NO_RESPONSE
         h = req.header
+        client = h.client_id
+        self.quotas.charge(client, PRODUCE, record_bytes)
+        throttle_ms = self.quotas.throttle_ms(client, PRODUCE)
+        if acks == 0:
+            return self.throttler.apply(req, Outcome.NO_RESPONSE, client, PRODUCE, throttle_ms, mutes=True)
+        mutes = h.api_version >= _SELF_THROTTLING_PRODUCE_VERSION
 
         def answer(status: Any = None) -> Outcome:
             if waits:
                 self._mark_unflushed(topics, waits)
-            return Outcome.reply([encode_produce_response(h.api_version, h.correlation_id, topics)])
+            outcome = Outcome.reply([encode_produce_response(h.api_version, h.correlation_id, topics, throttle_ms)])
+            return outcome if mutes else self.throttler.apply(req, outcome, client, PRODUCE, throttle_ms, False)
 
         if not waits or self._all_flushed(waits):
-            return answer()
+            return self.throttler.apply(req, answer(), client, PRODUCE, throttle_ms, mutes) if mutes else answer()
+        if mutes:  # answered later (after the fsync), muted from now on
+            self.throttler.apply(req, Outcome.NO_RESPONSE, client, PRODUCE, throttle_ms, True)
         return self.delayed.delay_produce(req, waits, request.timeout_ms, answer)
 
     def _all_flushed(self, waits: list[tuple[int, int]]) -> bool:
@@ -310,16 +328,44 @@ class Handlers:
     # -- Fetch -------------------------------------------------------------------------------
 
     def fetch(self, req: Request, request: Any) -> Outcome:
+        client = req.header.client_id
+        throttle_ms = self.quotas.throttle_ms(client, FETCH)
+        if throttle_ms:  # over its quota: no records (and no charge), the client waits out the throttle
+            mutes = req.header.api_version >= _SELF_THROTTLING_FETCH_VERSION
+            return self.throttler.apply(req, self._fetch_response(req, self._empty_fetch(request), throttle_ms), client,
+                                        FETCH, throttle_ms, mutes)
         topics, total, has_error, watch = self._read_fetch(request)
         max_wait_ms = _millis(request.max_wait)
         if total >= request.min_bytes or max_wait_ms <= 0 or has_error or not watch:
-            return self._fetch_response(req, topics)
+            return self._charged_fetch_response(req, topics)
         return self.delayed.delay_fetch(req, watch, request.min_bytes, max_wait_ms,
-                                        lambda status: self._fetch_response(req, self._read_fetch(request)[0]))
+                                        lambda status: self._charged_fetch_response(req, self._read_fetch(request)[0]))
 
-    def _fetch_response(self, req: Request, topics: list[FetchTopicResult]) -> Outcome:
+    def _charged_fetch_response(self, req: Request, topics: list[FetchTopicResult]) -> Outcome:
+        self.quotas.charge(req.header.client_id, FETCH,
+                           sum(piece.length for t in topics for p in t.partitions for piece in p.records))
+        return self._fetch_response(req, topics)
+
+    def _fetch_response(self, req: Request, topics: list[FetchTopicResult], throttle_ms: int = 0) -> Outcome:
         h = req.header
-        return Outcome.reply(encode_fetch_response(h.api_version, h.correlation_id, topics).pieces)
+        return Outcome.reply(encode_fetch_response(h.api_version, h.correlation_id, topics,
+                                                   throttle_time_ms=throttle_ms).pieces)
+
+    def _empty_fetch(self, request: Any) -> list[FetchTopicResult]:
+        """The answer of a throttled fetch: every partition, no records."""
+        topics = []
+        for topic in request.topics:
+            results = []
+            for part in topic.partitions:
+                row = self.partitions.row(topic.topic, part.partition)
+                if row is None:
+                    results.append(FetchPartitionResult(part.partition, error_code=E.UNKNOWN_TOPIC_OR_PARTITION))
+                    continue
+                state = self.partitions.table.read(row)
+                results.append(FetchPartitionResult(part.partition, high_watermark=state.high_watermark,
+                                                    log_start_offset=state.log_start_offset))
+            topics.append(FetchTopicResult(topic.topic, results))
+        return topics
 
     def _read_fetch(self, request: Any) -> tuple[list[FetchTopicResult], int, bool, list[tuple[int, int]]]:
         """Read every requested partition: (results, total bytes, any error, [(row, end_bytes)] to watch)."""

@@ -28,9 +28,10 @@ import signal
 import socket
 import sys
 import time
+from collections import deque
 from typing import Any
 
-from node.config import NodeConfig
+from node.config import NodeConfig, read_runtime, reloaded
 from node.logging_setup import setup_logging
 from node.storage.store import PartitionStore
 from shm import instance as shm_instance
@@ -45,6 +46,7 @@ from workers.errors import ProtocolError
 from workers.eventloop import EventLoop, Timer
 from workers.handlers import Handlers
 from workers.outcome import Outcome
+from workers.quotas import ClientQuotas, Throttler
 from workers.timer_link import TimerLink
 
 log = logging.getLogger("shmbroker.worker")
@@ -54,8 +56,9 @@ WAKEUP_READ_BYTES = 512  # one byte per signal delivered; more than a turn ever 
 
 class Worker:
     def __init__(self, instance: str, index: int, config: NodeConfig, listen_fd: int, bell_fd: int,
-                 supervisor_pid: int) -> None:
+                 supervisor_pid: int, config_path: str = "") -> None:
         self.instance = instance
+        self.config_path = config_path
         self.index = index
         self.config = config
         self.supervisor_pid = supervisor_pid
@@ -66,8 +69,11 @@ class Worker:
         self.link = TimerLink(instance, index, config.rings, bell_fd)
         max_frame = min(config.groups.max_request_document_bytes, max_payload(config.rings.capacity))
         self.delayed = DelayedRequests(self.link, self.interest, config.timer.delayed_grace_ms, self._settle, max_frame)
-        self.handlers = Handlers(self.partitions, config, self.delayed, cluster_id=f"shmbroker-{instance}")
+        self.quotas = ClientQuotas(config.quotas, index)
+        throttler = Throttler(self.quotas, self.delayed, self._mute, self._unmute)
+        self.handlers = Handlers(self.partitions, config, self.delayed, f"shmbroker-{instance}", throttler)
         self.message_handlers = {
+            M.Kind.QUOTA_STATE: self.quotas.on_state,
             M.Kind.COMPLETION: self.delayed.on_completion,
             M.Kind.REPLY: self.delayed.on_reply,
             M.Kind.TIMER_STARTED: self._on_timer_started,
@@ -81,6 +87,8 @@ class Worker:
         self._stopping_since: float | None = None
         self._stop_started = False
         self._self_check: Timer | None = None
+        self._quota_report: Timer | None = None
+        self._reload = False
         self._wakeup_r, self._wakeup_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
 
     # -- connections -------------------------------------------------------------------------
@@ -122,8 +130,14 @@ class Worker:
         except ConnectionClosed as exc:
             self._close(conn, None if str(exc) == "peer closed" else str(exc))
             return
-        for frame in frames:
+        self._handle_frames(conn, frames)
+
+    def _handle_frames(self, conn: Connection, frames: Any) -> None:
+        for i, frame in enumerate(frames):
             if conn.closed:
+                return
+            if conn.mutes:  # a throttle began: the rest waits for its end
+                conn.held.extend(frames[i:])
                 return
             self._handle(conn, frame)
 
@@ -186,11 +200,63 @@ class Worker:
         if message.catalog_version != self.partitions.version:
             self.partitions.reload()
 
+    # -- quotas --------------------------------------------------------------------------------
+
+    def _mute(self, conn: Connection) -> None:
+        """Stop reading a throttled client's connection until its throttle ends (KIP-219)."""
+        if not conn.closed:
+            conn.mutes += 1
+            self.loop.pause_reading(conn.sock)
+
+    def _unmute(self, conn: Connection) -> None:
+        if not conn.closed:
+            conn.mutes = max(0, conn.mutes - 1)
+            if not conn.mutes:  # on the next turn: this runs inside a timer message's handling
+                self.loop.call_later(0, lambda: self._resume(conn))
+
+    def _resume(self, conn: Connection) -> None:
+        """A throttle ended: the requests held back first (they may throttle again), then the socket."""
+        if conn.closed or conn.mutes:
+            return
+        held, conn.held = list(conn.held), deque()
+        self._handle_frames(conn, held)
+        if not conn.closed and not conn.mutes:
+            self.loop.resume_reading(conn.sock)
+
+    def _report_quota_usage(self) -> None:
+        self._quota_report = None
+        frame = self.quotas.report()
+        if frame is not None:
+            self.link.send(frame)
+        self._arm_quota_report()
+
+    def _arm_quota_report(self) -> None:
+        if self.config.quotas.enabled and self._quota_report is None:
+            self._quota_report = self.loop.call_later(self.config.quotas.report_interval_ms / 1000,
+                                                      self._report_quota_usage)
+
+    def _reload_config(self) -> None:
+        """SIGHUP: the supervisor rewrote the config file with new reloadable settings."""
+        self._reload = False
+        try:
+            new = read_runtime(self.config_path)
+        except (OSError, ValueError) as exc:
+            log.error("SIGHUP: cannot read %s: %s", self.config_path, exc)
+            return
+        self.config, _ = reloaded(self.config, new)
+        self.handlers.config = self.config
+        self.quotas.reconfigure(self.config.quotas)
+        self._arm_quota_report()
+        log.info("reloaded quotas")
+
     # -- loop hooks ---------------------------------------------------------------------------
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         if self._stopping_since is None:
             self._stopping_since = time.monotonic()
+
+    def _on_hup(self, signum: int, frame: Any) -> None:
+        self._reload = True
 
     def _stop_procedure(self) -> float | None:
         """Before sleeping: notice a lost supervisor; once stopping, stop accepting, close idle connections,
@@ -216,6 +282,8 @@ class Worker:
 
     def _from_timer(self) -> float | None:
         """Before sleeping: the timer's messages, then this turn's frames to it."""
+        if self._reload:
+            self._reload_config()
         for message in self.link.receive():
             handler = self.message_handlers.get(message.kind)
             if handler is None:
@@ -255,7 +323,9 @@ class Worker:
         signal.set_wakeup_fd(self._wakeup_w)
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
+        signal.signal(signal.SIGHUP, self._on_hup)
         loop = self.loop
+        self._arm_quota_report()
         loop.watch(self.listener, self._accept)
         loop.watch(self.link.doorbell_fd, self.link.drain_doorbell)
         loop.watch(self._wakeup_r, self._read_wakeup)
@@ -278,14 +348,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--instance", required=True)
     parser.add_argument("--index", type=int, required=True)
-    parser.add_argument("--config-json", required=True)
+    parser.add_argument("--config-file", required=True)
     parser.add_argument("--supervisor-pid", type=int, required=True)
     parser.add_argument("--listen-fd", type=int, required=True)
     parser.add_argument("--bell-fd", type=int, required=True)
     args = parser.parse_args(argv)
     setup_logging(f"worker-{args.index}")
-    config = NodeConfig.from_json(args.config_json)
-    worker = Worker(args.instance, args.index, config, args.listen_fd, args.bell_fd, args.supervisor_pid)
+    config = read_runtime(args.config_file)
+    worker = Worker(args.instance, args.index, config, args.listen_fd, args.bell_fd, args.supervisor_pid,
+                    args.config_file)
     return worker.run()
 
 

@@ -83,6 +83,22 @@ class DelayedProduce(TimerOperation):
         return all(read(row).flushed_offset >= required for row, required in zip(self.rows, self.required_offsets))
 
 
+class DelayedTimeout(TimerOperation):
+    """A wait that only time ends (a throttled client's): it completes, expired, at its deadline, unless
+    cancelled first."""
+
+    __slots__ = ()
+
+    def __init__(self, worker: int, request_id: int, table: PartitionTable, sink: CompletionSink) -> None:
+        super().__init__(worker, request_id, [], table, sink)
+
+    def watch_keys(self) -> list:
+        return [("timeout", self.worker, self.request_id)]
+
+    def satisfied(self) -> bool:
+        return False
+
+
 class DelayedFlush(DelayedProduce):
     """A wait of the timer process itself (not of a worker's request) until rows are fsync'd to the given
     offsets: the durable offset commits of the group coordinator. `done(flushed)` is called once."""

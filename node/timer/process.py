@@ -6,6 +6,7 @@
 - the delayed-operation service (node.timer.service): long-poll fetches and acks=all produces;
 - the controller (node.timer.controller): topic creation and deletion;
 - the group coordinator (node.timer.groups): consumer groups and their committed offsets;
+- the quota manager (node.timer.quotas): clients' byte rates, node-wide, and throttle timers;
 - the flusher (node.timer.flusher): group-commit fsync, and the thread the chores run on;
 - the chores (node.timer.chores): producer-state snapshots and retention, on a wheel of their own;
 - the outbox (node.timer.outbox): everything sent back to the workers.
@@ -32,7 +33,7 @@ from typing import Any, Callable
 
 import posix_ipc
 
-from node.config import NodeConfig
+from node.config import NodeConfig, read_runtime, reloaded
 from node.logging_setup import setup_logging
 from node.storage.store import PartitionStore
 from node.timer.chores import Chore, ChoreScheduler
@@ -41,6 +42,7 @@ from node.timer.flusher import Flusher
 from node.timer.groups.coordinator import GroupCoordinator
 from node.timer.groups.offsets import OffsetStore
 from node.timer.outbox import Outbox
+from node.timer.quotas import QuotaManager
 from node.timer.service import DelayedOperations
 from shm import instance as shm_instance
 from shm import messages as M
@@ -57,8 +59,11 @@ def monotonic_ms() -> int:
 
 
 class TimerProcess:
-    def __init__(self, instance: str, config: NodeConfig, worker_bell_fds: list[int], supervisor_pid: int) -> None:
+    def __init__(self, instance: str, config: NodeConfig, worker_bell_fds: list[int], supervisor_pid: int,
+                 config_path: str = "") -> None:
         self.config = config
+        self.config_path = config_path
+        self._reload = False
         self.supervisor_pid = supervisor_pid
         self.table = PartitionTable.attach(shm_instance.table_name(instance))
         self.interest = InterestTable.attach(shm_instance.interest_name(instance))
@@ -82,6 +87,7 @@ class TimerProcess:
         self.groups = GroupCoordinator(groups, self.outbox, offsets, self.store, config.timer.wheel,
                                        config.timer.purgatory, now)
         self.controller = Controller(self.store, self.outbox, self.flusher)
+        self.quotas = QuotaManager(config.quotas, self.outbox, now)
         self.chores = ChoreScheduler(config.timer.wheel, now, self._run_chore)
         flush = config.flush
         self.chores.every("producer snapshots", flush.producer_snapshot_interval_ms, _write_producer_snapshots, now)
@@ -96,8 +102,14 @@ class TimerProcess:
             M.Kind.CREATE_TOPICS: self.controller.create_topics,
             M.Kind.DELETE_TOPICS: self.controller.delete_topics,
             **self.groups.handlers,
+            M.Kind.QUOTA_USAGE: self.quotas.usage,
+            M.Kind.THROTTLE: self._throttle,
         }
         self.stopping = False
+
+    def _throttle(self, worker: int, message: Any) -> None:
+        self.quotas.throttled(worker, message)
+        self.operations.delay_throttle(worker, message)
 
     def _run_chore(self, chore: Chore) -> None:
         self.flusher.submit(chore.name, chore.job)
@@ -134,7 +146,7 @@ class TimerProcess:
     def _sleep_timeout_s(self, now: int) -> float:
         timeout = self.config.timer.max_sleep_ms
         for deadline in (self.operations.next_expiration(), self.chores.next_expiration(),
-                         self.groups.next_expiration()):
+                         self.groups.next_expiration(), self.quotas.next_expiration()):
             if deadline is not None:
                 timeout = min(timeout, max(0, deadline - now))
         if self.outbox.pending():  # a full completion ring: try again soon
@@ -145,9 +157,26 @@ class TimerProcess:
         self.stopping = True
         self.bell.ring()
 
+    def _on_hup(self, signum: int, frame: Any) -> None:
+        self._reload = True
+        self.bell.ring()
+
+    def _reload_config(self) -> None:
+        """SIGHUP: the supervisor rewrote the config file with new reloadable settings."""
+        self._reload = False
+        try:
+            new = read_runtime(self.config_path)
+        except (OSError, ValueError) as exc:
+            log.error("SIGHUP: cannot read %s: %s", self.config_path, exc)
+            return
+        self.config, _ = reloaded(self.config, new)
+        self.quotas.reconfigure(self.config.quotas)
+        log.info("reloaded quotas")
+
     def run(self) -> int:
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
+        signal.signal(signal.SIGHUP, self._on_hup)
         self.flusher.start()
         self.outbox.broadcast(M.encode(M.Kind.TIMER_STARTED, os.getpid()))
         self.outbox.flush()
@@ -163,6 +192,8 @@ class TimerProcess:
                 except posix_ipc.SignalError:
                     pass  # SIGTERM: the handler set `stopping`
             woke_all(self.readers)
+            if self._reload:
+                self._reload_config()
             self._drain()
             self._on_flushed()
             self.groups.turn()
@@ -170,6 +201,7 @@ class TimerProcess:
             self.operations.advance(now)
             self.groups.advance(now)
             self.chores.advance(now)
+            self.quotas.end_turn(now)
             self.outbox.flush()
         # Let pending acks=all produces see a last flush before going.
         self.flusher.stop(self.config.server.shutdown_grace_ms / 1000)
@@ -196,14 +228,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--instance", required=True)
     parser.add_argument("--index", type=int, default=0)
-    parser.add_argument("--config-json", required=True)
+    parser.add_argument("--config-file", required=True)
     parser.add_argument("--supervisor-pid", type=int, required=True)
     parser.add_argument("--worker-bell-fds", required=True)
     args = parser.parse_args(argv)
     setup_logging("timer")
-    config = NodeConfig.from_json(args.config_json)
+    config = read_runtime(args.config_file)
     fds = [int(fd) for fd in args.worker_bell_fds.split(",") if fd]
-    return TimerProcess(args.instance, config, fds, args.supervisor_pid).run()
+    return TimerProcess(args.instance, config, fds, args.supervisor_pid, args.config_file).run()
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from node.config import NodeConfig
-from node.timer.delayed import DelayedFetch, DelayedFlush, DelayedProduce, TimerOperation
+from node.timer.delayed import DelayedFetch, DelayedFlush, DelayedProduce, DelayedTimeout, TimerOperation
 from node.timer.flusher import Flusher
 from node.timer.outbox import Outbox
 from node.timer.purgatory import Purgatory
@@ -38,6 +38,7 @@ class DelayedOperations:
         timer = config.timer
         self.fetches = Purgatory.configured("fetch", timer.purgatory, timer.wheel, now_ms)
         self.produces = Purgatory.configured("produce", timer.purgatory, timer.wheel, now_ms)
+        self.throttles = Purgatory.configured("throttle", timer.purgatory, timer.wheel, now_ms)
         self.operations: dict[tuple[int, int], TimerOperation] = {}
         self.cancelled: set[tuple[int, int]] = set()
 
@@ -54,6 +55,11 @@ class DelayedOperations:
                             [offset for _, offset in message.items], self.table, self._completed)
         self._mark_dirty(op.watch_keys())
         self._watch(self.produces, op, message.deadline_ms)
+
+    def delay_throttle(self, worker: int, message: Any) -> None:
+        """THROTTLE: answer (expired) at the deadline; the worker then unmutes or sends what it held back."""
+        self._watch(self.throttles, DelayedTimeout(worker, message.request_id, self.table, self._completed),
+                    message.deadline_ms)
 
     def appended(self, worker: int, message: Any) -> None:
         for (row,) in message.items:
@@ -80,11 +86,11 @@ class DelayedOperations:
             self.produces.check_and_complete(row)
 
     def advance(self, now_ms: int) -> None:
-        self.fetches.advance(now_ms)
-        self.produces.advance(now_ms)
+        for purgatory in (self.fetches, self.produces, self.throttles):
+            purgatory.advance(now_ms)
 
     def next_expiration(self) -> int | None:
-        deadlines = [d for d in (self.fetches.next_expiration(), self.produces.next_expiration()) if d is not None]
+        deadlines = [d for p in (self.fetches, self.produces, self.throttles) if (d := p.next_expiration()) is not None]
         return min(deadlines) if deadlines else None
 
     # -- internals --------------------------------------------------------------------------------
