@@ -175,6 +175,21 @@ class QuotaConfig:
 
 
 @dataclass(frozen=True)
+class PriorityConfig:
+    """Priority topics: T.p0 ... T.p{L-1} (the highest level last) are the levels of priority topic T."""
+
+    # A Fetch covering two or more levels of one priority topic splits its max_bytes across them
+    # exponentially (each level twice the one below), lending what a level cannot use to the levels that
+    # can; off: the levels are ordinary topics, read in request order as Kafka does.
+    fetch_split: bool = True
+    max_levels: int = 16  # a name T.pN with N at or above this is an ordinary topic
+
+    def __post_init__(self) -> None:
+        if not 2 <= self.max_levels <= 30:
+            raise ValueError(f"max_levels: must be in 2..30 (2^levels weights), got {self.max_levels}")
+
+
+@dataclass(frozen=True)
 class NodeConfig:
     server: ServerConfig = field(default_factory=ServerConfig)
     topics: TopicDefaults = field(default_factory=TopicDefaults)
@@ -183,6 +198,7 @@ class NodeConfig:
     log: LogConfig = field(default_factory=LogConfig)
     groups: GroupConfig = field(default_factory=GroupConfig)
     quotas: QuotaConfig = field(default_factory=QuotaConfig)
+    priority: PriorityConfig = field(default_factory=PriorityConfig)
     # The rings between each worker and the timer process (one each way).
     rings: RingConfig = field(default_factory=lambda: RingConfig(capacity=4 * 1024 * 1024))
 

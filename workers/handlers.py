@@ -34,6 +34,7 @@ from workers.connection import FileRange, Request
 from workers.delayed import DelayedRequests
 from workers.groups import GroupHandlers
 from workers.fetch_codec import FetchPartitionResult, FetchTopicResult, encode_fetch_response
+from workers import priority
 from workers.outcome import Outcome
 from workers.produce_codec import ProducePartitionResult, ProduceTopicResult, encode_produce_response
 from workers.quotas import FETCH, PRODUCE, Throttler
@@ -80,6 +81,7 @@ class Handlers:
         self.cluster_id = cluster_id
         self.throttler = throttler
         self.quotas = throttler.quotas
+        self.level_names = priority.LevelNames(config.priority.max_levels, config.topics.max_partitions)
         self.dispatch_table: dict[int, Callable[[Any, Any], Any]] = {
             P.PRODUCE: self.produce,
             P.FETCH: self.fetch,
@@ -368,38 +370,89 @@ class Handlers:
         return topics
 
     def _read_fetch(self, request: Any) -> tuple[list[FetchTopicResult], int, bool, list[tuple[int, int]]]:
-        """Read every requested partition: (results, total bytes, any error, [(row, end_bytes)] to watch)."""
-        remaining = request.max_bytes if request.max_bytes > 0 else self.config.server.request_max_bytes
-        total = 0
-        has_error = False
-        watch: list[tuple[int, int]] = []
-        topics = []
-        for topic in request.topics:
-            results = []
+        """Read every requested partition: (results, total bytes, any error, [(row, end_bytes)] to watch).
+
+        The levels of a priority topic share the budget as workers.priority says, when the node splits it."""
+        read = _FetchRead(request.max_bytes if request.max_bytes > 0 else self.config.server.request_max_bytes)
+        topics = request.topics
+        families = self.level_names.families(topics) if self.config.priority.fetch_split else None
+        in_family = {index: family for family, indices in (families or {}).items() for index in indices}
+        results: list[list[FetchPartitionResult] | None] = [None] * len(topics)
+        for index, topic in enumerate(topics):
+            family = in_family.get(index)
+            if family is None:
+                results[index] = [self._read_partition(read, topic.topic, part) for part in topic.partitions]
+            elif results[index] is None:  # the family's first topic: all its levels now
+                self._read_family(read, topics, families[family], results)
+        return ([FetchTopicResult(topic.topic, parts) for topic, parts in zip(topics, results)], read.total,
+                read.has_error, read.watch)
+
+    def _read_partition(self, read: "_FetchRead", topic: str, part: Any) -> FetchPartitionResult:
+        result, row, piece = self._read_piece(topic, part, read.limit(part), min_one_batch=(read.total == 0))
+        return read.add(result, row, piece)
+
+    def _read_piece(self, topic: str, part: Any, limit: int, min_one_batch: bool) -> tuple:
+        """(result, row, the log's FetchSlice or None on an error) of one partition read up to `limit`."""
+        row = self.partitions.row(topic, part.partition)
+        if row is None:
+            return FetchPartitionResult(part.partition, error_code=E.UNKNOWN_TOPIC_OR_PARTITION), None, None
+        try:
+            piece = self.partitions.log(row).read(part.fetch_offset, limit, min_one_batch=min_one_batch)
+        except StorageError as exc:
+            state = self.partitions.table.read(row)
+            return FetchPartitionResult(part.partition, error_code=exc.error_code, high_watermark=state.high_watermark,
+                                        log_start_offset=state.log_start_offset), row, None
+        return FetchPartitionResult(part.partition, high_watermark=piece.high_watermark,
+                                    log_start_offset=piece.log_start_offset), row, piece
+
+    def _read_family(self, read: "_FetchRead", topics: list, indices: list[int],
+                     results: list[list[FetchPartitionResult] | None]) -> None:
+        """The levels of one priority topic: read what each partition has, grant the budget across levels,
+        read again the partitions granted less than they have."""
+        budget = read.remaining
+        reads = []  # (topic index, level, part, result, row, piece)
+        available: dict[int, int] = {}
+        for index in indices:
+            topic = topics[index]
+            level = self.level_names.of(topic.topic)[1]
             for part in topic.partitions:
-                row = self.partitions.row(topic.topic, part.partition)
-                if row is None:
-                    results.append(FetchPartitionResult(part.partition, error_code=E.UNKNOWN_TOPIC_OR_PARTITION))
-                    has_error = True
-                    continue
-                try:
-                    log = self.partitions.log(row)
-                    limit = min(part.partition_max_bytes, remaining) if part.partition_max_bytes > 0 else remaining
-                    piece = log.read(part.fetch_offset, limit, min_one_batch=(total == 0))
-                except StorageError as exc:
-                    state = self.partitions.table.read(row)
-                    results.append(FetchPartitionResult(part.partition, error_code=exc.error_code,
-                                                        high_watermark=state.high_watermark,
-                                                        log_start_offset=state.log_start_offset))
-                    has_error = True
-                    continue
-                results.append(FetchPartitionResult(
-                    part.partition, high_watermark=piece.high_watermark, log_start_offset=piece.log_start_offset,
-                    records=[FileRange(fd, position, length) for fd, position, length in piece.ranges]))
-                total += piece.size
-                remaining = max(0, remaining - piece.size)
-                # A delayed fetch counts the bytes appended after the state this read saw: its own end_bytes,
-                # not a later look at the table, which could already include an append that raced the read.
-                watch.append((row, piece.end_bytes - piece.size))
-            topics.append(FetchTopicResult(topic.topic, results))
-        return topics, total, has_error, watch
+                limit = min(part.partition_max_bytes, budget) if part.partition_max_bytes > 0 else budget
+                result, row, piece = self._read_piece(topic.topic, part, limit, min_one_batch=True)
+                reads.append((index, level, part, result, row, piece))
+                available[level] = available.get(level, 0) + (piece.size if piece is not None else 0)
+        left = priority.grant(budget, available)
+        for index in indices:
+            results[index] = []
+        for index, level, part, result, row, piece in reads:
+            if piece is not None and piece.size > left[level]:  # at least one whole batch (KIP-74)
+                piece = self.partitions.log(row).read(part.fetch_offset, left[level], min_one_batch=True)
+            if piece is not None:
+                left[level] = max(0, left[level] - piece.size)
+            results[index].append(read.add(result, row, piece))
+
+
+class _FetchRead:
+    """A Fetch's reads so far: the budget left, the bytes taken, errors, and what a delayed fetch watches."""
+
+    __slots__ = ("remaining", "total", "has_error", "watch")
+
+    def __init__(self, budget: int) -> None:
+        self.remaining = budget
+        self.total = 0
+        self.has_error = False
+        self.watch: list[tuple[int, int]] = []
+
+    def limit(self, part: Any) -> int:
+        return min(part.partition_max_bytes, self.remaining) if part.partition_max_bytes > 0 else self.remaining
+
+    def add(self, result: FetchPartitionResult, row: int | None, piece: Any) -> FetchPartitionResult:
+        if piece is None:
+            self.has_error = True
+            return result
+        result.records = [FileRange(fd, position, length) for fd, position, length in piece.ranges]
+        self.total += piece.size
+        self.remaining = max(0, self.remaining - piece.size)
+        # A delayed fetch counts the bytes appended after the state this read saw: its own end_bytes,
+        # not a later look at the table, which could already include an append that raced the read.
+        self.watch.append((row, piece.end_bytes - piece.size))
+        return result
