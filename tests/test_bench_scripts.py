@@ -30,7 +30,7 @@ import bench_rings  # noqa: E402
 import benchnode  # noqa: E402
 
 
-def run_script(tmp_path: Path, name: str, *args: str) -> list[dict]:
+def run_script(tmp_path: Path, name: str, *args: str, nodes: int = 1) -> list[dict]:
     temp = tmp_path / "script-tmp"
     temp.mkdir(exist_ok=True)
     env = {**os.environ, "TMPDIR": str(temp)}
@@ -43,7 +43,7 @@ def run_script(tmp_path: Path, name: str, *args: str) -> list[dict]:
     assert [p.pid for p in psutil.process_iter(["cmdline"]) if str(temp) in " ".join(p.info["cmdline"] or ())] == []
     # Only this script's node instance is checked: other nodes may run on this machine meanwhile.
     started = re.findall(r"nodeproc: node pid \d+ on 127\.0\.0\.1:(\d+), data (\S+)", done.stderr)
-    assert len(started) == (0 if "--bootstrap" in args else 1), done.stderr[-5000:]
+    assert len(started) == (0 if "--bootstrap" in args else nodes), done.stderr[-5000:]
     for port, data_dir in started:
         assert shm_instance.list_objects(instance_id_for(data_dir, int(port))) == ([], [])
     return rows
@@ -106,6 +106,20 @@ def test_bench_delayed_answers_every_waiter_in_both_workloads(tmp_path):
     assert expire["records"] == 100 and expire["early_answers"] == 0, expire
     for row in rows:
         assert row["timer_cores"] is not None and row["worker_cores"] is not None, row
+
+
+def test_bench_priority_measures_both_fetches_and_plots(tmp_path):
+    plot = tmp_path / "priority.png"
+    rows = run_script(tmp_path, "bench_priority.py", "--runs", "1", "--backlog", "3000", "--seconds", "1",
+                      "--arrival-rate", "200", "--plot", str(plot), nodes=2)
+    trials, summary = rows[:-1], rows[-1]
+    assert [row["mode"] for row in trials] == ["split", "plain"]
+    for row in trials:
+        assert row["records"] == 3 * 3000 + row["arrivals"] and row["arrivals_consumed"] == row["arrivals"] > 0
+        assert abs(sum(row["share"].values()) - 1) < 1e-3
+    assert trials[0]["share"]["2"] > trials[0]["share"]["0"]  # the split: level 2 first
+    assert summary["summary"] and summary["delay_p50_ratio"] > 0
+    assert plot.stat().st_size > 10_000
 
 
 def test_bench_groups_runs_every_workload(tmp_path):
