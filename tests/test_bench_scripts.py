@@ -122,6 +122,14 @@ def test_bench_priority_measures_both_fetches_and_plots(tmp_path):
     assert plot.stat().st_size > 10_000
 
 
+def test_bench_quotas_compares_quotas_on_and_off(tmp_path):
+    rows = run_script(tmp_path, "bench_quotas.py", "--runs", "1", "--seconds", "1", "--settle-s", "0", nodes=2)
+    trials, summary = rows[:-1], rows[-1]
+    assert sorted(row["quotas"] for row in trials) == ["off", "on"]
+    check_rows(trials, "bench_quotas")
+    assert summary["summary"] and summary["run_ratios"] == [summary["median_run_ratio"]] and summary["ratio_of_medians"] > 0
+
+
 def test_bench_groups_runs_every_workload(tmp_path):
     rows = run_script(tmp_path, "bench_groups.py", "--members", "40", "--group-size", "4", "--seconds", "2",
                       "--connections", "4", "--rebalance-members", "8", "--rebalance-rounds", "2",

@@ -235,3 +235,13 @@ def test_priority_producer_and_capacity_burst_consumer(node_factory):
         deadline = time.monotonic() + 8
         while time.monotonic() < deadline:
             assert again.poll(timeout=0.5) == []
+
+
+@pytest.mark.parametrize("body, message", [
+    ("[priority]\nmax_levels = 1\n", "priority.max_levels: must be in 2..30 (2^levels weights), got 1"),
+    ('[priority]\nfetch_split = "yes"\n', "priority.fetch_split must be bool, got 'yes'"),
+])
+def test_an_invalid_priority_config_is_refused_with_file_key_and_reason(tmp_path, body, message):
+    from tests.test_quotas import test_an_invalid_quota_config_is_refused_with_file_key_and_reason as refused
+
+    refused(tmp_path, body, message)
