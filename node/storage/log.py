@@ -426,17 +426,21 @@ class PartitionLog:
 
     # Flush and retention (timer process) -------------------------------------------------------------
 
-    def flush(self) -> int:
-        """fsync every segment holding unflushed data, then publish flushed_offset. Returns it.
+    def flush(self, indexes: bool = False) -> int:
+        """fdatasync every segment holding unflushed data, then publish flushed_offset. Returns it.
 
-        The fsyncs run outside the lock so appends continue meanwhile; the lock is taken only to publish.
+        The syncs run outside the lock so appends continue meanwhile; the lock is taken only to publish.
+        Index mappings are synced too only with `indexes` (a clean stop): recovery never needs them.
         """
         state = self._current_state()
         if state.flushed_offset >= state.log_end_offset:
+            if indexes:
+                for segment in self.segments:
+                    segment.flush(indexes=True)
             return state.flushed_offset
-        first = max(0, bisect.bisect_right(self._bases, state.flushed_offset) - 1)
+        first = 0 if indexes else max(0, bisect.bisect_right(self._bases, state.flushed_offset) - 1)
         for segment in self.segments[first:]:
-            segment.flush()
+            segment.flush(indexes)
         with self.lock:
             current = self.table.read(self.row)
             if current.flushed_offset < state.log_end_offset:

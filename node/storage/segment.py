@@ -320,11 +320,14 @@ class Segment:
 
     # Lifetime --------------------------------------------------------------------------------------
 
-    def flush(self) -> None:
-        """fsync the log and msync both index mappings."""
-        os.fsync(self.log_fd)
-        for memory in self._maps:
-            memory.flush()
+    def flush(self, indexes: bool = True) -> None:
+        """fdatasync the log (its data and size: what recovery needs), and msync both index mappings unless
+        `indexes` is False. Index pages are never needed for durability: recovery checks every entry it trusts
+        against the log and rebuilds what is missing, so the group commit leaves them to the page cache."""
+        os.fdatasync(self.log_fd)
+        if indexes:
+            for memory in self._maps:
+                memory.flush()
 
     def close(self) -> None:
         for view in reversed(self._views):

@@ -135,9 +135,9 @@ class PartitionStore:
         self._logs[row] = (topic, partition, plog)
 
     def flush_all(self) -> None:
-        """fsync every partition (the last step of a clean stop)."""
+        """fsync every partition, indexes included (the last step of a clean stop)."""
         for row in self.rows():
-            self.log(row).flush()
+            self.log(row).flush(indexes=True)
 
     def create_topics(self, topics: list[tuple[str, int]], internal: bool = False) -> TopicOutcomes:
         """Create topics of the given partition counts; an existing topic succeeds (two workers auto-creating
