@@ -18,9 +18,10 @@ Invariants:
   is idle, right after the running round otherwise. A request made during a round is never lost:
   the event is cleared before the round reads the table, so a later request sets it again.
 - Appends nobody waits on (acks=0/1) are flushed by a round at least every `flush_interval_ms`,
-  the upper bound of background flushing: like Kafka, acks=1 is answered from the page cache,
+  the upper bound of background flushing (or a topic's shorter flush.ms; a topic's flush.messages
+  asks for a round through `request()`): like Kafka, acks=1 is answered from the page cache,
   which survives any process crash.
-- Jobs handed to `submit()` (the timer's periodic chores, administrative I/O) run on this thread
+- Jobs handed to `submit()` (the timer's periodic chores, record deletion) run on this thread
   between rounds, with its store, in the order submitted; a job that fails is logged and the
   thread goes on. A round requested while jobs run goes before the next job, and at least one
   job runs after every round, so neither waiters nor jobs starve.
@@ -54,7 +55,8 @@ class Flusher(threading.Thread):
         self.wake = wake
         self.flushed: queue.SimpleQueue[list[int]] = queue.SimpleQueue()
         self.catalog_version = 0  # set by the timer loop after it changes the catalog
-        self._jobs: queue.SimpleQueue[tuple[str, Job]] = queue.SimpleQueue()
+        self._jobs: queue.SimpleQueue[tuple[str, Job, Callable[[object], None] | None]] = queue.SimpleQueue()
+        self.finished: queue.SimpleQueue[tuple[Callable[[object], None], object]] = queue.SimpleQueue()
         self._wanted = threading.Event()  # a round is wanted now (a waiter, a job, a stop)
         self._wanted.set()  # first round at once: a restarted timer inherits unflushed appends
         self._stopping = threading.Event()
@@ -65,10 +67,17 @@ class Flusher(threading.Thread):
         """Something waits for durability: the next round starts without delay."""
         self._wanted.set()
 
-    def submit(self, name: str, job: Job) -> None:
-        """Run job(store) on this thread soon (after the next round)."""
-        self._jobs.put((name, job))
+    def submit(self, name: str, job: Job, then: Callable[[object], None] | None = None) -> None:
+        """Run job(store) on this thread soon (after the next round). `then(result)` runs afterwards on the timer
+        loop's thread (`run_finished`), with the job's result, or None if it failed."""
+        self._jobs.put((name, job, then))
         self._wanted.set()
+
+    def run_finished(self) -> None:
+        """On the timer loop's thread: the `then` of every finished job."""
+        while not self.finished.empty():
+            then, result = self.finished.get_nowait()
+            then(result)
 
     def stop(self, timeout: float) -> None:
         self._stopping.set()
@@ -78,14 +87,15 @@ class Flusher(threading.Thread):
     def run(self) -> None:
         store = PartitionStore(os.path.abspath(self.config.server.data_dir), self.table, self.config.log,
                                self.config.topics.max_partitions)
-        background_s = self.config.flush.flush_interval_ms / 1000
         self._syncs = ThreadPoolExecutor(self.config.flush.sync_threads, thread_name_prefix="sync")
+        background_s = self._background_s(store)
         try:
             while True:
                 self._wanted.wait(background_s)
                 self._wanted.clear()  # before the round reads the table: a later request() means a later round
                 if store.version != self.catalog_version:
                     store.reload()
+                    background_s = self._background_s(store)
                 self._flush_round(store)
                 if self._stopping.is_set():
                     return
@@ -93,6 +103,10 @@ class Flusher(threading.Thread):
         finally:
             self._syncs.shutdown()
             store.close()
+
+    def _background_s(self, store: PartitionStore) -> float:
+        """The longest wait between rounds: flush_interval_ms, or a topic's shorter flush.ms."""
+        return max(0.0, min(self.config.flush.flush_interval_ms, store.min_flush_ms())) / 1000
 
     def _flush_round(self, store: PartitionStore) -> None:
         rows = store.dirty_rows()
@@ -125,11 +139,15 @@ class Flusher(threading.Thread):
             if ran and self._wanted.is_set() and not self._stopping.is_set():
                 return  # a waiter came: its round next, the remaining jobs after it (one per round at least)
             ran += 1
-            name, job = self._jobs.get_nowait()
+            name, job, then = self._jobs.get_nowait()
+            result = None
             try:
-                job(store)
+                result = job(store)
             except Exception:
                 log.exception("%s failed", name)
+            if then is not None:
+                self.finished.put((then, result))
+                self.wake()
 
 
 def _sync(plog) -> Exception | None:
