@@ -98,14 +98,19 @@ class TimerConfig:
 
 @dataclass(frozen=True)
 class FlushConfig:
-    # Group commit: fsync dirty partitions this often, or sooner when this many bytes wait.
-    flush_interval_ms: int = 5
-    flush_bytes: int = 4 * 1024 * 1024
-    # Appends no acks=all produce waits on are fsync'd this often (and the flusher's housekeeping).
-    background_flush_interval_ms: int = 1000
+    # Group commit: a waiting acks=all produce or offset commit starts an fsync round at once when none is in
+    # flight (those arriving meanwhile share the next). Appends nobody waits on (acks=0/1) are fsync'd at
+    # least this often: the upper bound of background flushing, never a delay of a waiting request.
+    flush_interval_ms: int = 1000
+    # A round's fdatasyncs are issued by up to this many threads at once (the journal commits them together).
+    sync_threads: int = 16
     # Producer-state snapshots bound the catch-up scan a worker does on its first idempotent batch.
     producer_snapshot_interval_ms: int = 30_000
     retention_check_interval_ms: int = 300_000
+
+    def __post_init__(self):
+        if self.flush_interval_ms <= 0 or self.sync_threads <= 0:
+            raise ValueError("flush_interval_ms and sync_threads must be positive")
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """The one launcher of a real node, for the tests and the benchmarks: `python -m node.cli serve` as a
 subprocess on a free 127.0.0.1 port with its own data dir, stopped with real signals, by pid.
 
-    node = NodeProcess(work_dir, workers=2, config="[flush]\\nflush_interval_ms = 2\\n").start()
+    node = NodeProcess(work_dir, workers=2, config="[topics]\\nnum_partitions = 4\\n").start()
     ... node.bootstrap, node.pids("timer"), node.kill_all() ...
     node.close()          # SIGTERM if still running, leftover shared memory removed, own temp dir removed
 

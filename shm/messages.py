@@ -43,7 +43,7 @@ from typing import Any, Iterable
 
 import orjson
 
-LAYOUT_VERSION = 2
+LAYOUT_VERSION = 3
 MAX_ITEMS = 0xFFFF
 HEADER = struct.Struct("<BBHI")
 FIRST_TIMER_KIND = 64  # kinds >= this travel timer -> worker
@@ -59,8 +59,14 @@ class Kind(IntEnum):
     DELAY_PRODUCE = 2  # an acks=all produce: answer when every row is fsync'd to required_offset, or at the deadline
     APPEND = 3  # rows appended to that delayed fetches watch (the table says how much; this says "look again")
     CANCEL = 4  # the client of these delayed requests is gone: complete them without an answer
-    CREATE_TOPICS = 5  # document: [[name, partitions], ...]
+    # Topic administration (node.timer.controller), each answered by a REPLY. Those with a deadline (monotonic ms,
+    # the request's own timeout) are refused REQUEST_TIMED_OUT, with nothing done, if they start after it.
+    CREATE_TOPICS = 5  # document: {"topics": [[name, partitions, {config: value}], ...], "validate_only", "explicit"}
     DELETE_TOPICS = 6  # document: [name, ...]
+    CREATE_PARTITIONS = 7  # document: {"topics": [[name, new total], ...], "validate_only"}
+    ALTER_CONFIGS = 8  # document: {"resources": [[type, name, "replace" | "incremental", changes], ...], "validate_only"}
+    DELETE_RECORDS = 9  # document: [[topic, partition, offset], ...]
+    FLUSH = 10  # rows whose unflushed records reached their topic's flush.messages: start an fsync round
     # The group coordinator's requests (node.timer.groups): body (request id, the Kafka API version), and the
     # request as a document (bytes fields base64); answered by a REPLY with the response as a document.
     JOIN_GROUP = 16
@@ -132,8 +138,14 @@ DelayProduce = declare(Kind.DELAY_PRODUCE, body=[("request_id", "Q"), ("deadline
                        items=[("row", "I"), ("required_offset", "q")]).tuple_class
 Append = declare(Kind.APPEND, items=[("row", "I")]).tuple_class
 Cancel = declare(Kind.CANCEL, items=[("request_id", "Q")]).tuple_class
-CreateTopics = declare(Kind.CREATE_TOPICS, body=[("request_id", "Q")], document=True).tuple_class
+CreateTopics = declare(Kind.CREATE_TOPICS, body=[("request_id", "Q"), ("deadline_ms", "q")], document=True).tuple_class
 DeleteTopics = declare(Kind.DELETE_TOPICS, body=[("request_id", "Q")], document=True).tuple_class
+CreatePartitions = declare(Kind.CREATE_PARTITIONS, body=[("request_id", "Q"), ("deadline_ms", "q")],
+                           document=True).tuple_class
+AlterConfigs = declare(Kind.ALTER_CONFIGS, body=[("request_id", "Q")], document=True).tuple_class
+DeleteRecords = declare(Kind.DELETE_RECORDS, body=[("request_id", "Q"), ("deadline_ms", "q")],
+                        document=True).tuple_class
+Flush = declare(Kind.FLUSH, items=[("row", "I")]).tuple_class
 Completion = declare(Kind.COMPLETION, items=[("request_id", "Q"), ("status", "B")]).tuple_class
 GROUP_KINDS = (Kind.JOIN_GROUP, Kind.SYNC_GROUP, Kind.HEARTBEAT, Kind.LEAVE_GROUP, Kind.COMMIT_OFFSETS,
                Kind.FETCH_OFFSETS, Kind.LIST_GROUPS, Kind.DESCRIBE_GROUPS, Kind.DELETE_GROUPS, Kind.DELETE_OFFSETS)

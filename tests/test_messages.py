@@ -28,8 +28,14 @@ def test_delay_fetch_round_trip(request_id, deadline, min_bytes, items):
     (Kind.DELAY_PRODUCE, (7, 123456), [(9, 42), (1, 0)], None),
     (Kind.APPEND, (), [(3,), (2**32 - 1,)], None),
     (Kind.CANCEL, (), [(2**64 - 1,)], None),
-    (Kind.CREATE_TOPICS, (5,), [], [["t", 4], ["u", 1]]),
+    (Kind.CREATE_TOPICS, (5, 99), [], {"topics": [["t", 4, {}], ["u", 1, {"retention.ms": "1"}]],
+                                      "validate_only": False, "explicit": True}),
     (Kind.DELETE_TOPICS, (6,), [], ["t"]),
+    (Kind.CREATE_PARTITIONS, (8, -1), [], {"topics": [["t", 6]], "validate_only": True}),
+    (Kind.ALTER_CONFIGS, (9,), [], {"resources": [[2, "t", "incremental", [[0, "retention.ms", "5"]]]],
+                                    "validate_only": False}),
+    (Kind.DELETE_RECORDS, (10, 2**62), [], [["t", 0, 5], ["t", 1, -1]]),
+    (Kind.FLUSH, (), [(0,), (4095,)], None),
     (Kind.COMPLETION, (), [(1, M.Status.SATISFIED), (2, M.Status.EXPIRED)], None),
     (Kind.REPLY, (5,), [], {"t": [0, None], "bad name": [17, "illegal topic name"]}),
     (Kind.TIMER_STARTED, (4321,), [], None),
@@ -50,14 +56,16 @@ def test_every_declared_kind_is_in_the_test_above():
     assert set(M.MESSAGES) == set(Kind)
     assert {kind for kind in Kind if kind < M.FIRST_TIMER_KIND} == {
         Kind.DELAY_FETCH, Kind.DELAY_PRODUCE, Kind.APPEND, Kind.CANCEL, Kind.CREATE_TOPICS, Kind.DELETE_TOPICS,
-        *M.GROUP_KINDS, Kind.QUOTA_USAGE, Kind.THROTTLE}
+        Kind.CREATE_PARTITIONS, Kind.ALTER_CONFIGS, Kind.DELETE_RECORDS, Kind.FLUSH, *M.GROUP_KINDS,
+        Kind.QUOTA_USAGE, Kind.THROTTLE}
 
 
 @pytest.mark.parametrize("bad", [
     b"", b"\x01", b"\x63" + bytes(7),
     bytes([Kind.APPEND, M.LAYOUT_VERSION, 2, 0, 0, 0, 0, 0]) + bytes(4),  # count says 2, one item there
     bytes([Kind.CANCEL, 9, 0, 0, 0, 0, 0, 0]),  # layout version 9
-    bytes([Kind.CREATE_TOPICS, M.LAYOUT_VERSION, 0, 0, 0, 0, 0, 0]) + bytes(8) + b"{nope",  # bad document
+    bytes([Kind.DELETE_TOPICS, M.LAYOUT_VERSION, 0, 0, 0, 0, 0, 0]) + bytes(8) + b"{nope",  # bad document
+    bytes([Kind.CREATE_TOPICS, M.LAYOUT_VERSION, 0, 0, 0, 0, 0, 0]) + bytes(8) + b"{}",  # deadline cut short
     bytes([Kind.LAYOUT, M.LAYOUT_VERSION, 1, 0, 0, 0, 0, 0]) + bytes(8),  # items on a kind without items
 ])
 def test_bad_frames_raise_message_error(bad):
@@ -75,7 +83,7 @@ def test_bad_values_raise_message_error():
     with pytest.raises(MessageError):
         M.encode(Kind.CANCEL, items=[(i,) for i in range(M.MAX_ITEMS + 1)])
     with pytest.raises(MessageError):
-        M.encode(Kind.CREATE_TOPICS, 1, document={1, 2})  # not serialisable
+        M.encode(Kind.CREATE_TOPICS, 1, 2, document={1, 2})  # not serialisable
     with pytest.raises(MessageError):
         M.encode(Kind.APPEND, items=[(1,)], document=[1])  # a kind without a document
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import random
+import signal
 import socket
 import struct
 import subprocess
@@ -304,17 +305,23 @@ def test_idempotent_retry_after_restart_gets_original_offsets(node):
     assert consume_all(node.bootstrap, "idem", 1, 3)[-1].value() == b"c"
 
 
-def test_acks_all_times_out_when_nothing_is_flushed(node_factory):
-    # A group-commit window far longer than the request timeout: the flush cannot come in time.
-    node = node_factory(workers=1, config="[flush]\nflush_interval_ms = 60000\nflush_bytes = 1073741824\n")
+def test_acks_all_times_out_when_the_fsync_does_not_come(node_factory):
+    # A stalled timer process (SIGSTOP: its flusher thread stops with it) never fsyncs the batch: the worker
+    # answers REQUEST_TIMED_OUT by itself, and the node serves on once the timer runs again.
+    node = node_factory(workers=1, config="[timer]\ndelayed_grace_ms = 200\n")
     create_topic(node.bootstrap, "slowdisk", 1)
+    (timer,) = node.pids("timer")
     with connect(node) as conn:
-        started = time.monotonic()
-        body = R.produce_body({"slowdisk": {0: R.build_record_batch([b"x"])}}, acks=-1, timeout_ms=300)
-        result = conn.call(PRODUCE, 8, body).responses[0].partition_responses[0]
-        assert result.error_code == 7  # REQUEST_TIMED_OUT
-        assert 0.29 <= time.monotonic() - started < 5
-        ok = conn.call(PRODUCE, 8, R.produce_body({"slowdisk": {0: R.build_record_batch([b"y"])}}, acks=1))
+        os.kill(timer, signal.SIGSTOP)
+        try:
+            started = time.monotonic()
+            body = R.produce_body({"slowdisk": {0: R.build_record_batch([b"x"])}}, acks=-1, timeout_ms=300)
+            result = conn.call(PRODUCE, 8, body).responses[0].partition_responses[0]
+            assert result.error_code == 7  # REQUEST_TIMED_OUT
+            assert time.monotonic() - started >= 0.29
+        finally:
+            os.kill(timer, signal.SIGCONT)
+        ok = conn.call(PRODUCE, 8, R.produce_body({"slowdisk": {0: R.build_record_batch([b"y"])}}, acks=-1))
         assert ok.responses[0].partition_responses[0].error_code == NONE
 
 

@@ -76,6 +76,12 @@ def test_advertised_versions_are_the_issues() -> None:
         15: (0, 4),  # DescribeGroups
         42: (0, 1),  # DeleteGroups
         47: (0, 0),  # OffsetDelete
+        # Topic administration, non-flexible versions only:
+        37: (0, 1),  # CreatePartitions
+        21: (0, 1),  # DeleteRecords
+        32: (0, 3),  # DescribeConfigs
+        33: (0, 1),  # AlterConfigs
+        44: (0, 0),  # IncrementalAlterConfigs
     }
 
 

@@ -74,6 +74,7 @@ class DelayedRequests:
         self._sequence = 0
         self._pid_bits = (os.getpid() & PID_MASK) << PID_SHIFT
         self._appended_rows: set[int] = set()
+        self._flush_rows: set[int] = set()
 
     def __len__(self) -> int:
         return len(self.waiting)
@@ -86,6 +87,10 @@ class DelayedRequests:
         full_fence()
         if self.interest.counts[row]:
             self._appended_rows.add(row)
+
+    def wants_flush(self, row: int) -> None:
+        """The topic's flush.messages records wait on `row`: the timer starts an fsync round (end of this turn)."""
+        self._flush_rows.add(row)
 
     def delay_produce(self, req: Request, waits: list[tuple[int, int]], timeout_ms: int,
                       finish: Continuation) -> Outcome:
@@ -184,6 +189,9 @@ class DelayedRequests:
         if self._appended_rows:
             self._send_items(M.Kind.APPEND, [(row,) for row in self._appended_rows])
             self._appended_rows.clear()
+        if self._flush_rows:
+            self._send_items(M.Kind.FLUSH, [(row,) for row in self._flush_rows])
+            self._flush_rows.clear()
         self.link.flush()
 
     def _send_items(self, kind: M.Kind, items: list[tuple]) -> None:

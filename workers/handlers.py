@@ -31,7 +31,8 @@ from shm import messages as M
 from workers import errors as E
 from workers import protocol as P
 from workers.connection import FileRange, Request
-from workers.delayed import DelayedRequests
+from workers.delayed import DelayedRequests, monotonic_ms
+from workers.admin import AdminHandlers
 from workers.groups import GroupHandlers
 from workers.fetch_codec import FetchPartitionResult, FetchTopicResult, encode_fetch_response
 from workers import priority
@@ -55,13 +56,6 @@ _ZSTD_MIN_PRODUCE_VERSION = 7
 _ATTRIBUTES_LOW_BYTE = 22  # offset of the low byte of a v2 batch's attributes
 _COMPRESSION_MASK = 0x07
 
-
-
-def _topic_outcomes(outcome: dict | None, names: list[str]) -> dict[str, tuple[int, str | None]]:
-    """The timer's per-topic outcome; None (it never answered): every topic timed out."""
-    if outcome is None:
-        return {name: (int(E.REQUEST_TIMED_OUT), "timed out") for name in names}
-    return {name: (int(code), message) for name, (code, message) in outcome.items()}
 
 
 def _millis(delta: Any) -> int:
@@ -88,10 +82,9 @@ class Handlers:
             P.LIST_OFFSETS: self.list_offsets,
             P.METADATA: self.metadata,
             P.API_VERSIONS: self.api_versions,
-            P.CREATE_TOPICS: self.create_topics,
-            P.DELETE_TOPICS: self.delete_topics,
             P.INIT_PRODUCER_ID: self.init_producer_id,
             **GroupHandlers(config, delayed).table(),
+            **AdminHandlers(partitions, config, delayed).table(),
         }
 
     def dispatch(self, req: Request, request: Any) -> Outcome:
@@ -106,7 +99,9 @@ class Handlers:
             self.partitions.reload()
             return rerun()
 
-        return self.delayed.ask(req, M.Kind.CREATE_TOPICS, topics, self.config.timer.control_timeout_ms, after)
+        wait_ms = self.config.timer.control_timeout_ms
+        document = {"topics": [[name, count, {}] for name, count in topics], "validate_only": False, "explicit": False}
+        return self.delayed.ask(req, M.Kind.CREATE_TOPICS, document, wait_ms, after, monotonic_ms() + wait_ms)
 
     # -- ApiVersions, FindCoordinator, InitProducerId ------------------------------------------
 
@@ -156,57 +151,6 @@ class Handlers:
         return reply(req, entity(req, "MetadataResponse", throttle_time=ZERO_THROTTLE, brokers=(broker,),
                                              cluster_id=self.cluster_id,
                                              controller_id=i32(node_id), topics=tuple(topics)))
-
-    # -- CreateTopics / DeleteTopics ---------------------------------------------------------
-
-    def create_topics(self, req: Request, request: Any) -> Outcome:
-        results: dict[str, tuple[E.ErrorCode, str | None]] = {}
-        wanted: list[tuple[str, int]] = []
-        seen: set[str] = set()
-        for topic in request.topics:
-            name = topic.name
-            if name in seen:
-                results[name] = (E.INVALID_REQUEST, "topic named twice")
-                continue
-            seen.add(name)
-            partitions = topic.num_partitions if topic.num_partitions != -1 else self.config.topics.num_partitions
-            if not valid_topic_name(name):
-                results[name] = (E.INVALID_TOPIC_EXCEPTION, f"illegal topic name {name!r}")
-            elif topic.replication_factor not in (-1, 1) or topic.assignments:
-                results[name] = (E.INVALID_REPLICATION_FACTOR, "this node holds one replica of each partition")
-            elif partitions <= 0:
-                results[name] = (E.INVALID_PARTITIONS, "partitions must be positive")
-            elif self.partitions.topic_partitions(name) is not None:
-                results[name] = (E.TOPIC_ALREADY_EXISTS, f"topic {name!r} exists")
-            elif request.validate_only:
-                results[name] = (E.NONE, None)
-            else:
-                wanted.append((name, partitions))
-
-        def answer(outcome: dict[str, tuple[int, str | None]] | None) -> Outcome:
-            self.partitions.reload()
-            for name, (number, message) in _topic_outcomes(outcome, [n for n, _ in wanted]).items():
-                results[name] = (code(number), message)
-            return reply(req, entity(req, "CreateTopicsResponse", throttle_time=ZERO_THROTTLE, topics=tuple(
-                entity(req, "CreatableTopicResult", name=t.name, error_code=results[t.name][0],
-                             error_message=results[t.name][1])
-                for t in request.topics)))
-
-        if not wanted:
-            return answer({})
-        return self.delayed.ask(req, M.Kind.CREATE_TOPICS, wanted, self.config.timer.control_timeout_ms, answer)
-
-    def delete_topics(self, req: Request, request: Any) -> Outcome:
-        names = list(request.topic_names)
-
-        def answer(outcome: dict[str, tuple[int, str | None]] | None) -> Outcome:
-            self.partitions.reload()
-            outcome = _topic_outcomes(outcome, names)
-            return reply(req, entity(req, "DeleteTopicsResponse", throttle_time=ZERO_THROTTLE, responses=tuple(
-                entity(req, "DeletableTopicResult", name=n, error_code=code(outcome.get(n, (0, None))[0]))
-                for n in names)))
-
-        return self.delayed.ask(req, M.Kind.DELETE_TOPICS, names, self.config.timer.control_timeout_ms, answer)
 
     # -- ListOffsets -------------------------------------------------------------------------
 
@@ -287,8 +231,11 @@ class Handlers:
                     continue
                 result.base_offset = appended.base_offset
                 result.log_start_offset = appended.log_start_offset
+                result.log_append_time_ms = appended.log_append_time
                 if not appended.duplicate:
                     self.delayed.appended(row)
+                if appended.wants_flush:
+                    self.delayed.wants_flush(row)
                 if acks == _ACKS_ALL:
                     waits.append((row, appended.last_offset + 1))
             topics.append(ProduceTopicResult(topic.name, results))

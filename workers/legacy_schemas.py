@@ -1,12 +1,13 @@
 """Message schemas for old API versions that kio no longer ships, declared as data.
 
-kio is generated from current Kafka schemas, which dropped CreateTopics v0-1
-and DeleteTopics v0 (KIP-896). Clients we serve may still send them (the
-issue advertises CreateTopics 0-4 and DeleteTopics 0-3), so they are declared
-here in kio's own dataclass form and read/written by kio's one codec, exactly
-like the generated versions. Field lists are Kafka's CreateTopicsRequest.json,
-CreateTopicsResponse.json, DeleteTopicsRequest.json, DeleteTopicsResponse.json
-at those versions.
+kio is generated from current Kafka schemas, which dropped CreateTopics v0-1,
+DeleteTopics v0 and DescribeConfigs v0 (KIP-896). Clients we serve may still
+send them (CreateTopics 0-4, DeleteTopics 0-3 and DescribeConfigs 0-3 are
+advertised), so they are declared here in kio's own dataclass form and
+read/written by kio's one codec, exactly like the generated versions. Field
+lists are Kafka's CreateTopicsRequest.json, CreateTopicsResponse.json,
+DeleteTopicsRequest.json, DeleteTopicsResponse.json, DescribeConfigsRequest.json
+and DescribeConfigsResponse.json at those versions.
 
 Invariants:
 - Each class carries kio's class attributes (``__type__``, ``__version__``,
@@ -29,10 +30,11 @@ from kio.schema.request_header.v1.header import RequestHeader
 from kio.schema.response_header.v0.header import ResponseHeader
 from kio.schema.types import BrokerId, TopicName
 from kio.static.constants import EntityType
-from kio.static.primitive import i16, i32, i32Timedelta
+from kio.static.primitive import i8, i16, i32, i32Timedelta
 
 _CREATE_TOPICS = i16(19)
 _DELETE_TOPICS = i16(20)
+_DESCRIBE_CONFIGS = i16(32)
 _DEFAULT_TIMEOUT = i32Timedelta.parse(datetime.timedelta(milliseconds=60000))
 
 
@@ -185,8 +187,80 @@ def _delete_topics_v0() -> SimpleNamespace:
     )
 
 
+def _describe_configs_v0() -> SimpleNamespace:
+    """DescribeConfigs v0: no synonyms; is_default where later versions have config_source."""
+    v = i16(0)
+
+    @dataclass(frozen=True, slots=True, kw_only=True)
+    class DescribeConfigsResource:
+        __type__: ClassVar = EntityType.nested
+        __version__: ClassVar[i16] = v
+        __flexible__: ClassVar[bool] = False
+        __api_key__: ClassVar[i16] = _DESCRIBE_CONFIGS
+        __header_schema__: ClassVar[type[RequestHeader]] = RequestHeader
+        resource_type: i8 = field(metadata={"kafka_type": "int8"})
+        resource_name: str = field(metadata={"kafka_type": "string"})
+        configuration_keys: tuple[str, ...] | None = field(metadata={"kafka_type": "string"}, default=())
+
+    @dataclass(frozen=True, slots=True, kw_only=True)
+    class DescribeConfigsRequest:
+        __type__: ClassVar = EntityType.request
+        __version__: ClassVar[i16] = v
+        __flexible__: ClassVar[bool] = False
+        __api_key__: ClassVar[i16] = _DESCRIBE_CONFIGS
+        __header_schema__: ClassVar[type[RequestHeader]] = RequestHeader
+        resources: tuple[DescribeConfigsResource, ...]
+
+    @dataclass(frozen=True, slots=True, kw_only=True)
+    class DescribeConfigsResourceResult:
+        __type__: ClassVar = EntityType.nested
+        __version__: ClassVar[i16] = v
+        __flexible__: ClassVar[bool] = False
+        __api_key__: ClassVar[i16] = _DESCRIBE_CONFIGS
+        __header_schema__: ClassVar[type[ResponseHeader]] = ResponseHeader
+        name: str = field(metadata={"kafka_type": "string"})
+        value: str | None = field(metadata={"kafka_type": "string"})
+        read_only: bool = field(metadata={"kafka_type": "bool"})
+        is_default: bool = field(metadata={"kafka_type": "bool"})
+        is_sensitive: bool = field(metadata={"kafka_type": "bool"})
+
+    @dataclass(frozen=True, slots=True, kw_only=True)
+    class DescribeConfigsResult:
+        __type__: ClassVar = EntityType.nested
+        __version__: ClassVar[i16] = v
+        __flexible__: ClassVar[bool] = False
+        __api_key__: ClassVar[i16] = _DESCRIBE_CONFIGS
+        __header_schema__: ClassVar[type[ResponseHeader]] = ResponseHeader
+        error_code: ErrorCode = field(metadata={"kafka_type": "error_code"})
+        error_message: str | None = field(metadata={"kafka_type": "string"})
+        resource_type: i8 = field(metadata={"kafka_type": "int8"})
+        resource_name: str = field(metadata={"kafka_type": "string"})
+        configs: tuple[DescribeConfigsResourceResult, ...]
+
+    @dataclass(frozen=True, slots=True, kw_only=True)
+    class DescribeConfigsResponse:
+        __type__: ClassVar = EntityType.response
+        __version__: ClassVar[i16] = v
+        __flexible__: ClassVar[bool] = False
+        __api_key__: ClassVar[i16] = _DESCRIBE_CONFIGS
+        __header_schema__: ClassVar[type[ResponseHeader]] = ResponseHeader
+        throttle_time: i32Timedelta = field(metadata={"kafka_type": "timedelta_i32"})
+        results: tuple[DescribeConfigsResult, ...]
+
+    return SimpleNamespace(
+        DescribeConfigsResource=DescribeConfigsResource,
+        DescribeConfigsRequest=DescribeConfigsRequest,
+        DescribeConfigsResourceResult=DescribeConfigsResourceResult,
+        DescribeConfigsResult=DescribeConfigsResult,
+        DescribeConfigsResponse=DescribeConfigsResponse,
+        request=DescribeConfigsRequest,
+        response=DescribeConfigsResponse,
+    )
+
+
 LEGACY_SCHEMAS: dict[tuple[int, int], SimpleNamespace] = {
     (19, 0): _create_topics(0),
     (19, 1): _create_topics(1),
     (20, 0): _delete_topics_v0(),
+    (32, 0): _describe_configs_v0(),
 }

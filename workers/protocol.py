@@ -84,8 +84,13 @@ LIST_GROUPS = 16
 API_VERSIONS = 18
 CREATE_TOPICS = 19
 DELETE_TOPICS = 20
+DELETE_RECORDS = 21
 INIT_PRODUCER_ID = 22
+DESCRIBE_CONFIGS = 32
+ALTER_CONFIGS = 33
+CREATE_PARTITIONS = 37
 DELETE_GROUPS = 42
+INCREMENTAL_ALTER_CONFIGS = 44
 OFFSET_DELETE = 47
 
 # api_key -> (min_version, max_version) advertised in ApiVersions.
@@ -98,6 +103,12 @@ SUPPORTED_APIS: dict[int, tuple[int, int]] = {
     CREATE_TOPICS: (0, 4),
     DELETE_TOPICS: (0, 3),
     INIT_PRODUCER_ID: (0, 1),
+    # Topic administration (workers/admin.py, node/timer/controller.py): non-flexible versions only.
+    CREATE_PARTITIONS: (0, 1),
+    DELETE_RECORDS: (0, 1),
+    DESCRIBE_CONFIGS: (0, 3),
+    ALTER_CONFIGS: (0, 1),
+    INCREMENTAL_ALTER_CONFIGS: (0, 0),
     # The group coordinator (workers/groups.py, node/timer/groups/): non-flexible versions only.
     FIND_COORDINATOR: (0, 2),
     JOIN_GROUP: (0, 5),
@@ -354,7 +365,12 @@ __all__ = [
     "API_VERSIONS",
     "CREATE_TOPICS",
     "DELETE_TOPICS",
+    "DELETE_RECORDS",
     "INIT_PRODUCER_ID",
+    "DESCRIBE_CONFIGS",
+    "ALTER_CONFIGS",
+    "CREATE_PARTITIONS",
+    "INCREMENTAL_ALTER_CONFIGS",
     "FIND_COORDINATOR",
     "JOIN_GROUP",
     "SYNC_GROUP",

@@ -1,5 +1,5 @@
-"""The topic catalog: which topics exist, their partition count, and each partition's row in
-the shared partition table.
+"""The topic catalog: which topics exist, their partition count, each partition's row in the shared
+partition table, each topic's config overrides, and the node-wide dynamic config overrides.
 
 Invariants:
 - One writer: the timer process (the node's single authority for topic creation and deletion),
@@ -10,6 +10,8 @@ Invariants:
   version than theirs.
 - A partition's table row is unique among live partitions; rows of deleted topics are reused.
 - Topic names follow Kafka's rule: 1-249 characters of [a-zA-Z0-9._-], neither "." nor "..".
+- Config overrides are stored as node.storage.topic_config checked them (canonical texts by Kafka name);
+  a topic's partitions only grow (CreatePartitions appends rows).
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ class TopicEntry:
     name: str
     rows: list[int]
     internal: bool = False  # the node's own (__consumer_offsets): clients may read it, not write or delete it
+    configs: dict[str, str] = field(default_factory=dict)  # the topic's overrides (Kafka's topic config names)
 
     @property
     def partitions(self) -> int:
@@ -56,6 +59,8 @@ class Catalog:
     max_partitions: int
     version: int = 0
     topics: dict[str, TopicEntry] = field(default_factory=dict)
+    # Node-wide dynamic overrides of topic settings (AlterConfigs on the broker resource; Kafka's broker names).
+    broker_configs: dict[str, str] = field(default_factory=dict)
 
     @property
     def path(self) -> str:
@@ -77,16 +82,20 @@ class Catalog:
         if raw["version"] == self.version and self.topics:
             return False
         self.version = raw["version"]
-        self.topics = {name: TopicEntry(name, list(t["rows"]), bool(t.get("internal", False)))
+        self.topics = {name: TopicEntry(name, list(t["rows"]), bool(t.get("internal", False)),
+                                        dict(t.get("configs", {})))
                        for name, t in raw["topics"].items()}
+        self.broker_configs = dict(raw.get("broker_configs", {}))
         return True
 
     def save(self) -> None:
         self.version += 1
         body = orjson.dumps({
             "version": self.version,
-            "topics": {t.name: {"rows": t.rows, **({"internal": True} if t.internal else {})}
+            "topics": {t.name: {"rows": t.rows, **({"internal": True} if t.internal else {}),
+                                **({"configs": t.configs} if t.configs else {})}
                        for t in self.topics.values()},
+            **({"broker_configs": self.broker_configs} if self.broker_configs else {}),
         })
         os.makedirs(self.data_dir, exist_ok=True)
         tmp = self.path + ".tmp"
@@ -110,24 +119,63 @@ class Catalog:
             return None
         return entry.rows[partition]
 
-    def add_topic(self, name: str, partitions: int, internal: bool = False) -> TopicEntry:
+    def rows_allocator(self) -> "RowAllocator":
+        """Free rows for a batch of creations (one scan of the rows in use for the whole batch)."""
+        return RowAllocator(self.used_rows(), self.max_partitions)
+
+    def add_topic(self, name: str, partitions: int, internal: bool = False,
+                  configs: dict[str, str] | None = None, rows: "RowAllocator | None" = None) -> TopicEntry:
         """Assign rows for a new topic (not saved). Raises CatalogError with Kafka's codes."""
         if not valid_topic_name(name):
             raise CatalogError(ErrorCode.invalid_topic_exception, f"illegal topic name {name!r}")
         if name in self.topics:
-            raise CatalogError(ErrorCode.topic_already_exists, f"topic {name!r} exists")
+            raise CatalogError(ErrorCode.topic_already_exists, f"Topic '{name}' already exists.")
         if partitions <= 0:
             raise CatalogError(ErrorCode.invalid_partitions, f"partitions must be positive, got {partitions}")
-        used = self.used_rows()
-        free = [row for row in range(self.max_partitions) if row not in used][:partitions]
-        if len(free) < partitions:
-            raise CatalogError(ErrorCode.invalid_partitions, f"node holds at most {self.max_partitions} partitions")
-        entry = TopicEntry(name, free, internal)
+        entry = TopicEntry(name, (rows or self.rows_allocator()).take(partitions), internal, dict(configs or {}))
         self.topics[name] = entry
         return entry
+
+    def add_partitions(self, name: str, total: int, rows: "RowAllocator | None" = None) -> list[int]:
+        """Grow a topic to `total` partitions (not saved); returns the new partitions' rows."""
+        entry = self.topics.get(name)
+        if entry is None:
+            raise CatalogError(ErrorCode.unknown_topic_or_partition, f"unknown topic {name!r}")
+        if total < entry.partitions:
+            raise CatalogError(ErrorCode.invalid_partitions, f"Topic currently has {entry.partitions} partitions, "
+                                                             f"which is higher than the requested {total}.")
+        if total == entry.partitions:
+            raise CatalogError(ErrorCode.invalid_partitions, f"Topic already has {entry.partitions} partitions.")
+        added = (rows or self.rows_allocator()).take(total - entry.partitions)
+        entry.rows.extend(added)
+        return added
 
     def remove_topic(self, name: str) -> TopicEntry:
         entry = self.topics.pop(name, None)
         if entry is None:
             raise CatalogError(ErrorCode.unknown_topic_or_partition, f"unknown topic {name!r}")
         return entry
+
+
+class RowAllocator:
+    """Hands out free table rows, lowest first; every row below the cursor is in use (or handed out)."""
+
+    def __init__(self, used: set[int], max_partitions: int) -> None:
+        self.used = used
+        self.max_partitions = max_partitions
+        self.cursor = 0
+
+    def take(self, count: int) -> list[int]:
+        """`count` free rows, or CatalogError (nothing taken) if the node does not have that many."""
+        rows = []
+        row = self.cursor
+        while len(rows) < count and row < self.max_partitions:
+            if row not in self.used:
+                rows.append(row)
+            row += 1
+        if len(rows) < count:
+            raise CatalogError(ErrorCode.invalid_partitions, f"the node holds at most {self.max_partitions} "
+                                                             f"partitions ({len(self.used)} exist)")
+        self.used.update(rows)
+        self.cursor = row
+        return rows

@@ -24,6 +24,7 @@ Invariants:
 from __future__ import annotations
 
 import bisect
+import functools
 import shutil
 import fcntl
 import os
@@ -33,20 +34,29 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from node.storage.producer_state import ProducerStateTable, delete_snapshots, load_latest_snapshot, snapshot_offsets
+from node.storage.compression import CODECS
 from node.storage.records import (
     BASE_OFFSET,
     LENGTH_FIELDS_SIZE,
+    TIMESTAMP_TYPE_BIT,
     ErrorCode,
     StorageError,
+    all_record_timestamps,
     last_sequence,
     parse_header,
     record_timestamps,
+    rewrite_batch,
     validate_client_batch,
 )
 from node.storage.segment import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX, Segment, segment_base_offsets
 from shm.table import PartitionState, PartitionTable
 
 LOCK_FILE = "partition.lock"
+LOG_START_FILE = "log-start-offset"  # DeleteRecords' checkpoint of the log start
+LONG_MAX = 2**63 - 1  # Kafka's "no limit" for its long-valued settings
+TIMESTAMP_TYPES = ("CreateTime", "LogAppendTime")
+# Kafka's compression.type values: "producer" keeps the producer's codec; the others are what the log stores.
+COMPRESSION_TYPES = ("producer", "uncompressed", "gzip", "snappy", "lz4", "zstd")
 MAX_REFRESH_ATTEMPTS = 100
 # struct flock for F_OFD_SETLKW on Linux x86-64: l_type, l_whence, l_start, l_len, l_pid (must be 0), padding.
 FLOCK = struct.Struct("hhqqi4x")
@@ -71,12 +81,64 @@ class LogConfig:
     scan_chunk_bytes: int = 8192  # most bytes read per pread when scanning batch headers
     scan_first_read_bytes: int = 512  # first pread of a scan: a lookup usually needs just one header
     retired_segment_close_delay_s: float = 60.0  # like file.delete.delay.ms: keeps fds valid for sendfile
+    # Kafka's other per-topic log settings (node-level defaults here; per topic in the catalog, see
+    # node.storage.topic_config for their Kafka names and checks).
+    segment_jitter_ms: int = 0  # log.roll.jitter.ms: a segment's age roll comes up to this much earlier
+    message_timestamp_type: str = "CreateTime"  # log.message.timestamp.type: or LogAppendTime
+    message_timestamp_difference_max_ms: int = LONG_MAX  # log.message.timestamp.difference.max.ms
+    message_timestamp_before_max_ms: int = LONG_MAX  # log.message.timestamp.before.max.ms
+    message_timestamp_after_max_ms: int = LONG_MAX  # log.message.timestamp.after.max.ms
+    compression_type: str = "producer"  # compression.type: or uncompressed, gzip, snappy, lz4, zstd
+    cleanup_policy: str = "delete"  # log.cleanup.policy: compact is refused until compaction exists
+    min_insync_replicas: int = 1  # min.insync.replicas: this node holds one replica
+    flush_messages: int = LONG_MAX  # log.flush.interval.messages: fsync once this many records wait
+    flush_ms: int = LONG_MAX  # log.flush.interval.ms: fsync appends at least this often
 
     def __post_init__(self):
         if not 0 < self.segment_bytes < 2**31:
             raise ValueError("segment_bytes must be in (0, 2**31): index positions are 32-bit")
         if self.index_max_bytes < 64 or self.index_interval_bytes < 0 or self.max_message_bytes <= 0:
             raise ValueError("index_max_bytes >= 64, index_interval_bytes >= 0 and max_message_bytes > 0")
+        if self.message_timestamp_type not in TIMESTAMP_TYPES:
+            raise ValueError(f"message_timestamp_type must be one of {', '.join(TIMESTAMP_TYPES)}")
+        if self.compression_type not in COMPRESSION_TYPES:
+            raise ValueError(f"compression_type must be one of {', '.join(COMPRESSION_TYPES)}")
+        if self.cleanup_policy != "delete":
+            raise ValueError("cleanup_policy must be delete: this node does not compact logs")
+        if self.min_insync_replicas != 1:
+            raise ValueError("min_insync_replicas must be 1: this node holds one replica of each partition")
+        if min(self.segment_ms, self.flush_messages) <= 0 or min(
+                self.flush_ms, self.segment_jitter_ms, self.message_timestamp_difference_max_ms,
+                self.message_timestamp_before_max_ms, self.message_timestamp_after_max_ms) < 0:
+            raise ValueError("segment_ms and flush_messages must be positive; flush_ms, the jitter and the "
+                             "timestamp bounds not negative")
+
+    @property
+    def log_append_time(self) -> bool:
+        return self.message_timestamp_type == "LogAppendTime"
+
+    @functools.cached_property
+    def stored_codec(self) -> int | None:
+        """The codec every stored batch gets, None: the producer's (compression.type=producer)."""
+        return CODECS.get(self.compression_type)
+
+    @functools.cached_property
+    def timestamp_bounds(self) -> tuple[int, int] | None:
+        """(before, after): how far a CreateTime timestamp may be from the node's clock; None: unbounded."""
+        before = min(self.message_timestamp_before_max_ms, self.message_timestamp_difference_max_ms)
+        after = min(self.message_timestamp_after_max_ms, self.message_timestamp_difference_max_ms)
+        return None if before == after == LONG_MAX else (before, after)
+
+    @functools.cached_property
+    def rewrites(self) -> bool:
+        """Whether appends do more than validate: timestamps checked or written, batches recompressed."""
+        return self.log_append_time or self.stored_codec is not None or self.timestamp_bounds is not None
+
+    def roll_jitter_ms(self, base_offset: int) -> int:
+        """segment.jitter.ms: a fixed draw per segment, the same in every process."""
+        if self.segment_jitter_ms <= 0:
+            return 0
+        return (base_offset * 2654435761 + 40503) % self.segment_jitter_ms
 
 
 class AppendResult(NamedTuple):
@@ -85,6 +147,8 @@ class AppendResult(NamedTuple):
     log_start_offset: int
     end_bytes: int  # the row's end_bytes after this append (for waking delayed fetches)
     duplicate: bool  # True: a retried idempotent batch, answered with its original offsets, not appended
+    log_append_time: int = -1  # the timestamp written into the batch (LogAppendTime topics), else -1
+    wants_flush: bool = False  # flush.messages records wait for an fsync: the caller asks for one
 
 
 class FetchSlice(NamedTuple):
@@ -202,10 +266,14 @@ class PartitionLog:
 
     def append(self, batch, now: int | None = None) -> AppendResult:
         """Validate and append one client batch (bytes or memoryview, baseOffset 0). Raises StorageError."""
-        header = validate_client_batch(batch, self.config.max_message_bytes)
-        size = len(batch)
+        config = self.config
+        header = validate_client_batch(batch, config.max_message_bytes)
         if now is None:
             now = now_ms()
+        append_time = -1
+        if config.rewrites:
+            batch, header, append_time = _conform(batch, header, config, now)
+        size = len(batch)
         with self.lock:
             state = self._current_state()
             if header.producer_id >= 0:
@@ -218,9 +286,10 @@ class PartitionLog:
             entries = state.active_index_entries
             segment = self.segments[-1]
             if position > 0 and (
-                position + size > self.config.segment_bytes
+                position + size > config.segment_bytes
                 or entries >= segment.capacity - 1
-                or (state.active_first_append_ms >= 0 and now - state.active_first_append_ms > self.config.segment_ms)
+                or (state.active_first_append_ms >= 0
+                    and now - state.active_first_append_ms > config.segment_ms - config.roll_jitter_ms(segment.base_offset))
                 # A time entry past the published ones: a roll sealed this segment and died before
                 # publishing (or a killed writer left a stale entry); rolling now finishes it either way.
                 or segment.time_index_offsets[entries] != 0
@@ -230,7 +299,7 @@ class PartitionLog:
             base_offset = state.log_end_offset
             segment.write_batch(position, BASE_OFFSET.pack(base_offset), batch)
             last_indexed = segment.index_positions[entries - 1] if entries else 0
-            if position > 0 and position - last_indexed >= self.config.index_interval_bytes:
+            if position > 0 and position - last_indexed >= config.index_interval_bytes:
                 segment.write_index_entry(entries, base_offset, position, state.active_max_timestamp)
                 entries += 1
             last_offset = base_offset + header.last_offset_delta
@@ -258,7 +327,9 @@ class PartitionLog:
                     last_offset,
                     header.max_timestamp,
                 )
-        return AppendResult(base_offset, last_offset, state.log_start_offset, end_bytes, False)
+        wants_flush = last_offset + 1 - state.flushed_offset >= config.flush_messages
+        return AppendResult(base_offset, last_offset, state.log_start_offset, end_bytes, False, append_time,
+                            wants_flush)
 
     def _check_producer(self, header, state: PartitionState):
         producers = self._caught_up_producer_state(state)
@@ -426,17 +497,21 @@ class PartitionLog:
 
     # Flush and retention (timer process) -------------------------------------------------------------
 
-    def flush(self) -> int:
-        """fsync every segment holding unflushed data, then publish flushed_offset. Returns it.
+    def flush(self, indexes: bool = False) -> int:
+        """fdatasync every segment holding unflushed data, then publish flushed_offset. Returns it.
 
-        The fsyncs run outside the lock so appends continue meanwhile; the lock is taken only to publish.
+        The syncs run outside the lock so appends continue meanwhile; the lock is taken only to publish.
+        Index mappings are synced too only with `indexes` (a clean stop): recovery never needs them.
         """
         state = self._current_state()
         if state.flushed_offset >= state.log_end_offset:
+            if indexes:
+                for segment in self.segments:
+                    segment.flush(indexes=True)
             return state.flushed_offset
-        first = max(0, bisect.bisect_right(self._bases, state.flushed_offset) - 1)
+        first = 0 if indexes else max(0, bisect.bisect_right(self._bases, state.flushed_offset) - 1)
         for segment in self.segments[first:]:
-            segment.flush()
+            segment.flush(indexes)
         with self.lock:
             current = self.table.read(self.row)
             if current.flushed_offset < state.log_end_offset:
@@ -480,6 +555,41 @@ class PartitionLog:
             self._delete_oldest(state, doomed)
         return doomed
 
+    def delete_records_before(self, offset: int) -> int:
+        """DeleteRecords: make `offset` the log start (-1: the high watermark), also inside a segment; the whole
+        segments below it go. Returns the new log start (the old one if `offset` is below it). Raises
+        StorageError(OFFSET_OUT_OF_RANGE) past the high watermark.
+
+        The records up to `offset` are fsync'd and the new start is written to the partition's checkpoint
+        (fsync'd, replaced atomically) before it is published, so an acknowledged deletion survives any crash
+        and a restarted node never serves a record below it. Meant for one caller at a time (the timer's I/O
+        thread, which also runs retention)."""
+        state = self._current_state()
+        if offset == -1:
+            offset = state.high_watermark
+        if offset < 0 or offset > state.high_watermark:
+            raise StorageError(ErrorCode.OFFSET_OUT_OF_RANGE,
+                               f"offset {offset} is outside [0, high watermark {state.high_watermark}]")
+        if offset <= state.log_start_offset:
+            return state.log_start_offset
+        if state.flushed_offset < offset:
+            self.flush()
+        write_log_start_checkpoint(self.directory, offset)
+        with self.lock:
+            state = self._current_state()
+            if offset <= state.log_start_offset:
+                return state.log_start_offset
+            count = 0
+            while count < len(self.segments) - 1 and self.segments[count + 1].base_offset <= offset:
+                count += 1
+            if count:
+                self._delete_oldest(state._replace(log_start_offset=offset), count)
+            else:
+                state = state._replace(log_start_offset=offset, segments_version=state.segments_version + 1)
+                self.table.publish(self.row, state)
+                self._refresh(state)
+        return offset
+
     def _delete_oldest(self, state: PartitionState, count: int) -> None:
         """Drop the `count` oldest segments (caller holds the lock): the new log start is published before any
         file goes, as the module invariants require."""
@@ -487,7 +597,7 @@ class PartitionLog:
             return
         deleted = self.segments[:count]
         state = state._replace(
-            log_start_offset=self.segments[count].base_offset,
+            log_start_offset=max(state.log_start_offset, self.segments[count].base_offset),
             segments_version=state.segments_version + 1,
         )
         self.table.publish(self.row, state)
@@ -514,6 +624,25 @@ class PartitionLog:
             segment.close()
         self.segments, self._bases, self._retired = [], [], []
         self.lock.close()
+
+    # Creation (timer process, for a partition the catalog does not name yet) -------------------------------
+
+    @staticmethod
+    def create(directory: str, table: PartitionTable, row: int, config: LogConfig = LogConfig()) -> None:
+        """Make a new, empty partition and put its row online, with no fsync: until the catalog names the
+        partition nothing can be in it, and a crash before that leaves only a directory nobody uses; a crash
+        after it finds the directory, or recovery makes it again (an empty partition either way). A directory
+        left by an earlier life of the name is recovered instead of reused blindly."""
+        try:
+            os.mkdir(directory)
+        except FileExistsError:
+            PartitionLog.recover(directory, table, row, config).close()
+            return
+        Segment.create_files(directory, 0, config.index_max_bytes)
+        os.close(os.open(os.path.join(directory, LOCK_FILE), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644))
+        previous = table.read(row)
+        table.publish(row, PartitionState(segments_version=previous.segments_version + 1, active_max_timestamp=-1,
+                                          active_first_append_ms=-1, online=1))
 
     # Recovery (supervisor, one process, before workers start) ------------------------------------------
 
@@ -564,7 +693,8 @@ class PartitionLog:
             segment = log.segments[-1]
             segment.flush()
             previous = table.read(row)
-            log_start = bases[0]
+            # DeleteRecords' checkpoint (never past the fsync'd records, so never past the recovered end).
+            log_start = min(max(bases[0], read_log_start_checkpoint(directory)), next_offset)
             state = PartitionState(
                 log_end_offset=next_offset,
                 high_watermark=next_offset,
@@ -582,11 +712,61 @@ class PartitionLog:
             )
             table.publish(row, state)
             log._segments_version = state.segments_version
+            below = 0  # whole segments a DeleteRecords had not yet unlinked when the node stopped
+            while below < len(log.segments) - 1 and log.segments[below + 1].base_offset <= log_start:
+                below += 1
+            if below:
+                log._delete_oldest(state, below)
+                state = table.read(row)
             delete_snapshots(directory, lambda offset: log_start <= offset <= next_offset)
             producers = log._caught_up_producer_state(state)
             if producers.end_offset != next_offset:
                 raise StorageError(ErrorCode.KAFKA_STORAGE_ERROR, f"{directory}: producer state rebuild stopped short")
         return log
+
+
+def write_log_start_checkpoint(directory: str, offset: int) -> None:
+    """The partition's log start as DeleteRecords set it, durable: temp file, fsync, rename, fsync the dir."""
+    path = os.path.join(directory, LOG_START_FILE)
+    temporary = path + ".tmp." + str(os.getpid())
+    with open(temporary, "w") as f:
+        f.write(f"{offset}\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(temporary, path)
+    dir_fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def read_log_start_checkpoint(directory: str) -> int:
+    """The checkpointed log start, 0 if there is none (or it cannot be read: then the segments say it)."""
+    try:
+        with open(os.path.join(directory, LOG_START_FILE)) as f:
+            return max(0, int(f.read().strip()))
+    except (OSError, ValueError):
+        return 0
+
+
+def _conform(batch, header, config: LogConfig, now: int):
+    """A client batch as the topic's settings want it stored: CreateTime timestamps within the topic's bounds
+    (INVALID_TIMESTAMP otherwise), LogAppendTime written, records in the topic's codec. Returns (batch, header,
+    the log append time or -1)."""
+    append_time = now if config.log_append_time else -1
+    bounds = config.timestamp_bounds
+    if bounds is not None and not config.log_append_time and not header.attributes & TIMESTAMP_TYPE_BIT:
+        before, after = bounds
+        for timestamp in all_record_timestamps(batch, header):
+            if timestamp < now - before or timestamp > now + after:
+                raise StorageError(ErrorCode.INVALID_TIMESTAMP,
+                                   f"timestamp {timestamp} is out of the range [{now - before}, {now + after}] "
+                                   "the topic allows")
+    codec = config.stored_codec
+    if append_time >= 0 or (codec is not None and codec != header.compression):
+        batch, header = rewrite_batch(batch, header, codec, append_time if append_time >= 0 else None)
+    return batch, header, append_time
 
 
 def _time_index_sealed(segment: Segment) -> bool:

@@ -33,6 +33,8 @@ from typing import NamedTuple
 import crc32c
 import numpy as np
 
+from node.storage.compression import CodecError, compress, decompress
+
 
 class ErrorCode:
     """Kafka protocol error codes that storage can produce."""
@@ -42,6 +44,7 @@ class ErrorCode:
     CORRUPT_MESSAGE = 2
     UNKNOWN_TOPIC_OR_PARTITION = 3
     MESSAGE_TOO_LARGE = 10
+    INVALID_TIMESTAMP = 32
     UNSUPPORTED_FOR_MESSAGE_FORMAT = 43
     OUT_OF_ORDER_SEQUENCE_NUMBER = 45
     DUPLICATE_SEQUENCE_NUMBER = 46
@@ -230,6 +233,47 @@ def record_timestamps(buf, header: BatchHeader) -> list[int] | None:
     except IndexError:
         return None
     return timestamps
+
+
+def all_record_timestamps(buf, header: BatchHeader) -> list[int]:
+    """Timestamps of every record of a batch, compressed or not (a compressed one is decompressed).
+    Raises StorageError(CORRUPT_MESSAGE) if the records do not decode."""
+    if header.compression:
+        try:
+            records = decompress(header.compression, memoryview(buf)[BATCH_HEADER_SIZE:])
+        except CodecError as exc:
+            raise StorageError(ErrorCode.CORRUPT_MESSAGE, str(exc)) from None
+        buf = bytes(buf[:BATCH_HEADER_SIZE]) + records
+        header = header._replace(attributes=header.attributes & ~COMPRESSION_MASK)
+    timestamps = record_timestamps(buf, header)
+    if timestamps is None or len(timestamps) != header.record_count:
+        raise StorageError(ErrorCode.CORRUPT_MESSAGE, "record batch ends inside a record")
+    return timestamps
+
+
+def rewrite_batch(buf, header: BatchHeader, codec: int | None, log_append_time_ms: int | None) -> tuple[bytes, BatchHeader]:
+    """The batch as a topic stores it: its records recompressed with `codec` (None: as sent) and, with
+    `log_append_time_ms`, marked LogAppendTime with that maxTimestamp (Kafka's LogValidator does both); the
+    length and CRC-32C are recomputed. Raises StorageError(CORRUPT_MESSAGE) if the records do not decode."""
+    records = memoryview(buf)[BATCH_HEADER_SIZE:]
+    attributes = header.attributes
+    if codec is not None and codec != header.compression:
+        try:
+            records = compress(codec, decompress(header.compression, records))
+        except CodecError as exc:
+            raise StorageError(ErrorCode.CORRUPT_MESSAGE, str(exc)) from None
+        attributes = (attributes & ~COMPRESSION_MASK) | codec
+    max_timestamp = header.max_timestamp
+    if log_append_time_ms is not None:
+        attributes |= TIMESTAMP_TYPE_BIT
+        max_timestamp = log_append_time_ms
+    header = header._replace(batch_length=BATCH_HEADER_SIZE - LENGTH_FIELDS_SIZE + len(records),
+                             attributes=attributes, max_timestamp=max_timestamp)
+    batch = bytearray(BATCH_HEADER.pack(*header))
+    batch += records
+    crc = crc32c.crc32c(memoryview(batch)[CRC_START:])
+    struct.pack_into(">I", batch, 17, crc)
+    return bytes(batch), header._replace(crc=crc)
 
 
 def _read_varint(view, position: int) -> tuple[int, int]:

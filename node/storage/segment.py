@@ -123,6 +123,21 @@ class Segment:
         self._sealed_size = None  # cached once the segment is known to be rolled
         self._sealed_entries = None
 
+    @staticmethod
+    def create_files(directory: str, base_offset: int, index_max_bytes: int) -> None:
+        """The files of a new, empty segment, without mapping them (a new partition's first segment): an empty
+        log and both indexes preallocated sparse, as Segment(..., create=True) makes them."""
+        capacity = max(index_max_bytes // INDEX_ENTRY_BYTES, 2)
+        for suffix, size in ((LOG_SUFFIX, 0), (INDEX_SUFFIX, capacity * INDEX_ENTRY_BYTES),
+                             (TIME_INDEX_SUFFIX, capacity * TIME_INDEX_ENTRY_BYTES)):
+            fd = os.open(os.path.join(directory, segment_file_name(base_offset, suffix)),
+                         os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            try:
+                if size:
+                    os.ftruncate(fd, size)
+            finally:
+                os.close(fd)
+
     def _view(self, view):
         self._views.append(view)
         return view
@@ -320,11 +335,14 @@ class Segment:
 
     # Lifetime --------------------------------------------------------------------------------------
 
-    def flush(self) -> None:
-        """fsync the log and msync both index mappings."""
-        os.fsync(self.log_fd)
-        for memory in self._maps:
-            memory.flush()
+    def flush(self, indexes: bool = True) -> None:
+        """fdatasync the log (its data and size: what recovery needs), and msync both index mappings unless
+        `indexes` is False. Index pages are never needed for durability: recovery checks every entry it trusts
+        against the log and rebuilds what is missing, so the group commit leaves them to the page cache."""
+        os.fdatasync(self.log_fd)
+        if indexes:
+            for memory in self._maps:
+                memory.flush()
 
     def close(self) -> None:
         for view in reversed(self._views):

@@ -3,7 +3,8 @@ to create, recover, delete, flush and iterate them (the catalog plus the partiti
 
 Who calls what:
 - the supervisor, alone, before any child starts: `recover_all()`; after the children stopped: `flush_all()`;
-- the timer process's controller: `create_topics()`, `delete_topics()` (the node's only catalog writer);
+- the timer process's controller: `create_topics()`, `delete_topics()`, `create_partitions()`,
+  `alter_configs()` (the node's only catalog writer);
 - the flusher: `dirty_rows()`, `log(row).flush()`; the chores: `each_log()`;
 - workers: `row()`, `log()`, `topic_partitions()`, `reload()` when the layout changes.
 
@@ -13,41 +14,81 @@ Invariants:
 - A row is only used together with the (topic, partition) the catalog gives it, so a row reused after a
   deletion is never mistaken for the old partition: `reload()` closes the logs whose row now belongs to
   someone else.
-- Topic creation: partition directories and table rows first (recovered, so online), then the catalog
-  file, atomically; deletion: the catalog first (a crash never leaves a catalogued topic half deleted),
-  then the rows go offline and the directories are removed.
+- Topic creation (and new partitions): partition directories and table rows first (online), then the
+  catalog file, atomically, once for the whole batch; deletion: the catalog first (a crash never leaves a
+  catalogued topic half deleted), then the rows go offline and the directories are removed.
+- Every partition's log runs with its topic's settings (node.storage.topic_config: the TOML's, the node-wide
+  dynamic overrides, the topic's own); a change reaches the open logs of every process on its reload.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 from kio.schema.errors import ErrorCode
 
-from node.storage.catalog import Catalog, CatalogError
+from node.storage import topic_config
+from node.storage.catalog import Catalog, CatalogError, TopicEntry
 from node.storage.log import LogConfig, PartitionLog, partition_directory
+from node.storage.topic_config import TopicConfigError
 from shm.table import PartitionTable
 
 log = logging.getLogger("shmbroker.store")
 
 # Per topic: (Kafka error code, message or None).
 TopicOutcomes = dict[str, tuple[int, str | None]]
+# A topic to create: (name, partitions, config overrides by Kafka name; values may be None, which is refused).
+TopicSpec = tuple[str, int, dict[str, str | None]]
+# AlterConfigs: resource type and name, then how: ("replace", {key: value}) or ("incremental", [(op, key, value)]).
+TOPIC_RESOURCE = 2
+BROKER_RESOURCE = 4
+SET, DELETE, APPEND, SUBTRACT = 0, 1, 2, 3
 
 
 class PartitionStore:
     def __init__(self, data_dir: str, table: PartitionTable, log_config: LogConfig, max_partitions: int) -> None:
         self.data_dir = data_dir
         self.table = table
-        self.log_config = log_config
+        self.log_config = log_config  # the TOML's [log]: the static layer of every topic's settings
         self.catalog = Catalog.load(data_dir, max_partitions)
         self._logs: dict[int, tuple[str, int, PartitionLog]] = {}
         self._owners: dict[int, tuple[str, int]] = {}
+        self._configs: dict[str, LogConfig] = {}
+        self.node_config = log_config  # the node-wide settings: the TOML's and the dynamic overrides
         self._index_owners()
 
     def _index_owners(self) -> None:
         self._owners = {row: (t.name, p) for t in self.catalog.topics.values() for p, row in enumerate(t.rows)}
+        try:
+            self.node_config = topic_config.node_defaults(self.log_config, self.catalog.broker_configs)
+        except TopicConfigError as exc:  # stored overrides are checked; only a TOML change could clash with them
+            log.error("node-wide config overrides ignored: %s", exc)
+            self.node_config = self.log_config
+        configs = {}
+        for entry in self.catalog.topics.values():
+            configs[entry.name] = self.node_config
+            if entry.configs:
+                try:
+                    configs[entry.name] = topic_config.effective(self.log_config, self.catalog.broker_configs,
+                                                                 entry.configs)
+                except TopicConfigError as exc:
+                    log.error("config overrides of topic %s ignored: %s", entry.name, exc)
+        self._configs = configs
+
+    def config_of(self, topic: str) -> LogConfig:
+        """The settings of a topic's partitions (the node's for a topic it does not know)."""
+        return self._configs.get(topic, self.node_config)
+
+    def topic_configs(self, topic: str) -> dict[str, str] | None:
+        """A topic's own overrides, None if there is no such topic."""
+        entry = self.catalog.topics.get(topic)
+        return None if entry is None else dict(entry.configs)
+
+    def min_flush_ms(self) -> int:
+        """The shortest flush.ms of any topic (the flusher's background rounds come at least this often)."""
+        return min((config.flush_ms for config in self._configs.values()), default=self.node_config.flush_ms)
 
     @property
     def version(self) -> int:
@@ -66,6 +107,8 @@ class PartitionStore:
             if self._owners.get(row) != (topic, partition):
                 del self._logs[row]
                 plog.close()
+            elif plog.config != self._configs[topic]:
+                plog.config = self._configs[topic]
 
     # -- lookups ------------------------------------------------------------------------------
 
@@ -91,7 +134,7 @@ class PartitionStore:
         if entry is not None:
             return entry[2]
         topic, partition = self._owners[row]
-        plog = PartitionLog(self._directory(topic, partition), self.table, row, self.log_config)
+        plog = PartitionLog(self._directory(topic, partition), self.table, row, self.config_of(topic))
         self._logs[row] = (topic, partition, plog)
         return plog
 
@@ -131,38 +174,141 @@ class PartitionStore:
         stale = self._logs.pop(row, None)
         if stale is not None:
             stale[2].close()
-        plog = PartitionLog.recover(self._directory(topic, partition), self.table, row, self.log_config)
+        plog = PartitionLog.recover(self._directory(topic, partition), self.table, row, self.config_of(topic))
         self._logs[row] = (topic, partition, plog)
 
     def flush_all(self) -> None:
-        """fsync every partition (the last step of a clean stop)."""
+        """fsync every partition, indexes included (the last step of a clean stop)."""
         for row in self.rows():
-            self.log(row).flush()
+            self.log(row).flush(indexes=True)
 
-    def create_topics(self, topics: list[tuple[str, int]], internal: bool = False) -> TopicOutcomes:
-        """Create topics of the given partition counts; an existing topic succeeds (two workers auto-creating
-        the same topic both get it). One catalog write for the whole batch. `internal`: the node's own."""
+    def create_topics(self, topics: list[TopicSpec], internal: bool = False, validate_only: bool = False,
+                      existing_ok: bool = True) -> TopicOutcomes:
+        """Create topics of the given partition counts and config overrides, in one catalog write for the whole
+        batch. `existing_ok`: an existing topic succeeds (two workers auto-creating the same topic both get it),
+        else it is TOPIC_ALREADY_EXISTS. `validate_only`: every check, nothing created. `internal`: the node's
+        own. Outcomes carry Kafka's codes: INVALID_TOPIC_EXCEPTION, TOPIC_ALREADY_EXISTS, INVALID_PARTITIONS,
+        INVALID_CONFIG, INVALID_REQUEST, KAFKA_STORAGE_ERROR."""
         self.reload()
         outcome: TopicOutcomes = {}
-        created = []
-        for name, count in topics:
+        created: list[TopicEntry] = []
+        rows = self.catalog.rows_allocator()
+        for name, count, configs in topics:
+            if name in outcome:
+                continue  # named twice: the first decides
             if name in self.catalog.topics:
-                outcome[name] = (0, None)
+                outcome[name] = (0, None) if existing_ok else (int(ErrorCode.topic_already_exists),
+                                                               f"Topic '{name}' already exists.")
                 continue
             try:
-                entry = self.catalog.add_topic(name, count, internal)
-            except CatalogError as exc:
+                overrides = topic_config.validate_topic(self.log_config, self.catalog.broker_configs, configs or {})
+                entry = self.catalog.add_topic(name, count, internal, overrides, rows)
+            except (CatalogError, TopicConfigError) as exc:
                 outcome[name] = (exc.code, str(exc))
                 continue
-            for partition, row in enumerate(entry.rows):
-                PartitionLog.recover(self._directory(name, partition), self.table, row, self.log_config).close()
-            created.append(name)
             outcome[name] = (0, None)
+            if validate_only:
+                del self.catalog.topics[name]
+                continue
+            config = topic_config.effective(self.log_config, self.catalog.broker_configs, overrides)
+            try:
+                for partition, row in enumerate(entry.rows):
+                    PartitionLog.create(self._directory(name, partition), self.table, row, config)
+            except OSError as exc:
+                del self.catalog.topics[name]
+                outcome[name] = (int(ErrorCode.kafka_storage_error), f"cannot create {name}: {exc}")
+                log.error("creating topic %s failed: %s", name, exc)
+                continue
+            created.append(entry)
         if created:
             self.catalog.save()
             self._reindex()
-            log.info("created topics %s", created)
+            log.info("created %d topics (%d partitions): %s", len(created), sum(e.partitions for e in created),
+                     _names(created))
         return outcome
+
+    def create_partitions(self, requests: list[tuple[str, int]], validate_only: bool = False) -> TopicOutcomes:
+        """CreatePartitions: grow each topic to its new total, in one catalog write. New partitions start empty,
+        with the topic's settings."""
+        self.reload()
+        outcome: TopicOutcomes = {}
+        grown: list[tuple[TopicEntry, list[int], int]] = []
+        rows = self.catalog.rows_allocator()
+        for name, total in requests:
+            entry = self.catalog.topics.get(name)
+            if entry is not None and entry.internal:
+                outcome[name] = (int(ErrorCode.invalid_request), f"{name} is internal to the node")
+                continue
+            before = entry.partitions if entry is not None else 0
+            try:
+                added = self.catalog.add_partitions(name, total, rows)
+            except CatalogError as exc:
+                outcome[name] = (exc.code, str(exc))
+                continue
+            outcome[name] = (0, None)
+            if validate_only:
+                del entry.rows[before:]
+                continue
+            try:
+                for partition, row in enumerate(added, start=before):
+                    PartitionLog.create(self._directory(name, partition), self.table, row, self.config_of(name))
+            except OSError as exc:
+                del entry.rows[before:]
+                outcome[name] = (int(ErrorCode.kafka_storage_error), f"cannot add partitions to {name}: {exc}")
+                log.error("adding partitions to %s failed: %s", name, exc)
+                continue
+            grown.append((entry, added, before))
+        if grown:
+            self.catalog.save()
+            self._reindex()
+            log.info("added partitions: %s", ", ".join(f"{e.name} {before} -> {e.partitions}"
+                                                        for e, _, before in grown))
+        return outcome
+
+    def alter_configs(self, resources: list[tuple[int, str, str, Any]], validate_only: bool = False
+                      ) -> list[tuple[int, str | None]]:
+        """AlterConfigs ("replace": the given set becomes the overrides) and IncrementalAlterConfigs
+        ("incremental": SET, DELETE, APPEND, SUBTRACT each key) of topics and of the node (broker resource, the
+        node-wide names of topic settings), in one catalog write. Returns (error code, message) per resource,
+        in order; a refused resource changes nothing."""
+        self.reload()
+        results: list[tuple[int, str | None]] = []
+        changed = False
+        for resource_type, name, how, changes in resources:
+            try:
+                if resource_type == TOPIC_RESOURCE:
+                    entry = self.catalog.topics.get(name)
+                    if entry is None:
+                        raise TopicConfigError(f"Topic {name} does not exist", ErrorCode.unknown_topic_or_partition)
+                    if entry.internal:
+                        raise TopicConfigError(f"{name} is internal to the node", ErrorCode.invalid_request)
+                    current = entry.configs
+                else:
+                    current = self.catalog.broker_configs
+                wanted = _altered(current, how, changes, broker=resource_type == BROKER_RESOURCE)
+                if resource_type == TOPIC_RESOURCE:
+                    overrides = topic_config.validate_topic(self.log_config, self.catalog.broker_configs, wanted)
+                else:
+                    overrides = topic_config.check_overrides(wanted, broker=True)
+                    topic_config.node_defaults(self.log_config, overrides)
+                    for entry in self.catalog.topics.values():  # every topic's stack must still make sense
+                        topic_config.effective(self.log_config, overrides, entry.configs)
+            except TopicConfigError as exc:
+                results.append((exc.code, str(exc)))
+                continue
+            results.append((0, None))
+            if validate_only or overrides == current:
+                continue
+            if resource_type == TOPIC_RESOURCE:
+                entry.configs = overrides
+            else:
+                self.catalog.broker_configs = overrides
+            changed = True
+        if changed:
+            self.catalog.save()
+            self._reindex()
+            log.info("configs altered: %s", ", ".join(name or "(node)" for _, name, _, _ in resources))
+        return results
 
     def delete_topics(self, names: list[str]) -> TopicOutcomes:
         self.reload()
@@ -194,3 +340,43 @@ class PartitionStore:
         for _, _, plog in self._logs.values():
             plog.close()
         self._logs.clear()
+
+
+def _names(entries: list[TopicEntry], shown: int = 10) -> str:
+    names = [e.name for e in entries[:shown]]
+    return ", ".join(names) + (f" and {len(entries) - shown} more" if len(entries) > shown else "")
+
+
+def _altered(current: dict[str, str], how: str, changes: Any, broker: bool) -> dict[str, str | None]:
+    """The overrides an AlterConfigs ("replace") or IncrementalAlterConfigs ("incremental") request asks for."""
+    if how == "replace":
+        return dict(changes)
+    wanted: dict[str, str | None] = dict(current)
+    table = topic_config.BY_BROKER_NAME if broker else topic_config.BY_NAME
+    seen = set()
+    for op, key, value in changes:
+        if key in seen:
+            raise TopicConfigError(f"Error due to duplicate config keys: {key}", ErrorCode.invalid_request)
+        seen.add(key)
+        definition = table.get(key)
+        if op == DELETE:
+            wanted.pop(key, None)
+        elif op == SET:
+            wanted[key] = value
+        elif op in (APPEND, SUBTRACT):
+            if definition is None:
+                wanted[key] = value  # refused as unknown by the checks that follow
+                continue
+            if definition.type != "LIST":
+                raise TopicConfigError(f"Config value {'append' if op == APPEND else 'subtract'} is not allowed for "
+                                       f"config key: {key}")
+            items = list(topic_config._parse_list(current.get(key, definition.default)))
+            given = topic_config._parse_list(value or "")
+            if op == APPEND:
+                items += [item for item in given if item not in items]
+            else:
+                items = [item for item in items if item not in given]
+            wanted[key] = ",".join(items)
+        else:
+            raise TopicConfigError(f"Unknown config operation {op} for {key}", ErrorCode.invalid_request)
+    return wanted

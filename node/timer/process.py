@@ -4,7 +4,7 @@
   purgatory or a chore) or until a worker rings; drain every request ring in batches and hand each
   message to the part registered for its kind; advance the clocks; send what is due back;
 - the delayed-operation service (node.timer.service): long-poll fetches and acks=all produces;
-- the controller (node.timer.controller): topic creation and deletion;
+- the controller (node.timer.controller): topic administration (topics, partitions, configs, records);
 - the group coordinator (node.timer.groups): consumer groups and their committed offsets;
 - the quota manager (node.timer.quotas): clients' byte rates, node-wide, and throttle timers;
 - the flusher (node.timer.flusher): group-commit fsync, and the thread the chores run on;
@@ -101,6 +101,10 @@ class TimerProcess:
             M.Kind.CANCEL: self.operations.cancel,
             M.Kind.CREATE_TOPICS: self.controller.create_topics,
             M.Kind.DELETE_TOPICS: self.controller.delete_topics,
+            M.Kind.CREATE_PARTITIONS: self.controller.create_partitions,
+            M.Kind.ALTER_CONFIGS: self.controller.alter_configs,
+            M.Kind.DELETE_RECORDS: self.controller.delete_records,
+            M.Kind.FLUSH: lambda worker, message: self.flusher.request(),
             **self.groups.handlers,
             M.Kind.QUOTA_USAGE: self.quotas.usage,
             M.Kind.THROTTLE: self._throttle,
@@ -142,6 +146,7 @@ class TimerProcess:
     def _on_flushed(self) -> None:
         while not self.flusher.flushed.empty():
             self.operations.flushed(self.flusher.flushed.get_nowait())
+        self.flusher.run_finished()
 
     def _sleep_timeout_s(self, now: int) -> float:
         timeout = self.config.timer.max_sleep_ms
@@ -186,7 +191,7 @@ class TimerProcess:
                 log.error("supervisor is gone: exiting")
                 break
             timeout = self._sleep_timeout_s(monotonic_ms())
-            if announce_sleep_all(self.readers) and self.flusher.flushed.empty():
+            if announce_sleep_all(self.readers) and self.flusher.flushed.empty() and self.flusher.finished.empty():
                 try:
                     self.bell.wait(timeout)
                 except posix_ipc.SignalError:

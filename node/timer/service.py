@@ -34,7 +34,6 @@ class DelayedOperations:
         self.interest.counts[:] = 0  # the only writer; the operations of a dead predecessor are gone
         self.outbox = outbox
         self.flusher = flusher
-        self.flush_bytes = config.flush.flush_bytes
         timer = config.timer
         self.fetches = Purgatory.configured("fetch", timer.purgatory, timer.wheel, now_ms)
         self.produces = Purgatory.configured("produce", timer.purgatory, timer.wheel, now_ms)
@@ -53,7 +52,7 @@ class DelayedOperations:
     def delay_produce(self, worker: int, message: Any) -> None:
         op = DelayedProduce(worker, message.request_id, [row for row, _ in message.items],
                             [offset for _, offset in message.items], self.table, self._completed)
-        self._mark_dirty(op.watch_keys())
+        self._want_flush(op)
         self._watch(self.produces, op, message.deadline_ms)
 
     def delay_throttle(self, worker: int, message: Any) -> None:
@@ -74,9 +73,9 @@ class DelayedOperations:
 
     def wait_flushed(self, rows: list[int], required_offsets: list[int], deadline_ms: int, done) -> None:
         """The timer process's own wait (not a worker's): done(True) once every row is fsync'd to its offset,
-        done(False) at the deadline. Flushed within the group-commit window, as acks=all produces are."""
+        done(False) at the deadline. Flushed by the group commit, as acks=all produces are."""
         op = DelayedFlush(rows, required_offsets, self.table, done)
-        self._mark_dirty(op.watch_keys())
+        self._want_flush(op)
         self.produces.try_complete_else_watch(op, op.watch_keys(), deadline_ms)
 
     # -- events of the timer process --------------------------------------------------------------
@@ -114,10 +113,8 @@ class DelayedOperations:
             return
         self.outbox.complete(op.worker, op.request_id, M.Status.EXPIRED if expired else M.Status.SATISFIED)
 
-    def _mark_dirty(self, rows: list[int]) -> None:
-        """An acks=all produce waits on `rows`: flush within the group-commit window, or at once when
-        enough bytes wait. (Appends nobody waits on are flushed in the background.)"""
-        self.flusher.mark_dirty()
-        states = [self.table.read(row) for row in rows]
-        if sum(s.end_bytes - s.flushed_bytes for s in states) >= self.flush_bytes:
-            self.flusher.kick()
+    def _want_flush(self, op: DelayedProduce) -> None:
+        """Something waits on its rows' fsync: the group commit starts a round at once if none is in flight
+        (else the next one, right after it, carries this too). Nothing is asked if they are fsync'd already."""
+        if not op.satisfied():
+            self.flusher.request()

@@ -82,7 +82,7 @@ class OffsetStore:
         self.records = 0  # records in the log since its start (for the compaction trigger)
         self._load_offset = 0
         self._versions: dict[Key, int] = {}  # during load: highest version per key, deletions included
-        created = store.create_topics([(OFFSETS_TOPIC, 1)], internal=True)
+        created = store.create_topics([(OFFSETS_TOPIC, 1, {})], internal=True)
         code, message = created[OFFSETS_TOPIC]
         if code:
             raise RuntimeError(f"cannot create {OFFSETS_TOPIC}: {message}")

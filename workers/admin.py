@@ -1,0 +1,379 @@
+"""Request handlers of topic administration: CreateTopics, DeleteTopics, CreatePartitions, DeleteRecords,
+DescribeConfigs, AlterConfigs, IncrementalAlterConfigs.
+
+Changes go to the timer process's controller (node.timer.controller), the node's one authority over the catalog,
+as document messages answered by a REPLY (shm.messages); DescribeConfigs is answered here from the catalog and
+the node's config. What this module decides itself is what a request says on its face, with Kafka's codes:
+topic names, duplicates, partition counts, replication factors and replica assignments (this node is broker
+`server.node_id`, holding the only replica), resource types and names.
+
+Timeouts: a request's own timeout is its deadline; the controller refuses REQUEST_TIMED_OUT, with nothing done,
+what it could not start before it, and the worker waits for that answer (node.timer.controller). A timeout of 0
+or less ("do not wait", as librdkafka's operation_timeout 0) means the node answers once it has done the work,
+within `timer.control_timeout_ms`.
+
+Invariants:
+- Every request gets one response, with one result per topic, partition or resource it named, in its order.
+- If the timer process never answers (it died and its successor lost the request), every result is
+  REQUEST_TIMED_OUT; the deadline the controller checks is the one this worker gave up at, so what a client
+  heard as timed out was not done.
+"""
+
+from __future__ import annotations
+
+import datetime
+from typing import Any, Callable
+
+from kio.static.primitive import i8, i64
+
+from node.config import NodeConfig
+from node.storage import topic_config as TC
+from node.storage.catalog import valid_topic_name
+from node.storage.store import BROKER_RESOURCE, TOPIC_RESOURCE, PartitionStore
+from shm import messages as M
+from workers import errors as E
+from workers import protocol as P
+from workers.connection import Request
+from workers.delayed import DelayedRequests, DocumentTooLarge, monotonic_ms
+from workers.outcome import Outcome
+from workers.responses import ZERO_THROTTLE, code, entity, reply
+
+Results = dict[str, tuple[E.ErrorCode, str | None]]
+TIMED_OUT = (E.REQUEST_TIMED_OUT, "the node did not answer within the request's timeout")
+
+
+def millis(delta: Any) -> int:
+    return int(delta.total_seconds() * 1000) if isinstance(delta, datetime.timedelta) else int(delta)
+
+
+class AdminHandlers:
+    def __init__(self, partitions: PartitionStore, config: NodeConfig, delayed: DelayedRequests) -> None:
+        self.partitions = partitions
+        self.config = config
+        self.delayed = delayed
+        self.node_id = config.server.node_id
+
+    def table(self) -> dict[int, Callable[[Request, Any], Outcome]]:
+        return {
+            P.CREATE_TOPICS: self.create_topics,
+            P.DELETE_TOPICS: self.delete_topics,
+            P.CREATE_PARTITIONS: self.create_partitions,
+            P.DELETE_RECORDS: self.delete_records,
+            P.DESCRIBE_CONFIGS: self.describe_configs,
+            P.ALTER_CONFIGS: self.alter_configs,
+            P.INCREMENTAL_ALTER_CONFIGS: self.incremental_alter_configs,
+        }
+
+    def _wait_ms(self, timeout_ms: int) -> int:
+        return timeout_ms if timeout_ms > 0 else self.config.timer.control_timeout_ms
+
+    def _ask(self, req: Request, kind: M.Kind, document: Any, wait_ms: int, answer: Callable[[Any], Outcome],
+             *body: Any) -> Outcome:
+        try:
+            return self.delayed.ask(req, kind, document, wait_ms, answer, *body)
+        except DocumentTooLarge:
+            return answer(None)
+
+    # -- CreateTopics / DeleteTopics -----------------------------------------------------------
+
+    def create_topics(self, req: Request, request: Any) -> Outcome:
+        results: Results = {}
+        wanted: list[list[Any]] = []
+        names = [topic.name for topic in request.topics]
+        for topic in request.topics:
+            name = topic.name
+            if names.count(name) > 1:
+                results[name] = (E.INVALID_REQUEST, f"Topic {name} is named more than once in the request.")
+            elif not valid_topic_name(name):
+                results[name] = (E.INVALID_TOPIC_EXCEPTION, f"Topic name {name!r} is illegal: it must be 1 to 249 "
+                                                            "characters of [a-zA-Z0-9._-], not '.' or '..'")
+            else:
+                partitions, problem = self._new_topic_partitions(topic)
+                if problem is not None:
+                    results[name] = problem
+                else:
+                    wanted.append([name, partitions, {c.name: c.value for c in topic.configs}])
+        timeout_ms = millis(request.timeout)
+        validate_only = bool(getattr(request, "validate_only", False))
+
+        def answer(outcome: dict | None) -> Outcome:
+            if outcome is not None:
+                self.partitions.reload()
+            for name, _, _ in wanted:
+                number, message = (outcome or {}).get(name, TIMED_OUT)
+                results[name] = (code(number), message)
+            return reply(req, entity(req, "CreateTopicsResponse", throttle_time=ZERO_THROTTLE, topics=tuple(
+                entity(req, "CreatableTopicResult", name=t.name, error_code=results[t.name][0],
+                       error_message=results[t.name][1])
+                for t in request.topics)))
+
+        if not wanted:
+            return answer({})
+        wait_ms = self._wait_ms(timeout_ms)
+        document = {"topics": wanted, "validate_only": validate_only, "explicit": True}
+        return self._ask(req, M.Kind.CREATE_TOPICS, document, wait_ms, answer, monotonic_ms() + wait_ms)
+
+    def _new_topic_partitions(self, topic: Any) -> tuple[int, tuple[E.ErrorCode, str] | None]:
+        """(partition count, None) or (0, the error) of a CreatableTopic, as Kafka's controller checks it."""
+        if topic.assignments:
+            if topic.num_partitions != -1 or topic.replication_factor != -1:
+                return 0, (E.INVALID_REQUEST, "A manual partition assignment was specified, but numPartitions or "
+                                              "replicationFactor was not set to -1.")
+            indexes = sorted(a.partition_index for a in topic.assignments)
+            if indexes != list(range(len(indexes))):
+                return 0, (E.ErrorCode.invalid_replica_assignment,
+                           "Partitions should be numbered sequentially starting at 0.")
+            problem = self._replica_problem([list(a.broker_ids) for a in topic.assignments])
+            return (0, problem) if problem else (len(indexes), None)
+        if topic.num_partitions == 0 or topic.num_partitions < -1:
+            return 0, (E.INVALID_PARTITIONS, "Number of partitions was set to an invalid non-positive value.")
+        if topic.replication_factor == 0 or topic.replication_factor < -1:
+            return 0, (E.INVALID_REPLICATION_FACTOR, "Replication factor must be larger than 0, or -1 to use the "
+                                                     "default value.")
+        if topic.replication_factor > 1:
+            return 0, (E.INVALID_REPLICATION_FACTOR,
+                       f"Unable to replicate the partition {topic.replication_factor} time(s): The target replication "
+                       f"factor of {topic.replication_factor} cannot be reached because only 1 broker(s) are "
+                       "registered.")
+        count = topic.num_partitions if topic.num_partitions != -1 else self.config.topics.num_partitions
+        return count, None
+
+    def _replica_problem(self, replica_lists: list[list[int]]) -> tuple[E.ErrorCode, str] | None:
+        """Kafka's checks of manual replica assignments, with this node as the one live broker."""
+        for replicas in replica_lists:
+            if not replicas:
+                return E.ErrorCode.invalid_replica_assignment, "An empty replica list was given for a partition."
+            if len(set(replicas)) != len(replicas):
+                return E.ErrorCode.invalid_replica_assignment, f"Duplicate brokers in the replica list {replicas}."
+            for broker in replicas:
+                if broker != self.node_id:
+                    return (E.ErrorCode.invalid_replica_assignment,
+                            f"The manual partition assignment includes broker {broker}, but no such broker is "
+                            f"registered (this node is broker {self.node_id}).")
+        if len({len(replicas) for replicas in replica_lists}) > 1:
+            return (E.ErrorCode.invalid_replica_assignment,
+                    "All partitions in the manual partition assignment must have the same number of replicas.")
+        return None
+
+    def delete_topics(self, req: Request, request: Any) -> Outcome:
+        names = list(request.topic_names)
+
+        def answer(outcome: dict | None) -> Outcome:
+            if outcome is not None:
+                self.partitions.reload()
+            results = {name: (int(TIMED_OUT[0]), None) for name in names} if outcome is None else outcome
+            return reply(req, entity(req, "DeleteTopicsResponse", throttle_time=ZERO_THROTTLE, responses=tuple(
+                entity(req, "DeletableTopicResult", name=n, error_code=code(results.get(n, (0, None))[0]),
+                       error_message=results.get(n, (0, None))[1])
+                for n in names)))
+
+        return self._ask(req, M.Kind.DELETE_TOPICS, names, self._wait_ms(millis(request.timeout)), answer)
+
+    # -- CreatePartitions -----------------------------------------------------------------------
+
+    def create_partitions(self, req: Request, request: Any) -> Outcome:
+        results: Results = {}
+        wanted: list[list[Any]] = []
+        names = [topic.name for topic in request.topics]
+        for topic in request.topics:
+            name = topic.name
+            current = self.partitions.topic_partitions(name)
+            if names.count(name) > 1:
+                results[name] = (E.INVALID_REQUEST, f"Duplicate topic {name} in the request.")
+            elif current is None:
+                results[name] = (E.UNKNOWN_TOPIC_OR_PARTITION, f"The topic {name} does not exist.")
+            elif topic.assignments is not None and topic.count > current and len(topic.assignments) != topic.count - current:
+                results[name] = (E.ErrorCode.invalid_replica_assignment,
+                                 f"Increasing the number of partitions by {topic.count - current} but "
+                                 f"{len(topic.assignments)} assignments provided.")
+            else:
+                problem = (self._replica_problem([list(a.broker_ids) for a in topic.assignments])
+                           if topic.assignments else None)
+                if problem:
+                    results[name] = problem
+                else:
+                    wanted.append([name, int(topic.count)])
+
+        def answer(outcome: dict | None) -> Outcome:
+            if outcome is not None:
+                self.partitions.reload()
+            for name, _ in wanted:
+                number, message = (outcome or {}).get(name, TIMED_OUT)
+                results[name] = (code(number), message)
+            return reply(req, entity(req, "CreatePartitionsResponse", throttle_time=ZERO_THROTTLE, results=tuple(
+                entity(req, "CreatePartitionsTopicResult", name=t.name, error_code=results[t.name][0],
+                       error_message=results[t.name][1]) for t in request.topics)))
+
+        if not wanted:
+            return answer({})
+        wait_ms = self._wait_ms(millis(request.timeout))
+        document = {"topics": wanted, "validate_only": bool(request.validate_only)}
+        return self._ask(req, M.Kind.CREATE_PARTITIONS, document, wait_ms, answer, monotonic_ms() + wait_ms)
+
+    # -- DeleteRecords --------------------------------------------------------------------------
+
+    def delete_records(self, req: Request, request: Any) -> Outcome:
+        wanted = [[t.name, int(p.partition_index), int(p.offset)] for t in request.topics for p in t.partitions]
+
+        def answer(outcome: list | None) -> Outcome:
+            results = iter(outcome if outcome is not None else [[int(TIMED_OUT[0]), -1]] * len(wanted))
+            topics = []
+            for topic in request.topics:
+                partitions = []
+                for p in topic.partitions:
+                    error, low_watermark = next(results)
+                    partitions.append(entity(req, "DeleteRecordsPartitionResult", partition_index=p.partition_index,
+                                             low_watermark=i64(low_watermark), error_code=code(error)))
+                topics.append(entity(req, "DeleteRecordsTopicResult", name=topic.name, partitions=tuple(partitions)))
+            return reply(req, entity(req, "DeleteRecordsResponse", throttle_time=ZERO_THROTTLE, topics=tuple(topics)))
+
+        if not wanted:
+            return answer([])
+        wait_ms = self._wait_ms(millis(request.timeout))
+        return self._ask(req, M.Kind.DELETE_RECORDS, wanted, wait_ms, answer, monotonic_ms() + wait_ms)
+
+    # -- DescribeConfigs ------------------------------------------------------------------------
+
+    def describe_configs(self, req: Request, request: Any) -> Outcome:
+        synonyms_wanted = bool(getattr(request, "include_synonyms", False))
+        documentation_wanted = bool(getattr(request, "include_documentation", False))
+        store = self.partitions
+        results = []
+        for resource in request.resources:
+            error, message, described = E.NONE, None, []
+            if resource.resource_type == TOPIC_RESOURCE:
+                overrides = store.topic_configs(resource.resource_name)
+                if not valid_topic_name(resource.resource_name):
+                    error, message = E.INVALID_TOPIC_EXCEPTION, f"Topic name {resource.resource_name!r} is illegal"
+                elif overrides is None:
+                    error, message = E.UNKNOWN_TOPIC_OR_PARTITION, f"Topic {resource.resource_name} does not exist"
+                else:
+                    described = TC.describe_topic(store.log_config, store.catalog.broker_configs, overrides)
+            elif resource.resource_type == BROKER_RESOURCE:
+                problem = self._broker_name_problem(resource.resource_name)
+                if problem:
+                    error, message = E.INVALID_REQUEST, problem
+                else:
+                    described = self._describe_node()
+            else:
+                error, message = E.INVALID_REQUEST, f"Unsupported resource type {resource.resource_type}"
+            keys = resource.configuration_keys
+            if keys:
+                described = [d for d in described if d.name in keys]
+            configs = tuple(entity(
+                req, "DescribeConfigsResourceResult", name=d.name, value=d.value, read_only=d.read_only,
+                is_default=d.is_default, config_source=i8(d.source), is_sensitive=False,
+                synonyms=tuple(entity(req, "DescribeConfigsSynonym", name=n, value=v, source=i8(s))
+                               for n, v, s in (d.synonyms if synonyms_wanted else ())),
+                config_type=i8(TC.TYPE_CODES.get(d.type, 0)), documentation=d.doc if documentation_wanted else None)
+                for d in described)
+            results.append(entity(req, "DescribeConfigsResult", error_code=error, error_message=message,
+                                  resource_type=i8(resource.resource_type), resource_name=resource.resource_name,
+                                  configs=configs))
+        return reply(req, entity(req, "DescribeConfigsResponse", throttle_time=ZERO_THROTTLE, results=tuple(results)))
+
+    def _broker_name_problem(self, name: str) -> str | None:
+        if name in ("", str(self.node_id)):
+            return None
+        return f"Unexpected broker id, expected {self.node_id} or empty string, but received {name}"
+
+    def _describe_node(self) -> list[TC.DescribedConfig]:
+        """The broker resource: the node-wide topic settings (alterable), then the node's own settings (read-only,
+        from its TOML file), by Kafka's broker config names."""
+        store = self.partitions
+        described = TC.describe_node(store.log_config, store.catalog.broker_configs)
+        defaults = NodeConfig()
+        config = self.config
+        server = config.server
+        groups = config.groups
+        host = server.advertised_host or server.host
+        port = server.advertised_port or server.port
+        static = [
+            ("broker.id", str(server.node_id), server.node_id != defaults.server.node_id, "INT"),
+            ("node.id", str(server.node_id), server.node_id != defaults.server.node_id, "INT"),
+            ("listeners", f"PLAINTEXT://{server.host}:{server.port}", True, "STRING"),
+            ("advertised.listeners", f"PLAINTEXT://{host}:{port}", True, "STRING"),
+            ("log.dirs", server.data_dir, True, "STRING"),
+            ("num.network.threads", str(server.worker_count()), server.workers != defaults.server.workers, "INT"),
+            ("socket.request.max.bytes", str(server.request_max_bytes),
+             server.request_max_bytes != defaults.server.request_max_bytes, "INT"),
+            ("socket.send.buffer.bytes", str(server.socket_send_buffer_bytes),
+             server.socket_send_buffer_bytes != defaults.server.socket_send_buffer_bytes, "INT"),
+            ("socket.receive.buffer.bytes", str(server.socket_receive_buffer_bytes),
+             server.socket_receive_buffer_bytes != defaults.server.socket_receive_buffer_bytes, "INT"),
+            ("num.partitions", str(config.topics.num_partitions),
+             config.topics.num_partitions != defaults.topics.num_partitions, "INT"),
+            ("auto.create.topics.enable", TC.render(config.topics.auto_create_topics),
+             config.topics.auto_create_topics != defaults.topics.auto_create_topics, "BOOLEAN"),
+            ("default.replication.factor", "1", False, "INT"),
+            ("offsets.topic.num.partitions", "1", False, "INT"),
+            ("offsets.topic.replication.factor", "1", False, "SHORT"),
+            ("offsets.retention.minutes", str(int(groups.offsets_retention_minutes)),
+             groups.offsets_retention_minutes != defaults.groups.offsets_retention_minutes, "INT"),
+            ("offsets.retention.check.interval.ms", str(groups.offsets_retention_check_interval_ms),
+             groups.offsets_retention_check_interval_ms != defaults.groups.offsets_retention_check_interval_ms, "LONG"),
+            ("offsets.commit.timeout.ms", str(groups.offsets_commit_timeout_ms),
+             groups.offsets_commit_timeout_ms != defaults.groups.offsets_commit_timeout_ms, "INT"),
+            ("offset.metadata.max.bytes", str(groups.offset_metadata_max_bytes),
+             groups.offset_metadata_max_bytes != defaults.groups.offset_metadata_max_bytes, "INT"),
+            ("group.initial.rebalance.delay.ms", str(groups.initial_rebalance_delay_ms),
+             groups.initial_rebalance_delay_ms != defaults.groups.initial_rebalance_delay_ms, "INT"),
+            ("group.min.session.timeout.ms", str(groups.min_session_timeout_ms),
+             groups.min_session_timeout_ms != defaults.groups.min_session_timeout_ms, "INT"),
+            ("group.max.session.timeout.ms", str(groups.max_session_timeout_ms),
+             groups.max_session_timeout_ms != defaults.groups.max_session_timeout_ms, "INT"),
+            ("group.max.size", str(groups.max_size or 2**31 - 1), groups.max_size != defaults.groups.max_size, "INT"),
+        ]
+        for name, value, from_file, kind in static:
+            source = TC.SOURCE_STATIC_BROKER if from_file else TC.SOURCE_DEFAULT
+            described.append(TC.DescribedConfig(name, value, source, ((name, value, source),), kind,
+                                                "A setting of the node's TOML file (read-only at run time).",
+                                                read_only=True))
+        return sorted(described, key=lambda d: d.name)
+
+    # -- AlterConfigs / IncrementalAlterConfigs -------------------------------------------------
+
+    def alter_configs(self, req: Request, request: Any) -> Outcome:
+        return self._alter(req, request, "replace",
+                           lambda resource: {c.name: c.value for c in resource.configs})
+
+    def incremental_alter_configs(self, req: Request, request: Any) -> Outcome:
+        return self._alter(req, request, "incremental",
+                           lambda resource: [[int(c.config_operation), c.name, c.value] for c in resource.configs])
+
+    def _alter(self, req: Request, request: Any, how: str, changes_of: Callable[[Any], Any]) -> Outcome:
+        results: list[tuple[E.ErrorCode, str | None] | None] = []
+        sent: list[list[Any]] = []
+        seen = [(r.resource_type, r.resource_name) for r in request.resources]
+        for resource in request.resources:
+            kind, name = resource.resource_type, resource.resource_name
+            if seen.count((kind, name)) > 1:
+                results.append((E.INVALID_REQUEST, f"Error due to duplicate resource {name!r} of type {kind}"))
+            elif kind == TOPIC_RESOURCE and not valid_topic_name(name):
+                results.append((E.INVALID_TOPIC_EXCEPTION, f"Topic name {name!r} is illegal"))
+            elif kind == BROKER_RESOURCE and self._broker_name_problem(name):
+                results.append((E.INVALID_REQUEST, self._broker_name_problem(name)))
+            elif kind not in (TOPIC_RESOURCE, BROKER_RESOURCE):
+                results.append((E.INVALID_REQUEST, f"Unsupported resource type {kind}: this node alters the configs "
+                                                   "of topics and of the broker"))
+            else:
+                results.append(None)
+                sent.append([int(kind), name, how, changes_of(resource)])
+
+        def answer(outcome: list | None) -> Outcome:
+            if outcome is not None:
+                self.partitions.reload()
+            answers = iter(outcome if outcome is not None else [[int(TIMED_OUT[0]), TIMED_OUT[1]]] * len(sent))
+            filled = [result if result is not None else (lambda a: (code(a[0]), a[1]))(next(answers))
+                      for result in results]
+            return reply(req, entity(req, type_name, throttle_time=ZERO_THROTTLE, responses=tuple(
+                entity(req, "AlterConfigsResourceResponse", error_code=error, error_message=message,
+                       resource_type=i8(r.resource_type), resource_name=r.resource_name)
+                for r, (error, message) in zip(request.resources, filled))))
+
+        type_name = "AlterConfigsResponse" if how == "replace" else "IncrementalAlterConfigsResponse"
+        if not sent:
+            return answer([])
+        document = {"resources": sent, "validate_only": bool(request.validate_only)}
+        return self._ask(req, M.Kind.ALTER_CONFIGS, document, self.config.timer.control_timeout_ms, answer)
+
