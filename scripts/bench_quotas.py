@@ -4,7 +4,9 @@ disabled against the same node with a default quota every client is checked agai
 
 Each run starts the two nodes one after the other and drives each with scripts/producer_perf.py (raw client,
 acks=1, --seconds each); runs alternate the order of the modes so a drift of the shared machine falls on
-both. Reported: records/s per trial, the medians, and the ratio quotas-on / quotas-off (target >= 0.97).
+both. Reported: records/s per trial, the medians, and the ratio quotas-on / quotas-off (target >= 0.97); and
+the node's CPU time per record (all its processes), whose on/off ratio is the cost with less of the noise of
+a shared machine.
 
 Only 127.0.0.1; bounded by --runs x 2 x (--seconds + node start). Usage:
     .venv/bin/python scripts/bench_quotas.py [--runs 6] [--seconds 8] [--json]
@@ -20,6 +22,8 @@ import subprocess
 import sys
 import time
 from typing import Any
+
+import psutil
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -39,11 +43,12 @@ def progress(line: str) -> None:
 
 
 def trial(args: Any, mode: str) -> dict[str, Any]:
-    # The previous trial's writes (GBs of page cache) are written back first, not during this trial: measured
-    # without it, the first trial of every pair was the faster by 10-25% whichever its mode.
+    # The previous trial's writes (GBs of page cache) are written back now, not during this trial.
     os.sync()
     time.sleep(args.settle_s)
     with NodeProcess(workers=args.workers, config=MODES[mode], announce=True) as node:
+        processes = [psutil.Process(pid) for pid in [node.proc.pid] + node.pids()]
+        cpu_before = sum(cpu_seconds(process) for process in processes)
         done = subprocess.run(
             [sys.executable, os.path.join(benchnode.SCRIPTS_DIR, "producer_perf.py"), "--bootstrap", node.bootstrap,
              "--client", "raw", "--acks", "1", "--seconds", str(args.seconds), "--json"],
@@ -51,7 +56,14 @@ def trial(args: Any, mode: str) -> dict[str, Any]:
         if done.returncode != 0:
             raise SystemExit(f"producer_perf failed: {done.stderr[-2000:]}")
         row = json.loads(done.stdout.strip().splitlines()[-1])
-    return {**row, "script": SCRIPT, "quotas": mode}
+        node_cpu = sum(cpu_seconds(process) for process in processes) - cpu_before
+    # CPU per record: what the check costs, steadier than throughput on a machine shared with other work.
+    return {**row, "script": SCRIPT, "quotas": mode, "node_cpu_ns_per_record": round(node_cpu / row["records"] * 1e9, 1)}
+
+
+def cpu_seconds(process: psutil.Process) -> float:
+    times = process.cpu_times()
+    return times.user + times.system
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -76,7 +88,11 @@ def main(argv: list[str] | None = None) -> int:
     pairs = [rows[i:i + 2] for i in range(0, len(rows), 2)]
     ratios = [next(r for r in pair if r["quotas"] == "on")["records_per_s"] /
               next(r for r in pair if r["quotas"] == "off")["records_per_s"] for pair in pairs]
+    cpu = {mode: statistics.median(row["node_cpu_ns_per_record"] for row in rows if row["quotas"] == mode)
+           for mode in MODES}
     summary = {"script": SCRIPT, "summary": True, "runs": args.runs, "off_records_per_s": medians["off"],
+               "off_node_cpu_ns_per_record": cpu["off"], "on_node_cpu_ns_per_record": cpu["on"],
+               "cpu_per_record_ratio": round(cpu["on"] / cpu["off"], 4),
                "on_records_per_s": medians["on"], "ratio_of_medians": round(medians["on"] / medians["off"], 4),
                "median_run_ratio": round(statistics.median(ratios), 4),
                "geomean_run_ratio": round(statistics.geometric_mean(ratios), 4), "run_ratios": [round(r, 4) for r in ratios]}
@@ -92,6 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"median {medians['off']:>11,.0f} {medians['on']:>14,.0f} {summary['ratio_of_medians']:>8.3f}"
               f"   (runs' ratios: median {summary['median_run_ratio']}, "
               f"geometric mean {summary['geomean_run_ratio']}; target >= 0.97)")
+        print(f"node CPU per record: off {cpu['off']} ns, on {cpu['on']} ns (ratio {summary['cpu_per_record_ratio']})")
     return 0
 
 

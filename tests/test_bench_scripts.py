@@ -127,6 +127,7 @@ def test_bench_quotas_compares_quotas_on_and_off(tmp_path):
     trials, summary = rows[:-1], rows[-1]
     assert sorted(row["quotas"] for row in trials) == ["off", "on"]
     check_rows(trials, "bench_quotas")
+    assert all(row["node_cpu_ns_per_record"] > 0 for row in trials) and summary["cpu_per_record_ratio"] > 0
     assert summary["summary"] and summary["run_ratios"] == [summary["median_run_ratio"]] and summary["ratio_of_medians"] > 0
 
 
