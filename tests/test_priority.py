@@ -192,23 +192,31 @@ def test_a_plain_consumer_drains_high_priority_first_without_starving_low(node_f
 
 def test_priority_producer_and_capacity_burst_consumer(node_factory):
     node = node_factory(workers=2, config=GROUPS)
-    backlog = {2: 600, 1: 600, 0: 30}
+    backlog = {2: 900, 1: 900, 0: 70}
     for level in range(LEVELS):
         create_topic(node.bootstrap, level_topic("tasks", level), partitions=2)
-    producer = PriorityProducer({"bootstrap.servers": node.bootstrap, "linger.ms": 5}, levels=LEVELS)
-    for level, count in backlog.items():
-        for i in range(count):
-            producer.produce("tasks", value=f"{level}:{i}".encode(), priority=level)
-    assert producer.flush(30) == 0
-    with pytest.raises(ValueError):
-        producer.produce("tasks", b"x", priority=LEVELS)
-
     config = {"bootstrap.servers": node.bootstrap, "group.id": "workers", "auto.offset.reset": "earliest",
-              "session.timeout.ms": 6000, "enable.auto.commit": False}
+              "session.timeout.ms": 6000, "enable.auto.commit": False, "fetch.wait.max.ms": 100}
     seen: set[bytes] = set()
     polls: list[dict[int, int]] = []
     with CapacityBurstPriorityConsumer(config, levels=LEVELS, max_poll_records=50) as consumer:
         consumer.subscribe(["tasks"])
+        # The backlog goes in once every level's consumer holds its partitions (joining members rebalance
+        # the group, and a level without its partitions yet would lend its share to the others).
+        deadline = time.monotonic() + 30
+        while len(consumer.assignment()) < 2 * LEVELS and time.monotonic() < deadline:
+            assert consumer.poll(timeout=0.1) == []
+        assert len(consumer.assignment()) == 2 * LEVELS
+        producer = PriorityProducer({"bootstrap.servers": node.bootstrap, "linger.ms": 5}, levels=LEVELS)
+        for level, count in backlog.items():
+            for i in range(count):
+                producer.produce("tasks", value=f"{level}:{i}".encode(), priority=level)
+        assert producer.flush(30) == 0
+        with pytest.raises(ValueError):
+            producer.produce("tasks", b"x", priority=LEVELS)
+        # Every level's consumer fetches its backlog in the background meanwhile (a fetch waiting on an empty
+        # log is answered by the append): the polls below see all levels from the first one.
+        time.sleep(1.0)
         deadline = time.monotonic() + 60
         while len(seen) < sum(backlog.values()) and time.monotonic() < deadline:
             capacities = consumer.burst.capacities()

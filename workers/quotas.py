@@ -8,7 +8,8 @@ sends back.
   at most the whole window (window_samples x window_ms); 0 within quota. The rate is the latest node-wide one
   plus this worker's bytes the timer has not counted yet (so, as in Kafka, a request's own bytes count in its
   check, and a burst between two reports is not let through).
-- The charged bytes go to the timer every report_interval_ms (QUOTA_USAGE), one message for all clients.
+- The charged bytes go to the timer every report_interval_ms (QUOTA_USAGE), one message for all clients,
+  or every far_report_interval_ms while no client checked since the last report was above half its quota.
 
 How a throttled client waits is the handlers' and DelayedRequests' part (KIP-219): Produce v6+ and Fetch v8+
 are answered at once and the connection is muted; older versions get their response held back; either way
@@ -64,6 +65,8 @@ class ClientQuotas:
         self._pending: dict[str, _Client] = {}  # clients charged since the last report
         self._reports = 0
         self._in_flight: list[tuple[int, dict[str, list[int]]]] = []  # reports not yet counted by the timer
+        self._near_quota = False  # a client checked since the last report was above half its quota
+        self.next_report_ms = config.far_report_interval_ms
 
     def _limits(self, key: str) -> list[int]:
         limits = self.config.clients.get(key, self.config.default)
@@ -106,6 +109,8 @@ class ClientQuotas:
             return 0
         window = client.windows[kind]
         rate = client.rates[kind] + client.uncounted[kind] * 1000 / window
+        if rate * 2 > quota:
+            self._near_quota = True
         if rate <= quota:
             return 0
         throttle = (rate - quota) / quota * window
@@ -126,7 +131,11 @@ class ClientQuotas:
                     client.uncounted[1] -= counts[1]
 
     def report(self) -> bytes | None:
-        """The QUOTA_USAGE frame of the bytes charged since the last report, or None if there were none."""
+        """The QUOTA_USAGE frame of the bytes charged since the last report, or None if there were none;
+        sets next_report_ms."""
+        c = self.config
+        self.next_report_ms = c.report_interval_ms if self._near_quota else c.far_report_interval_ms
+        self._near_quota = False
         if not self._pending:
             return None
         pending, self._pending = self._pending, {}

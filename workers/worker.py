@@ -232,8 +232,7 @@ class Worker:
 
     def _arm_quota_report(self) -> None:
         if self.config.quotas.enabled and self._quota_report is None:
-            self._quota_report = self.loop.call_later(self.config.quotas.report_interval_ms / 1000,
-                                                      self._report_quota_usage)
+            self._quota_report = self.loop.call_later(self.quotas.next_report_ms / 1000, self._report_quota_usage)
 
     def _reload_config(self) -> None:
         """SIGHUP: the supervisor rewrote the config file with new reloadable settings."""
