@@ -309,6 +309,17 @@ def reloaded(current: NodeConfig, new: NodeConfig) -> tuple[NodeConfig, list[str
     return dataclasses.replace(current, **{name: getattr(new, name) for name in RELOADABLE}), ignored
 
 
+def reload_runtime(current: NodeConfig, path: str, log: Any) -> NodeConfig | None:
+    """A child's SIGHUP: `current` with the reloadable settings of the file the supervisor rewrote, or None
+    (logged) when it cannot be read."""
+    try:
+        new = read_runtime(path)
+    except (OSError, ValueError) as exc:
+        log.error("SIGHUP: cannot read %s: %s", path, exc)
+        return None
+    return reloaded(current, new)[0]
+
+
 def parse_listen(text: str) -> tuple[str, int]:
     host, sep, port = text.rpartition(":")
     if not sep or not port.isdigit() or not 0 <= int(port) < 65536:

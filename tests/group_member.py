@@ -111,12 +111,7 @@ def run_kafka_python(args) -> None:
     consumer.subscribe([args.topic], listener=Listener())
     deadline = time.monotonic() + args.max_seconds
     while not stop and time.monotonic() < deadline:
-        batches = consumer.poll(timeout_ms=200)
-        last = {}
-        for tp, records in batches.items():
-            for m in records:
-                emit(event="record", p=m.partition, o=m.offset, v=m.value.decode())
-                last[m.partition] = m.offset + 1
+        last = emit_records(consumer.poll(timeout_ms=200))
         if last:
             try:
                 consumer.commit({TopicPartition(args.topic, p): OffsetAndMetadata(o, "", -1) for p, o in last.items()})
@@ -126,6 +121,16 @@ def run_kafka_python(args) -> None:
                 emit(event="commit_failed", error=str(exc))
     consumer.close()
     emit(event="closed")
+
+
+def emit_records(batches: dict) -> dict[int, int]:
+    """Emit the records of a kafka-python / aiokafka poll; {partition: next offset} to commit."""
+    last = {}
+    for records in batches.values():
+        for m in records:
+            emit(event="record", p=m.partition, o=m.offset, v=m.value.decode())
+            last[m.partition] = m.offset + 1
+    return last
 
 
 def run_aiokafka(args) -> None:
@@ -150,12 +155,7 @@ def run_aiokafka(args) -> None:
         deadline = time.monotonic() + args.max_seconds
         try:
             while not stop and time.monotonic() < deadline:
-                batches = await consumer.getmany(timeout_ms=200)
-                last = {}
-                for tp, records in batches.items():
-                    for m in records:
-                        emit(event="record", p=m.partition, o=m.offset, v=m.value.decode())
-                        last[m.partition] = m.offset + 1
+                last = emit_records(await consumer.getmany(timeout_ms=200))
                 if last:
                     try:
                         await consumer.commit({TopicPartition(args.topic, p): OffsetAndMetadata(o, "")

@@ -31,7 +31,7 @@ import time
 from collections import deque
 from typing import Any
 
-from node.config import NodeConfig, read_runtime, reloaded
+from node.config import NodeConfig, read_runtime, reload_runtime
 from node.logging_setup import setup_logging
 from node.storage.store import PartitionStore
 from shm import instance as shm_instance
@@ -237,12 +237,10 @@ class Worker:
     def _reload_config(self) -> None:
         """SIGHUP: the supervisor rewrote the config file with new reloadable settings."""
         self._reload = False
-        try:
-            new = read_runtime(self.config_path)
-        except (OSError, ValueError) as exc:
-            log.error("SIGHUP: cannot read %s: %s", self.config_path, exc)
+        config = reload_runtime(self.config, self.config_path, log)
+        if config is None:
             return
-        self.config, _ = reloaded(self.config, new)
+        self.config = config
         self.handlers.config = self.config
         self.quotas.reconfigure(self.config.quotas)
         self._arm_quota_report()
