@@ -53,7 +53,7 @@ def worker_side(tmp_path):
         bell = EventfdDoorbell()
         link = TimerLink(iid, 0, config.rings, os.dup(bell.fileno()))
         store = PartitionStore(str(tmp_path), table, config.log, 8)
-        assert store.create_topics([("t", 1)]) == {"t": (0, None)}
+        assert store.create_topics([("t", 1, {})]) == {"t": (0, None)}
         settled = []
         delayed = DelayedRequests(link, interest, config.timer.delayed_grace_ms,
                                   lambda req, outcome: settled.append(outcome), config.groups.max_request_document_bytes)
