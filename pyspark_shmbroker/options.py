@@ -55,6 +55,8 @@ PRODUCER_CLIENT_OPTIONS = ("client.id", "request.timeout.ms", "acks", "enable.id
 ACCEPTED_AND_IGNORED = {
     "groupidprefix": "consumer group names are not used: offsets live in Spark's checkpoint",
     "kafka.group.id": "consumer group names are not used: offsets live in Spark's checkpoint",
+    # Spark itself passes a streaming query's checkpoint location to its source and sink.
+    "checkpointlocation": "Spark's own: the checkpoint is Spark's business",
 }
 # Kafka client options Spark's Kafka source refuses, with its advice.
 REFUSED_CLIENT_OPTIONS = {

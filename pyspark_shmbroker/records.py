@@ -135,10 +135,12 @@ def _unaligned(arena: np.ndarray, dtype: str) -> np.ndarray:
     return np.ndarray(shape=(len(arena) - size + 1,), dtype=dtype, buffer=arena, strides=(1,))
 
 
-def _varints(arena: np.ndarray, positions: np.ndarray, max_width: int) -> tuple[np.ndarray, np.ndarray]:
+def _varints(arena: np.ndarray, positions: np.ndarray, max_width: int,
+             strict: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """Zigzag varints starting at each position: (values, widths in bytes), as int64 arrays.
     Both bytes of the one- and two-byte varints (nearly all of them) come from one 16-bit gather;
-    later bytes are gathered only for the varints still going."""
+    later bytes are gathered only for the varints still going. One longer than `max_width` raises
+    CorruptRecords, or with strict=False (guessed positions) gets width 0."""
     pair = _unaligned(arena, "<u2")[positions].astype(np.int64)  # first byte | second byte << 8
     more = (pair >> 7) & 1
     raw = (pair & 0x7F) | (((pair >> 1) & 0x3F80) * more)
@@ -147,7 +149,10 @@ def _varints(arena: np.ndarray, positions: np.ndarray, max_width: int) -> tuple[
     shift = 14
     while len(going):
         if shift >= 7 * max_width:
-            raise CorruptRecords(f"a varint longer than {max_width} bytes")
+            if strict:
+                raise CorruptRecords(f"a varint longer than {max_width} bytes")
+            width[going] = 0
+            break
         byte = arena[positions[going] + width[going]]
         raw[going] |= (byte & 0x7F).astype(np.int64) << shift
         width[going] += 1
@@ -233,8 +238,9 @@ class _Runs:
             extra = _offset_delta_extra(index)
             expected = sizes[owner] + (1 + _offset_delta_extra(index + 1) - extra) - first_width[owner]
             at = position[owner] + step * (sizes[owner] - first_width[owner] + 1) + extra - base_extra[owner]
-            got_length, got_width = _varints(self.arena, np.minimum(at, limit), _MAX_VARINT)
-            bad = (at + expected > self.end[active][owner]) | (got_length + got_width != expected) | (got_length < 0)
+            got_length, got_width = _varints(self.arena, np.minimum(at, limit), _MAX_VARINT, strict=False)
+            bad = ((at + expected > self.end[active][owner]) | (got_length + got_width != expected)
+                   | (got_length < 0) | (got_width == 0))
             runs = guesses.copy()
             bad_owners, first_bad = np.unique(owner[bad], return_index=True)
             runs[bad_owners] = step[bad][first_bad]
