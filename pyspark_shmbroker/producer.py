@@ -299,6 +299,7 @@ class IdempotentProducer:
         self.partition_counts: dict[str, int] = {}
         self.conn: Connection | None = None
         self.resend = False  # an error asked for every unacknowledged batch to go again
+        self.reconnects = 0
         self.producer_id, self.epoch = -1, -1
         self._connect()
         self._init_producer_id()
@@ -313,6 +314,7 @@ class IdempotentProducer:
         """A new connection after a failure, retried until the oldest unacknowledged batch's delivery
         timeout; what was in flight is unknown, so everything unacknowledged goes again."""
         log.warning("shmbroker producer: %s; reconnecting and resending unacknowledged batches", why)
+        self.reconnects += 1
         if self.conn is not None:
             self.conn.close()
         self.conn = None

@@ -280,9 +280,16 @@ def _binary_array(arena: np.ndarray, arena_buffer: pa.Buffer, starts: np.ndarray
         inline[np.arange(_INLINE_VIEW_BYTES)[None, :] >= sizes[short, None]] = 0
         views[short, 1:4] = inline.view(np.int32)
     validity = pa.py_buffer(np.packbits(valid, bitorder="little")) if nulls else None
-    view_type = pa.string_view() if target == pa.string() else pa.binary_view()
-    array = pa.Array.from_buffers(view_type, n, [validity, pa.py_buffer(views), arena_buffer], null_count=nulls)
-    return array.cast(target)
+    array = pa.Array.from_buffers(pa.binary_view(), n, [validity, pa.py_buffer(views), arena_buffer],
+                                  null_count=nulls).cast(pa.binary())
+    if target == pa.string():
+        try:
+            return array.cast(pa.string())  # checks UTF-8
+        except pa.ArrowInvalid:
+            # As the Java client decodes header keys: malformed UTF-8 becomes U+FFFD (rare: a slow path).
+            return pa.array([None if b is None else b.decode("utf-8", "replace") for b in array.to_pylist()],
+                            pa.string())
+    return array
 
 
 def _constant_string(text: str, n: int) -> pa.Array:
@@ -372,23 +379,23 @@ def _decode_fields(arena: np.ndarray, data: bytes, starts: np.ndarray, area_ends
     following[last_of_batch] = area_ends
     if not np.array_equal(record_ends, following):
         raise CorruptRecords("record lengths do not tile their batch")
+    # Field by field; after each, every position must still be inside its record, so the next varint
+    # read stays inside the arena (its padding covers a varint starting at a record's last byte).
     position = starts + widths + 1  # past the record attributes
-    timestamp_deltas, width = _varints(arena, position, _MAX_VARLONG)
+    timestamp_deltas, width = _varints(arena, _inside(position, record_ends), _MAX_VARLONG)
     position = position + width
-    offset_deltas, width = _varints(arena, position, _MAX_VARINT)
+    offset_deltas, width = _varints(arena, _inside(position, record_ends), _MAX_VARINT)
     position = position + width
-    key_lengths, width = _varints(arena, position, _MAX_VARINT)
+    key_lengths, width = _varints(arena, _inside(position, record_ends), _MAX_VARINT)
     key_starts = position + width
     position = key_starts + np.maximum(key_lengths, 0)
-    value_lengths, width = _varints(arena, position, _MAX_VARINT)
+    value_lengths, width = _varints(arena, _inside(position, record_ends), _MAX_VARINT)
     value_starts = position + width
     position = value_starts + np.maximum(value_lengths, 0)
-    header_counts, width = _varints(arena, position, _MAX_VARINT)
-    position = position + width
+    header_counts, width = _varints(arena, _inside(position, record_ends), _MAX_VARINT)
+    position = _inside(position + width, record_ends, allow_end=True)
     if (key_lengths < -1).any() or (value_lengths < -1).any() or (header_counts < 0).any():
         raise CorruptRecords("a negative key, value or header count")
-    if (position > record_ends).any():
-        raise CorruptRecords("record fields run past their record")
 
     header_fields = None
     if header_counts.any():
@@ -428,6 +435,13 @@ def _decode_fields(arena: np.ndarray, data: bytes, starts: np.ndarray, area_ends
     if include_headers:
         columns.append(_headers_array(arena, arena_buffer, header_counts, header_fields))
     return pa.RecordBatch.from_arrays(columns, schema=arrow_schema(include_headers))
+
+
+def _inside(position: np.ndarray, record_ends: np.ndarray, allow_end: bool = False) -> np.ndarray:
+    """`position`, after checking each is before its record's end (or at it, with allow_end)."""
+    if (position > record_ends).any() or not allow_end and (position == record_ends).any():
+        raise CorruptRecords("record fields run past their record")
+    return position
 
 
 def _decode_headers(arena: np.ndarray, position: np.ndarray, header_counts: np.ndarray,
