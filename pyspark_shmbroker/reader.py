@@ -56,7 +56,6 @@ from pyspark_shmbroker.wire import BrokerError, Connection, TopicPartition, fetc
 
 log = logging.getLogger("pyspark_shmbroker")
 _RETRY_BACKOFF_S = 0.1
-_LAST_OFFSET_DELTA = BATCH_HEADER.size - 38  # where lastOffsetDelta sits in a batch header (byte 23)
 
 
 @dataclass(frozen=True)
@@ -77,16 +76,16 @@ def _partitions_of(ranges: Sequence[OffsetRange]) -> list[InputPartition]:
     return [RangePartition(r.topic, r.partition, r.start, r.end) for r in ranges]
 
 
-def _next_offset(records: bytes) -> int | None:
+def _next_offset(records: memoryview) -> int | None:
     """One past the last whole batch of a fetched record set (None when there is no whole batch):
     headers only, so the next fetch can go out before this one is decoded."""
     pos, end, found = 0, len(records), None
     while end - pos >= BATCH_HEADER_SIZE:
-        base_offset, batch_length = BATCH_HEADER.unpack_from(records, pos)[:2]
-        size = LOG_OVERHEAD + batch_length
-        if batch_length <= 0 or pos + size > end:
+        header = BATCH_HEADER.unpack_from(records, pos)
+        size = LOG_OVERHEAD + header[1]
+        if header[1] <= 0 or pos + size > end:
             break
-        found = base_offset + int.from_bytes(records[pos + 23 : pos + 27], "big", signed=True) + 1
+        found = header[0] + header[6] + 1  # base offset + last offset delta + 1
         pos += size
     return found
 
@@ -109,14 +108,11 @@ def read_range(options: SourceOptions, offsets: OffsetRange) -> Iterator[pa.Reco
         conn.send(fetch(offset))
         stalled_since = time.monotonic()
         while offset < end:
-            answer = conn.receive()
-            part = next((p for t in answer.responses if t.topic == tp.topic for p in t.partitions
-                         if int(p.partition_index) == tp.partition), None)
+            part = conn.receive_fetch().partition(tp)
             if part is None:
                 raise BrokerError(ErrorCode.unknown_server_error, f"Fetch of {tp}", "the answer lacks the partition")
             if part.error_code == ErrorCode.offset_out_of_range:
-                offset = _out_of_range(options, tp, offset, end, int(part.log_start_offset),
-                                       int(part.high_watermark))
+                offset = _out_of_range(options, tp, offset, end, part.log_start_offset, part.high_watermark)
                 if offset >= end:
                     return
                 conn.send(fetch(offset))
@@ -128,14 +124,13 @@ def read_range(options: SourceOptions, offsets: OffsetRange) -> Iterator[pa.Reco
                 time.sleep(_RETRY_BACKOFF_S)
                 conn.send(fetch(offset))
                 continue
-            records = part.records or b""
-            following = _next_offset(records)
+            following = _next_offset(part.records)
             if following is None:
                 # Nothing at `offset`. Past the log end the records the range promised are gone;
                 # otherwise wait (the fetch itself long-polls) up to kafkaConsumer.pollTimeoutMs.
-                if int(part.high_watermark) <= offset:
+                if part.high_watermark <= offset:
                     _lost(options, f"Cannot fetch offsets [{offset}, {end}) of {tp}: the node's log of it ends at "
-                                   f"{int(part.high_watermark)}")
+                                   f"{part.high_watermark}")
                     return
                 if time.monotonic() - stalled_since > patience_s:
                     raise TimeoutError(f"no record of {tp} at offset {offset} within kafkaConsumer.pollTimeoutMs "
@@ -144,8 +139,9 @@ def read_range(options: SourceOptions, offsets: OffsetRange) -> Iterator[pa.Reco
                 continue
             if following < end:
                 conn.send(fetch(following))  # the node serves it while this answer is decoded
-            decoded = decode_record_set(records, tp.topic, tp.partition, keep_from=offset, keep_until=end,
-                                        include_headers=options.include_headers, check_crc=settings.check_crcs)
+            decoded = decode_record_set(part.records, tp.topic, tp.partition, keep_from=offset, keep_until=end,
+                                        include_headers=options.include_headers, check_crc=settings.check_crcs,
+                                        buffer=part.buffer, records_at=part.records_at)
             if decoded.batch is not None:
                 yield decoded.batch
             offset = following

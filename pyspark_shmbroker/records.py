@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 import cramjam
 import crc32c
@@ -137,28 +137,34 @@ def _unaligned(arena: np.ndarray, dtype: str) -> np.ndarray:
 
 def _varints(arena: np.ndarray, positions: np.ndarray, max_width: int,
              strict: bool = True) -> tuple[np.ndarray, np.ndarray]:
-    """Zigzag varints starting at each position: (values, widths in bytes), as int64 arrays.
-    Both bytes of the one- and two-byte varints (nearly all of them) come from one 16-bit gather;
-    later bytes are gathered only for the varints still going. One longer than `max_width` raises
-    CorruptRecords, or with strict=False (guessed positions) gets width 0."""
-    pair = _unaligned(arena, "<u2")[positions].astype(np.int64)  # first byte | second byte << 8
+    """Zigzag varints starting at each position: (values, widths in bytes), as integer arrays (int32 when
+    every varint has one or two bytes, int64 otherwise). Both bytes of the one- and two-byte varints
+    (nearly all of them) come from one 16-bit gather; later bytes are gathered only for the varints still
+    going. One longer than `max_width` raises CorruptRecords, or with strict=False (guessed positions)
+    gets width 0."""
+    pair = _unaligned(arena, "<u2")[positions].astype(np.int32)  # first byte | second byte << 8
     more = (pair >> 7) & 1
-    raw = (pair & 0x7F) | (((pair >> 1) & 0x3F80) * more)
-    width = 1 + more
-    going = np.nonzero(more & (pair >> 15))[0]
-    shift = 14
-    while len(going):
-        if shift >= 7 * max_width:
-            if strict:
-                raise CorruptRecords(f"a varint longer than {max_width} bytes")
-            width[going] = 0
-            break
-        byte = arena[positions[going] + width[going]]
-        raw[going] |= (byte & 0x7F).astype(np.int64) << shift
-        width[going] += 1
-        going = going[byte >= 0x80]
-        shift += 7
-    return (raw.view(np.uint64) >> np.uint64(1)).view(np.int64) ^ -(raw & 1), width
+    going = np.nonzero((pair & 0x8080) == 0x8080)[0]
+    raw = (pair & 0x7F) | ((pair >> 1) & 0x3F80) * more
+    width = more + 1
+    if len(going):
+        raw = raw.astype(np.int64)
+        width = width.astype(np.int64)
+        shift = 14
+        while len(going):
+            if shift >= 7 * max_width:
+                if strict:
+                    raise CorruptRecords(f"a varint longer than {max_width} bytes")
+                width[going] = 0
+                break
+            byte = arena[positions[going] + width[going]]
+            raw[going] |= (byte & 0x7F).astype(np.int64) << shift
+            width[going] += 1
+            going = going[byte >= 0x80]
+            shift += 7
+        unsigned = raw.view(np.uint64) >> np.uint64(1)
+        return unsigned.view(np.int64) ^ -(raw & 1), width
+    return (raw >> 1) ^ -(raw & 1), width
 
 
 def _scan_starts(data: bytes, start: int, end: int, count: int) -> list[int]:
@@ -190,7 +196,9 @@ def _offset_delta_extra(index: np.ndarray) -> np.ndarray:
     """Bytes that the offset-delta varints of records 0..index-1 of a batch take beyond one byte each,
     when record j's offset delta is j (as producers write them): zigzag(j) needs a second byte from
     j = 64, a third from 8192, and so on."""
-    return sum(np.maximum(0, index - first) for first in (64, 8192, 1 << 20, 1 << 27))
+    largest = int(index.max()) if len(index) else 0
+    return sum((np.maximum(0, index - first) for first in (64, 8192, 1 << 20, 1 << 27) if first < largest),
+               np.zeros_like(index))
 
 
 class _Runs:
@@ -302,12 +310,18 @@ def _constant_string(text: str, n: int) -> pa.Array:
 
 
 def decode_record_set(records: bytes | memoryview, topic: str, partition: int, *, keep_from: int = 0,
-                      keep_until: int | None = None, include_headers: bool = False,
-                      check_crc: bool = True) -> DecodedRecords:
-    """Decode the whole batches of one partition's fetched record set into one Arrow RecordBatch."""
+                      keep_until: int | None = None, include_headers: bool = False, check_crc: bool = True,
+                      buffer: Any = None, records_at: int = 0) -> DecodedRecords:
+    """Decode the whole batches of one partition's fetched record set into one Arrow RecordBatch.
+
+    `buffer`, when given, is the buffer `records` is a view of, starting at `records_at`, with at least
+    16 spare bytes after it (wire.FRAME_SLACK): uncompressed records are then decoded in place, with no
+    copy into an arena of their own."""
     view = memoryview(records)
     pos, end = 0, len(view)
     areas: list[bytes | memoryview] = []
+    area_at: list[int] = []  # where each area starts in `records`
+    compressed = False
     base_offsets, first_timestamps, max_timestamps, log_append, counts = [], [], [], [], []
     next_offset = None
     batches = 0
@@ -330,8 +344,10 @@ def decode_record_set(records: bytes | memoryview, topic: str, partition: int, *
             continue
         if keep_until is not None and base_offset >= keep_until or next_offset <= keep_from:
             continue
-        area = decompress(attributes & COMPRESSION_MASK, view[pos - size + BATCH_HEADER_SIZE : pos])
-        areas.append(area)
+        codec = attributes & COMPRESSION_MASK
+        compressed |= codec != NO_COMPRESSION
+        areas.append(decompress(codec, view[pos - size + BATCH_HEADER_SIZE : pos]))
+        area_at.append(pos - size + BATCH_HEADER_SIZE)
         base_offsets.append(base_offset)
         first_timestamps.append(first_ts)
         max_timestamps.append(max_ts)
@@ -339,11 +355,17 @@ def decode_record_set(records: bytes | memoryview, topic: str, partition: int, *
         counts.append(count)
     if not areas:
         return DecodedRecords(None, next_offset, batches)
-    data = b"".join(areas + [_ARENA_PADDING])
-    arena = np.frombuffer(data, dtype=np.uint8)
     area_sizes = [len(a) if not isinstance(a, memoryview) else a.nbytes for a in areas]
-    area_ends = list(np.cumsum(area_sizes))
-    area_starts = [e - s for e, s in zip(area_ends, area_sizes)]
+    if buffer is not None and not compressed:
+        # In place: the arena is the receive buffer (its slack is the padding).
+        data = memoryview(buffer).toreadonly()
+        area_starts = [records_at + at for at in area_at]
+        area_ends = [start + size for start, size in zip(area_starts, area_sizes)]
+    else:
+        data = memoryview(b"".join(areas + [_ARENA_PADDING]))
+        area_ends = [int(e) for e in np.cumsum(area_sizes)]
+        area_starts = [e - s for e, s in zip(area_ends, area_sizes)]
+    arena = np.frombuffer(data, dtype=np.uint8)
 
     runs = _Runs(arena, area_starts, area_ends, counts)
     runs.run()

@@ -1,10 +1,13 @@
 """The connector's Kafka wire client: blocking connections to the node, every request encoded and every
 response decoded by kio (Kafka's own JSON schemas as data: one codec, no hand-written layouts).
 
-Fetch responses go through kio too: kio decodes one carrying 1 MiB of records in about 40 us (one copy of
-the record bytes, measured in tests/test_spark_wire.py's neighbour, scripts/bench_spark.py --profile), which
-is under 1% of what decoding those ~9,000 records into Arrow costs, so the hot path needs no parser of its
-own; the records themselves are decoded in ``pyspark_shmbroker.records``.
+Except Fetch responses, the read hot path: ``receive_fetch`` walks them with layouts declared as data
+(``FETCH_RESPONSE_LAYOUT``) and hands out the record sets as views into the connection's receive buffer,
+which is reused from one answer to the next and has slack after each frame (``FRAME_SLACK``), so the
+decoder can use the fetched bytes in place. Why not kio there: kio copies every record set into a new
+``bytes`` (and a fresh 4 MiB buffer per answer page-faults in), which py-spy showed at ~10% of a Spark
+read task's time (scripts/bench_spark.py --profile); the records themselves are decoded in
+``pyspark_shmbroker.records``.
 
 Every request goes to the node named by ``kafka.bootstrap.servers`` (the first of the list that answers):
 shmbroker is one node that leads every partition.
@@ -14,6 +17,7 @@ Invariants:
   is checked against its request's; a mismatch, a short read or a socket error raises ``NodeUnavailable``
   and closes the connection, which is never used again.
 - Every blocking call is bounded by the connection's timeout.
+- What ``receive_fetch`` returns views the receive buffer: it is valid until the next receive.
 - The API versions used are fixed (``API_VERSIONS``) and checked once per connection against the node's
   ApiVersions answer, so a node that lacks one fails with a message naming the API.
 """
@@ -45,6 +49,7 @@ ISOLATION_LEVELS = {"read_uncommitted": 0, "read_committed": 1}
 _SIZE = struct.Struct(">i")
 _HEADER_V1 = struct.Struct(">ihhih")  # size, api key, api version, correlation id, client id length
 _MAX_RESPONSE_BYTES = 1 << 30
+FRAME_SLACK = 64  # spare bytes after every received frame: a varint read at a record's last byte stays inside
 
 
 class TopicPartition(NamedTuple):
@@ -121,6 +126,7 @@ class Connection:
         self.client_id = client_id.encode()
         self._next_id = 0
         self._inflight: list[tuple[int, type]] = []  # (correlation id, response class), in order
+        self._buffer = bytearray(64 * 1024)  # reused for every response; grows to the largest one
         try:
             self._check_versions()
         except BaseException:
@@ -161,8 +167,8 @@ class Connection:
             raise NodeUnavailable(f"{self.address}: send failed: {exc}") from exc
         self._inflight.append((cid, _response_class(api_key, version)))
 
-    def receive(self) -> Any:
-        """The next response (of the oldest request in flight), decoded by kio."""
+    def _next_frame(self) -> tuple[memoryview, type]:
+        """The next response frame (read-only view of the receive buffer) and its expected kio class."""
         if not self._inflight:
             raise NodeUnavailable("no request in flight")
         frame = self._read_frame()
@@ -171,6 +177,11 @@ class Connection:
         if got != cid:
             self.close()
             raise NodeUnavailable(f"{self.address}: correlation id {got}, expected {cid}")
+        return frame, response_class
+
+    def receive(self) -> Any:
+        """The next response (of the oldest request in flight), decoded by kio."""
+        frame, response_class = self._next_frame()
         try:
             value, size = entity_reader(response_class)(frame, 4)
         except Exception as exc:
@@ -207,9 +218,23 @@ class Connection:
         if not 4 <= size <= _MAX_RESPONSE_BYTES:
             self.close()
             raise NodeUnavailable(f"{self.address}: response size {size}")
-        frame = memoryview(bytearray(size))
+        if len(self._buffer) < size + FRAME_SLACK:
+            self._buffer = bytearray(size + FRAME_SLACK + size // 4)
+        frame = memoryview(self._buffer)[:size]
         self._recv_exact(frame)
         return frame.toreadonly()  # kio's native readers take read-only buffers
+
+    def receive_fetch(self) -> FetchAnswer:
+        """The next response, which must answer a Fetch: parsed with FETCH_RESPONSE_LAYOUT, record sets as
+        views of the receive buffer (valid until the next receive)."""
+        frame, response_class = self._next_frame()
+        if int(response_class.__api_key__) != FETCH:
+            raise NodeUnavailable(f"receive_fetch() while a {response_class.__name__} was expected")
+        try:
+            return parse_fetch_response(frame, 4)
+        except (struct.error, ValueError, UnicodeDecodeError) as exc:
+            self.close()
+            raise NodeUnavailable(f"{self.address}: malformed Fetch response: {exc}") from exc
 
     def _check_versions(self) -> None:
         schema = load_payload_module(API_VERSIONS, 0, EntityType.request)
@@ -223,6 +248,86 @@ class Connection:
                 offered = "none" if low is None else f"{low}-{high}"
                 raise NodeUnavailable(f"{self.address} does not serve {API_NAMES[api_key]} v{version} "
                                       f"(it offers {offered}); shmbroker nodes do")
+
+
+# --------------------------------------------------------------------------- fetch answers
+
+# Fetch v11 response (non-flexible), in wire order: (field, struct code); arrays are an int32 count
+# followed by their items, strings an int16 length, the record set an int32 length (-1: null).
+FETCH_RESPONSE_LAYOUT = {
+    "response": (("throttle_time_ms", "i"), ("error_code", "h"), ("session_id", "i")),
+    "topic": (("name", "string"), ("partitions", "array:partition")),
+    "partition": (("partition_index", "i"), ("error_code", "h"), ("high_watermark", "q"),
+                  ("last_stable_offset", "q"), ("log_start_offset", "q")),
+    "aborted_transaction": (("producer_id", "q"), ("first_offset", "q")),
+    "partition_tail": (("preferred_read_replica", "i"),),
+}
+_FETCH_STRUCTS = {name: struct.Struct(">" + "".join(code for _, code in fields))
+                  for name, fields in FETCH_RESPONSE_LAYOUT.items() if name != "topic"}
+
+
+class FetchedPartition(NamedTuple):
+    topic: str
+    partition: int
+    error_code: int
+    high_watermark: int
+    last_stable_offset: int
+    log_start_offset: int
+    records: memoryview  # the record set (empty when null); a view of the receive buffer
+    records_at: int  # where it starts in that buffer
+    buffer: Any  # the receive buffer, with FRAME_SLACK spare bytes after the frame
+
+
+class FetchAnswer(NamedTuple):
+    error_code: int
+    partitions: list[FetchedPartition]
+
+    def partition(self, tp: TopicPartition) -> FetchedPartition | None:
+        return next((p for p in self.partitions if p.topic == tp.topic and p.partition == tp.partition), None)
+
+
+def parse_fetch_response(frame: memoryview, position: int) -> FetchAnswer:
+    """Walk a Fetch v11 response body per FETCH_RESPONSE_LAYOUT; raises ValueError if it does not fit."""
+    end = len(frame)
+
+    def take(layout: str) -> tuple:
+        nonlocal position
+        shape = _FETCH_STRUCTS[layout]
+        if position + shape.size > end:
+            raise ValueError(f"truncated at {layout}")
+        values = shape.unpack_from(frame, position)
+        position += shape.size
+        return values
+
+    def count() -> int:
+        nonlocal position
+        if position + 4 > end:
+            raise ValueError("truncated array")
+        (n,) = _SIZE.unpack_from(frame, position)
+        position += 4
+        return n
+
+    _throttle, error_code, _session = take("response")
+    partitions = []
+    for _ in range(max(count(), 0)):
+        (name_length,) = struct.unpack_from(">h", frame, position)
+        topic = str(frame[position + 2 : position + 2 + name_length], "utf-8")
+        position += 2 + name_length
+        for _ in range(max(count(), 0)):
+            index, code, high_watermark, last_stable, log_start = take("partition")
+            for _ in range(max(count(), 0)):
+                take("aborted_transaction")
+            take("partition_tail")
+            size = count()
+            if position + max(size, 0) > end:
+                raise ValueError("truncated record set")
+            records = frame[position : position + max(size, 0)]
+            partitions.append(FetchedPartition(topic, index, code, high_watermark, last_stable, log_start, records,
+                                               position, frame.obj))
+            position += max(size, 0)
+    if position != end:
+        raise ValueError(f"{end - position} trailing bytes")
+    return FetchAnswer(error_code, partitions)
 
 
 # --------------------------------------------------------------------------- requests
