@@ -125,32 +125,38 @@ def _binary_layout(array: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]
 
 
 def _zigzag_widths(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Zigzag encoding (as uint64) and varint width in bytes of each value."""
     unsigned = ((values << 1) ^ (values >> 63)).view(np.uint64)
     widths = np.ones(len(values), dtype=np.int64)
-    for bits in (7, 14, 21, 28, 35, 42, 49, 56, 63):
-        widths += unsigned >= (np.uint64(1) << np.uint64(bits))
+    largest = int(unsigned.max()) if len(values) else 0
+    for bits in range(7, 64, 7):
+        if largest < 1 << bits:
+            break
+        widths += unsigned >= np.uint64(1 << bits)
     return unsigned, widths
 
 
 def varint_column(*fields: np.ndarray | int) -> tuple[pa.Array, np.ndarray]:
     """Per row, the zigzag varints of `fields` (int64 arrays, or ints meaning a constant) one after the
-    other: a binary array, and each row's byte count."""
-    arrays = [f for f in fields if isinstance(f, np.ndarray)]
-    n = len(arrays[0])
+    other: a binary array, and each row's byte count. Each field gets a slot as wide as its widest
+    varint in a (rows x slots) byte matrix, written column by column; a mask of the bytes each row
+    really uses then compresses the matrix row by row into the array's data."""
+    n = len(next(f for f in fields if isinstance(f, np.ndarray)))
     encoded = [_zigzag_widths(f if isinstance(f, np.ndarray) else np.full(n, f, dtype=np.int64)) for f in fields]
-    total = sum(w for _, w in encoded)
-    width_max = int(total.max()) if n else 0
-    matrix = np.zeros((n, width_max), dtype=np.uint8)
-    cursor = np.zeros(n, dtype=np.int64)
-    rows = np.arange(n)
-    for unsigned, widths in encoded:
-        for k in range(int(widths.max()) if n else 0):
-            has = widths > k
+    slots = [int(widths.max()) if n else 1 for _, widths in encoded]
+    matrix = np.empty((n, sum(slots)), dtype=np.uint8)
+    used = np.empty((n, sum(slots)), dtype=bool)
+    column = 0
+    for (unsigned, widths), slot in zip(encoded, slots):
+        for k in range(slot):
             byte = ((unsigned >> np.uint64(7 * k)) & np.uint64(0x7F)).astype(np.uint8)
-            byte |= np.where(widths > k + 1, 0x80, 0).astype(np.uint8)
-            matrix[rows[has], cursor[has] + k] = byte[has]
-        cursor += widths
-    data = matrix[np.arange(width_max)[None, :] < total[:, None]]
+            if k + 1 < slot:
+                byte |= (widths > k + 1).astype(np.uint8) << 7
+            matrix[:, column] = byte
+            used[:, column] = widths > k
+            column += 1
+    total = sum(widths for _, widths in encoded)
+    data = matrix[used]
     offsets = np.zeros(n + 1, dtype=np.int32)
     np.cumsum(total, out=offsets[1:])
     return pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(offsets), pa.py_buffer(data)]), total
@@ -411,7 +417,7 @@ class IdempotentProducer:
                 size += len(batch.data)
         if not request:
             return False
-        self.conn.send(produce_request({tp: bytes(b.data) for tp, b in request.items()}, self.settings.acks,
+        self.conn.send(produce_request({tp: memoryview(b.data) for tp, b in request.items()}, self.settings.acks,
                                        self.settings.request_timeout_ms))  # type: ignore[union-attr]
         for tp in request:
             self.queues[tp].sent += 1

@@ -25,6 +25,7 @@ Invariants:
 from __future__ import annotations
 
 import datetime
+import functools
 import io
 import socket
 import struct
@@ -93,11 +94,13 @@ def parse_servers(text: str) -> list[tuple[str, int]]:
     return servers
 
 
+@functools.cache
 def _response_class(api_key: int, version: int) -> type:
     module = load_payload_module(api_key, version, EntityType.response)
     return next(v for v in vars(module).values() if getattr(v, "__type__", None) == EntityType.response)
 
 
+@functools.cache
 def request_schema(api_key: int) -> Any:
     """kio's module of the request classes of `api_key` at the version the connector uses."""
     return load_payload_module(api_key, API_VERSIONS_USED.get(api_key, 0), EntityType.request)
@@ -161,7 +164,7 @@ class Connection:
         head = _HEADER_V1.pack(_HEADER_V1.size - 4 + len(self.client_id) + len(payload), api_key, version, cid,
                                len(self.client_id))
         try:
-            self.sock.sendall(b"".join((head, self.client_id, payload)))
+            self._send_pieces([head + self.client_id, payload])
         except OSError as exc:
             self.close()
             raise NodeUnavailable(f"{self.address}: send failed: {exc}") from exc
@@ -195,6 +198,17 @@ class Connection:
     def call(self, request: Any) -> Any:
         self.send(request)
         return self.receive()
+
+    def _send_pieces(self, pieces: list) -> None:
+        """sendall of the pieces in order without joining them first (a produce request's batches are large)."""
+        views = [memoryview(p).cast("B") for p in pieces]
+        while views:
+            sent = self.sock.sendmsg(views)  # type: ignore[union-attr]
+            while views and sent >= len(views[0]):
+                sent -= len(views[0])
+                views.pop(0)
+            if views and sent:
+                views[0] = views[0][sent:]
 
     def _recv_exact(self, view: memoryview) -> None:
         have = 0
