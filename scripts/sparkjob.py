@@ -75,6 +75,7 @@ def spark_session(master: str, scratch_dir: str | Path, app_name: str = "shmbrok
     builder = (SparkSession.builder.master(master).appName(app_name)
                .config("spark.ui.enabled", "false")
                .config("spark.ui.showConsoleProgress", "false")
+               .config("spark.log.level", "ERROR")
                .config("spark.driver.host", "127.0.0.1")
                .config("spark.driver.bindAddress", "127.0.0.1")
                .config("spark.local.dir", str(scratch / "local"))
