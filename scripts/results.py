@@ -36,7 +36,6 @@ concurrent benchmarks may share a file; nothing here changes a benchmark's own o
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import socket
 import sys
@@ -73,7 +72,8 @@ def histogram_percentile(buckets: Sequence[Sequence[int]], q: float) -> int | No
     total = sum(c for _, c in buckets)
     if total == 0:
         return None
-    rank = max(1, math.ceil(q / 100 * total))
+    # ceil(q/100 * total) in integers (q in thousandths of a percent), so 99.9% of 1000 is rank 999, not 1000.
+    rank = max(1, -(-round(q * 1000) * total // 100_000))
     seen = 0
     for bound, count in buckets:
         seen += count
