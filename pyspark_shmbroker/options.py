@@ -46,7 +46,8 @@ SOURCE_OPTIONS = (
 SINK_OPTIONS = (BOOTSTRAP, "topic", "useArrow")
 # Kafka client options (after "kafka.") the connector honours, as consumer and as producer.
 CONSUMER_CLIENT_OPTIONS = ("client.id", "request.timeout.ms", "fetch.max.bytes", "max.partition.fetch.bytes",
-                           "fetch.max.wait.ms", "isolation.level", "check.crcs", "security.protocol")
+                           "fetch.max.wait.ms", "isolation.level", "check.crcs", "retry.backoff.ms",
+                           "security.protocol")
 PRODUCER_CLIENT_OPTIONS = ("client.id", "request.timeout.ms", "acks", "enable.idempotence", "compression.type",
                            "batch.size", "max.in.flight.requests.per.connection", "delivery.timeout.ms",
                            "retry.backoff.ms", "max.request.size", "security.protocol")
@@ -205,6 +206,7 @@ class ConsumerSettings:
     fetch_max_wait_ms: int = 500
     isolation_level: int = 0
     check_crcs: bool = True
+    retry_backoff_ms: int = 100  # between fetches of a partition that answered a retriable error
     poll_timeout_ms: int = 120_000  # kafkaConsumer.pollTimeoutMs: how long a read waits for records it was promised
     offset_retries: int = 3  # fetchOffset.numRetries
     offset_retry_interval_ms: int = 10  # fetchOffset.retryIntervalMs
@@ -373,6 +375,7 @@ def _consumer_settings(options: dict[str, str]) -> ConsumerSettings:
         fetch_max_wait_ms=_int(options, "kafka.fetch.max.wait.ms", 500, 0),
         isolation_level=ISOLATION_LEVELS[isolation],
         check_crcs=_bool(options, "kafka.check.crcs", True),
+        retry_backoff_ms=_int(options, "kafka.retry.backoff.ms", 100, 0),
         poll_timeout_ms=_int(options, "kafkaConsumer.pollTimeoutMs", 120_000, 1),
         offset_retries=_int(options, "fetchOffset.numRetries", 3, 0),
         offset_retry_interval_ms=_int(options, "fetchOffset.retryIntervalMs", 10, 0))

@@ -55,7 +55,6 @@ from pyspark_shmbroker.records import BATCH_HEADER, BATCH_HEADER_SIZE, LOG_OVERH
 from pyspark_shmbroker.wire import BrokerError, Connection, TopicPartition, fetch_request
 
 log = logging.getLogger("pyspark_shmbroker")
-_RETRY_BACKOFF_S = 0.1
 
 
 @dataclass(frozen=True)
@@ -121,7 +120,7 @@ def read_range(options: SourceOptions, offsets: OffsetRange) -> Iterator[pa.Reco
                 error = BrokerError(part.error_code, f"Fetch of {tp} at offset {offset}")
                 if not error.retriable or time.monotonic() - stalled_since > patience_s:
                     raise error
-                time.sleep(_RETRY_BACKOFF_S)
+                time.sleep(settings.retry_backoff_ms / 1000)
                 conn.send(fetch(offset))
                 continue
             following = _next_offset(part.records)
