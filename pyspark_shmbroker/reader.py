@@ -257,12 +257,13 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             _lost(self.options, f"partitions {', '.join(map(str, gone))} are gone from the node")
         new = [tp for tp in latest if tp not in begin]
         begin.update(resolver.earliest(new))
-        # A partition whose latest offset went back (topic recreated) restarts at its new start.
-        for tp in latest:
-            if latest[tp] < begin[tp]:
-                begin[tp] = latest[tp]
+        # A partition whose latest offset went back (a recreated topic) ends this micro-batch there:
+        # partitions() reports the loss (or skips it), and the next one starts from the new offsets.
+        went_back = [tp for tp in latest if latest[tp] < begin[tp]]
+        for tp in went_back:
+            begin[tp] = latest[tp]
         end = self._limited(begin, latest, limit)
-        if all(end[tp] == begin[tp] for tp in end) and not new and not gone:
+        if all(end[tp] == begin[tp] for tp in end) and not new and not gone and not went_back:
             return start
         self.last_trigger = time.monotonic()
         return to_json_offsets(end)

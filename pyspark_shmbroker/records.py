@@ -66,6 +66,9 @@ _I32 = struct.Struct(">i")
 # Zero bytes after the arena, so a varint read at a record's last byte never leaves the buffer.
 _ARENA_PADDING = bytes(16)
 _MAX_VARINT = 5
+# The smallest record: length, attributes, timestamp delta, offset delta, key length, value length and
+# header count, one byte each.
+MIN_RECORD_BYTES = 7
 _MAX_VARLONG = 10
 _INLINE_VIEW_BYTES = 12  # binary_view keeps values up to this long inside the view itself
 
@@ -347,7 +350,11 @@ def decode_record_set(records: bytes | memoryview, topic: str, partition: int, *
             continue
         codec = attributes & COMPRESSION_MASK
         compressed |= codec != NO_COMPRESSION
-        areas.append(decompress(codec, view[pos - size + BATCH_HEADER_SIZE : pos]))
+        area = decompress(codec, view[pos - size + BATCH_HEADER_SIZE : pos])
+        # Every array below is sized by record counts: a count the bytes cannot hold is corrupt.
+        if count > len(area) // MIN_RECORD_BYTES:
+            raise CorruptRecords(f"batch at offset {base_offset} claims {count} records in {len(area)} bytes")
+        areas.append(area)
         area_at.append(pos - size + BATCH_HEADER_SIZE)
         base_offsets.append(base_offset)
         first_timestamps.append(first_ts)
