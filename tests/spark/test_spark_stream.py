@@ -123,3 +123,33 @@ def test_available_now_stops_at_its_target_and_new_partitions_start_at_earliest(
     ranges = sorted((p.topic, p.partition, p.start, p.end) for p in live.partitions(second, latest))
     assert ranges == [("feed-a", 0, 30, 35), ("feed-b", 0, 0, 2), ("feed-b", 1, 0, 2)]
     assert json.loads(json.dumps(latest)) == latest  # checkpoint-ready JSON
+
+
+def test_a_recreated_topic_is_data_loss_or_skipped(node_factory):
+    from confluent_kafka.admin import AdminClient
+
+    node = node_factory(workers=1)
+    create_topic(node.bootstrap, "again", 1)
+    produce_values(node.bootstrap, "again", 0, 50, 1)
+    strict = source(node.bootstrap, subscribe="again", startingOffsets="earliest")
+    lenient = source(node.bootstrap, subscribe="again", startingOffsets="earliest", failOnDataLoss="false")
+    start = strict.latestOffset(strict.initialOffset(), ReadAllAvailable())
+    assert start == {"again": {"0": 50}}
+    admin = AdminClient({"bootstrap.servers": node.bootstrap})
+    admin.delete_topics(["again"], operation_timeout=30)["again"].result(timeout=60)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            create_topic(node.bootstrap, "again", 1)
+            break
+        except Exception:  # the deletion may still be under way
+            time.sleep(0.2)
+    produce_values(node.bootstrap, "again", 0, 10, 1)
+    # The offsets went back from 50 to 10: a new micro-batch ends there, and planning it is data loss...
+    end = strict.latestOffset(start, ReadAllAvailable())
+    assert end == {"again": {"0": 10}}
+    with pytest.raises(Exception, match=r"offsets of again-0 went back from 50 to 10.*failOnDataLoss"):
+        strict.partitions(start, end)
+    # ...or, without failOnDataLoss, nothing is read for it and the query goes on from the new offsets.
+    assert lenient.partitions(start, lenient.latestOffset(start, ReadAllAvailable())) == []
+    assert lenient.latestOffset(end, ReadAllAvailable()) == end
