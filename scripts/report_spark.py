@@ -36,6 +36,7 @@ import re
 import shutil
 import sys
 import tempfile
+import textwrap
 import time
 from pathlib import Path
 from typing import Any
@@ -227,13 +228,14 @@ def plot_runs(points: Any, plots: Path) -> list[Path]:
     import numpy as np
 
     frame = points.copy()
-    frame["label"] = frame.apply(lambda r: r["workload"] + ("" if r["load"] != r["load"] else f" @ {r['load']:g}"),
-                                 axis=1)
-    labels = sorted(frame["label"].unique())
+    frame["label"] = frame.apply(lambda r: textwrap.fill(r["workload"], 40)
+                                 + ("" if r["load"] != r["load"] else f"\n@ load {r['load']:g}"), axis=1)
+    order = frame.assign(sort_load=frame["load"].fillna(-1)).sort_values(["workload", "sort_load"])
+    labels = list(dict.fromkeys(order["label"]))
     runs = sorted(frame["run_id"].unique())
     written = []
     for column, title, name in (("records_per_s", "records/s", "throughput"), ("p99_ms", "p99 latency (ms)", "p99")):
-        figure, axis = plt.subplots(figsize=(10, max(3.0, 0.45 * len(labels) * max(1, len(runs)) ** 0.5 + 1.5)))
+        figure, axis = plt.subplots(figsize=(10, max(3.0, 0.6 * len(labels) * max(1, len(runs)) ** 0.5 + 1.5)))
         height = 0.8 / max(1, len(runs))
         for index, run_id in enumerate(runs):
             mine = frame[frame["run_id"] == run_id].set_index("label")
@@ -241,8 +243,11 @@ def plot_runs(points: Any, plots: Path) -> list[Path]:
             axis.barh(np.arange(len(labels)) + index * height, values, height=height, label=run_id, color=f"C{index % 10}")
         axis.set_yticks(np.arange(len(labels)) + height * (len(runs) - 1) / 2)
         axis.set_yticklabels(labels, fontsize=7)
-        axis.set_xlabel(title)
-        axis.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda value, _: f"{value:,.4g}"))
+        axis.invert_yaxis()  # first workload on top
+        axis.set_xlabel(f"{title} (log scale)")
+        axis.set_xscale("log")  # workloads differ by orders of magnitude
+        axis.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(
+            lambda value, _: f"{value:,.0f}" if value >= 1 else f"{value:g}"))
         axis.set_title(f"{title} per workload and run")
         axis.grid(True, axis="x", alpha=0.3)
         axis.legend(fontsize=7)
@@ -252,6 +257,45 @@ def plot_runs(points: Any, plots: Path) -> list[Path]:
         plt.close(figure)
         written.append(path)
     return written
+
+
+def plot_comparison(comparison: Any, baseline: str, plots: Path) -> list[Path]:
+    """Each run's records/s and p99 as ratios to the baseline run's, per workload and load."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    if not len(comparison):
+        return []
+    frame = comparison.copy()
+    frame["label"] = frame.apply(lambda r: textwrap.fill(r["workload"], 40)
+                                 + ("" if r["load"] != r["load"] else f"\n@ load {r['load']:g}"), axis=1)
+    labels = list(dict.fromkeys(frame.assign(sort_load=frame["load"].fillna(-1))
+                                .sort_values(["workload", "sort_load"])["label"]))
+    runs = sorted(frame["run_id"].unique())
+    figure, axes = plt.subplots(1, 2, figsize=(12, max(3.0, 0.6 * len(labels) + 1.5)), sharey=True)
+    height = 0.8 / len(runs)
+    for axis, column, title in ((axes[0], "records_per_s_ratio", "records/s vs baseline"),
+                                (axes[1], "p99_ratio", "p99 latency vs baseline")):
+        for index, run_id in enumerate(runs):
+            mine = frame[frame["run_id"] == run_id].set_index("label")
+            values = [mine[column].get(label, np.nan) for label in labels]
+            axis.barh(np.arange(len(labels)) + index * height, values, height=height, label=run_id,
+                      color=f"C{(index + 1) % 10}")
+        axis.axvline(1.0, color="black", linewidth=1)
+        axis.set_title(f"{title} (run {baseline} = 1)", fontsize=10)
+        axis.grid(True, axis="x", alpha=0.3)
+    axes[0].set_yticks(np.arange(len(labels)) + height * (len(runs) - 1) / 2)
+    axes[0].set_yticklabels(labels, fontsize=7)
+    axes[0].invert_yaxis()
+    axes[1].legend(fontsize=7)
+    figure.tight_layout()
+    path = plots / "comparison.png"
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return [path]
 
 
 def markdown_table(frame: Any, columns: list[tuple[str, str, str]]) -> str:
@@ -346,7 +390,8 @@ def build_report(spark: Any, paths: list[str], out: str | Path, topic: str | Non
         frame.write.mode("overwrite").parquet(str(out / f"{name}.parquet"))
         progress(f"wrote {name}.parquet")
     tables = {"points": points.toPandas(), "saturation": saturation.toPandas(), "comparison": comparison.toPandas()}
-    plot_files = plot_saturation(tables["saturation"], plots) + plot_runs(tables["points"], plots)
+    plot_files = (plot_saturation(tables["saturation"], plots) + plot_runs(tables["points"], plots)
+                  + plot_comparison(tables["comparison"], baseline, plots))
     progress(f"wrote {len(plot_files)} plots")
     sources = [f"{len(paths)} files"] + ([f"topic {topic}"] if topic else [])
     summary = write_summary(out, tables["points"], tables["saturation"], tables["comparison"],

@@ -113,9 +113,9 @@ def test_report_tables_plots_and_summary(spark, tmp_path):
     # Parquet tables as computed.
     assert pq.read_table(out / "points.parquet").num_rows == len(expected)
     assert pq.read_table(out / "comparison.parquet").num_rows == len(comparison)
-    # Plots: one saturation figure per swept workload, throughput and p99 bars; real pictures.
+    # Plots: one saturation figure per swept workload, throughput and p99 bars, ratios to the baseline.
     names = sorted(p.name for p in got["plots"])
-    assert names == ["p99.png", "saturation-e2e-latency-raw.png",
+    assert names == ["comparison.png", "p99.png", "saturation-e2e-latency-raw.png",
                      "saturation-producer-perf-raw-acks-1-record-size-100-partitions-4.png", "throughput.png"]
     import matplotlib.image
 
