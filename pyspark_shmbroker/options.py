@@ -8,8 +8,9 @@ names the option at fault. They never contact the node: offsets are resolved whe
 Invariants:
 - An option the connector does not know fails; so does a Kafka client option (``kafka.*``) it does not
   honour, with Spark's own advice where Spark has one (e.g. ``kafka.auto.offset.reset``: use
-  startingOffsets). Nothing is silently ignored except what Spark's Kafka source ignores too, which is
-  listed in ``ACCEPTED_AND_IGNORED`` with the reason.
+  startingOffsets). Nothing is silently ignored except what Spark's Kafka source ignores too: the
+  options listed in ``ACCEPTED_AND_IGNORED`` with the reason, and the streaming-only ones
+  (maxOffsetsPerTrigger, minOffsetsPerTrigger, maxTriggerDelay) in a batch query.
 - Exactly one of subscribe, subscribePattern, assign; at most one way of giving the starting offsets
   and at most one of giving the ending offsets (Spark lets one silently take precedence; here a
   conflict is an error naming both options).
