@@ -123,6 +123,11 @@ def read_range(options: SourceOptions, offsets: OffsetRange) -> Iterator[pa.Reco
                 time.sleep(settings.retry_backoff_ms / 1000)
                 conn.send(fetch(offset))
                 continue
+            if part.aborted_transactions:
+                # Only a broker with transactions (not shmbroker) lists them, and only for read_committed.
+                raise BrokerError(ErrorCode.unknown_server_error, f"Fetch of {tp} at offset {offset}",
+                                  "the broker lists aborted transactions, whose records this connector does not "
+                                  "filter out; read with kafka.isolation.level=read_uncommitted")
             following = _next_offset(part.records)
             if following is None:
                 # Nothing at `offset`. Past the log end the records the range promised are gone;

@@ -291,6 +291,7 @@ class FetchedPartition(NamedTuple):
     records: memoryview  # the record set (empty when null); a view of the receive buffer
     records_at: int  # where it starts in that buffer
     buffer: Any  # the receive buffer, with FRAME_SLACK spare bytes after the frame
+    aborted_transactions: int  # how many the answer lists (read_committed only; never from shmbroker)
 
 
 class FetchAnswer(NamedTuple):
@@ -330,7 +331,8 @@ def parse_fetch_response(frame: memoryview, position: int) -> FetchAnswer:
         position += 2 + name_length
         for _ in range(max(count(), 0)):
             index, code, high_watermark, last_stable, log_start = take("partition")
-            for _ in range(max(count(), 0)):
+            aborted = max(count(), 0)
+            for _ in range(aborted):
                 take("aborted_transaction")
             take("partition_tail")
             size = count()
@@ -338,7 +340,7 @@ def parse_fetch_response(frame: memoryview, position: int) -> FetchAnswer:
                 raise ValueError("truncated record set")
             records = frame[position : position + max(size, 0)]
             partitions.append(FetchedPartition(topic, index, code, high_watermark, last_stable, log_start, records,
-                                               position, frame.obj))
+                                               position, frame.obj, aborted))
             position += max(size, 0)
     if position != end:
         raise ValueError(f"{end - position} trailing bytes")

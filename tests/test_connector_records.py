@@ -201,3 +201,52 @@ def test_arrow_schema_is_what_spark_expects():
 
     for headers in (False, True):
         assert to_arrow_schema(kafka_schema(headers), timezone="UTC").equals(R.arrow_schema(headers))
+
+
+def test_fetch_response_walk_matches_kio():
+    """wire.parse_fetch_response (the read path's own walk) against kio's decoding of the same bytes."""
+    import datetime
+    import io
+
+    from kio.index import load_payload_module
+    from kio.schema.errors import ErrorCode
+    from kio.serial import entity_reader, entity_writer
+    from kio.static.constants import EntityType
+    from kio.static.primitive import i16, i32, i32Timedelta, i64
+
+    from pyspark_shmbroker import wire
+
+    schema = load_payload_module(1, 11, EntityType.response)
+    batch = kafka_python_batch(5, [(b"k", b"v", [], 0)] * 3)
+
+    def partition(index, records, aborted=0):
+        return schema.PartitionData(
+            partition_index=i32(index), error_code=ErrorCode.none if index else ErrorCode.offset_out_of_range,
+            high_watermark=i64(100 + index), last_stable_offset=i64(90), log_start_offset=i64(index),
+            aborted_transactions=tuple(schema.AbortedTransaction(producer_id=i64(7), first_offset=i64(3))
+                                       for _ in range(aborted)),
+            preferred_read_replica=i32(-1), records=records)
+
+    response = schema.FetchResponse(
+        throttle_time=i32Timedelta.parse(datetime.timedelta(0)), error_code=ErrorCode.none, session_id=i32(0),
+        responses=(schema.FetchableTopicResponse(topic="tópico", partitions=(
+            partition(0, None), partition(1, batch, aborted=2), partition(2, b""))),
+            schema.FetchableTopicResponse(topic="other", partitions=(partition(3, batch + batch),))))
+    body = io.BytesIO()
+    entity_writer(type(response))(body, response)
+    frame = b"\x00\x00\x00\x07" + body.getvalue() + bytes(wire.FRAME_SLACK)  # correlation id, body, slack
+    view = memoryview(frame)[: len(frame) - wire.FRAME_SLACK]
+    walked = wire.parse_fetch_response(view, 4)
+    decoded, _ = entity_reader(type(response))(view, 4)
+    assert walked.error_code == 0
+    flat = [(t.topic, p) for t in decoded.responses for p in t.partitions]
+    assert len(walked.partitions) == len(flat)
+    for got, (topic, want) in zip(walked.partitions, flat):
+        assert (got.topic, got.partition, got.error_code, got.high_watermark, got.last_stable_offset,
+                got.log_start_offset) == (topic, want.partition_index, want.error_code, want.high_watermark,
+                                          want.last_stable_offset, want.log_start_offset)
+        assert bytes(got.records) == (want.records or b"")
+        assert bytes(frame[got.records_at : got.records_at + len(got.records)]) == bytes(got.records)
+        assert got.aborted_transactions == len(want.aborted_transactions or ())
+    with pytest.raises(ValueError):
+        wire.parse_fetch_response(view[:-3], 4)
