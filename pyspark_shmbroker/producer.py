@@ -1,15 +1,15 @@
 """Writing records: Arrow columns encoded into v2 record batches, and the idempotent producer that
 sends them.
 
-Encoding (``encode_batches``) is vectorised: rows are grouped by topic-partition (Arrow's take), each
-record's varint fields are written for all records at once with numpy, and Arrow's C++
-``binary_join_element_wise`` lays out prefix, key, value length, value and headers of every record back
-to back, so the record bytes of a whole partition come out of one call; they are then cut into batches
-of at most ``kafka.batch.size`` bytes (record offset deltas restart at 0 in each), compressed if asked.
+Encoding (``encode_partition``, given one partition's rows: writer.py groups them with Arrow's take) is
+vectorised: every record's varint fields are written for all records at once into a byte matrix, one
+column per varint byte (``varint_column``), and Arrow's C++ ``binary_join_element_wise`` lays out prefix,
+key, value length, value and headers of every record back to back, so the record bytes of a whole
+partition come out of one call; they are cut into batches of at most ``kafka.batch.size`` bytes (record
+offset deltas restart at 0 in each), compressed if asked.
 
-Partitioning follows Kafka's default partitioner: an explicit ``partition`` column wins; otherwise a
-keyed record goes to murmur2(key) mod partitions (the Java client's hash, so the same key lands where
-Kafka clients put it); records without key stick to one partition per Arrow batch, rotating.
+``murmur2`` is Kafka's default partitioner's hash (the Java client's, so a key lands where Kafka clients
+put it), vectorised over the keys; writer.py routes with it.
 
 The producer (``IdempotentProducer``) is Kafka's idempotent producer: InitProducerId gives a producer id
 and epoch; each partition's batches carry consecutive sequence numbers; up to
@@ -33,7 +33,7 @@ import struct
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator
+from typing import Iterable
 
 import cramjam
 import crc32c
@@ -485,7 +485,3 @@ class IdempotentProducer:
         return {tp: (q.acked_records, q.first_offset, q.last_offset) for tp, q in self.queues.items()
                 if q.acked_records}
 
-
-def iter_chunks(total: int, size: int) -> Iterator[tuple[int, int]]:
-    for start in range(0, total, size):
-        yield start, min(total, start + size)

@@ -22,8 +22,9 @@ Algorithm (``decode_record_set``):
    (one copy of the payload bytes); offsets, timestamps and partitions are numpy arrays handed over as
    Arrow buffers.
 Measured on this 2-core machine (scripts/bench_spark.py, "decode" rows: one ~1 MiB batch, median of 30):
-100-byte values decode in ~160 ns a record along the run path and ~420 ns when sizes vary record to
-record (the scalar loop); kafka-python's record-by-record decoder takes ~2.8 us a record.
+100-byte values decode in ~160 ns a record along the run path and ~410 ns when sizes vary record to
+record (the scalar loop) when the machine is quiet (the median of five runs on the shared machine: 227
+and 732 ns); kafka-python's record-by-record decoder takes ~2.8 us a record.
 
 Invariants:
 - Only whole, CRC-valid batches are decoded; a bad CRC, a wrong magic or a record whose fields do not
