@@ -20,14 +20,22 @@ $(STAMP): pyproject.toml setup.py shm/_ringops.c
 	@# Debian ships venv's pip bootstrap separately (python3-venv, which pulls python3.11-venv).
 	$(PYTHON) -m venv $(VENV) || { rm -rf $(VENV); $(APT_INSTALL) python3-venv; $(PYTHON) -m venv $(VENV); }
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -m pip install --quiet -e '.[test,spark]'
 	touch $(STAMP)
 
 venv: $(STAMP)
 
-# System packages the tests use (kcat), from the distribution, only when missing.
+# A Java 17+ runtime for Spark (pyspark 4 needs one): the one on PATH, or Debian's Java 17 (which
+# tests/spark_session.py finds by itself when an older java comes first on PATH).
+JAVA_OK = { command -v java >/dev/null 2>&1 && java -XX:-UsePerfData -version 2>&1 | head -1 | grep -Eq '"(1[7-9]|[2-9][0-9])[."]'; } \
+	|| ls /usr/lib/jvm/java-17-openjdk-*/bin/java >/dev/null 2>&1
+
+# System packages the tests use (kcat, a Java runtime for Spark), from the distribution, only when missing.
+# The JRE's post-install links its man page: slim images lack /usr/share/man/man1.
 sysdeps:
 	@command -v kcat >/dev/null 2>&1 || { $(APT_INSTALL) kcat; }
+	@$(JAVA_OK) || { SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; $$SUDO mkdir -p /usr/share/man/man1; \
+		$(APT_INSTALL) openjdk-17-jre-headless; }
 
 # The node on 127.0.0.1:9092 with its data in ./data, until Ctrl-C (a clean stop).
 run: venv

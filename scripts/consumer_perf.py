@@ -38,6 +38,7 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import benchnode  # noqa: E402
+import results  # noqa: E402
 import producer_perf  # noqa: E402
 import rawkafka  # noqa: E402
 
@@ -280,7 +281,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ceiling-seconds", type=float, help="minimum ceiling measurement (default min(2, --seconds))")
     parser.add_argument("--data-dir", help="with --bootstrap: the node's data dir, for the ceiling")
     parser.add_argument("--topic", default="consumer-perf")
+    results.add_arguments(parser)
     args = parser.parse_args(argv)
+    recorder = results.Recorder(args, SCRIPT)
     connections = args.connections or args.partitions
     if min(args.records, args.record_size, args.batch_bytes, args.partitions, connections, args.inflight,
            args.fetch_bytes, args.passes) < 1 or args.seconds <= 0 or args.fill_seconds <= 0:
@@ -298,6 +301,7 @@ def main(argv: list[str] | None = None) -> int:
             ceiling_mb_per_s = round(sent / elapsed / benchnode.MB, 3)
         for client in clients:
             meter = benchnode.CpuMeter(target.node)
+            recorder.start()
             if client == "raw":
                 with meter:
                     outcome = consume_raw(target, filled, args.fetch_bytes, connections, args.inflight, args.seconds,
@@ -321,6 +325,7 @@ def main(argv: list[str] | None = None) -> int:
                 record_size=filled.record_size, partitions=filled.partitions,
                 workers=None if args.bootstrap else args.workers, **meter.fields, **extra)
             benchnode.emit(row, args.json)
+            recorder.record(row, outcome.latencies_ns)
     return 0
 
 

@@ -27,6 +27,7 @@ from typing import Callable
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import benchnode  # noqa: E402
+import results  # noqa: E402
 import rawkafka  # noqa: E402
 
 SCRIPT = "e2e_latency"
@@ -298,7 +299,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fetch-wait-ms", type=int, default=10_000, help="consumer long-poll wait")
     parser.add_argument("--warmup-seconds", type=float, default=0.5)
     parser.add_argument("--topic", default="e2e-latency")
+    results.add_arguments(parser)
     args = parser.parse_args(argv)
+    recorder = results.Recorder(args, SCRIPT)
     if args.rate <= 0 or args.seconds <= 0 or args.record_size < STAMP.size or args.fetch_wait_ms < 0 \
             or args.warmup_seconds < 0:
         parser.error(f"--rate and --seconds must be positive, --record-size at least {STAMP.size}")
@@ -311,6 +314,7 @@ def main(argv: list[str] | None = None) -> int:
             topic = f"{args.topic}-{client}-{os.getpid()}"
             benchnode.create_topic(target.host, target.port, topic, 1)
             run = LatencyRun(topic, args.rate, args.seconds, args.warmup_seconds, args.record_size, args.fetch_wait_ms)
+            recorder.start()
             with benchnode.CpuMeter(target.node) as meter:
                 outcome = runners[client](target, run)
             row = benchnode.result_row(
@@ -320,6 +324,7 @@ def main(argv: list[str] | None = None) -> int:
                 max_ms=round(max(outcome.latencies_ns) / 1e6, 4) if outcome.latencies_ns else None,
                 workers=None if args.bootstrap else args.workers, **meter.fields)
             benchnode.emit(row, args.json)
+            recorder.record(row, outcome.latencies_ns, load=args.rate, load_unit="records/s offered")
     return 0
 
 

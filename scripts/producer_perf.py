@@ -38,6 +38,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import benchnode  # noqa: E402
 import rawkafka  # noqa: E402
+import results  # noqa: E402
 
 SCRIPT = "producer_perf"
 ACKS = {"1": 1, "all": -1}
@@ -246,7 +247,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--processes", type=int, default=1, help="raw: load generator processes")
     parser.add_argument("--linger-ms", type=int, default=5, help="confluent: linger.ms")
     parser.add_argument("--topic", default="producer-perf", help="topic name prefix")
+    results.add_arguments(parser)
     args = parser.parse_args(argv)
+    recorder = results.Recorder(args, SCRIPT)
     if args.record_size < 1 or args.batch_bytes < 1 or args.partitions < 1 or args.connections < 1 \
             or args.inflight < 1 or args.processes < 1 or args.seconds <= 0:
         parser.error("sizes, counts and --seconds must be positive")
@@ -259,6 +262,7 @@ def main(argv: list[str] | None = None) -> int:
                 topic = f"{args.topic}-{client}-acks{acks_name}-{os.getpid()}"
                 benchnode.create_topic(target.host, target.port, topic, args.partitions)
                 meter = benchnode.CpuMeter(target.node)
+                recorder.start()
                 if client == "raw":
                     load = RawProduceLoad(topic, args.partitions, args.record_size, args.batch_bytes, ACKS[acks_name],
                                           pipeline=benchnode.PipelineSettings(connections=args.connections,
@@ -280,6 +284,10 @@ def main(argv: list[str] | None = None) -> int:
                                            errors={str(k): v for k, v in outcome.errors.items()},
                                            **meter.fields, **extra)
                 benchnode.emit(row, args.json)
+                # Load of a raw point: the requests kept in flight (a sweep of --inflight draws a saturation curve).
+                raw = client == "raw"
+                recorder.record(row, outcome.latencies_ns, load=args.connections * args.inflight if raw else None,
+                                load_unit="requests in flight" if raw else None)
     return 0
 
 

@@ -1,0 +1,20 @@
+"""pyspark_shmbroker: the Spark connector of shmbroker, written with Spark's Python Data Source API.
+
+Installed with ``pip install 'shmbroker[spark]'``; Spark (pyspark >= 4.2) finds ``DefaultSource`` by
+itself, so ``spark.read.format("shmbroker")``, ``spark.readStream``, ``df.write`` and ``df.writeStream``
+work in any new SparkSession. Modules: ``source`` (DefaultSource, schema), ``options`` (every option,
+checked), ``reader`` (batch and streaming reads), ``writer`` and ``producer`` (writes, the idempotent
+producer), ``records`` (record batches into Arrow), ``offsets`` (offset resolution, ranges, read
+limits), ``wire`` (the Kafka protocol client, kio). A client package: it imports nothing of the node.
+"""
+
+import logging
+
+from pyspark_shmbroker.source import DefaultSource, kafka_schema
+
+# Commit reports go out at INFO; a library adds no handler, so they show where logging is configured
+# (Spark's python_worker_logs, or the application's own handlers).
+if logging.getLogger("pyspark_shmbroker").level == logging.NOTSET:
+    logging.getLogger("pyspark_shmbroker").setLevel(logging.INFO)
+
+__all__ = ["DefaultSource", "kafka_schema"]

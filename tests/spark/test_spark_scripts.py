@@ -1,0 +1,42 @@
+"""Smoke test of scripts/bench_spark.py: a short run prints every measurement with its baselines as JSON
+lines, the streaming micro-batches respect maxOffsetsPerTrigger, and the script leaves no process, temp
+dir or shared memory behind. Speed is never asserted (benchmarks are not timed tests)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_bench_spark_smoke(tmp_path):
+    temp = tmp_path / "script-tmp"
+    temp.mkdir()
+    done = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "bench_spark.py"), "--json", "--records", "20000", "--runs", "1",
+         "--warmup", "0", "--partitions", "2", "--max-offsets-per-trigger", "6000"],
+        cwd=REPO, env={**os.environ, "TMPDIR": str(temp)}, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-5000:]
+    rows = [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
+    assert {(r["measure"], r["path"]) for r in rows} == {
+        ("decode", "fixed-size"), ("decode", "varying-size"), ("read", "arrow"), ("read", "rows"),
+        ("read", "ceiling"), ("write", "arrow"), ("write", "rows"), ("write", "ceiling"),
+        ("stream", "trigger6000")}
+    for row in rows:
+        assert row["script"] == "bench_spark" and row["records_per_s"] > 0, row
+    by = {(r["measure"], r["path"]): r for r in rows}
+    assert by[("read", "arrow")]["records"] == 20000 and by[("read", "arrow")]["vs_rows"] > 0
+    assert by[("write", "arrow")]["target_rows_per_s"] == 500_000
+    stream = by[("stream", "trigger6000")]
+    assert stream["micro_batches"] == 4 and stream["max_batch_rows"] <= 6000  # 20,000 offsets, 6,000 a trigger
+    assert re.search(r"bench_spark: read-arrow run 1/1: [\d,]+ rows/s", done.stderr)
+    # Nothing left: the node, the JVM and its workers, the temp dirs.
+    assert list(temp.iterdir()) == []
+    assert [p.pid for p in psutil.process_iter(["cmdline"]) if str(temp) in " ".join(p.info["cmdline"] or ())] == []
