@@ -26,6 +26,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -106,9 +107,12 @@ class NodeProcess:
                 "--listen", self.bootstrap, "--data-dir", str(self.data_dir), "--workers", str(self.workers)]
         env = {**os.environ, **self.env} if self.env else None
         log_start = self.log_path.stat().st_size if self.log_path.exists() else 0
+        # The kernel sends PDEATHSIG when the *thread* that forked exits: a node (re)started from a helper
+        # thread (a test that kills and restarts it in the background) would be stopped as that thread ends.
+        in_main_thread = threading.current_thread() is threading.main_thread()
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         cwd=self.repo, env=env, preexec_fn=_die_with_parent)
+                                         cwd=self.repo, env=env, preexec_fn=_die_with_parent if in_main_thread else None)
         ready_lines = ([READY_LINES[0]] + [READY_LINES[1].format(index=i) for i in range(self.workers)]
                        if self.wait_ready else [])
         deadline = time.monotonic() + START_TIMEOUT_S
