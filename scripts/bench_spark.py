@@ -142,7 +142,7 @@ def register_ceiling_source(spark: Any) -> None:
 class CpuSampler:
     """Core-seconds used by the Spark JVM (java), its Python workers and the node, between two samples."""
 
-    def __init__(self, jvm_pid: int, node: benchnode.BenchNode | None) -> None:
+    def __init__(self, jvm_pid: int, node: benchnode.NodeProcess | None) -> None:
         self.jvm = psutil.Process(jvm_pid)
         self.node = psutil.Process(node.proc.pid) if node is not None and node.proc is not None else None
 
@@ -267,7 +267,7 @@ def print_table(rows: list[dict[str, Any]]) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--bootstrap", help="HOST:PORT of a running node on 127.0.0.1 (default: start one)")
-    parser.add_argument("--workers", type=int, default=benchnode.NodeSettings.workers,
+    parser.add_argument("--workers", type=int, default=benchnode.DEFAULT_WORKERS,
                         help="network workers of the node started here (default %(default)s)")
     parser.add_argument("--master", default="local[2]", help="Spark master (default %(default)s)")
     parser.add_argument("--records", type=int, default=1_000_000)
