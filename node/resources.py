@@ -7,7 +7,9 @@ Invariants:
 - Per worker i: request ring i (worker -> timer), completion ring i (timer -> worker) and
   eventfd doorbell i (inherited by worker i and by the timer). One semaphore doorbell for the timer.
 - The partition table row of every catalogued partition is filled by recovery before any child
-  starts; new partitions are added only by the timer process (topic creation).
+  starts; new partitions are added only by the timer process (topic creation). Recovery on a full
+  (or failing) disk still opens the node: it says so in one line, the node serves reads, and appends
+  answer KAFKA_STORAGE_ERROR until there is room again, when they resume by themselves.
 - `unlink()` removes every shared object of the instance; children's mappings stay valid until
   they exit.
 """
@@ -15,6 +17,7 @@ Invariants:
 from __future__ import annotations
 
 import logging
+import os
 
 from node.config import NodeConfig
 from node.storage.store import PartitionStore
@@ -24,6 +27,22 @@ from shm.interest import InterestTable
 from shm.table import PartitionTable
 
 log = logging.getLogger("shmbroker.resources")
+
+
+def _report_disk(data_dir: str, faults: dict[str, str], room_bytes: int) -> None:
+    """One clear line when the node starts on a disk that takes no writes."""
+    try:
+        stats = os.statvfs(data_dir)
+        free = stats.f_bavail * stats.f_frsize
+    except OSError:
+        free = -1
+    if not faults and free >= room_bytes:
+        return
+    examples = "; ".join(f"{name}: {fault}" for name, fault in list(faults.items())[:3])
+    log.warning("data directory %s is full or failing (%d bytes free%s): the node opens READ-ONLY: it "
+                "serves reads and metadata, appends answer KAFKA_STORAGE_ERROR (56), and they resume by "
+                "themselves once there is room", data_dir, free,
+                f"; recovery met disk faults in {len(faults)} partitions: {examples}" if faults else "")
 
 
 class NodeResources:
@@ -44,6 +63,7 @@ class NodeResources:
             store = PartitionStore(data_dir, table, config.log, config.topics.max_partitions)
             try:
                 log.info("recovered %d partitions", store.recover_all())
+                _report_disk(data_dir, store.recovery_faults, config.log.max_message_bytes)
             finally:
                 store.close()
             workers = config.server.worker_count()
@@ -58,7 +78,7 @@ class NodeResources:
         return cls(instance, table, bells, config, data_dir)
 
     def flush_all(self) -> None:
-        """fsync every partition (the last step of a clean stop)."""
+        """fsync every partition (the last step of a clean stop; a partition that fails logs why)."""
         store = PartitionStore(self.data_dir, self.table, self.config.log, self.config.topics.max_partitions)
         try:
             store.flush_all()

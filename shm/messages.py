@@ -43,7 +43,7 @@ from typing import Any, Iterable
 
 import orjson
 
-LAYOUT_VERSION = 2
+LAYOUT_VERSION = 3
 MAX_ITEMS = 0xFFFF
 HEADER = struct.Struct("<BBHI")
 FIRST_TIMER_KIND = 64  # kinds >= this travel timer -> worker
@@ -62,7 +62,7 @@ class Kind(IntEnum):
     CREATE_TOPICS = 5  # document: [[name, partitions], ...]
     DELETE_TOPICS = 6  # document: [name, ...]
     # timer -> worker
-    COMPLETION = 64  # delayed requests that completed, satisfied or expired
+    COMPLETION = 64  # delayed requests that completed: satisfied, expired, or failed with a Kafka error code
     TOPICS_OUTCOME = 65  # the answer to CREATE_TOPICS / DELETE_TOPICS; document: {name: [error code, message]}
     TIMER_STARTED = 66  # a timer process (re)started: re-submit every delayed request still waiting
     LAYOUT = 67  # the topic catalog changed: reload it if older than catalog_version
@@ -73,6 +73,7 @@ class Status(IntEnum):
 
     SATISFIED = 1
     EXPIRED = 2
+    FAILED = 3  # it can never be satisfied: the item's error_code (a Kafka error code) says why
 
 
 @dataclass(frozen=True)
@@ -112,7 +113,7 @@ Append = declare(Kind.APPEND, items=[("row", "I")]).tuple_class
 Cancel = declare(Kind.CANCEL, items=[("request_id", "Q")]).tuple_class
 CreateTopics = declare(Kind.CREATE_TOPICS, body=[("request_id", "Q")], document=True).tuple_class
 DeleteTopics = declare(Kind.DELETE_TOPICS, body=[("request_id", "Q")], document=True).tuple_class
-Completion = declare(Kind.COMPLETION, items=[("request_id", "Q"), ("status", "B")]).tuple_class
+Completion = declare(Kind.COMPLETION, items=[("request_id", "Q"), ("status", "B"), ("error_code", "h")]).tuple_class
 TopicsOutcome = declare(Kind.TOPICS_OUTCOME, body=[("request_id", "Q")], document=True).tuple_class
 TimerStarted = declare(Kind.TIMER_STARTED, body=[("pid", "I")]).tuple_class
 Layout = declare(Kind.LAYOUT, body=[("catalog_version", "Q")]).tuple_class

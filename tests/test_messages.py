@@ -30,7 +30,7 @@ def test_delay_fetch_round_trip(request_id, deadline, min_bytes, items):
     (Kind.CANCEL, (), [(2**64 - 1,)], None),
     (Kind.CREATE_TOPICS, (5,), [], [["t", 4], ["u", 1]]),
     (Kind.DELETE_TOPICS, (6,), [], ["t"]),
-    (Kind.COMPLETION, (), [(1, M.Status.SATISFIED), (2, M.Status.EXPIRED)], None),
+    (Kind.COMPLETION, (), [(1, M.Status.SATISFIED, 0), (2, M.Status.EXPIRED, 0), (3, M.Status.FAILED, 56)], None),
     (Kind.TOPICS_OUTCOME, (5,), [], {"t": [0, None], "bad name": [17, "illegal topic name"]}),
     (Kind.TIMER_STARTED, (4321,), [], None),
     (Kind.LAYOUT, (12,), [], None),

@@ -16,6 +16,11 @@ Invariants:
 - Topic creation: partition directories and table rows first (recovered, so online), then the catalog
   file, atomically; deletion: the catalog first (a crash never leaves a catalogued topic half deleted),
   then the rows go offline and the directories are removed.
+- Disk faults (node.storage.faults) never escape as OSError: a topic that cannot be created or deleted
+  gets KAFKA_STORAGE_ERROR in its outcome (and a creation leaves nothing behind: not in the catalog,
+  its directories removed); recovery, flushes and chores carry on with the other partitions (the
+  partition logs the fault itself, rate-limited); a partition that cannot be recovered at all stays
+  offline and is named in `recovery_faults`.
 """
 
 from __future__ import annotations
@@ -26,8 +31,12 @@ from typing import Callable
 import numpy as np
 from kio.schema.errors import ErrorCode
 
+import shutil
+
 from node.storage.catalog import Catalog, CatalogError
+from node.storage.faults import is_storage_fault, storage_faults
 from node.storage.log import LogConfig, PartitionLog, partition_directory
+from node.storage.records import ErrorCode, StorageError
 from shm.table import PartitionTable
 
 log = logging.getLogger("shmbroker.store")
@@ -44,6 +53,8 @@ class PartitionStore:
         self.catalog = Catalog.load(data_dir, max_partitions)
         self._logs: dict[int, tuple[str, int, PartitionLog]] = {}
         self._owners: dict[int, tuple[str, int]] = {}
+        # After recover_all: partitions recovered despite disk faults (or not at all), with the first fault.
+        self.recovery_faults: dict[str, str] = {}
         self._index_owners()
 
     def _index_owners(self) -> None:
@@ -90,11 +101,16 @@ class PartitionStore:
         return plog
 
     def each_log(self, action: Callable[[PartitionLog], object], what: str) -> int:
-        """Run `action` on every partition's log; a failure is logged and the others go on. Returns failures."""
+        """Run `action` on every partition's log; a failure is logged and the others go on. Returns failures.
+        A storage fault was logged (rate-limited) by the partition already; anything else is a bug."""
         failures = 0
         for row in self.rows():
             try:
                 action(self.log(row))
+            except StorageError as exc:
+                failures += 1
+                if exc.error_code != ErrorCode.KAFKA_STORAGE_ERROR:
+                    log.warning("%s of partition row %d failed: %s", what, row, exc)
             except Exception:
                 failures += 1
                 log.exception("%s of partition row %d failed", what, row)
@@ -114,23 +130,35 @@ class PartitionStore:
     # -- lifecycle ----------------------------------------------------------------------------
 
     def recover_all(self) -> int:
-        """Recover every catalogued partition and fill its table row (the supervisor, before any child runs)."""
+        """Recover every catalogued partition and fill its table row (the supervisor, before any child runs).
+        Returns how many partitions are online; `recovery_faults` names those that met disk faults."""
+        self.recovery_faults = {}
+        online = 0
         for row in self.rows():
-            self._recover(row)
-        return len(self._owners)
+            online += self._recover(row)
+        return online
 
-    def _recover(self, row: int) -> None:
+    def _recover(self, row: int) -> bool:
         topic, partition = self._owners[row]
+        name = f"{topic}-{partition}"
         stale = self._logs.pop(row, None)
         if stale is not None:
             stale[2].close()
-        plog = PartitionLog.recover(self._directory(topic, partition), self.table, row, self.log_config)
+        try:
+            plog = PartitionLog.recover(self._directory(topic, partition), self.table, row, self.log_config)
+        except OSError as exc:
+            if not is_storage_fault(exc):
+                raise
+            self.recovery_faults[name] = f"not recovered, stays offline: {exc}"
+            return False
+        if plog.faults:
+            self.recovery_faults[name] = str(plog.faults[0])
         self._logs[row] = (topic, partition, plog)
+        return True
 
-    def flush_all(self) -> None:
-        """fsync every partition (the last step of a clean stop)."""
-        for row in self.rows():
-            self.log(row).flush()
+    def flush_all(self) -> int:
+        """fsync every partition (the last step of a clean stop). Returns the partitions that failed."""
+        return self.each_log(lambda plog: plog.flush(), "flush")
 
     def create_topics(self, topics: list[tuple[str, int]]) -> TopicOutcomes:
         """Create topics of the given partition counts; an existing topic succeeds (two workers auto-creating
@@ -147,15 +175,38 @@ class PartitionStore:
             except CatalogError as exc:
                 outcome[name] = (exc.code, str(exc))
                 continue
-            for partition, row in enumerate(entry.rows):
-                PartitionLog.recover(self._directory(name, partition), self.table, row, self.log_config).close()
+            try:
+                with storage_faults(f"creation of topic {name}"):
+                    for partition, row in enumerate(entry.rows):
+                        PartitionLog.recover(self._directory(name, partition), self.table, row,
+                                             self.log_config).close()
+            except StorageError as exc:
+                self.catalog.remove_topic(name)
+                self._discard_directories(entry)
+                outcome[name] = self._storage_outcome(exc)
+                continue
             created.append(name)
             outcome[name] = (0, None)
         if created:
-            self.catalog.save()
+            try:
+                with storage_faults("save of the topic catalog"):
+                    self.catalog.save()
+            except StorageError as exc:
+                for name in created:
+                    self._discard_directories(self.catalog.remove_topic(name))
+                    outcome[name] = self._storage_outcome(exc)
+                return outcome
             self._reindex()
             log.info("created topics %s", created)
         return outcome
+
+    def _discard_directories(self, entry) -> None:
+        for partition in range(entry.partitions):
+            shutil.rmtree(self._directory(entry.name, partition), ignore_errors=True)
+
+    def _storage_outcome(self, exc: StorageError) -> tuple[int, str]:
+        log.warning("%s: answering KAFKA_STORAGE_ERROR (56)", exc)
+        return (int(ErrorCode.KAFKA_STORAGE_ERROR), str(exc))
 
     def delete_topics(self, names: list[str]) -> TopicOutcomes:
         self.reload()
@@ -169,7 +220,15 @@ class PartitionStore:
                 continue
             outcome[name] = (0, None)
         if doomed:
-            self.catalog.save()  # first forget the topic, so a crash never leaves a catalogued topic half deleted
+            try:
+                with storage_faults("save of the topic catalog"):
+                    # First forget the topic, so a crash never leaves a catalogued topic half deleted.
+                    self.catalog.save()
+            except StorageError as exc:
+                for entry in doomed:
+                    self.catalog.topics[entry.name] = entry
+                    outcome[entry.name] = self._storage_outcome(exc)
+                return outcome
             for entry in doomed:
                 for partition, row in enumerate(entry.rows):
                     stale = self._logs.pop(row, None)

@@ -3,8 +3,11 @@
 Invariants:
 - Dirty means `end_bytes > flushed_bytes` in the shared table: the table, not a message, says
   what needs an fsync, so appends made while the timer was down are flushed after its restart.
-- A flush round fsyncs every dirty partition, then reports their rows; acks=all produces waiting
-  on those rows are re-checked by the timer loop. After `mark_dirty()` (an acks=all produce
+- A flush round fsyncs every dirty partition, then reports their rows (`reports`, one FlushReport
+  per round, in round order); acks=all produces waiting on those rows are re-checked by the timer
+  loop. Rows whose flush met a storage fault are reported too (`failed`), so their waiters are
+  answered KAFKA_STORAGE_ERROR at once; they stay dirty and are tried again by the next rounds. The fault is logged by the partition
+  (once per interval, node-wide), never as a traceback per round. After `mark_dirty()` (an acks=all produce
   waits) the next round runs within `flush_interval_ms` (the group-commit window), or at once
   after `kick()` (when `flush_bytes` are waiting). Appends nobody waits on (acks=0/1) are flushed
   by the background round every `background_flush_interval_ms`: like Kafka, acks=1 is answered
@@ -21,9 +24,10 @@ import logging
 import os
 import queue
 import threading
-from typing import Callable
+from typing import Callable, NamedTuple
 
 from node.config import NodeConfig
+from node.storage.records import StorageError
 from node.storage.store import PartitionStore
 from shm.table import PartitionTable
 
@@ -32,13 +36,19 @@ log = logging.getLogger("shmbroker.flusher")
 Job = Callable[[PartitionStore], object]
 
 
+class FlushReport(NamedTuple):
+    round: int  # rounds are numbered from 1 by their start (Flusher.rounds_started)
+    flushed: list[int]  # rows fsync'd up to the log end they had when the round began
+    failed: list[int]  # rows whose fsync met a fault
+
+
 class Flusher(threading.Thread):
     def __init__(self, config: NodeConfig, table: PartitionTable, wake: Callable[[], None]) -> None:
         super().__init__(name="flusher", daemon=True)
         self.config = config
         self.table = table
         self.wake = wake
-        self.flushed: queue.SimpleQueue[list[int]] = queue.SimpleQueue()
+        self.reports: queue.SimpleQueue[FlushReport] = queue.SimpleQueue()
         self.catalog_version = 0  # set by the timer loop after it changes the catalog
         self._jobs: queue.SimpleQueue[tuple[str, Job]] = queue.SimpleQueue()
         self._kick = threading.Event()
@@ -46,6 +56,7 @@ class Flusher(threading.Thread):
         self._dirty.set()  # first round at once: a restarted timer inherits unflushed appends
         self._stopping = threading.Event()
         self.rounds = 0
+        self.rounds_started = 0  # read by the timer loop: a produce waits on rounds started after it
         self.errors = 0
 
     def mark_dirty(self) -> None:
@@ -87,17 +98,23 @@ class Flusher(threading.Thread):
             store.close()
 
     def _flush_round(self, store: PartitionStore) -> None:
-        done = []
+        self.rounds_started += 1
+        flush_round = self.rounds_started
+        done, failed = [], []
         for row in store.dirty_rows():
             try:
                 store.log(row).flush()
                 done.append(row)
-            except Exception:  # a deleted topic, a full disk: log, retry next round
+            except StorageError:  # a storage fault (logged by the partition) or a deleted topic
                 self.errors += 1
+                failed.append(row)
+            except Exception:  # a bug: log it, try again next round
+                self.errors += 1
+                failed.append(row)
                 log.exception("flush of partition row %d failed", row)
         self.rounds += 1
-        if done:
-            self.flushed.put(done)
+        if done or failed:
+            self.reports.put(FlushReport(flush_round, done, failed))
             self.wake()
 
     def _run_jobs(self, store: PartitionStore) -> None:

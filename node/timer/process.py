@@ -112,10 +112,14 @@ class TimerProcess:
             handler(worker, message)
         except (M.MessageError, ValueError, KeyError, TypeError) as exc:
             log.warning("dropping a bad frame from worker %d: %s", worker, exc)
+        except Exception:  # a bug costs one message, never the timer process
+            log.exception("handling a frame from worker %d failed", worker)
 
     def _on_flushed(self) -> None:
-        while not self.flusher.flushed.empty():
-            self.operations.flushed(self.flusher.flushed.get_nowait())
+        while not self.flusher.reports.empty():
+            report = self.flusher.reports.get_nowait()
+            self.operations.flush_failed(report.round, report.failed)
+            self.operations.flushed(report.flushed)
 
     def _sleep_timeout_s(self, now: int) -> float:
         timeout = self.config.timer.max_sleep_ms
@@ -142,7 +146,7 @@ class TimerProcess:
                 log.error("supervisor is gone: exiting")
                 break
             timeout = self._sleep_timeout_s(monotonic_ms())
-            if announce_sleep_all(self.readers) and self.flusher.flushed.empty():
+            if announce_sleep_all(self.readers) and self.flusher.reports.empty():
                 try:
                     self.bell.wait(timeout)
                 except posix_ipc.SignalError:
