@@ -3,8 +3,12 @@ processes, read without locks, and the checks built on them (hang detection, nod
 
 from __future__ import annotations
 
+import logging
 import multiprocessing
 
+import pytest
+
+from node.logging_setup import RateLimitedLog
 from shm import instance as shm_instance
 from shm.connections import ConnectionCounts
 from shm.heartbeat import HangWatch, HeartbeatTable
@@ -78,3 +82,35 @@ def test_connection_counts_are_per_worker_rows_summed_across_the_node():
             assert counts.total() == 3 and counts.row(0).count == 3
         finally:
             counts.close()
+
+
+def test_rate_limited_log_one_line_per_cause_per_interval_shared_by_processes(caplog):
+    with fresh_instance("lm") as instance:
+        counts = ConnectionCounts.create(shm_instance.connections_name(instance.instance_id), 2, 4)
+        try:
+            clock = [1000.0]
+            logger = logging.getLogger("shmbroker.test_limits")
+            causes = ("a", "b")
+            one = RateLimitedLog(logger, 60.0, clock=lambda: clock[0], marks=counts.log_marks(causes))
+            two = RateLimitedLog(logger, 60.0, clock=lambda: clock[0], marks=counts.log_marks(causes))
+            caplog.set_level(logging.WARNING, logger="shmbroker.test_limits")
+            assert one.warning("a", "refused %d", 1)
+            assert not two.warning("a", "refused %d", 2)  # another process, same cause, same minute
+            assert two.warning("b", "other cause")
+            clock[0] += 61
+            assert two.warning("a", "refused %d", 3)
+            messages = [r.getMessage() for r in caplog.records]
+            assert messages == ["refused 1", "other cause", "refused 3 (and 1 more like it since the last such line)"]
+        finally:
+            counts.close()
+
+
+def test_config_rejects_a_hang_timeout_below_two_heartbeats():
+    from node.config import ConfigError, from_mapping
+
+    with pytest.raises(ConfigError):
+        from_mapping({"server": {"child_hang_timeout_ms": 1000, "heartbeat_interval_ms": 1000}})
+    config = from_mapping({"server": {"child_hang_timeout_ms": 0, "workers": 4,
+                                      "queued_max_request_bytes": 1000}})
+    assert config.server.worker_request_bytes() == 250
+    assert from_mapping({"server": {"queued_max_request_bytes": -1}}).server.worker_request_bytes() == -1

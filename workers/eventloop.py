@@ -16,7 +16,7 @@ Invariants:
 - A timer runs once, at or after its time (monotonic seconds), in time order; a cancelled one never runs.
 - `now` is the monotonic time taken when the last sleep ended: one clock read per turn for every handler
   that only needs to know roughly when (activity timestamps).
-- `stop()` ends the loop after the current turn.
+- `stop()` ends the loop after the current turn (a later `run()` starts it again).
 """
 
 from __future__ import annotations
@@ -167,6 +167,7 @@ class EventLoop:
 
     def run(self) -> None:
         watches = self._watches
+        self._stopped = False
         while not self._stopped:
             timeout = self._sleep_cap()
             if self._stopped:

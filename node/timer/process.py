@@ -15,6 +15,8 @@ Invariants:
 - On start it announces itself on every completion ring (TIMER_STARTED), so workers re-submit what they
   wait on: nothing waits on a purgatory that no longer exists.
 - It exits when the supervisor is gone (checked every turn; the sleep is bounded by max_sleep_ms).
+- Every turn of the loop beats its heartbeat (shm.heartbeat), and the sleep is also bounded by
+  heartbeat_interval_ms, so an idle timer still beats and only a stuck loop stops beating.
 - On SIGTERM the flusher gets a last round before the process goes, so acks=all produces waiting on it
   are answered.
 """
@@ -42,6 +44,7 @@ from node.timer.service import DelayedOperations
 from shm import instance as shm_instance
 from shm import messages as M
 from shm.doorbell import EventfdDoorbell, SemaphoreDoorbell
+from shm.heartbeat import HeartbeatTable
 from shm.interest import InterestTable
 from shm.ring import RingCorrupt, RingReader, RingWriter, announce_sleep_all, woke_all
 from shm.table import PartitionTable
@@ -54,9 +57,12 @@ def monotonic_ms() -> int:
 
 
 class TimerProcess:
-    def __init__(self, instance: str, config: NodeConfig, worker_bell_fds: list[int], supervisor_pid: int) -> None:
+    def __init__(self, instance: str, config: NodeConfig, worker_bell_fds: list[int], supervisor_pid: int,
+                 heartbeat_slot: int) -> None:
         self.config = config
         self.supervisor_pid = supervisor_pid
+        self.heartbeats = HeartbeatTable.attach(shm_instance.heartbeat_name(instance))
+        self.heartbeat = self.heartbeats.heartbeat(heartbeat_slot, os.getpid())
         self.table = PartitionTable.attach(shm_instance.table_name(instance))
         self.interest = InterestTable.attach(shm_instance.interest_name(instance))
         self.store = PartitionStore(os.path.abspath(config.server.data_dir), self.table, config.log,
@@ -122,7 +128,7 @@ class TimerProcess:
             self.operations.flushed(report.flushed)
 
     def _sleep_timeout_s(self, now: int) -> float:
-        timeout = self.config.timer.max_sleep_ms
+        timeout = min(self.config.timer.max_sleep_ms, self.config.server.heartbeat_interval_ms)
         for deadline in (self.operations.next_expiration(), self.chores.next_expiration()):
             if deadline is not None:
                 timeout = min(timeout, max(0, deadline - now))
@@ -142,6 +148,7 @@ class TimerProcess:
         self.outbox.flush()
         log.info("timer process ready (%d workers)", self.outbox.workers)
         while not self.stopping:
+            self.heartbeat.beat()
             if os.getppid() != self.supervisor_pid:
                 log.error("supervisor is gone: exiting")
                 break
@@ -166,6 +173,7 @@ class TimerProcess:
             end.close()
         self.store.close()
         self.interest.close()
+        self.heartbeats.close()
         return 0
 
 
@@ -182,6 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--instance", required=True)
     parser.add_argument("--index", type=int, default=0)
+    parser.add_argument("--heartbeat-slot", type=int, required=True)
     parser.add_argument("--config-json", required=True)
     parser.add_argument("--supervisor-pid", type=int, required=True)
     parser.add_argument("--worker-bell-fds", required=True)
@@ -189,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging("timer")
     config = NodeConfig.from_json(args.config_json)
     fds = [int(fd) for fd in args.worker_bell_fds.split(",") if fd]
-    return TimerProcess(args.instance, config, fds, args.supervisor_pid).run()
+    return TimerProcess(args.instance, config, fds, args.supervisor_pid, args.heartbeat_slot).run()
 
 
 if __name__ == "__main__":
