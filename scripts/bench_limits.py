@@ -7,15 +7,17 @@ The bounds and limits (config `[server]`): the memory bound on requests and resp
 incomplete-request timeouts (connections_max_idle_ms, request_timeout_ms). "off" turns every one of them
 off (-1, or Kafka's "no limit"); everything else (heartbeats included) is the same in both.
 
-Each run starts a fresh node per mode (scripts/nodeproc.py, --workers workers) and measures, on it:
+Both nodes run side by side for the whole run (scripts/nodeproc.py, --workers workers each; the one not
+being measured sits idle) and are measured in interleaved slices, so the noise of a shared machine hits both
+alike at a fine grain. Each round measures, on each node in turn (on, off, then off, on, ...):
 - producer: producer_perf's raw load (acks=1, 8 KiB batches of 100-byte records, 4 connections with 8
   requests in flight each) for --producer-seconds: records/s;
-- e2e: e2e_latency's raw client (one record per ms, acks=1, a long-polling consumer) for --e2e-seconds:
-  p50 and p99 of produce-to-receive.
-Modes alternate (on, off, then off, on, ...) so drift on a shared machine hits both alike. The report gives
-every run's values, the median per mode, and the median of the per-run ratios on/off.
+- e2e: e2e_latency's raw client (one record per ms, acks=1, a long-polling consumer, a fresh topic per
+  round) for --e2e-seconds: p50 and p99 of produce-to-receive.
+The report gives every round's values, the median per mode, and the median of the per-round ratios on/off
+(the figure to read: each ratio compares two slices measured seconds apart).
 
-    .venv/bin/python scripts/bench_limits.py --runs 5 [--json]
+    .venv/bin/python scripts/bench_limits.py [--runs 10] [--workers 2] [--json]
 
 Only 127.0.0.1 is used; every measurement is bounded in time; nodes are stopped by pid.
 """
@@ -23,6 +25,7 @@ Only 127.0.0.1 is used; every measurement is bounded in time; nodes are stopped 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import sys
@@ -49,33 +52,31 @@ def progress(args: argparse.Namespace, message: str) -> None:
     print(f"bench_limits: {message}", file=sys.stderr, flush=True)
 
 
-def measure(mode: str, args: argparse.Namespace, run: int) -> dict:
-    """One node in `mode`: the producer load, then the latency run. Returns the metrics."""
-    with NodeProcess(workers=args.workers, config=MODES[mode], announce=True) as node:
-        target = benchnode.Target(LOOPBACK, node.port, str(node.data_dir), node)
-        topic = f"limits-{mode}-{run}"
-        benchnode.create_topic(LOOPBACK, node.port, topic, args.partitions)
-        load = producer_perf.RawProduceLoad(topic, args.partitions, acks=1)
-        produced = producer_perf.run_raw_producer(LOOPBACK, node.port, load, args.producer_seconds)
-        if produced.errors:
-            raise RuntimeError(f"{mode}: produce errors {produced.errors}")
-        latency_topic = f"limits-e2e-{mode}-{run}"
-        benchnode.create_topic(LOOPBACK, node.port, latency_topic, 1)
-        outcome = e2e_latency.run_raw(target, e2e_latency.LatencyRun(latency_topic, seconds=args.e2e_seconds))
-        if outcome.send_errors or outcome.received < outcome.sent:
-            raise RuntimeError(f"{mode}: e2e lost {outcome.sent - outcome.received} of {outcome.sent}")
-        latency = benchnode.percentiles_ms(outcome.latencies_ns)
-        return {"producer_records_per_s": produced.records / produced.elapsed_s,
-                "e2e_p50_ms": latency["p50_ms"], "e2e_p99_ms": latency["p99_ms"]}
+def measure_producer(node: NodeProcess, topic: str, args: argparse.Namespace) -> float:
+    load = producer_perf.RawProduceLoad(topic, args.partitions, acks=1)
+    produced = producer_perf.run_raw_producer(LOOPBACK, node.port, load, args.producer_seconds)
+    if produced.errors:
+        raise RuntimeError(f"produce errors {produced.errors}")
+    return produced.records / produced.elapsed_s
+
+
+def measure_e2e(node: NodeProcess, topic: str, args: argparse.Namespace) -> dict:
+    benchnode.create_topic(LOOPBACK, node.port, topic, 1)
+    target = benchnode.Target(LOOPBACK, node.port, str(node.data_dir), node)
+    outcome = e2e_latency.run_raw(target, e2e_latency.LatencyRun(topic, seconds=args.e2e_seconds))
+    if outcome.send_errors or outcome.received < outcome.sent:
+        raise RuntimeError(f"e2e lost {outcome.sent - outcome.received} of {outcome.sent}")
+    latency = benchnode.percentiles_ms(outcome.latencies_ns)
+    return {"e2e_p50_ms": latency["p50_ms"], "e2e_p99_ms": latency["p99_ms"]}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--runs", type=int, default=10, help="rounds: one slice of each load on each node")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--partitions", type=int, default=4)
-    parser.add_argument("--producer-seconds", type=float, default=5.0)
-    parser.add_argument("--e2e-seconds", type=float, default=5.0)
+    parser.add_argument("--producer-seconds", type=float, default=3.0)
+    parser.add_argument("--e2e-seconds", type=float, default=3.0)
     parser.add_argument("--json", action="store_true", help="one JSON object per measurement and a summary")
     args = parser.parse_args(argv)
     if args.runs < 1 or args.workers < 1 or args.partitions < 1 or args.producer_seconds <= 0 \
@@ -83,18 +84,30 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("counts and durations must be positive")
     values: dict[str, dict[str, list[float]]] = {mode: {m: [] for m in METRICS} for mode in MODES}
     started = time.monotonic()
-    for run in range(args.runs):
-        order = ("on", "off") if run % 2 == 0 else ("off", "on")
-        for mode in order:
-            got = measure(mode, args, run)
-            for metric in METRICS:
-                values[mode][metric].append(got[metric])
-            if args.json:
-                benchnode.emit({"script": SCRIPT, "run": run + 1, "mode": mode, "workers": args.workers,
-                                **{k: round(v, 4) for k, v in got.items()}}, True)
-            progress(args, f"run {run + 1}/{args.runs} {mode}: {got['producer_records_per_s']:,.0f} records/s, "
-                           f"e2e p50 {got['e2e_p50_ms']:.3f} ms, p99 {got['e2e_p99_ms']:.3f} ms "
-                           f"({time.monotonic() - started:.0f} s)")
+    with contextlib.ExitStack() as stack:
+        nodes = {mode: stack.enter_context(NodeProcess(workers=args.workers, config=config, announce=True))
+                 for mode, config in MODES.items()}
+        for mode, node in nodes.items():
+            benchnode.create_topic(LOOPBACK, node.port, f"limits-{mode}", args.partitions)
+            measure_producer(node, f"limits-{mode}", argparse.Namespace(**{**vars(args), "producer_seconds": 1.0}))
+        progress(args, f"both nodes up and warmed ({time.monotonic() - started:.0f} s)")
+        for run in range(args.runs):
+            order = ("on", "off") if run % 2 == 0 else ("off", "on")
+            got: dict[str, dict] = {mode: {} for mode in MODES}
+            for mode in order:
+                got[mode]["producer_records_per_s"] = measure_producer(nodes[mode], f"limits-{mode}", args)
+            for mode in order:
+                got[mode].update(measure_e2e(nodes[mode], f"limits-e2e-{mode}-{run}", args))
+            for mode in MODES:
+                for metric in METRICS:
+                    values[mode][metric].append(got[mode][metric])
+                if args.json:
+                    benchnode.emit({"script": SCRIPT, "run": run + 1, "mode": mode, "workers": args.workers,
+                                    **{k: round(v, 4) for k, v in got[mode].items()}}, True)
+            progress(args, f"round {run + 1}/{args.runs}: " + "; ".join(
+                f"{mode} {got[mode]['producer_records_per_s']:,.0f} records/s, e2e p50 {got[mode]['e2e_p50_ms']:.3f} "
+                f"ms, p99 {got[mode]['e2e_p99_ms']:.3f} ms" for mode in order)
+                + f" ({time.monotonic() - started:.0f} s)")
     summary = {}
     for metric in METRICS:
         on, off = values["on"][metric], values["off"][metric]
@@ -108,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
                         "producer_seconds": args.producer_seconds, "e2e_seconds": args.e2e_seconds}, True)
     table = sys.stderr if args.json else sys.stdout  # with --json, stdout carries only JSON lines
     print(f"\n{'metric':26} {'on (median)':>14} {'off (median)':>14} {'on/off':>8} {'min':>7} {'max':>7}"
-          f"   ({args.runs} runs, ratio = median of per-run ratios)", file=table)
+          f"   ({args.runs} runs, ratio = median of per-round ratios)", file=table)
     for metric, row in summary.items():
         print(f"{metric:26} {row['on_median']:>14,.3f} {row['off_median']:>14,.3f} {row['ratio_median']:>8.3f} "
               f"{row['ratio_min']:>7.3f} {row['ratio_max']:>7.3f}", file=table)

@@ -127,7 +127,8 @@ class Connection:
 
     @property
     def memory(self) -> int:
-        return self.partial_bytes + self.held_bytes + self.queued_memory
+        large = _PREFIX + self.large_have if self.large is not None else 0  # partial_bytes, inlined (hot path)
+        return len(self.inbuf) + large + self.held_bytes + self.queued_memory
 
     # -- input ---------------------------------------------------------------------------
 

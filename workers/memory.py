@@ -50,6 +50,8 @@ class MemoryBudget:
 
     def update(self, conn: Connection) -> None:
         memory = conn.memory
+        if memory == conn.accounted and memory < self.heavy_bytes:
+            return  # the common case (nothing held before or after): nothing to count or decide
         self.total += memory - conn.accounted
         conn.accounted = memory
         if memory < self.heavy_bytes:
