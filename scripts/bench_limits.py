@@ -11,7 +11,7 @@ Both nodes run side by side for the whole run (scripts/nodeproc.py, --workers wo
 being measured sits idle) and are measured in interleaved slices, so the noise of a shared machine hits both
 alike at a fine grain. Each round measures, on each node in turn (on, off, then off, on, ...):
 - producer: producer_perf's raw load (acks=1, 8 KiB batches of 100-byte records, 4 connections with 8
-  requests in flight each) for --producer-seconds: records/s;
+  requests in flight each) for --producer-seconds: records/s, and the workers' CPU time per 1,000 records;
 - e2e: e2e_latency's raw client (one record per ms, acks=1, a long-polling consumer, a fresh topic per
   round) for --e2e-seconds: p50 and p99 of produce-to-receive.
 The report gives every round's values, the median per mode, and the median of the per-round ratios on/off
@@ -45,19 +45,25 @@ MODES = {
             "max_connections = 2147483647\nmax_connections_per_ip = 2147483647\n"
             "connections_max_idle_ms = -1\nrequest_timeout_ms = -1\n"),
 }
-METRICS = ("producer_records_per_s", "e2e_p50_ms", "e2e_p99_ms")
+METRICS = ("producer_records_per_s", "worker_cpu_us_per_1k_records", "e2e_p50_ms", "e2e_p99_ms")
 
 
 def progress(args: argparse.Namespace, message: str) -> None:
     print(f"bench_limits: {message}", file=sys.stderr, flush=True)
 
 
-def measure_producer(node: NodeProcess, topic: str, args: argparse.Namespace) -> float:
+def measure_producer(node: NodeProcess, topic: str, args: argparse.Namespace) -> dict:
+    """Records/s, and the workers' CPU per 1,000 records (what the bounds cost per request, much less
+    sensitive to other load on the machine than the rate)."""
     load = producer_perf.RawProduceLoad(topic, args.partitions, acks=1)
-    produced = producer_perf.run_raw_producer(LOOPBACK, node.port, load, args.producer_seconds)
+    started = time.monotonic()
+    with benchnode.CpuMeter(node) as cpu:
+        produced = producer_perf.run_raw_producer(LOOPBACK, node.port, load, args.producer_seconds)
+    wall = time.monotonic() - started
     if produced.errors:
         raise RuntimeError(f"produce errors {produced.errors}")
-    return produced.records / produced.elapsed_s
+    return {"producer_records_per_s": produced.records / produced.elapsed_s,
+            "worker_cpu_us_per_1k_records": cpu.fields["worker_cores"] * wall / produced.records * 1e9}
 
 
 def measure_e2e(node: NodeProcess, topic: str, args: argparse.Namespace) -> dict:
@@ -95,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
             order = ("on", "off") if run % 2 == 0 else ("off", "on")
             got: dict[str, dict] = {mode: {} for mode in MODES}
             for mode in order:
-                got[mode]["producer_records_per_s"] = measure_producer(nodes[mode], f"limits-{mode}", args)
+                got[mode].update(measure_producer(nodes[mode], f"limits-{mode}", args))
             for mode in order:
                 got[mode].update(measure_e2e(nodes[mode], f"limits-e2e-{mode}-{run}", args))
             for mode in MODES:
@@ -105,7 +111,8 @@ def main(argv: list[str] | None = None) -> int:
                     benchnode.emit({"script": SCRIPT, "run": run + 1, "mode": mode, "workers": args.workers,
                                     **{k: round(v, 4) for k, v in got[mode].items()}}, True)
             progress(args, f"round {run + 1}/{args.runs}: " + "; ".join(
-                f"{mode} {got[mode]['producer_records_per_s']:,.0f} records/s, e2e p50 {got[mode]['e2e_p50_ms']:.3f} "
+                f"{mode} {got[mode]['producer_records_per_s']:,.0f} records/s "
+                f"({got[mode]['worker_cpu_us_per_1k_records']:,.0f} us CPU/1k), e2e p50 {got[mode]['e2e_p50_ms']:.3f} "
                 f"ms, p99 {got[mode]['e2e_p99_ms']:.3f} ms" for mode in order)
                 + f" ({time.monotonic() - started:.0f} s)")
     summary = {}
@@ -120,10 +127,10 @@ def main(argv: list[str] | None = None) -> int:
         benchnode.emit({"script": SCRIPT, "summary": summary, "runs": args.runs, "workers": args.workers,
                         "producer_seconds": args.producer_seconds, "e2e_seconds": args.e2e_seconds}, True)
     table = sys.stderr if args.json else sys.stdout  # with --json, stdout carries only JSON lines
-    print(f"\n{'metric':26} {'on (median)':>14} {'off (median)':>14} {'on/off':>8} {'min':>7} {'max':>7}"
+    print(f"\n{'metric':30} {'on (median)':>14} {'off (median)':>14} {'on/off':>8} {'min':>7} {'max':>7}"
           f"   ({args.runs} runs, ratio = median of per-round ratios)", file=table)
     for metric, row in summary.items():
-        print(f"{metric:26} {row['on_median']:>14,.3f} {row['off_median']:>14,.3f} {row['ratio_median']:>8.3f} "
+        print(f"{metric:30} {row['on_median']:>14,.3f} {row['off_median']:>14,.3f} {row['ratio_median']:>8.3f} "
               f"{row['ratio_min']:>7.3f} {row['ratio_max']:>7.3f}", file=table)
     return 0
 

@@ -217,7 +217,8 @@ def test_bench_limits_smoke(tmp_path):
     assert [row["mode"] for row in measurements] == ["on", "off"]
     for row in measurements:
         assert row["producer_records_per_s"] > 0 and 0 < row["e2e_p50_ms"] <= row["e2e_p99_ms"], row
-    for metric in ("producer_records_per_s", "e2e_p50_ms", "e2e_p99_ms"):
+        assert row["worker_cpu_us_per_1k_records"] > 0, row
+    for metric in ("producer_records_per_s", "worker_cpu_us_per_1k_records", "e2e_p50_ms", "e2e_p99_ms"):
         assert summary["summary"][metric]["ratio_median"] > 0
     assert "on/off" in done.stderr and re.search(r"round 1/1: on .*; off ", done.stderr), done.stderr[-3000:]
     assert list(temp.iterdir()) == []
