@@ -11,7 +11,7 @@ Both nodes run side by side for the whole run (scripts/nodeproc.py, --workers wo
 being measured sits idle) and are measured in interleaved slices, so the noise of a shared machine hits both
 alike at a fine grain. Each round measures, on each node in turn (on, off, then off, on, ...):
 - producer: producer_perf's raw load (acks=1, 8 KiB batches of 100-byte records, 4 connections with 8
-  requests in flight each) for --producer-seconds: records/s, and the workers' CPU time per 1,000 records;
+  requests in flight each) for --producer-seconds: records/s, and the workers' CPU time per 1,000 records and per request;
 - e2e: e2e_latency's raw client (one record per ms, acks=1, a long-polling consumer, a fresh topic per
   round) for --e2e-seconds: p50 and p99 of produce-to-receive.
 The report gives every round's values, the median per mode, and the median of the per-round ratios on/off
@@ -45,7 +45,8 @@ MODES = {
             "max_connections = 2147483647\nmax_connections_per_ip = 2147483647\n"
             "connections_max_idle_ms = -1\nrequest_timeout_ms = -1\n"),
 }
-METRICS = ("producer_records_per_s", "worker_cpu_us_per_1k_records", "e2e_p50_ms", "e2e_p99_ms")
+METRICS = ("producer_records_per_s", "worker_cpu_us_per_1k_records", "worker_cpu_us_per_request", "e2e_p50_ms",
+           "e2e_p99_ms")
 
 
 def progress(args: argparse.Namespace, message: str) -> None:
@@ -63,7 +64,8 @@ def measure_producer(node: NodeProcess, topic: str, args: argparse.Namespace) ->
     if produced.errors:
         raise RuntimeError(f"produce errors {produced.errors}")
     return {"producer_records_per_s": produced.records / produced.elapsed_s,
-            "worker_cpu_us_per_1k_records": cpu.fields["worker_cores"] * wall / produced.records * 1e9}
+            "worker_cpu_us_per_1k_records": cpu.fields["worker_cores"] * wall / produced.records * 1e9,
+            "worker_cpu_us_per_request": cpu.fields["worker_cores"] * wall / produced.requests * 1e6}
 
 
 def measure_e2e(node: NodeProcess, topic: str, args: argparse.Namespace) -> dict:
