@@ -9,9 +9,7 @@ import os
 import re
 import threading
 import time
-from pathlib import Path
 
-import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 from kafka import KafkaProducer

@@ -26,17 +26,16 @@ Invariants:
 from __future__ import annotations
 
 import logging
+import shutil
 from typing import Callable
 
 import numpy as np
 from kio.schema.errors import ErrorCode
 
-import shutil
-
 from node.storage.catalog import Catalog, CatalogError
 from node.storage.faults import is_storage_fault, storage_faults
 from node.storage.log import LogConfig, PartitionLog, partition_directory
-from node.storage.records import ErrorCode, StorageError
+from node.storage.records import StorageError
 from shm.table import PartitionTable
 
 log = logging.getLogger("shmbroker.store")
@@ -109,7 +108,7 @@ class PartitionStore:
                 action(self.log(row))
             except StorageError as exc:
                 failures += 1
-                if exc.error_code != ErrorCode.KAFKA_STORAGE_ERROR:
+                if exc.error_code != ErrorCode.kafka_storage_error:
                     log.warning("%s of partition row %d failed: %s", what, row, exc)
             except Exception:
                 failures += 1
@@ -206,7 +205,7 @@ class PartitionStore:
 
     def _storage_outcome(self, exc: StorageError) -> tuple[int, str]:
         log.warning("%s: answering KAFKA_STORAGE_ERROR (56)", exc)
-        return (int(ErrorCode.KAFKA_STORAGE_ERROR), str(exc))
+        return (int(ErrorCode.kafka_storage_error), str(exc))
 
     def delete_topics(self, names: list[str]) -> TopicOutcomes:
         self.reload()
