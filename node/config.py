@@ -66,8 +66,54 @@ class ServerConfig:
     # The supervisor looks at its children at least this often (a SIGCHLD can be merged with another).
     supervisor_poll_ms: int = 1000
 
+    # -- bounds on memory (-1: no bound) --
+    # Bytes held for requests that are incomplete or not yet served, and for unsent responses, across the
+    # node (Kafka's queued.max.request.bytes), split evenly over the workers. Past its share a worker stops
+    # reading from the connections that hold the most (backpressure), and resumes as memory frees.
+    queued_max_request_bytes: int = 256 * 1024 * 1024
+    # A connection whose queued responses (sendfile ranges counted at their length) pass this many bytes is
+    # not served new requests until its client reads them.
+    connection_max_queued_response_bytes: int = 16 * 1024 * 1024
+
+    # -- connection limits and timeouts --
+    # Kafka's max.connections and max.connections.per.ip, node-wide (Kafka's defaults: no limit): over
+    # them a new connection is closed at accept.
+    max_connections: int = 2**31 - 1
+    max_connections_per_ip: int = 2**31 - 1
+    # Client addresses are counted in this many shared buckets (a collision only makes the per-IP limit stricter).
+    connection_ip_buckets: int = 65536
+    # Kafka's connections.max.idle.ms: a connection with no request in flight and no byte read or written for
+    # this long is closed (-1: never).
+    connections_max_idle_ms: int = 10 * 60 * 1000
+    # A request that stays incomplete this long, while its worker reads from it, closes its connection (-1: never).
+    request_timeout_ms: int = 30_000
+    # Refused connections and timeout closes are logged once per cause per interval (the line counts the rest).
+    limit_log_interval_ms: int = 60_000
+    # After accept fails for lack of file descriptors (EMFILE, ENFILE) the listener rests this long.
+    accept_retry_ms: int = 100
+
+    # -- hung children --
+    # Every child's loop turns (and beats) at least this often, even when idle.
+    heartbeat_interval_ms: int = 1000
+    # A child whose heartbeat has not moved for this long is killed (SIGKILL) and restarted (0: never).
+    child_hang_timeout_ms: int = 10_000
+    # ... or, before its loop's first turn, for this long (a child stuck while starting).
+    child_start_timeout_ms: int = 60_000
+
+    def __post_init__(self):
+        if self.child_hang_timeout_ms and self.child_hang_timeout_ms < 2 * self.heartbeat_interval_ms:
+            raise ValueError("child_hang_timeout_ms must be 0 (off) or at least twice heartbeat_interval_ms")
+        if self.heartbeat_interval_ms <= 0 or self.connection_ip_buckets <= 0:
+            raise ValueError("heartbeat_interval_ms and connection_ip_buckets must be positive")
+
     def worker_count(self) -> int:
         return self.workers if self.workers > 0 else (os.cpu_count() or 1)
+
+    def worker_request_bytes(self) -> int:
+        """Each worker's share of queued_max_request_bytes (-1: no bound)."""
+        if self.queued_max_request_bytes < 0:
+            return -1
+        return max(1, self.queued_max_request_bytes // self.worker_count())
 
 
 @dataclass(frozen=True)

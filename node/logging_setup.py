@@ -1,13 +1,15 @@
 """Logging of every process of the node: one line per record on stderr, naming the process's role and pid.
 
-Invariant: each process calls `setup_logging` once, first thing in its main(), so every later record
-(a child's boot included) carries its role.
+Invariants: each process calls `setup_logging` once, first thing in its main(), so every later record
+(a child's boot included) carries its role. What clients can cause over and over is logged through a
+RateLimitedLog: one line per cause per interval, counting the ones left out.
 """
 
 from __future__ import annotations
 
 import logging
 import sys
+import time
 
 
 def setup_logging(role: str) -> None:
@@ -16,3 +18,38 @@ def setup_logging(role: str) -> None:
         format=f"%(asctime)s {role}[%(process)d] %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+
+
+class RateLimitedLog:
+    """Warnings of one kind (`key`) at most once per interval; the next line says how many were left out.
+
+    For causes that a client can repeat at will (refused connections, timeouts), so the log stays readable.
+    """
+
+    def __init__(self, logger: logging.Logger, interval_s: float, clock=time.monotonic, marks=None) -> None:
+        self.logger = logger
+        self.interval_s = interval_s
+        self.clock = clock
+        # Where the time of each key's last line is kept: this process (a dict), or shared by the processes
+        # of the node (an object with last(key) -> seconds or None, and mark(key, seconds): shm.connections).
+        self.marks = marks
+        self._last: dict[object, float] = {}
+        self._left_out: dict[object, int] = {}
+
+    def warning(self, key: object, message: str, *args: object) -> bool:
+        """Log `message % args` unless `key` was logged less than an interval ago; True if logged."""
+        now = self.clock()
+        last = self._last.get(key) if self.marks is None else self.marks.last(key)
+        if last is not None and now - last < self.interval_s:
+            self._left_out[key] = self._left_out.get(key, 0) + 1
+            return False
+        if self.marks is None:
+            self._last[key] = now
+        else:
+            self.marks.mark(key, now)
+        left_out = self._left_out.pop(key, 0)
+        if left_out:
+            message += " (and %d more like it since the last such line)"
+            args = args + (left_out,)
+        self.logger.warning(message, *args)
+        return True

@@ -6,8 +6,13 @@ Invariants:
 - The interest table (delayed fetches per partition row) is written by the timer only.
 - Per worker i: request ring i (worker -> timer), completion ring i (timer -> worker) and
   eventfd doorbell i (inherited by worker i and by the timer). One semaphore doorbell for the timer.
+- One heartbeat row per child (slot 0 the timer, slot 1 + i worker i: `heartbeat_slot`), and the
+  connection counts of every worker (the node-wide connection limits); a child's rows are reset before it
+  starts and after it exits (`child_starting`, `child_exited`), never while it runs.
 - The partition table row of every catalogued partition is filled by recovery before any child
-  starts; new partitions are added only by the timer process (topic creation).
+  starts; new partitions are added only by the timer process (topic creation). Recovery on a full
+  (or failing) disk still opens the node: it says so in one line, the node serves reads, and appends
+  answer KAFKA_STORAGE_ERROR until there is room again, when they resume by themselves.
 - `unlink()` removes every shared object of the instance; children's mappings stay valid until
   they exit.
 """
@@ -15,23 +20,49 @@ Invariants:
 from __future__ import annotations
 
 import logging
+import os
 
 from node.config import NodeConfig
 from node.storage.store import PartitionStore
 from shm import instance as shm_instance
+from shm.connections import ConnectionCounts
 from shm.doorbell import EventfdDoorbell
+from shm.heartbeat import HeartbeatTable
 from shm.interest import InterestTable
 from shm.table import PartitionTable
 
 log = logging.getLogger("shmbroker.resources")
 
 
+def _report_disk(data_dir: str, faults: dict[str, str], room_bytes: int) -> None:
+    """One clear line when the node starts on a disk that takes no writes."""
+    try:
+        stats = os.statvfs(data_dir)
+        free = stats.f_bavail * stats.f_frsize
+    except OSError:
+        free = -1
+    if not faults and free >= room_bytes:
+        return
+    examples = "; ".join(f"{name}: {fault}" for name, fault in list(faults.items())[:3])
+    log.warning("data directory %s is full or failing (%d bytes free%s): the node opens READ-ONLY: it "
+                "serves reads and metadata, appends answer KAFKA_STORAGE_ERROR (56), and they resume by "
+                "themselves once there is room", data_dir, free,
+                f"; recovery met disk faults in {len(faults)} partitions: {examples}" if faults else "")
+
+
+def heartbeat_slot(role: str, index: int) -> int:
+    """The heartbeat row of a child: 0 for the timer, 1 + index for worker `index`."""
+    return 0 if role == "timer" else 1 + index
+
+
 class NodeResources:
     def __init__(self, instance: shm_instance.Instance, table: PartitionTable, worker_bells: list[EventfdDoorbell],
-                 config: NodeConfig, data_dir: str) -> None:
+                 heartbeats: HeartbeatTable, connections: ConnectionCounts, config: NodeConfig, data_dir: str) -> None:
         self.instance = instance
         self.table = table
         self.worker_bells = worker_bells
+        self.heartbeats = heartbeats
+        self.connections = connections
         self.config = config
         self.data_dir = data_dir
 
@@ -44,6 +75,7 @@ class NodeResources:
             store = PartitionStore(data_dir, table, config.log, config.topics.max_partitions)
             try:
                 log.info("recovered %d partitions", store.recover_all())
+                _report_disk(data_dir, store.recovery_faults, config.log.max_message_bytes)
             finally:
                 store.close()
             workers = config.server.worker_count()
@@ -52,13 +84,25 @@ class NodeResources:
                 instance.create_ring(shm_instance.completion_ring_name(instance_id, i), config.rings)
             instance.create_semaphore_doorbell(shm_instance.timer_doorbell_name(instance_id)).close()
             bells = [EventfdDoorbell() for _ in range(workers)]
+            heartbeats = HeartbeatTable.create(shm_instance.heartbeat_name(instance_id), 1 + workers)
+            connections = ConnectionCounts.create(shm_instance.connections_name(instance_id), workers,
+                                                  config.server.connection_ip_buckets)
         except BaseException:
             instance.shutdown()
             raise
-        return cls(instance, table, bells, config, data_dir)
+        return cls(instance, table, bells, heartbeats, connections, config, data_dir)
+
+    def child_starting(self, role: str, index: int) -> None:
+        self.heartbeats.claim(heartbeat_slot(role, index))
+
+    def child_exited(self, role: str, index: int) -> None:
+        """A child is gone: its heartbeat row is free and a worker's connections are closed."""
+        self.heartbeats.claim(heartbeat_slot(role, index))
+        if role == "worker":
+            self.connections.reset(index)
 
     def flush_all(self) -> None:
-        """fsync every partition (the last step of a clean stop)."""
+        """fsync every partition (the last step of a clean stop; a partition that fails logs why)."""
         store = PartitionStore(self.data_dir, self.table, self.config.log, self.config.topics.max_partitions)
         try:
             store.flush_all()
@@ -68,5 +112,7 @@ class NodeResources:
     def unlink(self) -> None:
         for bell in self.worker_bells:
             bell.close()
+        self.heartbeats.close()
+        self.connections.close()
         self.table.close()
         self.instance.shutdown()

@@ -12,6 +12,9 @@ Invariants:
   resets after a child has lived long enough.
 - A child that cannot boot (exits within `child_boot_window_ms` of its start `child_boot_failures_max`
   times in a row) stops the node with one log line and exit code 1, instead of restarting forever.
+- A hung child (its heartbeat in shared memory has not moved for `child_hang_timeout_ms`, or for
+  `child_start_timeout_ms` before its loop first turned: shm.heartbeat) is logged, killed with SIGKILL and
+  restarted like any child that died. The supervisor looks every `heartbeat_interval_ms`.
 - A child dies with the supervisor (PR_SET_PDEATHSIG), so kill -9 of the supervisor never leaves
   orphans holding the port or the rings.
 - SIGTERM / SIGINT: workers stop accepting and finish in-flight responses within the grace period,
@@ -40,7 +43,8 @@ from typing import Callable
 from node import config as node_config
 from node import sdnotify
 from node.config import NodeConfig
-from node.resources import NodeResources
+from node.resources import NodeResources, heartbeat_slot
+from shm.heartbeat import HangWatch
 from shm.instance import instance_id_for
 
 log = logging.getLogger("shmbroker.supervisor")
@@ -63,6 +67,11 @@ class ChildSpec:
     module: str
     args: tuple[str, ...]
     fds: tuple[int, ...]
+
+    @property
+    def slot(self) -> int:
+        """Its row in the heartbeat table."""
+        return heartbeat_slot(self.role, self.index)
 
     @property
     def name(self) -> str:
@@ -96,6 +105,7 @@ class Supervisor:
         self._lock_fd: int | None = None
         self.listeners: list[socket.socket] = []
         self.resources: NodeResources | None = None
+        self.hangs: HangWatch | None = None
 
     # -- start ---------------------------------------------------------------------------
 
@@ -107,8 +117,11 @@ class Supervisor:
         except OSError:
             os.close(fd)
             raise SystemExit(f"shmbroker: {self.data_dir} is in use by another node")
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        except OSError as exc:  # a full disk: the pid is only informative, the lock is what counts
+            log.warning("cannot write the pid into %s/.lock: %s", self.data_dir, exc)
         self._lock_fd = fd
 
     def _listen(self, count: int) -> list[socket.socket]:
@@ -151,10 +164,15 @@ class Supervisor:
                 "--instance", self.instance,
                 "--index", str(spec.index),
                 "--config-file", self.runtime_path,
+                "--heartbeat-slot", str(spec.slot),
                 "--supervisor-pid", str(os.getpid()), *spec.args]
+        assert self.resources is not None
+        self.resources.child_starting(spec.role, spec.index)
         child.process = subprocess.Popen(argv, pass_fds=spec.fds, close_fds=True, preexec_fn=_child_setup,
                                          cwd=os.getcwd())
         child.started_at = time.monotonic()
+        if self.hangs is not None:
+            self.hangs.started(spec.slot, child.started_at)
         log.info("started %s as pid %d", spec.name, child.process.pid)
 
     def start(self) -> None:
@@ -163,6 +181,10 @@ class Supervisor:
         workers = self.config.server.worker_count()
         self.listeners = self._listen(workers)  # first: a taken port fails before anything is created
         self.resources = NodeResources.create(self.instance, self.config, self.data_dir)
+        server = self.config.server
+        if server.child_hang_timeout_ms > 0:
+            self.hangs = HangWatch(self.resources.heartbeats, server.child_hang_timeout_ms,
+                                   server.child_start_timeout_ms)
         self.children = [Child(spec) for spec in self._child_specs()]
         for child in self.children:
             self.spawn(child)
@@ -187,6 +209,7 @@ class Supervisor:
                     if info is not None:
                         getattr(self, SIGNALS[signal.Signals(info.si_signo)])()
                     self.reap()
+                    self.kill_hung()
                     self.spawn_due()
             except ChildCannotBoot as exc:
                 log.error("%s: stopping the node", exc)
@@ -233,7 +256,10 @@ class Supervisor:
         now = time.monotonic()
         pending = [c.restart_at - now for c in self.children if c.process is None]
         # Look at the children at least this often: a SIGCHLD can be merged with another one.
-        return max(0.0, min(pending + [self.config.server.supervisor_poll_ms / 1000]))
+        poll_ms = self.config.server.supervisor_poll_ms
+        if self.hangs is not None:
+            poll_ms = min(poll_ms, self.config.server.heartbeat_interval_ms)
+        return max(0.0, min(pending + [poll_ms / 1000]))
 
     def reap(self) -> None:
         """Note children that exited and schedule their restart; raise ChildCannotBoot for one that
@@ -257,6 +283,25 @@ class Supervisor:
                         child.process.pid, child.process.returncode, child.backoff_ms)
             child.process = None
             child.restart_at = now + child.backoff_ms / 1000
+            if self.hangs is not None:
+                self.hangs.forget(child.spec.slot)
+            if self.resources is not None:
+                self.resources.child_exited(child.spec.role, child.spec.index)
+
+    def kill_hung(self) -> None:
+        """SIGKILL the children whose loops stopped turning; reap() restarts them once they are gone."""
+        if self.hangs is None:
+            return
+        by_slot = {c.spec.slot: c for c in self.children if c.process is not None}
+        for stall in self.hangs.stuck(time.monotonic()):
+            child = by_slot.get(stall.slot)
+            if child is None or child.process.poll() is not None:
+                continue
+            what = "has not started its loop" if stall.booting else "has not turned its loop"
+            log.error("%s (pid %d) %s for %d ms (heartbeat stuck at %d): killing it (SIGKILL) to restart it",
+                      child.spec.name, child.process.pid, what, stall.silent_ms, stall.beats)
+            self.hangs.forget(stall.slot)
+            child.process.kill()
 
     def spawn_due(self) -> None:
         now = time.monotonic()

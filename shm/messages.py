@@ -83,7 +83,7 @@ class Kind(IntEnum):
     QUOTA_USAGE = 32  # report number; document: {client id: [produce bytes, fetch bytes]} since the last report
     THROTTLE = 33  # hold a throttled client until deadline_ms; document: the client id (for its counters)
     # timer -> worker
-    COMPLETION = 64  # delayed requests that completed, satisfied or expired
+    COMPLETION = 64  # delayed requests that completed: satisfied, expired, or failed with a Kafka error code
     REPLY = 65  # the answer to a request that carries a document (topics, groups); document: the outcome
     TIMER_STARTED = 66  # a timer process (re)started: re-submit every delayed request still waiting
     LAYOUT = 67  # the topic catalog changed: reload it if older than catalog_version
@@ -97,6 +97,7 @@ class Status(IntEnum):
 
     SATISFIED = 1
     EXPIRED = 2
+    FAILED = 3  # it can never be satisfied: the item's error_code (a Kafka error code) says why
 
 
 @dataclass(frozen=True)
@@ -146,7 +147,7 @@ AlterConfigs = declare(Kind.ALTER_CONFIGS, body=[("request_id", "Q")], document=
 DeleteRecords = declare(Kind.DELETE_RECORDS, body=[("request_id", "Q"), ("deadline_ms", "q")],
                         document=True).tuple_class
 Flush = declare(Kind.FLUSH, items=[("row", "I")]).tuple_class
-Completion = declare(Kind.COMPLETION, items=[("request_id", "Q"), ("status", "B")]).tuple_class
+Completion = declare(Kind.COMPLETION, items=[("request_id", "Q"), ("status", "B"), ("error_code", "h")]).tuple_class
 GROUP_KINDS = (Kind.JOIN_GROUP, Kind.SYNC_GROUP, Kind.HEARTBEAT, Kind.LEAVE_GROUP, Kind.COMMIT_OFFSETS,
                Kind.FETCH_OFFSETS, Kind.LIST_GROUPS, Kind.DESCRIBE_GROUPS, Kind.DELETE_GROUPS, Kind.DELETE_OFFSETS)
 for _kind in GROUP_KINDS:

@@ -61,9 +61,9 @@ class PartitionState(NamedTuple):
     active_first_append_ms: int = -1  # wall-clock ms of the first append to the active segment (age roll)
     online: int = 0  # 1 once recovery has filled the row
     active_index_entries: int = 0  # valid entries in the active segment's offset and time indexes
-    reserved_13: int = 0
-    reserved_14: int = 0
-    reserved_15: int = 0
+    storage_errors: int = 0  # disk faults met by writes to this partition since it was recovered
+    storage_error_logged_ms: int = 0  # monotonic ms of the last log line about them (one per interval, node-wide)
+    flush_failed: int = 0  # 1 after an fsync failed: the unflushed bytes are re-written before the next fsync
 
 
 assert len(PartitionState._fields) == SLOT_WORDS

@@ -241,3 +241,29 @@ def test_bench_rings_measures_the_ring_also_with_the_timer_process_semaphore():
     assert row["transport"] == "shm-ring" and row["ring_doorbell"] == "semaphore", row
     assert row["ring_write_path"] == "compiled", row
     assert row["frames_per_s"] > 0 and 0 < row["p50_us"] <= row["p99_us"] and row["idle_cpu_pct"] is not None, row
+
+
+def test_bench_limits_smoke(tmp_path):
+    """Both modes on two nodes side by side, measured in interleaved slices; every measurement and the summary
+    as JSON."""
+    temp = tmp_path / "script-tmp"
+    temp.mkdir()
+    done = subprocess.run([sys.executable, str(SCRIPTS / "bench_limits.py"), "--json", "--runs", "1",
+                           "--producer-seconds", "1", "--e2e-seconds", "1"], cwd=REPO,
+                          env={**os.environ, "TMPDIR": str(temp)}, capture_output=True, text=True,
+                          timeout=RUN_TIMEOUT_S)
+    assert done.returncode == 0, done.stderr[-5000:]
+    rows = [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
+    measurements, summary = rows[:-1], rows[-1]
+    assert [row["mode"] for row in measurements] == ["on", "off"]
+    for row in measurements:
+        assert row["producer_records_per_s"] > 0 and 0 < row["e2e_p50_ms"] <= row["e2e_p99_ms"], row
+        assert row["worker_cpu_us_per_1k_records"] > 0, row
+    for metric in ("producer_records_per_s", "worker_cpu_us_per_1k_records", "e2e_p50_ms", "e2e_p99_ms"):
+        assert summary["summary"][metric]["ratio_median"] > 0
+    assert "on/off" in done.stderr and re.search(r"round 1/1: on .*; off ", done.stderr), done.stderr[-3000:]
+    assert list(temp.iterdir()) == []
+    started = re.findall(r"nodeproc: node pid \d+ on 127\.0\.0\.1:(\d+), data (\S+)", done.stderr)
+    assert len(started) == 2
+    for port, data_dir in started:
+        assert shm_instance.list_objects(instance_id_for(data_dir, int(port))) == ([], [])

@@ -36,7 +36,7 @@ def test_delay_fetch_round_trip(request_id, deadline, min_bytes, items):
                                     "validate_only": False}),
     (Kind.DELETE_RECORDS, (10, 2**62), [], [["t", 0, 5], ["t", 1, -1]]),
     (Kind.FLUSH, (), [(0,), (4095,)], None),
-    (Kind.COMPLETION, (), [(1, M.Status.SATISFIED), (2, M.Status.EXPIRED)], None),
+    (Kind.COMPLETION, (), [(1, M.Status.SATISFIED, 0), (2, M.Status.EXPIRED, 0), (3, M.Status.FAILED, 56)], None),
     (Kind.REPLY, (5,), [], {"t": [0, None], "bad name": [17, "illegal topic name"]}),
     (Kind.TIMER_STARTED, (4321,), [], None),
     (Kind.HEARTBEAT, (7, 3), [], {"group": "g", "member": "m-1", "generation": 4, "instance": None}),

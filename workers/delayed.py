@@ -10,7 +10,8 @@ Invariants:
 - Request ids carry the worker's pid in their high bits (PID_SHIFT), so a restarted worker never mistakes
   a completion meant for its predecessor; answers for unknown ids are dropped.
 - At most one wait per request id, and its continuation runs exactly once: with the timer's result
-  (a Status, or a REPLY document), or with None when the worker answers it by itself.
+  (a Completed: status and Kafka error code, or a REPLY document), or with None when the worker answers it
+  by itself.
 - `self_answer`: a wait `delayed_grace_ms` past its deadline is answered here, so no client waits forever,
   even with the timer process dead.
 - `resubmit` (the timer announced a restart) sends every waiting request's frame again; the timer ignores
@@ -26,7 +27,7 @@ import logging
 import os
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 from shm import messages as M
 from shm.interest import InterestTable, full_fence
@@ -47,6 +48,13 @@ Continuation = Callable[[Any], Outcome]
 
 def monotonic_ms() -> int:
     return time.monotonic_ns() // 1_000_000
+
+
+class Completed(NamedTuple):
+    """The timer's answer to a delayed request: SATISFIED, EXPIRED, or FAILED with a Kafka error code."""
+
+    status: M.Status
+    error_code: int = 0
 
 
 @dataclass(slots=True)
@@ -137,8 +145,12 @@ class DelayedRequests:
     # -- what the worker's loop calls ------------------------------------------------------------
 
     def on_completion(self, message: Any) -> None:
-        for request_id, status in message.items:
-            self._finish(request_id, M.Status.SATISFIED if status == M.Status.SATISFIED else M.Status.EXPIRED)
+        for request_id, status, error_code in message.items:
+            if status == M.Status.FAILED:
+                self._finish(request_id, Completed(M.Status.FAILED, error_code))
+            else:
+                self._finish(request_id, Completed(M.Status.SATISFIED if status == M.Status.SATISFIED
+                                                   else M.Status.EXPIRED))
 
     def on_reply(self, message: Any) -> None:
         self._finish(message.request_id, message.document)

@@ -2,26 +2,38 @@
 no server logic of its own.
 
 One turn: run the before-sleep hooks (each may cap the sleep: None = no cap, 0 = do not sleep), sleep in one
-select() until a file event or the first timer is due, run the after-sleep hooks, then the handlers of the
-file events that fired (read first, then write), then the timers that are due.
+epoll wait until a file event or the first timer is due, note the time (`now`), run the after-sleep hooks, then
+the handlers of the file events that fired (read first, then write), then the timers that are due.
 
 Invariants:
-- The loop never blocks anywhere but in its one select(); handlers must not block either.
-- A file object is registered at most once, with a read handler and an optional write handler; it is
-  selected for reading unless paused, and for writing only while it has a write handler.
+- The loop never blocks anywhere but in its one epoll wait; handlers must not block either.
+- A file object is registered at most once, with a read handler, an optional write handler and an optional
+  hang-up handler. It is selected for writing only while it has a write handler, and for reading unless its
+  reads are paused (`pause_reading`, for backpressure: the kernel then holds what the peer sends, and the
+  peer's sends block). A paused file object is still watched for its end: if the peer resets or closes it
+  (EPOLLHUP, EPOLLERR, EPOLLRDHUP) while paused, its hang-up handler runs (default: the read handler), so a
+  connection nobody reads from is still noticed when it goes.
 - A timer runs once, at or after its time (monotonic seconds), in time order; a cancelled one never runs.
-- `stop()` ends the loop after the current turn.
+- `now` is the monotonic time taken when the last sleep ended: one clock read per turn for every handler
+  that only needs to know roughly when (activity timestamps).
+- `stop()` ends the loop after the current turn (a later `run()` starts it again).
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
-import selectors
+import select
 import time
 from typing import Any, Callable
 
 Handler = Callable[[], None]
+
+_IN = select.EPOLLIN
+_OUT = select.EPOLLOUT
+_RDHUP = select.EPOLLRDHUP
+_GONE = select.EPOLLHUP | select.EPOLLERR  # always reported by epoll, whatever the mask
+_HANGUP = _GONE | _RDHUP
 
 
 class Timer:
@@ -36,61 +48,80 @@ class Timer:
         self.cancelled = True
 
 
+class _Watch:
+    __slots__ = ("fd", "on_read", "on_write", "on_hangup", "reading")
+
+    def __init__(self, fd: int, on_read: Handler, on_write: Handler | None, on_hangup: Handler | None) -> None:
+        self.fd = fd
+        self.on_read = on_read
+        self.on_write = on_write
+        self.on_hangup = on_hangup
+        self.reading = True
+
+    @property
+    def mask(self) -> int:
+        # A paused watch asks for RDHUP only: the peer's FIN or reset wakes us, its data does not.
+        return (_IN if self.reading else _RDHUP) | (_OUT if self.on_write is not None else 0)
+
+
+def _fileno(fileobj: Any) -> int:
+    return fileobj if isinstance(fileobj, int) else fileobj.fileno()
+
+
 class EventLoop:
     def __init__(self) -> None:
-        self.selector = selectors.DefaultSelector()
-        self._files: dict[Any, list] = {}  # file object -> [read handler, write handler, reading paused]
+        self._epoll = select.epoll()
+        self._watches: dict[int, _Watch] = {}
         self._timers: list[tuple[float, int, Timer]] = []
         self._sequence = itertools.count()
         self._before_sleep: list[Callable[[], float | None]] = []
         self._after_sleep: list[Handler] = []
         self._stopped = False
+        self.now = time.monotonic()
 
     # -- file events --------------------------------------------------------------------------
 
-    def watch(self, fileobj: Any, on_read: Handler, on_write: Handler | None = None) -> None:
-        self._files[fileobj] = [on_read, on_write, False]
-        self._apply(fileobj)
+    def watch(self, fileobj: Any, on_read: Handler, on_write: Handler | None = None,
+              on_hangup: Handler | None = None) -> None:
+        fd = _fileno(fileobj)
+        if fd in self._watches:
+            raise KeyError(f"fd {fd} is already watched")
+        watch = _Watch(fd, on_read, on_write, on_hangup)
+        self._epoll.register(fd, watch.mask)
+        self._watches[fd] = watch
+
+    def _update(self, fileobj: Any, **changes: Any) -> None:
+        watch = self._watches[_fileno(fileobj)]
+        for name, value in changes.items():
+            setattr(watch, name, value)
+        self._epoll.modify(watch.fd, watch.mask)
 
     def want_write(self, fileobj: Any, on_write: Handler | None) -> None:
         """Select `fileobj` for writing with this handler, or (None) stop selecting it for writing."""
-        self._files[fileobj][1] = on_write
-        self._apply(fileobj)
+        self._update(fileobj, on_write=on_write)
 
     def pause_reading(self, fileobj: Any) -> None:
-        """Stop selecting `fileobj` for reading until resume_reading (its write handler, if any, stays)."""
-        entry = self._files.get(fileobj)
-        if entry is not None and not entry[2]:
-            entry[2] = True
-            self._apply(fileobj)
+        """Stop selecting `fileobj` for reading (its hang-up is still noticed); idempotent."""
+        if self._watches[_fileno(fileobj)].reading:
+            self._update(fileobj, reading=False)
 
     def resume_reading(self, fileobj: Any) -> None:
-        entry = self._files.get(fileobj)
-        if entry is not None and entry[2]:
-            entry[2] = False
-            self._apply(fileobj)
+        if not self._watches[_fileno(fileobj)].reading:
+            self._update(fileobj, reading=True)
+
+    def reading(self, fileobj: Any) -> bool:
+        return self._watches[_fileno(fileobj)].reading
 
     def unwatch(self, fileobj: Any) -> None:
-        if self._files.pop(fileobj, None) is not None:
-            try:
-                self.selector.unregister(fileobj)
-            except (KeyError, ValueError):
-                pass
-
-    def _apply(self, fileobj: Any) -> None:
-        on_read, on_write, paused = self._files[fileobj]
-        events = (0 if paused else selectors.EVENT_READ) | (selectors.EVENT_WRITE if on_write else 0)
         try:
-            key = self.selector.get_key(fileobj)
-        except KeyError:
-            key = None
-        if not events:
-            if key is not None:
-                self.selector.unregister(fileobj)
-        elif key is None:
-            self.selector.register(fileobj, events, (on_read, on_write))
-        else:
-            self.selector.modify(fileobj, events, (on_read, on_write))
+            fd = _fileno(fileobj)
+        except (OSError, ValueError):
+            return
+        if self._watches.pop(fd, None) is not None:
+            try:
+                self._epoll.unregister(fd)
+            except OSError:
+                pass
 
     # -- timers and hooks ---------------------------------------------------------------------
 
@@ -114,7 +145,7 @@ class EventLoop:
 
     # -- the loop -----------------------------------------------------------------------------
 
-    def _sleep_cap(self) -> float | None:
+    def _sleep_cap(self) -> float:
         cap = None
         for hook in self._before_sleep:
             limit = hook()
@@ -125,7 +156,7 @@ class EventLoop:
         if self._timers:
             due = max(0.0, self._timers[0][0] - time.monotonic())
             cap = due if cap is None else min(cap, due)
-        return cap
+        return -1 if cap is None else cap
 
     def _run_timers(self) -> None:
         now = time.monotonic()
@@ -135,20 +166,31 @@ class EventLoop:
                 timer.callback()
 
     def run(self) -> None:
+        watches = self._watches
+        self._stopped = False
         while not self._stopped:
             timeout = self._sleep_cap()
             if self._stopped:
                 break
-            events = self.selector.select(timeout)
+            try:
+                events = self._epoll.poll(timeout)
+            except InterruptedError:
+                events = []
+            self.now = time.monotonic()
             for hook in self._after_sleep:
                 hook()
-            for key, mask in events:
-                on_read, on_write = key.data
-                if mask & selectors.EVENT_READ:
-                    on_read()
-                if mask & selectors.EVENT_WRITE and on_write is not None:
-                    on_write()
+            for fd, mask in events:
+                watch = watches.get(fd)
+                if watch is None:
+                    continue  # unwatched by an earlier handler of this turn
+                if watch.reading:
+                    if mask & (_IN | _GONE):
+                        watch.on_read()
+                elif mask & _HANGUP:
+                    (watch.on_hangup or watch.on_read)()
+                if mask & (_OUT | _GONE) and watches.get(fd) is watch and watch.on_write is not None:
+                    watch.on_write()
             self._run_timers()
 
     def close(self) -> None:
-        self.selector.close()
+        self._epoll.close()

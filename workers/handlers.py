@@ -25,13 +25,14 @@ from kio.static.primitive import i16, i32
 from node.config import NodeConfig
 from node.storage import producer_ids
 from node.storage.catalog import valid_topic_name
+from node.storage.faults import storage_faults
 from node.storage.store import PartitionStore
 from node.storage.records import StorageError
 from shm import messages as M
 from workers import errors as E
 from workers import protocol as P
 from workers.connection import FileRange, Request
-from workers.delayed import DelayedRequests, monotonic_ms
+from workers.delayed import Completed, DelayedRequests, monotonic_ms
 from workers.admin import AdminHandlers
 from workers.groups import GroupHandlers
 from workers.fetch_codec import FetchPartitionResult, FetchTopicResult, encode_fetch_response
@@ -110,11 +111,16 @@ class Handlers:
 
     def init_producer_id(self, req: Request, request: Any) -> Outcome:
         if request.transactional_id is not None:
-            code, producer_id = E.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, -1
+            error_code, producer_id = E.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, -1
         else:
-            code, producer_id = E.NONE, producer_ids.allocate(self.partitions.data_dir)
+            try:
+                with storage_faults("producer id allocation"):
+                    error_code, producer_id = E.NONE, producer_ids.allocate(self.partitions.data_dir)
+            except StorageError as exc:
+                log.warning("%s: answering InitProducerId with KAFKA_STORAGE_ERROR (56)", exc)
+                error_code, producer_id = code(exc.error_code), -1
         return reply(req, entity(req, "InitProducerIdResponse", throttle_time=ZERO_THROTTLE,
-                                             error_code=code, producer_id=producer_id, producer_epoch=i16(0)))
+                                 error_code=error_code, producer_id=producer_id, producer_epoch=i16(0)))
 
     # -- Metadata ----------------------------------------------------------------------------
 
@@ -247,9 +253,10 @@ class Handlers:
             return self.throttler.apply(req, Outcome.NO_RESPONSE, client, PRODUCE, throttle_ms, mutes=True)
         mutes = h.api_version >= _SELF_THROTTLING_PRODUCE_VERSION
 
-        def answer(status: Any = None) -> Outcome:
+        def answer(result: Completed | None = None) -> Outcome:
             if waits:
-                self._mark_unflushed(topics, waits)
+                failed = result is not None and result.status == M.Status.FAILED
+                self._mark_unflushed(topics, waits, result.error_code if failed else E.REQUEST_TIMED_OUT)
             outcome = Outcome.reply([encode_produce_response(h.api_version, h.correlation_id, topics, throttle_ms)])
             return outcome if mutes else self.throttler.apply(req, outcome, client, PRODUCE, throttle_ms, False)
 
@@ -263,8 +270,9 @@ class Handlers:
         table = self.partitions.table
         return all(table.read(row).flushed_offset >= required for row, required in waits)
 
-    def _mark_unflushed(self, topics: list[ProduceTopicResult], waits: list[tuple[int, int]]) -> None:
-        """After the wait: partitions whose batch is still not on disk answer REQUEST_TIMED_OUT."""
+    def _mark_unflushed(self, topics: list[ProduceTopicResult], waits: list[tuple[int, int]], code: int) -> None:
+        """After the wait: partitions whose batch is still not on disk answer `code`: REQUEST_TIMED_OUT, or
+        KAFKA_STORAGE_ERROR when the timer says their fsync failed."""
         table = self.partitions.table
         late = {row for row, required in waits if table.read(row).flushed_offset < required}
         if not late:
@@ -272,7 +280,7 @@ class Handlers:
         for topic in topics:
             for result in topic.partitions:
                 if result.error_code == 0 and self.partitions.row(topic.name, result.index) in late:
-                    result.error_code = E.REQUEST_TIMED_OUT
+                    result.error_code = code
 
     # -- Fetch -------------------------------------------------------------------------------
 

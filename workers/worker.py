@@ -2,11 +2,14 @@
 doorbell and a signal wakeup pipe, on one event loop (workers.eventloop).
 
 The server logic hangs on the loop as handlers and hooks:
-- file events: accept on the listener; read and write on each connection; drain the doorbell; the wakeup pipe;
-- before each sleep: the stop procedure, the timer's messages (completions, topic outcomes, layout changes),
-  the turn's frames to the timer, the responses that became ready; then the doorbell's sleep announcement;
+- file events: accept on the listener; read and write on each connection (and its hang-up while its reads
+  are paused); drain the doorbell; the wakeup pipe;
+- before each sleep: the heartbeat, the stop procedure, the timer's messages (completions, topic outcomes,
+  layout changes), the turn's frames to the timer, the responses that became ready, the memory budget's
+  resumptions; then the doorbell's sleep announcement;
 - after each sleep: the completion ring's sleep flag is cleared;
-- a timer: delayed requests the timer process left far past their deadline (workers.delayed).
+- timers: delayed requests the timer process left far past their deadline (workers.delayed); each
+  connection's deadlines (idle, incomplete request); the listener's rest after running out of fds.
 
 Invariants:
 - The worker never blocks except in the loop's one select(); sockets are non-blocking, ring writes
@@ -16,35 +19,49 @@ Invariants:
   when the timer does, or by itself once they are far past their deadline, and re-submits them when
   the timer process restarts: no client waits forever, even with the timer process dead.
 - Bad input closes only its own connection, with one log line; no input ends the process.
+- Memory is bounded whatever clients do: the worker's share of server.queued_max_request_bytes
+  (workers.memory: backpressure by not reading, never a close), and per connection
+  server.connection_max_queued_response_bytes of responses its client has not read (past it, the complete
+  requests already read wait and the connection is not read until its client reads).
+- Connections over server.max_connections or server.max_connections_per_ip (node-wide, workers.limits)
+  are closed at accept; a connection idle for server.connections_max_idle_ms, or whose request stays
+  incomplete for server.request_timeout_ms while it is read, is closed. Each cause logs one line per
+  server.limit_log_interval_ms (counting the rest).
+- The loop turns at least every server.heartbeat_interval_ms and beats the worker's heartbeat every turn
+  (shm.heartbeat): the supervisor replaces a worker whose heartbeat stops.
 - SIGTERM: stop accepting, finish in-flight requests within the grace period, then exit 0.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import os
 import signal
 import socket
 import sys
 import time
-from collections import deque
 from typing import Any
 
 from node.config import NodeConfig, read_runtime, reload_runtime
-from node.logging_setup import setup_logging
+from node.logging_setup import RateLimitedLog, setup_logging
 from node.storage.store import PartitionStore
 from shm import instance as shm_instance
 from shm import messages as M
+from shm.connections import ConnectionCounts
+from shm.heartbeat import HeartbeatTable
 from shm.interest import InterestTable
 from shm.ring import max_payload
 from shm.table import PartitionTable
 from workers import protocol as P
-from workers.connection import Connection, ConnectionClosed, Request
+from workers.connection import PAUSED_MEMORY, PAUSED_OUTPUT, PAUSED_THROTTLE, Connection, ConnectionClosed, Request
 from workers.delayed import DelayedRequests, monotonic_ms
 from workers.errors import ProtocolError
 from workers.eventloop import EventLoop, Timer
 from workers.handlers import Handlers
+from workers.limits import ConnectionLimits
+from workers.memory import MemoryBudget
 from workers.outcome import Outcome
 from workers.quotas import ClientQuotas, Throttler
 from workers.timer_link import TimerLink
@@ -52,19 +69,26 @@ from workers.timer_link import TimerLink
 log = logging.getLogger("shmbroker.worker")
 
 WAKEUP_READ_BYTES = 512  # one byte per signal delivered; more than a turn ever sees
+# accept() errors that mean "no resources now": the listener rests instead of spinning on them.
+_ACCEPT_EXHAUSTED = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
 
 
 class Worker:
     def __init__(self, instance: str, index: int, config: NodeConfig, listen_fd: int, bell_fd: int,
-                 supervisor_pid: int, config_path: str = "") -> None:
+                 supervisor_pid: int, config_path: str, heartbeat_slot: int) -> None:
         self.instance = instance
         self.config_path = config_path
         self.index = index
         self.config = config
         self.supervisor_pid = supervisor_pid
+        server = config.server
         self.table = PartitionTable.attach(shm_instance.table_name(instance))
         self.interest = InterestTable.attach(shm_instance.interest_name(instance))
-        self.partitions = PartitionStore(os.path.abspath(config.server.data_dir), self.table, config.log,
+        self.heartbeats = HeartbeatTable.attach(shm_instance.heartbeat_name(instance))
+        self.heartbeat = self.heartbeats.heartbeat(heartbeat_slot, os.getpid())
+        self.counts = ConnectionCounts.attach(shm_instance.connections_name(instance))
+        self.limits = ConnectionLimits(self.counts, index, server.max_connections, server.max_connections_per_ip)
+        self.partitions = PartitionStore(os.path.abspath(server.data_dir), self.table, config.log,
                                          config.topics.max_partitions)
         self.link = TimerLink(instance, index, config.rings, bell_fd)
         max_frame = min(config.groups.max_request_document_bytes, max_payload(config.rings.capacity))
@@ -90,26 +114,67 @@ class Worker:
         self._quota_report: Timer | None = None
         self._reload = False
         self._wakeup_r, self._wakeup_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        share = server.worker_request_bytes()
+        self.memory = (MemoryBudget(share, server.recv_bytes, self._pause_for_memory, self._resume_for_memory)
+                       if share >= 0 else None)
+        self.output_limit = server.connection_max_queued_response_bytes
+        # One line per cause per interval for the whole node (the marks are shared by the workers).
+        self.limit_log = RateLimitedLog(log, server.limit_log_interval_ms / 1000, marks=self.counts.log_marks(
+            ("accept", "server.max_connections", "server.max_connections_per_ip", "server.connections_max_idle_ms",
+             "server.request_timeout_ms")))
+        self.idle_s = server.connections_max_idle_ms / 1000 if server.connections_max_idle_ms > 0 else None
+        self.request_timeout_s = server.request_timeout_ms / 1000 if server.request_timeout_ms > 0 else None
+        # Each connection's deadline timer fires at least this often (see _check_deadlines).
+        periods = [s for s in (self.idle_s, self.request_timeout_s) if s is not None]
+        self.deadline_period_s = min(periods) if periods else None
 
     # -- connections -------------------------------------------------------------------------
 
     def _accept(self) -> None:
-        for _ in range(self.config.server.accepts_per_turn):
+        server = self.config.server
+        for _ in range(server.accepts_per_turn):
             try:
                 sock, peer = self.listener.accept()
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as exc:
+                if exc.errno in _ACCEPT_EXHAUSTED:
+                    self.limit_log.warning("accept", "cannot accept connections (%s): the listener rests %d ms",
+                                           exc, server.accept_retry_ms)
+                    self._rest_listener()
+                    return
+                if exc.errno == errno.ECONNABORTED:
+                    continue  # the client gave up before we took it
                 log.warning("accept failed: %s", exc)
                 return
+            address = peer[0] if isinstance(peer, tuple) else str(peer)
+            bucket = self.limits.bucket_of(address)
+            refusal = self.limits.refusal(bucket)
+            if refusal is not None:
+                sock.close()
+                self.limit_log.warning(refusal.setting, "refused a connection from %s: over %s (%d)",
+                                       address, refusal.setting, refusal.limit)
+                continue
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            server = self.config.server
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, server.socket_send_buffer_bytes)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, server.socket_receive_buffer_bytes)
-            conn = Connection(sock, peer, server.request_max_bytes, server.recv_bytes)
+            conn = Connection(sock, peer, server.request_max_bytes, server.recv_bytes, self.loop.now, bucket)
             self.connections[conn.fd] = conn
-            self.loop.watch(sock, lambda conn=conn: self._on_readable(conn))
+            self.limits.opened(bucket)
+            self.loop.watch(sock, lambda conn=conn: self._on_readable(conn),
+                            on_hangup=lambda conn=conn: self._close(conn, None))
+            if self.deadline_period_s is not None:
+                self._arm_deadlines(conn, self.loop.now)
+
+    def _rest_listener(self) -> None:
+        self.loop.pause_reading(self.listener)
+
+        def wake() -> None:
+            if not self._stop_started:
+                self.loop.resume_reading(self.listener)
+
+        self.loop.call_later(self.config.server.accept_retry_ms / 1000, wake)
 
     def _close(self, conn: Connection, reason: str | None = None) -> None:
         if conn.closed:
@@ -120,24 +185,40 @@ class Worker:
         self.connections.pop(conn.fd, None)
         self._dirty.discard(conn)
         conn.close()
+        if conn.timer is not None:
+            conn.timer.cancel()
+        self.limits.closed(conn.bucket)
+        if self.memory is not None:
+            self.memory.forget(conn)
         self.delayed.cancel_connection(conn)
 
     def _on_readable(self, conn: Connection) -> None:
         if conn.closed:
             return
         try:
-            frames = conn.receive()
+            frames = conn.receive(self.loop.now)
         except ConnectionClosed as exc:
             self._close(conn, None if str(exc) == "peer closed" else str(exc))
             return
-        self._handle_frames(conn, frames)
+        if frames:
+            self._serve(conn, frames)
+        if self.memory is not None and not conn.closed:
+            self.memory.update(conn)
 
-    def _handle_frames(self, conn: Connection, frames: Any) -> None:
-        for i, frame in enumerate(frames):
+    def _serve(self, conn: Connection, frames: list[memoryview]) -> None:
+        """Handle complete requests in order; past the output bound, or once a throttle began, hold the rest
+        back (they are handled when it ends, as Kafka, which handles one request of a connection at a time,
+        would read them only then)."""
+        limit = self.output_limit
+        for position, frame in enumerate(frames):
             if conn.closed:
                 return
-            if conn.mutes:  # a throttle began: the rest waits for its end
-                conn.held.extend(frames[i:])
+            if conn.mutes:
+                conn.hold(frames[position:])
+                return
+            if 0 <= limit < conn.queued_bytes:
+                conn.hold(frames[position:])
+                self._pause(conn, PAUSED_OUTPUT)
                 return
             self._handle(conn, frame)
 
@@ -149,7 +230,7 @@ class Worker:
             return
         if not P.is_supported(header.api_key, header.api_version):
             if header.api_key == P.API_VERSIONS:
-                conn.new_slot().fill([P.encode_api_versions_unsupported(header.correlation_id)])
+                conn.fill(conn.new_slot(), [P.encode_api_versions_unsupported(header.correlation_id)])
                 self._dirty.add(conn)
                 return
             self._close(conn, f"unsupported api {header.api_key} v{header.api_version}")
@@ -174,7 +255,7 @@ class Worker:
             return
         if outcome.deferred or req.conn.closed:
             return
-        req.slot.fill(outcome.pieces)
+        req.conn.fill(req.slot, outcome.pieces)
         self._dirty.add(req.conn)
 
     def _write(self, conn: Connection) -> None:
@@ -182,13 +263,69 @@ class Worker:
             return
         conn.collect_ready()
         try:
-            done = conn.flush()
+            done = conn.flush(self.loop.now)
         except ConnectionClosed as exc:
             self._close(conn, str(exc))
             return
         if conn.wants_write != (not done):
             conn.wants_write = not done
             self.loop.want_write(conn.sock, None if done else lambda: self._dirty.add(conn))
+        if conn.paused & PAUSED_OUTPUT and conn.queued_bytes <= self.output_limit:
+            self._unpause(conn, PAUSED_OUTPUT)
+            if conn.held:
+                self._serve(conn, conn.take_held())
+        if self.memory is not None and not conn.closed:
+            self.memory.update(conn)
+
+    # -- backpressure ---------------------------------------------------------------------------
+
+    def _pause(self, conn: Connection, reason: int) -> None:
+        if conn.pause(reason, self.loop.now):
+            self.loop.pause_reading(conn.sock)
+
+    def _unpause(self, conn: Connection, reason: int) -> None:
+        if not conn.closed and conn.unpause(reason, self.loop.now):
+            self.loop.resume_reading(conn.sock)
+
+    def _pause_for_memory(self, conn: Connection) -> None:
+        self._pause(conn, PAUSED_MEMORY)
+
+    def _resume_for_memory(self, conn: Connection) -> None:
+        self._unpause(conn, PAUSED_MEMORY)
+
+    # -- deadlines ------------------------------------------------------------------------------
+
+    def _arm_deadlines(self, conn: Connection, when: float) -> None:
+        conn.timer = self.loop.call_at(when + self.deadline_period_s, lambda: self._check_deadlines(conn))
+
+    def _check_deadlines(self, conn: Connection) -> None:
+        """A connection's timer: close it if idle or if its request is incomplete for too long; else look again
+        by its next deadline. The timer is never set further than one period ahead, so a request that begins
+        meanwhile is caught in time without re-arming on every read."""
+        if conn.closed:
+            return
+        now = time.monotonic()
+        due = now + self.deadline_period_s
+        if conn.request_since is not None:
+            if self.request_timeout_s is not None and not conn.paused:
+                incomplete_s = now - conn.request_since
+                if incomplete_s >= self.request_timeout_s:
+                    self._close_for("server.request_timeout_ms", conn, "request incomplete for %d ms",
+                                    incomplete_s)
+                    return
+                due = min(due, conn.request_since + self.request_timeout_s)
+        elif self.idle_s is not None and not conn.slots and not conn.held:
+            idle_s = now - conn.last_active
+            if idle_s >= self.idle_s:
+                self._close_for("server.connections_max_idle_ms", conn, "idle for %d ms", idle_s)
+                return
+            due = min(due, conn.last_active + self.idle_s)
+        conn.timer = self.loop.call_at(due, lambda: self._check_deadlines(conn))
+
+    def _close_for(self, setting: str, conn: Connection, what: str, seconds: float) -> None:
+        self.limit_log.warning(setting, "closing connection from %s: " + what + " (%s)", conn.peer,
+                               seconds * 1000, setting)
+        self._close(conn)
 
     # -- messages from the timer -------------------------------------------------------------
 
@@ -206,7 +343,7 @@ class Worker:
         """Stop reading a throttled client's connection until its throttle ends (KIP-219)."""
         if not conn.closed:
             conn.mutes += 1
-            self.loop.pause_reading(conn.sock)
+            self._pause(conn, PAUSED_THROTTLE)
 
     def _unmute(self, conn: Connection) -> None:
         if not conn.closed:
@@ -215,13 +352,14 @@ class Worker:
                 self.loop.call_later(0, lambda: self._resume(conn))
 
     def _resume(self, conn: Connection) -> None:
-        """A throttle ended: the requests held back first (they may throttle again), then the socket."""
+        """A throttle ended: the requests held back first (they may throttle again, or meet the output bound),
+        then the socket, unless another reason still pauses it."""
         if conn.closed or conn.mutes:
             return
-        held, conn.held = list(conn.held), deque()
-        self._handle_frames(conn, held)
-        if not conn.closed and not conn.mutes:
-            self.loop.resume_reading(conn.sock)
+        if conn.held:
+            self._serve(conn, conn.take_held())
+        if not conn.mutes:
+            self._unpause(conn, PAUSED_THROTTLE)
 
     def _report_quota_usage(self) -> None:
         self._quota_report = None
@@ -254,6 +392,10 @@ class Worker:
 
     def _on_hup(self, signum: int, frame: Any) -> None:
         self._reload = True
+    def _beat(self) -> float | None:
+        """First before sleeping: one heartbeat per turn, and a turn at least every heartbeat interval."""
+        self.heartbeat.beat()
+        return self.config.server.heartbeat_interval_ms / 1000
 
     def _stop_procedure(self) -> float | None:
         """Before sleeping: notice a lost supervisor; once stopping, stop accepting, close idle connections,
@@ -304,7 +446,10 @@ class Worker:
             dirty, self._dirty = self._dirty, set()
             for conn in dirty:
                 self._write(conn)
-        return None
+        if self.memory is not None and self.memory.engaged:
+            self.memory.end_turn()
+        # Requests served from a held-back queue just now have responses to write: no sleep before that.
+        return 0.0 if self._dirty else None
 
     def _announce_sleep(self) -> float | None:
         """Last before sleeping: tell the timer we sleep on the doorbell (0: frames arrived meanwhile)."""
@@ -326,7 +471,7 @@ class Worker:
         loop.watch(self.listener, self._accept)
         loop.watch(self.link.doorbell_fd, self.link.drain_doorbell)
         loop.watch(self._wakeup_r, self._read_wakeup)
-        for hook in (self._stop_procedure, self._from_timer, self._write_ready, self._announce_sleep):
+        for hook in (self._beat, self._stop_procedure, self._from_timer, self._write_ready, self._announce_sleep):
             loop.before_sleep(hook)
         loop.after_sleep(self.link.woke)
         log.info("worker %d ready", self.index)
@@ -338,6 +483,8 @@ class Worker:
         self.partitions.close()
         self.table.close()
         self.interest.close()
+        self.counts.close()
+        self.heartbeats.close()
         return 0
 
 
@@ -346,6 +493,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--instance", required=True)
     parser.add_argument("--index", type=int, required=True)
     parser.add_argument("--config-file", required=True)
+    parser.add_argument("--heartbeat-slot", type=int, required=True)
     parser.add_argument("--supervisor-pid", type=int, required=True)
     parser.add_argument("--listen-fd", type=int, required=True)
     parser.add_argument("--bell-fd", type=int, required=True)
@@ -353,7 +501,7 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging(f"worker-{args.index}")
     config = read_runtime(args.config_file)
     worker = Worker(args.instance, args.index, config, args.listen_fd, args.bell_fd, args.supervisor_pid,
-                    args.config_file)
+                    args.config_file, args.heartbeat_slot)
     return worker.run()
 
 

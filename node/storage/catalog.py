@@ -89,9 +89,11 @@ class Catalog:
         return True
 
     def save(self) -> None:
-        self.version += 1
+        """Write the catalog with the next version; on failure (a full disk) nothing changes, not even
+        the version, and no temporary file stays."""
+        version = self.version + 1
         body = orjson.dumps({
-            "version": self.version,
+            "version": version,
             "topics": {t.name: {"rows": t.rows, **({"internal": True} if t.internal else {}),
                                 **({"configs": t.configs} if t.configs else {})}
                        for t in self.topics.values()},
@@ -99,11 +101,19 @@ class Catalog:
         })
         os.makedirs(self.data_dir, exist_ok=True)
         tmp = self.path + ".tmp"
-        with open(tmp, "wb") as f:
-            f.write(body)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
+        try:
+            with open(tmp, "wb") as f:
+                f.write(body)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.path)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
+        self.version = version
         dir_fd = os.open(self.data_dir, os.O_RDONLY)
         try:
             os.fsync(dir_fd)

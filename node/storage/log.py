@@ -19,6 +19,19 @@ Invariants:
   retired_segment_close_delay_s so that a sendfile of a range already handed out still works.
 - Before checking an idempotent batch (and before each roll's producer snapshot) a process applies to its
   producer state the headers of every batch appended since the offset it last saw (node/producer_state.py).
+- Disk faults (node.storage.faults: a full disk, I/O errors) never leave servable torn bytes and never
+  escape as OSError: a failed append publishes nothing (the next one is written at the row's end_position
+  again, over whatever the failed one left), and the caller gets StorageError(KAFKA_STORAGE_ERROR). Each
+  fault is counted in the row and logged at most once per storage_error_log_interval_ms per partition,
+  across all processes (the row holds the time of the last line). Nothing is remembered between attempts,
+  so appends work again as soon as the disk takes writes.
+- An fsync that failed marks the row (flush_failed): Linux may have dropped the dirty pages it could not
+  write while reporting the error only once, so a later fsync succeeding proves nothing. Until the mark is
+  cleared, flush() re-writes the unflushed batches from the page cache (each one CRC-checked first) before
+  it fsyncs; only then does the flushed offset move, and the mark goes.
+- Recovery on a full disk still opens the partition: what it cannot write (index entries, a torn tail's
+  truncation) it leaves, and says so in `faults`; the partition then serves reads and refuses appends
+  until there is room.
 """
 
 from __future__ import annotations
@@ -27,11 +40,14 @@ import bisect
 import functools
 import shutil
 import fcntl
+import logging
 import os
 import struct
 import time
 from dataclasses import dataclass
 from typing import NamedTuple
+
+from node.storage.faults import is_storage_fault, storage_fault
 
 from node.storage.producer_state import ProducerStateTable, delete_snapshots, load_latest_snapshot, snapshot_offsets
 from node.storage.compression import CODECS
@@ -46,10 +62,13 @@ from node.storage.records import (
     parse_header,
     record_timestamps,
     rewrite_batch,
+    stored_batch_is_valid,
     validate_client_batch,
 )
 from node.storage.segment import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX, Segment, segment_base_offsets
 from shm.table import PartitionState, PartitionTable
+
+log = logging.getLogger("shmbroker.storage")
 
 LOCK_FILE = "partition.lock"
 LOG_START_FILE = "log-start-offset"  # DeleteRecords' checkpoint of the log start
@@ -93,6 +112,9 @@ class LogConfig:
     min_insync_replicas: int = 1  # min.insync.replicas: this node holds one replica
     flush_messages: int = LONG_MAX  # log.flush.interval.messages: fsync once this many records wait
     flush_ms: int = LONG_MAX  # log.flush.interval.ms: fsync appends at least this often
+    index_reserve_entries: int = 4096  # index entries whose disk blocks are reserved at a time
+    storage_error_log_interval_ms: int = 60_000  # one log line per partition per interval about disk faults
+    rewrite_chunk_bytes: int = 1 << 20  # most bytes read per pread when re-writing after a failed fsync
 
     def __post_init__(self):
         if not 0 < self.segment_bytes < 2**31:
@@ -170,6 +192,10 @@ def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+def monotonic_ms() -> int:
+    return time.monotonic_ns() // 1_000_000
+
+
 class PartitionLock:
     """The partition's cross-process lock (an OFD fcntl lock: dies with its holder, per open file)."""
 
@@ -203,6 +229,7 @@ class PartitionLog:
         self._segments_version = -1
         self._retired: list[tuple[float, Segment]] = []
         self._producer_state: ProducerStateTable | None = None
+        self.faults: list[OSError] = []  # disk faults recovery lived through (recover() fills it)
 
     # Segment list -----------------------------------------------------------------------------------
 
@@ -215,6 +242,7 @@ class PartitionLog:
             config.scan_chunk_bytes,
             create,
             config.scan_first_read_bytes,
+            config.index_reserve_entries,
         )
 
     def _refresh(self, state: PartitionState) -> PartitionState:
@@ -262,6 +290,33 @@ class PartitionLog:
             return state.end_position, state.active_index_entries
         return segment.sealed_size(), segment.sealed_entries()
 
+    @property
+    def name(self) -> str:
+        """The partition's name, `<topic>-<partition>` (its directory's)."""
+        return os.path.basename(self.directory)
+
+    def _fault(self, what: str, exc: BaseException, **marks: int) -> BaseException:
+        """The exception to raise for `exc` met during `what` (the caller holds the lock). A disk fault is
+        counted in the row (with `marks`, e.g. flush_failed=1), logged if no process logged one for this
+        partition within the interval, and becomes StorageError(KAFKA_STORAGE_ERROR); anything else is a
+        bug and is returned as it is."""
+        error = exc if isinstance(exc, StorageError) else storage_fault(exc, f"{what} of {self.name}")
+        if error is exc and not isinstance(exc, StorageError):
+            return exc
+        now = monotonic_ms()
+        state = self.table.read(self.row)
+        errors = state.storage_errors + 1
+        due = now - state.storage_error_logged_ms >= self.config.storage_error_log_interval_ms \
+            or not state.storage_error_logged_ms
+        self.table.publish(self.row, state._replace(
+            storage_errors=errors, storage_error_logged_ms=now if due else state.storage_error_logged_ms,
+            **marks))
+        if due:
+            log.warning("partition %s: %s failed (%s); answering KAFKA_STORAGE_ERROR (56) until it works "
+                        "again (%d storage errors on this partition so far; next line in %d s at the earliest)",
+                        self.name, what, exc, errors, self.config.storage_error_log_interval_ms // 1000)
+        return error
+
     # Append -----------------------------------------------------------------------------------------
 
     def append(self, batch, now: int | None = None) -> AppendResult:
@@ -285,23 +340,28 @@ class PartitionLog:
             position = state.end_position
             entries = state.active_index_entries
             segment = self.segments[-1]
-            if position > 0 and (
-                position + size > config.segment_bytes
-                or entries >= segment.capacity - 1
-                or (state.active_first_append_ms >= 0
-                    and now - state.active_first_append_ms > config.segment_ms - config.roll_jitter_ms(segment.base_offset))
-                # A time entry past the published ones: a roll sealed this segment and died before
-                # publishing (or a killed writer left a stale entry); rolling now finishes it either way.
-                or segment.time_index_offsets[entries] != 0
-            ):
-                state = self._roll(state, segment)
-                segment, position, entries = self.segments[-1], 0, 0
-            base_offset = state.log_end_offset
-            segment.write_batch(position, BASE_OFFSET.pack(base_offset), batch)
-            last_indexed = segment.index_positions[entries - 1] if entries else 0
-            if position > 0 and position - last_indexed >= config.index_interval_bytes:
-                segment.write_index_entry(entries, base_offset, position, state.active_max_timestamp)
-                entries += 1
+            try:
+                if position > 0 and (
+                    position + size > config.segment_bytes
+                    or entries >= segment.capacity - 1
+                    or (state.active_first_append_ms >= 0
+                        and now - state.active_first_append_ms > config.segment_ms - config.roll_jitter_ms(segment.base_offset))
+                    # A time entry past the published ones: a roll sealed this segment and died before
+                    # publishing (or a killed writer left a stale entry); rolling now finishes it either way.
+                    or segment.stale_time_entry(entries)
+                ):
+                    state = self._roll(state, segment)
+                    segment, position, entries = self.segments[-1], 0, 0
+                base_offset = state.log_end_offset
+                segment.write_batch(position, BASE_OFFSET.pack(base_offset), batch)
+                last_indexed = segment.index_positions[entries - 1] if entries else 0
+                if position > 0 and position - last_indexed >= config.index_interval_bytes:
+                    segment.write_index_entry(entries, base_offset, position, state.active_max_timestamp)
+                    entries += 1
+            except OSError as exc:
+                # Nothing is published: what a failed roll or write left lies past the published end, where no
+                # reader looks and the next append writes (or rolls) again.
+                raise self._fault("append", exc) from None
             last_offset = base_offset + header.last_offset_delta
             end_bytes = state.end_bytes + size
             self.table.publish(
@@ -373,11 +433,15 @@ class PartitionLog:
         next_offset = state.log_end_offset
         old.seal(state.end_position, state.active_index_entries, state.active_max_timestamp, next_offset)
         segment = self._segment(next_offset, create=True)
-        segment.reset()  # a roll interrupted before publishing may have left this segment's files behind
-        producers = self._caught_up_producer_state(state)
-        producers.expire(now_ms(), self.config.producer_id_expiration_ms)
-        producers.write_snapshot(self.directory)
-        self._prune_snapshots(state.log_start_offset)
+        try:
+            segment.reset()  # a roll interrupted before publishing may have left this segment's files behind
+            producers = self._caught_up_producer_state(state)
+            producers.expire(now_ms(), self.config.producer_id_expiration_ms)
+            producers.write_snapshot(self.directory)
+            self._prune_snapshots(state.log_start_offset)
+        except BaseException:
+            segment.close()  # a roll that fails (a full disk) is tried again by the next append
+            raise
         state = state._replace(
             active_base_offset=next_offset,
             end_position=0,
@@ -406,8 +470,11 @@ class PartitionLog:
             state = self._current_state()
             producers = self._caught_up_producer_state(state)
             producers.expire(now_ms(), self.config.producer_id_expiration_ms)
-            producers.write_snapshot(self.directory)
-            self._prune_snapshots(state.log_start_offset)
+            try:
+                producers.write_snapshot(self.directory)
+                self._prune_snapshots(state.log_start_offset)
+            except OSError as exc:
+                raise self._fault("producer snapshot", exc) from None
             return producers.end_offset
 
     def roll(self) -> None:
@@ -502,6 +569,8 @@ class PartitionLog:
 
         The syncs run outside the lock so appends continue meanwhile; the lock is taken only to publish.
         Index mappings are synced too only with `indexes` (a clean stop): recovery never needs them.
+        After a failed fsync (flush_failed) the unflushed batches are re-written first (see the module
+        invariants). Raises StorageError(KAFKA_STORAGE_ERROR) on a disk fault.
         """
         state = self._current_state()
         if state.flushed_offset >= state.log_end_offset:
@@ -510,16 +579,45 @@ class PartitionLog:
                     segment.flush(indexes=True)
             return state.flushed_offset
         first = 0 if indexes else max(0, bisect.bisect_right(self._bases, state.flushed_offset) - 1)
-        for segment in self.segments[first:]:
-            segment.flush(indexes)
+        try:
+            if state.flush_failed:
+                self._rewrite_unflushed(state, first)
+            for segment in self.segments[first:]:
+                segment.flush(indexes)
+        except (OSError, StorageError) as exc:
+            with self.lock:
+                raise self._fault("fsync", exc, flush_failed=1) from None
         with self.lock:
             current = self.table.read(self.row)
             if current.flushed_offset < state.log_end_offset:
                 self.table.publish(
                     self.row,
-                    current._replace(flushed_offset=state.log_end_offset, flushed_bytes=state.end_bytes),
+                    current._replace(flushed_offset=state.log_end_offset, flushed_bytes=state.end_bytes,
+                                     flush_failed=0),
                 )
+            elif current.flush_failed:
+                self.table.publish(self.row, current._replace(flush_failed=0))
+        if state.flush_failed:
+            log.info("%s: fsync works again; the data re-written since the failure is on disk", self.name)
         return max(current.flushed_offset, state.log_end_offset)
+
+    def _rewrite_unflushed(self, state: PartitionState, first: int) -> None:
+        """Write the batches after flushed_offset again, from what the page cache holds, so the next fsync
+        really covers them. A batch whose CRC no longer checks was lost with the dropped pages: the
+        partition stays marked, and a restart's recovery truncates the log there."""
+        chunk = self.config.rewrite_chunk_bytes
+        for segment in self.segments[first:]:
+            end, entries = self._extent(segment, state)
+            start = segment.position_of(state.flushed_offset, entries, end) if segment.base_offset <= \
+                state.flushed_offset else 0
+            for position, header in segment.scanner.headers(start, end):
+                size = header[1] + LENGTH_FIELDS_SIZE
+                data = os.pread(segment.log_fd, size, position)
+                if not stored_batch_is_valid(data, header[0]):
+                    raise StorageError(ErrorCode.KAFKA_STORAGE_ERROR, f"{self.name}: unflushed batch at offset "
+                                       f"{header[0]} was lost after a failed fsync")
+                for offset in range(0, size, chunk):
+                    os.pwrite(segment.log_fd, memoryview(data)[offset:offset + chunk], position + offset)
 
     def enforce_retention(self, now: int | None = None) -> int:
         """Delete whole old segments past retention_ms or beyond retention_bytes; returns how many."""
@@ -600,11 +698,14 @@ class PartitionLog:
             log_start_offset=max(state.log_start_offset, self.segments[count].base_offset),
             segments_version=state.segments_version + 1,
         )
-        self.table.publish(self.row, state)
-        for segment in deleted:
-            segment.delete_files()
-        self._refresh(state)
-        self._prune_snapshots(state.log_start_offset)
+        self.table.publish(self.row, state)  # before unlinking: see the module invariants
+        try:
+            for segment in deleted:
+                segment.delete_files()
+            self._refresh(state)
+            self._prune_snapshots(state.log_start_offset)
+        except OSError as exc:
+            raise self._fault("retention", exc) from None
 
     def delete(self) -> None:
         """Delete the partition (DeleteTopics): mark its row offline, then remove its directory.
@@ -646,6 +747,15 @@ class PartitionLog:
 
     # Recovery (supervisor, one process, before workers start) ------------------------------------------
 
+    def _survive(self, step, *args) -> None:
+        """Recovery: run a write step that may meet a disk fault; note the fault and go on without it."""
+        try:
+            step(*args)
+        except OSError as exc:
+            if not is_storage_fault(exc):
+                raise
+            self.faults.append(exc)
+
     @classmethod
     def recover(
         cls, directory: str, table: PartitionTable, row: int, config: LogConfig = LogConfig(), verify_all_crc=False
@@ -686,12 +796,13 @@ class PartitionLog:
                         start, config.index_interval_bytes, verify_crc=last or verify_all_crc
                     )
                     if not last:
-                        segment.seal(end, entries, max_timestamp, next_base)
+                        log._survive(segment.seal, end, entries, max_timestamp, next_base)
                 else:
                     end = segment.file_size()
                 total_bytes += end
+                log.faults.extend(segment.faults)
             segment = log.segments[-1]
-            segment.flush()
+            log._survive(segment.flush)
             previous = table.read(row)
             # DeleteRecords' checkpoint (never past the fsync'd records, so never past the recovered end).
             log_start = min(max(bases[0], read_log_start_checkpoint(directory)), next_offset)
@@ -771,6 +882,4 @@ def _conform(batch, header, config: LogConfig, now: int):
 
 def _time_index_sealed(segment: Segment) -> bool:
     """A sealed segment's time index has exactly one entry more than its offset index (the final one)."""
-    time_offsets = segment.time_index_offsets
-    count = bisect.bisect_left(range(segment.capacity), True, key=lambda i: time_offsets[i] == 0)
-    return count == segment.count_entries() + 1
+    return segment.count_time_entries() == segment.count_entries() + 1

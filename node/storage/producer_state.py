@@ -14,7 +14,8 @@ Invariants:
   epoch must start at sequence 0; within an epoch the next batch starts at last sequence + 1 (wrapping at
   INT32_MAX) or gets OUT_OF_ORDER_SEQUENCE_NUMBER; an unknown producer id is accepted at any sequence (its
   earlier batches may have been deleted by retention, as in Kafka).
-- Snapshots are written atomically (temporary file + rename) as `<end_offset, 20 digits>.snapshot`.
+- Snapshots are written atomically (temporary file + rename) as `<end_offset, 20 digits>.snapshot`; a
+  write that fails (a full disk) removes its temporary file.
 """
 
 from __future__ import annotations
@@ -152,11 +153,19 @@ class ProducerStateTable:
         """Write `<end_offset>.snapshot` atomically and return its path."""
         path = os.path.join(directory, snapshot_name(self.end_offset))
         temporary = f"{path}.tmp.{os.getpid()}"
-        with open(temporary, "wb") as file:
-            file.write(self.to_bytes())
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(temporary, path)
+        try:
+            with open(temporary, "wb") as file:
+                file.write(self.to_bytes())
+                file.flush()
+                os.fsync(file.fileno())
+            os.replace(temporary, path)
+        except BaseException:
+            # A full disk: the partial file must not stay and take the space of the next attempt.
+            try:
+                os.unlink(temporary)
+            except OSError:
+                pass
+            raise
         return path
 
 

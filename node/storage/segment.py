@@ -17,6 +17,12 @@ Invariants:
   them, so all processes see each other's entries. They are never shrunk: a mapping past the end of a
   shrunk file would SIGBUS. How many entries are valid for the active segment is published in the shared
   table (active_index_entries); stale entries beyond that (from a killed writer) are overwritten or zeroed.
+- An index entry is stored only into blocks reserved beforehand (fallocate, `index_reserve_entries` at a
+  time): a store into a hole of a shared mapping on a full disk is a SIGBUS that kills the process, a
+  reservation is an ENOSPC error the writer answers with (node.storage.faults).
+- Nothing reads an index past its written blocks either: on tmpfs even a read of a hole allocates a page,
+  and SIGBUSes on a full one. Entry counts search only up to the first hole (SEEK_HOLE), lookups only
+  the published entries, and the append path's look at the entry after them reserves it first.
 - The log file may have a torn tail beyond the published end position while it is the active segment;
   nobody reads past that position, the next append overwrites it, and seal() truncates it on roll.
 """
@@ -28,6 +34,7 @@ import mmap
 import os
 import struct
 
+from node.storage.faults import is_storage_fault, reserve
 from node.storage.records import BATCH_HEADER, BATCH_HEADER_SIZE, LENGTH_FIELDS_SIZE, stored_batch_is_valid
 
 LOG_SUFFIX = ".log"
@@ -95,6 +102,7 @@ class Segment:
         scan_chunk_bytes: int,
         create: bool = False,
         scan_first_read_bytes: int = 512,
+        index_reserve_entries: int = 4096,
     ):
         self.directory = directory
         self.base_offset = base_offset
@@ -122,6 +130,9 @@ class Segment:
         self.scanner = BatchScanner(self.log_fd, scan_chunk_bytes, scan_first_read_bytes)
         self._sealed_size = None  # cached once the segment is known to be rolled
         self._sealed_entries = None
+        self.index_reserve_entries = max(1, index_reserve_entries)
+        self._reserved_entries = 0  # entries whose blocks this process has reserved in both index files
+        self.faults: list[OSError] = []  # disk faults recovery lived through (recover() fills it)
 
     @staticmethod
     def create_files(directory: str, base_offset: int, index_max_bytes: int) -> None:
@@ -166,10 +177,37 @@ class Segment:
             self._sealed_size = self.file_size()
         return self._sealed_size
 
+    def _written_entries(self, path: str, entry_bytes: int) -> int:
+        """How many entries of an index file lie before its first hole (the only ones safe to read)."""
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:  # retention deleted it under us: the mapping still has what was written
+            return self.capacity
+        try:
+            end = os.lseek(fd, 0, os.SEEK_HOLE)
+        except OSError:
+            end = self.capacity * entry_bytes
+        finally:
+            os.close(fd)
+        return min(self.capacity, end // entry_bytes)
+
     def count_entries(self) -> int:
         """Entries in the offset index, found by binary search for the first all-zero entry."""
         offsets = self.index_offsets
-        return bisect.bisect_left(range(self.capacity), True, key=lambda i: offsets[i] == 0)
+        limit = self._written_entries(self.index_path, INDEX_ENTRY_BYTES)
+        return bisect.bisect_left(range(limit), True, key=lambda i: offsets[i] == 0)
+
+    def count_time_entries(self) -> int:
+        """Entries in the time index (a sealed segment's has one more than its offset index)."""
+        offsets = self.time_index_offsets
+        limit = self._written_entries(self.time_index_path, TIME_INDEX_ENTRY_BYTES)
+        return bisect.bisect_left(range(limit), True, key=lambda i: offsets[i] == 0)
+
+    def stale_time_entry(self, slot: int) -> bool:
+        """Whether a time index entry is already written at `slot` (past the published ones: a roll or a
+        killed writer left it). Reserves the slot first, so looking cannot fault (OSError if no room)."""
+        self.reserve_entries(slot)
+        return self.time_index_offsets[slot] != 0
 
     def sealed_entries(self) -> int:
         if self._sealed_entries is None:
@@ -178,8 +216,7 @@ class Segment:
 
     def max_timestamp(self) -> int:
         """Largest timestamp of a sealed segment (its final time index entry), -1 if unknown."""
-        offsets = self.time_index_offsets
-        count = bisect.bisect_left(range(self.capacity), True, key=lambda i: offsets[i] == 0)
+        count = self.count_time_entries()
         return self.time_index_timestamps[count - 1] if count else -1
 
     # Lookups ---------------------------------------------------------------------------------------
@@ -224,7 +261,17 @@ class Segment:
             tail = (base_offset_bytes + bytes(view[8:]))[written:]
             written += os.pwrite(self.log_fd, tail, position + written)
 
+    def reserve_entries(self, slot: int) -> None:
+        """Reserve the index blocks up to entry `slot` (OSError ENOSPC when the disk is full)."""
+        if slot < self._reserved_entries:
+            return
+        start, end = self._reserved_entries, min(self.capacity, slot + self.index_reserve_entries)
+        reserve(self.index_path, start * INDEX_ENTRY_BYTES, (end - start) * INDEX_ENTRY_BYTES)
+        reserve(self.time_index_path, start * TIME_INDEX_ENTRY_BYTES, (end - start) * TIME_INDEX_ENTRY_BYTES)
+        self._reserved_entries = end
+
     def write_index_entry(self, slot: int, offset: int, position: int, max_timestamp_before: int) -> None:
+        self.reserve_entries(slot)
         relative = offset - self.base_offset
         self.time_index_timestamps[slot] = max_timestamp_before
         self.time_index_offsets[slot] = relative
@@ -233,10 +280,7 @@ class Segment:
 
     def zero_entries_from(self, slot: int) -> None:
         """Clear stale index entries from `slot` up to the first all-zero one."""
-        end = max(self.count_entries(), slot)
-        time_offsets = self.time_index_offsets
-        time_end = bisect.bisect_left(range(self.capacity), True, key=lambda i: time_offsets[i] == 0)
-        end = max(end, time_end)
+        end = max(self.count_entries(), slot, self.count_time_entries())
         if end > slot:
             self._index_map[slot * INDEX_ENTRY_BYTES : end * INDEX_ENTRY_BYTES] = bytes((end - slot) * INDEX_ENTRY_BYTES)
             self._time_index_map[slot * TIME_INDEX_ENTRY_BYTES : end * TIME_INDEX_ENTRY_BYTES] = bytes(
@@ -248,6 +292,7 @@ class Segment:
         os.ftruncate(self.log_fd, end_position)
         self.zero_entries_from(entries)
         if entries < self.capacity:
+            self.reserve_entries(entries)
             self.time_index_timestamps[entries] = max_timestamp
             self.time_index_offsets[entries] = next_offset - self.base_offset
         self._sealed_size = end_position
@@ -296,6 +341,8 @@ class Segment:
 
         Checks every batch (and its CRC when verify_crc), truncates the file after the last whole valid
         batch, and returns (end position, entries, next offset, max timestamp, first batch max timestamp).
+        On a full disk it still recovers: entries that cannot be reserved are not written (lookups scan
+        a little further), and a torn tail that cannot be truncated stays past the end, never read.
         """
         if start_slot >= 0:
             position = self.index_positions[start_slot]
@@ -307,6 +354,7 @@ class Segment:
             position, next_offset, entries, max_timestamp, last_indexed = 0, self.base_offset, 0, -1, 0
         first_timestamp = -1
         size = self.file_size()
+        indexing = True
         self.zero_entries_from(entries)
         while position + BATCH_HEADER_SIZE <= size:
             head = os.pread(self.log_fd, BATCH_HEADER_SIZE, position)
@@ -316,17 +364,29 @@ class Segment:
                 break
             if verify_crc and not stored_batch_is_valid(os.pread(self.log_fd, batch_size, position), next_offset):
                 break
-            if position > 0 and position - last_indexed >= index_interval_bytes and entries < self.capacity - 1:
-                self.write_index_entry(entries, next_offset, position, max_timestamp)
-                entries += 1
-                last_indexed = position
+            if (indexing and position > 0 and position - last_indexed >= index_interval_bytes
+                    and entries < self.capacity - 1):
+                try:
+                    self.write_index_entry(entries, next_offset, position, max_timestamp)
+                    entries += 1
+                    last_indexed = position
+                except OSError as exc:
+                    if not is_storage_fault(exc):
+                        raise
+                    indexing = False
+                    self.faults.append(exc)
             if position == 0:
                 first_timestamp = header[8]
             max_timestamp = max(max_timestamp, header[8])
             next_offset = header[0] + header[6] + 1
             position += batch_size
         if position < size:
-            os.ftruncate(self.log_fd, position)
+            try:
+                os.ftruncate(self.log_fd, position)
+            except OSError as exc:
+                if not is_storage_fault(exc):
+                    raise
+                self.faults.append(exc)
         if first_timestamp < 0 and start_slot >= 0:
             head = os.pread(self.log_fd, BATCH_HEADER_SIZE, 0)
             if len(head) == BATCH_HEADER_SIZE:

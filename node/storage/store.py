@@ -19,11 +19,17 @@ Invariants:
   catalogued topic half deleted), then the rows go offline and the directories are removed.
 - Every partition's log runs with its topic's settings (node.storage.topic_config: the TOML's, the node-wide
   dynamic overrides, the topic's own); a change reaches the open logs of every process on its reload.
+- Disk faults (node.storage.faults) never escape as OSError: a topic that cannot be created or deleted
+  gets KAFKA_STORAGE_ERROR in its outcome (and a creation leaves nothing behind: not in the catalog,
+  its directories removed); recovery, flushes and chores carry on with the other partitions (the
+  partition logs the fault itself, rate-limited); a partition that cannot be recovered at all stays
+  offline and is named in `recovery_faults`.
 """
 
 from __future__ import annotations
 
 import logging
+import shutil
 from typing import Any, Callable
 
 import numpy as np
@@ -31,7 +37,9 @@ from kio.schema.errors import ErrorCode
 
 from node.storage import topic_config
 from node.storage.catalog import Catalog, CatalogError, TopicEntry
+from node.storage.faults import is_storage_fault, storage_faults
 from node.storage.log import LogConfig, PartitionLog, partition_directory
+from node.storage.records import StorageError
 from node.storage.topic_config import TopicConfigError
 from shm.table import PartitionTable
 
@@ -57,6 +65,8 @@ class PartitionStore:
         self._owners: dict[int, tuple[str, int]] = {}
         self._configs: dict[str, LogConfig] = {}
         self.node_config = log_config  # the node-wide settings: the TOML's and the dynamic overrides
+        # After recover_all: partitions recovered despite disk faults (or not at all), with the first fault.
+        self.recovery_faults: dict[str, str] = {}
         self._index_owners()
 
     def _index_owners(self) -> None:
@@ -140,11 +150,16 @@ class PartitionStore:
 
     def each_log(self, action: Callable[[PartitionLog], object], what: str, internal: bool = True) -> int:
         """Run `action` on every partition's log (internal topics' too unless internal=False); a failure is
-        logged and the others go on. Returns failures."""
+        logged and the others go on. Returns failures.
+        A storage fault was logged (rate-limited) by the partition already; anything else is a bug."""
         failures = 0
         for row in self.rows(internal):
             try:
                 action(self.log(row))
+            except StorageError as exc:
+                failures += 1
+                if exc.error_code != ErrorCode.kafka_storage_error:
+                    log.warning("%s of partition row %d failed: %s", what, row, exc)
             except Exception:
                 failures += 1
                 log.exception("%s of partition row %d failed", what, row)
@@ -164,23 +179,36 @@ class PartitionStore:
     # -- lifecycle ----------------------------------------------------------------------------
 
     def recover_all(self) -> int:
-        """Recover every catalogued partition and fill its table row (the supervisor, before any child runs)."""
+        """Recover every catalogued partition and fill its table row (the supervisor, before any child runs).
+        Returns how many partitions are online; `recovery_faults` names those that met disk faults."""
+        self.recovery_faults = {}
+        online = 0
         for row in self.rows():
-            self._recover(row)
-        return len(self._owners)
+            online += self._recover(row)
+        return online
 
-    def _recover(self, row: int) -> None:
+    def _recover(self, row: int) -> bool:
         topic, partition = self._owners[row]
+        name = f"{topic}-{partition}"
         stale = self._logs.pop(row, None)
         if stale is not None:
             stale[2].close()
-        plog = PartitionLog.recover(self._directory(topic, partition), self.table, row, self.config_of(topic))
+        try:
+            plog = PartitionLog.recover(self._directory(topic, partition), self.table, row, self.config_of(topic))
+        except OSError as exc:
+            if not is_storage_fault(exc):
+                raise
+            self.recovery_faults[name] = f"not recovered, stays offline: {exc}"
+            return False
+        if plog.faults:
+            self.recovery_faults[name] = str(plog.faults[0])
         self._logs[row] = (topic, partition, plog)
+        return True
 
-    def flush_all(self) -> None:
-        """fsync every partition, indexes included (the last step of a clean stop)."""
-        for row in self.rows():
-            self.log(row).flush(indexes=True)
+    def flush_all(self) -> int:
+        """fsync every partition, indexes included (the last step of a clean stop). Returns the partitions
+        that failed."""
+        return self.each_log(lambda plog: plog.flush(indexes=True), "flush")
 
     def create_topics(self, topics: list[TopicSpec], internal: bool = False, validate_only: bool = False,
                       existing_ok: bool = True) -> TopicOutcomes:
@@ -212,16 +240,23 @@ class PartitionStore:
                 continue
             config = topic_config.effective(self.log_config, self.catalog.broker_configs, overrides)
             try:
-                for partition, row in enumerate(entry.rows):
-                    PartitionLog.create(self._directory(name, partition), self.table, row, config)
-            except OSError as exc:
-                del self.catalog.topics[name]
-                outcome[name] = (int(ErrorCode.kafka_storage_error), f"cannot create {name}: {exc}")
-                log.error("creating topic %s failed: %s", name, exc)
+                with storage_faults(f"creation of topic {name}"):
+                    for partition, row in enumerate(entry.rows):
+                        PartitionLog.create(self._directory(name, partition), self.table, row, config)
+            except StorageError as exc:
+                self._discard_directories(self.catalog.remove_topic(name))
+                outcome[name] = self._storage_outcome(exc)
                 continue
             created.append(entry)
         if created:
-            self.catalog.save()
+            try:
+                with storage_faults("save of the topic catalog"):
+                    self.catalog.save()
+            except StorageError as exc:
+                for entry in created:
+                    self._discard_directories(self.catalog.remove_topic(entry.name))
+                    outcome[entry.name] = self._storage_outcome(exc)
+                return outcome
             self._reindex()
             log.info("created %d topics (%d partitions): %s", len(created), sum(e.partitions for e in created),
                      _names(created))
@@ -259,7 +294,16 @@ class PartitionStore:
                 continue
             grown.append((entry, added, before))
         if grown:
-            self.catalog.save()
+            try:
+                with storage_faults("save of the topic catalog"):
+                    self.catalog.save()
+            except StorageError as exc:
+                for entry, added, before in grown:
+                    for partition in range(before, entry.partitions):
+                        shutil.rmtree(self._directory(entry.name, partition), ignore_errors=True)
+                    del entry.rows[before:]
+                    outcome[entry.name] = self._storage_outcome(exc)
+                return outcome
             self._reindex()
             log.info("added partitions: %s", ", ".join(f"{e.name} {before} -> {e.partitions}"
                                                         for e, _, before in grown))
@@ -273,7 +317,8 @@ class PartitionStore:
         in order; a refused resource changes nothing."""
         self.reload()
         results: list[tuple[int, str | None]] = []
-        changed = False
+        changed: list[int] = []  # results of the resources changed here, which the catalog write must carry
+        undo: list[tuple[TopicEntry | None, dict]] = []
         for resource_type, name, how, changes in resources:
             try:
                 if resource_type == TOPIC_RESOURCE:
@@ -300,15 +345,35 @@ class PartitionStore:
             if validate_only or overrides == current:
                 continue
             if resource_type == TOPIC_RESOURCE:
+                undo.append((entry, entry.configs))
                 entry.configs = overrides
             else:
+                undo.append((None, self.catalog.broker_configs))
                 self.catalog.broker_configs = overrides
-            changed = True
+            changed.append(len(results) - 1)
         if changed:
-            self.catalog.save()
+            try:
+                with storage_faults("save of the topic catalog"):
+                    self.catalog.save()
+            except StorageError as exc:
+                for entry, previous in reversed(undo):
+                    if entry is None:
+                        self.catalog.broker_configs = previous
+                    else:
+                        entry.configs = previous
+                for index in changed:
+                    results[index] = self._storage_outcome(exc)
+                return results
             self._reindex()
             log.info("configs altered: %s", ", ".join(name or "(node)" for _, name, _, _ in resources))
         return results
+    def _discard_directories(self, entry) -> None:
+        for partition in range(entry.partitions):
+            shutil.rmtree(self._directory(entry.name, partition), ignore_errors=True)
+
+    def _storage_outcome(self, exc: StorageError) -> tuple[int, str]:
+        log.warning("%s: answering KAFKA_STORAGE_ERROR (56)", exc)
+        return (int(ErrorCode.kafka_storage_error), str(exc))
 
     def delete_topics(self, names: list[str]) -> TopicOutcomes:
         self.reload()
@@ -325,7 +390,15 @@ class PartitionStore:
                 continue
             outcome[name] = (0, None)
         if doomed:
-            self.catalog.save()  # first forget the topic, so a crash never leaves a catalogued topic half deleted
+            try:
+                with storage_faults("save of the topic catalog"):
+                    # First forget the topic, so a crash never leaves a catalogued topic half deleted.
+                    self.catalog.save()
+            except StorageError as exc:
+                for entry in doomed:
+                    self.catalog.topics[entry.name] = entry
+                    outcome[entry.name] = self._storage_outcome(exc)
+                return outcome
             for entry in doomed:
                 for partition, row in enumerate(entry.rows):
                     stale = self._logs.pop(row, None)

@@ -8,7 +8,9 @@ Invariants:
   each is read with the table's struct path (numpy's fixed cost would dominate).
   * DelayedFetch: bytes appended to the watched partitions since the worker read them
     (end_bytes - start_bytes, summed) reach min_bytes.
-  * DelayedProduce: every partition's flushed (fsync'd) offset reaches the offset after the batch.
+  * DelayedProduce: every partition's flushed (fsync'd) offset reaches the offset after the batch, or
+    a flush of that partition that started after the produce began to wait failed (a storage fault):
+    then it completes FAILED, and no later flush can make it succeed.
 - Completion (satisfied or expired) sends exactly one completion frame to the owning worker;
   the worker builds the response itself from the table and the logs.
 """
@@ -71,16 +73,31 @@ class DelayedFetch(TimerOperation):
 
 
 class DelayedProduce(TimerOperation):
-    __slots__ = ("required_offsets",)
+    __slots__ = ("required_offsets", "failed_rows", "after_round")
 
     def __init__(self, worker: int, request_id: int, rows: list[int], required_offsets: list[int],
-                 table: PartitionTable, sink: CompletionSink) -> None:
+                 table: PartitionTable, sink: CompletionSink, failed_rows: dict[int, int] | None = None,
+                 after_round: int = 0) -> None:
         super().__init__(worker, request_id, rows, table, sink)
         self.required_offsets = required_offsets
+        # Row -> the last flush round that failed on it (kept by the service); only rounds that started
+        # after `after_round` (when this produce began to wait) count against it.
+        self.failed_rows = failed_rows if failed_rows is not None else {}
+        self.after_round = after_round
+
+    def _row_failed(self, row: int) -> bool:
+        return self.failed_rows.get(row, -1) > self.after_round
 
     def satisfied(self) -> bool:
+        """Done: each row flushed far enough, or failed (see failed())."""
         read = self.table.read
-        return all(read(row).flushed_offset >= required for row, required in zip(self.rows, self.required_offsets))
+        return all(read(row).flushed_offset >= required or self._row_failed(row)
+                   for row, required in zip(self.rows, self.required_offsets))
+
+    def failed(self) -> bool:
+        read = self.table.read
+        return any(self._row_failed(row) and read(row).flushed_offset < required
+                   for row, required in zip(self.rows, self.required_offsets))
 
 
 class DelayedTimeout(TimerOperation):
@@ -101,10 +118,13 @@ class DelayedTimeout(TimerOperation):
 
 class DelayedFlush(DelayedProduce):
     """A wait of the timer process itself (not of a worker's request) until rows are fsync'd to the given
-    offsets: the durable offset commits of the group coordinator. `done(flushed)` is called once."""
+    offsets: the durable offset commits of the group coordinator. `done(flushed)` is called once: False at
+    the deadline or when a flush round failed on a row (a commit whose fsync failed is not durable)."""
 
     __slots__ = ("done",)
 
     def __init__(self, rows: list[int], required_offsets: list[int], table: PartitionTable,
-                 done: Callable[[bool], None]) -> None:
-        super().__init__(-1, 0, rows, required_offsets, table, lambda op, expired: done(not expired))
+                 done: Callable[[bool], None], failed_rows: dict[int, int] | None = None,
+                 after_round: int = 0) -> None:
+        super().__init__(-1, 0, rows, required_offsets, table,
+                         lambda op, expired: done(not expired and not op.failed()), failed_rows, after_round)

@@ -21,14 +21,14 @@ class Outbox:
     def __init__(self, writers: list[RingWriter]) -> None:
         self.writers = writers
         self._queued: list[list[bytes]] = [[] for _ in writers]
-        self._completions: list[list[tuple[int, int]]] = [[] for _ in writers]
+        self._completions: list[list[tuple[int, int, int]]] = [[] for _ in writers]
 
     @property
     def workers(self) -> int:
         return len(self.writers)
 
-    def complete(self, worker: int, request_id: int, status: M.Status) -> None:
-        self._completions[worker].append((request_id, status))
+    def complete(self, worker: int, request_id: int, status: M.Status, error_code: int = 0) -> None:
+        self._completions[worker].append((request_id, status, error_code))
 
     def send(self, worker: int, frame: bytes) -> None:
         self._queued[worker].append(frame)

@@ -17,6 +17,8 @@ Invariants:
 - On start it announces itself on every completion ring (TIMER_STARTED), so workers re-submit what they
   wait on: nothing waits on a purgatory that no longer exists.
 - It exits when the supervisor is gone (checked every turn; the sleep is bounded by max_sleep_ms).
+- Every turn of the loop beats its heartbeat (shm.heartbeat), and the sleep is also bounded by
+  heartbeat_interval_ms, so an idle timer still beats and only a stuck loop stops beating.
 - On SIGTERM the flusher gets a last round before the process goes, so acks=all produces waiting on it
   are answered.
 """
@@ -47,6 +49,7 @@ from node.timer.service import DelayedOperations
 from shm import instance as shm_instance
 from shm import messages as M
 from shm.doorbell import EventfdDoorbell, SemaphoreDoorbell
+from shm.heartbeat import HeartbeatTable
 from shm.interest import InterestTable
 from shm.ring import RingCorrupt, RingReader, RingWriter, announce_sleep_all, woke_all
 from shm.table import PartitionTable
@@ -60,11 +63,13 @@ def monotonic_ms() -> int:
 
 class TimerProcess:
     def __init__(self, instance: str, config: NodeConfig, worker_bell_fds: list[int], supervisor_pid: int,
-                 config_path: str = "") -> None:
+                 config_path: str, heartbeat_slot: int) -> None:
         self.config = config
         self.config_path = config_path
         self._reload = False
         self.supervisor_pid = supervisor_pid
+        self.heartbeats = HeartbeatTable.attach(shm_instance.heartbeat_name(instance))
+        self.heartbeat = self.heartbeats.heartbeat(heartbeat_slot, os.getpid())
         self.table = PartitionTable.attach(shm_instance.table_name(instance))
         self.interest = InterestTable.attach(shm_instance.interest_name(instance))
         self.store = PartitionStore(os.path.abspath(config.server.data_dir), self.table, config.log,
@@ -142,14 +147,18 @@ class TimerProcess:
             handler(worker, message)
         except (M.MessageError, ValueError, KeyError, TypeError) as exc:
             log.warning("dropping a bad frame from worker %d: %s", worker, exc)
+        except Exception:  # a bug costs one message, never the timer process
+            log.exception("handling a frame from worker %d failed", worker)
 
     def _on_flushed(self) -> None:
-        while not self.flusher.flushed.empty():
-            self.operations.flushed(self.flusher.flushed.get_nowait())
+        while not self.flusher.reports.empty():
+            report = self.flusher.reports.get_nowait()
+            self.operations.flush_failed(report.round, report.failed)
+            self.operations.flushed(report.flushed)
         self.flusher.run_finished()
 
     def _sleep_timeout_s(self, now: int) -> float:
-        timeout = self.config.timer.max_sleep_ms
+        timeout = min(self.config.timer.max_sleep_ms, self.config.server.heartbeat_interval_ms)
         for deadline in (self.operations.next_expiration(), self.chores.next_expiration(),
                          self.groups.next_expiration(), self.quotas.next_expiration()):
             if deadline is not None:
@@ -185,11 +194,12 @@ class TimerProcess:
         self.outbox.flush()
         log.info("timer process ready (%d workers)", self.outbox.workers)
         while not self.stopping:
+            self.heartbeat.beat()
             if os.getppid() != self.supervisor_pid:
                 log.error("supervisor is gone: exiting")
                 break
             timeout = self._sleep_timeout_s(monotonic_ms())
-            if announce_sleep_all(self.readers) and self.flusher.flushed.empty() and self.flusher.finished.empty():
+            if announce_sleep_all(self.readers) and self.flusher.reports.empty() and self.flusher.finished.empty():
                 try:
                     self.bell.wait(timeout)
                 except posix_ipc.SignalError:
@@ -214,6 +224,7 @@ class TimerProcess:
             end.close()
         self.store.close()
         self.interest.close()
+        self.heartbeats.close()
         return 0
 
 
@@ -232,13 +243,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--instance", required=True)
     parser.add_argument("--index", type=int, default=0)
     parser.add_argument("--config-file", required=True)
+    parser.add_argument("--heartbeat-slot", type=int, required=True)
     parser.add_argument("--supervisor-pid", type=int, required=True)
     parser.add_argument("--worker-bell-fds", required=True)
     args = parser.parse_args(argv)
     setup_logging("timer")
     config = read_runtime(args.config_file)
     fds = [int(fd) for fd in args.worker_bell_fds.split(",") if fd]
-    return TimerProcess(args.instance, config, fds, args.supervisor_pid, args.config_file).run()
+    return TimerProcess(args.instance, config, fds, args.supervisor_pid, args.config_file, args.heartbeat_slot).run()
 
 
 if __name__ == "__main__":

@@ -10,6 +10,8 @@ Invariants:
   lowers it when it completes (shm.interest: no append is missed between the two).
 - Conditions are read from the shared partition table (node.timer.delayed); appends and flushes only
   say which rows to look at again.
+- A flush round that fails on a row (a storage fault) completes the produces waiting on it that began
+  before the round did, FAILED with KAFKA_STORAGE_ERROR; a later successful flush of the row clears it.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from node.timer.delayed import DelayedFetch, DelayedFlush, DelayedProduce, Delay
 from node.timer.flusher import Flusher
 from node.timer.outbox import Outbox
 from node.timer.purgatory import Purgatory
+from node.storage.records import ErrorCode
 from shm import messages as M
 from shm.interest import InterestTable, full_fence
 from shm.table import PartitionTable
@@ -40,6 +43,7 @@ class DelayedOperations:
         self.throttles = Purgatory.configured("throttle", timer.purgatory, timer.wheel, now_ms)
         self.operations: dict[tuple[int, int], TimerOperation] = {}
         self.cancelled: set[tuple[int, int]] = set()
+        self.failed_rows: dict[int, int] = {}  # row -> last flush round that failed on it
 
     # -- messages from workers --------------------------------------------------------------------
 
@@ -51,7 +55,8 @@ class DelayedOperations:
 
     def delay_produce(self, worker: int, message: Any) -> None:
         op = DelayedProduce(worker, message.request_id, [row for row, _ in message.items],
-                            [offset for _, offset in message.items], self.table, self._completed)
+                            [offset for _, offset in message.items], self.table, self._completed,
+                            self.failed_rows, self.flusher.rounds_started)
         self._want_flush(op)
         self._watch(self.produces, op, message.deadline_ms)
 
@@ -74,7 +79,7 @@ class DelayedOperations:
     def wait_flushed(self, rows: list[int], required_offsets: list[int], deadline_ms: int, done) -> None:
         """The timer process's own wait (not a worker's): done(True) once every row is fsync'd to its offset,
         done(False) at the deadline. Flushed by the group commit, as acks=all produces are."""
-        op = DelayedFlush(rows, required_offsets, self.table, done)
+        op = DelayedFlush(rows, required_offsets, self.table, done, self.failed_rows, self.flusher.rounds_started)
         self._want_flush(op)
         self.produces.try_complete_else_watch(op, op.watch_keys(), deadline_ms)
 
@@ -82,6 +87,12 @@ class DelayedOperations:
 
     def flushed(self, rows: list[int]) -> None:
         for row in rows:
+            self.failed_rows.pop(row, None)
+            self.produces.check_and_complete(row)
+
+    def flush_failed(self, flush_round: int, rows: list[int]) -> None:
+        for row in rows:
+            self.failed_rows[row] = flush_round
             self.produces.check_and_complete(row)
 
     def advance(self, now_ms: int) -> None:
@@ -111,7 +122,10 @@ class DelayedOperations:
         if op.key in self.cancelled:
             self.cancelled.discard(op.key)
             return
-        self.outbox.complete(op.worker, op.request_id, M.Status.EXPIRED if expired else M.Status.SATISFIED)
+        if isinstance(op, DelayedProduce) and op.failed():
+            self.outbox.complete(op.worker, op.request_id, M.Status.FAILED, ErrorCode.KAFKA_STORAGE_ERROR)
+        else:
+            self.outbox.complete(op.worker, op.request_id, M.Status.EXPIRED if expired else M.Status.SATISFIED)
 
     def _want_flush(self, op: DelayedProduce) -> None:
         """Something waits on its rows' fsync: the group commit starts a round at once if none is in flight

@@ -1,0 +1,99 @@
+"""The worker's event loop on real sockets: read and write events, paused reads (backpressure) that still
+notice the peer's end, timers, and the per-turn clock."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import pytest
+
+from workers.eventloop import EventLoop
+
+
+@pytest.fixture
+def loop():
+    loop = EventLoop()
+    yield loop
+    loop.close()
+
+
+def run_turns(loop: EventLoop, turns: int, sleep_cap_s: float = 0.05) -> None:
+    """Run the loop for about `turns` turns of at most `sleep_cap_s` each."""
+    timer = loop.call_later(turns * sleep_cap_s, loop.stop)
+    loop.run()
+    timer.cancel()
+
+
+def test_paused_reads_are_not_delivered_until_resumed(loop):
+    ours, theirs = socket.socketpair()
+    ours.setblocking(False)
+    got = []
+    loop.watch(ours, lambda: got.append(ours.recv(100)))
+    loop.pause_reading(ours)
+    assert not loop.reading(ours)
+    theirs.sendall(b"held back")
+    run_turns(loop, 3)
+    assert got == []
+    loop.resume_reading(ours)
+    assert loop.reading(ours)
+    run_turns(loop, 3)
+    assert got == [b"held back"]
+    ours.close()
+    theirs.close()
+
+
+def test_a_paused_socket_still_notices_its_peer_going(loop):
+    ours, theirs = socket.socketpair()
+    ours.setblocking(False)
+    events = []
+    loop.watch(ours, lambda: events.append("read"), on_hangup=lambda: (events.append("hangup"), loop.unwatch(ours)))
+    loop.pause_reading(ours)
+    theirs.sendall(b"unread")
+    theirs.close()
+    run_turns(loop, 3)
+    assert events == ["hangup"]
+    ours.close()
+
+
+def test_write_handler_only_while_wanted_and_pause_keeps_it(loop):
+    ours, theirs = socket.socketpair()
+    writes = []
+    loop.watch(ours, lambda: None)
+    loop.want_write(ours, lambda: writes.append(1))
+    loop.pause_reading(ours)  # pausing reads keeps the write handler
+    run_turns(loop, 2)
+    assert len(writes) >= 1
+    loop.want_write(ours, None)
+    writes.clear()
+    run_turns(loop, 2)
+    assert writes == []
+    ours.close()
+    theirs.close()
+
+
+def test_timers_run_in_order_and_cancelled_ones_never(loop):
+    ran = []
+    loop.call_later(0.02, lambda: ran.append("b"))
+    loop.call_later(0.01, lambda: ran.append("a"))
+    loop.call_later(0.015, lambda: ran.append("x")).cancel()
+    loop.call_later(0.03, loop.stop)
+    loop.run()
+    assert ran == ["a", "b"]
+
+
+def test_now_is_taken_once_per_turn(loop):
+    before = time.monotonic()
+    run_turns(loop, 2, sleep_cap_s=0.01)
+    assert before <= loop.now <= time.monotonic()
+
+
+def test_a_file_is_watched_once(loop):
+    ours, theirs = socket.socketpair()
+    loop.watch(ours, lambda: None)
+    with pytest.raises(KeyError):
+        loop.watch(ours, lambda: None)
+    loop.unwatch(ours)
+    loop.unwatch(ours)  # twice is harmless
+    ours.close()
+    theirs.close()
