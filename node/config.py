@@ -3,8 +3,9 @@
 Invariants:
 - Every tunable number of the node lives here (or in a nested config it owns, such as the log's);
   modules take their numbers from a config object, never from literals.
-- A config is immutable once loaded. The supervisor writes the node's config to a file in the data directory
-  (`write_runtime`), which its children read at start (`read_runtime`), so a restarted child runs with exactly
+- A config is immutable once loaded. The supervisor writes the node's config to a file in the instance's shared
+  memory (`write_runtime`; not the data directory, which may be full), which its children read at start
+  (`read_runtime`), so a restarted child runs with exactly
   the configuration its siblings have; on SIGHUP the supervisor rewrites it with the reloadable settings
   changed (`RELOADABLE`) and the children re-read it.
 - Unknown keys in the TOML file are an error (a typo must not silently fall back to a default).
@@ -326,16 +327,8 @@ def load(path: str | None = None, overrides: dict[str, Any] | None = None) -> No
 
 # Sections a running node takes on SIGHUP; a change anywhere else needs a restart.
 RELOADABLE = ("quotas",)
-RUNTIME_FILE = ".node-config.json"
-
-
-def runtime_path(data_dir: str) -> str:
-    return os.path.join(data_dir, RUNTIME_FILE)
-
-
-def write_runtime(config: NodeConfig, data_dir: str) -> str:
+def write_runtime(config: NodeConfig, path: str) -> str:
     """Replace the children's config file atomically (readers see the old file or the new one)."""
-    path = runtime_path(data_dir)
     tmp = path + ".tmp"
     with open(tmp, "wb") as f:
         f.write(config.to_json())

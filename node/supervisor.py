@@ -45,6 +45,7 @@ from node import sdnotify
 from node.config import NodeConfig
 from node.resources import NodeResources, heartbeat_slot
 from shm.heartbeat import HangWatch
+from shm import instance as shm_instance
 from shm.instance import instance_id_for
 
 log = logging.getLogger("shmbroker.supervisor")
@@ -177,10 +178,11 @@ class Supervisor:
 
     def start(self) -> None:
         self._lock_data_dir()
-        self.runtime_path = node_config.write_runtime(self.config, self.data_dir)
         workers = self.config.server.worker_count()
         self.listeners = self._listen(workers)  # first: a taken port fails before anything is created
         self.resources = NodeResources.create(self.instance, self.config, self.data_dir)
+        # After the instance's start, which clears a crashed run's leftovers (this file among them).
+        self.runtime_path = node_config.write_runtime(self.config, shm_instance.config_path(self.instance))
         server = self.config.server
         if server.child_hang_timeout_ms > 0:
             self.hangs = HangWatch(self.resources.heartbeats, server.child_hang_timeout_ms,
@@ -245,7 +247,7 @@ class Supervisor:
                 log.warning("SIGHUP: changes to %s take effect at the next restart", ", ".join(ignored))
             if merged != self.config:
                 self.config = merged
-                node_config.write_runtime(merged, self.data_dir)
+                node_config.write_runtime(merged, self.runtime_path)
                 for child in self.children:
                     if child.process is not None and child.process.poll() is None:
                         child.process.send_signal(signal.SIGHUP)

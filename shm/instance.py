@@ -93,6 +93,11 @@ def connections_name(instance_id: str) -> str:
     return object_name(instance_id, "connections")
 
 
+def config_path(instance_id: str) -> str:
+    """The file of the node's config its children read (a file under /dev/shm, removed with the instance)."""
+    return DEV_SHM + object_name(instance_id, "config")
+
+
 def lease_name(instance_id: str) -> str:
     return object_name(instance_id, "lease")
 

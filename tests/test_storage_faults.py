@@ -127,7 +127,7 @@ def test_snapshots_retention_and_topic_creation_on_a_full_disk(tmp_path, table):
         # A topic that cannot be created for lack of space leaves nothing behind and says why.
         fill(fs, "filler2")
         store = PartitionStore(str(fs), table, config, max_partitions=4)
-        outcome = store.create_topics([("new", 2)])
+        outcome = store.create_topics([("new", 2, {})])
         assert outcome["new"][0] == ErrorCode.KAFKA_STORAGE_ERROR
         assert "new" not in store.catalog.topics and not os.path.exists(fs / "new-0")
         store.close()
