@@ -83,6 +83,16 @@ def interest_name(instance_id: str) -> str:
     return object_name(instance_id, "interest")
 
 
+def heartbeat_name(instance_id: str) -> str:
+    """The children's heartbeat counters, one row per child (shm.heartbeat)."""
+    return object_name(instance_id, "heartbeats")
+
+
+def connections_name(instance_id: str) -> str:
+    """Open client connections per worker and per client-address bucket (shm.connections)."""
+    return object_name(instance_id, "connections")
+
+
 def lease_name(instance_id: str) -> str:
     return object_name(instance_id, "lease")
 

@@ -1,0 +1,169 @@
+"""Heartbeats of the node's children: one row of counters per child in a shared segment, and the check of
+which children stopped turning their loops.
+
+Every child process (the timer, each network worker) owns one row, its *slot*, chosen by the supervisor.
+The child adds one to its row's `beats` on every turn of its loop; whoever watches (the supervisor, which
+replaces a hung child; the systemd watchdog and the stats of the operations work) reads the rows without
+locks and compares them with what it read before.
+
+Layout: a 64-byte header (magic, slots, row bytes), then one 64-byte row (a cache line) per slot:
+
+    word 0   beats    loop turns of the child since its start (written by the child only)
+    word 1   pid      the child's pid (written by the supervisor at spawn, then by the child when it starts)
+    words 2-7         reserved for more per-child counters
+
+Invariants:
+- Each word has one writer at a time: the supervisor writes a row only while no child owns it (before
+  spawning the child, after reaping the previous one); the child then writes `beats` (and `pid`) alone.
+  Words are aligned u64: a load or store is one instruction, so a reader sees an old or a new value,
+  never a torn one (x86-64; see shm/ring.py for the memory-ordering assumptions).
+- A child's loop turns at least every heartbeat interval while it is healthy: its sleep is capped there
+  (a child idle for hours still beats). So `beats` that did not move for a hang timeout well above that
+  interval mean the loop is stuck (SIGSTOP, a deadlock, a handler that never returns). `HangWatch` is
+  that check; before a child's first beat (it is still booting) it allows the longer start timeout.
+- The segment is named by the caller under the node instance (shm.instance.heartbeat_name), whose
+  shutdown unlinks it.
+"""
+
+from __future__ import annotations
+
+import mmap
+import struct
+from dataclasses import dataclass
+
+import posix_ipc
+
+MAGIC = 0x5441_4542_5452_4148  # "HRTBEAT" little-endian
+HEADER = struct.Struct("<qqq")
+HEADER_BYTES = 64
+ROW_WORDS = 8
+ROW_BYTES = ROW_WORDS * 8
+BEATS = 0
+PID = 1
+
+
+class HeartbeatTable:
+    """A mapping of the heartbeat segment. `create` in the supervisor, `attach` everywhere else."""
+
+    def __init__(self, name: str, memory: mmap.mmap) -> None:
+        magic, slots, row_bytes = HEADER.unpack_from(memory, 0)
+        if magic != MAGIC or row_bytes != ROW_BYTES or HEADER_BYTES + slots * ROW_BYTES > len(memory):
+            memory.close()
+            raise ValueError(f"{name} is not a heartbeat table of this version")
+        self.name = name
+        self.slots = slots
+        self._memory = memory
+        self._words = memoryview(memory)[HEADER_BYTES:HEADER_BYTES + slots * ROW_BYTES].cast("Q")
+
+    @classmethod
+    def create(cls, name: str, slots: int) -> "HeartbeatTable":
+        if slots <= 0:
+            raise ValueError("a heartbeat table needs at least one slot")
+        size = HEADER_BYTES + slots * ROW_BYTES
+        shared = posix_ipc.SharedMemory(name, posix_ipc.O_CREX, mode=0o600, size=size)
+        try:
+            memory = mmap.mmap(shared.fd, size)
+        finally:
+            shared.close_fd()
+        HEADER.pack_into(memory, 0, MAGIC, slots, ROW_BYTES)
+        return cls(name, memory)
+
+    @classmethod
+    def attach(cls, name: str) -> "HeartbeatTable":
+        shared = posix_ipc.SharedMemory(name)
+        try:
+            memory = mmap.mmap(shared.fd, shared.size)
+        finally:
+            shared.close_fd()
+        return cls(name, memory)
+
+    def _word(self, slot: int, word: int) -> int:
+        if not 0 <= slot < self.slots:
+            raise IndexError(f"slot {slot} outside heartbeat table of {self.slots}")
+        return slot * ROW_WORDS + word
+
+    # -- the owner of a row ----------------------------------------------------------------------
+
+    def heartbeat(self, slot: int, pid: int) -> "Heartbeat":
+        """The child's handle on its own row (records its pid)."""
+        self._words[self._word(slot, PID)] = pid
+        return Heartbeat(self._words, self._word(slot, BEATS))
+
+    # -- the supervisor and other readers --------------------------------------------------------
+
+    def claim(self, slot: int, pid: int = 0) -> None:
+        """Supervisor, while no child owns the slot: a new child (or none) starts from zero beats."""
+        self._words[self._word(slot, BEATS)] = 0
+        self._words[self._word(slot, PID)] = pid
+
+    def beats(self, slot: int) -> int:
+        return self._words[self._word(slot, BEATS)]
+
+    def pid(self, slot: int) -> int:
+        return self._words[self._word(slot, PID)]
+
+    def rows(self) -> list[tuple[int, int]]:
+        """(pid, beats) of every slot."""
+        words = self._words
+        return [(words[slot * ROW_WORDS + PID], words[slot * ROW_WORDS + BEATS]) for slot in range(self.slots)]
+
+    def close(self) -> None:
+        self._words.release()
+        self._memory.close()
+
+
+class Heartbeat:
+    """One child's row: `beat()` once per loop turn (one aligned 8-byte store)."""
+
+    __slots__ = ("_words", "_index")
+
+    def __init__(self, words: memoryview, index: int) -> None:
+        self._words = words
+        self._index = index
+
+    def beat(self) -> None:
+        self._words[self._index] += 1
+
+    @property
+    def beats(self) -> int:
+        return self._words[self._index]
+
+
+@dataclass(frozen=True)
+class Stall:
+    slot: int
+    pid: int
+    beats: int
+    silent_ms: int  # since the beats last moved (or since the child was started, if it never beat)
+    booting: bool  # True: it never beat (stuck before its loop started)
+
+
+class HangWatch:
+    """Which watched slots' beats stopped moving: silent for `hang_timeout_ms` after a first beat, or for
+    `start_timeout_ms` before one. Times are the watcher's monotonic seconds (no clock is shared)."""
+
+    def __init__(self, table: HeartbeatTable, hang_timeout_ms: int, start_timeout_ms: int) -> None:
+        self.table = table
+        self.hang_timeout_ms = hang_timeout_ms
+        self.start_timeout_ms = start_timeout_ms
+        self._seen: dict[int, tuple[int, float]] = {}  # slot -> (beats, when they last moved)
+
+    def started(self, slot: int, now: float) -> None:
+        """A child was started on `slot` (after `table.claim`): watch it from now."""
+        self._seen[slot] = (0, now)
+
+    def forget(self, slot: int) -> None:
+        self._seen.pop(slot, None)
+
+    def stuck(self, now: float) -> list[Stall]:
+        stalls = []
+        for slot, (last_beats, since) in list(self._seen.items()):
+            beats = self.table.beats(slot)
+            if beats != last_beats:
+                self._seen[slot] = (beats, now)
+                continue
+            silent_ms = int((now - since) * 1000)
+            limit = self.hang_timeout_ms if beats else self.start_timeout_ms
+            if silent_ms >= limit:
+                stalls.append(Stall(slot, self.table.pid(slot), beats, silent_ms, beats == 0))
+        return stalls
