@@ -20,7 +20,9 @@ from node.config import NodeConfig
 from node.storage.store import PartitionStore
 from shm import instance as shm_instance
 from shm.doorbell import EventfdDoorbell
+from shm.heartbeat import HeartbeatTable
 from shm.interest import InterestTable
+from shm.stats import StatsSegment, stats_rows
 from shm.table import PartitionTable
 
 log = logging.getLogger("shmbroker.resources")
@@ -28,8 +30,10 @@ log = logging.getLogger("shmbroker.resources")
 
 class NodeResources:
     def __init__(self, instance: shm_instance.Instance, table: PartitionTable, worker_bells: list[EventfdDoorbell],
-                 config: NodeConfig, data_dir: str) -> None:
+                 config: NodeConfig, data_dir: str, stats: StatsSegment, heartbeats: HeartbeatTable) -> None:
         self.instance = instance
+        self.stats = stats  # one row per process: supervisor, timer, workers (shm.stats)
+        self.heartbeats = heartbeats  # one slot per child: timer 0, worker i at 1 + i (shm.heartbeat)
         self.table = table
         self.worker_bells = worker_bells
         self.config = config
@@ -47,6 +51,8 @@ class NodeResources:
             finally:
                 store.close()
             workers = config.server.worker_count()
+            stats = StatsSegment.create(shm_instance.stats_name(instance_id), stats_rows(workers))
+            heartbeats = HeartbeatTable.create(shm_instance.heartbeat_name(instance_id), 1 + workers)
             for i in range(workers):
                 instance.create_ring(shm_instance.request_ring_name(instance_id, i), config.rings)
                 instance.create_ring(shm_instance.completion_ring_name(instance_id, i), config.rings)
@@ -55,7 +61,7 @@ class NodeResources:
         except BaseException:
             instance.shutdown()
             raise
-        return cls(instance, table, bells, config, data_dir)
+        return cls(instance, table, bells, config, data_dir, stats, heartbeats)
 
     def flush_all(self) -> None:
         """fsync every partition (the last step of a clean stop)."""
@@ -69,4 +75,6 @@ class NodeResources:
         for bell in self.worker_bells:
             bell.close()
         self.table.close()
+        self.stats.close()
+        self.heartbeats.close()
         self.instance.shutdown()

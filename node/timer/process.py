@@ -35,6 +35,7 @@ import posix_ipc
 
 from node.config import NodeConfig, read_runtime, reloaded
 from node.logging_setup import setup_logging
+from node.proctitle import set_title
 from node.storage.store import PartitionStore
 from node.timer.chores import Chore, ChoreScheduler
 from node.timer.controller import Controller
@@ -44,9 +45,12 @@ from node.timer.groups.offsets import OffsetStore
 from node.timer.outbox import Outbox
 from node.timer.quotas import QuotaManager
 from node.timer.service import DelayedOperations
+from node.timer.stats import TimerStats
 from shm import instance as shm_instance
 from shm import messages as M
+from shm import stats as S
 from shm.doorbell import EventfdDoorbell, SemaphoreDoorbell
+from shm.heartbeat import HeartbeatTable
 from shm.interest import InterestTable
 from shm.ring import RingCorrupt, RingReader, RingWriter, announce_sleep_all, woke_all
 from shm.table import PartitionTable
@@ -105,6 +109,12 @@ class TimerProcess:
             M.Kind.QUOTA_USAGE: self.quotas.usage,
             M.Kind.THROTTLE: self._throttle,
         }
+        self.heartbeats = HeartbeatTable.attach(shm_instance.heartbeat_name(instance))
+        self.heartbeat = self.heartbeats.heartbeat(0, os.getpid())
+        self.stats_segment = S.StatsSegment.attach(shm_instance.stats_name(instance)) if config.stats.enabled else None
+        self.stats = (TimerStats(self.stats_segment.writer(S.TIMER_ROW, "timer", 0, os.getpid()),
+                                 config.stats.publish_interval_ms) if self.stats_segment is not None else None)
+        self._due_ms: int | None = None  # the earliest deadline the current sleep waits for
         self.stopping = False
 
     def _throttle(self, worker: int, message: Any) -> None:
@@ -128,6 +138,8 @@ class TimerProcess:
             for frame in frames:
                 self._dispatch(worker, frame)
             reader.release()
+            if self.stats is not None and frames:
+                self.stats.received(worker, len(frames))
 
     def _dispatch(self, worker: int, frame: memoryview) -> None:
         try:
@@ -144,11 +156,15 @@ class TimerProcess:
             self.operations.flushed(self.flusher.flushed.get_nowait())
 
     def _sleep_timeout_s(self, now: int) -> float:
-        timeout = self.config.timer.max_sleep_ms
+        # Capped by the heartbeat interval too: an idle timer still beats (shm.heartbeat).
+        timeout = min(self.config.timer.max_sleep_ms, self.config.stats.heartbeat_interval_ms)
+        due = None
         for deadline in (self.operations.next_expiration(), self.chores.next_expiration(),
                          self.groups.next_expiration(), self.quotas.next_expiration()):
             if deadline is not None:
+                due = deadline if due is None else min(due, deadline)
                 timeout = min(timeout, max(0, deadline - now))
+        self._due_ms = due if due is not None and due - now <= timeout else None
         if self.outbox.pending():  # a full completion ring: try again soon
             timeout = min(timeout, self.config.timer.ring_full_retry_ms)
         return timeout / 1000
@@ -182,6 +198,7 @@ class TimerProcess:
         self.outbox.flush()
         log.info("timer process ready (%d workers)", self.outbox.workers)
         while not self.stopping:
+            self.heartbeat.beat()
             if os.getppid() != self.supervisor_pid:
                 log.error("supervisor is gone: exiting")
                 break
@@ -192,6 +209,12 @@ class TimerProcess:
                 except posix_ipc.SignalError:
                     pass  # SIGTERM: the handler set `stopping`
             woke_all(self.readers)
+            if self.stats is not None:
+                now_ns = time.monotonic_ns()
+                self.stats.woke(None if self._due_ms is None else self._due_ms * 1_000_000, now_ns)
+                if self.stats.due(now_ns):
+                    self.stats.writer.set("loop_turns", self.heartbeat.beats)
+                    self.stats.publish(self, now_ns)
             if self._reload:
                 self._reload_config()
             self._drain()
@@ -211,6 +234,9 @@ class TimerProcess:
             end.close()
         self.store.close()
         self.interest.close()
+        self.heartbeats.close()
+        if self.stats_segment is not None:
+            self.stats_segment.close()
         return 0
 
 
@@ -234,6 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     setup_logging("timer")
     config = read_runtime(args.config_file)
+    set_title("timer")
     fds = [int(fd) for fd in args.worker_bell_fds.split(",") if fd]
     return TimerProcess(args.instance, config, fds, args.supervisor_pid, args.config_file).run()
 
