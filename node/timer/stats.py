@@ -11,13 +11,9 @@ stats.publish_interval_ms; lateness samples are bounded per interval (MAX_LATENE
 
 from __future__ import annotations
 
-import time
-from typing import TYPE_CHECKING
+from typing import Any
 
 from shm import stats as S
-
-if TYPE_CHECKING:
-    from node.timer.process import TimerProcess
 
 MAX_LATENESS_SAMPLES = 100_000
 
@@ -44,7 +40,8 @@ class TimerStats:
     def due(self, now_ns: int) -> bool:
         return now_ns >= self._next_ns
 
-    def publish(self, timer: "TimerProcess", now_ns: int) -> None:
+    def publish(self, timer: Any, now_ns: int) -> None:
+        """`timer`: the TimerProcess (not imported: it imports this module)."""
         self._next_ns = now_ns + self.interval_ns
         w = self.writer
         ops, groups = timer.operations, timer.groups
@@ -99,6 +96,3 @@ class TimerStats:
             w.set("ring_frames_received", frames, worker)
         w.publish()
 
-
-def monotonic_ns() -> int:
-    return time.monotonic_ns()
