@@ -126,7 +126,8 @@ class Dashboard:
                     rss = p.memory_info().rss
                     switches = sum(p.num_ctx_switches())
                     files = p.num_fds()
-                conns = len(p.net_connections(kind="tcp")) if row.role == "worker" else 0
+                conns = (sum(1 for c in p.net_connections(kind="tcp") if c.status == psutil.CONN_ESTABLISHED)
+                         if row.role == "worker" else 0)
             except psutil.Error:
                 state.processes.pop(row.pid, None)
                 continue
