@@ -66,7 +66,7 @@ uninstall-service:
 run: venv
 	$(VENV)/bin/shmbroker serve --listen 127.0.0.1:9092 --data-dir ./data
 
-test: venv sysdeps
+test: venv sysdeps redis
 	$(PY) -m pytest -q tests
 
 clean:

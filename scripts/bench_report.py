@@ -325,9 +325,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="about 5 minutes")
     parser.add_argument("--out", default="bench-report", help="output directory (default %(default)s)")
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--seconds", type=float, help="seconds per measurement (default: 4 with --quick, else 15)")
+    parser.add_argument("--records", type=int, help="records per consumer run (default: 300,000 with --quick)")
+    parser.add_argument("--json", action="store_true", help="the JSON lines on stdout instead of the Markdown")
     args = parser.parse_args(argv)
-    seconds = 4.0 if args.quick else 15.0
-    records = 300_000 if args.quick else 2_000_000
+    seconds = args.seconds or (4.0 if args.quick else 15.0)
+    records = args.records or (300_000 if args.quick else 2_000_000)
+    if seconds <= 0 or records < 1000 or args.workers < 1:
+        parser.error("--seconds and --workers must be positive, --records at least 1000")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rows: list[dict] = []
@@ -342,7 +347,7 @@ def main(argv: list[str] | None = None) -> int:
         results.flush()
 
     try:
-        with NodeProcess(workers=args.workers, announce=False) as node:
+        with NodeProcess(workers=args.workers, announce=True) as node:
             bootstrap = node.bootstrap
             for client, producers in (("raw", 1), ("raw", 3), ("confluent", 1)):
                 for acks in ("1", "all"):
@@ -397,7 +402,11 @@ def main(argv: list[str] | None = None) -> int:
         results.close()
     made = plots(out, rows, latencies)
     text = markdown(out, rows, made, args.quick, time.monotonic() - started)
-    print(text)
+    if args.json:
+        for row in rows:
+            print(orjson.dumps(row).decode())
+    else:
+        print(text)
     print(f"bench_report: {out / 'report.md'}, {out / 'results.jsonl'}, {', '.join(made)}", file=sys.stderr)
     return 0
 

@@ -36,8 +36,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.rounds < 1 or args.seconds <= 0 or args.workers < 1:
         parser.error("--rounds, --seconds and --workers must be positive")
     rates: dict[str, list[float]] = {"enabled": [], "disabled": []}
-    with NodeProcess(workers=args.workers, config="[stats]\nenabled = true\n") as on, \
-            NodeProcess(workers=args.workers, config="[stats]\nenabled = false\n") as off:
+    with NodeProcess(workers=args.workers, config="[stats]\nenabled = true\n", announce=True) as on, \
+            NodeProcess(workers=args.workers, config="[stats]\nenabled = false\n", announce=True) as off:
         nodes = {"enabled": on, "disabled": off}
         topics = {}
         for name, node in nodes.items():
