@@ -29,6 +29,8 @@ from shm import stats as S
 SPARK = "▁▂▃▄▅▆▇█"
 HISTORY = 60  # refreshes kept for sparklines (a minute at the default interval)
 LAG_INTERVAL_S = 5.0
+# psutil's connection list parses /proc/net/tcp (every socket of the host): refreshed this often, not every second.
+CONNECTIONS_INTERVAL_S = 5.0
 MB = 1024 * 1024
 
 
@@ -51,6 +53,8 @@ class ProcessView:
     process: psutil.Process
     last_switches: int = 0
     last_at: float = 0.0
+    connections: int = 0
+    connections_at: float = 0.0
 
 
 @dataclass
@@ -126,8 +130,11 @@ class Dashboard:
                     rss = p.memory_info().rss
                     switches = sum(p.num_ctx_switches())
                     files = p.num_fds()
-                conns = (sum(1 for c in p.net_connections(kind="tcp") if c.status == psutil.CONN_ESTABLISHED)
-                         if row.role == "worker" else 0)
+                if row.role == "worker" and now - view.connections_at >= CONNECTIONS_INTERVAL_S:
+                    view.connections_at = now
+                    view.connections = sum(1 for c in p.net_connections(kind="tcp")
+                                           if c.status == psutil.CONN_ESTABLISHED)
+                conns = view.connections
             except psutil.Error:
                 state.processes.pop(row.pid, None)
                 continue
@@ -219,9 +226,14 @@ class Dashboard:
             table.add_row(f"group {group}: lag", str(lag), "")
         return table
 
-    def _refresh_lag(self, now: float) -> None:
+    def _refresh_lag(self, now: float, rows: list[S.RowSnapshot]) -> None:
+        """Lag per group through the Kafka API, every LAG_INTERVAL_S, and only when the coordinator has groups
+        (the stats say so): an idle dashboard keeps no Kafka client running."""
         state = self.state
         if now - state.lag_at < LAG_INTERVAL_S or state.reader is None:
+            return
+        if not any(row.get("groups") for row in rows if row.role == "timer"):
+            state.lag = {}
             return
         state.lag_at = now
         try:
@@ -255,7 +267,7 @@ class Dashboard:
         processes = self._process_rows(now, rows)
         apis = self._api_table(now, rows)
         timer = self._timer_table(now, rows)
-        self._refresh_lag(now)
+        self._refresh_lag(now, rows)
         state.previous = {row.row: (now, row) for row in rows}
         return Group(header, processes, apis, timer)
 
@@ -264,10 +276,11 @@ def run_dashboard(data_dir: str, interval: float, duration: float = 0.0) -> int:
     dashboard = Dashboard(data_dir)
     console = Console()
     deadline = time.monotonic() + duration if duration > 0 else None
-    with Live(dashboard.render(), console=console, refresh_per_second=4, screen=False, transient=False) as live:
+    # Drawn once per refresh, not by rich's own refresh thread (which would redraw the same view 4 times a second).
+    with Live(dashboard.render(), console=console, auto_refresh=False, screen=False, transient=False) as live:
         while deadline is None or time.monotonic() < deadline:
             time.sleep(interval)
-            live.update(dashboard.render())
+            live.update(dashboard.render(), refresh=True)
     dashboard._drop("")
     return 0
 

@@ -269,13 +269,27 @@ def plots(out: Path, rows: list[dict], latencies: dict[str, list[int]]) -> list[
         labels = [r["case"] for r in producers]
         axis.barh(labels, [r["records_per_s"] for r in producers],
                   color=["tab:blue" if r["system"] == "shmbroker" else "tab:red" for r in producers])
-        axis.set_xlabel("records/s (100-byte records)")
+        axis.set_xscale("log")
+        axis.grid(True, which="both", axis="x", alpha=0.3)
+        axis.set_xlabel("records/s (100-byte records, log scale)")
         axis.set_title("Producer throughput: shmbroker (blue) and Redis Streams (red)")
         fig.tight_layout()
         fig.savefig(out / "producer_throughput.png", dpi=110)
         plt.close(fig)
         made.append("producer_throughput.png")
     return made
+
+
+def _cell(value: object, column: str) -> str:
+    if value is None:
+        return ""
+    if column.endswith("_ms") and isinstance(value, (int, float)):
+        return f"{value:.2f}"
+    if column in ("records_per_s", "samples", "record_size") and isinstance(value, (int, float)):
+        return f"{value:,.0f}"
+    if column == "mb_per_s" and isinstance(value, (int, float)):
+        return f"{value:,.1f}"
+    return str(value)
 
 
 def markdown(out: Path, rows: list[dict], made: list[str], quick: bool, elapsed_s: float) -> str:
@@ -289,9 +303,7 @@ def markdown(out: Path, rows: list[dict], made: list[str], quick: bool, elapsed_
             return
         lines.extend([f"## {title}", "", "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)])
         for r in chosen:
-            lines.append("| " + " | ".join("" if r.get(c) is None else (f"{r[c]:,}" if isinstance(r[c], (int, float))
-                                                                         and c != "record_size" else str(r[c]))
-                                           for c in columns) + " |")
+            lines.append("| " + " | ".join(_cell(r.get(c), c) for c in columns) + " |")
         lines.append("")
 
     table("producer", "1. Producer throughput, 100-byte records", ["system", "case", "records_per_s", "mb_per_s", "p99_ms"])
