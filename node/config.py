@@ -284,7 +284,7 @@ def _line_of(path: str, dotted: str) -> int | None:
     for number, raw in enumerate(lines, 1):
         text = raw.split("#", 1)[0].strip()
         if text.startswith("["):
-            table = text.strip("[]").strip()
+            table = ".".join(part.strip().strip('"') for part in text.strip("[]").split("."))
             if table == dotted:
                 return number
             continue
