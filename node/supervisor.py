@@ -273,8 +273,8 @@ class Supervisor:
             server = self.config.server
             sdnotify.notify(f"READY=1\nSTATUS=serving on {server.host}:{server.port}\nMAINPID={os.getpid()}")
         if self.watchdog_s is not None and self.ready and now >= self.next_watchdog:
-            self.next_watchdog = now + self.watchdog_s
-            self._watchdog(now)
+            # Withheld: look again soon, so a child back on its feet resumes the pings well before WatchdogSec.
+            self.next_watchdog = now + (self.watchdog_s if self._watchdog(now) else self.watchdog_s / 10)
         if self.stats is not None:
             self.stats.set("children_alive", sum(1 for c in self.children
                                                  if c.process is not None and c.process.poll() is None))
@@ -282,8 +282,9 @@ class Supervisor:
             self.stats.add("loop_turns")
             self.stats.publish()
 
-    def _watchdog(self, now: float) -> None:
-        """WATCHDOG=1 only while every child runs and turns its loop; otherwise withhold it (one log line)."""
+    def _watchdog(self, now: float) -> bool:
+        """WATCHDOG=1 only while every child runs and turns its loop; otherwise withhold it (one log line).
+        True if the ping was sent."""
         assert self.hang_watch is not None
         down = [c.spec.name for c in self.children if c.process is None or c.process.poll() is not None]
         stuck = self.hang_watch.stuck(now)
@@ -292,13 +293,14 @@ class Supervisor:
                 log.info("watchdog: every child turns again")
             self._watchdog_withheld = False
             sdnotify.notify("WATCHDOG=1")
-            return
+            return True
         if not self._watchdog_withheld:
             by_slot = {c.spec.heartbeat_slot: c.spec.name for c in self.children}
             hung = [f"{by_slot.get(s.slot, s.slot)} (pid {s.pid}, silent {s.silent_ms} ms)" for s in stuck]
             log.error("watchdog: withholding WATCHDOG=1: %s", "; ".join(
                 [f"{name} not running" for name in down] + [f"{h} stopped turning its loop" for h in hung]))
         self._watchdog_withheld = True
+        return False
 
     def handle_term(self) -> None:
         log.info("SIGTERM: stopping")
