@@ -93,6 +93,11 @@ def connections_name(instance_id: str) -> str:
     return object_name(instance_id, "connections")
 
 
+def stats_name(instance_id: str) -> str:
+    """The per-process counters (shm.stats)."""
+    return object_name(instance_id, "stats")
+
+
 def lease_name(instance_id: str) -> str:
     return object_name(instance_id, "lease")
 
