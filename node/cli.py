@@ -1,25 +1,105 @@
-"""Command line: `shmbroker serve [--listen HOST:PORT] [--data-dir DIR] [--workers N] [--config FILE]`."""
+"""The `shmbroker` command line.
+
+    shmbroker serve [--config FILE] [--listen HOST:PORT] [--data-dir DIR] [--workers N] [--metrics HOST:PORT]
+    shmbroker stats [--data-dir DIR] [--json]           one snapshot of the stats segment (no request to the node)
+    shmbroker dashboard [--data-dir DIR]                live view: processes (psutil) and the node's rates
+    shmbroker topics list|create|describe|delete [--bootstrap HOST:PORT] ...
+    shmbroker groups list|describe [--bootstrap HOST:PORT] ...      (lag per partition)
+    shmbroker --version
+
+Exit codes: 0 done; 1 the operation failed (the broker's error, a child that cannot boot); 2 bad usage or a bad
+config file (file:line: key: reason); 3 no node running / no broker reachable; 4 the port or the data directory
+is taken by someone else.
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from importlib import metadata
+
+import orjson
 
 from node import config as node_config
-from node.logging_setup import setup_logging
+
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_NOT_RUNNING = 3
+EXIT_IN_USE = 4
+DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
 
 
-def main(argv: list[str] | None = None) -> int:
+def _version() -> str:
+    try:
+        return metadata.version("shmbroker")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="shmbroker", description="Kafka-compatible single-node broker")
+    parser.add_argument("--version", action="version", version=f"shmbroker {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
+
     serve = sub.add_parser("serve", help="run the node")
     serve.add_argument("--config", help="TOML config file")
     serve.add_argument("--listen", help="HOST:PORT to listen on (default 127.0.0.1:9092)")
     serve.add_argument("--data-dir", help="data directory (default ./data)")
     serve.add_argument("--workers", type=int, help="network worker processes (default: CPU count)")
-    args = parser.parse_args(argv)
+    serve.add_argument("--metrics", metavar="HOST:PORT",
+                       help="serve Prometheus metrics at http://HOST:PORT/metrics (off by default; HOST defaults "
+                            "to 127.0.0.1 when only :PORT is given)")
 
+    stats = sub.add_parser("stats", help="one snapshot of the node's counters, read from shared memory")
+    stats.add_argument("--data-dir", default="./data", help="the node's data directory (default ./data)")
+    stats.add_argument("--json", action="store_true", help="one JSON document")
+
+    dash = sub.add_parser("dashboard", help="live terminal view of the node's processes and rates")
+    dash.add_argument("--data-dir", default="./data", help="the node's data directory (default ./data)")
+    dash.add_argument("--interval", type=float, default=1.0, help="refresh interval in seconds (default 1)")
+    dash.add_argument("--duration", type=float, default=0.0, help="stop after this many seconds (0: until Ctrl-C)")
+
+    topics = sub.add_parser("topics", help="list, create, describe, delete topics (Kafka API)")
+    topics_sub = topics.add_subparsers(dest="action", required=True)
+    for action in ("list", "create", "describe", "delete"):
+        p = topics_sub.add_parser(action)
+        p.add_argument("--bootstrap", default=DEFAULT_BOOTSTRAP, help="HOST:PORT of any broker")
+        p.add_argument("--json", action="store_true")
+        if action != "list":
+            p.add_argument("topic")
+        else:
+            p.add_argument("--internal", action="store_true", help="include internal topics (__consumer_offsets)")
+        if action == "create":
+            p.add_argument("--partitions", type=int, default=1)
+
+    groups = sub.add_parser("groups", help="list consumer groups, describe one with its lag (Kafka API)")
+    groups_sub = groups.add_subparsers(dest="action", required=True)
+    for action in ("list", "describe"):
+        p = groups_sub.add_parser(action)
+        p.add_argument("--bootstrap", default=DEFAULT_BOOTSTRAP, help="HOST:PORT of any broker")
+        p.add_argument("--json", action="store_true")
+        if action == "describe":
+            p.add_argument("group")
+    return parser
+
+
+def _error(message: str, code: int) -> int:
+    print(f"shmbroker: {message}", file=sys.stderr)
+    return code
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    handler = {"serve": _serve, "stats": _stats, "dashboard": _dashboard, "topics": _topics, "groups": _groups}
+    try:
+        return handler[args.command](args)
+    except KeyboardInterrupt:
+        return 130
+
+
+def _serve(args: argparse.Namespace) -> int:
     overrides: dict[str, object] = {}
+    metrics = None
     try:
         if args.listen:
             host, port = node_config.parse_listen(args.listen)
@@ -31,15 +111,103 @@ def main(argv: list[str] | None = None) -> int:
             if args.workers < 1:
                 raise node_config.ConfigError("--workers must be at least 1")
             overrides["server.workers"] = args.workers
+        if args.metrics:
+            text = args.metrics if not args.metrics.startswith(":") else "127.0.0.1" + args.metrics
+            metrics = node_config.parse_listen(text)
         cfg = node_config.load(args.config, overrides)
     except node_config.ConfigError as exc:
-        print(f"shmbroker: {exc}", file=sys.stderr)
-        return 2
+        return _error(str(exc), EXIT_USAGE)
+
+    from node.logging_setup import setup_logging
+    from node.proctitle import set_title
+    from node.supervisor import serve as run_node
 
     setup_logging("supervisor")
-    from node.supervisor import serve as run_node
+    set_title(f"supervisor {cfg.server.host}:{cfg.server.port} {cfg.server.data_dir}")
     reload = (lambda: node_config.load(args.config, overrides)) if args.config else None
-    return run_node(cfg, reload)
+    return run_node(cfg, reload, metrics)
+
+
+def _stats(args: argparse.Namespace) -> int:
+    from node.inspect import NodeNotRunning, NodeReader, snapshot_document
+
+    try:
+        reader = NodeReader.open(args.data_dir)
+    except NodeNotRunning as exc:
+        return _error(str(exc), EXIT_NOT_RUNNING)
+    try:
+        document = snapshot_document(reader)
+    finally:
+        reader.close()
+    if args.json:
+        sys.stdout.buffer.write(orjson.dumps(document, option=orjson.OPT_INDENT_2) + b"\n")
+    else:
+        from node.dashboard import render_stats
+        render_stats(document)
+    return 0
+
+
+def _dashboard(args: argparse.Namespace) -> int:
+    from node.dashboard import run_dashboard
+
+    return run_dashboard(args.data_dir, args.interval, args.duration)
+
+
+def _print(document: object, as_json: bool, render) -> None:
+    if as_json:
+        sys.stdout.buffer.write(orjson.dumps(document, option=orjson.OPT_INDENT_2) + b"\n")
+    else:
+        render(document)
+
+
+def _admin_call(args: argparse.Namespace, call) -> int:
+    from node.admin import Admin, AdminError, Unreachable
+
+    try:
+        node_config.parse_listen(args.bootstrap)
+    except node_config.ConfigError as exc:
+        return _error(f"--bootstrap: {exc}", EXIT_USAGE)
+    try:
+        return call(Admin(args.bootstrap))
+    except Unreachable as exc:
+        return _error(f"no broker reachable at {args.bootstrap}: {exc}", EXIT_NOT_RUNNING)
+    except AdminError as exc:
+        return _error(str(exc), EXIT_FAILED)
+
+
+def _topics(args: argparse.Namespace) -> int:
+    from node import dashboard as views
+
+    def run(admin) -> int:
+        if args.action == "list":
+            _print(admin.topics(args.internal), args.json, views.render_topics)
+        elif args.action == "describe":
+            _print(admin.describe_topic(args.topic), args.json, views.render_topic)
+        elif args.action == "create":
+            if args.partitions < 1:
+                return _error("--partitions must be at least 1", EXIT_USAGE)
+            admin.create_topic(args.topic, args.partitions)
+            _print({"created": args.topic, "partitions": args.partitions}, args.json,
+                   lambda d: print(f"created topic {d['created']} with {d['partitions']} partition(s)"))
+        else:
+            admin.delete_topic(args.topic)
+            _print({"deleted": args.topic}, args.json, lambda d: print(f"deleted topic {d['deleted']}"))
+        return 0
+
+    return _admin_call(args, run)
+
+
+def _groups(args: argparse.Namespace) -> int:
+    from node import dashboard as views
+
+    def run(admin) -> int:
+        if args.action == "list":
+            _print(admin.groups(), args.json, views.render_groups)
+        else:
+            _print(admin.describe_group(args.group), args.json, views.render_group)
+        return 0
+
+    return _admin_call(args, run)
 
 
 if __name__ == "__main__":

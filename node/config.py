@@ -30,7 +30,11 @@ from shm.ring import RingConfig
 
 
 class ConfigError(ValueError):
-    """A config file or override that cannot be used."""
+    """A config file or override that cannot be used; `key` is the dotted setting at fault, when one is."""
+
+    def __init__(self, message: str, key: str | None = None) -> None:
+        super().__init__(message)
+        self.key = key
 
 
 @dataclass(frozen=True)
@@ -247,6 +251,14 @@ class PriorityConfig:
 
 
 @dataclass(frozen=True)
+class StatsConfig:
+    # The shared-memory stats segment (shm.stats): every process publishes its counters this often. The
+    # systemd watchdog reads the children's heartbeats (server.heartbeat_interval_ms, child_hang_timeout_ms).
+    enabled: bool = True
+    publish_interval_ms: int = 500
+
+
+@dataclass(frozen=True)
 class NodeConfig:
     server: ServerConfig = field(default_factory=ServerConfig)
     topics: TopicDefaults = field(default_factory=TopicDefaults)
@@ -256,6 +268,7 @@ class NodeConfig:
     groups: GroupConfig = field(default_factory=GroupConfig)
     quotas: QuotaConfig = field(default_factory=QuotaConfig)
     priority: PriorityConfig = field(default_factory=PriorityConfig)
+    stats: StatsConfig = field(default_factory=StatsConfig)
     # The rings between each worker and the timer process (one each way).
     rings: RingConfig = field(default_factory=lambda: RingConfig(capacity=4 * 1024 * 1024))
 
@@ -273,33 +286,33 @@ def _build(defaults: Any, values: dict[str, Any], where: str) -> Any:
     kwargs: dict[str, Any] = {}
     for key, value in values.items():
         if key not in known:
-            raise ConfigError(f"unknown setting {where}{key}")
+            raise ConfigError(f"unknown setting {where}{key}", f"{where}{key}")
         default = getattr(defaults, key)
         entries = known[key].metadata.get("entries")
         if entries is not None:  # a table of named entries of one config class (quotas.clients)
             if not isinstance(value, dict):
-                raise ConfigError(f"{where}{key} must be a table")
+                raise ConfigError(f"{where}{key} must be a table", f"{where}{key}")
             for name, entry in value.items():
                 if not isinstance(entry, dict):
-                    raise ConfigError(f"{where}{key}.{name} must be a table")
+                    raise ConfigError(f"{where}{key}.{name} must be a table", f"{where}{key}.{name}")
             kwargs[key] = {name: _build(entries(), entry, f"{where}{key}.{name}.") for name, entry in value.items()}
         elif dataclasses.is_dataclass(default):
             if not isinstance(value, dict):
-                raise ConfigError(f"{where}{key} must be a table")
+                raise ConfigError(f"{where}{key} must be a table", f"{where}{key}")
             kwargs[key] = _build(default, value, f"{where}{key}.")
         else:
             expected = type(default)
             if expected is float and isinstance(value, int) and not isinstance(value, bool):
                 value = float(value)
             if expected is int and isinstance(value, bool) or not isinstance(value, expected):
-                raise ConfigError(f"{where}{key} must be {expected.__name__}, got {value!r}")
+                raise ConfigError(f"{where}{key} must be {expected.__name__}, got {value!r}", f"{where}{key}")
             kwargs[key] = value
     try:
         return dataclasses.replace(defaults, **kwargs)
     except ValueError as exc:  # a nested config's own check (__post_init__): "key: reason" names the key
         key, sep, reason = str(exc).partition(": ")
         if sep and key in known:
-            raise ConfigError(f"{where}{key}: {reason}") from None
+            raise ConfigError(f"{where}{key}: {reason}", f"{where}{key}") from None
         raise ConfigError(f"{where.rstrip('.') or 'config'}: {exc}") from None
 
 
@@ -322,7 +335,31 @@ def load(path: str | None = None, overrides: dict[str, Any] | None = None) -> No
     try:
         return from_mapping(values)
     except ConfigError as exc:
-        raise ConfigError(f"{path}: {exc}" if path else str(exc)) from None
+        if not path:
+            raise
+        line = _line_of(path, exc.key) if exc.key else None
+        raise ConfigError(f"{path}:{line}: {exc}" if line else f"{path}: {exc}", exc.key) from None
+
+
+def _line_of(path: str, dotted: str) -> int | None:
+    """The line of `path` that sets the dotted key (its table header for a table), for error messages."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    table = ""
+    for number, raw in enumerate(lines, 1):
+        text = raw.split("#", 1)[0].strip()
+        if text.startswith("["):
+            table = ".".join(part.strip().strip('"') for part in text.strip("[]").split("."))
+            if table == dotted:
+                return number
+            continue
+        key, sep, _ = text.partition("=")
+        if sep and ".".join(filter(None, (table, key.strip().strip('"')))) == dotted:
+            return number
+    return None
 
 
 # Sections a running node takes on SIGHUP; a change anywhere else needs a restart.

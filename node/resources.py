@@ -29,6 +29,7 @@ from shm.connections import ConnectionCounts
 from shm.doorbell import EventfdDoorbell
 from shm.heartbeat import HeartbeatTable
 from shm.interest import InterestTable
+from shm.stats import StatsSegment, stats_rows
 from shm.table import PartitionTable
 
 log = logging.getLogger("shmbroker.resources")
@@ -57,11 +58,13 @@ def heartbeat_slot(role: str, index: int) -> int:
 
 class NodeResources:
     def __init__(self, instance: shm_instance.Instance, table: PartitionTable, worker_bells: list[EventfdDoorbell],
-                 heartbeats: HeartbeatTable, connections: ConnectionCounts, config: NodeConfig, data_dir: str) -> None:
+                 heartbeats: HeartbeatTable, connections: ConnectionCounts, config: NodeConfig, data_dir: str,
+                 stats: StatsSegment) -> None:
         self.instance = instance
+        self.stats = stats  # one row per process: supervisor, timer, workers (shm.stats)
+        self.heartbeats = heartbeats  # one slot per child: timer 0, worker i at 1 + i (shm.heartbeat)
         self.table = table
         self.worker_bells = worker_bells
-        self.heartbeats = heartbeats
         self.connections = connections
         self.config = config
         self.data_dir = data_dir
@@ -79,6 +82,7 @@ class NodeResources:
             finally:
                 store.close()
             workers = config.server.worker_count()
+            stats = StatsSegment.create(shm_instance.stats_name(instance_id), stats_rows(workers))
             for i in range(workers):
                 instance.create_ring(shm_instance.request_ring_name(instance_id, i), config.rings)
                 instance.create_ring(shm_instance.completion_ring_name(instance_id, i), config.rings)
@@ -90,7 +94,7 @@ class NodeResources:
         except BaseException:
             instance.shutdown()
             raise
-        return cls(instance, table, bells, heartbeats, connections, config, data_dir)
+        return cls(instance, table, bells, heartbeats, connections, config, data_dir, stats)
 
     def child_starting(self, role: str, index: int) -> None:
         self.heartbeats.claim(heartbeat_slot(role, index))
@@ -115,4 +119,5 @@ class NodeResources:
         self.heartbeats.close()
         self.connections.close()
         self.table.close()
+        self.stats.close()
         self.instance.shutdown()

@@ -24,11 +24,19 @@ Invariants:
   changes nothing (one error line naming the file, key and reason).
 - Signals are handled synchronously (blocked, then sigtimedwait), so no handler ever runs in the
   middle of the supervisor's own bookkeeping.
+- systemd (node.sdnotify): STATUS= lines while recovering and starting; READY=1 only once every child's loop
+  has turned (its first heartbeat, shm.heartbeat), so the port is served, not only bound; RELOADING=1 then
+  READY=1 around a SIGHUP; STOPPING=1 first thing on shutdown. Under WatchdogSec= (WATCHDOG_USEC) it sends
+  WATCHDOG=1 every half of it, but only while every child runs and its loop turns (HangWatch): a hung child
+  (SIGSTOP, a deadlock) stops the pings and systemd restarts the service.
+- Its own row of the stats segment (shm.stats, row 0): restarts and children alive; each child's row and
+  heartbeat slot is zeroed before the child starts.
 """
 
 from __future__ import annotations
 
 import ctypes
+import errno
 import fcntl
 import logging
 import os
@@ -44,6 +52,7 @@ from node import config as node_config
 from node import sdnotify
 from node.config import NodeConfig
 from node.resources import NodeResources, heartbeat_slot
+from shm import stats as S
 from shm.heartbeat import HangWatch
 from shm import instance as shm_instance
 from shm.instance import instance_id_for
@@ -57,6 +66,7 @@ SIGNALS = {
     signal.SIGHUP: "handle_hup",
 }
 EXIT_CHILD_CANNOT_BOOT = 1
+EXIT_IN_USE = 4  # the port or the data directory is taken (node.cli's exit codes)
 
 
 @dataclass(frozen=True)
@@ -78,6 +88,10 @@ class ChildSpec:
     def name(self) -> str:
         return f"{self.role} {self.index}"
 
+    @property
+    def stats_row(self) -> int:
+        return S.TIMER_ROW if self.role == "timer" else S.worker_row(self.index)
+
 
 @dataclass
 class Child:
@@ -94,9 +108,16 @@ class ChildCannotBoot(Exception):
     pass
 
 
+class DataDirInUse(Exception):
+    pass
+
+
 class Supervisor:
-    def __init__(self, config: NodeConfig, reload: Callable[[], NodeConfig] | None = None) -> None:
+    def __init__(self, config: NodeConfig, reload: Callable[[], NodeConfig] | None = None,
+                 metrics: tuple[str, int] | None = None) -> None:
         self.config = config
+        self.metrics_address = metrics  # (host, port) of the Prometheus endpoint, None: off
+        self._metrics_server = None
         self.reload = reload  # reads the config file again (SIGHUP); None: nothing to reload from
         self.runtime_path = ""
         self.data_dir = os.path.abspath(config.server.data_dir)
@@ -107,6 +128,11 @@ class Supervisor:
         self.listeners: list[socket.socket] = []
         self.resources: NodeResources | None = None
         self.hangs: HangWatch | None = None
+        self.stats: S.StatsWriter | None = None
+        self.ready = False  # READY=1 sent
+        self.watchdog_s = _watchdog_interval_s()  # None: no WatchdogSec=
+        self.next_watchdog = 0.0
+        self._watchdog_withheld = False
 
     # -- start ---------------------------------------------------------------------------
 
@@ -117,7 +143,7 @@ class Supervisor:
             fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             os.close(fd)
-            raise SystemExit(f"shmbroker: {self.data_dir} is in use by another node")
+            raise DataDirInUse(f"{self.data_dir} is in use by another node")
         try:
             os.ftruncate(fd, 0)
             os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
@@ -169,6 +195,7 @@ class Supervisor:
                 "--supervisor-pid", str(os.getpid()), *spec.args]
         assert self.resources is not None
         self.resources.child_starting(spec.role, spec.index)
+        self.resources.stats.reset(spec.stats_row)
         child.process = subprocess.Popen(argv, pass_fds=spec.fds, close_fds=True, preexec_fn=_child_setup,
                                          cwd=os.getcwd())
         child.started_at = time.monotonic()
@@ -180,6 +207,7 @@ class Supervisor:
         self._lock_data_dir()
         workers = self.config.server.worker_count()
         self.listeners = self._listen(workers)  # first: a taken port fails before anything is created
+        sdnotify.notify(f"STATUS=recovering the partitions in {self.data_dir}")
         self.resources = NodeResources.create(self.instance, self.config, self.data_dir)
         # After the instance's start, which clears a crashed run's leftovers (this file among them).
         self.runtime_path = node_config.write_runtime(self.config, shm_instance.config_path(self.instance))
@@ -187,6 +215,8 @@ class Supervisor:
         if server.child_hang_timeout_ms > 0:
             self.hangs = HangWatch(self.resources.heartbeats, server.child_hang_timeout_ms,
                                    server.child_start_timeout_ms)
+        self.stats = self.resources.stats.writer(S.SUPERVISOR_ROW, "supervisor", 0, os.getpid())
+        sdnotify.notify(f"STATUS=starting the timer and {workers} workers")
         self.children = [Child(spec) for spec in self._child_specs()]
         for child in self.children:
             self.spawn(child)
@@ -196,12 +226,27 @@ class Supervisor:
     def run(self) -> int:
         signal.pthread_sigmask(signal.SIG_BLOCK, set(SIGNALS))
         try:
+            server = self.config.server
             try:
                 self.start()
+            except DataDirInUse as exc:
+                log.error("cannot start: %s", exc)
+                print(f"shmbroker: {exc}", file=sys.stderr)
+                return EXIT_IN_USE
             except OSError as exc:
-                log.error("cannot start on %s:%d: %s", self.config.server.host, self.config.server.port, exc)
-                return 1
-            sdnotify.notify(f"READY=1\nSTATUS=serving on {self.config.server.host}:{self.config.server.port}\nMAINPID={os.getpid()}")
+                log.error("cannot start on %s:%d: %s", server.host, server.port, exc)
+                in_use = exc.errno == errno.EADDRINUSE
+                print(f"shmbroker: cannot listen on {server.host}:{server.port}: "
+                      f"{'the port is in use' if in_use else exc.strerror or exc}", file=sys.stderr)
+                return EXIT_IN_USE if in_use else 1
+            if self.metrics_address is not None:
+                try:
+                    self._start_metrics()
+                except OSError as exc:
+                    host, port = self.metrics_address
+                    print(f"shmbroker: cannot serve metrics on {host}:{port}: {exc.strerror or exc}", file=sys.stderr)
+                    self.stop()
+                    return EXIT_IN_USE if exc.errno == errno.EADDRINUSE else 1
             log.info("serving on %s:%d (instance %s, data %s)", self.config.server.host,
                      self.config.server.port, self.instance, self.data_dir)
             code = 0
@@ -213,6 +258,7 @@ class Supervisor:
                     self.reap()
                     self.kill_hung()
                     self.spawn_due()
+                    self.tend()
             except ChildCannotBoot as exc:
                 log.error("%s: stopping the node", exc)
                 code = EXIT_CHILD_CANNOT_BOOT
@@ -220,6 +266,54 @@ class Supervisor:
             return code
         finally:
             self._release()
+
+    def _start_metrics(self) -> None:
+        from node.inspect import NodeReader, locate
+        from node.metrics import serve_metrics
+
+        host, port = self.metrics_address
+        self._metrics_reader = NodeReader(locate(self.data_dir))
+        self._metrics_server = serve_metrics(self._metrics_reader, host, port)
+        log.info("metrics on http://%s:%d/metrics", host, port)
+
+    def tend(self) -> None:
+        """Every wakeup: READY=1 once every child turned its loop, the watchdog ping, this process's stats row."""
+        if self.stopping:
+            return
+        now = time.monotonic()
+        if not self.ready and all(c.process is not None and self.resources.heartbeats.beats(c.spec.slot)
+                                  for c in self.children):
+            self.ready = True
+            server = self.config.server
+            sdnotify.notify(f"READY=1\nSTATUS=serving on {server.host}:{server.port}\nMAINPID={os.getpid()}")
+        if self.watchdog_s is not None and self.ready and now >= self.next_watchdog:
+            # Withheld: look again soon, so a child back on its feet resumes the pings well before WatchdogSec.
+            self.next_watchdog = now + (self.watchdog_s if self._watchdog(now) else self.watchdog_s / 10)
+        if self.stats is not None:
+            self.stats.set("children_alive", sum(1 for c in self.children
+                                                 if c.process is not None and c.process.poll() is None))
+            self.stats.set("child_restarts", sum(c.restarts for c in self.children))
+            self.stats.add("loop_turns")
+            self.stats.publish()
+
+    def _watchdog(self, now: float) -> bool:
+        """WATCHDOG=1 only while every child runs and turns its loop; otherwise withhold it (one log line).
+        True if the ping was sent."""
+        down = [c.spec.name for c in self.children if c.process is None or c.process.poll() is not None]
+        stuck = self.hangs.stuck(now) if self.hangs is not None else []
+        if not down and not stuck:
+            if self._watchdog_withheld:
+                log.info("watchdog: every child turns again")
+            self._watchdog_withheld = False
+            sdnotify.notify("WATCHDOG=1")
+            return True
+        if not self._watchdog_withheld:
+            by_slot = {c.spec.slot: c.spec.name for c in self.children}
+            hung = [f"{by_slot.get(s.slot, s.slot)} (pid {s.pid}, silent {s.silent_ms} ms)" for s in stuck]
+            log.error("watchdog: withholding WATCHDOG=1: %s", "; ".join(
+                [f"{name} not running" for name in down] + [f"{h} stopped turning its loop" for h in hung]))
+        self._watchdog_withheld = True
+        return False
 
     def handle_term(self) -> None:
         log.info("SIGTERM: stopping")
@@ -261,6 +355,10 @@ class Supervisor:
         poll_ms = self.config.server.supervisor_poll_ms
         if self.hangs is not None:
             poll_ms = min(poll_ms, self.config.server.heartbeat_interval_ms)
+        if self.watchdog_s is not None:
+            pending.append(self.next_watchdog - now)
+        if not self.ready:
+            pending.append(_READY_POLL_S)
         return max(0.0, min(pending + [poll_ms / 1000]))
 
     def reap(self) -> None:
@@ -330,7 +428,7 @@ class Supervisor:
                 child.process.wait()
 
     def stop(self) -> None:
-        sdnotify.notify("STOPPING=1")
+        sdnotify.notify("STOPPING=1\nSTATUS=stopping: finishing in-flight requests, then the final fsync")
         grace_s = self.config.server.shutdown_grace_ms / 1000
         for listener in self.listeners:
             listener.close()
@@ -341,6 +439,13 @@ class Supervisor:
         log.info("stopped")
 
     def _release(self) -> None:
+        if self._metrics_server is not None:
+            server, thread = self._metrics_server
+            server.shutdown()
+            server.server_close()
+            thread.join(1.0)
+            self._metrics_reader.close()
+            self._metrics_server = None
         for child in self.children:
             if child.process is not None and child.process.poll() is None:
                 child.process.kill()
@@ -354,6 +459,20 @@ class Supervisor:
 
 
 _PR_SET_PDEATHSIG = 1
+_READY_POLL_S = 0.02  # how often the supervisor looks for the children's first heartbeats before READY=1
+
+
+def _watchdog_interval_s() -> float | None:
+    """Half of systemd's WatchdogSec= (WATCHDOG_USEC), if the watchdog is meant for this process."""
+    usec = os.environ.get("WATCHDOG_USEC")
+    pid = os.environ.get("WATCHDOG_PID")
+    if not usec or (pid and pid.isdigit() and int(pid) != os.getpid()):
+        return None
+    try:
+        return max(0.001, int(usec) / 2_000_000)
+    except ValueError:
+        log.warning("WATCHDOG_USEC=%r is not a number: no watchdog pings", usec)
+        return None
 
 
 def _child_setup() -> None:
@@ -363,5 +482,6 @@ def _child_setup() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
-def serve(config: NodeConfig, reload: Callable[[], NodeConfig] | None = None) -> int:
-    return Supervisor(config, reload).run()
+def serve(config: NodeConfig, reload: Callable[[], NodeConfig] | None = None,
+          metrics: tuple[str, int] | None = None) -> int:
+    return Supervisor(config, reload, metrics).run()

@@ -93,6 +93,7 @@ class NodeProcess:
         self.wait_ready = wait_ready  # False: return once a worker answers (a checkout whose children log no ready line)
         self.announce = announce  # print "nodeproc: node pid ... on ..., data ..." to stderr once it answers
         self.proc: subprocess.Popen | None = None
+        self.start_args: list[str] = []  # more `shmbroker serve` arguments (e.g. --metrics HOST:PORT)
 
     @property
     def bootstrap(self) -> str:
@@ -104,7 +105,8 @@ class NodeProcess:
 
     def start(self) -> "NodeProcess":
         args = [sys.executable, "-m", "node.cli", "serve", "--config", str(self.config_path),
-                "--listen", self.bootstrap, "--data-dir", str(self.data_dir), "--workers", str(self.workers)]
+                "--listen", self.bootstrap, "--data-dir", str(self.data_dir), "--workers", str(self.workers),
+                *self.start_args]
         env = {**os.environ, **self.env} if self.env else None
         log_start = self.log_path.stat().st_size if self.log_path.exists() else 0
         # The kernel sends PDEATHSIG when the *thread* that forked exits: a node (re)started from a helper
@@ -163,7 +165,9 @@ class NodeProcess:
         found = []
         for child in self.children():
             with contextlib.suppress(psutil.Error):
-                if not module or module in child.cmdline():
+                cmdline = child.cmdline()
+                # A child names itself (setproctitle: "shmbroker: worker 1 ..."); before that, its module shows.
+                if not module or module in cmdline or " ".join(cmdline).startswith(f"shmbroker: {role}"):
                     found.append(child.pid)
         return found
 

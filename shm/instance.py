@@ -98,6 +98,11 @@ def config_path(instance_id: str) -> str:
     return DEV_SHM + object_name(instance_id, "config")
 
 
+def stats_name(instance_id: str) -> str:
+    """The per-process counters (shm.stats)."""
+    return object_name(instance_id, "stats")
+
+
 def lease_name(instance_id: str) -> str:
     return object_name(instance_id, "lease")
 

@@ -151,10 +151,18 @@ def test_systemd_notify_ready_then_stopping(node_factory, tmp_path):
         listener.bind(address)
         listener.settimeout(CLIENT_TIMEOUT_S)
         node = node_factory(workers=1, env={"NOTIFY_SOCKET": address})
-        ready = listener.recv(4096).decode()
-        assert "READY=1" in ready and f"MAINPID={node.proc.pid}" in ready
+
+        def until(state: str) -> str:
+            for _ in range(20):  # STATUS= lines come first (recovery, start)
+                message = listener.recv(4096).decode()
+                if state in message.split("\n"):
+                    return message
+            raise AssertionError(f"no {state}")
+
+        ready = until("READY=1")
+        assert f"MAINPID={node.proc.pid}" in ready
         assert node.stop() == 0
-        assert "STOPPING=1" in listener.recv(4096).decode()
+        until("STOPPING=1")
 
 
 def test_a_child_that_cannot_boot_stops_the_node(tmp_path):

@@ -17,7 +17,7 @@ PACKAGES = ("node", "shm", "workers", "clients", "pyspark_shmbroker")
 # The supervisor's own modules: only the supervisor side (node's root) imports them.
 SUPERVISOR = ("node.supervisor", "node.cli", "node.resources", "node.sdnotify")
 # Modules of node's root that every process may use.
-SHARED = ("node.config", "node.logging_setup")
+SHARED = ("node.config", "node.logging_setup", "node.proctitle")
 SERVER = ("node", "shm", "workers")
 
 # Most specific prefix first: (module prefix, what it may import of the project's packages).
@@ -27,6 +27,7 @@ RULES: list[tuple[str, tuple[str, ...]]] = [
     ("node.timer", ("shm", "node.storage", "node.timer") + SHARED),
     ("node.config", ("shm", "node.storage", "node.timer", "node.config")),
     ("node.logging_setup", ()),
+    ("node.proctitle", ()),
     ("node", ("shm", "node")),
     ("workers", ("shm", "node.storage", "workers") + SHARED),
     ("clients", ("clients",)),

@@ -269,5 +269,5 @@ def test_an_invalid_quota_config_is_refused_with_file_key_and_reason(tmp_path, b
                              "127.0.0.1:1", "--data-dir", str(tmp_path / "data")],
                             capture_output=True, text=True, timeout=30, cwd=Path(__file__).resolve().parent.parent)
     assert result.returncode != 0
-    assert f"{config}: {message}" in result.stdout + result.stderr
+    assert f"{config}:2: {message}" in result.stdout + result.stderr  # file:line: key: reason
     assert not (tmp_path / "data").exists()

@@ -31,6 +31,8 @@ class TimerLink:
                                  config=rings, takeover=True)
         self.reader = RingReader(shm_instance.completion_ring_name(instance, index), config=rings, takeover=True)
         self.backlog: deque[bytes] = deque()
+        self.frames_sent = 0  # for the stats segment
+        self.frames_received = 0
 
     @property
     def doorbell_fd(self) -> int:
@@ -45,6 +47,7 @@ class TimerLink:
         if not self.backlog:
             return
         written = self.writer.write_many(self.backlog)
+        self.frames_sent += written
         for _ in range(written):
             self.backlog.popleft()
 
@@ -68,6 +71,7 @@ class TimerLink:
         if not frames:
             return []
         out = []
+        self.frames_received += len(frames)
         for frame in frames:
             try:
                 message = M.decode(frame)

@@ -50,12 +50,15 @@ from node.storage.store import PartitionStore
 from shm import instance as shm_instance
 from shm import messages as M
 from shm.connections import ConnectionCounts
+from node.proctitle import set_title
+from shm import stats as S
 from shm.heartbeat import HeartbeatTable
 from shm.interest import InterestTable
 from shm.ring import max_payload
 from shm.table import PartitionTable
 from workers import protocol as P
-from workers.connection import PAUSED_MEMORY, PAUSED_OUTPUT, PAUSED_THROTTLE, Connection, ConnectionClosed, Request
+from workers.connection import (PAUSED_MEMORY, PAUSED_OUTPUT, PAUSED_THROTTLE, Connection, ConnectionClosed,
+                                FileRange, Request)
 from workers.delayed import DelayedRequests, monotonic_ms
 from workers.errors import ProtocolError
 from workers.eventloop import EventLoop, Timer
@@ -71,6 +74,12 @@ log = logging.getLogger("shmbroker.worker")
 WAKEUP_READ_BYTES = 512  # one byte per signal delivered; more than a turn ever sees
 # accept() errors that mean "no resources now": the listener rests instead of spinning on them.
 _ACCEPT_EXHAUSTED = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
+_REQUESTS = S.OFFSETS["requests"]
+_ERRORS = S.OFFSETS["request_errors"]
+_BYTES_IN = S.OFFSETS["bytes_in"]
+_BYTES_OUT = S.OFFSETS["bytes_out"]
+_ACCEPTED = S.OFFSETS["connections_accepted"]
+_CLOSED_ON_ERROR = S.OFFSETS["connections_closed_on_error"]
 
 
 class Worker:
@@ -127,6 +136,9 @@ class Worker:
         # Each connection's deadline timer fires at least this often (see _check_deadlines).
         periods = [s for s in (self.idle_s, self.request_timeout_s) if s is not None]
         self.deadline_period_s = min(periods) if periods else None
+        self.stats_segment = S.StatsSegment.attach(shm_instance.stats_name(instance)) if config.stats.enabled else None
+        self.stats = (self.stats_segment.writer(S.worker_row(index), "worker", index, os.getpid())
+                      if self.stats_segment is not None else None)
 
     # -- connections -------------------------------------------------------------------------
 
@@ -162,6 +174,8 @@ class Worker:
             conn = Connection(sock, peer, server.request_max_bytes, server.recv_bytes, self.loop.now, bucket)
             self.connections[conn.fd] = conn
             self.limits.opened(bucket)
+            if self.stats is not None:
+                self.stats.counts[_ACCEPTED] += 1
             self.loop.watch(sock, lambda conn=conn: self._on_readable(conn),
                             on_hangup=lambda conn=conn: self._close(conn, None))
             if self.deadline_period_s is not None:
@@ -181,6 +195,8 @@ class Worker:
             return
         if reason:
             log.warning("closing connection from %s: %s", conn.peer, reason)
+            if self.stats is not None:
+                self.stats.counts[_CLOSED_ON_ERROR] += 1
         self.loop.unwatch(conn.sock)
         self.connections.pop(conn.fd, None)
         self._dirty.discard(conn)
@@ -236,14 +252,23 @@ class Worker:
             self._close(conn, f"unsupported api {header.api_key} v{header.api_version}")
             return
         req = Request(conn, header, conn.new_slot())
+        stats = self.stats
+        if stats is not None:
+            counts = stats.counts
+            counts[_REQUESTS + header.api_key] += 1
+            counts[_BYTES_IN + header.api_key] += len(frame)
         try:
             request = P.decode_request(header.api_key, header.api_version, frame[header.body_offset:])
             outcome = self.handlers.dispatch(req, request)
         except ProtocolError as exc:
+            if stats is not None:
+                stats.counts[_ERRORS + header.api_key] += 1
             self._close(conn, f"bad request api {header.api_key} v{header.api_version}: {exc}")
             return
         except Exception:  # a bug must cost one connection, never the worker
             log.exception("handler failed for api %d v%d", header.api_key, header.api_version)
+            if stats is not None:
+                stats.counts[_ERRORS + header.api_key] += 1
             self._close(conn, "internal error")
             return
         self._settle(req, outcome)
@@ -255,6 +280,11 @@ class Worker:
             return
         if outcome.deferred or req.conn.closed:
             return
+        if self.stats is not None:
+            size = 0
+            for piece in outcome.pieces:
+                size += piece.length if type(piece) is FileRange else len(piece)
+            self.stats.counts[_BYTES_OUT + req.header.api_key] += size
         req.conn.fill(req.slot, outcome.pieces)
         self._dirty.add(req.conn)
 
@@ -455,6 +485,22 @@ class Worker:
         """Last before sleeping: tell the timer we sleep on the doorbell (0: frames arrived meanwhile)."""
         return None if self.link.announce_sleep() else 0.0
 
+    def _publish_stats(self) -> None:
+        """Every stats.publish_interval_ms: the gauges, then the whole row (shm.stats)."""
+        stats = self.stats
+        link = self.link
+        stats.set("loop_turns", self.heartbeat.beats)
+        stats.set("connections", len(self.connections))
+        stats.set("delayed_waiting", len(self.delayed))
+        stats.set("throttled_connections", sum(1 for conn in self.connections.values() if conn.mutes))
+        stats.set("ring_frames_sent", link.frames_sent)
+        stats.set("ring_frames_received", link.frames_received)
+        capacity = self.config.rings.capacity
+        stats.set("ring_capacity_bytes", capacity)
+        stats.set("ring_used_bytes", max(0, capacity - link.writer.free_bytes()))
+        stats.publish()
+        self.loop.call_later(self.config.stats.publish_interval_ms / 1000, self._publish_stats)
+
     def _read_wakeup(self) -> None:
         try:
             os.read(self._wakeup_r, WAKEUP_READ_BYTES)
@@ -471,6 +517,8 @@ class Worker:
         loop.watch(self.listener, self._accept)
         loop.watch(self.link.doorbell_fd, self.link.drain_doorbell)
         loop.watch(self._wakeup_r, self._read_wakeup)
+        if self.stats is not None:
+            self._publish_stats()
         for hook in (self._beat, self._stop_procedure, self._from_timer, self._write_ready, self._announce_sleep):
             loop.before_sleep(hook)
         loop.after_sleep(self.link.woke)
@@ -485,6 +533,8 @@ class Worker:
         self.interest.close()
         self.counts.close()
         self.heartbeats.close()
+        if self.stats_segment is not None:
+            self.stats_segment.close()
         return 0
 
 
@@ -500,6 +550,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     setup_logging(f"worker-{args.index}")
     config = read_runtime(args.config_file)
+    set_title(f"worker {args.index} {config.server.host}:{config.server.port}")
     worker = Worker(args.instance, args.index, config, args.listen_fd, args.bell_fd, args.supervisor_pid,
                     args.config_file, args.heartbeat_slot)
     return worker.run()

@@ -39,6 +39,7 @@ import logging
 import os
 import queue
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, NamedTuple
 
@@ -74,6 +75,11 @@ class Flusher(threading.Thread):
         self.rounds = 0
         self.rounds_started = 0  # read by the timer loop: a produce waits on rounds started after it
         self.errors = 0
+        # For the stats segment; written by this thread only, read by the timer loop (ints: no torn reads).
+        self.fsyncs = 0
+        self.fsync_ns_total = 0
+        self.fsync_ns_max = 0  # since the timer loop last reset it
+        self.bytes_flushed = 0
 
     def request(self) -> None:
         """Something waits for durability: the next round starts without delay."""
@@ -127,6 +133,8 @@ class Flusher(threading.Thread):
         logs = []
         for row in store.dirty_rows():
             try:
+                state = self.table.read(row)
+                self.bytes_flushed += max(0, state.end_bytes - state.flushed_bytes)
                 logs.append((row, store.log(row)))  # opened here: the store is not shared with the sync threads
             except Exception:
                 self.errors += 1
@@ -136,7 +144,10 @@ class Flusher(threading.Thread):
             results = [_sync(logs[0][1])]
         else:
             results = list(self._syncs.map(_sync, [plog for _, plog in logs]))
-        for (row, _), error in zip(logs, results):
+        for (row, _), (error, took) in zip(logs, results):
+            self.fsyncs += 1
+            self.fsync_ns_total += took
+            self.fsync_ns_max = max(self.fsync_ns_max, took)
             if error is None:
                 done.append(row)
                 continue
@@ -166,9 +177,11 @@ class Flusher(threading.Thread):
                 self.wake()
 
 
-def _sync(plog) -> Exception | None:
+def _sync(plog) -> tuple[Exception | None, int]:
+    """Flush one partition: (the failure or None, nanoseconds it took)."""
+    started = time.perf_counter_ns()
     try:
         plog.flush()
-        return None
+        return None, time.perf_counter_ns() - started
     except Exception as exc:
-        return exc
+        return exc, time.perf_counter_ns() - started

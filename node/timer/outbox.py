@@ -22,6 +22,7 @@ class Outbox:
         self.writers = writers
         self._queued: list[list[bytes]] = [[] for _ in writers]
         self._completions: list[list[tuple[int, int, int]]] = [[] for _ in writers]
+        self.frames_sent = [0] * len(writers)  # per completion ring, for the stats segment
 
     @property
     def workers(self) -> int:
@@ -49,4 +50,5 @@ class Outbox:
         for worker, frames in enumerate(self._queued):
             if frames:
                 written = self.writers[worker].write_many(frames)
+                self.frames_sent[worker] += written
                 del frames[:written]

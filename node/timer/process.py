@@ -37,6 +37,7 @@ import posix_ipc
 
 from node.config import NodeConfig, read_runtime, reload_runtime
 from node.logging_setup import setup_logging
+from node.proctitle import set_title
 from node.storage.store import PartitionStore
 from node.timer.chores import Chore, ChoreScheduler
 from node.timer.controller import Controller
@@ -46,8 +47,10 @@ from node.timer.groups.offsets import OffsetStore
 from node.timer.outbox import Outbox
 from node.timer.quotas import QuotaManager
 from node.timer.service import DelayedOperations
+from node.timer.stats import TimerStats
 from shm import instance as shm_instance
 from shm import messages as M
+from shm import stats as S
 from shm.doorbell import EventfdDoorbell, SemaphoreDoorbell
 from shm.heartbeat import HeartbeatTable
 from shm.interest import InterestTable
@@ -114,6 +117,10 @@ class TimerProcess:
             M.Kind.QUOTA_USAGE: self.quotas.usage,
             M.Kind.THROTTLE: self._throttle,
         }
+        self.stats_segment = S.StatsSegment.attach(shm_instance.stats_name(instance)) if config.stats.enabled else None
+        self.stats = (TimerStats(self.stats_segment.writer(S.TIMER_ROW, "timer", 0, os.getpid()),
+                                 config.stats.publish_interval_ms) if self.stats_segment is not None else None)
+        self._due_ms: int | None = None  # the earliest deadline the current sleep waits for
         self.stopping = False
 
     def _throttle(self, worker: int, message: Any) -> None:
@@ -137,6 +144,8 @@ class TimerProcess:
             for frame in frames:
                 self._dispatch(worker, frame)
             reader.release()
+            if self.stats is not None and frames:
+                self.stats.received(worker, len(frames))
 
     def _dispatch(self, worker: int, frame: memoryview) -> None:
         try:
@@ -158,11 +167,15 @@ class TimerProcess:
         self.flusher.run_finished()
 
     def _sleep_timeout_s(self, now: int) -> float:
+        # Capped by the heartbeat interval too: an idle timer still beats (shm.heartbeat).
         timeout = min(self.config.timer.max_sleep_ms, self.config.server.heartbeat_interval_ms)
+        due = None
         for deadline in (self.operations.next_expiration(), self.chores.next_expiration(),
                          self.groups.next_expiration(), self.quotas.next_expiration()):
             if deadline is not None:
+                due = deadline if due is None else min(due, deadline)
                 timeout = min(timeout, max(0, deadline - now))
+        self._due_ms = due if due is not None and due - now <= timeout else None
         if self.outbox.pending():  # a full completion ring: try again soon
             timeout = min(timeout, self.config.timer.ring_full_retry_ms)
         return timeout / 1000
@@ -205,6 +218,12 @@ class TimerProcess:
                 except posix_ipc.SignalError:
                     pass  # SIGTERM: the handler set `stopping`
             woke_all(self.readers)
+            if self.stats is not None:
+                now_ns = time.monotonic_ns()
+                self.stats.woke(None if self._due_ms is None else self._due_ms * 1_000_000, now_ns)
+                if self.stats.due(now_ns):
+                    self.stats.writer.set("loop_turns", self.heartbeat.beats)
+                    self.stats.publish(self, now_ns)
             if self._reload:
                 self._reload_config()
             self._drain()
@@ -225,6 +244,8 @@ class TimerProcess:
         self.store.close()
         self.interest.close()
         self.heartbeats.close()
+        if self.stats_segment is not None:
+            self.stats_segment.close()
         return 0
 
 
@@ -249,6 +270,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     setup_logging("timer")
     config = read_runtime(args.config_file)
+    set_title("timer")
     fds = [int(fd) for fd in args.worker_bell_fds.split(",") if fd]
     return TimerProcess(args.instance, config, fds, args.supervisor_pid, args.config_file, args.heartbeat_slot).run()
 

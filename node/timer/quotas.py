@@ -129,6 +129,11 @@ class QuotaManager:
         usage.throttled_requests[message.quota_kind] += 1
         usage.throttle_ms_total[message.quota_kind] += message.throttle_ms
 
+    @property
+    def over_quota(self) -> set[str]:
+        """Clients whose last measured rate is over a quota of theirs (throttled now)."""
+        return self._over
+
     # -- the timer loop's calls ---------------------------------------------------------------
 
     def next_expiration(self) -> int | None:

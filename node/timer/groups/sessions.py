@@ -29,6 +29,7 @@ class Sessions:
         self._on_expired = on_expired
         self._sessions: dict[Hashable, list[int]] = {}  # key -> [deadline, armed handle, armed deadline]
         self._keys: dict[int, Hashable] = {}  # armed handle -> key
+        self.expired = 0  # sessions that ran out (for the stats segment)
 
     def __len__(self) -> int:
         return len(self._sessions)
@@ -67,7 +68,12 @@ class Sessions:
                 self._arm(key, session)
             else:
                 del self._sessions[key]
+                self.expired += 1
                 self._on_expired(key)
 
     def next_expiration(self) -> int | None:
         return self._wheel.next_expiration()
+
+    @property
+    def wheel(self) -> TimingWheel:
+        return self._wheel

@@ -1,0 +1,165 @@
+"""`shmbroker topics ...` and `shmbroker groups ...`: administration through the Kafka API (confluent-kafka's
+AdminClient), so the commands work against any reachable node, or any Kafka-compatible broker.
+
+Lag is what Kafka's tools compute: per partition, the high watermark (ListOffsets) minus the group's committed
+offset (OffsetFetch); a partition without a committed offset has no lag figure (shown as "-").
+
+Invariants: every call is bounded by `timeout_s`; an unreachable broker raises Unreachable (exit code 3 in the
+CLI), a broker's error code raises AdminError with Kafka's error name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+
+class AdminError(RuntimeError):
+    """The broker answered with an error."""
+
+
+class Unreachable(RuntimeError):
+    """No broker answered at the bootstrap address."""
+
+
+def _raise(exc: KafkaException, what: str) -> None:
+    error = exc.args[0] if exc.args else None
+    name = error.name() if hasattr(error, "name") else str(exc)
+    text = error.str() if hasattr(error, "str") else str(exc)
+    if name in ("_TRANSPORT", "_TIMED_OUT", "_ALL_BROKERS_DOWN"):
+        raise Unreachable(f"{what}: {text}") from None
+    raise AdminError(f"{what}: {name}: {text}") from None
+
+
+@dataclass
+class Admin:
+    bootstrap: str
+    timeout_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        self._config = {"bootstrap.servers": self.bootstrap, "socket.timeout.ms": int(self.timeout_s * 1000),
+                        "client.id": "shmbroker-cli"}
+        self.client = AdminClient({**self._config, "logger": _QuietLogger()})
+
+    def _metadata(self):
+        try:
+            return self.client.list_topics(timeout=self.timeout_s)
+        except KafkaException as exc:
+            _raise(exc, f"cannot reach {self.bootstrap}")
+
+    def topics(self, include_internal: bool = False) -> list[dict]:
+        metadata = self._metadata()
+        out = []
+        for name in sorted(metadata.topics):
+            if name.startswith("__") and not include_internal:
+                continue
+            topic = metadata.topics[name]
+            out.append({"topic": name, "partitions": len(topic.partitions),
+                        "error": topic.error.name() if topic.error else None})
+        return out
+
+    def describe_topic(self, name: str) -> dict:
+        metadata = self._metadata()  # all topics: a Metadata request naming the topic could auto-create it
+        topic = metadata.topics.get(name)
+        if topic is None or topic.error is not None:
+            raise AdminError(f"topic {name}: {topic.error.name() if topic and topic.error else 'UNKNOWN_TOPIC_OR_PART'}")
+        partitions = []
+        with self._consumer() as consumer:
+            for pid in sorted(topic.partitions):
+                low, high = self._watermarks(consumer, name, pid)
+                p = topic.partitions[pid]
+                partitions.append({"partition": pid, "leader": p.leader, "replicas": list(p.replicas),
+                                   "log_start_offset": low, "high_watermark": high})
+        return {"topic": name, "partitions": partitions}
+
+    def create_topic(self, name: str, partitions: int) -> None:
+        futures = self.client.create_topics([NewTopic(name, num_partitions=partitions, replication_factor=1)],
+                                            operation_timeout=self.timeout_s, request_timeout=self.timeout_s)
+        try:
+            futures[name].result(timeout=self.timeout_s * 2)
+        except KafkaException as exc:
+            _raise(exc, f"cannot create topic {name}")
+
+    def delete_topic(self, name: str) -> None:
+        futures = self.client.delete_topics([name], operation_timeout=self.timeout_s, request_timeout=self.timeout_s)
+        try:
+            futures[name].result(timeout=self.timeout_s * 2)
+        except KafkaException as exc:
+            _raise(exc, f"cannot delete topic {name}")
+
+    def groups(self) -> list[dict]:
+        self._metadata()  # an unreachable broker says so here, rather than as an empty list
+        future = self.client.list_consumer_groups(request_timeout=self.timeout_s)
+        try:
+            result = future.result(timeout=self.timeout_s * 2)
+        except KafkaException as exc:
+            _raise(exc, "cannot list groups")
+        return sorted(({"group": g.group_id, "state": g.state.name if g.state else "",
+                        "simple": bool(g.is_simple_consumer_group)} for g in result.valid),
+                      key=lambda g: g["group"])
+
+    def describe_group(self, group_id: str) -> dict:
+        """Members and, per partition with a committed offset, its offset, the high watermark and the lag."""
+        futures = self.client.describe_consumer_groups([group_id], request_timeout=self.timeout_s)
+        try:
+            description = futures[group_id].result(timeout=self.timeout_s * 2)
+        except KafkaException as exc:
+            _raise(exc, f"cannot describe group {group_id}")
+        owners = {}
+        members = []
+        for member in description.members:
+            assigned = [(tp.topic, tp.partition) for tp in (member.assignment.topic_partitions
+                                                            if member.assignment else [])]
+            members.append({"member_id": member.member_id, "client_id": member.client_id, "host": member.host,
+                            "partitions": [f"{t}-{p}" for t, p in sorted(assigned)]})
+            for key in assigned:
+                owners[key] = member.member_id
+        from confluent_kafka import ConsumerGroupTopicPartitions
+        offsets_future = self.client.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group_id)],
+                                                                 request_timeout=self.timeout_s)
+        try:
+            committed = offsets_future[group_id].result(timeout=self.timeout_s * 2).topic_partitions
+        except KafkaException as exc:
+            _raise(exc, f"cannot fetch the offsets of group {group_id}")
+        partitions = []
+        with self._consumer() as consumer:
+            for tp in sorted(committed, key=lambda tp: (tp.topic, tp.partition)):
+                _, high = self._watermarks(consumer, tp.topic, tp.partition)
+                offset = tp.offset if tp.offset >= 0 else None
+                partitions.append({"topic": tp.topic, "partition": tp.partition, "committed_offset": offset,
+                                   "high_watermark": high, "lag": None if offset is None else max(0, high - offset),
+                                   "member_id": owners.get((tp.topic, tp.partition))})
+        return {"group": group_id, "state": description.state.name if description.state else "",
+                "protocol": description.partition_assignor, "members": members, "partitions": partitions,
+                "total_lag": sum(p["lag"] or 0 for p in partitions)}
+
+    def _consumer(self) -> Consumer:
+        return _ClosingConsumer({**self._config, "group.id": "shmbroker-cli-watermarks",
+                                 "enable.auto.commit": False, "logger": _QuietLogger()})
+
+    def _watermarks(self, consumer: Consumer, topic: str, partition: int) -> tuple[int, int]:
+        try:
+            return consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=self.timeout_s)
+        except KafkaException as exc:
+            _raise(exc, f"cannot read the offsets of {topic}-{partition}")
+            raise  # unreachable
+
+
+class _ClosingConsumer(Consumer):
+    def __enter__(self) -> "_ClosingConsumer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class _QuietLogger:
+    """librdkafka's log lines (connection refused, retries) would bury the one clear message the CLI prints."""
+
+    def log(self, *args, **kwargs) -> None:
+        pass
+
+    def __getattr__(self, name):
+        return self.log

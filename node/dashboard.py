@@ -1,0 +1,371 @@
+"""`shmbroker dashboard`: a live terminal view of a running node (rich), and the tables of `stats`, `topics`, `groups`.
+
+Each refresh (default every second) reads the stats segment (node.inspect: shared memory, no request to the
+node) and asks psutil about the node's processes (the supervisor and its children): CPU %, RSS, context
+switches per second, open files, TCP connections. Rates are differences of the counters between two refreshes;
+sparklines keep the last minute. Group lag comes from the Kafka API (node.admin) every `LAG_INTERVAL_S`.
+
+Invariants: the dashboard never writes to the node; a node that is gone shows one clear line and is looked for
+again every refresh (a restarted node is picked up by its data directory); every loop is bounded by --duration
+when given, and by Ctrl-C otherwise.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+from dataclasses import dataclass, field
+
+import psutil
+from rich.console import Console, Group
+from rich.live import Live
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+from node.inspect import NodeNotRunning, NodeReader, api_name, locate
+from shm import stats as S
+
+SPARK = "▁▂▃▄▅▆▇█"
+HISTORY = 60  # refreshes kept for sparklines (a minute at the default interval)
+LAG_INTERVAL_S = 5.0
+# psutil's connection list parses /proc/net/tcp (every socket of the host): refreshed this often, not every second.
+CONNECTIONS_INTERVAL_S = 5.0
+MB = 1024 * 1024
+
+
+def sparkline(values: collections.deque | list) -> str:
+    values = list(values)
+    if not values:
+        return ""
+    top = max(values)
+    if top <= 0:
+        return SPARK[0] * len(values)
+    return "".join(SPARK[min(len(SPARK) - 1, int(v / top * (len(SPARK) - 1) + 0.5))] for v in values)
+
+
+def _mb(value: float) -> str:
+    return f"{value / MB:.1f}"
+
+
+@dataclass
+class ProcessView:
+    process: psutil.Process
+    last_switches: int = 0
+    last_at: float = 0.0
+    connections: int = 0
+    connections_at: float = 0.0
+
+
+@dataclass
+class DashboardState:
+    data_dir: str
+    reader: NodeReader | None = None
+    supervisor_pid: int = 0
+    previous: dict[int, tuple[float, S.RowSnapshot]] = field(default_factory=dict)  # row -> (when, snapshot)
+    processes: dict[int, ProcessView] = field(default_factory=dict)
+    history: dict[str, collections.deque] = field(default_factory=lambda: collections.defaultdict(
+        lambda: collections.deque(maxlen=HISTORY)))
+    gone_since: float | None = None
+    last_error: str = ""
+    lag: dict[str, int] = field(default_factory=dict)
+    lag_at: float = 0.0
+    admin: object | None = None
+
+
+class Dashboard:
+    def __init__(self, data_dir: str) -> None:
+        self.state = DashboardState(data_dir)
+
+    # -- finding the node ------------------------------------------------------------------
+
+    def _connect(self) -> bool:
+        state = self.state
+        try:
+            location = locate(state.data_dir)
+        except NodeNotRunning as exc:
+            self._drop(str(exc))
+            return False
+        if state.reader is not None and location.supervisor_pid == state.supervisor_pid:
+            return True
+        self._drop("")
+        try:
+            state.reader = NodeReader(location)
+        except NodeNotRunning as exc:
+            self._drop(str(exc))
+            return False
+        state.supervisor_pid = location.supervisor_pid
+        state.gone_since = None
+        state.admin = None
+        return True
+
+    def _drop(self, reason: str) -> None:
+        state = self.state
+        if state.reader is not None:
+            state.reader.close()
+            state.reader = None
+            state.previous.clear()
+            state.processes.clear()
+        if reason:
+            state.last_error = reason
+            if state.gone_since is None:
+                state.gone_since = time.monotonic()
+
+    # -- one refresh ------------------------------------------------------------------------
+
+    def _process_rows(self, now: float, rows: list[S.RowSnapshot]) -> Table:
+        state = self.state
+        table = Table(title="processes", expand=True)
+        for column in ("process", "pid", "CPU %", "RSS MB", "ctx sw/s", "files", "conns", "loop/s"):
+            table.add_column(column, justify="right" if column not in ("process",) else "left")
+        for row in rows:
+            view = state.processes.get(row.pid)
+            try:
+                if view is None:
+                    view = state.processes[row.pid] = ProcessView(psutil.Process(row.pid))
+                    view.process.cpu_percent(None)
+                p = view.process
+                with p.oneshot():
+                    cpu = p.cpu_percent(None)
+                    rss = p.memory_info().rss
+                    switches = sum(p.num_ctx_switches())
+                    files = p.num_fds()
+                if row.role == "worker" and now - view.connections_at >= CONNECTIONS_INTERVAL_S:
+                    view.connections_at = now
+                    view.connections = sum(1 for c in p.net_connections(kind="tcp")
+                                           if c.status == psutil.CONN_ESTABLISHED)
+                conns = view.connections
+            except psutil.Error:
+                state.processes.pop(row.pid, None)
+                continue
+            rate = (switches - view.last_switches) / (now - view.last_at) if view.last_at else 0.0
+            view.last_switches, view.last_at = switches, now
+            turns = self._rate(row, "loop_turns", now)
+            table.add_row(row.label, str(row.pid), f"{cpu:.0f}", _mb(rss), f"{rate:.0f}", str(files), str(conns),
+                          f"{turns:.0f}")
+            state.history[f"cpu {row.label}"].append(cpu)
+        return table
+
+    def _rate(self, row: S.RowSnapshot, name: str, now: float, position: int | None = None) -> float:
+        before = self.state.previous.get(row.row)
+        if before is None:
+            return 0.0
+        when, old = before
+        elapsed = max(1e-3, now - when)
+        if position is None:
+            return max(0, row.get(name) - old.get(name)) / elapsed
+        return max(0, int(row.array(name)[position]) - int(old.array(name)[position])) / elapsed
+
+    def _api_table(self, now: float, rows: list[S.RowSnapshot]) -> Table:
+        rates: dict[int, list[float]] = collections.defaultdict(lambda: [0.0, 0.0, 0.0, 0.0])
+        for row in rows:
+            if row.role != "worker" or row.row not in self.state.previous:
+                continue
+            for key in range(S.MAX_APIS):
+                if row.array("requests")[key]:
+                    r = rates[key]
+                    r[0] += self._rate(row, "requests", now, key)
+                    r[1] += self._rate(row, "request_errors", now, key)
+                    r[2] += self._rate(row, "bytes_in", now, key)
+                    r[3] += self._rate(row, "bytes_out", now, key)
+        table = Table(title="requests", expand=True)
+        for column in ("API", "req/s", "err/s", "MB/s in", "MB/s out", "last minute"):
+            table.add_column(column, justify="left" if column in ("API", "last minute") else "right")
+        total_in = total_out = 0.0
+        for key in sorted(rates):
+            r = rates[key]
+            total_in += r[2]
+            total_out += r[3]
+            history = self.state.history[f"api {key}"]
+            history.append(r[0])
+            table.add_row(api_name(key), f"{r[0]:.0f}", f"{r[1]:.0f}", _mb(r[2]), _mb(r[3]), sparkline(history))
+        self.state.history["MB/s in"].append(total_in / MB)
+        self.state.history["MB/s out"].append(total_out / MB)
+        table.add_row("all", "", "", _mb(total_in), _mb(total_out),
+                      f"in {sparkline(self.state.history['MB/s in'])}")
+        return table
+
+    def _timer_table(self, now: float, rows: list[S.RowSnapshot]) -> Table:
+        table = Table(title="timer, rings, groups", expand=True)
+        table.add_column("what")
+        table.add_column("now", justify="right")
+        table.add_column("last minute")
+        timer = next((row for row in rows if row.role == "timer"), None)
+        workers = [row for row in rows if row.role == "worker"]
+        if timer is not None:
+            for kind in S.PURGATORIES:
+                pending = timer.get(f"purgatory_{kind}_pending")
+                history = self.state.history[f"purgatory {kind}"]
+                history.append(pending)
+                table.add_row(f"purgatory {kind}: pending (done/s, expired/s)",
+                              f"{pending} ({self._rate(timer, f'purgatory_{kind}_completed', now):.0f}, "
+                              f"{self._rate(timer, f'purgatory_{kind}_expired', now):.0f})", sparkline(history))
+            table.add_row("wheel entries / levels", f"{timer.get('wheel_entries')} / {timer.get('wheel_levels')}", "")
+            late = timer.get("timer_lateness_p99_us")
+            self.state.history["lateness"].append(late)
+            table.add_row("timer lateness p50 / p99 (ms)",
+                          f"{timer.get('timer_lateness_p50_us') / 1000:.1f} / {late / 1000:.1f}",
+                          sparkline(self.state.history["lateness"]))
+            fsyncs = self._rate(timer, "fsyncs", now)
+            fsync_us = self._rate(timer, "fsync_us_total", now)
+            table.add_row("fsyncs/s, avg ms, MB/s flushed",
+                          f"{fsyncs:.0f}, {fsync_us / fsyncs / 1000 if fsyncs else 0:.2f}, "
+                          f"{_mb(self._rate(timer, 'bytes_flushed', now))}", "")
+            table.add_row("throttled clients (throttle ms/s)",
+                          f"{timer.get('throttled_clients')} ({self._rate(timer, 'throttle_ms_total', now):.0f})", "")
+            table.add_row("groups / members / rebalances",
+                          f"{timer.get('groups')} / {timer.get('group_members')} / {timer.get('rebalances')}", "")
+        for row in workers:
+            capacity = int(row.array("ring_capacity_bytes")[0]) or 1
+            used = int(row.array("ring_used_bytes")[0])
+            down = int(timer.array("ring_used_bytes")[row.index]) if timer is not None else 0
+            table.add_row(f"rings of worker {row.index}: request / completion used %",
+                          f"{100 * used / capacity:.1f} / {100 * down / capacity:.1f}",
+                          f"{row.get('connections')} conns, {row.get('delayed_waiting')} waiting")
+        for group, lag in sorted(self.state.lag.items()):
+            table.add_row(f"group {group}: lag", str(lag), "")
+        return table
+
+    def _refresh_lag(self, now: float, rows: list[S.RowSnapshot]) -> None:
+        """Lag per group through the Kafka API, every LAG_INTERVAL_S, and only when the coordinator has groups
+        (the stats say so): an idle dashboard keeps no Kafka client running."""
+        state = self.state
+        if now - state.lag_at < LAG_INTERVAL_S or state.reader is None:
+            return
+        if not any(row.get("groups") for row in rows if row.role == "timer"):
+            state.lag = {}
+            return
+        state.lag_at = now
+        try:
+            from node.admin import Admin
+            if state.admin is None:
+                location = state.reader.location
+                state.admin = Admin(f"{location.host}:{location.port}", timeout_s=1.0)
+            lag = {}
+            for group in state.admin.groups()[:20]:
+                lag[group["group"]] = state.admin.describe_group(group["group"])["total_lag"]
+            state.lag = lag
+        except Exception as exc:  # lag is a nicety: the rest of the view must go on
+            state.lag = {"(unavailable)": 0}
+            state.last_error = f"lag: {exc}"
+
+    def render(self) -> Group:
+        state = self.state
+        now = time.monotonic()
+        if not self._connect():
+            gone = now - (state.gone_since or now)
+            return Group(Text(f"node not running ({gone:.0f} s): {state.last_error}; looking again every refresh",
+                              style="bold red"))
+        try:
+            rows = state.reader.rows()
+        except (S.TornReadError, ValueError) as exc:
+            self._drop(f"cannot read the stats segment: {exc}")
+            return Group(Text(state.last_error, style="bold red"))
+        location = state.reader.location
+        header = Text(f"shmbroker {location.host}:{location.port}  data {location.data_dir}  "
+                      f"supervisor pid {location.supervisor_pid}  {time.strftime('%H:%M:%S')}", style="bold")
+        processes = self._process_rows(now, rows)
+        apis = self._api_table(now, rows)
+        timer = self._timer_table(now, rows)
+        self._refresh_lag(now, rows)
+        state.previous = {row.row: (now, row) for row in rows}
+        return Group(header, processes, apis, timer)
+
+
+def run_dashboard(data_dir: str, interval: float, duration: float = 0.0) -> int:
+    dashboard = Dashboard(data_dir)
+    console = Console()
+    deadline = time.monotonic() + duration if duration > 0 else None
+    # Drawn once per refresh, not by rich's own refresh thread (which would redraw the same view 4 times a second).
+    with Live(dashboard.render(), console=console, auto_refresh=False, screen=False, transient=False) as live:
+        while deadline is None or time.monotonic() < deadline:
+            time.sleep(interval)
+            live.update(dashboard.render(), refresh=True)
+    dashboard._drop("")
+    return 0
+
+
+# -- one-shot tables -------------------------------------------------------------------------
+
+def render_stats(document: dict) -> None:
+    console = Console()
+    node = document["node"]
+    console.print(f"[bold]shmbroker {node['listen']}[/] data {node['data_dir']} supervisor pid {node['supervisor_pid']}")
+    processes = Table(title="processes")
+    for column in ("process", "pid", "loop turns", "connections", "waiting", "published"):
+        processes.add_column(column)
+    for p in document["processes"]:
+        label = f"worker {p['index']}" if p["role"] == "worker" else p["role"]
+        processes.add_row(label, str(p["pid"]), str(p.get("loop_turns", 0)), str(p.get("connections", 0)),
+                          str(p.get("delayed_waiting", 0)), time.strftime("%H:%M:%S", time.localtime(
+                              p.get("published_ms", 0) / 1000)))
+    console.print(processes)
+    apis = Table(title="requests per API (since start)")
+    for column in ("API", "requests", "errors", "bytes in", "bytes out"):
+        apis.add_column(column, justify="right")
+    for name, counts in sorted(document["apis"].items()):
+        apis.add_row(name, str(counts["requests"]), str(counts["request_errors"]), str(counts["bytes_in"]),
+                     str(counts["bytes_out"]))
+    console.print(apis)
+    totals = Table(title="node totals")
+    totals.add_column("counter")
+    totals.add_column("value", justify="right")
+    for name, value in document["totals"].items():
+        if value:
+            totals.add_row(name, str(value))
+    console.print(totals)
+    rings = Table(title="rings")
+    for column in ("worker", "request frames", "request used", "completion frames", "completion used"):
+        rings.add_column(column, justify="right")
+    for ring in document["rings"]:
+        done = ring.get("completion", {})
+        rings.add_row(str(ring["worker"]), str(ring["request"]["frames_sent"]), str(ring["request"]["used_bytes"]),
+                      str(done.get("frames_sent", "")), str(done.get("used_bytes", "")))
+    console.print(rings)
+    partitions = Table(title="partitions")
+    for column in ("topic", "partition", "log start", "log end", "high watermark", "unflushed bytes"):
+        partitions.add_column(column, justify="right")
+    for p in document["partitions"]:
+        partitions.add_row(p["topic"], str(p["partition"]), str(p["log_start_offset"]), str(p["log_end_offset"]),
+                           str(p["high_watermark"]), str(p["unflushed_bytes"]))
+    console.print(partitions)
+
+
+def render_topics(topics: list[dict]) -> None:
+    table = Table()
+    table.add_column("topic")
+    table.add_column("partitions", justify="right")
+    for topic in topics:
+        table.add_row(topic["topic"], str(topic["partitions"]))
+    Console().print(table)
+
+
+def render_topic(topic: dict) -> None:
+    table = Table(title=topic["topic"])
+    for column in ("partition", "leader", "log start", "high watermark"):
+        table.add_column(column, justify="right")
+    for p in topic["partitions"]:
+        table.add_row(str(p["partition"]), str(p["leader"]), str(p["log_start_offset"]), str(p["high_watermark"]))
+    Console().print(table)
+
+
+def render_groups(groups: list[dict]) -> None:
+    table = Table()
+    table.add_column("group")
+    table.add_column("state")
+    for group in groups:
+        table.add_row(group["group"], group["state"])
+    Console().print(table)
+
+
+def render_group(group: dict) -> None:
+    console = Console()
+    console.print(f"[bold]group {group['group']}[/] state {group['state']} protocol {group['protocol']} "
+                  f"members {len(group['members'])} total lag {group['total_lag']}")
+    table = Table()
+    for column in ("topic", "partition", "committed", "high watermark", "lag", "member"):
+        table.add_column(column, justify="right")
+    for p in group["partitions"]:
+        table.add_row(p["topic"], str(p["partition"]), "-" if p["committed_offset"] is None else str(p["committed_offset"]),
+                      str(p["high_watermark"]), "-" if p["lag"] is None else str(p["lag"]), p["member_id"] or "")
+    console.print(table)

@@ -1,0 +1,155 @@
+"""Reading a running node from the outside, without a request to it: `shmbroker stats`, the dashboard, /metrics.
+
+A node is found by its data directory: the supervisor holds `<data_dir>/.lock` (its pid inside) and writes the
+children's config file there (node.config.runtime_path), which names the port; data directory and port give the
+instance id (shm.instance.instance_id_for) and so the names of its shared segments. Everything is mapped
+read-only.
+
+Invariants: a reader never writes to the node's memory or files; a node that is gone (no live lease, no
+segment) raises NodeNotRunning, whatever state the files are in; a snapshot is one consistent copy per row
+(shm.stats), taken at one moment per row, not across rows.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+
+import posix_ipc
+
+from node import config as node_config
+from node.storage.catalog import Catalog
+from shm import instance as shm_instance
+from shm import stats as S
+from shm.table import PartitionTable
+
+# Kafka API keys the node serves, by name (for tables and metric labels).
+API_NAMES = {
+    0: "Produce", 1: "Fetch", 2: "ListOffsets", 3: "Metadata", 8: "OffsetCommit", 9: "OffsetFetch",
+    10: "FindCoordinator", 11: "JoinGroup", 12: "Heartbeat", 13: "LeaveGroup", 14: "SyncGroup",
+    15: "DescribeGroups", 16: "ListGroups", 18: "ApiVersions", 19: "CreateTopics", 20: "DeleteTopics",
+    22: "InitProducerId", 42: "DeleteGroups", 47: "OffsetDelete",
+}
+
+
+def api_name(key: int) -> str:
+    return API_NAMES.get(key, f"api{key}")
+
+
+class NodeNotRunning(RuntimeError):
+    """No node runs with this data directory (or its stats are disabled)."""
+
+
+@dataclass
+class NodeLocation:
+    data_dir: str
+    host: str
+    port: int
+    instance: str
+    supervisor_pid: int
+
+
+def locate(data_dir: str) -> NodeLocation:
+    data_dir = os.path.abspath(data_dir)
+    try:
+        config = node_config.read_runtime(node_config.runtime_path(data_dir))
+    except (OSError, ValueError) as exc:
+        raise NodeNotRunning(f"no node has run with data directory {data_dir} ({exc.__class__.__name__})") from None
+    instance = shm_instance.instance_id_for(data_dir, config.server.port)
+    lease = shm_instance.read_lease(instance)
+    if lease is None or not shm_instance.instance_is_live(instance):
+        raise NodeNotRunning(f"no node is running with data directory {data_dir} "
+                             f"(last on {config.server.host}:{config.server.port})")
+    return NodeLocation(data_dir, config.server.host, config.server.port, instance, lease[0])
+
+
+class NodeReader:
+    """Read-only mappings of one running node's stats segment and partition table."""
+
+    def __init__(self, location: NodeLocation) -> None:
+        self.location = location
+        try:
+            self.stats = S.StatsSegment.attach(shm_instance.stats_name(location.instance), writable=False)
+        except posix_ipc.ExistentialError:
+            raise NodeNotRunning(f"the node with data directory {location.data_dir} has no stats segment "
+                                 "(stopping, or an older version)") from None
+        try:
+            self.table: PartitionTable | None = PartitionTable.attach(shm_instance.table_name(location.instance))
+        except (posix_ipc.ExistentialError, ValueError):
+            self.table = None
+        self.catalog = Catalog(location.data_dir, self.table.rows if self.table is not None else 0)
+
+    @classmethod
+    def open(cls, data_dir: str) -> "NodeReader":
+        return cls(locate(data_dir))
+
+    def rows(self) -> list[S.RowSnapshot]:
+        return self.stats.snapshot()
+
+    def partitions(self) -> list[dict]:
+        """Per partition: log start and end, high watermark, bytes not yet fsync'd (from the partition table)."""
+        if self.table is None:
+            return []
+        self.catalog.reload()
+        out = []
+        for topic in sorted(self.catalog.topics.values(), key=lambda t: t.name):
+            for partition, row in enumerate(topic.rows):
+                if not 0 <= row < self.table.rows:
+                    continue
+                state = self.table.read(row)
+                out.append({"topic": topic.name, "partition": partition, "log_start_offset": state.log_start_offset,
+                            "log_end_offset": state.log_end_offset, "high_watermark": state.high_watermark,
+                            "unflushed_bytes": state.end_bytes - state.flushed_bytes})
+        return out
+
+    def close(self) -> None:
+        self.stats.close()
+        if self.table is not None:
+            self.table.close()
+
+
+def snapshot_document(reader: NodeReader) -> dict:
+    """One snapshot as a JSON-ready document (`shmbroker stats --json`)."""
+    rows = reader.rows()
+    location = reader.location
+    processes = []
+    for row in rows:
+        entry = {"role": row.role, "index": row.index, "pid": row.pid, "started_ms": row.started_ms}
+        for field in S.FIELDS:
+            if field.width == 1:
+                value = row.get(field.name)
+                if value or field.name in ("published_ms", "loop_turns"):
+                    entry[field.name] = value
+        processes.append(entry)
+    apis: dict[str, dict[str, int]] = {}
+    for row in rows:
+        if row.role != "worker":
+            continue
+        for name in ("requests", "request_errors", "bytes_in", "bytes_out"):
+            for key, value in enumerate(row.array(name).tolist()):
+                if value:
+                    apis.setdefault(api_name(key), {"requests": 0, "request_errors": 0, "bytes_in": 0,
+                                                    "bytes_out": 0})[name] += value
+    rings = []
+    timer = next((row for row in rows if row.role == "timer"), None)
+    for row in rows:
+        if row.role != "worker":
+            continue
+        ring = {"worker": row.index,
+                "request": {"frames_sent": int(row.array("ring_frames_sent")[0]),
+                            "used_bytes": int(row.array("ring_used_bytes")[0]),
+                            "capacity_bytes": int(row.array("ring_capacity_bytes")[0])}}
+        if timer is not None and row.index < S.MAX_RINGS:
+            ring["request"]["frames_received"] = int(timer.array("ring_frames_received")[row.index])
+            ring["completion"] = {"frames_sent": int(timer.array("ring_frames_sent")[row.index]),
+                                  "frames_received": int(row.array("ring_frames_received")[0]),
+                                  "used_bytes": int(timer.array("ring_used_bytes")[row.index]),
+                                  "capacity_bytes": int(timer.array("ring_capacity_bytes")[row.index])}
+        rings.append(ring)
+    totals = S.totals(rows)
+    return {"node": {"data_dir": location.data_dir, "listen": f"{location.host}:{location.port}",
+                     "instance": location.instance, "supervisor_pid": location.supervisor_pid,
+                     "read_at_ms": time.time_ns() // 1_000_000},
+            "totals": totals, "apis": apis, "rings": rings, "processes": processes,
+            "partitions": reader.partitions()}

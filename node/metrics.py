@@ -1,0 +1,94 @@
+"""The Prometheus endpoint (`shmbroker serve --metrics HOST:PORT`): the stats segment as metrics, served by
+prometheus-client from a thread of the supervisor.
+
+Names follow Kafka's JMX metrics where Kafka has one (kafka_network_requests_total{request="Produce"} for
+kafka.network:type=RequestMetrics,name=RequestsPerSec; kafka_server_delayed_operations{purgatory="fetch"} for
+DelayedOperationPurgatory PurgatorySize; kafka_log_log_end_offset{topic,partition} for Log LogEndOffset); every
+other field of shm.stats is exported as shmbroker_<field> with the process as labels.
+
+Invariants: each scrape reads one fresh snapshot (no caching between scrapes, nothing written to the node); the
+endpoint listens on loopback unless told otherwise; it is off by default.
+"""
+
+from __future__ import annotations
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import CollectorRegistry
+from prometheus_client import start_http_server
+
+from node.inspect import NodeReader, api_name
+from shm import stats as S
+
+_PER_API = {"requests": ("kafka_network_requests", "Requests read, per API (RequestsPerSec)"),
+            "request_errors": ("kafka_network_request_errors", "Requests that closed their connection, per API"),
+            "bytes_in": ("kafka_network_request_bytes", "Request bytes read, per API"),
+            "bytes_out": ("kafka_network_response_bytes", "Response bytes queued, per API")}
+_KAFKA_NAMES = {"connections": "kafka_server_connections", "rebalances": "kafka_coordinator_group_rebalances",
+                "groups": "kafka_coordinator_groups", "group_members": "kafka_coordinator_group_members",
+                "flushes": "kafka_log_flushes", "bytes_flushed": "kafka_log_flushed_bytes",
+                "throttled_clients": "kafka_server_quota_throttled_clients",
+                "throttle_ms_total": "kafka_server_quota_throttle_time_ms"}
+
+
+class StatsCollector:
+    def __init__(self, reader: NodeReader) -> None:
+        self.reader = reader
+
+    def collect(self):
+        rows = self.reader.rows()
+        per_api = {name: CounterMetricFamily(metric, text, labels=["request", "worker"])
+                   for name, (metric, text) in _PER_API.items()}
+        for row in rows:
+            if row.role != "worker":
+                continue
+            for name, family in per_api.items():
+                for key, value in enumerate(row.array(name).tolist()):
+                    if value:
+                        family.add_metric([api_name(key), str(row.index)], value)
+        yield from per_api.values()
+        purgatory = GaugeMetricFamily("kafka_server_delayed_operations", "Delayed operations waiting (PurgatorySize)",
+                                      labels=["purgatory"])
+        for field in S.FIELDS:
+            if field.width != 1 or field.name == "published_ms":
+                continue
+            metric = _KAFKA_NAMES.get(field.name, f"shmbroker_{field.name}")
+            if field.counter:
+                metric = metric[:-len("_total")] if metric.endswith("_total") else metric
+                family = CounterMetricFamily(metric, field.help, labels=["process", "index"])
+            else:
+                family = GaugeMetricFamily(metric, field.help, labels=["process", "index"])
+            for row in rows:
+                family.add_metric([row.role, str(row.index)], row.get(field.name))
+            yield family
+            if field.name.startswith("purgatory_") and field.name.endswith("_pending"):
+                timer = next((row for row in rows if row.role == "timer"), None)
+                if timer is not None:
+                    purgatory.add_metric([field.name.split("_")[1]], timer.get(field.name))
+        yield purgatory
+        ring_used = GaugeMetricFamily("shmbroker_ring_used_bytes", "Bytes in a ring not yet consumed",
+                                      labels=["ring", "worker"])
+        for row in rows:
+            if row.role == "worker":
+                ring_used.add_metric(["request", str(row.index)], int(row.array("ring_used_bytes")[0]))
+            elif row.role == "timer":
+                for worker, value in enumerate(row.array("ring_used_bytes").tolist()):
+                    if row.array("ring_capacity_bytes")[worker]:
+                        ring_used.add_metric(["completion", str(worker)], value)
+        yield ring_used
+        end = GaugeMetricFamily("kafka_log_log_end_offset", "Log end offset", labels=["topic", "partition"])
+        start = GaugeMetricFamily("kafka_log_log_start_offset", "Log start offset", labels=["topic", "partition"])
+        high = GaugeMetricFamily("kafka_cluster_partition_high_watermark", "High watermark",
+                                 labels=["topic", "partition"])
+        for p in self.reader.partitions():
+            labels = [p["topic"], str(p["partition"])]
+            end.add_metric(labels, p["log_end_offset"])
+            start.add_metric(labels, p["log_start_offset"])
+            high.add_metric(labels, p["high_watermark"])
+        yield from (end, start, high)
+
+
+def serve_metrics(reader: NodeReader, host: str, port: int):
+    """Start the endpoint on a daemon thread; returns (server, thread) to shut down."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(StatsCollector(reader))
+    return start_http_server(port, addr=host, registry=registry)

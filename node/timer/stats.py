@@ -1,0 +1,98 @@
+"""The timer process's row of the stats segment (shm.stats): what its parts counted, published every interval.
+
+The parts keep their own counters (purgatories, the wheels, the flusher thread, the quota manager, the group
+coordinator, the outbox and the request rings); `TimerStats.publish` copies them into the row's counters and
+the current gauges, then publishes the row. The only thing measured here is the loop's lateness: how long
+after the earliest deadline it planned to wake for it actually woke (p50/p99 of the samples of one interval).
+
+Invariants: nothing here is on a message's path; a publish costs one pass over the parts every
+stats.publish_interval_ms; lateness samples are bounded per interval (MAX_LATENESS_SAMPLES).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from shm import stats as S
+
+MAX_LATENESS_SAMPLES = 100_000
+
+
+class TimerStats:
+    def __init__(self, writer: S.StatsWriter, interval_ms: int) -> None:
+        self.writer = writer
+        self.interval_ns = interval_ms * 1_000_000
+        self._next_ns = 0
+        self._lateness_us: list[int] = []
+        self._frames_received: list[int] = []
+
+    def woke(self, due_ns: int | None, now_ns: int) -> None:
+        """After a sleep planned to end at `due_ns` (a deadline; None: no deadline): one lateness sample."""
+        if due_ns is not None and now_ns >= due_ns and len(self._lateness_us) < MAX_LATENESS_SAMPLES:
+            self._lateness_us.append((now_ns - due_ns) // 1000)
+
+    def received(self, worker: int, frames: int) -> None:
+        received = self._frames_received
+        while len(received) <= worker:
+            received.append(0)
+        received[worker] += frames
+
+    def due(self, now_ns: int) -> bool:
+        return now_ns >= self._next_ns
+
+    def publish(self, timer: Any, now_ns: int) -> None:
+        """`timer`: the TimerProcess (not imported: it imports this module)."""
+        self._next_ns = now_ns + self.interval_ns
+        w = self.writer
+        ops, groups = timer.operations, timer.groups
+        purgatories = {"fetch": ops.fetches, "produce": ops.produces, "throttle": ops.throttles,
+                       "join": groups.joins, "sync": groups.syncs}
+        entries = levels = slots = 0
+        for kind, purgatory in purgatories.items():
+            w.set(f"purgatory_{kind}_pending", purgatory.pending)
+            w.set(f"purgatory_{kind}_watched", purgatory.watched)
+            w.set(f"purgatory_{kind}_completed", purgatory.completed)
+            w.set(f"purgatory_{kind}_expired", purgatory.expired)
+            wheel = purgatory.timer
+            entries, levels, slots = entries + wheel.pending, max(levels, wheel.levels), slots + wheel.slots_in_use
+        sessions = groups.sessions
+        w.set("purgatory_session_pending", len(sessions))
+        w.set("purgatory_session_watched", len(sessions))
+        w.set("purgatory_session_expired", sessions.expired)
+        entries += sessions.wheel.pending
+        slots += sessions.wheel.slots_in_use
+        w.set("wheel_entries", entries)
+        w.set("wheel_levels", levels)
+        w.set("wheel_slots", slots)
+        lateness = sorted(self._lateness_us)
+        self._lateness_us = []
+        w.set("timer_lateness_p50_us", S.percentile(lateness, 0.50))
+        w.set("timer_lateness_p99_us", S.percentile(lateness, 0.99))
+        w.add("timer_wakeups_late", len(lateness))
+        flusher = timer.flusher
+        w.set("flushes", flusher.rounds)
+        w.set("fsyncs", flusher.fsyncs)
+        w.set("flush_errors", flusher.errors)
+        w.set("fsync_us_total", flusher.fsync_ns_total // 1000)
+        w.set("fsync_us_max", flusher.fsync_ns_max // 1000)
+        flusher.fsync_ns_max = 0
+        w.set("bytes_flushed", flusher.bytes_flushed)
+        throttles = throttle_ms = 0
+        for usage in timer.quotas.clients.values():
+            throttles += sum(usage.throttled_requests)
+            throttle_ms += sum(usage.throttle_ms_total)
+        w.set("throttles", throttles)
+        w.set("throttle_ms_total", throttle_ms)
+        w.set("throttled_clients", len(timer.quotas.over_quota))
+        w.set("groups", len(groups.groups))
+        w.set("group_members", sum(len(group.members) for group in groups.groups.values()))
+        w.set("rebalances", groups.rebalances)
+        capacity = timer.config.rings.capacity
+        for worker, writer in enumerate(timer.outbox.writers[:S.MAX_RINGS]):
+            w.set("ring_frames_sent", timer.outbox.frames_sent[worker], worker)
+            w.set("ring_used_bytes", max(0, capacity - writer.free_bytes()), worker)
+            w.set("ring_capacity_bytes", capacity, worker)
+        for worker, frames in enumerate(self._frames_received[:S.MAX_RINGS]):
+            w.set("ring_frames_received", frames, worker)
+        w.publish()
+

@@ -1,0 +1,282 @@
+"""The node's stats segment: one row of counters per process, written without locks, read as consistent snapshots.
+
+Every process of the node (row 0 the supervisor, row 1 the timer, row 2 + i network worker i) owns one row.
+It counts in plain Python ints of its own (`StatsWriter.counts`, a list indexed by the field offsets below: an
+increment on the hot path is one list store, no shared-memory traffic), and *publishes* the whole list into its
+row every `stats.publish_interval_ms` from its loop. Readers (`shmbroker stats`, the dashboard, the Prometheus
+endpoint) map the segment read-only and never send a request to the node.
+
+Row layout (little-endian int64 words):
+
+    word 0        version   incremented once per publish; its low bit names the slot holding the current counters
+    word 1        pid       the owner's pid (0: the row was never used)
+    word 2        role      ROLES index (supervisor, timer, worker)
+    word 3        index     the worker's index (0 otherwise)
+    word 4        started   the owner's start, wall-clock ms
+    words 5-7     padding   keeps the version on its own cache line
+    slot 0, slot 1          SLOT_WORDS counters each (FIELDS)
+
+Invariants (the double-buffered seqlock of shm/table.py, for the same reason: an owner killed mid-publish must not
+leave readers spinning):
+- A row has one writer, its owner; the supervisor zeroes a row only before it starts the row's owner.
+- Publishing writes the counters into slot (version + 1) & 1, then stores version + 1 (one aligned 8-byte store).
+  A reader loads version v, copies slot v & 1, loads version again, and keeps the copy iff it is still v.
+- Counters (monotonic) and gauges (current values such as connections, set at publish time) are both int64;
+  FIELDS says which is which, so rates are only computed for counters.
+- Relies on x86-64 total store order, like the rest of shm/.
+"""
+
+from __future__ import annotations
+
+import mmap
+import struct
+import time
+from dataclasses import dataclass
+from typing import Iterator
+
+import numpy as np
+import posix_ipc
+
+MAGIC = 0x5354_4154_5342_4D53  # "SMBSTATS"
+HEADER = struct.Struct("<qqq")
+HEADER_BYTES = 64
+ROW_HEAD_WORDS = 8
+ROLES = ("supervisor", "timer", "worker")
+SUPERVISOR_ROW = 0
+TIMER_ROW = 1
+MAX_APIS = 72  # Kafka API keys 0..71
+MAX_RINGS = 64  # rings described per row (one per worker)
+PURGATORIES = ("fetch", "produce", "throttle", "join", "session", "sync")
+MAX_READ_ATTEMPTS = 10_000
+
+
+@dataclass(frozen=True)
+class Field:
+    name: str
+    width: int = 1  # >1: an array (per API key, per ring)
+    counter: bool = True  # False: a gauge (a current value)
+    help: str = ""
+
+
+def _purgatory_fields() -> list[Field]:
+    fields = []
+    for kind in PURGATORIES:
+        fields += [Field(f"purgatory_{kind}_pending", counter=False, help=f"{kind} operations waiting"),
+                   Field(f"purgatory_{kind}_watched", counter=False, help=f"{kind} watcher-list entries"),
+                   Field(f"purgatory_{kind}_completed", help=f"{kind} operations completed"),
+                   Field(f"purgatory_{kind}_expired", help=f"{kind} operations expired")]
+    return fields
+
+
+# The schema, as data: every process writes the fields of its role, readers sum or show them.
+FIELDS: tuple[Field, ...] = (
+    Field("published_ms", counter=False, help="wall-clock ms of this publish"),
+    Field("loop_turns", help="turns of the process's loop"),
+    # network workers
+    Field("requests", MAX_APIS, help="requests read, per API key"),
+    Field("request_errors", MAX_APIS, help="requests that closed their connection (bad input or a bug), per API key"),
+    Field("bytes_in", MAX_APIS, help="request bytes read, per API key"),
+    Field("bytes_out", MAX_APIS, help="response bytes queued (sendfile ranges included), per API key"),
+    Field("connections", counter=False, help="open client connections"),
+    Field("connections_accepted", help="client connections accepted"),
+    Field("connections_closed_on_error", help="connections closed for bad input or a bug"),
+    Field("delayed_waiting", counter=False, help="requests waiting on the timer process"),
+    Field("throttled_connections", counter=False, help="connections muted by a quota throttle"),
+    # rings: a worker describes its request ring at position 0; the timer describes every completion ring
+    Field("ring_frames_sent", MAX_RINGS, help="frames written into the ring"),
+    Field("ring_frames_received", MAX_RINGS, help="frames read from the ring"),
+    Field("ring_used_bytes", MAX_RINGS, counter=False, help="bytes in the ring not yet consumed"),
+    Field("ring_capacity_bytes", MAX_RINGS, counter=False, help="ring capacity"),
+    # timer process
+    *_purgatory_fields(),
+    Field("wheel_entries", counter=False, help="pending entries in the timing wheels"),
+    Field("wheel_levels", counter=False, help="levels of the delayed-operation wheels (1 + overflow levels)"),
+    Field("wheel_slots", counter=False, help="entry slots in use (pending + cancelled not yet reclaimed)"),
+    Field("timer_lateness_p50_us", counter=False, help="timer wake-up lateness past a deadline, p50 over the last interval"),
+    Field("timer_lateness_p99_us", counter=False, help="timer wake-up lateness past a deadline, p99 over the last interval"),
+    Field("timer_wakeups_late", help="wake-ups measured for lateness"),
+    Field("flushes", help="flush rounds of the group commit"),
+    Field("fsyncs", help="partition fsyncs"),
+    Field("flush_errors", help="failed partition flushes"),
+    Field("fsync_us_total", help="time spent in partition fsyncs, us"),
+    Field("fsync_us_max", counter=False, help="slowest fsync over the last interval, us"),
+    Field("bytes_flushed", help="bytes made durable by fsync"),
+    Field("throttles", help="throttle timers started"),
+    Field("throttle_ms_total", help="throttle time handed out, ms"),
+    Field("throttled_clients", counter=False, help="clients over their quota now"),
+    Field("groups", counter=False, help="consumer groups known to the coordinator"),
+    Field("group_members", counter=False, help="members of all groups"),
+    Field("rebalances", help="completed join phases"),
+    # supervisor
+    Field("child_restarts", help="children restarted"),
+    Field("children_alive", counter=False, help="children running"),
+)
+
+OFFSETS: dict[str, int] = {}
+_offset = 0
+for _field in FIELDS:
+    OFFSETS[_field.name] = _offset
+    _offset += _field.width
+SLOT_WORDS = _offset
+ROW_WORDS = ROW_HEAD_WORDS + 2 * SLOT_WORDS
+ROW_BYTES = ROW_WORDS * 8
+FIELD_BY_NAME = {f.name: f for f in FIELDS}
+VERSION = struct.Struct("<q")
+
+
+class TornReadError(RuntimeError):
+    """A row kept changing under a reader for MAX_READ_ATTEMPTS copies."""
+
+
+def stats_rows(workers: int) -> int:
+    return 2 + workers
+
+
+def worker_row(index: int) -> int:
+    return 2 + index
+
+
+@dataclass(frozen=True)
+class RowSnapshot:
+    row: int
+    pid: int
+    role: str
+    index: int
+    started_ms: int
+    values: np.ndarray  # SLOT_WORDS int64
+
+    def get(self, name: str) -> int:
+        return int(self.values[OFFSETS[name]])
+
+    def array(self, name: str) -> np.ndarray:
+        start = OFFSETS[name]
+        return self.values[start:start + FIELD_BY_NAME[name].width]
+
+    @property
+    def label(self) -> str:
+        return f"worker {self.index}" if self.role == "worker" else self.role
+
+
+class StatsSegment:
+    """A mapping of the stats segment: `create` in the supervisor, `attach` in the children and readers."""
+
+    def __init__(self, name: str, memory: mmap.mmap, writable: bool) -> None:
+        magic, rows, row_bytes = HEADER.unpack_from(memory, 0)
+        if magic != MAGIC or row_bytes != ROW_BYTES or HEADER_BYTES + rows * ROW_BYTES > len(memory):
+            memory.close()
+            raise ValueError(f"{name} is not a stats segment of this version")
+        self.name = name
+        self.rows = rows
+        self._memory = memory
+        self._words = np.ndarray((rows, ROW_WORDS), dtype="<i8", buffer=memory, offset=HEADER_BYTES)
+        if not writable:
+            self._words.flags.writeable = False
+
+    @classmethod
+    def create(cls, name: str, rows: int) -> "StatsSegment":
+        size = HEADER_BYTES + rows * ROW_BYTES
+        shared = posix_ipc.SharedMemory(name, posix_ipc.O_CREX, mode=0o600, size=size)
+        try:
+            memory = mmap.mmap(shared.fd, size)
+        finally:
+            shared.close_fd()
+        HEADER.pack_into(memory, 0, MAGIC, rows, ROW_BYTES)
+        return cls(name, memory, True)
+
+    @classmethod
+    def attach(cls, name: str, writable: bool = True) -> "StatsSegment":
+        shared = posix_ipc.SharedMemory(name, posix_ipc.O_RDWR if writable else 0)
+        try:
+            memory = mmap.mmap(shared.fd, shared.size, prot=mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0))
+        finally:
+            shared.close_fd()
+        return cls(name, memory, writable)
+
+    def reset(self, row: int) -> None:
+        """Supervisor, before starting the row's owner: a new process starts from zero."""
+        self._words[row, :] = 0
+
+    def writer(self, row: int, role: str, index: int, pid: int) -> "StatsWriter":
+        words = self._words[row]
+        words[1] = pid
+        words[2] = ROLES.index(role)
+        words[3] = index
+        words[4] = time.time_ns() // 1_000_000
+        return StatsWriter(words)
+
+    def read(self, row: int) -> RowSnapshot:
+        words = self._words[row]
+        for _ in range(MAX_READ_ATTEMPTS):
+            version = int(words[0])
+            start = ROW_HEAD_WORDS + (version & 1) * SLOT_WORDS
+            values = words[start:start + SLOT_WORDS].copy()
+            head = words[1:5].copy()
+            if int(words[0]) == version:
+                return RowSnapshot(row, int(head[0]), ROLES[int(head[1])] if 0 <= head[1] < len(ROLES) else "?",
+                                   int(head[2]), int(head[3]), values)
+        raise TornReadError(f"row {row} of {self.name} changed during {MAX_READ_ATTEMPTS} reads")
+
+    def snapshot(self) -> list[RowSnapshot]:
+        """Consistent copies of every row in use (pid set)."""
+        return [snap for snap in (self.read(row) for row in range(self.rows)) if snap.pid]
+
+    def close(self) -> None:
+        self._words = None
+        try:
+            self._memory.close()
+        except BufferError:
+            pass
+
+    @staticmethod
+    def unlink_name(name: str) -> None:
+        try:
+            posix_ipc.unlink_shared_memory(name)
+        except posix_ipc.ExistentialError:
+            pass
+
+
+class StatsWriter:
+    """A process's own row. Count into `counts` (a plain list, indexed with OFFSETS), then `publish()`."""
+
+    __slots__ = ("counts", "_words")
+
+    def __init__(self, words: np.ndarray) -> None:
+        self._words = words
+        self.counts = [0] * SLOT_WORDS
+
+    def publish(self) -> None:
+        counts = self.counts
+        counts[OFFSETS["published_ms"]] = time.time_ns() // 1_000_000
+        words = self._words
+        version = int(words[0]) + 1
+        start = ROW_HEAD_WORDS + (version & 1) * SLOT_WORDS
+        words[start:start + SLOT_WORDS] = counts
+        words[0] = version
+
+    def set(self, name: str, value: int, position: int = 0) -> None:
+        self.counts[OFFSETS[name] + position] = int(value)
+
+    def add(self, name: str, value: int = 1, position: int = 0) -> None:
+        self.counts[OFFSETS[name] + position] += int(value)
+
+
+def percentile(sorted_values: list[int], fraction: float) -> int:
+    if not sorted_values:
+        return 0
+    return sorted_values[min(len(sorted_values) - 1, int(fraction * len(sorted_values)))]
+
+
+def totals(rows: list[RowSnapshot]) -> dict[str, int]:
+    """Node-wide sums of the scalar fields (gauges sum too: connections of all workers)."""
+    result = {}
+    for field in FIELDS:
+        if field.width == 1 and field.name != "published_ms":
+            result[field.name] = sum(row.get(field.name) for row in rows)
+    return result
+
+
+def iter_scalar(rows: list[RowSnapshot]) -> Iterator[tuple[RowSnapshot, Field, int]]:
+    for row in rows:
+        for field in FIELDS:
+            if field.width == 1:
+                yield row, field, row.get(field.name)

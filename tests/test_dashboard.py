@@ -1,0 +1,92 @@
+"""`shmbroker dashboard` in a real pseudo-terminal (tmux) against a live node under load: the view shows every
+process and the node's rates, the numbers move with the load, a stopped node shows one clear line, and a
+restarted node (same data directory) is picked up again. The tmux session is this test's own and is gone
+at the end (the dashboard exits by itself after --duration; the session is also killed by its unique name).
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+from confluent_kafka import Producer
+
+REPO = Path(__file__).resolve().parent.parent
+DASHBOARD_S = 60
+
+
+def capture(session: str) -> str:
+    return subprocess.run(["tmux", "capture-pane", "-p", "-t", session], capture_output=True, text=True,
+                          timeout=10).stdout
+
+
+def wait_screen(session: str, predicate, timeout: float = 20.0) -> str:
+    deadline = time.monotonic() + timeout
+    screen = ""
+    while time.monotonic() < deadline:
+        screen = capture(session)
+        if predicate(screen):
+            return screen
+        time.sleep(0.3)
+    raise AssertionError(f"screen never matched:\n{screen}")
+
+
+def produce_rate(screen: str) -> int:
+    match = re.search(r"│ Produce\s+│\s+(\d+)\s+│", screen)
+    return int(match.group(1)) if match else 0
+
+
+def test_dashboard_in_tmux_under_load(node_factory):
+    assert shutil.which("tmux"), "tmux is missing: `make test` installs it"
+    node = node_factory(workers=2)
+    stop = threading.Event()
+
+    def load() -> None:
+        producer = Producer({"bootstrap.servers": node.bootstrap, "linger.ms": 5})
+        deadline = time.monotonic() + DASHBOARD_S
+        while not stop.is_set() and time.monotonic() < deadline:
+            for _ in range(200):
+                try:
+                    producer.produce("dashboard-load", value=b"x" * 100)
+                except BufferError:
+                    producer.poll(0.01)
+            producer.poll(0)
+            time.sleep(0.005)
+        producer.flush(10)
+
+    loader = threading.Thread(target=load)
+    loader.start()
+    session = f"smbdash{uuid.uuid4().hex[:8]}"
+    # The pane decides the size (pytest may have exported COLUMNS/LINES, which rich would obey).
+    command = f"env -u COLUMNS -u LINES {sys.executable} -m node.cli dashboard --data-dir {node.data_dir} --duration {DASHBOARD_S}"
+    subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "180", "-y", "60", "-c", str(REPO), command],
+                   check=True, timeout=10)
+    try:
+        screen = wait_screen(session, lambda s: produce_rate(s) > 0)
+        for label in ("supervisor", "timer", "worker 0", "worker 1", "purgatory produce", "timer lateness",
+                      "fsyncs/s", "rings of worker 0"):
+            assert label in screen, screen
+        assert f"127.0.0.1:{node.port}" in screen
+        # The numbers move: the Produce rate of two refreshes apart differ, or the clock line does.
+        first = produce_rate(screen)
+        later = wait_screen(session, lambda s: produce_rate(s) not in (0, first))
+        assert produce_rate(later) > 0
+        stop.set()
+        loader.join()
+        wait_screen(session, lambda s: produce_rate(s) == 0)  # the load is gone: the rate falls to 0
+
+        # The node goes: one clear line; it comes back (same data directory and port): the view is back.
+        assert node.stop() == 0
+        wait_screen(session, lambda s: "node not running" in s)
+        node.start()
+        wait_screen(session, lambda s: "node not running" not in s and "worker 1" in s, timeout=30)
+    finally:
+        stop.set()
+        loader.join()
+        subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True, timeout=10)

@@ -1,0 +1,65 @@
+"""Smoke runs of the operations benchmarks, a few seconds each, against nodes (and Redis) they start themselves:
+they finish, print what they promise, write the report's files, and leave nothing behind (temp dirs, processes,
+shared memory). Speed is never asserted here: the figures are the scripts' business.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import re
+
+import psutil
+
+from shm import instance as shm_instance
+from shm.instance import instance_id_for
+
+REPO = Path(__file__).resolve().parent.parent
+SCRIPTS = REPO / "scripts"
+
+
+def run(tmp_path: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    temp = tmp_path / "script-tmp"
+    temp.mkdir(exist_ok=True)
+    done = subprocess.run([sys.executable, *args], cwd=REPO, env={**os.environ, "TMPDIR": str(temp)},
+                          capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, done.stderr[-5000:]
+    assert list(temp.iterdir()) == []
+    assert [p.pid for p in psutil.process_iter(["cmdline"]) if str(temp) in " ".join(p.info["cmdline"] or ())] == []
+    started = re.findall(r"nodeproc: node pid \d+ on 127\.0\.0\.1:(\d+), data (\S+)", done.stderr)
+    assert started, done.stderr[-3000:]
+    for port, data_dir in started:
+        assert shm_instance.list_objects(instance_id_for(data_dir, int(port))) == ([], [])
+    return done
+
+
+def test_bench_stats_compares_both_settings(tmp_path):
+    done = run(tmp_path, str(SCRIPTS / "bench_stats.py"), "--rounds", "1", "--seconds", "1", "--json")
+    rows = [json.loads(line) for line in done.stdout.splitlines()]
+    assert sorted(r["stats"] for r in rows if "step" in r) == ["disabled", "enabled"]
+    summary = rows[-1]
+    assert summary["summary"] and summary["enabled_median_records_per_s"] > 0
+    assert summary["disabled_median_records_per_s"] > 0 and summary["ratio_median"] > 0
+
+
+def test_bench_report_writes_tables_plots_and_json_lines(tmp_path):
+    assert shutil.which("redis-server") and shutil.which("redis-benchmark"), "`make test` installs redis-server"
+    out = tmp_path / "report"
+    done = run(tmp_path, str(SCRIPTS / "bench_report.py"), "--seconds", "1", "--records", "20000", "--workers", "1",
+               "--out", str(out), "--json")
+    rows = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    sections = {(r["section"], r["system"]) for r in rows}
+    for section in ("producer", "consumer", "size_sweep", "e2e"):
+        assert (section, "shmbroker") in sections and (section, "redis") in sections, sections
+    assert all(r["records_per_s"] > 0 for r in rows if "records_per_s" in r)
+    assert [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()] == rows
+    report = (out / "report.md").read_text()
+    assert "## 1. Producer throughput" in report and "## 6. End-to-end latency" in report
+    for png in ("throughput_vs_record_size.png", "latency_cdf.png", "producer_throughput.png"):
+        assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "[" in done.stderr  # the progress lines

@@ -1,0 +1,218 @@
+"""The stats segment and the `shmbroker` command line against real nodes and real clients.
+
+- shm.stats: a writer in another process publishes rows whose words must all be equal; readers never see a
+  mixed row (a torn copy would mix two publishes).
+- `shmbroker stats --json` reads the counters of a live node (produce, fetch, groups, rings, flushes, partitions)
+  without a request to it; the counters move with the load.
+- `topics` and `groups` through the Kafka API, with lag; `--version`; exit codes and messages for a node that
+  is not running, a bad config file (file:line: key: reason), a port in use; process titles.
+- `serve --metrics`: the Prometheus endpoint serves the same counters with Kafka-like names.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import psutil
+import pytest
+from confluent_kafka import Consumer, Producer
+
+from shm import stats as S
+from shm_testing import unique_instance_id
+
+REPO = Path(__file__).resolve().parent.parent
+CLI_TIMEOUT_S = 60
+
+
+def cli(*args: str, timeout: float = CLI_TIMEOUT_S) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "node.cli", *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def stats_json(node) -> dict:
+    done = cli("stats", "--data-dir", str(node.data_dir), "--json")
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def wait_for(predicate, timeout: float = 20.0, what: str = ""):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+# -- the segment ------------------------------------------------------------------------------
+
+WRITER = r"""
+import sys, time
+from shm import stats as S
+segment = S.StatsSegment.attach(sys.argv[1])
+writer = segment.writer(1, "worker", 0, 4242)
+deadline = time.monotonic() + float(sys.argv[2])
+value = 0
+while time.monotonic() < deadline:
+    value += 1
+    writer.counts = [value] * S.SLOT_WORDS
+    writer.publish()
+print(value)
+"""
+
+
+def test_snapshots_are_consistent_while_another_process_publishes():
+    name = f"/shmbroker-{unique_instance_id('st')}-stats"
+    segment = S.StatsSegment.create(name, 3)
+    try:
+        writer = subprocess.Popen([sys.executable, "-c", WRITER, name, "2.0"], cwd=REPO, stdout=subprocess.PIPE,
+                                  text=True)
+        reader = S.StatsSegment.attach(name, writable=False)
+        seen = set()
+        try:
+            deadline = time.monotonic() + 10
+            while writer.poll() is None and time.monotonic() < deadline:
+                row = reader.read(1)
+                values = row.values.copy()
+                reference = values[S.OFFSETS["loop_turns"]]
+                values[S.OFFSETS["published_ms"]] = reference  # publish() stamps its time in this word
+                assert (values == reference).all(), "a torn snapshot mixed two publishes"
+                seen.add(int(reference))
+        finally:
+            writer.wait(timeout=30)
+            reader.close()
+        published = int(writer.stdout.read())
+        assert published > 1000 and len(seen) > 10
+        assert segment.read(1).pid == 4242 and segment.read(1).role == "worker"
+        assert [row.row for row in segment.snapshot()] == [1]
+    finally:
+        segment.close()
+        S.StatsSegment.unlink_name(name)
+
+
+# -- a live node --------------------------------------------------------------------------------
+
+def test_stats_counts_the_node_at_work(node_factory):
+    node = node_factory(workers=2, config="[stats]\npublish_interval_ms = 100\n")
+    before = stats_json(node)
+    assert [p["role"] for p in before["processes"]] == ["supervisor", "timer", "worker", "worker"]
+    assert before["totals"]["children_alive"] == 3
+
+    producer = Producer({"bootstrap.servers": node.bootstrap, "acks": "all", "linger.ms": 5})
+    for i in range(2000):
+        producer.produce("stats-topic", value=b"x" * 100)
+        producer.poll(0)
+    assert producer.flush(30) == 0
+    consumer = Consumer({"bootstrap.servers": node.bootstrap, "group.id": "stats-group",
+                         "auto.offset.reset": "earliest", "enable.auto.commit": False})
+    consumer.subscribe(["stats-topic"])
+    got = 0
+    deadline = time.monotonic() + 60
+    while got < 1500 and time.monotonic() < deadline:
+        msg = consumer.poll(0.5)
+        if msg is not None and not msg.error():
+            got += 1
+    consumer.commit(asynchronous=False)
+    try:
+        def moved():
+            doc = stats_json(node)
+            apis, totals = doc["apis"], doc["totals"]
+            ok = (apis.get("Produce", {}).get("requests", 0) > 0 and apis.get("Fetch", {}).get("requests", 0) > 0
+                  and apis["Produce"]["bytes_in"] > 2000 * 100 and apis.get("JoinGroup", {}).get("requests", 0) > 0
+                  and totals["purgatory_produce_completed"] > 0 and totals["fsyncs"] > 0
+                  and totals["bytes_flushed"] >= 2000 * 100 and totals["groups"] >= 1
+                  and totals["group_members"] >= 1 and totals["rebalances"] >= 1 and totals["connections"] >= 2
+                  and totals["purgatory_fetch_completed"] + totals["purgatory_fetch_expired"] > 0)
+            return doc if ok else None
+
+        doc = wait_for(moved, what="counters to move")
+    finally:
+        consumer.close()
+    partition = [p for p in doc["partitions"] if p["topic"] == "stats-topic"]
+    assert partition == [{"topic": "stats-topic", "partition": 0, "log_start_offset": 0, "log_end_offset": 2000,
+                          "high_watermark": 2000, "unflushed_bytes": 0}]
+    assert sum(r["request"]["frames_sent"] for r in doc["rings"]) > 0
+    assert sum(r["completion"]["frames_sent"] for r in doc["rings"]) > 0
+    # The group's lag through the Kafka API: 2000 - what it committed.
+    described = cli("groups", "describe", "stats-group", "--bootstrap", node.bootstrap, "--json")
+    assert described.returncode == 0, described.stderr
+    group = json.loads(described.stdout)
+    (row,) = group["partitions"]
+    assert row["high_watermark"] == 2000 and row["committed_offset"] == got and row["lag"] == 2000 - got
+    listed = cli("groups", "list", "--bootstrap", node.bootstrap, "--json")
+    assert [g["group"] for g in json.loads(listed.stdout)] == ["stats-group"]
+    # Human-readable tables too.
+    table = cli("stats", "--data-dir", str(node.data_dir))
+    assert table.returncode == 0 and "Produce" in table.stdout and "stats-topic" in table.stdout
+
+
+def test_topics_commands(node):
+    assert cli("topics", "create", "cli-topic", "--partitions", "3", "--bootstrap", node.bootstrap).returncode == 0
+    listed = json.loads(cli("topics", "list", "--bootstrap", node.bootstrap, "--json").stdout)
+    assert {"topic": "cli-topic", "partitions": 3, "error": None} in listed
+    described = json.loads(cli("topics", "describe", "cli-topic", "--bootstrap", node.bootstrap, "--json").stdout)
+    assert [p["partition"] for p in described["partitions"]] == [0, 1, 2]
+    again = cli("topics", "create", "cli-topic", "--bootstrap", node.bootstrap)
+    assert again.returncode == 1 and "TOPIC_ALREADY_EXISTS" in again.stderr
+    assert cli("topics", "delete", "cli-topic", "--bootstrap", node.bootstrap).returncode == 0
+    missing = cli("topics", "describe", "cli-topic", "--bootstrap", node.bootstrap)
+    assert missing.returncode == 1 and "cli-topic" in missing.stderr
+
+
+def test_process_titles(node_factory):
+    node = node_factory(workers=2)
+    titles = {" ".join(p.cmdline()).strip() for p in node.children()}
+    assert titles == {"shmbroker: timer", f"shmbroker: worker 0 {node.bootstrap}",
+                      f"shmbroker: worker 1 {node.bootstrap}"}
+    assert " ".join(psutil.Process(node.proc.pid).cmdline()).startswith(f"shmbroker: supervisor {node.bootstrap}")
+
+
+def test_clear_errors_and_exit_codes(tmp_path, node):
+    version = cli("--version")
+    assert version.returncode == 0 and version.stdout.startswith("shmbroker ")
+    gone = cli("stats", "--data-dir", str(tmp_path / "nothing"))
+    assert gone.returncode == 3 and "no node" in gone.stderr
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        closed_port = probe.getsockname()[1]
+    unreachable = cli("topics", "list", "--bootstrap", f"127.0.0.1:{closed_port}", timeout=90)
+    assert unreachable.returncode == 3 and "no broker reachable" in unreachable.stderr
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[server]\nworkers = 1\n\n[flush]\nflush_interval_ms = \"often\"\n")
+    done = cli("serve", "--config", str(bad), "--data-dir", str(tmp_path / "d"))
+    assert done.returncode == 2
+    assert f"{bad}:5: flush.flush_interval_ms must be int" in done.stderr
+    in_use = cli("serve", "--listen", node.bootstrap, "--data-dir", str(tmp_path / "other"), "--workers", "1")
+    assert in_use.returncode == 4 and "port is in use" in in_use.stderr
+    taken = cli("serve", "--listen", f"127.0.0.1:{closed_port}", "--data-dir", str(node.data_dir), "--workers", "1")
+    assert taken.returncode == 4 and "in use by another node" in taken.stderr
+
+
+def test_prometheus_endpoint(node_factory):
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    node = node_factory(workers=1, config="[stats]\npublish_interval_ms = 100\n")
+    node.stop()
+    node.start_args = ["--metrics", f"127.0.0.1:{port}"]
+    node.start()
+    producer = Producer({"bootstrap.servers": node.bootstrap})
+    for _ in range(100):
+        producer.produce("metrics-topic", value=b"m")
+    assert producer.flush(30) == 0
+
+    def scraped():
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+        return text if 'kafka_network_requests_total{request="Produce",worker="0"}' in text else None
+
+    text = wait_for(scraped, what="Produce requests in /metrics")
+    assert 'kafka_log_log_end_offset{partition="0",topic="metrics-topic"} 100.0' in text
+    assert 'kafka_server_delayed_operations{purgatory="fetch"}' in text
+    assert "shmbroker_fsyncs_total" in text
