@@ -1,9 +1,9 @@
 """Reading a running node from the outside, without a request to it: `shmbroker stats`, the dashboard, /metrics.
 
-A node is found by its data directory: the supervisor holds `<data_dir>/.lock` (its pid inside) and writes the
-children's config file there (node.config.runtime_path), which names the port; data directory and port give the
-instance id (shm.instance.instance_id_for) and so the names of its shared segments. Everything is mapped
-read-only.
+A node is found by its data directory: every running node keeps its children's config file in its instance's
+shared memory (shm.instance.config_path), which names the data directory and the port; data directory and
+port give the instance id (shm.instance.instance_id_for) and so the names of its shared segments. Everything
+is mapped read-only.
 
 Invariants: a reader never writes to the node's memory or files; a node that is gone (no live lease, no
 segment) raises NodeNotRunning, whatever state the files are in; a snapshot is one consistent copy per row
@@ -51,17 +51,21 @@ class NodeLocation:
 
 
 def locate(data_dir: str) -> NodeLocation:
+    """The live node serving `data_dir`, found by the config file each running node keeps in its instance's
+    shared memory (shm.instance.config_path)."""
     data_dir = os.path.abspath(data_dir)
-    try:
-        config = node_config.read_runtime(node_config.runtime_path(data_dir))
-    except (OSError, ValueError) as exc:
-        raise NodeNotRunning(f"no node has run with data directory {data_dir} ({exc.__class__.__name__})") from None
-    instance = shm_instance.instance_id_for(data_dir, config.server.port)
-    lease = shm_instance.read_lease(instance)
-    if lease is None or not shm_instance.instance_is_live(instance):
-        raise NodeNotRunning(f"no node is running with data directory {data_dir} "
-                             f"(last on {config.server.host}:{config.server.port})")
-    return NodeLocation(data_dir, config.server.host, config.server.port, instance, lease[0])
+    for path in shm_instance.config_paths():
+        try:
+            config = node_config.read_runtime(path)
+        except (OSError, ValueError):
+            continue  # a node stopping meanwhile, or another version's file
+        if os.path.abspath(config.server.data_dir) != data_dir:
+            continue
+        instance = shm_instance.instance_id_for(data_dir, config.server.port)
+        lease = shm_instance.read_lease(instance)
+        if lease is not None and shm_instance.instance_is_live(instance):
+            return NodeLocation(data_dir, config.server.host, config.server.port, instance, lease[0])
+    raise NodeNotRunning(f"no node is running with data directory {data_dir}")
 
 
 class NodeReader:

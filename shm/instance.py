@@ -17,6 +17,7 @@ Invariants:
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import mmap
 import os
@@ -96,6 +97,11 @@ def connections_name(instance_id: str) -> str:
 def config_path(instance_id: str) -> str:
     """The file of the node's config its children read (a file under /dev/shm, removed with the instance)."""
     return DEV_SHM + object_name(instance_id, "config")
+
+
+def config_paths() -> list[str]:
+    """The config files of every node instance on this machine (see config_path)."""
+    return sorted(glob.glob(os.path.join(DEV_SHM, f"{PREFIX}-*-config")))
 
 
 def stats_name(instance_id: str) -> str:
