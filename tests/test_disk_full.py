@@ -244,3 +244,47 @@ def test_acks_all_whose_fsync_fails_answers_storage_error_not_a_timeout(tmp_path
             node.stop()
         finally:
             node.close()
+
+
+def test_offset_commits_on_a_full_disk_answer_an_error_at_once_and_resume(tmp_path):
+    """The offsets log of groups: a commit that cannot be appended (or fsync'd) is answered NOT_COORDINATOR at
+    once, as Kafka maps a storage error (the client looks the coordinator up again and retries), never a
+    timeout and never acknowledged; after space comes back commits succeed again, and survive a restart."""
+    from nodeproc import NodeProcess
+    from tests.test_groups_protocol import Client
+
+    not_coordinator = 16
+    with tmpfs(tmp_path / "fs", 24 * MiB) as fs:
+        node = NodeProcess(tmp_path, workers=1, data_dir=fs / "data", config=CONFIG)
+        try:
+            node.start()
+            room = ballast(fs, "ballast", 4 * MiB)
+            admin = AdminClient({"bootstrap.servers": node.bootstrap})
+            admin.create_topics([NewTopic("t", 1, 1)])["t"].result(CLIENT_TIMEOUT_S)
+            client = Client(node)
+            assert client.commit("g", {("t", 0): 5}) == {("t", 0): 0}
+            filler = fill(fs)
+            answered = []
+            for offset in range(6, 26):  # until the offsets log's segment runs out of room
+                started = time.monotonic()
+                answered.append((client.commit("g", {("t", 0): offset}), time.monotonic() - started, offset))
+            failed = [(codes, seconds) for codes, seconds, _ in answered if codes[("t", 0)] != 0]
+            assert failed, answered
+            assert all(codes[("t", 0)] == not_coordinator and seconds < 2 for codes, seconds in failed), answered
+            last_acked = max((offset for codes, _, offset in answered if codes[("t", 0)] == 0), default=5)
+            _, fetched = client.fetch_offsets("g", {"t": [0]})
+            assert fetched[("t", 0)][0] == last_acked  # what was acknowledged, nothing that was refused
+            filler.unlink()
+            room.unlink()
+            assert client.commit("g", {("t", 0): 100}) == {("t", 0): 0}  # resumes, no restart
+            client.conn.close()
+            node.stop()
+            node.start()
+            again = Client(node)
+            _, fetched = again.fetch_offsets("g", {"t": [0]})
+            assert fetched[("t", 0)][0] == 100
+            again.conn.close()
+            assert "Traceback" not in node.log()
+        finally:
+            if node.alive():
+                node.stop()

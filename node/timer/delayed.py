@@ -118,13 +118,15 @@ class DelayedTimeout(TimerOperation):
 
 class DelayedFlush(DelayedProduce):
     """A wait of the timer process itself (not of a worker's request) until rows are fsync'd to the given
-    offsets: the durable offset commits of the group coordinator. `done(flushed)` is called once: False at
-    the deadline or when a flush round failed on a row (a commit whose fsync failed is not durable)."""
+    offsets: the durable offset commits of the group coordinator. `done(flushed, fault)` is called once:
+    flushed False at the deadline or when a flush round failed on a row (a commit whose fsync failed is not
+    durable), fault True in that second case."""
 
     __slots__ = ("done",)
 
     def __init__(self, rows: list[int], required_offsets: list[int], table: PartitionTable,
-                 done: Callable[[bool], None], failed_rows: dict[int, int] | None = None,
+                 done: Callable[[bool, bool], None], failed_rows: dict[int, int] | None = None,
                  after_round: int = 0) -> None:
         super().__init__(-1, 0, rows, required_offsets, table,
-                         lambda op, expired: done(not expired and not op.failed()), failed_rows, after_round)
+                         lambda op, expired: done(not expired and not op.failed(), op.failed()), failed_rows,
+                         after_round)

@@ -531,8 +531,10 @@ class GroupCoordinator:
         if group.members.get(member_id) is not None:
             self._renew_session(group, group.members[member_id])
 
-        def durable(flushed: bool) -> None:
-            answer(lambda t, p: refused.get((t, p), E.none if flushed else E.request_timed_out))
+        def durable(flushed: bool, fault: bool = False) -> None:
+            # As Kafka: a storage fault is NOT_COORDINATOR (the client looks the coordinator up and retries).
+            error = E.none if flushed else E.not_coordinator if fault else E.request_timed_out
+            answer(lambda t, p: refused.get((t, p), error))
 
         self.offsets.commit(group_id, entries, self.clock(), durable)
 
@@ -572,7 +574,7 @@ class GroupCoordinator:
                     rows.append([partition, int(E.none)])
             results.append([topic, rows])
 
-        def durable(flushed: bool) -> None:
+        def durable(flushed: bool, fault: bool = False) -> None:
             self._reply(waiter, {"error": int(E.none), "topics": results})
 
         self.offsets.delete(group.group_id, deletable, self.clock(), durable)

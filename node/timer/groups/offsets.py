@@ -37,7 +37,7 @@ from typing import Any, Callable
 
 import orjson
 
-from node.storage.records import (BATCH_HEADER_SIZE, LENGTH_FIELDS_SIZE, OFFSET_AND_LENGTH, StorageError,
+from node.storage.records import (BATCH_HEADER_SIZE, LENGTH_FIELDS_SIZE, OFFSET_AND_LENGTH, ErrorCode, StorageError,
                                   build_batch, iter_records, parse_header)
 from node.storage.store import PartitionStore
 
@@ -68,7 +68,7 @@ class OffsetStore:
                  load_bytes_per_turn: int, load_interval_ms: int, compaction_min_records: int,
                  commit_timeout_ms: int) -> None:
         self.store = store
-        self._wait_flushed = wait_flushed  # (rows, offsets, deadline_ms, callback(flushed: bool)) -> None
+        self._wait_flushed = wait_flushed  # (rows, offsets, deadline_ms, callback(flushed, fault)) -> None
         self._submit_io = submit_io  # (name, job(store)) -> None: runs on the flusher thread
         self.load_bytes_per_turn = load_bytes_per_turn
         self.load_interval_ms = load_interval_ms
@@ -174,9 +174,10 @@ class OffsetStore:
     # -- writes -------------------------------------------------------------------------------
 
     def commit(self, group: str, entries: dict[tuple[str, int], tuple[int, int, str | None]], now_ms: int,
-               done: Callable[[bool], None]) -> None:
-        """Append the commits of one request; `done(True)` once fsync'd and visible, `done(False)` if the
-        fsync did not come within commit_timeout_ms (then nothing changed)."""
+               done: Callable[[bool, bool], None]) -> None:
+        """Append the commits of one request; `done(True, False)` once fsync'd and visible, `done(False, fault)`
+        if the append or fsync met a storage fault (fault True) or the fsync did not come within
+        commit_timeout_ms (then nothing changed)."""
         commit_ms = wall_ms()
         written: dict[tuple[str, int], OffsetEntry] = {}
         records = []
@@ -187,17 +188,17 @@ class OffsetStore:
             records.append((orjson.dumps([group, topic, partition]),
                             orjson.dumps([entry.version, offset, leader_epoch, metadata, commit_ms])))
 
-        def durable(flushed: bool) -> None:
+        def durable(flushed: bool, fault: bool = False) -> None:
             if flushed:
                 offsets = self.table.setdefault(group, {})
                 self.live += sum(1 for tp in written if tp not in offsets)
                 offsets.update(written)
-            done(flushed)
+            done(flushed, fault)
 
         self._append(records, now_ms, durable)
 
     def delete(self, group: str, partitions: list[tuple[str, int]] | None, now_ms: int,
-               done: Callable[[bool], None] | None = None) -> list[tuple[str, int]]:
+               done: Callable[..., None] | None = None) -> list[tuple[str, int]]:
         """Delete `group`'s offsets of `partitions` (None: all); returns those that existed. They vanish from the
         table at once (deletion only ever hides data); `done` hears when the tombstones are fsync'd."""
         offsets = self.table.get(group, {})
@@ -211,12 +212,12 @@ class OffsetStore:
         if not offsets:
             self.table.pop(group, None)
         if records:
-            self._append(records, now_ms, done or (lambda flushed: None))
+            self._append(records, now_ms, done or (lambda flushed, fault=False: None))
         elif done is not None:
             done(True)
         return doomed
 
-    def _append(self, records: list[tuple[bytes, bytes]], now_ms: int, done: Callable[[bool], None]) -> None:
+    def _append(self, records: list[tuple[bytes, bytes]], now_ms: int, done: Callable[..., None]) -> None:
         plog = self.store.log(self.row)
         last = None
         try:
@@ -224,8 +225,9 @@ class OffsetStore:
                 appended = plog.append(build_batch(records[start:start + RECORDS_PER_BATCH], wall_ms()))
                 last = appended.last_offset
         except StorageError as exc:
-            log.error("cannot append to %s: %s", OFFSETS_TOPIC, exc)
-            done(False)
+            if exc.error_code != ErrorCode.KAFKA_STORAGE_ERROR:  # a disk fault was logged by the partition
+                log.error("cannot append to %s: %s", OFFSETS_TOPIC, exc)
+            done(False, exc.error_code == ErrorCode.KAFKA_STORAGE_ERROR)
             return
         self.records += len(records)
         self._wait_flushed([self.row], [last + 1], now_ms + self.commit_timeout_ms, done)
