@@ -43,7 +43,7 @@ from typing import Any, Iterable
 
 import orjson
 
-LAYOUT_VERSION = 3
+LAYOUT_VERSION = 4  # 3 was used by two different layouts (admin kinds; completion error codes)
 MAX_ITEMS = 0xFFFF
 HEADER = struct.Struct("<BBHI")
 FIRST_TIMER_KIND = 64  # kinds >= this travel timer -> worker
