@@ -9,8 +9,10 @@ cramjam (one well-kept library for the four). Formats are what Kafka's clients r
   linked blocks, the LZ4 library's default, would not do), with xxhash checksums, which every reader checks
   or skips.
 
-Invariants: `decompress` raises CodecError (and nothing else) on data that does not decode; `compress`
-returns bytes that `decompress` turns back into the input.
+Invariants: `decompress` raises CodecError (and nothing else) on data that does not decode, or whose header
+claims more than MAX_DECOMPRESSED_BYTES (the codecs allocate what a header claims: a mutated snappy length or
+zstd content size made one fuzzed batch allocate 23 GB); `compress` returns bytes that `decompress` turns back
+into the input.
 """
 
 from __future__ import annotations
@@ -26,6 +28,11 @@ CODECS = {"uncompressed": NONE, "gzip": GZIP, "snappy": SNAPPY, "lz4": LZ4, "zst
 XERIAL_MAGIC = b"\x82SNAPPY\x00"
 XERIAL_HEADER_BYTES = 16
 XERIAL_BLOCK_LENGTH = struct.Struct(">i")
+
+
+MAX_DECOMPRESSED_BYTES = 1 << 30  # far above any batch Kafka's clients write (max.message.bytes ~1 MiB)
+ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+LZ4_MAGIC = b"\x04\x22\x4d\x18"
 
 
 class CodecError(ValueError):
@@ -48,7 +55,39 @@ def compress(codec: int, data: bytes) -> bytes:
     raise CodecError(f"unknown codec {codec}")
 
 
+def _claimed_size(codec: int, data: bytes) -> int:
+    """The uncompressed size a header states (0 when it states none): snappy's varint, zstd's and LZ4 frames'
+    content size fields."""
+    if codec == SNAPPY and not data.startswith(XERIAL_MAGIC):
+        size = shift = 0
+        for byte in data[:10]:
+            size |= (byte & 0x7F) << shift
+            if byte < 0x80:
+                return size
+            shift += 7
+        raise CodecError("snappy: bad length")
+    if codec == ZSTD and data[:4] == ZSTD_MAGIC and len(data) >= 6:
+        descriptor = data[4]
+        fcs_flag, single_segment, dict_flag = descriptor >> 6, (descriptor >> 5) & 1, descriptor & 3
+        field = (0, 2, 4, 8)[fcs_flag] if fcs_flag or not single_segment else 1
+        start = 5 + (0 if single_segment else 1) + (0, 1, 2, 4)[dict_flag]
+        if not field:
+            return 0
+        if start + field > len(data):
+            raise CodecError("zstd: truncated frame header")
+        size = int.from_bytes(data[start:start + field], "little")
+        return size + 256 if field == 2 else size
+    if codec == LZ4 and data[:4] == LZ4_MAGIC and len(data) >= 14 and data[4] & 0x08:
+        return int.from_bytes(data[6:14], "little")
+    return 0
+
+
 def decompress(codec: int, data) -> bytes:
+    if codec in (SNAPPY, ZSTD, LZ4):
+        data = bytes(data)
+        claimed = _claimed_size(codec, data)
+        if claimed > MAX_DECOMPRESSED_BYTES:
+            raise CodecError(f"codec {codec}: claims {claimed} bytes uncompressed, over {MAX_DECOMPRESSED_BYTES}")
     try:
         if codec == NONE:
             return bytes(data)
