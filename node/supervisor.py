@@ -299,7 +299,9 @@ class Supervisor:
     def _watchdog(self, now: float) -> bool:
         """WATCHDOG=1 only while every child runs and turns its loop; otherwise withhold it (one log line).
         True if the ping was sent."""
-        down = [c.spec.name for c in self.children if c.process is None or c.process.poll() is not None]
+        # A child not running, or (re)started and not yet turned its loop (a replaced hung child), counts as down.
+        down = [c.spec.name for c in self.children if c.process is None or c.process.poll() is not None
+                or not self.resources.heartbeats.beats(c.spec.slot)]
         stuck = self.hangs.stuck(now) if self.hangs is not None else []
         if not down and not stuck:
             if self._watchdog_withheld:
