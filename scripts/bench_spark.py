@@ -286,7 +286,7 @@ def plot(rows: list[dict[str, Any]], path: str) -> None:
         axis.bar([r["path"] for r in chosen], medians, yerr=[low, high], capsize=4, color="#4c72b0")
         for target in {r["target_rows_per_s"] for r in chosen if r.get("target_rows_per_s")}:
             axis.axhline(target, color="#c44e52", linestyle="--", label=f"target {target:,}")
-            axis.legend(loc="upper right", fontsize=8)
+            axis.legend(loc="best", fontsize=8)
         axis.set_yscale("log")
         axis.set_title(f"{measure} (median of {chosen[0].get('runs', '?')} runs)")
         axis.set_ylabel("rows/s")
