@@ -26,7 +26,7 @@ $(STAMP): pyproject.toml setup.py shm/_ringops.c
 venv: $(STAMP)
 
 # A Java 17+ runtime for Spark (pyspark 4 needs one): the one on PATH, or Debian's Java 17 (which
-# tests/spark_session.py finds by itself when an older java comes first on PATH).
+# scripts/sparkjob.py finds by itself when an older java comes first on PATH).
 JAVA_OK = { command -v java >/dev/null 2>&1 && java -XX:-UsePerfData -version 2>&1 | head -1 | grep -Eq '"(1[7-9]|[2-9][0-9])[."]'; } \
 	|| ls /usr/lib/jvm/java-17-openjdk-*/bin/java >/dev/null 2>&1
 

@@ -17,14 +17,17 @@ Runs are interleaved (read-arrow, read-rows, read-ceiling, read-arrow, ...), aft
 are not counted (the JVM's JIT compiles the hot paths in the first ones); a figure is the median of
 --runs, with min and max. CPU: core-seconds per million rows of the driver JVM, its Python workers and the
 node (when started here). Progress goes to stderr, one line per run; results as a table, or one JSON
-object per line with --json. Usage:
-    .venv/bin/python scripts/bench_spark.py [--runs 5] [--json]
+object per line with --json; --plot PNG draws each median with its min-max range next to the targets.
+--from-json FILE prints the table (and --plot) of a saved --json run without measuring again. Usage:
+    .venv/bin/python scripts/bench_spark.py [--runs 5] [--json > run.jsonl] [--plot bench_spark.png]
+    .venv/bin/python scripts/bench_spark.py --from-json run.jsonl --plot bench_spark.png
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import statistics
 import sys
@@ -264,6 +267,37 @@ def print_table(rows: list[dict[str, Any]]) -> None:
         print("  ".join(v.ljust(w) for v, w in zip(row, widths)))
 
 
+def plot(rows: list[dict[str, Any]], path: str) -> None:
+    """One panel per measure: median rows/s of each path with its min-max range, the target as a line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    measures = [m for m in ("read", "write", "stream") if any(r["measure"] == m for r in rows)]
+    if not measures:
+        raise SystemExit("bench_spark: no read, write or stream rows to plot")
+    figure, axes = plt.subplots(1, len(measures), figsize=(4.2 * len(measures), 3.8), squeeze=False)
+    for axis, measure in zip(axes[0], measures):
+        chosen = [r for r in rows if r["measure"] == measure]
+        medians = [r["records_per_s"] for r in chosen]
+        low = [m - r.get("rows_per_s_min", m) for m, r in zip(medians, chosen)]
+        high = [r.get("rows_per_s_max", m) - m for m, r in zip(medians, chosen)]
+        axis.bar([r["path"] for r in chosen], medians, yerr=[low, high], capsize=4, color="#4c72b0")
+        for target in {r["target_rows_per_s"] for r in chosen if r.get("target_rows_per_s")}:
+            axis.axhline(target, color="#c44e52", linestyle="--", label=f"target {target:,}")
+            axis.legend(loc="best", fontsize=8)
+        axis.set_yscale("log")
+        axis.set_title(f"{measure} (median of {chosen[0].get('runs', '?')} runs)")
+        axis.set_ylabel("rows/s")
+        axis.tick_params(axis="x", labelrotation=20)
+    figure.suptitle(f"bench_spark: {chosen[0]['records']:,} records through pyspark_shmbroker")
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    progress(f"plot written to {path}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--bootstrap", help="HOST:PORT of a running node on 127.0.0.1 (default: start one)")
@@ -281,7 +315,16 @@ def main(argv: list[str] | None = None) -> int:
                         choices=["decode", "read", "write", "stream"])
     parser.add_argument("--no-baselines", action="store_true", help="skip the row paths (slow) and the ceilings")
     parser.add_argument("--json", action="store_true", help="one JSON object per line")
+    parser.add_argument("--plot", metavar="PNG", help="also draw the medians and their ranges to this file")
+    parser.add_argument("--from-json", metavar="FILE", help="table (and --plot) of a saved --json run; no measuring")
     args = parser.parse_args(argv)
+    if args.from_json:
+        with open(args.from_json, encoding="utf-8") as saved:
+            results = [json.loads(line) for line in saved if line.strip()]
+        print_table(results)
+        if args.plot:
+            plot(results, args.plot)
+        return 0
     if min(args.records, args.record_size, args.partitions, args.runs, *args.max_offsets_per_trigger) < 1 \
             or args.warmup < 0:
         parser.error("counts and sizes must be positive")
@@ -296,6 +339,8 @@ def main(argv: list[str] | None = None) -> int:
             benchnode.emit(row, True)
     else:
         print_table(results)
+    if args.plot:
+        plot(results, args.plot)
     return 0
 
 
