@@ -257,21 +257,23 @@ def metadata_body(topics: Sequence[str] | None, version: int = 8, allow_auto_top
 
 
 def create_topics_body(
-    topics: dict[str, int], replication_factor: int = 1, timeout_ms: int = 30000, version: int = 4
+    topics: dict[str, int], replication_factor: int = 1, timeout_ms: int = 30000, version: int = 4,
+    validate_only: bool = False, configs: dict[str, str | None] | None = None,
 ) -> bytes:
-    """CreateTopics (version 2-4 via kio) for {name: partition count}."""
+    """CreateTopics (version 2-4 via kio) for {name: partition count}, each with the same `configs`."""
     schema = request_schema(CREATE_TOPICS, version)
+    entries = tuple(schema.CreatableTopicConfig(name=key, value=value) for key, value in (configs or {}).items())
     creatable = tuple(
         schema.CreatableTopic(
             name=name,
             num_partitions=i32(count),
             replication_factor=i16(replication_factor),
             assignments=(),
-            configs=(),
+            configs=entries,
         )
         for name, count in topics.items()
     )
-    req = schema.CreateTopicsRequest(topics=creatable, timeout=_ms(timeout_ms), validate_only=False)
+    req = schema.CreateTopicsRequest(topics=creatable, timeout=_ms(timeout_ms), validate_only=validate_only)
     return _kio_body(CREATE_TOPICS, version, req)
 
 

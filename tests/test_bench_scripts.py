@@ -149,6 +149,18 @@ def test_bench_groups_runs_every_workload(tmp_path):
     assert all(r["records"] > 0 and r["errors"] == 0 for r in by_workload["commit"])
 
 
+def test_bench_admin_creates_every_shape_against_its_validate_only_baseline(tmp_path):
+    rows = run_script(tmp_path, "bench_admin.py", "--runs", "2", "--topics", "10", "--partitions", "3",
+                      "--sequential", "3")
+    assert [row["shape"] for row in rows] == ["batch", "wide", "sequential"]
+    for row in rows:
+        assert row["script"] == "bench_admin" and row["runs"] == 2, row
+        assert len(row["create_ms_all"]) == 2 and 0 < row["baseline_ms_median"], row
+        assert row["create_over_baseline"] == round(row["create_ms_median"] / row["baseline_ms_median"], 2)
+    assert [row["partitions"] for row in rows] == [30, 30, 3]
+    assert rows[0]["visible_ms_median"] >= rows[0]["create_ms_median"]
+
+
 def test_scripts_use_a_running_node_with_bootstrap(tmp_path, node):
     rows = run_script(tmp_path, "producer_perf.py", "--bootstrap", node.bootstrap, "--seconds", "1",
                       "--client", "raw", "--acks", "all")

@@ -739,8 +739,7 @@ class PartitionLog:
         except FileExistsError:
             PartitionLog.recover(directory, table, row, config).close()
             return
-        Segment.create_files(directory, 0, config.index_max_bytes)
-        os.close(os.open(os.path.join(directory, LOCK_FILE), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644))
+        Segment.create_files(directory, 0, config.index_max_bytes)  # the lock file comes with its first user
         previous = table.read(row)
         table.publish(row, PartitionState(segments_version=previous.segments_version + 1, active_max_timestamp=-1,
                                           active_first_append_ms=-1, online=1))
