@@ -127,6 +127,12 @@ class TopicDefaults:
     num_partitions: int = 1
     # Upper bound of partitions on the node (rows of the shared partition table).
     max_partitions: int = 4096
+    # Partitions whose directories and files one CreateTopics / CreatePartitions makes at once (threads).
+    create_threads: int = 16
+
+    def __post_init__(self) -> None:
+        if self.num_partitions <= 0 or self.max_partitions <= 0 or self.create_threads <= 0:
+            raise ValueError("num_partitions, max_partitions and create_threads must be positive")
 
 
 @dataclass(frozen=True)

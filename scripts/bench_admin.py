@@ -2,6 +2,11 @@
 send it, against a validate-only baseline measured in the same run (the same request, every check, nothing
 created: what the protocol, the worker and the timer cost without the creation itself).
 
+The node's creation is also set beside the filesystem's own cost in the same run (`floor`): making the same
+directories and segment files (Segment.create_files, one partition after another) in a sibling directory of
+the node's data dir. On this machine's virtual disk that cost swings twenty-fold with the state of the page
+cache (file creation reads evicted inode bitmaps), so only the ratio to it compares runs.
+
 Shapes (each --runs times on the same node, fresh topic names each run; the medians are reported):
 - batch: one CreateTopics request of --topics topics of --partitions partitions (default 250 x 4 = 1,000
   partitions); the time to its answer, and until Metadata lists every partition;
@@ -19,7 +24,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
+import tempfile
 import sys
 import time
 from typing import Any
@@ -28,6 +35,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import benchnode  # noqa: E402
 import rawkafka as R  # noqa: E402
+
+from node.storage.log import LogConfig  # noqa: E402
+from node.storage.segment import Segment  # noqa: E402
 
 SCRIPT = "bench_admin"
 CREATE_VERSION = 4
@@ -65,18 +75,36 @@ def visible(conn: R.RawConnection, topics: dict[str, int]) -> None:
     raise RuntimeError(f"{len(topics)} topics not all visible after {METADATA_WAIT_S}s")
 
 
-def run_shape(conn: R.RawConnection, shape: str, args: Any, run: int) -> dict[str, float]:
+def filesystem_floor(data_dir: str | None, partitions: int, label: str) -> dict[str, float]:
+    """Seconds to make `partitions` partition directories with their segment files next to `data_dir`, one
+    after another, as the node makes them; nothing when the node is not ours (--bootstrap)."""
+    if data_dir is None:
+        return {}
+    root = tempfile.mkdtemp(prefix=f"floor-{label}-", dir=os.path.dirname(os.path.abspath(data_dir)))
+    try:
+        started = time.perf_counter()
+        for i in range(partitions):
+            directory = os.path.join(root, f"p-{i}")
+            os.mkdir(directory)
+            Segment.create_files(directory, 0, LogConfig().index_max_bytes)
+        return {"floor_s": time.perf_counter() - started}
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def run_shape(conn: R.RawConnection, shape: str, args: Any, run: int, data_dir: str | None) -> dict[str, float]:
     prefix = f"bench-admin-{os.getpid()}-{shape}-{run}"
     if shape == "batch":
         topics = {f"{prefix}-{i}": args.partitions for i in range(args.topics)}
     else:
         topics = {prefix: args.topics * args.partitions}
     baseline = create(conn, topics, validate_only=True)
+    floor = filesystem_floor(data_dir, sum(topics.values()), f"{shape}-{run}")
     answered = create(conn, topics, validate_only=False)
     started = time.perf_counter()
     visible(conn, topics)
     return {"baseline_s": baseline, "create_s": answered,
-            "visible_s": answered + time.perf_counter() - started}
+            "visible_s": answered + time.perf_counter() - started, **floor}
 
 
 def run_sequential(conn: R.RawConnection, args: Any, run: int) -> dict[str, float]:
@@ -96,6 +124,8 @@ def summarise(shape: str, runs: list[dict[str, float]], partitions: int, **extra
         row[f"{key[:-2]}_ms_median"] = round(statistics.median(r[key] for r in runs) * 1000, 2)
         row[f"{key[:-2]}_ms_all"] = [round(r[key] * 1000, 2) for r in runs]
     row["create_over_baseline"] = round(row["create_ms_median"] / row["baseline_ms_median"], 2)
+    if "floor_ms_median" in row:  # per run, then the median: the floor moves with the disk's state
+        row["create_over_floor"] = round(statistics.median(r["create_s"] / r["floor_s"] for r in runs), 2)
     row["us_per_partition"] = round(row["create_ms_median"] * 1000 / partitions, 1)
     row.update(extra)
     return row
@@ -103,13 +133,16 @@ def summarise(shape: str, runs: list[dict[str, float]], partitions: int, **extra
 
 def print_table(rows: list[dict[str, Any]]) -> None:
     print(f"\n{'shape':11} {'partitions':>10} {'created (median)':>17} {'visible':>10} {'validate-only':>14} "
-          f"{'per partition':>14}  target")
+          f"{'files alone':>12} {'x files':>8} {'per partition':>14}  target")
     for row in rows:
         visible_ms = row.get("visible_ms_median")
+        floor_ms = row.get("floor_ms_median")
         target = "< 1000 ms" if row["shape"] != "sequential" else "per topic"
         print(f"{row['shape']:11} {row['partitions']:>10} {row['create_ms_median']:>14.1f} ms "
               f"{(f'{visible_ms:.1f} ms' if visible_ms is not None else '-'):>10} "
-              f"{row['baseline_ms_median']:>11.1f} ms {row['us_per_partition']:>11.1f} us  {target}")
+              f"{row['baseline_ms_median']:>11.1f} ms "
+              f"{(f'{floor_ms:.1f} ms' if floor_ms is not None else '-'):>12} {row.get('create_over_floor', '-'):>8} "
+              f"{row['us_per_partition']:>11.1f} us  {target}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -120,6 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--sequential", type=int, default=100, help="topics created one request each")
     parser.add_argument("--shape", action="append", choices=["batch", "wide", "sequential"])
+    parser.add_argument("--create-threads", type=int, help="the node's [topics] create_threads (default: its own)")
     args = parser.parse_args(argv)
     if min(args.runs, args.topics, args.partitions, args.sequential) < 1:
         parser.error("counts must be positive")
@@ -127,6 +161,8 @@ def main(argv: list[str] | None = None) -> int:
     per_run = args.topics * args.partitions * sum(1 for s in shapes if s != "sequential") + (
         args.sequential * args.partitions if "sequential" in shapes else 0)
     config = f"[topics]\nmax_partitions = {per_run * args.runs + 64}\n"
+    if args.create_threads:
+        config += f"create_threads = {args.create_threads}\n"
     rows = []
     with benchnode.node_for(args, config_toml=config) as target:
         with R.RawConnection(target.host, target.port, timeout_s=TIMEOUT_MS / 1000 + 10) as conn:
@@ -136,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
                     if shape == "sequential":
                         runs.append(run_sequential(conn, args, run))
                     else:
-                        runs.append(run_shape(conn, shape, args, run))
+                        runs.append(run_shape(conn, shape, args, run, target.data_dir))
                     progress(f"{shape} run {run + 1}/{args.runs}: created in {runs[-1]['create_s'] * 1000:.1f} ms "
                              f"(validate-only {runs[-1]['baseline_s'] * 1000:.1f} ms)")
                 if shape == "sequential":
@@ -146,6 +182,7 @@ def main(argv: list[str] | None = None) -> int:
                     row = summarise(shape, runs, args.topics * args.partitions,
                                     topics=args.topics if shape == "batch" else 1,
                                     workers=None if args.bootstrap else args.workers)
+                row["create_threads"] = args.create_threads
                 benchnode.emit(row, args.json)
                 rows.append(row)
     if not args.json:

@@ -37,11 +37,12 @@ def _unmount(path: Path) -> None:
 
 
 @contextlib.contextmanager
-def tmpfs(path: Path, size_bytes: int) -> Iterator[Path]:
-    """A tmpfs of `size_bytes` mounted at `path` (created)."""
+def tmpfs(path: Path, size_bytes: int, inodes: int | None = None) -> Iterator[Path]:
+    """A tmpfs of `size_bytes` (and at most `inodes` files and directories) mounted at `path` (created)."""
     require_mounting()
     path.mkdir(parents=True, exist_ok=True)
-    _run("mount", "-t", "tmpfs", "-o", f"size={size_bytes},mode=0755", "tmpfs", str(path))
+    limit = f",nr_inodes={inodes}" if inodes else ""
+    _run("mount", "-t", "tmpfs", "-o", f"size={size_bytes},mode=0755{limit}", "tmpfs", str(path))
     try:
         yield path
     finally:

@@ -134,6 +134,30 @@ def test_snapshots_retention_and_topic_creation_on_a_full_disk(tmp_path, table):
         log.close()
 
 
+def test_partitions_made_by_many_threads_on_a_filesystem_out_of_inodes(tmp_path):
+    """A batch of topics made by several threads, where the filesystem runs out of inodes partway: a topic
+    that met the fault is refused whole and leaves no directory, the others are created and online; with
+    room again a refused one is created. (Which topics meet the fault depends on the threads' timing.)"""
+    config = LogConfig(index_max_bytes=8 * 1024)
+    with SharedTable(rows=64) as shared, tmpfs(tmp_path / "fs", 16 * MiB, inodes=60) as fs:
+        store = PartitionStore(str(fs), shared, config, max_partitions=64, create_threads=4)
+        # Each partition takes 4 inodes (its directory, the log and both indexes): 72 for these, 60 exist.
+        outcome = store.create_topics([("first", 6, {}), ("second", 6, {}), ("third", 6, {})])
+        refused = sorted(name for name, (code, _) in outcome.items() if code)
+        created = sorted(name for name, (code, _) in outcome.items() if not code)
+        assert refused, outcome
+        assert {outcome[name][0] for name in refused} == {ErrorCode.KAFKA_STORAGE_ERROR}
+        assert sorted(store.catalog.topics) == created
+        on_disk = sorted(p.name for p in fs.iterdir() if p.is_dir())
+        assert on_disk == sorted(f"{name}-{i}" for name in created for i in range(6))
+        for name in created:
+            assert all(shared.read(row).online for row in store.catalog.topics[name].rows)
+        store.delete_topics(created)
+        assert store.create_topics([(refused[0], 6, {})]) == {refused[0]: (0, None)}
+        assert sorted(p.name for p in fs.iterdir() if p.is_dir()) == [f"{refused[0]}-{i}" for i in range(6)]
+        store.close()
+
+
 def test_recovery_on_a_full_disk_opens_the_partition_and_reports_it(tmp_path, table):
     with tmpfs(tmp_path / "fs", 1 * MiB) as fs:
         directory = str(fs / "t-0")

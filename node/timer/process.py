@@ -76,7 +76,7 @@ class TimerProcess:
         self.table = PartitionTable.attach(shm_instance.table_name(instance))
         self.interest = InterestTable.attach(shm_instance.interest_name(instance))
         self.store = PartitionStore(os.path.abspath(config.server.data_dir), self.table, config.log,
-                                    config.topics.max_partitions)
+                                    config.topics.max_partitions, create_threads=config.topics.create_threads)
         self.bell = SemaphoreDoorbell(shm_instance.timer_doorbell_name(instance))
         self.readers = [RingReader(shm_instance.request_ring_name(instance, i), config=config.rings, takeover=True)
                         for i in range(len(worker_bell_fds))]
