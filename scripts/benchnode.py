@@ -172,6 +172,29 @@ def create_topic(host: str, port: int, topic: str, partitions: int, timeout_s: f
 # --------------------------------------------------------------------------- results
 
 
+def fdatasync_floor_ms(data_dir: str | None, write_bytes: int, count: int = 50) -> float | None:
+    """Median ms of one fdatasync after a write of `write_bytes`, in a temp file beside `data_dir` (the node's
+    filesystem): the disk's floor under an acks=all answer, measured in the same run as the node. None
+    without a data dir (a node given by --bootstrap)."""
+    if data_dir is None:
+        return None
+    import tempfile
+
+    fd, path = tempfile.mkstemp(prefix="fsync-floor-", dir=os.path.dirname(os.path.abspath(data_dir)))
+    try:
+        samples = []
+        chunk = b"\0" * write_bytes
+        for _ in range(count):
+            os.write(fd, chunk)
+            started = time.perf_counter_ns()
+            os.fdatasync(fd)
+            samples.append(time.perf_counter_ns() - started)
+        return round(float(np.median(samples)) / 1e6, 3)
+    finally:
+        os.close(fd)
+        os.unlink(path)
+
+
 def percentiles_ms(latencies_ns: Sequence[int] | np.ndarray) -> dict[str, float | None]:
     """p50/p99/p99.9 in milliseconds (None when there are no samples)."""
     if len(latencies_ns) == 0:

@@ -283,6 +283,8 @@ def main(argv: list[str] | None = None) -> int:
                                            workers=None if args.bootstrap else args.workers,
                                            errors={str(k): v for k, v in outcome.errors.items()},
                                            **meter.fields, **extra)
+                if acks_name == "all":  # the disk's own fdatasync, just after: what acks=all cannot go below
+                    row["fdatasync_p50_ms"] = benchnode.fdatasync_floor_ms(target.data_dir, args.batch_bytes)
                 benchnode.emit(row, args.json)
                 # Load of a raw point: the requests kept in flight (a sweep of --inflight draws a saturation curve).
                 raw = client == "raw"
