@@ -200,7 +200,9 @@ class Dashboard:
                 table.add_row(f"purgatory {kind}: pending (done/s, expired/s)",
                               f"{pending} ({self._rate(timer, f'purgatory_{kind}_completed', now):.0f}, "
                               f"{self._rate(timer, f'purgatory_{kind}_expired', now):.0f})", sparkline(history))
-            table.add_row("wheel entries / levels", f"{timer.get('wheel_entries')} / {timer.get('wheel_levels')}", "")
+            by_level = timer.array("wheel_entries_by_level")[:max(1, timer.get("wheel_levels"))].tolist()
+            table.add_row("wheel entries / levels", f"{timer.get('wheel_entries')} / {timer.get('wheel_levels')}",
+                          "by level " + " ".join(str(n) for n in by_level))
             late = timer.get("timer_lateness_p99_us")
             self.state.history["lateness"].append(late)
             table.add_row("timer lateness p50 / p99 (ms)",

@@ -152,6 +152,9 @@ def snapshot_document(reader: NodeReader) -> dict:
                                   "capacity_bytes": int(timer.array("ring_capacity_bytes")[row.index])}
         rings.append(ring)
     totals = S.totals(rows)
+    if timer is not None:
+        levels = timer.get("wheel_levels")
+        totals["wheel_entries_by_level"] = timer.array("wheel_entries_by_level")[:max(1, levels)].tolist()
     return {"node": {"data_dir": location.data_dir, "listen": f"{location.host}:{location.port}",
                      "instance": location.instance, "supervisor_pid": location.supervisor_pid,
                      "read_at_ms": time.time_ns() // 1_000_000},

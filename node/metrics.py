@@ -75,6 +75,13 @@ class StatsCollector:
                     if row.array("ring_capacity_bytes")[worker]:
                         ring_used.add_metric(["completion", str(worker)], value)
         yield ring_used
+        wheel = GaugeMetricFamily("shmbroker_wheel_entries_by_level", "Pending timer entries held at each wheel level",
+                                  labels=["level"])
+        for row in rows:
+            if row.role == "timer":
+                for level, value in enumerate(row.array("wheel_entries_by_level")[:max(1, row.get("wheel_levels"))]):
+                    wheel.add_metric([str(level)], int(value))
+        yield wheel
         end = GaugeMetricFamily("kafka_log_log_end_offset", "Log end offset", labels=["topic", "partition"])
         start = GaugeMetricFamily("kafka_log_log_start_offset", "Log start offset", labels=["topic", "partition"])
         high = GaugeMetricFamily("kafka_cluster_partition_high_watermark", "High watermark",

@@ -46,6 +46,7 @@ SUPERVISOR_ROW = 0
 TIMER_ROW = 1
 MAX_APIS = 72  # Kafka API keys 0..71
 MAX_RINGS = 64  # rings described per row (one per worker)
+MAX_WHEEL_LEVELS = 16  # wheel levels described (20-slot wheels of 1 ms reach 16 levels past 10**12 years)
 PURGATORIES = ("fetch", "produce", "throttle", "join", "session", "sync")
 MAX_READ_ATTEMPTS = 10_000
 
@@ -91,6 +92,8 @@ FIELDS: tuple[Field, ...] = (
     *_purgatory_fields(),
     Field("wheel_entries", counter=False, help="pending entries in the timing wheels"),
     Field("wheel_levels", counter=False, help="levels of the delayed-operation wheels (1 + overflow levels)"),
+    Field("wheel_entries_by_level", MAX_WHEEL_LEVELS, counter=False,
+          help="pending entries held at each wheel level (0: the finest), all wheels summed"),
     Field("wheel_slots", counter=False, help="entry slots in use (pending + cancelled not yet reclaimed)"),
     Field("timer_lateness_p50_us", counter=False, help="timer wake-up lateness past a deadline, p50 over the last interval"),
     Field("timer_lateness_p99_us", counter=False, help="timer wake-up lateness past a deadline, p99 over the last interval"),

@@ -138,6 +138,8 @@ def test_stats_counts_the_node_at_work(node_factory):
     partition = [p for p in doc["partitions"] if p["topic"] == "stats-topic"]
     assert partition == [{"topic": "stats-topic", "partition": 0, "log_start_offset": 0, "log_end_offset": 2000,
                           "high_watermark": 2000, "unflushed_bytes": 0}]
+    by_level = doc["totals"]["wheel_entries_by_level"]
+    assert len(by_level) == doc["totals"]["wheel_levels"] and sum(by_level) == doc["totals"]["wheel_entries"]
     assert sum(r["request"]["frames_sent"] for r in doc["rings"]) > 0
     assert sum(r["completion"]["frames_sent"] for r in doc["rings"]) > 0
     # The group's lag through the Kafka API: 2000 - what it committed.

@@ -92,6 +92,7 @@ class WheelMachine(RuleBasedStateMachine):
     def pending_is_exact(self):
         if hasattr(self, "wheel"):
             assert self.wheel.pending == len(self.model)
+            assert sum(self.wheel.entries_per_level()) == self.wheel.pending
 
     @invariant()
     def memory_is_bounded(self):
@@ -120,6 +121,9 @@ def test_deadlines_days_away_use_overflow_levels_and_fire_within_a_tick():
     deadlines = [7, 19, 20, 399, 400, 8_000, HOUR_MS, 2 * DAY_MS + 17]
     handles = [wheel.add(d) for d in deadlines]
     assert wheel.levels >= 6  # 20 ms, 400 ms, 8 s, 160 s, 3200 s, 64000 s, ... per bucket
+    # Level L holds what falls within 20**(L+1) ms: 7 and 19 ms in level 0; 20 and 399 in 1; 400 in 2;
+    # 8 s in 3; nothing in 4 (up to 3,200 s); an hour in 5; two days in 6.
+    assert wheel.entries_per_level()[:7] == [2, 2, 1, 1, 0, 1, 1]
     now, wakes, fired_at = 0, 0, {}
     while wheel.pending and wakes < 1_000:  # driven by bucket expirations only, never per tick
         now = wheel.next_expiration()

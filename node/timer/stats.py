@@ -48,6 +48,7 @@ class TimerStats:
         purgatories = {"fetch": ops.fetches, "produce": ops.produces, "throttle": ops.throttles,
                        "join": groups.joins, "sync": groups.syncs}
         entries = levels = slots = 0
+        by_level = [0] * S.MAX_WHEEL_LEVELS
         for kind, purgatory in purgatories.items():
             w.set(f"purgatory_{kind}_pending", purgatory.pending)
             w.set(f"purgatory_{kind}_watched", purgatory.watched)
@@ -55,15 +56,19 @@ class TimerStats:
             w.set(f"purgatory_{kind}_expired", purgatory.expired)
             wheel = purgatory.timer
             entries, levels, slots = entries + wheel.pending, max(levels, wheel.levels), slots + wheel.slots_in_use
+            _add_levels(by_level, wheel)
         sessions = groups.sessions
         w.set("purgatory_session_pending", len(sessions))
         w.set("purgatory_session_watched", len(sessions))
         w.set("purgatory_session_expired", sessions.expired)
         entries += sessions.wheel.pending
         slots += sessions.wheel.slots_in_use
+        _add_levels(by_level, sessions.wheel)
         w.set("wheel_entries", entries)
         w.set("wheel_levels", levels)
         w.set("wheel_slots", slots)
+        for level, count in enumerate(by_level):
+            w.set("wheel_entries_by_level", count, level)
         lateness = sorted(self._lateness_us)
         self._lateness_us = []
         w.set("timer_lateness_p50_us", S.percentile(lateness, 0.50))
@@ -96,3 +101,7 @@ class TimerStats:
             w.set("ring_frames_received", frames, worker)
         w.publish()
 
+
+def _add_levels(by_level: list[int], wheel: Any) -> None:
+    for level, count in enumerate(wheel.entries_per_level()[:len(by_level)]):
+        by_level[level] += count

@@ -181,6 +181,16 @@ class TimingWheel:
         """Number of wheel levels created so far (1 + overflow levels)."""
         return self._levels_used
 
+    def entries_per_level(self) -> list[int]:
+        """Live entries held at each level so far (index 0 the finest), for the stats: O(buckets holding
+        references), so called once per stats interval, never per operation. Sums to `pending` (I3, I4)."""
+        counts = [0] * self._levels_used
+        live = self._live
+        for bucket, fill in enumerate(self._fill):
+            if fill:
+                counts[bucket // self.wheel_size] += int(np.count_nonzero(live[self._members[bucket][:fill]] >= 0))
+        return counts
+
     @property
     def current_ms(self) -> int:
         """The wheel's clock: the start of the current tick, in ms."""
