@@ -68,9 +68,11 @@ class NotifyListener:
             except OSError:
                 return
             text = data.decode()
-            self.messages.append((time.monotonic(), text))
+            received = time.monotonic()
+            # The round trip comes first, so whoever sees READY=1 in `messages` sees its outcome too.
             if "READY=1" in text.split("\n") and self.port:
                 self.ready_answered.append(api_versions_roundtrip(self.port, timeout=0.5))
+            self.messages.append((received, text))
 
     def count(self, state: str, since: float = 0.0) -> int:
         return sum(1 for when, text in self.messages if when >= since and state in text.split("\n"))
