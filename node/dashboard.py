@@ -165,7 +165,8 @@ class Dashboard:
                 if row.array("requests")[key]:
                     r = rates[key]
                     r[0] += self._rate(row, "requests", now, key)
-                    r[1] += self._rate(row, "request_errors", now, key)
+                    # errors: responses carrying an error code, and requests that cost their connection
+                    r[1] += self._rate(row, "error_responses", now, key) + self._rate(row, "request_errors", now, key)
                     r[2] += self._rate(row, "bytes_in", now, key)
                     r[3] += self._rate(row, "bytes_out", now, key)
         table = Table(title="requests", expand=True)
@@ -303,12 +304,19 @@ def render_stats(document: dict) -> None:
                               p.get("published_ms", 0) / 1000)))
     console.print(processes)
     apis = Table(title="requests per API (since start)")
-    for column in ("API", "requests", "errors", "bytes in", "bytes out"):
+    for column in ("API", "requests", "error responses", "connections closed", "bytes in", "bytes out"):
         apis.add_column(column, justify="right")
     for name, counts in sorted(document["apis"].items()):
-        apis.add_row(name, str(counts["requests"]), str(counts["request_errors"]), str(counts["bytes_in"]),
-                     str(counts["bytes_out"]))
+        apis.add_row(name, str(counts["requests"]), str(counts["error_responses"]), str(counts["request_errors"]),
+                     str(counts["bytes_in"]), str(counts["bytes_out"]))
     console.print(apis)
+    if document["errors"]:
+        errors = Table(title="error codes in responses (since start)")
+        errors.add_column("error")
+        errors.add_column("count", justify="right")
+        for name, count in sorted(document["errors"].items(), key=lambda item: -item[1]):
+            errors.add_row(name, str(count))
+        console.print(errors)
     totals = Table(title="node totals")
     totals.add_column("counter")
     totals.add_column("value", justify="right")

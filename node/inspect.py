@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass
 
 import posix_ipc
+from kio.schema.errors import ErrorCode
 
 from node import config as node_config
 from node.storage.catalog import Catalog
@@ -35,6 +36,19 @@ API_NAMES = {
 
 def api_name(key: int) -> str:
     return API_NAMES.get(key, f"api{key}")
+
+
+def error_name(code: int) -> str:
+    """Kafka's name of an error code (UNKNOWN_TOPIC_OR_PARTITION); the stats' last slot gathers the rest."""
+    if code >= S.MAX_ERROR_CODES - 1:
+        return f"CODE_{S.MAX_ERROR_CODES - 1}_OR_ABOVE"
+    try:
+        return ErrorCode(code).name.upper()
+    except ValueError:
+        return f"CODE_{code}"
+
+
+PER_API_FIELDS = ("requests", "request_errors", "error_responses", "bytes_in", "bytes_out")
 
 
 class NodeNotRunning(RuntimeError):
@@ -130,11 +144,16 @@ def snapshot_document(reader: NodeReader) -> dict:
     for row in rows:
         if row.role != "worker":
             continue
-        for name in ("requests", "request_errors", "bytes_in", "bytes_out"):
+        for name in PER_API_FIELDS:
             for key, value in enumerate(row.array(name).tolist()):
                 if value:
-                    apis.setdefault(api_name(key), {"requests": 0, "request_errors": 0, "bytes_in": 0,
-                                                    "bytes_out": 0})[name] += value
+                    apis.setdefault(api_name(key), dict.fromkeys(PER_API_FIELDS, 0))[name] += value
+    errors: dict[str, int] = {}
+    for row in rows:
+        if row.role == "worker":
+            for code, value in enumerate(row.array("error_codes").tolist()):
+                if value:
+                    errors[error_name(code)] = errors.get(error_name(code), 0) + value
     rings = []
     timer = next((row for row in rows if row.role == "timer"), None)
     for row in rows:
@@ -158,5 +177,5 @@ def snapshot_document(reader: NodeReader) -> dict:
     return {"node": {"data_dir": location.data_dir, "listen": f"{location.host}:{location.port}",
                      "instance": location.instance, "supervisor_pid": location.supervisor_pid,
                      "read_at_ms": time.time_ns() // 1_000_000},
-            "totals": totals, "apis": apis, "rings": rings, "processes": processes,
+            "totals": totals, "apis": apis, "errors": errors, "rings": rings, "processes": processes,
             "partitions": reader.partitions()}

@@ -16,11 +16,12 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import CollectorRegistry
 from prometheus_client import start_http_server
 
-from node.inspect import NodeReader, api_name
+from node.inspect import NodeReader, api_name, error_name
 from shm import stats as S
 
 _PER_API = {"requests": ("kafka_network_requests", "Requests read, per API (RequestsPerSec)"),
             "request_errors": ("kafka_network_request_errors", "Requests that closed their connection, per API"),
+            "error_responses": ("kafka_network_error_responses", "Responses carrying an error code, per API"),
             "bytes_in": ("kafka_network_request_bytes", "Request bytes read, per API"),
             "bytes_out": ("kafka_network_response_bytes", "Response bytes queued, per API")}
 _KAFKA_NAMES = {"connections": "kafka_server_connections", "rebalances": "kafka_coordinator_group_rebalances",
@@ -46,6 +47,14 @@ class StatsCollector:
                     if value:
                         family.add_metric([api_name(key), str(row.index)], value)
         yield from per_api.values()
+        errors = CounterMetricFamily("kafka_network_errors", "Error codes in responses, per Kafka error (ErrorsPerSec)",
+                                     labels=["error", "worker"])
+        for row in rows:
+            if row.role == "worker":
+                for code, value in enumerate(row.array("error_codes").tolist()):
+                    if value:
+                        errors.add_metric([error_name(code), str(row.index)], value)
+        yield errors
         purgatory = GaugeMetricFamily("kafka_server_delayed_operations", "Delayed operations waiting (PurgatorySize)",
                                       labels=["purgatory"])
         for field in S.FIELDS:

@@ -46,6 +46,7 @@ SUPERVISOR_ROW = 0
 TIMER_ROW = 1
 MAX_APIS = 72  # Kafka API keys 0..71
 MAX_RINGS = 64  # rings described per row (one per worker)
+MAX_ERROR_CODES = 128  # Kafka error codes 0..127 (3.7 defines up to 119); higher ones count in the last
 MAX_WHEEL_LEVELS = 16  # wheel levels described (20-slot wheels of 1 ms reach 16 levels past 10**12 years)
 PURGATORIES = ("fetch", "produce", "throttle", "join", "session", "sync")
 MAX_READ_ATTEMPTS = 10_000
@@ -76,6 +77,9 @@ FIELDS: tuple[Field, ...] = (
     # network workers
     Field("requests", MAX_APIS, help="requests read, per API key"),
     Field("request_errors", MAX_APIS, help="requests that closed their connection (bad input or a bug), per API key"),
+    Field("error_responses", MAX_APIS, help="responses carrying a non-zero error code, per API key"),
+    Field("error_codes", MAX_ERROR_CODES,
+          help="error codes in responses (top-level and per partition, each occurrence), per Kafka error code"),
     Field("bytes_in", MAX_APIS, help="request bytes read, per API key"),
     Field("bytes_out", MAX_APIS, help="response bytes queued (sendfile ranges included), per API key"),
     Field("connections", counter=False, help="open client connections"),

@@ -23,8 +23,12 @@ import psutil
 import pytest
 from confluent_kafka import Consumer, Producer
 
+import rawkafka as R
 from shm import stats as S
 from shm_testing import unique_instance_id
+from workers import protocol as P
+
+UNKNOWN_TOPIC_OR_PARTITION = 3
 
 REPO = Path(__file__).resolve().parent.parent
 CLI_TIMEOUT_S = 60
@@ -120,6 +124,13 @@ def test_stats_counts_the_node_at_work(node_factory):
         if msg is not None and not msg.error():
             got += 1
     consumer.commit(asynchronous=False)
+    # Errors in responses, counted per API and per code: a produce to a partition the topic lacks (the
+    # produce path's own encoder) and a Metadata request for a topic that is not there (kio's).
+    with R.RawConnection("127.0.0.1", node.port) as conn:
+        produced = conn.call(P.PRODUCE, 8, R.produce_body({"stats-topic": {7: R.build_record_batch([b"x"])}}, acks=1))
+        assert produced.responses[0].partition_responses[0].error_code == UNKNOWN_TOPIC_OR_PARTITION
+        meta = conn.call(P.METADATA, 8, R.metadata_body(["not-there"], allow_auto_topic_creation=False))
+        assert meta.topics[0].error_code == UNKNOWN_TOPIC_OR_PARTITION
     try:
         def moved():
             doc = stats_json(node)
@@ -129,7 +140,8 @@ def test_stats_counts_the_node_at_work(node_factory):
                   and totals["purgatory_produce_completed"] > 0 and totals["fsyncs"] > 0
                   and totals["bytes_flushed"] >= 2000 * 100 and totals["groups"] >= 1
                   and totals["group_members"] >= 1 and totals["rebalances"] >= 1 and totals["connections"] >= 2
-                  and totals["purgatory_fetch_completed"] + totals["purgatory_fetch_expired"] > 0)
+                  and totals["purgatory_fetch_completed"] + totals["purgatory_fetch_expired"] > 0
+                  and doc["errors"].get("UNKNOWN_TOPIC_OR_PARTITION", 0) >= 2)
             return doc if ok else None
 
         doc = wait_for(moved, what="counters to move")
@@ -138,6 +150,7 @@ def test_stats_counts_the_node_at_work(node_factory):
     partition = [p for p in doc["partitions"] if p["topic"] == "stats-topic"]
     assert partition == [{"topic": "stats-topic", "partition": 0, "log_start_offset": 0, "log_end_offset": 2000,
                           "high_watermark": 2000, "unflushed_bytes": 0}]
+    assert doc["apis"]["Produce"]["error_responses"] >= 1 and doc["apis"]["Metadata"]["error_responses"] >= 1
     by_level = doc["totals"]["wheel_entries_by_level"]
     assert len(by_level) == doc["totals"]["wheel_levels"] and sum(by_level) == doc["totals"]["wheel_entries"]
     assert sum(r["request"]["frames_sent"] for r in doc["rings"]) > 0
@@ -153,6 +166,7 @@ def test_stats_counts_the_node_at_work(node_factory):
     # Human-readable tables too.
     table = cli("stats", "--data-dir", str(node.data_dir))
     assert table.returncode == 0 and "Produce" in table.stdout and "stats-topic" in table.stdout
+    assert "UNKNOWN_TOPIC_OR_PARTITION" in table.stdout
 
 
 def test_topics_commands(node):
@@ -218,3 +232,11 @@ def test_prometheus_endpoint(node_factory):
     assert 'kafka_log_log_end_offset{partition="0",topic="metrics-topic"} 100.0' in text
     assert 'kafka_server_delayed_operations{purgatory="fetch"}' in text
     assert "shmbroker_fsyncs_total" in text
+    # A fetch from a partition the topic lacks: its error code, by name.
+    with R.RawConnection("127.0.0.1", node.port) as conn:
+        fetched = R.parse_fetch_response(11, conn.request(P.FETCH, 11, R.fetch_body({"metrics-topic": {5: 0}})))
+        assert [p.error_code for p in fetched.partitions] == [UNKNOWN_TOPIC_OR_PARTITION]
+    text = wait_for(lambda: (lambda t: t if 'error="UNKNOWN_TOPIC_OR_PARTITION"' in t else None)(
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()),
+        what="the error code in /metrics")
+    assert 'kafka_network_error_responses_total{request="Fetch",worker="0"} 1.0' in text

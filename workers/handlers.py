@@ -257,7 +257,8 @@ class Handlers:
             if waits:
                 failed = result is not None and result.status == M.Status.FAILED
                 self._mark_unflushed(topics, waits, result.error_code if failed else E.REQUEST_TIMED_OUT)
-            outcome = Outcome.reply([encode_produce_response(h.api_version, h.correlation_id, topics, throttle_ms)])
+            outcome = Outcome.reply([encode_produce_response(h.api_version, h.correlation_id, topics, throttle_ms)],
+                                    tuple(r.error_code for t in topics for r in t.partitions if r.error_code))
             return outcome if mutes else self.throttler.apply(req, outcome, client, PRODUCE, throttle_ms, False)
 
         if not waits or self._all_flushed(waits):
@@ -306,7 +307,8 @@ class Handlers:
     def _fetch_response(self, req: Request, topics: list[FetchTopicResult], throttle_ms: int = 0) -> Outcome:
         h = req.header
         return Outcome.reply(encode_fetch_response(h.api_version, h.correlation_id, topics,
-                                                   throttle_time_ms=throttle_ms).pieces)
+                                                   throttle_time_ms=throttle_ms).pieces,
+                             tuple(p.error_code for t in topics for p in t.partitions if p.error_code))
 
     def _empty_fetch(self, request: Any) -> list[FetchTopicResult]:
         """The answer of a throttled fetch: every partition, no records."""

@@ -11,6 +11,7 @@ expects; an unknown number becomes UNKNOWN_SERVER_ERROR, never an exception.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 from typing import Any
 
@@ -40,4 +41,35 @@ def entity(req: Request, class_name: str, /, **values: Any) -> Any:
 
 def reply(req: Request, response: Any) -> Outcome:
     h = req.header
-    return Outcome.reply([P.encode_response(h.api_key, h.api_version, h.correlation_id, response)])
+    return Outcome.reply([P.encode_response(h.api_key, h.api_version, h.correlation_id, response)],
+                         error_codes(response))
+
+
+def error_codes(response: Any) -> tuple[int, ...]:
+    """The non-zero error codes anywhere in a kio response entity, one per occurrence (for the stats)."""
+    found: list[int] = []
+    _collect_errors(response, found)
+    return tuple(found)
+
+
+_ENTITY_FIELDS: dict[type, tuple[tuple[str, bool], ...]] = {}  # per class: (field name, is an error code)
+
+
+def _collect_errors(entity: Any, found: list[int]) -> None:
+    cls = type(entity)
+    fields = _ENTITY_FIELDS.get(cls)
+    if fields is None:
+        fields = _ENTITY_FIELDS[cls] = tuple((f.name, f.name.endswith("error_code"))
+                                             for f in dataclasses.fields(entity)) \
+            if dataclasses.is_dataclass(entity) else ()
+    for name, is_code in fields:
+        value = getattr(entity, name)
+        if is_code:
+            if value:
+                found.append(int(value))
+        elif type(value) is tuple:
+            for item in value:
+                if dataclasses.is_dataclass(item):
+                    _collect_errors(item, found)
+        elif dataclasses.is_dataclass(value):
+            _collect_errors(value, found)

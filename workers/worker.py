@@ -77,6 +77,9 @@ _ACCEPT_EXHAUSTED = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
 _REQUESTS = S.OFFSETS["requests"]
 _ERRORS = S.OFFSETS["request_errors"]
 _BYTES_IN = S.OFFSETS["bytes_in"]
+_ERROR_RESPONSES = S.OFFSETS["error_responses"]
+_ERROR_CODES = S.OFFSETS["error_codes"]
+_LAST_ERROR_CODE = S.MAX_ERROR_CODES - 1
 _BYTES_OUT = S.OFFSETS["bytes_out"]
 _ACCEPTED = S.OFFSETS["connections_accepted"]
 _CLOSED_ON_ERROR = S.OFFSETS["connections_closed_on_error"]
@@ -281,10 +284,15 @@ class Worker:
         if outcome.deferred or req.conn.closed:
             return
         if self.stats is not None:
+            counts = self.stats.counts
             size = 0
             for piece in outcome.pieces:
                 size += piece.length if type(piece) is FileRange else len(piece)
-            self.stats.counts[_BYTES_OUT + req.header.api_key] += size
+            counts[_BYTES_OUT + req.header.api_key] += size
+            if outcome.errors:
+                counts[_ERROR_RESPONSES + req.header.api_key] += 1
+                for error in outcome.errors:
+                    counts[_ERROR_CODES + min(error, _LAST_ERROR_CODE)] += 1
         req.conn.fill(req.slot, outcome.pieces)
         self._dirty.add(req.conn)
 
