@@ -262,6 +262,13 @@ class StatsConfig:
     # systemd watchdog reads the children's heartbeats (server.heartbeat_interval_ms, child_hang_timeout_ms).
     enabled: bool = True
     publish_interval_ms: int = 500
+    # Room for the groups' committed offsets in the segment (twice: double-buffered), about 40 bytes per
+    # group and partition; groups beyond it are left out of the segment (the Kafka API still has them).
+    committed_offsets_bytes: int = 1 << 20
+
+    def __post_init__(self) -> None:
+        if self.publish_interval_ms <= 0 or self.committed_offsets_bytes < 64:
+            raise ValueError("publish_interval_ms must be positive and committed_offsets_bytes at least 64")
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,8 @@
 Each refresh (default every second) reads the stats segment (node.inspect: shared memory, no request to the
 node) and asks psutil about the node's processes (the supervisor and its children): CPU %, RSS, context
 switches per second, open files, TCP connections. Rates are differences of the counters between two refreshes;
-sparklines keep the last minute. Group lag comes from the Kafka API (node.admin) every `LAG_INTERVAL_S`.
+sparklines keep the last minute. Group lag comes from the segment too (committed offsets written by the timer,
+high watermarks from the partition table): the dashboard never sends the node a request.
 
 Invariants: the dashboard never writes to the node; a node that is gone shows one clear line and is looked for
 again every refresh (a restarted node is picked up by its data directory); every loop is bounded by --duration
@@ -28,7 +29,8 @@ from shm import stats as S
 
 SPARK = "▁▂▃▄▅▆▇█"
 HISTORY = 60  # refreshes kept for sparklines (a minute at the default interval)
-LAG_INTERVAL_S = 5.0
+LAG_INTERVAL_S = 1.0
+MAX_LAG_GROUPS = 20  # rows of group lag in the view
 # psutil's connection list parses /proc/net/tcp (every socket of the host): refreshed this often, not every second.
 CONNECTIONS_INTERVAL_S = 5.0
 MB = 1024 * 1024
@@ -70,7 +72,6 @@ class DashboardState:
     last_error: str = ""
     lag: dict[str, int] = field(default_factory=dict)
     lag_at: float = 0.0
-    admin: object | None = None
 
 
 class Dashboard:
@@ -96,7 +97,6 @@ class Dashboard:
             return False
         state.supervisor_pid = location.supervisor_pid
         state.gone_since = None
-        state.admin = None
         return True
 
     def _drop(self, reason: str) -> None:
@@ -230,27 +230,17 @@ class Dashboard:
         return table
 
     def _refresh_lag(self, now: float, rows: list[S.RowSnapshot]) -> None:
-        """Lag per group through the Kafka API, every LAG_INTERVAL_S, and only when the coordinator has groups
-        (the stats say so): an idle dashboard keeps no Kafka client running."""
+        """Total lag per group (at most MAX_LAG_GROUPS, the largest first), every LAG_INTERVAL_S."""
         state = self.state
         if now - state.lag_at < LAG_INTERVAL_S or state.reader is None:
             return
-        if not any(row.get("groups") for row in rows if row.role == "timer"):
-            state.lag = {}
-            return
         state.lag_at = now
-        try:
-            from node.admin import Admin
-            if state.admin is None:
-                location = state.reader.location
-                state.admin = Admin(f"{location.host}:{location.port}", timeout_s=1.0)
-            lag = {}
-            for group in state.admin.groups()[:20]:
-                lag[group["group"]] = state.admin.describe_group(group["group"])["total_lag"]
-            state.lag = lag
-        except Exception as exc:  # lag is a nicety: the rest of the view must go on
-            state.lag = {"(unavailable)": 0}
-            state.last_error = f"lag: {exc}"
+        groups, complete = state.reader.group_lag()
+        totals = {group: sum(p["lag"] or 0 for p in partitions) for group, partitions in groups.items()}
+        largest = sorted(totals.items(), key=lambda item: -item[1])[:MAX_LAG_GROUPS]
+        state.lag = dict(largest)
+        if not complete or len(totals) > MAX_LAG_GROUPS:
+            state.lag["(more groups: shmbroker groups list)"] = 0
 
     def render(self) -> Group:
         state = self.state
@@ -339,6 +329,16 @@ def render_stats(document: dict) -> None:
         partitions.add_row(p["topic"], str(p["partition"]), str(p["log_start_offset"]), str(p["log_end_offset"]),
                            str(p["high_watermark"]), str(p["unflushed_bytes"]))
     console.print(partitions)
+    if document["groups"]:
+        lag = Table(title="committed offsets and lag" + ("" if document["groups_complete"] else
+                                                          " (more groups than the segment holds)"))
+        for column in ("group", "topic", "partition", "committed", "high watermark", "lag"):
+            lag.add_column(column, justify="right")
+        for group, entry in document["groups"].items():
+            for p in entry["partitions"]:
+                lag.add_row(group, p["topic"], str(p["partition"]), str(p["committed_offset"]),
+                            str(p["high_watermark"]), "-" if p["lag"] is None else str(p["lag"]))
+        console.print(lag)
 
 
 def render_topics(topics: list[dict]) -> None:

@@ -121,6 +121,26 @@ class NodeReader:
                             "unflushed_bytes": state.end_bytes - state.flushed_bytes})
         return out
 
+    def group_lag(self) -> tuple[dict[str, list[dict]], bool]:
+        """Per group, per partition it committed: the committed offset (from the stats segment, written by the
+        timer), the high watermark (the partition table) and the lag; and whether every group fit the segment."""
+        committed, complete = self.stats.read_committed()
+        if self.table is None:
+            return {}, complete
+        self.catalog.reload()
+        out: dict[str, list[dict]] = {}
+        for group, entries in sorted(committed.items()):
+            rows = []
+            for topic, partition, offset in sorted(entries):
+                entry = self.catalog.topics.get(topic)
+                high = None
+                if entry is not None and partition < len(entry.rows) and 0 <= entry.rows[partition] < self.table.rows:
+                    high = self.table.read(entry.rows[partition]).high_watermark
+                rows.append({"topic": topic, "partition": partition, "committed_offset": offset,
+                             "high_watermark": high, "lag": None if high is None else max(0, high - offset)})
+            out[group] = rows
+        return out, complete
+
     def close(self) -> None:
         self.stats.close()
         if self.table is not None:
@@ -170,6 +190,7 @@ def snapshot_document(reader: NodeReader) -> dict:
                                   "used_bytes": int(timer.array("ring_used_bytes")[row.index]),
                                   "capacity_bytes": int(timer.array("ring_capacity_bytes")[row.index])}
         rings.append(ring)
+    groups, groups_complete = reader.group_lag()
     totals = S.totals(rows)
     if timer is not None:
         levels = timer.get("wheel_levels")
@@ -178,4 +199,7 @@ def snapshot_document(reader: NodeReader) -> dict:
                      "instance": location.instance, "supervisor_pid": location.supervisor_pid,
                      "read_at_ms": time.time_ns() // 1_000_000},
             "totals": totals, "apis": apis, "errors": errors, "rings": rings, "processes": processes,
-            "partitions": reader.partitions()}
+            "partitions": reader.partitions(),
+            "groups": {group: {"total_lag": sum(p["lag"] or 0 for p in partitions), "partitions": partitions}
+                       for group, partitions in groups.items()},
+            "groups_complete": groups_complete}

@@ -101,6 +101,18 @@ class StatsCollector:
             start.add_metric(labels, p["log_start_offset"])
             high.add_metric(labels, p["high_watermark"])
         yield from (end, start, high)
+        committed = GaugeMetricFamily("kafka_consumergroup_current_offset", "Committed offset of a group",
+                                      labels=["consumergroup", "topic", "partition"])
+        lag = GaugeMetricFamily("kafka_consumergroup_lag", "High watermark minus the committed offset",
+                                labels=["consumergroup", "topic", "partition"])
+        groups, _ = self.reader.group_lag()
+        for group, partitions in groups.items():
+            for p in partitions:
+                labels = [group, p["topic"], str(p["partition"])]
+                committed.add_metric(labels, p["committed_offset"])
+                if p["lag"] is not None:
+                    lag.add_metric(labels, p["lag"])
+        yield from (committed, lag)
 
 
 def serve_metrics(reader: NodeReader, host: str, port: int):

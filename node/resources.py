@@ -82,7 +82,8 @@ class NodeResources:
             finally:
                 store.close()
             workers = config.server.worker_count()
-            stats = StatsSegment.create(shm_instance.stats_name(instance_id), stats_rows(workers))
+            stats = StatsSegment.create(shm_instance.stats_name(instance_id), stats_rows(workers),
+                                        config.stats.committed_offsets_bytes)
             for i in range(workers):
                 instance.create_ring(shm_instance.request_ring_name(instance_id, i), config.rings)
                 instance.create_ring(shm_instance.completion_ring_name(instance_id, i), config.rings)

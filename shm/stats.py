@@ -16,8 +16,17 @@ Row layout (little-endian int64 words):
     words 5-7     padding   keeps the version on its own cache line
     slot 0, slot 1          SLOT_WORDS counters each (FIELDS)
 
+After the rows, the *committed offsets* area (written by the timer process, which holds the group coordinator):
+the groups' committed offsets per partition as one orjson document {group: [[topic, partition, offset], ...]},
+so readers compute lag (high watermark - committed) with no request to the node:
+
+    word 0        version   as a row's: its low bit names the slot holding the current document
+    words 1-2     lengths   the document's bytes in slot 0 and slot 1
+    words 3-7     padding
+    slot 0, slot 1          committed_bytes each (a larger document is cut at a whole group, `truncated` set)
+
 Invariants (the double-buffered seqlock of shm/table.py, for the same reason: an owner killed mid-publish must not
-leave readers spinning):
+leave readers spinning; the committed offsets area follows the same protocol with the timer as its one writer):
 - A row has one writer, its owner; the supervisor zeroes a row only before it starts the row's owner.
 - Publishing writes the counters into slot (version + 1) & 1, then stores version + 1 (one aligned 8-byte store).
   A reader loads version v, copies slot v & 1, loads version again, and keeps the copy iff it is still v.
@@ -35,10 +44,12 @@ from dataclasses import dataclass
 from typing import Iterator
 
 import numpy as np
+import orjson
 import posix_ipc
 
-MAGIC = 0x5354_4154_5342_4D53  # "SMBSTATS"
-HEADER = struct.Struct("<qqq")
+MAGIC = 0x5354_4154_5342_4D54  # "SMBSTATT": rows, then the committed offsets area
+HEADER = struct.Struct("<qqqq")  # magic, rows, row bytes, committed offsets slot bytes
+COMMITTED_HEAD_BYTES = 64
 HEADER_BYTES = 64
 ROW_HEAD_WORDS = 8
 ROLES = ("supervisor", "timer", "worker")
@@ -168,27 +179,71 @@ class StatsSegment:
     """A mapping of the stats segment: `create` in the supervisor, `attach` in the children and readers."""
 
     def __init__(self, name: str, memory: mmap.mmap, writable: bool) -> None:
-        magic, rows, row_bytes = HEADER.unpack_from(memory, 0)
-        if magic != MAGIC or row_bytes != ROW_BYTES or HEADER_BYTES + rows * ROW_BYTES > len(memory):
+        magic, rows, row_bytes, committed_bytes = HEADER.unpack_from(memory, 0)
+        if magic != MAGIC or row_bytes != ROW_BYTES or _segment_bytes(rows, committed_bytes) > len(memory):
             memory.close()
             raise ValueError(f"{name} is not a stats segment of this version")
         self.name = name
         self.rows = rows
+        self.committed_bytes = committed_bytes
         self._memory = memory
         self._words = np.ndarray((rows, ROW_WORDS), dtype="<i8", buffer=memory, offset=HEADER_BYTES)
+        self._committed_at = HEADER_BYTES + rows * ROW_BYTES
+        self._committed_head = np.ndarray(3, dtype="<i8", buffer=memory, offset=self._committed_at)
         if not writable:
             self._words.flags.writeable = False
+            self._committed_head.flags.writeable = False
 
     @classmethod
-    def create(cls, name: str, rows: int) -> "StatsSegment":
-        size = HEADER_BYTES + rows * ROW_BYTES
+    def create(cls, name: str, rows: int, committed_bytes: int = 1 << 20) -> "StatsSegment":
+        size = _segment_bytes(rows, committed_bytes)
         shared = posix_ipc.SharedMemory(name, posix_ipc.O_CREX, mode=0o600, size=size)
         try:
             memory = mmap.mmap(shared.fd, size)
         finally:
             shared.close_fd()
-        HEADER.pack_into(memory, 0, MAGIC, rows, ROW_BYTES)
+        HEADER.pack_into(memory, 0, MAGIC, rows, ROW_BYTES, committed_bytes)
         return cls(name, memory, True)
+
+    def publish_committed(self, committed: dict[str, list[tuple[str, int, int]]]) -> bool:
+        """The timer process (the area's one writer): make `committed` the current document. Groups that do not
+        fit the slot are left out, in the order given; returns False if any was."""
+        document = orjson.dumps(committed)
+        complete = len(document) <= self.committed_bytes
+        if not complete:  # cut at a whole group: a reader never sees half a group
+            kept: dict[str, list[tuple[str, int, int]]] = {"": []}  # "" marks a cut document
+            for group, entries in committed.items():
+                trial = orjson.dumps({**kept, group: entries})
+                if len(trial) > self.committed_bytes:
+                    break
+                kept[group] = entries
+            document = orjson.dumps(kept)
+        head = self._committed_head
+        version = int(head[0]) + 1
+        slot = version & 1
+        start = self._committed_at + COMMITTED_HEAD_BYTES + slot * self.committed_bytes
+        self._memory[start:start + len(document)] = document
+        head[1 + slot] = len(document)
+        head[0] = version
+        return complete
+
+    def read_committed(self) -> tuple[dict[str, list[list]], bool]:
+        """A consistent copy of the committed offsets: ({group: [[topic, partition, offset], ...]}, complete)."""
+        head = self._committed_head
+        for _ in range(MAX_READ_ATTEMPTS):
+            version = int(head[0])
+            if version == 0:
+                return {}, True
+            slot = version & 1
+            length = min(int(head[1 + slot]), self.committed_bytes)
+            start = self._committed_at + COMMITTED_HEAD_BYTES + slot * self.committed_bytes
+            data = bytes(self._memory[start:start + length])
+            if int(head[0]) == version:
+                document = orjson.loads(data)
+                complete = "" not in document
+                document.pop("", None)
+                return document, complete
+        raise TornReadError(f"the committed offsets of {self.name} changed during {MAX_READ_ATTEMPTS} reads")
 
     @classmethod
     def attach(cls, name: str, writable: bool = True) -> "StatsSegment":
@@ -229,6 +284,7 @@ class StatsSegment:
 
     def close(self) -> None:
         self._words = None
+        self._committed_head = None
         try:
             self._memory.close()
         except BufferError:
@@ -240,6 +296,10 @@ class StatsSegment:
             posix_ipc.unlink_shared_memory(name)
         except posix_ipc.ExistentialError:
             pass
+
+
+def _segment_bytes(rows: int, committed_bytes: int) -> int:
+    return HEADER_BYTES + rows * ROW_BYTES + COMMITTED_HEAD_BYTES + 2 * committed_bytes
 
 
 class StatsWriter:

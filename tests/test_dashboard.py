@@ -15,7 +15,7 @@ import time
 import uuid
 from pathlib import Path
 
-from confluent_kafka import Producer
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
 REPO = Path(__file__).resolve().parent.parent
 DASHBOARD_S = 60
@@ -42,6 +42,11 @@ def produce_rate(screen: str) -> int:
     return int(match.group(1)) if match else 0
 
 
+def group_lag(screen: str) -> int:
+    match = re.search(r"│ group dashboard-group: lag\s+│\s+(\d+)\s+│", screen)
+    return int(match.group(1)) if match else 0
+
+
 def test_dashboard_in_tmux_under_load(node_factory):
     assert shutil.which("tmux"), "tmux is missing: `make test` installs it"
     node = node_factory(workers=2)
@@ -62,6 +67,20 @@ def test_dashboard_in_tmux_under_load(node_factory):
 
     loader = threading.Thread(target=load)
     loader.start()
+    # A group that committed offset 5 of a partition the load keeps growing: its lag shows and grows.
+    consumer = Consumer({"bootstrap.servers": node.bootstrap, "group.id": "dashboard-group"})
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:  # the topic comes with the load's first produce
+                if consumer.get_watermark_offsets(TopicPartition("dashboard-load", 0), timeout=5)[1] > 5:
+                    break
+            except KafkaException:
+                pass
+            time.sleep(0.1)
+        consumer.commit(offsets=[TopicPartition("dashboard-load", 0, 5)], asynchronous=False)
+    finally:
+        consumer.close()
     session = f"smbdash{uuid.uuid4().hex[:8]}"
     # The pane decides the size (pytest may have exported COLUMNS/LINES, which rich would obey).
     command = f"env -u COLUMNS -u LINES {sys.executable} -m node.cli dashboard --data-dir {node.data_dir} --duration {DASHBOARD_S}"
@@ -73,6 +92,8 @@ def test_dashboard_in_tmux_under_load(node_factory):
                       "fsyncs/s", "rings of worker 0"):
             assert label in screen, screen
         assert f"127.0.0.1:{node.port}" in screen
+        lag = wait_screen(session, lambda s: group_lag(s) > 0)
+        assert group_lag(wait_screen(session, lambda s: group_lag(s) > group_lag(lag))) > group_lag(lag)
         # The numbers move: the Produce rate of two refreshes apart differ, or the clock line does.
         first = produce_rate(screen)
         later = wait_screen(session, lambda s: produce_rate(s) not in (0, first))

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from confluent_kafka import Consumer, Producer
+from confluent_kafka import Consumer, Producer, TopicPartition
 
 import rawkafka as R
 from shm import stats as S
@@ -70,6 +70,54 @@ while time.monotonic() < deadline:
     writer.publish()
 print(value)
 """
+
+
+COMMITTED_WRITER = r"""
+import sys, time
+from shm import stats as S
+segment = S.StatsSegment.attach(sys.argv[1])
+deadline = time.monotonic() + float(sys.argv[2])
+value = 0
+while time.monotonic() < deadline:
+    value += 1
+    # Every entry of one publish carries the same offset, and the number of groups varies with it.
+    segment.publish_committed({f"g{i}": [("t", p, value) for p in range(3)] for i in range(1 + value % 5)})
+print(value)
+"""
+
+
+def test_committed_offsets_are_consistent_and_cut_at_whole_groups():
+    name = f"/shmbroker-{unique_instance_id('sc')}-stats"
+    segment = S.StatsSegment.create(name, 3, committed_bytes=4096)
+    try:
+        assert segment.read_committed() == ({}, True)
+        writer = subprocess.Popen([sys.executable, "-c", COMMITTED_WRITER, name, "1.5"], cwd=REPO,
+                                  stdout=subprocess.PIPE, text=True)
+        reader = S.StatsSegment.attach(name, writable=False)
+        seen = set()
+        try:
+            deadline = time.monotonic() + 10
+            while writer.poll() is None and time.monotonic() < deadline:
+                document, complete = reader.read_committed()
+                offsets = {offset for entries in document.values() for _, _, offset in entries}
+                assert complete and len(offsets) <= 1, "a torn copy mixed two publishes"
+                if offsets:
+                    value = offsets.pop()
+                    assert len(document) == 1 + value % 5
+                    seen.add(value)
+        finally:
+            writer.wait(timeout=30)
+            reader.close()
+        assert int(writer.stdout.read()) > 1000 and len(seen) > 10
+        # Too large for the slot: whole groups only, in order, and the reader is told.
+        big = {f"group-{i}": [("topic", p, 10**12 + p) for p in range(8)] for i in range(100)}
+        assert segment.publish_committed(big) is False
+        document, complete = segment.read_committed()
+        assert not complete and 0 < len(document) < 100
+        assert document == {g: [list(e) for e in big[g]] for g in list(big)[:len(document)]}
+    finally:
+        segment.close()
+        S.StatsSegment.unlink_name(name)
 
 
 def test_snapshots_are_consistent_while_another_process_publishes():
@@ -141,7 +189,8 @@ def test_stats_counts_the_node_at_work(node_factory):
                   and totals["bytes_flushed"] >= 2000 * 100 and totals["groups"] >= 1
                   and totals["group_members"] >= 1 and totals["rebalances"] >= 1 and totals["connections"] >= 2
                   and totals["purgatory_fetch_completed"] + totals["purgatory_fetch_expired"] > 0
-                  and doc["errors"].get("UNKNOWN_TOPIC_OR_PARTITION", 0) >= 2)
+                  and doc["errors"].get("UNKNOWN_TOPIC_OR_PARTITION", 0) >= 2
+                  and "stats-group" in doc["groups"])
             return doc if ok else None
 
         doc = wait_for(moved, what="counters to move")
@@ -155,7 +204,10 @@ def test_stats_counts_the_node_at_work(node_factory):
     assert len(by_level) == doc["totals"]["wheel_levels"] and sum(by_level) == doc["totals"]["wheel_entries"]
     assert sum(r["request"]["frames_sent"] for r in doc["rings"]) > 0
     assert sum(r["completion"]["frames_sent"] for r in doc["rings"]) > 0
-    # The group's lag through the Kafka API: 2000 - what it committed.
+    # The group's lag from the segment (no request to the node), and through the Kafka API: 2000 - committed.
+    assert doc["groups"]["stats-group"] == {"total_lag": 2000 - got, "partitions": [
+        {"topic": "stats-topic", "partition": 0, "committed_offset": got, "high_watermark": 2000, "lag": 2000 - got}]}
+    assert doc["groups_complete"] is True
     described = cli("groups", "describe", "stats-group", "--bootstrap", node.bootstrap, "--json")
     assert described.returncode == 0, described.stderr
     group = json.loads(described.stdout)
@@ -166,7 +218,7 @@ def test_stats_counts_the_node_at_work(node_factory):
     # Human-readable tables too.
     table = cli("stats", "--data-dir", str(node.data_dir))
     assert table.returncode == 0 and "Produce" in table.stdout and "stats-topic" in table.stdout
-    assert "UNKNOWN_TOPIC_OR_PARTITION" in table.stdout
+    assert "UNKNOWN_TOPIC_OR_PARTITION" in table.stdout and "committed offsets and lag" in table.stdout
 
 
 def test_topics_commands(node):
@@ -240,3 +292,13 @@ def test_prometheus_endpoint(node_factory):
         urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()),
         what="the error code in /metrics")
     assert 'kafka_network_error_responses_total{request="Fetch",worker="0"} 1.0' in text
+    # A group's committed offset and lag.
+    consumer = Consumer({"bootstrap.servers": node.bootstrap, "group.id": "metrics-group"})
+    try:
+        consumer.commit(offsets=[TopicPartition("metrics-topic", 0, 40)], asynchronous=False)
+    finally:
+        consumer.close()
+    lag_line = 'kafka_consumergroup_lag{consumergroup="metrics-group",partition="0",topic="metrics-topic"} 60.0'
+    wait_for(lambda: (lambda t: t if lag_line in t else None)(
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()),
+        what="the group's lag in /metrics")

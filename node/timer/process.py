@@ -119,7 +119,8 @@ class TimerProcess:
         }
         self.stats_segment = S.StatsSegment.attach(shm_instance.stats_name(instance)) if config.stats.enabled else None
         self.stats = (TimerStats(self.stats_segment.writer(S.TIMER_ROW, "timer", 0, os.getpid()),
-                                 config.stats.publish_interval_ms) if self.stats_segment is not None else None)
+                                 config.stats.publish_interval_ms, self.stats_segment)
+                      if self.stats_segment is not None else None)
         self._due_ms: int | None = None  # the earliest deadline the current sleep waits for
         self.stopping = False
 

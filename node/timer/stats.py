@@ -19,8 +19,11 @@ MAX_LATENESS_SAMPLES = 100_000
 
 
 class TimerStats:
-    def __init__(self, writer: S.StatsWriter, interval_ms: int) -> None:
+    def __init__(self, writer: S.StatsWriter, interval_ms: int, segment: S.StatsSegment | None = None) -> None:
         self.writer = writer
+        self.segment = segment  # where the groups' committed offsets go (its committed offsets area)
+        self._committed: dict | None = None  # the last published, to publish only changes
+        self.committed_complete = True
         self.interval_ns = interval_ms * 1_000_000
         self._next_ns = 0
         self._lateness_us: list[int] = []
@@ -36,6 +39,17 @@ class TimerStats:
         while len(received) <= worker:
             received.append(0)
         received[worker] += frames
+
+    def _publish_committed(self, offsets: Any) -> None:
+        """The committed offset of every group and partition into the segment, when it changed (and once
+        the offsets are loaded: an empty document while loading would read as "nothing committed")."""
+        if self.segment is None or offsets.loading:
+            return
+        committed = {group: [(topic, partition, entry.offset) for (topic, partition), entry in entries.items()]
+                     for group, entries in offsets.table.items()}
+        if committed != self._committed:
+            self.committed_complete = self.segment.publish_committed(committed)
+            self._committed = committed
 
     def due(self, now_ns: int) -> bool:
         return now_ns >= self._next_ns
@@ -74,6 +88,7 @@ class TimerStats:
         w.set("timer_lateness_p50_us", S.percentile(lateness, 0.50))
         w.set("timer_lateness_p99_us", S.percentile(lateness, 0.99))
         w.add("timer_wakeups_late", len(lateness))
+        self._publish_committed(groups.offsets)
         flusher = timer.flusher
         w.set("flushes", flusher.rounds)
         w.set("fsyncs", flusher.fsyncs)
