@@ -122,6 +122,8 @@ FIELDS: tuple[Field, ...] = (
     Field("throttles", help="throttle timers started"),
     Field("throttle_ms_total", help="throttle time handed out, ms"),
     Field("throttled_clients", counter=False, help="clients over their quota now"),
+    Field("quota_clients", counter=False, help="client ids the quota manager measures now"),
+    Field("quota_clients_expired", help="client ids forgotten after idle_client_expiry_ms without use"),
     Field("groups", counter=False, help="consumer groups known to the coordinator"),
     Field("group_members", counter=False, help="members of all groups"),
     Field("rebalances", help="completed join phases"),

@@ -271,3 +271,39 @@ def test_an_invalid_quota_config_is_refused_with_file_key_and_reason(tmp_path, b
     assert result.returncode != 0
     assert f"{config}:2: {message}" in result.stdout + result.stderr  # file:line: key: reason
     assert not (tmp_path / "data").exists()
+
+
+def test_idle_client_ids_are_forgotten_and_come_back_afresh(node_factory):
+    """Clients that come and go do not grow the timer's memory: a client id idle for idle_client_expiry_ms is
+    dropped from the quota manager (the stats say how many it measures and how many it forgot)."""
+    from confluent_kafka import Producer
+
+    from tests.test_stats_cli import stats_json
+
+    node = node_factory(workers=1, config="[stats]\npublish_interval_ms = 100\n[quotas]\nidle_client_expiry_ms = 1500\n"
+                                          f"[quotas.default]\nproducer_byte_rate = {10 * MIB}\n")
+    create_topic(node.bootstrap, "visits", partitions=1)
+
+    def visit(client_id: str) -> None:
+        producer = Producer({"bootstrap.servers": node.bootstrap, "client.id": client_id, "linger.ms": 0})
+        for _ in range(5):
+            producer.produce("visits", value=b"v" * 100)
+        assert producer.flush(30) == 0
+
+    def totals_when(condition, what: str) -> dict:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            totals = stats_json(node)["totals"]
+            if condition(totals):
+                return totals
+            time.sleep(0.2)
+        raise AssertionError(f"no {what} in 30 s: {totals}")
+
+    for i in range(5):
+        visit(f"visitor-{i}")
+    totals_when(lambda t: t["quota_clients"] == 5, "5 measured clients")
+    totals = totals_when(lambda t: t["quota_clients"] == 0, "expiry of the idle clients")
+    assert totals["quota_clients_expired"] == 5
+    visit("visitor-0")  # back: measured afresh
+    totals = totals_when(lambda t: t["quota_clients"] == 1, "the returning client")
+    assert totals["quota_clients_expired"] == 5

@@ -20,6 +20,8 @@ Invariants:
 - Counters per client (throttled requests, throttle time, rates) only grow, except the rates.
 - A reconfiguration (SIGHUP) keeps the measured rates: only the limits change, and the workers apply them.
 - While a client's last sent rate is over its quota, a fresher one goes out at most report_interval_ms later.
+- A client with no usage and no throttle for idle_client_expiry_ms, and not over its quota, is forgotten (looked
+  for at most every tenth of that): it starts afresh if it comes back, as with Kafka's expired sensors.
 """
 
 from __future__ import annotations
@@ -83,6 +85,7 @@ class ClientUsage:
     rates: list[SampledRate]  # [produce, fetch]
     throttled_requests: list[int] = field(default_factory=lambda: [0, 0])
     throttle_ms_total: list[int] = field(default_factory=lambda: [0, 0])
+    last_seen_ms: int = 0  # the last usage or throttle of this client (for idle expiry)
 
 
 class QuotaManager:
@@ -94,6 +97,10 @@ class QuotaManager:
         self._counted: dict[str, int] = {}  # worker -> its last report counted
         self._over: set[str] = set()  # clients whose last sent rate is over a quota of theirs
         self._next_refresh: int | None = None
+        self._next_expiry_check = now_ms + max(1, config.idle_client_expiry_ms // 10)
+        self.expired = 0  # clients forgotten for being idle
+        self.throttles = 0  # throttles of all clients ever (an expired client's stay counted)
+        self.throttle_ms_total = 0
 
     def reconfigure(self, config: QuotaConfig) -> None:
         if (config.window_samples, config.window_ms) != (self.config.window_samples, self.config.window_ms):
@@ -107,6 +114,7 @@ class QuotaManager:
             c = self.config
             usage = self.clients[client] = ClientUsage([SampledRate(c.window_samples, c.window_ms, now_ms),
                                                         SampledRate(c.window_samples, c.window_ms, now_ms)])
+        usage.last_seen_ms = now_ms
         return usage
 
     # -- messages from workers ----------------------------------------------------------------
@@ -128,6 +136,8 @@ class QuotaManager:
         usage = self._usage_of(message.document, monotonic_ms())
         usage.throttled_requests[message.quota_kind] += 1
         usage.throttle_ms_total[message.quota_kind] += message.throttle_ms
+        self.throttles += 1
+        self.throttle_ms_total += message.throttle_ms
 
     @property
     def over_quota(self) -> set[str]:
@@ -142,6 +152,8 @@ class QuotaManager:
 
     def end_turn(self, now_ms: int) -> None:
         """Send the changed clients' node-wide rates to every worker, and the over-quota ones when due."""
+        if now_ms >= self._next_expiry_check:
+            self._expire_idle(now_ms)
         due = self._changed
         if self._next_refresh is not None and now_ms >= self._next_refresh:
             due |= self._over
@@ -166,6 +178,15 @@ class QuotaManager:
         if self._over and self._next_refresh is None:
             self._next_refresh = now_ms + self.config.report_interval_ms
         self.outbox.broadcast(M.encode(M.Kind.QUOTA_STATE, document={"rates": state, "counted": self._counted}))
+
+    def _expire_idle(self, now_ms: int) -> None:
+        expiry = self.config.idle_client_expiry_ms
+        self._next_expiry_check = now_ms + max(1, expiry // 10)
+        idle = [client for client, usage in self.clients.items()
+                if now_ms - usage.last_seen_ms >= expiry and client not in self._over and client not in self._changed]
+        for client in idle:
+            del self.clients[client]
+        self.expired += len(idle)
 
     def snapshot(self, now_ms: int) -> dict[str, dict]:
         """Per client: rates and throttle counters (for stats and tests)."""

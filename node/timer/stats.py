@@ -97,13 +97,11 @@ class TimerStats:
         w.set("fsync_us_max", flusher.fsync_ns_max // 1000)
         flusher.fsync_ns_max = 0
         w.set("bytes_flushed", flusher.bytes_flushed)
-        throttles = throttle_ms = 0
-        for usage in timer.quotas.clients.values():
-            throttles += sum(usage.throttled_requests)
-            throttle_ms += sum(usage.throttle_ms_total)
-        w.set("throttles", throttles)
-        w.set("throttle_ms_total", throttle_ms)
+        w.set("throttles", timer.quotas.throttles)
+        w.set("throttle_ms_total", timer.quotas.throttle_ms_total)
         w.set("throttled_clients", len(timer.quotas.over_quota))
+        w.set("quota_clients", len(timer.quotas.clients))
+        w.set("quota_clients_expired", timer.quotas.expired)
         w.set("groups", len(groups.groups))
         w.set("group_members", sum(len(group.members) for group in groups.groups.values()))
         w.set("rebalances", groups.rebalances)
