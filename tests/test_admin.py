@@ -615,3 +615,32 @@ def test_acks_all_does_not_wait_for_the_background_interval(node_factory):
         assert [tp.error for tp in committed] == [None]
     finally:
         consumer.close()
+
+
+def test_authorized_operations_are_every_supported_one_without_an_authorizer(node):
+    """KIP-430 as Kafka answers it with no authorizer configured (this node): every operation each resource
+    type supports, when asked; nothing when not asked."""
+    from confluent_kafka import TopicCollection
+    from confluent_kafka.admin import AclOperation
+
+    a = admin(node)
+    assert outcome(a.create_topics([NewTopic("allowed", 2, 1)])["allowed"]) is None
+    topic = a.describe_topics(TopicCollection(["allowed"]), include_authorized_operations=True)["allowed"].result(
+        timeout=CLIENT_TIMEOUT_S)
+    assert set(topic.authorized_operations) == {
+        AclOperation.READ, AclOperation.WRITE, AclOperation.CREATE, AclOperation.DELETE, AclOperation.ALTER,
+        AclOperation.DESCRIBE, AclOperation.DESCRIBE_CONFIGS, AclOperation.ALTER_CONFIGS}
+    cluster = a.describe_cluster(include_authorized_operations=True).result(timeout=CLIENT_TIMEOUT_S)
+    assert set(cluster.authorized_operations) == {
+        AclOperation.CREATE, AclOperation.ALTER, AclOperation.DESCRIBE, AclOperation.CLUSTER_ACTION,
+        AclOperation.DESCRIBE_CONFIGS, AclOperation.ALTER_CONFIGS, AclOperation.IDEMPOTENT_WRITE}
+    not_asked = a.describe_topics(TopicCollection(["allowed"]))["allowed"].result(timeout=CLIENT_TIMEOUT_S)
+    assert not_asked.authorized_operations is None
+    consumer = Consumer({"bootstrap.servers": node.bootstrap, "group.id": "allowed-group"})
+    try:
+        consumer.commit(offsets=[TopicPartition("allowed", 0, 1)], asynchronous=False)
+    finally:
+        consumer.close()
+    group = a.describe_consumer_groups(["allowed-group"], include_authorized_operations=True)["allowed-group"].result(
+        timeout=CLIENT_TIMEOUT_S)
+    assert set(group.authorized_operations) == {AclOperation.READ, AclOperation.DESCRIBE, AclOperation.DELETE}

@@ -31,11 +31,10 @@ from workers import protocol as P
 from workers.connection import Request
 from workers.delayed import DelayedRequests, DocumentTooLarge
 from workers.outcome import Outcome
-from workers.responses import ZERO_THROTTLE, code, entity, reply
+from workers.responses import GROUP_OPERATIONS, ZERO_THROTTLE, authorized, code, entity, reply
 
 GROUP_KEY_TYPE = 0
 TRANSACTION_KEY_TYPE = 1
-NO_AUTHORIZED_OPERATIONS = -(2**31)  # DescribeGroups v3+ when include_authorized_operations is false
 
 
 def b64(data: bytes | None) -> str:
@@ -252,14 +251,14 @@ class GroupHandlers:
 
     def describe_groups(self, req: Request, request: Any) -> Outcome:
         names = list(request.groups)
-        authorized = NO_AUTHORIZED_OPERATIONS
+        operations = authorized(getattr(request, "include_authorized_operations", False), GROUP_OPERATIONS)
 
         def answer(outcome: dict | None) -> Outcome:
             if outcome is None:
                 outcome = {"groups": [[int(E.ErrorCode.coordinator_not_available), g, "", "", "", []] for g in names]}
             return reply(req, entity(req, "DescribeGroupsResponse", throttle_time=ZERO_THROTTLE, groups=tuple(
                 entity(req, "DescribedGroup", error_code=code(error), group_id=group, group_state=state,
-                       protocol_type=protocol_type, protocol_data=protocol, authorized_operations=i32(authorized),
+                       protocol_type=protocol_type, protocol_data=protocol, authorized_operations=i32(operations),
                        members=tuple(entity(req, "DescribedGroupMember", member_id=m, group_instance_id=i, client_id=c,
                                             client_host=h, member_metadata=unb64(md), member_assignment=unb64(a))
                                      for m, i, c, h, md, a in members))

@@ -40,7 +40,7 @@ from workers import priority
 from workers.outcome import Outcome
 from workers.produce_codec import ProducePartitionResult, ProduceTopicResult, encode_produce_response
 from workers.quotas import FETCH, PRODUCE, Throttler
-from workers.responses import ZERO_THROTTLE, code, entity, reply
+from workers.responses import CLUSTER_OPERATIONS, TOPIC_OPERATIONS, ZERO_THROTTLE, authorized, code, entity, reply
 
 log = logging.getLogger("shmbroker.handlers")
 
@@ -150,13 +150,19 @@ class Handlers:
                                             isr_nodes=(i32(node_id),), offline_replicas=())
                                for p in range(count))
             topics.append(entity(req, "MetadataResponseTopic", error_code=E.NONE, name=name,
-                                 is_internal=self.partitions.is_internal(name), partitions=partitions))
+                                 is_internal=self.partitions.is_internal(name), partitions=partitions,
+                                 topic_authorized_operations=i32(authorized(
+                                     getattr(request, "include_topic_authorized_operations", False),
+                                     TOPIC_OPERATIONS))))
         broker = entity(req, "MetadataResponseBroker", node_id=i32(node_id),
                               host=server.advertised_host or server.host,
                               port=i32(server.advertised_port or server.port), rack=None)
         return reply(req, entity(req, "MetadataResponse", throttle_time=ZERO_THROTTLE, brokers=(broker,),
                                              cluster_id=self.cluster_id,
-                                             controller_id=i32(node_id), topics=tuple(topics)))
+                                             controller_id=i32(node_id), topics=tuple(topics),
+                                             cluster_authorized_operations=i32(authorized(
+                                                 getattr(request, "include_cluster_authorized_operations", False),
+                                                 CLUSTER_OPERATIONS))))
 
     # -- ListOffsets -------------------------------------------------------------------------
 
