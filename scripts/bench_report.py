@@ -84,9 +84,9 @@ FANOUT_SETTLE_S_PER_10K = 2.0  # time for 10,000 waiting requests to be sent and
 WAITING_PRODUCE_RATE = 500.0  # single-record produce requests (XADDs) per second while the waiters wait
 FDS_SPARE = 1024  # descriptors kept for everything but the waiters (files, other sockets)
 GB = 1e9
-QUICK = {"seconds": 4.0, "records": 1_000_000, "fanout_rounds": 3, "grow_mb": 2048, "grow_steps": 4,
+QUICK = {"seconds": 4.0, "records": 1_000_000, "fanout_rounds": 5, "grow_mb": 2048, "grow_steps": 4,
          "rates": [1000, 2000, 5000, 10000, 15000, 20000, 30000], "rate_seconds": 2.0, "waiting_seconds": 2.0}
-FULL = {"seconds": 15.0, "records": 5_000_000, "fanout_rounds": 5, "grow_mb": 10240, "grow_steps": 10,
+FULL = {"seconds": 15.0, "records": 5_000_000, "fanout_rounds": 9, "grow_mb": 10240, "grow_steps": 10,
         "rates": [1000, 2000, 5000, 10000, 15000, 20000, 25000, 30000, 40000], "rate_seconds": 8.0,
         "waiting_seconds": 5.0}
 
@@ -138,6 +138,7 @@ class Run:
         self.latencies: dict[str, list[int]] = {}  # e2e: name -> ns
         self.fanout_latencies: dict[str, list[int]] = {}  # section 8: name -> ns per waiter
         self.results = open(out / "results.jsonl", "wb")
+        self.load_at_start = os.getloadavg()[0]
 
     def record(self, row: dict) -> dict:
         self.rows.append(row)
@@ -366,29 +367,27 @@ def stored_bytes(data_dir: Path) -> int:
 
 
 def node_growth(run: Run, node: NodeProcess, budget: int) -> None:
-    """Fill a fresh node with the raw producer (100-byte records, acks=1) in --grow-steps equal steps up to
-    `budget` bytes of payload; one row per step: its rate and the data stored at its end."""
+    """Fill a fresh node with the raw producer (consumer_perf's fill: 100-byte records in 8 KiB batches, acks=1)
+    in --grow-steps equal steps up to `budget` bytes of payload; one row per step: its rate and the data stored
+    at its end."""
     topic = f"report-grow-{os.getpid()}"
     benchnode.create_topic(benchnode.LOOPBACK, node.port, topic, GROW_PARTITIONS)
-    load = producer_perf.RawProduceLoad(topic, GROW_PARTITIONS, 100, 8192, 1)
     # A fresh node's first second (children's first requests, first segments) is not the stored data's doing.
-    producer_perf.run_raw_producer(benchnode.LOOPBACK, node.port, load, GROW_WARMUP_S)
-    per_batch = load.records_per_batch() * 100
-    batches = max(1, budget // run.plan.grow_steps // per_batch // GROW_PARTITIONS)
-    step_load = producer_perf.dataclasses.replace(load, batches_per_partition=batches)
+    producer_perf.run_raw_producer(benchnode.LOOPBACK, node.port,
+                                   producer_perf.RawProduceLoad(topic, GROW_PARTITIONS, 100, 8192, 1), GROW_WARMUP_S)
     first = None
     for step in range(run.plan.grow_steps):
-        outcome = producer_perf.run_raw_producer(benchnode.LOOPBACK, node.port, step_load, STEP_TIMEOUT_S)
-        if outcome.errors or outcome.batches != batches * GROW_PARTITIONS:
-            raise RuntimeError(f"growth step {step}: {outcome.batches} of {batches * GROW_PARTITIONS} batches, "
-                               f"errors {outcome.errors}")
-        rate = outcome.records / outcome.elapsed_s
+        started = time.monotonic()
+        filled = consumer_perf.fill_topic(target_of(node), topic, budget // run.plan.grow_steps // 100,
+                                          GROW_PARTITIONS, 100, 8192, STEP_TIMEOUT_S)
+        elapsed = time.monotonic() - started
+        rate = filled.records / elapsed
         first = first or rate
         stored = stored_bytes(node.data_dir)
         run.record({"section": "growth", "system": "shmbroker", "case": f"step {step + 1}/{run.plan.grow_steps}",
                     "stored_gb": round(stored / GB, 3), "records_per_s": round(rate, 1),
-                    "mb_per_s": round(outcome.records * 100 / outcome.elapsed_s / benchnode.MB, 3),
-                    "seconds": round(outcome.elapsed_s, 2), "vs_first": round(rate / first, 3)})
+                    "mb_per_s": round(rate * 100 / benchnode.MB, 3), "seconds": round(elapsed, 2),
+                    "vs_first": round(rate / first, 3)})
         print(f"bench_report: growth step {step + 1}/{run.plan.grow_steps}: {stored / GB:.2f} GB stored, "
               f"{rate:,.0f} records/s", file=sys.stderr, flush=True)
 
@@ -658,8 +657,9 @@ def markdown(run: Run, made: list[str], elapsed_s: float, found: list[dict]) -> 
     lines = [f"# shmbroker load-test report ({'quick' if plan.quick else 'full'} run)", "",
              f"Same machine ({os.cpu_count()} CPUs, shared), same run: the node (started here, {plan.workers} "
              f"worker{'s' if plan.workers != 1 else ''}) "
-             f"and Redis Streams ({redis_version()}, started here). Run time {elapsed_s:.0f} s.{fill} Ratios are "
-             "node / Redis in the same run.", ""]
+             f"and Redis Streams ({redis_version()}, started here). Run time {elapsed_s:.0f} s.{fill} Load average "
+             f"{run.load_at_start:.2f} at the start, {os.getloadavg()[0]:.2f} at the end (other work on the machine "
+             "moves single figures). Ratios are node / Redis in the same run.", ""]
     for note in plan.notes:
         lines += [f"**{note}**", ""]
     lines += targets_table(found)
@@ -852,7 +852,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, help="seconds per producer measurement (4 with --quick, else 15)")
     parser.add_argument("--records", type=int, help="records per consumer run (1,000,000 with --quick, else 5,000,000)")
     parser.add_argument("--waiters", type=int, default=10_000, help="section 8: long polls and XREAD BLOCKs waiting")
-    parser.add_argument("--fanout-rounds", type=int, help="section 8: appends each waiter waits for (3 / 5)")
+    parser.add_argument("--fanout-rounds", type=int, help="section 8: rounds, one append each (5 with --quick, else 9)")
     parser.add_argument("--grow-mb", type=int, help="section 5: payload MB written (2048 with --quick, else 10240)")
     parser.add_argument("--grow-steps", type=int, help="section 5: steps of the fill (4 with --quick, else 10)")
     parser.add_argument("--rates", type=float, nargs="+", help="section 7: delayed fetches offered per second")
