@@ -32,8 +32,8 @@ against one node started here (and a second, fresh one for section 5); Redis (sc
 distribution's redis-server, started here on a free loopback port with its own temp dir and stopped by its pid.
 Only 127.0.0.1; every step is bounded in time. Output in --out (default ./bench-report): results.jsonl, *.png,
 report.md. Usage:
-    .venv/bin/python scripts/bench_report.py --quick      # about 5 minutes (2 GB stored in section 5)
-    .venv/bin/python scripts/bench_report.py              # about 25 minutes plus the 10 GB fill
+    .venv/bin/python scripts/bench_report.py --quick      # about 4 minutes (2 GB stored in section 5)
+    .venv/bin/python scripts/bench_report.py              # about 12 minutes plus the 10 GB fill (1 minute here)
 """
 
 from __future__ import annotations
