@@ -6,6 +6,8 @@
   requests in flight on each, responses matched by correlation id, per-request latency.
 - ``result_row`` / ``emit``: the JSON line every benchmark prints; ``percentiles_ms``; ``CpuMeter``.
 - ``create_topic``: CreateTopics + wait until Metadata shows the partitions.
+- ``CountingProcesses``: consumer processes (of the node or of a peer) that count what they receive into
+  shared memory while the parent watches the total; ``paced_calls``: a call at a fixed rate, timed.
 
 Invariants:
 - Only 127.0.0.1 is ever contacted (``parse_bootstrap`` refuses any other host).
@@ -21,6 +23,7 @@ Invariants:
 from __future__ import annotations
 
 import contextlib
+import multiprocessing
 import os
 import selectors
 import signal
@@ -398,3 +401,123 @@ class Pipeliner:
                 self._refill(channel, next_request, stats)
         stats.elapsed_s = time.monotonic() - started
         return stats
+
+
+# --------------------------------------------------------------------------- consumer processes
+
+
+class CountSlot:
+    """One child's counters in the shared array of CountingProcesses: records received, first and last receipt
+    (time.monotonic_ns, one clock for every process of the machine), and whether it is ready (subscribed,
+    assigned: able to receive)."""
+
+    FIELDS = 4  # records, first_ns, last_ns, ready
+
+    def __init__(self, counters: Any, index: int, stop: Any) -> None:
+        self.counters, self.base, self.stop = counters, index * self.FIELDS, stop
+
+    def ready(self) -> None:
+        self.counters[self.base + 3] = 1
+
+    def add(self, records: int, now_ns: int) -> None:
+        if not self.counters[self.base + 1]:
+            self.counters[self.base + 1] = now_ns
+        self.counters[self.base + 2] = now_ns
+        self.counters[self.base] += records
+
+    def stopped(self) -> bool:
+        return self.stop.is_set()
+
+
+class CountingProcesses:
+    """`count` spawned processes running target(slot, *args): each receives records and counts them in its
+    CountSlot (plain shared int64 words: one writer each, the parent only reads) until slot.stopped(). The
+    rate of the whole set is its records over the span from the first receipt of any to the last of any.
+    Stopping sets the event and joins each child within a bound, killing it (by pid) past that; a child that
+    failed (non-zero exit, its traceback on stderr) makes stop() raise."""
+
+    def __init__(self, target: Callable[..., None], count: int, *args: Any, join_timeout_s: float = 30.0) -> None:
+        context = multiprocessing.get_context("spawn")
+        self.counters = context.Array("q", count * CountSlot.FIELDS, lock=False)
+        self.stop_event = context.Event()
+        self.join_timeout_s = join_timeout_s
+        self.children = [context.Process(target=target, args=(CountSlot(self.counters, i, self.stop_event), *args),
+                                         daemon=True) for i in range(count)]
+
+    def __enter__(self) -> CountingProcesses:
+        for child in self.children:
+            child.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop(raise_on_failure=exc[0] is None)
+
+    def _column(self, field: int) -> list[int]:
+        return [self.counters[i * CountSlot.FIELDS + field] for i in range(len(self.children))]
+
+    def records(self) -> int:
+        return sum(self._column(0))
+
+    def _check_alive(self) -> None:
+        for child in self.children:
+            if child.exitcode not in (None, 0):
+                raise RuntimeError(f"consumer process {child.pid} exited with {child.exitcode} (its stderr above)")
+
+    def wait_ready(self, timeout_s: float) -> float:
+        """Until every child is ready; returns the seconds it took."""
+        started = time.monotonic()
+        while not all(self._column(3)):
+            self._check_alive()
+            if time.monotonic() - started > timeout_s:
+                raise RuntimeError(f"consumers not ready in {timeout_s}s "
+                                   f"({sum(self._column(3))} of {len(self.children)})")
+            time.sleep(0.02)
+        return time.monotonic() - started
+
+    def wait_for(self, total: int, timeout_s: float) -> int:
+        """Until the children received `total` records together, or timeout_s; returns what they received."""
+        deadline = time.monotonic() + timeout_s
+        while self.records() < total and time.monotonic() < deadline:
+            self._check_alive()
+            time.sleep(0.01)
+        return self.records()
+
+    def span_s(self) -> float:
+        firsts = [t for t in self._column(1) if t]
+        return (max(self._column(2)) - min(firsts)) / 1e9 if firsts else 0.0
+
+    def per_process(self) -> list[int]:
+        return self._column(0)
+
+    def stop(self, raise_on_failure: bool = True) -> None:
+        self.stop_event.set()
+        failed = []
+        for child in self.children:
+            if child.pid is None:
+                continue
+            child.join(timeout=self.join_timeout_s)
+            if child.is_alive():
+                child.kill()  # by pid
+                child.join(timeout=self.join_timeout_s)
+            if child.exitcode not in (0, None):
+                failed.append(child.exitcode)
+        if failed and raise_on_failure:
+            raise RuntimeError(f"consumer processes exited with {failed} (their stderr above)")
+
+
+def paced_calls(rate: float, seconds: float, call: Callable[[], Any], stop: Any = None) -> list[int]:
+    """call() every 1/rate s on an absolute schedule (a late call goes at once, none is skipped) for `seconds`
+    or until `stop` (a threading.Event) is set; returns each call's duration in ns."""
+    interval = 1.0 / rate
+    started = time.monotonic()
+    latencies = []
+    for i in range(max(1, int(rate * seconds))):
+        if stop is not None and stop.is_set():
+            break
+        wait = started + i * interval - time.monotonic()
+        if wait > 0:
+            time.sleep(wait)
+        sent = time.perf_counter_ns()
+        call()
+        latencies.append(time.perf_counter_ns() - sent)
+    return latencies

@@ -13,6 +13,11 @@
      counted from batch headers; a short answer is re-asked for the rest.
    - ``--client confluent``: a confluent-kafka Consumer assigned every partition at offset 0, with
      fetch.queue.backoff.ms = ``--fetch-queue-backoff-ms`` (1; see consume_confluent for why).
+   - ``--client group``: ``--consumers`` confluent-kafka Consumers in one new group (group.id, subscribe,
+     auto.offset.reset=earliest, auto commit), each its own process, as Kafka's consumer perf runs them
+     (one consumer per machine); the rate is the records of all of them over the span from the first
+     receipt to the last (the group's join, about group.initial.rebalance.delay.ms, is reported apart as
+     join_s). Use as many partitions as consumers or more.
 One JSON line per client: mb_per_s is payload (records x record size, as Kafka's consumer perf
 reports), log_mb_per_s the record-set bytes received, ceiling_mb_per_s the sendfile rate of the same
 files and ceiling_ratio = log_mb_per_s / ceiling_mb_per_s. With ``--bootstrap``, pass ``--data-dir``
@@ -183,6 +188,7 @@ class ConsumeOutcome:
     elapsed_s: float = 0.0
     refetches: int = 0
     latencies_ns: list[int] | None = None
+    join_s: float | None = None  # group: from starting the consumers until every one holds partitions
 
 
 def consume_raw(target: benchnode.Target, filled: FilledTopic, fetch_bytes: int, connections: int, inflight: int,
@@ -260,10 +266,51 @@ def consume_confluent(target: benchnode.Target, filled: FilledTopic, seconds: fl
     return outcome
 
 
+GROUP_JOIN_TIMEOUT_S = 60.0
+
+
+def group_member(slot: benchnode.CountSlot, bootstrap: str, topic: str, group_id: str, fetch_queue_backoff_ms: int,
+                 seconds: float) -> None:
+    """One confluent-kafka group consumer (a CountingProcesses child): subscribe, count until stopped."""
+    from confluent_kafka import Consumer, KafkaException
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group_id, "auto.offset.reset": "earliest",
+                         "enable.auto.commit": True, "enable.partition.eof": False,
+                         "fetch.queue.backoff.ms": fetch_queue_backoff_ms})
+    try:
+        consumer.subscribe([topic], on_assign=lambda _consumer, partitions: partitions and slot.ready())
+        deadline = time.monotonic() + seconds
+        while not slot.stopped() and time.monotonic() < deadline:
+            messages = consumer.consume(num_messages=10000, timeout=0.1)
+            if messages:
+                received_ns = time.monotonic_ns()
+                for msg in messages:
+                    if msg.error():
+                        raise KafkaException(msg.error())
+                slot.add(len(messages), received_ns)
+    finally:
+        consumer.close()
+
+
+def consume_group(target: benchnode.Target, filled: FilledTopic, consumers: int, seconds: float,
+                  fetch_queue_backoff_ms: int) -> ConsumeOutcome:
+    """`consumers` group consumers (processes) in a new group read the whole topic, bounded by `seconds` once
+    they all hold partitions."""
+    group = f"consumer-perf-group-{os.getpid()}-{consumers}-{time.monotonic_ns()}"
+    with benchnode.CountingProcesses(group_member, consumers, target.bootstrap, filled.topic, group,
+                                     fetch_queue_backoff_ms, GROUP_JOIN_TIMEOUT_S + seconds) as members:
+        join_s = members.wait_ready(GROUP_JOIN_TIMEOUT_S)
+        members.wait_for(filled.records, seconds)
+    outcome = ConsumeOutcome(records=members.records(), elapsed_s=members.span_s(), join_s=round(join_s, 3))
+    outcome.log_bytes = outcome.records * filled.batch_bytes // filled.records_per_batch
+    return outcome
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     benchnode.add_common_arguments(parser, default_seconds=30.0)
-    parser.add_argument("--client", choices=("raw", "confluent"), help="default: both")
+    parser.add_argument("--client", choices=("raw", "confluent", "group"), help="default: raw and confluent")
+    parser.add_argument("--consumers", type=int, default=1, help="group: consumers in the group (processes)")
     parser.add_argument("--records", type=int, default=2_000_000)
     parser.add_argument("--record-size", type=int, default=100)
     parser.add_argument("--batch-bytes", type=int, default=8192)
@@ -286,7 +333,7 @@ def main(argv: list[str] | None = None) -> int:
     recorder = results.Recorder(args, SCRIPT)
     connections = args.connections or args.partitions
     if min(args.records, args.record_size, args.batch_bytes, args.partitions, connections, args.inflight,
-           args.fetch_bytes, args.passes) < 1 or args.seconds <= 0 or args.fill_seconds <= 0:
+           args.fetch_bytes, args.passes, args.consumers) < 1 or args.seconds <= 0 or args.fill_seconds <= 0:
         parser.error("sizes, counts and durations must be positive")
     clients = [args.client] if args.client else ["raw", "confluent"]
     ceiling_settings = CeilingSettings(min_seconds=args.ceiling_seconds or min(2.0, args.seconds))
@@ -309,11 +356,17 @@ def main(argv: list[str] | None = None) -> int:
                 expected = filled.records * args.passes
                 extra = {"connections": connections, "inflight": args.inflight, "fetch_bytes": args.fetch_bytes,
                          "refetches": outcome.refetches, "passes": args.passes}
-            else:
+            elif client == "confluent":
                 with meter:
                     outcome = consume_confluent(target, filled, args.seconds, args.fetch_queue_backoff_ms)
                 expected = filled.records
                 extra = {"fetch_queue_backoff_ms": args.fetch_queue_backoff_ms}
+            else:
+                with meter:
+                    outcome = consume_group(target, filled, args.consumers, args.seconds, args.fetch_queue_backoff_ms)
+                expected = filled.records
+                extra = {"fetch_queue_backoff_ms": args.fetch_queue_backoff_ms, "consumers": args.consumers,
+                         "join_s": outcome.join_s}
             log_mb_per_s = outcome.log_bytes / outcome.elapsed_s / benchnode.MB if outcome.elapsed_s > 0 else None
             row = benchnode.result_row(
                 SCRIPT, client, outcome.records, outcome.elapsed_s, outcome.records * filled.record_size,
@@ -321,7 +374,7 @@ def main(argv: list[str] | None = None) -> int:
                 log_mb_per_s=None if log_mb_per_s is None else round(log_mb_per_s, 3),
                 ceiling_ratio=(round(log_mb_per_s / ceiling_mb_per_s, 4)
                                if ceiling_mb_per_s and log_mb_per_s is not None else None),
-                complete=outcome.records == expected, records_filled=filled.records,
+                complete=outcome.records >= expected, records_filled=filled.records,
                 record_size=filled.record_size, partitions=filled.partitions,
                 workers=None if args.bootstrap else args.workers, **meter.fields, **extra)
             benchnode.emit(row, args.json)

@@ -70,7 +70,7 @@ def api_versions_roundtrip(port: int, timeout: float = 2.0) -> bool:
         return False
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """In the child before exec: SIGTERM the node (a clean stop) if the process that started it dies."""
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
@@ -114,7 +114,7 @@ class NodeProcess:
         in_main_thread = threading.current_thread() is threading.main_thread()
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         cwd=self.repo, env=env, preexec_fn=_die_with_parent if in_main_thread else None)
+                                         cwd=self.repo, env=env, preexec_fn=die_with_parent if in_main_thread else None)
         ready_lines = ([READY_LINES[0]] + [READY_LINES[1].format(index=i) for i in range(self.workers)]
                        if self.wait_ready else [])
         deadline = time.monotonic() + START_TIMEOUT_S
@@ -170,6 +170,21 @@ class NodeProcess:
                 if not module or module in cmdline or " ".join(cmdline).startswith(f"shmbroker: {role}"):
                     found.append(child.pid)
         return found
+
+    def memory(self) -> dict[str, int]:
+        """Memory of the whole node (supervisor and every child), in bytes: the sum of each process's RSS
+        (shared pages, such as the rings, counted once per process that maps them) and of its PSS (shared
+        pages split between the processes that map them: the node's real share of RAM)."""
+        totals = {"rss_bytes": 0, "pss_bytes": 0, "processes": 0}
+        if self.proc is None:
+            return totals
+        for pid in [self.proc.pid, *(child.pid for child in self.children())]:
+            with contextlib.suppress(psutil.Error):
+                info = psutil.Process(pid).memory_full_info()
+                totals["rss_bytes"] += info.rss
+                totals["pss_bytes"] += getattr(info, "pss", info.rss)
+                totals["processes"] += 1
+        return totals
 
     def wait_for_pids(self, role: str, count: int, exclude: set[int] = frozenset(), timeout: float = 20.0) -> list[int]:
         deadline = time.monotonic() + timeout

@@ -94,6 +94,29 @@ def test_e2e_latency_both_clients(tmp_path):
         assert row["lost"] == 0 and row["sent"] == row["records"], row
 
 
+def test_consumer_perf_group_of_two_reads_everything_once(tmp_path):
+    rows = run_script(tmp_path, "consumer_perf.py", "--client", "group", "--consumers", "2", "--partitions", "2",
+                      "--records", "20000", "--seconds", "60")
+    check_rows(rows, "consumer_perf", latency=False)
+    (row,) = rows
+    # Two members of one new group split the partitions: together they read the topic (a rebalance may
+    # redeliver a little, never lose), once they had joined.
+    assert row["client"] == "group" and row["consumers"] == 2 and row["complete"], row
+    assert row["records_filled"] <= row["records"] < 2 * row["records_filled"], row
+    assert row["join_s"] > 0, row
+
+
+def test_bench_delayed_offered_rates_are_completed_with_timer_stats(tmp_path):
+    rows = run_script(tmp_path, "bench_delayed.py", "--workload", "offered", "--rates", "200", "400",
+                      "--step-seconds", "0.5", "--expire-ms", "100", "--partitions", "2", "--settle-ms", "200")
+    assert [r["offered_per_s"] for r in rows] == [200, 400], rows
+    for row in rows:
+        assert row["workload"] == "offered" and row["unanswered"] == 0 and row["early_answers"] == 0, row
+        # Every fetch expired in the node (its stats segment says so) and came back to the client.
+        assert row["records"] == row["sent_per_s"] * 0.5 == row["node_fetches_expired"], row
+        assert row["completed_per_s"] > 0 and row["timer_lateness_p99_us"] is not None, row
+
+
 def test_bench_delayed_answers_every_waiter_in_both_workloads(tmp_path):
     rows = run_script(tmp_path, "bench_delayed.py", "--waiters", "50", "--rounds", "2", "--partitions", "2",
                       "--settle-ms", "200", "--expire-ms", "100")

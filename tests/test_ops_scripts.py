@@ -51,15 +51,42 @@ def test_bench_report_writes_tables_plots_and_json_lines(tmp_path):
     assert shutil.which("redis-server") and shutil.which("redis-benchmark"), "`make test` installs redis-server"
     out = tmp_path / "report"
     done = run(tmp_path, str(SCRIPTS / "bench_report.py"), "--seconds", "1", "--records", "20000", "--workers", "1",
-               "--out", str(out), "--json")
+               "--waiters", "100", "--fanout-rounds", "1", "--grow-mb", "16", "--grow-steps", "2",
+               "--rates", "200", "400", "--rate-seconds", "0.5", "--out", str(out), "--json")
     rows = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
     sections = {(r["section"], r["system"]) for r in rows}
-    for section in ("producer", "consumer", "size_sweep", "e2e"):
+    for section in ("producer", "consumer", "together", "size_sweep", "e2e", "waiters"):
         assert (section, "shmbroker") in sections and (section, "redis") in sections, sections
+    for section in ("growth", "saturation"):  # node only: Redis has no disk log, no purgatory
+        assert (section, "shmbroker") in sections, sections
     assert all(r["records_per_s"] > 0 for r in rows if "records_per_s" in r)
     assert [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()] == rows
+    # Every node row with a peer names a Redis row that was measured.
+    cases = {(r["section"], r["case"]) for r in rows if r["system"] == "redis"}
+    assert all((r["section"], r["peer"]) in cases for r in rows if r["system"] == "shmbroker" and r.get("peer"))
+    consumers = {r["case"]: r for r in rows if r["section"] == "consumer"}
+    for case in ("confluent group x1", "confluent group x3", "XREADGROUP x1", "XREADGROUP x3"):
+        assert consumers[case]["records"] >= 20000, consumers[case]
+    together = {r["system"]: r for r in rows if r["section"] == "together"}
+    assert all(r["producer_records_per_s"] > 0 and r["consumer_records_per_s"] > 0 for r in together.values())
+    assert all(r["consumed"] >= 1000 for r in together.values()), together
+    growth = [r for r in rows if r["section"] == "growth"]
+    assert len(growth) == 2 and 0 < growth[0]["stored_gb"] < growth[1]["stored_gb"], growth
+    saturation = [r for r in rows if r["section"] == "saturation"]
+    assert [r["offered_per_s"] for r in saturation] == [200, 400], saturation
+    assert all(r["completed_per_s"] > 0 and r["timer_lateness_p99_us"] is not None for r in saturation), saturation
+    waiters = {r["system"]: r for r in rows if r["section"] == "waiters"}
+    assert all(r["waiters"] == 100 and r["fanout_ms_median"] > 0 and r["rss_mb"] > 0 for r in waiters.values())
+    targets = [r for r in rows if r["section"] == "target"]
+    assert len(targets) == 6 and all(isinstance(t["met"], bool) and t["ratio"] > 0 for t in targets), targets
     report = (out / "report.md").read_text()
-    assert "## 1. Producer throughput" in report and "## 6. End-to-end latency" in report
-    for png in ("throughput_vs_record_size.png", "latency_cdf.png", "producer_throughput.png"):
+    for title in ("## Targets", "## 1. Producer throughput", "## 2. Consumer throughput", "## 3. Producer and consumer",
+                  "## 4. Record size sweep", "## 5. Producer throughput while the stored data grows",
+                  "## 6. End-to-end latency", "## 7. Purgatory saturation", "## 8. Long-poll waiters"):
+        assert title in report, title
+    assert "node / Redis" in report and "Not measured" not in report
+    for png in ("throughput_vs_record_size.png", "latency_cdf.png", "producer_throughput.png", "saturation.png",
+                "throughput_vs_stored.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert f"![{png}]({png})" in report
     assert "[" in done.stderr  # the progress lines
