@@ -50,6 +50,7 @@ import posix_ipc
 MAGIC = 0x5354_4154_5342_4D54  # "SMBSTATT": rows, then the committed offsets area
 HEADER = struct.Struct("<qqqq")  # magic, rows, row bytes, committed offsets slot bytes
 COMMITTED_HEAD_BYTES = 64
+CUT_MARK = b'"":[]'  # first key of a committed offsets document that was cut to fit
 HEADER_BYTES = 64
 ROW_HEAD_WORDS = 8
 ROLES = ("supervisor", "timer", "worker")
@@ -210,16 +211,17 @@ class StatsSegment:
     def publish_committed(self, committed: dict[str, list[tuple[str, int, int]]]) -> bool:
         """The timer process (the area's one writer): make `committed` the current document. Groups that do not
         fit the slot are left out, in the order given; returns False if any was."""
-        document = orjson.dumps(committed)
-        complete = len(document) <= self.committed_bytes
-        if not complete:  # cut at a whole group: a reader never sees half a group
-            kept: dict[str, list[tuple[str, int, int]]] = {"": []}  # "" marks a cut document
-            for group, entries in committed.items():
-                trial = orjson.dumps({**kept, group: entries})
-                if len(trial) > self.committed_bytes:
-                    break
-                kept[group] = entries
-            document = orjson.dumps(kept)
+        parts = [orjson.dumps(group) + b":" + orjson.dumps(entries) for group, entries in committed.items()]
+        room = self.committed_bytes - len(CUT_MARK) - 3  # braces, and the comma after the mark
+        kept, used = 0, 0
+        for part in parts:
+            if used + len(part) + (1 if kept else 0) > room:
+                break
+            used += len(part) + (1 if kept else 0)
+            kept += 1
+        complete = kept == len(parts)
+        # Cut at a whole group (a reader never sees half a group); the "" key tells readers it was cut.
+        document = b"{" + b",".join(parts if complete else [CUT_MARK, *parts[:kept]]) + b"}"
         head = self._committed_head
         version = int(head[0]) + 1
         slot = version & 1

@@ -23,7 +23,6 @@ class TimerStats:
         self.writer = writer
         self.segment = segment  # where the groups' committed offsets go (its committed offsets area)
         self._committed: dict | None = None  # the last published, to publish only changes
-        self.committed_complete = True
         self.interval_ns = interval_ms * 1_000_000
         self._next_ns = 0
         self._lateness_us: list[int] = []
@@ -48,7 +47,7 @@ class TimerStats:
         committed = {group: [(topic, partition, entry.offset) for (topic, partition), entry in entries.items()]
                      for group, entries in offsets.table.items()}
         if committed != self._committed:
-            self.committed_complete = self.segment.publish_committed(committed)
+            self.segment.publish_committed(committed)  # readers see whether it was cut
             self._committed = committed
 
     def due(self, now_ns: int) -> bool:
