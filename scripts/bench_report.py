@@ -78,6 +78,10 @@ GROW_DISK_MARGIN_BYTES = 1 << 30  # free space left on the disk after the fill
 GROW_OVERHEAD = 1.05  # indexes and batch headers beyond the payload
 MIN_GROW_BYTES = 64 << 20
 GROW_WARMUP_S = 1.0
+# After each step, the disk's own rate in the same state: this much written sequentially (no fsync, as the
+# node's acks=1 appends) beside the data dir, then deleted; the node's step is set against it.
+GROW_DISK_PROBE_BYTES = 256 << 20
+GROW_DISK_PROBE_CHUNK = 1 << 20
 SATURATION_EXPIRE_MS = 100
 FANOUT_MAX_WAIT_MS = 120_000
 FANOUT_SETTLE_S_PER_10K = 2.0  # time for 10,000 waiting requests to be sent and parked
@@ -366,6 +370,22 @@ def stored_bytes(data_dir: Path) -> int:
     return total
 
 
+def disk_write_mb_per_s(directory: Path, total: int) -> float:
+    """MB/s of a plain sequential write of `total` bytes in 1 MiB chunks into a scratch file in `directory`
+    (page cache and writeback as the node's appends meet them), the file deleted afterwards."""
+    chunk = b"\xa5" * GROW_DISK_PROBE_CHUNK
+    path = directory / f"disk-probe-{os.getpid()}"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        started = time.monotonic()
+        for _ in range(max(1, total // len(chunk))):
+            os.write(fd, chunk)
+        return total / (time.monotonic() - started) / benchnode.MB
+    finally:
+        os.close(fd)
+        path.unlink()
+
+
 def node_growth(run: Run, node: NodeProcess, budget: int) -> None:
     """Fill a fresh node with the raw producer (consumer_perf's fill: 100-byte records in 8 KiB batches, acks=1)
     in --grow-steps equal steps up to `budget` bytes of payload; one row per step: its rate and the data stored
@@ -384,10 +404,13 @@ def node_growth(run: Run, node: NodeProcess, budget: int) -> None:
         rate = filled.records / elapsed
         first = first or rate
         stored = stored_bytes(node.data_dir)
+        disk = disk_write_mb_per_s(node.data_dir.parent, min(GROW_DISK_PROBE_BYTES, budget // run.plan.grow_steps))
+        mb_per_s = rate * 100 / benchnode.MB
         run.record({"section": "growth", "system": "shmbroker", "case": f"step {step + 1}/{run.plan.grow_steps}",
                     "stored_gb": round(stored / GB, 3), "records_per_s": round(rate, 1),
-                    "mb_per_s": round(rate * 100 / benchnode.MB, 3), "seconds": round(elapsed, 2),
-                    "vs_first": round(rate / first, 3)})
+                    "mb_per_s": round(mb_per_s, 3), "seconds": round(elapsed, 2),
+                    "vs_first": round(rate / first, 3), "disk_mb_per_s": round(disk, 1),
+                    "vs_disk": round(mb_per_s / disk, 3)})
         print(f"bench_report: growth step {step + 1}/{run.plan.grow_steps}: {stored / GB:.2f} GB stored, "
               f"{rate:,.0f} records/s", file=sys.stderr, flush=True)
 
@@ -529,10 +552,13 @@ SECTIONS = (
     Section("growth", "5. Producer throughput while the stored data grows",
             (Column("case", "step"), Column("stored_gb", "stored GB", "{:.2f}"),
              Column("records_per_s", "records/s", RATE), Column("mb_per_s", "MB/s", "{:,.1f}"),
-             Column("seconds", "s", "{:.1f}"), Column("vs_first", "vs first step", MS)),
+             Column("seconds", "s", "{:.1f}"), Column("vs_first", "vs first step", MS),
+             Column("disk_mb_per_s", "disk alone MB/s", "{:,.0f}"), Column("vs_disk", "node / disk MB/s", MS)),
             (), "Node only: Redis keeps its data in memory. A fresh node, the raw producer (100-byte records in "
                 "8 KiB batches, acks=1, 4 partitions) after 1 s of warm-up, equal steps of the fill; stored: the "
-                "disk blocks of the data dir."),
+                "disk blocks of the data dir. After each step the disk alone: a plain sequential write of up to "
+                "256 MB beside the data dir (no fsync, as acks=1 appends), so a slower step can be told from a "
+                "slower disk."),
     Section("e2e", "6. End-to-end latency, long-polling consumer",
             (Column("system", "system"), Column("case", "case"), Column("p50_ms", "p50 ms", MS),
              Column("p99_ms", "p99 ms", MS), Column("p999_ms", "p99.9 ms", MS), Column("samples", "samples", "{:,}")),

@@ -72,6 +72,8 @@ def test_bench_report_writes_tables_plots_and_json_lines(tmp_path):
     assert all(r["consumed"] >= 1000 for r in together.values()), together
     growth = [r for r in rows if r["section"] == "growth"]
     assert len(growth) == 2 and 0 < growth[0]["stored_gb"] < growth[1]["stored_gb"], growth
+    for step in growth:  # the disk alone after each step, and the node against it
+        assert step["disk_mb_per_s"] > 0 and abs(step["vs_disk"] - step["mb_per_s"] / step["disk_mb_per_s"]) < 0.002
     saturation = [r for r in rows if r["section"] == "saturation"]
     assert [r["offered_per_s"] for r in saturation] == [200, 400], saturation
     assert all(r["completed_per_s"] > 0 and r["timer_lateness_p99_us"] is not None for r in saturation), saturation
