@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import io
 import struct
 
@@ -13,7 +14,7 @@ from kio.schema.request_header.v1.header import RequestHeader as KioHeaderV1
 from kio.schema.request_header.v2.header import RequestHeader as KioHeaderV2
 from kio.serial import entity_reader, entity_writer
 from kio.static.constants import EntityType
-from kio.static.primitive import Records, i16, i32
+from kio.static.primitive import Records, i16, i32, i64Timedelta
 
 from workers import protocol
 from workers.errors import NONE, UNSUPPORTED_VERSION, ErrorCode, ProtocolError
@@ -21,6 +22,7 @@ from workers.protocol import (
     API_VERSIONS,
     CREATE_TOPICS,
     DELETE_TOPICS,
+    OFFSET_COMMIT,
     PRODUCE,
     SUPPORTED_APIS,
     api_versions_response,
@@ -35,6 +37,14 @@ from workers.protocol import (
 
 # kio's phantom types carry their own hypothesis strategies; record sets are opaque bytes.
 st.register_type_strategy(Records, st.binary(max_size=64))
+# kio's native decoder refuses a millisecond duration beyond about 280,000 years either way (measured: it
+# decodes up to 9,211,330,572,706,434 and down to -8,882,410,996,584,021 ms), as malformed: the node closes the
+# connection (test_durations_beyond_the_codec_are_refused), though kio's own strategy draws such values.
+# Durations are drawn within +-2**52 ms (142,000 years).
+DECODABLE_MS = 2**52
+UNDECODABLE_MS = 2**62
+st.register_type_strategy(i64Timedelta, st.integers(-DECODABLE_MS, DECODABLE_MS).map(
+    lambda ms: i64Timedelta.parse(datetime.timedelta(milliseconds=ms))))
 
 ALL_VERSIONS = [(key, v) for key, (low, high) in sorted(SUPPORTED_APIS.items()) for v in range(low, high + 1)]
 NON_PRODUCE_VERSIONS = [(k, v) for k, v in ALL_VERSIONS if k != PRODUCE]
@@ -109,6 +119,23 @@ def test_request_decodes_like_kio(api_key: int, version: int) -> None:
                 decode_request(api_key, version, body[:-1])
 
     check()
+
+
+def test_durations_beyond_the_codec_are_refused() -> None:
+    """OffsetCommit v2's retention_time beyond what the codec decodes: a ProtocolError (one log line and a
+    closed connection in the worker), never another exception; within it, decoded."""
+    cls = request_class(OFFSET_COMMIT, 2)
+    request = cls(group_id="g", generation_id_or_member_epoch=i32(-1), member_id="",
+                  retention_time=i64Timedelta.parse(datetime.timedelta(milliseconds=DECODABLE_MS)), topics=())
+    body = kio_bytes(request)
+    assert decode_request(OFFSET_COMMIT, 2, memoryview(body)) == request
+    # The same bytes with a larger retention (kio cannot even encode it): group "g" (2 + 1 bytes), generation
+    # (4), member "" (2), then the int64 milliseconds.
+    at = 2 + 1 + 4 + 2
+    assert struct.unpack_from(">q", body, at) == (DECODABLE_MS,)
+    far = body[:at] + struct.pack(">q", UNDECODABLE_MS) + body[at + 8:]
+    with pytest.raises(ProtocolError):
+        decode_request(OFFSET_COMMIT, 2, memoryview(far))
 
 
 @pytest.mark.parametrize(("api_key", "version"), ALL_VERSIONS)
