@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass
+from typing import Any, Callable, Iterator
 
 import posix_ipc
 from kio.schema.errors import ErrorCode
@@ -36,6 +37,13 @@ API_NAMES = {
 
 def api_name(key: int) -> str:
     return API_NAMES.get(key, f"api{key}")
+
+
+def named_counts(row: Any, field_name: str, name_of: Callable[[int], str]) -> Iterator[tuple[str, int]]:
+    """(name, value) of every non-zero entry of a row's per-key array (per API, per error code)."""
+    for key, value in enumerate(row.array(field_name).tolist()):
+        if value:
+            yield name_of(key), value
 
 
 def error_name(code: int) -> str:
@@ -165,15 +173,13 @@ def snapshot_document(reader: NodeReader) -> dict:
         if row.role != "worker":
             continue
         for name in PER_API_FIELDS:
-            for key, value in enumerate(row.array(name).tolist()):
-                if value:
-                    apis.setdefault(api_name(key), dict.fromkeys(PER_API_FIELDS, 0))[name] += value
+            for api, value in named_counts(row, name, api_name):
+                apis.setdefault(api, dict.fromkeys(PER_API_FIELDS, 0))[name] += value
     errors: dict[str, int] = {}
     for row in rows:
         if row.role == "worker":
-            for code, value in enumerate(row.array("error_codes").tolist()):
-                if value:
-                    errors[error_name(code)] = errors.get(error_name(code), 0) + value
+            for error, value in named_counts(row, "error_codes", error_name):
+                errors[error] = errors.get(error, 0) + value
     rings = []
     timer = next((row for row in rows if row.role == "timer"), None)
     for row in rows:

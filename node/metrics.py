@@ -16,7 +16,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import CollectorRegistry
 from prometheus_client import start_http_server
 
-from node.inspect import NodeReader, api_name, error_name
+from node.inspect import NodeReader, api_name, error_name, named_counts
 from shm import stats as S
 
 _PER_API = {"requests": ("kafka_network_requests", "Requests read, per API (RequestsPerSec)"),
@@ -43,17 +43,15 @@ class StatsCollector:
             if row.role != "worker":
                 continue
             for name, family in per_api.items():
-                for key, value in enumerate(row.array(name).tolist()):
-                    if value:
-                        family.add_metric([api_name(key), str(row.index)], value)
+                for api, value in named_counts(row, name, api_name):
+                    family.add_metric([api, str(row.index)], value)
         yield from per_api.values()
         errors = CounterMetricFamily("kafka_network_errors", "Error codes in responses, per Kafka error (ErrorsPerSec)",
                                      labels=["error", "worker"])
         for row in rows:
             if row.role == "worker":
-                for code, value in enumerate(row.array("error_codes").tolist()):
-                    if value:
-                        errors.add_metric([error_name(code), str(row.index)], value)
+                for error, value in named_counts(row, "error_codes", error_name):
+                    errors.add_metric([error, str(row.index)], value)
         yield errors
         purgatory = GaugeMetricFamily("kafka_server_delayed_operations", "Delayed operations waiting (PurgatorySize)",
                                       labels=["purgatory"])

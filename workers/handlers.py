@@ -264,7 +264,7 @@ class Handlers:
                 failed = result is not None and result.status == M.Status.FAILED
                 self._mark_unflushed(topics, waits, result.error_code if failed else E.REQUEST_TIMED_OUT)
             outcome = Outcome.reply([encode_produce_response(h.api_version, h.correlation_id, topics, throttle_ms)],
-                                    tuple(r.error_code for t in topics for r in t.partitions if r.error_code))
+                                    lambda: tuple(r.error_code for t in topics for r in t.partitions if r.error_code))
             return outcome if mutes else self.throttler.apply(req, outcome, client, PRODUCE, throttle_ms, False)
 
         if not waits or self._all_flushed(waits):
@@ -314,7 +314,7 @@ class Handlers:
         h = req.header
         return Outcome.reply(encode_fetch_response(h.api_version, h.correlation_id, topics,
                                                    throttle_time_ms=throttle_ms).pieces,
-                             tuple(p.error_code for t in topics for p in t.partitions if p.error_code))
+                             lambda: tuple(p.error_code for t in topics for p in t.partitions if p.error_code))
 
     def _empty_fetch(self, request: Any) -> list[FetchTopicResult]:
         """The answer of a throttled fetch: every partition, no records."""

@@ -1,8 +1,9 @@
 """What a request handler did with a request: the one outcome type of every handler and continuation.
 
 - `Outcome.reply(pieces, errors)`: the response is ready: pieces (bytes-likes and FileRanges) to write in
-  order, and the non-zero Kafka error codes it carries (top-level and per partition, one per occurrence: what
-  the stats count). An empty list is a request that gets no response (Produce with acks=0): its slot is filled
+  order, and how to find the non-zero Kafka error codes it carries (top-level and per partition, one per
+  occurrence: what the stats count): a function called only when the stats are on, so a node without
+  stats never walks a response for them. An empty list is a request that gets no response (Produce with acks=0): its slot is filled
   with nothing, so the responses behind it still leave in order.
 - `Outcome.DEFERRED`: the request waits (for the timer process, or for a topic creation); whoever owns the
   wait fills the request's slot later, exactly once, with the outcome of its continuation.
@@ -13,19 +14,19 @@ Invariants: an Outcome is immutable; DEFERRED is the only outcome without pieces
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, Callable, ClassVar, Iterable
 
 
 @dataclass(frozen=True, slots=True)
 class Outcome:
     pieces: list[Any] | None
-    errors: tuple[int, ...] = ()
+    errors: Callable[[], Iterable[int]] = tuple  # the error codes, computed on demand
 
     DEFERRED: ClassVar["Outcome"]
     NO_RESPONSE: ClassVar["Outcome"]
 
     @staticmethod
-    def reply(pieces: list[Any], errors: tuple[int, ...] = ()) -> "Outcome":
+    def reply(pieces: list[Any], errors: Callable[[], Iterable[int]] = tuple) -> "Outcome":
         return Outcome(pieces, errors)
 
     @property

@@ -58,7 +58,7 @@ def entity(req: Request, class_name: str, /, **values: Any) -> Any:
 def reply(req: Request, response: Any) -> Outcome:
     h = req.header
     return Outcome.reply([P.encode_response(h.api_key, h.api_version, h.correlation_id, response)],
-                         error_codes(response))
+                         lambda: error_codes(response))
 
 
 def error_codes(response: Any) -> tuple[int, ...]:

@@ -289,9 +289,10 @@ class Worker:
             for piece in outcome.pieces:
                 size += piece.length if type(piece) is FileRange else len(piece)
             counts[_BYTES_OUT + req.header.api_key] += size
-            if outcome.errors:
+            errors = outcome.errors()
+            if errors:
                 counts[_ERROR_RESPONSES + req.header.api_key] += 1
-                for error in outcome.errors:
+                for error in errors:
                     counts[_ERROR_CODES + min(error, _LAST_ERROR_CODE)] += 1
         req.conn.fill(req.slot, outcome.pieces)
         self._dirty.add(req.conn)
