@@ -151,6 +151,10 @@ class TimerConfig:
     drain_batch: int = 4096
     # Frames that did not fit a full ring are retried this soon (a worker's requests, the timer's completions).
     ring_full_retry_ms: int = 1
+    # Completions go out (and responses are written) in chunks of this many when one turn makes more: the
+    # workers start on a long-poll fan-out while the timer still completes the rest, and the clients start
+    # reading while the workers still encode the rest.
+    completion_chunk: int = 512
 
 
 @dataclass(frozen=True)

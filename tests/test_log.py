@@ -606,3 +606,23 @@ def test_deleted_partition_is_unknown_to_every_process(tmp_path, table):
     recreated = PartitionLog.recover(directory, table, 0, SMALL)  # a new topic of the same name
     assert recreated.state().log_end_offset == 0 and recreated.append(make_batch()).base_offset == 0
     recreated.close()
+
+
+def test_a_repeated_read_is_answered_once_until_another_process_changes_the_partition(tmp_path, table):
+    """Thousands of long polls on one partition re-read the same offset in one turn: the answer is shared while
+    the published state is unchanged, and a change made through another handle (another worker) is seen."""
+    directory = str(tmp_path / "t-0")
+    reader = PartitionLog.recover(directory, table, 0, LogConfig(index_interval_bytes=500))
+    writer = PartitionLog(directory, table, 0, LogConfig(index_interval_bytes=500))
+    first = make_batch(count=2, value_size=60)
+    writer.append(first)
+    once = reader.read(0, 10**6)
+    assert reader.read(0, 10**6) is once  # same state, same arguments: the same answer
+    assert reader.read(0, 10) is not once  # other arguments: read again
+    second = make_batch(count=2, value_size=70)
+    writer.append(second)
+    again = reader.read(0, 10**6)
+    assert again.size == len(first) + len(second) and again.end_bytes == once.end_bytes + len(second)
+    assert [len(batch) for batch in stored_batches(reader)] == [len(first), len(second)]
+    writer.close()
+    reader.close()

@@ -120,6 +120,7 @@ class Worker:
         self.loop = EventLoop()
         self.connections: dict[int, Connection] = {}
         self._dirty: set[Connection] = set()
+        self._write_chunk = config.timer.completion_chunk
         self._stopping_since: float | None = None
         self._stop_started = False
         self._self_check: Timer | None = None
@@ -468,6 +469,8 @@ class Worker:
                 log.warning("dropping a %s message: no handler", message.kind.name)
             else:
                 handler(message)
+            if len(self._dirty) >= self._write_chunk:  # a fan-out: the first clients read while the rest are encoded
+                self._write_ready()
         self.delayed.end_turn()
         if self.delayed and self._self_check is None:
             self._self_check = self.loop.call_later(self.config.timer.self_check_interval_ms / 1000,

@@ -227,6 +227,10 @@ class PartitionLog:
         self.segments: list[Segment] = []
         self._bases: list[int] = []
         self._segments_version = -1
+        # The last read() and its answer: a read is a function of the published state and its arguments, so
+        # the many consumers tailing a partition (a long-poll fan-out: thousands answered in one loop turn)
+        # share one index lookup and batch scan.
+        self._last_read: tuple[tuple, FetchSlice] | None = None
         self._retired: list[tuple[float, Segment]] = []
         self._producer_state: ProducerStateTable | None = None
         self.faults: list[OSError] = []  # disk faults recovery lived through (recover() fills it)
@@ -493,6 +497,15 @@ class PartitionLog:
         Raises StorageError(OFFSET_OUT_OF_RANGE) outside [log_start_offset, log_end_offset].
         """
         state = self.table.read(self.row)
+        key = (state, fetch_offset, max_bytes, min_one_batch)
+        last = self._last_read
+        if last is not None and last[0] == key:
+            return last[1]
+        answer = self._read(state, fetch_offset, max_bytes, min_one_batch)
+        self._last_read = (key, answer)
+        return answer
+
+    def _read(self, state: PartitionState, fetch_offset: int, max_bytes: int, min_one_batch: bool) -> FetchSlice:
         if not state.online:
             raise StorageError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"{self.directory} is not online")
         log_end = state.log_end_offset

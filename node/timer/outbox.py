@@ -1,7 +1,8 @@
 """The timer process's outbox: every message it sends to the workers, over one completion ring each.
 
-Completions gathered during a loop turn go out as one COMPLETION frame per worker (split at the
-contract's MAX_ITEMS); other messages (topic outcomes, layout changes, the start announcement) keep
+Completions gathered during a loop turn go out as one COMPLETION frame per worker at the end of the turn,
+or as soon as `chunk` of them are waiting for one worker (a long-poll fan-out completes thousands in one
+turn: the worker starts on the first ones while the timer completes the rest); other messages (topic outcomes, layout changes, the start announcement) keep
 their order behind them.
 
 Invariants:
@@ -18,8 +19,9 @@ from shm.ring import RingWriter
 
 
 class Outbox:
-    def __init__(self, writers: list[RingWriter]) -> None:
+    def __init__(self, writers: list[RingWriter], chunk: int = M.MAX_ITEMS) -> None:
         self.writers = writers
+        self.chunk = max(1, min(chunk, M.MAX_ITEMS))
         self._queued: list[list[bytes]] = [[] for _ in writers]
         self._completions: list[list[tuple[int, int, int]]] = [[] for _ in writers]
         self.frames_sent = [0] * len(writers)  # per completion ring, for the stats segment
@@ -29,7 +31,11 @@ class Outbox:
         return len(self.writers)
 
     def complete(self, worker: int, request_id: int, status: M.Status, error_code: int = 0) -> None:
-        self._completions[worker].append((request_id, status, error_code))
+        items = self._completions[worker]
+        items.append((request_id, status, error_code))
+        if len(items) >= self.chunk:
+            self._queue_completions(worker)
+            self._write(worker)
 
     def send(self, worker: int, frame: bytes) -> None:
         self._queued[worker].append(frame)
@@ -42,13 +48,20 @@ class Outbox:
         return any(self._queued) or any(self._completions)
 
     def flush(self) -> None:
-        for worker, items in enumerate(self._completions):
-            if items:
-                for start in range(0, len(items), M.MAX_ITEMS):
-                    self._queued[worker].append(M.encode(M.Kind.COMPLETION, items=items[start:start + M.MAX_ITEMS]))
-                self._completions[worker] = []
-        for worker, frames in enumerate(self._queued):
-            if frames:
-                written = self.writers[worker].write_many(frames)
-                self.frames_sent[worker] += written
-                del frames[:written]
+        for worker in range(len(self.writers)):
+            self._queue_completions(worker)
+            self._write(worker)
+
+    def _queue_completions(self, worker: int) -> None:
+        items = self._completions[worker]
+        if items:
+            for start in range(0, len(items), M.MAX_ITEMS):
+                self._queued[worker].append(M.encode(M.Kind.COMPLETION, items=items[start:start + M.MAX_ITEMS]))
+            self._completions[worker] = []
+
+    def _write(self, worker: int) -> None:
+        frames = self._queued[worker]
+        if frames:
+            written = self.writers[worker].write_many(frames)
+            self.frames_sent[worker] += written
+            del frames[:written]

@@ -82,7 +82,7 @@ class TimerProcess:
                         for i in range(len(worker_bell_fds))]
         self.outbox = Outbox([RingWriter(shm_instance.completion_ring_name(instance, i), EventfdDoorbell(fd),
                                          config=config.rings, takeover=True)
-                              for i, fd in enumerate(worker_bell_fds)])
+                              for i, fd in enumerate(worker_bell_fds)], config.timer.completion_chunk)
         now = monotonic_ms()
         self.flusher = Flusher(config, self.table, self.bell.ring)
         self.operations = DelayedOperations(config, self.table, self.interest, self.outbox, self.flusher, now)
