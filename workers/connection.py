@@ -312,12 +312,19 @@ class Connection:
                 outq.popleft()
                 continue
             buffers = []
+            flags = 0
             for piece in outq:
-                if isinstance(piece, FileRange) or len(buffers) >= _IOV_MAX:
+                if isinstance(piece, FileRange):
+                    # The records follow by sendfile: the kernel holds these bytes to send them in the same
+                    # segment (one loopback delivery and one client wake-up per response, not two).
+                    if piece.length > 0:
+                        flags = socket.MSG_MORE
+                    break
+                if len(buffers) >= _IOV_MAX:
                     break
                 buffers.append(piece)
             try:
-                sent = self.sock.sendmsg(buffers)
+                sent = self.sock.sendmsg(buffers, (), flags)
             except (BlockingIOError, InterruptedError):
                 return False
             except OSError as exc:
