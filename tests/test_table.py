@@ -11,7 +11,7 @@ import numpy as np
 import posix_ipc
 import pytest
 
-from shm.table import SLOT_WORDS, VERSION_WORDS, WORD, PartitionState, PartitionTable
+from shm.table import END_BYTES, FLUSHED_OFFSET, SLOT_WORDS, VERSION_WORDS, WORD, PartitionState, PartitionTable
 from tests.record_batches import SharedTable, dev_shm_entries, unique_shm_name
 
 FORK = multiprocessing.get_context("fork")
@@ -38,6 +38,8 @@ def test_create_attach_publish_read_unlink():
         assert other.rows == 3 and other.read(1).log_end_offset == 10
         assert other.update(1, flushed_offset=10).end_bytes == 500
         assert table.read(1).flushed_offset == 10
+        assert (table.read_field(1, END_BYTES), table.read_field(1, FLUSHED_OFFSET)) == (500, 10)
+        assert [table.read_field(1, i) for i in range(len(PartitionState._fields))] == list(table.read(1))
         other.close()
         with pytest.raises(posix_ipc.ExistentialError):
             PartitionTable.create(name, 3)  # exclusive creation
@@ -89,9 +91,13 @@ def test_readers_never_see_a_torn_row_while_another_process_writes():
             assert ready.wait(10)
             deadline = time.monotonic() + 20
             seen = set()
+            last_field = 0
             while writer.is_alive() and time.monotonic() < deadline:
                 state = table.read(1)
                 assert len(set(state)) == 1, state  # every field was written with the same value
+                field = table.read_field(1, END_BYTES)  # one field alone: a published value, never going back
+                assert field >= max(last_field, state[0]), (field, last_field, state[0])
+                last_field = field
                 rows = table.read_rows([0, 1])
                 assert len(set(rows[1].tolist())) == 1
                 seen.add(state[0])

@@ -5,7 +5,7 @@ Invariants:
   key, so a request re-submitted after a timer restart (or delivered twice by a ring) is ignored.
 - Conditions are read from the shared partition table, never from a message: the table is the
   truth, append and flush events only say when to look again. Rows are few per request, so
-  each is read with the table's struct path (numpy's fixed cost would dominate).
+  each is read with the table's struct path (numpy's fixed cost would dominate), one field at a time.
   * DelayedFetch: bytes appended to the watched partitions since the worker read them
     (end_bytes - start_bytes, summed) reach min_bytes.
   * DelayedProduce: every partition's flushed (fsync'd) offset reaches the offset after the batch, or
@@ -20,14 +20,14 @@ from __future__ import annotations
 from typing import Callable
 
 from node.timer.purgatory import DelayedOperation
-from shm.table import PartitionTable
+from shm.table import END_BYTES, FLUSHED_OFFSET, PartitionTable
 
 # (operation, expired) -> None; called once per operation
 CompletionSink = Callable[["TimerOperation", bool], None]
 
 
 class TimerOperation(DelayedOperation):
-    __slots__ = ("worker", "request_id", "rows", "table", "sink")
+    __slots__ = ("worker", "request_id", "rows", "table", "sink", "_seen_satisfied")
 
     def __init__(self, worker: int, request_id: int, rows: list[int], table: PartitionTable,
                  sink: CompletionSink) -> None:
@@ -36,6 +36,7 @@ class TimerOperation(DelayedOperation):
         self.rows = rows
         self.table = table
         self.sink = sink
+        self._seen_satisfied = False  # try_complete saw the condition hold: on_complete need not look again
 
     @property
     def key(self) -> tuple[int, int]:
@@ -46,13 +47,14 @@ class TimerOperation(DelayedOperation):
 
     def on_complete(self) -> None:
         # on_expiration runs after on_complete (Kafka's order): the condition itself tells expiry.
-        self.sink(self, not self.satisfied())
+        self.sink(self, not (self._seen_satisfied or self.satisfied()))
 
     def satisfied(self) -> bool:
         raise NotImplementedError
 
     def try_complete(self) -> bool:
         if self.satisfied():
+            self._seen_satisfied = True
             return self.force_complete()
         return False
 
@@ -67,8 +69,10 @@ class DelayedFetch(TimerOperation):
         self.start_bytes = start_bytes
 
     def satisfied(self) -> bool:
-        read = self.table.read
-        available = sum(max(0, read(row).end_bytes - start) for row, start in zip(self.rows, self.start_bytes))
+        read = self.table.read_field
+        available = 0
+        for row, start in zip(self.rows, self.start_bytes):
+            available += max(0, read(row, END_BYTES) - start)
         return available >= self.min_bytes
 
 
@@ -90,8 +94,8 @@ class DelayedProduce(TimerOperation):
 
     def satisfied(self) -> bool:
         """Done: each row flushed far enough, or failed (see failed())."""
-        read = self.table.read
-        return all(read(row).flushed_offset >= required or self._row_failed(row)
+        read = self.table.read_field
+        return all(read(row, FLUSHED_OFFSET) >= required or self._row_failed(row)
                    for row, required in zip(self.rows, self.required_offsets))
 
     def failed(self) -> bool:
