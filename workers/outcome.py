@@ -3,8 +3,8 @@
 - `Outcome.reply(pieces, errors)`: the response is ready: pieces (bytes-likes and FileRanges) to write in
   order, and how to find the non-zero Kafka error codes it carries (top-level and per partition, one per
   occurrence: what the stats count): a function called only when the stats are on, so a node without
-  stats never walks a response for them. An empty list is a request that gets no response (Produce with acks=0): its slot is filled
-  with nothing, so the responses behind it still leave in order.
+  stats never walks a response for them. An empty list is a request that gets no response (Produce with
+  acks=0): its slot is filled with nothing, so the responses behind it still leave in order.
 - `Outcome.DEFERRED`: the request waits (for the timer process, or for a topic creation); whoever owns the
   wait fills the request's slot later, exactly once, with the outcome of its continuation.
 

@@ -1,15 +1,15 @@
 """The timer process's outbox: every message it sends to the workers, over one completion ring each.
 
-Completions gathered during a loop turn go out as one COMPLETION frame per worker at the end of the turn,
-or as soon as `chunk` of them are waiting for one worker (a long-poll fan-out completes thousands in one
-turn: the worker starts on the first ones while the timer completes the rest); other messages (topic outcomes, layout changes, the start announcement) keep
-their order behind them.
+Completions gathered during a loop turn go out as one COMPLETION frame per worker at the end of the
+turn, or as soon as `chunk` of them wait for one worker (a long-poll fan-out completes thousands in one
+turn: the worker starts on the first ones while the timer completes the rest). Other messages (topic
+outcomes, layout changes, the start announcement) keep their order among them.
 
 Invariants:
 - Nothing here blocks: frames a full ring does not take wait in that worker's queue, in order, and
   `flush()` retries them every turn; the timer never waits for a worker.
-- A worker's messages leave in the order they were queued (completions of a turn are queued when
-  the turn's flush begins, behind what was queued before them).
+- A worker's messages leave in the order they were queued (completions are queued when a chunk fills
+  or the turn's flush begins, behind what was queued before them).
 """
 
 from __future__ import annotations
