@@ -470,7 +470,7 @@ class Worker:
             else:
                 handler(message)
             if len(self._dirty) >= self._write_chunk:  # a fan-out: the first clients read while the rest are encoded
-                self._write_ready()
+                self._write_dirty()
         self.delayed.end_turn()
         if self.delayed and self._self_check is None:
             self._self_check = self.loop.call_later(self.config.timer.self_check_interval_ms / 1000,
@@ -484,14 +484,17 @@ class Worker:
         self.delayed.self_answer(monotonic_ms())
 
     def _write_ready(self) -> float | None:
-        if self._dirty:
-            dirty, self._dirty = self._dirty, set()
-            for conn in dirty:
-                self._write(conn)
+        self._write_dirty()
         if self.memory is not None and self.memory.engaged:
             self.memory.end_turn()
         # Requests served from a held-back queue just now have responses to write: no sleep before that.
         return 0.0 if self._dirty else None
+
+    def _write_dirty(self) -> None:
+        if self._dirty:
+            dirty, self._dirty = self._dirty, set()
+            for conn in dirty:
+                self._write(conn)
 
     def _announce_sleep(self) -> float | None:
         """Last before sleeping: tell the timer we sleep on the doorbell (0: frames arrived meanwhile)."""
