@@ -460,7 +460,7 @@ class Worker:
         return self.config.timer.self_check_interval_ms / 1000
 
     def _from_timer(self) -> float | None:
-        """Before sleeping: the timer's messages, then this turn's frames to it."""
+        """Before sleeping: the timer's messages."""
         if self._reload:
             self._reload_config()
         for message in self.link.receive():
@@ -471,6 +471,12 @@ class Worker:
                 handler(message)
             if len(self._dirty) >= self._write_chunk:  # a fan-out: the first clients read while the rest are encoded
                 self._write_dirty()
+        return None
+
+    def _to_timer(self) -> float | None:
+        """Before sleeping, after the responses are written: this turn's frames to the timer. Ringing its
+        doorbell wakes the timer, which on a busy host can take this worker's CPU: the clients' responses
+        go out first."""
         self.delayed.end_turn()
         if self.delayed and self._self_check is None:
             self._self_check = self.loop.call_later(self.config.timer.self_check_interval_ms / 1000,
@@ -534,7 +540,8 @@ class Worker:
         loop.watch(self._wakeup_r, self._read_wakeup)
         if self.stats is not None:
             self._publish_stats()
-        for hook in (self._beat, self._stop_procedure, self._from_timer, self._write_ready, self._announce_sleep):
+        for hook in (self._beat, self._stop_procedure, self._from_timer, self._write_ready, self._to_timer,
+                     self._announce_sleep):
             loop.before_sleep(hook)
         loop.after_sleep(self.link.woke)
         log.info("worker %d ready", self.index)
