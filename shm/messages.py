@@ -58,7 +58,7 @@ class Kind(IntEnum):
     DELAY_FETCH = 1  # a long-poll fetch: answer when min_bytes are appended past start_bytes, or at the deadline
     DELAY_PRODUCE = 2  # an acks=all produce: answer when every row is fsync'd to required_offset, or at the deadline
     APPEND = 3  # rows appended to that delayed fetches watch (the table says how much; this says "look again")
-    CANCEL = 4  # the client of these delayed requests is gone: complete them without an answer
+    CANCEL = 4  # complete these delayed requests without an answer: their client is gone, or the worker answered
     # Topic administration (node.timer.controller), each answered by a REPLY. Those with a deadline (monotonic ms,
     # the request's own timeout) are refused REQUEST_TIMED_OUT, with nothing done, if they start after it.
     CREATE_TOPICS = 5  # document: {"topics": [[name, partitions, {config: value}], ...], "validate_only", "explicit"}

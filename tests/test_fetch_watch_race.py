@@ -1,4 +1,5 @@
-"""A long-poll fetch must not miss an append that races its read.
+"""A long-poll fetch on the worker side: it must not miss an append that races its read, and the worker
+answers it on its own append without the timer.
 
 The worker's fetch handler reads the log, and if it found too little hands the timer a watch: "complete
 me when min_bytes are appended past what I saw". An append that lands between the read and the watch must
@@ -6,7 +7,8 @@ count as new. This runs the real worker-side objects (partition store and log on
 handlers, delayed requests, the timer link over real rings) in-process, with one hook: PartitionLog.read is
 wrapped so that another log handle (standing for another worker) appends right after the read returns.
 The watch that reaches the request ring must start at the read's end, and the timer's DelayedFetch must
-find it satisfied at once.
+find it satisfied at once. The other tests produce through the same handlers: an append that satisfies a
+fetch this worker holds answers it at once and cancels its wait in the timer; one that does not, does not.
 """
 
 from __future__ import annotations
@@ -55,7 +57,7 @@ def worker_side(tmp_path):
         store = PartitionStore(str(tmp_path), table, config.log, 8)
         assert store.create_topics([("t", 1, {})]) == {"t": (0, None)}
         settled = []
-        delayed = DelayedRequests(link, interest, config.timer.delayed_grace_ms,
+        delayed = DelayedRequests(link, interest, table, config.timer.delayed_grace_ms,
                                   lambda req, outcome: settled.append(outcome), config.groups.max_request_document_bytes)
         handlers = Handlers(store, config, delayed, "cluster",
                             Throttler(ClientQuotas(config.quotas, 0), delayed, lambda conn: None, lambda conn: None))
@@ -101,3 +103,61 @@ def test_an_append_between_the_read_and_the_watch_counts_as_new(worker_side, mon
     fetch = DelayedFetch(0, watch.request_id, watch.min_bytes, [row], [watch.items[0][1]], store.table,
                          lambda op, expired: None)
     assert fetch.satisfied(), "the timer must find the raced append at once, not at max_wait"
+
+
+def _fetch(handlers, conn, min_bytes: int):
+    header = P.RequestHeader(P.FETCH, 11, 1, "test", 0)
+    request = P.decode_request(P.FETCH, 11, R.fetch_body({"t": {0: 0}}, max_wait_ms=30_000, min_bytes=min_bytes))
+    return handlers.fetch(Request(conn, header, conn.new_slot()), request)
+
+
+def _produce(handlers, conn, values: list[bytes]):
+    header = P.RequestHeader(P.PRODUCE, 8, 2, "test", 0)
+    request = P.decode_request(P.PRODUCE, 8, R.produce_body({"t": {0: R.build_record_batch(values)}}, acks=1))
+    return handlers.produce(Request(conn, header, conn.new_slot()), request)
+
+
+def _sent(requests):
+    frames = [M.decode(frame) for frame in requests.read_batch()]
+    requests.release()
+    return frames
+
+
+def test_the_worker_answers_its_own_delayed_fetch_on_its_append(worker_side):
+    store, handlers, delayed, requests, conn = worker_side
+    answers = []
+    delayed.settle = lambda req, outcome: answers.append(outcome)
+    assert _fetch(handlers, conn, 1).deferred
+    delayed.end_turn()
+    (watch,) = _sent(requests)
+    assert watch.kind == M.Kind.DELAY_FETCH
+    assert not _produce(handlers, conn, [b"hello"]).deferred
+    delayed.answer_appended(lambda: None)
+    assert len(answers) == 1, "the append satisfied the fetch: answered in this turn, not by the timer"
+    records = [p for p in answers[0].pieces if not isinstance(p, (bytes, bytearray, memoryview))]
+    assert sum(piece.length for piece in records) > 0, "the answer carries the appended records"
+    assert len(delayed) == 0 and delayed.answered_on_append == 1
+    delayed.end_turn()
+    assert [(m.kind, m.items) for m in _sent(requests)] == [(M.Kind.CANCEL, [(watch.request_id,)])], \
+        "the timer is told to drop the wait"
+    # The timer completed it before it read the CANCEL: that completion finds no wait, and is dropped.
+    late = M.decode(M.encode(M.Kind.COMPLETION, items=[(watch.request_id, M.Status.SATISFIED, 0)]))
+    delayed.on_completion(late)
+    assert len(answers) == 1, "a fetch is answered once"
+
+
+def test_an_append_short_of_min_bytes_leaves_the_fetch_to_the_timer(worker_side):
+    store, handlers, delayed, requests, conn = worker_side
+    answers = []
+    delayed.settle = lambda req, outcome: answers.append(outcome)
+    assert _fetch(handlers, conn, 100_000).deferred
+    delayed.end_turn()
+    (watch,) = _sent(requests)
+    _produce(handlers, conn, [b"small"])
+    delayed.answer_appended(lambda: None)
+    assert answers == [] and len(delayed) == 1
+    delayed.end_turn()
+    assert [m.kind for m in _sent(requests)] == [], "no CANCEL; no APPEND either, as no watch is counted in the table"
+    _produce(handlers, conn, [bytes(100_000)])
+    delayed.answer_appended(lambda: None)
+    assert len(answers) == 1 and len(delayed) == 0

@@ -22,6 +22,7 @@ import rawkafka as R  # noqa: E402
 
 from tests.test_clients import CLIENT_TIMEOUT_S, consume_all, create_topic, produce  # noqa: E402
 from tests.test_crash import BackgroundProducer  # noqa: E402
+from tests.test_stats_cli import stats_json, wait_for  # noqa: E402
 
 PRODUCE, FETCH, LIST_OFFSETS, METADATA, API_VERSIONS, INIT_PRODUCER_ID = 0, 1, 2, 3, 18, 22
 NONE, OFFSET_OUT_OF_RANGE, CORRUPT_MESSAGE, UNKNOWN_TOPIC_OR_PARTITION, UNSUPPORTED_VERSION = 0, 1, 2, 3, 35
@@ -122,6 +123,35 @@ def test_long_poll_waits_for_data_then_answers(node):
         empty = R.parse_fetch_response(11, consumer.request(FETCH, 11, R.fetch_body({"poll": {0: 1}}, max_wait_ms=400)))
         assert empty.record_count == 0 and empty.partitions[0].error_code == NONE
         assert time.monotonic() - started >= 0.39
+
+
+def test_an_append_answers_a_long_poll_on_its_worker_without_the_timer(node_factory):
+    # One worker holds both connections: its append answers the fetch in the same turn, as Kafka's request
+    # handler completes the fetches its append satisfies. The timer is stopped meanwhile, so the answer cannot
+    # have come from it; once it runs again it has dropped the wait (the CANCEL), and nothing waits there.
+    node = node_factory(workers=1, config="[stats]\npublish_interval_ms = 100\n")
+    create_topic(node.bootstrap, "local", 1)
+    (timer,) = node.pids("timer")
+
+    def totals() -> dict:
+        return stats_json(node)["totals"]
+
+    with connect(node) as consumer, connect(node) as producer:
+        consumer.send(FETCH, 11, R.fetch_body({"local": {0: 0}}, max_wait_ms=30_000, min_bytes=1))
+        wait_for(lambda: totals()["purgatory_fetch_pending"] == 1, what="the timer to hold the long poll")
+        os.kill(timer, signal.SIGSTOP)
+        try:
+            started = time.monotonic()
+            produced = producer.call(PRODUCE, 8, R.produce_body({"local": {0: R.build_record_batch([b"v"])}}, acks=1))
+            assert produced.responses[0].partition_responses[0].error_code == NONE
+            fetched = R.parse_fetch_response(11, consumer.recv_response()[3])
+            assert fetched.record_count == 1
+            assert time.monotonic() - started < 5
+        finally:
+            os.kill(timer, signal.SIGCONT)
+    done = wait_for(lambda: (lambda t: t if t["purgatory_fetch_pending"] == 0 else None)(totals()),
+                    what="the timer to drop the answered wait")
+    assert done["fetches_answered_on_append"] == 1
 
 
 def test_sigterm_answers_inflight_long_poll_then_exits_0(node_factory):

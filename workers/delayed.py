@@ -6,6 +6,11 @@ timer (shm.messages), keeps the continuation, and when the answer comes (COMPLET
 runs it and settles the request through the worker's `settle` callback. It also reports appends to
 rows that delayed fetches watch, so the timer knows when to look again.
 
+A delayed fetch this worker holds is also answered here when this worker's own append satisfies it
+(`answer_appended`), as Kafka's request handler completes the fetches its append satisfies
+(checkAndComplete): the client gets its records without the round trip through the timer, and the
+timer gets a CANCEL for the wait. The condition is the timer's (DelayedFetch.satisfied).
+
 Invariants:
 - Request ids carry the worker's pid in their high bits (PID_SHIFT), so a restarted worker never mistakes
   a completion meant for its predecessor; answers for unknown ids are dropped.
@@ -17,6 +22,9 @@ Invariants:
 - `resubmit` (the timer announced a restart) sends every waiting request's frame again; the timer ignores
   duplicates of what it already holds.
 - A closed connection cancels its waits (`cancel_connection`); the timer completes them without an answer.
+- A fetch answered here on an append is popped before its CANCEL is sent: a COMPLETION the timer sent for
+  it meanwhile finds no wait and is dropped, so the continuation still runs once. The APPEND still goes
+  to the timer (other workers' fetches may watch the row).
 - Nothing here blocks: frames go to the link's backlog; `end_turn` sends this turn's appends as one APPEND
   frame and flushes the link.
 """
@@ -31,6 +39,7 @@ from typing import Any, Callable, NamedTuple
 
 from shm import messages as M
 from shm.interest import InterestTable, full_fence
+from shm.table import END_BYTES, PartitionTable
 from workers.connection import Connection, Request
 from workers.outcome import Outcome
 from workers.timer_link import TimerLink
@@ -63,6 +72,22 @@ class Waiting:
     deadline_ms: int
     finish: Continuation
     frame: bytes  # as sent to the timer, kept for re-submission
+    fetch: FetchCondition | None = None  # a delayed fetch's condition, checked on this worker's appends
+
+
+@dataclass(slots=True)
+class FetchCondition:
+    """A delayed fetch is satisfied once min_bytes were appended past start_bytes, summed over its rows."""
+
+    watch: list[tuple[int, int]]  # (row, start_bytes)
+    min_bytes: int
+
+    def satisfied(self, table: PartitionTable) -> bool:
+        read = table.read_field
+        available = 0
+        for row, start in self.watch:
+            available += max(0, read(row, END_BYTES) - start)
+        return available >= self.min_bytes
 
 
 class DocumentTooLarge(ValueError):
@@ -70,11 +95,12 @@ class DocumentTooLarge(ValueError):
 
 
 class DelayedRequests:
-    def __init__(self, link: TimerLink, interest: InterestTable, delayed_grace_ms: int,
+    def __init__(self, link: TimerLink, interest: InterestTable, table: PartitionTable, delayed_grace_ms: int,
                  settle: Callable[[Request, Outcome | None], None], max_frame_bytes: int) -> None:
         self.link = link
         self.max_frame_bytes = max_frame_bytes
         self.interest = interest
+        self.table = table
         self.delayed_grace_ms = delayed_grace_ms
         self.settle = settle
         self.waiting: dict[int, Waiting] = {}
@@ -83,6 +109,9 @@ class DelayedRequests:
         self._pid_bits = (os.getpid() & PID_MASK) << PID_SHIFT
         self._appended_rows: set[int] = set()
         self._flush_rows: set[int] = set()
+        self._fetches_by_row: dict[int, set[int]] = {}  # row -> ids of this worker's delayed fetches watching it
+        self._appended_here: set[int] = set()  # this turn's appended rows that such fetches watch
+        self.answered_on_append = 0  # for the stats segment
 
     def __len__(self) -> int:
         return len(self.waiting)
@@ -95,6 +124,8 @@ class DelayedRequests:
         full_fence()
         if self.interest.counts[row]:
             self._appended_rows.add(row)
+        if row in self._fetches_by_row:
+            self._appended_here.add(row)
 
     def wants_flush(self, row: int) -> None:
         """The topic's flush.messages records wait on `row`: the timer starts an fsync round (end of this turn)."""
@@ -112,7 +143,8 @@ class DelayedRequests:
         """Wait until min_bytes are appended past the (row, start_bytes) pairs, or max_wait_ms."""
         deadline = monotonic_ms() + max(0, max_wait_ms)
         return self._wait(req, deadline, finish,
-                          lambda rid: M.encode(M.Kind.DELAY_FETCH, rid, deadline, min_bytes, items=watch))
+                          lambda rid: M.encode(M.Kind.DELAY_FETCH, rid, deadline, min_bytes, items=watch),
+                          FetchCondition(watch, min_bytes))
 
     def throttle(self, req: Request, client: str | None, quota_kind: int, throttle_ms: int,
                  then: Continuation) -> Outcome:
@@ -133,11 +165,15 @@ class DelayedRequests:
             raise DocumentTooLarge(f"{kind.name} of {len(frame)} bytes, at most {self.max_frame_bytes}")
         return self._wait(req, deadline, answer, lambda rid: M.with_request_id(frame, rid))
 
-    def _wait(self, req: Request, deadline_ms: int, finish: Continuation, frame_for: Callable[[int], bytes]) -> Outcome:
+    def _wait(self, req: Request, deadline_ms: int, finish: Continuation, frame_for: Callable[[int], bytes],
+              fetch: FetchCondition | None = None) -> Outcome:
         self._sequence += 1
         request_id = self._pid_bits | self._sequence
         frame = frame_for(request_id)
-        self.waiting[request_id] = Waiting(req, deadline_ms, finish, frame)
+        self.waiting[request_id] = Waiting(req, deadline_ms, finish, frame, fetch)
+        if fetch is not None:
+            for row, _ in fetch.watch:
+                self._fetches_by_row.setdefault(row, set()).add(request_id)
         self._by_connection.setdefault(req.conn, set()).add(request_id)
         self.link.send(frame)
         return Outcome.DEFERRED
@@ -174,7 +210,17 @@ class DelayedRequests:
                 ids.discard(request_id)
                 if not ids:
                     del self._by_connection[waiting.request.conn]
+            if waiting.fetch is not None:
+                self._unindex_fetch(request_id, waiting.fetch)
         return waiting
+
+    def _unindex_fetch(self, request_id: int, fetch: FetchCondition) -> None:
+        for row, _ in fetch.watch:
+            ids = self._fetches_by_row.get(row)
+            if ids is not None:
+                ids.discard(request_id)
+                if not ids:
+                    del self._fetches_by_row[row]
 
     def cancel_connection(self, conn: Connection) -> None:
         """The connection closed: forget its waits and tell the timer to drop them."""
@@ -182,8 +228,30 @@ class DelayedRequests:
         if not ids:
             return
         for request_id in ids:
-            del self.waiting[request_id]
+            waiting = self.waiting.pop(request_id)
+            if waiting.fetch is not None:
+                self._unindex_fetch(request_id, waiting.fetch)
         self._send_items(M.Kind.CANCEL, [(request_id,) for request_id in ids])
+
+    def answer_appended(self, after_each: Callable[[], None]) -> None:
+        """Answer this worker's delayed fetches that this turn's appends satisfied, calling `after_each()` after
+        each answer (the worker writes in chunks); the timer drops their waits on the CANCEL sent here."""
+        if not self._appended_here:
+            return
+        rows, self._appended_here = self._appended_here, set()
+        answered = []
+        table = self.table
+        for row in rows:
+            for request_id in list(self._fetches_by_row.get(row, ())):
+                waiting = self.waiting.get(request_id)
+                if waiting is None or not waiting.fetch.satisfied(table):
+                    continue
+                answered.append((request_id,))
+                self._finish(request_id, Completed(M.Status.SATISFIED))
+                after_each()
+        if answered:
+            self.answered_on_append += len(answered)
+            self._send_items(M.Kind.CANCEL, answered)
 
     def resubmit(self) -> None:
         log.info("timer process (re)started: re-submitting %d delayed requests", len(self.waiting))

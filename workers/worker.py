@@ -104,7 +104,8 @@ class Worker:
                                          config.topics.max_partitions)
         self.link = TimerLink(instance, index, config.rings, bell_fd)
         max_frame = min(config.groups.max_request_document_bytes, max_payload(config.rings.capacity))
-        self.delayed = DelayedRequests(self.link, self.interest, config.timer.delayed_grace_ms, self._settle, max_frame)
+        self.delayed = DelayedRequests(self.link, self.interest, self.table, config.timer.delayed_grace_ms, self._settle,
+                                       max_frame)
         self.quotas = ClientQuotas(config.quotas, index)
         throttler = Throttler(self.quotas, self.delayed, self._mute, self._unmute)
         self.handlers = Handlers(self.partitions, config, self.delayed, f"shmbroker-{instance}", throttler)
@@ -460,7 +461,7 @@ class Worker:
         return self.config.timer.self_check_interval_ms / 1000
 
     def _from_timer(self) -> float | None:
-        """Before sleeping: the timer's messages."""
+        """Before sleeping: the timer's messages, then the delayed fetches this turn's appends satisfied."""
         if self._reload:
             self._reload_config()
         for message in self.link.receive():
@@ -469,9 +470,13 @@ class Worker:
                 log.warning("dropping a %s message: no handler", message.kind.name)
             else:
                 handler(message)
-            if len(self._dirty) >= self._write_chunk:  # a fan-out: the first clients read while the rest are encoded
-                self._write_dirty()
+            self._write_chunk_ready()
+        self.delayed.answer_appended(self._write_chunk_ready)
         return None
+
+    def _write_chunk_ready(self) -> None:
+        if len(self._dirty) >= self._write_chunk:  # a fan-out: the first clients read while the rest are encoded
+            self._write_dirty()
 
     def _to_timer(self) -> float | None:
         """Before sleeping, after the responses are written: this turn's frames to the timer. Ringing its
@@ -513,6 +518,7 @@ class Worker:
         stats.set("loop_turns", self.heartbeat.beats)
         stats.set("connections", len(self.connections))
         stats.set("delayed_waiting", len(self.delayed))
+        stats.set("fetches_answered_on_append", self.delayed.answered_on_append)
         stats.set("throttled_connections", sum(1 for conn in self.connections.values() if conn.mutes))
         stats.set("ring_frames_sent", link.frames_sent)
         stats.set("ring_frames_received", link.frames_received)
