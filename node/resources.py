@@ -3,9 +3,11 @@
 Invariants:
 - The instance id is derived from the data directory and port, so a restart of the same node
   finds (and removes) what a crashed run left in /dev/shm before creating anything.
-- The interest table (delayed fetches per partition row) is written by the timer only.
+- The interest table (delayed fetches per partition row) is written by the timer only; the watches table
+  (each worker's own delayed fetches per row) by each worker for its own row.
 - Per worker i: request ring i (worker -> timer), completion ring i (timer -> worker) and
-  eventfd doorbell i (inherited by worker i and by the timer). One semaphore doorbell for the timer.
+  eventfd doorbell i (inherited by the timer and every worker: the others ring it when they append to a
+  row worker i watches). One semaphore doorbell for the timer.
 - One heartbeat row per child (slot 0 the timer, slot 1 + i worker i: `heartbeat_slot`), and the
   connection counts of every worker (the node-wide connection limits); a child's rows are reset before it
   starts and after it exits (`child_starting`, `child_exited`), never while it runs.
@@ -28,7 +30,7 @@ from shm import instance as shm_instance
 from shm.connections import ConnectionCounts
 from shm.doorbell import EventfdDoorbell
 from shm.heartbeat import HeartbeatTable
-from shm.interest import InterestTable
+from shm.interest import InterestTable, WorkerWatches
 from shm.stats import StatsSegment, stats_rows
 from shm.table import PartitionTable
 
@@ -82,6 +84,7 @@ class NodeResources:
             finally:
                 store.close()
             workers = config.server.worker_count()
+            WorkerWatches.create(shm_instance.watches_name(instance_id), workers, config.topics.max_partitions).close()
             stats = StatsSegment.create(shm_instance.stats_name(instance_id), stats_rows(workers),
                                         config.stats.committed_offsets_bytes)
             for i in range(workers):

@@ -180,9 +180,10 @@ class Supervisor:
         timer = ChildSpec("timer", 0, "node.timer.process", ("--worker-bell-fds", ",".join(map(str, bells))),
                           tuple(bells))
         workers = [ChildSpec("worker", i, "workers.worker",
-                             ("--bell-fd", str(bell), "--listen-fd", str(self.listeners[i].fileno())),
-                             (bell, self.listeners[i].fileno()))
-                   for i, bell in enumerate(bells)]
+                             ("--worker-bell-fds", ",".join(map(str, bells)),
+                              "--listen-fd", str(self.listeners[i].fileno())),
+                             (*bells, self.listeners[i].fileno()))
+                   for i in range(len(bells))]
         return [timer] + workers
 
     def spawn(self, child: Child) -> None:

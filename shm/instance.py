@@ -84,6 +84,11 @@ def interest_name(instance_id: str) -> str:
     return object_name(instance_id, "interest")
 
 
+def watches_name(instance_id: str) -> str:
+    """Each worker's own delayed-fetch counts per partition row (shm.interest.WorkerWatches)."""
+    return object_name(instance_id, "watches")
+
+
 def heartbeat_name(instance_id: str) -> str:
     """The children's heartbeat counters, one row per child (shm.heartbeat)."""
     return object_name(instance_id, "heartbeats")

@@ -25,7 +25,7 @@ import posix_ipc
 
 from shm.fence import full_fence
 
-__all__ = ["InterestTable", "full_fence"]
+__all__ = ["InterestTable", "WorkerWatches", "full_fence"]
 
 
 class InterestTable:
@@ -54,6 +54,42 @@ class InterestTable:
         counts = self.counts
         for row in rows:
             counts[row] = max(0, int(counts[row]) + delta)
+
+    def close(self) -> None:
+        self.counts = None
+        self._map.close()
+
+
+class WorkerWatches:
+    """Per network worker, per partition row: how many of that worker's own delayed fetches watch the row.
+
+    A worker that appends to a watched row rings the doorbell of each other worker that counts a watch
+    there, which then checks its own waits against the partition table: the wait is answered one
+    cross-process hop after the append instead of two (worker -> timer -> worker).
+
+    Invariants:
+    - Row i of the (workers x rows) matrix is written by worker i only; a restarted worker zeroes its
+      row first. Counts are aligned u32 words, read without locks (as InterestTable's).
+    - A count is only a hint to ring: a missed ring costs latency, never an answer, because the timer
+      (InterestTable, the APPEND message) still completes every wait; a spurious one costs a wakeup.
+    """
+
+    def __init__(self, name: str, memory: posix_ipc.SharedMemory, rows: int) -> None:
+        self.name = name
+        self.rows = rows
+        self.workers = memory.size // (rows * 4)
+        self._map = mmap.mmap(memory.fd, self.workers * rows * 4)
+        memory.close_fd()
+        self.counts = np.frombuffer(self._map, dtype=np.uint32).reshape(self.workers, rows)
+
+    @classmethod
+    def create(cls, name: str, workers: int, rows: int) -> "WorkerWatches":
+        memory = posix_ipc.SharedMemory(name, posix_ipc.O_CREX, mode=0o600, size=workers * rows * 4)
+        return cls(name, memory, rows)
+
+    @classmethod
+    def attach(cls, name: str, rows: int) -> "WorkerWatches":
+        return cls(name, posix_ipc.SharedMemory(name), rows)
 
     def close(self) -> None:
         self.counts = None

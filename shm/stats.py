@@ -98,7 +98,8 @@ FIELDS: tuple[Field, ...] = (
     Field("connections_accepted", help="client connections accepted"),
     Field("connections_closed_on_error", help="connections closed for bad input or a bug"),
     Field("delayed_waiting", counter=False, help="requests waiting on the timer process"),
-    Field("fetches_answered_on_append", help="delayed fetches the worker answered on its own append (no timer hop)"),
+    Field("fetches_answered_on_append",
+          help="delayed fetches a worker answered on an append (its own or, by doorbell, another worker's): no timer hop"),
     Field("throttled_connections", counter=False, help="connections muted by a quota throttle"),
     # rings: a worker describes its request ring at position 0; the timer describes every completion ring
     Field("ring_frames_sent", MAX_RINGS, help="frames written into the ring"),

@@ -22,6 +22,7 @@ import rawkafka as R  # noqa: E402
 
 from tests.test_clients import CLIENT_TIMEOUT_S, consume_all, create_topic, produce  # noqa: E402
 from tests.test_crash import BackgroundProducer  # noqa: E402
+from tests.test_hardening import worker_of  # noqa: E402
 from tests.test_stats_cli import stats_json, wait_for  # noqa: E402
 
 PRODUCE, FETCH, LIST_OFFSETS, METADATA, API_VERSIONS, INIT_PRODUCER_ID = 0, 1, 2, 3, 18, 22
@@ -150,6 +151,51 @@ def test_an_append_answers_a_long_poll_on_its_worker_without_the_timer(node_fact
         finally:
             os.kill(timer, signal.SIGCONT)
     done = wait_for(lambda: (lambda t: t if t["purgatory_fetch_pending"] == 0 else None)(totals()),
+                    what="the timer to drop the answered wait")
+    assert done["fetches_answered_on_append"] == 1
+
+
+def _connections_on_two_workers(node, attempts: int = 64) -> tuple[R.RawConnection, R.RawConnection]:
+    """Two connections accepted by different workers (the kernel spreads connections over the workers'
+    listeners; which worker holds one is read from its sockets)."""
+    held: dict[int, R.RawConnection] = {}
+    for _ in range(attempts):
+        conn = connect(node)
+        owner = wait_for(lambda: worker_of(node, conn.sock), timeout=5, what="a worker to accept")
+        if owner in held:
+            conn.close()
+        else:
+            held[owner] = conn
+        if len(held) == 2:
+            first, second = held.values()
+            return first, second
+    for conn in held.values():
+        conn.close()
+    raise AssertionError(f"no connection reached each worker in {attempts} attempts")
+
+
+def test_an_append_on_one_worker_answers_a_long_poll_on_another_without_the_timer(node_factory):
+    # The appending worker rings the doorbell of the worker holding the fetch (it counts a watch on the row in
+    # the shared watches table), which checks its waits itself: the answer comes with the timer stopped.
+    node = node_factory(workers=2, config="[stats]\npublish_interval_ms = 100\n")
+    create_topic(node.bootstrap, "peer", 1)
+    (timer,) = node.pids("timer")
+    consumer, producer = _connections_on_two_workers(node)
+    with consumer, producer:
+        consumer.send(FETCH, 11, R.fetch_body({"peer": {0: 0}}, max_wait_ms=30_000, min_bytes=1))
+        wait_for(lambda: stats_json(node)["totals"]["purgatory_fetch_pending"] == 1,
+                 what="the timer to hold the long poll")
+        os.kill(timer, signal.SIGSTOP)
+        try:
+            started = time.monotonic()
+            produced = producer.call(PRODUCE, 8, R.produce_body({"peer": {0: R.build_record_batch([b"v"])}}, acks=1))
+            assert produced.responses[0].partition_responses[0].error_code == NONE
+            fetched = R.parse_fetch_response(11, consumer.recv_response()[3])
+            assert fetched.record_count == 1
+            assert time.monotonic() - started < 5
+        finally:
+            os.kill(timer, signal.SIGCONT)
+    done = wait_for(lambda: (lambda t: t if t["purgatory_fetch_pending"] == 0 else None)(stats_json(node)["totals"]),
                     what="the timer to drop the answered wait")
     assert done["fetches_answered_on_append"] == 1
 

@@ -6,10 +6,12 @@ timer (shm.messages), keeps the continuation, and when the answer comes (COMPLET
 runs it and settles the request through the worker's `settle` callback. It also reports appends to
 rows that delayed fetches watch, so the timer knows when to look again.
 
-A delayed fetch this worker holds is also answered here when this worker's own append satisfies it
-(`answer_appended`), as Kafka's request handler completes the fetches its append satisfies
-(checkAndComplete): the client gets its records without the round trip through the timer, and the
-timer gets a CANCEL for the wait. The condition is the timer's (DelayedFetch.satisfied).
+A delayed fetch this worker holds is also answered here when an append satisfies it (`answer_appended`),
+as Kafka's request handler completes the fetches its append satisfies (checkAndComplete): the client gets
+its records without the round trip through the timer, and the timer gets a CANCEL for the wait. The
+condition is the timer's (DelayedFetch.satisfied). This worker's own appends are checked in the turn that
+made them; another worker's append reaches it as a ring of its doorbell (shm.interest.WorkerWatches says
+who watches a row), and it checks the rows whose end moved since it last looked.
 
 Invariants:
 - Request ids carry the worker's pid in their high bits (PID_SHIFT), so a restarted worker never mistakes
@@ -24,7 +26,10 @@ Invariants:
 - A closed connection cancels its waits (`cancel_connection`); the timer completes them without an answer.
 - A fetch answered here on an append is popped before its CANCEL is sent: a COMPLETION the timer sent for
   it meanwhile finds no wait and is dropped, so the continuation still runs once. The APPEND still goes
-  to the timer (other workers' fetches may watch the row).
+  to the timer, which completes every wait whatever the workers do: a missed or late doorbell costs
+  latency, never an answer.
+- This worker's row of WorkerWatches counts its waiting fetches per partition row, raised when one
+  starts to wait and lowered when it is answered or cancelled.
 - Nothing here blocks: frames go to the link's backlog; `end_turn` sends this turn's appends as one APPEND
   frame and flushes the link.
 """
@@ -38,7 +43,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, NamedTuple
 
 from shm import messages as M
-from shm.interest import InterestTable, full_fence
+from shm.doorbell import EventfdDoorbell
+from shm.interest import InterestTable, WorkerWatches, full_fence
 from shm.table import END_BYTES, PartitionTable
 from workers.connection import Connection, Request
 from workers.outcome import Outcome
@@ -96,7 +102,9 @@ class DocumentTooLarge(ValueError):
 
 class DelayedRequests:
     def __init__(self, link: TimerLink, interest: InterestTable, table: PartitionTable, delayed_grace_ms: int,
-                 settle: Callable[[Request, Outcome | None], None], max_frame_bytes: int) -> None:
+                 settle: Callable[[Request, Outcome | None], None], max_frame_bytes: int,
+                 watches: WorkerWatches | None = None, index: int = 0,
+                 peer_bells: dict[int, EventfdDoorbell] | None = None) -> None:
         self.link = link
         self.max_frame_bytes = max_frame_bytes
         self.interest = interest
@@ -112,6 +120,15 @@ class DelayedRequests:
         self._fetches_by_row: dict[int, set[int]] = {}  # row -> ids of this worker's delayed fetches watching it
         self._appended_here: set[int] = set()  # this turn's appended rows that such fetches watch
         self.answered_on_append = 0  # for the stats segment
+        # The table, not views of it: it closes its mapping at exit, which a view held here would prevent.
+        self._watches = watches
+        self._index = index
+        if watches is not None:
+            watches.counts[index] = 0  # a dead predecessor's counts
+        self._peer_bells = peer_bells or {}
+        self._peers_to_ring: set[int] = set()
+        self._rang = False  # the doorbell rang this turn: another worker may have appended
+        self._seen_end: dict[int, int] = {}  # watched row -> its end bytes when last checked after a ring
 
     def __len__(self) -> int:
         return len(self.waiting)
@@ -124,6 +141,11 @@ class DelayedRequests:
         full_fence()
         if self.interest.counts[row]:
             self._appended_rows.add(row)
+            if self._peer_bells:
+                watching = self._watches.counts[:, row]
+                for peer in self._peer_bells:
+                    if watching[peer]:
+                        self._peers_to_ring.add(peer)
         if row in self._fetches_by_row:
             self._appended_here.add(row)
 
@@ -172,8 +194,11 @@ class DelayedRequests:
         frame = frame_for(request_id)
         self.waiting[request_id] = Waiting(req, deadline_ms, finish, frame, fetch)
         if fetch is not None:
+            mine = self._watches.counts[self._index] if self._watches is not None else None
             for row, _ in fetch.watch:
                 self._fetches_by_row.setdefault(row, set()).add(request_id)
+                if mine is not None:
+                    mine[row] += 1
         self._by_connection.setdefault(req.conn, set()).add(request_id)
         self.link.send(frame)
         return Outcome.DEFERRED
@@ -215,12 +240,20 @@ class DelayedRequests:
         return waiting
 
     def _unindex_fetch(self, request_id: int, fetch: FetchCondition) -> None:
+        mine = self._watches.counts[self._index] if self._watches is not None else None
         for row, _ in fetch.watch:
+            if mine is not None and mine[row]:
+                mine[row] -= 1
             ids = self._fetches_by_row.get(row)
             if ids is not None:
                 ids.discard(request_id)
                 if not ids:
                     del self._fetches_by_row[row]
+                    self._seen_end.pop(row, None)
+
+    def doorbell_rang(self) -> None:
+        """The timer or another worker rang: this turn, also check the watched rows whose end moved."""
+        self._rang = True
 
     def cancel_connection(self, conn: Connection) -> None:
         """The connection closed: forget its waits and tell the timer to drop them."""
@@ -234,13 +267,24 @@ class DelayedRequests:
         self._send_items(M.Kind.CANCEL, [(request_id,) for request_id in ids])
 
     def answer_appended(self, after_each: Callable[[], None]) -> None:
-        """Answer this worker's delayed fetches that this turn's appends satisfied, calling `after_each()` after
-        each answer (the worker writes in chunks); the timer drops their waits on the CANCEL sent here."""
+        """Answer this worker's delayed fetches that appends satisfied: on the rows this turn appended to, and
+        after a doorbell ring on the watched rows whose end moved. `after_each()` runs after each answer (the
+        worker writes in chunks); the timer drops their waits on the CANCEL sent here. Rings the workers that
+        watch this turn's rows first."""
+        self._ring_peers()  # first: the other workers answer their share while this one answers its own
+        table = self.table
+        if self._rang:
+            self._rang = False
+            seen = self._seen_end
+            for row in self._fetches_by_row:
+                end = table.read_field(row, END_BYTES)
+                if seen.get(row) != end:
+                    seen[row] = end
+                    self._appended_here.add(row)
         if not self._appended_here:
             return
         rows, self._appended_here = self._appended_here, set()
         answered = []
-        table = self.table
         for row in rows:
             for request_id in list(self._fetches_by_row.get(row, ())):
                 waiting = self.waiting.get(request_id)
@@ -265,7 +309,14 @@ class DelayedRequests:
             log.warning("timer did not answer request %d in time; answering it here", request_id)
             self._finish(request_id, None)
 
+    def _ring_peers(self) -> None:
+        if self._peers_to_ring:
+            for peer in self._peers_to_ring:
+                self._peer_bells[peer].ring()
+            self._peers_to_ring.clear()
+
     def end_turn(self) -> None:
+        self._ring_peers()  # appends made after answer_appended (requests held back until a write)
         if self._appended_rows:
             self._send_items(M.Kind.APPEND, [(row,) for row in self._appended_rows])
             self._appended_rows.clear()

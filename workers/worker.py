@@ -53,7 +53,8 @@ from shm.connections import ConnectionCounts
 from node.proctitle import set_title
 from shm import stats as S
 from shm.heartbeat import HeartbeatTable
-from shm.interest import InterestTable
+from shm.doorbell import EventfdDoorbell
+from shm.interest import InterestTable, WorkerWatches
 from shm.ring import max_payload
 from shm.table import PartitionTable
 from workers import protocol as P
@@ -86,7 +87,7 @@ _CLOSED_ON_ERROR = S.OFFSETS["connections_closed_on_error"]
 
 
 class Worker:
-    def __init__(self, instance: str, index: int, config: NodeConfig, listen_fd: int, bell_fd: int,
+    def __init__(self, instance: str, index: int, config: NodeConfig, listen_fd: int, bell_fds: list[int],
                  supervisor_pid: int, config_path: str, heartbeat_slot: int) -> None:
         self.instance = instance
         self.config_path = config_path
@@ -96,16 +97,18 @@ class Worker:
         server = config.server
         self.table = PartitionTable.attach(shm_instance.table_name(instance))
         self.interest = InterestTable.attach(shm_instance.interest_name(instance))
+        self.watches = WorkerWatches.attach(shm_instance.watches_name(instance), self.table.rows)
         self.heartbeats = HeartbeatTable.attach(shm_instance.heartbeat_name(instance))
         self.heartbeat = self.heartbeats.heartbeat(heartbeat_slot, os.getpid())
         self.counts = ConnectionCounts.attach(shm_instance.connections_name(instance))
         self.limits = ConnectionLimits(self.counts, index, server.max_connections, server.max_connections_per_ip)
         self.partitions = PartitionStore(os.path.abspath(server.data_dir), self.table, config.log,
                                          config.topics.max_partitions)
-        self.link = TimerLink(instance, index, config.rings, bell_fd)
+        self.link = TimerLink(instance, index, config.rings, bell_fds[index])
         max_frame = min(config.groups.max_request_document_bytes, max_payload(config.rings.capacity))
+        peer_bells = {peer: EventfdDoorbell(fd) for peer, fd in enumerate(bell_fds) if peer != index}
         self.delayed = DelayedRequests(self.link, self.interest, self.table, config.timer.delayed_grace_ms, self._settle,
-                                       max_frame)
+                                       max_frame, self.watches, index, peer_bells)
         self.quotas = ClientQuotas(config.quotas, index)
         throttler = Throttler(self.quotas, self.delayed, self._mute, self._unmute)
         self.handlers = Handlers(self.partitions, config, self.delayed, f"shmbroker-{instance}", throttler)
@@ -528,6 +531,10 @@ class Worker:
         stats.publish()
         self.loop.call_later(self.config.stats.publish_interval_ms / 1000, self._publish_stats)
 
+    def _on_doorbell(self) -> None:
+        self.link.drain_doorbell()
+        self.delayed.doorbell_rang()
+
     def _read_wakeup(self) -> None:
         try:
             os.read(self._wakeup_r, WAKEUP_READ_BYTES)
@@ -542,7 +549,7 @@ class Worker:
         loop = self.loop
         self._arm_quota_report()
         loop.watch(self.listener, self._accept)
-        loop.watch(self.link.doorbell_fd, self.link.drain_doorbell)
+        loop.watch(self.link.doorbell_fd, self._on_doorbell)
         loop.watch(self._wakeup_r, self._read_wakeup)
         if self.stats is not None:
             self._publish_stats()
@@ -559,6 +566,7 @@ class Worker:
         self.partitions.close()
         self.table.close()
         self.interest.close()
+        self.watches.close()
         self.counts.close()
         self.heartbeats.close()
         if self.stats_segment is not None:
@@ -574,12 +582,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--heartbeat-slot", type=int, required=True)
     parser.add_argument("--supervisor-pid", type=int, required=True)
     parser.add_argument("--listen-fd", type=int, required=True)
-    parser.add_argument("--bell-fd", type=int, required=True)
+    parser.add_argument("--worker-bell-fds", required=True,
+                        help="every worker's doorbell eventfd, by worker index (comma-separated)")
     args = parser.parse_args(argv)
     setup_logging(f"worker-{args.index}")
     config = read_runtime(args.config_file)
     set_title(f"worker {args.index} {config.server.host}:{config.server.port}")
-    worker = Worker(args.instance, args.index, config, args.listen_fd, args.bell_fd, args.supervisor_pid,
+    bell_fds = [int(fd) for fd in args.worker_bell_fds.split(",")]
+    worker = Worker(args.instance, args.index, config, args.listen_fd, bell_fds, args.supervisor_pid,
                     args.config_file, args.heartbeat_slot)
     return worker.run()
 
