@@ -123,14 +123,21 @@ def _sent(requests):
     return frames
 
 
-def test_the_worker_answers_its_own_delayed_fetch_on_its_append(worker_side):
-    store, handlers, delayed, requests, conn = worker_side
+def _parked_fetch(worker_side, min_bytes: int):
+    """A long poll the handlers delayed, its DELAY_FETCH read off the ring; answers land in the list."""
+    _, handlers, delayed, requests, conn = worker_side
     answers = []
     delayed.settle = lambda req, outcome: answers.append(outcome)
-    assert _fetch(handlers, conn, 1).deferred
+    assert _fetch(handlers, conn, min_bytes).deferred
     delayed.end_turn()
     (watch,) = _sent(requests)
     assert watch.kind == M.Kind.DELAY_FETCH
+    return answers, watch
+
+
+def test_the_worker_answers_its_own_delayed_fetch_on_its_append(worker_side):
+    store, handlers, delayed, requests, conn = worker_side
+    answers, watch = _parked_fetch(worker_side, 1)
     assert not _produce(handlers, conn, [b"hello"]).deferred
     delayed.answer_appended(lambda: None)
     assert len(answers) == 1, "the append satisfied the fetch: answered in this turn, not by the timer"
@@ -148,11 +155,7 @@ def test_the_worker_answers_its_own_delayed_fetch_on_its_append(worker_side):
 
 def test_an_append_short_of_min_bytes_leaves_the_fetch_to_the_timer(worker_side):
     store, handlers, delayed, requests, conn = worker_side
-    answers = []
-    delayed.settle = lambda req, outcome: answers.append(outcome)
-    assert _fetch(handlers, conn, 100_000).deferred
-    delayed.end_turn()
-    (watch,) = _sent(requests)
+    answers, _ = _parked_fetch(worker_side, 100_000)
     _produce(handlers, conn, [b"small"])
     delayed.answer_appended(lambda: None)
     assert answers == [] and len(delayed) == 1

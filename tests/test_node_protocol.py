@@ -126,35 +126,6 @@ def test_long_poll_waits_for_data_then_answers(node):
         assert time.monotonic() - started >= 0.39
 
 
-def test_an_append_answers_a_long_poll_on_its_worker_without_the_timer(node_factory):
-    # One worker holds both connections: its append answers the fetch in the same turn, as Kafka's request
-    # handler completes the fetches its append satisfies. The timer is stopped meanwhile, so the answer cannot
-    # have come from it; once it runs again it has dropped the wait (the CANCEL), and nothing waits there.
-    node = node_factory(workers=1, config="[stats]\npublish_interval_ms = 100\n")
-    create_topic(node.bootstrap, "local", 1)
-    (timer,) = node.pids("timer")
-
-    def totals() -> dict:
-        return stats_json(node)["totals"]
-
-    with connect(node) as consumer, connect(node) as producer:
-        consumer.send(FETCH, 11, R.fetch_body({"local": {0: 0}}, max_wait_ms=30_000, min_bytes=1))
-        wait_for(lambda: totals()["purgatory_fetch_pending"] == 1, what="the timer to hold the long poll")
-        os.kill(timer, signal.SIGSTOP)
-        try:
-            started = time.monotonic()
-            produced = producer.call(PRODUCE, 8, R.produce_body({"local": {0: R.build_record_batch([b"v"])}}, acks=1))
-            assert produced.responses[0].partition_responses[0].error_code == NONE
-            fetched = R.parse_fetch_response(11, consumer.recv_response()[3])
-            assert fetched.record_count == 1
-            assert time.monotonic() - started < 5
-        finally:
-            os.kill(timer, signal.SIGCONT)
-    done = wait_for(lambda: (lambda t: t if t["purgatory_fetch_pending"] == 0 else None)(totals()),
-                    what="the timer to drop the answered wait")
-    assert done["fetches_answered_on_append"] == 1
-
-
 def _connections_on_two_workers(node, attempts: int = 64) -> tuple[R.RawConnection, R.RawConnection]:
     """Two connections accepted by different workers (the kernel spreads connections over the workers'
     listeners; which worker holds one is read from its sockets)."""
@@ -174,28 +145,34 @@ def _connections_on_two_workers(node, attempts: int = 64) -> tuple[R.RawConnecti
     raise AssertionError(f"no connection reached each worker in {attempts} attempts")
 
 
-def test_an_append_on_one_worker_answers_a_long_poll_on_another_without_the_timer(node_factory):
-    # The appending worker rings the doorbell of the worker holding the fetch (it counts a watch on the row in
-    # the shared watches table), which checks its waits itself: the answer comes with the timer stopped.
-    node = node_factory(workers=2, config="[stats]\npublish_interval_ms = 100\n")
-    create_topic(node.bootstrap, "peer", 1)
+@pytest.mark.parametrize("workers", [1, 2], ids=["same-worker", "other-worker"])
+def test_an_append_answers_a_long_poll_without_the_timer(node_factory, workers):
+    # One worker: its append answers the fetch in the same turn, as Kafka's request handler completes the
+    # fetches its append satisfies. Two, with the fetch on the other one: the appending worker rings the
+    # doorbell of the worker that counts a watch on the row (the shared watches table), which checks its waits.
+    # The timer is stopped meanwhile, so the answer cannot have come from it; once it runs again it has dropped
+    # the wait (the CANCEL), and nothing waits there.
+    node = node_factory(workers=workers, config="[stats]\npublish_interval_ms = 100\n")
+    create_topic(node.bootstrap, "answered", 1)
     (timer,) = node.pids("timer")
-    consumer, producer = _connections_on_two_workers(node)
+
+    def totals() -> dict:
+        return stats_json(node)["totals"]
+
+    consumer, producer = _connections_on_two_workers(node) if workers == 2 else (connect(node), connect(node))
     with consumer, producer:
-        consumer.send(FETCH, 11, R.fetch_body({"peer": {0: 0}}, max_wait_ms=30_000, min_bytes=1))
-        wait_for(lambda: stats_json(node)["totals"]["purgatory_fetch_pending"] == 1,
-                 what="the timer to hold the long poll")
+        consumer.send(FETCH, 11, R.fetch_body({"answered": {0: 0}}, max_wait_ms=30_000, min_bytes=1))
+        wait_for(lambda: totals()["purgatory_fetch_pending"] == 1, what="the timer to hold the long poll")
         os.kill(timer, signal.SIGSTOP)
         try:
             started = time.monotonic()
-            produced = producer.call(PRODUCE, 8, R.produce_body({"peer": {0: R.build_record_batch([b"v"])}}, acks=1))
-            assert produced.responses[0].partition_responses[0].error_code == NONE
-            fetched = R.parse_fetch_response(11, consumer.recv_response()[3])
-            assert fetched.record_count == 1
+            body = R.produce_body({"answered": {0: R.build_record_batch([b"v"])}}, acks=1)
+            assert producer.call(PRODUCE, 8, body).responses[0].partition_responses[0].error_code == NONE
+            assert R.parse_fetch_response(11, consumer.recv_response()[3]).record_count == 1
             assert time.monotonic() - started < 5
         finally:
             os.kill(timer, signal.SIGCONT)
-    done = wait_for(lambda: (lambda t: t if t["purgatory_fetch_pending"] == 0 else None)(stats_json(node)["totals"]),
+    done = wait_for(lambda: (lambda t: t if t["purgatory_fetch_pending"] == 0 else None)(totals()),
                     what="the timer to drop the answered wait")
     assert done["fetches_answered_on_append"] == 1
 
