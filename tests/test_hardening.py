@@ -6,6 +6,7 @@ the same way in the idle figure and under load, so the difference is what the lo
 
 from __future__ import annotations
 
+import contextlib
 import os
 import selectors
 import signal
@@ -69,6 +70,15 @@ def wait_until(condition, timeout_s: float = CLIENT_TIMEOUT_S, interval_s: float
             return value
         time.sleep(interval_s)
     return condition()
+
+
+def gone_or_zombie(pid: int) -> bool:
+    """A killed child: not reaped yet (a zombie) or reaped, also between the two looks a pid_exists() and a
+    status() would take."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
 
 
 def closed_by_peer(sock: socket.socket, timeout: float = 5.0) -> bool:
@@ -341,11 +351,10 @@ def test_a_stopped_worker_is_replaced_and_the_others_keep_serving(node_factory):
         assert not api_versions_ok(by_worker[victim][0], timeout=0.3)
         assert psutil.Process(victim).status() == psutil.STATUS_STOPPED
         # The supervisor notices, kills and replaces it.
-        assert wait_until(lambda: not psutil.pid_exists(victim) or
-                          psutil.Process(victim).status() == psutil.STATUS_ZOMBIE, timeout_s=20)
+        assert wait_until(lambda: gone_or_zombie(victim), timeout_s=20)
         node.wait_for_pids("worker", 2, exclude={victim})
     finally:
-        if psutil.pid_exists(victim):
+        with contextlib.suppress(ProcessLookupError):  # reaped already
             os.kill(victim, signal.SIGCONT)
     assert all(closed_by_peer(sock) for sock in by_worker[victim])
     assert all(api_versions_ok(sock) for sock in by_worker[survivor])
@@ -374,11 +383,10 @@ def test_a_stopped_timer_is_covered_by_self_answers_then_replaced(node_factory):
             answered_s = time.monotonic() - started
             still_stopped = psutil.Process(timer).status() == psutil.STATUS_STOPPED
         assert still_stopped, f"answered after {answered_s:.2f} s, but by the timer's replacement"
-        assert wait_until(lambda: not psutil.pid_exists(timer) or
-                          psutil.Process(timer).status() == psutil.STATUS_ZOMBIE, timeout_s=20)
+        assert wait_until(lambda: gone_or_zombie(timer), timeout_s=20)
         node.wait_for_pids("timer", 1, exclude={timer})
     finally:
-        if psutil.pid_exists(timer):
+        with contextlib.suppress(ProcessLookupError):  # reaped already
             os.kill(timer, signal.SIGCONT)
     # The new timer's flusher answers acks=all; its purgatory the long polls.
     produce(node.bootstrap, "timerless", [{"value": b"after", "partition": 0}], acks="all")
