@@ -3,8 +3,8 @@
 Invariants:
 - The instance id is derived from the data directory and port, so a restart of the same node
   finds (and removes) what a crashed run left in /dev/shm before creating anything.
-- The interest table (delayed fetches per partition row) is written by the timer only; the watches table
-  (each worker's own delayed fetches per row) by each worker for its own row.
+- The watches table (each worker's own delayed fetches per partition row) is written by each worker for
+  its own row only.
 - Per worker i: request ring i (worker -> timer), completion ring i (timer -> worker) and
   eventfd doorbell i (inherited by the timer and every worker: the others ring it when they append to a
   row worker i watches). One semaphore doorbell for the timer.
@@ -30,7 +30,7 @@ from shm import instance as shm_instance
 from shm.connections import ConnectionCounts
 from shm.doorbell import EventfdDoorbell
 from shm.heartbeat import HeartbeatTable
-from shm.interest import InterestTable, WorkerWatches
+from shm.interest import WorkerWatches
 from shm.stats import StatsSegment, stats_rows
 from shm.table import PartitionTable
 
@@ -76,7 +76,6 @@ class NodeResources:
         instance = shm_instance.Instance.start(instance_id)  # removes a crashed run's leftovers first
         try:
             table = PartitionTable.create(shm_instance.table_name(instance_id), config.topics.max_partitions)
-            InterestTable.create(shm_instance.interest_name(instance_id), config.topics.max_partitions).close()
             store = PartitionStore(data_dir, table, config.log, config.topics.max_partitions)
             try:
                 log.info("recovered %d partitions", store.recover_all())

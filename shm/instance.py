@@ -79,11 +79,6 @@ def table_name(instance_id: str) -> str:
     return object_name(instance_id, "partitions")
 
 
-def interest_name(instance_id: str) -> str:
-    """The delayed-fetch interest counts per partition row (shm.interest)."""
-    return object_name(instance_id, "interest")
-
-
 def watches_name(instance_id: str) -> str:
     """Each worker's own delayed-fetch counts per partition row (shm.interest.WorkerWatches)."""
     return object_name(instance_id, "watches")

@@ -1,19 +1,20 @@
-"""A shared array of per-row interest counts: how many waiters watch each row.
+"""Who waits on a partition row: each network worker's count of its own delayed fetches per row.
 
-The timer process counts, per partition row, the delayed fetches watching it; workers read the
-count after an append and tell the timer about the append only when someone waits. So a node
-under produce load without long polls sends no per-append traffic to the timer at all.
+A worker that appends to a row must get the fetches waiting on it answered. Those it holds itself it
+checks in the same turn; for those another worker holds, it rings that worker's doorbell (an eventfd every
+worker inherits), and the rung worker checks its own waits against the partition table. This table tells
+the appending worker whom to ring, so a node under produce load without long polls rings nobody.
 
 Invariants:
-- One writer (the timer process); any number of readers, without locks. Counts are aligned
-  u32 words: each load and store is a single instruction, so a reader sees an old or a new
-  count, never a torn one.
-- No lost wakeup (a Dekker pattern, as the ring's sleep flag): the writer raises a count,
-  then `full_fence()`, then reads the partition table; a reader publishes its append to the
-  table, then `full_fence()`, then reads the count. At least one of them sees the other's
-  store, so either the worker reports the append or the timer finds it in the table.
-- A count is only a hint to report appends; a spurious non-zero count costs one event frame.
-  Segments are named by the caller under the node instance, whose shutdown unlinks them.
+- Row i of the (workers x rows) matrix is written by worker i only; a restarted worker zeroes its row
+  first (its predecessor's waits died with its connections). Counts are aligned u32 words: each load and
+  store is a single instruction, so a reader sees an old or a new count, never a torn one.
+- No lost wakeup (a Dekker pattern, as the ring's sleep flag): a worker raises its count for a new wait,
+  then `full_fence()`, then checks the wait against the partition table; an appending worker publishes
+  its append to the table, then `full_fence()`, then reads the counts. At least one of them sees the
+  other's store: either the waiter's own check finds the append, or the appender rings it.
+- A count is only a hint to ring: a spurious one costs a wakeup and a check. Segments are named by the
+  caller under the node instance, whose shutdown unlinks them.
 """
 
 from __future__ import annotations
@@ -25,55 +26,10 @@ import posix_ipc
 
 from shm.fence import full_fence
 
-__all__ = ["InterestTable", "WorkerWatches", "full_fence"]
-
-
-class InterestTable:
-    def __init__(self, name: str, memory: posix_ipc.SharedMemory, rows: int) -> None:
-        self.name = name
-        self.rows = rows
-        self._map = mmap.mmap(memory.fd, rows * 4)
-        memory.close_fd()
-        self.counts = np.frombuffer(self._map, dtype=np.uint32, count=rows)
-
-    @classmethod
-    def create(cls, name: str, rows: int) -> "InterestTable":
-        memory = posix_ipc.SharedMemory(name, posix_ipc.O_CREX, mode=0o600, size=rows * 4)
-        return cls(name, memory, rows)
-
-    @classmethod
-    def attach(cls, name: str) -> "InterestTable":
-        memory = posix_ipc.SharedMemory(name)
-        return cls(name, memory, memory.size // 4)
-
-    def watched(self, row: int) -> bool:
-        return bool(self.counts[row])
-
-    def add(self, rows: list[int], delta: int) -> None:
-        """Writer only: change the counts of `rows` (distinct) by `delta` (never below zero)."""
-        counts = self.counts
-        for row in rows:
-            counts[row] = max(0, int(counts[row]) + delta)
-
-    def close(self) -> None:
-        self.counts = None
-        self._map.close()
+__all__ = ["WorkerWatches", "full_fence"]
 
 
 class WorkerWatches:
-    """Per network worker, per partition row: how many of that worker's own delayed fetches watch the row.
-
-    A worker that appends to a watched row rings the doorbell of each other worker that counts a watch
-    there, which then checks its own waits against the partition table: the wait is answered one
-    cross-process hop after the append instead of two (worker -> timer -> worker).
-
-    Invariants:
-    - Row i of the (workers x rows) matrix is written by worker i only; a restarted worker zeroes its
-      row first. Counts are aligned u32 words, read without locks (as InterestTable's).
-    - A count is only a hint to ring: a missed ring costs latency, never an answer, because the timer
-      (InterestTable, the APPEND message) still completes every wait; a spurious one costs a wakeup.
-    """
-
     def __init__(self, name: str, memory: posix_ipc.SharedMemory, rows: int) -> None:
         self.name = name
         self.rows = rows

@@ -57,7 +57,7 @@ class Kind(IntEnum):
     # worker -> timer
     DELAY_FETCH = 1  # a long-poll fetch: answer when min_bytes are appended past start_bytes, or at the deadline
     DELAY_PRODUCE = 2  # an acks=all produce: answer when every row is fsync'd to required_offset, or at the deadline
-    APPEND = 3  # rows appended to that delayed fetches watch (the table says how much; this says "look again")
+    # 3 was APPEND (an append to a watched row): workers answer what their appends satisfy (workers.delayed)
     CANCEL = 4  # complete these delayed requests without an answer: their client is gone, or the worker answered
     # Topic administration (node.timer.controller), each answered by a REPLY. Those with a deadline (monotonic ms,
     # the request's own timeout) are refused REQUEST_TIMED_OUT, with nothing done, if they start after it.
@@ -137,7 +137,6 @@ DelayFetch = declare(Kind.DELAY_FETCH, body=[("request_id", "Q"), ("deadline_ms"
                      items=[("row", "I"), ("start_bytes", "q")]).tuple_class
 DelayProduce = declare(Kind.DELAY_PRODUCE, body=[("request_id", "Q"), ("deadline_ms", "q")],
                        items=[("row", "I"), ("required_offset", "q")]).tuple_class
-Append = declare(Kind.APPEND, items=[("row", "I")]).tuple_class
 Cancel = declare(Kind.CANCEL, items=[("request_id", "Q")]).tuple_class
 CreateTopics = declare(Kind.CREATE_TOPICS, body=[("request_id", "Q"), ("deadline_ms", "q")], document=True).tuple_class
 DeleteTopics = declare(Kind.DELETE_TOPICS, body=[("request_id", "Q")], document=True).tuple_class

@@ -6,9 +6,11 @@ me when min_bytes are appended past what I saw". An append that lands between th
 count as new. This runs the real worker-side objects (partition store and log on a real shared table,
 handlers, delayed requests, the timer link over real rings) in-process, with one hook: PartitionLog.read is
 wrapped so that another log handle (standing for another worker) appends right after the read returns.
-The watch that reaches the request ring must start at the read's end, and the timer's DelayedFetch must
-find it satisfied at once. The other tests produce through the same handlers: an append that satisfies a
-fetch this worker holds answers it at once and cancels its wait in the timer; one that does not, does not.
+The watch that reaches the request ring must start at the read's end; the worker's own check of the new
+wait (after it counted the wait in the watches table) answers it in the same turn, and the timer's
+DelayedFetch would find it satisfied at once too. The other tests produce through the same handlers: an
+append that satisfies a fetch this worker holds answers it at once and cancels its wait in the timer; one
+that does not, does not.
 """
 
 from __future__ import annotations
@@ -27,7 +29,6 @@ from node.timer.delayed import DelayedFetch
 from shm import instance as shm_instance
 from shm import messages as M
 from shm.doorbell import EventfdDoorbell
-from shm.interest import InterestTable
 from shm.ring import RingReader
 from shm.table import PartitionTable
 from shm_testing import fresh_instance
@@ -48,7 +49,6 @@ def worker_side(tmp_path):
     with fresh_instance("race") as instance:
         iid = instance.instance_id
         table = PartitionTable.create(shm_instance.table_name(iid), 8)
-        interest = InterestTable.create(shm_instance.interest_name(iid), 8)
         instance.create_ring(shm_instance.request_ring_name(iid, 0), config.rings)
         instance.create_ring(shm_instance.completion_ring_name(iid, 0), config.rings)
         instance.create_semaphore_doorbell(shm_instance.timer_doorbell_name(iid)).close()
@@ -57,7 +57,7 @@ def worker_side(tmp_path):
         store = PartitionStore(str(tmp_path), table, config.log, 8)
         assert store.create_topics([("t", 1, {})]) == {"t": (0, None)}
         settled = []
-        delayed = DelayedRequests(link, interest, table, config.timer.delayed_grace_ms,
+        delayed = DelayedRequests(link, table, config.timer.delayed_grace_ms,
                                   lambda req, outcome: settled.append(outcome), config.groups.max_request_document_bytes)
         handlers = Handlers(store, config, delayed, "cluster",
                             Throttler(ClientQuotas(config.quotas, 0), delayed, lambda conn: None, lambda conn: None))
@@ -66,7 +66,7 @@ def worker_side(tmp_path):
         try:
             yield store, handlers, delayed, requests, Connection(server, "test", config.server.request_max_bytes, config.server.recv_bytes)
         finally:
-            for closable in (client, server, requests, link, bell, store, interest):
+            for closable in (client, server, requests, link, bell, store):
                 closable.close()
             table.close()
 
@@ -93,13 +93,14 @@ def test_an_append_between_the_read_and_the_watch_counts_as_new(worker_side, mon
     finally:
         other_worker.close()
     assert outcome.deferred, "nothing was there when the handler read: it must wait"
+    answers = []
+    delayed.settle = lambda req, outcome: answers.append(outcome)
     delayed.end_turn()
-    frames = requests.read_batch()
-    watches = [M.decode(frame) for frame in frames]
-    requests.release()
-    assert [w.kind for w in watches] == [M.Kind.DELAY_FETCH]
-    watch = watches[0]
+    watch, cancel = _sent(requests)
+    assert watch.kind == M.Kind.DELAY_FETCH
     assert watch.items == [(row, seen_at_read[0])], "the watch starts where the read ended, before the racing append"
+    assert len(answers) == 1, "the new wait's own check finds the raced append: answered in this turn"
+    assert (cancel.kind, cancel.items) == (M.Kind.CANCEL, [(watch.request_id,)])
     fetch = DelayedFetch(0, watch.request_id, watch.min_bytes, [row], [watch.items[0][1]], store.table,
                          lambda op, expired: None)
     assert fetch.satisfied(), "the timer must find the raced append at once, not at max_wait"
@@ -160,7 +161,7 @@ def test_an_append_short_of_min_bytes_leaves_the_fetch_to_the_timer(worker_side)
     delayed.answer_appended(lambda: None)
     assert answers == [] and len(delayed) == 1
     delayed.end_turn()
-    assert [m.kind for m in _sent(requests)] == [], "no CANCEL; no APPEND either, as no watch is counted in the table"
+    assert [m.kind for m in _sent(requests)] == [], "nothing answered, nothing to cancel"
     _produce(handlers, conn, [bytes(100_000)])
     delayed.answer_appended(lambda: None)
     assert len(answers) == 1 and len(delayed) == 0

@@ -26,7 +26,6 @@ def test_delay_fetch_round_trip(request_id, deadline, min_bytes, items):
 
 @pytest.mark.parametrize("kind, body, items, document", [
     (Kind.DELAY_PRODUCE, (7, 123456), [(9, 42), (1, 0)], None),
-    (Kind.APPEND, (), [(3,), (2**32 - 1,)], None),
     (Kind.CANCEL, (), [(2**64 - 1,)], None),
     (Kind.CREATE_TOPICS, (5, 99), [], {"topics": [["t", 4, {}], ["u", 1, {"retention.ms": "1"}]],
                                       "validate_only": False, "explicit": True}),
@@ -35,7 +34,7 @@ def test_delay_fetch_round_trip(request_id, deadline, min_bytes, items):
     (Kind.ALTER_CONFIGS, (9,), [], {"resources": [[2, "t", "incremental", [[0, "retention.ms", "5"]]]],
                                     "validate_only": False}),
     (Kind.DELETE_RECORDS, (10, 2**62), [], [["t", 0, 5], ["t", 1, -1]]),
-    (Kind.FLUSH, (), [(0,), (4095,)], None),
+    (Kind.FLUSH, (), [(0,), (4095,), (2**32 - 1,)], None),
     (Kind.COMPLETION, (), [(1, M.Status.SATISFIED, 0), (2, M.Status.EXPIRED, 0), (3, M.Status.FAILED, 56)], None),
     (Kind.REPLY, (5,), [], {"t": [0, None], "bad name": [17, "illegal topic name"]}),
     (Kind.TIMER_STARTED, (4321,), [], None),
@@ -55,14 +54,14 @@ def test_every_kind_round_trips(kind, body, items, document):
 def test_every_declared_kind_is_in_the_test_above():
     assert set(M.MESSAGES) == set(Kind)
     assert {kind for kind in Kind if kind < M.FIRST_TIMER_KIND} == {
-        Kind.DELAY_FETCH, Kind.DELAY_PRODUCE, Kind.APPEND, Kind.CANCEL, Kind.CREATE_TOPICS, Kind.DELETE_TOPICS,
+        Kind.DELAY_FETCH, Kind.DELAY_PRODUCE, Kind.CANCEL, Kind.CREATE_TOPICS, Kind.DELETE_TOPICS,
         Kind.CREATE_PARTITIONS, Kind.ALTER_CONFIGS, Kind.DELETE_RECORDS, Kind.FLUSH, *M.GROUP_KINDS,
         Kind.QUOTA_USAGE, Kind.THROTTLE}
 
 
 @pytest.mark.parametrize("bad", [
     b"", b"\x01", b"\x63" + bytes(7),
-    bytes([Kind.APPEND, M.LAYOUT_VERSION, 2, 0, 0, 0, 0, 0]) + bytes(4),  # count says 2, one item there
+    bytes([Kind.FLUSH, M.LAYOUT_VERSION, 2, 0, 0, 0, 0, 0]) + bytes(4),  # count says 2, one item there
     bytes([Kind.CANCEL, 9, 0, 0, 0, 0, 0, 0]),  # layout version 9
     bytes([Kind.DELETE_TOPICS, M.LAYOUT_VERSION, 0, 0, 0, 0, 0, 0]) + bytes(8) + b"{nope",  # bad document
     bytes([Kind.CREATE_TOPICS, M.LAYOUT_VERSION, 0, 0, 0, 0, 0, 0]) + bytes(8) + b"{}",  # deadline cut short
@@ -77,7 +76,7 @@ def test_bad_values_raise_message_error():
     with pytest.raises(MessageError):
         M.encode(Kind.CANCEL, items=[(-1,)])  # negative u64
     with pytest.raises(MessageError):
-        M.encode(Kind.APPEND, items=[(1, 2)])  # one field too many
+        M.encode(Kind.FLUSH, items=[(1, 2)])  # one field too many
     with pytest.raises(MessageError):
         M.encode(Kind.DELAY_FETCH, 1, 2, items=[])  # a body field missing
     with pytest.raises(MessageError):
@@ -85,7 +84,7 @@ def test_bad_values_raise_message_error():
     with pytest.raises(MessageError):
         M.encode(Kind.CREATE_TOPICS, 1, 2, document={1, 2})  # not serialisable
     with pytest.raises(MessageError):
-        M.encode(Kind.APPEND, items=[(1,)], document=[1])  # a kind without a document
+        M.encode(Kind.FLUSH, items=[(1,)], document=[1])  # a kind without a document
 
 
 @settings(max_examples=500, deadline=None, database=None)

@@ -3,15 +3,15 @@
 This is all a request handler knows of the timer. A handler that must wait hands its request here
 (`delay_produce`, `delay_fetch`, `topics`) with a continuation; this object sends the message to the
 timer (shm.messages), keeps the continuation, and when the answer comes (COMPLETION, REPLY)
-runs it and settles the request through the worker's `settle` callback. It also reports appends to
-rows that delayed fetches watch, so the timer knows when to look again.
+runs it and settles the request through the worker's `settle` callback.
 
-A delayed fetch this worker holds is also answered here when an append satisfies it (`answer_appended`),
-as Kafka's request handler completes the fetches its append satisfies (checkAndComplete): the client gets
-its records without the round trip through the timer, and the timer gets a CANCEL for the wait. The
-condition is the timer's (DelayedFetch.satisfied). This worker's own appends are checked in the turn that
-made them; another worker's append reaches it as a ring of its doorbell (shm.interest.WorkerWatches says
-who watches a row), and it checks the rows whose end moved since it last looked.
+A delayed fetch waits in the timer for its deadline; the appends that satisfy it are answered here
+(`answer_appended`), as Kafka's request handler completes the fetches its append satisfies
+(checkAndComplete): the client gets its records without a round trip through the timer, and the timer
+gets a CANCEL for the wait. The condition is the timer's (DelayedFetch.satisfied). This worker's own
+appends are checked in the turn that made them; another worker's append reaches it as a ring of its
+doorbell (shm.interest.WorkerWatches says who watches a row), and it checks the rows whose end moved
+since it last looked. A new wait is checked once in the turn it starts, after its count is raised.
 
 Invariants:
 - Request ids carry the worker's pid in their high bits (PID_SHIFT), so a restarted worker never mistakes
@@ -25,13 +25,13 @@ Invariants:
   duplicates of what it already holds.
 - A closed connection cancels its waits (`cancel_connection`); the timer completes them without an answer.
 - A fetch answered here on an append is popped before its CANCEL is sent: a COMPLETION the timer sent for
-  it meanwhile finds no wait and is dropped, so the continuation still runs once. The APPEND still goes
-  to the timer, which completes every wait whatever the workers do: a missed or late doorbell costs
-  latency, never an answer.
-- This worker's row of WorkerWatches counts its waiting fetches per partition row, raised when one
-  starts to wait and lowered when it is answered or cancelled.
-- Nothing here blocks: frames go to the link's backlog; `end_turn` sends this turn's appends as one APPEND
-  frame and flushes the link.
+  it meanwhile (its deadline came) finds no wait and is dropped, so the continuation still runs once.
+- No append is missed (shm.interest): this worker's row of WorkerWatches counts its waiting fetches per
+  partition row, raised (then a fence) before the new wait's first check, lowered when it is answered or
+  cancelled; an appending worker publishes, fences, then reads the counts of the others and rings them.
+  At worst (a worker that died between its append and its rings) a wait is answered at its deadline.
+- Nothing here blocks: frames go to the link's backlog, and doorbells are eventfd writes; `end_turn`
+  flushes the link.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from typing import Any, Callable, NamedTuple
 
 from shm import messages as M
 from shm.doorbell import EventfdDoorbell
-from shm.interest import InterestTable, WorkerWatches, full_fence
+from shm.interest import WorkerWatches, full_fence
 from shm.table import END_BYTES, PartitionTable
 from workers.connection import Connection, Request
 from workers.outcome import Outcome
@@ -101,13 +101,12 @@ class DocumentTooLarge(ValueError):
 
 
 class DelayedRequests:
-    def __init__(self, link: TimerLink, interest: InterestTable, table: PartitionTable, delayed_grace_ms: int,
+    def __init__(self, link: TimerLink, table: PartitionTable, delayed_grace_ms: int,
                  settle: Callable[[Request, Outcome | None], None], max_frame_bytes: int,
                  watches: WorkerWatches | None = None, index: int = 0,
                  peer_bells: dict[int, EventfdDoorbell] | None = None) -> None:
         self.link = link
         self.max_frame_bytes = max_frame_bytes
-        self.interest = interest
         self.table = table
         self.delayed_grace_ms = delayed_grace_ms
         self.settle = settle
@@ -115,10 +114,9 @@ class DelayedRequests:
         self._by_connection: dict[Connection, set[int]] = {}
         self._sequence = 0
         self._pid_bits = (os.getpid() & PID_MASK) << PID_SHIFT
-        self._appended_rows: set[int] = set()
         self._flush_rows: set[int] = set()
         self._fetches_by_row: dict[int, set[int]] = {}  # row -> ids of this worker's delayed fetches watching it
-        self._appended_here: set[int] = set()  # this turn's appended rows that such fetches watch
+        self._appended_here: set[int] = set()  # rows to check this turn: appended to here, or new waits
         self.answered_on_append = 0  # for the stats segment
         # The table, not views of it: it closes its mapping at exit, which a view held here would prevent.
         self._watches = watches
@@ -136,16 +134,15 @@ class DelayedRequests:
     # -- what handlers call ----------------------------------------------------------------------
 
     def appended(self, row: int) -> None:
-        """Note an append to `row`. If a delayed fetch watches it, the timer hears of it at the end of this
-        turn. The fence orders the append (published in the table) before the interest read (shm.interest)."""
+        """Note an append to `row`: this worker's fetches on it are checked this turn, and the workers that
+        count a wait on it are rung. The fence orders the append (published in the table) before the counts'
+        read (shm.interest)."""
         full_fence()
-        if self.interest.counts[row]:
-            self._appended_rows.add(row)
-            if self._peer_bells:
-                watching = self._watches.counts[:, row]
-                for peer in self._peer_bells:
-                    if watching[peer]:
-                        self._peers_to_ring.add(peer)
+        if self._peer_bells:
+            counts = self._watches.counts
+            for peer in self._peer_bells:
+                if counts[peer, row]:
+                    self._peers_to_ring.add(peer)
         if row in self._fetches_by_row:
             self._appended_here.add(row)
 
@@ -199,6 +196,8 @@ class DelayedRequests:
                 self._fetches_by_row.setdefault(row, set()).add(request_id)
                 if mine is not None:
                     mine[row] += 1
+                self._appended_here.add(row)  # checked this turn, after the fence: an append that raced it
+            full_fence()
         self._by_connection.setdefault(req.conn, set()).add(request_id)
         self.link.send(frame)
         return Outcome.DEFERRED
@@ -317,9 +316,8 @@ class DelayedRequests:
 
     def end_turn(self) -> None:
         self._ring_peers()  # appends made after answer_appended (requests held back until a write)
-        if self._appended_rows:
-            self._send_items(M.Kind.APPEND, [(row,) for row in self._appended_rows])
-            self._appended_rows.clear()
+        if self._appended_here:
+            self.answer_appended(lambda: None)  # requests served after answer_appended, in _write_ready
         if self._flush_rows:
             self._send_items(M.Kind.FLUSH, [(row,) for row in self._flush_rows])
             self._flush_rows.clear()

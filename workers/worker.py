@@ -54,7 +54,7 @@ from node.proctitle import set_title
 from shm import stats as S
 from shm.heartbeat import HeartbeatTable
 from shm.doorbell import EventfdDoorbell
-from shm.interest import InterestTable, WorkerWatches
+from shm.interest import WorkerWatches
 from shm.ring import max_payload
 from shm.table import PartitionTable
 from workers import protocol as P
@@ -96,7 +96,6 @@ class Worker:
         self.supervisor_pid = supervisor_pid
         server = config.server
         self.table = PartitionTable.attach(shm_instance.table_name(instance))
-        self.interest = InterestTable.attach(shm_instance.interest_name(instance))
         self.watches = WorkerWatches.attach(shm_instance.watches_name(instance), self.table.rows)
         self.heartbeats = HeartbeatTable.attach(shm_instance.heartbeat_name(instance))
         self.heartbeat = self.heartbeats.heartbeat(heartbeat_slot, os.getpid())
@@ -107,7 +106,7 @@ class Worker:
         self.link = TimerLink(instance, index, config.rings, bell_fds[index])
         max_frame = min(config.groups.max_request_document_bytes, max_payload(config.rings.capacity))
         peer_bells = {peer: EventfdDoorbell(fd) for peer, fd in enumerate(bell_fds) if peer != index}
-        self.delayed = DelayedRequests(self.link, self.interest, self.table, config.timer.delayed_grace_ms, self._settle,
+        self.delayed = DelayedRequests(self.link, self.table, config.timer.delayed_grace_ms, self._settle,
                                        max_frame, self.watches, index, peer_bells)
         self.quotas = ClientQuotas(config.quotas, index)
         throttler = Throttler(self.quotas, self.delayed, self._mute, self._unmute)
@@ -489,6 +488,8 @@ class Worker:
         if self.delayed and self._self_check is None:
             self._self_check = self.loop.call_later(self.config.timer.self_check_interval_ms / 1000,
                                                     self._check_delayed)
+        if self._dirty:  # fetches answered there (requests served in _write_ready): no sleep before writing
+            return 0.0
         if self.link.backlogged():  # a full request ring: try again soon
             return self.config.timer.ring_full_retry_ms / 1000
         return None
@@ -565,7 +566,6 @@ class Worker:
         self.link.close()
         self.partitions.close()
         self.table.close()
-        self.interest.close()
         self.watches.close()
         self.counts.close()
         self.heartbeats.close()

@@ -4,7 +4,7 @@ Invariants:
 - An operation is keyed by (worker, request id); the timer keeps at most one live operation per
   key, so a request re-submitted after a timer restart (or delivered twice by a ring) is ignored.
 - Conditions are read from the shared partition table, never from a message: the table is the
-  truth, append and flush events only say when to look again. Rows are few per request, so
+  truth, flush events only say when to look again (appends are the workers' to check: workers.delayed). Rows are few per request, so
   each is read with the table's struct path (numpy's fixed cost would dominate), one field at a time.
   * DelayedFetch: bytes appended to the watched partitions since the worker read them
     (end_bytes - start_bytes, summed) reach min_bytes.

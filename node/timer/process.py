@@ -53,7 +53,6 @@ from shm import messages as M
 from shm import stats as S
 from shm.doorbell import EventfdDoorbell, SemaphoreDoorbell
 from shm.heartbeat import HeartbeatTable
-from shm.interest import InterestTable
 from shm.ring import RingCorrupt, RingReader, RingWriter, announce_sleep_all, woke_all
 from shm.table import PartitionTable
 
@@ -74,7 +73,6 @@ class TimerProcess:
         self.heartbeats = HeartbeatTable.attach(shm_instance.heartbeat_name(instance))
         self.heartbeat = self.heartbeats.heartbeat(heartbeat_slot, os.getpid())
         self.table = PartitionTable.attach(shm_instance.table_name(instance))
-        self.interest = InterestTable.attach(shm_instance.interest_name(instance))
         self.store = PartitionStore(os.path.abspath(config.server.data_dir), self.table, config.log,
                                     config.topics.max_partitions, create_threads=config.topics.create_threads)
         self.bell = SemaphoreDoorbell(shm_instance.timer_doorbell_name(instance))
@@ -85,7 +83,7 @@ class TimerProcess:
                               for i, fd in enumerate(worker_bell_fds)], config.timer.completion_chunk)
         now = monotonic_ms()
         self.flusher = Flusher(config, self.table, self.bell.ring)
-        self.operations = DelayedOperations(config, self.table, self.interest, self.outbox, self.flusher, now)
+        self.operations = DelayedOperations(config, self.table, self.outbox, self.flusher, now)
         groups = config.groups
         offsets = OffsetStore(self.store, self.operations.wait_flushed, self.flusher.submit,
                               load_bytes_per_turn=groups.offsets_load_bytes_per_turn,
@@ -105,7 +103,6 @@ class TimerProcess:
         self.handlers: dict[M.Kind, Callable[[int, Any], None]] = {
             M.Kind.DELAY_FETCH: self.operations.delay_fetch,
             M.Kind.DELAY_PRODUCE: self.operations.delay_produce,
-            M.Kind.APPEND: self.operations.appended,
             M.Kind.CANCEL: self.operations.cancel,
             M.Kind.CREATE_TOPICS: self.controller.create_topics,
             M.Kind.DELETE_TOPICS: self.controller.delete_topics,
@@ -243,7 +240,6 @@ class TimerProcess:
         for end in self.readers + self.outbox.writers:
             end.close()
         self.store.close()
-        self.interest.close()
         self.heartbeats.close()
         if self.stats_segment is not None:
             self.stats_segment.close()

@@ -1,15 +1,15 @@
 """The delayed-operation service of the timer process: long-poll fetches and acks=all produces in their
-purgatories, completed by appends, flushes and deadlines, answered through the outbox.
+purgatories, completed by flushes and deadlines, answered through the outbox.
 
 Invariants:
 - Exactly one live operation per (worker, request id): duplicates (a re-submission after a timer
   restart, a frame delivered twice after a consumer crash) are ignored.
 - Every operation completes once, satisfied or expired, and yields exactly one completion to its
   worker; a cancelled operation (its connection closed) yields none.
-- A delayed fetch raises the interest count of its rows before its first check against the table, and
-  lowers it when it completes (shm.interest: no append is missed between the two).
-- Conditions are read from the shared partition table (node.timer.delayed); appends and flushes only
-  say which rows to look at again.
+- A delayed fetch is completed here at its deadline, or at once if its condition already holds when it
+  arrives; the appends that satisfy it are the workers' to notice (workers.delayed: the worker answers
+  and sends CANCEL). Conditions are read from the shared partition table (node.timer.delayed); flushes
+  only say which rows to look at again.
 - A flush round that fails on a row (a storage fault) completes the produces waiting on it that began
   before the round did, FAILED with KAFKA_STORAGE_ERROR; a later successful flush of the row clears it.
 """
@@ -25,16 +25,13 @@ from node.timer.outbox import Outbox
 from node.timer.purgatory import Purgatory
 from node.storage.records import ErrorCode
 from shm import messages as M
-from shm.interest import InterestTable, full_fence
 from shm.table import PartitionTable
 
 
 class DelayedOperations:
-    def __init__(self, config: NodeConfig, table: PartitionTable, interest: InterestTable, outbox: Outbox,
-                 flusher: Flusher, now_ms: int) -> None:
+    def __init__(self, config: NodeConfig, table: PartitionTable, outbox: Outbox, flusher: Flusher,
+                 now_ms: int) -> None:
         self.table = table
-        self.interest = interest
-        self.interest.counts[:] = 0  # the only writer; the operations of a dead predecessor are gone
         self.outbox = outbox
         self.flusher = flusher
         timer = config.timer
@@ -64,10 +61,6 @@ class DelayedOperations:
         """THROTTLE: answer (expired) at the deadline; the worker then unmutes or sends what it held back."""
         self._watch(self.throttles, DelayedTimeout(worker, message.request_id, self.table, self._completed),
                     message.deadline_ms)
-
-    def appended(self, worker: int, message: Any) -> None:
-        for (row,) in message.items:
-            self.fetches.check_and_complete(row)
 
     def cancel(self, worker: int, message: Any) -> None:
         for (request_id,) in message.items:
@@ -109,16 +102,10 @@ class DelayedOperations:
         if op.key in self.operations:  # a re-submission, or a frame delivered twice
             return
         self.operations[op.key] = op
-        if isinstance(op, DelayedFetch):
-            # Interest first, then the table check inside try_complete (see shm.interest).
-            self.interest.add(op.watch_keys(), +1)
-            full_fence()
         purgatory.try_complete_else_watch(op, op.watch_keys(), deadline_ms)
 
     def _completed(self, op: TimerOperation, expired: bool) -> None:
         self.operations.pop(op.key, None)
-        if isinstance(op, DelayedFetch):
-            self.interest.add(op.watch_keys(), -1)
         if op.key in self.cancelled:
             self.cancelled.discard(op.key)
             return
