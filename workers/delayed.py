@@ -116,7 +116,8 @@ class DelayedRequests:
         self._pid_bits = (os.getpid() & PID_MASK) << PID_SHIFT
         self._flush_rows: set[int] = set()
         self._fetches_by_row: dict[int, set[int]] = {}  # row -> ids of this worker's delayed fetches watching it
-        self._appended_here: set[int] = set()  # rows to check this turn: appended to here, or new waits
+        self._appended_here: set[int] = set()  # rows to check this turn: this worker appended to them
+        self._new_fetches: list[int] = []  # fetches that began to wait this turn: each checked once, by itself
         self.answered_on_append = 0  # for the stats segment
         # The table, not views of it: it closes its mapping at exit, which a view held here would prevent.
         self._watches = watches
@@ -196,8 +197,8 @@ class DelayedRequests:
                 self._fetches_by_row.setdefault(row, set()).add(request_id)
                 if mine is not None:
                     mine[row] += 1
-                self._appended_here.add(row)  # checked this turn, after the fence: an append that raced it
             full_fence()
+            self._new_fetches.append(request_id)  # checked this turn, after the fence: an append that raced it
         self._by_connection.setdefault(req.conn, set()).add(request_id)
         self.link.send(frame)
         return Outcome.DEFERRED
@@ -280,18 +281,21 @@ class DelayedRequests:
                 if seen.get(row) != end:
                     seen[row] = end
                     self._appended_here.add(row)
-        if not self._appended_here:
+        if not self._appended_here and not self._new_fetches:
             return
         rows, self._appended_here = self._appended_here, set()
-        answered = []
+        candidates, self._new_fetches = self._new_fetches, []
+        by_row = self._fetches_by_row
         for row in rows:
-            for request_id in list(self._fetches_by_row.get(row, ())):
-                waiting = self.waiting.get(request_id)
-                if waiting is None or not waiting.fetch.satisfied(table):
-                    continue
-                answered.append((request_id,))
-                self._finish(request_id, Completed(M.Status.SATISFIED))
-                after_each()
+            candidates.extend(by_row.get(row, ()))
+        answered = []
+        for request_id in candidates:
+            waiting = self.waiting.get(request_id)  # None: answered already (it watches two rows), or gone
+            if waiting is None or not waiting.fetch.satisfied(table):
+                continue
+            answered.append((request_id,))
+            self._finish(request_id, Completed(M.Status.SATISFIED))
+            after_each()
         if answered:
             self.answered_on_append += len(answered)
             self._send_items(M.Kind.CANCEL, answered)
@@ -316,7 +320,7 @@ class DelayedRequests:
 
     def end_turn(self) -> None:
         self._ring_peers()  # appends made after answer_appended (requests held back until a write)
-        if self._appended_here:
+        if self._appended_here or self._new_fetches:
             self.answer_appended(lambda: None)  # requests served after answer_appended, in _write_ready
         if self._flush_rows:
             self._send_items(M.Kind.FLUSH, [(row,) for row in self._flush_rows])
