@@ -78,7 +78,7 @@ class Waiting:
     deadline_ms: int
     finish: Continuation
     frame: bytes  # as sent to the timer, kept for re-submission
-    fetch: FetchCondition | None = None  # a delayed fetch's condition, checked on this worker's appends
+    fetch: FetchCondition | None = None  # a delayed fetch's condition, checked here when an append may meet it
 
 
 @dataclass(slots=True)
@@ -89,11 +89,7 @@ class FetchCondition:
     min_bytes: int
 
     def satisfied(self, table: PartitionTable) -> bool:
-        read = table.read_field
-        available = 0
-        for row, start in self.watch:
-            available += max(0, read(row, END_BYTES) - start)
-        return available >= self.min_bytes
+        return table.bytes_appended_since(self.watch) >= self.min_bytes
 
 
 class DocumentTooLarge(ValueError):

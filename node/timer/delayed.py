@@ -4,8 +4,9 @@ Invariants:
 - An operation is keyed by (worker, request id); the timer keeps at most one live operation per
   key, so a request re-submitted after a timer restart (or delivered twice by a ring) is ignored.
 - Conditions are read from the shared partition table, never from a message: the table is the
-  truth, flush events only say when to look again (appends are the workers' to check: workers.delayed). Rows are few per request, so
-  each is read with the table's struct path (numpy's fixed cost would dominate), one field at a time.
+  truth, flush events only say when to look again (appends are the workers' to check:
+  workers.delayed). Rows are few per request, so each is read with the table's struct path (numpy's
+  fixed cost would dominate), one field at a time.
   * DelayedFetch: bytes appended to the watched partitions since the worker read them
     (end_bytes - start_bytes, summed) reach min_bytes.
   * DelayedProduce: every partition's flushed (fsync'd) offset reaches the offset after the batch, or
@@ -20,7 +21,7 @@ from __future__ import annotations
 from typing import Callable
 
 from node.timer.purgatory import DelayedOperation
-from shm.table import END_BYTES, FLUSHED_OFFSET, PartitionTable
+from shm.table import FLUSHED_OFFSET, PartitionTable
 
 # (operation, expired) -> None; called once per operation
 CompletionSink = Callable[["TimerOperation", bool], None]
@@ -69,11 +70,7 @@ class DelayedFetch(TimerOperation):
         self.start_bytes = start_bytes
 
     def satisfied(self) -> bool:
-        read = self.table.read_field
-        available = 0
-        for row, start in zip(self.rows, self.start_bytes):
-            available += max(0, read(row, END_BYTES) - start)
-        return available >= self.min_bytes
+        return self.table.bytes_appended_since(zip(self.rows, self.start_bytes)) >= self.min_bytes
 
 
 class DelayedProduce(TimerOperation):
