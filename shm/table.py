@@ -3,12 +3,13 @@
 Every process maps the table and reads rows without locks; the writers of a row are serialised by the
 partition's cross-process fcntl lock (see node/log.py), so a row has one writer at a time.
 
-Row layout (little-endian int64 words, 320 bytes, cache-line aligned):
+Row layout (little-endian int64 words, 384 bytes, cache-line aligned):
 
     word 0       version   incremented once per publish; its low bit names the slot holding the current state
     words 1-7    padding   keeps the version on its own cache line
-    words 8-23   slot 0    PartitionState fields
-    words 24-39  slot 1    PartitionState fields
+    words 8-24   slot 0    PartitionState fields
+    words 25-41  slot 1    PartitionState fields
+    words 42-47  padding   to a whole cache line, so two rows (two partitions' writers) never share one
 
 Invariants (a double-buffered seqlock, chosen over a plain seqlock because a writer killed mid-publish
 must not leave readers spinning on an odd sequence number forever):
@@ -36,8 +37,10 @@ HEADER = struct.Struct("<qqq")
 HEADER_BYTES = 64
 WORD = 8
 VERSION_WORDS = 8  # version + padding to a cache line
-SLOT_WORDS = 16
-ROW_WORDS = VERSION_WORDS + 2 * SLOT_WORDS
+SLOT_WORDS = 17
+CACHE_LINE_WORDS = 8
+TAIL_WORDS = -(VERSION_WORDS + 2 * SLOT_WORDS) % CACHE_LINE_WORDS
+ROW_WORDS = VERSION_WORDS + 2 * SLOT_WORDS + TAIL_WORDS
 ROW_BYTES = ROW_WORDS * WORD
 VERSION = struct.Struct("<q")
 # A reader gives up (TornReadError) after this many copies of a row that kept changing under it: a writer
@@ -64,6 +67,7 @@ class PartitionState(NamedTuple):
     storage_errors: int = 0  # disk faults met by writes to this partition since it was recovered
     storage_error_logged_ms: int = 0  # monotonic ms of the last log line about them (one per interval, node-wide)
     flush_failed: int = 0  # 1 after an fsync failed: the unflushed bytes are re-written before the next fsync
+    producer_batches_end: int = 0  # offset after the newest batch with a producer id: catch-up scans end there
 
 
 assert len(PartitionState._fields) == SLOT_WORDS
@@ -71,7 +75,8 @@ SLOT = struct.Struct("<" + "q" * SLOT_WORDS)
 END_BYTES = PartitionState._fields.index("end_bytes")  # field indexes for PartitionTable.read_field
 FLUSHED_OFFSET = PartitionState._fields.index("flushed_offset")
 SLOT_DTYPE = np.dtype([(name, "<i8") for name in PartitionState._fields])
-ROW_DTYPE = np.dtype([("version", "<i8"), ("padding", "<i8", VERSION_WORDS - 1), ("slots", SLOT_DTYPE, 2)])
+ROW_DTYPE = np.dtype([("version", "<i8"), ("padding", "<i8", VERSION_WORDS - 1), ("slots", SLOT_DTYPE, 2),
+                      ("tail", "<i8", TAIL_WORDS)])
 assert ROW_DTYPE.itemsize == ROW_BYTES
 
 

@@ -14,7 +14,7 @@ from kafka.record.default_records import DefaultRecordBatch
 from node.storage.log import LogConfig, PartitionLog
 from node.storage.producer_state import load_latest_snapshot
 from node.storage.records import ErrorCode, StorageError, parse_header, stored_batch_is_valid
-from node.storage.segment import segment_base_offsets
+from node.storage.segment import BatchScanner, segment_base_offsets
 from shm.table import PartitionTable
 from tests.record_batches import GZIP, SharedTable, dev_shm_entries, edit, make_batch, opaque_compressed_batch
 
@@ -481,6 +481,49 @@ def test_producer_state_catches_up_with_other_processes(tmp_path, table):
     assert caught.value.error_code == ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER
     assert log.append(idempotent(2, producer_id=5)).base_offset == log.state().log_end_offset - 2
     original.close()
+    log.close()
+
+
+def _append_plain(directory, table_name, count):
+    table = PartitionTable.attach(table_name)
+    log = PartitionLog(directory, table, 0, SMALL)
+    for _ in range(count):
+        log.append(make_batch(count=1))
+    log.close()
+    table.close()
+
+
+def test_catching_up_reads_no_batch_after_the_newest_idempotent_one(tmp_path, table, monkeypatch):
+    """Another process appended many plain batches after this one's idempotent ones: the roll's snapshot (and
+    any later check) catches up without reading them back under the lock, and still dedupes."""
+    directory = str(tmp_path / "t-0")
+    log = PartitionLog.recover(directory, table, 0, SMALL)
+    originals = [log.append(idempotent(sequence)) for sequence in range(0, 10, 2)]
+    assert log.state().producer_batches_end == 10
+    child = FORK.Process(target=_append_plain, args=(directory, table.name, 400))
+    child.start()
+    child.join(30)
+    assert child.exitcode == 0
+    read = []
+    real_headers = BatchScanner.headers
+
+    def counted_headers(scanner, start, end):
+        for item in real_headers(scanner, start, end):
+            read.append(item[1][0])
+            yield item
+
+    monkeypatch.setattr(BatchScanner, "headers", counted_headers)
+    state = log.state()
+    assert state.producer_batches_end == 10 and state.log_end_offset == 410
+    log.roll()  # catches up to the log end and writes a snapshot there
+    assert read == []
+    snapshot = load_latest_snapshot(directory, 10**9)
+    assert snapshot.end_offset == 410 and snapshot.producers[77].last_sequence == 9
+    fresh = PartitionLog(directory, table, 0, SMALL)  # a process whose first look is after all of it
+    retry = fresh.append(idempotent(8))
+    assert retry.duplicate and retry.base_offset == originals[-1].base_offset
+    assert read == []
+    fresh.close()
     log.close()
 
 

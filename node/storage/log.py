@@ -18,7 +18,9 @@ Invariants:
   gone re-reads the row. Segments dropped from this process's view stay open for
   retired_segment_close_delay_s so that a sendfile of a range already handed out still works.
 - Before checking an idempotent batch (and before each roll's producer snapshot) a process applies to its
-  producer state the headers of every batch appended since the offset it last saw (node/producer_state.py).
+  producer state the headers of every batch appended since the offset it last saw (node/producer_state.py),
+  up to the row's producer_batches_end: the offset after the newest batch with a producer id, published
+  with every such append, so the batches after it need no reading.
 - Disk faults (node.storage.faults: a full disk, I/O errors) never leave servable torn bytes and never
   escape as OSError: a failed append publishes nothing (the next one is written at the row's end_position
   again, over whatever the failed one left), and the caller gets StorageError(KAFKA_STORAGE_ERROR). Each
@@ -378,6 +380,7 @@ class PartitionLog:
                     active_max_timestamp=max(state.active_max_timestamp, header.max_timestamp),
                     active_first_append_ms=now if position == 0 else state.active_first_append_ms,
                     active_index_entries=entries,
+                    producer_batches_end=last_offset + 1 if header.producer_id >= 0 else state.producer_batches_end,
                 ),
             )
             producers = self._producer_state
@@ -410,25 +413,33 @@ class PartitionLog:
         if producers.end_offset < state.log_start_offset:
             producers.end_offset = state.log_start_offset
         if producers.end_offset < state.log_end_offset:
-            for header in self._headers_from(producers.end_offset, state):
-                producers.apply(
-                    header[9],
-                    header[10],
-                    header[11],
-                    last_sequence(header[11], header[6]),
-                    header[0],
-                    header[0] + header[6],
-                    header[8],
-                )
+            # Only batches before producer_batches_end can carry a producer id: the scan stops there, so a log
+            # of plain (non-idempotent) batches is never read back under the lock, however much of it is new.
+            if producers.end_offset < state.producer_batches_end:
+                for header in self._headers_from(producers.end_offset, state, state.producer_batches_end):
+                    producers.apply(
+                        header[9],
+                        header[10],
+                        header[11],
+                        last_sequence(header[11], header[6]),
+                        header[0],
+                        header[0] + header[6],
+                        header[8],
+                    )
+            producers.end_offset = state.log_end_offset
         return producers
 
-    def _headers_from(self, offset: int, state: PartitionState):
-        """Header tuples of the batches from the one holding `offset` to the end of the log."""
+    def _headers_from(self, offset: int, state: PartitionState, stop: int):
+        """Header tuples of the batches from the one holding `offset` to the one holding `stop - 1`."""
         first = max(0, bisect.bisect_right(self._bases, offset) - 1)
         for segment in self.segments[first:]:
+            if segment.base_offset >= stop:
+                return
             end, entries = self._extent(segment, state)
             start = segment.position_of(offset, entries, end) if segment.base_offset <= offset else 0
             for _, header in segment.scanner.headers(start, end):
+                if header[0] >= stop:
+                    return
                 if header[0] + header[6] >= offset:
                     yield header
 
@@ -832,6 +843,7 @@ class PartitionLog:
                 active_first_append_ms=min(first_timestamp, now_ms()) if end > 0 else -1,
                 online=1,
                 active_index_entries=entries,
+                producer_batches_end=next_offset,  # until the rebuild below knows better
             )
             table.publish(row, state)
             log._segments_version = state.segments_version
@@ -845,6 +857,7 @@ class PartitionLog:
             producers = log._caught_up_producer_state(state)
             if producers.end_offset != next_offset:
                 raise StorageError(ErrorCode.KAFKA_STORAGE_ERROR, f"{directory}: producer state rebuild stopped short")
+            table.update(row, producer_batches_end=producers.newest_batch_end())
         return log
 
 

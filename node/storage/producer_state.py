@@ -115,6 +115,11 @@ class ProducerStateTable:
             entry.last_timestamp = max(entry.last_timestamp, max_timestamp)
         self.end_offset = last_offset + 1
 
+    def newest_batch_end(self) -> int:
+        """The offset after the newest batch this state holds for any producer (0 when it holds none)."""
+        return max((entry.batches[-1].last_offset + 1 for entry in self.producers.values() if entry.batches),
+                   default=0)
+
     def expire(self, now_ms: int, expiration_ms: int) -> None:
         """Forget producers idle longer than expiration_ms (Kafka's producer.id.expiration.ms)."""
         horizon = now_ms - expiration_ms
