@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ctypes
+import mmap
 import multiprocessing
 import os
 import random
@@ -524,6 +526,63 @@ def test_catching_up_reads_no_batch_after_the_newest_idempotent_one(tmp_path, ta
     assert retry.duplicate and retry.base_offset == originals[-1].base_offset
     assert read == []
     fresh.close()
+    log.close()
+
+
+def resident_bytes(path: str) -> int:
+    """Bytes of the file in the page cache (mincore over a private mapping, which shares the cache's pages)."""
+    size = os.path.getsize(path)
+    if size == 0:
+        return 0
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_ubyte)]
+    pages = -(-size // mmap.PAGESIZE)
+    vector = (ctypes.c_ubyte * pages)()
+    with open(path, "rb") as file:
+        memory = mmap.mmap(file.fileno(), size, access=mmap.ACCESS_COPY)
+    try:
+        address = ctypes.c_char.from_buffer(memory)
+        try:
+            assert libc.mincore(ctypes.addressof(address), size, vector) == 0, os.strerror(ctypes.get_errno())
+        finally:
+            del address
+    finally:
+        memory.close()
+    return sum(byte & 1 for byte in vector) * mmap.PAGESIZE
+
+
+def filesystem_type(path: str) -> str:
+    best = ("", "")
+    with open("/proc/self/mounts") as mounts:
+        for line in mounts:
+            _, mount_point, kind = line.split()[:3]
+            if os.path.realpath(path).startswith(mount_point.rstrip("/") + "/") and len(mount_point) > len(best[0]):
+                best = (mount_point, kind)
+    return best[1]
+
+
+@pytest.mark.parametrize("window", [1 << 20, -1])
+def test_flushed_data_behind_the_window_leaves_the_page_cache(tmp_path, table, window):
+    if filesystem_type(str(tmp_path)) == "tmpfs":
+        pytest.skip("tmpfs pages are the file: the page cache cannot drop them")
+    directory = str(tmp_path / "t-0")
+    config = LogConfig(segment_bytes=4 << 20, page_cache_window_bytes=window, page_cache_drop_bytes=256 << 10)
+    log = PartitionLog.recover(directory, table, 0, config)
+    for n in range(60):
+        log.append(make_batch(count=10, value_size=10_000, tag=b"b%d" % n))  # about 100 KB each
+    log.flush()
+    sealed, active = [os.path.join(directory, f"{base:020d}.log") for base in segment_base_offsets(directory)]
+    sealed_size, active_size = os.path.getsize(sealed), log.state().end_position
+    if window < 0:  # the kernel's to keep: nothing dropped
+        assert resident_bytes(sealed) >= 0.9 * sealed_size and resident_bytes(active) >= 0.9 * active_size
+    else:
+        assert active_size > window  # the newer segment alone covers the window: the sealed one goes whole
+        assert resident_bytes(sealed) == 0
+        assert window <= resident_bytes(active) <= window + config.page_cache_drop_bytes + mmap.PAGESIZE
+    values = check_dense_and_valid(stored_batches(log))  # what left the cache reads back from the disk
+    assert len(values) == 600 and values[0].startswith(b"b0.") and values[-1].startswith(b"b59.")
+    appended = log.append(make_batch(count=1))  # unflushed bytes are never dropped: nothing to drop yet
+    assert appended.base_offset == 600
     log.close()
 
 

@@ -31,6 +31,13 @@ Invariants:
   write while reporting the error only once, so a later fsync succeeding proves nothing. Until the mark is
   cleared, flush() re-writes the unflushed batches from the page cache (each one CRC-checked first) before
   it fsyncs; only then does the flushed offset move, and the mark goes.
+- After each flush, the fsync'd bytes more than page_cache_window_bytes behind the flushed end are dropped
+  from the page cache (posix_fadvise DONTNEED), never an unflushed byte: the re-write above needs those.
+  Readers lose nothing (a dropped page is read from disk again), and tailing consumers read the window
+  from memory. Why: an append into a page the cache already recycled costs a fraction of one into memory
+  never touched; measured on this project's VM (a balloon device takes freed memory back), a sequential
+  8 KiB writer went from 0.67 to 2.9 s of system CPU per GB once its cache outgrew about 5 GB, and stayed
+  at 0.8 with a window. -1 leaves the whole log to the kernel, as Kafka does.
 - Recovery on a full disk still opens the partition: what it cannot write (index entries, a torn tail's
   truncation) it leaves, and says so in `faults`; the partition then serves reads and refuses appends
   until there is room.
@@ -117,10 +124,16 @@ class LogConfig:
     index_reserve_entries: int = 4096  # index entries whose disk blocks are reserved at a time
     storage_error_log_interval_ms: int = 60_000  # one log line per partition per interval about disk faults
     rewrite_chunk_bytes: int = 1 << 20  # most bytes read per pread when re-writing after a failed fsync
+    # Flushed bytes per partition kept in the page cache behind the flushed end (module invariants); -1: all.
+    page_cache_window_bytes: int = 256 << 20
+    # Dropped from the cache in steps of at least this much, so a busy group commit adds no syscall per round.
+    page_cache_drop_bytes: int = 16 << 20
 
     def __post_init__(self):
         if not 0 < self.segment_bytes < 2**31:
             raise ValueError("segment_bytes must be in (0, 2**31): index positions are 32-bit")
+        if self.page_cache_window_bytes < -1 or self.page_cache_drop_bytes <= 0:
+            raise ValueError("page_cache_window_bytes must be -1 (keep all) or >= 0; page_cache_drop_bytes > 0")
         if self.index_max_bytes < 64 or self.index_interval_bytes < 0 or self.max_message_bytes <= 0:
             raise ValueError("index_max_bytes >= 64, index_interval_bytes >= 0 and max_message_bytes > 0")
         if self.message_timestamp_type not in TIMESTAMP_TYPES:
@@ -623,7 +636,29 @@ class PartitionLog:
                 self.table.publish(self.row, current._replace(flush_failed=0))
         if state.flush_failed:
             log.info("%s: fsync works again; the data re-written since the failure is on disk", self.name)
+        self._drop_flushed_pages(state)
         return max(current.flushed_offset, state.log_end_offset)
+
+    def _drop_flushed_pages(self, flushed: PartitionState) -> None:
+        """Drop from the page cache what was fsync'd as of `flushed` beyond the window behind its end (see
+        the module invariants), newest segment first; older segments were dropped whole before."""
+        window = self.config.page_cache_window_bytes
+        if window < 0:
+            return
+        behind_end = 0  # flushed bytes in the segments newer than this one
+        for segment in reversed(self.segments):
+            end = self._extent(segment, flushed)[0]
+            sealed = segment.base_offset != flushed.active_base_offset
+            drop_to = end - max(0, window - behind_end)
+            behind_end += end
+            if drop_to <= 0:
+                continue
+            if sealed and segment.uncached_position >= end:
+                break  # this one was dropped whole, so were the older ones
+            if sealed and behind_end - end >= window:
+                segment.drop_from_page_cache(end, whole=True)
+            elif drop_to - segment.uncached_position >= self.config.page_cache_drop_bytes:
+                segment.drop_from_page_cache(drop_to)
 
     def _rewrite_unflushed(self, state: PartitionState, first: int) -> None:
         """Write the batches after flushed_offset again, from what the page cache holds, so the next fsync

@@ -23,6 +23,8 @@ Invariants:
 - Nothing reads an index past its written blocks either: on tmpfs even a read of a hole allocates a page,
   and SIGBUSes on a full one. Entry counts search only up to the first hole (SEEK_HOLE), lookups only
   the published entries, and the append path's look at the entry after them reserves it first.
+- `uncached_position` only grows: log bytes before it were dropped from the page cache after their fsync
+  (PartitionLog's window); a reader of them reads the disk, nothing else changes.
 - The log file may have a torn tail beyond the published end position while it is the active segment;
   nobody reads past that position, the next append overwrites it, and seal() truncates it on roll.
 """
@@ -133,6 +135,7 @@ class Segment:
         self.index_reserve_entries = max(1, index_reserve_entries)
         self._reserved_entries = 0  # entries whose blocks this process has reserved in both index files
         self.faults: list[OSError] = []  # disk faults recovery lived through (recover() fills it)
+        self.uncached_position = 0  # log bytes before it were dropped from the page cache
 
     @staticmethod
     def create_files(directory: str, base_offset: int, index_max_bytes: int) -> None:
@@ -403,6 +406,21 @@ class Segment:
         if indexes:
             for memory in self._maps:
                 memory.flush()
+
+    def drop_from_page_cache(self, end: int, whole: bool = False) -> None:
+        """Drop the log's pages from uncached_position up to `end` (rounded down to a page, so the next drop
+        starts on one), or to the end of the file with `whole`, from the page cache. Only fsync'd bytes may be
+        dropped: DONTNEED skips dirty pages, but the caller's window must not depend on that. Advice only: a
+        failure changes nothing a reader sees, so it is not an error."""
+        start = self.uncached_position
+        length = 0 if whole else (end - end % mmap.PAGESIZE) - start  # 0: to the end of the file
+        if not whole and length <= 0:
+            return
+        try:
+            os.posix_fadvise(self.log_fd, start, length, os.POSIX_FADV_DONTNEED)
+        except OSError:
+            return
+        self.uncached_position = end if whole else start + length
 
     def close(self) -> None:
         for view in reversed(self._views):
