@@ -730,9 +730,9 @@ def redis_version() -> str:
 COLORS = {"shmbroker": "tab:blue", "redis": "tab:red"}
 
 
-def cdf(axis: Any, samples: list[int], label: str, color: str | None = None) -> None:
+def cdf(axis: Any, samples: list[int], label: str, color: str | None = None, style: str = "-") -> None:
     ordered = np.sort(np.asarray(samples, dtype=np.float64)) / 1e6
-    axis.plot(ordered, np.arange(1, len(ordered) + 1) / len(ordered), label=label, color=color)
+    axis.plot(ordered, np.arange(1, len(ordered) + 1) / len(ordered), style, label=label, color=color)
 
 
 def plots(run: Run) -> list[str]:
@@ -778,8 +778,9 @@ def plots(run: Run) -> list[str]:
         fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4.2), squeeze=False)
         for axis, (samples, xlabel, scale, title) in zip(axes[0], panels):
             for name, values in samples.items():
-                if values:
-                    cdf(axis, values, name, COLORS["redis" if name.startswith("redis") else "shmbroker"])
+                if values:  # the node's second curve (the raw client) dashed, in the node's colour
+                    cdf(axis, values, name, COLORS["redis" if name.startswith("redis") else "shmbroker"],
+                        "--" if "raw client" in name else "-")
             axis.set_xscale(scale)
             if scale == "linear":
                 axis.set_xlim(left=0)
