@@ -12,6 +12,7 @@ from node.storage.records import (
     INT32_MAX,
     ErrorCode,
     StorageError,
+    iter_records,
     last_sequence,
     parse_header,
     record_timestamps,
@@ -129,3 +130,28 @@ def test_fuzz_mutated_real_batches(position, patch, fix_crc, cut):
         stored_batch_is_valid(data, 0)  # must not raise either
         header = parse_header(data)
         record_timestamps(data, header)
+
+
+@pytest.mark.parametrize("log_append_time", [True, False])
+def test_a_record_count_the_bytes_cannot_hold_sizes_no_work(log_append_time):
+    """A header claiming 2**31 - 1 records in a 3-record batch (as the fuzz tests make, with the CRC fixed)
+    must not build a list of that many timestamps: found when such a batch took 23 GB in a CI run."""
+    import struct
+
+    from tests.record_batches import recrc
+
+    batch = bytearray(make_batch(count=3, timestamp=1000))
+    huge = 2**31 - 1
+    struct.pack_into(">h", batch, 21, struct.unpack_from(">h", batch, 21)[0] | (0x08 if log_append_time else 0))
+    struct.pack_into(">i", batch, 23, huge - 1)  # lastOffsetDelta
+    struct.pack_into(">i", batch, 57, huge)  # recordCount
+    data = recrc(bytes(batch))
+    header = parse_header(data)
+    assert header.record_count == huge
+    assert record_timestamps(data, header) is None
+    with pytest.raises(StorageError) as caught:
+        list(iter_records(data, header))
+    assert caught.value.error_code == ErrorCode.CORRUPT_MESSAGE
+    with pytest.raises(StorageError) as caught:
+        validate_client_batch(data, 1 << 20)
+    assert caught.value.error_code == ErrorCode.CORRUPT_MESSAGE

@@ -183,10 +183,7 @@ def validate_client_batch(buf, max_message_bytes: int) -> BatchHeader:
         raise StorageError(ErrorCode.INVALID_RECORD, "clients may not send control batches")
     if attributes & TRANSACTIONAL_BIT:
         raise StorageError(ErrorCode.INVALID_RECORD, "transactional batches are not supported")
-    if (
-        attributes & COMPRESSION_MASK == 0
-        and header.record_count * MIN_UNCOMPRESSED_RECORD_SIZE > size - BATCH_HEADER_SIZE
-    ):
+    if attributes & COMPRESSION_MASK == 0 and not records_can_fit(buf, header):
         raise StorageError(ErrorCode.CORRUPT_MESSAGE, f"{header.record_count} records cannot fit in {size} bytes")
     if header.producer_id >= 0 and (header.base_sequence < 0 or header.producer_epoch < 0):
         raise StorageError(ErrorCode.INVALID_RECORD, "idempotent batch without a sequence number or epoch")
@@ -210,12 +207,18 @@ def stored_batch_is_valid(buf, expected_base_offset: int) -> bool:
     )
 
 
+def records_can_fit(buf, header: BatchHeader) -> bool:
+    """Whether the uncompressed records after the header can hold record_count records. The count is the
+    client's (or, for a compressed batch, unchecked until decompressed): work sized by it is bounded by this."""
+    return header.record_count * MIN_UNCOMPRESSED_RECORD_SIZE <= len(buf) - BATCH_HEADER_SIZE
+
+
 def record_timestamps(buf, header: BatchHeader) -> list[int] | None:
     """Timestamps of an uncompressed batch's records in order, or None if compressed or malformed.
 
     Used by ListOffsets-by-timestamp to find the exact record; not on the produce or fetch path.
     """
-    if header.compression != 0:
+    if header.compression != 0 or not records_can_fit(buf, header):
         return None
     if header.attributes & TIMESTAMP_TYPE_BIT:  # LogAppendTime: every record has maxTimestamp
         return [header.max_timestamp] * header.record_count
@@ -326,6 +329,8 @@ def iter_records(buf, header: BatchHeader):
     Raises StorageError(CORRUPT_MESSAGE) on a compressed or malformed batch."""
     if header.compression != 0:
         raise StorageError(ErrorCode.CORRUPT_MESSAGE, "compressed batch where an uncompressed one was expected")
+    if not records_can_fit(buf, header):
+        raise StorageError(ErrorCode.CORRUPT_MESSAGE, f"{header.record_count} records cannot fit in {len(buf)} bytes")
     view = memoryview(buf)
     position = BATCH_HEADER_SIZE
     try:
