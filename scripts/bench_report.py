@@ -663,8 +663,8 @@ def targets(run: Run) -> list[dict]:
     add("producer records/s >= redis-benchmark XADD pipelined (acks=all / appendfsync always, best of 1 and 3)",
         best("producer", "shmbroker", "acks=all"), best("producer", "redis", "appendfsync always"), 1.0, None,
         "records/s")
-    e2e = {r["system"]: r for r in rows if r["section"] == "e2e" and r["system"] == "redis"
-           or r.get("case") == E2E_CONFLUENT_CASE}
+    e2e = {r["system"]: r for r in rows
+           if r["section"] == "e2e" and (r["system"] == "redis" or r["case"] == E2E_CONFLUENT_CASE)}
     if len(e2e) == 2:
         add("end-to-end p99 <= 2x Redis XREAD BLOCK p99", e2e["shmbroker"]["p99_ms"], e2e["redis"]["p99_ms"], None,
             2.0, "ms")

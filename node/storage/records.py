@@ -216,7 +216,8 @@ def records_can_fit(buf, header: BatchHeader) -> bool:
 def record_timestamps(buf, header: BatchHeader) -> list[int] | None:
     """Timestamps of an uncompressed batch's records in order, or None if compressed or malformed.
 
-    Used by ListOffsets-by-timestamp to find the exact record; not on the produce or fetch path.
+    Used by ListOffsets-by-timestamp to find the exact record, and (through all_record_timestamps, on the
+    decompressed records) by a produce to a topic with timestamp bounds; never on the fetch path.
     """
     if header.compression != 0 or not records_can_fit(buf, header):
         return None
