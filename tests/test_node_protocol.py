@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import random
+import select
 import signal
 import socket
 import struct
@@ -175,6 +176,29 @@ def test_an_append_answers_a_long_poll_without_the_timer(node_factory, workers):
     done = wait_for(lambda: (lambda t: t if t["purgatory_fetch_pending"] == 0 else None)(totals()),
                     what="the timer to drop the answered wait")
     assert done["fetches_answered_on_append"] == 1
+
+
+def test_a_long_poll_answered_by_an_append_is_written_before_the_produce_ack(node_factory):
+    # The consumer is what waits on the record, so its answer leaves first: on loopback a send delivers at
+    # once, so when the producer holds its ack the consumer's answer must already be readable. Several
+    # producer connections and rounds, so that no order of the worker's dirty set passes by chance.
+    node = node_factory(workers=1)
+    create_topic(node.bootstrap, "first", 1)
+    producers = [connect(node) for _ in range(4)]
+    try:
+        with connect(node) as consumer:
+            for round_ in range(24):
+                consumer.send(FETCH, 11, R.fetch_body({"first": {0: round_}}, max_wait_ms=30_000, min_bytes=1))
+                time.sleep(0.02)  # the fetch waits in the worker before the append
+                producer = producers[round_ % len(producers)]
+                body = R.produce_body({"first": {0: R.build_record_batch([b"v"])}}, acks=1)
+                assert producer.call(PRODUCE, 8, body).responses[0].partition_responses[0].error_code == NONE
+                readable, _, _ = select.select([consumer.sock], [], [], 0)
+                assert readable, f"round {round_}: the produce ack came before the fetch's answer"
+                assert R.parse_fetch_response(11, consumer.recv_response()[3]).record_count == 1
+    finally:
+        for producer in producers:
+            producer.close()
 
 
 def test_sigterm_answers_inflight_long_poll_then_exits_0(node_factory):

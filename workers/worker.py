@@ -106,7 +106,7 @@ class Worker:
         self.link = TimerLink(instance, index, config.rings, bell_fds[index])
         max_frame = min(config.groups.max_request_document_bytes, max_payload(config.rings.capacity))
         peer_bells = {peer: EventfdDoorbell(fd) for peer, fd in enumerate(bell_fds) if peer != index}
-        self.delayed = DelayedRequests(self.link, self.table, config.timer.delayed_grace_ms, self._settle,
+        self.delayed = DelayedRequests(self.link, self.table, config.timer.delayed_grace_ms, self._settle_delayed,
                                        max_frame, self.watches, index, peer_bells)
         self.quotas = ClientQuotas(config.quotas, index)
         throttler = Throttler(self.quotas, self.delayed, self._mute, self._unmute)
@@ -123,6 +123,7 @@ class Worker:
         self.loop = EventLoop()
         self.connections: dict[int, Connection] = {}
         self._dirty: set[Connection] = set()
+        self._answered: dict[Connection, None] = {}  # dirty with a delayed request's answer: written first
         self._write_chunk = config.timer.completion_chunk
         self._stopping_since: float | None = None
         self._stop_started = False
@@ -207,6 +208,7 @@ class Worker:
         self.loop.unwatch(conn.sock)
         self.connections.pop(conn.fd, None)
         self._dirty.discard(conn)
+        self._answered.pop(conn, None)
         conn.close()
         if conn.timer is not None:
             conn.timer.cancel()
@@ -300,6 +302,14 @@ class Worker:
                     counts[_ERROR_CODES + min(error, _LAST_ERROR_CODE)] += 1
         req.conn.fill(req.slot, outcome.pieces)
         self._dirty.add(req.conn)
+
+    def _settle_delayed(self, req: Request, outcome: Outcome | None) -> None:
+        """A delayed request's answer: its client has been waiting, and on one CPU the first response written
+        wakes its reader first. Written before this turn's other responses (an append's produce ack is not what
+        a consumer waits on)."""
+        self._settle(req, outcome)
+        if req.conn in self._dirty:
+            self._answered[req.conn] = None
 
     def _write(self, conn: Connection) -> None:
         if conn.closed:
@@ -508,6 +518,11 @@ class Worker:
     def _write_dirty(self) -> None:
         if self._dirty:
             dirty, self._dirty = self._dirty, set()
+            if self._answered:
+                answered, self._answered = self._answered, {}
+                for conn in answered:
+                    self._write(conn)
+                    dirty.discard(conn)
             for conn in dirty:
                 self._write(conn)
 
