@@ -155,6 +155,15 @@ class TimerConfig:
     # workers start on a long-poll fan-out while the timer still completes the rest, and the clients start
     # reading while the workers still encode the rest.
     completion_chunk: int = 512
+    # A long-poll fetch waits this long in its worker before the worker hands it to the timer (one DELAY_FETCH
+    # frame, and a CANCEL when an append answers it later): on a busy topic the next append answers most
+    # long polls first, with no frame and no wake of the timer. Fetches with a shorter max wait go at once;
+    # 0 hands every one over at once.
+    fetch_handoff_ms: int = 50
+
+    def __post_init__(self) -> None:
+        if self.fetch_handoff_ms < 0:
+            raise ValueError("fetch_handoff_ms must be 0 (hand over at once) or more")
 
 
 @dataclass(frozen=True)

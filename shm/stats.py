@@ -100,6 +100,8 @@ FIELDS: tuple[Field, ...] = (
     Field("delayed_waiting", counter=False, help="requests waiting on the timer process"),
     Field("fetches_answered_on_append",
           help="delayed fetches a worker answered on an append (its own or, by doorbell, another worker's): no timer hop"),
+    Field("fetches_handed_off",
+          help="long polls a worker handed to the timer, having waited timer.fetch_handoff_ms (or with a shorter max wait)"),
     Field("throttled_connections", counter=False, help="connections muted by a quota throttle"),
     # rings: a worker describes its request ring at position 0; the timer describes every completion ring
     Field("ring_frames_sent", MAX_RINGS, help="frames written into the ring"),

@@ -10,7 +10,8 @@ The watch that reaches the request ring must start at the read's end; the worker
 wait (after it counted the wait in the watches table) answers it in the same turn, and the timer's
 DelayedFetch would find it satisfied at once too. The other tests produce through the same handlers: an
 append that satisfies a fetch this worker holds answers it at once and cancels its wait in the timer; one
-that does not, does not.
+that does not, does not. The last ones give the worker a handoff delay (timer.fetch_handoff_ms): a long poll
+answered or closed before it never reaches the timer, one still waiting then goes with its first deadline.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 import os
 import socket
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -34,7 +36,7 @@ from shm.table import PartitionTable
 from shm_testing import fresh_instance
 from workers import protocol as P
 from workers.connection import Connection, Request
-from workers.delayed import DelayedRequests
+from workers.delayed import DelayedRequests, monotonic_ms
 from workers.handlers import Handlers
 from workers.quotas import ClientQuotas, Throttler
 from workers.timer_link import TimerLink
@@ -165,3 +167,70 @@ def test_an_append_short_of_min_bytes_leaves_the_fetch_to_the_timer(worker_side)
     _produce(handlers, conn, [bytes(100_000)])
     delayed.answer_appended(lambda: None)
     assert len(answers) == 1 and len(delayed) == 0
+
+
+# -- the handoff: a long poll reaches the timer only once it has waited timer.fetch_handoff_ms ----------------
+
+
+def test_a_long_poll_answered_before_its_handoff_costs_the_timer_nothing(worker_side):
+    store, handlers, delayed, requests, conn = worker_side
+    delayed.fetch_handoff_ms = 10_000
+    answers = []
+    delayed.settle = lambda req, outcome: answers.append(outcome)
+    assert _fetch(handlers, conn, 1).deferred  # max wait 30 s
+    delayed.end_turn()
+    assert _sent(requests) == [], "the wait stays in the worker until its handoff"
+    assert 0 < delayed.next_handoff_ms(monotonic_ms()) <= 10_000
+    _produce(handlers, conn, [b"soon"])
+    delayed.answer_appended(lambda: None)
+    delayed.end_turn()
+    assert len(answers) == 1 and delayed.answered_on_append == 1
+    assert _sent(requests) == [], "no DELAY_FETCH, no CANCEL: the timer never heard of it"
+    assert delayed.handed_off == 0 and delayed.next_handoff_ms(monotonic_ms()) is None
+
+
+def test_a_long_poll_still_waiting_at_its_handoff_goes_to_the_timer_with_its_first_deadline(worker_side):
+    store, handlers, delayed, requests, conn = worker_side
+    delayed.fetch_handoff_ms = 50
+    answers = []
+    delayed.settle = lambda req, outcome: answers.append(outcome)
+    before = monotonic_ms()
+    assert _fetch(handlers, conn, 1).deferred  # max wait 30 s
+    after = monotonic_ms()
+    delayed.end_turn()
+    assert _sent(requests) == []
+    due = delayed.next_handoff_ms(monotonic_ms())
+    assert due is not None and due <= 50
+    time.sleep((due + 5) / 1000)
+    delayed.end_turn()
+    (watch,) = _sent(requests)
+    assert watch.kind == M.Kind.DELAY_FETCH
+    assert before + 30_000 <= watch.deadline_ms <= after + 30_000, "the deadline is the one the fetch began with"
+    assert delayed.handed_off == 1 and delayed.next_handoff_ms(monotonic_ms()) is None
+    _produce(handlers, conn, [b"late"])
+    delayed.answer_appended(lambda: None)
+    delayed.end_turn()
+    assert len(answers) == 1
+    assert [(m.kind, m.items) for m in _sent(requests)] == [(M.Kind.CANCEL, [(watch.request_id,)])]
+
+
+def test_a_long_poll_closed_before_its_handoff_sends_nothing_ever(worker_side):
+    store, handlers, delayed, requests, conn = worker_side
+    delayed.fetch_handoff_ms = 20
+    assert _fetch(handlers, conn, 1).deferred
+    delayed.cancel_connection(conn)
+    time.sleep(0.03)
+    delayed.end_turn()
+    assert _sent(requests) == [] and len(delayed) == 0
+    assert delayed.next_handoff_ms(monotonic_ms()) is None
+
+
+def test_a_long_poll_no_longer_than_the_handoff_goes_to_the_timer_at_once(worker_side):
+    store, handlers, delayed, requests, conn = worker_side
+    delayed.fetch_handoff_ms = 60_000
+    header = P.RequestHeader(P.FETCH, 11, 1, "test", 0)
+    request = P.decode_request(P.FETCH, 11, R.fetch_body({"t": {0: 0}}, max_wait_ms=500, min_bytes=1))
+    assert handlers.fetch(Request(conn, header, conn.new_slot()), request).deferred
+    delayed.end_turn()
+    (watch,) = _sent(requests)
+    assert watch.kind == M.Kind.DELAY_FETCH and delayed.handed_off == 1

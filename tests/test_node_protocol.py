@@ -178,6 +178,40 @@ def test_an_append_answers_a_long_poll_without_the_timer(node_factory, workers):
     assert done["fetches_answered_on_append"] == 1
 
 
+def test_a_long_poll_reaches_the_timer_only_past_its_handoff(node_factory):
+    # timer.fetch_handoff_ms: a long poll an append answers sooner never reaches the timer (no purgatory entry,
+    # no DELAY_FETCH or CANCEL frame); one still waiting then is handed over and held there to its deadline.
+    node = node_factory(workers=1, config="[stats]\npublish_interval_ms = 100\n[timer]\nfetch_handoff_ms = 1000\n")
+    create_topic(node.bootstrap, "handoff", 1)
+
+    def totals() -> dict:
+        return stats_json(node)["totals"]
+
+    with connect(node) as consumer, connect(node) as producer:
+        def append() -> None:
+            body = R.produce_body({"handoff": {0: R.build_record_batch([b"v"])}}, acks=1)
+            assert producer.call(PRODUCE, 8, body).responses[0].partition_responses[0].error_code == NONE
+
+        consumer.send(FETCH, 11, R.fetch_body({"handoff": {0: 0}}, max_wait_ms=30_000, min_bytes=1))
+        time.sleep(0.2)
+        append()
+        assert R.parse_fetch_response(11, consumer.recv_response()[3]).record_count == 1
+        quick = wait_for(lambda: (lambda t: t if t["fetches_answered_on_append"] == 1 else None)(totals()),
+                         what="the worker to publish its answer")
+        assert quick["fetches_handed_off"] == 0
+        assert quick["purgatory_fetch_completed"] == quick["purgatory_fetch_pending"] == 0
+
+        consumer.send(FETCH, 11, R.fetch_body({"handoff": {0: 1}}, max_wait_ms=30_000, min_bytes=1))
+        held = wait_for(lambda: (lambda t: t if t["purgatory_fetch_pending"] == 1 else None)(totals()),
+                        what="the handed-off long poll in the timer")
+        assert held["fetches_handed_off"] == 1
+        append()
+        assert R.parse_fetch_response(11, consumer.recv_response()[3]).record_count == 1
+    done = wait_for(lambda: (lambda t: t if t["purgatory_fetch_pending"] == 0 else None)(totals()),
+                    what="the timer to drop the answered wait")
+    assert done["fetches_answered_on_append"] == 2 and done["fetches_handed_off"] == 1
+
+
 def test_a_long_poll_answered_by_an_append_is_written_before_the_produce_ack(node_factory):
     # The consumer is what waits on the record, so its answer leaves first: on loopback a send delivers at
     # once, so when the producer holds its ack the consumer's answer must already be readable. Several

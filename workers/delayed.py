@@ -13,6 +13,11 @@ appends are checked in the turn that made them; another worker's append reaches 
 doorbell (shm.interest.WorkerWatches says who watches a row), and it checks the rows whose end moved
 since it last looked. A new wait is checked once in the turn it starts, after its count is raised.
 
+A long poll is handed to the timer only once it has waited `fetch_handoff_ms` here (at once if its max wait
+is not longer): on a busy topic the next append answers most long polls before that, and such a fetch costs
+the timer nothing, neither a DELAY_FETCH frame nor a CANCEL nor a wake. The deadline in the frame is the
+one the fetch began with, so a handed-off wait expires exactly when it would have.
+
 Invariants:
 - Request ids carry the worker's pid in their high bits (PID_SHIFT), so a restarted worker never mistakes
   a completion meant for its predecessor; answers for unknown ids are dropped.
@@ -21,8 +26,10 @@ Invariants:
   by itself.
 - `self_answer`: a wait `delayed_grace_ms` past its deadline is answered here, so no client waits forever,
   even with the timer process dead.
-- `resubmit` (the timer announced a restart) sends every waiting request's frame again; the timer ignores
-  duplicates of what it already holds.
+- `resubmit` (the timer announced a restart) sends every handed-off request's frame again; the timer ignores
+  duplicates of what it already holds. A fetch not yet handed off goes when its handoff comes.
+- The timer hears of a fetch (DELAY_FETCH, then CANCEL) only once it is handed off: a wait answered or closed
+  before then sends nothing. Handoffs are due in arrival order (one delay for all), so a deque holds them.
 - A closed connection cancels its waits (`cancel_connection`); the timer completes them without an answer.
 - A fetch answered here on an append is popped before its CANCEL is sent: a COMPLETION the timer sent for
   it meanwhile (its deadline came) finds no wait and is dropped, so the continuation still runs once.
@@ -39,6 +46,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable, NamedTuple
 
@@ -79,6 +87,7 @@ class Waiting:
     finish: Continuation
     frame: bytes  # as sent to the timer, kept for re-submission
     fetch: FetchCondition | None = None  # a delayed fetch's condition, checked here when an append may meet it
+    handed_off: bool = False  # sent to the timer (a long poll only after fetch_handoff_ms)
 
 
 @dataclass(slots=True)
@@ -100,7 +109,7 @@ class DelayedRequests:
     def __init__(self, link: TimerLink, table: PartitionTable, delayed_grace_ms: int,
                  settle: Callable[[Request, Outcome | None], None], max_frame_bytes: int,
                  watches: WorkerWatches | None = None, index: int = 0,
-                 peer_bells: dict[int, EventfdDoorbell] | None = None) -> None:
+                 peer_bells: dict[int, EventfdDoorbell] | None = None, fetch_handoff_ms: int = 0) -> None:
         self.link = link
         self.max_frame_bytes = max_frame_bytes
         self.table = table
@@ -115,6 +124,9 @@ class DelayedRequests:
         self._appended_here: set[int] = set()  # rows to check this turn: this worker appended to them
         self._new_fetches: list[int] = []  # fetches that began to wait this turn: each checked once, by itself
         self.answered_on_append = 0  # for the stats segment
+        self.handed_off = 0  # fetches handed to the timer (for the stats segment)
+        self.fetch_handoff_ms = fetch_handoff_ms
+        self._handoffs: deque[tuple[int, int]] = deque()  # (due ms, request id) of fetches not yet handed off
         # The table, not views of it: it closes its mapping at exit, which a view held here would prevent.
         self._watches = watches
         self._index = index
@@ -157,10 +169,13 @@ class DelayedRequests:
     def delay_fetch(self, req: Request, watch: list[tuple[int, int]], min_bytes: int, max_wait_ms: int,
                     finish: Continuation) -> Outcome:
         """Wait until min_bytes are appended past the (row, start_bytes) pairs, or max_wait_ms."""
-        deadline = monotonic_ms() + max(0, max_wait_ms)
+        now = monotonic_ms()
+        deadline = now + max(0, max_wait_ms)
+        handoff = self.fetch_handoff_ms
+        hand_off_at = now + handoff if 0 < handoff < max_wait_ms else None
         return self._wait(req, deadline, finish,
                           lambda rid: M.encode(M.Kind.DELAY_FETCH, rid, deadline, min_bytes, items=watch),
-                          FetchCondition(watch, min_bytes))
+                          FetchCondition(watch, min_bytes), hand_off_at)
 
     def throttle(self, req: Request, client: str | None, quota_kind: int, throttle_ms: int,
                  then: Continuation) -> Outcome:
@@ -182,11 +197,10 @@ class DelayedRequests:
         return self._wait(req, deadline, answer, lambda rid: M.with_request_id(frame, rid))
 
     def _wait(self, req: Request, deadline_ms: int, finish: Continuation, frame_for: Callable[[int], bytes],
-              fetch: FetchCondition | None = None) -> Outcome:
+              fetch: FetchCondition | None = None, hand_off_at: int | None = None) -> Outcome:
         self._sequence += 1
         request_id = self._pid_bits | self._sequence
-        frame = frame_for(request_id)
-        self.waiting[request_id] = Waiting(req, deadline_ms, finish, frame, fetch)
+        waiting = self.waiting[request_id] = Waiting(req, deadline_ms, finish, frame_for(request_id), fetch)
         if fetch is not None:
             mine = self._watches.counts[self._index] if self._watches is not None else None
             for row, _ in fetch.watch:
@@ -196,8 +210,32 @@ class DelayedRequests:
             full_fence()
             self._new_fetches.append(request_id)  # checked this turn, after the fence: an append that raced it
         self._by_connection.setdefault(req.conn, set()).add(request_id)
-        self.link.send(frame)
+        if hand_off_at is None:
+            self._hand_off(waiting)
+        else:
+            self._handoffs.append((hand_off_at, request_id))
         return Outcome.DEFERRED
+
+    def _hand_off(self, waiting: Waiting) -> None:
+        waiting.handed_off = True
+        self.link.send(waiting.frame)
+        if waiting.fetch is not None:
+            self.handed_off += 1
+
+    def _hand_off_due(self, now_ms: int) -> None:
+        """Hand the timer the fetches that waited fetch_handoff_ms here (those answered or closed since: skipped)."""
+        handoffs = self._handoffs
+        while handoffs and handoffs[0][0] <= now_ms:
+            waiting = self.waiting.get(handoffs.popleft()[1])
+            if waiting is not None and not waiting.handed_off:
+                self._hand_off(waiting)
+
+    def next_handoff_ms(self, now_ms: int) -> int | None:
+        """How soon the oldest fetch not yet handed off is due (the worker's sleep is bounded by it)."""
+        handoffs = self._handoffs
+        while handoffs and handoffs[0][1] not in self.waiting:
+            handoffs.popleft()  # answered or closed: nothing to hand off
+        return max(0, handoffs[0][0] - now_ms) if handoffs else None
 
     # -- what the worker's loop calls ------------------------------------------------------------
 
@@ -256,11 +294,15 @@ class DelayedRequests:
         ids = self._by_connection.pop(conn, None)
         if not ids:
             return
+        cancelled = []
         for request_id in ids:
             waiting = self.waiting.pop(request_id)
             if waiting.fetch is not None:
                 self._unindex_fetch(request_id, waiting.fetch)
-        self._send_items(M.Kind.CANCEL, [(request_id,) for request_id in ids])
+            if waiting.handed_off:
+                cancelled.append((request_id,))
+        if cancelled:
+            self._send_items(M.Kind.CANCEL, cancelled)
 
     def answer_appended(self, after_each: Callable[[], None]) -> None:
         """Answer this worker's delayed fetches that appends satisfied: on the rows this turn appended to, and
@@ -284,21 +326,24 @@ class DelayedRequests:
         by_row = self._fetches_by_row
         for row in rows:
             candidates.extend(by_row.get(row, ()))
-        answered = []
+        answered, cancelled = 0, []
         for request_id in candidates:
             waiting = self.waiting.get(request_id)  # None: answered already (it watches two rows), or gone
             if waiting is None or not waiting.fetch.satisfied(table):
                 continue
-            answered.append((request_id,))
+            answered += 1
+            if waiting.handed_off:
+                cancelled.append((request_id,))
             self._finish(request_id, Completed(M.Status.SATISFIED))
             after_each()
-        if answered:
-            self.answered_on_append += len(answered)
-            self._send_items(M.Kind.CANCEL, answered)
+        self.answered_on_append += answered
+        if cancelled:
+            self._send_items(M.Kind.CANCEL, cancelled)
 
     def resubmit(self) -> None:
-        log.info("timer process (re)started: re-submitting %d delayed requests", len(self.waiting))
-        for waiting in self.waiting.values():
+        handed_off = [waiting for waiting in self.waiting.values() if waiting.handed_off]
+        log.info("timer process (re)started: re-submitting %d delayed requests", len(handed_off))
+        for waiting in handed_off:
             self.link.send(waiting.frame)
 
     def self_answer(self, now_ms: int) -> None:
@@ -318,6 +363,8 @@ class DelayedRequests:
         self._ring_peers()  # appends made after answer_appended (requests held back until a write)
         if self._appended_here or self._new_fetches:
             self.answer_appended(lambda: None)  # requests served after answer_appended, in _write_ready
+        if self._handoffs:
+            self._hand_off_due(monotonic_ms())
         if self._flush_rows:
             self._send_items(M.Kind.FLUSH, [(row,) for row in self._flush_rows])
             self._flush_rows.clear()

@@ -107,7 +107,7 @@ class Worker:
         max_frame = min(config.groups.max_request_document_bytes, max_payload(config.rings.capacity))
         peer_bells = {peer: EventfdDoorbell(fd) for peer, fd in enumerate(bell_fds) if peer != index}
         self.delayed = DelayedRequests(self.link, self.table, config.timer.delayed_grace_ms, self._settle_delayed,
-                                       max_frame, self.watches, index, peer_bells)
+                                       max_frame, self.watches, index, peer_bells, config.timer.fetch_handoff_ms)
         self.quotas = ClientQuotas(config.quotas, index)
         throttler = Throttler(self.quotas, self.delayed, self._mute, self._unmute)
         self.handlers = Handlers(self.partitions, config, self.delayed, f"shmbroker-{instance}", throttler)
@@ -502,7 +502,8 @@ class Worker:
             return 0.0
         if self.link.backlogged():  # a full request ring: try again soon
             return self.config.timer.ring_full_retry_ms / 1000
-        return None
+        handoff_ms = self.delayed.next_handoff_ms(monotonic_ms())
+        return None if handoff_ms is None else handoff_ms / 1000
 
     def _check_delayed(self) -> None:
         self._self_check = None
@@ -538,6 +539,7 @@ class Worker:
         stats.set("connections", len(self.connections))
         stats.set("delayed_waiting", len(self.delayed))
         stats.set("fetches_answered_on_append", self.delayed.answered_on_append)
+        stats.set("fetches_handed_off", self.delayed.handed_off)
         stats.set("throttled_connections", sum(1 for conn in self.connections.values() if conn.mutes))
         stats.set("ring_frames_sent", link.frames_sent)
         stats.set("ring_frames_received", link.frames_received)
