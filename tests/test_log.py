@@ -16,7 +16,7 @@ from kafka.record.default_records import DefaultRecordBatch
 from node.storage.log import LogConfig, PartitionLog
 from node.storage.producer_state import load_latest_snapshot
 from node.storage.records import ErrorCode, StorageError, parse_header, stored_batch_is_valid
-from node.storage.segment import BatchScanner, segment_base_offsets
+from node.storage.segment import BatchScanner, Segment, segment_base_offsets
 from shm.table import PartitionTable
 from tests.record_batches import GZIP, SharedTable, dev_shm_entries, edit, make_batch, opaque_compressed_batch
 
@@ -726,5 +726,45 @@ def test_a_repeated_read_is_answered_once_until_another_process_changes_the_part
     again = reader.read(0, 10**6)
     assert again.size == len(first) + len(second) and again.end_bytes == once.end_bytes + len(second)
     assert [len(batch) for batch in stored_batches(reader)] == [len(first), len(second)]
+    writer.close()
+    reader.close()
+
+
+def test_a_read_at_the_log_end_finds_the_next_batch_without_a_lookup(tmp_path, table, monkeypatch):
+    """A tailing consumer reads at the log end, finds nothing, and reads the same offset once an append (by
+    another handle: another worker) lands: the batch starts where the log ended, with no index lookup or
+    header scan. After a roll the remembered end is another segment's, and the lookup finds the batch."""
+    directory = str(tmp_path / "t-0")
+    config = LogConfig(segment_bytes=20_000, index_interval_bytes=4096, index_max_bytes=4096)
+    reader = PartitionLog.recover(directory, table, 0, config)
+    writer = PartitionLog(directory, table, 0, config)
+    for _ in range(20):
+        writer.append(make_batch(count=1, value_size=100))
+    lookups = []
+    real_position_of = Segment.position_of
+
+    def counted_position_of(segment, offset, entries, end):
+        lookups.append(offset)
+        return real_position_of(segment, offset, entries, end)
+
+    monkeypatch.setattr(Segment, "position_of", counted_position_of)
+    for offset in range(20, 30):
+        assert reader.read(offset, 10**6).size == 0  # at the end: nothing yet
+        batch = make_batch(count=1, value_size=100)
+        writer.append(batch)
+        got = reader.read(offset, 10**6)
+        ((fd, position, length),) = got.ranges
+        assert length == len(batch) and position == reader.state().end_position - len(batch)
+        assert stored_batches(reader, offset)[-1][12:] == batch[12:]  # the same batch (its base offset set)
+    assert lookups == [], "each batch was found where the log had ended"
+    lookups.clear()
+    end = reader.state().log_end_offset
+    assert reader.read(end, 10**6).size == 0
+    writer.roll()
+    rolled = make_batch(count=1, value_size=100)
+    writer.append(rolled)
+    got = reader.read(end, 10**6)
+    assert got.size == len(rolled) and got.ranges[0][1] == 0, "the new segment's first batch"
+    assert lookups, "after the roll the remembered end is stale: the index is looked up"
     writer.close()
     reader.close()

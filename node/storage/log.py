@@ -14,6 +14,9 @@ Invariants:
   row's end_position, and recovery truncates the file to the last whole batch whose CRC checks.
 - Offsets are dense: each append's base offset is the row's log_end_offset, and log_end_offset grows by the
   batch's record count. Segment base offsets strictly increase; only the last segment is active.
+- So the batch holding offset N, read when N was the log end, starts at that moment's end_position for as
+  long as the active segment (and segments_version) is the same: a read at the end remembers it, and the
+  read of N after the next append (a tailing consumer's) skips the index lookup and header scan.
 - Retention publishes the new log_start_offset before unlinking files; a process that finds a segment file
   gone re-reads the row. Segments dropped from this process's view stay open for
   retired_segment_close_delay_s so that a sendfile of a range already handed out still works.
@@ -246,6 +249,11 @@ class PartitionLog:
         # the many consumers tailing a partition (a long-poll fan-out: thousands answered in one loop turn)
         # share one index lookup and batch scan.
         self._last_read: tuple[tuple, FetchSlice] | None = None
+        # Where the log ended when a read found nothing past its end: (end offset, active segment's base,
+        # segments_version, end position). The batch that holds that offset starts at that position (appends
+        # are contiguous in the active segment), so the long poll answered later needs no index lookup or
+        # header scan: the read a tailing consumer does on every append.
+        self._tail_hint: tuple[int, int, int, int] | None = None
         self._retired: list[tuple[float, Segment]] = []
         self._producer_state: ProducerStateTable | None = None
         self.faults: list[OSError] = []  # disk faults recovery lived through (recover() fills it)
@@ -534,6 +542,7 @@ class PartitionLog:
             raise StorageError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"{self.directory} is not online")
         log_end = state.log_end_offset
         if fetch_offset == log_end:
+            self._tail_hint = (log_end, state.active_base_offset, state.segments_version, state.end_position)
             return FetchSlice((), 0, state.high_watermark, state.log_start_offset, log_end, state.end_bytes)
         if fetch_offset > log_end or fetch_offset < state.log_start_offset:
             raise StorageError(
@@ -543,15 +552,23 @@ class PartitionLog:
         if state.segments_version != self._segments_version:
             state = self._refresh(state)
         index = bisect.bisect_right(self._bases, fetch_offset) - 1
-        while index < len(self.segments):
-            segment = self.segments[index]
-            end, entries = self._extent(segment, state)
-            start = segment.position_of(fetch_offset, entries, end)
-            if start < end:
-                break
-            index += 1  # fetch_offset is past this segment's last batch: it starts the next one
+        hint = self._tail_hint
+        segment = self.segments[index] if index >= 0 else None
+        if hint is not None and hint[0] == fetch_offset and hint[1] == state.active_base_offset \
+                and hint[2] == state.segments_version and segment is not None \
+                and segment.base_offset == state.active_base_offset and hint[3] < state.end_position:
+            end, entries = state.end_position, state.active_index_entries
+            start = hint[3]
         else:
-            return FetchSlice((), 0, state.high_watermark, state.log_start_offset, log_end, state.end_bytes)
+            while index < len(self.segments):
+                segment = self.segments[index]
+                end, entries = self._extent(segment, state)
+                start = segment.position_of(fetch_offset, entries, end)
+                if start < end:
+                    break
+                index += 1  # fetch_offset is past this segment's last batch: it starts the next one
+            else:
+                return FetchSlice((), 0, state.high_watermark, state.log_start_offset, log_end, state.end_bytes)
         length = end - start
         if length > max_bytes:
             boundary = segment.boundary_at_or_before(start, start + max_bytes, entries)
