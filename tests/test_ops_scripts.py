@@ -52,7 +52,7 @@ def test_bench_report_writes_tables_plots_and_json_lines(tmp_path):
     out = tmp_path / "report"
     done = run(tmp_path, str(SCRIPTS / "bench_report.py"), "--seconds", "1", "--records", "20000", "--workers", "1",
                "--waiters", "100", "--fanout-rounds", "1", "--grow-mb", "16", "--grow-steps", "2",
-               "--rates", "200", "400", "--rate-seconds", "0.5", "--out", str(out), "--json")
+               "--rates", "200", "400", "--rate-seconds", "0.5", "--e2e-runs", "2", "--out", str(out), "--json")
     rows = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
     sections = {(r["section"], r["system"]) for r in rows}
     for section in ("producer", "consumer", "together", "size_sweep", "e2e", "waiters"):
@@ -77,6 +77,10 @@ def test_bench_report_writes_tables_plots_and_json_lines(tmp_path):
     saturation = [r for r in rows if r["section"] == "saturation"]
     assert [r["offered_per_s"] for r in saturation] == [200, 400], saturation
     assert all(r["completed_per_s"] > 0 and r["timer_lateness_p99_us"] is not None for r in saturation), saturation
+    e2e = [r for r in rows if r["section"] == "e2e"]
+    assert len(e2e) == 3 and all(r["runs"] == 2 and len(r["p99_runs"].split(" / ")) == 2 for r in e2e), e2e
+    assert all(min(map(float, r["p99_runs"].split(" / "))) - 0.01 <= r["p99_ms"]
+               <= max(map(float, r["p99_runs"].split(" / "))) + 0.01 for r in e2e), "p99: the median of the runs'"
     waiters = {r["system"]: r for r in rows if r["section"] == "waiters"}
     assert all(r["waiters"] == 100 and r["fanout_ms_median"] > 0 and r["rss_mb"] > 0 for r in waiters.values())
     targets = [r for r in rows if r["section"] == "target"]
