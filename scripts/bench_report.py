@@ -35,7 +35,7 @@ distribution's redis-server, started here on a free loopback port with its own t
 Only 127.0.0.1; every step is bounded in time. Output in --out (default ./bench-report): results.jsonl, *.png,
 report.md. Usage:
     .venv/bin/python scripts/bench_report.py --quick      # about 5 minutes (2 GB stored in section 5)
-    .venv/bin/python scripts/bench_report.py              # about 14 minutes plus the 10 GB fill (1 minute here)
+    .venv/bin/python scripts/bench_report.py              # 15-20 minutes with the 10 GB fill (1 minute here)
 """
 
 from __future__ import annotations
