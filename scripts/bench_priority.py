@@ -6,7 +6,9 @@ records of 100 bytes on each level, then a confluent-kafka consumer assigned to 
 that processes at most --consume-rate records/s (a consumer slower than its producers: why a backlog exists),
 while a producer adds --arrival-rate records/s to level 2 for --seconds. Measured:
 - the delay of each arrival (consumed at - produced at: its CreateTime) through the backlog: p50/p99/max;
-- the share of records each level received while every level still had a backlog;
+- the share of records each level received while every level still had a backlog, counted from the first
+  moment every level had delivered a record (at the start librdkafka may fetch some partitions alone, before
+  the others are ready: those records say nothing about the split);
 - when each level's backlog was drained.
 Trials alternate on/off --runs times; the table shows medians and the on/off ratios of the same run, a PNG
 (--plot) the cumulative records per level over time and the arrival delays.
@@ -106,6 +108,7 @@ def trial(args: Any, mode: str) -> dict[str, Any]:
         timeline: list[tuple[float, int, int, int]] = []  # (s, consumed per level)
         delays_ms: list[float] = []
         shares_at: dict[int, int] | None = None  # consumed per level when the first backlog ran out
+        all_started: dict[int, int] | None = None  # consumed per level once every level had delivered a record
         drained_s: dict[int, float] = {}
         started = time.monotonic()
         producer.start()
@@ -124,6 +127,8 @@ def trial(args: Any, mode: str) -> dict[str, Any]:
                     consumed[level] += 1
                     if level == 2 and message.offset() >= backlog:
                         delays_ms.append(received_ms - message.timestamp()[1])
+                    if all_started is None and min(consumed.values()) > 0:
+                        all_started = dict(consumed)
                     if consumed[level] == backlog and level not in drained_s:
                         drained_s[level] = time.monotonic() - started
                         if shares_at is None:
@@ -135,7 +140,8 @@ def trial(args: Any, mode: str) -> dict[str, Any]:
             stop.set()
             producer.join(timeout=60)
             consumer.close()
-    shares = shares_at or consumed
+    until = shares_at or consumed
+    shares = {level: until[level] - (all_started or {}).get(level, 0) for level in range(LEVELS)}
     total = sum(shares.values())
     delays = np.asarray(delays_ms) if delays_ms else np.asarray([np.nan])
     return {

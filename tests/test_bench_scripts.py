@@ -133,12 +133,12 @@ def test_bench_delayed_answers_every_waiter_in_both_workloads(tmp_path):
 
 def test_bench_priority_measures_both_fetches_and_plots(tmp_path):
     plot = tmp_path / "priority.png"
-    rows = run_script(tmp_path, "bench_priority.py", "--runs", "1", "--backlog", "3000", "--seconds", "1",
+    rows = run_script(tmp_path, "bench_priority.py", "--runs", "1", "--backlog", "6000", "--seconds", "1",
                       "--arrival-rate", "200", "--plot", str(plot), nodes=2)
     trials, summary = rows[:-1], rows[-1]
     assert [row["mode"] for row in trials] == ["split", "plain"]
     for row in trials:
-        assert row["records"] == 3 * 3000 + row["arrivals"] and row["arrivals_consumed"] == row["arrivals"] > 0
+        assert row["records"] == 3 * 6000 + row["arrivals"] and row["arrivals_consumed"] == row["arrivals"] > 0
         assert abs(sum(row["share"].values()) - 1) < 1e-3
     assert trials[0]["share"]["2"] > trials[0]["share"]["0"]  # the split: level 2 first
     assert summary["summary"] and summary["delay_p50_ratio"] > 0
