@@ -557,7 +557,7 @@ class PartitionLog:
         if hint is not None and hint[0] == fetch_offset and hint[1] == state.active_base_offset \
                 and hint[2] == state.segments_version and segment is not None \
                 and segment.base_offset == state.active_base_offset and hint[3] < state.end_position:
-            end, entries = state.end_position, state.active_index_entries
+            end, entries = self._extent(segment, state)
             start = hint[3]
         else:
             while index < len(self.segments):
