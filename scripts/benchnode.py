@@ -172,6 +172,15 @@ def create_topic(host: str, port: int, topic: str, partitions: int, timeout_s: f
     raise RuntimeError(f"topic {topic} did not show {partitions} partitions in {timeout_s}s")
 
 
+def delete_topic(host: str, port: int, topic: str, timeout_s: float = 30.0) -> None:
+    """Delete `topic` (its files go with the answer)."""
+    with rawkafka.RawConnection(host, port, timeout_s=timeout_s) as conn:
+        deleted = conn.call(rawkafka.DELETE_TOPICS, 3, rawkafka.delete_topics_body([topic], int(timeout_s * 1000)))
+        for result in deleted.responses:
+            if int(result.error_code) != 0:
+                raise RuntimeError(f"DeleteTopics {topic}: error {int(result.error_code)}")
+
+
 # --------------------------------------------------------------------------- results
 
 

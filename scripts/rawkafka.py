@@ -44,6 +44,7 @@ LIST_OFFSETS = 2
 METADATA = 3
 API_VERSIONS = 18
 CREATE_TOPICS = 19
+DELETE_TOPICS = 20
 INIT_PRODUCER_ID = 22
 
 DEFAULT_CLIENT_ID = "rawkafka"
@@ -275,6 +276,13 @@ def create_topics_body(
     )
     req = schema.CreateTopicsRequest(topics=creatable, timeout=_ms(timeout_ms), validate_only=validate_only)
     return _kio_body(CREATE_TOPICS, version, req)
+
+
+def delete_topics_body(names: Sequence[str], timeout_ms: int = 30000, version: int = 3) -> bytes:
+    """DeleteTopics (version 0-3: by name, not flexible) via kio."""
+    schema = request_schema(DELETE_TOPICS, version)
+    return _kio_body(DELETE_TOPICS, version, schema.DeleteTopicsRequest(topic_names=tuple(names),
+                                                                       timeout=_ms(timeout_ms)))
 
 
 def list_offsets_body(partitions: dict[str, Sequence[int]], timestamp: int = -1, version: int = 5) -> bytes:

@@ -7,14 +7,15 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
+import statistics
 import subprocess
 import sys
 from pathlib import Path
 
-import re
-
 import psutil
+import pytest
 
 from shm import instance as shm_instance
 from shm.instance import instance_id_for
@@ -72,13 +73,19 @@ def test_bench_report_writes_tables_plots_and_json_lines(tmp_path):
     assert all(r["consumed"] >= 1000 for r in together.values()), together
     growth = [r for r in rows if r["section"] == "growth"]
     assert len(growth) == 2 and 0 < growth[0]["stored_gb"] < growth[1]["stored_gb"], growth
-    for step in growth:  # the disk alone after each step, and the node against it
-        assert step["disk_mb_per_s"] > 0 and abs(step["vs_disk"] - step["mb_per_s"] / step["disk_mb_per_s"]) < 0.002
+    for step in growth:  # a first step written beside each step, from empty on the second node, then deleted
+        assert 0 < step["first_step_gb"] < growth[1]["stored_gb"], step
+        assert abs(step["vs_first_now"] - step["records_per_s"] / step["first_step_records_per_s"]) < 0.002, step
     saturation = [r for r in rows if r["section"] == "saturation"]
     assert [r["offered_per_s"] for r in saturation] == [200, 400], saturation
     assert all(r["completed_per_s"] > 0 and r["timer_lateness_p99_us"] is not None for r in saturation), saturation
     e2e = [r for r in rows if r["section"] == "e2e"]
     assert len(e2e) == 3 and all(r["runs"] == 2 and len(r["p99_runs"].split(" / ")) == 2 for r in e2e), e2e
+    redis_p99s = [float(p99) for p99 in next(r for r in e2e if r["system"] == "redis")["p99_runs"].split(" / ")]
+    for row in (r for r in e2e if r["system"] == "shmbroker"):  # each round's node p99 against that round's Redis
+        paired = [float(p99) / peer for p99, peer in zip(row["p99_runs"].split(" / "), redis_p99s)]
+        assert [float(r) for r in row["vs_redis_runs"].split(" / ")] == pytest.approx(paired, rel=0.1, abs=0.01)
+        assert row["vs_redis_paired"] == pytest.approx(statistics.median(paired), rel=0.1, abs=0.01), row
     assert all(min(map(float, r["p99_runs"].split(" / "))) - 0.01 <= r["p99_ms"]
                <= max(map(float, r["p99_runs"].split(" / "))) + 0.01 for r in e2e), "p99: the median of the runs'"
     waiters = {r["system"]: r for r in rows if r["section"] == "waiters"}
