@@ -86,7 +86,7 @@ MIN_GROW_BYTES = 64 << 20
 GROW_WARMUP_S = 1.0
 # Each step of the fill is written in this many chunks, alternating with the chunks of a first step written
 # again on a second, otherwise empty node: the two rates of a step share the machine's state of that minute.
-GROW_CHUNKS = 4
+GROW_CHUNKS = 6  # even: each node goes first as often as the other
 SATURATION_EXPIRE_MS = 100
 FANOUT_MAX_WAIT_MS = 120_000
 FANOUT_SETTLE_S_PER_10K = 2.0  # time for 10,000 waiting requests to be sent and parked
@@ -428,26 +428,28 @@ def node_growth(run: Run, growing: NodeProcess, reference: NodeProcess, budget: 
     first = None
     for step in range(run.plan.grow_steps):
         again = f"report-first-step-{step}-{os.getpid()}"
-        written = {growing.port: 0, reference.port: 0}
-        spent = {growing.port: 0.0, reference.port: 0.0}
+        benchnode.create_topic(benchnode.LOOPBACK, growing.port, topic, GROW_PARTITIONS)  # outside the timing
+        benchnode.create_topic(benchnode.LOOPBACK, reference.port, again, GROW_PARTITIONS)
+        rates: dict[int, list[float]] = {growing.port: [], reference.port: []}  # records/s of each chunk
         for chunk in range(GROW_CHUNKS):
             pair = ((growing, topic), (reference, again))
             for node, name in pair if chunk % 2 == 0 else reversed(pair):  # neither always goes first
                 started = time.monotonic()
                 filled = consumer_perf.fill_topic(target_of(node), name, chunk_records, GROW_PARTITIONS, 100, 8192,
                                                   STEP_TIMEOUT_S)
-                spent[node.port] += time.monotonic() - started
-                written[node.port] += filled.records
-        rate = written[growing.port] / spent[growing.port]
-        first_now = written[reference.port] / spent[reference.port]
+                rates[node.port].append(filled.records / (time.monotonic() - started))
+        # Equal chunks: the harmonic mean is the records of all chunks over their time.
+        rate, first_now = (statistics.harmonic_mean(rates[node.port]) for node in (growing, reference))
+        paired = [mine / peer for mine, peer in zip(rates[growing.port], rates[reference.port])]
         first = first or rate
         stored, stored_again = stored_bytes(growing.data_dir), stored_bytes(reference.data_dir)
         benchnode.delete_topic(benchnode.LOOPBACK, reference.port, again)
         run.record({"section": "growth", "system": "shmbroker", "case": f"step {step + 1}/{run.plan.grow_steps}",
                     "stored_gb": round(stored / GB, 3), "records_per_s": round(rate, 1),
-                    "mb_per_s": round(rate * 100 / benchnode.MB, 3), "seconds": round(spent[growing.port], 2),
+                    "mb_per_s": round(rate * 100 / benchnode.MB, 3), "seconds": round(chunk_records * GROW_CHUNKS / rate, 2),
                     "vs_first": round(rate / first, 3), "first_step_gb": round(stored_again / GB, 3),
-                    "first_step_records_per_s": round(first_now, 1), "vs_first_now": round(rate / first_now, 3)})
+                    "first_step_records_per_s": round(first_now, 1), "vs_first_now": round(rate / first_now, 3),
+                    "vs_first_now_chunks": " / ".join(f"{r:.2f}" for r in paired)})
         print(f"bench_report: growth step {step + 1}/{run.plan.grow_steps}: {stored / GB:.2f} GB stored, "
               f"{rate:,.0f} records/s; a first step beside it {first_now:,.0f} records/s", file=sys.stderr,
               flush=True)

@@ -76,6 +76,8 @@ def test_bench_report_writes_tables_plots_and_json_lines(tmp_path):
     for step in growth:  # a first step written beside each step, from empty on the second node, then deleted
         assert 0 < step["first_step_gb"] < growth[1]["stored_gb"], step
         assert abs(step["vs_first_now"] - step["records_per_s"] / step["first_step_records_per_s"]) < 0.002, step
+        chunks = [float(r) for r in step["vs_first_now_chunks"].split(" / ")]  # chunk by chunk, in turn
+        assert len(chunks) >= 2 and min(chunks) - 0.01 <= step["vs_first_now"] <= max(chunks) + 0.01, step
     saturation = [r for r in rows if r["section"] == "saturation"]
     assert [r["offered_per_s"] for r in saturation] == [200, 400], saturation
     assert all(r["completed_per_s"] > 0 and r["timer_lateness_p99_us"] is not None for r in saturation), saturation
