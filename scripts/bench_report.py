@@ -36,8 +36,8 @@ against a node started here (fresh ones for sections 5 and 6); Redis (scripts/re
 distribution's redis-server, started here on a free loopback port with its own temp dir and stopped by its pid.
 Only 127.0.0.1; every step is bounded in time. Output in --out (default ./bench-report): results.jsonl, *.png,
 report.md. Usage:
-    .venv/bin/python scripts/bench_report.py --quick      # about 5 minutes (2 GB stored in section 5)
-    .venv/bin/python scripts/bench_report.py              # 15-20 minutes with the 10 GB fill (1 minute here)
+    .venv/bin/python scripts/bench_report.py --quick      # about 6 minutes (4 GB stored in section 5)
+    .venv/bin/python scripts/bench_report.py              # about 23 minutes with the 10 GB fill (2-3 minutes here)
 """
 
 from __future__ import annotations
@@ -93,7 +93,7 @@ FANOUT_SETTLE_S_PER_10K = 2.0  # time for 10,000 waiting requests to be sent and
 WAITING_PRODUCE_RATE = 500.0  # single-record produce requests (XADDs) per second while the waiters wait
 FDS_SPARE = 1024  # descriptors kept for everything but the waiters (files, other sockets)
 GB = 1e9
-QUICK = {"seconds": 4.0, "records": 1_000_000, "fanout_rounds": 5, "grow_mb": 2048, "grow_steps": 4,
+QUICK = {"seconds": 4.0, "records": 1_000_000, "fanout_rounds": 5, "grow_mb": 4096, "grow_steps": 4,
          "rates": [1000, 2000, 5000, 10000, 15000, 20000, 30000], "rate_seconds": 2.0, "waiting_seconds": 2.0,
          "e2e_runs": 3}
 FULL = {"seconds": 15.0, "records": 5_000_000, "fanout_rounds": 9, "grow_mb": 10240, "grow_steps": 10,
@@ -430,23 +430,25 @@ def node_growth(run: Run, growing: NodeProcess, reference: NodeProcess, budget: 
         again = f"report-first-step-{step}-{os.getpid()}"
         benchnode.create_topic(benchnode.LOOPBACK, growing.port, topic, GROW_PARTITIONS)  # outside the timing
         benchnode.create_topic(benchnode.LOOPBACK, reference.port, again, GROW_PARTITIONS)
-        rates: dict[int, list[float]] = {growing.port: [], reference.port: []}  # records/s of each chunk
+        chunks: dict[int, list[tuple[int, float]]] = {growing.port: [], reference.port: []}  # (records, s) each
         for chunk in range(GROW_CHUNKS):
             pair = ((growing, topic), (reference, again))
             for node, name in pair if chunk % 2 == 0 else reversed(pair):  # neither always goes first
                 started = time.monotonic()
                 filled = consumer_perf.fill_topic(target_of(node), name, chunk_records, GROW_PARTITIONS, 100, 8192,
                                                   STEP_TIMEOUT_S)
-                rates[node.port].append(filled.records / (time.monotonic() - started))
-        # Equal chunks: the harmonic mean is the records of all chunks over their time.
-        rate, first_now = (statistics.harmonic_mean(rates[node.port]) for node in (growing, reference))
-        paired = [mine / peer for mine, peer in zip(rates[growing.port], rates[reference.port])]
+                chunks[node.port].append((filled.records, time.monotonic() - started))
+        seconds = sum(spent for _, spent in chunks[growing.port])
+        rate = sum(records for records, _ in chunks[growing.port]) / seconds
+        first_now = sum(records for records, _ in chunks[reference.port]) / sum(t for _, t in chunks[reference.port])
+        paired = [(mine / mine_s) / (peer / peer_s)
+                  for (mine, mine_s), (peer, peer_s) in zip(chunks[growing.port], chunks[reference.port])]
         first = first or rate
         stored, stored_again = stored_bytes(growing.data_dir), stored_bytes(reference.data_dir)
         benchnode.delete_topic(benchnode.LOOPBACK, reference.port, again)
         run.record({"section": "growth", "system": "shmbroker", "case": f"step {step + 1}/{run.plan.grow_steps}",
                     "stored_gb": round(stored / GB, 3), "records_per_s": round(rate, 1),
-                    "mb_per_s": round(rate * 100 / benchnode.MB, 3), "seconds": round(chunk_records * GROW_CHUNKS / rate, 2),
+                    "mb_per_s": round(rate * 100 / benchnode.MB, 3), "seconds": round(seconds, 2),
                     "vs_first": round(rate / first, 3), "first_step_gb": round(stored_again / GB, 3),
                     "first_step_records_per_s": round(first_now, 1), "vs_first_now": round(rate / first_now, 3),
                     "vs_first_now_chunks": " / ".join(f"{r:.2f}" for r in paired)})
@@ -941,14 +943,14 @@ def stages(run: Run, budget: int) -> list[tuple[Callable[[], Any], list[tuple[st
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="about 5 minutes (2 GB stored in section 5)")
+    parser.add_argument("--quick", action="store_true", help="about 6 minutes (4 GB stored in section 5)")
     parser.add_argument("--out", default="bench-report", help="output directory (default %(default)s)")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--seconds", type=float, help="seconds per producer measurement (4 with --quick, else 15)")
     parser.add_argument("--records", type=int, help="records per consumer run (1,000,000 with --quick, else 5,000,000)")
     parser.add_argument("--waiters", type=int, default=10_000, help="section 8: long polls and XREAD BLOCKs waiting")
     parser.add_argument("--fanout-rounds", type=int, help="section 8: rounds, one append each (5 with --quick, else 9)")
-    parser.add_argument("--grow-mb", type=int, help="section 5: payload MB written (2048 with --quick, else 10240)")
+    parser.add_argument("--grow-mb", type=int, help="section 5: payload MB written (4096 with --quick, else 10240)")
     parser.add_argument("--grow-steps", type=int, help="section 5: steps of the fill (4 with --quick, else 10)")
     parser.add_argument("--rates", type=float, nargs="+", help="section 7: delayed fetches offered per second")
     parser.add_argument("--rate-seconds", type=float, help="section 7: seconds per rate (2 with --quick, else 8)")
