@@ -34,9 +34,8 @@ fan-out within 1.5x of Redis's.
 The node's figures come from the benchmark scripts (producer_perf, consumer_perf, e2e_latency, bench_delayed),
 against a node started here (fresh ones for sections 5 and 6); Redis (scripts/redis_peer.py) runs the
 distribution's redis-server, started here on a free loopback port with its own temp dir and stopped by its pid.
-Only 127.0.0.1; every step is bounded in time, and starts once the machine is quiet (os.sync, then a second
-with the CPUs at most 10% busy; at most 30 s, --settle-max-s). Output in --out (default ./bench-report):
-results.jsonl, *.png, report.md. Usage:
+Only 127.0.0.1; every step is bounded in time. Output in --out (default ./bench-report): results.jsonl, *.png,
+report.md. Usage:
     .venv/bin/python scripts/bench_report.py --quick      # about 6 minutes (4 GB stored in section 5)
     .venv/bin/python scripts/bench_report.py              # about 23 minutes with the 10 GB fill (2-3 minutes here)
 """
@@ -89,9 +88,6 @@ GROW_WARMUP_S = 1.0
 # Each step of the fill is written in this many chunks, alternating with the chunks of a first step written
 # again on a second, otherwise empty node: the two rates of a step share the machine's state of that minute.
 GROW_CHUNKS = 6  # even: each node goes first as often as the other
-# Before each step: os.sync, then wait (at most SETTLE_MAX_S) for a second with all CPUs at most this busy.
-SETTLE_MAX_S = 30.0
-SETTLE_BUSY_PERCENT = 10.0
 SATURATION_EXPIRE_MS = 100
 FANOUT_MAX_WAIT_MS = 120_000
 FANOUT_SETTLE_S_PER_10K = 2.0  # time for 10,000 waiting requests to be sent and parked
@@ -114,11 +110,11 @@ class Progress:
         self.done = 0
         self.started = time.monotonic()
 
-    def step(self, what: str, settled_s: float) -> None:
+    def step(self, what: str) -> None:
         self.done += 1
         bar = "#" * (20 * self.done // self.total)
-        print(f"[{bar:<20}] {self.done}/{self.total} {what} ({time.monotonic() - self.started:.0f} s; "
-              f"{settled_s:.1f} s settling before it)", file=sys.stderr, flush=True)
+        print(f"[{bar:<20}] {self.done}/{self.total} {what} ({time.monotonic() - self.started:.0f} s)",
+              file=sys.stderr, flush=True)
 
 
 def loud(line: str) -> None:
@@ -302,10 +298,12 @@ def node_size(run: Run, node: NodeProcess, size: int) -> None:
 
 E2E_CONFLUENT_CASE = "confluent-kafka, 1000 records/s"
 E2E_REDIS_CASE = "redis-py, 1000 records/s"
-# Section 6 starts right after a stage that wrote gigabytes and held 10,000 connections: its first round ran
+# Section 6 starts right after a stage that wrote gigabytes and held 10,000 connections: the first round ran
 # slow for all three cases in three quick runs out of three (confluent-kafka's p99 4-240 ms, the raw client's
-# and Redis's twice their later rounds). Every step starts on a settled machine (see settle), and section 6
-# also runs one short round of each case and drops it.
+# and Redis's twice their later rounds). So first the machine settles (bounded), then one short round of
+# each case is run and dropped.
+E2E_SETTLE_MAX_S = 30.0
+E2E_SETTLE_BUSY_PERCENT = 10.0  # CPU busy, all CPUs, over one second
 E2E_WARMUP_ROUND_S = 2.0
 
 
@@ -329,6 +327,8 @@ def e2e_rounds(run: Run, node: NodeProcess, server: redis_peer.RedisServer) -> N
              (e2e_latency.run_raw, "raw protocol client, 1000 records/s", "shmbroker (raw client, long-poll fetch)"))
     runs: dict[str, list[list[int]]] = {case: [] for _, case, _ in cases}
     redis_runs: list[list[int]] = []
+    settled_s = settle(E2E_SETTLE_MAX_S, E2E_SETTLE_BUSY_PERCENT)
+    print(f"bench_report: end-to-end: the machine settled in {settled_s:.1f} s", file=sys.stderr, flush=True)
     for round_ in range(-1, run.plan.e2e_runs):  # round -1: the warm-up, dropped
         seconds = E2E_WARMUP_ROUND_S if round_ < 0 else run.plan.seconds * 2
         for client, case, _ in cases:
@@ -628,10 +628,11 @@ SECTIONS = (
             "Paced records (100 B, 1000/s) from a producer to a consumer long-polling one partition; latency from "
             "the send to the record in the consumer's hands. A fresh node and Redis run side by side; each round "
             "runs the node's two clients and Redis one after the other, so a round's runs share the machine's "
-            f"state of that minute. A {E2E_WARMUP_ROUND_S:.0f}-second round of each case is run first and dropped: "
-            "the section follows a stage that wrote gigabytes and held 10,000 connections. p50, p99 and p99.9 "
-            "are the medians over the runs, and the CDF pools every sample. The target judges confluent-kafka's "
-            "row by the median of its per-round p99 ratios. The raw "
+            f"state of that minute. First the machine settles (at most {E2E_SETTLE_MAX_S:.0f} s, until a second "
+            f"with the CPUs at most {E2E_SETTLE_BUSY_PERCENT:.0f}% busy) and a {E2E_WARMUP_ROUND_S:.0f}-second round "
+            "of each case is run and dropped: the section follows one that wrote gigabytes and held 10,000 "
+            "connections. p50, p99 and p99.9 are the medians over the runs, and the CDF pools every sample. The "
+            "target judges confluent-kafka's row by the median of its per-round p99 ratios. The raw "
             "protocol client (scripts/rawkafka.py) is a thin blocking client, as redis-py is: the two node rows "
             "differ by the client alone, the node serving both alike."),
     Section("saturation", "7. Purgatory saturation (delayed fetches)",
@@ -983,8 +984,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate-seconds", type=float, help="section 7: seconds per rate (2 with --quick, else 8)")
     parser.add_argument("--e2e-runs", type=int, help="section 6: runs of each case, medians reported (3 with --quick, "
                                                      "else 5)")
-    parser.add_argument("--settle-max-s", type=float, default=SETTLE_MAX_S,
-                        help="before each step, wait at most this long for a quiet second (default %(default)s)")
     parser.add_argument("--json", action="store_true", help="the JSON lines on stdout instead of the Markdown")
     args = parser.parse_args(argv)
     base = QUICK if args.quick else FULL
@@ -1013,11 +1012,8 @@ def main(argv: list[str] | None = None) -> int:
         for open_system, steps in plan_of_run:
             with open_system() as system:
                 for label, step in steps:
-                    # The step before may leave writeback and closing sockets behind: section 7's lateness p99
-                    # at 5,000 fetches/s was 21-65 ms right after the size sweep, 3 ms with a minute between.
-                    waited = settle(args.settle_max_s, SETTLE_BUSY_PERCENT)
                     step(system)
-                    progress.step(label, waited)
+                    progress.step(label)
         found = [run.record(t) for t in targets(run)]
     finally:
         run.close()

@@ -53,8 +53,7 @@ def test_bench_report_writes_tables_plots_and_json_lines(tmp_path):
     out = tmp_path / "report"
     done = run(tmp_path, str(SCRIPTS / "bench_report.py"), "--seconds", "1", "--records", "20000", "--workers", "1",
                "--waiters", "100", "--fanout-rounds", "1", "--grow-mb", "16", "--grow-steps", "2",
-               "--rates", "200", "400", "--rate-seconds", "0.5", "--e2e-runs", "2", "--settle-max-s", "2",
-               "--out", str(out), "--json")
+               "--rates", "200", "400", "--rate-seconds", "0.5", "--e2e-runs", "2", "--out", str(out), "--json")
     rows = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
     sections = {(r["section"], r["system"]) for r in rows}
     for section in ("producer", "consumer", "together", "size_sweep", "e2e", "waiters"):
