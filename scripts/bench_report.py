@@ -298,10 +298,10 @@ def node_size(run: Run, node: NodeProcess, size: int) -> None:
 
 E2E_CONFLUENT_CASE = "confluent-kafka, 1000 records/s"
 E2E_REDIS_CASE = "redis-py, 1000 records/s"
-# Section 6 starts right after a stage that wrote gigabytes and held 10,000 connections: the first round ran
-# slow for all three cases in three quick runs out of three (confluent-kafka's p99 4-240 ms, the raw client's
-# and Redis's twice their later rounds). So first the machine settles (bounded), then one short round of
-# each case is run and dropped.
+# Section 6 starts right after a stage that wrote gigabytes and held 10,000 connections: its first round ran
+# slow in three quick runs out of three (confluent-kafka's p99 4-240 ms against 0.5-1.4 ms later, the raw
+# client's up to 3x its later rounds; Redis's in two of the three). So first the machine settles (bounded),
+# then one short round of each case is run and dropped.
 E2E_SETTLE_MAX_S = 30.0
 E2E_SETTLE_BUSY_PERCENT = 10.0  # CPU busy, all CPUs, over one second
 E2E_WARMUP_ROUND_S = 2.0
@@ -614,7 +614,7 @@ SECTIONS = (
              Column("vs_first_now", "vs the first step beside it", MS)),
             (), "Node only: Redis keeps its data in memory. A fresh node, the raw producer (100-byte records in "
                 "8 KiB batches, acks=1, 4 partitions) after 1 s of warm-up, equal steps of the fill; stored: the "
-                f"disk blocks of the data dir. Beside each step a second fresh node writes a first step again "
+                "disk blocks of the data dir. Beside each step a second fresh node writes a first step again "
                 f"(from empty, then deleted), the two in turn {GROW_CHUNKS} chunks each, so that the step and its "
                 "peer share the machine's state of that minute: \"vs first step\" also holds how the machine "
                 "changed since the first step, \"vs the first step beside it\" only the stored data's effect "
