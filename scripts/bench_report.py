@@ -305,6 +305,7 @@ E2E_REDIS_CASE = "redis-py, 1000 records/s"
 E2E_SETTLE_MAX_S = 30.0
 E2E_SETTLE_BUSY_PERCENT = 10.0  # CPU busy, all CPUs, over one second
 E2E_WARMUP_ROUND_S = 2.0
+E2E_PLACEMENT_TIMEOUT_S = 3.0  # for every worker to publish its counters after a run (every 0.5 s)
 
 
 def settle(max_s: float, busy_percent: float) -> float:
@@ -317,6 +318,40 @@ def settle(max_s: float, busy_percent: float) -> float:
     return time.monotonic() - started
 
 
+class ServingWorkers:
+    """Whether one worker served both a run's produce requests and its fetches, or two workers did: per-worker
+    request counts from the node's stats segment (node.inspect, read-only), before and after the run. The kernel
+    spreads connections over the workers (SO_REUSEPORT), so a producer and a consumer share a worker by chance;
+    across two, each append reaches the consumer's worker through its doorbell, one process wake more."""
+
+    PRODUCE, FETCH = 0, 1  # Kafka API keys
+
+    def __init__(self, node: NodeProcess) -> None:
+        from node.inspect import NodeReader
+
+        self.reader = NodeReader.open(str(node.data_dir))
+
+    def counts(self) -> dict[int, tuple[int, int, int]]:
+        """Per worker index: (published_ms, produce requests, fetch requests)."""
+        return {row.index: (row.get("published_ms"), int(row.array("requests")[self.PRODUCE]),
+                            int(row.array("requests")[self.FETCH])) for row in self.reader.rows() if row.role == "worker"}
+
+    def placement(self, before: dict[int, tuple[int, int, int]], timeout_s: float) -> str:
+        """"one worker" or "two workers" for the run since `before`, once every worker has published after it."""
+        ended_ms = time.time_ns() // 1_000_000
+        deadline = time.monotonic() + timeout_s
+        after = self.counts()
+        while min(published for published, _, _ in after.values()) < ended_ms and time.monotonic() < deadline:
+            time.sleep(0.05)
+            after = self.counts()
+        produced = {index: after[index][1] - before.get(index, (0, 0, 0))[1] for index in after}
+        fetched = {index: after[index][2] - before.get(index, (0, 0, 0))[2] for index in after}
+        return "one worker" if max(produced, key=produced.get) == max(fetched, key=fetched.get) else "two workers"
+
+    def close(self) -> None:
+        self.reader.close()
+
+
 def e2e_rounds(run: Run, node: NodeProcess, server: redis_peer.RedisServer) -> None:
     """Section 6, node and Redis both up: each round runs confluent-kafka (what users run; the target's row),
     the project's raw protocol client (a thin blocking client as redis-py is, so the two node rows tell the
@@ -326,7 +361,9 @@ def e2e_rounds(run: Run, node: NodeProcess, server: redis_peer.RedisServer) -> N
     cases = ((e2e_latency.run_confluent, E2E_CONFLUENT_CASE, "shmbroker (confluent-kafka, long-poll fetch)"),
              (e2e_latency.run_raw, "raw protocol client, 1000 records/s", "shmbroker (raw client, long-poll fetch)"))
     runs: dict[str, list[list[int]]] = {case: [] for _, case, _ in cases}
+    placements: dict[str, list[str]] = {case: [] for _, case, _ in cases}
     redis_runs: list[list[int]] = []
+    serving = ServingWorkers(node)
     settled_s = settle(E2E_SETTLE_MAX_S, E2E_SETTLE_BUSY_PERCENT)
     print(f"bench_report: end-to-end: the machine settled in {settled_s:.1f} s", file=sys.stderr, flush=True)
     for round_ in range(-1, run.plan.e2e_runs):  # round -1: the warm-up, dropped
@@ -335,19 +372,27 @@ def e2e_rounds(run: Run, node: NodeProcess, server: redis_peer.RedisServer) -> N
             topic = f"report-e2e-{client.__name__}-{round_ + 1}-{os.getpid()}"
             benchnode.create_topic(benchnode.LOOPBACK, node.port, topic, 1)
             latency_run = e2e_latency.LatencyRun(topic, 1000.0, seconds, 0.5, 100)
+            before = serving.counts()
             latencies = list(client(target_of(node), latency_run).latencies_ns)
             if round_ >= 0:
                 runs[case].append(latencies)
+                placements[case].append(serving.placement(before, E2E_PLACEMENT_TIMEOUT_S))
         latencies = redis_peer.end_to_end(server, 1000.0, seconds, 100)
         if round_ >= 0:
             redis_runs.append(latencies)
+    serving.close()
     redis_p99s = [benchnode.percentiles_ms(latencies)["p99_ms"] for latencies in redis_runs]
     for _, case, curve in cases:
         run.latencies[curve] = [latency for one in runs[case] for latency in one]
         paired = [benchnode.percentiles_ms(latencies)["p99_ms"] / peer for latencies, peer in zip(runs[case],
                                                                                                   redis_p99s)]
+        by_placement = {where: [ratio for ratio, at in zip(paired, placements[case]) if at == where]
+                        for where in ("one worker", "two workers")}
         run.record({"section": "e2e", "system": "shmbroker", "case": case, **median_percentiles(runs[case]),
                     "vs_redis_runs": " / ".join(f"{r:.2f}" for r in paired),
+                    "placement_runs": " / ".join(placements[case]),
+                    **{f"vs_redis_{where.replace(' ', '_')}": round(statistics.median(ratios), 3) if ratios else None
+                       for where, ratios in by_placement.items()},
                     "vs_redis_paired": round(statistics.median(paired), 3), "peer": E2E_REDIS_CASE})
     run.latencies["redis (XREAD BLOCK)"] = [latency for one in redis_runs for latency in one]
     run.record({"section": "e2e", "system": "redis", "case": E2E_REDIS_CASE, **median_percentiles(redis_runs)})
@@ -623,7 +668,10 @@ SECTIONS = (
             (Column("system", "system"), Column("case", "case"), Column("p50_ms", "p50 ms", MS),
              Column("p99_ms", "p99 ms", MS), Column("p999_ms", "p99.9 ms", MS), Column("p99_runs", "p99 of each run"),
              Column("samples", "samples", "{:,}"), Column("vs_redis_runs", "node / Redis p99, each round"),
-             Column("vs_redis_paired", "node / Redis p99, median of rounds", MS)),
+             Column("placement_runs", "producer and consumer on, each round"),
+             Column("vs_redis_paired", "node / Redis p99, median of rounds", MS),
+             Column("vs_redis_one_worker", "median, one worker", MS),
+             Column("vs_redis_two_workers", "median, two workers", MS)),
             (Column("p99_ms", "node / Redis p99 (medians)", MS),),
             "Paced records (100 B, 1000/s) from a producer to a consumer long-polling one partition; latency from "
             "the send to the record in the consumer's hands. A fresh node and Redis run side by side; each round "
@@ -634,7 +682,11 @@ SECTIONS = (
             "connections. p50, p99 and p99.9 are the medians over the runs, and the CDF pools every sample. The "
             "target judges confluent-kafka's row by the median of its per-round p99 ratios. The raw "
             "protocol client (scripts/rawkafka.py) is a thin blocking client, as redis-py is: the two node rows "
-            "differ by the client alone, the node serving both alike."),
+            "differ by the client alone, the node serving both alike. The kernel spreads connections over the "
+            "workers, so in each run the producer and the consumer share a worker or not, by chance (read from "
+            "the node's stats segment: which worker served the produce requests, which the fetches); across two "
+            "workers each append wakes the consumer's worker through its doorbell, one process wake more on the "
+            "way, and the last two columns give the rounds of each kind apart."),
     Section("saturation", "7. Purgatory saturation (delayed fetches)",
             (Column("offered_per_s", "offered/s", RATE), Column("sent_per_s", "sent/s", RATE),
              Column("completed_per_s", "completed/s", RATE), Column("p50_ms", "lateness p50 ms", MS),
