@@ -686,7 +686,7 @@ SECTIONS = (
             "workers, so in each run the producer and the consumer share a worker or not, by chance (read from "
             "the node's stats segment: which worker served the produce requests, which the fetches); across two "
             "workers each append wakes the consumer's worker through its doorbell, one process wake more on the "
-            "way, and the last two columns give the rounds of each kind apart."),
+            "way; \"median, one worker\" and \"median, two workers\" give the rounds of each kind apart."),
     Section("saturation", "7. Purgatory saturation (delayed fetches)",
             (Column("offered_per_s", "offered/s", RATE), Column("sent_per_s", "sent/s", RATE),
              Column("completed_per_s", "completed/s", RATE), Column("p50_ms", "lateness p50 ms", MS),
