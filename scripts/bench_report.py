@@ -325,6 +325,7 @@ class ServingWorkers:
     across two, each append reaches the consumer's worker through its doorbell, one process wake more."""
 
     PRODUCE, FETCH = 0, 1  # Kafka API keys
+    PLACEMENTS = ONE, TWO = "one worker", "two workers"
 
     def __init__(self, node: NodeProcess) -> None:
         from node.inspect import NodeReader
@@ -333,11 +334,15 @@ class ServingWorkers:
 
     def counts(self) -> dict[int, tuple[int, int, int]]:
         """Per worker index: (published_ms, produce requests, fetch requests)."""
-        return {row.index: (row.get("published_ms"), int(row.array("requests")[self.PRODUCE]),
-                            int(row.array("requests")[self.FETCH])) for row in self.reader.rows() if row.role == "worker"}
+        found = {}
+        for row in self.reader.rows():
+            if row.role == "worker":
+                requests = row.array("requests")
+                found[row.index] = (row.get("published_ms"), int(requests[self.PRODUCE]), int(requests[self.FETCH]))
+        return found
 
     def placement(self, before: dict[int, tuple[int, int, int]], timeout_s: float) -> str:
-        """"one worker" or "two workers" for the run since `before`, once every worker has published after it."""
+        """ONE or TWO (workers served the run since `before`), once every worker has published after it."""
         ended_ms = time.time_ns() // 1_000_000
         deadline = time.monotonic() + timeout_s
         after = self.counts()
@@ -346,7 +351,7 @@ class ServingWorkers:
             after = self.counts()
         produced = {index: after[index][1] - before.get(index, (0, 0, 0))[1] for index in after}
         fetched = {index: after[index][2] - before.get(index, (0, 0, 0))[2] for index in after}
-        return "one worker" if max(produced, key=produced.get) == max(fetched, key=fetched.get) else "two workers"
+        return self.ONE if max(produced, key=produced.get) == max(fetched, key=fetched.get) else self.TWO
 
     def close(self) -> None:
         self.reader.close()
@@ -387,7 +392,7 @@ def e2e_rounds(run: Run, node: NodeProcess, server: redis_peer.RedisServer) -> N
         paired = [benchnode.percentiles_ms(latencies)["p99_ms"] / peer for latencies, peer in zip(runs[case],
                                                                                                   redis_p99s)]
         by_placement = {where: [ratio for ratio, at in zip(paired, placements[case]) if at == where]
-                        for where in ("one worker", "two workers")}
+                        for where in ServingWorkers.PLACEMENTS}
         run.record({"section": "e2e", "system": "shmbroker", "case": case, **median_percentiles(runs[case]),
                     "vs_redis_runs": " / ".join(f"{r:.2f}" for r in paired),
                     "placement_runs": " / ".join(placements[case]),
@@ -509,8 +514,8 @@ def node_growth(run: Run, growing: NodeProcess, reference: NodeProcess, budget: 
                                                   STEP_TIMEOUT_S)
                 chunks[node.port].append((filled.records, time.monotonic() - started))
         seconds = sum(spent for _, spent in chunks[growing.port])
-        rate = sum(records for records, _ in chunks[growing.port]) / seconds
-        first_now = sum(records for records, _ in chunks[reference.port]) / sum(t for _, t in chunks[reference.port])
+        rate, first_now = (sum(records for records, _ in done) / sum(spent for _, spent in done)
+                           for done in (chunks[growing.port], chunks[reference.port]))
         paired = [(mine / mine_s) / (peer / peer_s)
                   for (mine, mine_s), (peer, peer_s) in zip(chunks[growing.port], chunks[reference.port])]
         first = first or rate
