@@ -31,6 +31,7 @@ from node.timer.delayed import DelayedFetch
 from shm import instance as shm_instance
 from shm import messages as M
 from shm.doorbell import EventfdDoorbell
+from shm.interest import WorkerWatches
 from shm.ring import RingReader
 from shm.table import PartitionTable
 from shm_testing import fresh_instance
@@ -167,6 +168,40 @@ def test_an_append_short_of_min_bytes_leaves_the_fetch_to_the_timer(worker_side)
     _produce(handlers, conn, [bytes(100_000)])
     delayed.answer_appended(lambda: None)
     assert len(answers) == 1 and len(delayed) == 0
+
+
+def test_an_append_rings_a_watching_peer_at_once_and_its_later_appends_at_the_turns_end(worker_side):
+    """Another worker waits on the row: the first append of a turn rings it before the request is done (it
+    wakes while this worker answers its producer); later appends that turn ring it once more, at the end."""
+    store, handlers, delayed, requests, conn = worker_side
+    row = store.row("t", 0)
+    with fresh_instance("peers") as instance:
+        watches = WorkerWatches.create(shm_instance.watches_name(instance.instance_id), 2, store.table.rows)
+        peer_bell = EventfdDoorbell()
+        try:
+            delayed._watches, delayed._index = watches, 0
+            delayed._peer_bells = {1: EventfdDoorbell(os.dup(peer_bell.fileno()))}
+            watches.counts[1, row] = 1  # worker 1 holds a long poll on the row
+            _produce(handlers, conn, [b"first"])
+            assert peer_bell.drain() == 1, "rung at the append itself, before the turn ends"
+            _produce(handlers, conn, [b"second"])
+            delayed.answer_appended(lambda: None)  # as the worker does after each request: rings nobody
+            _produce(handlers, conn, [b"third"])
+            assert peer_bell.drain() == 0, "rung once per turn at an append"
+            delayed.end_turn()
+            assert peer_bell.drain() == 1, "the later appends ring it once more at the turn's end"
+            _produce(handlers, conn, [b"next turn"])
+            assert peer_bell.drain() == 1, "a new turn rings at its first append again"
+            watches.counts[1, row] = 0
+            delayed.end_turn()
+            _produce(handlers, conn, [b"nobody waits"])
+            delayed.end_turn()
+            assert peer_bell.drain() == 0, "a worker that waits on nothing is never rung"
+        finally:
+            delayed._peer_bells[1].close()
+            delayed._watches = None
+            peer_bell.close()
+            watches.close()
 
 
 # -- the handoff: a long poll reaches the timer only once it has waited timer.fetch_handoff_ms ----------------

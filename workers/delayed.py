@@ -9,9 +9,10 @@ A delayed fetch waits in the timer for its deadline; the appends that satisfy it
 (`answer_appended`), as Kafka's request handler completes the fetches its append satisfies
 (checkAndComplete): the client gets its records without a round trip through the timer, and the timer
 gets a CANCEL for the wait. The condition is the timer's (DelayedFetch.satisfied). This worker's own
-appends are checked in the turn that made them; another worker's append reaches it as a ring of its
-doorbell (shm.interest.WorkerWatches says who watches a row), and it checks the rows whose end moved
-since it last looked. A new wait is checked once in the turn it starts, after its count is raised.
+appends are checked right after the request that made them (`answers_due`, then the worker calls
+`answer_appended`); another worker's append reaches it as a ring of its doorbell, rung at the append
+(shm.interest.WorkerWatches says who watches a row), and it checks the rows whose end moved since it last
+looked. A new wait is checked once in the turn it starts, after its count is raised.
 
 A long poll is handed to the timer only once it has waited `fetch_handoff_ms` here (at once if its max wait
 is not longer): on a busy topic the next append answers most long polls before that, and such a fetch costs
@@ -133,7 +134,8 @@ class DelayedRequests:
         if watches is not None:
             watches.counts[index] = 0  # a dead predecessor's counts
         self._peer_bells = peer_bells or {}
-        self._peers_to_ring: set[int] = set()
+        self._peers_rung: set[int] = set()  # rung at an append this turn
+        self._peers_to_ring: set[int] = set()  # appended to again since: rung in the turn's hooks
         self._rang = False  # the doorbell rang this turn: another worker may have appended
         self._seen_end: dict[int, int] = {}  # watched row -> its end bytes when last checked after a ring
 
@@ -145,13 +147,22 @@ class DelayedRequests:
     def appended(self, row: int) -> None:
         """Note an append to `row`: this worker's fetches on it are checked this turn, and the workers that
         count a wait on it are rung. The fence orders the append (published in the table) before the counts'
-        read (shm.interest)."""
+        read (shm.interest).
+
+        A peer is rung at once on its first such append of the turn: it wakes (tens of microseconds on a
+        virtual CPU) while this worker answers its producer. Its later ones this turn ring it again (the peer may
+        have looked at the row in between) in the turn's hooks, before the writes and after them (`ring_peers`):
+        a few rings per peer per turn, however many appends."""
         full_fence()
         if self._peer_bells:
             counts = self._watches.counts
             for peer in self._peer_bells:
                 if counts[peer, row]:
-                    self._peers_to_ring.add(peer)
+                    if peer in self._peers_rung:
+                        self._peers_to_ring.add(peer)
+                    else:
+                        self._peers_rung.add(peer)
+                        self._peer_bells[peer].ring()
         if row in self._fetches_by_row:
             self._appended_here.add(row)
 
@@ -289,6 +300,10 @@ class DelayedRequests:
         """The timer or another worker rang: this turn, also check the watched rows whose end moved."""
         self._rang = True
 
+    def answers_due(self) -> bool:
+        """Whether answer_appended has anything to check: an append or a ring since, or a new wait."""
+        return bool(self._appended_here or self._new_fetches or self._rang)
+
     def cancel_connection(self, conn: Connection) -> None:
         """The connection closed: forget its waits and tell the timer to drop them."""
         ids = self._by_connection.pop(conn, None)
@@ -307,9 +322,7 @@ class DelayedRequests:
     def answer_appended(self, after_each: Callable[[], None]) -> None:
         """Answer this worker's delayed fetches that appends satisfied: on the rows this turn appended to, and
         after a doorbell ring on the watched rows whose end moved. `after_each()` runs after each answer (the
-        worker writes in chunks); the timer drops their waits on the CANCEL sent here. Rings the workers that
-        watch this turn's rows first."""
-        self._ring_peers()  # first: the other workers answer their share while this one answers its own
+        worker writes in chunks); the timer drops their waits on the CANCEL sent here."""
         table = self.table
         if self._rang:
             self._rang = False
@@ -353,14 +366,17 @@ class DelayedRequests:
             log.warning("timer did not answer request %d in time; answering it here", request_id)
             self._finish(request_id, None)
 
-    def _ring_peers(self) -> None:
+    def ring_peers(self) -> None:
+        """Ring the peers appended to again this turn after their first ring (see `appended`): the worker calls
+        it before answering the turn's own waits, so the others answer their share meanwhile."""
         if self._peers_to_ring:
             for peer in self._peers_to_ring:
                 self._peer_bells[peer].ring()
             self._peers_to_ring.clear()
 
     def end_turn(self) -> None:
-        self._ring_peers()  # appends made after answer_appended (requests held back until a write)
+        self.ring_peers()  # appends made since (requests held back until a write)
+        self._peers_rung.clear()
         if self._appended_here or self._new_fetches:
             self.answer_appended(lambda: None)  # requests served after answer_appended, in _write_ready
         if self._handoffs:

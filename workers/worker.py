@@ -4,6 +4,8 @@ doorbell and a signal wakeup pipe, on one event loop (workers.eventloop).
 The server logic hangs on the loop as handlers and hooks:
 - file events: accept on the listener; read and write on each connection (and its hang-up while its reads
   are paused); drain the doorbell; the wakeup pipe;
+- after each request, and on a ring of the doorbell: the delayed fetches an append satisfied, answered and
+  written at once (their clients are the ones waiting; the rest of the turn's responses wait for its end);
 - before each sleep: the heartbeat, the stop procedure, the timer's messages (completions, topic outcomes,
   layout changes), the turn's frames to the timer, the responses that became ready, the memory budget's
   resumptions; then the doorbell's sleep announcement;
@@ -126,6 +128,7 @@ class Worker:
         self._answered: dict[Connection, None] = {}  # dirty with a delayed request's answer: written first
         self._write_chunk = config.timer.completion_chunk
         self._stopping_since: float | None = None
+        self._next_parent_check = 0.0
         self._stop_started = False
         self._self_check: Timer | None = None
         self._quota_report: Timer | None = None
@@ -246,6 +249,8 @@ class Worker:
                 self._pause(conn, PAUSED_OUTPUT)
                 return
             self._handle(conn, frame)
+            if self.delayed.answers_due():
+                self._answer_appended()
 
     def _handle(self, conn: Connection, frame: memoryview) -> None:
         try:
@@ -310,6 +315,16 @@ class Worker:
         self._settle(req, outcome)
         if req.conn in self._dirty:
             self._answered[req.conn] = None
+
+    def _answer_appended(self) -> None:
+        """Answer the delayed fetches that an append just satisfied, and write their responses at once: their
+        clients are the ones waiting (a producer's ack is written with the turn's other responses)."""
+        self.delayed.answer_appended(self._write_chunk_ready)
+        if self._answered:
+            answered, self._answered = self._answered, {}
+            for conn in answered:
+                self._dirty.discard(conn)
+                self._write(conn)
 
     def _write(self, conn: Connection) -> None:
         if conn.closed:
@@ -453,10 +468,13 @@ class Worker:
     def _stop_procedure(self) -> float | None:
         """Before sleeping: notice a lost supervisor; once stopping, stop accepting, close idle connections,
         and end the loop when in-flight responses are out (or the grace period is over)."""
-        if self._stopping_since is None and os.getppid() != self.supervisor_pid:
-            # Normally PR_SET_PDEATHSIG has killed us already; this covers a lost signal.
-            log.error("supervisor is gone: stopping")
-            self._stopping_since = time.monotonic()
+        if self._stopping_since is None and self.loop.now >= self._next_parent_check:
+            # Normally PR_SET_PDEATHSIG has killed us already; this covers a lost signal. Once per heartbeat
+            # interval, not per turn: a syscall per request at 1,000s of requests per second.
+            self._next_parent_check = self.loop.now + self.config.server.heartbeat_interval_ms / 1000
+            if os.getppid() != self.supervisor_pid:
+                log.error("supervisor is gone: stopping")
+                self._stopping_since = time.monotonic()
         if self._stopping_since is None:
             return None
         if not self._stop_started:
@@ -483,6 +501,7 @@ class Worker:
             else:
                 handler(message)
             self._write_chunk_ready()
+        self.delayed.ring_peers()
         self.delayed.answer_appended(self._write_chunk_ready)
         return None
 
@@ -552,6 +571,7 @@ class Worker:
     def _on_doorbell(self) -> None:
         self.link.drain_doorbell()
         self.delayed.doorbell_rang()
+        self._answer_appended()  # another worker's append: its consumers here wait on this
 
     def _read_wakeup(self) -> None:
         try:
