@@ -318,13 +318,11 @@ class Worker:
 
     def _answer_appended(self) -> None:
         """Answer the delayed fetches that an append just satisfied, and write their responses at once: their
-        clients are the ones waiting (a producer's ack is written with the turn's other responses)."""
+        clients are the ones waiting (a producer's ack is written with the turn's other responses). After each
+        request, as Kafka's KafkaApis.handle completes delayed operations (tryCompleteActions)."""
         self.delayed.answer_appended(self._write_chunk_ready)
         if self._answered:
-            answered, self._answered = self._answered, {}
-            for conn in answered:
-                self._dirty.discard(conn)
-                self._write(conn)
+            self._write_answered(self._dirty)
 
     def _write(self, conn: Connection) -> None:
         if conn.closed:
@@ -539,12 +537,17 @@ class Worker:
         if self._dirty:
             dirty, self._dirty = self._dirty, set()
             if self._answered:
-                answered, self._answered = self._answered, {}
-                for conn in answered:
-                    self._write(conn)
-                    dirty.discard(conn)
+                self._write_answered(dirty)
             for conn in dirty:
                 self._write(conn)
+
+    def _write_answered(self, dirty: set[Connection]) -> None:
+        """Write the connections a delayed request's answer made dirty, taking them out of `dirty` first (a
+        write may serve held requests, which mark their connection dirty again)."""
+        answered, self._answered = self._answered, {}
+        for conn in answered:
+            dirty.discard(conn)
+            self._write(conn)
 
     def _announce_sleep(self) -> float | None:
         """Last before sleeping: tell the timer we sleep on the doorbell (0: frames arrived meanwhile)."""
