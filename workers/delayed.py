@@ -145,8 +145,8 @@ class DelayedRequests:
     # -- what handlers call ----------------------------------------------------------------------
 
     def appended(self, row: int) -> None:
-        """Note an append to `row`: this worker's fetches on it are checked this turn, and the workers that
-        count a wait on it are rung. The fence orders the append (published in the table) before the counts'
+        """Note an append to `row`: this worker's fetches on it are checked right after the request (the worker
+        asks `answers_due`), and the workers that count a wait on it are rung. The fence orders the append (published in the table) before the counts'
         read (shm.interest).
 
         A peer is rung at once on its first such append of the turn: it wakes (tens of microseconds on a
