@@ -97,6 +97,15 @@ class ServerConfig:
     # After accept fails for lack of file descriptors (EMFILE, ENFILE) the listener rests this long.
     accept_retry_ms: int = 100
 
+    # -- connection affinity (workers.affinity; more than one worker only) --
+    # A connection whose last this-many long polls were all answered by one other worker's appends moves to
+    # that worker, which then answers them right after its appends (0: connections never move).
+    connection_affinity_waits: int = 4
+    # ... unless the move leaves that worker with more than this many connections over the mover's.
+    connection_affinity_slack: int = 16
+    # A connection moves at most once per this long.
+    connection_affinity_cooldown_ms: int = 30_000
+
     # -- hung children --
     # Every child's loop turns (and beats) at least this often, even when idle.
     heartbeat_interval_ms: int = 1000
@@ -110,6 +119,9 @@ class ServerConfig:
             raise ValueError("child_hang_timeout_ms must be 0 (off) or at least twice heartbeat_interval_ms")
         if self.heartbeat_interval_ms <= 0 or self.connection_ip_buckets <= 0:
             raise ValueError("heartbeat_interval_ms and connection_ip_buckets must be positive")
+        if min(self.connection_affinity_waits, self.connection_affinity_slack,
+               self.connection_affinity_cooldown_ms) < 0:
+            raise ValueError("connection_affinity_waits, _slack and _cooldown_ms must be 0 or more")
 
     def worker_count(self) -> int:
         return self.workers if self.workers > 0 else (os.cpu_count() or 1)

@@ -29,6 +29,7 @@ from node.storage.store import PartitionStore
 from shm import instance as shm_instance
 from shm.connections import ConnectionCounts
 from shm.doorbell import EventfdDoorbell
+from shm.handoff import Inbox
 from shm.heartbeat import HeartbeatTable
 from shm.interest import WorkerWatches
 from shm.stats import StatsSegment, stats_rows
@@ -61,12 +62,15 @@ def heartbeat_slot(role: str, index: int) -> int:
 class NodeResources:
     def __init__(self, instance: shm_instance.Instance, table: PartitionTable, worker_bells: list[EventfdDoorbell],
                  heartbeats: HeartbeatTable, connections: ConnectionCounts, config: NodeConfig, data_dir: str,
-                 stats: StatsSegment) -> None:
+                 stats: StatsSegment, inboxes: list[Inbox] | None = None) -> None:
         self.instance = instance
         self.stats = stats  # one row per process: supervisor, timer, workers (shm.stats)
         self.heartbeats = heartbeats  # one slot per child: timer 0, worker i at 1 + i (shm.heartbeat)
         self.table = table
         self.worker_bells = worker_bells
+        # Each worker's handoff inbox (shm.handoff), held here for the node's life: a connection passed to a
+        # worker that died waits in it for the worker that replaces it.
+        self.inboxes = inboxes or []
         self.connections = connections
         self.config = config
         self.data_dir = data_dir
@@ -91,13 +95,14 @@ class NodeResources:
                 instance.create_ring(shm_instance.completion_ring_name(instance_id, i), config.rings)
             instance.create_semaphore_doorbell(shm_instance.timer_doorbell_name(instance_id)).close()
             bells = [EventfdDoorbell() for _ in range(workers)]
+            inboxes = [Inbox.create() for _ in range(workers)] if workers > 1 else []
             heartbeats = HeartbeatTable.create(shm_instance.heartbeat_name(instance_id), 1 + workers)
             connections = ConnectionCounts.create(shm_instance.connections_name(instance_id), workers,
                                                   config.server.connection_ip_buckets)
         except BaseException:
             instance.shutdown()
             raise
-        return cls(instance, table, bells, heartbeats, connections, config, data_dir, stats)
+        return cls(instance, table, bells, heartbeats, connections, config, data_dir, stats, inboxes)
 
     def child_starting(self, role: str, index: int) -> None:
         self.heartbeats.claim(heartbeat_slot(role, index))
@@ -119,6 +124,8 @@ class NodeResources:
     def unlink(self) -> None:
         for bell in self.worker_bells:
             bell.close()
+        for inbox in self.inboxes:
+            inbox.close()
         self.heartbeats.close()
         self.connections.close()
         self.table.close()

@@ -179,11 +179,17 @@ class Supervisor:
         bells = [bell.fileno() for bell in self.resources.worker_bells]
         timer = ChildSpec("timer", 0, "node.timer.process", ("--worker-bell-fds", ",".join(map(str, bells))),
                           tuple(bells))
-        workers = [ChildSpec("worker", i, "workers.worker",
-                             ("--worker-bell-fds", ",".join(map(str, bells)),
-                              "--listen-fd", str(self.listeners[i].fileno())),
-                             (*bells, self.listeners[i].fileno()))
-                   for i in range(len(bells))]
+        receiving = [inbox.receiving.fileno() for inbox in self.resources.inboxes]
+        sending = [inbox.sending.fileno() for inbox in self.resources.inboxes]
+        workers = []
+        for i in range(len(bells)):
+            args: tuple[str, ...] = ("--worker-bell-fds", ",".join(map(str, bells)),
+                                     "--listen-fd", str(self.listeners[i].fileno()))
+            fds: tuple[int, ...] = (*bells, self.listeners[i].fileno())
+            if receiving:  # a worker inherits its own inbox's receiving end and the others' sending ends
+                args += ("--inbox-fd", str(receiving[i]), "--worker-inbox-fds", ",".join(map(str, sending)))
+                fds += (receiving[i], *(fd for peer, fd in enumerate(sending) if peer != i))
+            workers.append(ChildSpec("worker", i, "workers.worker", args, fds))
         return [timer] + workers
 
     def spawn(self, child: Child) -> None:

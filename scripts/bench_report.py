@@ -319,39 +319,46 @@ def settle(max_s: float, busy_percent: float) -> float:
 
 
 class ServingWorkers:
-    """Whether one worker served both a run's produce requests and its fetches, or two workers did: per-worker
-    request counts from the node's stats segment (node.inspect, read-only), before and after the run. The kernel
-    spreads connections over the workers (SO_REUSEPORT), so a producer and a consumer share a worker by chance;
-    across two, each append reaches the consumer's worker through its doorbell, one process wake more."""
+    """Whether one worker served both a run's produce requests and its fetches, or two workers did, or the
+    consumer moved to the producer's worker during the run (server.connection_affinity_*): per-worker request
+    and move counts from the node's stats segment (node.inspect, read-only), before and after the run. The
+    kernel spreads connections over the workers (SO_REUSEPORT), so a producer and a consumer share a worker by
+    chance; across two, each append reaches the consumer's worker through its doorbell, one process wake more,
+    until the consumer moves."""
 
     PRODUCE, FETCH = 0, 1  # Kafka API keys
-    PLACEMENTS = ONE, TWO = "one worker", "two workers"
+    PLACEMENTS = ONE, MOVED, TWO = "one worker", "moved to one", "two workers"
 
     def __init__(self, node: NodeProcess) -> None:
         from node.inspect import NodeReader
 
         self.reader = NodeReader.open(str(node.data_dir))
 
-    def counts(self) -> dict[int, tuple[int, int, int]]:
-        """Per worker index: (published_ms, produce requests, fetch requests)."""
+    def counts(self) -> dict[int, tuple[int, int, int, int]]:
+        """Per worker index: (published_ms, produce requests, fetch requests, connections moved in)."""
         found = {}
         for row in self.reader.rows():
             if row.role == "worker":
                 requests = row.array("requests")
-                found[row.index] = (row.get("published_ms"), int(requests[self.PRODUCE]), int(requests[self.FETCH]))
+                found[row.index] = (row.get("published_ms"), int(requests[self.PRODUCE]), int(requests[self.FETCH]),
+                                    int(row.get("connections_moved_in")))
         return found
 
-    def placement(self, before: dict[int, tuple[int, int, int]], timeout_s: float) -> str:
-        """ONE or TWO (workers served the run since `before`), once every worker has published after it."""
+    def placement(self, before: dict[int, tuple[int, int, int, int]], timeout_s: float) -> str:
+        """ONE, MOVED or TWO (since `before`), once every worker has published after the run."""
         ended_ms = time.time_ns() // 1_000_000
         deadline = time.monotonic() + timeout_s
         after = self.counts()
-        while min(published for published, _, _ in after.values()) < ended_ms and time.monotonic() < deadline:
+        while min(counts[0] for counts in after.values()) < ended_ms and time.monotonic() < deadline:
             time.sleep(0.05)
             after = self.counts()
-        produced = {index: after[index][1] - before.get(index, (0, 0, 0))[1] for index in after}
-        fetched = {index: after[index][2] - before.get(index, (0, 0, 0))[2] for index in after}
-        return self.ONE if max(produced, key=produced.get) == max(fetched, key=fetched.get) else self.TWO
+        since = {index: [now - then for now, then in zip(after[index], before.get(index, (0, 0, 0, 0)))]
+                 for index in after}
+        produced = {index: counts[1] for index, counts in since.items()}
+        fetched = {index: counts[2] for index, counts in since.items()}
+        if max(produced, key=produced.get) != max(fetched, key=fetched.get):
+            return self.TWO
+        return self.MOVED if any(counts[3] for counts in since.values()) else self.ONE
 
     def close(self) -> None:
         self.reader.close()
@@ -676,6 +683,7 @@ SECTIONS = (
              Column("placement_runs", "producer and consumer on, each round"),
              Column("vs_redis_paired", "node / Redis p99, median of rounds", MS),
              Column("vs_redis_one_worker", "median, one worker", MS),
+             Column("vs_redis_moved_to_one", "median, moved to one", MS),
              Column("vs_redis_two_workers", "median, two workers", MS)),
             (Column("p99_ms", "node / Redis p99 (medians)", MS),),
             "Paced records (100 B, 1000/s) from a producer to a consumer long-polling one partition; latency from "
@@ -691,7 +699,9 @@ SECTIONS = (
             "workers, so in each run the producer and the consumer share a worker or not, by chance (read from "
             "the node's stats segment: which worker served the produce requests, which the fetches); across two "
             "workers each append wakes the consumer's worker through its doorbell, one process wake more on the "
-            "way; \"median, one worker\" and \"median, two workers\" give the rounds of each kind apart."),
+            "way, until the consumer's connection moves to the producer's worker (after "
+            "server.connection_affinity_waits long polls, within the warm-up: \"moved to one\"). The medians "
+            "per placement give the rounds of each kind apart."),
     Section("saturation", "7. Purgatory saturation (delayed fetches)",
             (Column("offered_per_s", "offered/s", RATE), Column("sent_per_s", "sent/s", RATE),
              Column("completed_per_s", "completed/s", RATE), Column("p50_ms", "lateness p50 ms", MS),

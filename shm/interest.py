@@ -15,6 +15,9 @@ Invariants:
   other's store: either the waiter's own check finds the append, or the appender rings it.
 - A count is only a hint to ring: a spurious one costs a wakeup and a check. Segments are named by the
   caller under the node instance, whose shutdown unlinks them.
+- After the matrix, one more row of u32 words: per partition row, 1 + the index of the worker that last
+  rang a watcher of it (0: none yet), stored before the ring. It only says where a long poll's records come
+  from (workers.affinity); several appending workers overwrite each other, which costs a wrong guess.
 """
 
 from __future__ import annotations
@@ -33,14 +36,16 @@ class WorkerWatches:
     def __init__(self, name: str, memory: posix_ipc.SharedMemory, rows: int) -> None:
         self.name = name
         self.rows = rows
-        self.workers = memory.size // (rows * 4)
-        self._map = mmap.mmap(memory.fd, self.workers * rows * 4)
+        self.workers = memory.size // (rows * 4) - 1
+        self._map = mmap.mmap(memory.fd, (self.workers + 1) * rows * 4)
         memory.close_fd()
-        self.counts = np.frombuffer(self._map, dtype=np.uint32).reshape(self.workers, rows)
+        words = np.frombuffer(self._map, dtype=np.uint32).reshape(self.workers + 1, rows)
+        self.counts = words[:self.workers]
+        self.appenders = words[self.workers]  # 1 + the worker that last rang a watcher of the row
 
     @classmethod
     def create(cls, name: str, workers: int, rows: int) -> "WorkerWatches":
-        memory = posix_ipc.SharedMemory(name, posix_ipc.O_CREX, mode=0o600, size=workers * rows * 4)
+        memory = posix_ipc.SharedMemory(name, posix_ipc.O_CREX, mode=0o600, size=(workers + 1) * rows * 4)
         return cls(name, memory, rows)
 
     @classmethod
@@ -48,5 +53,5 @@ class WorkerWatches:
         return cls(name, posix_ipc.SharedMemory(name), rows)
 
     def close(self) -> None:
-        self.counts = None
+        self.counts = self.appenders = None
         self._map.close()

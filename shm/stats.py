@@ -97,6 +97,8 @@ FIELDS: tuple[Field, ...] = (
     Field("connections", counter=False, help="open client connections"),
     Field("connections_accepted", help="client connections accepted"),
     Field("connections_closed_on_error", help="connections closed for bad input or a bug"),
+    Field("connections_moved_out", help="connections a worker passed to the worker whose appends answer their long polls"),
+    Field("connections_moved_in", help="connections a worker took over from another worker (server.connection_affinity_*)"),
     Field("delayed_waiting", counter=False,
           help="delayed requests a worker holds: waiting on the timer, or long polls not yet handed to it"),
     Field("fetches_answered_on_append",

@@ -45,13 +45,13 @@ def stats_json(node) -> dict:
     return json.loads(done.stdout)
 
 
-def wait_for(predicate, timeout: float = 20.0, what: str = ""):
+def wait_for(predicate, timeout: float = 20.0, what: str = "", poll_s: float = 0.2):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = predicate()
         if value:
             return value
-        time.sleep(0.2)
+        time.sleep(poll_s)
     raise AssertionError(f"timed out waiting for {what}")
 
 

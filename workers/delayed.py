@@ -138,6 +138,8 @@ class DelayedRequests:
         self._peers_to_ring: set[int] = set()  # appended to again since: rung in the turn's hooks
         self._rang = False  # the doorbell rang this turn: another worker may have appended
         self._seen_end: dict[int, int] = {}  # watched row -> its end bytes when last checked after a ring
+        # Told of each fetch an append answered: (its connection, the appending worker; None: unknown).
+        self.on_answered: Callable[[Connection, int | None], None] | None = None
 
     def __len__(self) -> int:
         return len(self.waiting)
@@ -158,6 +160,7 @@ class DelayedRequests:
             counts = self._watches.counts
             for peer in self._peer_bells:
                 if counts[peer, row]:
+                    self._watches.appenders[row] = self._index + 1  # before the ring (workers.affinity)
                     if peer in self._peers_rung:
                         self._peers_to_ring.add(peer)
                     else:
@@ -304,6 +307,10 @@ class DelayedRequests:
         """Whether answer_appended has anything to check: an append or a ring since, or a new wait."""
         return bool(self._appended_here or self._new_fetches or self._rang)
 
+    def holds(self, conn: Connection) -> bool:
+        """Whether a request of `conn` waits here."""
+        return conn in self._by_connection
+
     def cancel_connection(self, conn: Connection) -> None:
         """The connection closed: forget its waits and tell the timer to drop them."""
         ids = self._by_connection.pop(conn, None)
@@ -324,6 +331,7 @@ class DelayedRequests:
         after a doorbell ring on the watched rows whose end moved. `after_each()` runs after each answer (the
         worker writes in chunks); the timer drops their waits on the CANCEL sent here."""
         table = self.table
+        rung: set[int] = set()  # watched rows whose end moved since the last look: another worker appended
         if self._rang:
             self._rang = False
             seen = self._seen_end
@@ -331,15 +339,16 @@ class DelayedRequests:
                 end = table.read_field(row, END_BYTES)
                 if seen.get(row) != end:
                     seen[row] = end
-                    self._appended_here.add(row)
-        if not self._appended_here and not self._new_fetches:
+                    rung.add(row)
+        if not self._appended_here and not rung and not self._new_fetches:
             return
-        rows, self._appended_here = self._appended_here, set()
+        here, self._appended_here = self._appended_here, set()
         candidates, self._new_fetches = self._new_fetches, []
         by_row = self._fetches_by_row
-        for row in rows:
+        for row in here | rung if rung else here:
             candidates.extend(by_row.get(row, ()))
         answered, cancelled = 0, []
+        on_answered = self.on_answered
         for request_id in candidates:
             waiting = self.waiting.get(request_id)  # None: answered already (it watches two rows), or gone
             if waiting is None or not waiting.fetch.satisfied(table):
@@ -347,11 +356,26 @@ class DelayedRequests:
             answered += 1
             if waiting.handed_off:
                 cancelled.append((request_id,))
+            if on_answered is not None:
+                on_answered(waiting.request.conn, self._appender(waiting.fetch, here, rung))
             self._finish(request_id, Completed(M.Status.SATISFIED))
             after_each()
         self.answered_on_append += answered
         if cancelled:
             self._send_items(M.Kind.CANCEL, cancelled)
+
+    def _appender(self, fetch: FetchCondition, here: set[int], rung: set[int]) -> int | None:
+        """Which worker's append answered `fetch`: this one, a peer (the last that rang for the row), or None
+        (a new wait that found its records at once)."""
+        for row, _ in fetch.watch:
+            if row in here:
+                return self._index
+        if self._watches is not None:
+            for row, _ in fetch.watch:
+                if row in rung:
+                    worker = int(self._watches.appenders[row]) - 1
+                    return worker if worker >= 0 else None
+        return None
 
     def resubmit(self) -> None:
         handed_off = [waiting for waiting in self.waiting.values() if waiting.handed_off]

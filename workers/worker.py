@@ -3,12 +3,13 @@ doorbell and a signal wakeup pipe, on one event loop (workers.eventloop).
 
 The server logic hangs on the loop as handlers and hooks:
 - file events: accept on the listener; read and write on each connection (and its hang-up while its reads
-  are paused); drain the doorbell; the wakeup pipe;
+  are paused); drain the doorbell; the wakeup pipe; connections other workers hand over (shm.handoff);
 - after each request, and on a ring of the doorbell: the delayed fetches an append satisfied, answered and
   written at once (their clients are the ones waiting; the rest of the turn's responses wait for its end);
 - before each sleep: the heartbeat, the stop procedure, the timer's messages (completions, topic outcomes,
-  layout changes), the turn's frames to the timer, the responses that became ready, the memory budget's
-  resumptions; then the doorbell's sleep announcement;
+  layout changes), the responses that became ready, the memory budget's resumptions, the connections due
+  to move to another worker (workers.affinity), the turn's frames to the timer; then the doorbell's sleep
+  announcement;
 - after each sleep: the completion ring's sleep flag is cleared;
 - timers: delayed requests the timer process left far past their deadline (workers.delayed); each
   connection's deadlines (idle, incomplete request); the listener's rest after running out of fds.
@@ -31,6 +32,9 @@ Invariants:
   server.limit_log_interval_ms (counting the rest).
 - The loop turns at least every server.heartbeat_interval_ms and beats the worker's heartbeat every turn
   (shm.heartbeat): the supervisor replaces a worker whose heartbeat stops.
+- A connection moves to another worker only when nothing of it is in flight here (no request read and
+  unanswered, no byte buffered either way, no delayed request, no pause), and only between requests
+  served: the socket and what its client sent since go to the peer whole, and this worker forgets it.
 - SIGTERM: stop accepting, finish in-flight requests within the grace period, then exit 0.
 """
 
@@ -56,10 +60,12 @@ from node.proctitle import set_title
 from shm import stats as S
 from shm.heartbeat import HeartbeatTable
 from shm.doorbell import EventfdDoorbell
+from shm.handoff import Handoffs
 from shm.interest import WorkerWatches
 from shm.ring import max_payload
 from shm.table import PartitionTable
 from workers import protocol as P
+from workers.affinity import ConnectionAffinity
 from workers.connection import (PAUSED_MEMORY, PAUSED_OUTPUT, PAUSED_THROTTLE, Connection, ConnectionClosed,
                                 FileRange, Request)
 from workers.delayed import DelayedRequests, monotonic_ms
@@ -86,11 +92,13 @@ _LAST_ERROR_CODE = S.MAX_ERROR_CODES - 1
 _BYTES_OUT = S.OFFSETS["bytes_out"]
 _ACCEPTED = S.OFFSETS["connections_accepted"]
 _CLOSED_ON_ERROR = S.OFFSETS["connections_closed_on_error"]
+_STREAM = socket.SocketKind.SOCK_STREAM
 
 
 class Worker:
     def __init__(self, instance: str, index: int, config: NodeConfig, listen_fd: int, bell_fds: list[int],
-                 supervisor_pid: int, config_path: str, heartbeat_slot: int) -> None:
+                 supervisor_pid: int, config_path: str, heartbeat_slot: int,
+                 handoffs: Handoffs | None = None) -> None:
         self.instance = instance
         self.config_path = config_path
         self.index = index
@@ -126,6 +134,7 @@ class Worker:
         self.connections: dict[int, Connection] = {}
         self._dirty: set[Connection] = set()
         self._answered: dict[Connection, None] = {}  # dirty with a delayed request's answer: written first
+        self._moving: set[Connection] = set()  # due to move (workers.affinity), written out: moved before sleeping
         self._write_chunk = config.timer.completion_chunk
         self._stopping_since: float | None = None
         self._next_parent_check = 0.0
@@ -150,6 +159,16 @@ class Worker:
         self.stats_segment = S.StatsSegment.attach(shm_instance.stats_name(instance)) if config.stats.enabled else None
         self.stats = (self.stats_segment.writer(S.worker_row(index), "worker", index, os.getpid())
                       if self.stats_segment is not None else None)
+        self.handoffs = handoffs
+        self.affinity: ConnectionAffinity | None = None
+        if handoffs is not None and handoffs.peers() and server.connection_affinity_waits > 0:
+            rows = [self.counts.row(w) for w in range(self.counts.workers)]
+            self.affinity = ConnectionAffinity(index, server.connection_affinity_waits,
+                                               server.connection_affinity_slack,
+                                               server.connection_affinity_cooldown_ms / 1000,
+                                               lambda worker: rows[worker].count)
+            self.delayed.on_answered = lambda conn, appender: self.affinity.answered(conn, appender,
+                                                                                     self.loop.now)
 
     # -- connections -------------------------------------------------------------------------
 
@@ -178,19 +197,24 @@ class Worker:
                 self.limit_log.warning(refusal.setting, "refused a connection from %s: over %s (%d)",
                                        address, refusal.setting, refusal.limit)
                 continue
-            sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, server.socket_send_buffer_bytes)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, server.socket_receive_buffer_bytes)
-            conn = Connection(sock, peer, server.request_max_bytes, server.recv_bytes, self.loop.now, bucket)
-            self.connections[conn.fd] = conn
-            self.limits.opened(bucket)
+            self._adopt(sock, peer, bucket)
             if self.stats is not None:
                 self.stats.counts[_ACCEPTED] += 1
-            self.loop.watch(sock, lambda conn=conn: self._on_readable(conn),
-                            on_hangup=lambda conn=conn: self._close(conn, None))
-            if self.deadline_period_s is not None:
-                self._arm_deadlines(conn, self.loop.now)
+
+    def _adopt(self, sock: socket.socket, peer: Any, bucket: int) -> Connection:
+        """Serve `sock` from now on: an accepted connection, or one another worker passed here."""
+        server = self.config.server
+        sock.setblocking(False)
+        conn = Connection(sock, peer, server.request_max_bytes, server.recv_bytes, self.loop.now, bucket)
+        self.connections[conn.fd] = conn
+        self.limits.opened(bucket)
+        self.loop.watch(sock, lambda: self._on_readable(conn), on_hangup=lambda: self._close(conn, None))
+        if self.deadline_period_s is not None:
+            self._arm_deadlines(conn, self.loop.now)
+        return conn
 
     def _rest_listener(self) -> None:
         self.loop.pause_reading(self.listener)
@@ -212,6 +236,7 @@ class Worker:
         self.connections.pop(conn.fd, None)
         self._dirty.discard(conn)
         self._answered.pop(conn, None)
+        self._moving.discard(conn)
         conn.close()
         if conn.timer is not None:
             conn.timer.cancel()
@@ -219,6 +244,48 @@ class Worker:
         if self.memory is not None:
             self.memory.forget(conn)
         self.delayed.cancel_connection(conn)
+        if self.affinity is not None:
+            self.affinity.forget(conn)
+
+    # -- connections moving between workers (workers.affinity, shm.handoff) ---------------------
+
+    def _move_due(self) -> None:
+        """Before sleeping, when no request is being served (a connection's frames read in one go are handled
+        in a loop that must not lose its connection midway): move the due connections written out this turn."""
+        moving, self._moving = self._moving, set()
+        for conn in moving:
+            self._move_if_quiet(conn)
+
+    def _move_if_quiet(self, conn: Connection) -> None:
+        """Pass a connection due to move to its peer, if nothing of it is in flight here: no request read and
+        unanswered, no byte buffered either way, no delayed request, no pause. Else try again after its
+        next write."""
+        if (conn.closed or conn.slots or conn.outq or conn.held or conn.paused or conn.mutes
+                or conn.partial_bytes or self.delayed.holds(conn)):
+            return
+        peer = self.affinity.destination(conn)
+        if peer is None or not self.handoffs.send(peer, conn.fd):
+            return
+        self._close(conn)  # this worker's copy and its accounting only: the socket lives on in the peer
+        self.affinity.moved_out += 1
+
+    def _on_handoff(self) -> None:
+        """Connections other workers passed here: served as if accepted (their unread requests are in the
+        socket), then read at once."""
+        for fd, sender in self.handoffs.receive():
+            sock = socket.socket(fileno=fd)
+            try:
+                if sender is None or sock.type != _STREAM:
+                    raise OSError(f"a malformed handoff (sender {sender}, {sock.type!r})")
+                peer = sock.getpeername()
+            except OSError as exc:
+                log.warning("dropping a connection handed over: %s", exc)
+                sock.close()
+                continue
+            conn = self._adopt(sock, peer, self.limits.bucket_of(peer[0] if isinstance(peer, tuple) else str(peer)))
+            if self.affinity is not None:
+                self.affinity.adopted(conn, self.loop.now)
+            self._on_readable(conn)
 
     def _on_readable(self, conn: Connection) -> None:
         if conn.closed:
@@ -342,6 +409,8 @@ class Worker:
                 self._serve(conn, conn.take_held())
         if self.memory is not None and not conn.closed:
             self.memory.update(conn)
+        if done and self.affinity is not None and conn in self.affinity.due:
+            self._moving.add(conn)
 
     # -- backpressure ---------------------------------------------------------------------------
 
@@ -528,6 +597,8 @@ class Worker:
 
     def _write_ready(self) -> float | None:
         self._write_dirty()
+        if self._moving:
+            self._move_due()
         if self.memory is not None and self.memory.engaged:
             self.memory.end_turn()
         # Requests served from a held-back queue just now have responses to write: no sleep before that.
@@ -562,6 +633,9 @@ class Worker:
         stats.set("delayed_waiting", len(self.delayed))
         stats.set("fetches_answered_on_append", self.delayed.answered_on_append)
         stats.set("fetches_handed_off", self.delayed.handed_off)
+        if self.affinity is not None:
+            stats.set("connections_moved_out", self.affinity.moved_out)
+            stats.set("connections_moved_in", self.affinity.moved_in)
         stats.set("throttled_connections", sum(1 for conn in self.connections.values() if conn.mutes))
         stats.set("ring_frames_sent", link.frames_sent)
         stats.set("ring_frames_received", link.frames_received)
@@ -592,6 +666,8 @@ class Worker:
         loop.watch(self.listener, self._accept)
         loop.watch(self.link.doorbell_fd, self._on_doorbell)
         loop.watch(self._wakeup_r, self._read_wakeup)
+        if self.handoffs is not None:
+            loop.watch(self.handoffs.receiving_fd, self._on_handoff)
         if self.stats is not None:
             self._publish_stats()
         for hook in (self._beat, self._stop_procedure, self._from_timer, self._write_ready, self._to_timer,
@@ -604,6 +680,8 @@ class Worker:
             self._close(conn)
         loop.close()
         self.link.close()
+        if self.handoffs is not None:
+            self.handoffs.close()
         self.partitions.close()
         self.table.close()
         self.watches.close()
@@ -624,13 +702,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--listen-fd", type=int, required=True)
     parser.add_argument("--worker-bell-fds", required=True,
                         help="every worker's doorbell eventfd, by worker index (comma-separated)")
+    parser.add_argument("--inbox-fd", type=int, help="this worker's handoff inbox, its receiving end (shm.handoff)")
+    parser.add_argument("--worker-inbox-fds", default="",
+                        help="every worker's handoff inbox, its sending end, by worker index (comma-separated)")
     args = parser.parse_args(argv)
     setup_logging(f"worker-{args.index}")
     config = read_runtime(args.config_file)
     set_title(f"worker {args.index} {config.server.host}:{config.server.port}")
     bell_fds = [int(fd) for fd in args.worker_bell_fds.split(",")]
+    handoffs = None
+    if args.inbox_fd is not None:
+        inbox_fds = dict(enumerate(int(fd) for fd in args.worker_inbox_fds.split(",")))
+        handoffs = Handoffs(args.index, args.inbox_fd, inbox_fds)
     worker = Worker(args.instance, args.index, config, args.listen_fd, bell_fds, args.supervisor_pid,
-                    args.config_file, args.heartbeat_slot)
+                    args.config_file, args.heartbeat_slot, handoffs)
     return worker.run()
 
 
