@@ -274,12 +274,13 @@ class Worker:
         socket), then read at once."""
         for fd, sender in self.handoffs.receive():
             sock = socket.socket(fileno=fd)
+            if sender is None or sock.type != _STREAM:
+                log.warning("dropping a malformed handoff (sender %s, %r)", sender, sock.type)
+                sock.close()
+                continue
             try:
-                if sender is None or sock.type != _STREAM:
-                    raise OSError(f"a malformed handoff (sender {sender}, {sock.type!r})")
                 peer = sock.getpeername()
-            except OSError as exc:
-                log.warning("dropping a connection handed over: %s", exc)
+            except OSError:  # its client left while it was on the way: nothing to serve
                 sock.close()
                 continue
             conn = self._adopt(sock, peer, self.limits.bucket_of(peer[0] if isinstance(peer, tuple) else str(peer)))
