@@ -16,8 +16,10 @@ Invariants:
 - A descriptor is never in two workers at once: the sender closes its copy only after the send succeeded,
   and then never touches the socket again (no shutdown, which would end the connection for both).
 - The supervisor holds both ends of every inbox, so descriptors sent to a worker that died wait for the
-  worker that replaces it; a message received with a missing or extra descriptor closes what came
-  and is logged by the caller, never trusted.
+  worker that replaces it.
+- What arrives is never trusted: a message without a descriptor is skipped, descriptors past the first
+  are closed by the kernel (there is room for one), and a descriptor under a header that is not ours is
+  returned without a sender, for the caller to close and log.
 """
 
 from __future__ import annotations
