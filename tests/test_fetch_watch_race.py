@@ -38,6 +38,7 @@ from shm_testing import fresh_instance
 from workers import protocol as P
 from workers.connection import Connection, Request
 from workers.delayed import DelayedRequests, monotonic_ms
+from workers import handlers as handlers_module
 from workers.handlers import Handlers
 from workers.quotas import ClientQuotas, Throttler
 from workers.timer_link import TimerLink
@@ -155,6 +156,24 @@ def test_the_worker_answers_its_own_delayed_fetch_on_its_append(worker_side):
     late = M.decode(M.encode(M.Kind.COMPLETION, items=[(watch.request_id, M.Status.SATISFIED, 0)]))
     delayed.on_completion(late)
     assert len(answers) == 1, "a fetch is answered once"
+
+
+def test_a_produce_answers_the_long_polls_it_satisfied_before_building_its_own_response(worker_side, monkeypatch):
+    """Handlers.after_appends runs once the Produce has appended, before its response is encoded: the worker
+    answers (and writes) the waiting consumer's fetch first, as its client is the one waiting."""
+    store, handlers, delayed, requests, conn = worker_side
+    answers, _ = _parked_fetch(worker_side, 1)
+    order = []
+    real_encode = handlers_module.encode_produce_response
+
+    def encode_and_note(*args, **kwargs):
+        order.append(f"produce response, {len(answers)} fetch answered")
+        return real_encode(*args, **kwargs)
+
+    monkeypatch.setattr(handlers_module, "encode_produce_response", encode_and_note)
+    handlers.after_appends = lambda: delayed.answer_appended(lambda: order.append("fetch answered"))
+    assert not _produce(handlers, conn, [b"hello"]).deferred
+    assert order == ["fetch answered", "produce response, 1 fetch answered"]
 
 
 def test_an_append_short_of_min_bytes_leaves_the_fetch_to_the_timer(worker_side):

@@ -9,10 +9,10 @@ A delayed fetch waits in the timer for its deadline; the appends that satisfy it
 (`answer_appended`), as Kafka's request handler completes the fetches its append satisfies
 (checkAndComplete): the client gets its records without a round trip through the timer, and the timer
 gets a CANCEL for the wait. The condition is the timer's (DelayedFetch.satisfied). This worker's own
-appends are checked right after the request that made them (`answers_due`, then the worker calls
-`answer_appended`); another worker's append reaches it as a ring of its doorbell, rung at the append
-(shm.interest.WorkerWatches says who watches a row), and it checks the rows whose end moved since it last
-looked. A new wait is checked once in the turn it starts, after its count is raised. Each fetch answered
+appends are checked as soon as the Produce that made them has appended, before its response is built
+(Handlers.after_appends: the worker asks `answers_due`, then calls `answer_appended`). Another worker's
+append reaches it as a ring of its doorbell, rung at the append (shm.interest.WorkerWatches says who
+watches a row), and it checks the rows whose end moved since it last looked. A new wait is checked once in the turn it starts, after its count is raised. Each fetch answered
 so is reported with the worker whose append answered it (`on_answered`: workers.affinity moves a
 consumer that another worker's appends keep answering).
 
@@ -149,9 +149,9 @@ class DelayedRequests:
     # -- what handlers call ----------------------------------------------------------------------
 
     def appended(self, row: int) -> None:
-        """Note an append to `row`: this worker's fetches on it are checked right after the request (the worker
-        asks `answers_due`), and the workers that count a wait on it are rung. The fence orders the append (published in the table) before the counts'
-        read (shm.interest).
+        """Note an append to `row`: this worker's fetches on it are checked once the Produce's appends are done
+        (the worker asks `answers_due`), and the workers that count a wait on it are rung. The fence orders the
+        append (published in the table) before the counts' read (shm.interest).
 
         A peer is rung at once on its first such append of the turn: it wakes (tens of microseconds on a
         virtual CPU) while this worker answers its producer. Its later ones this turn ring it again (the peer may

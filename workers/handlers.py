@@ -77,6 +77,9 @@ class Handlers:
         self.throttler = throttler
         self.quotas = throttler.quotas
         self.level_names = priority.LevelNames(config.priority.max_levels, config.topics.max_partitions)
+        # Called once a Produce's appends are done, before its response is built: the worker answers the long
+        # polls they satisfied first (their clients are the ones waiting; the producer's ack can wait a moment).
+        self.after_appends: Callable[[], None] | None = None
         self.dispatch_table: dict[int, Callable[[Any, Any], Any]] = {
             P.PRODUCE: self.produce,
             P.FETCH: self.fetch,
@@ -251,6 +254,8 @@ class Handlers:
                 if acks == _ACKS_ALL:
                     waits.append((row, appended.last_offset + 1))
             topics.append(ProduceTopicResult(topic.name, results))
+        if self.after_appends is not None:
+            self.after_appends()
         h = req.header
         client = h.client_id
         self.quotas.charge(client, PRODUCE, record_bytes)

@@ -4,8 +4,9 @@ doorbell and a signal wakeup pipe, on one event loop (workers.eventloop).
 The server logic hangs on the loop as handlers and hooks:
 - file events: accept on the listener; read and write on each connection (and its hang-up while its reads
   are paused); drain the doorbell; the wakeup pipe; connections other workers hand over (shm.handoff);
-- after each request, and on a ring of the doorbell: the delayed fetches an append satisfied, answered and
-  written at once (their clients are the ones waiting; the rest of the turn's responses wait for its end);
+- after a Produce's appends (before its own response is built), after each request, and on a ring of the
+  doorbell: the delayed fetches an append satisfied, answered and written at once (their clients are the
+  ones waiting; the rest of the turn's responses wait for its end);
 - before each sleep: the heartbeat, the stop procedure, the timer's messages (completions, topic outcomes,
   layout changes), the responses that became ready, the memory budget's resumptions, the connections due
   to move to another worker (workers.affinity), the turn's frames to the timer; then the doorbell's sleep
@@ -121,6 +122,7 @@ class Worker:
         self.quotas = ClientQuotas(config.quotas, index)
         throttler = Throttler(self.quotas, self.delayed, self._mute, self._unmute)
         self.handlers = Handlers(self.partitions, config, self.delayed, f"shmbroker-{instance}", throttler)
+        self.handlers.after_appends = self._answer_appended_if_due
         self.message_handlers = {
             M.Kind.QUOTA_STATE: self.quotas.on_state,
             M.Kind.COMPLETION: self.delayed.on_completion,
@@ -317,8 +319,7 @@ class Worker:
                 self._pause(conn, PAUSED_OUTPUT)
                 return
             self._handle(conn, frame)
-            if self.delayed.answers_due():
-                self._answer_appended()
+            self._answer_appended_if_due()
 
     def _handle(self, conn: Connection, frame: memoryview) -> None:
         try:
@@ -383,6 +384,11 @@ class Worker:
         self._settle(req, outcome)
         if req.conn in self._dirty:
             self._answered[req.conn] = None
+
+    def _answer_appended_if_due(self) -> None:
+        """After a Produce's appends (before its response is built), and after each request."""
+        if self.delayed.answers_due():
+            self._answer_appended()
 
     def _answer_appended(self) -> None:
         """Answer the delayed fetches that an append just satisfied, and write their responses at once: their
