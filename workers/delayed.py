@@ -12,9 +12,10 @@ gets a CANCEL for the wait. The condition is the timer's (DelayedFetch.satisfied
 appends are checked as soon as the Produce that made them has appended, before its response is built
 (Handlers.after_appends: the worker asks `answers_due`, then calls `answer_appended`). Another worker's
 append reaches it as a ring of its doorbell, rung at the append (shm.interest.WorkerWatches says who
-watches a row), and it checks the rows whose end moved since it last looked. A new wait is checked once in the turn it starts, after its count is raised. Each fetch answered
-so is reported with the worker whose append answered it (`on_answered`: workers.affinity moves a
-consumer that another worker's appends keep answering).
+watches a row), and it checks the rows whose end moved since it last looked. A new wait is checked once
+in the turn it starts, after its count is raised. Each fetch answered so is reported with the worker
+whose append answered it (`on_answered`: workers.affinity moves a consumer that another worker's
+appends keep answering).
 
 A long poll is handed to the timer only once it has waited `fetch_handoff_ms` here (at once if its max wait
 is not longer): on a busy topic the next append answers most long polls before that, and such a fetch costs

@@ -392,8 +392,9 @@ class Worker:
 
     def _answer_appended(self) -> None:
         """Answer the delayed fetches that an append just satisfied, and write their responses at once: their
-        clients are the ones waiting (a producer's ack is written with the turn's other responses). After each
-        request, as Kafka's KafkaApis.handle completes delayed operations (tryCompleteActions)."""
+        clients are the ones waiting (a producer's ack is written with the turn's other responses). After a
+        Produce's appends and after each request, as Kafka's KafkaApis.handle completes delayed operations
+        (tryCompleteActions)."""
         self.delayed.answer_appended(self._write_chunk_ready)
         if self._answered:
             self._write_answered(self._dirty)
