@@ -79,7 +79,7 @@ class Handoffs:
         rights = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd]))]
         try:
             return self._sending[peer].sendmsg([self._header], rights, socket.MSG_DONTWAIT) > 0
-        except (BlockingIOError, InterruptedError, ConnectionError, KeyError):
+        except (BlockingIOError, InterruptedError, ConnectionError):
             return False
 
     def receive(self) -> list[tuple[int, int | None]]:

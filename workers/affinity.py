@@ -69,7 +69,12 @@ class ConnectionAffinity:
             return None
         return peer
 
+    def sent(self) -> None:
+        """A due connection was passed to its peer (the worker then forgets it here)."""
+        self.moved_out += 1
+
     def adopted(self, conn: Connection, now: float) -> None:
+        """A connection a peer passed here: its cooldown starts now."""
         self._adopted_at[conn] = now
         self.moved_in += 1
 

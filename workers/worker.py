@@ -269,7 +269,7 @@ class Worker:
         if peer is None or not self.handoffs.send(peer, conn.fd):
             return
         self._close(conn)  # this worker's copy and its accounting only: the socket lives on in the peer
-        self.affinity.moved_out += 1
+        self.affinity.sent()
 
     def _on_handoff(self) -> None:
         """Connections other workers passed here: served as if accepted (their unread requests are in the
