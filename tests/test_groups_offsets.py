@@ -8,7 +8,7 @@ import threading
 import time
 
 from tests.test_clients import create_topic
-from tests.test_groups_protocol import GROUP_CONFIG, LOADING, NONE, Client
+from tests.test_groups_protocol import GROUP_CONFIG, LOADING, MEMBER_ID_REQUIRED, NONE, Client
 
 PARTITIONS = 4
 
@@ -120,11 +120,30 @@ def test_offsets_load_in_slices_answering_load_in_progress_meanwhile(node_factor
     assert fetch_all(node, "g100")[("t", 0)] == 100
 
 
+def test_a_member_between_its_two_joins_keeps_a_new_group_through_the_expiry_checks(node_factory):
+    node = start_node(node_factory, "offsets_retention_minutes = 0.02\noffsets_retention_check_interval_ms = 50\n")
+    client = Client(node)
+    first = client.join("new")
+    assert first.error_code == MEMBER_ID_REQUIRED
+    time.sleep(0.5)  # ten expiry checks while the group is empty, without offsets, its member pending
+    joined = client.join("new", member=first.member_id)
+    assert joined.error_code == NONE and joined.generation_id == 1
+    # A member that never comes back keeps its group only for its session.
+    assert client.join("abandoned", session_ms=500).error_code == MEMBER_ID_REQUIRED
+    assert client.describe("abandoned").groups[0].group_state == "Empty"
+    deadline = time.monotonic() + 20
+    while client.describe("abandoned").groups[0].group_state != "Dead":
+        assert time.monotonic() < deadline, "a group whose pending member's session ended was kept"
+        time.sleep(0.1)
+    client.close()
+
+
 def test_offsets_of_a_group_left_empty_expire(node_factory):
     node = start_node(node_factory, "offsets_retention_minutes = 0.02\noffsets_retention_check_interval_ms = 200\n")
     client = Client(node)
     joined = client.join_fully("members")
-    client.sync("members", 1, joined.member_id, [(joined.member_id, b"x")])
+    assert joined.error_code == NONE and joined.generation_id == 1
+    assert client.sync("members", 1, joined.member_id, [(joined.member_id, b"x")]).error_code == NONE
     assert client.commit("members", {("t", 0): 5}, generation=1, member=joined.member_id) == {("t", 0): NONE}
     time.sleep(2)  # longer than the 1.2 s retention, but the group has a member: its offsets stay
     assert client.heartbeat("members", 1, joined.member_id) == NONE

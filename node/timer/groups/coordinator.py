@@ -480,7 +480,11 @@ class GroupCoordinator:
             self.joins.check_and_complete(join_key(group.group_id))
 
     def _forget_if_unused(self, group: Group) -> None:
-        if group.is_(EMPTY) and not group.members and not self.offsets.fetch(group.group_id, None):
+        """An empty group with no offsets goes, unless a member given its id (KIP-394) is yet to come back with
+        it: forgotten between its two JoinGroups, that member would be refused (UNKNOWN_MEMBER_ID) and join
+        again from the start. Its session bounds the wait."""
+        if (group.is_(EMPTY) and not group.members and not group.pending
+                and not self.offsets.fetch(group.group_id, None)):
             group.transition(DEAD, self.clock())
             self.groups.pop(group.group_id, None)
 

@@ -5,7 +5,7 @@ States and their moves (Kafka's GroupState):
     Empty --join--> PreparingRebalance --all joined / rebalance timeout--> CompletingRebalance
     CompletingRebalance --leader's SyncGroup--> Stable
     Stable / CompletingRebalance --join with new metadata, leave, session expiry--> PreparingRebalance
-    PreparingRebalance --every member gone--> Empty;  Empty --DeleteGroups, offsets expired--> Dead
+    PreparingRebalance --every member gone--> Empty;  Empty --DeleteGroups, offsets expired (none pending)--> Dead
 
 Invariants:
 - `generation` grows by one per completed join phase; members of an older generation get ILLEGAL_GENERATION.
