@@ -105,6 +105,9 @@ class ServerConfig:
     connection_affinity_slack: int = 16
     # A connection moves at most once per this long.
     connection_affinity_cooldown_ms: int = 30_000
+    # A new connection goes to the live worker holding the fewest, when that leaves it fewer than the
+    # accepting worker's (Kafka's acceptor deals connections round robin; the kernel's hash does not balance).
+    balance_connections: bool = True
 
     # -- hung children --
     # Every child's loop turns (and beats) at least this often, even when idle.

@@ -30,7 +30,7 @@ from shm import instance as shm_instance
 from shm.connections import ConnectionCounts
 from shm.doorbell import EventfdDoorbell
 from shm.handoff import Inbox
-from shm.heartbeat import HeartbeatTable
+from shm.heartbeat import TIMER_SLOT, HeartbeatTable, worker_slot
 from shm.interest import WorkerWatches
 from shm.stats import StatsSegment, stats_rows
 from shm.table import PartitionTable
@@ -56,7 +56,7 @@ def _report_disk(data_dir: str, faults: dict[str, str], room_bytes: int) -> None
 
 def heartbeat_slot(role: str, index: int) -> int:
     """The heartbeat row of a child: 0 for the timer, 1 + index for worker `index`."""
-    return 0 if role == "timer" else 1 + index
+    return TIMER_SLOT if role == "timer" else worker_slot(index)
 
 
 class NodeResources:

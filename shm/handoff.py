@@ -8,11 +8,12 @@ Bytes the client sent meanwhile wait in the socket's receive buffer, which trave
 
 Why: a long poll that another worker's appends answer costs a doorbell ring and a wake of a second
 process on every record; the consumer served by the appending worker costs neither (workers.affinity
-decides when a connection moves).
+decides when a connection moves). And the kernel's SO_REUSEPORT hash can put three of a client's four
+connections on one worker: a new connection goes to the worker holding the fewest (BALANCE).
 
 Invariants:
-- A message is one datagram: a fixed header (magic, the sending worker's index) and exactly one
-  descriptor. Sends never block (MSG_DONTWAIT): a full inbox refuses, and the sender keeps its connection.
+- A message is one datagram: a fixed header (magic, the sending worker's index, why it moves: AFFINITY
+  or BALANCE) and exactly one descriptor. Sends never block (MSG_DONTWAIT): a full inbox refuses, and the sender keeps its connection.
 - A descriptor is never in two workers at once: the sender closes its copy only after the send succeeded,
   and then never touches the socket again (no shutdown, which would end the connection for both).
 - The supervisor holds both ends of every inbox, so descriptors sent to a worker that died wait for the
@@ -29,7 +30,9 @@ import socket
 import struct
 
 MAGIC = 0x5348_4F46  # "SHOF"
-HEADER = struct.Struct("<II")  # magic, the sending worker's index
+HEADER = struct.Struct("<III")  # magic, the sending worker's index, the reason
+# Reasons: its long polls are answered there (workers.affinity); a new connection, to the least loaded worker.
+AFFINITY, BALANCE = 0, 1
 # A datagram carries at most this many bytes of header: a larger one is not ours.
 MAX_MESSAGE_BYTES = 64
 MAX_RECEIVE_PER_CALL = 64  # handoffs taken per readiness event (the rest on the next turn)
@@ -61,7 +64,6 @@ class Handoffs:
 
     def __init__(self, index: int, receiving_fd: int, sending_fds: dict[int, int]) -> None:
         self.index = index
-        self._header = HEADER.pack(MAGIC, index)
         self._receiving = socket.socket(fileno=receiving_fd)
         self._sending = {peer: socket.socket(fileno=fd) for peer, fd in sending_fds.items() if peer != index}
 
@@ -72,20 +74,21 @@ class Handoffs:
     def peers(self) -> tuple[int, ...]:
         return tuple(self._sending)
 
-    def send(self, peer: int, fd: int) -> bool:
-        """Pass descriptor `fd` to worker `peer`; False if its inbox refused (full, or gone). The caller
-        closes its copy only on True."""
+    def send(self, peer: int, fd: int, reason: int) -> bool:
+        """Pass descriptor `fd` to worker `peer` for `reason`; False if its inbox refused (full, or gone). The
+        caller closes its copy only on True."""
         # sendmsg/recvmsg, not socket.send_fds/recv_fds: Python 3.11's drop their flags (and would block).
         rights = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd]))]
         try:
-            return self._sending[peer].sendmsg([self._header], rights, socket.MSG_DONTWAIT) > 0
+            return self._sending[peer].sendmsg([HEADER.pack(MAGIC, self.index, reason)], rights,
+                                                 socket.MSG_DONTWAIT) > 0
         except (BlockingIOError, InterruptedError, ConnectionError):
             return False
 
-    def receive(self) -> list[tuple[int, int | None]]:
-        """The descriptors that arrived: (fd, sending worker), the worker None for a malformed message (its fd
-        is still returned, for the caller to close). Never blocks."""
-        received: list[tuple[int, int | None]] = []
+    def receive(self) -> list[tuple[int, int | None, int]]:
+        """The descriptors that arrived: (fd, sending worker, reason), the worker None for a malformed message
+        (its fd is still returned, for the caller to close). Never blocks."""
+        received: list[tuple[int, int | None, int]] = []
         for _ in range(MAX_RECEIVE_PER_CALL):
             try:
                 data, ancillary, _flags, _address = self._receiving.recvmsg(
@@ -98,12 +101,12 @@ class Handoffs:
                     fds.frombytes(payload[:len(payload) - len(payload) % fds.itemsize])
             if not fds:
                 continue  # nothing to serve (a message whose descriptor the kernel could not install)
-            sender = None
+            sender, reason = None, AFFINITY
             if len(data) == HEADER.size:
-                magic, sender = HEADER.unpack(data)
-                if magic != MAGIC:
+                magic, sender, reason = HEADER.unpack(data)
+                if magic != MAGIC or reason not in (AFFINITY, BALANCE):
                     sender = None
-            received.extend((fd, sender) for fd in fds)
+            received.extend((fd, sender, reason) for fd in fds)
         return received
 
     def close(self) -> None:

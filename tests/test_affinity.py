@@ -24,10 +24,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 import rawkafka as R  # noqa: E402
 
 from node.inspect import NodeReader  # noqa: E402
-from shm.handoff import HEADER, Handoffs, Inbox  # noqa: E402
+from shm.handoff import AFFINITY, BALANCE, HEADER, MAGIC, Handoffs, Inbox  # noqa: E402
 from tests.test_clients import create_topic  # noqa: E402
 from tests.test_hardening import worker_of  # noqa: E402
-from tests.test_node_protocol import _connections_on_two_workers  # noqa: E402
+from tests.test_node_protocol import _connections_on_two_workers, connect  # noqa: E402
 from tests.test_stats_cli import wait_for  # noqa: E402
 from workers.affinity import ConnectionAffinity  # noqa: E402
 
@@ -116,6 +116,76 @@ def test_a_consumer_stays_when_the_balance_or_the_setting_forbids_the_move(node_
         assert _worker_totals(reader, "connections_moved_out") == 0
 
 
+# -- new connections, balanced at accept (server.balance_connections) ---------------------------------------
+
+def _balanced_in(reader: NodeReader) -> int:
+    return _worker_totals(reader, "connections_balanced_in")
+
+
+def _within(seconds: float, predicate) -> bool:
+    deadline = time.monotonic() + seconds
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def test_new_connections_are_spread_evenly_over_the_workers(node_factory):
+    # The kernel's SO_REUSEPORT hash alone leaves 8 connections 4 and 4 only about one time in four.
+    node = node_factory(workers=2, config=STATS)
+    reader = NodeReader.open(str(node.data_dir))
+    conns = []
+    try:
+        for _ in range(8):
+            conn = connect(node)
+            assert conn.call(R.API_VERSIONS, 3, R.api_versions_body()).error_code == NONE
+            conns.append(conn)
+        holders = [_wait_for(lambda: _sole_holder(node, conn.sock), what="one worker to hold it") for conn in conns]
+        assert sorted(holders.count(pid) for pid in set(holders)) == [4, 4]
+        _wait_for(lambda: _balanced_in(reader) == _worker_totals(reader, "connections_balanced_out"),
+                  what="both ends of the passes in the stats")
+        for conn in conns:  # every one still served where it landed
+            assert conn.call(R.API_VERSIONS, 3, R.api_versions_body()).error_code == NONE
+    finally:
+        for conn in conns:
+            conn.close()
+        reader.close()
+
+
+def test_a_connection_balanced_at_accept_still_moves_to_its_producers_worker(node_factory):
+    # Passed at accept is not an affinity move: no cooldown, so a long poll there still follows its producer.
+    node = node_factory(workers=2, config=STATS + f"[server]\nconnection_affinity_waits = {WAITS}\n")
+    create_topic(node.bootstrap, "follows", 1)
+    reader = NodeReader.open(str(node.data_dir))
+    producer = connect(node)
+    consumer = None
+    try:
+        assert producer.call(R.API_VERSIONS, 3, R.api_versions_body()).error_code == NONE
+        appender = _wait_for(lambda: _sole_holder(node, producer.sock), what="the producer's worker")
+        # The topic's admin client gone: the producer's is the only connection the balance counts.
+        _wait_for(lambda: _worker_totals(reader, "connections") == 1, what="the admin client's connections to close")
+        for _ in range(32):  # until the kernel hands one to the producer's worker, which passes it on
+            before = _balanced_in(reader)
+            candidate = connect(node)
+            assert candidate.call(R.API_VERSIONS, 3, R.api_versions_body()).error_code == NONE
+            home = _wait_for(lambda: _sole_holder(node, candidate.sock), what="one worker to hold it")
+            assert home != appender  # one connection each, whichever worker the kernel chose
+            if _within(1.0, lambda: _balanced_in(reader) > before):
+                consumer = candidate
+                break
+            candidate.close()
+            _wait_for(lambda: _worker_totals(reader, "connections") == 1, what="the candidate's close")
+        assert consumer is not None, "the kernel never put a second connection on the producer's worker"
+        rounds = _long_poll_rounds(node, reader, consumer, producer, "follows", 0, WAITS + 1)
+        assert rounds == [home] * (WAITS - 1) + [appender] * 2
+    finally:
+        producer.close()
+        if consumer is not None:
+            consumer.close()
+        reader.close()
+
+
 # -- the handoff between processes ---------------------------------------------------------------------
 
 def _serve_one_handoff(receiving_fd: int, done: multiprocessing.Queue) -> None:
@@ -126,11 +196,11 @@ def _serve_one_handoff(receiving_fd: int, done: multiprocessing.Queue) -> None:
     while not received and time.monotonic() < deadline:
         received = handoffs.receive()
         time.sleep(0.01)
-    (fd, sender), = received
+    (fd, sender, reason), = received
     with socket.socket(fileno=fd) as sock:
         sock.setblocking(True)
         sock.sendall(b"answered: " + sock.recv(64))
-    done.put(sender)
+    done.put((sender, reason))
 
 
 def test_a_connection_sent_while_no_worker_reads_waits_for_the_next_one():
@@ -143,7 +213,7 @@ def test_a_connection_sent_while_no_worker_reads_waits_for_the_next_one():
         client = socket.create_connection(listener.getsockname())
         served, _ = listener.accept()
         with client:
-            assert sender.send(1, served.fileno())
+            assert sender.send(1, served.fileno(), BALANCE)
             served.close()  # the sender's copy: the socket lives on in the inbox
             client.sendall(b"request")
             context = multiprocessing.get_context("fork")
@@ -153,7 +223,7 @@ def test_a_connection_sent_while_no_worker_reads_waits_for_the_next_one():
             client.settimeout(10)
             assert client.recv(64) == b"answered: request"
             worker.join(10)
-            assert worker.exitcode == 0 and done.get(timeout=1) == 0
+            assert worker.exitcode == 0 and done.get(timeout=1) == (0, BALANCE)
     sender.close()
     inbox.close()
     own.close()
@@ -162,13 +232,15 @@ def test_a_connection_sent_while_no_worker_reads_waits_for_the_next_one():
 def test_a_malformed_handoff_is_returned_without_a_sender_and_a_message_without_a_descriptor_is_skipped():
     inbox = Inbox.create()
     handoffs = Handoffs(0, os.dup(inbox.receiving.fileno()), {})
-    inbox.sending.send(HEADER.pack(0x5348_4F46, 1))  # no descriptor: nothing to serve
-    with socket.socket() as stray:
-        rights = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, stray.fileno().to_bytes(4, sys.byteorder))]
-        inbox.sending.sendmsg([b"not a handoff"], rights)
-    ((fd, sender),) = handoffs.receive()
-    assert sender is None
-    os.close(fd)
+    inbox.sending.send(HEADER.pack(MAGIC, 1, AFFINITY))  # no descriptor: nothing to serve
+    with socket.socket() as stray, socket.socket() as unknown_reason:
+        for header, sock in ((b"not a handoff", stray), (HEADER.pack(MAGIC, 1, 7), unknown_reason)):
+            rights = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, sock.fileno().to_bytes(4, sys.byteorder))]
+            inbox.sending.sendmsg([header], rights)
+    received = handoffs.receive()
+    assert [sender for _, sender, _ in received] == [None, None]
+    for fd, _, _ in received:
+        os.close(fd)
     assert handoffs.receive() == []
     handoffs.close()
     inbox.close()

@@ -2,7 +2,8 @@
 doorbell and a signal wakeup pipe, on one event loop (workers.eventloop).
 
 The server logic hangs on the loop as handlers and hooks:
-- file events: accept on the listener; read and write on each connection (and its hang-up while its reads
+- file events: accept on the listener (a new connection goes on, unread, to the live worker holding the
+  fewest when it holds fewer than this one: server.balance_connections); read and write on each connection (and its hang-up while its reads
   are paused); drain the doorbell; the wakeup pipe; connections other workers hand over (shm.handoff);
 - after a Produce's appends (before its own response is built), after each request, and on a ring of the
   doorbell: the delayed fetches an append satisfied, answered and written at once (their clients are the
@@ -59,9 +60,9 @@ from shm import messages as M
 from shm.connections import ConnectionCounts
 from node.proctitle import set_title
 from shm import stats as S
-from shm.heartbeat import HeartbeatTable
+from shm.heartbeat import HeartbeatTable, worker_slot
 from shm.doorbell import EventfdDoorbell
-from shm.handoff import Handoffs
+from shm.handoff import AFFINITY, BALANCE, Handoffs
 from shm.interest import WorkerWatches
 from shm.ring import max_payload
 from shm.table import PartitionTable
@@ -162,9 +163,13 @@ class Worker:
         self.stats = (self.stats_segment.writer(S.worker_row(index), "worker", index, os.getpid())
                       if self.stats_segment is not None else None)
         self.handoffs = handoffs
+        rows = [self.counts.row(w) for w in range(self.counts.workers)]
+        # New connections to the worker holding the fewest (_pass_to_fewest); counted for the stats segment.
+        self._balance_rows = rows if handoffs is not None and handoffs.peers() and server.balance_connections else None
+        self.balanced_out = self.balanced_in = 0
+        self._peer_beats: dict[int, tuple[int, float]] = {}  # peer -> (its beats last read, when they last moved)
         self.affinity: ConnectionAffinity | None = None
         if handoffs is not None and handoffs.peers() and server.connection_affinity_waits > 0:
-            rows = [self.counts.row(w) for w in range(self.counts.workers)]
             self.affinity = ConnectionAffinity(index, server.connection_affinity_waits,
                                                server.connection_affinity_slack,
                                                server.connection_affinity_cooldown_ms / 1000,
@@ -176,6 +181,7 @@ class Worker:
 
     def _accept(self) -> None:
         server = self.config.server
+        passed: dict[int, int] = {}  # connections passed to each peer in this call, not yet in its count
         for _ in range(server.accepts_per_turn):
             try:
                 sock, peer = self.listener.accept()
@@ -202,9 +208,28 @@ class Worker:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, server.socket_send_buffer_bytes)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, server.socket_receive_buffer_bytes)
-            self._adopt(sock, peer, bucket)
             if self.stats is not None:
                 self.stats.counts[_ACCEPTED] += 1
+            if self._balance_rows is not None and self._pass_to_fewest(sock, passed):
+                continue
+            self._adopt(sock, peer, bucket)
+
+    def _pass_to_fewest(self, sock: socket.socket, passed: dict[int, int]) -> bool:
+        """Pass a new connection, before any byte of it is read, to the live worker holding the fewest, if
+        that leaves it fewer than this one would hold. The others' counts are of a moment ago (shm.connections),
+        and a connection passed in this accept call is not in its peer's count yet: `passed` adds them."""
+        rows = self._balance_rows
+        fewest, count = None, rows[self.index].count  # the peer must hold fewer than this one holds now
+        for peer in self.handoffs.peers():
+            held = rows[peer].count + passed.get(peer, 0)
+            if held < count and self._turning(peer):
+                fewest, count = peer, held
+        if fewest is None or not self.handoffs.send(fewest, sock.fileno(), BALANCE):
+            return False
+        sock.close()  # this worker's copy: the socket lives on in the peer
+        passed[fewest] = passed.get(fewest, 0) + 1
+        self.balanced_out += 1
+        return True
 
     def _adopt(self, sock: socket.socket, peer: Any, bucket: int) -> Connection:
         """Serve `sock` from now on: an accepted connection, or one another worker passed here."""
@@ -266,15 +291,26 @@ class Worker:
                 or conn.partial_bytes or self.delayed.holds(conn)):
             return
         peer = self.affinity.destination(conn)
-        if peer is None or not self.handoffs.send(peer, conn.fd):
+        if peer is None or not self.handoffs.send(peer, conn.fd, AFFINITY):
             return
         self._close(conn)  # this worker's copy and its accounting only: the socket lives on in the peer
         self.affinity.sent()
 
+    def _turning(self, peer: int) -> bool:
+        """Whether a peer's loop turned within two heartbeat intervals: a stopped, hung or dead one (its beats
+        zeroed until its replacement runs) would leave a connection passed to it waiting for the supervisor."""
+        beats = self.heartbeats.beats(worker_slot(peer))
+        now = self.loop.now
+        seen, since = self._peer_beats.get(peer, (None, now))
+        if beats != seen:
+            self._peer_beats[peer] = (beats, now)
+            since = now
+        return beats > 0 and now - since <= 2 * self.config.server.heartbeat_interval_ms / 1000
+
     def _on_handoff(self) -> None:
         """Connections other workers passed here: served as if accepted (their unread requests are in the
         socket), then read at once."""
-        for fd, sender in self.handoffs.receive():
+        for fd, sender, reason in self.handoffs.receive():
             sock = socket.socket(fileno=fd)
             if sender is None or sock.type != _STREAM:
                 log.warning("dropping a malformed handoff (sender %s, %r)", sender, sock.type)
@@ -286,7 +322,9 @@ class Worker:
                 sock.close()
                 continue
             conn = self._adopt(sock, peer, self.limits.bucket_of(peer[0] if isinstance(peer, tuple) else str(peer)))
-            if self.affinity is not None:
+            if reason == BALANCE:
+                self.balanced_in += 1
+            elif self.affinity is not None:
                 self.affinity.adopted(conn, self.loop.now)
             self._on_readable(conn)
 
@@ -644,6 +682,8 @@ class Worker:
         if self.affinity is not None:
             stats.set("connections_moved_out", self.affinity.moved_out)
             stats.set("connections_moved_in", self.affinity.moved_in)
+        stats.set("connections_balanced_out", self.balanced_out)
+        stats.set("connections_balanced_in", self.balanced_in)
         stats.set("throttled_connections", sum(1 for conn in self.connections.values() if conn.mutes))
         stats.set("ring_frames_sent", link.frames_sent)
         stats.set("ring_frames_received", link.frames_received)
