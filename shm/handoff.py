@@ -13,7 +13,8 @@ connections on one worker: a new connection goes to the worker holding the fewes
 
 Invariants:
 - A message is one datagram: a fixed header (magic, the sending worker's index, why it moves: AFFINITY
-  or BALANCE) and exactly one descriptor. Sends never block (MSG_DONTWAIT): a full inbox refuses, and the sender keeps its connection.
+  or BALANCE) and exactly one descriptor. Sends never block (MSG_DONTWAIT): a full inbox refuses, and the
+  sender keeps its connection.
 - A descriptor is never in two workers at once: the sender closes its copy only after the send succeeded,
   and then never touches the socket again (no shutdown, which would end the connection for both).
 - The supervisor holds both ends of every inbox, so descriptors sent to a worker that died wait for the

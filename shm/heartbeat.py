@@ -38,13 +38,13 @@ HEADER = struct.Struct("<qqq")
 HEADER_BYTES = 64
 ROW_WORDS = 8
 ROW_BYTES = ROW_WORDS * 8
+BEATS = 0
+PID = 1
 TIMER_SLOT = 0  # the timer's row; worker i's is worker_slot(i)
 
 
 def worker_slot(index: int) -> int:
     return TIMER_SLOT + 1 + index
-BEATS = 0
-PID = 1
 
 
 class HeartbeatTable:
