@@ -418,8 +418,9 @@ def test_idempotent_retry_after_restart_gets_original_offsets(node):
 
 def test_acks_all_times_out_when_the_fsync_does_not_come(node_factory):
     # A stalled timer process (SIGSTOP: its flusher thread stops with it) never fsyncs the batch: the worker
-    # answers REQUEST_TIMED_OUT by itself, and the node serves on once the timer runs again.
-    node = node_factory(workers=1, config="[timer]\ndelayed_grace_ms = 200\n")
+    # answers REQUEST_TIMED_OUT by itself, and the node serves on once the timer runs again. The stats count
+    # the error the wait added (the appends themselves went well).
+    node = node_factory(workers=1, config="[timer]\ndelayed_grace_ms = 200\n[stats]\npublish_interval_ms = 100\n")
     create_topic(node.bootstrap, "slowdisk", 1)
     (timer,) = node.pids("timer")
     with connect(node) as conn:
@@ -434,6 +435,10 @@ def test_acks_all_times_out_when_the_fsync_does_not_come(node_factory):
             os.kill(timer, signal.SIGCONT)
         ok = conn.call(PRODUCE, 8, R.produce_body({"slowdisk": {0: R.build_record_batch([b"y"])}}, acks=-1))
         assert ok.responses[0].partition_responses[0].error_code == NONE
+    counted = wait_for(lambda: (lambda doc: doc if doc["apis"]["Produce"]["requests"] >= 2 else None)(stats_json(node)),
+                       what="both produces in the stats")
+    assert counted["errors"] == {"REQUEST_TIMED_OUT": 1}
+    assert counted["apis"]["Produce"]["error_responses"] == 1
 
 
 def test_no_auto_create_when_disabled(node_factory):

@@ -261,8 +261,8 @@ class Connection:
         self.slots.append(slot)
         return slot
 
-    def fill(self, slot: ResponseSlot, pieces: list[Any]) -> None:
-        """Fill `slot` with its response and count the bytes it queues."""
+    def fill(self, slot: ResponseSlot, pieces: list[Any]) -> int:
+        """Fill `slot` with its response and count the bytes it queues; returns them (the response's size)."""
         size = memory = 0
         for piece in pieces:
             if type(piece) is FileRange:
@@ -274,6 +274,7 @@ class Connection:
         self.queued_bytes += size
         self.queued_memory += memory
         slot.fill(pieces)
+        return size
 
     def collect_ready(self) -> bool:
         """Move the filled prefix of the slot queue to the output queue; True if anything moved."""

@@ -210,6 +210,7 @@ class Handlers:
         topics: list[ProduceTopicResult] = []
         waits: list[tuple[int, int]] = []  # (row, offset that must be flushed) for acks=all
         record_bytes = 0
+        partitions = appended_partitions = 0  # equal: no partition answers an error (yet: see answer)
         for topic in request.topics:
             results = []
             for part in topic.partitions:
@@ -247,6 +248,7 @@ class Handlers:
                 result.base_offset = appended.base_offset
                 result.log_start_offset = appended.log_start_offset
                 result.log_append_time_ms = appended.log_append_time
+                appended_partitions += 1
                 if not appended.duplicate:
                     self.delayed.appended(row)
                 if appended.wants_flush:
@@ -254,6 +256,8 @@ class Handlers:
                 if acks == _ACKS_ALL:
                     waits.append((row, appended.last_offset + 1))
             topics.append(ProduceTopicResult(topic.name, results))
+            partitions += len(results)
+        all_appended = appended_partitions == partitions
         if self.after_appends is not None:
             self.after_appends()
         h = req.header
@@ -265,10 +269,12 @@ class Handlers:
         mutes = h.api_version >= _SELF_THROTTLING_PRODUCE_VERSION
 
         def answer(result: Completed | None = None) -> Outcome:
+            clean = all_appended
             if waits:
                 failed = result is not None and result.status == M.Status.FAILED
-                self._mark_unflushed(topics, waits, result.error_code if failed else E.REQUEST_TIMED_OUT)
+                clean &= not self._mark_unflushed(topics, waits, result.error_code if failed else E.REQUEST_TIMED_OUT)
             outcome = Outcome.reply([encode_produce_response(h.api_version, h.correlation_id, topics, throttle_ms)],
+                                    None if clean else
                                     lambda: tuple(r.error_code for t in topics for r in t.partitions if r.error_code))
             return outcome if mutes else self.throttler.apply(req, outcome, client, PRODUCE, throttle_ms, False)
 
@@ -282,17 +288,18 @@ class Handlers:
         table = self.partitions.table
         return all(table.read(row).flushed_offset >= required for row, required in waits)
 
-    def _mark_unflushed(self, topics: list[ProduceTopicResult], waits: list[tuple[int, int]], code: int) -> None:
+    def _mark_unflushed(self, topics: list[ProduceTopicResult], waits: list[tuple[int, int]], code: int) -> bool:
         """After the wait: partitions whose batch is still not on disk answer `code`: REQUEST_TIMED_OUT, or
-        KAFKA_STORAGE_ERROR when the timer says their fsync failed."""
+        KAFKA_STORAGE_ERROR when the timer says their fsync failed. True if there were any."""
         table = self.partitions.table
         late = {row for row, required in waits if table.read(row).flushed_offset < required}
         if not late:
-            return
+            return False
         for topic in topics:
             for result in topic.partitions:
                 if result.error_code == 0 and self.partitions.row(topic.name, result.index) in late:
                     result.error_code = code
+        return True
 
     # -- Fetch -------------------------------------------------------------------------------
 
@@ -306,20 +313,28 @@ class Handlers:
         topics, total, has_error, watch = self._read_fetch(request)
         max_wait_ms = _millis(request.max_wait)
         if total >= request.min_bytes or max_wait_ms <= 0 or has_error or not watch:
-            return self._charged_fetch_response(req, topics)
+            return self._charged_fetch_response(req, topics, has_error)
         return self.delayed.delay_fetch(req, watch, request.min_bytes, max_wait_ms,
-                                        lambda status: self._charged_fetch_response(req, self._read_fetch(request)[0]))
+                                        lambda status: self._fetch_again(req, request))
 
-    def _charged_fetch_response(self, req: Request, topics: list[FetchTopicResult]) -> Outcome:
+    def _fetch_again(self, req: Request, request: Any) -> Outcome:
+        """A delayed fetch's answer: its partitions read again, now."""
+        topics, _total, has_error, _watch = self._read_fetch(request)
+        return self._charged_fetch_response(req, topics, has_error)
+
+    def _charged_fetch_response(self, req: Request, topics: list[FetchTopicResult], has_error: bool) -> Outcome:
         self.quotas.charge(req.header.client_id, FETCH,
                            sum(piece.length for t in topics for p in t.partitions for piece in p.records))
-        return self._fetch_response(req, topics)
+        return self._fetch_response(req, topics, has_error=has_error)
 
-    def _fetch_response(self, req: Request, topics: list[FetchTopicResult], throttle_ms: int = 0) -> Outcome:
+    def _fetch_response(self, req: Request, topics: list[FetchTopicResult], throttle_ms: int = 0,
+                        has_error: bool = True) -> Outcome:
+        """has_error False: no partition carries an error code (the reads said so), none to look for."""
         h = req.header
         return Outcome.reply(encode_fetch_response(h.api_version, h.correlation_id, topics,
                                                    throttle_time_ms=throttle_ms).pieces,
-                             lambda: tuple(p.error_code for t in topics for p in t.partitions if p.error_code))
+                             lambda: tuple(p.error_code for t in topics for p in t.partitions if p.error_code)
+                             if has_error else None)
 
     def _empty_fetch(self, request: Any) -> list[FetchTopicResult]:
         """The answer of a throttled fetch: every partition, no records."""

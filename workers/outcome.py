@@ -3,8 +3,10 @@
 - `Outcome.reply(pieces, errors)`: the response is ready: pieces (bytes-likes and FileRanges) to write in
   order, and how to find the non-zero Kafka error codes it carries (top-level and per partition, one per
   occurrence: what the stats count): a function called only when the stats are on, so a node without
-  stats never walks a response for them. An empty list is a request that gets no response (Produce with
-  acks=0): its slot is filled with nothing, so the responses behind it still leave in order.
+  stats never walks a response for them; None when the handler knows there is none (Produce and Fetch,
+  whose clean answers are most of a node's responses, so the stats cost them nothing per partition). An
+  empty list is a request that gets no response (Produce with acks=0): its slot is filled with nothing, so
+  the responses behind it still leave in order.
 - `Outcome.DEFERRED`: the request waits (for the timer process, or for a topic creation); whoever owns the
   wait fills the request's slot later, exactly once, with the outcome of its continuation.
 
@@ -20,13 +22,13 @@ from typing import Any, Callable, ClassVar, Iterable
 @dataclass(frozen=True, slots=True)
 class Outcome:
     pieces: list[Any] | None
-    errors: Callable[[], Iterable[int]] = tuple  # the error codes, computed on demand
+    errors: Callable[[], Iterable[int]] | None = None  # the error codes, computed on demand; None: none
 
     DEFERRED: ClassVar["Outcome"]
     NO_RESPONSE: ClassVar["Outcome"]
 
     @staticmethod
-    def reply(pieces: list[Any], errors: Callable[[], Iterable[int]] = tuple) -> "Outcome":
+    def reply(pieces: list[Any], errors: Callable[[], Iterable[int]] | None = None) -> "Outcome":
         return Outcome(pieces, errors)
 
     @property

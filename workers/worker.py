@@ -69,7 +69,7 @@ from shm.table import PartitionTable
 from workers import protocol as P
 from workers.affinity import ConnectionAffinity
 from workers.connection import (PAUSED_MEMORY, PAUSED_OUTPUT, PAUSED_THROTTLE, Connection, ConnectionClosed,
-                                FileRange, Request)
+                                Request)
 from workers.delayed import DelayedRequests, monotonic_ms
 from workers.errors import ProtocolError
 from workers.eventloop import EventLoop, Timer
@@ -401,19 +401,18 @@ class Worker:
             return
         if outcome.deferred or req.conn.closed:
             return
-        if self.stats is not None:
-            counts = self.stats.counts
-            size = 0
-            for piece in outcome.pieces:
-                size += piece.length if type(piece) is FileRange else len(piece)
-            counts[_BYTES_OUT + req.header.api_key] += size
-            errors = outcome.errors()
-            if errors:
-                counts[_ERROR_RESPONSES + req.header.api_key] += 1
-                for error in errors:
-                    counts[_ERROR_CODES + min(error, _LAST_ERROR_CODE)] += 1
-        req.conn.fill(req.slot, outcome.pieces)
+        size = req.conn.fill(req.slot, outcome.pieces)
         self._dirty.add(req.conn)
+        stats = self.stats
+        if stats is not None:
+            counts = stats.counts
+            counts[_BYTES_OUT + req.header.api_key] += size
+            if outcome.errors is not None:
+                errors = outcome.errors()
+                if errors:
+                    counts[_ERROR_RESPONSES + req.header.api_key] += 1
+                    for error in errors:
+                        counts[_ERROR_CODES + min(error, _LAST_ERROR_CODE)] += 1
 
     def _settle_delayed(self, req: Request, outcome: Outcome | None) -> None:
         """A delayed request's answer: its client has been waiting, and on one CPU the first response written
