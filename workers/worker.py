@@ -3,8 +3,9 @@ doorbell and a signal wakeup pipe, on one event loop (workers.eventloop).
 
 The server logic hangs on the loop as handlers and hooks:
 - file events: accept on the listener (a new connection goes on, unread, to the live worker holding the
-  fewest when it holds fewer than this one: server.balance_connections); read and write on each connection (and its hang-up while its reads
-  are paused); drain the doorbell; the wakeup pipe; connections other workers hand over (shm.handoff);
+  fewest when it holds fewer than this one: server.balance_connections); read and write on each
+  connection (and its hang-up while its reads are paused); drain the doorbell; the wakeup pipe;
+  connections other workers hand over (shm.handoff);
 - after a Produce's appends (before its own response is built), after each request, and on a ring of the
   doorbell: the delayed fetches an append satisfied, answered and written at once (their clients are the
   ones waiting; the rest of the turn's responses wait for its end);
@@ -215,9 +216,10 @@ class Worker:
             self._adopt(sock, peer, bucket)
 
     def _pass_to_fewest(self, sock: socket.socket, passed: dict[int, int]) -> bool:
-        """Pass a new connection, before any byte of it is read, to the live worker holding the fewest, if
-        that leaves it fewer than this one would hold. The others' counts are of a moment ago (shm.connections),
-        and a connection passed in this accept call is not in its peer's count yet: `passed` adds them."""
+        """Pass a new connection, before any byte of it is read, to the live worker holding the fewest, if it
+        holds fewer than this one does now (so it ends with no more than this one keeps). The others' counts are
+        of a moment ago (shm.connections), and a connection passed in this accept call is not in its peer's
+        count yet: `passed` adds them. Liveness is the heartbeat's, as the supervisor's HangWatch reads it."""
         rows = self._balance_rows
         fewest, count = None, rows[self.index].count  # the peer must hold fewer than this one holds now
         for peer in self.handoffs.peers():
