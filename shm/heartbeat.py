@@ -21,6 +21,7 @@ Invariants:
   (a child idle for hours still beats). So `beats` that did not move for a hang timeout well above that
   interval mean the loop is stuck (SIGSTOP, a deadlock, a handler that never returns). `HangWatch` is
   that check; before a child's first beat (it is still booting) it allows the longer start timeout.
+  `BeatWatch` is what every such reader keeps: when each slot's beats last moved.
 - The segment is named by the caller under the node instance (shm.instance.heartbeat_name), whose
   shutdown unlinks it.
 """
@@ -143,31 +144,56 @@ class Stall:
     booting: bool  # True: it never beat (stuck before its loop started)
 
 
-class HangWatch:
-    """Which watched slots' beats stopped moving: silent for `hang_timeout_ms` after a first beat, or for
-    `start_timeout_ms` before one. Times are the watcher's monotonic seconds (no clock is shared)."""
+class BeatWatch:
+    """When each slot's beats last moved, as one reader saw them: the one idea of every liveness check here.
+    Times are the reader's monotonic seconds (no clock is shared)."""
 
-    def __init__(self, table: HeartbeatTable, hang_timeout_ms: int, start_timeout_ms: int) -> None:
+    def __init__(self, table: HeartbeatTable) -> None:
         self.table = table
-        self.hang_timeout_ms = hang_timeout_ms
-        self.start_timeout_ms = start_timeout_ms
         self._seen: dict[int, tuple[int, float]] = {}  # slot -> (beats, when they last moved)
 
-    def started(self, slot: int, now: float) -> None:
-        """A child was started on `slot` (after `table.claim`): watch it from now."""
+    def look(self, slot: int, now: float) -> tuple[int, float]:
+        """(the slot's beats, seconds since they last moved); a slot not looked at before moved just now."""
+        beats = self.table.beats(slot)
+        seen, since = self._seen.get(slot, (None, now))
+        if beats != seen:
+            self._seen[slot] = (beats, now)
+            return beats, 0.0
+        return beats, now - since
+
+    def reset(self, slot: int, now: float) -> None:
+        """No beats yet, as of `now` (a child just started on the slot)."""
         self._seen[slot] = (0, now)
 
     def forget(self, slot: int) -> None:
         self._seen.pop(slot, None)
 
+    def slots(self) -> list[int]:
+        return list(self._seen)
+
+
+class HangWatch:
+    """Which watched slots' beats stopped moving: silent for `hang_timeout_ms` after a first beat, or for
+    `start_timeout_ms` before one."""
+
+    def __init__(self, table: HeartbeatTable, hang_timeout_ms: int, start_timeout_ms: int) -> None:
+        self.table = table
+        self.hang_timeout_ms = hang_timeout_ms
+        self.start_timeout_ms = start_timeout_ms
+        self._watch = BeatWatch(table)
+
+    def started(self, slot: int, now: float) -> None:
+        """A child was started on `slot` (after `table.claim`): watch it from now."""
+        self._watch.reset(slot, now)
+
+    def forget(self, slot: int) -> None:
+        self._watch.forget(slot)
+
     def stuck(self, now: float) -> list[Stall]:
         stalls = []
-        for slot, (last_beats, since) in list(self._seen.items()):
-            beats = self.table.beats(slot)
-            if beats != last_beats:
-                self._seen[slot] = (beats, now)
-                continue
-            silent_ms = int((now - since) * 1000)
+        for slot in self._watch.slots():
+            beats, silent_s = self._watch.look(slot, now)
+            silent_ms = int(silent_s * 1000)
             limit = self.hang_timeout_ms if beats else self.start_timeout_ms
             if silent_ms >= limit:
                 stalls.append(Stall(slot, self.table.pid(slot), beats, silent_ms, beats == 0))

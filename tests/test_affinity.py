@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import os
+import signal
 import socket
 import sys
 import time
@@ -147,6 +148,42 @@ def test_new_connections_are_spread_evenly_over_the_workers(node_factory):
                   what="both ends of the passes in the stats")
         for conn in conns:  # every one still served where it landed
             assert conn.call(R.API_VERSIONS, 3, R.api_versions_body()).error_code == NONE
+    finally:
+        for conn in conns:
+            conn.close()
+        reader.close()
+
+
+def test_a_worker_whose_loop_stopped_is_passed_no_new_connections(node_factory):
+    # A peer whose heartbeat stopped (SIGSTOP here; hung, or dead and not yet replaced) would leave a connection
+    # passed to it unanswered: the running worker keeps every one it accepts. (Connections the kernel itself
+    # queues at the stopped worker's listener wait for it to run again, balancing or not.)
+    node = node_factory(workers=2, config=STATS + "[server]\nheartbeat_interval_ms = 100\nchild_hang_timeout_ms = 60000\n")
+    reader = NodeReader.open(str(node.data_dir))
+    stopped, running = node.pids("worker")
+    conns, waiting = [], []
+    os.kill(stopped, signal.SIGSTOP)
+    try:
+        time.sleep(0.5)  # past two heartbeat intervals: its beats no longer move
+        for _ in range(12):
+            conn = R.RawConnection("127.0.0.1", node.port, timeout_s=1.0)
+            conns.append(conn)
+            conn.send(R.API_VERSIONS, 3, R.api_versions_body())
+            try:
+                conn.recv_response()
+            except TimeoutError:
+                waiting.append(conn)  # in the stopped worker's accept queue
+                continue
+            assert worker_of(node, conn.sock) == running
+        assert len(waiting) < len(conns)  # the kernel placed some on the running worker: they were kept there
+        running_row = next(row for row in reader.rows() if row.pid == running)
+        assert running_row.get("connections_balanced_out") == 0
+    finally:
+        os.kill(stopped, signal.SIGCONT)
+    try:
+        for conn in waiting:
+            conn.sock.settimeout(10.0)
+            conn.recv_response()  # answered once the stopped worker runs again
     finally:
         for conn in conns:
             conn.close()

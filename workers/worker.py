@@ -61,7 +61,7 @@ from shm import messages as M
 from shm.connections import ConnectionCounts
 from node.proctitle import set_title
 from shm import stats as S
-from shm.heartbeat import HeartbeatTable, worker_slot
+from shm.heartbeat import BeatWatch, HeartbeatTable, worker_slot
 from shm.doorbell import EventfdDoorbell
 from shm.handoff import AFFINITY, BALANCE, Handoffs
 from shm.interest import WorkerWatches
@@ -168,7 +168,7 @@ class Worker:
         # New connections to the worker holding the fewest (_pass_to_fewest); counted for the stats segment.
         self._balance_rows = rows if handoffs is not None and handoffs.peers() and server.balance_connections else None
         self.balanced_out = self.balanced_in = 0
-        self._peer_beats: dict[int, tuple[int, float]] = {}  # peer -> (its beats last read, when they last moved)
+        self._peer_beats = BeatWatch(self.heartbeats)  # the peers' liveness, as the supervisor's HangWatch reads it
         self.affinity: ConnectionAffinity | None = None
         if handoffs is not None and handoffs.peers() and server.connection_affinity_waits > 0:
             self.affinity = ConnectionAffinity(index, server.connection_affinity_waits,
@@ -300,14 +300,16 @@ class Worker:
 
     def _turning(self, peer: int) -> bool:
         """Whether a peer's loop turned within two heartbeat intervals: a stopped, hung or dead one (its beats
-        zeroed until its replacement runs) would leave a connection passed to it waiting for the supervisor."""
-        beats = self.heartbeats.beats(worker_slot(peer))
+        zeroed until its replacement runs) would leave a connection passed to it waiting for the supervisor.
+        Its beats are looked at every interval too (_look_at_peers): a first look could not tell."""
+        beats, silent_s = self._peer_beats.look(worker_slot(peer), self.loop.now)
+        return beats > 0 and silent_s <= 2 * self.config.server.heartbeat_interval_ms / 1000
+
+    def _look_at_peers(self) -> None:
         now = self.loop.now
-        seen, since = self._peer_beats.get(peer, (None, now))
-        if beats != seen:
-            self._peer_beats[peer] = (beats, now)
-            since = now
-        return beats > 0 and now - since <= 2 * self.config.server.heartbeat_interval_ms / 1000
+        for peer in self.handoffs.peers():
+            self._peer_beats.look(worker_slot(peer), now)
+        self.loop.call_later(self.config.server.heartbeat_interval_ms / 1000, self._look_at_peers)
 
     def _on_handoff(self) -> None:
         """Connections other workers passed here: served as if accepted (their unread requests are in the
@@ -719,6 +721,8 @@ class Worker:
             loop.watch(self.handoffs.receiving_fd, self._on_handoff)
         if self.stats is not None:
             self._publish_stats()
+        if self._balance_rows is not None:
+            self._look_at_peers()
         for hook in (self._beat, self._stop_procedure, self._from_timer, self._write_ready, self._to_timer,
                      self._announce_sleep):
             loop.before_sleep(hook)
