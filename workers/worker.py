@@ -306,6 +306,7 @@ class Worker:
         return beats > 0 and silent_s <= 2 * self.config.server.heartbeat_interval_ms / 1000
 
     def _look_at_peers(self) -> None:
+        """Every heartbeat interval, while balancing: the peers' beats, for _turning."""
         now = self.loop.now
         for peer in self.handoffs.peers():
             self._peer_beats.look(worker_slot(peer), now)
