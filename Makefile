@@ -4,26 +4,36 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+TEST_STAMP := $(VENV)/.installed-test
 # Debian packages, installed only when missing (root, or sudo when there is one).
 APT_INSTALL = SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
 	$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq
 
-.PHONY: run test venv sysdeps clean install-service uninstall-service redis
+.PHONY: run test venv test-venv wheel sysdeps clean install-service uninstall-service redis
 
 # The C compiler and Python headers build shm/_ringops.c, the ring's compiled one-frame paths.
 HAVE_PY_HEADERS = $(PYTHON) -c "import os, sys, sysconfig; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()['include'], 'Python.h')))"
 PY_DEV_PACKAGE = python$$($(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])')-dev
 
+# `make run` needs the node's own dependencies only; `make test` adds the test and Spark extras. The install is
+# editable and path-based (the checkout on sys.path through a .pth file, setuptools' compat mode), so
+# pkgutil.iter_modules() sees pyspark_shmbroker from any directory, as Spark's data source lookup needs.
+EDITABLE = --config-settings editable_mode=compat
 $(STAMP): pyproject.toml setup.py shm/_ringops.c
 	@test -n "$(PYTHON)" || { echo "make: Python 3.11 is needed"; exit 1; }
 	@{ command -v gcc >/dev/null 2>&1 && $(HAVE_PY_HEADERS); } || { $(APT_INSTALL) gcc $(PY_DEV_PACKAGE); } || { $(APT_INSTALL) gcc python3-dev; }
 	@# Debian ships venv's pip bootstrap separately (python3-venv, which pulls python3.11-venv).
 	$(PYTHON) -m venv $(VENV) || { rm -rf $(VENV); $(APT_INSTALL) python3-venv; $(PYTHON) -m venv $(VENV); }
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test,spark]'
+	$(PY) -m pip install --quiet $(EDITABLE) -e .
 	touch $(STAMP)
 
+$(TEST_STAMP): $(STAMP)
+	$(PY) -m pip install --quiet $(EDITABLE) -e '.[test,spark]'
+	touch $(TEST_STAMP)
+
 venv: $(STAMP)
+test-venv: $(TEST_STAMP)
 
 # A Java 17+ runtime for Spark (pyspark 4 needs one): the one on PATH, or Debian's Java 17 (which
 # scripts/sparkjob.py finds by itself when an older java comes first on PATH).
@@ -44,38 +54,62 @@ sysdeps:
 redis:
 	@{ command -v redis-server >/dev/null 2>&1 && command -v redis-benchmark >/dev/null 2>&1; } || { $(APT_INSTALL) redis-server redis-tools; }
 
-# The node as a systemd service (as root): code and venv in $(PREFIX), the unit, its user (sysusers.d), its
-# directories (tmpfiles.d), the example config (kept if one is there), then `systemctl enable --now shmbroker`.
+# The wheel users install: every package of the node, the compiled shm._ringops for this Python, no tests or
+# scripts. pip builds it in an isolated environment from the sources, as `pip install .` would; setuptools'
+# build/ goes first, as it keeps files since moved or deleted and would put them in the wheel.
+WHEEL_DIR ?= dist
+wheel: venv
+	rm -rf $(WHEEL_DIR) build
+	$(PY) -m pip wheel --quiet --no-deps --wheel-dir $(WHEEL_DIR) .
+	@ls $(WHEEL_DIR)/shmbroker-*.whl
+
+# The node as a systemd service (as root), installed from the wheel: a venv in $(PREFIX) made with
+# $(SERVICE_PYTHON) (a Python the service user can run: not one under /root), the unit (its paths follow
+# PREFIX), its user (sysusers.d), its directories (tmpfiles.d), the example config (kept if one is there), then
+# `systemctl enable --now shmbroker` where systemd runs. ROOT installs under another root directory (an image, a
+# test): users and directories are made there with systemd-sysusers/systemd-tmpfiles --root, and the unit is
+# enabled with systemctl --root, not started.
 PREFIX ?= /opt/shmbroker
-install-service:
+ROOT ?=
+SERVICE_PYTHON ?= $(shell command -v /usr/bin/python3.11 || command -v /usr/bin/python3 || echo $(PYTHON))
+install-service: wheel
 	@test "$$(id -u)" = 0 || { echo "make install-service: run as root"; exit 1; }
-	mkdir -p $(PREFIX)
-	cp -r pyproject.toml setup.py README.md node shm workers $(PREFIX)/
-	$(PYTHON) -m venv $(PREFIX)/.venv
-	$(PREFIX)/.venv/bin/pip install --quiet $(PREFIX)
-	install -m 0644 systemd/shmbroker.sysusers /usr/lib/sysusers.d/shmbroker.conf
-	install -m 0644 systemd/shmbroker.tmpfiles /usr/lib/tmpfiles.d/shmbroker.conf
-	systemd-sysusers /usr/lib/sysusers.d/shmbroker.conf
-	systemd-tmpfiles --create /usr/lib/tmpfiles.d/shmbroker.conf
-	test -e /etc/shmbroker/shmbroker.toml || install -m 0644 systemd/shmbroker.toml /etc/shmbroker/shmbroker.toml
-	install -m 0644 systemd/shmbroker.service /etc/systemd/system/shmbroker.service
-	systemctl daemon-reload
-	systemctl enable --now shmbroker
-	@echo "shmbroker: installed; status: systemctl status shmbroker; stats: $(PREFIX)/.venv/bin/shmbroker stats --data-dir /var/lib/shmbroker/data"
+	install -d $(ROOT)$(PREFIX) $(ROOT)/usr/lib/sysusers.d $(ROOT)/usr/lib/tmpfiles.d $(ROOT)/etc/systemd/system \
+		$(ROOT)/etc/shmbroker
+	$(SERVICE_PYTHON) -m venv --clear $(ROOT)$(PREFIX)/.venv || { $(APT_INSTALL) python3-venv; \
+		$(SERVICE_PYTHON) -m venv --clear $(ROOT)$(PREFIX)/.venv; }
+	$(ROOT)$(PREFIX)/.venv/bin/pip install --quiet $(WHEEL_DIR)/shmbroker-*.whl
+	install -m 0644 README.md $(ROOT)$(PREFIX)/README.md
+	install -m 0644 systemd/shmbroker.sysusers $(ROOT)/usr/lib/sysusers.d/shmbroker.conf
+	install -m 0644 systemd/shmbroker.tmpfiles $(ROOT)/usr/lib/tmpfiles.d/shmbroker.conf
+	systemd-sysusers --root=$(ROOT)/ $(ROOT)/usr/lib/sysusers.d/shmbroker.conf
+	systemd-tmpfiles --root=$(ROOT)/ --create $(ROOT)/usr/lib/tmpfiles.d/shmbroker.conf
+	test -e $(ROOT)/etc/shmbroker/shmbroker.toml || install -m 0644 systemd/shmbroker.toml $(ROOT)/etc/shmbroker/shmbroker.toml
+	sed 's#/opt/shmbroker#$(PREFIX)#g' systemd/shmbroker.service > $(ROOT)/etc/systemd/system/shmbroker.service
+	@if [ -n "$(ROOT)" ]; then systemctl --root=$(ROOT)/ enable shmbroker; \
+	elif [ -d /run/systemd/system ]; then systemctl daemon-reload && systemctl enable --now shmbroker; \
+	else echo "shmbroker: systemd is not running here: the unit is installed, not started"; fi
+	@echo "shmbroker: installed in $(ROOT)$(PREFIX); status: systemctl status shmbroker; stats: $(PREFIX)/.venv/bin/shmbroker stats --data-dir /var/lib/shmbroker/data"
 
 uninstall-service:
 	@test "$$(id -u)" = 0 || { echo "make uninstall-service: run as root"; exit 1; }
-	-systemctl disable --now shmbroker
-	rm -f /etc/systemd/system/shmbroker.service /usr/lib/sysusers.d/shmbroker.conf /usr/lib/tmpfiles.d/shmbroker.conf
-	systemctl daemon-reload
+	-@if [ -n "$(ROOT)" ]; then systemctl --root=$(ROOT)/ disable shmbroker; \
+	elif [ -d /run/systemd/system ]; then systemctl disable --now shmbroker; fi
+	rm -f $(ROOT)/etc/systemd/system/shmbroker.service $(ROOT)/usr/lib/sysusers.d/shmbroker.conf \
+		$(ROOT)/usr/lib/tmpfiles.d/shmbroker.conf
+	-@[ -n "$(ROOT)" ] || [ ! -d /run/systemd/system ] || systemctl daemon-reload
 	@echo "shmbroker: unit removed; data in /var/lib/shmbroker, config in /etc/shmbroker and $(PREFIX) are kept"
 
-# The node on 127.0.0.1:9092 with its data in ./data, until Ctrl-C (a clean stop).
+# The node on 127.0.0.1:9092 with its data in ./data (LISTEN=, DATA_DIR= change them), until Ctrl-C (a clean
+# stop). The recipe execs the node, so it is make's own child: Ctrl-C reaches it with the terminal's process
+# group, and make passes a SIGTERM on to it.
+LISTEN ?= 127.0.0.1:9092
+DATA_DIR ?= ./data
 run: venv
-	$(VENV)/bin/shmbroker serve --listen 127.0.0.1:9092 --data-dir ./data
+	exec $(VENV)/bin/shmbroker serve --listen $(LISTEN) --data-dir $(DATA_DIR)
 
-test: venv sysdeps redis
+test: test-venv sysdeps redis
 	$(PY) -m pytest -q tests
 
 clean:
-	rm -rf $(VENV) build *.egg-info shm/*.so
+	rm -rf $(VENV) build dist *.egg-info shm/*.so

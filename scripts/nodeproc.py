@@ -79,7 +79,8 @@ def die_with_parent() -> None:
 class NodeProcess:
     def __init__(self, work_dir: Path | str | None = None, workers: int = 1, config: str = "",
                  port: int | None = None, data_dir: Path | str | None = None, env: dict[str, str] | None = None,
-                 announce: bool = False, repo: Path | str = REPO_ROOT, wait_ready: bool = True) -> None:
+                 announce: bool = False, repo: Path | str = REPO_ROOT, wait_ready: bool = True,
+                 command: list[str] | None = None, cwd: Path | str | None = None) -> None:
         self._own_dir = work_dir is None
         self.work_dir = Path(tempfile.mkdtemp(prefix="shmbroker-node-") if work_dir is None else work_dir)
         self.workers = workers
@@ -90,6 +91,10 @@ class NodeProcess:
         self.log_path = self.work_dir / f"node-{self.port}.log"
         self.env = env
         self.repo = Path(repo)  # the checkout whose node runs (another one's, to compare checkouts)
+        # What runs `serve`: this Python's node.cli by default, or an installed `shmbroker` (a wheel's venv),
+        # from `cwd` (the checkout by default).
+        self.command = command or [sys.executable, "-m", "node.cli"]
+        self.cwd = Path(cwd) if cwd is not None else self.repo
         self.wait_ready = wait_ready  # False: return once a worker answers (a checkout whose children log no ready line)
         self.announce = announce  # print "nodeproc: node pid ... on ..., data ..." to stderr once it answers
         self.proc: subprocess.Popen | None = None
@@ -104,7 +109,7 @@ class NodeProcess:
         return shm_instance.instance_id_for(str(self.data_dir), self.port)
 
     def start(self) -> "NodeProcess":
-        args = [sys.executable, "-m", "node.cli", "serve", "--config", str(self.config_path),
+        args = [*self.command, "serve", "--config", str(self.config_path),
                 "--listen", self.bootstrap, "--data-dir", str(self.data_dir), "--workers", str(self.workers),
                 *self.start_args]
         env = {**os.environ, **self.env} if self.env else None
@@ -114,7 +119,7 @@ class NodeProcess:
         in_main_thread = threading.current_thread() is threading.main_thread()
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         cwd=self.repo, env=env, preexec_fn=die_with_parent if in_main_thread else None)
+                                         cwd=self.cwd, env=env, preexec_fn=die_with_parent if in_main_thread else None)
         ready_lines = ([READY_LINES[0]] + [READY_LINES[1].format(index=i) for i in range(self.workers)]
                        if self.wait_ready else [])
         deadline = time.monotonic() + START_TIMEOUT_S

@@ -1,0 +1,1 @@
+"""The group coordinator of Kafka's classic protocol, in the timer process."""
