@@ -24,6 +24,8 @@ Invariants:
   changes nothing (one error line naming the file, key and reason).
 - Signals are handled synchronously (blocked, then sigtimedwait), so no handler ever runs in the
   middle of the supervisor's own bookkeeping.
+- The port accepts connections only once a worker's loop runs: the supervisor binds the listening sockets, each
+  worker puts its own to listen as its loop starts. `serving on` is logged with READY=1.
 - systemd (node.sdnotify): STATUS= lines while recovering and starting; READY=1 only once every child's loop
   has turned (its first heartbeat, shm.heartbeat), so the port is served, not only bound; RELOADING=1 then
   READY=1 around a SIGHUP; STOPPING=1 first thing on shutdown. Under WatchdogSec= (WATCHDOG_USEC) it sends
@@ -152,10 +154,12 @@ class Supervisor:
         self._lock_fd = fd
 
     def _listen(self, count: int) -> list[socket.socket]:
-        """One listening socket per worker in one SO_REUSEPORT group: the kernel spreads new
-        connections over the workers (one shared socket would let whichever worker wakes first
-        take them all). The supervisor keeps them open, so connections waiting in a dead worker's
-        backlog are accepted by its replacement, not reset."""
+        """One socket per worker in one SO_REUSEPORT group, bound here and put to listen by its worker once its
+        loop runs (workers.worker), so the port accepts connections only when a worker can serve them (a bound
+        socket that does not listen refuses them; clients retry). The kernel spreads new connections over the
+        listening ones (one shared socket would let whichever worker wakes first take them all). The supervisor
+        keeps them open, so connections waiting in a dead worker's backlog are accepted by its replacement, not
+        reset."""
         server = self.config.server
         # SO_REUSEPORT would let a second node on the same port join our group and take half the
         # connections: a plain bind first fails with EADDRINUSE if anyone holds the port.
@@ -168,7 +172,6 @@ class Supervisor:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
             sock.bind((server.host, server.port))
-            sock.listen(server.listen_backlog)
             sock.setblocking(False)
             sock.set_inheritable(True)
             sockets.append(sock)
@@ -254,8 +257,6 @@ class Supervisor:
                     print(f"shmbroker: cannot serve metrics on {host}:{port}: {exc.strerror or exc}", file=sys.stderr)
                     self.stop()
                     return EXIT_IN_USE if exc.errno == errno.EADDRINUSE else 1
-            log.info("serving on %s:%d (instance %s, data %s)", self.config.server.host,
-                     self.config.server.port, self.instance, self.data_dir)
             code = 0
             try:
                 while not self.stopping:
@@ -292,6 +293,7 @@ class Supervisor:
                                   for c in self.children):
             self.ready = True
             server = self.config.server
+            log.info("serving on %s:%d (instance %s, data %s)", server.host, server.port, self.instance, self.data_dir)
             sdnotify.notify(f"READY=1\nSTATUS=serving on {server.host}:{server.port}\nMAINPID={os.getpid()}")
         if self.watchdog_s is not None and self.ready and now >= self.next_watchdog:
             # Withheld: look again soon, so a child back on its feet resumes the pings well before WatchdogSec.

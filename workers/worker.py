@@ -1,4 +1,5 @@
-"""A network worker process: its own SO_REUSEPORT listening socket, its client connections, its completion
+"""A network worker process: its own SO_REUSEPORT listening socket (bound by the supervisor, put to listen here
+as the loop starts: the port accepts only once a worker serves it), its client connections, its completion
 doorbell and a signal wakeup pipe, on one event loop (workers.eventloop).
 
 The server logic hangs on the loop as handlers and hooks:
@@ -728,6 +729,8 @@ class Worker:
                      self._announce_sleep):
             loop.before_sleep(hook)
         loop.after_sleep(self.link.woke)
+        # The port accepts from now on (the supervisor only bound it); a replacement's socket listens already.
+        self.listener.listen(self.config.server.listen_backlog)
         log.info("worker %d ready", self.index)
         loop.run()
         for conn in list(self.connections.values()):
