@@ -4,15 +4,18 @@ AdminClient), so the commands work against any reachable node, or any Kafka-comp
 Lag is what Kafka's tools compute: per partition, the high watermark (ListOffsets) minus the group's committed
 offset (OffsetFetch); a partition without a committed offset has no lag figure (shown as "-").
 
-Invariants: every call is bounded by `timeout_s`; an unreachable broker raises Unreachable (exit code 3 in the
-CLI), a broker's error code raises AdminError with Kafka's error name.
+Invariants: every call is bounded by `timeout_s`; the bootstrap address is first reached with a plain TCP connect
+bounded by `connect_timeout_s`, so an address nobody listens on is reported at once (librdkafka alone would retry
+it for the whole timeout); an unreachable broker raises Unreachable (exit code 3 in the CLI), a broker's error code
+raises AdminError with Kafka's error name, and a group that does not exist raises NoSuchGroup.
 """
 
 from __future__ import annotations
 
+import socket
 from dataclasses import dataclass
 
-from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka import ConsumerGroupState, ConsumerGroupTopicPartitions, Consumer, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 
@@ -22,6 +25,10 @@ class AdminError(RuntimeError):
 
 class Unreachable(RuntimeError):
     """No broker answered at the bootstrap address."""
+
+
+class NoSuchGroup(AdminError):
+    """The group is not known to the coordinator (Kafka's describe answers it as Dead)."""
 
 
 def _raise(exc: KafkaException, what: str) -> None:
@@ -36,12 +43,27 @@ def _raise(exc: KafkaException, what: str) -> None:
 @dataclass
 class Admin:
     bootstrap: str
-    timeout_s: float = 10.0
+    timeout_s: float
+    connect_timeout_s: float
 
     def __post_init__(self) -> None:
+        self._reach()
         self._config = {"bootstrap.servers": self.bootstrap, "socket.timeout.ms": int(self.timeout_s * 1000),
+                        "socket.connection.setup.timeout.ms": int(self.connect_timeout_s * 1000),
                         "client.id": "shmbroker-cli"}
         self.client = AdminClient({**self._config, "logger": _QuietLogger()})
+
+    def _reach(self) -> None:
+        """A TCP connect to some bootstrap address within connect_timeout_s, or Unreachable."""
+        reasons = []
+        for address in self.bootstrap.split(","):
+            host, _, port = address.strip().rpartition(":")
+            try:
+                socket.create_connection((host.strip("[]"), int(port)), timeout=self.connect_timeout_s).close()
+                return
+            except OSError as exc:
+                reasons.append(f"{address.strip()}: {exc.strerror or 'no answer in %gs' % self.connect_timeout_s}")
+        raise Unreachable("; ".join(reasons))
 
     def _metadata(self):
         try:
@@ -90,15 +112,26 @@ class Admin:
             _raise(exc, f"cannot delete topic {name}")
 
     def groups(self) -> list[dict]:
+        """Every group with its state. ListGroups before v4 carries no states (librdkafka then says UNKNOWN):
+        those come from DescribeGroups, as kafka-consumer-groups --list --state does."""
         self._metadata()  # an unreachable broker says so here, rather than as an empty list
         future = self.client.list_consumer_groups(request_timeout=self.timeout_s)
         try:
             result = future.result(timeout=self.timeout_s * 2)
         except KafkaException as exc:
             _raise(exc, "cannot list groups")
-        return sorted(({"group": g.group_id, "state": g.state.name if g.state else "",
-                        "simple": bool(g.is_simple_consumer_group)} for g in result.valid),
-                      key=lambda g: g["group"])
+        listed = sorted(result.valid, key=lambda g: g.group_id)
+        states = {g.group_id: g.state for g in listed if g.state not in (None, ConsumerGroupState.UNKNOWN)}
+        unknown = [g.group_id for g in listed if g.group_id not in states]
+        if unknown:
+            futures = self.client.describe_consumer_groups(unknown, request_timeout=self.timeout_s)
+            for group_id, future in futures.items():
+                try:
+                    states[group_id] = future.result(timeout=self.timeout_s * 2).state
+                except KafkaException as exc:
+                    _raise(exc, f"cannot describe group {group_id}")
+        return [{"group": g.group_id, "state": states[g.group_id].name if g.group_id in states else "UNKNOWN",
+                 "simple": bool(g.is_simple_consumer_group)} for g in listed]
 
     def describe_group(self, group_id: str) -> dict:
         """Members and, per partition with a committed offset, its offset, the high watermark and the lag."""
@@ -107,6 +140,8 @@ class Admin:
             description = futures[group_id].result(timeout=self.timeout_s * 2)
         except KafkaException as exc:
             _raise(exc, f"cannot describe group {group_id}")
+        if description.state == ConsumerGroupState.DEAD:
+            raise NoSuchGroup(f"group {group_id} does not exist")
         owners = {}
         members = []
         for member in description.members:
@@ -116,7 +151,6 @@ class Admin:
                             "partitions": [f"{t}-{p}" for t, p in sorted(assigned)]})
             for key in assigned:
                 owners[key] = member.member_id
-        from confluent_kafka import ConsumerGroupTopicPartitions
         offsets_future = self.client.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group_id)],
                                                                  request_timeout=self.timeout_s)
         try:

@@ -27,6 +27,8 @@ EXIT_USAGE = 2
 EXIT_NOT_RUNNING = 3
 EXIT_IN_USE = 4
 DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
+DEFAULT_TIMEOUT_S = 10.0  # each Kafka API answer of `topics` and `groups`
+DEFAULT_CONNECT_TIMEOUT_S = 3.0  # their first TCP connect: an address nobody answers is reported this soon
 
 
 def _version() -> str:
@@ -36,50 +38,78 @@ def _version() -> str:
         return "unknown"
 
 
+class _Help(argparse.ArgumentDefaultsHelpFormatter):
+    """Every option's help ends with its default, unless it has none to show (None: the help says it in words;
+    a flag's False)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default is None or action.default is False:
+            return action.help
+        return super()._get_help_string(action)
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="shmbroker", description="Kafka-compatible single-node broker")
+    formatter = _Help
+    parser = argparse.ArgumentParser(prog="shmbroker", description="Kafka-compatible single-node broker",
+                                     formatter_class=formatter)
     parser.add_argument("--version", action="version", version=f"shmbroker {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    serve = sub.add_parser("serve", help="run the node")
-    serve.add_argument("--config", help="TOML config file")
-    serve.add_argument("--listen", help="HOST:PORT to listen on (default 127.0.0.1:9092)")
-    serve.add_argument("--data-dir", help="data directory (default ./data)")
-    serve.add_argument("--workers", type=int, help="network worker processes (default: CPU count)")
-    serve.add_argument("--metrics", metavar="HOST:PORT",
-                       help="serve Prometheus metrics at http://HOST:PORT/metrics (off by default; HOST defaults "
-                            "to 127.0.0.1 when only :PORT is given)")
+    def command(parent, name: str, help: str) -> argparse.ArgumentParser:
+        return parent.add_parser(name, help=help, description=help, formatter_class=formatter)
 
-    stats = sub.add_parser("stats", help="one snapshot of the node's counters, read from shared memory")
-    stats.add_argument("--data-dir", default="./data", help="the node's data directory (default ./data)")
+    serve = command(sub, "serve", "run the node")
+    serve.add_argument("--config", help="TOML config file (every key optional; default: none, every setting "
+                                        "at its default, as node/config.py gives them)")
+    serve.add_argument("--listen", help="HOST:PORT to listen on (default: the config's server.host and "
+                                        "server.port, 127.0.0.1:9092 unless it says otherwise)")
+    serve.add_argument("--data-dir", help="data directory (default: the config's server.data_dir, ./data unless "
+                                          "it says otherwise)")
+    serve.add_argument("--workers", type=int, help="network worker processes (default: the config's "
+                                                   "server.workers, one per CPU unless it says otherwise)")
+    serve.add_argument("--metrics", metavar="HOST:PORT",
+                       help="serve Prometheus metrics at http://HOST:PORT/metrics (default: off; HOST is "
+                            "127.0.0.1 when only :PORT is given)")
+
+    stats = command(sub, "stats", "one snapshot of the node's counters, read from shared memory")
+    stats.add_argument("--data-dir", default="./data", help="the node's data directory")
     stats.add_argument("--json", action="store_true", help="one JSON document")
 
-    dash = sub.add_parser("dashboard", help="live terminal view of the node's processes and rates")
-    dash.add_argument("--data-dir", default="./data", help="the node's data directory (default ./data)")
-    dash.add_argument("--interval", type=float, default=1.0, help="refresh interval in seconds (default 1)")
+    dash = command(sub, "dashboard", "live terminal view of the node's processes and rates")
+    dash.add_argument("--data-dir", default="./data", help="the node's data directory")
+    dash.add_argument("--interval", type=float, default=1.0, help="refresh interval in seconds")
     dash.add_argument("--duration", type=float, default=0.0, help="stop after this many seconds (0: until Ctrl-C)")
 
-    topics = sub.add_parser("topics", help="list, create, describe, delete topics (Kafka API)")
-    topics_sub = topics.add_subparsers(dest="action", required=True)
-    for action in ("list", "create", "describe", "delete"):
-        p = topics_sub.add_parser(action)
+    def kafka_api(p: argparse.ArgumentParser) -> None:
         p.add_argument("--bootstrap", default=DEFAULT_BOOTSTRAP, help="HOST:PORT of any broker")
-        p.add_argument("--json", action="store_true")
+        p.add_argument("--connect-timeout", type=float, default=DEFAULT_CONNECT_TIMEOUT_S,
+                       help="seconds to wait for a TCP connection to the broker")
+        p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="seconds to wait for each answer")
+        p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+    topics = command(sub, "topics", "list, create, describe, delete topics (Kafka API)")
+    topics_sub = topics.add_subparsers(dest="action", required=True)
+    for action, text in (("list", "every topic and its partition count"),
+                         ("create", "create a topic"),
+                         ("describe", "a topic's partitions with their offsets"),
+                         ("delete", "delete a topic")):
+        p = command(topics_sub, action, text)
+        kafka_api(p)
         if action != "list":
-            p.add_argument("topic")
+            p.add_argument("topic", help="the topic's name")
         else:
             p.add_argument("--internal", action="store_true", help="include internal topics (__consumer_offsets)")
         if action == "create":
-            p.add_argument("--partitions", type=int, default=1)
+            p.add_argument("--partitions", type=int, default=1, help="number of partitions")
 
-    groups = sub.add_parser("groups", help="list consumer groups, describe one with its lag (Kafka API)")
+    groups = command(sub, "groups", "list consumer groups, describe one with its lag (Kafka API)")
     groups_sub = groups.add_subparsers(dest="action", required=True)
-    for action in ("list", "describe"):
-        p = groups_sub.add_parser(action)
-        p.add_argument("--bootstrap", default=DEFAULT_BOOTSTRAP, help="HOST:PORT of any broker")
-        p.add_argument("--json", action="store_true")
+    for action, text in (("list", "every consumer group and its state"),
+                         ("describe", "a group's members, committed offsets and lag per partition")):
+        p = command(groups_sub, action, text)
+        kafka_api(p)
         if action == "describe":
-            p.add_argument("group")
+            p.add_argument("group", help="the group id")
     return parser
 
 
@@ -168,7 +198,7 @@ def _admin_call(args: argparse.Namespace, call) -> int:
     except node_config.ConfigError as exc:
         return _error(f"--bootstrap: {exc}", EXIT_USAGE)
     try:
-        return call(Admin(args.bootstrap))
+        return call(Admin(args.bootstrap, args.timeout, args.connect_timeout))
     except Unreachable as exc:
         return _error(f"no broker reachable at {args.bootstrap}: {exc}", EXIT_NOT_RUNNING)
     except AdminError as exc:
