@@ -30,7 +30,7 @@ from kio.schema.errors import ErrorCode
 
 from node.config import GroupConfig
 from node.storage.store import PartitionStore
-from node.timer.groups.delayed import DelayedJoin, InitialDelayedJoin, PendingSync, join_key
+from node.timer.groups.delayed import DelayedJoin, InitialDelayedJoin, PendingSync, join_key, sync_key
 from node.timer.groups.group import Group, GroupState, Member, Waiter
 from node.timer.groups.offsets import OffsetStore
 from node.timer.groups.sessions import Sessions
@@ -153,7 +153,7 @@ class GroupCoordinator:
             if member_id:
                 return self._join_reply(waiter, E.unknown_member_id, member_id)
             group = self.groups[group_id] = Group(group_id)
-            group.transition(EMPTY, self.clock())
+            self._transition(group, EMPTY, self.clock())
         if group.is_(DEAD):
             return self._join_reply(waiter, E.coordinator_not_available, member_id)
         joining_anew = not member_id or (member_id not in group.members and member_id not in group.pending)
@@ -262,6 +262,12 @@ class GroupCoordinator:
             members = [[m.member_id, m.instance_id, m.metadata(group.protocol)] for m in group.members.values()]
         self._join_reply(waiter, E.none, member.member_id, group, members)
 
+    def _transition(self, group: Group, state: GroupState, now_ms: int) -> None:
+        """Every state change of a group: a generation's pending sync ends once the group leaves it."""
+        group.transition(state, now_ms)
+        if state is not COMPLETING:
+            self.syncs.check_and_complete(sync_key(group.group_id))
+
     def _maybe_prepare_rebalance(self, group: Group, reason: str) -> None:
         if group.state in (STABLE, COMPLETING, EMPTY):
             self._prepare_rebalance(group, reason)
@@ -282,7 +288,7 @@ class GroupCoordinator:
         else:
             op = DelayedJoin(self, group)
             deadline = now + group.max_rebalance_timeout_ms()
-        group.transition(PREPARING, now)
+        self._transition(group, PREPARING, now)
         group.join = op
         log.info("group %s: preparing rebalance (generation %d): %s", group.group_id, group.generation, reason)
         self.joins.try_complete_else_watch(op, [join_key(group.group_id)], deadline)
@@ -324,7 +330,7 @@ class GroupCoordinator:
         if not group.members:
             group.generation += 1
             group.protocol = None
-            group.transition(EMPTY, now)
+            self._transition(group, EMPTY, now)
             return
         group.complete_join_phase(now)
         self.rebalances += 1
@@ -336,7 +342,7 @@ class GroupCoordinator:
                 self._renew_session(group, member)
                 self._answer_join(group, member, waiter)
         pending = PendingSync(self, group, group.generation)
-        self.syncs.try_complete_else_watch(pending, [("sync", group.group_id)],
+        self.syncs.try_complete_else_watch(pending, [sync_key(group.group_id)],
                                            now + group.max_rebalance_timeout_ms())
 
     # -- SyncGroup ----------------------------------------------------------------------------
@@ -377,7 +383,7 @@ class GroupCoordinator:
             assignments = {str(m): str(a) for m, a in d["assignments"]}
             for other in group.members.values():
                 other.assignment = assignments.get(other.member_id, "")
-            group.transition(STABLE, self.clock())
+            self._transition(group, STABLE, self.clock())
             for other in group.members.values():
                 if other.awaiting_sync is not None:
                     self._reply(other.awaiting_sync, {"error": int(E.none), "assignment": other.assignment})
@@ -485,7 +491,7 @@ class GroupCoordinator:
         again from the start. Its session bounds the wait."""
         if (group.is_(EMPTY) and not group.members and not group.pending
                 and not self.offsets.fetch(group.group_id, None)):
-            group.transition(DEAD, self.clock())
+            self._transition(group, DEAD, self.clock())
             self.groups.pop(group.group_id, None)
 
     # -- offsets ------------------------------------------------------------------------------
@@ -531,7 +537,7 @@ class GroupCoordinator:
             return answer(lambda t, p: refused.get((t, p), E.none))
         if group is None:
             group = self.groups[group_id] = Group(group_id)
-            group.transition(EMPTY, self.clock())
+            self._transition(group, EMPTY, self.clock())
         if group.members.get(member_id) is not None:
             self._renew_session(group, group.members[member_id])
 
@@ -623,7 +629,7 @@ class GroupCoordinator:
             elif not group.is_(EMPTY):
                 results.append([group_id, int(E.non_empty_group)])
             else:
-                group.transition(DEAD, now)
+                self._transition(group, DEAD, now)
                 del self.groups[group_id]
                 self.offsets.delete(group_id, None, now)
                 results.append([group_id, int(E.none)])

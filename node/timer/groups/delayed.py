@@ -5,8 +5,10 @@ InitialDelayedJoin, plus the wait for a generation's SyncGroups; sessions are no
   after each join or leave) or when the longest rebalance timeout of the members passes.
 - InitialDelayedJoin: the first join phase of an empty group waits `initial_rebalance_delay_ms` to batch the
   first joins, and again (never past the rebalance timeout) while new members keep arriving.
-- PendingSync: a generation's wait for SyncGroups; completed when the leader's assignment arrives, expiring
-  (after the rebalance timeout) removes the members that never synced and starts a new join phase.
+- PendingSync: a generation's wait for SyncGroups; completes once the group has left CompletingRebalance for
+  that generation (the leader's assignment arrived, or a rebalance or the last member's leave came first: checked
+  on the group's sync key at every state change); expiring (after the rebalance timeout) removes the members
+  that never synced and starts a new join phase.
 
 Invariants: the coordinator is the only caller; every callback goes back to it and it re-checks the group's
 state there (an operation may outlive the state it was made for).
@@ -16,7 +18,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from node.timer.groups.group import Group
+from node.timer.groups.group import Group, GroupState
 from node.timer.purgatory import DelayedOperation
 
 
@@ -32,6 +34,10 @@ class GroupCoordinator(Protocol):
 
 def join_key(group_id: str) -> tuple[str, str]:
     return ("join", group_id)
+
+
+def sync_key(group_id: str) -> tuple[str, str]:
+    return ("sync", group_id)
 
 
 class DelayedJoin(DelayedOperation):
@@ -74,7 +80,9 @@ class PendingSync(DelayedOperation):
         self.generation = generation
 
     def try_complete(self) -> bool:
-        return False
+        if self.group.is_(GroupState.COMPLETING_REBALANCE) and self.group.generation == self.generation:
+            return False
+        return self.force_complete()
 
     def on_expiration(self) -> None:
         self.coordinator.sync_expired(self.group, self.generation)
