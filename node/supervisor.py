@@ -68,7 +68,7 @@ SIGNALS = {
     signal.SIGHUP: "handle_hup",
 }
 EXIT_CHILD_CANNOT_BOOT = 1
-EXIT_IN_USE = 4  # the port or the data directory is taken (node.cli's exit codes)
+EXIT_IN_USE = 4  # the port or the data directory is taken (node.tools.cli's exit codes)
 
 
 @dataclass(frozen=True)
@@ -276,8 +276,8 @@ class Supervisor:
             self._release()
 
     def _start_metrics(self) -> None:
-        from node.inspect import NodeReader, locate
-        from node.metrics import serve_metrics
+        from node.tools.inspect import NodeReader, locate
+        from node.tools.metrics import serve_metrics
 
         host, port = self.metrics_address
         self._metrics_reader = NodeReader(locate(self.data_dir))

@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
         loader = multiprocessing.get_context("spawn").Process(target=_load, args=(node.port, topic, args.seconds + 5),
                                                               daemon=True)
         loader.start()
-        command = (f"env -u COLUMNS -u LINES {sys.executable} -m node.cli dashboard --data-dir {node.data_dir} "
+        command = (f"env -u COLUMNS -u LINES {sys.executable} -m node.tools.cli dashboard --data-dir {node.data_dir} "
                    f"--duration {args.seconds}")
         subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "180", "-y", "60", "-c", REPO, command],
                        check=True, timeout=10)

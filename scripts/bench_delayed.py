@@ -270,11 +270,11 @@ def run_expire(args, target) -> dict:
 
 
 class TimerStats:
-    """The timer process's row of the node's stats segment (node.inspect: read-only, no request to the node):
+    """The timer process's row of the node's stats segment (node.tools.inspect: read-only, no request to the node):
     one sample per publish interval of its lateness percentiles, and its fetch purgatory counters."""
 
     def __init__(self, data_dir: str) -> None:
-        from node.inspect import NodeReader
+        from node.tools.inspect import NodeReader
 
         self.reader = NodeReader.open(data_dir)
         self.published_ms = 0

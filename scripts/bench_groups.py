@@ -44,7 +44,7 @@ import benchnode  # noqa: E402
 import rawkafka as R  # noqa: E402
 from kio.static.primitive import i32, i32Timedelta, i64  # noqa: E402
 
-from workers import protocol as P  # noqa: E402
+from workers.codecs import protocol as P  # noqa: E402
 
 SCRIPT = "bench_groups"
 JOIN_V, SYNC_V, HEARTBEAT_V, COMMIT_V = 5, 3, 3, 7

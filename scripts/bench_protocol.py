@@ -1,13 +1,13 @@
 """Benchmark: kio versus our hot-path codecs (Produce request decode, Fetch response encode).
 
 Cases: request header parse (kio's bare reader against
-workers.protocol.parse_request_header, which wraps that same reader: the cost
+workers.codecs.protocol.parse_request_header, which wraps that same reader: the cost
 of the wrapper), Produce request decode, Produce response build+encode, Fetch
 response build+encode (kio's side includes the pread its in-memory records
 need; ours leaves the records as file ranges for sendfile).
 
-This is the measurement behind the choice, stated in workers/produce_codec.py and
-workers/fetch_codec.py, to hand-write those two and use kio for everything else.
+This is the measurement behind the choice, stated in workers/codecs/produce.py and
+workers/codecs/fetch.py, to hand-write those two and use kio for everything else.
 Both sides run in the same process and run, interleaved, so machine noise hits
 both alike; each figure is the median over ``--runs`` runs of microseconds per
 message, and ``ratio`` is kio / ours (above 1: ours is faster).
@@ -43,14 +43,14 @@ from kio.schema.errors import ErrorCode  # noqa: E402
 from kio.serial import entity_reader, entity_writer  # noqa: E402
 from kio.static.primitive import i32, i32Timedelta, i64  # noqa: E402
 
-from workers.fetch_codec import FetchPartitionResult, FetchTopicResult, encode_fetch_response  # noqa: E402
-from workers.produce_codec import (  # noqa: E402
+from workers.codecs.fetch import FetchPartitionResult, FetchTopicResult, encode_fetch_response  # noqa: E402
+from workers.codecs.produce import (  # noqa: E402
     ProducePartitionResult,
     ProduceTopicResult,
     decode_produce_request,
     encode_produce_response,
 )
-from workers.protocol import parse_request_header  # noqa: E402
+from workers.codecs.protocol import parse_request_header  # noqa: E402
 
 RECORD_SIZE = 100
 

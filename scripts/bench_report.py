@@ -321,7 +321,7 @@ def settle(max_s: float, busy_percent: float) -> float:
 class ServingWorkers:
     """Whether one worker served both a run's produce requests and its fetches, or two workers did, or the
     consumer moved to the producer's worker during the run (server.connection_affinity_*): per-worker request
-    and move counts from the node's stats segment (node.inspect, read-only), before and after the run. The
+    and move counts from the node's stats segment (node.tools.inspect, read-only), before and after the run. The
     kernel spreads connections over the workers (SO_REUSEPORT), so a producer and a consumer share a worker by
     chance; across two, each append reaches the consumer's worker through its doorbell, one process wake more,
     until the consumer moves."""
@@ -330,7 +330,7 @@ class ServingWorkers:
     PLACEMENTS = ONE, MOVED, TWO = "one worker", "moved to one", "two workers"
 
     def __init__(self, node: NodeProcess) -> None:
-        from node.inspect import NodeReader
+        from node.tools.inspect import NodeReader
 
         self.reader = NodeReader.open(str(node.data_dir))
 

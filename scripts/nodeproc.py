@@ -1,4 +1,4 @@
-"""The one launcher of a real node, for the tests and the benchmarks: `python -m node.cli serve` as a
+"""The one launcher of a real node, for the tests and the benchmarks: `python -m node.tools.cli serve` as a
 subprocess on a free 127.0.0.1 port with its own data dir, stopped with real signals, by pid.
 
     node = NodeProcess(work_dir, workers=2, config="[topics]\\nnum_partitions = 4\\n").start()
@@ -91,9 +91,9 @@ class NodeProcess:
         self.log_path = self.work_dir / f"node-{self.port}.log"
         self.env = env
         self.repo = Path(repo)  # the checkout whose node runs (another one's, to compare checkouts)
-        # What runs `serve`: this Python's node.cli by default, or an installed `shmbroker` (a wheel's venv),
+        # What runs `serve`: this Python's node.tools.cli by default, or an installed `shmbroker` (a wheel's venv),
         # from `cwd` (the checkout by default).
-        self.command = command or [sys.executable, "-m", "node.cli"]
+        self.command = command or [sys.executable, "-m", "node.tools.cli"]
         self.cwd = Path(cwd) if cwd is not None else self.repo
         self.wait_ready = wait_ready  # False: return once a worker answers (a checkout whose children log no ready line)
         self.announce = announce  # print "nodeproc: node pid ... on ..., data ..." to stderr once it answers

@@ -57,7 +57,7 @@ class Kind(IntEnum):
     # worker -> timer
     DELAY_FETCH = 1  # a long-poll fetch: answer when min_bytes are appended past start_bytes, or at the deadline
     DELAY_PRODUCE = 2  # an acks=all produce: answer when every row is fsync'd to required_offset, or at the deadline
-    # 3 was APPEND (an append to a watched row): workers answer what their appends satisfy (workers.delayed)
+    # 3 was APPEND (an append to a watched row): workers answer what their appends satisfy (workers.timer_client.delayed)
     CANCEL = 4  # complete these delayed requests without an answer: their client is gone, or the worker answered
     # Topic administration (node.timer.controller), each answered by a REPLY. Those with a deadline (monotonic ms,
     # the request's own timeout) are refused REQUEST_TIMED_OUT, with nothing done, if they start after it.

@@ -26,7 +26,7 @@ from shm import instance as shm_instance  # noqa: E402
 from shm.table import PartitionTable  # noqa: E402
 from tests.test_clients import CLIENT_TIMEOUT_S, consume_all, produce  # noqa: E402
 from tests.test_groups_protocol import body, nested  # noqa: E402
-from workers import protocol as P  # noqa: E402
+from workers.codecs import protocol as P  # noqa: E402
 
 NONE, OFFSET_OUT_OF_RANGE, REQUEST_TIMED_OUT, MESSAGE_TOO_LARGE, INVALID_TIMESTAMP = 0, 1, 7, 10, 32
 INVALID_PARTITIONS, INVALID_REPLICATION_FACTOR, INVALID_REPLICA_ASSIGNMENT, INVALID_CONFIG = 37, 38, 39, 40

@@ -24,7 +24,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 import rawkafka as R  # noqa: E402
 
-from node.inspect import NodeReader  # noqa: E402
+from node.tools.inspect import NodeReader  # noqa: E402
 from shm.handoff import AFFINITY, BALANCE, HEADER, MAGIC, Handoffs, Inbox  # noqa: E402
 from tests.test_clients import create_topic  # noqa: E402
 from tests.test_hardening import worker_of  # noqa: E402

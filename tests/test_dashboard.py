@@ -83,7 +83,7 @@ def test_dashboard_in_tmux_under_load(node_factory):
         consumer.close()
     session = f"smbdash{uuid.uuid4().hex[:8]}"
     # The pane decides the size (pytest may have exported COLUMNS/LINES, which rich would obey).
-    command = f"env -u COLUMNS -u LINES {sys.executable} -m node.cli dashboard --data-dir {node.data_dir} --duration {DASHBOARD_S}"
+    command = f"env -u COLUMNS -u LINES {sys.executable} -m node.tools.cli dashboard --data-dir {node.data_dir} --duration {DASHBOARD_S}"
     subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "180", "-y", "60", "-c", str(REPO), command],
                    check=True, timeout=10)
     try:

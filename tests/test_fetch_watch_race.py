@@ -35,13 +35,13 @@ from shm.interest import WorkerWatches
 from shm.ring import RingReader
 from shm.table import PartitionTable
 from shm_testing import fresh_instance
-from workers import protocol as P
+from workers.codecs import protocol as P
 from workers.connection import Connection, Request
-from workers.delayed import DelayedRequests, monotonic_ms
-from workers import handlers as handlers_module
-from workers.handlers import Handlers
-from workers.quotas import ClientQuotas, Throttler
-from workers.timer_link import TimerLink
+from workers.timer_client.delayed import DelayedRequests, monotonic_ms
+from workers.api import handlers as handlers_module
+from workers.api.handlers import Handlers
+from workers.api.quotas import ClientQuotas, Throttler
+from workers.timer_client.link import TimerLink
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 import rawkafka as R  # noqa: E402

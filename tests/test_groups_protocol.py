@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from kio.static.primitive import i8, i32, i32Timedelta, i64
 
-from workers import protocol as P
+from workers.codecs import protocol as P
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 import rawkafka as R  # noqa: E402

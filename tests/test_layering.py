@@ -15,7 +15,7 @@ REPO = Path(__file__).resolve().parent.parent
 PACKAGES = ("node", "shm", "workers", "clients", "pyspark_shmbroker")
 
 # The supervisor's own modules: only the supervisor side (node's root) imports them.
-SUPERVISOR = ("node.supervisor", "node.cli", "node.resources", "node.sdnotify")
+SUPERVISOR = ("node.supervisor", "node.tools.cli", "node.resources", "node.sdnotify")
 # Modules of node's root that every process may use.
 SHARED = ("node.config", "node.logging_setup", "node.proctitle")
 SERVER = ("node", "shm", "workers")
@@ -154,12 +154,12 @@ def test_the_checks_catch_a_breach_and_a_cycle(tmp_path):
     files = {
         "shm/__init__.py": "", "shm/ring.py": "import numpy\n",
         "node/__init__.py": "", "node/timer/__init__.py": "",
-        "node/timer/process.py": "from workers.timer_link import TimerLink\n",  # upward
+        "node/timer/process.py": "from workers.timer_client.link import TimerLink\n",  # upward
         "node/supervisor.py": "",
         "workers/__init__.py": "",
-        "workers/timer_link.py": "from shm import ring\n",
-        "workers/worker.py": "from node.supervisor import x\nfrom workers import handlers\n",  # supervisor module
-        "workers/handlers.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from workers.worker import W\n",
+        "workers/timer_client/link.py": "from shm import ring\n",
+        "workers/worker.py": "from node.supervisor import x\nfrom workers.api import handlers\n",  # supervisor module
+        "workers/api/handlers.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from workers.worker import W\n",
         "clients/__init__.py": "", "clients/priority.py": "import shm.ring\n",  # client imports the server
     }
     for name, text in files.items():
@@ -167,7 +167,7 @@ def test_the_checks_catch_a_breach_and_a_cycle(tmp_path):
         (tmp_path / name).write_text(text)
     assert layering_breaches(tmp_path) == [
         "clients.priority imports shm.ring",
-        "node.timer.process imports workers.timer_link",
+        "node.timer.process imports workers.timer_client.link",
         "workers.worker imports node.supervisor",
     ]
-    assert import_cycles(tmp_path) == [["workers.handlers", "workers.worker"]]
+    assert import_cycles(tmp_path) == [["workers.api.handlers", "workers.worker"]]

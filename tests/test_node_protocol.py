@@ -521,7 +521,7 @@ def test_failed_auto_create_answers_instead_of_retrying_forever(node_factory):
 
 def test_second_node_on_the_same_port_is_refused(node_factory, tmp_path):
     first = node_factory(workers=2)
-    second = subprocess.run([sys.executable, "-m", "node.cli", "serve", "--listen", first.bootstrap,
+    second = subprocess.run([sys.executable, "-m", "node.tools.cli", "serve", "--listen", first.bootstrap,
                              "--data-dir", str(tmp_path / "other-data"), "--workers", "1"],
                             capture_output=True, text=True, timeout=CLIENT_TIMEOUT_S,
                             cwd=Path(__file__).resolve().parent.parent)

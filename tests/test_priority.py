@@ -17,7 +17,7 @@ import rawkafka as R  # noqa: E402
 from clients.priority import (CapacityBurst, CapacityBurstPriorityConsumer, PriorityProducer,  # noqa: E402
                               exponential_shares, level_of, level_topic)
 from tests.test_clients import create_topic  # noqa: E402
-from workers import priority as node_priority  # noqa: E402
+from workers.api import priority as node_priority  # noqa: E402
 
 PRODUCE, FETCH = 0, 1
 LEVELS = 3

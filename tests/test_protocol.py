@@ -1,4 +1,4 @@
-"""workers.protocol: framing, request headers, and kio round trips for every supported API version."""
+"""workers.codecs.protocol: framing, request headers, and kio round trips for every supported API version."""
 
 from __future__ import annotations
 
@@ -16,9 +16,9 @@ from kio.serial import entity_reader, entity_writer
 from kio.static.constants import EntityType
 from kio.static.primitive import Records, i16, i32, i64Timedelta
 
-from workers import protocol
-from workers.errors import NONE, UNSUPPORTED_VERSION, ErrorCode, ProtocolError
-from workers.protocol import (
+from workers.codecs import protocol
+from workers.codecs.errors import NONE, UNSUPPORTED_VERSION, ErrorCode, ProtocolError
+from workers.codecs.protocol import (
     API_VERSIONS,
     CREATE_TOPICS,
     DELETE_TOPICS,
@@ -244,7 +244,7 @@ def test_encode_response_reports_bad_values_as_protocol_error() -> None:
 
 @pytest.mark.parametrize(("api_key", "version"), [(CREATE_TOPICS, 0), (CREATE_TOPICS, 1), (DELETE_TOPICS, 0)])
 def test_legacy_versions_kio_no_longer_ships_match_kafka_bytes(api_key: int, version: int) -> None:
-    """CreateTopics v0/v1 and DeleteTopics v0 are declared in workers/legacy_schemas.py; check them
+    """CreateTopics v0/v1 and DeleteTopics v0 are declared in workers/codecs/legacy_schemas.py; check them
     against kafka-python's independent definitions of the same versions."""
     from kafka.protocol.old.admin import (
         CreateTopicsRequest_v0,

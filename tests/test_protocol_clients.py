@@ -1,6 +1,6 @@
 """Real Kafka clients against the protocol layer alone.
 
-A small in-memory answerer built only from workers.protocol (no storage, no workers) serves
+A small in-memory answerer built only from workers.codecs.protocol (no storage, no workers) serves
 ApiVersions, Metadata, InitProducerId, Produce and Fetch on 127.0.0.1. librdkafka
 (confluent-kafka) produces to it with every compression codec and with idempotence, and
 kafka-python consumes from it: so the ApiVersions negotiation, the Metadata and
@@ -23,10 +23,10 @@ from pathlib import Path
 import crc32c
 import pytest
 
-from workers import protocol
-from workers.errors import NONE, UNKNOWN_TOPIC_OR_PARTITION, ErrorCode, ProtocolError
-from workers.fetch_codec import FetchPartitionResult, FetchTopicResult, encode_fetch_response
-from workers.produce_codec import ProducePartitionResult, ProduceTopicResult, encode_produce_response
+from workers.codecs import protocol
+from workers.codecs.errors import NONE, UNKNOWN_TOPIC_OR_PARTITION, ErrorCode, ProtocolError
+from workers.codecs.fetch import FetchPartitionResult, FetchTopicResult, encode_fetch_response
+from workers.codecs.produce import ProducePartitionResult, ProduceTopicResult, encode_produce_response
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 import rawkafka  # noqa: E402

@@ -1,4 +1,4 @@
-"""Hot-path codecs (workers/produce_codec.py, workers/fetch_codec.py) cross-checked byte for byte
+"""Hot-path codecs (workers/codecs/produce.py, workers/codecs/fetch.py) cross-checked byte for byte
 against kio and kafka-python, plus the client-side helpers in scripts/rawkafka.py."""
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ from kio.serial import entity_reader, entity_writer
 from kio.static.constants import EntityType
 from kio.static.primitive import i16, i32, i32Timedelta, i64
 
-from workers import protocol
-from workers.errors import ProtocolError
-from workers.fetch_codec import FetchPartitionResult, FetchTopicResult, encode_fetch_response
-from workers.produce_codec import (
+from workers.codecs import protocol
+from workers.codecs.errors import ProtocolError
+from workers.codecs.fetch import FetchPartitionResult, FetchTopicResult, encode_fetch_response
+from workers.codecs.produce import (
     ProducePartitionResult,
     ProduceTopicResult,
     decode_produce_request,

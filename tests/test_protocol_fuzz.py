@@ -14,8 +14,8 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from workers import protocol
-from workers.errors import ProtocolError
+from workers.codecs import protocol
+from workers.codecs.errors import ProtocolError
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 import rawkafka  # noqa: E402

@@ -32,7 +32,7 @@ pytestmark = pytest.mark.node
 
 
 def cli(*args: str, timeout: float = CLI_TIMEOUT_S) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "node.cli", *args], cwd=REPO, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "node.tools.cli", *args], cwd=REPO, capture_output=True, text=True,
                           timeout=timeout)
 
 
@@ -65,7 +65,7 @@ def test_the_port_accepts_only_once_a_worker_serves_it(tmp_path):
     port = free_port()
     log_path = tmp_path / "node.log"
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "node.cli", "serve", "--listen", f"127.0.0.1:{port}",
+        proc = subprocess.Popen([sys.executable, "-m", "node.tools.cli", "serve", "--listen", f"127.0.0.1:{port}",
                                  "--data-dir", str(tmp_path / "data"), "--workers", "2"], cwd=REPO, stdout=log,
                                 stderr=subprocess.STDOUT)
     try:

@@ -26,7 +26,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 import rawkafka as R
 from shm import stats as S
 from shm_testing import unique_instance_id
-from workers import protocol as P
+from workers.codecs import protocol as P
 
 UNKNOWN_TOPIC_OR_PARTITION = 3
 
@@ -35,7 +35,7 @@ CLI_TIMEOUT_S = 60
 
 
 def cli(*args: str, timeout: float = CLI_TIMEOUT_S) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "node.cli", *args], cwd=REPO, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "node.tools.cli", *args], cwd=REPO, capture_output=True, text=True,
                           timeout=timeout)
 
 

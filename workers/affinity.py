@@ -5,7 +5,7 @@ Each worker accepts on its own SO_REUSEPORT listener, so the kernel places a pro
 workers by a hash of their addresses. Placed apart, every record costs the appending worker a doorbell
 ring and the consumer's worker a wake-up (tens of microseconds each on a virtual CPU, and a second
 process's scheduling tail) before the fetch is answered. Placed together, the appending worker answers
-the fetch right after the append (workers.delayed). So a connection whose last `waits` long polls were
+the fetch right after the append (workers.timer_client.delayed). So a connection whose last `waits` long polls were
 all answered by one peer's appends moves to that peer, at a quiet moment.
 
 Invariants:

@@ -73,7 +73,7 @@ class Request:
     """A request read from a connection: its header and the slot its response goes into."""
 
     conn: "Connection"
-    header: Any  # workers.protocol.RequestHeader
+    header: Any  # workers.codecs.protocol.RequestHeader
     slot: ResponseSlot
 
 

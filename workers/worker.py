@@ -15,14 +15,14 @@ The server logic hangs on the loop as handlers and hooks:
   to move to another worker (workers.affinity), the turn's frames to the timer; then the doorbell's sleep
   announcement;
 - after each sleep: the completion ring's sleep flag is cleared;
-- timers: delayed requests the timer process left far past their deadline (workers.delayed); each
+- timers: delayed requests the timer process left far past their deadline (workers.timer_client.delayed); each
   connection's deadlines (idle, incomplete request); the listener's rest after running out of fds.
 
 Invariants:
 - The worker never blocks except in the loop's one select(); sockets are non-blocking, ring writes
   never wait (a full ring keeps frames in a local backlog, retried every turn).
 - Every request read gets its response in request order on its connection (see
-  workers.connection). Requests that wait on the timer live in workers.delayed, which answers them
+  workers.connection). Requests that wait on the timer live in workers.timer_client.delayed, which answers them
   when the timer does, or by itself once they are far past their deadline, and re-submits them when
   the timer process restarts: no client waits forever, even with the timer process dead.
 - Bad input closes only its own connection, with one log line; no input ends the process.
@@ -68,19 +68,19 @@ from shm.handoff import AFFINITY, BALANCE, Handoffs
 from shm.interest import WorkerWatches
 from shm.ring import max_payload
 from shm.table import PartitionTable
-from workers import protocol as P
+from workers.codecs import protocol as P
 from workers.affinity import ConnectionAffinity
 from workers.connection import (PAUSED_MEMORY, PAUSED_OUTPUT, PAUSED_THROTTLE, Connection, ConnectionClosed,
                                 Request)
-from workers.delayed import DelayedRequests, monotonic_ms
-from workers.errors import ProtocolError
+from workers.timer_client.delayed import DelayedRequests, monotonic_ms
+from workers.codecs.errors import ProtocolError
 from workers.eventloop import EventLoop, Timer
-from workers.handlers import Handlers
+from workers.api.handlers import Handlers
 from workers.limits import ConnectionLimits
 from workers.memory import MemoryBudget
-from workers.outcome import Outcome
-from workers.quotas import ClientQuotas, Throttler
-from workers.timer_link import TimerLink
+from workers.timer_client.outcome import Outcome
+from workers.api.quotas import ClientQuotas, Throttler
+from workers.timer_client.link import TimerLink
 
 log = logging.getLogger("shmbroker.worker")
 

@@ -9,7 +9,7 @@ Timeouts (CreateTopics, CreatePartitions, DeleteRecords carry the request's dead
 after its deadline is answered REQUEST_TIMED_OUT with nothing done, and one that starts in time is carried out
 and answered as it came out. The work itself is one batch (one catalog write for any number of topics), so a
 topic reported as timed out never appears behind the client's back; the worker waits past the deadline for
-this answer (workers.delayed answers by itself only if the timer process is gone).
+this answer (workers.timer_client.delayed answers by itself only if the timer process is gone).
 
 Invariants:
 - Catalog changes happen only here: partition directories and table rows first, then the catalog file

@@ -5,7 +5,7 @@ Invariants:
   key, so a request re-submitted after a timer restart (or delivered twice by a ring) is ignored.
 - Conditions are read from the shared partition table, never from a message: the table is the
   truth, flush events only say when to look again (appends are the workers' to check:
-  workers.delayed). Rows are few per request, so each is read with the table's struct path (numpy's
+  workers.timer_client.delayed). Rows are few per request, so each is read with the table's struct path (numpy's
   fixed cost would dominate), one field at a time.
   * DelayedFetch: bytes appended to the watched partitions since the worker read them
     (end_bytes - start_bytes, summed) reach min_bytes.

@@ -7,7 +7,7 @@ Invariants:
 - Every operation completes once, satisfied or expired, and yields exactly one completion to its
   worker; a cancelled operation (its connection closed) yields none.
 - A delayed fetch is completed here at its deadline, or at once if its condition already holds when it
-  arrives; the appends that satisfy it are the workers' to notice (workers.delayed: the worker answers
+  arrives; the appends that satisfy it are the workers' to notice (workers.timer_client.delayed: the worker answers
   and sends CANCEL). Conditions are read from the shared partition table (node.timer.delayed); flushes
   only say which rows to look at again.
 - A flush round that fails on a row (a storage fault) completes the produces waiting on it that began

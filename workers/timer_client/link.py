@@ -20,7 +20,7 @@ from shm import messages as M
 from shm.doorbell import EventfdDoorbell, SemaphoreDoorbell
 from shm.ring import RingConfig, RingReader, RingWriter
 
-log = logging.getLogger("shmbroker.timer_link")
+log = logging.getLogger("shmbroker.timer_client")
 
 
 class TimerLink:

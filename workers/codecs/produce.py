@@ -41,8 +41,8 @@ import struct
 from dataclasses import dataclass, field
 from typing import NamedTuple, Sequence
 
-from workers.errors import ProtocolError
-from workers.wire_layout import I16, I32, SIZE_AND_CORRELATION, compile_fields
+from workers.codecs.errors import ProtocolError
+from workers.codecs.wire_layout import I16, I32, SIZE_AND_CORRELATION, compile_fields
 
 PRODUCE_MIN_VERSION = 3
 PRODUCE_MAX_VERSION = 8

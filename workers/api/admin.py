@@ -31,12 +31,12 @@ from node.storage import topic_config as TC
 from node.storage.catalog import valid_topic_name
 from node.storage.store import BROKER_RESOURCE, TOPIC_RESOURCE, PartitionStore
 from shm import messages as M
-from workers import errors as E
-from workers import protocol as P
+from workers.codecs import errors as E
+from workers.codecs import protocol as P
 from workers.connection import Request
-from workers.delayed import DelayedRequests, DocumentTooLarge, monotonic_ms
-from workers.outcome import Outcome
-from workers.responses import ZERO_THROTTLE, code, entity, reply
+from workers.timer_client.delayed import DelayedRequests, DocumentTooLarge, monotonic_ms
+from workers.timer_client.outcome import Outcome
+from workers.codecs.responses import ZERO_THROTTLE, code, entity, reply
 
 Results = dict[str, tuple[E.ErrorCode, str | None]]
 TIMED_OUT = (E.REQUEST_TIMED_OUT, "the node did not answer within the request's timeout")

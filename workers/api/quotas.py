@@ -28,7 +28,7 @@ from typing import Any
 from node.config import QuotaConfig
 from shm import messages as M
 from workers.connection import Request
-from workers.outcome import Outcome
+from workers.timer_client.outcome import Outcome
 
 PRODUCE, FETCH = 0, 1
 

@@ -159,7 +159,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _stats(args: argparse.Namespace) -> int:
-    from node.inspect import NodeNotRunning, NodeReader, snapshot_document
+    from node.tools.inspect import NodeNotRunning, NodeReader, snapshot_document
 
     try:
         reader = NodeReader.open(args.data_dir)
@@ -172,13 +172,13 @@ def _stats(args: argparse.Namespace) -> int:
     if args.json:
         sys.stdout.buffer.write(orjson.dumps(document, option=orjson.OPT_INDENT_2) + b"\n")
     else:
-        from node.dashboard import render_stats
+        from node.tools.dashboard import render_stats
         render_stats(document)
     return 0
 
 
 def _dashboard(args: argparse.Namespace) -> int:
-    from node.dashboard import run_dashboard
+    from node.tools.dashboard import run_dashboard
 
     return run_dashboard(args.data_dir, args.interval, args.duration)
 
@@ -191,7 +191,7 @@ def _print(document: object, as_json: bool, render) -> None:
 
 
 def _admin_call(args: argparse.Namespace, call) -> int:
-    from node.admin import Admin, AdminError, Unreachable
+    from node.tools.admin import Admin, AdminError, Unreachable
 
     try:
         node_config.parse_listen(args.bootstrap)
@@ -206,7 +206,7 @@ def _admin_call(args: argparse.Namespace, call) -> int:
 
 
 def _topics(args: argparse.Namespace) -> int:
-    from node import dashboard as views
+    from node.tools import dashboard as views
 
     def run(admin) -> int:
         if args.action == "list":
@@ -228,7 +228,7 @@ def _topics(args: argparse.Namespace) -> int:
 
 
 def _groups(args: argparse.Namespace) -> int:
-    from node import dashboard as views
+    from node.tools import dashboard as views
 
     def run(admin) -> int:
         if args.action == "list":

@@ -26,12 +26,12 @@ from kio.static.primitive import i32, i64
 
 from node.config import NodeConfig
 from shm import messages as M
-from workers import errors as E
-from workers import protocol as P
+from workers.codecs import errors as E
+from workers.codecs import protocol as P
 from workers.connection import Request
-from workers.delayed import DelayedRequests, DocumentTooLarge
-from workers.outcome import Outcome
-from workers.responses import GROUP_OPERATIONS, ZERO_THROTTLE, authorized, code, entity, reply
+from workers.timer_client.delayed import DelayedRequests, DocumentTooLarge
+from workers.timer_client.outcome import Outcome
+from workers.codecs.responses import GROUP_OPERATIONS, ZERO_THROTTLE, authorized, code, entity, reply
 
 GROUP_KEY_TYPE = 0
 TRANSACTION_KEY_TYPE = 1

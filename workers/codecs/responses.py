@@ -1,4 +1,4 @@
-"""Building a response of the requested API version, for every handler (workers.handlers, workers.groups).
+"""Building a response of the requested API version, for every handler (workers.api.handlers, workers.api.groups).
 
 `entity(req, "ClassName", **values)` builds the kio dataclass of that name in the response schema of the
 request's API and version, keeping the fields that version has (one handler serves every version; a nested
@@ -17,10 +17,10 @@ from typing import Any
 
 from kio.static.primitive import i32Timedelta
 
-from workers import errors as E
-from workers import protocol as P
+from workers.codecs import errors as E
+from workers.codecs import protocol as P
 from workers.connection import Request
-from workers.outcome import Outcome
+from workers.timer_client.outcome import Outcome
 
 ZERO_THROTTLE = i32Timedelta.parse(datetime.timedelta(0))
 

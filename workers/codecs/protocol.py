@@ -15,8 +15,8 @@ objects and response objects into frames:
   own codecs (``decode_request`` returns a zero-copy ProduceRequestView for
   Produce; ``encode_produce_response`` and ``encode_fetch_response`` build
   those answers; ``encode_response`` with kio dataclasses still works for
-  both, for rare paths); why is measured and said in workers/produce_codec.py
-  and workers/fetch_codec.py.
+  both, for rare paths); why is measured and said in workers/codecs/produce.py
+  and workers/codecs/fetch.py.
 
 Invariants:
 - Only non-flexible versions are advertised, except ApiVersions v3 (clients
@@ -50,16 +50,16 @@ from kio.serial import entity_reader, entity_writer
 from kio.static.constants import EntityType
 from kio.static.primitive import i16, i32Timedelta
 
-from workers.errors import NONE, UNSUPPORTED_VERSION, ErrorCode, ProtocolError
-from workers.fetch_codec import (
+from workers.codecs.errors import NONE, UNSUPPORTED_VERSION, ErrorCode, ProtocolError
+from workers.codecs.fetch import (
     FetchPartitionResult,
     FetchResponseFrame,
     FetchTopicResult,
     FileRange,
     encode_fetch_response,
 )
-from workers.legacy_schemas import LEGACY_SCHEMAS
-from workers.produce_codec import (
+from workers.codecs.legacy_schemas import LEGACY_SCHEMAS
+from workers.codecs.produce import (
     ProducePartitionResult,
     ProduceRequestView,
     ProduceTopicResult,
@@ -103,13 +103,13 @@ SUPPORTED_APIS: dict[int, tuple[int, int]] = {
     CREATE_TOPICS: (0, 4),
     DELETE_TOPICS: (0, 3),
     INIT_PRODUCER_ID: (0, 1),
-    # Topic administration (workers/admin.py, node/timer/controller.py): non-flexible versions only.
+    # Topic administration (workers/api/admin.py, node/timer/controller.py): non-flexible versions only.
     CREATE_PARTITIONS: (0, 1),
     DELETE_RECORDS: (0, 1),
     DESCRIBE_CONFIGS: (0, 3),
     ALTER_CONFIGS: (0, 1),
     INCREMENTAL_ALTER_CONFIGS: (0, 0),
-    # The group coordinator (workers/groups.py, node/timer/groups/): non-flexible versions only.
+    # The group coordinator (workers/api/groups.py, node/timer/groups/): non-flexible versions only.
     FIND_COORDINATOR: (0, 2),
     JOIN_GROUP: (0, 5),
     SYNC_GROUP: (0, 3),

@@ -39,8 +39,8 @@ import struct
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol, Sequence, Union
 
-from workers.errors import ProtocolError
-from workers.wire_layout import I16, I32, SIZE_AND_CORRELATION, compile_fields
+from workers.codecs.errors import ProtocolError
+from workers.codecs.wire_layout import I16, I32, SIZE_AND_CORRELATION, compile_fields
 
 FETCH_MIN_VERSION = 4
 FETCH_MAX_VERSION = 11

@@ -59,8 +59,8 @@ from shm.doorbell import EventfdDoorbell
 from shm.interest import WorkerWatches, full_fence
 from shm.table import END_BYTES, PartitionTable
 from workers.connection import Connection, Request
-from workers.outcome import Outcome
-from workers.timer_link import TimerLink
+from workers.timer_client.outcome import Outcome
+from workers.timer_client.link import TimerLink
 
 log = logging.getLogger("shmbroker.delayed")
 

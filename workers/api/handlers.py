@@ -1,10 +1,10 @@
 """Request handlers of a network worker: one method per Kafka API.
 
 Invariants:
-- A handler returns an Outcome (workers.outcome): the response when it can answer at once (none for
+- A handler returns an Outcome (workers.timer_client.outcome): the response when it can answer at once (none for
   Produce with acks=0), or DEFERRED when it must wait (acks=all produce, fetch below min_bytes, topic
   creation or deletion): it hands the wait to the timer process through DelayedRequests
-  (workers.delayed), its only view of the timer, and the continuation it registers builds the
+  (workers.timer_client.delayed), its only view of the timer, and the continuation it registers builds the
   outcome later, exactly once.
 - Appends happen here, in the worker, before any wait: the timer only decides *when* to answer.
 - Every error a client causes is answered with Kafka's error code for it; exceptions other than
@@ -29,18 +29,18 @@ from node.storage.faults import storage_faults
 from node.storage.store import PartitionStore
 from node.storage.records import StorageError
 from shm import messages as M
-from workers import errors as E
-from workers import protocol as P
+from workers.codecs import errors as E
+from workers.codecs import protocol as P
 from workers.connection import FileRange, Request
-from workers.delayed import Completed, DelayedRequests, monotonic_ms
-from workers.admin import AdminHandlers
-from workers.groups import GroupHandlers
-from workers.fetch_codec import FetchPartitionResult, FetchTopicResult, encode_fetch_response
-from workers import priority
-from workers.outcome import Outcome
-from workers.produce_codec import ProducePartitionResult, ProduceTopicResult, encode_produce_response
-from workers.quotas import FETCH, PRODUCE, Throttler
-from workers.responses import CLUSTER_OPERATIONS, TOPIC_OPERATIONS, ZERO_THROTTLE, authorized, code, entity, reply
+from workers.timer_client.delayed import Completed, DelayedRequests, monotonic_ms
+from workers.api.admin import AdminHandlers
+from workers.api.groups import GroupHandlers
+from workers.codecs.fetch import FetchPartitionResult, FetchTopicResult, encode_fetch_response
+from workers.api import priority
+from workers.timer_client.outcome import Outcome
+from workers.codecs.produce import ProducePartitionResult, ProduceTopicResult, encode_produce_response
+from workers.api.quotas import FETCH, PRODUCE, Throttler
+from workers.codecs.responses import CLUSTER_OPERATIONS, TOPIC_OPERATIONS, ZERO_THROTTLE, authorized, code, entity, reply
 
 log = logging.getLogger("shmbroker.handlers")
 
@@ -355,7 +355,7 @@ class Handlers:
     def _read_fetch(self, request: Any) -> tuple[list[FetchTopicResult], int, bool, list[tuple[int, int]]]:
         """Read every requested partition: (results, total bytes, any error, [(row, end_bytes)] to watch).
 
-        The levels of a priority topic share the budget as workers.priority says, when the node splits it."""
+        The levels of a priority topic share the budget as workers.api.priority says, when the node splits it."""
         read = _FetchRead(request.max_bytes if request.max_bytes > 0 else self.config.server.request_max_bytes)
         topics = request.topics
         families = self.level_names.families(topics) if self.config.priority.fetch_split else None

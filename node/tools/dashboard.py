@@ -1,6 +1,6 @@
 """`shmbroker dashboard`: a live terminal view of a running node (rich), and the tables of `stats`, `topics`, `groups`.
 
-Each refresh (default every second) reads the stats segment (node.inspect: shared memory, no request to the
+Each refresh (default every second) reads the stats segment (node.tools.inspect: shared memory, no request to the
 node) and asks psutil about the node's processes (the supervisor and its children): CPU %, RSS, context
 switches per second, open files, TCP connections. Rates are differences of the counters between two refreshes;
 sparklines keep the last minute. Group lag comes from the segment too (committed offsets written by the timer,
@@ -24,7 +24,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from node.inspect import NodeNotRunning, NodeReader, api_name, locate
+from node.tools.inspect import NodeNotRunning, NodeReader, api_name, locate
 from shm import stats as S
 
 SPARK = "▁▂▃▄▅▆▇█"
