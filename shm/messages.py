@@ -5,29 +5,43 @@ A message is one ring frame:
 
     header   kind u8, layout version u8, item count u16, reserved u32          (8 bytes)
     body     the kind's fixed fields, packed little-endian                      (may be empty)
-    items    `count` records of the kind's item fields, packed little-endian    (may be none)
-    document the rest of the frame: an orjson document, for kinds that carry one (rare messages with
-             strings and nested values: topic names, per-topic outcomes)
+    then one of:
+    items    `count` records of the kind's item fields, packed little-endian    (the hot kinds: long polls,
+             acks=all waits, completions)
+    fields   the kind's record of typed fields, in declared order               (the group coordinator's
+             requests, quotas: strings and bytes as themselves, lists of records)
+    document an orjson document                                                 (rare control messages:
+             topic administration, whose nested configs have no fixed shape)
 
-Each kind is declared once, below, by `declare(kind, direction, body=..., items=..., document=...)`: field
-names and struct codes. `encode(kind, body..., items=..., document=...)` builds a frame; `decode(frame)`
-returns the kind's named tuple (body fields, then `items` as a list of tuples, then `document`), whose
-class carries `.kind`. Adding a message is a local change: a `Kind` member, one `declare` line, a
-handler registered for it on the receiving side (the timer's and the worker's dispatch tables are
-keyed by kind), and its sender.
+A record's fields are struct codes (numbers, little-endian), STR (UTF-8 text), OPT_STR (the same or None),
+BYTES (bytes as bytes), and Array(element) / Array(element, nullable=True): a list of struct-coded numbers,
+texts, bytes or records (`record(name, fields)`: a named tuple class with its codec). Runs of numbers are
+packed with one struct; a text or bytes field is a u32 length and its bytes; an array a u32 count and its
+elements; None is the length or count NULL_LENGTH.
+
+A kind that a worker waits on declares its answer too (`reply=`: a record, or DOCUMENT): the timer's REPLY
+carries the request id, the request's kind and the answer in that layout, so the worker reads it back
+without knowing more than the frame.
+
+Each kind is declared once, below, by `declare(kind, body=..., items=... | fields=... | document=True,
+reply=...)`. `encode(kind, *values, items=..., document=...)` builds a frame from the body's values (and,
+for a kind with fields, the fields' values after them); `encode_message(message)` builds it from the
+kind's named tuple; `encode_reply(request_id, kind, answer)` builds a REPLY. `decode(frame)` returns the
+kind's named tuple, whose class carries `.kind` (a REPLY: request id, the request's kind, the answer).
+Adding a message is a local change: a `Kind` member, one `declare` line, a handler registered for it on
+the receiving side (the timer's and the worker's dispatch tables are keyed by kind), and its sender.
 
 Kinds below 64 travel from a worker to the timer, kinds from 64 up from the timer to a worker, so
 either side rejects a frame that came the wrong way.
 
 Why struct and not numpy: both sides hold Python values (a handful of items per frame), and from and
 to Python values struct measured faster at every size tried, 1 to 512 items (3-6x at 1 item, about
-2x at 512; measured with the numpy codec this module replaced).
+2x at 512).
 
 Invariants:
-- len(frame) == 8 + body size + count * item size for kinds without a document; a document kind's
-  frame is at least that long and the rest is its document. `decode` checks this and raises
-  MessageError (a ValueError) on any mismatch, unknown kind or version, undecodable document; never
-  anything else. Encoders raise MessageError for values that do not fit their fields.
+- A frame is exactly its header, body and items, fields or document: `decode` checks the lengths, counts,
+  texts and documents and raises MessageError (a ValueError) on any mismatch, unknown kind or version,
+  never anything else. Encoders raise MessageError for values that do not fit their fields.
 - count < 2**16 (MAX_ITEMS); senders with more items split them over several frames.
 - Times are monotonic milliseconds; byte positions are logical byte counts appended to a partition
   so far (they only grow); a row is a partition's row in the shared partition table.
@@ -39,11 +53,11 @@ import struct
 from collections import namedtuple
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import orjson
 
-LAYOUT_VERSION = 4  # 3 was used by two different layouts (admin kinds; completion error codes)
+LAYOUT_VERSION = 5  # 5: typed group, quota and reply records in place of their documents
 MAX_ITEMS = 0xFFFF
 HEADER = struct.Struct("<BBHI")
 FIRST_TIMER_KIND = 64  # kinds >= this travel timer -> worker
@@ -57,7 +71,6 @@ class Kind(IntEnum):
     # worker -> timer
     DELAY_FETCH = 1  # a long-poll fetch: answer when min_bytes are appended past start_bytes, or at the deadline
     DELAY_PRODUCE = 2  # an acks=all produce: answer when every row is fsync'd to required_offset, or at the deadline
-    # 3 was APPEND (an append to a watched row): workers answer what their appends satisfy (workers.timer_client.delayed)
     CANCEL = 4  # complete these delayed requests without an answer: their client is gone, or the worker answered
     # Topic administration (node.timer.controller), each answered by a REPLY. Those with a deadline (monotonic ms,
     # the request's own timeout) are refused REQUEST_TIMED_OUT, with nothing done, if they start after it.
@@ -67,8 +80,8 @@ class Kind(IntEnum):
     ALTER_CONFIGS = 8  # document: {"resources": [[type, name, "replace" | "incremental", changes], ...], "validate_only"}
     DELETE_RECORDS = 9  # document: [[topic, partition, offset], ...]
     FLUSH = 10  # rows whose unflushed records reached their topic's flush.messages: start an fsync round
-    # The group coordinator's requests (node.timer.groups): body (request id, the Kafka API version), and the
-    # request as a document (bytes fields base64); answered by a REPLY with the response as a document.
+    # The group coordinator's requests (node.timer.groups): the Kafka request's fields, answered by a REPLY with
+    # the response's fields; the worker builds the response of the request's API version from them.
     JOIN_GROUP = 16
     SYNC_GROUP = 17
     HEARTBEAT = 18
@@ -80,16 +93,14 @@ class Kind(IntEnum):
     DELETE_GROUPS = 24
     DELETE_OFFSETS = 25
     # Client quotas (node.timer.quotas)
-    QUOTA_USAGE = 32  # report number; document: {client id: [produce bytes, fetch bytes]} since the last report
-    THROTTLE = 33  # hold a throttled client until deadline_ms; document: the client id (for its counters)
+    QUOTA_USAGE = 32  # what each client id produced and fetched since the worker's last report
+    THROTTLE = 33  # hold a throttled client until deadline_ms
     # timer -> worker
     COMPLETION = 64  # delayed requests that completed: satisfied, expired, or failed with a Kafka error code
-    REPLY = 65  # the answer to a request that carries a document (topics, groups); document: the outcome
+    REPLY = 65  # the answer to a request its worker waits on, in the layout the request's kind declares
     TIMER_STARTED = 66  # a timer process (re)started: re-submit every delayed request still waiting
     LAYOUT = 67  # the topic catalog changed: reload it if older than catalog_version
-    # document: {"rates": {client id: [produce bytes/s, fetch bytes/s, produce window ms, fetch window ms]},
-    # "counted": {worker: the last report number counted in these rates}}, node-wide
-    QUOTA_STATE = 68
+    QUOTA_STATE = 68  # the node-wide rates of the client ids over a quota, and the reports counted in them
 
 
 class Status(IntEnum):
@@ -100,12 +111,227 @@ class Status(IntEnum):
     FAILED = 3  # it can never be satisfied: the item's error_code (a Kafka error code) says why
 
 
+# -- records: typed fields ---------------------------------------------------------------------------
+
+STR = "str"  # UTF-8 text
+OPT_STR = "str?"  # UTF-8 text or None
+BYTES = "bytes"  # bytes as bytes
+DOCUMENT = "document"  # an orjson document (a reply layout of the rare control messages)
+NULL_LENGTH = 0xFFFFFFFF
+_U32 = struct.Struct("<I")
+_NULL = _U32.pack(NULL_LENGTH)
+_SCALAR_CODES = frozenset("bBhHiIqQ?")
+
+
+@dataclass(frozen=True, eq=False)
+class Array:
+    """A list field: of numbers (a struct code), STR, OPT_STR, BYTES, or records (a class `record` made)."""
+
+    element: Any
+    nullable: bool = False
+
+
+Encoder = Callable[[bytearray, Any], None]
+Decoder = Callable[[Any, int], tuple[Any, int]]  # (buffer, position) -> (value, next position)
+
+
+def _text_codec(kind: str) -> tuple[Encoder, Decoder]:
+    nullable, raw = kind == OPT_STR, kind == BYTES
+
+    def encode(out: bytearray, value: Any) -> None:
+        if value is None:
+            if not nullable:
+                raise MessageError(f"a {kind} field cannot be None")
+            out += _NULL
+            return
+        data = value if raw else value.encode()
+        out += _U32.pack(len(data))
+        out += data
+
+    def decode(buf: Any, pos: int) -> tuple[Any, int]:
+        (length,) = _U32.unpack_from(buf, pos)
+        pos += 4
+        if length == NULL_LENGTH:
+            if not nullable:
+                raise MessageError(f"a {kind} field is None")
+            return None, pos
+        end = pos + length
+        if end > len(buf):
+            raise MessageError(f"a {kind} field of {length} bytes runs past the frame")
+        return (bytes(buf[pos:end]) if raw else str(buf[pos:end], "utf-8")), end
+
+    return encode, decode
+
+
+class Record:
+    """One layout of named, typed fields: compiled once into a list of encode and decode steps."""
+
+    def __init__(self, name: str, fields: Iterable[tuple[str, Any]], empty_defaults: bool = False) -> None:
+        self.fields = tuple(fields)
+        defaults = [_empty(kind) for _, kind in self.fields] if empty_defaults else None
+        self.tuple_class = namedtuple(name, [field_name for field_name, _ in self.fields], defaults=defaults)
+        self._encoders: list[Callable[[bytearray, tuple], None]] = []
+        self._decoders: list[Callable[[Any, int, list], int]] = []
+        run: list[int] = []
+        for index, (field_name, kind) in enumerate(self.fields):
+            if isinstance(kind, str) and kind in _SCALAR_CODES:
+                run.append(index)
+                continue
+            self._add_scalars(run)
+            run = []
+            self._add_field(index, field_name, kind)
+        self._add_scalars(run)
+
+    def _add_scalars(self, indexes: list[int]) -> None:
+        if not indexes:
+            return
+        packer = struct.Struct("<" + "".join(self.fields[i][1] for i in indexes))
+        first, last = indexes[0], indexes[-1] + 1
+
+        def encode(out: bytearray, values: tuple) -> None:
+            out += packer.pack(*values[first:last])
+
+        def decode(buf: Any, pos: int, values: list) -> int:
+            values.extend(packer.unpack_from(buf, pos))
+            return pos + packer.size
+
+        self._encoders.append(encode)
+        self._decoders.append(decode)
+
+    def _add_field(self, index: int, field_name: str, kind: Any) -> None:
+        if kind in (STR, OPT_STR, BYTES):  # the common case, written out: one call per field each way
+            nullable, raw = kind == OPT_STR, kind == BYTES
+
+            def encode(out: bytearray, values: tuple) -> None:
+                value = values[index]
+                if value is None:
+                    if not nullable:
+                        raise MessageError(f"{field_name} cannot be None")
+                    out += _NULL
+                    return
+                data = value if raw else value.encode()
+                out += _U32.pack(len(data))
+                out += data
+
+            def decode(buf: Any, pos: int, values: list) -> int:
+                (length,) = _U32.unpack_from(buf, pos)
+                pos += 4
+                if length == NULL_LENGTH:
+                    if not nullable:
+                        raise MessageError(f"{field_name} is None")
+                    values.append(None)
+                    return pos
+                end = pos + length
+                if end > len(buf):
+                    raise MessageError(f"{field_name}: {length} bytes run past the frame")
+                values.append(bytes(buf[pos:end]) if raw else str(buf[pos:end], "utf-8"))
+                return end
+        elif isinstance(kind, Array):
+            encode_value, decode_value = _array_codec(field_name, kind)
+
+            def encode(out: bytearray, values: tuple) -> None:
+                encode_value(out, values[index])
+
+            def decode(buf: Any, pos: int, values: list) -> int:
+                value, pos = decode_value(buf, pos)
+                values.append(value)
+                return pos
+        else:
+            raise TypeError(f"field {field_name}: unknown type {kind!r}")
+        self._encoders.append(encode)
+        self._decoders.append(decode)
+
+    def encode_into(self, out: bytearray, values: tuple) -> None:
+        if len(values) != len(self.fields):
+            raise MessageError(f"{self.tuple_class.__name__}: {len(values)} values for {len(self.fields)} fields")
+        for step in self._encoders:
+            step(out, values)
+
+    def decode_from(self, buf: Any, pos: int) -> tuple[tuple, int]:
+        values: list = []
+        for step in self._decoders:
+            pos = step(buf, pos, values)
+        return self.tuple_class._make(values), pos
+
+
+def _empty(kind: Any) -> Any:
+    """A field's value when an answer leaves it out: zero, "", b"", None or an empty list."""
+    if isinstance(kind, Array):
+        return ()
+    return {STR: "", OPT_STR: None, BYTES: b""}.get(kind, 0)
+
+
+def record(name: str, fields: Iterable[tuple[str, Any]]) -> type:
+    """A named tuple class for a record of typed fields, usable as an Array's element (`.layout`: its codec)."""
+    layout = Record(name, fields)
+    layout.tuple_class.layout = layout
+    return layout.tuple_class
+
+
+def _array_codec(field_name: str, array: Array) -> tuple[Encoder, Decoder]:
+    element = array.element
+    if isinstance(element, str) and element in _SCALAR_CODES:
+        code = element
+        size = struct.calcsize("<" + code)
+
+        def encode_all(out: bytearray, value: list) -> None:
+            out += struct.pack(f"<{len(value)}{code}", *value)
+
+        def decode_all(buf: Any, pos: int, count: int) -> tuple[list, int]:
+            return list(struct.unpack_from(f"<{count}{code}", buf, pos)), pos + count * size
+    else:
+        if element in (STR, OPT_STR, BYTES):
+            encode_one, decode_one = _text_codec(element)
+        elif hasattr(element, "layout"):
+            encode_one = element.layout.encode_into
+            decode_one = element.layout.decode_from
+        else:
+            raise TypeError(f"{field_name}: unknown element type {element!r}")
+
+        def encode_all(out: bytearray, value: list) -> None:
+            for item in value:
+                encode_one(out, item)
+
+        def decode_all(buf: Any, pos: int, count: int) -> tuple[list, int]:
+            items = []
+            for _ in range(count):
+                item, pos = decode_one(buf, pos)
+                items.append(item)
+            return items, pos
+
+    def encode(out: bytearray, value: Any) -> None:
+        if value is None:
+            if not array.nullable:
+                raise MessageError(f"{field_name} cannot be None")
+            out += _NULL
+            return
+        out += _U32.pack(len(value))
+        encode_all(out, value)
+
+    def decode(buf: Any, pos: int) -> tuple[Any, int]:
+        (count,) = _U32.unpack_from(buf, pos)
+        pos += 4
+        if count == NULL_LENGTH:
+            if not array.nullable:
+                raise MessageError(f"{field_name} is None")
+            return None, pos
+        if count > len(buf) - pos:  # every element takes at least one byte: a bound on the loop
+            raise MessageError(f"{field_name}: {count} elements in {len(buf) - pos} bytes")
+        return decode_all(buf, pos, count)
+
+    return encode, decode
+
+
+# -- kinds ---------------------------------------------------------------------------------------------
+
 @dataclass(frozen=True)
 class MessageType:
     kind: Kind
     body: struct.Struct
     item: struct.Struct
     document: bool
+    fields: Record | None  # the typed record after the body, for kinds declared with fields
+    reply: Record | str | None  # the layout of its REPLY's answer: a Record, DOCUMENT, or None (no REPLY)
     tuple_class: type
     head: struct.Struct  # header and body in one struct: one pack or unpack call for both
 
@@ -118,51 +344,141 @@ MESSAGES: dict[int, MessageType] = {}
 _BY_BYTE: list[MessageType | None] = [None] * 256  # kind byte -> its type, without an enum call per frame
 
 
+def _class_name(kind: Kind) -> str:
+    return kind.name.title().replace("_", "")
+
+
 def declare(kind: Kind, body: Iterable[tuple[str, str]] = (), items: Iterable[tuple[str, str]] = (),
-            document: bool = False) -> MessageType:
-    """Declare a kind: body and item fields as (name, struct code), and whether a document follows."""
+            document: bool = False, fields: Iterable[tuple[str, Any]] | None = None,
+            reply: Iterable[tuple[str, Any]] | str | None = None) -> MessageType:
+    """Declare a kind: body fields as (name, struct code); then items (name, struct code), or typed fields
+    (name, type), or a document; and the layout of the answer a REPLY carries for it."""
     body, items = tuple(body), tuple(items)
-    names = [name for name, _ in body] + ["items", "document"]
-    tuple_class = namedtuple(kind.name.title().replace("_", ""), names)
+    if sum(map(bool, (items, fields is not None, document))) > 1:
+        raise TypeError(f"{kind.name}: items, fields or a document, not more than one")
+    record = Record(_class_name(kind), fields) if fields is not None else None
+    names = [name for name, _ in body] + (list(record.tuple_class._fields) if record else ["items", "document"])
+    tuple_class = namedtuple(_class_name(kind), names)
     tuple_class.kind = kind
+    answer = None
+    if reply is not None:
+        # An answer names what it has: an error alone leaves the other fields empty.
+        answer = reply if reply == DOCUMENT else Record(_class_name(kind) + "Reply", reply, empty_defaults=True)
+        if isinstance(answer, Record):
+            answer.tuple_class.kind = kind
     codes = "".join(code for _, code in body)
     message = MessageType(kind, struct.Struct("<" + codes), struct.Struct("<" + "".join(code for _, code in items)),
-                          document, tuple_class, struct.Struct("<BBHI" + codes))
+                          document, record, answer, tuple_class, struct.Struct("<BBHI" + codes))
     MESSAGES[kind] = message
     _BY_BYTE[kind] = message
     return message
 
+
+def reply_class(kind: Kind) -> type:
+    """The named tuple of a kind's answer (its fields as the kind's `reply=` declares them)."""
+    return MESSAGES[kind].reply.tuple_class
+
+
+# The body every request a worker waits on for a REPLY starts with (with_request_id rewrites its id).
+ASKED = [("request_id", "Q"), ("api_version", "H")]
+
+# Records of the group coordinator's messages and answers.
+Protocol = record("Protocol", [("name", STR), ("metadata", BYTES)])
+JoinedMember = record("JoinedMember", [("member", STR), ("instance", OPT_STR), ("metadata", BYTES)])
+Assignment = record("Assignment", [("member", STR), ("assignment", BYTES)])
+LeavingMember = record("LeavingMember", [("member", STR), ("instance", OPT_STR)])
+LeftMember = record("LeftMember", [("member", STR), ("instance", OPT_STR), ("error", "h")])
+CommittedPartition = record("CommittedPartition", [("partition", "i"), ("offset", "q"), ("leader_epoch", "i"),
+                                                   ("metadata", OPT_STR)])
+TopicCommits = record("TopicCommits", [("name", STR), ("partitions", Array(CommittedPartition))])
+TopicPartitions = record("TopicPartitions", [("name", STR), ("partitions", Array("i"))])
+PartitionError = record("PartitionError", [("partition", "i"), ("error", "h")])
+TopicPartitionErrors = record("TopicPartitionErrors", [("name", STR), ("partitions", Array(PartitionError))])
+PartitionOffset = record("PartitionOffset", [("partition", "i"), ("offset", "q"), ("leader_epoch", "i"),
+                                             ("metadata", OPT_STR), ("error", "h")])
+TopicOffsets = record("TopicOffsets", [("name", STR), ("partitions", Array(PartitionOffset))])
+ListedGroup = record("ListedGroup", [("group", STR), ("protocol_type", STR)])
+DescribedMember = record("DescribedMember", [("member", STR), ("instance", OPT_STR), ("client_id", STR),
+                                             ("client_host", STR), ("metadata", BYTES), ("assignment", BYTES)])
+DescribedGroup = record("DescribedGroup", [("error", "h"), ("group", STR), ("state", STR), ("protocol_type", STR),
+                                           ("protocol", STR), ("members", Array(DescribedMember))])
+GroupError = record("GroupError", [("group", STR), ("error", "h")])
+# Records of the quota messages.
+ClientUsage = record("ClientUsage", [("client", STR), ("produced", "q"), ("fetched", "q")])
+ClientRate = record("ClientRate", [("client", STR), ("produce_rate", "q"), ("fetch_rate", "q"),
+                                   ("produce_window_ms", "q"), ("fetch_window_ms", "q")])
+CountedReport = record("CountedReport", [("worker", "I"), ("report", "Q")])
 
 DelayFetch = declare(Kind.DELAY_FETCH, body=[("request_id", "Q"), ("deadline_ms", "q"), ("min_bytes", "i")],
                      items=[("row", "I"), ("start_bytes", "q")]).tuple_class
 DelayProduce = declare(Kind.DELAY_PRODUCE, body=[("request_id", "Q"), ("deadline_ms", "q")],
                        items=[("row", "I"), ("required_offset", "q")]).tuple_class
 Cancel = declare(Kind.CANCEL, items=[("request_id", "Q")]).tuple_class
-CreateTopics = declare(Kind.CREATE_TOPICS, body=[("request_id", "Q"), ("deadline_ms", "q")], document=True).tuple_class
-DeleteTopics = declare(Kind.DELETE_TOPICS, body=[("request_id", "Q")], document=True).tuple_class
+CreateTopics = declare(Kind.CREATE_TOPICS, body=[("request_id", "Q"), ("deadline_ms", "q")], document=True,
+                       reply=DOCUMENT).tuple_class
+DeleteTopics = declare(Kind.DELETE_TOPICS, body=[("request_id", "Q")], document=True, reply=DOCUMENT).tuple_class
 CreatePartitions = declare(Kind.CREATE_PARTITIONS, body=[("request_id", "Q"), ("deadline_ms", "q")],
-                           document=True).tuple_class
-AlterConfigs = declare(Kind.ALTER_CONFIGS, body=[("request_id", "Q")], document=True).tuple_class
-DeleteRecords = declare(Kind.DELETE_RECORDS, body=[("request_id", "Q"), ("deadline_ms", "q")],
-                        document=True).tuple_class
+                           document=True, reply=DOCUMENT).tuple_class
+AlterConfigs = declare(Kind.ALTER_CONFIGS, body=[("request_id", "Q")], document=True, reply=DOCUMENT).tuple_class
+DeleteRecords = declare(Kind.DELETE_RECORDS, body=[("request_id", "Q"), ("deadline_ms", "q")], document=True,
+                        reply=DOCUMENT).tuple_class
 Flush = declare(Kind.FLUSH, items=[("row", "I")]).tuple_class
-Completion = declare(Kind.COMPLETION, items=[("request_id", "Q"), ("status", "B"), ("error_code", "h")]).tuple_class
+
+JoinGroup = declare(Kind.JOIN_GROUP, body=ASKED + [("session_timeout_ms", "i"), ("rebalance_timeout_ms", "i")],
+                    fields=[("group", STR), ("member", STR), ("instance", OPT_STR), ("protocol_type", STR),
+                            ("protocols", Array(Protocol)), ("client_id", STR), ("client_host", STR)],
+                    reply=[("error", "h"), ("generation", "i"), ("protocol_type", OPT_STR), ("protocol", OPT_STR),
+                           ("leader", STR), ("member", STR), ("members", Array(JoinedMember))]).tuple_class
+SyncGroup = declare(Kind.SYNC_GROUP, body=ASKED + [("generation", "i")],
+                    fields=[("group", STR), ("member", STR), ("instance", OPT_STR),
+                            ("assignments", Array(Assignment))],
+                    reply=[("error", "h"), ("assignment", BYTES)]).tuple_class
+Heartbeat = declare(Kind.HEARTBEAT, body=ASKED + [("generation", "i")],
+                    fields=[("group", STR), ("member", STR), ("instance", OPT_STR)],
+                    reply=[("error", "h")]).tuple_class
+LeaveGroup = declare(Kind.LEAVE_GROUP, body=ASKED, fields=[("group", STR), ("members", Array(LeavingMember))],
+                     reply=[("error", "h"), ("members", Array(LeftMember))]).tuple_class
+CommitOffsets = declare(Kind.COMMIT_OFFSETS, body=ASKED + [("generation", "i")],
+                        fields=[("group", STR), ("member", STR), ("instance", OPT_STR),
+                                ("topics", Array(TopicCommits))],
+                        reply=[("topics", Array(TopicPartitionErrors))]).tuple_class
+FetchOffsets = declare(Kind.FETCH_OFFSETS, body=ASKED,
+                       fields=[("group", STR), ("topics", Array(TopicPartitions, nullable=True))],  # None: all
+                       reply=[("error", "h"), ("topics", Array(TopicOffsets))]).tuple_class
+ListGroups = declare(Kind.LIST_GROUPS, body=ASKED, fields=[],
+                     reply=[("error", "h"), ("groups", Array(ListedGroup))]).tuple_class
+DescribeGroups = declare(Kind.DESCRIBE_GROUPS, body=ASKED, fields=[("groups", Array(STR))],
+                         reply=[("groups", Array(DescribedGroup))]).tuple_class
+DeleteGroups = declare(Kind.DELETE_GROUPS, body=ASKED, fields=[("groups", Array(STR))],
+                       reply=[("results", Array(GroupError))]).tuple_class
+DeleteOffsets = declare(Kind.DELETE_OFFSETS, body=ASKED, fields=[("group", STR), ("topics", Array(TopicPartitions))],
+                        reply=[("error", "h"), ("topics", Array(TopicPartitionErrors))]).tuple_class
 GROUP_KINDS = (Kind.JOIN_GROUP, Kind.SYNC_GROUP, Kind.HEARTBEAT, Kind.LEAVE_GROUP, Kind.COMMIT_OFFSETS,
                Kind.FETCH_OFFSETS, Kind.LIST_GROUPS, Kind.DESCRIBE_GROUPS, Kind.DELETE_GROUPS, Kind.DELETE_OFFSETS)
-for _kind in GROUP_KINDS:
-    declare(_kind, body=[("request_id", "Q"), ("api_version", "H")], document=True)
-QuotaUsage = declare(Kind.QUOTA_USAGE, body=[("report", "Q")], document=True).tuple_class
+
+QuotaUsage = declare(Kind.QUOTA_USAGE, body=[("report", "Q")], fields=[("clients", Array(ClientUsage))]).tuple_class
 Throttle = declare(Kind.THROTTLE, body=[("request_id", "Q"), ("deadline_ms", "q"), ("throttle_ms", "I"),
-                                        ("quota_kind", "B")], document=True).tuple_class
-QuotaState = declare(Kind.QUOTA_STATE, document=True).tuple_class
-Reply = declare(Kind.REPLY, body=[("request_id", "Q")], document=True).tuple_class
+                                        ("quota_kind", "B")], fields=[("client", STR)]).tuple_class
+Completion = declare(Kind.COMPLETION, items=[("request_id", "Q"), ("status", "B"), ("error_code", "h")]).tuple_class
+Reply = declare(Kind.REPLY, body=[("request_id", "Q"), ("of_kind", "B")], fields=[]).tuple_class
 TimerStarted = declare(Kind.TIMER_STARTED, body=[("pid", "I")]).tuple_class
 Layout = declare(Kind.LAYOUT, body=[("catalog_version", "Q")]).tuple_class
+QuotaState = declare(Kind.QUOTA_STATE, fields=[("rates", Array(ClientRate)),
+                                                ("counted", Array(CountedReport))]).tuple_class
+# A REPLY decodes to (request_id, of_kind, answer): the answer in its request kind's reply layout.
+_REPLY_TUPLE = namedtuple("Reply", ["request_id", "of_kind", "answer"])
+_REPLY_TUPLE.kind = Kind.REPLY
+Reply = _REPLY_TUPLE
 
 
-def encode(kind: Kind, *body: Any, items: Iterable[tuple] = (), document: Any = None) -> bytes:
-    """A frame of `kind` from its body values (in declared order), item tuples and document."""
+def encode(kind: Kind, *values: Any, items: Iterable[tuple] = (), document: Any = None) -> bytes:
+    """A frame of `kind` from its body values in declared order (then, for a kind with fields, the fields'
+    values in declared order), item tuples and document."""
     message = MESSAGES[kind]
+    if message.fields is not None:
+        if items or document is not None:
+            raise MessageError(f"{kind.name} carries typed fields, not items or a document")
+        return _encode_fields(message, values)
     if items:
         if not message.item.size:
             raise MessageError(f"{kind.name} has no items")
@@ -170,7 +486,7 @@ def encode(kind: Kind, *body: Any, items: Iterable[tuple] = (), document: Any = 
         if len(items) > MAX_ITEMS:
             raise MessageError(f"{kind.name}: {len(items)} items, at most {MAX_ITEMS} per frame")
     try:
-        head = message.head.pack(kind, LAYOUT_VERSION, len(items), 0, *body)
+        head = message.head.pack(kind, LAYOUT_VERSION, len(items), 0, *values)
         if items:
             pack = message.item.pack
             head += b"".join([pack(*item) for item in items])
@@ -184,6 +500,46 @@ def encode(kind: Kind, *body: Any, items: Iterable[tuple] = (), document: Any = 
     if document is not None:
         raise MessageError(f"{kind.name} carries no document")
     return head
+
+
+def _encode_fields(message: MessageType, values: tuple, tail: Callable[[bytearray], None] | None = None) -> bytes:
+    body_count = len(message.tuple_class._fields) - len(message.fields.fields)
+    try:
+        out = bytearray(message.head.pack(message.kind, LAYOUT_VERSION, 0, 0, *values[:body_count]))
+        message.fields.encode_into(out, values[body_count:])
+        if tail is not None:
+            tail(out)
+    except (struct.error, TypeError, AttributeError, UnicodeEncodeError) as exc:
+        raise MessageError(f"{message.kind.name}: bad values: {exc}") from None
+    return bytes(out)
+
+
+def encode_message(message: tuple) -> bytes:
+    """The frame of a message given as its kind's named tuple."""
+    kind = message.kind
+    if MESSAGES[kind].fields is not None:
+        return encode(kind, *message)
+    *body, items, document = message
+    return encode(kind, *body, items=items, document=document)
+
+
+def encode_reply(request_id: int, kind: Kind, answer: Any) -> bytes:
+    """The REPLY to a request of `kind`: `answer` is its reply record's named tuple (or values in order), or a
+    document for kinds whose reply is DOCUMENT."""
+    layout = MESSAGES[kind].reply
+    if layout is None:
+        raise MessageError(f"{kind.name} is not answered by a REPLY")
+
+    def tail(out: bytearray) -> None:
+        if layout == DOCUMENT:
+            out += orjson.dumps(answer)
+        else:
+            layout.encode_into(out, tuple(answer))
+
+    try:
+        return _encode_fields(MESSAGES[Kind.REPLY], (request_id, kind), tail)
+    except TypeError as exc:
+        raise MessageError(f"REPLY to {kind.name}: document not serialisable: {exc}") from None
 
 
 def with_request_id(frame: bytes, request_id: int) -> bytes:
@@ -218,11 +574,23 @@ def decode(frame) -> Any:
     if head[1] != LAYOUT_VERSION:
         raise MessageError(f"{message.kind.name} frame of layout version {head[1]}, expected {LAYOUT_VERSION}")
     count = head[2]
-    items_start = message.head.size
-    end = items_start + count * message.item.size
+    start = message.head.size
+    if message.fields is not None:
+        if count:
+            raise MessageError(f"{message.kind.name} frame with {count} items")
+        try:
+            fields, end = message.fields.decode_from(frame, start)
+            if message.kind == Kind.REPLY:
+                return _decode_reply(head[4], head[5], frame, end)
+        except (struct.error, UnicodeDecodeError) as exc:
+            raise MessageError(f"{message.kind.name}: bad fields: {exc}") from None
+        if end != size:
+            raise MessageError(f"{message.kind.name} frame of {size} bytes has {size - end} bytes after its fields")
+        return message.tuple_class(*head[4:], *fields)
+    end = start + count * message.item.size
     if size < end or (size != end and not message.document) or (count and not message.item.size):
         raise MessageError(f"{message.kind.name} frame with {count} items has {size} bytes")
-    items = list(message.item.iter_unpack(frame[items_start:end])) if count else []
+    items = list(message.item.iter_unpack(frame[start:end])) if count else []
     document = None
     if message.document:
         try:
@@ -230,3 +598,18 @@ def decode(frame) -> Any:
         except orjson.JSONDecodeError as exc:
             raise MessageError(f"{message.kind.name}: bad document: {exc}") from None
     return message.tuple_class(*head[4:], items, document)
+
+
+def _decode_reply(request_id: int, of_kind: int, frame, start: int) -> tuple:
+    asked = _BY_BYTE[of_kind]
+    if asked is None or asked.reply is None:
+        raise MessageError(f"REPLY to kind {of_kind}, which is not answered by a REPLY")
+    if asked.reply == DOCUMENT:
+        try:
+            return Reply(request_id, asked.kind, orjson.loads(frame[start:]))
+        except orjson.JSONDecodeError as exc:
+            raise MessageError(f"REPLY to {asked.kind.name}: bad document: {exc}") from None
+    answer, end = asked.reply.decode_from(frame, start)
+    if end != len(frame):
+        raise MessageError(f"REPLY to {asked.kind.name} has {len(frame) - end} bytes after its answer")
+    return Reply(request_id, asked.kind, answer)

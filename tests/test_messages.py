@@ -36,12 +36,7 @@ def test_delay_fetch_round_trip(request_id, deadline, min_bytes, items):
     (Kind.DELETE_RECORDS, (10, 2**62), [], [["t", 0, 5], ["t", 1, -1]]),
     (Kind.FLUSH, (), [(0,), (4095,), (2**32 - 1,)], None),
     (Kind.COMPLETION, (), [(1, M.Status.SATISFIED, 0), (2, M.Status.EXPIRED, 0), (3, M.Status.FAILED, 56)], None),
-    (Kind.REPLY, (5,), [], {"t": [0, None], "bad name": [17, "illegal topic name"]}),
     (Kind.TIMER_STARTED, (4321,), [], None),
-    (Kind.HEARTBEAT, (7, 3), [], {"group": "g", "member": "m-1", "generation": 4, "instance": None}),
-    (Kind.QUOTA_USAGE, (7,), [], {"reporting-job": [1048576, 0]}),
-    (Kind.THROTTLE, (9, 123, 450, 1), [], "reporting-job"),
-    (Kind.QUOTA_STATE, (), [], {"rates": {"reporting-job": [2000000, 0, 10000, 10000]}, "counted": {"0": 7}}),
     (Kind.LAYOUT, (12,), [], None),
 ])
 def test_every_kind_round_trips(kind, body, items, document):
@@ -51,7 +46,84 @@ def test_every_kind_round_trips(kind, body, items, document):
     assert message.items == items and message.document == document
 
 
-def test_every_declared_kind_is_in_the_test_above():
+# Kinds with typed fields: (kind, body and field values in declared order).
+TYPED = [
+    (Kind.JOIN_GROUP, (7, 5, 10000, 300000, "g", "", None, "consumer",
+                       [M.Protocol("range", b"\x00\x01\xff"), M.Protocol("cooperative-sticky", b"")],
+                       "rdkafka", "127.0.0.1")),
+    (Kind.SYNC_GROUP, (7, 3, 4, "g", "m-1", "static-1", [M.Assignment("m-1", bytes(range(256)))])),
+    (Kind.HEARTBEAT, (7, 3, 4, "g", "m-1", None)),
+    (Kind.LEAVE_GROUP, (7, 3, "g", [M.LeavingMember("m-1", None), M.LeavingMember("", "static-1")])),
+    (Kind.COMMIT_OFFSETS, (7, 7, -1, "g", "", None, [M.TopicCommits("t", [M.CommittedPartition(0, 42, -1, None),
+                                                                          M.CommittedPartition(3, 2**40, 7, "é")])])),
+    (Kind.FETCH_OFFSETS, (7, 5, "g", None)),
+    (Kind.FETCH_OFFSETS, (7, 5, "g", [M.TopicPartitions("t", [0, 1, 2**31 - 1])])),
+    (Kind.LIST_GROUPS, (7, 2)),
+    (Kind.DESCRIBE_GROUPS, (7, 4, ["a", "b", ""])),
+    (Kind.DELETE_GROUPS, (7, 1, [])),
+    (Kind.DELETE_OFFSETS, (7, 0, "g", [M.TopicPartitions("t", [5])])),
+    (Kind.QUOTA_USAGE, (7, [M.ClientUsage("reporting-job", 1048576, 0), M.ClientUsage("", 0, 12)])),
+    (Kind.THROTTLE, (9, 123, 450, 1, "reporting-job")),
+    (Kind.QUOTA_STATE, ([M.ClientRate("reporting-job", 2000000, 0, 10000, 10000)], [M.CountedReport(0, 7)])),
+]
+
+
+@pytest.mark.parametrize("kind, values", TYPED)
+def test_every_typed_kind_round_trips(kind, values):
+    frame = M.encode(kind, *values)
+    message = M.decode(memoryview(frame))
+    assert message.kind is kind and tuple(message) == values
+    assert M.encode_message(message) == frame
+
+
+# One answer of every kind a REPLY carries.
+ANSWERS = [
+    (Kind.JOIN_GROUP, (0, 3, "consumer", "range", "m-1", "m-1", [M.JoinedMember("m-1", None, b"\x00meta")])),
+    (Kind.SYNC_GROUP, (0, b"\x00\x01assignment")),
+    (Kind.HEARTBEAT, (27,)),
+    (Kind.LEAVE_GROUP, (0, [M.LeftMember("m-1", None, 0), M.LeftMember("", "s", 25)])),
+    (Kind.COMMIT_OFFSETS, ([M.TopicPartitionErrors("t", [M.PartitionError(0, 0), M.PartitionError(1, 3)])],)),
+    (Kind.FETCH_OFFSETS, (0, [M.TopicOffsets("t", [M.PartitionOffset(0, 42, -1, "", 0),
+                                                   M.PartitionOffset(1, -1, -1, None, 0)])])),
+    (Kind.LIST_GROUPS, (0, [M.ListedGroup("g", "consumer")])),
+    (Kind.DESCRIBE_GROUPS, ([M.DescribedGroup(0, "g", "Stable", "consumer", "range",
+                                              [M.DescribedMember("m", None, "c", "/127.0.0.1", b"md", b"as")])],)),
+    (Kind.DELETE_GROUPS, ([M.GroupError("g", 69)],)),
+    (Kind.DELETE_OFFSETS, (0, [M.TopicPartitionErrors("t", [M.PartitionError(0, 86)])])),
+    (Kind.CREATE_TOPICS, {"t": [0, None], "bad name": [17, "illegal topic name"]}),
+    (Kind.DELETE_RECORDS, [[0, 5], [3, -1]]),
+]
+
+
+@pytest.mark.parametrize("kind, answer", ANSWERS)
+def test_every_reply_round_trips(kind, answer):
+    message = M.decode(M.encode_reply(2**63, kind, answer))
+    assert message.kind is Kind.REPLY and message.request_id == 2**63 and message.of_kind is kind
+    assert (message.answer == answer) if isinstance(answer, (dict, list)) else (tuple(message.answer) == answer)
+
+
+def test_an_answer_of_an_error_alone_leaves_the_rest_empty():
+    answer = M.reply_class(Kind.DELETE_OFFSETS)(69)
+    assert tuple(M.decode(M.encode_reply(1, Kind.DELETE_OFFSETS, answer)).answer) == (69, [])
+    join = M.reply_class(Kind.JOIN_GROUP)(16)
+    assert join.protocol is None and join.leader == "" and join.members == ()
+
+
+@settings(max_examples=200, deadline=None, database=None)
+@given(group=st.text(max_size=40), member=st.text(max_size=80), instance=st.none() | st.text(max_size=20),
+       protocols=st.lists(st.tuples(st.text(max_size=20), st.binary(max_size=300)), max_size=5),
+       commits=st.lists(st.tuples(st.text(max_size=30), st.lists(st.tuples(
+           st.integers(-(2**31), 2**31 - 1), i64, st.integers(-(2**31), 2**31 - 1), st.none() | st.text(max_size=30)),
+           max_size=5)), max_size=5))
+def test_typed_fields_round_trip_any_text_and_bytes(group, member, instance, protocols, commits):
+    join = (1, 5, 6000, 6000, group, member, instance, "consumer", [M.Protocol(*p) for p in protocols], "c", "h")
+    assert tuple(M.decode(M.encode(Kind.JOIN_GROUP, *join))) == join
+    commit = (1, 7, 3, group, member, instance,
+              [M.TopicCommits(t, [M.CommittedPartition(*p) for p in parts]) for t, parts in commits])
+    assert tuple(M.decode(M.encode(Kind.COMMIT_OFFSETS, *commit))) == commit
+
+
+def test_every_declared_kind_is_in_the_tests_above():
     assert set(M.MESSAGES) == set(Kind)
     assert {kind for kind in Kind if kind < M.FIRST_TIMER_KIND} == {
         Kind.DELAY_FETCH, Kind.DELAY_PRODUCE, Kind.CANCEL, Kind.CREATE_TOPICS, Kind.DELETE_TOPICS,
@@ -66,6 +138,13 @@ def test_every_declared_kind_is_in_the_test_above():
     bytes([Kind.DELETE_TOPICS, M.LAYOUT_VERSION, 0, 0, 0, 0, 0, 0]) + bytes(8) + b"{nope",  # bad document
     bytes([Kind.CREATE_TOPICS, M.LAYOUT_VERSION, 0, 0, 0, 0, 0, 0]) + bytes(8) + b"{}",  # deadline cut short
     bytes([Kind.LAYOUT, M.LAYOUT_VERSION, 1, 0, 0, 0, 0, 0]) + bytes(8),  # items on a kind without items
+    M.encode(Kind.HEARTBEAT, 1, 3, 4, "g", "m", None)[:-1],  # a field cut short
+    M.encode(Kind.HEARTBEAT, 1, 3, 4, "g", "m", None) + b"\x00",  # a byte after the fields
+    M.encode(Kind.HEARTBEAT, 1, 3, 4, "g", "m", None)[:22] + b"\xff\xff\xff\x7f" + b"g",  # a length past the end
+    M.encode(Kind.HEARTBEAT, 1, 3, 4, "\u00e9", "m", None).replace("\u00e9".encode(), b"\xc3\x28"),  # not UTF-8
+    M.encode(Kind.DESCRIBE_GROUPS, 1, 4, ["a"])[:18] + b"\xfe\xff\xff\xff",  # a count no frame could hold
+    (lambda f: f[:27] + b"\xff\xff\xff\xff" + f[32:])(M.encode(Kind.HEARTBEAT, 1, 3, 4, "g", "m", None)),  # None STR
+    M.encode_reply(1, Kind.HEARTBEAT, (0,))[:16] + bytes([Kind.DELAY_FETCH]) + b"\x00\x00",  # REPLY of a kind without one
 ])
 def test_bad_frames_raise_message_error(bad):
     with pytest.raises(MessageError):
@@ -85,6 +164,18 @@ def test_bad_values_raise_message_error():
         M.encode(Kind.CREATE_TOPICS, 1, 2, document={1, 2})  # not serialisable
     with pytest.raises(MessageError):
         M.encode(Kind.FLUSH, items=[(1,)], document=[1])  # a kind without a document
+    with pytest.raises(MessageError):
+        M.encode(Kind.HEARTBEAT, 1, 3, 4, None, "m", None)  # a STR field given None
+    with pytest.raises(MessageError):
+        M.encode(Kind.SYNC_GROUP, 1, 3, 4, "g", "m", None, [("m", "not bytes")])
+    with pytest.raises(MessageError):
+        M.encode(Kind.HEARTBEAT, 1, 3, 4, "g", "m")  # a field missing
+    with pytest.raises(MessageError):
+        M.encode(Kind.HEARTBEAT, 1, 3, 4, "g", "m", None, items=[(1,)])  # items on a kind with fields
+    with pytest.raises(MessageError):
+        M.encode_reply(1, Kind.HEARTBEAT, ("no error code",))
+    with pytest.raises(MessageError):
+        M.encode_reply(1, Kind.DELAY_FETCH, (0,))  # not answered by a REPLY
 
 
 @settings(max_examples=500, deadline=None, database=None)

@@ -8,7 +8,7 @@ appended twice.
 Invariants:
 - `end_offset` is the log offset up to which the state reflects the log: every batch below it has been
   applied with apply(), none at or above it. Several processes append to one partition, so before checking
-  a batch a process applies the headers of the batches others appended since its end_offset (node/log.py).
+  a batch a process applies the headers of the batches others appended since its end_offset (node/storage/log.py).
 - check() never changes the state; apply() is called only for batches that were appended.
 - Sequence rules follow Kafka's ProducerAppendInfo: an older epoch is fenced (INVALID_PRODUCER_EPOCH); a new
   epoch must start at sequence 0; within an epoch the next batch starts at last sequence + 1 (wrapping at

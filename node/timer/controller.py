@@ -59,10 +59,10 @@ class Controller:
         else:
             outcome = self.store.create_topics(topics, validate_only=bool(document.get("validate_only")),
                                                existing_ok=not document.get("explicit"))
-        self._answer(worker, message.request_id, outcome)
+        self._answer(worker, message, outcome)
 
     def delete_topics(self, worker: int, message: Any) -> None:
-        self._answer(worker, message.request_id, self.store.delete_topics([str(name) for name in message.document]))
+        self._answer(worker, message, self.store.delete_topics([str(name) for name in message.document]))
 
     def create_partitions(self, worker: int, message: Any) -> None:
         document = message.document
@@ -71,12 +71,12 @@ class Controller:
             outcome: TopicOutcomes = {name: TIMED_OUT for name, _ in requests}
         else:
             outcome = self.store.create_partitions(requests, validate_only=bool(document.get("validate_only")))
-        self._answer(worker, message.request_id, outcome)
+        self._answer(worker, message, outcome)
 
     def alter_configs(self, worker: int, message: Any) -> None:
         document = message.document
         resources = [(int(kind), str(name), str(how), changes) for kind, name, how, changes in document["resources"]]
-        self._answer(worker, message.request_id,
+        self._answer(worker, message,
                      self.store.alter_configs(resources, validate_only=bool(document.get("validate_only"))))
 
     def delete_records(self, worker: int, message: Any) -> None:
@@ -93,15 +93,15 @@ class Controller:
         def answer(results: list[tuple[int, int]] | None) -> None:
             if results is None:  # the job failed (logged by the flusher)
                 results = [(int(ErrorCode.kafka_storage_error), -1)] * len(wanted)
-            self.outbox.send(worker, M.encode(M.Kind.REPLY, request_id, document=results))
+            self.outbox.send(worker, M.encode_reply(request_id, M.Kind.DELETE_RECORDS, results))
 
         self.flusher.submit("delete records", delete, then=answer)
 
-    def _answer(self, worker: int, request_id: int, outcome: Any) -> None:
+    def _answer(self, worker: int, message: Any, outcome: Any) -> None:
         if self.store.version != self.flusher.catalog_version:
             self.flusher.catalog_version = self.store.version
             self.outbox.broadcast(M.encode(M.Kind.LAYOUT, self.store.version))
-        self.outbox.send(worker, M.encode(M.Kind.REPLY, request_id, document=outcome))
+        self.outbox.send(worker, M.encode_reply(message.request_id, message.kind, outcome))
 
 
 def _delete_records(store: PartitionStore, topic: str, partition: int, offset: int) -> tuple[int, int]:

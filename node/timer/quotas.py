@@ -94,7 +94,7 @@ class QuotaManager:
         self.outbox = outbox
         self.clients: dict[str, ClientUsage] = {}
         self._changed: set[str] = set()
-        self._counted: dict[str, int] = {}  # worker -> its last report counted
+        self._counted: dict[int, int] = {}  # worker -> its last report counted
         self._over: set[str] = set()  # clients whose last sent rate is over a quota of theirs
         self._next_refresh: int | None = None
         self._next_expiry_check = now_ms + max(1, config.idle_client_expiry_ms // 10)
@@ -120,10 +120,10 @@ class QuotaManager:
     # -- messages from workers ----------------------------------------------------------------
 
     def usage(self, worker: int, message: Any) -> None:
-        """QUOTA_USAGE: document {client id: [produce bytes, fetch bytes]} since the worker's last report."""
+        """QUOTA_USAGE: each client id's produced and fetched bytes since the worker's last report."""
         now = monotonic_ms()
-        self._counted[str(worker)] = message.report
-        for client, (produced, fetched) in message.document.items():
+        self._counted[worker] = message.report
+        for client, produced, fetched in message.clients:
             usage = self._usage_of(client, now)
             if produced:
                 usage.rates[PRODUCE].record(produced, now)
@@ -133,7 +133,7 @@ class QuotaManager:
 
     def throttled(self, worker: int, message: Any) -> None:
         """THROTTLE's bookkeeping (the timer itself is the delayed-operation service's)."""
-        usage = self._usage_of(message.document, monotonic_ms())
+        usage = self._usage_of(message.client, monotonic_ms())
         usage.throttled_requests[message.quota_kind] += 1
         usage.throttle_ms_total[message.quota_kind] += message.throttle_ms
         self.throttles += 1
@@ -177,7 +177,8 @@ class QuotaManager:
         self._changed = set()
         if self._over and self._next_refresh is None:
             self._next_refresh = now_ms + self.config.report_interval_ms
-        self.outbox.broadcast(M.encode(M.Kind.QUOTA_STATE, document={"rates": state, "counted": self._counted}))
+        self.outbox.broadcast(M.encode(M.Kind.QUOTA_STATE, [(client, *rates) for client, rates in state.items()],
+                                       list(self._counted.items())))
 
     def _expire_idle(self, now_ms: int) -> None:
         expiry = self.config.idle_client_expiry_ms

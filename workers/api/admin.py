@@ -69,8 +69,12 @@ class AdminHandlers:
 
     def _ask(self, req: Request, kind: M.Kind, document: Any, wait_ms: int, answer: Callable[[Any], Outcome],
              *body: Any) -> Outcome:
+        """Send the controller `kind` with `body` and `document`; `answer` gets the REPLY's document (None if the
+        timer never gave one, or the request is too large for the rings)."""
         try:
-            return self.delayed.ask(req, kind, document, wait_ms, answer, *body)
+            frame = M.encode(kind, 0, *body, document=document)
+            return self.delayed.ask(req, frame, wait_ms, lambda reply_: answer(None if reply_ is None
+                                                                               else reply_.answer))
         except DocumentTooLarge:
             return answer(None)
 

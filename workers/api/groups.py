@@ -2,9 +2,9 @@
 OffsetCommit, OffsetFetch, ListGroups, DescribeGroups, DeleteGroups, OffsetDelete.
 
 The node is the coordinator of every group, and the coordinator lives in the timer process
-(node.timer.groups): each handler here turns its request into a document message (shm.messages; bytes
-fields as base64), waits for the coordinator's REPLY through DelayedRequests, and builds the response of the
-request's API version from it. FindCoordinator is answered here.
+(node.timer.groups): each handler here turns its request into the kind's typed message (shm.messages: texts,
+bytes as bytes, lists of records), waits for the coordinator's REPLY through DelayedRequests, and builds the
+response of the request's API version from the answer's fields. FindCoordinator is answered here.
 
 Invariants:
 - Every request gets its response: the coordinator's, or, if the timer process never answers (it died and
@@ -18,7 +18,6 @@ Invariants:
 
 from __future__ import annotations
 
-import base64
 import datetime
 from typing import Any, Callable
 
@@ -28,21 +27,23 @@ from node.config import NodeConfig
 from shm import messages as M
 from workers.codecs import errors as E
 from workers.codecs import protocol as P
+from workers.codecs.responses import GROUP_OPERATIONS, ZERO_THROTTLE, authorized, code, entity, reply
 from workers.connection import Request
 from workers.timer_client.delayed import DelayedRequests, DocumentTooLarge
 from workers.timer_client.outcome import Outcome
-from workers.codecs.responses import GROUP_OPERATIONS, ZERO_THROTTLE, authorized, code, entity, reply
 
 GROUP_KEY_TYPE = 0
 TRANSACTION_KEY_TYPE = 1
-
-
-def b64(data: bytes | None) -> str:
-    return base64.b64encode(data or b"").decode()
-
-
-def unb64(text: str | None) -> bytes:
-    return base64.b64decode(text) if text else b""
+JoinAnswer = M.reply_class(M.Kind.JOIN_GROUP)
+SyncAnswer = M.reply_class(M.Kind.SYNC_GROUP)
+HeartbeatAnswer = M.reply_class(M.Kind.HEARTBEAT)
+LeaveAnswer = M.reply_class(M.Kind.LEAVE_GROUP)
+CommitAnswer = M.reply_class(M.Kind.COMMIT_OFFSETS)
+FetchOffsetsAnswer = M.reply_class(M.Kind.FETCH_OFFSETS)
+ListAnswer = M.reply_class(M.Kind.LIST_GROUPS)
+DescribeAnswer = M.reply_class(M.Kind.DESCRIBE_GROUPS)
+DeleteGroupsAnswer = M.reply_class(M.Kind.DELETE_GROUPS)
+DeleteOffsetsAnswer = M.reply_class(M.Kind.DELETE_OFFSETS)
 
 
 def millis(delta: Any) -> int:
@@ -69,10 +70,14 @@ class GroupHandlers:
             P.OFFSET_DELETE: self.offset_delete,
         }
 
-    def _ask(self, req: Request, kind: M.Kind, document: dict, timeout_ms: int,
-             answer: Callable[[dict | None], Outcome], refuse: Callable[[E.ErrorCode], Outcome]) -> Outcome:
+    def _ask(self, req: Request, kind: M.Kind, fields: tuple, timeout_ms: int,
+             answer: Callable[[Any], Outcome], refuse: Callable[[E.ErrorCode], Outcome], *body: Any) -> Outcome:
+        """Send the coordinator `kind` with the request's id-to-be, API version, `body` and `fields`; `answer`
+        gets the REPLY's answer (None if the timer never gave one)."""
         try:
-            return self.delayed.ask(req, kind, document, timeout_ms, answer, req.header.api_version)
+            frame = M.encode(kind, 0, req.header.api_version, *body, *fields)
+            return self.delayed.ask(req, frame, timeout_ms, lambda reply_: answer(None if reply_ is None
+                                                                                  else reply_.answer))
         except DocumentTooLarge:
             return refuse(E.INVALID_REQUEST)
 
@@ -98,183 +103,186 @@ class GroupHandlers:
         session_ms = millis(request.session_timeout)
         rebalance_ms = millis(request.rebalance_timeout) if hasattr(request, "rebalance_timeout") else session_ms
         peer = req.conn.peer
-        document = {
-            "group": request.group_id, "session_timeout_ms": session_ms, "rebalance_timeout_ms": rebalance_ms,
-            "member": request.member_id, "instance": getattr(request, "group_instance_id", None),
-            "protocol_type": request.protocol_type,
-            "protocols": [[p.name, b64(p.metadata)] for p in request.protocols],
-            "client_id": req.header.client_id or "",
-            "client_host": peer[0] if isinstance(peer, tuple) else str(peer)}
+        fields = (request.group_id, request.member_id, getattr(request, "group_instance_id", None),
+                  request.protocol_type, [(p.name, p.metadata) for p in request.protocols],
+                  req.header.client_id or "", peer[0] if isinstance(peer, tuple) else str(peer))
         groups = self.config.groups
         timeout_ms = max(rebalance_ms, session_ms) + groups.initial_rebalance_delay_ms + groups.join_answer_margin_ms
 
-        def answer(outcome: dict | None) -> Outcome:
+        def answer(outcome: Any) -> Outcome:
             if outcome is None:
                 return refuse(E.ErrorCode.coordinator_not_available)
-            members = tuple(entity(req, "JoinGroupResponseMember", member_id=member, group_instance_id=instance,
-                                   metadata=unb64(metadata)) for member, instance, metadata in outcome["members"])
+            members = tuple(entity(req, "JoinGroupResponseMember", member_id=m.member, group_instance_id=m.instance,
+                                   metadata=m.metadata) for m in outcome.members)
             return reply(req, entity(
-                req, "JoinGroupResponse", throttle_time=ZERO_THROTTLE, error_code=code(outcome["error"]),
-                generation_id=i32(outcome["generation"]), protocol_type=outcome.get("protocol_type"),
-                protocol_name=outcome["protocol"] or "", leader=outcome["leader"], member_id=outcome["member"],
+                req, "JoinGroupResponse", throttle_time=ZERO_THROTTLE, error_code=code(outcome.error),
+                generation_id=i32(outcome.generation), protocol_type=outcome.protocol_type,
+                protocol_name=outcome.protocol or "", leader=outcome.leader, member_id=outcome.member,
                 members=members))
 
         def refuse(error: E.ErrorCode) -> Outcome:
-            return answer({"error": int(error), "generation": -1, "protocol": None, "leader": "",
-                           "member": request.member_id, "members": []})
+            return answer(JoinAnswer(int(error), -1, None, None, "", request.member_id, []))
 
-        return self._ask(req, M.Kind.JOIN_GROUP, document, timeout_ms, answer, refuse)
+        return self._ask(req, M.Kind.JOIN_GROUP, fields, timeout_ms, answer, refuse, session_ms, rebalance_ms)
 
     def sync_group(self, req: Request, request: Any) -> Outcome:
-        document = {"group": request.group_id, "generation": int(request.generation_id),
-                    "member": request.member_id, "instance": getattr(request, "group_instance_id", None),
-                    "assignments": [[a.member_id, b64(a.assignment)] for a in request.assignments]}
+        fields = (request.group_id, request.member_id, getattr(request, "group_instance_id", None),
+                  [(a.member_id, a.assignment) for a in request.assignments])
 
-        def answer(outcome: dict | None) -> Outcome:
+        def answer(outcome: Any) -> Outcome:
             if outcome is None:
                 return refuse(E.ErrorCode.coordinator_not_available)
             return reply(req, entity(req, "SyncGroupResponse", throttle_time=ZERO_THROTTLE,
-                                     error_code=code(outcome["error"]), assignment=unb64(outcome["assignment"])))
+                                     error_code=code(outcome.error), assignment=outcome.assignment))
 
         def refuse(error: E.ErrorCode) -> Outcome:
-            return answer({"error": int(error), "assignment": ""})
+            return answer(SyncAnswer(int(error), b""))
 
-        return self._ask(req, M.Kind.SYNC_GROUP, document, self.config.groups.sync_wait_max_ms, answer, refuse)
+        return self._ask(req, M.Kind.SYNC_GROUP, fields, self.config.groups.sync_wait_max_ms, answer, refuse,
+                         int(request.generation_id))
 
     def heartbeat(self, req: Request, request: Any) -> Outcome:
-        document = {"group": request.group_id, "generation": int(request.generation_id),
-                    "member": request.member_id, "instance": getattr(request, "group_instance_id", None)}
+        fields = (request.group_id, request.member_id, getattr(request, "group_instance_id", None))
 
-        def answer(outcome: dict | None) -> Outcome:
-            error = E.ErrorCode.coordinator_not_available if outcome is None else code(outcome["error"])
+        def answer(outcome: Any) -> Outcome:
+            error = E.ErrorCode.coordinator_not_available if outcome is None else code(outcome.error)
             return reply(req, entity(req, "HeartbeatResponse", throttle_time=ZERO_THROTTLE, error_code=error))
 
-        return self._ask(req, M.Kind.HEARTBEAT, document, self.config.timer.control_timeout_ms, answer,
-                         lambda error: answer({"error": int(error)}))
+        return self._ask(req, M.Kind.HEARTBEAT, fields, self.config.timer.control_timeout_ms, answer,
+                         lambda error: answer(HeartbeatAnswer(int(error))), int(request.generation_id))
 
     def leave_group(self, req: Request, request: Any) -> Outcome:
         if hasattr(request, "members"):  # v3+: a batch of members
-            leaving = [[m.member_id, m.group_instance_id] for m in request.members]
+            leaving = [(m.member_id, m.group_instance_id) for m in request.members]
         else:
-            leaving = [[request.member_id, None]]
-        document = {"group": request.group_id, "members": leaving}
+            leaving = [(request.member_id, None)]
 
-        def answer(outcome: dict | None) -> Outcome:
+        def answer(outcome: Any) -> Outcome:
             if outcome is None:
-                outcome = {"error": int(E.ErrorCode.coordinator_not_available), "members": []}
-            members = outcome.get("members", [])
-            error = code(outcome["error"])
-            if not hasattr(request, "members") and members and not error:  # v0-2: the one member's error
-                error = code(members[0][2])
+                outcome = LeaveAnswer(int(E.ErrorCode.coordinator_not_available), [])
+            error = code(outcome.error)
+            if not hasattr(request, "members") and outcome.members and not error:  # v0-2: the one member's error
+                error = code(outcome.members[0].error)
             return reply(req, entity(
                 req, "LeaveGroupResponse", throttle_time=ZERO_THROTTLE, error_code=error,
-                members=tuple(entity(req, "MemberResponse", member_id=m, group_instance_id=i, error_code=code(e))
-                              for m, i, e in members)))
+                members=tuple(entity(req, "MemberResponse", member_id=m.member, group_instance_id=m.instance,
+                                     error_code=code(m.error)) for m in outcome.members)))
 
-        return self._ask(req, M.Kind.LEAVE_GROUP, document, self.config.timer.control_timeout_ms, answer,
-                         lambda error: answer({"error": int(error), "members": []}))
+        return self._ask(req, M.Kind.LEAVE_GROUP, (request.group_id, leaving), self.config.timer.control_timeout_ms,
+                         answer, lambda error: answer(LeaveAnswer(int(error), [])))
 
     # -- offsets ------------------------------------------------------------------------------
 
     def offset_commit(self, req: Request, request: Any) -> Outcome:
-        topics = [[t.name, [[p.partition_index, int(p.committed_offset), int(getattr(p, "committed_leader_epoch", -1)),
-                             p.committed_metadata] for p in t.partitions]] for t in request.topics]
-        document = {"group": request.group_id, "generation": int(request.generation_id_or_member_epoch),
-                    "member": request.member_id, "instance": getattr(request, "group_instance_id", None),
-                    "topics": topics}
+        topics = [(t.name, [(p.partition_index, int(p.committed_offset), int(getattr(p, "committed_leader_epoch", -1)),
+                             p.committed_metadata) for p in t.partitions]) for t in request.topics]
+        fields = (request.group_id, request.member_id, getattr(request, "group_instance_id", None), topics)
 
-        def answer(outcome: dict | None) -> Outcome:
+        def answer(outcome: Any) -> Outcome:
             if outcome is None:
                 return refuse(E.REQUEST_TIMED_OUT)
             return reply(req, entity(req, "OffsetCommitResponse", throttle_time=ZERO_THROTTLE, topics=tuple(
-                entity(req, "OffsetCommitResponseTopic", name=name, partitions=tuple(
-                    entity(req, "OffsetCommitResponsePartition", partition_index=i32(p), error_code=code(e))
-                    for p, e in partitions)) for name, partitions in outcome.get("topics", []))))
+                entity(req, "OffsetCommitResponseTopic", name=topic.name, partitions=tuple(
+                    entity(req, "OffsetCommitResponsePartition", partition_index=i32(p.partition),
+                           error_code=code(p.error)) for p in topic.partitions)) for topic in outcome.topics)))
 
         def refuse(error: E.ErrorCode) -> Outcome:
-            return answer({"topics": [[name, [[p[0], int(error)] for p in parts]] for name, parts in topics]})
+            return answer(CommitAnswer([M.TopicPartitionErrors(name, [M.PartitionError(p[0], int(error))
+                                                                     for p in parts])
+                                        for name, parts in topics]))
 
-        return self._ask(req, M.Kind.COMMIT_OFFSETS, document, self.config.timer.control_timeout_ms, answer, refuse)
+        return self._ask(req, M.Kind.COMMIT_OFFSETS, fields, self.config.timer.control_timeout_ms, answer, refuse,
+                         int(request.generation_id_or_member_epoch))
 
     def offset_fetch(self, req: Request, request: Any) -> Outcome:
-        wanted = None if request.topics is None else [[t.name, list(t.partition_indexes)] for t in request.topics]
-        document = {"group": request.group_id, "topics": wanted}
+        wanted = None if request.topics is None else [(t.name, list(t.partition_indexes)) for t in request.topics]
 
-        def answer(outcome: dict | None) -> Outcome:
+        def answer(outcome: Any) -> Outcome:
             if outcome is None:
                 return refuse(E.ErrorCode.coordinator_not_available)
-            error = code(outcome["error"])
-            return reply(req, entity(req, "OffsetFetchResponse", throttle_time=ZERO_THROTTLE, error_code=error,
-                                     topics=tuple(entity(req, "OffsetFetchResponseTopic", name=name, partitions=tuple(
-                                         entity(req, "OffsetFetchResponsePartition", partition_index=i32(p),
-                                                committed_offset=i64(offset), committed_leader_epoch=i32(epoch),
-                                                metadata=metadata, error_code=code(e))
-                                         for p, offset, epoch, metadata, e in partitions))
-                                         for name, partitions in outcome.get("topics", []))))
+            return reply(req, entity(req, "OffsetFetchResponse", throttle_time=ZERO_THROTTLE,
+                                     error_code=code(outcome.error),
+                                     topics=tuple(entity(req, "OffsetFetchResponseTopic", name=t.name, partitions=tuple(
+                                         entity(req, "OffsetFetchResponsePartition", partition_index=i32(p.partition),
+                                                committed_offset=i64(p.offset), committed_leader_epoch=i32(p.leader_epoch),
+                                                metadata=p.metadata, error_code=code(p.error))
+                                         for p in t.partitions)) for t in outcome.topics)))
 
         def refuse(error: E.ErrorCode) -> Outcome:
-            # v0-1 have no top-level error: each partition carries it.
-            return answer({"error": int(error), "topics": [[name, [[p, -1, -1, "", int(error)] for p in parts]]
-                                                            for name, parts in (wanted or [])]})
+            return answer(refused_offsets(int(error), wanted))
 
-        return self._ask(req, M.Kind.FETCH_OFFSETS, document, self.config.timer.control_timeout_ms, answer, refuse)
+        return self._ask(req, M.Kind.FETCH_OFFSETS, (request.group_id, wanted), self.config.timer.control_timeout_ms,
+                         answer, refuse)
 
     def offset_delete(self, req: Request, request: Any) -> Outcome:
-        wanted = [[t.name, [p.partition_index for p in t.partitions]] for t in request.topics]
-        document = {"group": request.group_id, "topics": wanted}
+        wanted = [(t.name, [p.partition_index for p in t.partitions]) for t in request.topics]
 
-        def answer(outcome: dict | None) -> Outcome:
+        def answer(outcome: Any) -> Outcome:
             if outcome is None:
-                outcome = {"error": int(E.ErrorCode.coordinator_not_available), "topics": []}
+                outcome = DeleteOffsetsAnswer(int(E.ErrorCode.coordinator_not_available), [])
             return reply(req, entity(
-                req, "OffsetDeleteResponse", throttle_time=ZERO_THROTTLE, error_code=code(outcome["error"]),
-                topics=tuple(entity(req, "OffsetDeleteResponseTopic", name=name, partitions=tuple(
-                    entity(req, "OffsetDeleteResponsePartition", partition_index=i32(p), error_code=code(e))
-                    for p, e in partitions)) for name, partitions in outcome.get("topics", []))))
+                req, "OffsetDeleteResponse", throttle_time=ZERO_THROTTLE, error_code=code(outcome.error),
+                topics=tuple(entity(req, "OffsetDeleteResponseTopic", name=t.name, partitions=tuple(
+                    entity(req, "OffsetDeleteResponsePartition", partition_index=i32(p.partition),
+                           error_code=code(p.error)) for p in t.partitions)) for t in outcome.topics)))
 
-        return self._ask(req, M.Kind.DELETE_OFFSETS, document, self.config.timer.control_timeout_ms, answer,
-                         lambda error: answer({"error": int(error), "topics": []}))
+        return self._ask(req, M.Kind.DELETE_OFFSETS, (request.group_id, wanted), self.config.timer.control_timeout_ms,
+                         answer, lambda error: answer(DeleteOffsetsAnswer(int(error), [])))
 
     # -- ListGroups, DescribeGroups, DeleteGroups ---------------------------------------------
 
     def list_groups(self, req: Request, request: Any) -> Outcome:
-        def answer(outcome: dict | None) -> Outcome:
+        def answer(outcome: Any) -> Outcome:
             if outcome is None:
-                outcome = {"error": int(E.ErrorCode.coordinator_not_available), "groups": []}
+                outcome = ListAnswer(int(E.ErrorCode.coordinator_not_available), [])
             return reply(req, entity(req, "ListGroupsResponse", throttle_time=ZERO_THROTTLE,
-                                     error_code=code(outcome["error"]), groups=tuple(
-                                         entity(req, "ListedGroup", group_id=g, protocol_type=t)
-                                         for g, t in outcome.get("groups", []))))
+                                     error_code=code(outcome.error), groups=tuple(
+                                         entity(req, "ListedGroup", group_id=g.group, protocol_type=g.protocol_type)
+                                         for g in outcome.groups)))
 
-        return self._ask(req, M.Kind.LIST_GROUPS, {}, self.config.timer.control_timeout_ms, answer,
-                         lambda error: answer({"error": int(error), "groups": []}))
+        return self._ask(req, M.Kind.LIST_GROUPS, (), self.config.timer.control_timeout_ms, answer,
+                         lambda error: answer(ListAnswer(int(error), [])))
 
     def describe_groups(self, req: Request, request: Any) -> Outcome:
         names = list(request.groups)
         operations = authorized(getattr(request, "include_authorized_operations", False), GROUP_OPERATIONS)
 
-        def answer(outcome: dict | None) -> Outcome:
+        def answer(outcome: Any) -> Outcome:
             if outcome is None:
-                outcome = {"groups": [[int(E.ErrorCode.coordinator_not_available), g, "", "", "", []] for g in names]}
+                return refuse(E.ErrorCode.coordinator_not_available)
             return reply(req, entity(req, "DescribeGroupsResponse", throttle_time=ZERO_THROTTLE, groups=tuple(
-                entity(req, "DescribedGroup", error_code=code(error), group_id=group, group_state=state,
-                       protocol_type=protocol_type, protocol_data=protocol, authorized_operations=i32(operations),
-                       members=tuple(entity(req, "DescribedGroupMember", member_id=m, group_instance_id=i, client_id=c,
-                                            client_host=h, member_metadata=unb64(md), member_assignment=unb64(a))
-                                     for m, i, c, h, md, a in members))
-                for error, group, state, protocol_type, protocol, members in outcome["groups"])))
+                entity(req, "DescribedGroup", error_code=code(g.error), group_id=g.group, group_state=g.state,
+                       protocol_type=g.protocol_type, protocol_data=g.protocol, authorized_operations=i32(operations),
+                       members=tuple(entity(req, "DescribedGroupMember", member_id=m.member,
+                                            group_instance_id=m.instance, client_id=m.client_id,
+                                            client_host=m.client_host, member_metadata=m.metadata,
+                                            member_assignment=m.assignment)
+                                     for m in g.members))
+                for g in outcome.groups)))
 
-        return self._ask(req, M.Kind.DESCRIBE_GROUPS, {"groups": names}, self.config.timer.control_timeout_ms,
-                         answer, lambda error: answer({"groups": [[int(error), g, "", "", "", []] for g in names]}))
+        def refuse(error: E.ErrorCode) -> Outcome:
+            return answer(DescribeAnswer([M.DescribedGroup(int(error), g, "", "", "", []) for g in names]))
+
+        return self._ask(req, M.Kind.DESCRIBE_GROUPS, (names,), self.config.timer.control_timeout_ms, answer, refuse)
 
     def delete_groups(self, req: Request, request: Any) -> Outcome:
         names = list(request.groups_names)
 
-        def answer(outcome: dict | None) -> Outcome:
+        def answer(outcome: Any) -> Outcome:
             if outcome is None:
-                outcome = {"results": [[g, int(E.ErrorCode.coordinator_not_available)] for g in names]}
+                return refuse(E.ErrorCode.coordinator_not_available)
             return reply(req, entity(req, "DeleteGroupsResponse", throttle_time=ZERO_THROTTLE, results=tuple(
-                entity(req, "DeletableGroupResult", group_id=g, error_code=code(e)) for g, e in outcome["results"])))
+                entity(req, "DeletableGroupResult", group_id=r.group, error_code=code(r.error))
+                for r in outcome.results)))
 
-        return self._ask(req, M.Kind.DELETE_GROUPS, {"groups": names}, self.config.timer.control_timeout_ms, answer,
-                         lambda error: answer({"results": [[g, int(error)] for g in names]}))
+        def refuse(error: E.ErrorCode) -> Outcome:
+            return answer(DeleteGroupsAnswer([M.GroupError(g, int(error)) for g in names]))
+
+        return self._ask(req, M.Kind.DELETE_GROUPS, (names,), self.config.timer.control_timeout_ms, answer, refuse)
+
+
+def refused_offsets(error: int, wanted: list | None) -> Any:
+    """An OffsetFetch answer that refuses every partition asked for (v0-1 have no top-level error: each partition
+    carries it)."""
+    return FetchOffsetsAnswer(error, [M.TopicOffsets(name, [M.PartitionOffset(p, -1, -1, "", error) for p in parts])
+                                      for name, parts in (wanted or [])])

@@ -105,7 +105,8 @@ class Handlers:
 
         wait_ms = self.config.timer.control_timeout_ms
         document = {"topics": [[name, count, {}] for name, count in topics], "validate_only": False, "explicit": False}
-        return self.delayed.ask(req, M.Kind.CREATE_TOPICS, document, wait_ms, after, monotonic_ms() + wait_ms)
+        frame = M.encode(M.Kind.CREATE_TOPICS, 0, monotonic_ms() + wait_ms, document=document)
+        return self.delayed.ask(req, frame, wait_ms, after)
 
     # -- ApiVersions, FindCoordinator, InitProducerId ------------------------------------------
 

@@ -60,7 +60,7 @@ class ClientQuotas:
 
     def __init__(self, config: QuotaConfig, worker: int) -> None:
         self.config = config
-        self.worker = str(worker)  # the key of QUOTA_STATE's "counted"
+        self.worker = worker  # its entry in QUOTA_STATE's counted reports
         self._clients: dict[str, _Client] = {}
         self._pending: dict[str, _Client] = {}  # clients charged since the last report
         self._reports = 0
@@ -117,12 +117,12 @@ class ClientQuotas:
         return int(min(round(throttle), self.config.window_samples * self.config.window_ms))
 
     def on_state(self, message: Any) -> None:
-        for key, (produce, fetch, produce_window, fetch_window) in message.document["rates"].items():
+        for key, produce, fetch, produce_window, fetch_window in message.rates:
             client = self._clients.get(key) or self._track(key)
             if client is not _UNLIMITED:
                 client.rates = [produce, fetch]
                 client.windows = [produce_window, fetch_window]
-        counted = message.document["counted"].get(self.worker, 0)
+        counted = next((report for worker, report in message.counted if worker == self.worker), 0)
         while self._in_flight and self._in_flight[0][0] <= counted:
             for key, counts in self._in_flight.pop(0)[1].items():
                 client = self._clients.get(key)
@@ -145,7 +145,7 @@ class ClientQuotas:
             client.pending = [0, 0]
         self._reports += 1
         self._in_flight.append((self._reports, document))
-        return M.encode(M.Kind.QUOTA_USAGE, self._reports, document=document)
+        return M.encode(M.Kind.QUOTA_USAGE, self._reports, [(key, *counts) for key, counts in document.items()])
 
 
 class Throttler:

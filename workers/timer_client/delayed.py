@@ -26,7 +26,7 @@ Invariants:
 - Request ids carry the worker's pid in their high bits (PID_SHIFT), so a restarted worker never mistakes
   a completion meant for its predecessor; answers for unknown ids are dropped.
 - At most one wait per request id, and its continuation runs exactly once: with the timer's result
-  (a Completed: status and Kafka error code, or a REPLY document), or with None when the worker answers it
+  (a Completed: status and Kafka error code, or a REPLY), or with None when the worker answers it
   by itself.
 - `self_answer`: a wait `delayed_grace_ms` past its deadline is answered here, so no client waits forever,
   even with the timer process dead.
@@ -200,18 +200,16 @@ class DelayedRequests:
         when it ends: it unmutes the connection (Outcome.DEFERRED) or returns the response held back."""
         deadline = monotonic_ms() + throttle_ms
         return self._wait(req, deadline, then, lambda rid: M.encode(M.Kind.THROTTLE, rid, deadline, throttle_ms,
-                                                                    quota_kind, document=client or ""))
+                                                                    quota_kind, client or ""))
 
-    def ask(self, req: Request, kind: M.Kind, document: Any, timeout_ms: int, answer: Continuation,
-            *body: Any) -> Outcome:
-        """A request the timer process answers with a REPLY document (topic creation and deletion, the group
-        coordinator's requests): the message is (request id, *body, document); `answer(document or None)` builds
-        the response. Raises DocumentTooLarge, sending nothing, if the message exceeds max_frame_bytes."""
-        deadline = monotonic_ms() + timeout_ms
-        frame = M.encode(kind, 0, *body, document=document)  # encoded once; the request id is set in _wait
+    def ask(self, req: Request, frame: bytes, timeout_ms: int, answer: Continuation) -> Outcome:
+        """A request the timer process answers with a REPLY (topic administration, the group coordinator's
+        requests): `frame` is its message encoded with request id 0 (shm.messages; the id is set here);
+        `answer(reply or None)` builds the response. Raises DocumentTooLarge, sending nothing, if the frame
+        exceeds max_frame_bytes."""
         if len(frame) > self.max_frame_bytes:
-            raise DocumentTooLarge(f"{kind.name} of {len(frame)} bytes, at most {self.max_frame_bytes}")
-        return self._wait(req, deadline, answer, lambda rid: M.with_request_id(frame, rid))
+            raise DocumentTooLarge(f"{M.kind_of(frame).name} of {len(frame)} bytes, at most {self.max_frame_bytes}")
+        return self._wait(req, monotonic_ms() + timeout_ms, answer, lambda rid: M.with_request_id(frame, rid))
 
     def _wait(self, req: Request, deadline_ms: int, finish: Continuation, frame_for: Callable[[int], bytes],
               fetch: FetchCondition | None = None, hand_off_at: int | None = None) -> Outcome:
@@ -265,7 +263,7 @@ class DelayedRequests:
                                                    else M.Status.EXPIRED))
 
     def on_reply(self, message: Any) -> None:
-        self._finish(message.request_id, message.document)
+        self._finish(message.request_id, message)
 
     def _finish(self, request_id: int, result: Any) -> None:
         waiting = self._pop(request_id)

@@ -1,10 +1,11 @@
 """The group coordinator of the node (every group's): Kafka's classic-protocol GroupCoordinator, in the timer
 process, driven by the group messages of the worker-timer contract (shm.messages) and by its timers.
 
-Each request handler takes (worker, message): the message's document is the Kafka request (bytes fields as
-base64), and the answer goes back as a REPLY document, at once or when a delayed operation completes (a join
-phase, a pending sync, an offset commit's fsync). The worker turns it into the response of the request's
-API version. Error codes are Kafka's, chosen as Kafka's GroupCoordinator chooses them.
+Each request handler takes (worker, message): the message carries the Kafka request's fields (shm.messages'
+typed group kinds), and the answer goes back as a REPLY in the kind's reply layout, at once or when a delayed
+operation completes (a join phase, a pending sync, an offset commit's fsync). The worker turns it into the
+response of the request's API version. Error codes are Kafka's, chosen as Kafka's GroupCoordinator chooses
+them.
 
 Timers: join phases (`joins`) and pending syncs (`syncs`) are operations (node.timer.groups.delayed) in
 purgatories of their own on the timer's wheel; member sessions (`sessions`, node.timer.groups.sessions) are
@@ -40,6 +41,9 @@ from node.timer.wheel import WheelConfig
 from shm import messages as M
 
 log = logging.getLogger("shmbroker.groups")
+JoinAnswer = M.reply_class(M.Kind.JOIN_GROUP)
+SyncAnswer = M.reply_class(M.Kind.SYNC_GROUP)
+FetchOffsetsAnswer = M.reply_class(M.Kind.FETCH_OFFSETS)
 
 E = ErrorCode
 NO_GENERATION = -1
@@ -66,7 +70,7 @@ class GroupCoordinator:
         self.joins = Purgatory.configured("rebalance", purgatory, wheel, now_ms)
         self.sessions = Sessions(wheel, now_ms, self.session_expired)
         self.syncs = Purgatory.configured("sync", purgatory, wheel, now_ms)
-        self.rebalances = 0  # completed join phases (for the stats of a later issue, and tests)
+        self.rebalances = 0  # completed join phases (the stats segment counts them)
         self.handlers: dict[M.Kind, Callable[[int, Any], None]] = {
             M.Kind.JOIN_GROUP: self.join_group,
             M.Kind.SYNC_GROUP: self.sync_group,
@@ -108,26 +112,27 @@ class GroupCoordinator:
 
     # -- answers ------------------------------------------------------------------------------
 
-    def _reply(self, waiter: Waiter, document: dict) -> None:
-        worker, request_id, _ = waiter
-        self.outbox.send(worker, M.encode(M.Kind.REPLY, request_id, document=document))
+    def _reply(self, waiter: Waiter, answer: tuple) -> None:
+        worker, request_id, _, kind = waiter
+        self.outbox.send(worker, M.encode_reply(request_id, kind, answer))
 
     def _join_reply(self, waiter: Waiter, error: E, member_id: str = "", group: Group | None = None,
                     members: list | None = None) -> None:
-        self._reply(waiter, {
-            "error": int(error), "member": member_id,
-            "generation": group.generation if group is not None and not error else NO_GENERATION,
-            "protocol": group.protocol if group is not None and not error else None,
-            "protocol_type": group.protocol_type if group is not None and not error else None,
-            "leader": group.leader if group is not None and not error and group.leader else "",
-            "members": members or []})
+        ok = group is not None and not error
+        self._reply(waiter, JoinAnswer(int(error), group.generation if ok else NO_GENERATION,
+                                       group.protocol_type if ok else None, group.protocol if ok else None,
+                                       (group.leader or "") if ok else "", member_id, members or ()))
+
+    def _sync_reply(self, waiter: Waiter, error: E, assignment: bytes = b"") -> None:
+        self._reply(waiter, SyncAnswer(int(error), assignment))
 
     def _error_only(self, waiter: Waiter, error: E) -> None:
-        self._reply(waiter, {"error": int(error)})
+        """The answer of the waiter's kind with this error and nothing else."""
+        self._reply(waiter, M.reply_class(waiter[3])(int(error)))
 
     @staticmethod
     def _waiter(worker: int, message: Any) -> Waiter:
-        return (worker, message.request_id, message.api_version)
+        return (worker, message.request_id, message.api_version, message.kind)
 
     def _unavailable(self, waiter: Waiter) -> bool:
         """Answer COORDINATOR_LOAD_IN_PROGRESS while the offsets load; True if it did."""
@@ -139,14 +144,14 @@ class GroupCoordinator:
     # -- JoinGroup ----------------------------------------------------------------------------
 
     def join_group(self, worker: int, message: Any) -> None:
-        d, waiter = message.document, self._waiter(worker, message)
-        group_id, member_id, instance_id = d["group"], d["member"], d.get("instance")
-        protocols = [(str(name), str(metadata)) for name, metadata in d["protocols"]]
+        d, waiter = message, self._waiter(worker, message)
+        group_id, member_id, instance_id = d.group, d.member, d.instance
+        protocols = [(p.name, p.metadata) for p in d.protocols]
         if self.offsets.loading:
             return self._join_reply(waiter, E.coordinator_load_in_progress, member_id)
         if not group_id:
             return self._join_reply(waiter, E.invalid_group_id, member_id)
-        if not self.config.min_session_timeout_ms <= d["session_timeout_ms"] <= self.config.max_session_timeout_ms:
+        if not self.config.min_session_timeout_ms <= d.session_timeout_ms <= self.config.max_session_timeout_ms:
             return self._join_reply(waiter, E.invalid_session_timeout, member_id)
         group = self.groups.get(group_id)
         if group is None:
@@ -159,7 +164,7 @@ class GroupCoordinator:
         joining_anew = not member_id or (member_id not in group.members and member_id not in group.pending)
         if self.config.max_size and joining_anew and len(group.members) + len(group.pending) >= self.config.max_size:
             return self._join_reply(waiter, E.group_max_size_reached, member_id)
-        if not group.supports(d["protocol_type"], protocols):
+        if not group.supports(d.protocol_type, protocols):
             return self._join_reply(waiter, E.inconsistent_group_protocol, member_id)
         if not member_id:
             self._join_new(group, d, protocols, waiter)
@@ -168,25 +173,25 @@ class GroupCoordinator:
         if group.is_(PREPARING):
             self.joins.check_and_complete(join_key(group.group_id))
 
-    def _new_member(self, member_id: str, d: dict, protocols: list, waiter: Waiter | None) -> Member:
-        return Member(member_id, d.get("instance"), d.get("client_id") or "", d.get("client_host") or "",
-                      int(d["session_timeout_ms"]), int(d["rebalance_timeout_ms"]), d["protocol_type"], protocols,
+    def _new_member(self, member_id: str, d: M.JoinGroup, protocols: list, waiter: Waiter | None) -> Member:
+        return Member(member_id, d.instance, d.client_id or "", d.client_host or "",
+                      int(d.session_timeout_ms), int(d.rebalance_timeout_ms), d.protocol_type, protocols,
                       awaiting_join=waiter)
 
-    def _join_new(self, group: Group, d: dict, protocols: list, waiter: Waiter) -> None:
-        instance_id = d.get("instance")
-        new_id = f"{instance_id or d.get('client_id') or 'member'}-{uuid.uuid4()}"
+    def _join_new(self, group: Group, d: M.JoinGroup, protocols: list, waiter: Waiter) -> None:
+        instance_id = d.instance
+        new_id = f"{instance_id or d.client_id or 'member'}-{uuid.uuid4()}"
         if instance_id is not None and group.current_static_member(instance_id) is not None:
             self._rejoin_static(group, group.current_static_member(instance_id), new_id, d, protocols, waiter)
         elif instance_id is None and waiter[2] >= REQUIRE_MEMBER_ID_VERSION:
             # KIP-394: the member must rejoin with this id; until then it is pending, with a session of its own.
             group.pending[new_id] = True
-            self.sessions.renew((group.group_id, new_id), self.clock() + int(d["session_timeout_ms"]))
+            self.sessions.renew((group.group_id, new_id), self.clock() + int(d.session_timeout_ms))
             self._join_reply(waiter, E.member_id_required, new_id)
         else:
             self._add_member_and_rebalance(group, self._new_member(new_id, d, protocols, waiter))
 
-    def _join_known(self, group: Group, member_id: str, instance_id: str | None, d: dict, protocols: list,
+    def _join_known(self, group: Group, member_id: str, instance_id: str | None, d: M.JoinGroup, protocols: list,
                     waiter: Waiter) -> None:
         if member_id in group.pending:
             del group.pending[member_id]
@@ -212,7 +217,7 @@ class GroupCoordinator:
             self._renew_session(group, member)
             self._answer_join(group, member, waiter)
 
-    def _rejoin_static(self, group: Group, old_id: str, new_id: str, d: dict, protocols: list,
+    def _rejoin_static(self, group: Group, old_id: str, new_id: str, d: M.JoinGroup, protocols: list,
                        waiter: Waiter) -> None:
         """KIP-345: a static member back with no member id takes over its instance's membership under a new id;
         if nothing changed and the group is Stable, it gets the current generation (and its assignment at
@@ -222,13 +227,13 @@ class GroupCoordinator:
             self._join_reply(old_member.awaiting_join, E.fenced_instance_id, old_id)
             old_member.awaiting_join = None
         if old_member.awaiting_sync is not None:
-            self._reply(old_member.awaiting_sync, {"error": int(E.fenced_instance_id), "assignment": ""})
+            self._sync_reply(old_member.awaiting_sync, E.fenced_instance_id)
             old_member.awaiting_sync = None
         self.sessions.forget((group.group_id, old_id))
-        member = group.replace_static_member(d["instance"], old_id, new_id)
+        member = group.replace_static_member(d.instance, old_id, new_id)
         member.protocols = protocols
-        member.session_timeout_ms = int(d["session_timeout_ms"])
-        member.rebalance_timeout_ms = int(d["rebalance_timeout_ms"])
+        member.session_timeout_ms = int(d.session_timeout_ms)
+        member.rebalance_timeout_ms = int(d.rebalance_timeout_ms)
         self._renew_session(group, member)
         if group.is_(STABLE) and group.select_protocol() == group.protocol:
             self._answer_join(group, member, waiter)
@@ -245,11 +250,11 @@ class GroupCoordinator:
         self._renew_session(group, member)
         self._maybe_prepare_rebalance(group, f"member {member.member_id} joined")
 
-    def _update_member_and_rebalance(self, group: Group, member: Member, d: dict, protocols: list,
+    def _update_member_and_rebalance(self, group: Group, member: Member, d: M.JoinGroup, protocols: list,
                                      waiter: Waiter) -> None:
         member.protocols = protocols
-        member.session_timeout_ms = int(d["session_timeout_ms"])
-        member.rebalance_timeout_ms = int(d["rebalance_timeout_ms"])
+        member.session_timeout_ms = int(d.session_timeout_ms)
+        member.rebalance_timeout_ms = int(d.rebalance_timeout_ms)
         if member.awaiting_join is not None and member.awaiting_join != waiter:
             self._join_reply(member.awaiting_join, E.rebalance_in_progress, member.member_id)
         member.awaiting_join = waiter
@@ -259,7 +264,7 @@ class GroupCoordinator:
     def _answer_join(self, group: Group, member: Member, waiter: Waiter) -> None:
         members = None
         if member.member_id == group.leader:
-            members = [[m.member_id, m.instance_id, m.metadata(group.protocol)] for m in group.members.values()]
+            members = [(m.member_id, m.instance_id, m.metadata(group.protocol)) for m in group.members.values()]
         self._join_reply(waiter, E.none, member.member_id, group, members)
 
     def _transition(self, group: Group, state: GroupState, now_ms: int) -> None:
@@ -275,9 +280,9 @@ class GroupCoordinator:
     def _prepare_rebalance(self, group: Group, reason: str) -> None:
         if group.is_(COMPLETING):  # members waiting for this generation's assignment must rejoin instead
             for member in group.members.values():
-                member.assignment = ""
+                member.assignment = b""
                 if member.awaiting_sync is not None:
-                    self._reply(member.awaiting_sync, {"error": int(E.rebalance_in_progress), "assignment": ""})
+                    self._sync_reply(member.awaiting_sync, E.rebalance_in_progress)
                     member.awaiting_sync = None
         now = self.clock()
         if group.is_(EMPTY):
@@ -363,30 +368,30 @@ class GroupCoordinator:
         return E.none
 
     def sync_group(self, worker: int, message: Any) -> None:
-        d, waiter = message.document, self._waiter(worker, message)
+        d, waiter = message, self._waiter(worker, message)
         if self.offsets.loading:
-            return self._reply(waiter, {"error": int(E.coordinator_load_in_progress), "assignment": ""})
-        group = self.groups.get(d["group"])
-        error = self._check_member(group, d["member"], d.get("instance"), d["generation"])
+            return self._sync_reply(waiter, E.coordinator_load_in_progress)
+        group = self.groups.get(d.group)
+        error = self._check_member(group, d.member, d.instance, d.generation)
         if error:
-            return self._reply(waiter, {"error": int(error), "assignment": ""})
-        member = group.members[d["member"]]
+            return self._sync_reply(waiter, error)
+        member = group.members[d.member]
         if group.is_(EMPTY):
-            return self._reply(waiter, {"error": int(E.unknown_member_id), "assignment": ""})
+            return self._sync_reply(waiter, E.unknown_member_id)
         if group.is_(PREPARING):
-            return self._reply(waiter, {"error": int(E.rebalance_in_progress), "assignment": ""})
+            return self._sync_reply(waiter, E.rebalance_in_progress)
         self._renew_session(group, member)
         if group.is_(STABLE):
-            return self._reply(waiter, {"error": int(E.none), "assignment": member.assignment})
+            return self._sync_reply(waiter, E.none, member.assignment)
         member.awaiting_sync = waiter  # CompletingRebalance: the leader's assignment decides
         if member.member_id == group.leader:
-            assignments = {str(m): str(a) for m, a in d["assignments"]}
+            assignments = {a.member: a.assignment for a in d.assignments}
             for other in group.members.values():
-                other.assignment = assignments.get(other.member_id, "")
+                other.assignment = assignments.get(other.member_id, b"")
             self._transition(group, STABLE, self.clock())
             for other in group.members.values():
                 if other.awaiting_sync is not None:
-                    self._reply(other.awaiting_sync, {"error": int(E.none), "assignment": other.assignment})
+                    self._sync_reply(other.awaiting_sync, E.none, other.assignment)
                     other.awaiting_sync = None
 
     def sync_expired(self, group: Group, generation: int) -> None:
@@ -404,14 +409,14 @@ class GroupCoordinator:
     # -- Heartbeat ----------------------------------------------------------------------------
 
     def heartbeat(self, worker: int, message: Any) -> None:
-        d, waiter = message.document, self._waiter(worker, message)
+        d, waiter = message, self._waiter(worker, message)
         if self._unavailable(waiter):
             return
-        group = self.groups.get(d["group"])
-        error = self._check_member(group, d["member"], d.get("instance"), d["generation"])
+        group = self.groups.get(d.group)
+        error = self._check_member(group, d.member, d.instance, d.generation)
         if error:
             return self._error_only(waiter, error)
-        member = group.members[d["member"]]
+        member = group.members[d.member]
         if group.is_(EMPTY):
             return self._error_only(waiter, E.unknown_member_id)
         self._renew_session(group, member)
@@ -443,21 +448,21 @@ class GroupCoordinator:
     # -- LeaveGroup ---------------------------------------------------------------------------
 
     def leave_group(self, worker: int, message: Any) -> None:
-        d, waiter = message.document, self._waiter(worker, message)
+        d, waiter = message, self._waiter(worker, message)
         if self._unavailable(waiter):
             return
-        group = self.groups.get(d["group"])
+        group = self.groups.get(d.group)
         results = []
-        for member_id, instance_id in d["members"]:
+        for member_id, instance_id in d.members:
             if group is None:
-                results.append([member_id, instance_id, int(E.unknown_member_id)])
+                results.append((member_id, instance_id, int(E.unknown_member_id)))
                 continue
             if not member_id and instance_id is not None:
                 member_id = group.current_static_member(instance_id) or ""
             if member_id in group.pending:
                 del group.pending[member_id]
                 self.sessions.forget((group.group_id, member_id))
-                results.append([member_id, instance_id, int(E.none)])
+                results.append((member_id, instance_id, int(E.none)))
                 if group.is_(PREPARING):
                     self.joins.check_and_complete(join_key(group.group_id))
                 continue
@@ -465,8 +470,8 @@ class GroupCoordinator:
             if not error:
                 self._forget(group, group.members[member_id])
                 self._after_removal(group, f"member {member_id} left")
-            results.append([member_id, instance_id, int(error)])
-        self._reply(waiter, {"error": int(E.none), "members": results})
+            results.append((member_id, instance_id, int(error)))
+        self._reply(waiter, M.reply_class(M.Kind.LEAVE_GROUP)(int(E.none), results))
 
     def _forget(self, group: Group, member: Member) -> None:
         """Drop a member: answer what it waits on, stop its session."""
@@ -474,7 +479,7 @@ class GroupCoordinator:
             self._join_reply(member.awaiting_join, E.unknown_member_id, member.member_id)
             member.awaiting_join = None
         if member.awaiting_sync is not None:
-            self._reply(member.awaiting_sync, {"error": int(E.unknown_member_id), "assignment": ""})
+            self._sync_reply(member.awaiting_sync, E.unknown_member_id)
             member.awaiting_sync = None
         self.sessions.forget((group.group_id, member.member_id))
         group.remove(member.member_id)
@@ -497,16 +502,17 @@ class GroupCoordinator:
     # -- offsets ------------------------------------------------------------------------------
 
     def commit_offsets(self, worker: int, message: Any) -> None:
-        d, waiter = message.document, self._waiter(worker, message)
-        topics = d["topics"]
+        d, waiter = message, self._waiter(worker, message)
+        topics = d.topics
 
         def answer(error_of: Callable[[str, int], E]) -> None:
-            self._reply(waiter, {"topics": [[topic, [[p[0], int(error_of(topic, p[0]))] for p in partitions]]
-                                            for topic, partitions in topics]})
+            self._reply(waiter, M.reply_class(M.Kind.COMMIT_OFFSETS)(
+                [(topic.name, [(p.partition, int(error_of(topic.name, p.partition))) for p in topic.partitions])
+                 for topic in topics]))
 
         if self.offsets.loading:
             return answer(lambda t, p: E.coordinator_load_in_progress)
-        group_id, member_id, generation = d["group"], d["member"], d["generation"]
+        group_id, member_id, generation = d.group, d.member, d.generation
         if not group_id:
             return answer(lambda t, p: E.invalid_group_id)
         group = self.groups.get(group_id)
@@ -521,7 +527,7 @@ class GroupCoordinator:
         elif group.is_(COMPLETING):
             error = E.rebalance_in_progress
         else:
-            error = self._check_member(group, member_id, d.get("instance"), generation)
+            error = self._check_member(group, member_id, d.instance, generation)
         if error:
             return answer(lambda t, p: error)
         entries, refused = {}, {}
@@ -549,43 +555,43 @@ class GroupCoordinator:
         self.offsets.commit(group_id, entries, self.clock(), durable)
 
     def fetch_offsets(self, worker: int, message: Any) -> None:
-        d, waiter = message.document, self._waiter(worker, message)
+        d, waiter = message, self._waiter(worker, message)
         if self.offsets.loading:  # v0-1 have no top-level error: each partition carries it
             loading = int(E.coordinator_load_in_progress)
-            return self._reply(waiter, {"error": loading, "topics": [
-                [t, [[p, -1, -1, "", loading] for p in partitions]] for t, partitions in (d["topics"] or [])]})
-        wanted = None if d["topics"] is None else [(t, p) for t, partitions in d["topics"] for p in partitions]
-        found = self.offsets.fetch(d["group"], wanted)
+            return self._reply(waiter, FetchOffsetsAnswer(loading, [
+                (t, [(p, -1, -1, "", loading) for p in partitions]) for t, partitions in (d.topics or [])]))
+        wanted = None if d.topics is None else [(t, p) for t, partitions in d.topics for p in partitions]
+        found = self.offsets.fetch(d.group, wanted)
         by_topic: dict[str, list] = {}
         for (topic, partition), entry in found.items():
-            row = [partition, -1, -1, "", int(E.none)] if entry is None else \
-                [partition, entry.offset, entry.leader_epoch, entry.metadata, int(E.none)]
+            row = (partition, -1, -1, "", int(E.none)) if entry is None else \
+                (partition, entry.offset, entry.leader_epoch, entry.metadata, int(E.none))
             by_topic.setdefault(topic, []).append(row)
-        self._reply(waiter, {"error": int(E.none), "topics": [[t, rows] for t, rows in by_topic.items()]})
+        self._reply(waiter, FetchOffsetsAnswer(int(E.none), list(by_topic.items())))
 
     def delete_offsets(self, worker: int, message: Any) -> None:
-        d, waiter = message.document, self._waiter(worker, message)
+        d, waiter = message, self._waiter(worker, message)
         if self._unavailable(waiter):
             return
-        group = self.groups.get(d["group"])
+        group = self.groups.get(d.group)
         if group is None or group.is_(DEAD):
-            return self._reply(waiter, {"error": int(E.group_id_not_found), "topics": []})
+            return self._error_only(waiter, E.group_id_not_found)
         if group.members and group.protocol_type != "consumer":
-            return self._reply(waiter, {"error": int(E.non_empty_group), "topics": []})
+            return self._error_only(waiter, E.non_empty_group)
         subscribed = group.subscribed_topics() if group.members else set()
         deletable, results = [], []
-        for topic, partitions in d["topics"]:
+        for topic, partitions in d.topics:
             rows = []
             for partition in partitions:
                 if subscribed is None or topic in subscribed:
-                    rows.append([partition, int(E.group_subscribed_to_topic)])
+                    rows.append((partition, int(E.group_subscribed_to_topic)))
                 else:
                     deletable.append((topic, partition))
-                    rows.append([partition, int(E.none)])
-            results.append([topic, rows])
+                    rows.append((partition, int(E.none)))
+            results.append((topic, rows))
 
         def durable(flushed: bool, fault: bool = False) -> None:
-            self._reply(waiter, {"error": int(E.none), "topics": results})
+            self._reply(waiter, M.reply_class(M.Kind.DELETE_OFFSETS)(int(E.none), results))
 
         self.offsets.delete(group.group_id, deletable, self.clock(), durable)
 
@@ -595,45 +601,45 @@ class GroupCoordinator:
         waiter = self._waiter(worker, message)
         if self._unavailable(waiter):
             return
-        self._reply(waiter, {"error": int(E.none), "groups": [[g.group_id, g.protocol_type or ""]
-                                                              for g in self.groups.values() if not g.is_(DEAD)]})
+        self._reply(waiter, M.reply_class(M.Kind.LIST_GROUPS)(
+            int(E.none), [(g.group_id, g.protocol_type or "") for g in self.groups.values() if not g.is_(DEAD)]))
 
     def describe_groups(self, worker: int, message: Any) -> None:
         waiter = self._waiter(worker, message)
         described = []
-        for group_id in message.document["groups"]:
+        for group_id in message.groups:
             if self.offsets.loading:
-                described.append([int(E.coordinator_load_in_progress), group_id, "", "", "", []])
+                described.append((int(E.coordinator_load_in_progress), group_id, "", "", "", ()))
                 continue
             group = self.groups.get(group_id)
             if group is None:
-                described.append([int(E.none), group_id, DEAD.value, "", "", []])
+                described.append((int(E.none), group_id, DEAD.value, "", "", ()))
                 continue
             stable = group.is_(STABLE)
-            members = [[m.member_id, m.instance_id, m.client_id, m.client_host,
-                        m.metadata(group.protocol) if group.protocol and stable else "",
-                        m.assignment if stable else ""] for m in group.members.values()]
-            described.append([int(E.none), group_id, group.state.value, group.protocol_type or "",
-                              (group.protocol or "") if stable else "", members])
-        self._reply(waiter, {"groups": described})
+            members = [(m.member_id, m.instance_id, m.client_id, m.client_host,
+                        m.metadata(group.protocol) if group.protocol and stable else b"",
+                        m.assignment if stable else b"") for m in group.members.values()]
+            described.append((int(E.none), group_id, group.state.value, group.protocol_type or "",
+                              (group.protocol or "") if stable else "", members))
+        self._reply(waiter, M.reply_class(M.Kind.DESCRIBE_GROUPS)(described))
 
     def delete_groups(self, worker: int, message: Any) -> None:
         waiter = self._waiter(worker, message)
         results, now = [], self.clock()
-        for group_id in message.document["groups"]:
+        for group_id in message.groups:
             group = self.groups.get(group_id)
             if self.offsets.loading:
-                results.append([group_id, int(E.coordinator_load_in_progress)])
+                results.append((group_id, int(E.coordinator_load_in_progress)))
             elif group is None or group.is_(DEAD):
-                results.append([group_id, int(E.group_id_not_found)])
+                results.append((group_id, int(E.group_id_not_found)))
             elif not group.is_(EMPTY):
-                results.append([group_id, int(E.non_empty_group)])
+                results.append((group_id, int(E.non_empty_group)))
             else:
                 self._transition(group, DEAD, now)
                 del self.groups[group_id]
                 self.offsets.delete(group_id, None, now)
-                results.append([group_id, int(E.none)])
-        self._reply(waiter, {"results": results})
+                results.append((group_id, int(E.none)))
+        self._reply(waiter, M.reply_class(M.Kind.DELETE_GROUPS)(results))
 
     # -- chores -------------------------------------------------------------------------------
 

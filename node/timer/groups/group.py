@@ -20,8 +20,6 @@ Invariants:
 
 from __future__ import annotations
 
-import base64
-import binascii
 import enum
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,8 +33,8 @@ class GroupState(enum.Enum):
     DEAD = "Dead"
 
 
-# A request that waits for its answer: (worker, request id, API version).
-Waiter = tuple[int, int, int]
+# A request that waits for its answer: (worker, request id, API version, its message kind).
+Waiter = tuple[int, int, int, int]
 
 
 @dataclass
@@ -48,18 +46,18 @@ class Member:
     session_timeout_ms: int
     rebalance_timeout_ms: int
     protocol_type: str
-    protocols: list[tuple[str, str]]  # (name, metadata as base64), in the member's order of preference
-    assignment: str = ""  # base64
+    protocols: list[tuple[str, bytes]]  # (name, metadata), in the member's order of preference
+    assignment: bytes = b""
     awaiting_join: Waiter | None = None
     awaiting_sync: Waiter | None = None
 
-    def metadata(self, protocol: str) -> str:
+    def metadata(self, protocol: str) -> bytes:
         for name, metadata in self.protocols:
             if name == protocol:
                 return metadata
-        return ""
+        return b""
 
-    def same_protocols(self, protocols: list[tuple[str, str]]) -> bool:
+    def same_protocols(self, protocols: list[tuple[str, bytes]]) -> bool:
         return self.protocols == protocols
 
 
@@ -101,7 +99,7 @@ class Group:
         sets = [{name for name, _ in m.protocols} for m in self.members.values()]
         return set.intersection(*sets) if sets else set()
 
-    def supports(self, protocol_type: str, protocols: list[tuple[str, str]]) -> bool:
+    def supports(self, protocol_type: str, protocols: list[tuple[str, bytes]]) -> bool:
         """Could a member with these protocols join? Kafka's supportsProtocols."""
         if self.is_(GroupState.EMPTY):
             return bool(protocol_type) and bool(protocols)
@@ -176,11 +174,9 @@ class Group:
         self.transition(GroupState.COMPLETING_REBALANCE, now_ms)
 
 
-def consumer_subscription(encoded: str) -> set[str] | None:
-    """The topics of a consumer-protocol Subscription (version i16, topics [string], ...), given as base64;
-    None if malformed."""
+def consumer_subscription(metadata: bytes) -> set[str] | None:
+    """The topics of a consumer-protocol Subscription (version i16, topics [string], ...); None if malformed."""
     try:
-        metadata = base64.b64decode(encoded, validate=True)
         if len(metadata) < 6:
             return None
         count = int.from_bytes(metadata[2:6], "big", signed=True)
@@ -190,5 +186,5 @@ def consumer_subscription(encoded: str) -> set[str] | None:
             topics.add(metadata[position + 2:position + 2 + size].decode())
             position += 2 + size
         return topics
-    except (UnicodeDecodeError, ValueError, binascii.Error):
+    except (UnicodeDecodeError, ValueError):
         return None
