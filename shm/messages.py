@@ -135,13 +135,13 @@ Encoder = Callable[[bytearray, Any], None]
 Decoder = Callable[[Any, int], tuple[Any, int]]  # (buffer, position) -> (value, next position)
 
 
-def _text_codec(kind: str) -> tuple[Encoder, Decoder]:
+def _text_codec(field_name: str, kind: str) -> tuple[Encoder, Decoder]:
     nullable, raw = kind == OPT_STR, kind == BYTES
 
     def encode(out: bytearray, value: Any) -> None:
         if value is None:
             if not nullable:
-                raise MessageError(f"a {kind} field cannot be None")
+                raise MessageError(f"{field_name} cannot be None")
             out += _NULL
             return
         data = value if raw else value.encode()
@@ -153,11 +153,11 @@ def _text_codec(kind: str) -> tuple[Encoder, Decoder]:
         pos += 4
         if length == NULL_LENGTH:
             if not nullable:
-                raise MessageError(f"a {kind} field is None")
+                raise MessageError(f"{field_name} is None")
             return None, pos
         end = pos + length
         if end > len(buf):
-            raise MessageError(f"a {kind} field of {length} bytes runs past the frame")
+            raise MessageError(f"{field_name}: {length} bytes run past the frame")
         return (bytes(buf[pos:end]) if raw else str(buf[pos:end], "utf-8")), end
 
     return encode, decode
@@ -199,45 +199,21 @@ class Record:
         self._decoders.append(decode)
 
     def _add_field(self, index: int, field_name: str, kind: Any) -> None:
-        if kind in (STR, OPT_STR, BYTES):  # the common case, written out: one call per field each way
-            nullable, raw = kind == OPT_STR, kind == BYTES
-
-            def encode(out: bytearray, values: tuple) -> None:
-                value = values[index]
-                if value is None:
-                    if not nullable:
-                        raise MessageError(f"{field_name} cannot be None")
-                    out += _NULL
-                    return
-                data = value if raw else value.encode()
-                out += _U32.pack(len(data))
-                out += data
-
-            def decode(buf: Any, pos: int, values: list) -> int:
-                (length,) = _U32.unpack_from(buf, pos)
-                pos += 4
-                if length == NULL_LENGTH:
-                    if not nullable:
-                        raise MessageError(f"{field_name} is None")
-                    values.append(None)
-                    return pos
-                end = pos + length
-                if end > len(buf):
-                    raise MessageError(f"{field_name}: {length} bytes run past the frame")
-                values.append(bytes(buf[pos:end]) if raw else str(buf[pos:end], "utf-8"))
-                return end
+        if kind in (STR, OPT_STR, BYTES):
+            encode_value, decode_value = _text_codec(field_name, kind)
         elif isinstance(kind, Array):
             encode_value, decode_value = _array_codec(field_name, kind)
-
-            def encode(out: bytearray, values: tuple) -> None:
-                encode_value(out, values[index])
-
-            def decode(buf: Any, pos: int, values: list) -> int:
-                value, pos = decode_value(buf, pos)
-                values.append(value)
-                return pos
         else:
             raise TypeError(f"field {field_name}: unknown type {kind!r}")
+
+        def encode(out: bytearray, values: tuple) -> None:
+            encode_value(out, values[index])
+
+        def decode(buf: Any, pos: int, values: list) -> int:
+            value, pos = decode_value(buf, pos)
+            values.append(value)
+            return pos
+
         self._encoders.append(encode)
         self._decoders.append(decode)
 
@@ -281,7 +257,7 @@ def _array_codec(field_name: str, array: Array) -> tuple[Encoder, Decoder]:
             return list(struct.unpack_from(f"<{count}{code}", buf, pos)), pos + count * size
     else:
         if element in (STR, OPT_STR, BYTES):
-            encode_one, decode_one = _text_codec(element)
+            encode_one, decode_one = _text_codec(field_name, element)
         elif hasattr(element, "layout"):
             encode_one = element.layout.encode_into
             decode_one = element.layout.decode_from
@@ -460,15 +436,15 @@ QuotaUsage = declare(Kind.QUOTA_USAGE, body=[("report", "Q")], fields=[("clients
 Throttle = declare(Kind.THROTTLE, body=[("request_id", "Q"), ("deadline_ms", "q"), ("throttle_ms", "I"),
                                         ("quota_kind", "B")], fields=[("client", STR)]).tuple_class
 Completion = declare(Kind.COMPLETION, items=[("request_id", "Q"), ("status", "B"), ("error_code", "h")]).tuple_class
-Reply = declare(Kind.REPLY, body=[("request_id", "Q"), ("of_kind", "B")], fields=[]).tuple_class
+# A REPLY's frame: its body, then the answer in its request kind's reply layout (see encode_reply, decode).
+declare(Kind.REPLY, body=[("request_id", "Q"), ("of_kind", "B")], fields=[])
 TimerStarted = declare(Kind.TIMER_STARTED, body=[("pid", "I")]).tuple_class
 Layout = declare(Kind.LAYOUT, body=[("catalog_version", "Q")]).tuple_class
 QuotaState = declare(Kind.QUOTA_STATE, fields=[("rates", Array(ClientRate)),
                                                 ("counted", Array(CountedReport))]).tuple_class
 # A REPLY decodes to (request_id, of_kind, answer): the answer in its request kind's reply layout.
-_REPLY_TUPLE = namedtuple("Reply", ["request_id", "of_kind", "answer"])
-_REPLY_TUPLE.kind = Kind.REPLY
-Reply = _REPLY_TUPLE
+Reply = namedtuple("Reply", ["request_id", "of_kind", "answer"])
+Reply.kind = Kind.REPLY
 
 
 def encode(kind: Kind, *values: Any, items: Iterable[tuple] = (), document: Any = None) -> bytes:
