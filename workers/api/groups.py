@@ -112,8 +112,8 @@ class GroupHandlers:
         def answer(outcome: Any) -> Outcome:
             if outcome is None:
                 return refuse(E.ErrorCode.coordinator_not_available)
-            members = tuple(entity(req, "JoinGroupResponseMember", member_id=m.member, group_instance_id=m.instance,
-                                   metadata=m.metadata) for m in outcome.members)
+            members = tuple(entity(req, "JoinGroupResponseMember", member_id=member, group_instance_id=instance,
+                                   metadata=metadata) for member, instance, metadata in outcome.members)
             return reply(req, entity(
                 req, "JoinGroupResponse", throttle_time=ZERO_THROTTLE, error_code=code(outcome.error),
                 generation_id=i32(outcome.generation), protocol_type=outcome.protocol_type,
@@ -162,11 +162,11 @@ class GroupHandlers:
                 outcome = LeaveAnswer(int(E.ErrorCode.coordinator_not_available), [])
             error = code(outcome.error)
             if not hasattr(request, "members") and outcome.members and not error:  # v0-2: the one member's error
-                error = code(outcome.members[0].error)
+                error = code(outcome.members[0][2])
             return reply(req, entity(
                 req, "LeaveGroupResponse", throttle_time=ZERO_THROTTLE, error_code=error,
-                members=tuple(entity(req, "MemberResponse", member_id=m.member, group_instance_id=m.instance,
-                                     error_code=code(m.error)) for m in outcome.members)))
+                members=tuple(entity(req, "MemberResponse", member_id=member, group_instance_id=instance,
+                                     error_code=code(member_error)) for member, instance, member_error in outcome.members)))
 
         return self._ask(req, M.Kind.LEAVE_GROUP, (request.group_id, leaving), self.config.timer.control_timeout_ms,
                          answer, lambda error: answer(LeaveAnswer(int(error), [])))
@@ -182,14 +182,13 @@ class GroupHandlers:
             if outcome is None:
                 return refuse(E.REQUEST_TIMED_OUT)
             return reply(req, entity(req, "OffsetCommitResponse", throttle_time=ZERO_THROTTLE, topics=tuple(
-                entity(req, "OffsetCommitResponseTopic", name=topic.name, partitions=tuple(
-                    entity(req, "OffsetCommitResponsePartition", partition_index=i32(p.partition),
-                           error_code=code(p.error)) for p in topic.partitions)) for topic in outcome.topics)))
+                entity(req, "OffsetCommitResponseTopic", name=name, partitions=tuple(
+                    entity(req, "OffsetCommitResponsePartition", partition_index=i32(partition),
+                           error_code=code(error)) for partition, error in partitions))
+                for name, partitions in outcome.topics)))
 
         def refuse(error: E.ErrorCode) -> Outcome:
-            return answer(CommitAnswer([M.TopicPartitionErrors(name, [M.PartitionError(p[0], int(error))
-                                                                     for p in parts])
-                                        for name, parts in topics]))
+            return answer(CommitAnswer([(name, [(p[0], int(error)) for p in parts]) for name, parts in topics]))
 
         return self._ask(req, M.Kind.COMMIT_OFFSETS, fields, self.config.timer.control_timeout_ms, answer, refuse,
                          int(request.generation_id_or_member_epoch))
@@ -202,11 +201,12 @@ class GroupHandlers:
                 return refuse(E.ErrorCode.coordinator_not_available)
             return reply(req, entity(req, "OffsetFetchResponse", throttle_time=ZERO_THROTTLE,
                                      error_code=code(outcome.error),
-                                     topics=tuple(entity(req, "OffsetFetchResponseTopic", name=t.name, partitions=tuple(
-                                         entity(req, "OffsetFetchResponsePartition", partition_index=i32(p.partition),
-                                                committed_offset=i64(p.offset), committed_leader_epoch=i32(p.leader_epoch),
-                                                metadata=p.metadata, error_code=code(p.error))
-                                         for p in t.partitions)) for t in outcome.topics)))
+                                     topics=tuple(entity(req, "OffsetFetchResponseTopic", name=name, partitions=tuple(
+                                         entity(req, "OffsetFetchResponsePartition", partition_index=i32(partition),
+                                                committed_offset=i64(offset), committed_leader_epoch=i32(epoch),
+                                                metadata=metadata, error_code=code(error))
+                                         for partition, offset, epoch, metadata, error in partitions))
+                                         for name, partitions in outcome.topics)))
 
         def refuse(error: E.ErrorCode) -> Outcome:
             return answer(refused_offsets(int(error), wanted))
@@ -222,9 +222,10 @@ class GroupHandlers:
                 outcome = DeleteOffsetsAnswer(int(E.ErrorCode.coordinator_not_available), [])
             return reply(req, entity(
                 req, "OffsetDeleteResponse", throttle_time=ZERO_THROTTLE, error_code=code(outcome.error),
-                topics=tuple(entity(req, "OffsetDeleteResponseTopic", name=t.name, partitions=tuple(
-                    entity(req, "OffsetDeleteResponsePartition", partition_index=i32(p.partition),
-                           error_code=code(p.error)) for p in t.partitions)) for t in outcome.topics)))
+                topics=tuple(entity(req, "OffsetDeleteResponseTopic", name=name, partitions=tuple(
+                    entity(req, "OffsetDeleteResponsePartition", partition_index=i32(partition),
+                           error_code=code(error)) for partition, error in partitions))
+                    for name, partitions in outcome.topics)))
 
         return self._ask(req, M.Kind.DELETE_OFFSETS, (request.group_id, wanted), self.config.timer.control_timeout_ms,
                          answer, lambda error: answer(DeleteOffsetsAnswer(int(error), [])))
@@ -237,8 +238,8 @@ class GroupHandlers:
                 outcome = ListAnswer(int(E.ErrorCode.coordinator_not_available), [])
             return reply(req, entity(req, "ListGroupsResponse", throttle_time=ZERO_THROTTLE,
                                      error_code=code(outcome.error), groups=tuple(
-                                         entity(req, "ListedGroup", group_id=g.group, protocol_type=g.protocol_type)
-                                         for g in outcome.groups)))
+                                         entity(req, "ListedGroup", group_id=group, protocol_type=protocol_type)
+                                         for group, protocol_type in outcome.groups)))
 
         return self._ask(req, M.Kind.LIST_GROUPS, (), self.config.timer.control_timeout_ms, answer,
                          lambda error: answer(ListAnswer(int(error), [])))
@@ -251,17 +252,16 @@ class GroupHandlers:
             if outcome is None:
                 return refuse(E.ErrorCode.coordinator_not_available)
             return reply(req, entity(req, "DescribeGroupsResponse", throttle_time=ZERO_THROTTLE, groups=tuple(
-                entity(req, "DescribedGroup", error_code=code(g.error), group_id=g.group, group_state=g.state,
-                       protocol_type=g.protocol_type, protocol_data=g.protocol, authorized_operations=i32(operations),
-                       members=tuple(entity(req, "DescribedGroupMember", member_id=m.member,
-                                            group_instance_id=m.instance, client_id=m.client_id,
-                                            client_host=m.client_host, member_metadata=m.metadata,
-                                            member_assignment=m.assignment)
-                                     for m in g.members))
-                for g in outcome.groups)))
+                entity(req, "DescribedGroup", error_code=code(error), group_id=group, group_state=state,
+                       protocol_type=protocol_type, protocol_data=protocol, authorized_operations=i32(operations),
+                       members=tuple(entity(req, "DescribedGroupMember", member_id=member, group_instance_id=instance,
+                                            client_id=client_id, client_host=client_host, member_metadata=metadata,
+                                            member_assignment=assignment)
+                                     for member, instance, client_id, client_host, metadata, assignment in members))
+                for error, group, state, protocol_type, protocol, members in outcome.groups)))
 
         def refuse(error: E.ErrorCode) -> Outcome:
-            return answer(DescribeAnswer([M.DescribedGroup(int(error), g, "", "", "", []) for g in names]))
+            return answer(DescribeAnswer([(int(error), g, "", "", "", ()) for g in names]))
 
         return self._ask(req, M.Kind.DESCRIBE_GROUPS, (names,), self.config.timer.control_timeout_ms, answer, refuse)
 
@@ -272,11 +272,11 @@ class GroupHandlers:
             if outcome is None:
                 return refuse(E.ErrorCode.coordinator_not_available)
             return reply(req, entity(req, "DeleteGroupsResponse", throttle_time=ZERO_THROTTLE, results=tuple(
-                entity(req, "DeletableGroupResult", group_id=r.group, error_code=code(r.error))
-                for r in outcome.results)))
+                entity(req, "DeletableGroupResult", group_id=group, error_code=code(error))
+                for group, error in outcome.results)))
 
         def refuse(error: E.ErrorCode) -> Outcome:
-            return answer(DeleteGroupsAnswer([M.GroupError(g, int(error)) for g in names]))
+            return answer(DeleteGroupsAnswer([(g, int(error)) for g in names]))
 
         return self._ask(req, M.Kind.DELETE_GROUPS, (names,), self.config.timer.control_timeout_ms, answer, refuse)
 
@@ -284,5 +284,4 @@ class GroupHandlers:
 def refused_offsets(error: int, wanted: list | None) -> Any:
     """An OffsetFetch answer that refuses every partition asked for (v0-1 have no top-level error: each partition
     carries it)."""
-    return FetchOffsetsAnswer(error, [M.TopicOffsets(name, [M.PartitionOffset(p, -1, -1, "", error) for p in parts])
-                                      for name, parts in (wanted or [])])
+    return FetchOffsetsAnswer(error, [(name, [(p, -1, -1, "", error) for p in parts]) for name, parts in (wanted or [])])

@@ -146,7 +146,7 @@ class GroupCoordinator:
     def join_group(self, worker: int, message: Any) -> None:
         d, waiter = message, self._waiter(worker, message)
         group_id, member_id, instance_id = d.group, d.member, d.instance
-        protocols = [(p.name, p.metadata) for p in d.protocols]
+        protocols = list(d.protocols)  # (name, metadata) pairs
         if self.offsets.loading:
             return self._join_reply(waiter, E.coordinator_load_in_progress, member_id)
         if not group_id:
@@ -385,7 +385,7 @@ class GroupCoordinator:
             return self._sync_reply(waiter, E.none, member.assignment)
         member.awaiting_sync = waiter  # CompletingRebalance: the leader's assignment decides
         if member.member_id == group.leader:
-            assignments = {a.member: a.assignment for a in d.assignments}
+            assignments = dict(d.assignments)  # member id -> its assignment
             for other in group.members.values():
                 other.assignment = assignments.get(other.member_id, b"")
             self._transition(group, STABLE, self.clock())
@@ -507,8 +507,7 @@ class GroupCoordinator:
 
         def answer(error_of: Callable[[str, int], E]) -> None:
             self._reply(waiter, M.reply_class(M.Kind.COMMIT_OFFSETS)(
-                [(topic.name, [(p.partition, int(error_of(topic.name, p.partition))) for p in topic.partitions])
-                 for topic in topics]))
+                [(topic, [(p[0], int(error_of(topic, p[0]))) for p in partitions]) for topic, partitions in topics]))
 
         if self.offsets.loading:
             return answer(lambda t, p: E.coordinator_load_in_progress)
