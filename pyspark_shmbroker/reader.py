@@ -29,6 +29,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
+from pyspark_shmbroker import dependencies  # noqa: F401  (first: without them, an error saying what to do)
 import pyarrow as pa
 from kio.schema.errors import ErrorCode
 from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition

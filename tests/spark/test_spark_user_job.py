@@ -5,6 +5,11 @@ from librdkafka through `spark.read.format("shmbroker")`.
 - From a directory outside the checkout, with PYSPARK_PYTHON the venv's Python, Spark's Python worker
   finds the source by itself (pkgutil over sys.path: the install must be path-based) and the rows come
   back.
+- Without the venv activated and PYSPARK_PYTHON unset, Spark's Python workers run `python3` on PATH, a
+  Python without the connector's dependencies: the read fails with the connector's message naming what is
+  missing, that Python and the fix (not Spark's DATA_SOURCE_NOT_FOUND). Every module of the connector
+  that needs a dependency fails with that message in such a Python; the package itself imports there, as
+  Spark's lookup of data sources needs.
 
 Invariants of every run: the job's JVM and the Python workers it started are gone afterwards (checked by
 pid, killed by pid only if they outlive the job); the job's TMPDIR is left empty.
@@ -18,6 +23,7 @@ import os
 import subprocess
 import sys
 import threading
+import venv
 from pathlib import Path
 
 import psutil
@@ -26,6 +32,7 @@ from spark_testing import create_topic, produce
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 import sparkjob  # noqa: E402
+from nodeproc import free_port  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 VENV_PYTHON = sys.executable  # the tests run with the venv's Python (make test)
@@ -157,3 +164,70 @@ def test_a_user_job_outside_the_checkout_finds_the_source_and_reads(node_factory
     assert "error" not in answer, answer["error"][:3000]
     got = sorted(answer["rows"], key=lambda row: (row[2], row[3], row[4]))
     assert got == as_rows(produced)
+
+
+@pytest.fixture
+def bare_python(tmp_path) -> Path:
+    """A Python with nothing installed (a venv of the base interpreter, no pip): like the system python3,
+    it lacks the connector's dependencies. Its bin holds python and python3."""
+    venv.create(tmp_path / "bare", with_pip=False, symlinks=True)
+    python = tmp_path / "bare" / "bin" / "python3"
+    lacks = subprocess.run([python, "-c", "import kio"], capture_output=True, text=True, timeout=60)
+    assert lacks.returncode != 0 and "No module named 'kio'" in lacks.stderr, lacks
+    return python
+
+
+def the_fix() -> str:
+    """The PYSPARK_PYTHON the message suggests: the checkout's venv where there is one."""
+    checkout_venv = REPO / ".venv" / "bin" / "python"
+    return f"PYSPARK_PYTHON={checkout_venv if checkout_venv.exists() else '<venv>/bin/python'}"
+
+
+def test_a_worker_python_without_the_dependencies_fails_saying_how_to_run_spark(tmp_path, bare_python):
+    # The user runs the venv's Python on a job in the checkout without activating the venv: `python3` on
+    # PATH (here the bare Python) runs Spark's Python workers, and sees the checkout through its cwd.
+    # The read fails before it contacts a broker, so none listens on the port.
+    listing = sorted(os.listdir(REPO))
+    path = os.pathsep.join([str(bare_python.parent), os.environ.get("PATH", "")])
+    answer = run_user_job(tmp_path, f"127.0.0.1:{free_port()}", "orders", REPO, PATH=path)
+    error = answer.get("error", "")
+    # Before the connector said what to do: the lookup's import error only in a log warning, and the read
+    # failing with DATA_SOURCE_NOT_FOUND.
+    assert "DATA_SOURCE_NOT_FOUND" not in error, error[:3000]
+    assert "pyspark_shmbroker needs kio, cramjam, crc32c, numpy, pyarrow" in error, error[:3000]
+    assert f"which the Python {bare_python} lacks" in error
+    assert "activate that venv" in error and the_fix() in error
+    assert sorted(os.listdir(REPO)) == listing  # the job left nothing in the checkout
+
+
+def test_each_module_needing_a_dependency_names_the_fix_in_a_python_without_them(tmp_path, bare_python):
+    # What Spark's workers have on their path: the checkout (cwd or PYTHONPATH) and pyspark's own zips.
+    import pyspark
+
+    zips = sorted(str(z) for z in (Path(pyspark.__file__).parent / "python" / "lib").glob("*.zip"))
+    assert len(zips) == 2, zips  # pyspark.zip and py4j's
+    modules = ("wire", "options", "offsets", "records", "producer", "reader", "writer")
+    probe = f"""
+import json, importlib
+import pyspark_shmbroker
+out = {{"name": pyspark_shmbroker.DefaultSource.name()}}
+for module in {modules!r}:
+    try:
+        importlib.import_module("pyspark_shmbroker." + module)
+        out[module] = None
+    except ModuleNotFoundError as error:
+        out[module] = [error.name, str(error)]
+print(json.dumps(out))
+"""
+    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONHOME")}
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), *zips])
+    done = subprocess.run([bare_python, "-c", probe], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr[-3000:]  # the package imports with pyspark alone
+    found = json.loads(done.stdout)
+    assert found.pop("name") == "shmbroker"
+    for module, (name, message) in found.items():
+        assert name == "kio", module
+        assert message.startswith("pyspark_shmbroker needs kio, cramjam, crc32c, numpy, pyarrow, which the Python "
+                                  f"{bare_python} lacks. "), (module, message)
+        assert the_fix() in message, (module, message)
