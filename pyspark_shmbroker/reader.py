@@ -312,4 +312,4 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return _read(self.options, partition)
 
     def commit(self, end: dict) -> None:
-        """Nothing to do: offsets live in Spark's checkpoint (the node has no consumer groups)."""
+        """Nothing to do: offsets live in Spark's checkpoint; nothing is committed to a consumer group."""
