@@ -52,8 +52,8 @@ CONSUMER_CLIENT_OPTIONS = ("client.id", "request.timeout.ms", "fetch.max.bytes",
 PRODUCER_CLIENT_OPTIONS = ("client.id", "request.timeout.ms", "acks", "enable.idempotence", "compression.type",
                            "batch.size", "max.in.flight.requests.per.connection", "delivery.timeout.ms",
                            "retry.backoff.ms", "max.request.size", "security.protocol")
-# Accepted and not used, as in Spark's Kafka source: there are no consumer groups to name (the node has
-# none, and neither the connector nor Spark's Kafka source commits offsets to one).
+# Accepted and not used, as in Spark's Kafka source: the connector joins no consumer group and, like Spark's
+# Kafka source, commits no offsets to the node's consumer groups.
 ACCEPTED_AND_IGNORED = {
     "groupidprefix": "consumer group names are not used: offsets live in Spark's checkpoint",
     "kafka.group.id": "consumer group names are not used: offsets live in Spark's checkpoint",

@@ -35,6 +35,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Iterable
 
+from pyspark_shmbroker import dependencies  # noqa: F401  (first: without them, an error saying what to do)
 import cramjam
 import crc32c
 import numpy as np

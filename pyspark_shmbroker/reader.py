@@ -29,6 +29,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
+from pyspark_shmbroker import dependencies  # noqa: F401  (first: without them, an error saying what to do)
 import pyarrow as pa
 from kio.schema.errors import ErrorCode
 from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
@@ -311,4 +312,4 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return _read(self.options, partition)
 
     def commit(self, end: dict) -> None:
-        """Nothing to do: offsets live in Spark's checkpoint (the node has no consumer groups)."""
+        """Nothing to do: offsets live in Spark's checkpoint; nothing is committed to a consumer group."""

@@ -42,6 +42,7 @@ import struct
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+from pyspark_shmbroker import dependencies  # noqa: F401  (first: without them, an error saying what to do)
 import cramjam
 import crc32c
 import numpy as np

@@ -10,9 +10,15 @@ Invariants:
   depend on the kind of query (batch or streaming) run when the query is planned; sink options and
   columns when the write is planned. Nothing here contacts the node.
 - The schema is Spark's Kafka source schema, headers included only with includeHeaders=true.
+- Importing this module needs pyspark only. Spark's lookup of data sources imports the package in a
+  Python worker; the modules that need kio, pyarrow and the rest are imported when the source is used,
+  so a worker Python without them fails in the user's query with ``dependencies``' message naming the
+  fix (an import error during the lookup only shows in a log warning, then as DATA_SOURCE_NOT_FOUND).
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, DataSourceStreamWriter
 from pyspark.sql.datasource import DataSourceWriter
@@ -27,9 +33,8 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from pyspark_shmbroker.options import OptionError, SinkOptions, SourceOptions
-from pyspark_shmbroker.reader import BatchReader, StreamReader
-from pyspark_shmbroker.writer import ArrowWriter, RowWriter, SinkColumns, StreamArrowWriter, StreamRowWriter
+if TYPE_CHECKING:
+    from pyspark_shmbroker.options import SourceOptions
 
 HEADERS_TYPE = ArrayType(StructType([StructField("key", StringType()), StructField("value", BinaryType())]))
 
@@ -46,6 +51,8 @@ def kafka_schema(include_headers: bool) -> StructType:
 
 
 def _refuse_overwrite(overwrite: bool) -> None:
+    from pyspark_shmbroker.options import OptionError
+
     if overwrite:
         raise OptionError("the shmbroker sink only appends to topics: use .mode('append') (a topic cannot be "
                           "overwritten)")
@@ -59,6 +66,8 @@ class DefaultSource(DataSource):
         return "shmbroker"
 
     def _source_options(self) -> SourceOptions:
+        from pyspark_shmbroker.options import SourceOptions
+
         return SourceOptions.parse(self.options)
 
     def schema(self) -> StructType:
@@ -68,28 +77,40 @@ class DefaultSource(DataSource):
         options = self._source_options()
         options.check_batch()
         _check_schema(schema, options)
+        from pyspark_shmbroker.reader import BatchReader
+
         return BatchReader(options)
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         options = self._source_options()
         options.check_streaming()
         _check_schema(schema, options)
+        from pyspark_shmbroker.reader import StreamReader
+
         return StreamReader(options)
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
         _refuse_overwrite(overwrite)
+        from pyspark_shmbroker.options import SinkOptions
+        from pyspark_shmbroker.writer import ArrowWriter, RowWriter, SinkColumns
+
         options = SinkOptions.parse(self.options)
         columns = SinkColumns.check(schema, options)
         return ArrowWriter(options, columns) if options.use_arrow else RowWriter(options, columns)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
         _refuse_overwrite(overwrite)
+        from pyspark_shmbroker.options import SinkOptions
+        from pyspark_shmbroker.writer import SinkColumns, StreamArrowWriter, StreamRowWriter
+
         options = SinkOptions.parse(self.options)
         columns = SinkColumns.check(schema, options)
         return StreamArrowWriter(options, columns) if options.use_arrow else StreamRowWriter(options, columns)
 
 
 def _check_schema(schema: StructType, options: SourceOptions) -> None:
+    from pyspark_shmbroker.options import OptionError
+
     expected = kafka_schema(options.include_headers)
     if [(f.name, f.dataType) for f in schema.fields] != [(f.name, f.dataType) for f in expected.fields]:
         raise OptionError(f"the shmbroker source's schema is fixed (Spark's Kafka source schema): "

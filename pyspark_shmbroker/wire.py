@@ -32,6 +32,7 @@ import socket
 import struct
 from typing import Any, Iterable, Mapping, NamedTuple, Sequence
 
+from pyspark_shmbroker import dependencies  # noqa: F401  (first: without them, an error saying what to do)
 from kio.index import load_payload_module
 from kio.schema.errors import ErrorCode
 from kio.serial import entity_reader, entity_writer

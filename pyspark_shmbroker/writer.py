@@ -27,6 +27,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
+from pyspark_shmbroker import dependencies  # noqa: F401  (first: without them, an error saying what to do)
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
