@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import mmap
 import struct
-from typing import Iterable, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 import posix_ipc
@@ -170,12 +170,6 @@ class PartitionTable:
             if VERSION.unpack_from(memory, base)[0] == version:
                 return value
         raise TornReadError(f"row {row} of {self.name} changed during {self.max_read_attempts} reads")
-
-    def bytes_appended_since(self, watch: Iterable[tuple[int, int]]) -> int:
-        """Bytes appended past each (row, start_bytes), summed: a delayed fetch's progress toward min_bytes,
-        as the timer and the workers both check it."""
-        read = self.read_field
-        return sum(max(0, read(row, END_BYTES) - start) for row, start in watch)
 
     def publish(self, row: int, state: PartitionState) -> None:
         """Make `state` the row's current state. Only the holder of the partition's lock may call this."""
