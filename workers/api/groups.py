@@ -31,7 +31,7 @@ from workers.codecs import protocol as P
 from workers.connection import Request
 from workers.timer_client.delayed import DelayedRequests, DocumentTooLarge
 from workers.timer_client.outcome import Outcome
-from workers.codecs.responses import GROUP_OPERATIONS, ZERO_THROTTLE, authorized, code, entity, reply
+from workers.api.responses import GROUP_OPERATIONS, ZERO_THROTTLE, authorized, code, entity, reply
 
 GROUP_KEY_TYPE = 0
 TRANSACTION_KEY_TYPE = 1
