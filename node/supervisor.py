@@ -48,7 +48,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Protocol
 
 from node import config as node_config
 from node import sdnotify
@@ -106,6 +106,18 @@ class Child:
     boot_failures: int = 0  # exits in a row within child_boot_window_ms of starting
 
 
+class Endpoint(Protocol):
+    """What the supervisor serves beside the node, given by its caller (node.tools.metrics.MetricsEndpoint):
+    started once the node's shared memory exists; stopped at the end, also when it did not start."""
+
+    host: str
+    port: int
+
+    def start(self, data_dir: str) -> None: ...  # OSError: it cannot listen
+
+    def stop(self) -> None: ...
+
+
 class ChildCannotBoot(Exception):
     pass
 
@@ -116,10 +128,9 @@ class DataDirInUse(Exception):
 
 class Supervisor:
     def __init__(self, config: NodeConfig, reload: Callable[[], NodeConfig] | None = None,
-                 metrics: tuple[str, int] | None = None) -> None:
+                 metrics: Endpoint | None = None) -> None:
         self.config = config
-        self.metrics_address = metrics  # (host, port) of the Prometheus endpoint, None: off
-        self._metrics_server = None
+        self.metrics = metrics  # the Prometheus endpoint (the CLI's `--metrics`), None: off
         self.reload = reload  # reads the config file again (SIGHUP); None: nothing to reload from
         self.runtime_path = ""
         self.data_dir = os.path.abspath(config.server.data_dir)
@@ -249,14 +260,15 @@ class Supervisor:
                 print(f"shmbroker: cannot listen on {server.host}:{server.port}: "
                       f"{'the port is in use' if in_use else exc.strerror or exc}", file=sys.stderr)
                 return EXIT_IN_USE if in_use else 1
-            if self.metrics_address is not None:
+            if self.metrics is not None:
+                host, port = self.metrics.host, self.metrics.port
                 try:
-                    self._start_metrics()
+                    self.metrics.start(self.data_dir)
                 except OSError as exc:
-                    host, port = self.metrics_address
                     print(f"shmbroker: cannot serve metrics on {host}:{port}: {exc.strerror or exc}", file=sys.stderr)
                     self.stop()
                     return EXIT_IN_USE if exc.errno == errno.EADDRINUSE else 1
+                log.info("metrics on http://%s:%d/metrics", host, port)
             code = 0
             try:
                 while not self.stopping:
@@ -274,15 +286,6 @@ class Supervisor:
             return code
         finally:
             self._release()
-
-    def _start_metrics(self) -> None:
-        from node.tools.inspect import NodeReader, locate
-        from node.tools.metrics import serve_metrics
-
-        host, port = self.metrics_address
-        self._metrics_reader = NodeReader(locate(self.data_dir))
-        self._metrics_server = serve_metrics(self._metrics_reader, host, port)
-        log.info("metrics on http://%s:%d/metrics", host, port)
 
     def tend(self) -> None:
         """Every wakeup: READY=1 once every child turned its loop, the watchdog ping, this process's stats row."""
@@ -450,13 +453,8 @@ class Supervisor:
         log.info("stopped")
 
     def _release(self) -> None:
-        if self._metrics_server is not None:
-            server, thread = self._metrics_server
-            server.shutdown()
-            server.server_close()
-            thread.join(1.0)
-            self._metrics_reader.close()
-            self._metrics_server = None
+        if self.metrics is not None:
+            self.metrics.stop()
         for child in self.children:
             if child.process is not None and child.process.poll() is None:
                 child.process.kill()
@@ -494,5 +492,5 @@ def _child_setup() -> None:
 
 
 def serve(config: NodeConfig, reload: Callable[[], NodeConfig] | None = None,
-          metrics: tuple[str, int] | None = None) -> int:
+          metrics: Endpoint | None = None) -> int:
     return Supervisor(config, reload, metrics).run()

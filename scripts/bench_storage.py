@@ -131,7 +131,7 @@ def main() -> None:
             )
     finally:
         table.close()
-        PartitionTable.unlink_name(name)
+        table.unlink()
         shutil.rmtree(directory, ignore_errors=True)
     result = {"script": "bench_storage", "batch_bytes": len(batch), "runs": args.runs}
     for key in runs[0]:

@@ -2,7 +2,7 @@
 connection limits (server.max_connections, server.max_connections_per_ip) are checked against, while
 each worker accepts on its own listening socket.
 
-Layout: a 64-byte header (magic, workers, buckets, row words), a 64-byte line of log marks (MARKS u64
+Layout: a 64-byte header (shm.segment: magic, version, workers, buckets, row words), a 64-byte line of log marks (MARKS u64
 words: when a line about a cause was last logged, monotonic ms, so causes are logged once per interval
 across the node, see `LogMarks`), then one row of u32 words per worker, padded to whole cache lines:
 
@@ -26,58 +26,41 @@ Invariants:
 
 from __future__ import annotations
 
-import mmap
-import struct
 import zlib
 
-import posix_ipc
+from shm.segment import HEADER_BYTES, Layout, Segment
 
-MAGIC = 0x534E_4E4F_4343_4D53  # "SMCCONNS" little-endian
-HEADER = struct.Struct("<qqqq")
-HEADER_BYTES = 64
 MARKS = 8
 MARKS_BYTES = MARKS * 8
 WORD_BYTES = 4
 LINE_WORDS = 64 // WORD_BYTES
 ROWS_START = HEADER_BYTES + MARKS_BYTES
+LAYOUT = Layout("a connection count table", magic=0x534E_4E4F_4343_4D53, version=1,  # "SMCCONNS" little-endian
+                sizes=("workers", "buckets", "row_words"),
+                bytes_for=lambda workers, buckets, row_words: ROWS_START + workers * row_words * WORD_BYTES)
 
 
 class ConnectionCounts:
-    def __init__(self, name: str, memory: mmap.mmap) -> None:
-        magic, workers, buckets, row_words = HEADER.unpack_from(memory, 0)
-        if magic != MAGIC or ROWS_START + workers * row_words * WORD_BYTES > len(memory):
-            memory.close()
-            raise ValueError(f"{name} is not a connection count table of this version")
-        self.name = name
-        self.workers = workers
-        self.buckets = buckets
-        self._row_words = row_words
-        self._memory = memory
-        self._words = memoryview(memory)[ROWS_START:ROWS_START + workers * row_words * WORD_BYTES].cast("I")
-        self._marks = memoryview(memory)[HEADER_BYTES:ROWS_START].cast("Q")
+    def __init__(self, segment: Segment) -> None:
+        self.name = segment.name
+        self.workers = segment.sizes["workers"]
+        self.buckets = segment.sizes["buckets"]
+        self._row_words = segment.sizes["row_words"]
+        self._segment = segment
+        memory = memoryview(segment.memory)
+        self._words = memory[ROWS_START:ROWS_START + self.workers * self._row_words * WORD_BYTES].cast("I")
+        self._marks = memory[HEADER_BYTES:ROWS_START].cast("Q")
 
     @classmethod
     def create(cls, name: str, workers: int, buckets: int) -> "ConnectionCounts":
         if workers <= 0 or buckets <= 0:
             raise ValueError("a connection count table needs workers and buckets")
         row_words = -(-(1 + buckets) // LINE_WORDS) * LINE_WORDS
-        size = ROWS_START + workers * row_words * WORD_BYTES
-        shared = posix_ipc.SharedMemory(name, posix_ipc.O_CREX, mode=0o600, size=size)
-        try:
-            memory = mmap.mmap(shared.fd, size)
-        finally:
-            shared.close_fd()
-        HEADER.pack_into(memory, 0, MAGIC, workers, buckets, row_words)
-        return cls(name, memory)
+        return cls(Segment.create(name, LAYOUT, workers=workers, buckets=buckets, row_words=row_words))
 
     @classmethod
     def attach(cls, name: str) -> "ConnectionCounts":
-        shared = posix_ipc.SharedMemory(name)
-        try:
-            memory = mmap.mmap(shared.fd, shared.size)
-        finally:
-            shared.close_fd()
-        return cls(name, memory)
+        return cls(Segment.attach(name, LAYOUT))
 
     def bucket_of(self, address: str) -> int:
         return zlib.crc32(address.encode()) % self.buckets
@@ -113,7 +96,7 @@ class ConnectionCounts:
     def close(self) -> None:
         self._words.release()
         self._marks.release()
-        self._memory.close()
+        self._segment.close()
 
 
 class LogMarks:

@@ -6,7 +6,8 @@ The child adds one to its row's `beats` on every turn of its loop; whoever watch
 replaces a hung child; the systemd watchdog and the stats of the operations work) reads the rows without
 locks and compares them with what it read before.
 
-Layout: a 64-byte header (magic, slots, row bytes), then one 64-byte row (a cache line) per slot:
+Layout: a 64-byte header (shm.segment: magic, version, slots, row bytes), then one 64-byte row (a cache line)
+per slot:
 
     word 0   beats    loop turns of the child since its start (written by the child only)
     word 1   pid      the child's pid (written by the supervisor at spawn, then by the child when it starts)
@@ -28,17 +29,15 @@ Invariants:
 
 from __future__ import annotations
 
-import mmap
-import struct
 from dataclasses import dataclass
 
-import posix_ipc
+from shm.segment import HEADER_BYTES, Layout, Segment
 
-MAGIC = 0x5441_4542_5452_4148  # "HRTBEAT" little-endian
-HEADER = struct.Struct("<qqq")
-HEADER_BYTES = 64
 ROW_WORDS = 8
 ROW_BYTES = ROW_WORDS * 8
+LAYOUT = Layout("a heartbeat table", magic=0x5441_4542_5452_4148, version=1,  # "HRTBEAT" little-endian
+                sizes=("slots", "row_bytes"), fixed={"row_bytes": ROW_BYTES},
+                bytes_for=lambda slots, row_bytes: HEADER_BYTES + slots * row_bytes)
 BEATS = 0
 PID = 1
 TIMER_SLOT = 0  # the timer's row; worker i's is worker_slot(i)
@@ -51,37 +50,21 @@ def worker_slot(index: int) -> int:
 class HeartbeatTable:
     """A mapping of the heartbeat segment. `create` in the supervisor, `attach` everywhere else."""
 
-    def __init__(self, name: str, memory: mmap.mmap) -> None:
-        magic, slots, row_bytes = HEADER.unpack_from(memory, 0)
-        if magic != MAGIC or row_bytes != ROW_BYTES or HEADER_BYTES + slots * ROW_BYTES > len(memory):
-            memory.close()
-            raise ValueError(f"{name} is not a heartbeat table of this version")
-        self.name = name
-        self.slots = slots
-        self._memory = memory
-        self._words = memoryview(memory)[HEADER_BYTES:HEADER_BYTES + slots * ROW_BYTES].cast("Q")
+    def __init__(self, segment: Segment) -> None:
+        self.name = segment.name
+        self.slots = segment.sizes["slots"]
+        self._segment = segment
+        self._words = memoryview(segment.memory)[HEADER_BYTES:HEADER_BYTES + self.slots * ROW_BYTES].cast("Q")
 
     @classmethod
     def create(cls, name: str, slots: int) -> "HeartbeatTable":
         if slots <= 0:
             raise ValueError("a heartbeat table needs at least one slot")
-        size = HEADER_BYTES + slots * ROW_BYTES
-        shared = posix_ipc.SharedMemory(name, posix_ipc.O_CREX, mode=0o600, size=size)
-        try:
-            memory = mmap.mmap(shared.fd, size)
-        finally:
-            shared.close_fd()
-        HEADER.pack_into(memory, 0, MAGIC, slots, ROW_BYTES)
-        return cls(name, memory)
+        return cls(Segment.create(name, LAYOUT, slots=slots))
 
     @classmethod
     def attach(cls, name: str) -> "HeartbeatTable":
-        shared = posix_ipc.SharedMemory(name)
-        try:
-            memory = mmap.mmap(shared.fd, shared.size)
-        finally:
-            shared.close_fd()
-        return cls(name, memory)
+        return cls(Segment.attach(name, LAYOUT))
 
     def _word(self, slot: int, word: int) -> int:
         if not 0 <= slot < self.slots:
@@ -115,7 +98,7 @@ class HeartbeatTable:
 
     def close(self) -> None:
         self._words.release()
-        self._memory.close()
+        self._segment.close()
 
 
 class Heartbeat:

@@ -28,7 +28,8 @@ import posix_ipc
 
 from shm import liveness
 from shm.doorbell import SemaphoreDoorbell, unlink_semaphore
-from shm.ring import RingConfig, create_ring, unlink_ring
+from shm.ring import RingConfig, create_ring
+from shm.segment import unlink_segment
 
 PREFIX = "shmbroker"
 DEV_SHM = "/dev/shm"
@@ -167,7 +168,7 @@ def _unlink_all(segments: list[str], semaphores: list[str]) -> list[str]:
         if unlink_semaphore(name):
             removed.append(name)
     for name in segments:
-        if unlink_ring(name):  # works for any segment, not only rings
+        if unlink_segment(name):
             removed.append(name)
     return removed
 

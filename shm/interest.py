@@ -18,40 +18,43 @@ Invariants:
 - After the matrix, one more row of u32 words: per partition row, 1 + the index of the worker that last
   rang a watcher of it (0: none yet), stored before the ring. It only says where a long poll's records come
   from (workers.affinity); several appending workers overwrite each other, which costs a wrong guess.
+- The matrix follows the 64-byte header (shm.segment: magic, version, workers, rows).
 """
 
 from __future__ import annotations
 
-import mmap
-
 import numpy as np
-import posix_ipc
 
 from shm.fence import full_fence
+from shm.segment import HEADER_BYTES, Layout, Segment
 
 __all__ = ["WorkerWatches", "full_fence"]
 
+WORD_BYTES = 4
+LAYOUT = Layout("a watches table", magic=0x5345_4843_5441_5753, version=1,  # "SWATCHES" little-endian
+                sizes=("workers", "rows"),
+                bytes_for=lambda workers, rows: HEADER_BYTES + (workers + 1) * rows * WORD_BYTES)
+
 
 class WorkerWatches:
-    def __init__(self, name: str, memory: posix_ipc.SharedMemory, rows: int) -> None:
-        self.name = name
-        self.rows = rows
-        self.workers = memory.size // (rows * 4) - 1
-        self._map = mmap.mmap(memory.fd, (self.workers + 1) * rows * 4)
-        memory.close_fd()
-        words = np.frombuffer(self._map, dtype=np.uint32).reshape(self.workers + 1, rows)
-        self.counts = words[:self.workers]
-        self.appenders = words[self.workers]  # 1 + the worker that last rang a watcher of the row
+    def __init__(self, segment: Segment) -> None:
+        self.name = segment.name
+        self.rows = rows = segment.sizes["rows"]
+        self.workers = workers = segment.sizes["workers"]
+        self._segment = segment
+        words = np.frombuffer(segment.memory, dtype=np.uint32, count=(workers + 1) * rows,
+                              offset=HEADER_BYTES).reshape(workers + 1, rows)
+        self.counts = words[:workers]
+        self.appenders = words[workers]  # 1 + the worker that last rang a watcher of the row
 
     @classmethod
     def create(cls, name: str, workers: int, rows: int) -> "WorkerWatches":
-        memory = posix_ipc.SharedMemory(name, posix_ipc.O_CREX, mode=0o600, size=(workers + 1) * rows * 4)
-        return cls(name, memory, rows)
+        return cls(Segment.create(name, LAYOUT, workers=workers, rows=rows))
 
     @classmethod
-    def attach(cls, name: str, rows: int) -> "WorkerWatches":
-        return cls(name, posix_ipc.SharedMemory(name), rows)
+    def attach(cls, name: str) -> "WorkerWatches":
+        return cls(Segment.attach(name, LAYOUT))
 
     def close(self) -> None:
         self.counts = self.appenders = None
-        self._map.close()
+        self._segment.close()

@@ -217,15 +217,6 @@ def create_ring(name: str, config: RingConfig = RingConfig()) -> None:
     _Mapping(name, create=True, capacity=config.capacity).close()
 
 
-def unlink_ring(name: str) -> bool:
-    """Remove the ring segment `name`; False if it did not exist. Mappings stay valid."""
-    try:
-        posix_ipc.unlink_shared_memory(name)
-        return True
-    except posix_ipc.ExistentialError:
-        return False
-
-
 class _RingEnd:
     _PID_WORD = 0
     _START_WORD = 0

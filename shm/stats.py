@@ -6,6 +6,7 @@ increment on the hot path is one list store, no shared-memory traffic), and *pub
 row every `stats.publish_interval_ms` from its loop. Readers (`shmbroker stats`, the dashboard, the Prometheus
 endpoint) map the segment read-only and never send a request to the node.
 
+After the 64-byte header (shm.segment: magic, version, rows, row bytes, committed offsets slot bytes), the rows.
 Row layout (little-endian int64 words):
 
     word 0        version   incremented once per publish; its low bit names the slot holding the current counters
@@ -37,7 +38,6 @@ leave readers spinning; the committed offsets area follows the same protocol wit
 
 from __future__ import annotations
 
-import mmap
 import struct
 import time
 from dataclasses import dataclass
@@ -45,13 +45,11 @@ from typing import Iterator
 
 import numpy as np
 import orjson
-import posix_ipc
 
-MAGIC = 0x5354_4154_5342_4D54  # "SMBSTATT": rows, then the committed offsets area
-HEADER = struct.Struct("<qqqq")  # magic, rows, row bytes, committed offsets slot bytes
+from shm.segment import HEADER_BYTES, Layout, Segment
+
 COMMITTED_HEAD_BYTES = 64
 CUT_MARK = b'"":[]'  # first key of a committed offsets document that was cut to fit
-HEADER_BYTES = 64
 ROW_HEAD_WORDS = 8
 ROLES = ("supervisor", "timer", "worker")
 SUPERVISOR_ROW = 0
@@ -153,6 +151,11 @@ ROW_WORDS = ROW_HEAD_WORDS + 2 * SLOT_WORDS
 ROW_BYTES = ROW_WORDS * 8
 FIELD_BY_NAME = {f.name: f for f in FIELDS}
 VERSION = struct.Struct("<q")
+# The header's sizes: rows, a row's bytes, a committed offsets slot's bytes; rows come first, then that area.
+LAYOUT = Layout("a stats segment", magic=0x5354_4154_5342_4D54, version=1,  # "SMBSTATT"
+                sizes=("rows", "row_bytes", "committed_bytes"), fixed={"row_bytes": ROW_BYTES},
+                bytes_for=lambda rows, row_bytes, committed_bytes:
+                    HEADER_BYTES + rows * row_bytes + COMMITTED_HEAD_BYTES + 2 * committed_bytes)
 
 
 class TornReadError(RuntimeError):
@@ -191,15 +194,12 @@ class RowSnapshot:
 class StatsSegment:
     """A mapping of the stats segment: `create` in the supervisor, `attach` in the children and readers."""
 
-    def __init__(self, name: str, memory: mmap.mmap, writable: bool) -> None:
-        magic, rows, row_bytes, committed_bytes = HEADER.unpack_from(memory, 0)
-        if magic != MAGIC or row_bytes != ROW_BYTES or _segment_bytes(rows, committed_bytes) > len(memory):
-            memory.close()
-            raise ValueError(f"{name} is not a stats segment of this version")
-        self.name = name
-        self.rows = rows
-        self.committed_bytes = committed_bytes
-        self._memory = memory
+    def __init__(self, segment: Segment, writable: bool) -> None:
+        self.name = segment.name
+        self.rows = rows = segment.sizes["rows"]
+        self.committed_bytes = segment.sizes["committed_bytes"]
+        self._segment = segment
+        self._memory = memory = segment.memory
         self._words = np.ndarray((rows, ROW_WORDS), dtype="<i8", buffer=memory, offset=HEADER_BYTES)
         self._committed_at = HEADER_BYTES + rows * ROW_BYTES
         self._committed_head = np.ndarray(3, dtype="<i8", buffer=memory, offset=self._committed_at)
@@ -209,14 +209,7 @@ class StatsSegment:
 
     @classmethod
     def create(cls, name: str, rows: int, committed_bytes: int = 1 << 20) -> "StatsSegment":
-        size = _segment_bytes(rows, committed_bytes)
-        shared = posix_ipc.SharedMemory(name, posix_ipc.O_CREX, mode=0o600, size=size)
-        try:
-            memory = mmap.mmap(shared.fd, size)
-        finally:
-            shared.close_fd()
-        HEADER.pack_into(memory, 0, MAGIC, rows, ROW_BYTES, committed_bytes)
-        return cls(name, memory, True)
+        return cls(Segment.create(name, LAYOUT, rows=rows, committed_bytes=committed_bytes), True)
 
     def publish_committed(self, committed: dict[str, list[tuple[str, int, int]]]) -> bool:
         """The timer process (the area's one writer): make `committed` the current document. Groups that do not
@@ -261,12 +254,7 @@ class StatsSegment:
 
     @classmethod
     def attach(cls, name: str, writable: bool = True) -> "StatsSegment":
-        shared = posix_ipc.SharedMemory(name, posix_ipc.O_RDWR if writable else 0)
-        try:
-            memory = mmap.mmap(shared.fd, shared.size, prot=mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0))
-        finally:
-            shared.close_fd()
-        return cls(name, memory, writable)
+        return cls(Segment.attach(name, LAYOUT, writable), writable)
 
     def reset(self, row: int) -> None:
         """Supervisor, before starting the row's owner: a new process starts from zero."""
@@ -299,21 +287,10 @@ class StatsSegment:
     def close(self) -> None:
         self._words = None
         self._committed_head = None
-        try:
-            self._memory.close()
-        except BufferError:
-            pass
+        self._segment.close()
 
-    @staticmethod
-    def unlink_name(name: str) -> None:
-        try:
-            posix_ipc.unlink_shared_memory(name)
-        except posix_ipc.ExistentialError:
-            pass
-
-
-def _segment_bytes(rows: int, committed_bytes: int) -> int:
-    return HEADER_BYTES + rows * ROW_BYTES + COMMITTED_HEAD_BYTES + 2 * committed_bytes
+    def unlink(self) -> None:
+        self._segment.unlink()
 
 
 class StatsWriter:

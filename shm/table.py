@@ -20,21 +20,18 @@ must not leave readers spinning on an odd sequence number forever):
 - Relies on x86-64 total store order (stores become visible in program order); other CPUs would need fences.
 - Fields only move forward except when recovery (single process, before workers start) fills a row.
 
-Header (first 64 bytes): magic, row count, row size.
+Header (shm.segment, first 64 bytes): magic, version, row count, row size.
 """
 
 from __future__ import annotations
 
-import mmap
 import struct
-from typing import Iterable, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
-import posix_ipc
 
-TABLE_MAGIC = 0x53484D4250415254  # "SHMBPART"
-HEADER = struct.Struct("<qqq")
-HEADER_BYTES = 64
+from shm.segment import HEADER_BYTES, Layout, Segment
+
 WORD = 8
 VERSION_WORDS = 8  # version + padding to a cache line
 SLOT_WORDS = 17
@@ -80,6 +77,11 @@ ROW_DTYPE = np.dtype([("version", "<i8"), ("padding", "<i8", VERSION_WORDS - 1),
 assert ROW_DTYPE.itemsize == ROW_BYTES
 
 
+LAYOUT = Layout("a partition table", magic=0x53484D4250415254, version=1,  # "SHMBPART"
+                sizes=("rows", "row_bytes"), fixed={"row_bytes": ROW_BYTES},
+                bytes_for=lambda rows, row_bytes: HEADER_BYTES + rows * row_bytes)
+
+
 class TornReadError(RuntimeError):
     """A row kept changing under a reader for more than max_read_attempts copies."""
 
@@ -87,58 +89,32 @@ class TornReadError(RuntimeError):
 class PartitionTable:
     """A mapping of the shared table. Use create() in the supervisor and attach() everywhere else."""
 
-    def __init__(self, name: str, memory: mmap.mmap, rows: int, max_read_attempts: int = MAX_READ_ATTEMPTS):
-        self.name = name
-        self.rows = rows
+    def __init__(self, segment: Segment, max_read_attempts: int = MAX_READ_ATTEMPTS):
+        self.name = segment.name
+        self.rows = segment.sizes["rows"]
         self.max_read_attempts = max_read_attempts
-        self._memory = memory
-        self._array = np.ndarray((rows,), dtype=ROW_DTYPE, buffer=memory, offset=HEADER_BYTES)
+        self._segment = segment
+        self._memory = segment.memory
+        self._array = np.ndarray((self.rows,), dtype=ROW_DTYPE, buffer=self._memory, offset=HEADER_BYTES)
 
     @classmethod
     def create(cls, name: str, rows: int, **options) -> "PartitionTable":
         """Create (exclusively) and zero a table of `rows` rows named `name` (e.g. /shmbroker-<id>-partitions)."""
         if rows <= 0:
             raise ValueError("a partition table needs at least one row")
-        size = HEADER_BYTES + rows * ROW_BYTES
-        shared = posix_ipc.SharedMemory(name, posix_ipc.O_CREX, mode=0o600, size=size)
-        try:
-            memory = mmap.mmap(shared.fd, size)
-        finally:
-            shared.close_fd()
-        HEADER.pack_into(memory, 0, TABLE_MAGIC, rows, ROW_BYTES)
-        return cls(name, memory, rows, **options)
+        return cls(Segment.create(name, LAYOUT, rows=rows), **options)
 
     @classmethod
     def attach(cls, name: str, **options) -> "PartitionTable":
         """Map an existing table."""
-        shared = posix_ipc.SharedMemory(name)
-        try:
-            memory = mmap.mmap(shared.fd, shared.size)
-        finally:
-            shared.close_fd()
-        magic, rows, row_bytes = HEADER.unpack_from(memory, 0)
-        if magic != TABLE_MAGIC or row_bytes != ROW_BYTES or HEADER_BYTES + rows * ROW_BYTES > len(memory):
-            memory.close()
-            raise ValueError(f"{name} is not a partition table of this version")
-        return cls(name, memory, rows, **options)
-
-    @staticmethod
-    def unlink_name(name: str) -> None:
-        """Remove the named table if it exists (mappings stay valid until closed)."""
-        try:
-            posix_ipc.unlink_shared_memory(name)
-        except posix_ipc.ExistentialError:
-            pass
+        return cls(Segment.attach(name, LAYOUT), **options)
 
     def unlink(self) -> None:
-        self.unlink_name(self.name)
+        self._segment.unlink()
 
     def close(self) -> None:
-        self._array = None
-        try:
-            self._memory.close()
-        except BufferError:
-            pass  # a numpy view handed out by read_rows' caller still references the mapping
+        self._array = None  # a numpy view handed out by read_rows' caller may still hold the mapping
+        self._segment.close()
 
     def _row_offset(self, row: int) -> int:
         if not 0 <= row < self.rows:
@@ -170,12 +146,6 @@ class PartitionTable:
             if VERSION.unpack_from(memory, base)[0] == version:
                 return value
         raise TornReadError(f"row {row} of {self.name} changed during {self.max_read_attempts} reads")
-
-    def bytes_appended_since(self, watch: Iterable[tuple[int, int]]) -> int:
-        """Bytes appended past each (row, start_bytes), summed: a delayed fetch's progress toward min_bytes,
-        as the timer and the workers both check it."""
-        read = self.read_field
-        return sum(max(0, read(row, END_BYTES) - start) for row, start in watch)
 
     def publish(self, row: int, state: PartitionState) -> None:
         """Make `state` the row's current state. Only the holder of the partition's lock may call this."""

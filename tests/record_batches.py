@@ -86,7 +86,7 @@ class SharedTable:
 
     def __exit__(self, *exc_info):
         self.table.close()
-        PartitionTable.unlink_name(self.name)
+        self.table.unlink()
 
 
 def dev_shm_entries(prefix: str = "shmbroker-test-") -> list[str]:

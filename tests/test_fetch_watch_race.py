@@ -31,6 +31,7 @@ from node.timer.delayed import DelayedFetch
 from shm import instance as shm_instance
 from shm import messages as M
 from shm.doorbell import EventfdDoorbell
+from shm.fetch_condition import FetchCondition
 from shm.interest import WorkerWatches
 from shm.ring import RingReader
 from shm.table import PartitionTable
@@ -105,7 +106,7 @@ def test_an_append_between_the_read_and_the_watch_counts_as_new(worker_side, mon
     assert watch.items == [(row, seen_at_read[0])], "the watch starts where the read ended, before the racing append"
     assert len(answers) == 1, "the new wait's own check finds the raced append: answered in this turn"
     assert (cancel.kind, cancel.items) == (M.Kind.CANCEL, [(watch.request_id,)])
-    fetch = DelayedFetch(0, watch.request_id, watch.min_bytes, [row], [watch.items[0][1]], store.table,
+    fetch = DelayedFetch(0, watch.request_id, FetchCondition(watch.items, watch.min_bytes), store.table,
                          lambda op, expired: None)
     assert fetch.satisfied(), "the timer must find the raced append at once, not at max_wait"
 

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from node.timer.groups.sessions import Sessions
-from node.timer.wheel import WheelConfig
+from node.config import WheelConfig
 from shm import messages as M
 
 KEYS = [("g", f"m{i}") for i in range(5)]

@@ -13,7 +13,7 @@ ROWS = 64
 
 
 def _read_in_child(name: str, out) -> None:
-    watches = WorkerWatches.attach(name, ROWS)
+    watches = WorkerWatches.attach(name)
     out.put((watches.workers, int(watches.counts[0, 3]), int(watches.counts[1, 3]), int(watches.counts[2, 5])))
     watches.close()
 

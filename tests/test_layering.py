@@ -1,6 +1,5 @@
-"""The house rules of the imports: layers point down (workers -> node -> shm), children do not import the
-supervisor's modules, client packages import nothing of the server, and no module imports itself back
-through a cycle.
+"""The house rules of the imports: layers point down (workers -> node -> shm), each room imports only the rooms
+its rule names, client packages import nothing of the server, and no module imports itself back through a cycle.
 
 Every import statement counts, wherever it stands: at the top, inside a function, under TYPE_CHECKING
 (a cycle hidden there is still a cycle in the design).
@@ -14,25 +13,35 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 PACKAGES = ("node", "shm", "workers", "clients", "pyspark_shmbroker")
 
-# The supervisor's own modules: only the supervisor side (node's root) imports them.
-SUPERVISOR = ("node.supervisor", "node.tools.cli", "node.resources", "node.sdnotify")
 # Modules of node's root that every process may use.
 SHARED = ("node.config", "node.logging_setup", "node.proctitle")
-SERVER = ("node", "shm", "workers")
+# What the Spark connector may import of the server (a client package: nothing yet; a record-batch codec module
+# shared with the node would be named here).
+CONNECTOR_SHARES: tuple[str, ...] = ()
 
-# Most specific prefix first: (module prefix, what it may import of the project's packages).
-RULES: list[tuple[str, tuple[str, ...]]] = [
-    ("shm", ("shm",)),
-    ("node.storage", ("shm", "node.storage")),
-    ("node.timer", ("shm", "node.storage", "node.timer") + SHARED),
-    ("node.config", ("shm", "node.storage", "node.timer", "node.config")),
-    ("node.logging_setup", ()),
-    ("node.proctitle", ()),
-    ("node", ("shm", "node")),
-    ("workers", ("shm", "node.storage", "workers") + SHARED),
-    ("clients", ("clients",)),
-    ("pyspark_shmbroker", ("pyspark_shmbroker",)),
-]
+# One rule per room: what it may import besides its own modules. A module's room is the longest key here
+# that a module falls under, so "node" is the supervisor side (node's root) and "workers" the workers' base
+# (connection, eventloop, memory, limits, affinity), neither their sub-rooms. A name allows a room, or only
+# the modules under it where it names less than a room ("node.storage.records").
+RULES: dict[str, tuple[str, ...]] = {
+    "shm": (),
+    "node.storage": ("shm",),
+    "node.config": ("shm", "node.storage"),  # not node.timer nor node.tools: every process imports it
+    "node.logging_setup": (),
+    "node.proctitle": (),
+    "node.timer": ("shm", "node.storage") + SHARED,
+    "node": ("shm", "node.storage") + SHARED,  # the supervisor side: runs the timer and the workers, imports
+                                                # neither, nor node.tools
+    "node.tools": ("shm", "node.storage", "node") + SHARED,  # `serve` starts the supervisor
+    "workers.codecs": (),  # the Kafka wire format only
+    "workers.timer_client": ("shm", "workers"),
+    "workers.api": ("shm", "node.storage", "workers", "workers.codecs", "workers.timer_client") + SHARED,
+    "workers.worker": ("shm", "node.storage", "workers", "workers.codecs", "workers.timer_client",
+                       "workers.api") + SHARED,
+    "workers": ("shm",) + SHARED,
+    "clients": (),
+    "pyspark_shmbroker": CONNECTOR_SHARES,
+}
 
 
 def _within(module: str, prefix: str) -> bool:
@@ -75,15 +84,15 @@ def imports_of(module: str, path: Path, modules: dict[str, Path]) -> set[str]:
     return found
 
 
+def room_of(module: str) -> str | None:
+    rooms = [room for room in RULES if _within(module, room)]
+    return max(rooms, key=len) if rooms else None
+
+
 def allowed(module: str, target: str) -> bool:
-    supervisor_side = _within(module, "node") and not any(
-        _within(module, p) for p in ("node.storage", "node.timer") + SHARED)
-    if any(_within(target, s) for s in SUPERVISOR) and not supervisor_side:
-        return False
-    for prefix, may_import in RULES:
-        if _within(module, prefix):
-            return any(_within(target, p) for p in may_import)
-    return True
+    room = room_of(module)
+    return room_of(target) == room or any(_within(target, name) and room_of(target) == room_of(name)
+                                          for name in RULES.get(room, ()))
 
 
 def layering_breaches(root: Path) -> list[str]:
@@ -149,25 +158,48 @@ def test_no_import_cycles():
     assert import_cycles(REPO) == []
 
 
+def test_every_room_has_modules():
+    """A rule whose room was renamed or moved would check nothing."""
+    modules = project_modules(REPO)
+    assert [room for room in RULES if not any(_within(module, room) for module in modules)] == []
+
+
 def test_the_checks_catch_a_breach_and_a_cycle(tmp_path):
     """The two tests above can fail: a tree with a breach and a cycle is reported."""
     files = {
         "shm/__init__.py": "", "shm/ring.py": "import numpy\n",
-        "node/__init__.py": "", "node/timer/__init__.py": "",
+        "node/__init__.py": "", "node/timer/__init__.py": "", "node/timer/wheel.py": "",
         "node/timer/process.py": "from workers.timer_client.link import TimerLink\n",  # upward
-        "node/supervisor.py": "",
+        "node/config.py": "from node.timer.wheel import WheelConfig\n",  # config imports the timer
+        "node/supervisor.py": "from node.tools import metrics\n",  # the supervisor imports a tool
+        "node/tools/__init__.py": "", "node/tools/metrics.py": "", "node/storage/records.py": "",
         "workers/__init__.py": "",
         "workers/timer_client/link.py": "from shm import ring\n",
         "workers/worker.py": "from node.supervisor import x\nfrom workers.api import handlers\n",  # supervisor module
         "workers/api/handlers.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from workers.worker import W\n",
+        "workers/codecs/protocol.py": "from workers.api import handlers\n",  # a codec imports a handler
         "clients/__init__.py": "", "clients/priority.py": "import shm.ring\n",  # client imports the server
+        "pyspark_shmbroker/records.py": "from node.storage import records\n",  # not shared with the connector yet
     }
     for name, text in files.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text(text)
     assert layering_breaches(tmp_path) == [
         "clients.priority imports shm.ring",
+        "node.config imports node.timer.wheel",
+        "node.supervisor imports node.tools.metrics",
         "node.timer.process imports workers.timer_client.link",
+        "pyspark_shmbroker.records imports node.storage.records",
+        "workers.api.handlers imports workers.worker",
+        "workers.codecs.protocol imports workers.api.handlers",
         "workers.worker imports node.supervisor",
     ]
     assert import_cycles(tmp_path) == [["workers.api.handlers", "workers.worker"]]
+
+
+def test_a_rule_can_share_one_module_of_a_room(monkeypatch):
+    """Naming a module, not its room, allows that module only (how the connector will share a codec)."""
+    monkeypatch.setitem(RULES, "pyspark_shmbroker", ("node.storage.records",))
+    assert allowed("pyspark_shmbroker.records", "node.storage.records")
+    assert not allowed("pyspark_shmbroker.records", "node.storage.log")
+    assert not allowed("pyspark_shmbroker.records", "shm.table")

@@ -117,7 +117,7 @@ def test_committed_offsets_are_consistent_and_cut_at_whole_groups():
         assert document == {g: [list(e) for e in big[g]] for g in list(big)[:len(document)]}
     finally:
         segment.close()
-        S.StatsSegment.unlink_name(name)
+        segment.unlink()
 
 
 def test_snapshots_are_consistent_while_another_process_publishes():
@@ -146,7 +146,7 @@ def test_snapshots_are_consistent_while_another_process_publishes():
         assert [row.row for row in segment.snapshot()] == [1]
     finally:
         segment.close()
-        S.StatsSegment.unlink_name(name)
+        segment.unlink()
 
 
 # -- a live node --------------------------------------------------------------------------------

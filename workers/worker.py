@@ -110,7 +110,7 @@ class Worker:
         self.supervisor_pid = supervisor_pid
         server = config.server
         self.table = PartitionTable.attach(shm_instance.table_name(instance))
-        self.watches = WorkerWatches.attach(shm_instance.watches_name(instance), self.table.rows)
+        self.watches = WorkerWatches.attach(shm_instance.watches_name(instance))
         self.heartbeats = HeartbeatTable.attach(shm_instance.heartbeat_name(instance))
         self.heartbeat = self.heartbeats.heartbeat(heartbeat_slot, os.getpid())
         self.counts = ConnectionCounts.attach(shm_instance.connections_name(instance))

@@ -14,7 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from node.timer.wheel import TimingWheel, WheelConfig
+from node.config import WheelConfig
+from node.timer.wheel import TimingWheel
 
 
 @dataclass(frozen=True)

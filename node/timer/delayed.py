@@ -7,8 +7,8 @@ Invariants:
   truth, flush events only say when to look again (appends are the workers' to check:
   workers.timer_client.delayed). Rows are few per request, so each is read with the table's struct path (numpy's
   fixed cost would dominate), one field at a time.
-  * DelayedFetch: bytes appended to the watched partitions since the worker read them
-    (end_bytes - start_bytes, summed) reach min_bytes.
+  * DelayedFetch: the worker's own condition (shm.fetch_condition): bytes appended to the watched
+    partitions since the worker read them (end_bytes - start_bytes, summed) reach min_bytes.
   * DelayedProduce: every partition's flushed (fsync'd) offset reaches the offset after the batch, or
     a flush of that partition that started after the produce began to wait failed (a storage fault):
     then it completes FAILED, and no later flush can make it succeed.
@@ -21,6 +21,7 @@ from __future__ import annotations
 from typing import Callable
 
 from node.timer.purgatory import DelayedOperation
+from shm.fetch_condition import FetchCondition
 from shm.table import FLUSHED_OFFSET, PartitionTable
 
 # (operation, expired) -> None; called once per operation
@@ -61,16 +62,15 @@ class TimerOperation(DelayedOperation):
 
 
 class DelayedFetch(TimerOperation):
-    __slots__ = ("min_bytes", "start_bytes")
+    __slots__ = ("condition",)
 
-    def __init__(self, worker: int, request_id: int, min_bytes: int, rows: list[int], start_bytes: list[int],
-                 table: PartitionTable, sink: CompletionSink) -> None:
-        super().__init__(worker, request_id, rows, table, sink)
-        self.min_bytes = min_bytes
-        self.start_bytes = start_bytes
+    def __init__(self, worker: int, request_id: int, condition: FetchCondition, table: PartitionTable,
+                 sink: CompletionSink) -> None:
+        super().__init__(worker, request_id, [row for row, _ in condition.watch], table, sink)
+        self.condition = condition
 
     def satisfied(self) -> bool:
-        return self.table.bytes_appended_since(zip(self.rows, self.start_bytes)) >= self.min_bytes
+        return self.condition.satisfied(self.table)
 
 
 class DelayedProduce(TimerOperation):

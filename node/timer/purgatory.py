@@ -28,20 +28,13 @@ Callbacks that raise are logged and counted (``callback_errors``); they never br
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 
-from node.timer.wheel import TimingWheel, WheelConfig, _check_int
+from node.config import PurgatoryConfig, WheelConfig
+from node.timer.wheel import TimingWheel, _check_int
 
 log = logging.getLogger(__name__)
 
 NO_HANDLE = -1
-
-
-@dataclass(frozen=True)
-class PurgatoryConfig:
-    """Tunables of a Purgatory."""
-
-    purge_interval: int = 1000  # Kafka's default for produce and fetch purgatories
 
 
 class DelayedOperation:

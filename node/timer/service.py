@@ -25,6 +25,7 @@ from node.timer.outbox import Outbox
 from node.timer.purgatory import Purgatory
 from node.storage.records import ErrorCode
 from shm import messages as M
+from shm.fetch_condition import FetchCondition
 from shm.table import PartitionTable
 
 
@@ -45,9 +46,8 @@ class DelayedOperations:
     # -- messages from workers --------------------------------------------------------------------
 
     def delay_fetch(self, worker: int, message: Any) -> None:
-        rows = [row for row, _ in message.items]
-        op = DelayedFetch(worker, message.request_id, message.min_bytes, rows,
-                          [start for _, start in message.items], self.table, self._completed)
+        op = DelayedFetch(worker, message.request_id, FetchCondition(message.items, message.min_bytes), self.table,
+                          self._completed)
         self._watch(self.fetches, op, message.deadline_ms)
 
     def delay_produce(self, worker: int, message: Any) -> None:

@@ -45,9 +45,10 @@ from 4-8 entries per batch, and the timer process's drains mostly carry fewer; s
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass
 
 import numpy as np
+
+from node.config import WheelConfig
 
 SLOT_BITS = 32
 SLOT_MASK = (1 << SLOT_BITS) - 1
@@ -77,19 +78,6 @@ def doubled(capacity: int, needed: int) -> int:
     while capacity < needed:
         capacity *= 2
     return capacity
-
-
-@dataclass(frozen=True)
-class WheelConfig:
-    """Tunables of a TimingWheel (the timer process builds its wheel from this)."""
-
-    tick_ms: int = 1
-    wheel_size: int = 20
-    initial_capacity: int = 1024  # entry slots allocated up front; doubles when full
-    bucket_initial_capacity: int = 64  # references per bucket member array; doubles when full
-    # The constant C in slots_in_use <= 2 * pending + C. Large enough that a steady load whose cancels are
-    # reclaimed by draining buckets rarely compacts (measured: 1024 costs ~10% more CPU at 100k timers/s).
-    compaction_slack: int = 16384
 
 
 def _check_int(name: str, value, minimum: int) -> int:

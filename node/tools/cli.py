@@ -143,7 +143,9 @@ def _serve(args: argparse.Namespace) -> int:
             overrides["server.workers"] = args.workers
         if args.metrics:
             text = args.metrics if not args.metrics.startswith(":") else "127.0.0.1" + args.metrics
-            metrics = node_config.parse_listen(text)
+            from node.tools.metrics import MetricsEndpoint
+
+            metrics = MetricsEndpoint(*node_config.parse_listen(text))
         cfg = node_config.load(args.config, overrides)
     except node_config.ConfigError as exc:
         return _error(str(exc), EXIT_USAGE)

@@ -16,7 +16,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import CollectorRegistry
 from prometheus_client import start_http_server
 
-from node.tools.inspect import NodeReader, api_name, error_name, named_counts
+from node.tools.inspect import NodeReader, api_name, error_name, locate, named_counts
 from shm import stats as S
 
 _PER_API = {"requests": ("kafka_network_requests", "Requests read, per API (RequestsPerSec)"),
@@ -113,8 +113,33 @@ class StatsCollector:
         yield from (committed, lag)
 
 
-def serve_metrics(reader: NodeReader, host: str, port: int):
-    """Start the endpoint on a daemon thread; returns (server, thread) to shut down."""
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(StatsCollector(reader))
-    return start_http_server(port, addr=host, registry=registry)
+class MetricsEndpoint:
+    """The endpoint of the node a supervisor runs (node.supervisor.Endpoint): `start` once the node's shared
+    memory exists (OSError if it cannot listen), `stop` at the end; served from a daemon thread."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.host = host
+        self.port = port
+        self._reader: NodeReader | None = None
+        self._server = None  # (server, thread)
+
+    def start(self, data_dir: str) -> None:
+        self._reader = NodeReader(locate(data_dir))
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(StatsCollector(self._reader))
+        try:
+            self._server = start_http_server(self.port, addr=self.host, registry=registry)
+        except OSError:
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        if self._server is not None:
+            server, thread = self._server
+            server.shutdown()
+            server.server_close()
+            thread.join(1.0)
+            self._server = None
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None

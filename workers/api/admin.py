@@ -36,7 +36,7 @@ from workers.codecs import protocol as P
 from workers.connection import Request
 from workers.timer_client.delayed import DelayedRequests, DocumentTooLarge, monotonic_ms
 from workers.timer_client.outcome import Outcome
-from workers.codecs.responses import ZERO_THROTTLE, code, entity, reply
+from workers.api.responses import ZERO_THROTTLE, code, entity, reply
 
 Results = dict[str, tuple[E.ErrorCode, str | None]]
 TIMED_OUT = (E.REQUEST_TIMED_OUT, "the node did not answer within the request's timeout")

@@ -25,9 +25,9 @@ from kio.static.primitive import i32, i64
 
 from node.config import NodeConfig
 from shm import messages as M
+from workers.api.responses import GROUP_OPERATIONS, ZERO_THROTTLE, authorized, code, entity, reply
 from workers.codecs import errors as E
 from workers.codecs import protocol as P
-from workers.codecs.responses import GROUP_OPERATIONS, ZERO_THROTTLE, authorized, code, entity, reply
 from workers.connection import Request
 from workers.timer_client.delayed import DelayedRequests, DocumentTooLarge
 from workers.timer_client.outcome import Outcome

@@ -40,7 +40,7 @@ from workers.api import priority
 from workers.timer_client.outcome import Outcome
 from workers.codecs.produce import ProducePartitionResult, ProduceTopicResult, encode_produce_response
 from workers.api.quotas import FETCH, PRODUCE, Throttler
-from workers.codecs.responses import CLUSTER_OPERATIONS, TOPIC_OPERATIONS, ZERO_THROTTLE, authorized, code, entity, reply
+from workers.api.responses import CLUSTER_OPERATIONS, TOPIC_OPERATIONS, ZERO_THROTTLE, authorized, code, entity, reply
 
 log = logging.getLogger("shmbroker.handlers")
 

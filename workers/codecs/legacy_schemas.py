@@ -11,8 +11,9 @@ and DescribeConfigsResponse.json at those versions.
 
 Invariants:
 - Each class carries kio's class attributes (``__type__``, ``__version__``,
-  ``__flexible__``, ``__api_key__``, ``__header_schema__``) so kio's
-  ``entity_reader``/``entity_writer`` treat it like a generated entity.
+  ``__flexible__``, ``__api_key__``, ``__header_schema__``), set by its
+  schema's decorator (``_Schema``), so kio's ``entity_reader``/``entity_writer``
+  treat it like a generated entity.
 - ``LEGACY_SCHEMAS`` maps (api_key, version) to a namespace holding the
   request and response classes with kio's names, so handlers build responses
   the same way for every version.
@@ -23,7 +24,6 @@ Invariants:
 import datetime
 from dataclasses import dataclass, field
 from types import SimpleNamespace
-from typing import ClassVar
 
 from kio.schema.errors import ErrorCode
 from kio.schema.request_header.v1.header import RequestHeader
@@ -38,37 +38,52 @@ _DESCRIBE_CONFIGS = i16(32)
 _DEFAULT_TIMEOUT = i32Timedelta.parse(datetime.timedelta(milliseconds=60000))
 
 
+class _Schema:
+    """One API version's schema: its decorators make a class one of kio's frozen entity dataclasses of that API
+    and version, with kio's class attributes set here; `request` and `response` for the top-level messages,
+    `request_part` and `response_part` for the structures nested in them."""
+
+    def __init__(self, api_key: i16, version: int) -> None:
+        self.api_key = api_key
+        self.version = i16(version)
+
+    def _entity(self, cls: type, kind: EntityType, header: type) -> type:
+        cls.__type__ = kind
+        cls.__version__ = self.version
+        cls.__flexible__ = False
+        cls.__api_key__ = self.api_key
+        cls.__header_schema__ = header
+        return dataclass(frozen=True, slots=True, kw_only=True)(cls)
+
+    def request(self, cls: type) -> type:
+        return self._entity(cls, EntityType.request, RequestHeader)
+
+    def response(self, cls: type) -> type:
+        return self._entity(cls, EntityType.response, ResponseHeader)
+
+    def request_part(self, cls: type) -> type:
+        return self._entity(cls, EntityType.nested, RequestHeader)
+
+    def response_part(self, cls: type) -> type:
+        return self._entity(cls, EntityType.nested, ResponseHeader)
+
+
 def _create_topics(version: int) -> SimpleNamespace:
     """CreateTopics v0 (and v1, which adds validate_only and error_message)."""
-    v = i16(version)
+    schema = _Schema(_CREATE_TOPICS, version)
 
-    @dataclass(frozen=True, slots=True, kw_only=True)
+    @schema.request_part
     class CreatableReplicaAssignment:
-        __type__: ClassVar = EntityType.nested
-        __version__: ClassVar[i16] = v
-        __flexible__: ClassVar[bool] = False
-        __api_key__: ClassVar[i16] = _CREATE_TOPICS
-        __header_schema__: ClassVar[type[RequestHeader]] = RequestHeader
         partition_index: i32 = field(metadata={"kafka_type": "int32"})
         broker_ids: tuple[BrokerId, ...] = field(metadata={"kafka_type": "int32"}, default=())
 
-    @dataclass(frozen=True, slots=True, kw_only=True)
+    @schema.request_part
     class CreatableTopicConfig:
-        __type__: ClassVar = EntityType.nested
-        __version__: ClassVar[i16] = v
-        __flexible__: ClassVar[bool] = False
-        __api_key__: ClassVar[i16] = _CREATE_TOPICS
-        __header_schema__: ClassVar[type[RequestHeader]] = RequestHeader
         name: str = field(metadata={"kafka_type": "string"})
         value: str | None = field(metadata={"kafka_type": "string"})
 
-    @dataclass(frozen=True, slots=True, kw_only=True)
+    @schema.request_part
     class CreatableTopic:
-        __type__: ClassVar = EntityType.nested
-        __version__: ClassVar[i16] = v
-        __flexible__: ClassVar[bool] = False
-        __api_key__: ClassVar[i16] = _CREATE_TOPICS
-        __header_schema__: ClassVar[type[RequestHeader]] = RequestHeader
         name: TopicName = field(metadata={"kafka_type": "string"})
         num_partitions: i32 = field(metadata={"kafka_type": "int32"})
         replication_factor: i16 = field(metadata={"kafka_type": "int16"})
@@ -77,61 +92,36 @@ def _create_topics(version: int) -> SimpleNamespace:
 
     if version == 0:
 
-        @dataclass(frozen=True, slots=True, kw_only=True)
+        @schema.request
         class CreateTopicsRequest:
-            __type__: ClassVar = EntityType.request
-            __version__: ClassVar[i16] = v
-            __flexible__: ClassVar[bool] = False
-            __api_key__: ClassVar[i16] = _CREATE_TOPICS
-            __header_schema__: ClassVar[type[RequestHeader]] = RequestHeader
             topics: tuple[CreatableTopic, ...]
             timeout: i32Timedelta = field(
                 metadata={"kafka_type": "timedelta_i32"}, default=_DEFAULT_TIMEOUT
             )
 
-        @dataclass(frozen=True, slots=True, kw_only=True)
+        @schema.response_part
         class CreatableTopicResult:
-            __type__: ClassVar = EntityType.nested
-            __version__: ClassVar[i16] = v
-            __flexible__: ClassVar[bool] = False
-            __api_key__: ClassVar[i16] = _CREATE_TOPICS
-            __header_schema__: ClassVar[type[ResponseHeader]] = ResponseHeader
             name: TopicName = field(metadata={"kafka_type": "string"})
             error_code: ErrorCode = field(metadata={"kafka_type": "error_code"})
 
     else:
 
-        @dataclass(frozen=True, slots=True, kw_only=True)
+        @schema.request
         class CreateTopicsRequest:  # type: ignore[no-redef]
-            __type__: ClassVar = EntityType.request
-            __version__: ClassVar[i16] = v
-            __flexible__: ClassVar[bool] = False
-            __api_key__: ClassVar[i16] = _CREATE_TOPICS
-            __header_schema__: ClassVar[type[RequestHeader]] = RequestHeader
             topics: tuple[CreatableTopic, ...]
             timeout: i32Timedelta = field(
                 metadata={"kafka_type": "timedelta_i32"}, default=_DEFAULT_TIMEOUT
             )
             validate_only: bool = field(metadata={"kafka_type": "bool"}, default=False)
 
-        @dataclass(frozen=True, slots=True, kw_only=True)
+        @schema.response_part
         class CreatableTopicResult:  # type: ignore[no-redef]
-            __type__: ClassVar = EntityType.nested
-            __version__: ClassVar[i16] = v
-            __flexible__: ClassVar[bool] = False
-            __api_key__: ClassVar[i16] = _CREATE_TOPICS
-            __header_schema__: ClassVar[type[ResponseHeader]] = ResponseHeader
             name: TopicName = field(metadata={"kafka_type": "string"})
             error_code: ErrorCode = field(metadata={"kafka_type": "error_code"})
             error_message: str | None = field(metadata={"kafka_type": "string"}, default=None)
 
-    @dataclass(frozen=True, slots=True, kw_only=True)
+    @schema.response
     class CreateTopicsResponse:
-        __type__: ClassVar = EntityType.response
-        __version__: ClassVar[i16] = v
-        __flexible__: ClassVar[bool] = False
-        __api_key__: ClassVar[i16] = _CREATE_TOPICS
-        __header_schema__: ClassVar[type[ResponseHeader]] = ResponseHeader
         topics: tuple[CreatableTopicResult, ...]
 
     return SimpleNamespace(
@@ -147,35 +137,20 @@ def _create_topics(version: int) -> SimpleNamespace:
 
 
 def _delete_topics_v0() -> SimpleNamespace:
-    v = i16(0)
+    schema = _Schema(_DELETE_TOPICS, 0)
 
-    @dataclass(frozen=True, slots=True, kw_only=True)
+    @schema.request
     class DeleteTopicsRequest:
-        __type__: ClassVar = EntityType.request
-        __version__: ClassVar[i16] = v
-        __flexible__: ClassVar[bool] = False
-        __api_key__: ClassVar[i16] = _DELETE_TOPICS
-        __header_schema__: ClassVar[type[RequestHeader]] = RequestHeader
         topic_names: tuple[TopicName, ...] = field(metadata={"kafka_type": "string"}, default=())
         timeout: i32Timedelta = field(metadata={"kafka_type": "timedelta_i32"})
 
-    @dataclass(frozen=True, slots=True, kw_only=True)
+    @schema.response_part
     class DeletableTopicResult:
-        __type__: ClassVar = EntityType.nested
-        __version__: ClassVar[i16] = v
-        __flexible__: ClassVar[bool] = False
-        __api_key__: ClassVar[i16] = _DELETE_TOPICS
-        __header_schema__: ClassVar[type[ResponseHeader]] = ResponseHeader
         name: TopicName = field(metadata={"kafka_type": "string"})
         error_code: ErrorCode = field(metadata={"kafka_type": "error_code"})
 
-    @dataclass(frozen=True, slots=True, kw_only=True)
+    @schema.response
     class DeleteTopicsResponse:
-        __type__: ClassVar = EntityType.response
-        __version__: ClassVar[i16] = v
-        __flexible__: ClassVar[bool] = False
-        __api_key__: ClassVar[i16] = _DELETE_TOPICS
-        __header_schema__: ClassVar[type[ResponseHeader]] = ResponseHeader
         responses: tuple[DeletableTopicResult, ...]
 
     return SimpleNamespace(
@@ -189,61 +164,36 @@ def _delete_topics_v0() -> SimpleNamespace:
 
 def _describe_configs_v0() -> SimpleNamespace:
     """DescribeConfigs v0: no synonyms; is_default where later versions have config_source."""
-    v = i16(0)
+    schema = _Schema(_DESCRIBE_CONFIGS, 0)
 
-    @dataclass(frozen=True, slots=True, kw_only=True)
+    @schema.request_part
     class DescribeConfigsResource:
-        __type__: ClassVar = EntityType.nested
-        __version__: ClassVar[i16] = v
-        __flexible__: ClassVar[bool] = False
-        __api_key__: ClassVar[i16] = _DESCRIBE_CONFIGS
-        __header_schema__: ClassVar[type[RequestHeader]] = RequestHeader
         resource_type: i8 = field(metadata={"kafka_type": "int8"})
         resource_name: str = field(metadata={"kafka_type": "string"})
         configuration_keys: tuple[str, ...] | None = field(metadata={"kafka_type": "string"}, default=())
 
-    @dataclass(frozen=True, slots=True, kw_only=True)
+    @schema.request
     class DescribeConfigsRequest:
-        __type__: ClassVar = EntityType.request
-        __version__: ClassVar[i16] = v
-        __flexible__: ClassVar[bool] = False
-        __api_key__: ClassVar[i16] = _DESCRIBE_CONFIGS
-        __header_schema__: ClassVar[type[RequestHeader]] = RequestHeader
         resources: tuple[DescribeConfigsResource, ...]
 
-    @dataclass(frozen=True, slots=True, kw_only=True)
+    @schema.response_part
     class DescribeConfigsResourceResult:
-        __type__: ClassVar = EntityType.nested
-        __version__: ClassVar[i16] = v
-        __flexible__: ClassVar[bool] = False
-        __api_key__: ClassVar[i16] = _DESCRIBE_CONFIGS
-        __header_schema__: ClassVar[type[ResponseHeader]] = ResponseHeader
         name: str = field(metadata={"kafka_type": "string"})
         value: str | None = field(metadata={"kafka_type": "string"})
         read_only: bool = field(metadata={"kafka_type": "bool"})
         is_default: bool = field(metadata={"kafka_type": "bool"})
         is_sensitive: bool = field(metadata={"kafka_type": "bool"})
 
-    @dataclass(frozen=True, slots=True, kw_only=True)
+    @schema.response_part
     class DescribeConfigsResult:
-        __type__: ClassVar = EntityType.nested
-        __version__: ClassVar[i16] = v
-        __flexible__: ClassVar[bool] = False
-        __api_key__: ClassVar[i16] = _DESCRIBE_CONFIGS
-        __header_schema__: ClassVar[type[ResponseHeader]] = ResponseHeader
         error_code: ErrorCode = field(metadata={"kafka_type": "error_code"})
         error_message: str | None = field(metadata={"kafka_type": "string"})
         resource_type: i8 = field(metadata={"kafka_type": "int8"})
         resource_name: str = field(metadata={"kafka_type": "string"})
         configs: tuple[DescribeConfigsResourceResult, ...]
 
-    @dataclass(frozen=True, slots=True, kw_only=True)
+    @schema.response
     class DescribeConfigsResponse:
-        __type__: ClassVar = EntityType.response
-        __version__: ClassVar[i16] = v
-        __flexible__: ClassVar[bool] = False
-        __api_key__: ClassVar[i16] = _DESCRIBE_CONFIGS
-        __header_schema__: ClassVar[type[ResponseHeader]] = ResponseHeader
         throttle_time: i32Timedelta = field(metadata={"kafka_type": "timedelta_i32"})
         results: tuple[DescribeConfigsResult, ...]
 

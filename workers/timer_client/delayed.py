@@ -8,7 +8,7 @@ runs it and settles the request through the worker's `settle` callback.
 A delayed fetch waits in the timer for its deadline; the appends that satisfy it are answered here
 (`answer_appended`), as Kafka's request handler completes the fetches its append satisfies
 (checkAndComplete): the client gets its records without a round trip through the timer, and the timer
-gets a CANCEL for the wait. The condition is the timer's (DelayedFetch.satisfied). This worker's own
+gets a CANCEL for the wait. The condition is the timer's too (shm.fetch_condition). This worker's own
 appends are checked as soon as the Produce that made them has appended, before its response is built
 (Handlers.after_appends: the worker asks `answers_due`, then calls `answer_appended`). Another worker's
 append reaches it as a ring of its doorbell, rung at the append (shm.interest.WorkerWatches says who
@@ -56,6 +56,7 @@ from typing import Any, Callable, NamedTuple
 
 from shm import messages as M
 from shm.doorbell import EventfdDoorbell
+from shm.fetch_condition import FetchCondition
 from shm.interest import WorkerWatches, full_fence
 from shm.table import END_BYTES, PartitionTable
 from workers.connection import Connection, Request
@@ -92,17 +93,6 @@ class Waiting:
     frame: bytes  # as sent to the timer, kept for re-submission
     fetch: FetchCondition | None = None  # a delayed fetch's condition, checked here when an append may meet it
     handed_off: bool = False  # sent to the timer (a long poll only after fetch_handoff_ms)
-
-
-@dataclass(slots=True)
-class FetchCondition:
-    """A delayed fetch is satisfied once min_bytes were appended past start_bytes, summed over its rows."""
-
-    watch: list[tuple[int, int]]  # (row, start_bytes)
-    min_bytes: int
-
-    def satisfied(self, table: PartitionTable) -> bool:
-        return table.bytes_appended_since(self.watch) >= self.min_bytes
 
 
 class DocumentTooLarge(ValueError):

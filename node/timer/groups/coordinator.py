@@ -29,15 +29,14 @@ from typing import Any, Callable
 
 from kio.schema.errors import ErrorCode
 
-from node.config import GroupConfig
+from node.config import GroupConfig, PurgatoryConfig, WheelConfig
 from node.storage.store import PartitionStore
 from node.timer.groups.delayed import DelayedJoin, InitialDelayedJoin, PendingSync, join_key, sync_key
 from node.timer.groups.group import Group, GroupState, Member, Waiter
 from node.timer.groups.offsets import OffsetStore
 from node.timer.groups.sessions import Sessions
 from node.timer.outbox import Outbox
-from node.timer.purgatory import Purgatory, PurgatoryConfig
-from node.timer.wheel import WheelConfig
+from node.timer.purgatory import Purgatory
 from shm import messages as M
 
 log = logging.getLogger("shmbroker.groups")

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 from typing import Callable, Hashable
 
-from node.timer.wheel import TimingWheel, WheelConfig
+from node.config import WheelConfig
+from node.timer.wheel import TimingWheel
 
 
 class Sessions:

@@ -1,0 +1,37 @@
+"""What a delayed fetch waits for: min_bytes appended past where its reads ended, summed over its rows, as the
+shared partition table says.
+
+One definition for both processes that check it: a network worker on the appends it sees (its own, or a peer's
+doorbell) and the timer process at a wait's arrival and deadline.
+
+Invariants:
+- `watch` is the (row, start_bytes) pairs of the DELAY_FETCH message, in its order; start_bytes is the row's
+  `end_bytes` when the fetch read it, so an append after the read counts even if it raced the read.
+- A row whose end_bytes is below its start (recovery refilled it) counts 0, never less.
+- `satisfied` reads each row's end_bytes with the table's consistent one-field read and allocates nothing;
+  it stops at the first row that brings the sum to min_bytes (every term is >= 0, so the answer is the same).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from shm.table import END_BYTES, PartitionTable
+
+
+@dataclass(slots=True)
+class FetchCondition:
+    watch: list[tuple[int, int]]  # (row, start_bytes)
+    min_bytes: int
+
+    def satisfied(self, table: PartitionTable) -> bool:
+        read = table.read_field
+        needed = self.min_bytes
+        appended = 0
+        for row, start in self.watch:
+            end = read(row, END_BYTES)
+            if end > start:
+                appended += end - start
+                if appended >= needed:
+                    return True
+        return appended >= needed
