@@ -17,6 +17,8 @@ Invariants:
   restarted like any child that died. The supervisor looks every `heartbeat_interval_ms`.
 - A child dies with the supervisor (PR_SET_PDEATHSIG), so kill -9 of the supervisor never leaves
   orphans holding the port or the rings.
+- Children ignore SIGINT: a Ctrl-C in a terminal reaches the whole process group, and the stop order is
+  the supervisor's.
 - SIGTERM / SIGINT: workers stop accepting and finish in-flight responses within the grace period,
   then the timer stops, then every partition is fsync'd, shared memory is unlinked, exit 0.
 - SIGHUP: the config file is read again; if valid, its reloadable sections (node.config.RELOADABLE) replace
@@ -485,9 +487,12 @@ def _watchdog_interval_s() -> float | None:
 
 
 def _child_setup() -> None:
-    """Runs in the child before exec: our blocked signals are not the child's; and a child must
-    not outlive a supervisor killed with -9 (it would hold the port and the rings)."""
+    """Runs in the child before exec: our blocked signals are not the child's; a terminal's Ctrl-C, which
+    reaches the whole process group, is the supervisor's alone (it stops the children in order; a child
+    still importing would die of it with a traceback); and a child must not outlive a supervisor killed
+    with -9 (it would hold the port and the rings)."""
     signal.pthread_sigmask(signal.SIG_UNBLOCK, set(SIGNALS))
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # stays ignored across exec: Python keeps an ignored SIGINT
     ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 

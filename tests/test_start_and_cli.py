@@ -203,3 +203,27 @@ def test_a_pending_sync_ends_when_the_only_member_leaves(node_factory):
 
     # Within a few publishes: nothing waits for the sync of a generation that is over.
     _wait_for(lambda: pending_syncs() == 0, 5, "the pending sync to end")
+
+
+def test_ctrl_c_while_the_children_start_stops_the_node_cleanly(tmp_path):
+    """A terminal's Ctrl-C reaches every process of the group, children still importing among them: only the
+    supervisor acts on it."""
+    port = free_port()
+    log_path = tmp_path / "node.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "node.tools.cli", "serve", "--listen", f"127.0.0.1:{port}",
+                                 "--data-dir", str(tmp_path / "data"), "--workers", "2"], cwd=REPO, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        _wait_for(lambda: len(psutil.Process(proc.pid).children()) == 3, START_TIMEOUT_S, "the children to start")
+        family = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children()]
+        os.killpg(proc.pid, signal.SIGINT)
+        assert proc.wait(timeout=60) == 0, log_path.read_text()
+        assert psutil.wait_procs(family, timeout=30)[1] == []
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    text = log_path.read_text()
+    assert "Traceback" not in text and "KeyboardInterrupt" not in text, text
+    assert shm_leftovers(instance_id_for(str(tmp_path / "data"), port)) == []

@@ -712,7 +712,6 @@ class Worker:
     def run(self) -> int:
         signal.set_wakeup_fd(self._wakeup_w)
         signal.signal(signal.SIGTERM, self._on_signal)
-        signal.signal(signal.SIGINT, self._on_signal)
         signal.signal(signal.SIGHUP, self._on_hup)
         loop = self.loop
         self._arm_quota_report()

@@ -198,7 +198,6 @@ class TimerProcess:
 
     def run(self) -> int:
         signal.signal(signal.SIGTERM, self._on_signal)
-        signal.signal(signal.SIGINT, self._on_signal)
         signal.signal(signal.SIGHUP, self._on_hup)
         self.flusher.start()
         self.outbox.broadcast(M.encode(M.Kind.TIMER_STARTED, os.getpid()))
