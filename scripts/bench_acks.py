@@ -17,7 +17,7 @@ The issue's target (acks=all p50 <= 2 ms at >= 500,000 records/s) is checked for
 own fdatasync (a plain write + fdatasync of one batch beside the data dir) is measured after each point.
 A table goes to stderr as rounds finish; --json prints one line per round and one summary line per point.
 Usage:
-    .venv/bin/python scripts/bench_acks.py [--rounds 3] [--seconds 4] [--points reference=64000x1x2] [--json]
+    .venv/bin/python -m scripts.bench_acks [--rounds 3] [--seconds 4] [--points reference=64000x1x2] [--json]
 """
 
 from __future__ import annotations
@@ -29,11 +29,9 @@ import sys
 import time
 from dataclasses import dataclass
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-import benchnode  # noqa: E402
-from nodeproc import NodeProcess  # noqa: E402
-from producer_perf import RawProduceLoad, run_raw_producer  # noqa: E402
+from scripts.harness import benchnode
+from scripts.harness.nodeproc import NodeProcess
+from scripts.producer_perf import RawProduceLoad, run_raw_producer
 
 SCRIPT = "bench_acks"
 PARTITIONS = 4
@@ -120,7 +118,7 @@ def print_table(summaries: list[dict]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m scripts.bench_acks", description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3, help="rounds per acks and point (default %(default)s)")
     parser.add_argument("--seconds", type=float, default=4.0, help="seconds per round (default %(default)s)")
     parser.add_argument("--workers", type=int, default=2)

@@ -7,7 +7,7 @@ The bounds and limits (config `[server]`): the memory bound on requests and resp
 incomplete-request timeouts (connections_max_idle_ms, request_timeout_ms). "off" turns every one of them
 off (-1, or Kafka's "no limit"); everything else (heartbeats included) is the same in both.
 
-Both nodes run side by side for the whole run (scripts/nodeproc.py, --workers workers each; the one not
+Both nodes run side by side for the whole run (scripts/harness/nodeproc.py, --workers workers each; the one not
 being measured sits idle) and are measured in interleaved slices, so the noise of a shared machine hits both
 alike at a fine grain. Each round measures, on each node in turn (on, off, then off, on, ...):
 - producer: producer_perf's raw load (acks=1, 8 KiB batches of 100-byte records, 4 connections with 8
@@ -17,7 +17,7 @@ alike at a fine grain. Each round measures, on each node in turn (on, off, then 
 The report gives every round's values, the median per mode, and the median of the per-round ratios on/off
 (the figure to read: each ratio compares two slices measured seconds apart).
 
-    .venv/bin/python scripts/bench_limits.py [--runs 10] [--workers 2] [--json]
+    .venv/bin/python -m scripts.bench_limits [--runs 10] [--workers 2] [--json]
 
 Only 127.0.0.1 is used; every measurement is bounded in time; nodes are stopped by pid.
 """
@@ -26,17 +26,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 import statistics
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-import benchnode  # noqa: E402
-import e2e_latency  # noqa: E402
-import producer_perf  # noqa: E402
-from nodeproc import LOOPBACK, NodeProcess  # noqa: E402
+from scripts import e2e_latency, producer_perf
+from scripts.harness import benchnode
+from scripts.harness.nodeproc import LOOPBACK, NodeProcess
 
 SCRIPT = "bench_limits"
 MODES = {
@@ -78,7 +74,7 @@ def measure_e2e(node: NodeProcess, topic: str, args: argparse.Namespace) -> dict
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m scripts.bench_limits", description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=10, help="rounds: one slice of each load on each node")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--partitions", type=int, default=4)

@@ -9,7 +9,7 @@ the node's CPU time per record (all its processes), whose on/off ratio is the co
 a shared machine.
 
 Only 127.0.0.1; bounded by --runs x 2 x (--seconds + node start). Usage:
-    .venv/bin/python scripts/bench_quotas.py [--runs 6] [--seconds 8] [--json]
+    .venv/bin/python -m scripts.bench_quotas [--runs 6] [--seconds 8] [--json]
 """
 
 from __future__ import annotations
@@ -25,10 +25,8 @@ from typing import Any
 
 import psutil
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-import benchnode  # noqa: E402
-from nodeproc import NodeProcess  # noqa: E402
+from scripts.harness import benchnode
+from scripts.harness.nodeproc import NodeProcess
 
 SCRIPT = "bench_quotas"
 UNREACHABLE = 10**12  # bytes/s: every request is measured and checked, none is throttled
@@ -50,7 +48,7 @@ def trial(args: Any, mode: str) -> dict[str, Any]:
         processes = [psutil.Process(pid) for pid in [node.proc.pid] + node.pids()]
         cpu_before = sum(cpu_seconds(process) for process in processes)
         done = subprocess.run(
-            [sys.executable, os.path.join(benchnode.SCRIPTS_DIR, "producer_perf.py"), "--bootstrap", node.bootstrap,
+            [sys.executable, "-m", "scripts.producer_perf", "--bootstrap", node.bootstrap,
              "--client", "raw", "--acks", "1", "--seconds", str(args.seconds), "--json"],
             capture_output=True, text=True, timeout=args.seconds + 120)
         if done.returncode != 0:
@@ -67,7 +65,7 @@ def cpu_seconds(process: psutil.Process) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m scripts.bench_quotas", description=__doc__.split("\n\n")[0])
     parser.add_argument("--workers", type=int, default=benchnode.DEFAULT_WORKERS)
     parser.add_argument("--runs", type=int, default=6, help="pairs of trials, the order alternating (even)")
     parser.add_argument("--settle-s", type=float, default=2.0, help="pause after the sync before each trial")

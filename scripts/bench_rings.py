@@ -41,17 +41,14 @@ import statistics
 import struct
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import numpy as np
+import psutil
 
-import numpy as np  # noqa: E402
-import psutil  # noqa: E402
-
-from shm.doorbell import EventfdDoorbell  # noqa: E402
-from shm.instance import Instance, object_name  # noqa: E402
-import shm.ring  # noqa: E402
-from shm.ring import RingConfig, RingReader, RingWriter, announce_sleep_all, woke_all  # noqa: E402
+from shm.doorbell import EventfdDoorbell
+from shm.instance import Instance, object_name
+from shm.ring import RingConfig, RingReader, RingWriter, announce_sleep_all, woke_all
+import shm.ring
 
 TRANSPORTS = ("shm-ring", "os-pipe", "mp-pipe", "mp-queue")
 F_SETPIPE_SZ = 1031
@@ -487,7 +484,8 @@ def measure_idle(name: str, args) -> float:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m scripts.bench_rings",
+                                     description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", action="store_true", help="one JSON object per (transport, size)")
     parser.add_argument("--seconds", type=float, default=2.0, help="length of each throughput measurement")
     parser.add_argument("--latency-seconds", type=float, default=1.0, help="length of each latency measurement")

@@ -6,7 +6,7 @@ Both nodes run side by side (same code, same config but for the stats switch); r
 --seconds (scripts/producer_perf.py's load: 100-byte records in 8 KiB batches, acks=1). The figure is the
 median over rounds of enabled/disabled records/s; the issue's target is a cost of at most 3% (ratio >= 0.97).
 One JSON line per round and a summary line with --json; a table otherwise. Usage:
-    .venv/bin/python scripts/bench_stats.py [--rounds 6] [--seconds 5] [--json]
+    .venv/bin/python -m scripts.bench_stats [--rounds 6] [--seconds 5] [--json]
 """
 
 from __future__ import annotations
@@ -16,18 +16,16 @@ import os
 import statistics
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-import benchnode  # noqa: E402
-from nodeproc import NodeProcess  # noqa: E402
-from producer_perf import RawProduceLoad, run_raw_producer  # noqa: E402
+from scripts.harness import benchnode
+from scripts.harness.nodeproc import NodeProcess
+from scripts.producer_perf import RawProduceLoad, run_raw_producer
 
 SCRIPT = "bench_stats"
 PARTITIONS = 4
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m scripts.bench_stats", description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=6, help="rounds per node (default %(default)s)")
     parser.add_argument("--seconds", type=float, default=5.0, help="seconds per round (default %(default)s)")
     parser.add_argument("--workers", type=int, default=1)

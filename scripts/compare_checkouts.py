@@ -1,6 +1,6 @@
 """Before and after in one run: the same benchmark scripts, alternately from two checkouts of the node.
 
-Each checkout's node is started here, the same way for both (scripts/nodeproc.py with the checkout as its
+Each checkout's node is started here, the same way for both (scripts/harness/nodeproc.py with the checkout as its
 code, then --settle-s for every child to be up), and measured by that checkout's own scripts with its own venv
 (`<checkout>/.venv/bin/python`) through --bootstrap: the figures compare the nodes, not the checkouts' ways of
 starting them. A fresh node per script run. Runs alternate (base, new, new, base, ...) so drift on a shared
@@ -24,8 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from nodeproc import NodeProcess  # noqa: E402
+from scripts.harness.nodeproc import NodeProcess
 
 # (label, script and arguments, {metric name: (row filter, field)})
 WORKLOADS = [
@@ -66,7 +65,7 @@ def pick(rows: list[dict], where: dict, field: str) -> float | None:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m scripts.compare_checkouts", description=__doc__.split("\n\n")[0])
     parser.add_argument("--base", required=True, type=Path, help="checkout measured as the baseline")
     parser.add_argument("--new", required=True, type=Path, help="checkout compared with it")
     parser.add_argument("--runs", type=int, default=5)

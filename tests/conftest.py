@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
-from nodeproc import NodeProcess  # noqa: E402  (the one launcher of tests and benchmarks)
+from scripts.harness.nodeproc import NodeProcess  # the one launcher of tests and benchmarks
 
 
 @pytest.fixture

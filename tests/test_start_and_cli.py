@@ -20,7 +20,7 @@ import psutil
 import pytest
 from confluent_kafka import Consumer, Producer
 
-from nodeproc import free_port, shm_leftovers
+from scripts.harness.nodeproc import free_port, shm_leftovers
 from shm.instance import instance_id_for
 
 REPO = Path(__file__).resolve().parent.parent

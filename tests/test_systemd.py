@@ -18,7 +18,7 @@ import threading
 import time
 from pathlib import Path
 
-from nodeproc import NodeProcess, api_versions_roundtrip
+from scripts.harness.nodeproc import NodeProcess, api_versions_roundtrip
 
 REPO = Path(__file__).resolve().parent.parent
 WATCHDOG_USEC = 400_000  # pings every 0.2 s
