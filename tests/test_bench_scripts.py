@@ -19,6 +19,7 @@ import pytest
 
 from scripts import bench_rings
 from scripts.harness import benchnode
+from scripts.harness.abba import AlternatingRounds
 from shm import instance as shm_instance
 from shm.instance import instance_id_for
 
@@ -148,7 +149,7 @@ def test_bench_quotas_compares_quotas_on_and_off(tmp_path):
     assert sorted(row["quotas"] for row in trials) == ["off", "on"]
     check_rows(trials, "bench_quotas")
     assert all(row["node_cpu_ns_per_record"] > 0 for row in trials) and summary["cpu_per_record_ratio"] > 0
-    assert summary["summary"] and summary["run_ratios"] == [summary["median_run_ratio"]] and summary["ratio_of_medians"] > 0
+    assert summary["summary"] and summary["run_ratios"] == [summary["median_run_ratio"]] and summary["median_run_ratio"] > 0
 
 
 def test_bench_groups_runs_every_workload(tmp_path):
@@ -210,6 +211,31 @@ def test_percentiles_and_result_row():
     assert row["p999_ms"] == pytest.approx(999.001)
     empty = benchnode.result_row("s", "c", 0, 1.0, None)
     assert empty["p50_ms"] is None and empty["mb_per_s"] is None
+
+
+def test_alternating_rounds_order_and_ratio():
+    rounds = AlternatingRounds("on", "off", 3)
+    assert list(rounds.steps()) == [(0, "on"), (0, "off"), (1, "off"), (1, "on"), (2, "on"), (2, "off")]
+    for (index, mode), rate in zip(rounds.steps(), [90, 100, 200, 150, 99, 100]):
+        rounds.record(index, mode, {"rate": rate})
+    # The median of each round's own ratio (0.9, 0.75, 0.99), not the ratio of the medians (99 / 100).
+    assert rounds.ratios("rate") == [0.9, 0.75, 0.99] and rounds.ratio("rate") == 0.9
+    assert rounds.compare("rate") == {"on_median": 99, "off_median": 100, "ratio_median": 0.9, "ratio_min": 0.75,
+                                      "ratio_max": 0.99, "on": [90, 150, 99], "off": [100, 200, 100]}
+    with pytest.raises(ValueError):
+        rounds.record(0, "on", {"rate": 1})
+
+
+def test_bench_acks_compares_acks_all_with_acks_1(tmp_path):
+    rows = run_script(tmp_path, "bench_acks", "--rounds", "2", "--seconds", "0.5", "--workers", "1",
+                      "--points", "tiny=8192x1x2")
+    steps, summary = rows[:-1], rows[-1]
+    assert [row["acks"] for row in steps] == ["all", "1", "1", "all"]
+    assert all(row["records_per_s"] > 0 and not row["errors"] for row in steps), steps
+    assert summary["summary"] and summary["point"] == "tiny" and summary["rounds"] == 2
+    ratios = [a["records_per_s"] / b["records_per_s"] for a, b in ((steps[0], steps[1]), (steps[3], steps[2]))]
+    assert summary["all_over_1"] == pytest.approx(sum(ratios) / 2, abs=1e-3)
+    assert isinstance(summary["target_met"], bool) and summary["fdatasync_p50_ms"] > 0
 
 
 def test_bench_purgatory_prints_every_impl_case_and_rate():
