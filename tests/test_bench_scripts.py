@@ -18,6 +18,7 @@ import psutil
 import pytest
 
 from scripts import bench_rings
+from scripts.compare_checkouts import script_command
 from scripts.harness import benchnode
 from scripts.harness.abba import AlternatingRounds
 from shm import instance as shm_instance
@@ -224,6 +225,16 @@ def test_alternating_rounds_order_and_ratio():
                                       "ratio_max": 0.99, "on": [90, 150, 99], "off": [100, 200, 100]}
     with pytest.raises(ValueError):
         rounds.record(0, "on", {"rate": 1})
+
+
+def test_compare_checkouts_runs_package_scripts_as_modules_and_plain_ones_as_files(tmp_path):
+    package, plain = tmp_path / "package", tmp_path / "plain"
+    for checkout in (package, plain):
+        (checkout / "scripts").mkdir(parents=True)
+    (package / "scripts" / "__init__.py").write_text("")
+    assert script_command(package, "bench_groups") == [str(package / ".venv/bin/python"), "-m", "scripts.bench_groups"]
+    assert script_command(plain, "bench_groups") == [str(plain / ".venv/bin/python"),
+                                                     str(plain / "scripts" / "bench_groups.py")]
 
 
 def test_bench_acks_compares_acks_all_with_acks_1(tmp_path):
