@@ -2,7 +2,8 @@
 with the fields every benchmark promises. Speed is never asserted (benchmarks are not timed tests).
 
 Each script run starts its own node (the default) with TMPDIR pointed into the test's tmp_path, so the
-test can check that the script removed its temp dir, stopped its node and left nothing in /dev/shm.
+test can check that the script removed its temp dir, stopped its node and left nothing in /dev/shm; those
+tests carry the marker `node`.
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ def check_rows(rows: list[dict], script: str, latency: bool = True) -> None:
         assert not row.get("errors"), row
 
 
+@pytest.mark.node
 def test_producer_perf_both_clients_both_acks(tmp_path):
     rows = run_script(tmp_path, "producer_perf", "--seconds", "2", "--partitions", "2", "--connections", "2")
     check_rows(rows, "producer_perf")
@@ -67,6 +69,7 @@ def test_producer_perf_both_clients_both_acks(tmp_path):
         ("confluent", "1"), ("confluent", "all"), ("raw", "1"), ("raw", "all")]
 
 
+@pytest.mark.node
 def test_producer_perf_raw_from_two_processes(tmp_path):
     rows = run_script(tmp_path, "producer_perf", "--seconds", "1.5", "--client", "raw", "--acks", "1",
                       "--processes", "2", "--connections", "2", "--workers", "1")
@@ -74,6 +77,7 @@ def test_producer_perf_raw_from_two_processes(tmp_path):
     assert [(r["client"], r["processes"]) for r in rows] == [("raw", 2)]
 
 
+@pytest.mark.node
 def test_consumer_perf_reads_everything_and_measures_the_ceiling(tmp_path):
     rows = run_script(tmp_path, "consumer_perf", "--seconds", "20", "--records", "60000", "--partitions", "2",
                       "--passes", "2", "--ceiling-seconds", "0.3")
@@ -85,6 +89,7 @@ def test_consumer_perf_reads_everything_and_measures_the_ceiling(tmp_path):
         assert row["ceiling_mb_per_s"] > 0 and row["ceiling_ratio"] > 0, row
 
 
+@pytest.mark.node
 def test_e2e_latency_both_clients(tmp_path):
     rows = run_script(tmp_path, "e2e_latency", "--seconds", "2", "--rate", "500", "--warmup-seconds", "0.2")
     check_rows(rows, "e2e_latency")
@@ -93,6 +98,7 @@ def test_e2e_latency_both_clients(tmp_path):
         assert row["lost"] == 0 and row["sent"] == row["records"], row
 
 
+@pytest.mark.node
 def test_consumer_perf_group_of_two_reads_everything_once(tmp_path):
     rows = run_script(tmp_path, "consumer_perf", "--client", "group", "--consumers", "2", "--partitions", "2",
                       "--records", "20000", "--seconds", "60")
@@ -105,6 +111,7 @@ def test_consumer_perf_group_of_two_reads_everything_once(tmp_path):
     assert row["join_s"] > 0, row
 
 
+@pytest.mark.node
 def test_bench_delayed_offered_rates_are_completed_with_timer_stats(tmp_path):
     rows = run_script(tmp_path, "bench_delayed", "--workload", "offered", "--rates", "200", "400",
                       "--step-seconds", "0.5", "--expire-ms", "100", "--partitions", "2", "--settle-ms", "200")
@@ -116,6 +123,7 @@ def test_bench_delayed_offered_rates_are_completed_with_timer_stats(tmp_path):
         assert row["completed_per_s"] > 0 and row["timer_lateness_p99_us"] is not None, row
 
 
+@pytest.mark.node
 def test_bench_delayed_answers_every_waiter_in_both_workloads(tmp_path):
     rows = run_script(tmp_path, "bench_delayed", "--waiters", "50", "--rounds", "2", "--partitions", "2",
                       "--settle-ms", "200", "--expire-ms", "100")
@@ -130,6 +138,7 @@ def test_bench_delayed_answers_every_waiter_in_both_workloads(tmp_path):
         assert row["timer_cores"] is not None and row["worker_cores"] is not None, row
 
 
+@pytest.mark.node
 def test_bench_priority_measures_both_fetches_and_plots(tmp_path):
     plot = tmp_path / "priority.png"
     rows = run_script(tmp_path, "bench_priority", "--runs", "1", "--backlog", "6000", "--seconds", "1",
@@ -144,6 +153,7 @@ def test_bench_priority_measures_both_fetches_and_plots(tmp_path):
     assert plot.stat().st_size > 10_000
 
 
+@pytest.mark.node
 def test_bench_quotas_compares_quotas_on_and_off(tmp_path):
     rows = run_script(tmp_path, "bench_quotas", "--runs", "1", "--seconds", "1", "--settle-s", "0", nodes=2)
     trials, summary = rows[:-1], rows[-1]
@@ -153,6 +163,7 @@ def test_bench_quotas_compares_quotas_on_and_off(tmp_path):
     assert summary["summary"] and summary["run_ratios"] == [summary["median_run_ratio"]] and summary["median_run_ratio"] > 0
 
 
+@pytest.mark.node
 def test_bench_groups_runs_every_workload(tmp_path):
     rows = run_script(tmp_path, "bench_groups", "--members", "40", "--group-size", "4", "--seconds", "2",
                       "--connections", "4", "--rebalance-members", "8", "--rebalance-rounds", "2",
@@ -171,6 +182,7 @@ def test_bench_groups_runs_every_workload(tmp_path):
     assert all(r["records"] > 0 and r["errors"] == 0 for r in by_workload["commit"])
 
 
+@pytest.mark.node
 def test_bench_admin_creates_every_shape_against_its_validate_only_baseline(tmp_path):
     rows = run_script(tmp_path, "bench_admin", "--runs", "2", "--topics", "10", "--partitions", "3",
                       "--sequential", "3")
@@ -237,6 +249,7 @@ def test_compare_checkouts_runs_package_scripts_as_modules_and_plain_ones_as_fil
                                                      str(plain / "scripts" / "bench_groups.py")]
 
 
+@pytest.mark.node
 def test_bench_acks_compares_acks_all_with_acks_1(tmp_path):
     rows = run_script(tmp_path, "bench_acks", "--rounds", "2", "--seconds", "0.5", "--workers", "1",
                       "--points", "tiny=8192x1x2")
@@ -312,6 +325,7 @@ def test_bench_rings_measures_the_ring_also_with_the_timer_process_semaphore():
     assert row["frames_per_s"] > 0 and 0 < row["p50_us"] <= row["p99_us"] and row["idle_cpu_pct"] is not None, row
 
 
+@pytest.mark.node
 def test_bench_limits_smoke(tmp_path):
     """Both modes on two nodes side by side, measured in interleaved slices; every measurement and the summary
     as JSON."""

@@ -10,6 +10,7 @@ import re
 import threading
 import time
 
+import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 from kafka import KafkaProducer
@@ -18,6 +19,7 @@ from kafka.errors import KafkaStorageError
 from tests.small_fs import MiB, ballast, ext4_on_thin_storage, fill, tmpfs
 from tests.test_clients import CLIENT_TIMEOUT_S, consume_all
 
+pytestmark = pytest.mark.node  # each test starts a node on a small filesystem of its own
 STORAGE_ERROR = "KAFKA_STORAGE_ERROR"
 CONFIG = "[log]\nsegment_bytes = 1048576\nindex_max_bytes = 65536\n"
 VALUE_BYTES = 1000

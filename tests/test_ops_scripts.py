@@ -21,6 +21,7 @@ from shm import instance as shm_instance
 from shm.instance import instance_id_for
 
 REPO = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.node  # each script starts its own nodes
 
 
 def run(tmp_path: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:

@@ -18,6 +18,8 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 from scripts.harness.nodeproc import NodeProcess, api_versions_roundtrip
 
 REPO = Path(__file__).resolve().parent.parent
@@ -91,6 +93,7 @@ class NotifyListener:
         self.sock.close()
 
 
+@pytest.mark.node
 def test_notify_ready_watchdog_reload_stop():
     short = tempfile.mkdtemp(prefix="smb-sd-", dir="/tmp")  # AF_UNIX paths are short
     listener = NotifyListener(os.path.join(short, "notify"))
