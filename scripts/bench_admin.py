@@ -4,8 +4,8 @@ created: what the protocol, the worker and the timer cost without the creation i
 
 The node's creation is also set beside the filesystem's own cost in the same run (`floor`): making the same
 directories and segment files (Segment.create_files, one partition after another) in a sibling directory of
-the node's data dir. On this machine's virtual disk that cost swings twenty-fold with the state of the page
-cache (file creation reads evicted inode bitmaps), so only the ratio to it compares runs.
+the node's data dir. On a virtual disk that cost swings many-fold with the state of the page cache (file
+creation reads evicted inode bitmaps), so only the ratio to it compares runs.
 
 Shapes (each --runs times on the same node, fresh topic names each run; the medians are reported):
 - batch: one CreateTopics request of --topics topics of --partitions partitions (default 250 x 4 = 1,000

@@ -1,5 +1,5 @@
 """What `shmbroker dashboard` costs: its CPU use (cores) while it watches a node under load, in a real
-pseudo-terminal (tmux), refreshing every second. The issue's target: under 5% of a core.
+pseudo-terminal (tmux), refreshing every second. Target: under 5% of a core.
 
 A node with --workers workers is started here, a raw producer (scripts/producer_perf.py's load) keeps it busy,
 the dashboard runs in a tmux session of this script's own for --seconds, and psutil measures the dashboard

@@ -37,7 +37,7 @@ distribution's redis-server, started here on a free loopback port with its own t
 Only 127.0.0.1; every step is bounded in time. Output in --out (default ./bench-report): results.jsonl, *.png,
 report.md. Usage:
     .venv/bin/python -m scripts.bench_report --quick      # about 6 minutes (4 GB stored in section 5)
-    .venv/bin/python -m scripts.bench_report              # about 23 minutes with the 10 GB fill (2-3 minutes here)
+    .venv/bin/python -m scripts.bench_report              # about 23 minutes with the 10 GB fill
 """
 
 from __future__ import annotations
@@ -756,7 +756,7 @@ def section_table(rows: list[dict], section: Section) -> list[str]:
 
 
 def targets(run: Run) -> list[dict]:
-    """The issue's targets, each measured in this run: node value, peer value or limit, ratio, met."""
+    """The report's targets, each measured in this run: node value, peer value or limit, ratio, met."""
     found = []
 
     def add(target: str, value: Any, base: Any, low: float | None, high: float | None, unit: str,

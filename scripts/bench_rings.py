@@ -23,8 +23,7 @@ trusted: `*_vs_os_pipe_ci95`, a bootstrap 95% interval of the median per-run rat
 Batching: the ring writer publishes up to --batch frames and --batch-bytes bytes per head update
 (write_many); os.pipe does one os.write per frame unless --pipe-batch > 1 (then one write per batch).
 The byte bound keeps a batch well below the ring's capacity: a 64-frame batch of 64 KiB frames would fill
-a 4 MiB ring in one head update, and writer and reader would take turns instead of overlapping (measured:
-115k frames/s with batches of 64, 299k with batches of 4).
+a 4 MiB ring in one head update, and writer and reader would take turns instead of overlapping.
 
 --json prints one JSON object per (transport, size).
 """

@@ -11,7 +11,7 @@ pyspark_shmbroker on local[2], each next to its baselines measured in the same r
   the same topic into the noop sink: records/s from start to end, and the median micro-batch rate.
 - decode: records.decode_record_set alone (no Spark, no node), ns per record, fixed-size 100-byte values
   (the run path) and sizes varying record to record (the scalar loop).
-Targets of issue 16: read >= 1,000,000 rows/s and write >= 500,000 rows/s.
+Targets: read >= 1,000,000 rows/s and write >= 500,000 rows/s.
 
 Runs are interleaved (read-arrow, read-rows, read-ceiling, read-arrow, ...), after --warmup rounds that
 are not counted (the JVM's JIT compiles the hot paths in the first ones); a figure is the median of

@@ -6,8 +6,8 @@ Two load generators, 100-byte records by default:
   requests outstanding on each, so the node is what gets measured, not a Python client. Latency
   is per request (send to response). ``--processes`` spreads the connections over that many load
   generator processes, started and synchronised before the clock starts. One process is the
-  default because it is enough: measured on 2 cores at ~1M records/s, the generator used 0.08
-  cores while the node used ~1, and 2 processes gave no more throughput.
+  default: sending a pre-encoded batch costs the generator a small fraction of what answering it
+  costs the node (``client_cores`` against ``node_cores`` in the JSON line).
 - ``--client confluent``: a confluent-kafka Producer, the way users produce (``batch.size`` =
   ``--batch-bytes``, ``linger.ms`` = ``--linger-ms``); latency per delivery callback
   (``Message.latency()``: produce() call to acknowledgement). It produces flat out, so its latency
