@@ -42,7 +42,7 @@ from workers.timer_client.delayed import DelayedRequests, monotonic_ms
 from workers.api import handlers as handlers_module
 from workers.api.handlers import Handlers
 from workers.api.quotas import ClientQuotas, Throttler
-from workers.timer_client.link import TimerLink
+from shm.timer_link import TimerLink
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 import rawkafka as R  # noqa: E402

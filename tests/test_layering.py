@@ -30,6 +30,7 @@ RULES: dict[str, tuple[str, ...]] = {
     "node.logging_setup": (),
     "node.proctitle": (),
     "node.timer": ("shm", "node.storage") + SHARED,
+    "node.cleaner": ("shm", "node.storage") + SHARED,  # the log cleaner process
     "node": ("shm", "node.storage") + SHARED,  # the supervisor side: runs the timer and the workers, imports
                                                 # neither, nor node.tools
     "node.tools": ("shm", "node.storage", "node") + SHARED,  # `serve` starts the supervisor
@@ -176,12 +177,12 @@ def test_the_checks_catch_a_breach_and_a_cycle(tmp_path):
     files = {
         "shm/__init__.py": "", "shm/ring.py": "import numpy\n",
         "node/__init__.py": "", "node/timer/__init__.py": "", "node/timer/wheel.py": "",
-        "node/timer/process.py": "from workers.timer_client.link import TimerLink\n",  # upward
+        "node/timer/process.py": "from workers.timer_client.delayed import DelayedRequests\n",  # upward
         "node/config.py": "from node.timer.wheel import WheelConfig\n",  # config imports the timer
         "node/supervisor.py": "from node.tools import metrics\n",  # the supervisor imports a tool
         "node/tools/__init__.py": "", "node/tools/metrics.py": "", "node/storage/log.py": "",
         "workers/__init__.py": "",
-        "workers/timer_client/link.py": "from shm import ring\n",
+        "workers/timer_client/delayed.py": "from shm import ring\n",
         "workers/worker.py": "from node.supervisor import x\nfrom workers.api import handlers\n",  # supervisor module
         "workers/api/handlers.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from workers.worker import W\n",
         "workers/codecs/protocol.py": "from workers.api import handlers\n",  # a codec imports a handler
@@ -195,7 +196,7 @@ def test_the_checks_catch_a_breach_and_a_cycle(tmp_path):
         "clients.priority imports shm.ring",
         "node.config imports node.timer.wheel",
         "node.supervisor imports node.tools.metrics",
-        "node.timer.process imports workers.timer_client.link",
+        "node.timer.process imports workers.timer_client.delayed",
         "pyspark_shmbroker.records imports node.storage.log",
         "workers.api.handlers imports workers.worker",
         "workers.codecs.protocol imports workers.api.handlers",

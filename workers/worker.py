@@ -80,7 +80,7 @@ from workers.limits import ConnectionLimits
 from workers.memory import MemoryBudget
 from workers.timer_client.outcome import Outcome
 from workers.api.quotas import ClientQuotas, Throttler
-from workers.timer_client.link import TimerLink
+from shm.timer_link import TimerLink
 
 log = logging.getLogger("shmbroker.worker")
 

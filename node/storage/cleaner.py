@@ -166,6 +166,11 @@ class Dirtiness:
     clean_bytes: int  # sealed bytes before the dirty section
     dirty_bytes: int  # sealed bytes of the dirty section (from the segment holding first_dirty)
     overdue: bool  # a dirty record is older than max.compaction.lag.ms
+    oldest_dirty_ms: int | None = None  # the first dirty batch's timestamp
+
+    def lag_ms(self, now_ms: int) -> int:
+        """How long the oldest uncleaned record has waited (0 when nothing is dirty)."""
+        return max(0, now_ms - self.oldest_dirty_ms) if self.oldest_dirty_ms is not None else 0
 
     @property
     def ratio(self) -> float:
@@ -200,7 +205,8 @@ def dirtiness(plog, now_ms: int) -> Dirtiness | None:
         if oldest_dirty_ms is None and size >= BATCH_HEADER_SIZE:
             oldest_dirty_ms = BATCH_HEADER.unpack(os.pread(segment.log_fd, BATCH_HEADER_SIZE, 0))[8]
     overdue = oldest_dirty_ms is not None and now_ms - oldest_dirty_ms > config.max_compaction_lag_ms
-    return Dirtiness(min(first_dirty, first_uncleanable), first_uncleanable, clean_bytes, dirty_bytes, overdue)
+    return Dirtiness(min(first_dirty, first_uncleanable), first_uncleanable, clean_bytes, dirty_bytes, overdue,
+                     oldest_dirty_ms)
 
 
 def due(dirty: Dirtiness | None, min_cleanable_dirty_ratio: float) -> bool:
@@ -382,11 +388,16 @@ class SwapGroup:
 
 
 class Cleaner:
+    """Cleans one partition at a time. `progress` is called between chunks (the cleaner process beats its
+    heartbeat there, and raises to abandon a cleaning: the log stays as it was)."""
+
     def __init__(self, config: CleanerConfig, limiter: IoLimiter | None = None,
-                 wall_clock_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000) -> None:
+                 wall_clock_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
+                 progress: Callable[[], None] = lambda: None) -> None:
         self.config = config
         self.limiter = limiter or IoLimiter(config.io_max_bytes_per_second)
         self.now_ms = wall_clock_ms
+        self.progress = progress
 
     def clean(self, plog) -> CleanResult:
         """Clean the log's dirty section, if any (see the module docstring). Raises StorageError,
@@ -432,6 +443,7 @@ class Cleaner:
                 continue
             pieces = [], [], []
             for chunk in read_chunks(segment, segment.sealed_size(), self.config.io_buffer_bytes, self.limiter):
+                self.progress()
                 result.bytes_read += len(chunk.data)
                 keep = (chunk.offsets >= dirty.first_dirty) & ~chunk.keyless
                 for piece, values in zip(pieces, (chunk.h1, chunk.h2, chunk.offsets)):
@@ -472,6 +484,7 @@ class Cleaner:
                     horizon_passed = segment.max_timestamp() < now - plog.config.delete_retention_ms
                     for chunk in read_chunks(segment, segment.sealed_size(), self.config.io_buffer_bytes,
                                              self.limiter):
+                        self.progress()
                         result.bytes_read += len(chunk.data)
                         result.records_read += len(chunk.offsets)
                         latest = offset_map.latest(chunk.h1, chunk.h2)

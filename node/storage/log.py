@@ -81,7 +81,7 @@ from node.storage.records import (
 from node.storage.cleaner import finish_swap, write_manifest
 from node.storage.segment import (INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX, Segment, segment_base_offsets,
                                   segment_file_name)
-from shm.table import PartitionState, PartitionTable
+from shm.table import CleaningStats, PartitionState, PartitionTable
 
 log = logging.getLogger("shmbroker.storage")
 
@@ -747,18 +747,6 @@ class PartitionLog:
             self._delete_oldest(state, doomed)
         return doomed
 
-    def delete_segments_before(self, offset: int) -> int:
-        """Delete the whole sealed segments holding only offsets below `offset` (a compaction that rewrote the
-        live records from `offset` on); returns how many."""
-        with self.lock:
-            state = self._current_state()
-            sealed = self.segments[:-1]
-            doomed = 0
-            while doomed < len(sealed) and self.segments[doomed + 1].base_offset <= offset:
-                doomed += 1
-            self._delete_oldest(state, doomed)
-        return doomed
-
     def delete_records_before(self, offset: int) -> int:
         """DeleteRecords: make `offset` the log start (-1: the high watermark), also inside a segment; the whole
         segments below it go. Returns the new log start (the old one if `offset` is below it). Raises
@@ -874,6 +862,7 @@ class PartitionLog:
         previous = table.read(row)
         table.publish(row, PartitionState(segments_version=previous.segments_version + 1, active_max_timestamp=-1,
                                           active_first_append_ms=-1, online=1))
+        table.set_cleaning(row, **dict.fromkeys(CleaningStats._fields, 0))  # a reused row's figures are not its
 
     # Recovery (supervisor, one process, before workers start) ------------------------------------------
 
