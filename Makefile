@@ -36,7 +36,7 @@ venv: $(STAMP)
 test-venv: $(TEST_STAMP)
 
 # A Java 17+ runtime for Spark (pyspark 4 needs one): the one on PATH, or Debian's Java 17 (which
-# scripts/sparkjob.py finds by itself when an older java comes first on PATH).
+# scripts/harness/sparkjob.py finds by itself when an older java comes first on PATH).
 JAVA_OK = { command -v java >/dev/null 2>&1 && java -XX:-UsePerfData -version 2>&1 | head -1 | grep -Eq '"(1[7-9]|[2-9][0-9])[."]'; } \
 	|| ls /usr/lib/jvm/java-17-openjdk-*/bin/java >/dev/null 2>&1
 

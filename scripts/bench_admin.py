@@ -4,8 +4,8 @@ created: what the protocol, the worker and the timer cost without the creation i
 
 The node's creation is also set beside the filesystem's own cost in the same run (`floor`): making the same
 directories and segment files (Segment.create_files, one partition after another) in a sibling directory of
-the node's data dir. On this machine's virtual disk that cost swings twenty-fold with the state of the page
-cache (file creation reads evicted inode bitmaps), so only the ratio to it compares runs.
+the node's data dir. On a virtual disk that cost swings many-fold with the state of the page cache (file
+creation reads evicted inode bitmaps), so only the ratio to it compares runs.
 
 Shapes (each --runs times on the same node, fresh topic names each run; the medians are reported):
 - batch: one CreateTopics request of --topics topics of --partitions partitions (default 250 x 4 = 1,000
@@ -17,7 +17,7 @@ Target: 1,000 partitions created in under 1 s (batch and wide).
 
 Prints one JSON line per shape with --json (medians, every run, the baseline and the ratio), else a table;
 progress goes to stderr. Only 127.0.0.1; every wait is bounded. Usage:
-    .venv/bin/python scripts/bench_admin.py [--runs 5] [--topics 250] [--partitions 4] [--json]
+    .venv/bin/python -m scripts.bench_admin [--runs 5] [--topics 250] [--partitions 4] [--json]
 """
 
 from __future__ import annotations
@@ -31,13 +31,10 @@ import sys
 import time
 from typing import Any
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-import benchnode  # noqa: E402
-import rawkafka as R  # noqa: E402
-
-from node.storage.log import LogConfig  # noqa: E402
-from node.storage.segment import Segment  # noqa: E402
+from node.storage.log import LogConfig
+from node.storage.segment import Segment
+from scripts.harness import benchnode
+from scripts.harness import rawkafka as R
 
 SCRIPT = "bench_admin"
 CREATE_VERSION = 4
@@ -146,7 +143,7 @@ def print_table(rows: list[dict[str, Any]]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m scripts.bench_admin", description=__doc__.split("\n\n")[0])
     benchnode.add_common_arguments(parser, default_seconds=0)
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--topics", type=int, default=250)

@@ -1,11 +1,11 @@
 """What `shmbroker dashboard` costs: its CPU use (cores) while it watches a node under load, in a real
-pseudo-terminal (tmux), refreshing every second. The issue's target: under 5% of a core.
+pseudo-terminal (tmux), refreshing every second. Target: under 5% of a core.
 
 A node with --workers workers is started here, a raw producer (scripts/producer_perf.py's load) keeps it busy,
 the dashboard runs in a tmux session of this script's own for --seconds, and psutil measures the dashboard
 process's CPU time over the middle of that window (the first refreshes, which import rich and the Kafka client,
 are left out). One JSON line with --json. Usage:
-    .venv/bin/python scripts/bench_dashboard.py [--seconds 30] [--json]
+    .venv/bin/python -m scripts.bench_dashboard [--seconds 30] [--json]
 """
 
 from __future__ import annotations
@@ -20,11 +20,9 @@ import uuid
 
 import psutil
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-import benchnode  # noqa: E402
-from nodeproc import NodeProcess  # noqa: E402
-from producer_perf import RawProduceLoad, run_raw_producer  # noqa: E402
+from scripts.harness import benchnode
+from scripts.harness.nodeproc import NodeProcess
+from scripts.producer_perf import RawProduceLoad, run_raw_producer
 
 SCRIPT = "bench_dashboard"
 WARMUP_S = 5.0
@@ -36,7 +34,7 @@ def _load(port: int, topic: str, seconds: float) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m scripts.bench_dashboard", description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=30.0)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--json", action="store_true")

@@ -16,14 +16,13 @@ Node CPU (cores: CPU seconds per wall second, all node processes) is taken over 
 
 The load generator is one process with every connection in one selector: its own time is in the figures,
 the same for whatever node it runs against. Only 127.0.0.1; every wait is bounded.
-Usage: .venv/bin/python scripts/bench_delayed.py [--waiters 1000] [--rounds 5] [--json]
+Usage: .venv/bin/python -m scripts.bench_delayed [--waiters 1000] [--rounds 5] [--json]
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
-import os
 import selectors
 import socket
 import struct
@@ -35,10 +34,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-import benchnode  # noqa: E402
-import rawkafka  # noqa: E402
+from scripts.harness import benchnode, rawkafka
 
 SCRIPT = "bench_delayed"
 FETCH_VERSION = 11
@@ -389,7 +385,7 @@ def progress(args, line: str) -> None:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m scripts.bench_delayed", description=__doc__.split("\n")[0])
     benchnode.add_common_arguments(parser, default_seconds=60)
     parser.add_argument("--workload", choices=["fanout", "expire", "offered"], action="append",
                         help="default: fanout and expire")

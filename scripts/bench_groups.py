@@ -17,14 +17,13 @@ Workloads (each one JSON line with --json, and a table):
   answer waits for its fsync'd group commit): commits/s and latency percentiles.
 
 Only 127.0.0.1; every phase is bounded in time. Usage:
-    .venv/bin/python scripts/bench_groups.py [--workload heartbeat|rebalance|failure|commit ...] [--json]
+    .venv/bin/python -m scripts.bench_groups [--workload heartbeat|rebalance|failure|commit ...] [--json]
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
-import os
 import random
 import selectors
 import socket
@@ -36,15 +35,11 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
+from kio.static.primitive import i32, i32Timedelta, i64
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-import benchnode  # noqa: E402
-import rawkafka as R  # noqa: E402
-from kio.static.primitive import i32, i32Timedelta, i64  # noqa: E402
-
-from workers.codecs import protocol as P  # noqa: E402
+from scripts.harness import benchnode
+from scripts.harness import rawkafka as R
+from workers.codecs import protocol as P
 
 SCRIPT = "bench_groups"
 JOIN_V, SYNC_V, HEARTBEAT_V, COMMIT_V = 5, 3, 3, 7
@@ -495,7 +490,7 @@ def print_table(rows: list[dict]) -> None:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m scripts.bench_groups", description=__doc__.split("\n\n")[0])
     benchnode.add_common_arguments(parser, default_seconds=60)
     parser.add_argument("--workload", action="append", choices=["heartbeat", "rebalance", "failure", "commit"])
     parser.add_argument("--members", type=int, default=10_000)

@@ -7,17 +7,18 @@ The bounds and limits (config `[server]`): the memory bound on requests and resp
 incomplete-request timeouts (connections_max_idle_ms, request_timeout_ms). "off" turns every one of them
 off (-1, or Kafka's "no limit"); everything else (heartbeats included) is the same in both.
 
-Both nodes run side by side for the whole run (scripts/nodeproc.py, --workers workers each; the one not
-being measured sits idle) and are measured in interleaved slices, so the noise of a shared machine hits both
-alike at a fine grain. Each round measures, on each node in turn (on, off, then off, on, ...):
+Both nodes run side by side for the whole run (scripts/harness/nodeproc.py, --workers workers each; the one
+not being measured sits idle) and are measured in alternating rounds (scripts/harness/abba.py: ABBA order,
+each ratio on/off the median of the rounds' own ratios), so the noise of a shared machine hits both alike at
+a fine grain. Each round measures, on each node in turn:
 - producer: producer_perf's raw load (acks=1, 8 KiB batches of 100-byte records, 4 connections with 8
-  requests in flight each) for --producer-seconds: records/s, and the workers' CPU time per 1,000 records and per request;
+  requests in flight each) for --producer-seconds: records/s, and the workers' CPU time per 1,000 records
+  and per request;
 - e2e: e2e_latency's raw client (one record per ms, acks=1, a long-polling consumer, a fresh topic per
   round, all created at the start) for --e2e-seconds: p50 and p99 of produce-to-receive.
-The report gives every round's values, the median per mode, and the median of the per-round ratios on/off
-(the figure to read: each ratio compares two slices measured seconds apart).
+The report gives every round's values, the median per mode, and the ratio on/off with its min and max.
 
-    .venv/bin/python scripts/bench_limits.py [--runs 10] [--workers 2] [--json]
+    .venv/bin/python -m scripts.bench_limits [--runs 10] [--workers 2] [--json]
 
 Only 127.0.0.1 is used; every measurement is bounded in time; nodes are stopped by pid.
 """
@@ -26,17 +27,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
-import statistics
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-import benchnode  # noqa: E402
-import e2e_latency  # noqa: E402
-import producer_perf  # noqa: E402
-from nodeproc import LOOPBACK, NodeProcess  # noqa: E402
+from scripts import e2e_latency, producer_perf
+from scripts.harness import benchnode
+from scripts.harness.abba import AlternatingRounds
+from scripts.harness.nodeproc import LOOPBACK, NodeProcess
 
 SCRIPT = "bench_limits"
 MODES = {
@@ -78,7 +75,7 @@ def measure_e2e(node: NodeProcess, topic: str, args: argparse.Namespace) -> dict
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m scripts.bench_limits", description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=10, help="rounds: one slice of each load on each node")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--partitions", type=int, default=4)
@@ -89,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.runs < 1 or args.workers < 1 or args.partitions < 1 or args.producer_seconds <= 0 \
             or args.e2e_seconds <= 0:
         parser.error("counts and durations must be positive")
-    values: dict[str, dict[str, list[float]]] = {mode: {m: [] for m in METRICS} for mode in MODES}
+    rounds = AlternatingRounds("on", "off", args.runs)
     started = time.monotonic()
     with contextlib.ExitStack() as stack:
         nodes = {mode: stack.enter_context(NodeProcess(workers=args.workers, config=config, announce=True))
@@ -103,15 +100,14 @@ def main(argv: list[str] | None = None) -> int:
             measure_producer(node, f"limits-{mode}", argparse.Namespace(**{**vars(args), "producer_seconds": 1.0}))
         progress(args, f"both nodes up and warmed ({time.monotonic() - started:.0f} s)")
         for run in range(args.runs):
-            order = ("on", "off") if run % 2 == 0 else ("off", "on")
+            order = rounds.order(run)
             got: dict[str, dict] = {mode: {} for mode in MODES}
             for mode in order:
                 got[mode].update(measure_producer(nodes[mode], f"limits-{mode}", args))
             for mode in order:
                 got[mode].update(measure_e2e(nodes[mode], f"limits-e2e-{mode}-{run}", args))
             for mode in MODES:
-                for metric in METRICS:
-                    values[mode][metric].append(got[mode][metric])
+                rounds.record(run, mode, got[mode])
                 if args.json:
                     benchnode.emit({"script": SCRIPT, "run": run + 1, "mode": mode, "workers": args.workers,
                                     **{k: round(v, 4) for k, v in got[mode].items()}}, True)
@@ -120,20 +116,13 @@ def main(argv: list[str] | None = None) -> int:
                 f"({got[mode]['worker_cpu_us_per_1k_records']:,.0f} us CPU/1k), e2e p50 {got[mode]['e2e_p50_ms']:.3f} "
                 f"ms, p99 {got[mode]['e2e_p99_ms']:.3f} ms" for mode in order)
                 + f" ({time.monotonic() - started:.0f} s)")
-    summary = {}
-    for metric in METRICS:
-        on, off = values["on"][metric], values["off"][metric]
-        ratios = [a / b for a, b in zip(on, off) if b]
-        summary[metric] = {"on_median": round(statistics.median(on), 4), "off_median": round(statistics.median(off), 4),
-                           "ratio_median": round(statistics.median(ratios), 4),
-                           "ratio_min": round(min(ratios), 4), "ratio_max": round(max(ratios), 4),
-                           "on": [round(v, 4) for v in on], "off": [round(v, 4) for v in off]}
+    summary = {metric: rounds.compare(metric) for metric in METRICS}
     if args.json:
         benchnode.emit({"script": SCRIPT, "summary": summary, "runs": args.runs, "workers": args.workers,
                         "producer_seconds": args.producer_seconds, "e2e_seconds": args.e2e_seconds}, True)
     table = sys.stderr if args.json else sys.stdout  # with --json, stdout carries only JSON lines
     print(f"\n{'metric':30} {'on (median)':>14} {'off (median)':>14} {'on/off':>8} {'min':>7} {'max':>7}"
-          f"   ({args.runs} runs, ratio = median of per-round ratios)", file=table)
+          f"   ({args.runs} rounds, ratio = median of the rounds' ratios)", file=table)
     for metric, row in summary.items():
         print(f"{metric:30} {row['on_median']:>14,.3f} {row['off_median']:>14,.3f} {row['ratio_median']:>8.3f} "
               f"{row['ratio_min']:>7.3f} {row['ratio_max']:>7.3f}", file=table)

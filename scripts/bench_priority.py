@@ -14,13 +14,12 @@ Trials alternate on/off --runs times; the table shows medians and the on/off rat
 (--plot) the cumulative records per level over time and the arrival delays.
 
 Only 127.0.0.1; every phase is bounded in time. Usage:
-    .venv/bin/python scripts/bench_priority.py [--runs 3] [--json] [--plot bench_priority.png]
+    .venv/bin/python -m scripts.bench_priority [--runs 3] [--json] [--plot bench_priority.png]
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import threading
@@ -29,14 +28,10 @@ from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-import benchnode  # noqa: E402
-import rawkafka as R  # noqa: E402
-from nodeproc import NodeProcess  # noqa: E402
-
-from clients.priority import level_of, level_topic  # noqa: E402
+from clients.priority import level_of, level_topic
+from scripts.harness import benchnode
+from scripts.harness import rawkafka as R
+from scripts.harness.nodeproc import NodeProcess
 
 SCRIPT = "bench_priority"
 LEVELS = 3
@@ -214,7 +209,7 @@ def plot(rows: list[dict], path: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m scripts.bench_priority", description=__doc__.split("\n\n")[0])
     parser.add_argument("--workers", type=int, default=benchnode.DEFAULT_WORKERS)
     parser.add_argument("--runs", type=int, default=3, help="trials of each mode, alternating (default %(default)s)")
     parser.add_argument("--backlog", type=int, default=60_000, help="records waiting on each level at the start")

@@ -12,7 +12,7 @@ Both sides run in the same process and run, interleaved, so machine noise hits
 both alike; each figure is the median over ``--runs`` runs of microseconds per
 message, and ``ratio`` is kio / ours (above 1: ours is faster).
 
-Usage: .venv/bin/python scripts/bench_protocol.py [--runs 7] [--seconds 0.2] [--json]
+Usage: .venv/bin/python -m scripts.bench_protocol [--runs 7] [--seconds 0.2] [--json]
 """
 
 from __future__ import annotations
@@ -22,35 +22,29 @@ import datetime
 import io
 import os
 import statistics
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable
 
 import orjson
+from kio.schema.fetch.v11 import response as fetch_v11
+from kio.schema.produce.v8 import response as produce_v8
+from kio.schema.produce.v8.request import ProduceRequest
+from kio.schema.request_header.v1.header import RequestHeader as KioRequestHeaderV1
+from kio.schema.errors import ErrorCode
+from kio.serial import entity_reader, entity_writer
+from kio.static.primitive import i32, i32Timedelta, i64
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import rawkafka  # noqa: E402
-from kio.schema.fetch.v11 import response as fetch_v11  # noqa: E402
-from kio.schema.produce.v8 import response as produce_v8  # noqa: E402
-from kio.schema.produce.v8.request import ProduceRequest  # noqa: E402
-from kio.schema.request_header.v1.header import RequestHeader as KioRequestHeaderV1  # noqa: E402
-from kio.schema.errors import ErrorCode  # noqa: E402
-from kio.serial import entity_reader, entity_writer  # noqa: E402
-from kio.static.primitive import i32, i32Timedelta, i64  # noqa: E402
-
-from workers.codecs.fetch import FetchPartitionResult, FetchTopicResult, encode_fetch_response  # noqa: E402
-from workers.codecs.produce import (  # noqa: E402
+from scripts.harness import rawkafka
+from workers.codecs.fetch import FetchPartitionResult, FetchTopicResult, encode_fetch_response
+from workers.codecs.produce import (
     ProducePartitionResult,
     ProduceTopicResult,
     decode_produce_request,
     encode_produce_response,
 )
-from workers.codecs.protocol import parse_request_header  # noqa: E402
+from workers.codecs.protocol import parse_request_header
 
 RECORD_SIZE = 100
 
@@ -199,7 +193,7 @@ def header_cases() -> tuple[Callable, Callable]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m scripts.bench_protocol", description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=7, help="runs per case; the median is reported")
     parser.add_argument("--seconds", type=float, default=0.2, help="minimum time per run")
     parser.add_argument("--batch-bytes", type=int, default=8192)

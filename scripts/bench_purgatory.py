@@ -27,9 +27,9 @@ the parent reports medians. --outstanding M first loads M timers (or watched ope
 away, to compare the cost per request with 10k and 1M timers outstanding.
 
 Examples:
-  bench_purgatory.py --json                                  # all impls, both cases, 100k/s and 1M/s
-  bench_purgatory.py --clock real --requests 200000
-  bench_purgatory.py --impl wheel-timer,purgatory --outstanding 1000000 --rate 100000
+  python -m scripts.bench_purgatory --json                        # all impls, both cases, 100k/s and 1M/s
+  python -m scripts.bench_purgatory --clock real --requests 200000
+  python -m scripts.bench_purgatory --impl wheel-timer,purgatory --outstanding 1000000 --rate 100000
 """
 
 from __future__ import annotations
@@ -43,14 +43,11 @@ import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from node.timer.purgatory import DelayedOperation, Purgatory  # noqa: E402
-from node.timer.wheel import TimingWheel  # noqa: E402
+from node.timer.purgatory import DelayedOperation, Purgatory
+from node.timer.wheel import TimingWheel
 
 IMPLS = ("wheel-timer", "heapq-timer", "purgatory", "purgatory-0.8")
 CASES = {"low": (60.0, 20.0), "high": (400.0, 200.0)}  # (pct75, pct50) of the completion latency, ms
@@ -412,7 +409,7 @@ def run_child(args) -> dict:
 
 # --------------------------------------------------------------------------- parent
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+    p = argparse.ArgumentParser(prog="python -m scripts.bench_purgatory", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     p.add_argument("--clock", choices=("virtual", "real"), default="virtual")
     p.add_argument("--impl", type=lambda s: s.split(","), default=list(IMPLS),
@@ -455,7 +452,7 @@ def parse_args(argv=None):
 
 
 def child_argv(args, impl: str, case: str, rate: float) -> list[str]:
-    argv = [sys.executable, str(Path(__file__).resolve()), "--child", "--impl", impl, "--rate", repr(rate),
+    argv = [sys.executable, "-m", "scripts.bench_purgatory", "--child", "--impl", impl, "--rate", repr(rate),
             "--clock", args.clock, "--requests", str(args.requests), "--timeout-ms", str(args.timeout_ms),
             "--tick-ms", str(args.tick_ms), "--wheel-size", str(args.wheel_size),
             "--keys-per-request", str(args.keys_per_request), "--key-space", str(args.key_space),

@@ -36,8 +36,8 @@ against a node started here (fresh ones for sections 5 and 6); Redis (scripts/re
 distribution's redis-server, started here on a free loopback port with its own temp dir and stopped by its pid.
 Only 127.0.0.1; every step is bounded in time. Output in --out (default ./bench-report): results.jsonl, *.png,
 report.md. Usage:
-    .venv/bin/python scripts/bench_report.py --quick      # about 6 minutes (4 GB stored in section 5)
-    .venv/bin/python scripts/bench_report.py              # about 23 minutes with the 10 GB fill (2-3 minutes here)
+    .venv/bin/python -m scripts.bench_report --quick      # about 6 minutes (4 GB stored in section 5)
+    .venv/bin/python -m scripts.bench_report              # about 23 minutes with the 10 GB fill
 """
 
 from __future__ import annotations
@@ -62,18 +62,10 @@ import numpy as np
 import orjson
 import psutil
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from scripts import bench_delayed, consumer_perf, e2e_latency, producer_perf, redis_peer
+from scripts.harness import benchnode, rawkafka
+from scripts.harness.nodeproc import NodeProcess
 
-import bench_delayed  # noqa: E402
-import benchnode  # noqa: E402
-import consumer_perf  # noqa: E402
-import e2e_latency  # noqa: E402
-import producer_perf  # noqa: E402
-import rawkafka  # noqa: E402
-import redis_peer  # noqa: E402
-from nodeproc import NodeProcess  # noqa: E402
-
-SCRIPTS = Path(__file__).resolve().parent
 SIZES = (10, 100, 1000, 10_000, 100_000)
 STEP_TIMEOUT_S = 600.0
 SWEEP_BATCH_BYTES = 128_000  # the reference run's batch.size for its record size sweep
@@ -218,7 +210,7 @@ def grow_budget(plan: Plan) -> int:
 
 
 def run_script(name: str, *args: str) -> list[dict]:
-    done = subprocess.run([sys.executable, str(SCRIPTS / name), "--json", *args], capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-m", f"scripts.{name}", "--json", *args], capture_output=True, text=True,
                           timeout=STEP_TIMEOUT_S)
     if done.returncode != 0:
         raise RuntimeError(f"{name} failed: {done.stderr[-2000:]}")
@@ -231,7 +223,7 @@ def target_of(node: NodeProcess) -> benchnode.Target:
 
 def node_producers(run: Run, node: NodeProcess, client: str, producers: int, acks: str) -> None:
     extra = ["--processes", str(producers), "--connections", str(max(4, producers))] if client == "raw" else []
-    (row,) = run_script("producer_perf.py", "--bootstrap", node.bootstrap, "--client", client, "--acks", acks,
+    (row,) = run_script("producer_perf", "--bootstrap", node.bootstrap, "--client", client, "--acks", acks,
                         "--seconds", str(run.plan.seconds), *extra)
     mode = "no persistence" if acks == "1" else "appendfsync always"
     run.record({"section": "producer", "system": "shmbroker", "workers": run.plan.workers,
@@ -242,7 +234,7 @@ def node_producers(run: Run, node: NodeProcess, client: str, producers: int, ack
 
 def node_assigned_consumers(run: Run, node: NodeProcess) -> None:
     """consumer_perf.py's raw and confluent (assigned, not grouped) consumers, from offset 0."""
-    consumed = run_script("consumer_perf.py", "--bootstrap", node.bootstrap, "--data-dir", str(node.data_dir),
+    consumed = run_script("consumer_perf", "--bootstrap", node.bootstrap, "--data-dir", str(node.data_dir),
                           "--records", str(run.plan.records), "--seconds", str(STEP_TIMEOUT_S / 4), "--passes", "1")
     for row in consumed:
         name = "raw fetch" if row["client"] == "raw" else "confluent"
@@ -290,7 +282,7 @@ def together_row(system: str, case: str, producer_rate: float, consumed: int, sp
 
 def node_size(run: Run, node: NodeProcess, size: int) -> None:
     batch = max(SWEEP_BATCH_BYTES, size + 128)
-    (row,) = run_script("producer_perf.py", "--bootstrap", node.bootstrap, "--client", "raw", "--acks", "1",
+    (row,) = run_script("producer_perf", "--bootstrap", node.bootstrap, "--client", "raw", "--acks", "1",
                         "--record-size", str(size), "--batch-bytes", str(batch), "--seconds", str(run.plan.seconds / 2))
     run.record({"section": "size_sweep", "system": "shmbroker", "case": f"{size:,} B", "record_size": size,
                 "records_per_s": row["records_per_s"], "mb_per_s": row["mb_per_s"], "peer": f"{size:,} B"})
@@ -694,7 +686,7 @@ SECTIONS = (
             "of each case is run and dropped: the section follows one that wrote gigabytes and held 10,000 "
             "connections. p50, p99 and p99.9 are the medians over the runs, and the CDF pools every sample. The "
             "target judges confluent-kafka's row by the median of its per-round p99 ratios. The raw "
-            "protocol client (scripts/rawkafka.py) is a thin blocking client, as redis-py is: the two node rows "
+            "protocol client (scripts/harness/rawkafka.py) is a thin blocking client, as redis-py is: the two node rows "
             "differ by the client alone, the node serving both alike. The kernel spreads connections over the "
             "workers, so in each run the producer and the consumer share a worker or not, by chance (read from "
             "the node's stats segment: which worker served the produce requests, which the fetches); across two "
@@ -764,7 +756,7 @@ def section_table(rows: list[dict], section: Section) -> list[str]:
 
 
 def targets(run: Run) -> list[dict]:
-    """The issue's targets, each measured in this run: node value, peer value or limit, ratio, met."""
+    """The report's targets, each measured in this run: node value, peer value or limit, ratio, met."""
     found = []
 
     def add(target: str, value: Any, base: Any, low: float | None, high: float | None, unit: str,
@@ -1037,7 +1029,7 @@ def stages(run: Run, budget: int) -> list[tuple[Callable[[], Any], list[tuple[st
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m scripts.bench_report", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="about 6 minutes (4 GB stored in section 5)")
     parser.add_argument("--out", default="bench-report", help="output directory (default %(default)s)")
     parser.add_argument("--workers", type=int, default=2)

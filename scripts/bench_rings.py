@@ -23,8 +23,7 @@ trusted: `*_vs_os_pipe_ci95`, a bootstrap 95% interval of the median per-run rat
 Batching: the ring writer publishes up to --batch frames and --batch-bytes bytes per head update
 (write_many); os.pipe does one os.write per frame unless --pipe-batch > 1 (then one write per batch).
 The byte bound keeps a batch well below the ring's capacity: a 64-frame batch of 64 KiB frames would fill
-a 4 MiB ring in one head update, and writer and reader would take turns instead of overlapping (measured:
-115k frames/s with batches of 64, 299k with batches of 4).
+a 4 MiB ring in one head update, and writer and reader would take turns instead of overlapping.
 
 --json prints one JSON object per (transport, size).
 """
@@ -41,17 +40,14 @@ import statistics
 import struct
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import numpy as np
+import psutil
 
-import numpy as np  # noqa: E402
-import psutil  # noqa: E402
-
-from shm.doorbell import EventfdDoorbell  # noqa: E402
-from shm.instance import Instance, object_name  # noqa: E402
-import shm.ring  # noqa: E402
-from shm.ring import RingConfig, RingReader, RingWriter, announce_sleep_all, woke_all  # noqa: E402
+from shm.doorbell import EventfdDoorbell
+from shm.instance import Instance, object_name
+from shm.ring import RingConfig, RingReader, RingWriter, announce_sleep_all, woke_all
+import shm.ring
 
 TRANSPORTS = ("shm-ring", "os-pipe", "mp-pipe", "mp-queue")
 F_SETPIPE_SZ = 1031
@@ -487,7 +483,8 @@ def measure_idle(name: str, args) -> float:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m scripts.bench_rings",
+                                     description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", action="store_true", help="one JSON object per (transport, size)")
     parser.add_argument("--seconds", type=float, default=2.0, help="length of each throughput measurement")
     parser.add_argument("--latency-seconds", type=float, default=1.0, help="length of each latency measurement")

@@ -11,7 +11,7 @@ pyspark_shmbroker on local[2], each next to its baselines measured in the same r
   the same topic into the noop sink: records/s from start to end, and the median micro-batch rate.
 - decode: records.decode_record_set alone (no Spark, no node), ns per record, fixed-size 100-byte values
   (the run path) and sizes varying record to record (the scalar loop).
-Targets of issue 16: read >= 1,000,000 rows/s and write >= 500,000 rows/s.
+Targets: read >= 1,000,000 rows/s and write >= 500,000 rows/s.
 
 Runs are interleaved (read-arrow, read-rows, read-ceiling, read-arrow, ...), after --warmup rounds that
 are not counted (the JVM's JIT compiles the hot paths in the first ones); a figure is the median of
@@ -19,8 +19,8 @@ are not counted (the JVM's JIT compiles the hot paths in the first ones); a figu
 node (when started here). Progress goes to stderr, one line per run; results as a table, or one JSON
 object per line with --json; --plot PNG draws each median with its min-max range next to the targets.
 --from-json FILE prints the table (and --plot) of a saved --json run without measuring again. Usage:
-    .venv/bin/python scripts/bench_spark.py [--runs 5] [--json > run.jsonl] [--plot bench_spark.png]
-    .venv/bin/python scripts/bench_spark.py --from-json run.jsonl --plot bench_spark.png
+    .venv/bin/python -m scripts.bench_spark [--runs 5] [--json > run.jsonl] [--plot bench_spark.png]
+    .venv/bin/python -m scripts.bench_spark --from-json run.jsonl --plot bench_spark.png
 """
 
 from __future__ import annotations
@@ -41,15 +41,11 @@ import numpy as np
 import psutil
 import pyarrow as pa
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-import benchnode  # noqa: E402
-import sparkjob  # noqa: E402
-
-from pyspark_shmbroker import records as R  # noqa: E402
-from pyspark_shmbroker.options import ProducerSettings  # noqa: E402
-from pyspark_shmbroker.producer import IdempotentProducer, encode_partition, stamp  # noqa: E402
-from pyspark_shmbroker.wire import TopicPartition, parse_servers  # noqa: E402
+from pyspark_shmbroker import records as R
+from pyspark_shmbroker.options import ProducerSettings
+from pyspark_shmbroker.producer import IdempotentProducer, encode_partition, stamp
+from pyspark_shmbroker.wire import TopicPartition, parse_servers
+from scripts.harness import benchnode, sparkjob
 
 SCRIPT = "bench_spark"
 READ_TARGET = 1_000_000
@@ -299,7 +295,7 @@ def plot(rows: list[dict[str, Any]], path: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m scripts.bench_spark", description=__doc__.splitlines()[0])
     parser.add_argument("--bootstrap", help="HOST:PORT of a running node on 127.0.0.1 (default: start one)")
     parser.add_argument("--workers", type=int, default=benchnode.DEFAULT_WORKERS,
                         help="network workers of the node started here (default %(default)s)")

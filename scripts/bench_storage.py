@@ -14,19 +14,15 @@ import os
 import random
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 
 import crc32c
 import orjson
+from kafka.record.default_records import DefaultRecordBatchBuilder
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from kafka.record.default_records import DefaultRecordBatchBuilder  # noqa: E402
-
-from node.storage.log import LogConfig, PartitionLog  # noqa: E402
-from shm.table import PartitionTable  # noqa: E402
+from node.storage.log import LogConfig, PartitionLog
+from shm.table import PartitionTable
 
 
 def build_batch(batch_bytes: int, record_bytes: int) -> bytes:
@@ -109,7 +105,7 @@ def contended_appends_per_s(directory: str, table: PartitionTable, row: int, bat
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m scripts.bench_storage", description=__doc__)
     parser.add_argument("--batch-bytes", type=int, default=8192)
     parser.add_argument("--record-bytes", type=int, default=100)
     parser.add_argument("--appends", type=int, default=20_000)

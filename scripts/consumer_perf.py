@@ -40,12 +40,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-import benchnode  # noqa: E402
-import results  # noqa: E402
-import producer_perf  # noqa: E402
-import rawkafka  # noqa: E402
+from scripts import producer_perf
+from scripts.harness import benchnode, rawkafka, results
 
 SCRIPT = "consumer_perf"
 FETCH_VERSION = 11
@@ -307,7 +303,7 @@ def consume_group(target: benchnode.Target, filled: FilledTopic, consumers: int,
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m scripts.consumer_perf", description=__doc__.splitlines()[0])
     benchnode.add_common_arguments(parser, default_seconds=30.0)
     parser.add_argument("--client", choices=("raw", "confluent", "group"), help="default: raw and confluent")
     parser.add_argument("--consumers", type=int, default=1, help="group: consumers in the group (processes)")

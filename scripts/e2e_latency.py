@@ -24,11 +24,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-import benchnode  # noqa: E402
-import results  # noqa: E402
-import rawkafka  # noqa: E402
+from scripts.harness import benchnode, rawkafka, results
 
 SCRIPT = "e2e_latency"
 FETCH_VERSION = 11
@@ -291,7 +287,7 @@ def run_raw(target: benchnode.Target, run: LatencyRun) -> LatencyOutcome:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m scripts.e2e_latency", description=__doc__.splitlines()[0])
     benchnode.add_common_arguments(parser, default_seconds=10.0)
     parser.add_argument("--client", choices=("confluent", "raw"), help="default: both")
     parser.add_argument("--rate", type=float, default=1000.0, help="records per second (default %(default)s)")

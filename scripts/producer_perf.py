@@ -6,8 +6,8 @@ Two load generators, 100-byte records by default:
   requests outstanding on each, so the node is what gets measured, not a Python client. Latency
   is per request (send to response). ``--processes`` spreads the connections over that many load
   generator processes, started and synchronised before the clock starts. One process is the
-  default because it is enough: measured on 2 cores at ~1M records/s, the generator used 0.08
-  cores while the node used ~1, and 2 processes gave no more throughput.
+  default: sending a pre-encoded batch costs the generator a small fraction of what answering it
+  costs the node (``client_cores`` against ``node_cores`` in the JSON line).
 - ``--client confluent``: a confluent-kafka Producer, the way users produce (``batch.size`` =
   ``--batch-bytes``, ``linger.ms`` = ``--linger-ms``); latency per delivery callback
   (``Message.latency()``: produce() call to acknowledgement). It produces flat out, so its latency
@@ -17,7 +17,7 @@ Without ``--client`` both run, without ``--acks`` both acks=1 and acks=all; one 
 
 MB/s counts record payload (records x record size), as Kafka's ProducerPerformance does.
 Only acknowledged, error-free records are counted. Usage:
-    .venv/bin/python scripts/producer_perf.py [--bootstrap 127.0.0.1:9092] [--seconds 10] [--json]
+    .venv/bin/python -m scripts.producer_perf [--bootstrap 127.0.0.1:9092] [--seconds 10] [--json]
 """
 
 from __future__ import annotations
@@ -34,11 +34,7 @@ from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-import benchnode  # noqa: E402
-import rawkafka  # noqa: E402
-import results  # noqa: E402
+from scripts.harness import benchnode, rawkafka, results
 
 SCRIPT = "producer_perf"
 ACKS = {"1": 1, "all": -1}
@@ -235,7 +231,7 @@ def run_confluent_producer(bootstrap: str, topic: str, record_size: int, acks: i
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m scripts.producer_perf", description=__doc__.splitlines()[0])
     benchnode.add_common_arguments(parser, default_seconds=10.0)
     parser.add_argument("--client", choices=("raw", "confluent"), help="default: both")
     parser.add_argument("--acks", choices=tuple(ACKS), help="default: both")

@@ -32,9 +32,9 @@ from typing import Any, Callable, Iterator
 
 import psutil
 
-import bench_delayed
-import benchnode
-from nodeproc import LOOPBACK, die_with_parent, free_port
+from scripts import bench_delayed
+from scripts.harness import benchnode
+from scripts.harness.nodeproc import LOOPBACK, die_with_parent, free_port
 
 PIPELINE = 16
 START_TIMEOUT_S = 20.0

@@ -2,10 +2,10 @@
 (p50/p90/p99/p99.9), saturation curves and comparisons across runs, written as Parquet, PNG plots and a
 Markdown summary.
 
-Input: results records (scripts/results.py, format shmbroker-results/1) from JSON-lines files
+Input: results records (scripts/harness/results.py, format shmbroker-results/1) from JSON-lines files
 (--results FILE|DIR|GLOB ..., what the benchmarks append with their --results option), and/or from a topic
 on the node (--topic TOPIC --bootstrap HOST:PORT: the same records published with
-`scripts/results.py publish`, read through the pyspark_shmbroker connector).
+`scripts/harness/results.py publish`, read through the pyspark_shmbroker connector).
 
 Computed in Spark (so the same job runs on any cluster with --master; local[*] by default):
 - points: one row per (run, workload, load). Records and seconds of the records sharing that key are
@@ -23,7 +23,7 @@ Written to --out (default ./loadtest-report): points.parquet, saturation.parquet
 On a cluster the --results paths must be readable by the executors (a shared filesystem), and --out is
 written by Spark (Parquet) and by the driver (plots, summary): give a path both can write, or use --topic.
 
-    .venv/bin/python scripts/report_spark.py --results results.jsonl [--out DIR] [--master local[*]]
+    .venv/bin/python -m scripts.report_spark --results results.jsonl [--out DIR] [--master local[*]]
 """
 
 from __future__ import annotations
@@ -41,9 +41,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-import results  # noqa: E402
+from scripts.harness import results
 
 PERCENTILES = (("p50", 50.0), ("p90", 90.0), ("p99", 99.0), ("p999", 99.9))
 KEY = ("run_id", "workload", "script", "client", "load", "load_unit")
@@ -404,7 +402,7 @@ def build_report(spark: Any, paths: list[str], out: str | Path, topic: str | Non
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m scripts.report_spark", description=__doc__.splitlines()[0])
     parser.add_argument("--results", nargs="*", default=[], help="results files, directories (*.jsonl) or globs")
     parser.add_argument("--topic", help="also read the records from this topic (through pyspark_shmbroker)")
     parser.add_argument("--bootstrap", help="HOST:PORT of the node holding --topic")
@@ -418,7 +416,7 @@ def main(argv: list[str] | None = None) -> int:
     missing = [p for p in paths if "://" not in p and not os.path.exists(p)]
     if missing:
         parser.error(f"no such results file: {missing[0]}")
-    import sparkjob
+    from scripts.harness import sparkjob
 
     scratch = tempfile.mkdtemp(prefix="report-spark-")
     try:

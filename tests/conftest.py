@@ -1,14 +1,34 @@
-"""Shared fixtures: real nodes as subprocesses, cleaned up by pid; nothing left in /dev/shm."""
+"""Shared fixtures: real nodes as subprocesses, cleaned up by pid; nothing left in /dev/shm.
+
+A test that starts a real node carries the marker `node`, so `pytest -m "not node"` runs the others: the
+`node` and `node_factory` fixtures give it to every test that uses them (at collection), and a test that
+starts a node otherwise (a NodeProcess of its own, `shmbroker serve`, `make run`, a script that starts one)
+is marked by hand (`pytestmark = pytest.mark.node`, or `@pytest.mark.node`). A test without the marker that
+starts a NodeProcess fails.
+"""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
-from nodeproc import NodeProcess  # noqa: E402  (the one launcher of tests and benchmarks)
+from scripts.harness.nodeproc import NodeProcess  # the one launcher of tests and benchmarks
+
+NODE_FIXTURES = {"node", "node_factory"}
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if NODE_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.node)
+
+
+@pytest.fixture(autouse=True)
+def _node_marker_required(request, monkeypatch):
+    if request.node.get_closest_marker("node") is None:
+        def refuse(node: NodeProcess) -> NodeProcess:
+            pytest.fail(f"{request.node.nodeid} starts a node without the marker `node` (pytest.mark.node)")
+        monkeypatch.setattr(NodeProcess, "start", refuse)
 
 
 @pytest.fixture

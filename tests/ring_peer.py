@@ -10,15 +10,12 @@ import os
 import selectors
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import numpy as np
 
-import numpy as np  # noqa: E402
-
-from shm.doorbell import EventfdDoorbell, SemaphoreDoorbell  # noqa: E402
-from shm.instance import Instance, completion_ring_name, request_ring_name, timer_doorbell_name  # noqa: E402
-from shm.ring import RingConfig, RingReader, RingWriter  # noqa: E402
+from shm.doorbell import EventfdDoorbell, SemaphoreDoorbell
+from shm.instance import Instance, completion_ring_name, request_ring_name, timer_doorbell_name
+from shm.ring import RingConfig, RingReader, RingWriter
 
 PEER_MAX_SECONDS = 120
 STRESS_CHUNK = 1 << 16

@@ -8,9 +8,7 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
-from pathlib import Path
 
 import orjson
 import pytest
@@ -18,15 +16,13 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 from confluent_kafka.admin import (AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, ConfigSource,
                                    NewPartitions, NewTopic)
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
-import rawkafka as R  # noqa: E402
-
-from node.storage.records import parse_header  # noqa: E402
-from shm import instance as shm_instance  # noqa: E402
-from shm.table import PartitionTable  # noqa: E402
-from tests.test_clients import CLIENT_TIMEOUT_S, consume_all, produce  # noqa: E402
-from tests.test_groups_protocol import body, nested  # noqa: E402
-from workers.codecs import protocol as P  # noqa: E402
+from node.storage.records import parse_header
+from scripts.harness import rawkafka as R
+from shm import instance as shm_instance
+from shm.table import PartitionTable
+from tests.test_clients import CLIENT_TIMEOUT_S, consume_all, produce
+from tests.test_groups_protocol import body, nested
+from workers.codecs import protocol as P
 
 NONE, OFFSET_OUT_OF_RANGE, REQUEST_TIMED_OUT, MESSAGE_TOO_LARGE, INVALID_TIMESTAMP = 0, 1, 7, 10, 32
 INVALID_PARTITIONS, INVALID_REPLICATION_FACTOR, INVALID_REPLICA_ASSIGNMENT, INVALID_CONFIG = 37, 38, 39, 40

@@ -16,21 +16,18 @@ import signal
 import socket
 import sys
 import time
-from pathlib import Path
 
 import psutil
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
-import rawkafka as R  # noqa: E402
-
-from node.tools.inspect import NodeReader  # noqa: E402
-from shm.handoff import AFFINITY, BALANCE, HEADER, MAGIC, Handoffs, Inbox  # noqa: E402
-from tests.test_clients import create_topic  # noqa: E402
-from tests.test_hardening import worker_of  # noqa: E402
-from tests.test_node_protocol import _connections_on_two_workers, connect  # noqa: E402
-from tests.test_stats_cli import wait_for  # noqa: E402
-from workers.affinity import ConnectionAffinity  # noqa: E402
+from node.tools.inspect import NodeReader
+from scripts.harness import rawkafka as R
+from shm.handoff import AFFINITY, BALANCE, HEADER, MAGIC, Handoffs, Inbox
+from tests.test_clients import create_topic
+from tests.test_hardening import worker_of
+from tests.test_node_protocol import _connections_on_two_workers, connect
+from tests.test_stats_cli import wait_for
+from workers.affinity import ConnectionAffinity
 
 FETCH, PRODUCE, NONE = 1, 0, 0
 WAITS = 3

@@ -2,7 +2,8 @@
 with the fields every benchmark promises. Speed is never asserted (benchmarks are not timed tests).
 
 Each script run starts its own node (the default) with TMPDIR pointed into the test's tmp_path, so the
-test can check that the script removed its temp dir, stopped its node and left nothing in /dev/shm.
+test can check that the script removed its temp dir, stopped its node and left nothing in /dev/shm; those
+tests carry the marker `node`.
 """
 
 from __future__ import annotations
@@ -17,24 +18,23 @@ from pathlib import Path
 import psutil
 import pytest
 
-from shm.instance import instance_id_for
+from scripts import bench_rings
+from scripts.compare_checkouts import script_command
+from scripts.harness import benchnode
+from scripts.harness.abba import AlternatingRounds
 from shm import instance as shm_instance
+from shm.instance import instance_id_for
 
 REPO = Path(__file__).resolve().parent.parent
-SCRIPTS = REPO / "scripts"
 RUN_TIMEOUT_S = 240.0
 COMMON_FIELDS = ("script", "client", "records", "records_per_s", "mb_per_s", "p50_ms", "p99_ms", "p999_ms")
-
-sys.path.insert(0, str(SCRIPTS))
-import bench_rings  # noqa: E402
-import benchnode  # noqa: E402
 
 
 def run_script(tmp_path: Path, name: str, *args: str, nodes: int = 1) -> list[dict]:
     temp = tmp_path / "script-tmp"
     temp.mkdir(exist_ok=True)
     env = {**os.environ, "TMPDIR": str(temp)}
-    done = subprocess.run([sys.executable, str(SCRIPTS / name), "--json", *args], cwd=REPO, env=env,
+    done = subprocess.run([sys.executable, "-m", f"scripts.{name}", "--json", *args], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
     assert done.returncode == 0, done.stderr[-5000:]
     rows = [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
@@ -61,22 +61,25 @@ def check_rows(rows: list[dict], script: str, latency: bool = True) -> None:
         assert not row.get("errors"), row
 
 
+@pytest.mark.node
 def test_producer_perf_both_clients_both_acks(tmp_path):
-    rows = run_script(tmp_path, "producer_perf.py", "--seconds", "2", "--partitions", "2", "--connections", "2")
+    rows = run_script(tmp_path, "producer_perf", "--seconds", "2", "--partitions", "2", "--connections", "2")
     check_rows(rows, "producer_perf")
     assert sorted((r["client"], r["acks"]) for r in rows) == [
         ("confluent", "1"), ("confluent", "all"), ("raw", "1"), ("raw", "all")]
 
 
+@pytest.mark.node
 def test_producer_perf_raw_from_two_processes(tmp_path):
-    rows = run_script(tmp_path, "producer_perf.py", "--seconds", "1.5", "--client", "raw", "--acks", "1",
+    rows = run_script(tmp_path, "producer_perf", "--seconds", "1.5", "--client", "raw", "--acks", "1",
                       "--processes", "2", "--connections", "2", "--workers", "1")
     check_rows(rows, "producer_perf")
     assert [(r["client"], r["processes"]) for r in rows] == [("raw", 2)]
 
 
+@pytest.mark.node
 def test_consumer_perf_reads_everything_and_measures_the_ceiling(tmp_path):
-    rows = run_script(tmp_path, "consumer_perf.py", "--seconds", "20", "--records", "60000", "--partitions", "2",
+    rows = run_script(tmp_path, "consumer_perf", "--seconds", "20", "--records", "60000", "--partitions", "2",
                       "--passes", "2", "--ceiling-seconds", "0.3")
     check_rows(rows, "consumer_perf", latency=False)
     assert sorted(r["client"] for r in rows) == ["confluent", "raw"]
@@ -86,16 +89,18 @@ def test_consumer_perf_reads_everything_and_measures_the_ceiling(tmp_path):
         assert row["ceiling_mb_per_s"] > 0 and row["ceiling_ratio"] > 0, row
 
 
+@pytest.mark.node
 def test_e2e_latency_both_clients(tmp_path):
-    rows = run_script(tmp_path, "e2e_latency.py", "--seconds", "2", "--rate", "500", "--warmup-seconds", "0.2")
+    rows = run_script(tmp_path, "e2e_latency", "--seconds", "2", "--rate", "500", "--warmup-seconds", "0.2")
     check_rows(rows, "e2e_latency")
     assert sorted(r["client"] for r in rows) == ["confluent", "raw"]
     for row in rows:
         assert row["lost"] == 0 and row["sent"] == row["records"], row
 
 
+@pytest.mark.node
 def test_consumer_perf_group_of_two_reads_everything_once(tmp_path):
-    rows = run_script(tmp_path, "consumer_perf.py", "--client", "group", "--consumers", "2", "--partitions", "2",
+    rows = run_script(tmp_path, "consumer_perf", "--client", "group", "--consumers", "2", "--partitions", "2",
                       "--records", "20000", "--seconds", "60")
     check_rows(rows, "consumer_perf", latency=False)
     (row,) = rows
@@ -106,8 +111,9 @@ def test_consumer_perf_group_of_two_reads_everything_once(tmp_path):
     assert row["join_s"] > 0, row
 
 
+@pytest.mark.node
 def test_bench_delayed_offered_rates_are_completed_with_timer_stats(tmp_path):
-    rows = run_script(tmp_path, "bench_delayed.py", "--workload", "offered", "--rates", "200", "400",
+    rows = run_script(tmp_path, "bench_delayed", "--workload", "offered", "--rates", "200", "400",
                       "--step-seconds", "0.5", "--expire-ms", "100", "--partitions", "2", "--settle-ms", "200")
     assert [r["offered_per_s"] for r in rows] == [200, 400], rows
     for row in rows:
@@ -117,8 +123,9 @@ def test_bench_delayed_offered_rates_are_completed_with_timer_stats(tmp_path):
         assert row["completed_per_s"] > 0 and row["timer_lateness_p99_us"] is not None, row
 
 
+@pytest.mark.node
 def test_bench_delayed_answers_every_waiter_in_both_workloads(tmp_path):
-    rows = run_script(tmp_path, "bench_delayed.py", "--waiters", "50", "--rounds", "2", "--partitions", "2",
+    rows = run_script(tmp_path, "bench_delayed", "--waiters", "50", "--rounds", "2", "--partitions", "2",
                       "--settle-ms", "200", "--expire-ms", "100")
     assert [r["workload"] for r in rows] == ["fanout", "expire"]
     for row in rows:  # answers carry no payload of interest: mb_per_s is not measured
@@ -131,9 +138,10 @@ def test_bench_delayed_answers_every_waiter_in_both_workloads(tmp_path):
         assert row["timer_cores"] is not None and row["worker_cores"] is not None, row
 
 
+@pytest.mark.node
 def test_bench_priority_measures_both_fetches_and_plots(tmp_path):
     plot = tmp_path / "priority.png"
-    rows = run_script(tmp_path, "bench_priority.py", "--runs", "1", "--backlog", "6000", "--seconds", "1",
+    rows = run_script(tmp_path, "bench_priority", "--runs", "1", "--backlog", "6000", "--seconds", "1",
                       "--arrival-rate", "200", "--plot", str(plot), nodes=2)
     trials, summary = rows[:-1], rows[-1]
     assert [row["mode"] for row in trials] == ["split", "plain"]
@@ -145,17 +153,19 @@ def test_bench_priority_measures_both_fetches_and_plots(tmp_path):
     assert plot.stat().st_size > 10_000
 
 
+@pytest.mark.node
 def test_bench_quotas_compares_quotas_on_and_off(tmp_path):
-    rows = run_script(tmp_path, "bench_quotas.py", "--runs", "1", "--seconds", "1", "--settle-s", "0", nodes=2)
+    rows = run_script(tmp_path, "bench_quotas", "--runs", "1", "--seconds", "1", "--settle-s", "0", nodes=2)
     trials, summary = rows[:-1], rows[-1]
     assert sorted(row["quotas"] for row in trials) == ["off", "on"]
     check_rows(trials, "bench_quotas")
     assert all(row["node_cpu_ns_per_record"] > 0 for row in trials) and summary["cpu_per_record_ratio"] > 0
-    assert summary["summary"] and summary["run_ratios"] == [summary["median_run_ratio"]] and summary["ratio_of_medians"] > 0
+    assert summary["summary"] and summary["run_ratios"] == [summary["median_run_ratio"]] and summary["median_run_ratio"] > 0
 
 
+@pytest.mark.node
 def test_bench_groups_runs_every_workload(tmp_path):
-    rows = run_script(tmp_path, "bench_groups.py", "--members", "40", "--group-size", "4", "--seconds", "2",
+    rows = run_script(tmp_path, "bench_groups", "--members", "40", "--group-size", "4", "--seconds", "2",
                       "--connections", "4", "--rebalance-members", "8", "--rebalance-rounds", "2",
                       "--failure-members", "3", "--failure-session-ms", "1000", "--failure-heartbeat-ms", "200",
                       "--failure-rounds", "1", "--committers", "1", "--committers", "5", "--commit-seconds", "1")
@@ -172,8 +182,9 @@ def test_bench_groups_runs_every_workload(tmp_path):
     assert all(r["records"] > 0 and r["errors"] == 0 for r in by_workload["commit"])
 
 
+@pytest.mark.node
 def test_bench_admin_creates_every_shape_against_its_validate_only_baseline(tmp_path):
-    rows = run_script(tmp_path, "bench_admin.py", "--runs", "2", "--topics", "10", "--partitions", "3",
+    rows = run_script(tmp_path, "bench_admin", "--runs", "2", "--topics", "10", "--partitions", "3",
                       "--sequential", "3")
     assert [row["shape"] for row in rows] == ["batch", "wide", "sequential"]
     for row in rows:
@@ -185,10 +196,10 @@ def test_bench_admin_creates_every_shape_against_its_validate_only_baseline(tmp_
 
 
 def test_scripts_use_a_running_node_with_bootstrap(tmp_path, node):
-    rows = run_script(tmp_path, "producer_perf.py", "--bootstrap", node.bootstrap, "--seconds", "1",
+    rows = run_script(tmp_path, "producer_perf", "--bootstrap", node.bootstrap, "--seconds", "1",
                       "--client", "raw", "--acks", "all")
     check_rows(rows, "producer_perf")
-    rows = run_script(tmp_path, "consumer_perf.py", "--bootstrap", node.bootstrap, "--seconds", "10",
+    rows = run_script(tmp_path, "consumer_perf", "--bootstrap", node.bootstrap, "--seconds", "10",
                       "--records", "20000", "--client", "raw", "--partitions", "1")
     assert rows[0]["complete"] and rows[0]["ceiling_mb_per_s"] is None, rows
 
@@ -199,7 +210,7 @@ def test_scripts_use_a_running_node_with_bootstrap(tmp_path, node):
     (["--seconds", "0"], "positive"),
 ])
 def test_bad_arguments_get_a_clear_error(tmp_path, args, message):
-    done = subprocess.run([sys.executable, str(SCRIPTS / "producer_perf.py"), *args], cwd=REPO,
+    done = subprocess.run([sys.executable, "-m", "scripts.producer_perf", *args], cwd=REPO,
                           capture_output=True, text=True, timeout=60)
     assert done.returncode != 0
     assert message in done.stderr and "Traceback" not in done.stderr
@@ -215,8 +226,44 @@ def test_percentiles_and_result_row():
     assert empty["p50_ms"] is None and empty["mb_per_s"] is None
 
 
+def test_alternating_rounds_order_and_ratio():
+    rounds = AlternatingRounds("on", "off", 3)
+    assert list(rounds.steps()) == [(0, "on"), (0, "off"), (1, "off"), (1, "on"), (2, "on"), (2, "off")]
+    for (index, mode), rate in zip(rounds.steps(), [90, 100, 200, 150, 99, 100]):
+        rounds.record(index, mode, {"rate": rate})
+    # The median of each round's own ratio (0.9, 0.75, 0.99), not the ratio of the medians (99 / 100).
+    assert rounds.ratios("rate") == [0.9, 0.75, 0.99] and rounds.ratio("rate") == 0.9
+    assert rounds.compare("rate") == {"on_median": 99, "off_median": 100, "ratio_median": 0.9, "ratio_min": 0.75,
+                                      "ratio_max": 0.99, "on": [90, 150, 99], "off": [100, 200, 100]}
+    with pytest.raises(ValueError):
+        rounds.record(0, "on", {"rate": 1})
+
+
+def test_compare_checkouts_runs_package_scripts_as_modules_and_plain_ones_as_files(tmp_path):
+    package, plain = tmp_path / "package", tmp_path / "plain"
+    for checkout in (package, plain):
+        (checkout / "scripts").mkdir(parents=True)
+    (package / "scripts" / "__init__.py").write_text("")
+    assert script_command(package, "bench_groups") == [str(package / ".venv/bin/python"), "-m", "scripts.bench_groups"]
+    assert script_command(plain, "bench_groups") == [str(plain / ".venv/bin/python"),
+                                                     str(plain / "scripts" / "bench_groups.py")]
+
+
+@pytest.mark.node
+def test_bench_acks_compares_acks_all_with_acks_1(tmp_path):
+    rows = run_script(tmp_path, "bench_acks", "--rounds", "2", "--seconds", "0.5", "--workers", "1",
+                      "--points", "tiny=8192x1x2")
+    steps, summary = rows[:-1], rows[-1]
+    assert [row["acks"] for row in steps] == ["all", "1", "1", "all"]
+    assert all(row["records_per_s"] > 0 and not row["errors"] for row in steps), steps
+    assert summary["summary"] and summary["point"] == "tiny" and summary["rounds"] == 2
+    ratios = [a["records_per_s"] / b["records_per_s"] for a, b in ((steps[0], steps[1]), (steps[3], steps[2]))]
+    assert summary["all_over_1"] == pytest.approx(sum(ratios) / 2, abs=1e-3)
+    assert isinstance(summary["target_met"], bool) and summary["fdatasync_p50_ms"] > 0
+
+
 def test_bench_purgatory_prints_every_impl_case_and_rate():
-    done = subprocess.run([sys.executable, str(SCRIPTS / "bench_purgatory.py"), "--json", "--requests", "20000"],
+    done = subprocess.run([sys.executable, "-m", "scripts.bench_purgatory", "--json", "--requests", "20000"],
                           cwd=REPO, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
     assert done.returncode == 0, done.stderr[-5000:]
     rows = [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
@@ -232,7 +279,7 @@ def test_bench_purgatory_prints_every_impl_case_and_rate():
 
 def test_bench_rings_prints_every_transport_and_size_and_leaves_no_shared_memory():
     before = set(os.listdir("/dev/shm"))
-    done = subprocess.run([sys.executable, str(SCRIPTS / "bench_rings.py"), "--json", "--runs", "1", "--seconds", "0.3",
+    done = subprocess.run([sys.executable, "-m", "scripts.bench_rings", "--json", "--runs", "1", "--seconds", "0.3",
                            "--latency-seconds", "0.3", "--idle-seconds", "0.2", "--sizes", "100", "65536"],
                           cwd=REPO, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
     assert done.returncode == 0, done.stderr[-5000:]
@@ -267,7 +314,7 @@ def test_bench_rings_median_interval_separates_a_shift_from_noise():
 
 
 def test_bench_rings_measures_the_ring_also_with_the_timer_process_semaphore():
-    done = subprocess.run([sys.executable, str(SCRIPTS / "bench_rings.py"), "--json", "--runs", "1", "--seconds", "0.2",
+    done = subprocess.run([sys.executable, "-m", "scripts.bench_rings", "--json", "--runs", "1", "--seconds", "0.2",
                            "--latency-seconds", "0.2", "--idle-seconds", "0.2", "--sizes", "100",
                            "--transports", "shm-ring", "--ring-doorbell", "semaphore"],
                           cwd=REPO, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
@@ -278,12 +325,13 @@ def test_bench_rings_measures_the_ring_also_with_the_timer_process_semaphore():
     assert row["frames_per_s"] > 0 and 0 < row["p50_us"] <= row["p99_us"] and row["idle_cpu_pct"] is not None, row
 
 
+@pytest.mark.node
 def test_bench_limits_smoke(tmp_path):
     """Both modes on two nodes side by side, measured in interleaved slices; every measurement and the summary
     as JSON."""
     temp = tmp_path / "script-tmp"
     temp.mkdir()
-    done = subprocess.run([sys.executable, str(SCRIPTS / "bench_limits.py"), "--json", "--runs", "1",
+    done = subprocess.run([sys.executable, "-m", "scripts.bench_limits", "--json", "--runs", "1",
                            "--producer-seconds", "1", "--e2e-seconds", "1"], cwd=REPO,
                           env={**os.environ, "TMPDIR": str(temp)}, capture_output=True, text=True,
                           timeout=RUN_TIMEOUT_S)

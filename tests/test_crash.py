@@ -165,10 +165,11 @@ def test_systemd_notify_ready_then_stopping(node_factory, tmp_path):
         until("STOPPING=1")
 
 
+@pytest.mark.node
 def test_a_child_that_cannot_boot_stops_the_node(tmp_path):
     """A worker that dies at every start (here: a sitecustomize hook that makes any process started with
     --listen-fd exit at once) is not restarted forever: the supervisor stops the node, says why, exits 1."""
-    from nodeproc import NodeProcess, STOP_TIMEOUT_S
+    from scripts.harness.nodeproc import NodeProcess, STOP_TIMEOUT_S
 
     hook = tmp_path / "hook"
     hook.mkdir()

@@ -10,6 +10,7 @@ import re
 import threading
 import time
 
+import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 from kafka import KafkaProducer
@@ -18,6 +19,7 @@ from kafka.errors import KafkaStorageError
 from tests.small_fs import MiB, ballast, ext4_on_thin_storage, fill, tmpfs
 from tests.test_clients import CLIENT_TIMEOUT_S, consume_all
 
+pytestmark = pytest.mark.node  # each test starts a node on a small filesystem of its own
 STORAGE_ERROR = "KAFKA_STORAGE_ERROR"
 CONFIG = "[log]\nsegment_bytes = 1048576\nindex_max_bytes = 65536\n"
 VALUE_BYTES = 1000
@@ -122,7 +124,7 @@ def check_nothing_acknowledged_lost(bootstrap: str, client: Client, partitions: 
 
 
 def test_a_full_disk_costs_an_error_code_and_appends_resume_by_themselves(tmp_path):
-    from nodeproc import NodeProcess
+    from scripts.harness.nodeproc import NodeProcess
 
     timeline = Timeline()
     with tmpfs(tmp_path / "fs", 40 * MiB) as fs:
@@ -221,7 +223,7 @@ def test_a_full_disk_costs_an_error_code_and_appends_resume_by_themselves(tmp_pa
 def test_acks_all_whose_fsync_fails_answers_storage_error_not_a_timeout(tmp_path):
     """ext4 on thin storage: appends land in the page cache, then the flusher's fsync fails with EIO.
     acks=all producers are answered KAFKA_STORAGE_ERROR at once, never REQUEST_TIMED_OUT."""
-    from nodeproc import NodeProcess
+    from scripts.harness.nodeproc import NodeProcess
 
     timeline = Timeline()
     with ext4_on_thin_storage(tmp_path / "ext4", 256 * MiB, 24 * MiB) as fs:
@@ -250,7 +252,7 @@ def test_offset_commits_on_a_full_disk_answer_an_error_at_once_and_resume(tmp_pa
     """The offsets log of groups: a commit that cannot be appended (or fsync'd) is answered NOT_COORDINATOR at
     once, as Kafka maps a storage error (the client looks the coordinator up again and retries), never a
     timeout and never acknowledged; after space comes back commits succeed again, and survive a restart."""
-    from nodeproc import NodeProcess
+    from scripts.harness.nodeproc import NodeProcess
     from tests.test_groups_protocol import Client
 
     not_coordinator = 16

@@ -18,16 +18,16 @@ from __future__ import annotations
 
 import os
 import socket
-import sys
 import time
-from pathlib import Path
 
 import pytest
+from shm_testing import fresh_instance
 
 from node.config import NodeConfig
 from node.storage.log import PartitionLog
 from node.storage.store import PartitionStore
 from node.timer.delayed import DelayedFetch
+from scripts.harness import rawkafka as R
 from shm import instance as shm_instance
 from shm import messages as M
 from shm.doorbell import EventfdDoorbell
@@ -35,17 +35,13 @@ from shm.fetch_condition import FetchCondition
 from shm.interest import WorkerWatches
 from shm.ring import RingReader
 from shm.table import PartitionTable
-from shm_testing import fresh_instance
-from workers.codecs import protocol as P
-from workers.connection import Connection, Request
-from workers.timer_client.delayed import DelayedRequests, monotonic_ms
+from shm.timer_link import TimerLink
 from workers.api import handlers as handlers_module
 from workers.api.handlers import Handlers
 from workers.api.quotas import ClientQuotas, Throttler
-from shm.timer_link import TimerLink
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
-import rawkafka as R  # noqa: E402
+from workers.codecs import protocol as P
+from workers.connection import Connection, Request
+from workers.timer_client.delayed import DelayedRequests, monotonic_ms
 
 
 @pytest.fixture

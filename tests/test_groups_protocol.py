@@ -8,19 +8,14 @@ import datetime
 import os
 import socket
 import struct
-import sys
 import time
-from pathlib import Path
 
 import pytest
 from kio.static.primitive import i8, i32, i32Timedelta, i64
 
+from scripts.harness import rawkafka as R
+from tests.test_clients import create_topic
 from workers.codecs import protocol as P
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
-import rawkafka as R  # noqa: E402
-
-from tests.test_clients import create_topic  # noqa: E402
 
 GROUP_CONFIG = "[groups]\ninitial_rebalance_delay_ms = 50\nmin_session_timeout_ms = 500\n"
 NONE, UNKNOWN_MEMBER, ILLEGAL_GENERATION, REBALANCING = 0, 25, 22, 27

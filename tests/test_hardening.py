@@ -12,18 +12,14 @@ import selectors
 import signal
 import socket
 import struct
-import sys
 import threading
 import time
-from pathlib import Path
 
 import psutil
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
-import rawkafka as R  # noqa: E402
-
-from tests.test_clients import CLIENT_TIMEOUT_S, consume_all, create_topic, produce  # noqa: E402
+from scripts.harness import rawkafka as R
+from tests.test_clients import CLIENT_TIMEOUT_S, consume_all, create_topic, produce
 
 MiB = 1 << 20
 API_VERSIONS, FETCH, PRODUCE = 18, 1, 0

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from nodeproc import NodeProcess, api_versions_roundtrip, free_port, shm_leftovers
+from scripts.harness.nodeproc import NodeProcess, api_versions_roundtrip, free_port, shm_leftovers
 from shm.instance import instance_id_for
 
 REPO = Path(__file__).resolve().parent.parent

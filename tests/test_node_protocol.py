@@ -18,13 +18,11 @@ import pytest
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
-import rawkafka as R  # noqa: E402
-
-from tests.test_clients import CLIENT_TIMEOUT_S, consume_all, create_topic, produce  # noqa: E402
-from tests.test_crash import BackgroundProducer  # noqa: E402
-from tests.test_hardening import worker_of  # noqa: E402
-from tests.test_stats_cli import stats_json, wait_for  # noqa: E402
+from scripts.harness import rawkafka as R
+from tests.test_clients import CLIENT_TIMEOUT_S, consume_all, create_topic, produce
+from tests.test_crash import BackgroundProducer
+from tests.test_hardening import worker_of
+from tests.test_stats_cli import stats_json, wait_for
 
 PRODUCE, FETCH, LIST_OFFSETS, METADATA, API_VERSIONS, INIT_PRODUCER_ID = 0, 1, 2, 3, 18, 22
 NONE, OFFSET_OUT_OF_RANGE, CORRUPT_MESSAGE, UNKNOWN_TOPIC_OR_PARTITION, UNSUPPORTED_VERSION = 0, 1, 2, 3, 35

@@ -21,7 +21,7 @@ from shm import instance as shm_instance
 from shm.instance import instance_id_for
 
 REPO = Path(__file__).resolve().parent.parent
-SCRIPTS = REPO / "scripts"
+pytestmark = pytest.mark.node  # each script starts its own nodes
 
 
 def run(tmp_path: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
@@ -40,7 +40,7 @@ def run(tmp_path: Path, *args: str, timeout: float = 600) -> subprocess.Complete
 
 
 def test_bench_stats_compares_both_settings(tmp_path):
-    done = run(tmp_path, str(SCRIPTS / "bench_stats.py"), "--rounds", "1", "--seconds", "1", "--json")
+    done = run(tmp_path, "-m", "scripts.bench_stats", "--rounds", "1", "--seconds", "1", "--json")
     rows = [json.loads(line) for line in done.stdout.splitlines()]
     assert sorted(r["stats"] for r in rows if "step" in r) == ["disabled", "enabled"]
     summary = rows[-1]
@@ -51,7 +51,7 @@ def test_bench_stats_compares_both_settings(tmp_path):
 def test_bench_report_writes_tables_plots_and_json_lines(tmp_path):
     assert shutil.which("redis-server") and shutil.which("redis-benchmark"), "`make test` installs redis-server"
     out = tmp_path / "report"
-    done = run(tmp_path, str(SCRIPTS / "bench_report.py"), "--seconds", "1", "--records", "20000", "--workers", "1",
+    done = run(tmp_path, "-m", "scripts.bench_report", "--seconds", "1", "--records", "20000", "--workers", "1",
                "--waiters", "100", "--fanout-rounds", "1", "--grow-mb", "16", "--grow-steps", "2",
                "--rates", "200", "400", "--rate-seconds", "0.5", "--e2e-runs", "2", "--out", str(out), "--json")
     rows = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]

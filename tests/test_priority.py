@@ -4,20 +4,16 @@ the client-side PriorityProducer / CapacityBurstPriorityConsumer against a live 
 
 from __future__ import annotations
 
-import sys
 import time
-from pathlib import Path
 
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
-import rawkafka as R  # noqa: E402
-
-from clients.priority import (CapacityBurst, CapacityBurstPriorityConsumer, PriorityProducer,  # noqa: E402
+from clients.priority import (CapacityBurst, CapacityBurstPriorityConsumer, PriorityProducer,
                               exponential_shares, level_of, level_topic)
-from tests.test_clients import create_topic  # noqa: E402
-from workers.api import priority as node_priority  # noqa: E402
+from scripts.harness import rawkafka as R
+from tests.test_clients import create_topic
+from workers.api import priority as node_priority
 
 PRODUCE, FETCH = 0, 1
 LEVELS = 3

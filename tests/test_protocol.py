@@ -64,7 +64,7 @@ def request_class(api_key: int, version: int) -> type:
     return protocol._payload_class(ns, EntityType.request)
 
 
-def test_advertised_versions_are_the_issues() -> None:
+def test_advertised_versions_are_the_supported_ones() -> None:
     assert SUPPORTED_APIS == {
         18: (0, 3),  # ApiVersions
         10: (0, 2),  # FindCoordinator

@@ -17,19 +17,14 @@ import threading
 import time
 from collections import defaultdict
 
-import sys
-from pathlib import Path
-
 import crc32c
 import pytest
 
+from scripts.harness import rawkafka
 from workers.codecs import protocol
 from workers.codecs.errors import NONE, UNKNOWN_TOPIC_OR_PARTITION, ErrorCode, ProtocolError
 from workers.codecs.fetch import FetchPartitionResult, FetchTopicResult, encode_fetch_response
 from workers.codecs.produce import ProducePartitionResult, ProduceTopicResult, encode_produce_response
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
-import rawkafka  # noqa: E402
 
 PARTITIONS = 2
 CLIENT_DEADLINE_S = 30.0

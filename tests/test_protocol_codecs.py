@@ -1,13 +1,11 @@
 """Hot-path codecs (workers/codecs/produce.py, workers/codecs/fetch.py) cross-checked byte for byte
-against kio and kafka-python, plus the client-side helpers in scripts/rawkafka.py."""
+against kio and kafka-python, plus the client-side helpers in scripts/harness/rawkafka.py."""
 
 from __future__ import annotations
 
 import datetime
 import io
-import sys
 import tracemalloc
-from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -17,6 +15,7 @@ from kio.serial import entity_reader, entity_writer
 from kio.static.constants import EntityType
 from kio.static.primitive import i16, i32, i32Timedelta, i64
 
+from scripts.harness import rawkafka
 from workers.codecs import protocol
 from workers.codecs.errors import ProtocolError
 from workers.codecs.fetch import FetchPartitionResult, FetchTopicResult, encode_fetch_response
@@ -26,9 +25,6 @@ from workers.codecs.produce import (
     decode_produce_request,
     encode_produce_response,
 )
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
-import rawkafka  # noqa: E402
 
 PRODUCE_VERSIONS = range(3, 9)
 FETCH_VERSIONS = range(4, 12)

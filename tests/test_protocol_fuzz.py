@@ -8,17 +8,13 @@ parse_request_header, decode_request). Bounded in examples so the file runs in s
 from __future__ import annotations
 
 import struct
-import sys
-from pathlib import Path
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from scripts.harness import rawkafka
 from workers.codecs import protocol
 from workers.codecs.errors import ProtocolError
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
-import rawkafka  # noqa: E402
 
 FUZZ = settings(max_examples=1000, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 ALL_VERSIONS = [(k, v) for k, (lo, hi) in protocol.SUPPORTED_APIS.items() for v in range(lo, hi + 1)]

@@ -28,10 +28,8 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
-import rawkafka as R  # noqa: E402
-
-from tests.test_clients import create_topic  # noqa: E402
+from scripts.harness import rawkafka as R
+from tests.test_clients import create_topic
 
 MIB = 1 << 20
 CLIENT = Path(__file__).resolve().parent / "quota_client.py"

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from kio.schema.index import api_key_map
 
-import rawkafka as R
 from node import config as node_config
+from scripts.harness import rawkafka as R
 
 REPO = Path(__file__).resolve().parent.parent
 README = (REPO / "README.md").read_text()

@@ -20,13 +20,13 @@ import psutil
 import pytest
 from confluent_kafka import Consumer, Producer
 
-from nodeproc import free_port, shm_leftovers
+from scripts.harness.nodeproc import free_port, shm_leftovers
 from shm.instance import instance_id_for
 
 REPO = Path(__file__).resolve().parent.parent
 CLI_TIMEOUT_S = 60
 START_TIMEOUT_S = 60
-FIRST_ANSWER_S = 1.0  # a worker in its loop answers ApiVersions at once; before the fix the first waited 2-4 s
+FIRST_ANSWER_S = 1.0  # a worker in its loop answers ApiVersions at once, the first connection too
 
 pytestmark = pytest.mark.node
 

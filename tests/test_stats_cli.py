@@ -22,10 +22,10 @@ from pathlib import Path
 import psutil
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
-
-import rawkafka as R
-from shm import stats as S
 from shm_testing import unique_instance_id
+
+from scripts.harness import rawkafka as R
+from shm import stats as S
 from workers.codecs import protocol as P
 
 UNKNOWN_TOPIC_OR_PARTITION = 3

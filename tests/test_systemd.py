@@ -18,7 +18,9 @@ import threading
 import time
 from pathlib import Path
 
-from nodeproc import NodeProcess, api_versions_roundtrip
+import pytest
+
+from scripts.harness.nodeproc import NodeProcess, api_versions_roundtrip
 
 REPO = Path(__file__).resolve().parent.parent
 WATCHDOG_USEC = 400_000  # pings every 0.2 s
@@ -91,6 +93,7 @@ class NotifyListener:
         self.sock.close()
 
 
+@pytest.mark.node
 def test_notify_ready_watchdog_reload_stop():
     short = tempfile.mkdtemp(prefix="smb-sd-", dir="/tmp")  # AF_UNIX paths are short
     listener = NotifyListener(os.path.join(short, "notify"))

@@ -18,7 +18,7 @@ Invariants:
   keeps (the workers' counts are read from shm.connections). A few latency-bound consumers gather with
   their producer; thousands of waiters stay spread over the workers.
 - Only the decision lives here: the worker moves a due connection when it is quiet (no request in
-  flight, nothing buffered either way, no delayed request, not paused), see workers.worker.
+  flight, nothing buffered either way, no delayed request, not paused), see workers.moves.
 """
 
 from __future__ import annotations

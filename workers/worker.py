@@ -1,51 +1,49 @@
-"""A network worker process: its own SO_REUSEPORT listening socket (bound by the supervisor, put to listen here
-as the loop starts: the port accepts only once a worker serves it), its client connections, its completion
-doorbell and a signal wakeup pipe, on one event loop (workers.eventloop).
+"""A network worker process: its listening socket, its client connections, its completion doorbell, its handoff
+inbox and a signal wakeup pipe on one event loop (workers.eventloop). The worker serves requests and writes
+responses; each other concern is a part of its own, which the worker wires to the loop:
+workers.acceptor (accept, admission) with workers.balance (new connections to the worker holding the fewest),
+workers.moves (connections arriving from and leaving for other workers; workers.affinity decides the moves),
+workers.backpressure (pausing and resuming reads: memory budget, output bound, throttles), workers.deadlines
+(idle and incomplete-request timeouts), workers.stats (the stats row), workers.reload (SIGHUP).
 
-The server logic hangs on the loop as handlers and hooks:
-- file events: accept on the listener (a new connection goes on, unread, to the live worker holding the
-  fewest when it holds fewer than this one: server.balance_connections); read and write on each
-  connection (and its hang-up while its reads are paused); drain the doorbell; the wakeup pipe;
-  connections other workers hand over (shm.handoff);
+The hooks on the loop:
+- file events: the listener (Acceptor.accept); read on each connection, and its hang-up while its reads are
+  paused; write on a connection the socket did not take all of; the doorbell (the timer's messages, or another
+  worker's append); the handoff inbox (ConnectionMoves.receive); the wakeup pipe;
 - after a Produce's appends (before its own response is built), after each request, and on a ring of the
   doorbell: the delayed fetches an append satisfied, answered and written at once (their clients are the
   ones waiting; the rest of the turn's responses wait for its end);
-- before each sleep: the heartbeat, the stop procedure, the timer's messages (completions, topic outcomes,
-  layout changes), the responses that became ready, the memory budget's resumptions, the connections due
-  to move to another worker (workers.affinity), the turn's frames to the timer; then the doorbell's sleep
-  announcement;
+- before each sleep, in order: the heartbeat; the stop procedure; a requested reload, the timer's messages
+  (completions, replies, quota state, timer restarts, layout changes) and the delayed fetches appends
+  satisfied; the responses that became ready, then the connections due to move that were written out
+  (ConnectionMoves.move_quiet), then the memory budget's resumptions; the turn's frames to the timer; last the
+  doorbell's sleep announcement;
 - after each sleep: the completion ring's sleep flag is cleared;
 - timers: delayed requests the timer process left far past their deadline (workers.timer_client.delayed); each
-  connection's deadlines (idle, incomplete request); the listener's rest after running out of fds.
+  connection's deadlines; the quota usage report; the stats row; the peers' heartbeats while balancing; the
+  listener's rest after running out of fds; the end of a throttle.
 
 Invariants:
-- The worker never blocks except in the loop's one select(); sockets are non-blocking, ring writes
+- The worker never blocks except in the loop's one epoll wait; sockets are non-blocking, ring writes
   never wait (a full ring keeps frames in a local backlog, retried every turn).
-- Every request read gets its response in request order on its connection (see
-  workers.connection). Requests that wait on the timer live in workers.timer_client.delayed, which answers them
-  when the timer does, or by itself once they are far past their deadline, and re-submits them when
-  the timer process restarts: no client waits forever, even with the timer process dead.
+- Every request read gets its response in request order on its connection (see workers.connection).
+  Requests that wait on the timer live in workers.timer_client.delayed, which answers them when the timer
+  does, or by itself once they are far past their deadline, and re-submits them when the timer process
+  restarts: no client waits forever, even with the timer process dead.
 - Bad input closes only its own connection, with one log line; no input ends the process.
-- Memory is bounded whatever clients do: the worker's share of server.queued_max_request_bytes
-  (workers.memory: backpressure by not reading, never a close), and per connection
-  server.connection_max_queued_response_bytes of responses its client has not read (past it, the complete
-  requests already read wait and the connection is not read until its client reads).
-- Connections over server.max_connections or server.max_connections_per_ip (node-wide, workers.limits)
-  are closed at accept; a connection idle for server.connections_max_idle_ms, or whose request stays
-  incomplete for server.request_timeout_ms while it is read, is closed. Each cause logs one line per
-  server.limit_log_interval_ms (counting the rest).
+- Memory is bounded whatever clients do (workers.backpressure): backpressure by not reading, never a close.
+- The request path reads the parts it needs per request through the worker's own attributes (`memory`,
+  `output_limit`, `stats`, `affinity`): no extra hop per request or response.
 - The loop turns at least every server.heartbeat_interval_ms and beats the worker's heartbeat every turn
   (shm.heartbeat): the supervisor replaces a worker whose heartbeat stops.
-- A connection moves to another worker only when nothing of it is in flight here (no request read and
-  unanswered, no byte buffered either way, no delayed request, no pause), and only between requests
-  served: the socket and what its client sent since go to the peer whole, and this worker forgets it.
-- SIGTERM: stop accepting, finish in-flight requests within the grace period, then exit 0.
+- A closed connection is forgotten by every part at once (`_close`); a connection that moved to another worker
+  is closed here the same way, its socket living on in the peer.
+- SIGTERM: stop accepting, finish in-flight requests within server.shutdown_grace_ms, then exit 0.
 """
 
 from __future__ import annotations
 
 import argparse
-import errno
 import logging
 import os
 import signal
@@ -54,49 +52,42 @@ import sys
 import time
 from typing import Any
 
-from node.config import NodeConfig, read_runtime, reload_runtime
+from node.config import NodeConfig, read_runtime
 from node.logging_setup import RateLimitedLog, setup_logging
+from node.proctitle import set_title
 from node.storage.store import PartitionStore
 from shm import instance as shm_instance
 from shm import messages as M
 from shm.connections import ConnectionCounts
-from node.proctitle import set_title
-from shm import stats as S
-from shm.heartbeat import BeatWatch, HeartbeatTable, worker_slot
 from shm.doorbell import EventfdDoorbell
-from shm.handoff import AFFINITY, BALANCE, Handoffs
+from shm.handoff import Handoffs
+from shm.heartbeat import HeartbeatTable
 from shm.interest import WorkerWatches
 from shm.ring import max_payload
 from shm.table import PartitionTable
-from workers.codecs import protocol as P
-from workers.affinity import ConnectionAffinity
-from workers.connection import (PAUSED_MEMORY, PAUSED_OUTPUT, PAUSED_THROTTLE, Connection, ConnectionClosed,
-                                Request)
-from workers.timer_client.delayed import DelayedRequests, monotonic_ms
-from workers.codecs.errors import ProtocolError
-from workers.eventloop import EventLoop, Timer
-from workers.api.handlers import Handlers
-from workers.limits import ConnectionLimits
-from workers.memory import MemoryBudget
-from workers.timer_client.outcome import Outcome
-from workers.api.quotas import ClientQuotas, Throttler
 from shm.timer_link import TimerLink
+from workers.acceptor import Acceptor
+from workers.affinity import ConnectionAffinity
+from workers.api.handlers import Handlers
+from workers.api.quotas import ClientQuotas, Throttler
+from workers.backpressure import Backpressure
+from workers.balance import ConnectionBalance
+from workers.codecs import protocol as P
+from workers.codecs.errors import ProtocolError
+from workers.connection import PAUSED_OUTPUT, Connection, ConnectionClosed, Request
+from workers.deadlines import ConnectionDeadlines
+from workers.eventloop import EventLoop, Timer
+from workers.limits import ConnectionLimits
+from workers.moves import ConnectionMoves
+from workers.reload import ConfigReload
+from workers.stats import (BYTES_IN, BYTES_OUT, CLOSED_ON_ERROR, ERROR_CODES, ERROR_RESPONSES, LAST_ERROR_CODE,
+                           REQUEST_ERRORS, REQUESTS, WorkerStats)
+from workers.timer_client.delayed import DelayedRequests, monotonic_ms
+from workers.timer_client.outcome import Outcome
 
 log = logging.getLogger("shmbroker.worker")
 
 WAKEUP_READ_BYTES = 512  # one byte per signal delivered; more than a turn ever sees
-# accept() errors that mean "no resources now": the listener rests instead of spinning on them.
-_ACCEPT_EXHAUSTED = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
-_REQUESTS = S.OFFSETS["requests"]
-_ERRORS = S.OFFSETS["request_errors"]
-_BYTES_IN = S.OFFSETS["bytes_in"]
-_ERROR_RESPONSES = S.OFFSETS["error_responses"]
-_ERROR_CODES = S.OFFSETS["error_codes"]
-_LAST_ERROR_CODE = S.MAX_ERROR_CODES - 1
-_BYTES_OUT = S.OFFSETS["bytes_out"]
-_ACCEPTED = S.OFFSETS["connections_accepted"]
-_CLOSED_ON_ERROR = S.OFFSETS["connections_closed_on_error"]
-_STREAM = socket.SocketKind.SOCK_STREAM
 
 
 class Worker:
@@ -104,7 +95,6 @@ class Worker:
                  supervisor_pid: int, config_path: str, heartbeat_slot: int,
                  handoffs: Handoffs | None = None) -> None:
         self.instance = instance
-        self.config_path = config_path
         self.index = index
         self.config = config
         self.supervisor_pid = supervisor_pid
@@ -122,8 +112,13 @@ class Worker:
         peer_bells = {peer: EventfdDoorbell(fd) for peer, fd in enumerate(bell_fds) if peer != index}
         self.delayed = DelayedRequests(self.link, self.table, config.timer.delayed_grace_ms, self._settle_delayed,
                                        max_frame, self.watches, index, peer_bells, config.timer.fetch_handoff_ms)
+        self.loop = EventLoop()
+        self.backpressure = Backpressure(server, self.loop, self._serve)
+        # The request path's own references (no hop through backpressure per request or response).
+        self.memory = self.backpressure.memory
+        self.output_limit = self.backpressure.output_limit
         self.quotas = ClientQuotas(config.quotas, index)
-        throttler = Throttler(self.quotas, self.delayed, self._mute, self._unmute)
+        throttler = Throttler(self.quotas, self.delayed, self.backpressure.mute, self.backpressure.unmute)
         self.handlers = Handlers(self.partitions, config, self.delayed, f"shmbroker-{instance}", throttler)
         self.handlers.after_appends = self._answer_appended_if_due
         self.message_handlers = {
@@ -133,9 +128,7 @@ class Worker:
             M.Kind.TIMER_STARTED: self._on_timer_started,
             M.Kind.LAYOUT: self._on_layout,
         }
-        self.listener = socket.socket(fileno=listen_fd)
-        self.listener.setblocking(False)
-        self.loop = EventLoop()
+        self.reload = ConfigReload(config_path, config, self._apply_config)
         self.connections: dict[int, Connection] = {}
         self._dirty: set[Connection] = set()
         self._answered: dict[Connection, None] = {}  # dirty with a delayed request's answer: written first
@@ -146,93 +139,35 @@ class Worker:
         self._stop_started = False
         self._self_check: Timer | None = None
         self._quota_report: Timer | None = None
-        self._reload = False
         self._wakeup_r, self._wakeup_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-        share = server.worker_request_bytes()
-        self.memory = (MemoryBudget(share, server.recv_bytes, self._pause_for_memory, self._resume_for_memory)
-                       if share >= 0 else None)
-        self.output_limit = server.connection_max_queued_response_bytes
         # One line per cause per interval for the whole node (the marks are shared by the workers).
-        self.limit_log = RateLimitedLog(log, server.limit_log_interval_ms / 1000, marks=self.counts.log_marks(
+        limit_log = RateLimitedLog(log, server.limit_log_interval_ms / 1000, marks=self.counts.log_marks(
             ("accept", "server.max_connections", "server.max_connections_per_ip", "server.connections_max_idle_ms",
              "server.request_timeout_ms")))
-        self.idle_s = server.connections_max_idle_ms / 1000 if server.connections_max_idle_ms > 0 else None
-        self.request_timeout_s = server.request_timeout_ms / 1000 if server.request_timeout_ms > 0 else None
-        # Each connection's deadline timer fires at least this often (see _check_deadlines).
-        periods = [s for s in (self.idle_s, self.request_timeout_s) if s is not None]
-        self.deadline_period_s = min(periods) if periods else None
-        self.stats_segment = S.StatsSegment.attach(shm_instance.stats_name(instance)) if config.stats.enabled else None
-        self.stats = (self.stats_segment.writer(S.worker_row(index), "worker", index, os.getpid())
-                      if self.stats_segment is not None else None)
-        self.handoffs = handoffs
+        deadlines = ConnectionDeadlines(server, self.loop, limit_log, self._close)
+        self.deadlines = deadlines if deadlines.period_s is not None else None
+        self.stats = (WorkerStats(instance, index, config.stats.publish_interval_ms / 1000)
+                      if config.stats.enabled else None)
         rows = [self.counts.row(w) for w in range(self.counts.workers)]
-        # New connections to the worker holding the fewest (_pass_to_fewest); counted for the stats segment.
-        self._balance_rows = rows if handoffs is not None and handoffs.peers() and server.balance_connections else None
-        self.balanced_out = self.balanced_in = 0
-        self._peer_beats = BeatWatch(self.heartbeats)  # the peers' liveness, as the supervisor's HangWatch reads it
+        has_peers = handoffs is not None and bool(handoffs.peers())
+        self.balance = (ConnectionBalance(index, handoffs, rows, self.heartbeats,
+                                          server.heartbeat_interval_ms / 1000, self.loop)
+                        if has_peers and server.balance_connections else None)
+        self.acceptor = Acceptor(listen_fd, server, self.loop, self.limits, limit_log, self.stats, self.balance,
+                                 self._adopt)
         self.affinity: ConnectionAffinity | None = None
-        if handoffs is not None and handoffs.peers() and server.connection_affinity_waits > 0:
+        if has_peers and server.connection_affinity_waits > 0:
             self.affinity = ConnectionAffinity(index, server.connection_affinity_waits,
                                                server.connection_affinity_slack,
                                                server.connection_affinity_cooldown_ms / 1000,
                                                lambda worker: rows[worker].count)
             self.delayed.on_answered = lambda conn, appender: self.affinity.answered(conn, appender,
                                                                                      self.loop.now)
+        self.moves = (ConnectionMoves(handoffs, self.affinity, self.delayed, self.limits, self.loop, self._adopt,
+                                      self._on_readable, self._close)
+                      if handoffs is not None else None)
 
     # -- connections -------------------------------------------------------------------------
-
-    def _accept(self) -> None:
-        server = self.config.server
-        passed: dict[int, int] = {}  # connections passed to each peer in this call, not yet in its count
-        for _ in range(server.accepts_per_turn):
-            try:
-                sock, peer = self.listener.accept()
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError as exc:
-                if exc.errno in _ACCEPT_EXHAUSTED:
-                    self.limit_log.warning("accept", "cannot accept connections (%s): the listener rests %d ms",
-                                           exc, server.accept_retry_ms)
-                    self._rest_listener()
-                    return
-                if exc.errno == errno.ECONNABORTED:
-                    continue  # the client gave up before we took it
-                log.warning("accept failed: %s", exc)
-                return
-            address = peer[0] if isinstance(peer, tuple) else str(peer)
-            bucket = self.limits.bucket_of(address)
-            refusal = self.limits.refusal(bucket)
-            if refusal is not None:
-                sock.close()
-                self.limit_log.warning(refusal.setting, "refused a connection from %s: over %s (%d)",
-                                       address, refusal.setting, refusal.limit)
-                continue
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, server.socket_send_buffer_bytes)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, server.socket_receive_buffer_bytes)
-            if self.stats is not None:
-                self.stats.counts[_ACCEPTED] += 1
-            if self._balance_rows is not None and self._pass_to_fewest(sock, passed):
-                continue
-            self._adopt(sock, peer, bucket)
-
-    def _pass_to_fewest(self, sock: socket.socket, passed: dict[int, int]) -> bool:
-        """Pass a new connection, before any byte of it is read, to the live worker holding the fewest, if it
-        holds fewer than this one does now (so it ends with no more than this one keeps). The others' counts are
-        of a moment ago (shm.connections), and a connection passed in this accept call is not in its peer's
-        count yet: `passed` adds them. Liveness is the heartbeat's, as the supervisor's HangWatch reads it."""
-        rows = self._balance_rows
-        fewest, count = None, rows[self.index].count  # the peer must hold fewer than this one holds now
-        for peer in self.handoffs.peers():
-            held = rows[peer].count + passed.get(peer, 0)
-            if held < count and self._turning(peer):
-                fewest, count = peer, held
-        if fewest is None or not self.handoffs.send(fewest, sock.fileno(), BALANCE):
-            return False
-        sock.close()  # this worker's copy: the socket lives on in the peer
-        passed[fewest] = passed.get(fewest, 0) + 1
-        self.balanced_out += 1
-        return True
 
     def _adopt(self, sock: socket.socket, peer: Any, bucket: int) -> Connection:
         """Serve `sock` from now on: an accepted connection, or one another worker passed here."""
@@ -242,18 +177,9 @@ class Worker:
         self.connections[conn.fd] = conn
         self.limits.opened(bucket)
         self.loop.watch(sock, lambda: self._on_readable(conn), on_hangup=lambda: self._close(conn, None))
-        if self.deadline_period_s is not None:
-            self._arm_deadlines(conn, self.loop.now)
+        if self.deadlines is not None:
+            self.deadlines.arm(conn)
         return conn
-
-    def _rest_listener(self) -> None:
-        self.loop.pause_reading(self.listener)
-
-        def wake() -> None:
-            if not self._stop_started:
-                self.loop.resume_reading(self.listener)
-
-        self.loop.call_later(self.config.server.accept_retry_ms / 1000, wake)
 
     def _close(self, conn: Connection, reason: str | None = None) -> None:
         if conn.closed:
@@ -261,7 +187,7 @@ class Worker:
         if reason:
             log.warning("closing connection from %s: %s", conn.peer, reason)
             if self.stats is not None:
-                self.stats.counts[_CLOSED_ON_ERROR] += 1
+                self.stats.counts[CLOSED_ON_ERROR] += 1
         self.loop.unwatch(conn.sock)
         self.connections.pop(conn.fd, None)
         self._dirty.discard(conn)
@@ -277,62 +203,7 @@ class Worker:
         if self.affinity is not None:
             self.affinity.forget(conn)
 
-    # -- connections moving between workers (workers.affinity, shm.handoff) ---------------------
-
-    def _move_due(self) -> None:
-        """Before sleeping, when no request is being served (a connection's frames read in one go are handled
-        in a loop that must not lose its connection midway): move the due connections written out this turn."""
-        moving, self._moving = self._moving, set()
-        for conn in moving:
-            self._move_if_quiet(conn)
-
-    def _move_if_quiet(self, conn: Connection) -> None:
-        """Pass a connection due to move to its peer, if nothing of it is in flight here: no request read and
-        unanswered, no byte buffered either way, no delayed request, no pause. Else try again after its
-        next write."""
-        if (conn.closed or conn.slots or conn.outq or conn.held or conn.paused or conn.mutes
-                or conn.partial_bytes or self.delayed.holds(conn)):
-            return
-        peer = self.affinity.destination(conn)
-        if peer is None or not self.handoffs.send(peer, conn.fd, AFFINITY):
-            return
-        self._close(conn)  # this worker's copy and its accounting only: the socket lives on in the peer
-        self.affinity.sent()
-
-    def _turning(self, peer: int) -> bool:
-        """Whether a peer's loop turned within two heartbeat intervals: a stopped, hung or dead one (its beats
-        zeroed until its replacement runs) would leave a connection passed to it waiting for the supervisor.
-        Its beats are looked at every interval too (_look_at_peers): a first look could not tell."""
-        beats, silent_s = self._peer_beats.look(worker_slot(peer), self.loop.now)
-        return beats > 0 and silent_s <= 2 * self.config.server.heartbeat_interval_ms / 1000
-
-    def _look_at_peers(self) -> None:
-        """Every heartbeat interval, while balancing: the peers' beats, for _turning."""
-        now = self.loop.now
-        for peer in self.handoffs.peers():
-            self._peer_beats.look(worker_slot(peer), now)
-        self.loop.call_later(self.config.server.heartbeat_interval_ms / 1000, self._look_at_peers)
-
-    def _on_handoff(self) -> None:
-        """Connections other workers passed here: served as if accepted (their unread requests are in the
-        socket), then read at once."""
-        for fd, sender, reason in self.handoffs.receive():
-            sock = socket.socket(fileno=fd)
-            if sender is None or sock.type != _STREAM:
-                log.warning("dropping a malformed handoff (sender %s, %r)", sender, sock.type)
-                sock.close()
-                continue
-            try:
-                peer = sock.getpeername()
-            except OSError:  # its client left while it was on the way: nothing to serve
-                sock.close()
-                continue
-            conn = self._adopt(sock, peer, self.limits.bucket_of(peer[0] if isinstance(peer, tuple) else str(peer)))
-            if reason == BALANCE:
-                self.balanced_in += 1
-            elif self.affinity is not None:
-                self.affinity.adopted(conn, self.loop.now)
-            self._on_readable(conn)
+    # -- requests and responses -----------------------------------------------------------------
 
     def _on_readable(self, conn: Connection) -> None:
         if conn.closed:
@@ -360,7 +231,7 @@ class Worker:
                 return
             if 0 <= limit < conn.queued_bytes:
                 conn.hold(frames[position:])
-                self._pause(conn, PAUSED_OUTPUT)
+                self.backpressure.pause(conn, PAUSED_OUTPUT)
                 return
             self._handle(conn, frame)
             self._answer_appended_if_due()
@@ -382,20 +253,20 @@ class Worker:
         stats = self.stats
         if stats is not None:
             counts = stats.counts
-            counts[_REQUESTS + header.api_key] += 1
-            counts[_BYTES_IN + header.api_key] += len(frame)
+            counts[REQUESTS + header.api_key] += 1
+            counts[BYTES_IN + header.api_key] += len(frame)
         try:
             request = P.decode_request(header.api_key, header.api_version, frame[header.body_offset:])
             outcome = self.handlers.dispatch(req, request)
         except ProtocolError as exc:
             if stats is not None:
-                stats.counts[_ERRORS + header.api_key] += 1
+                stats.counts[REQUEST_ERRORS + header.api_key] += 1
             self._close(conn, f"bad request api {header.api_key} v{header.api_version}: {exc}")
             return
         except Exception:  # a bug must cost one connection, never the worker
             log.exception("handler failed for api %d v%d", header.api_key, header.api_version)
             if stats is not None:
-                stats.counts[_ERRORS + header.api_key] += 1
+                stats.counts[REQUEST_ERRORS + header.api_key] += 1
             self._close(conn, "internal error")
             return
         self._settle(req, outcome)
@@ -412,13 +283,13 @@ class Worker:
         stats = self.stats
         if stats is not None:
             counts = stats.counts
-            counts[_BYTES_OUT + req.header.api_key] += size
+            counts[BYTES_OUT + req.header.api_key] += size
             if outcome.errors is not None:
                 errors = outcome.errors()
                 if errors:
-                    counts[_ERROR_RESPONSES + req.header.api_key] += 1
+                    counts[ERROR_RESPONSES + req.header.api_key] += 1
                     for error in errors:
-                        counts[_ERROR_CODES + min(error, _LAST_ERROR_CODE)] += 1
+                        counts[ERROR_CODES + min(error, LAST_ERROR_CODE)] += 1
 
     def _settle_delayed(self, req: Request, outcome: Outcome | None) -> None:
         """A delayed request's answer: its client has been waiting, and on one CPU the first response written
@@ -455,63 +326,11 @@ class Worker:
             conn.wants_write = not done
             self.loop.want_write(conn.sock, None if done else lambda: self._dirty.add(conn))
         if conn.paused & PAUSED_OUTPUT and conn.queued_bytes <= self.output_limit:
-            self._unpause(conn, PAUSED_OUTPUT)
-            if conn.held:
-                self._serve(conn, conn.take_held())
+            self.backpressure.output_drained(conn)
         if self.memory is not None and not conn.closed:
             self.memory.update(conn)
         if done and self.affinity is not None and conn in self.affinity.due:
             self._moving.add(conn)
-
-    # -- backpressure ---------------------------------------------------------------------------
-
-    def _pause(self, conn: Connection, reason: int) -> None:
-        if conn.pause(reason, self.loop.now):
-            self.loop.pause_reading(conn.sock)
-
-    def _unpause(self, conn: Connection, reason: int) -> None:
-        if not conn.closed and conn.unpause(reason, self.loop.now):
-            self.loop.resume_reading(conn.sock)
-
-    def _pause_for_memory(self, conn: Connection) -> None:
-        self._pause(conn, PAUSED_MEMORY)
-
-    def _resume_for_memory(self, conn: Connection) -> None:
-        self._unpause(conn, PAUSED_MEMORY)
-
-    # -- deadlines ------------------------------------------------------------------------------
-
-    def _arm_deadlines(self, conn: Connection, when: float) -> None:
-        conn.timer = self.loop.call_at(when + self.deadline_period_s, lambda: self._check_deadlines(conn))
-
-    def _check_deadlines(self, conn: Connection) -> None:
-        """A connection's timer: close it if idle or if its request is incomplete for too long; else look again
-        by its next deadline. The timer is never set further than one period ahead, so a request that begins
-        meanwhile is caught in time without re-arming on every read."""
-        if conn.closed:
-            return
-        now = time.monotonic()
-        due = now + self.deadline_period_s
-        if conn.request_since is not None:
-            if self.request_timeout_s is not None and not conn.paused:
-                incomplete_s = now - conn.request_since
-                if incomplete_s >= self.request_timeout_s:
-                    self._close_for("server.request_timeout_ms", conn, "request incomplete for %d ms",
-                                    incomplete_s)
-                    return
-                due = min(due, conn.request_since + self.request_timeout_s)
-        elif self.idle_s is not None and not conn.slots and not conn.held:
-            idle_s = now - conn.last_active
-            if idle_s >= self.idle_s:
-                self._close_for("server.connections_max_idle_ms", conn, "idle for %d ms", idle_s)
-                return
-            due = min(due, conn.last_active + self.idle_s)
-        conn.timer = self.loop.call_at(due, lambda: self._check_deadlines(conn))
-
-    def _close_for(self, setting: str, conn: Connection, what: str, seconds: float) -> None:
-        self.limit_log.warning(setting, "closing connection from %s: " + what + " (%s)", conn.peer,
-                               seconds * 1000, setting)
-        self._close(conn)
 
     # -- messages from the timer -------------------------------------------------------------
 
@@ -523,29 +342,7 @@ class Worker:
         if message.catalog_version != self.partitions.version:
             self.partitions.reload()
 
-    # -- quotas --------------------------------------------------------------------------------
-
-    def _mute(self, conn: Connection) -> None:
-        """Stop reading a throttled client's connection until its throttle ends (KIP-219)."""
-        if not conn.closed:
-            conn.mutes += 1
-            self._pause(conn, PAUSED_THROTTLE)
-
-    def _unmute(self, conn: Connection) -> None:
-        if not conn.closed:
-            conn.mutes = max(0, conn.mutes - 1)
-            if not conn.mutes:  # on the next turn: this runs inside a timer message's handling
-                self.loop.call_later(0, lambda: self._resume(conn))
-
-    def _resume(self, conn: Connection) -> None:
-        """A throttle ended: the requests held back first (they may throttle again, or meet the output bound),
-        then the socket, unless another reason still pauses it."""
-        if conn.closed or conn.mutes:
-            return
-        if conn.held:
-            self._serve(conn, conn.take_held())
-        if not conn.mutes:
-            self._unpause(conn, PAUSED_THROTTLE)
+    # -- quotas and reload ---------------------------------------------------------------------
 
     def _report_quota_usage(self) -> None:
         self._quota_report = None
@@ -558,15 +355,11 @@ class Worker:
         if self.config.quotas.enabled and self._quota_report is None:
             self._quota_report = self.loop.call_later(self.quotas.next_report_ms / 1000, self._report_quota_usage)
 
-    def _reload_config(self) -> None:
-        """SIGHUP: the supervisor rewrote the config file with new reloadable settings."""
-        self._reload = False
-        config = reload_runtime(self.config, self.config_path, log)
-        if config is None:
-            return
+    def _apply_config(self, config: NodeConfig) -> None:
+        """A reloaded config (workers.reload): its reloadable settings are the quotas."""
         self.config = config
-        self.handlers.config = self.config
-        self.quotas.reconfigure(self.config.quotas)
+        self.handlers.config = config
+        self.quotas.reconfigure(config.quotas)
         self._arm_quota_report()
         log.info("reloaded quotas")
 
@@ -576,8 +369,6 @@ class Worker:
         if self._stopping_since is None:
             self._stopping_since = time.monotonic()
 
-    def _on_hup(self, signum: int, frame: Any) -> None:
-        self._reload = True
     def _beat(self) -> float | None:
         """First before sleeping: one heartbeat per turn, and a turn at least every heartbeat interval."""
         self.heartbeat.beat()
@@ -597,8 +388,7 @@ class Worker:
             return None
         if not self._stop_started:
             self._stop_started = True
-            self.loop.unwatch(self.listener)
-            self.listener.close()
+            self.acceptor.stop()
             for conn in list(self.connections.values()):
                 if not conn.slots and not conn.pending_output():
                     self._close(conn)
@@ -609,9 +399,10 @@ class Worker:
         return self.config.timer.self_check_interval_ms / 1000
 
     def _from_timer(self) -> float | None:
-        """Before sleeping: the timer's messages, then the delayed fetches this turn's appends satisfied."""
-        if self._reload:
-            self._reload_config()
+        """Before sleeping: a requested reload, the timer's messages, then the delayed fetches this turn's
+        appends satisfied."""
+        if self.reload.requested:
+            self.reload.reload()
         for message in self.link.receive():
             handler = self.message_handlers.get(message.kind)
             if handler is None:
@@ -649,7 +440,10 @@ class Worker:
     def _write_ready(self) -> float | None:
         self._write_dirty()
         if self._moving:
-            self._move_due()
+            # Before sleeping, when no request is being served (a connection's frames read in one go are
+            # handled in a loop that must not lose its connection midway).
+            moving, self._moving = self._moving, set()
+            self.moves.move_quiet(moving)
         if self.memory is not None and self.memory.engaged:
             self.memory.end_turn()
         # Requests served from a held-back queue just now have responses to write: no sleep before that.
@@ -675,28 +469,30 @@ class Worker:
         """Last before sleeping: tell the timer we sleep on the doorbell (0: frames arrived meanwhile)."""
         return None if self.link.announce_sleep() else 0.0
 
-    def _publish_stats(self) -> None:
-        """Every stats.publish_interval_ms: the gauges, then the whole row (shm.stats)."""
-        stats = self.stats
+    def _gauges(self) -> list[tuple[str, int]]:
+        """The stats row's gauges (workers.stats), read as it is published."""
         link = self.link
-        stats.set("loop_turns", self.heartbeat.beats)
-        stats.set("connections", len(self.connections))
-        stats.set("delayed_waiting", len(self.delayed))
-        stats.set("fetches_answered_on_append", self.delayed.answered_on_append)
-        stats.set("fetches_handed_off", self.delayed.handed_off)
-        if self.affinity is not None:
-            stats.set("connections_moved_out", self.affinity.moved_out)
-            stats.set("connections_moved_in", self.affinity.moved_in)
-        stats.set("connections_balanced_out", self.balanced_out)
-        stats.set("connections_balanced_in", self.balanced_in)
-        stats.set("throttled_connections", sum(1 for conn in self.connections.values() if conn.mutes))
-        stats.set("ring_frames_sent", link.frames_sent)
-        stats.set("ring_frames_received", link.frames_received)
         capacity = self.config.rings.capacity
-        stats.set("ring_capacity_bytes", capacity)
-        stats.set("ring_used_bytes", max(0, capacity - link.writer.free_bytes()))
-        stats.publish()
-        self.loop.call_later(self.config.stats.publish_interval_ms / 1000, self._publish_stats)
+        gauges = [
+            ("loop_turns", self.heartbeat.beats),
+            ("connections", len(self.connections)),
+            ("delayed_waiting", len(self.delayed)),
+            ("fetches_answered_on_append", self.delayed.answered_on_append),
+            ("fetches_handed_off", self.delayed.handed_off),
+        ]
+        if self.affinity is not None:
+            gauges += [("connections_moved_out", self.affinity.moved_out),
+                       ("connections_moved_in", self.affinity.moved_in)]
+        gauges += [
+            ("connections_balanced_out", self.balance.balanced_out if self.balance is not None else 0),
+            ("connections_balanced_in", self.moves.balanced_in if self.moves is not None else 0),
+            ("throttled_connections", sum(1 for conn in self.connections.values() if conn.mutes)),
+            ("ring_frames_sent", link.frames_sent),
+            ("ring_frames_received", link.frames_received),
+            ("ring_capacity_bytes", capacity),
+            ("ring_used_bytes", max(0, capacity - link.writer.free_bytes())),
+        ]
+        return gauges
 
     def _on_doorbell(self) -> None:
         self.link.drain_doorbell()
@@ -712,39 +508,35 @@ class Worker:
     def run(self) -> int:
         signal.set_wakeup_fd(self._wakeup_w)
         signal.signal(signal.SIGTERM, self._on_signal)
-        signal.signal(signal.SIGHUP, self._on_hup)
+        signal.signal(signal.SIGHUP, self.reload.on_hup)
         loop = self.loop
         self._arm_quota_report()
-        loop.watch(self.listener, self._accept)
         loop.watch(self.link.doorbell_fd, self._on_doorbell)
         loop.watch(self._wakeup_r, self._read_wakeup)
-        if self.handoffs is not None:
-            loop.watch(self.handoffs.receiving_fd, self._on_handoff)
+        if self.moves is not None:
+            self.moves.start()
         if self.stats is not None:
-            self._publish_stats()
-        if self._balance_rows is not None:
-            self._look_at_peers()
+            self.stats.start(loop, self._gauges)
         for hook in (self._beat, self._stop_procedure, self._from_timer, self._write_ready, self._to_timer,
                      self._announce_sleep):
             loop.before_sleep(hook)
         loop.after_sleep(self.link.woke)
-        # The port accepts from now on (the supervisor only bound it); a replacement's socket listens already.
-        self.listener.listen(self.config.server.listen_backlog)
+        self.acceptor.start()  # the port accepts from now on
         log.info("worker %d ready", self.index)
         loop.run()
         for conn in list(self.connections.values()):
             self._close(conn)
         loop.close()
         self.link.close()
-        if self.handoffs is not None:
-            self.handoffs.close()
+        if self.moves is not None:
+            self.moves.close()
         self.partitions.close()
         self.table.close()
         self.watches.close()
         self.counts.close()
         self.heartbeats.close()
-        if self.stats_segment is not None:
-            self.stats_segment.close()
+        if self.stats is not None:
+            self.stats.close()
         return 0
 
 

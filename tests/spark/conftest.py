@@ -1,18 +1,15 @@
 """The Spark tests' one SparkSession (per test session): local[2], loopback only, no UI, JVM options for a
 fast start, small shuffles, its scratch space in a pytest temp dir; at the end the session stops, the JVM
-and its Python workers exit (scripts/sparkjob.py) and the scratch dir is removed."""
+and its Python workers exit (scripts/harness/sparkjob.py) and the scratch dir is removed."""
 
 from __future__ import annotations
 
 import shutil
-import sys
-from pathlib import Path
 
 import psutil
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
-import sparkjob  # noqa: E402
+from scripts.harness import sparkjob
 
 
 @pytest.fixture(scope="session")

@@ -6,7 +6,6 @@ written and not empty. The same records published to a topic give the same repor
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -14,9 +13,8 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
-import report_spark  # noqa: E402
-import results  # noqa: E402
+from scripts import report_spark
+from scripts.harness import results
 
 T0 = 1_790_000_000.0
 WORKLOADS = {  # workload row fields -> offered loads (None: not swept)

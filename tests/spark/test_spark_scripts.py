@@ -13,7 +13,9 @@ import sys
 from pathlib import Path
 
 import psutil
+import pytest
 
+pytestmark = pytest.mark.node  # the script starts its own node
 REPO = Path(__file__).resolve().parents[2]
 
 

@@ -30,9 +30,8 @@ import psutil
 import pytest
 from spark_testing import create_topic, produce
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
-import sparkjob  # noqa: E402
-from nodeproc import free_port  # noqa: E402
+from scripts.harness import sparkjob
+from scripts.harness.nodeproc import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 VENV_PYTHON = sys.executable  # the tests run with the venv's Python (make test)

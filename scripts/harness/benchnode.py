@@ -1,6 +1,6 @@
 """Shared harness of the node benchmarks (producer_perf, consumer_perf, e2e_latency).
 
-- ``node_for(args)``: the node under test: a real node started with scripts/nodeproc.py (the one launcher
+- ``node_for(args)``: the node under test: a real node started with scripts/harness/nodeproc.py (the one launcher
   of tests and benchmarks) on a free 127.0.0.1 port with a temporary data dir, or ``--bootstrap``.
 - ``Pipeliner``: the raw load generators' request loop: several connections, a fixed number of
   requests in flight on each, responses matched by correlation id, per-request latency.
@@ -29,7 +29,6 @@ import selectors
 import signal
 import socket
 import struct
-import sys
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -39,13 +38,8 @@ import numpy as np
 import orjson
 import psutil
 
-SCRIPTS_DIR = os.path.dirname(os.path.abspath(__file__))
-REPO_ROOT = os.path.dirname(SCRIPTS_DIR)
-if REPO_ROOT not in sys.path:
-    sys.path.insert(0, REPO_ROOT)
-
-import rawkafka  # noqa: E402
-from nodeproc import LOOPBACK, NodeProcess  # noqa: E402
+from scripts.harness import rawkafka
+from scripts.harness.nodeproc import LOOPBACK, NodeProcess
 
 _LOOPBACK_NAMES = {"127.0.0.1", "localhost"}
 # Fields every benchmark JSON line has (null where not measured).

@@ -33,12 +33,9 @@ from typing import Any
 
 import psutil
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
+from shm import instance as shm_instance
 
-from shm import instance as shm_instance  # noqa: E402
-
+REPO_ROOT = Path(__file__).resolve().parents[2]  # the checkout whose node runs by default
 LOOPBACK = "127.0.0.1"
 START_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 30.0

@@ -18,8 +18,7 @@ Invariants:
   raises ``RawProtocolError`` on any mismatch or short read; every blocking
   call is bounded by the socket timeout.
 
-Import as ``rawkafka`` with scripts/ on sys.path (running a script in
-scripts/ does that).
+Import as ``from scripts.harness import rawkafka``.
 """
 
 from __future__ import annotations

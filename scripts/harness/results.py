@@ -26,7 +26,7 @@ Percentiles are nearest-rank over the buckets (``histogram_percentile``): the lo
 holding the ceil(q * N)-th smallest sample, so a percentile read from the histogram is at most 0.2%
 below the one of the raw samples.
 
-``python scripts/results.py publish FILE --bootstrap HOST:PORT --topic TOPIC`` produces the lines of
+``python -m scripts.harness.results publish FILE --bootstrap HOST:PORT --topic TOPIC`` produces the lines of
 FILE to a topic (one record each, keyed by run id), where report_spark.py --topic reads them.
 
 Invariants: a record is appended whole (one write of one line, the file opened in append mode), so
@@ -116,7 +116,7 @@ def append(path: str, records: Iterable[dict[str, Any]]) -> None:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--results", metavar="PATH", help="also append results records (JSON lines, see "
-                        "scripts/results.py) to PATH, for scripts/report_spark.py")
+                        "scripts/harness/results.py) to PATH, for scripts/report_spark.py")
     parser.add_argument("--run-id", help="the run id of those records (default: SHMBROKER_RUN_ID, or one per "
                         "invocation)")
 
@@ -163,7 +163,8 @@ def publish(path: str, bootstrap: str, topic: str, timeout_s: float = 60.0) -> i
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Load-test results records (see the module docstring).")
+    parser = argparse.ArgumentParser(prog="python -m scripts.harness.results",
+                                     description="Load-test results records (see the module docstring).")
     sub = parser.add_subparsers(dest="command", required=True)
     pub = sub.add_parser("publish", help="produce a results file's records to a topic")
     pub.add_argument("file")

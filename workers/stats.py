@@ -1,0 +1,54 @@
+"""A network worker's row of the stats segment (shm.stats): the counters it adds to as it serves, and the gauges
+read from its parts, published together every stats.publish_interval_ms.
+
+Invariants:
+- `counts` is the row writer's own list: the request path adds to it by the offsets below (a list item per
+  event, no call), and readers see nothing of it until `publish` copies the row to the segment.
+- The gauges are read only when the row is published, from the parts that keep them (the loop's beats, the
+  connections, the delayed requests, the balance and the moves, the ring); the parts know nothing of the segment.
+- Only the worker's process writes its row; it is published once right as the loop starts, then every interval.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Callable, Iterable
+
+from shm import instance as shm_instance
+from shm import stats as S
+from workers.eventloop import EventLoop
+
+REQUESTS = S.OFFSETS["requests"]  # + api key: requests read
+REQUEST_ERRORS = S.OFFSETS["request_errors"]  # + api key: requests that failed to decode or to be handled
+BYTES_IN = S.OFFSETS["bytes_in"]  # + api key
+BYTES_OUT = S.OFFSETS["bytes_out"]  # + api key
+ERROR_RESPONSES = S.OFFSETS["error_responses"]  # + api key: responses carrying an error code
+ERROR_CODES = S.OFFSETS["error_codes"]  # + error code (the last slot counts every higher one)
+LAST_ERROR_CODE = S.MAX_ERROR_CODES - 1
+ACCEPTED = S.OFFSETS["connections_accepted"]
+CLOSED_ON_ERROR = S.OFFSETS["connections_closed_on_error"]
+
+Gauges = Callable[[], Iterable[tuple[str, int]]]
+
+
+class WorkerStats:
+    def __init__(self, instance: str, index: int, interval_s: float) -> None:
+        self.segment = S.StatsSegment.attach(shm_instance.stats_name(instance))
+        self.writer = self.segment.writer(S.worker_row(index), "worker", index, os.getpid())
+        self.counts = self.writer.counts
+        self.interval_s = interval_s
+
+    def start(self, loop: EventLoop, gauges: Gauges) -> None:
+        """Publish the row now and then every interval, with the gauges `gauges()` reads at that moment."""
+
+        def publish() -> None:
+            writer = self.writer
+            for name, value in gauges():
+                writer.set(name, value)
+            writer.publish()
+            loop.call_later(self.interval_s, publish)
+
+        publish()
+
+    def close(self) -> None:
+        self.segment.close()
