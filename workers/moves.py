@@ -28,7 +28,6 @@ from workers.affinity import ConnectionAffinity
 from workers.connection import Connection
 from workers.eventloop import EventLoop
 from workers.limits import ConnectionLimits
-from workers.timer_client.delayed import DelayedRequests
 
 log = logging.getLogger("shmbroker.worker")
 
@@ -36,12 +35,12 @@ _STREAM = socket.SocketKind.SOCK_STREAM
 
 
 class ConnectionMoves:
-    def __init__(self, handoffs: Handoffs, affinity: ConnectionAffinity | None, delayed: DelayedRequests,
+    def __init__(self, handoffs: Handoffs, affinity: ConnectionAffinity | None, waits: Callable[[Connection], bool],
                  limits: ConnectionLimits, loop: EventLoop, adopt: Callable[[socket.socket, Any, int], Connection],
                  read: Callable[[Connection], None], close: Callable[[Connection], None]) -> None:
         self.handoffs = handoffs
         self.affinity = affinity
-        self.delayed = delayed
+        self._waits = waits  # whether a connection has a request waiting on the timer (it stays then)
         self.limits = limits
         self.loop = loop
         self._adopt = adopt  # serve a socket here (the worker's, as for an accepted one)
@@ -80,7 +79,7 @@ class ConnectionMoves:
         its peer, if nothing of it is in flight here."""
         for conn in written:
             if (conn.closed or conn.slots or conn.outq or conn.held or conn.paused or conn.mutes
-                    or conn.partial_bytes or self.delayed.holds(conn)):
+                    or conn.partial_bytes or self._waits(conn)):
                 continue
             peer = self.affinity.destination(conn)
             if peer is None or not self.handoffs.send(peer, conn.fd, AFFINITY):

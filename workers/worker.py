@@ -163,7 +163,7 @@ class Worker:
                                                lambda worker: rows[worker].count)
             self.delayed.on_answered = lambda conn, appender: self.affinity.answered(conn, appender,
                                                                                      self.loop.now)
-        self.moves = (ConnectionMoves(handoffs, self.affinity, self.delayed, self.limits, self.loop, self._adopt,
+        self.moves = (ConnectionMoves(handoffs, self.affinity, self.delayed.holds, self.limits, self.loop, self._adopt,
                                       self._on_readable, self._close)
                       if handoffs is not None else None)
 
