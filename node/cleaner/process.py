@@ -26,7 +26,7 @@ import time
 from typing import Any
 
 from node.config import NodeConfig, read_runtime, reload_runtime
-from node.logging_setup import setup_logging
+from node.logging_setup import RateLimitedLog, setup_logging
 from node.proctitle import set_title
 from node.storage.cleaner import Cleaner, CleanResult, IoLimiter
 from node.storage.store import PartitionStore
@@ -38,6 +38,7 @@ from shm.table import PartitionTable
 from shm.timer_link import TimerLink
 
 log = logging.getLogger("shmbroker.cleaner")
+FAILURE_LOG_INTERVAL_S = 600.0  # one line per partition per interval about failed cleanings
 RESULT_COUNTERS = {"cleaner_bytes_read": "bytes_read", "cleaner_bytes_written": "bytes_written",
                    "cleaner_bytes_reclaimed": "bytes_reclaimed", "cleaner_records_read": "records_read",
                    "cleaner_records_kept": "records_kept", "cleaner_tombstones_dropped": "tombstones_dropped"}
@@ -66,6 +67,7 @@ class CleanerProcess:
         self.limiter = IoLimiter(config.cleaner.io_max_bytes_per_second)
         self.cleaner = Cleaner(config.cleaner, self.limiter, progress=self._between_chunks)
         self.cleaning_row = -1
+        self.failure_log = RateLimitedLog(log, FAILURE_LOG_INTERVAL_S)  # a full disk fails every try: one line
         self.stopping = False
         self._reload = False
         self._next_publish = 0.0
@@ -123,7 +125,8 @@ class CleanerProcess:
             error = "abandoned: the cleaner is stopping"
         except Exception as exc:  # a bug or a fault costs this cleaning, never the process
             error = f"{type(exc).__name__}: {exc}"
-            log.warning("cleaning %s-%d failed (the log stays as it was): %s", topic, partition, error)
+            self.failure_log.warning((topic, partition), "cleaning %s-%d failed (the log stays as it was; the "
+                                     "node tries again later): %s", topic, partition, error)
         self.cleaning_row = -1
         self._account(row, result, error)
         self.link.send(M.encode(M.Kind.CLEANED, row, partition, topic, error, result.swapped, result.first_dirty,

@@ -8,6 +8,9 @@ in the partition table's cleaning words, and lists the partitions due: dirty eno
 or with a record older than max.compaction.lag.ms. Back on the timer loop, due partitions go to idle
 cleaners, overdue ones first, then the dirtiest (CLEAN over the cleaner's ring); a CLEANED frees the cleaner.
 
+A partition whose cleaning failed (a full disk, a corrupt batch) waits before its next try, twice as long after
+each failure in a row (from cleaner.backoff_ms, at most MAX_RETRY_DELAY_MS).
+
 Invariants: a partition is cleaned by at most one cleaner at a time; a cleaner gets one CLEAN at a time; a
 cleaner counts as idle only once it said CLEANER_READY (after its start, or in answer to TIMER_STARTED, with
 the partition it is still cleaning, if any), so a restarted timer or cleaner loses no work and gives none twice.
@@ -28,6 +31,7 @@ from shm.table import PartitionTable
 
 log = logging.getLogger("shmbroker.cleaning")
 PPM = 1_000_000
+MAX_RETRY_DELAY_MS = 300_000
 
 
 @dataclass(frozen=True)
@@ -77,6 +81,7 @@ class CleanerScheduler:
         self.table = table
         self.idle: set[int] = set()
         self.cleaning: dict[int, int] = {}  # cleaner -> row
+        self.failed: dict[int, tuple[int, float]] = {}  # row -> (failures in a row, monotonic s of the next try)
         self.queue: list[Candidate] = []
         self._surveying = False
         self.cleanings = 0
@@ -101,9 +106,10 @@ class CleanerScheduler:
 
     def _assign(self) -> None:
         busy = set(self.cleaning.values())
+        now = time.monotonic()
         while self.idle and self.queue:
             candidate = self.queue.pop(0)
-            if candidate.row in busy:
+            if candidate.row in busy or self.failed.get(candidate.row, (0, 0.0))[1] > now:
                 continue
             cleaner = min(self.idle)
             self.idle.discard(cleaner)
@@ -132,8 +138,12 @@ class CleanerScheduler:
         self.idle.add(cleaner)
         if message.error:
             self.failures += 1
+            count = self.failed.get(message.row, (0, 0.0))[0] + 1
+            delay_ms = min(self.config.backoff_ms * 2 ** count, MAX_RETRY_DELAY_MS)
+            self.failed[message.row] = (count, time.monotonic() + delay_ms / 1000)
         else:
             self.cleanings += 1
+            self.failed.pop(message.row, None)
         if self.queue:
             self._assign()
         elif message.swapped:
