@@ -25,6 +25,7 @@ from typing import Any
 
 import orjson
 
+from node.storage.cleaner import CleanerConfig
 from node.storage.log import LogConfig
 from shm.ring import RingConfig
 
@@ -234,8 +235,8 @@ class GroupConfig:
     offsets_load_bytes_per_turn: int = 1 << 20
     # ... and at most one slice per this interval (0: every turn), to bound the timer's CPU on a huge log.
     offsets_load_interval_ms: int = 0
-    # The offsets log is compacted (its live set rewritten) once it holds this many records and twice the live.
-    offsets_compaction_min_records: int = 50_000
+    # offsets.topic.segment.bytes: the offsets log's segments; the log cleaner compacts the sealed ones.
+    offsets_segment_bytes: int = 100 << 20
     # A worker waits this long for a JoinGroup or SyncGroup answer beyond the request's own rebalance timeout
     # (the coordinator always answers within it; the margin only matters if the timer process is gone).
     join_answer_margin_ms: int = 5000
@@ -333,8 +334,13 @@ class NodeConfig:
     quotas: QuotaConfig = field(default_factory=QuotaConfig)
     priority: PriorityConfig = field(default_factory=PriorityConfig)
     stats: StatsConfig = field(default_factory=StatsConfig)
+    cleaner: CleanerConfig = field(default_factory=CleanerConfig)  # the log cleaner (node.cleaner)
     # The rings between each worker and the timer process (one each way).
     rings: RingConfig = field(default_factory=lambda: RingConfig(capacity=4 * 1024 * 1024))
+
+    def cleaner_count(self) -> int:
+        """Log cleaner processes: none with the cleaner off."""
+        return self.cleaner.processes if self.cleaner.enabled else 0
 
     def to_json(self) -> bytes:
         return orjson.dumps(dataclasses.asdict(self))

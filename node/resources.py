@@ -7,8 +7,9 @@ Invariants:
   its own row only.
 - Per worker i: request ring i (worker -> timer), completion ring i (timer -> worker) and
   eventfd doorbell i (inherited by the timer and every worker: the others ring it when they append to a
-  row worker i watches). One semaphore doorbell for the timer.
-- One heartbeat row per child (slot 0 the timer, slot 1 + i worker i: `heartbeat_slot`), and the
+  row worker i watches). Per log cleaner c: the rings of index workers + c and an eventfd doorbell of its
+  own (inherited by the timer and that cleaner). One semaphore doorbell for the timer.
+- One heartbeat row per child (slot 0 the timer, slot 1 + i worker i, then the cleaners'), and the
   connection counts of every worker (the node-wide connection limits); a child's rows are reset before it
   starts and after it exits (`child_starting`, `child_exited`), never while it runs.
 - The partition table row of every catalogued partition is filled by recovery before any child
@@ -30,7 +31,7 @@ from shm import instance as shm_instance
 from shm.connections import ConnectionCounts
 from shm.doorbell import EventfdDoorbell
 from shm.handoff import Inbox
-from shm.heartbeat import TIMER_SLOT, HeartbeatTable, worker_slot
+from shm.heartbeat import HeartbeatTable
 from shm.interest import WorkerWatches
 from shm.stats import StatsSegment, stats_rows
 from shm.table import PartitionTable
@@ -54,20 +55,17 @@ def _report_disk(data_dir: str, faults: dict[str, str], room_bytes: int) -> None
                 f"; recovery met disk faults in {len(faults)} partitions: {examples}" if faults else "")
 
 
-def heartbeat_slot(role: str, index: int) -> int:
-    """The heartbeat row of a child: 0 for the timer, 1 + index for worker `index`."""
-    return TIMER_SLOT if role == "timer" else worker_slot(index)
-
-
 class NodeResources:
     def __init__(self, instance: shm_instance.Instance, table: PartitionTable, worker_bells: list[EventfdDoorbell],
                  heartbeats: HeartbeatTable, connections: ConnectionCounts, config: NodeConfig, data_dir: str,
-                 stats: StatsSegment, inboxes: list[Inbox] | None = None) -> None:
+                 stats: StatsSegment, inboxes: list[Inbox] | None = None,
+                 cleaner_bells: list[EventfdDoorbell] | None = None) -> None:
         self.instance = instance
         self.stats = stats  # one row per process: supervisor, timer, workers (shm.stats)
         self.heartbeats = heartbeats  # one slot per child: timer 0, worker i at 1 + i (shm.heartbeat)
         self.table = table
         self.worker_bells = worker_bells
+        self.cleaner_bells = cleaner_bells or []
         # Each worker's handoff inbox (shm.handoff), held here for the node's life: a connection passed to a
         # worker that died waits in it for the worker that replaces it.
         self.inboxes = inboxes or []
@@ -87,29 +85,31 @@ class NodeResources:
             finally:
                 store.close()
             workers = config.server.worker_count()
+            cleaners = config.cleaner_count()
             WorkerWatches.create(shm_instance.watches_name(instance_id), workers, config.topics.max_partitions).close()
-            stats = StatsSegment.create(shm_instance.stats_name(instance_id), stats_rows(workers),
+            stats = StatsSegment.create(shm_instance.stats_name(instance_id), stats_rows(workers, cleaners),
                                         config.stats.committed_offsets_bytes)
-            for i in range(workers):
+            for i in range(workers + cleaners):
                 instance.create_ring(shm_instance.request_ring_name(instance_id, i), config.rings)
                 instance.create_ring(shm_instance.completion_ring_name(instance_id, i), config.rings)
             instance.create_semaphore_doorbell(shm_instance.timer_doorbell_name(instance_id)).close()
             bells = [EventfdDoorbell() for _ in range(workers)]
+            cleaner_bells = [EventfdDoorbell() for _ in range(cleaners)]
             inboxes = [Inbox.create() for _ in range(workers)] if workers > 1 else []
-            heartbeats = HeartbeatTable.create(shm_instance.heartbeat_name(instance_id), 1 + workers)
+            heartbeats = HeartbeatTable.create(shm_instance.heartbeat_name(instance_id), 1 + workers + cleaners)
             connections = ConnectionCounts.create(shm_instance.connections_name(instance_id), workers,
                                                   config.server.connection_ip_buckets)
         except BaseException:
             instance.shutdown()
             raise
-        return cls(instance, table, bells, heartbeats, connections, config, data_dir, stats, inboxes)
+        return cls(instance, table, bells, heartbeats, connections, config, data_dir, stats, inboxes, cleaner_bells)
 
-    def child_starting(self, role: str, index: int) -> None:
-        self.heartbeats.claim(heartbeat_slot(role, index))
+    def child_starting(self, slot: int) -> None:
+        self.heartbeats.claim(slot)
 
-    def child_exited(self, role: str, index: int) -> None:
+    def child_exited(self, role: str, index: int, slot: int) -> None:
         """A child is gone: its heartbeat row is free and a worker's connections are closed."""
-        self.heartbeats.claim(heartbeat_slot(role, index))
+        self.heartbeats.claim(slot)
         if role == "worker":
             self.connections.reset(index)
 
@@ -122,7 +122,7 @@ class NodeResources:
             store.close()
 
     def unlink(self) -> None:
-        for bell in self.worker_bells:
+        for bell in self.worker_bells + self.cleaner_bells:
             bell.close()
         for inbox in self.inboxes:
             inbox.close()

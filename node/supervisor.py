@@ -7,7 +7,8 @@ Invariants:
 - Exactly one supervisor per data directory: it holds an fcntl lock on `<data_dir>/.lock`.
 - Before any child starts, the supervisor has removed the shared memory left by a crashed run of
   the same instance, recovered every partition log and filled the shared partition table.
-- Children are data (`ChildSpec`: role, module, arguments, inherited fds): one timer process and N
+- Children are data (`ChildSpec`: role, module, arguments, inherited fds, rows): one timer process, the
+  log cleaners (node.cleaner, `cleaner.processes`) and N
   network workers. Any child that dies is restarted, with a backoff that doubles per quick death and
   resets after a child has lived long enough.
 - A child that cannot boot (exits within `child_boot_window_ms` of its start `child_boot_failures_max`
@@ -55,9 +56,9 @@ from typing import Callable, Protocol
 from node import config as node_config
 from node import sdnotify
 from node.config import NodeConfig
-from node.resources import NodeResources, heartbeat_slot
+from node.resources import NodeResources
 from shm import stats as S
-from shm.heartbeat import HangWatch
+from shm.heartbeat import TIMER_SLOT, HangWatch, cleaner_slot, worker_slot
 from shm import instance as shm_instance
 from shm.instance import instance_id_for
 
@@ -75,26 +76,20 @@ EXIT_IN_USE = 4  # the port or the data directory is taken (node.tools.cli's exi
 
 @dataclass(frozen=True)
 class ChildSpec:
-    """What a child is: its role, the module it runs, its own arguments and the fds it inherits."""
+    """What a child is: its role, the module it runs, its own arguments, the fds it inherits, and its rows in
+    the heartbeat table and the stats segment."""
 
-    role: str  # "timer" or "worker"
+    role: str  # "timer", "worker" or "cleaner"
     index: int
     module: str
     args: tuple[str, ...]
     fds: tuple[int, ...]
-
-    @property
-    def slot(self) -> int:
-        """Its row in the heartbeat table."""
-        return heartbeat_slot(self.role, self.index)
+    slot: int
+    stats_row: int
 
     @property
     def name(self) -> str:
         return f"{self.role} {self.index}"
-
-    @property
-    def stats_row(self) -> int:
-        return S.TIMER_ROW if self.role == "timer" else S.worker_row(self.index)
 
 
 @dataclass
@@ -193,8 +188,11 @@ class Supervisor:
     def _child_specs(self) -> list[ChildSpec]:
         assert self.resources is not None
         bells = [bell.fileno() for bell in self.resources.worker_bells]
-        timer = ChildSpec("timer", 0, "node.timer.process", ("--worker-bell-fds", ",".join(map(str, bells))),
-                          tuple(bells))
+        cleaner_bells = [bell.fileno() for bell in self.resources.cleaner_bells]
+        timer = ChildSpec("timer", 0, "node.timer.process",
+                          ("--worker-bell-fds", ",".join(map(str, bells)),
+                           "--cleaner-bell-fds", ",".join(map(str, cleaner_bells))),
+                          (*bells, *cleaner_bells), TIMER_SLOT, S.TIMER_ROW)
         receiving = [inbox.receiving.fileno() for inbox in self.resources.inboxes]
         sending = [inbox.sending.fileno() for inbox in self.resources.inboxes]
         workers = []
@@ -205,8 +203,14 @@ class Supervisor:
             if receiving:  # a worker inherits its own inbox's receiving end and the others' sending ends
                 args += ("--inbox-fd", str(receiving[i]), "--worker-inbox-fds", ",".join(map(str, sending)))
                 fds += (receiving[i], *(fd for peer, fd in enumerate(sending) if peer != i))
-            workers.append(ChildSpec("worker", i, "workers.worker", args, fds))
-        return [timer] + workers
+            workers.append(ChildSpec("worker", i, "workers.worker", args, fds, worker_slot(i), S.worker_row(i)))
+        # A log cleaner: the rings of index workers + c, its own doorbell (node.cleaner).
+        cleaners = [ChildSpec("cleaner", c, "node.cleaner.process",
+                              ("--ring-index", str(len(bells) + c), "--bell-fd", str(fd),
+                               "--stats-row", str(S.cleaner_row(len(bells), c))), (fd,),
+                              cleaner_slot(len(bells), c), S.cleaner_row(len(bells), c))
+                    for c, fd in enumerate(cleaner_bells)]
+        return [timer] + workers + cleaners
 
     def spawn(self, child: Child) -> None:
         spec = child.spec
@@ -217,7 +221,7 @@ class Supervisor:
                 "--heartbeat-slot", str(spec.slot),
                 "--supervisor-pid", str(os.getpid()), *spec.args]
         assert self.resources is not None
-        self.resources.child_starting(spec.role, spec.index)
+        self.resources.child_starting(spec.slot)
         self.resources.stats.reset(spec.stats_row)
         child.process = subprocess.Popen(argv, pass_fds=spec.fds, close_fds=True, preexec_fn=_child_setup,
                                          cwd=os.getcwd())
@@ -402,7 +406,7 @@ class Supervisor:
             if self.hangs is not None:
                 self.hangs.forget(child.spec.slot)
             if self.resources is not None:
-                self.resources.child_exited(child.spec.role, child.spec.index)
+                self.resources.child_exited(child.spec.role, child.spec.index, child.spec.slot)
 
     def kill_hung(self) -> None:
         """SIGKILL the children whose loops stopped turning; reap() restarts them once they are gone."""
@@ -448,7 +452,9 @@ class Supervisor:
         grace_s = self.config.server.shutdown_grace_ms / 1000
         for listener in self.listeners:
             listener.close()
-        self._terminate([c for c in self.children if c.spec.role == "worker"], grace_s)
+        # Workers first (they finish what clients wait on), the cleaners (a cleaning in flight is abandoned: the
+        # log stays as it was), the timer last (its last group commit).
+        self._terminate([c for c in self.children if c.spec.role in ("worker", "cleaner")], grace_s)
         self._terminate([c for c in self.children if c.spec.role == "timer"], grace_s)
         if self.resources is not None:
             self.resources.flush_all()

@@ -40,11 +40,15 @@ LAYOUT = Layout("a heartbeat table", magic=0x5441_4542_5452_4148, version=1,  # 
                 bytes_for=lambda slots, row_bytes: HEADER_BYTES + slots * row_bytes)
 BEATS = 0
 PID = 1
-TIMER_SLOT = 0  # the timer's row; worker i's is worker_slot(i)
+TIMER_SLOT = 0  # the timer's row; worker i's is worker_slot(i), then the cleaners' (cleaner_slot)
 
 
 def worker_slot(index: int) -> int:
     return TIMER_SLOT + 1 + index
+
+
+def cleaner_slot(workers: int, index: int) -> int:
+    return TIMER_SLOT + 1 + workers + index
 
 
 class HeartbeatTable:

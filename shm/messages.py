@@ -98,12 +98,16 @@ class Kind(IntEnum):
     # Client quotas (node.timer.quotas)
     QUOTA_USAGE = 32  # what each client id produced and fetched since the worker's last report
     THROTTLE = 33  # hold a throttled client until deadline_ms
+    # The log cleaner (node.cleaner), on the rings after the workers': its outcomes and its state
+    CLEANED = 40  # a partition's cleaning ended: what it did, or why it failed
+    CLEANER_READY = 41  # a cleaner (re)started, or the timer did: whether it is cleaning a partition now
     # timer -> worker
     COMPLETION = 64  # delayed requests that completed: satisfied, expired, or failed with a Kafka error code
     REPLY = 65  # the answer to a request its worker waits on, in the layout the request's kind declares
     TIMER_STARTED = 66  # a timer process (re)started: re-submit every delayed request still waiting
     LAYOUT = 67  # the topic catalog changed: reload it if older than catalog_version
     QUOTA_STATE = 68  # the node-wide rates of the client ids over a quota, and the reports counted in them
+    CLEAN = 69  # to a cleaner: clean this partition (its dirtiest-first turn came)
 
 
 class Status(IntEnum):
@@ -330,6 +334,13 @@ GROUP_KINDS = (Kind.JOIN_GROUP, Kind.SYNC_GROUP, Kind.HEARTBEAT, Kind.LEAVE_GROU
 QuotaUsage = declare(Kind.QUOTA_USAGE, body=[("report", "Q")], fields=[("clients", Array(ClientUsage))]).tuple_class
 Throttle = declare(Kind.THROTTLE, body=[("request_id", "Q"), ("deadline_ms", "q"), ("throttle_ms", "I"),
                                         ("quota_kind", "B")], fields=[("client", STR)]).tuple_class
+Clean = declare(Kind.CLEAN, body=[("row", "I"), ("partition", "i")], fields=[("topic", STR)]).tuple_class
+Cleaned = declare(Kind.CLEANED, body=[("row", "I"), ("partition", "i")],
+                  fields=[("topic", STR), ("error", STR), ("swapped", "?"), ("first_dirty", "q"), ("cleaned_to", "q"),
+                          ("bytes_read", "q"), ("bytes_written", "q"), ("bytes_reclaimed", "q"), ("records_read", "q"),
+                          ("records_kept", "q"), ("tombstones_dropped", "q"), ("keys", "q"), ("duration_ms", "q")]
+                  ).tuple_class
+CleanerReady = declare(Kind.CLEANER_READY, body=[("pid", "I"), ("cleaning_row", "i")]).tuple_class  # row -1: idle
 Completion = declare(Kind.COMPLETION, items=[("request_id", "Q"), ("status", "B"), ("error_code", "h")]).tuple_class
 # A REPLY's frame: its body, then the answer in its request kind's reply layout (see encode_reply, decode).
 declare(Kind.REPLY, body=[("request_id", "Q"), ("of_kind", "B")], fields=[])

@@ -1,6 +1,7 @@
 """The node's stats segment: one row of counters per process, written without locks, read as consistent snapshots.
 
-Every process of the node (row 0 the supervisor, row 1 the timer, row 2 + i network worker i) owns one row.
+Every process of the node (row 0 the supervisor, row 1 the timer, row 2 + i network worker i, then the log
+cleaners' rows after the workers') owns one row.
 It counts in plain Python ints of its own (`StatsWriter.counts`, a list indexed by the field offsets below: an
 increment on the hot path is one list store, no shared-memory traffic), and *publishes* the whole list into its
 row every `stats.publish_interval_ms` from its loop. Readers (`shmbroker stats`, the dashboard, the Prometheus
@@ -11,8 +12,8 @@ Row layout (little-endian int64 words):
 
     word 0        version   incremented once per publish; its low bit names the slot holding the current counters
     word 1        pid       the owner's pid (0: the row was never used)
-    word 2        role      ROLES index (supervisor, timer, worker)
-    word 3        index     the worker's index (0 otherwise)
+    word 2        role      ROLES index (supervisor, timer, worker, cleaner)
+    word 3        index     the worker's or cleaner's index (0 otherwise)
     word 4        started   the owner's start, wall-clock ms
     words 5-7     padding   keeps the version on its own cache line
     slot 0, slot 1          SLOT_WORDS counters each (FIELDS)
@@ -51,7 +52,7 @@ from shm.segment import HEADER_BYTES, Layout, Segment
 COMMITTED_HEAD_BYTES = 64
 CUT_MARK = b'"":[]'  # first key of a committed offsets document that was cut to fit
 ROW_HEAD_WORDS = 8
-ROLES = ("supervisor", "timer", "worker")
+ROLES = ("supervisor", "timer", "worker", "cleaner")
 SUPERVISOR_ROW = 0
 TIMER_ROW = 1
 MAX_APIS = 72  # Kafka API keys 0..71
@@ -136,6 +137,18 @@ FIELDS: tuple[Field, ...] = (
     Field("groups", counter=False, help="consumer groups known to the coordinator"),
     Field("group_members", counter=False, help="members of all groups"),
     Field("rebalances", help="completed join phases"),
+    # log cleaners
+    Field("cleanings", help="partition cleanings finished (a swap or nothing to do)"),
+    Field("cleaner_errors", help="partition cleanings that failed (the log stays as it was)"),
+    Field("cleaner_bytes_read", help="log bytes the cleaner read"),
+    Field("cleaner_bytes_written", help="bytes of cleaned segments written"),
+    Field("cleaner_bytes_reclaimed", help="log bytes cleaning freed (replaced segments minus their replacements)"),
+    Field("cleaner_records_read", help="records the cleaner read"),
+    Field("cleaner_records_kept", help="records cleaned segments kept"),
+    Field("cleaner_tombstones_dropped", help="tombstones dropped past delete.retention.ms"),
+    Field("cleaner_io_sleep_ms", help="time the cleaner slept to keep to cleaner.io_max_bytes_per_second, ms"),
+    Field("cleaner_busy", counter=False, help="1 while the cleaner cleans a partition"),
+    Field("cleaner_last_run_ms", counter=False, help="wall-clock ms the cleaner's last cleaning ended"),
     # supervisor
     Field("child_restarts", help="children restarted"),
     Field("children_alive", counter=False, help="children running"),
@@ -162,12 +175,16 @@ class TornReadError(RuntimeError):
     """A row kept changing under a reader for MAX_READ_ATTEMPTS copies."""
 
 
-def stats_rows(workers: int) -> int:
-    return 2 + workers
+def stats_rows(workers: int, cleaners: int = 0) -> int:
+    return 2 + workers + cleaners
 
 
 def worker_row(index: int) -> int:
     return 2 + index
+
+
+def cleaner_row(workers: int, index: int) -> int:
+    return 2 + workers + index
 
 
 @dataclass(frozen=True)
@@ -188,7 +205,7 @@ class RowSnapshot:
 
     @property
     def label(self) -> str:
-        return f"worker {self.index}" if self.role == "worker" else self.role
+        return f"{self.role} {self.index}" if self.role in ("worker", "cleaner") else self.role
 
 
 class StatsSegment:

@@ -9,7 +9,9 @@ Row layout (little-endian int64 words, 384 bytes, cache-line aligned):
     words 1-7    padding   keeps the version on its own cache line
     words 8-24   slot 0    PartitionState fields
     words 25-41  slot 1    PartitionState fields
-    words 42-47  padding   to a whole cache line, so two rows (two partitions' writers) never share one
+    words 42-47  cleaning  the log cleaner's figures of a compacted partition (CleaningStats), outside the
+                           seqlock: each word has one writer (the cleaner its run's, the timer the dirtiness),
+                           stored whole; the last words of the row's cache line, so no other writer shares it
 
 Invariants (a double-buffered seqlock, chosen over a plain seqlock because a writer killed mid-publish
 must not leave readers spinning on an odd sequence number forever):
@@ -75,6 +77,21 @@ SLOT_DTYPE = np.dtype([(name, "<i8") for name in PartitionState._fields])
 ROW_DTYPE = np.dtype([("version", "<i8"), ("padding", "<i8", VERSION_WORDS - 1), ("slots", SLOT_DTYPE, 2),
                       ("tail", "<i8", TAIL_WORDS)])
 assert ROW_DTYPE.itemsize == ROW_BYTES
+
+
+class CleaningStats(NamedTuple):
+    """A compacted partition's cleaning, as the stats show it (zeros for a partition never cleaned)."""
+
+    last_run_ms: int = 0  # wall-clock ms the last cleaning ended (the cleaner writes 0-3)
+    bytes_cleaned: int = 0  # log bytes cleanings read, all runs
+    bytes_reclaimed: int = 0  # log bytes cleanings freed, all runs
+    errors: int = 0  # cleanings that failed
+    dirty_ratio_ppm: int = 0  # dirty share of the cleanable log, in millionths (the timer writes 4-5)
+    lag_ms: int = 0  # age of the oldest uncleaned record of the dirty section (Kafka's max compaction delay)
+
+
+CLEANING_WORD = VERSION_WORDS + 2 * SLOT_WORDS
+assert len(CleaningStats._fields) == TAIL_WORDS
 
 
 LAYOUT = Layout("a partition table", magic=0x53484D4250415254, version=1,  # "SHMBPART"
@@ -161,6 +178,16 @@ class PartitionTable:
         state = self.read(row)._replace(**fields)
         self.publish(row, state)
         return state
+
+    def cleaning(self, row: int) -> CleaningStats:
+        base = self._row_offset(row) + CLEANING_WORD * WORD
+        return CleaningStats._make(struct.unpack_from("<" + "q" * TAIL_WORDS, self._memory, base))
+
+    def set_cleaning(self, row: int, **fields: int) -> None:
+        """Store some of a row's cleaning words (each has one writer: see the row layout)."""
+        base = self._row_offset(row) + CLEANING_WORD * WORD
+        for name, value in fields.items():
+            VERSION.pack_into(self._memory, base + CleaningStats._fields.index(name) * WORD, value)
 
     def read_rows(self, rows=None) -> np.ndarray:
         """Consistent snapshots of many rows at once (default: all) as a structured array of SLOT_DTYPE.

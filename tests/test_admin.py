@@ -94,13 +94,13 @@ def test_create_topics_checks_assignments_factors_and_configs(node):
     assert codes == {
         "assigned": None, "other-broker": INVALID_REPLICA_ASSIGNMENT, "uneven": INVALID_REPLICA_ASSIGNMENT,
         "three-replicas": INVALID_REPLICATION_FACTOR, "configured": None, "unknown-key": INVALID_CONFIG,
-        "bad-value": INVALID_CONFIG, "too-small": INVALID_CONFIG, "compacted": INVALID_CONFIG, "isr": INVALID_CONFIG,
+        "bad-value": INVALID_CONFIG, "too-small": INVALID_CONFIG, "compacted": None, "isr": INVALID_CONFIG,
         "zero": INVALID_PARTITIONS}
     # The messages say what is wrong.
     with pytest.raises(KafkaException, match="dummy.doesntexist"):
         a.create_topics([NewTopic("unknown-key", 1, 1, config={"dummy.doesntexist": "x"})])["unknown-key"].result()
     assert metadata_partitions(node, "assigned") == 3
-    assert sorted(catalog(node)["topics"]) == ["__consumer_offsets", "assigned", "configured"]
+    assert sorted(catalog(node)["topics"]) == ["__consumer_offsets", "assigned", "compacted", "configured"]
     assert catalog(node)["topics"]["configured"]["configs"] == {
         "retention.ms": "3600000", "message.timestamp.type": "LogAppendTime", "delete.retention.ms": "900",
         "compression.type": "lz4"}
@@ -244,7 +244,7 @@ def test_alter_configs_replace_incremental_broker_and_errors(node):
     assert [outcome(f) for f in futures.values()] == [None]
     configs = describe(node, "altered")
     assert configs["segment.ms"].value == "60000" and configs["retention.ms"].is_default
-    # IncrementalAlterConfigs: SET, DELETE, APPEND and SUBTRACT of a list (compact is refused).
+    # IncrementalAlterConfigs: SET, DELETE, APPEND and SUBTRACT of a list.
     ops = [ConfigEntry("retention.ms", "7000", incremental_operation=AlterConfigOpType.SET),
            ConfigEntry("segment.ms", None, incremental_operation=AlterConfigOpType.DELETE)]
     futures = a.incremental_alter_configs([ConfigResource("topic", "altered", incremental_configs=ops)])
@@ -253,10 +253,12 @@ def test_alter_configs_replace_incremental_broker_and_errors(node):
     assert configs["retention.ms"].value == "7000" and configs["segment.ms"].is_default
     compact = [ConfigEntry("cleanup.policy", "compact", incremental_operation=AlterConfigOpType.APPEND)]
     futures = a.incremental_alter_configs([ConfigResource("topic", "altered", incremental_configs=compact)])
-    assert [outcome(f) for f in futures.values()] == [INVALID_CONFIG]
+    assert [outcome(f) for f in futures.values()] == [None]
+    assert set(describe(node, "altered")["cleanup.policy"].value.split(",")) == {"delete", "compact"}
     subtract = [ConfigEntry("cleanup.policy", "compact", incremental_operation=AlterConfigOpType.SUBTRACT)]
     futures = a.incremental_alter_configs([ConfigResource("topic", "altered", incremental_configs=subtract)])
     assert [outcome(f) for f in futures.values()] == [None]
+    assert describe(node, "altered")["cleanup.policy"].value == "delete"
     # The node-wide default, altered dynamically, reaches the topics without their own value.
     node_wide = [ConfigEntry("log.retention.bytes", "123456789", incremental_operation=AlterConfigOpType.SET)]
     futures = a.incremental_alter_configs([ConfigResource("broker", "0", incremental_configs=node_wide)])

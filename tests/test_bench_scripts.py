@@ -350,3 +350,14 @@ def test_bench_limits_smoke(tmp_path):
     assert len(started) == 2
     for port, data_dir in started:
         assert shm_instance.list_objects(instance_id_for(data_dir, int(port))) == ([], [])
+
+
+@pytest.mark.node
+def test_bench_cleaner_measures_both_workloads(tmp_path):
+    rows = run_script(tmp_path, "bench_cleaner", "--dirty-mb", "8", "--keys", "2000", "--segment-mb", "1",
+                      "--runs", "1", "--seconds", "1", nodes=2)
+    throughput, impact = rows
+    assert throughput["workload"] == "throughput" and throughput["keys"] == 2000
+    assert throughput["records_kept"] == 2000 < throughput["records_read"]
+    assert throughput["cleaner_mb_per_s"] > 0 and throughput["copy_mb_per_s"] > 0 and throughput["cleaner_over_copy"]
+    assert impact["workload"] == "impact" and impact["records_per_s_ratio"] > 0 and impact["e2e_p99_ratio"] > 0

@@ -17,6 +17,7 @@ from kafka.partitioner.default import murmur2 as kafka_murmur2
 from kafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
 
 from pyspark_shmbroker import producer as P
+from node.storage.record_arrays import Runs
 from pyspark_shmbroker import records as R
 from pyspark_shmbroker.wire import TopicPartition
 from tests.record_batches import recrc
@@ -78,14 +79,14 @@ def test_fixed_size_records_take_the_run_path_and_varying_ones_the_loop():
     fixed = [(None, b"v" * 100, [], 0)] * 9000  # offset deltas pass 64 and 8192: the record size grows twice
     batch = kafka_python_batch(0, fixed)
     arena = np.frombuffer(batch[R.BATCH_HEADER_SIZE:] + bytes(16), dtype=np.uint8)
-    runs = R._Runs(arena, [0], [len(batch) - R.BATCH_HEADER_SIZE], [9000])
+    runs = Runs(arena, [0], [len(batch) - R.BATCH_HEADER_SIZE], [9000])
     runs.run()
     assert not runs.scalar.any() and sum(len(f) for f in runs.found) == 9000
     assert decoded(R.decode_record_set(batch, "t", 0, include_headers=True)) == oracle(batch)
     varying = [(None, b"v" * (i % 50), [], i) for i in range(500)]
     batch = kafka_python_batch(0, varying)
     arena = np.frombuffer(batch[R.BATCH_HEADER_SIZE:] + bytes(16), dtype=np.uint8)
-    runs = R._Runs(arena, [0], [len(batch) - R.BATCH_HEADER_SIZE], [500])
+    runs = Runs(arena, [0], [len(batch) - R.BATCH_HEADER_SIZE], [500])
     runs.run()
     assert runs.scalar.all()
     assert decoded(R.decode_record_set(batch, "t", 0, include_headers=True)) == oracle(batch)

@@ -35,13 +35,13 @@ from shm.fetch_condition import FetchCondition
 from shm.interest import WorkerWatches
 from shm.ring import RingReader
 from shm.table import PartitionTable
+from shm.timer_link import TimerLink
 from workers.api import handlers as handlers_module
 from workers.api.handlers import Handlers
 from workers.api.quotas import ClientQuotas, Throttler
 from workers.codecs import protocol as P
 from workers.connection import Connection, Request
 from workers.timer_client.delayed import DelayedRequests, monotonic_ms
-from workers.timer_client.link import TimerLink
 
 
 @pytest.fixture

@@ -15,9 +15,9 @@ PACKAGES = ("node", "shm", "workers", "clients", "pyspark_shmbroker")
 
 # Modules of node's root that every process may use.
 SHARED = ("node.config", "node.logging_setup", "node.proctitle")
-# What the Spark connector may import of the server (a client package: nothing yet; a record-batch codec module
-# shared with the node would be named here).
-CONNECTOR_SHARES: tuple[str, ...] = ()
+# What the Spark connector may import of the server: the record-batch codec it shares with the node (batch
+# headers, codecs, every record's fields as arrays), modules that import nothing else of the node.
+CONNECTOR_SHARES: tuple[str, ...] = ("node.storage.records", "node.storage.record_arrays", "node.storage.compression")
 
 # One rule per room: what it may import besides its own modules. A module's room is the longest key here
 # that a module falls under, so "node" is the supervisor side (node's root) and "workers" the workers' base
@@ -30,6 +30,7 @@ RULES: dict[str, tuple[str, ...]] = {
     "node.logging_setup": (),
     "node.proctitle": (),
     "node.timer": ("shm", "node.storage") + SHARED,
+    "node.cleaner": ("shm", "node.storage") + SHARED,  # the log cleaner process
     "node": ("shm", "node.storage") + SHARED,  # the supervisor side: runs the timer and the workers, imports
                                                 # neither, nor node.tools
     "node.tools": ("shm", "node.storage", "node") + SHARED,  # `serve` starts the supervisor
@@ -158,6 +159,13 @@ def test_no_import_cycles():
     assert import_cycles(REPO) == []
 
 
+def test_the_codec_the_connector_shares_imports_nothing_else_of_the_node():
+    """What the connector imports of the node pulls in nothing more of it."""
+    modules = project_modules(REPO)
+    for module in CONNECTOR_SHARES:
+        assert imports_of(module, modules[module], modules) <= set(CONNECTOR_SHARES), module
+
+
 def test_every_room_has_modules():
     """A rule whose room was renamed or moved would check nothing."""
     modules = project_modules(REPO)
@@ -169,17 +177,17 @@ def test_the_checks_catch_a_breach_and_a_cycle(tmp_path):
     files = {
         "shm/__init__.py": "", "shm/ring.py": "import numpy\n",
         "node/__init__.py": "", "node/timer/__init__.py": "", "node/timer/wheel.py": "",
-        "node/timer/process.py": "from workers.timer_client.link import TimerLink\n",  # upward
+        "node/timer/process.py": "from workers.timer_client.delayed import DelayedRequests\n",  # upward
         "node/config.py": "from node.timer.wheel import WheelConfig\n",  # config imports the timer
         "node/supervisor.py": "from node.tools import metrics\n",  # the supervisor imports a tool
-        "node/tools/__init__.py": "", "node/tools/metrics.py": "", "node/storage/records.py": "",
+        "node/tools/__init__.py": "", "node/tools/metrics.py": "", "node/storage/log.py": "",
         "workers/__init__.py": "",
-        "workers/timer_client/link.py": "from shm import ring\n",
+        "workers/timer_client/delayed.py": "from shm import ring\n",
         "workers/worker.py": "from node.supervisor import x\nfrom workers.api import handlers\n",  # supervisor module
         "workers/api/handlers.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from workers.worker import W\n",
         "workers/codecs/protocol.py": "from workers.api import handlers\n",  # a codec imports a handler
         "clients/__init__.py": "", "clients/priority.py": "import shm.ring\n",  # client imports the server
-        "pyspark_shmbroker/records.py": "from node.storage import records\n",  # not shared with the connector yet
+        "pyspark_shmbroker/records.py": "from node.storage import log\n",  # the connector imports the node's log
     }
     for name, text in files.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
@@ -188,8 +196,8 @@ def test_the_checks_catch_a_breach_and_a_cycle(tmp_path):
         "clients.priority imports shm.ring",
         "node.config imports node.timer.wheel",
         "node.supervisor imports node.tools.metrics",
-        "node.timer.process imports workers.timer_client.link",
-        "pyspark_shmbroker.records imports node.storage.records",
+        "node.timer.process imports workers.timer_client.delayed",
+        "pyspark_shmbroker.records imports node.storage.log",
         "workers.api.handlers imports workers.worker",
         "workers.codecs.protocol imports workers.api.handlers",
         "workers.worker imports node.supervisor",

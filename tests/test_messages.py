@@ -38,6 +38,7 @@ def test_delay_fetch_round_trip(request_id, deadline, min_bytes, items):
     (Kind.COMPLETION, (), [(1, M.Status.SATISFIED, 0), (2, M.Status.EXPIRED, 0), (3, M.Status.FAILED, 56)], None),
     (Kind.TIMER_STARTED, (4321,), [], None),
     (Kind.LAYOUT, (12,), [], None),
+    (Kind.CLEANER_READY, (4321, -1), [], None),
 ])
 def test_every_kind_round_trips(kind, body, items, document):
     message = M.decode(M.encode(kind, *body, items=items, document=document))
@@ -65,6 +66,8 @@ TYPED = [
     (Kind.QUOTA_USAGE, (7, [M.ClientUsage("reporting-job", 1048576, 0), M.ClientUsage("", 0, 12)])),
     (Kind.THROTTLE, (9, 123, 450, 1, "reporting-job")),
     (Kind.QUOTA_STATE, ([M.ClientRate("reporting-job", 2000000, 0, 10000, 10000)], [M.CountedReport(0, 7)])),
+    (Kind.CLEAN, (3, 0, "changelog")),
+    (Kind.CLEANED, (3, 0, "changelog", "", True, 0, 1000, 1 << 30, 1 << 20, 1 << 29, 10**7, 10**6, 17, 10**6, 9000)),
 ]
 
 
@@ -153,7 +156,7 @@ def test_every_declared_kind_is_in_the_tests_above():
     assert {kind for kind in Kind if kind < M.FIRST_TIMER_KIND} == {
         Kind.DELAY_FETCH, Kind.DELAY_PRODUCE, Kind.CANCEL, Kind.CREATE_TOPICS, Kind.DELETE_TOPICS,
         Kind.CREATE_PARTITIONS, Kind.ALTER_CONFIGS, Kind.DELETE_RECORDS, Kind.FLUSH, *M.GROUP_KINDS,
-        Kind.QUOTA_USAGE, Kind.THROTTLE}
+        Kind.QUOTA_USAGE, Kind.THROTTLE, Kind.CLEANED, Kind.CLEANER_READY}
 
 
 @pytest.mark.parametrize("bad", [

@@ -154,8 +154,8 @@ def test_snapshots_are_consistent_while_another_process_publishes():
 def test_stats_counts_the_node_at_work(node_factory):
     node = node_factory(workers=2, config="[stats]\npublish_interval_ms = 100\n")
     before = stats_json(node)
-    assert [p["role"] for p in before["processes"]] == ["supervisor", "timer", "worker", "worker"]
-    assert before["totals"]["children_alive"] == 3
+    assert [p["role"] for p in before["processes"]] == ["supervisor", "timer", "worker", "worker", "cleaner"]
+    assert before["totals"]["children_alive"] == 4
 
     producer = Producer({"bootstrap.servers": node.bootstrap, "acks": "all", "linger.ms": 5})
     for i in range(2000):
@@ -237,7 +237,7 @@ def test_topics_commands(node):
 def test_process_titles(node_factory):
     node = node_factory(workers=2)
     titles = {" ".join(p.cmdline()).strip() for p in node.children()}
-    assert titles == {"shmbroker: timer", f"shmbroker: worker 0 {node.bootstrap}",
+    assert titles == {"shmbroker: timer", "shmbroker: cleaner 0", f"shmbroker: worker 0 {node.bootstrap}",
                       f"shmbroker: worker 1 {node.bootstrap}"}
     assert " ".join(psutil.Process(node.proc.pid).cmdline()).startswith(f"shmbroker: supervisor {node.bootstrap}")
 

@@ -65,6 +65,7 @@ from shm.heartbeat import HeartbeatTable
 from shm.interest import WorkerWatches
 from shm.ring import max_payload
 from shm.table import PartitionTable
+from shm.timer_link import TimerLink
 from workers.acceptor import Acceptor
 from workers.affinity import ConnectionAffinity
 from workers.api.handlers import Handlers
@@ -82,7 +83,6 @@ from workers.reload import ConfigReload
 from workers.stats import (BYTES_IN, BYTES_OUT, CLOSED_ON_ERROR, ERROR_CODES, ERROR_RESPONSES, LAST_ERROR_CODE,
                            REQUEST_ERRORS, REQUESTS, WorkerStats)
 from workers.timer_client.delayed import DelayedRequests, monotonic_ms
-from workers.timer_client.link import TimerLink
 from workers.timer_client.outcome import Outcome
 
 log = logging.getLogger("shmbroker.worker")

@@ -70,6 +70,7 @@ from node.storage.records import (
     ErrorCode,
     StorageError,
     all_record_timestamps,
+    has_keyless_record,
     last_sequence,
     parse_header,
     record_timestamps,
@@ -77,8 +78,10 @@ from node.storage.records import (
     stored_batch_is_valid,
     validate_client_batch,
 )
-from node.storage.segment import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX, Segment, segment_base_offsets
-from shm.table import PartitionState, PartitionTable
+from node.storage.cleaner import finish_swap, write_manifest
+from node.storage.segment import (INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX, Segment, segment_base_offsets,
+                                  segment_file_name)
+from shm.table import CleaningStats, PartitionState, PartitionTable
 
 log = logging.getLogger("shmbroker.storage")
 
@@ -120,7 +123,11 @@ class LogConfig:
     message_timestamp_before_max_ms: int = LONG_MAX  # log.message.timestamp.before.max.ms
     message_timestamp_after_max_ms: int = LONG_MAX  # log.message.timestamp.after.max.ms
     compression_type: str = "producer"  # compression.type: or uncompressed, gzip, snappy, lz4, zstd
-    cleanup_policy: str = "delete"  # log.cleanup.policy: compact is refused until compaction exists
+    cleanup_policy: str = "delete"  # log.cleanup.policy: delete, compact or compact,delete
+    min_cleanable_dirty_ratio: float = 0.5  # log.cleaner.min.cleanable.ratio: the dirty share that makes a log due
+    min_compaction_lag_ms: int = 0  # log.cleaner.min.compaction.lag.ms: records younger are not cleaned
+    max_compaction_lag_ms: int = LONG_MAX  # log.cleaner.max.compaction.lag.ms: records older make the log due
+    delete_retention_ms: int = 24 * 3600 * 1000  # log.cleaner.delete.retention.ms: how long tombstones stay
     min_insync_replicas: int = 1  # min.insync.replicas: this node holds one replica
     flush_messages: int = LONG_MAX  # log.flush.interval.messages: fsync once this many records wait
     flush_ms: int = LONG_MAX  # log.flush.interval.ms: fsync appends at least this often
@@ -143,8 +150,12 @@ class LogConfig:
             raise ValueError(f"message_timestamp_type must be one of {', '.join(TIMESTAMP_TYPES)}")
         if self.compression_type not in COMPRESSION_TYPES:
             raise ValueError(f"compression_type must be one of {', '.join(COMPRESSION_TYPES)}")
-        if self.cleanup_policy != "delete":
-            raise ValueError("cleanup_policy must be delete: this node does not compact logs")
+        if not self.cleanup_policy or set(self.cleanup_policy.split(",")) - {"delete", "compact"}:
+            raise ValueError("cleanup_policy must be delete, compact or compact,delete")
+        if not 0 <= self.min_cleanable_dirty_ratio <= 1 or self.min_compaction_lag_ms < 0 \
+                or self.max_compaction_lag_ms <= 0 or self.delete_retention_ms < 0:
+            raise ValueError("min_cleanable_dirty_ratio must be in [0, 1], max_compaction_lag_ms positive, "
+                             "min_compaction_lag_ms and delete_retention_ms not negative")
         if self.min_insync_replicas != 1:
             raise ValueError("min_insync_replicas must be 1: this node holds one replica of each partition")
         if min(self.segment_ms, self.flush_messages) <= 0 or min(
@@ -152,6 +163,16 @@ class LogConfig:
                 self.message_timestamp_before_max_ms, self.message_timestamp_after_max_ms) < 0:
             raise ValueError("segment_ms and flush_messages must be positive; flush_ms, the jitter and the "
                              "timestamp bounds not negative")
+
+    @property
+    def compacts(self) -> bool:
+        """cleanup.policy names compact: the log cleaner keeps the latest record of each key."""
+        return "compact" in self.cleanup_policy.split(",")
+
+    @property
+    def deletes(self) -> bool:
+        """cleanup.policy names delete: time and size retention drop old segments."""
+        return "delete" in self.cleanup_policy.split(",")
 
     @property
     def log_append_time(self) -> bool:
@@ -281,7 +302,7 @@ class PartitionLog:
             bases = [base for base in bases[first:] if base <= state.active_base_offset]
             current = {segment.base_offset: segment for segment in self.segments}
             try:
-                segments = [current.get(base) or self._segment(base) for base in bases]
+                segments = [self._same_or_opened(current.get(base), base) for base in bases]
             except FileNotFoundError:
                 state = self.table.read(self.row)
                 continue
@@ -295,6 +316,12 @@ class PartitionLog:
             self._close_retired()
             return state
         raise StorageError(ErrorCode.KAFKA_STORAGE_ERROR, f"{self.directory} kept changing while being listed")
+
+    def _same_or_opened(self, segment: Segment | None, base: int) -> Segment:
+        """The segment this process has open at `base`, unless the cleaner replaced its file: then the new one."""
+        if segment is not None and os.stat(segment.log_path).st_ino == segment.inode:
+            return segment
+        return self._segment(base)
 
     def _close_retired(self) -> None:
         if self._retired and self._retired[0][0] <= time.monotonic():
@@ -353,6 +380,9 @@ class PartitionLog:
         if now is None:
             now = now_ms()
         append_time = -1
+        if config.compacts and has_keyless_record(batch, header):
+            raise StorageError(ErrorCode.INVALID_RECORD, f"compacted topic partition {self.name} cannot accept a "
+                               "record without a key")
         if config.rewrites:
             batch, header, append_time = _conform(batch, header, config, now)
         size = len(batch)
@@ -698,7 +728,7 @@ class PartitionLog:
     def enforce_retention(self, now: int | None = None) -> int:
         """Delete whole old segments past retention_ms or beyond retention_bytes; returns how many."""
         config = self.config
-        if config.retention_ms < 0 and config.retention_bytes < 0:
+        if not config.deletes or config.retention_ms < 0 and config.retention_bytes < 0:
             return 0
         if now is None:
             now = now_ms()
@@ -714,18 +744,6 @@ class PartitionLog:
                 while doomed < len(sealed) and total - sealed[doomed].sealed_size() >= config.retention_bytes:
                     total -= sealed[doomed].sealed_size()
                     doomed += 1
-            self._delete_oldest(state, doomed)
-        return doomed
-
-    def delete_segments_before(self, offset: int) -> int:
-        """Delete the whole sealed segments holding only offsets below `offset` (a compaction that rewrote the
-        live records from `offset` on); returns how many."""
-        with self.lock:
-            state = self._current_state()
-            sealed = self.segments[:-1]
-            doomed = 0
-            while doomed < len(sealed) and self.segments[doomed + 1].base_offset <= offset:
-                doomed += 1
             self._delete_oldest(state, doomed)
         return doomed
 
@@ -783,6 +801,31 @@ class PartitionLog:
         except OSError as exc:
             raise self._fault("retention", exc) from None
 
+    def replace_segments(self, staging: str, groups) -> bool:
+        """Swap in segments the log cleaner wrote into `staging` (node.storage.cleaner): each group's new segment
+        replaces the old sealed segments it names, if they are still the files it read (by inode); otherwise
+        nothing changes and False is returned. The manifest written first is the swap's commit point."""
+        with self.lock:
+            state = self._current_state()
+            for group in groups:
+                for base, inode in group.old:
+                    try:
+                        if os.stat(os.path.join(self.directory, segment_file_name(base, LOG_SUFFIX))).st_ino != inode:
+                            return False
+                    except FileNotFoundError:
+                        return False
+                    if base >= state.active_base_offset or base < self._bases[0]:
+                        return False
+            try:
+                write_manifest(staging, groups)
+                finish_swap(self.directory)
+            except OSError as exc:
+                raise self._fault("log cleaning swap", exc) from None
+            state = state._replace(segments_version=state.segments_version + 1)
+            self.table.publish(self.row, state)
+            self._refresh(state)
+        return True
+
     def delete(self) -> None:
         """Delete the partition (DeleteTopics): mark its row offline, then remove its directory.
 
@@ -819,6 +862,7 @@ class PartitionLog:
         previous = table.read(row)
         table.publish(row, PartitionState(segments_version=previous.segments_version + 1, active_max_timestamp=-1,
                                           active_first_append_ms=-1, online=1))
+        table.set_cleaning(row, **dict.fromkeys(CleaningStats._fields, 0))  # a reused row's figures are not its
 
     # Recovery (supervisor, one process, before workers start) ------------------------------------------
 
@@ -843,6 +887,9 @@ class PartitionLog:
         verify_all_crc: CRC-check every batch of every segment instead (slow; after a crash of the machine).
         """
         os.makedirs(directory, exist_ok=True)
+        if finish_swap(directory):
+            logging.getLogger("shmbroker.cleaner").info("%s: finished a log cleaning swap a stop interrupted",
+                                                        directory)
         for name in os.listdir(directory):
             path = os.path.join(directory, name)
             if ".tmp." in name:
@@ -867,8 +914,9 @@ class PartitionLog:
                 if last or verify_all_crc or valid < segment.count_entries() or not _time_index_sealed(segment):
                     # Rescan from the last trusted entry (the whole segment if the index is untrustworthy).
                     start = valid - 1 if (last and valid and not verify_all_crc) else -1
+                    # Only sealed segments are ever cleaned: the active one is dense.
                     end, entries, next_offset, max_timestamp, first_timestamp = segment.recover(
-                        start, config.index_interval_bytes, verify_crc=last or verify_all_crc
+                        start, config.index_interval_bytes, verify_crc=last or verify_all_crc, dense=last
                     )
                     if not last:
                         log._survive(segment.seal, end, entries, max_timestamp, next_base)

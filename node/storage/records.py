@@ -190,19 +190,23 @@ def validate_client_batch(buf, max_message_bytes: int) -> BatchHeader:
     return header
 
 
-def stored_batch_is_valid(buf, expected_base_offset: int) -> bool:
-    """Recovery's check of one whole stored batch: magic, length, CRC and the offset it should start at."""
+def stored_batch_is_valid(buf, expected_base_offset: int, dense: bool = True) -> bool:
+    """Recovery's check of one whole stored batch: magic, length, CRC and its offsets. A dense batch (as appended)
+    starts at `expected_base_offset` and holds a record per offset; one the log cleaner wrote (`dense` False)
+    may start later and hold fewer records than offsets, none at all for a producer's last batch."""
     if len(buf) < BATCH_HEADER_SIZE:
         return False
     header = BATCH_HEADER.unpack_from(buf, 0)
     base_offset, batch_length, _, magic, crc = header[:5]
     last_offset_delta, record_count = header[6], header[12]
+    if dense:
+        offsets_ok = base_offset == expected_base_offset and 0 < record_count == last_offset_delta + 1
+    else:
+        offsets_ok = base_offset >= expected_base_offset and 0 <= record_count <= last_offset_delta + 1
     return (
         magic == MAGIC_V2
         and batch_length + LENGTH_FIELDS_SIZE == len(buf)
-        and base_offset == expected_base_offset
-        and record_count > 0
-        and last_offset_delta + 1 == record_count
+        and offsets_ok
         and crc32c.crc32c(buf[CRC_START:]) == crc
     )
 
@@ -242,17 +246,30 @@ def record_timestamps(buf, header: BatchHeader) -> list[int] | None:
 def all_record_timestamps(buf, header: BatchHeader) -> list[int]:
     """Timestamps of every record of a batch, compressed or not (a compressed one is decompressed).
     Raises StorageError(CORRUPT_MESSAGE) if the records do not decode."""
-    if header.compression:
-        try:
-            records = decompress(header.compression, memoryview(buf)[BATCH_HEADER_SIZE:])
-        except CodecError as exc:
-            raise StorageError(ErrorCode.CORRUPT_MESSAGE, str(exc)) from None
-        buf = bytes(buf[:BATCH_HEADER_SIZE]) + records
-        header = header._replace(attributes=header.attributes & ~COMPRESSION_MASK)
+    buf, header = uncompressed(buf, header)
     timestamps = record_timestamps(buf, header)
     if timestamps is None or len(timestamps) != header.record_count:
         raise StorageError(ErrorCode.CORRUPT_MESSAGE, "record batch ends inside a record")
     return timestamps
+
+
+def uncompressed(buf, header: BatchHeader) -> tuple[bytes | memoryview, BatchHeader]:
+    """The batch with its records decompressed (as it is if it is not compressed); raises
+    StorageError(CORRUPT_MESSAGE) if they do not decode."""
+    if not header.compression:
+        return buf, header
+    try:
+        records = decompress(header.compression, memoryview(buf)[BATCH_HEADER_SIZE:])
+    except CodecError as exc:
+        raise StorageError(ErrorCode.CORRUPT_MESSAGE, str(exc)) from None
+    return bytes(buf[:BATCH_HEADER_SIZE]) + records, header._replace(attributes=header.attributes & ~COMPRESSION_MASK)
+
+
+def has_keyless_record(buf, header: BatchHeader) -> bool:
+    """Whether a record of the batch (decompressed if need be) has a null key: what a compacted topic refuses.
+    Raises StorageError(CORRUPT_MESSAGE) if the records do not decode."""
+    buf, header = uncompressed(buf, header)
+    return any(key is None for _, key, _ in iter_records(buf, header))
 
 
 def rewrite_batch(buf, header: BatchHeader, codec: int | None, log_append_time_ms: int | None) -> tuple[bytes, BatchHeader]:

@@ -113,6 +113,7 @@ class Segment:
         self.time_index_path = os.path.join(directory, segment_file_name(base_offset, TIME_INDEX_SUFFIX))
         flags = os.O_RDWR | os.O_CLOEXEC | (os.O_CREAT if create else 0)
         self.log_fd = os.open(self.log_path, flags, 0o644)
+        self.inode = os.fstat(self.log_fd).st_ino  # a cleaned segment replaces the file under the same name
         self.capacity = max(index_max_bytes // INDEX_ENTRY_BYTES, 2)
         self._views = []
         self._maps = []
@@ -339,11 +340,13 @@ class Segment:
         base_offset, _ = OFFSET_AND_LENGTH.unpack(head)
         return base_offset == self.base_offset + self.index_offsets[slot]
 
-    def recover(self, start_slot: int, index_interval_bytes: int, verify_crc: bool):
+    def recover(self, start_slot: int, index_interval_bytes: int, verify_crc: bool, dense: bool = True):
         """Rescan from index entry `start_slot` (-1: from the beginning), rewriting entries after it.
 
         Checks every batch (and its CRC when verify_crc), truncates the file after the last whole valid
         batch, and returns (end position, entries, next offset, max timestamp, first batch max timestamp).
+        Batches follow each other offset by offset; in a segment the log cleaner wrote (not `dense`) a batch
+        may start past the previous one's end.
         On a full disk it still recovers: entries that cannot be reserved are not written (lookups scan
         a little further), and a torn tail that cannot be truncated stays past the end, never read.
         """
@@ -363,9 +366,11 @@ class Segment:
             head = os.pread(self.log_fd, BATCH_HEADER_SIZE, position)
             header = BATCH_HEADER.unpack(head)
             batch_size = header[1] + LENGTH_FIELDS_SIZE
-            if batch_size < BATCH_HEADER_SIZE or position + batch_size > size or header[0] != next_offset:
+            if batch_size < BATCH_HEADER_SIZE or position + batch_size > size or header[0] < next_offset \
+                    or dense and header[0] != next_offset:
                 break
-            if verify_crc and not stored_batch_is_valid(os.pread(self.log_fd, batch_size, position), next_offset):
+            if verify_crc and not stored_batch_is_valid(os.pread(self.log_fd, batch_size, position), next_offset,
+                                                        dense):
                 break
             if (indexing and position > 0 and position - last_indexed >= index_interval_bytes
                     and entries < self.capacity - 1):

@@ -128,6 +128,10 @@ class PartitionStore:
     def row(self, topic: str, partition: int) -> int | None:
         return self.catalog.partition_row(topic, partition)
 
+    def owner(self, row: int) -> tuple[str, int]:
+        """The (topic, partition) a catalogued row holds."""
+        return self._owners[row]
+
     def topic_partitions(self, topic: str) -> int | None:
         entry = self.catalog.topics.get(topic)
         return None if entry is None else entry.partitions

@@ -10,13 +10,13 @@ What the node does with a setting (`TopicConfigDef.field`):
 - applied: it sets a LogConfig field, which the log honours (retention, segments, message size, timestamp
   type and bounds, compression, flush policy, index settings);
 - accepted, no effect (`field` None): the setting only matters for a feature this node's topics cannot have,
-  so Kafka's behaviour in the same situation is to ignore it too: compaction settings (cleanup.policy is
-  never `compact` here), replication throttles and unclean leader election (one replica), down-conversion
+  so Kafka's behaviour in the same situation is to ignore it too: replication throttles and unclean leader
+  election (one replica), down-conversion
   (no old fetch versions are served), the deprecated message.format.version (ignored by Kafka 3.x),
   local retention (only with tiered storage, which is never enabled), preallocate (a hint). Their
   documentation says so in DescribeConfigs.
-- refused values: cleanup.policy with `compact`, min.insync.replicas other than 1, remote.storage.enable
-  true: INVALID_CONFIG with a message, as any bad value. Unknown keys are INVALID_CONFIG too.
+- refused values: min.insync.replicas other than 1, remote.storage.enable true: INVALID_CONFIG with a message,
+  as any bad value. Unknown keys are INVALID_CONFIG too.
 
 Invariants: stored overrides are always valid and canonical (what `check_overrides` returns); `effective()`
 never raises on stored overrides; a value's canonical text is what DescribeConfigs reports.
@@ -141,25 +141,27 @@ def _cleanup_policy(value: tuple[str, ...]) -> str | None:
     unknown = [item for item in value if item not in ("delete", "compact")]
     if unknown:
         return f"must be a list of delete and compact, not {','.join(unknown)}"
-    if "compact" in value:
-        return "compact is not supported: this node does not compact logs (use delete)"
     if not value:
-        return "must name a policy (delete)"
+        return "must name a policy (delete, compact or both)"
     return None
 
 
-_NO_COMPACTION = " No effect on this node: it applies to compacted topics, and this node's topics are never compacted."
+def _policy_text(value: tuple[str, ...]) -> str:
+    """A cleanup.policy as LogConfig holds it: its policies once each, compact first (Kafka's order)."""
+    return ",".join(policy for policy in ("compact", "delete") if policy in value)
+
 _ONE_REPLICA = " No effect on this node: it holds one replica of each partition."
 
 DEFINITIONS: tuple[TopicConfigDef, ...] = (
     TopicConfigDef("cleanup.policy", "LIST", "log.cleanup.policy", "cleanup_policy", "delete",
-                   "The retention policy of old log segments: delete (compact is refused: this node does not "
-                   "compact logs).", _cleanup_policy),
+                   "What happens to old log segments: delete (time and size retention), compact (the log cleaner "
+                   "keeps the latest record of each key), or compact,delete (both).", _cleanup_policy),
     TopicConfigDef("compression.type", "STRING", "compression.type", "compression_type", "producer",
                    "The codec of the batches the log stores: producer keeps the producer's; uncompressed, gzip, "
                    "snappy, lz4 or zstd recompress every batch on append.", one_of(*COMPRESSION_TYPES)),
-    TopicConfigDef("delete.retention.ms", "LONG", "log.cleaner.delete.retention.ms", None, "86400000",
-                   "How long delete tombstones are kept in a compacted topic." + _NO_COMPACTION, at_least(0)),
+    TopicConfigDef("delete.retention.ms", "LONG", "log.cleaner.delete.retention.ms", "delete_retention_ms",
+                   "86400000", "How long a tombstone (a record with a null value) stays in a compacted topic: it "
+                   "goes once the newest record of its segment is older than this.", at_least(0)),
     TopicConfigDef("file.delete.delay.ms", "LONG", "log.segment.delete.delay.ms", None, "60000",
                    "How long a deleted segment's files stay before they go. No effect on this node: files go at "
                    "once, readers keep their open descriptors for log.retired_segment_close_delay_s.", at_least(0)),
@@ -181,8 +183,9 @@ DEFINITIONS: tuple[TopicConfigDef, ...] = (
     TopicConfigDef("local.retention.ms", "LONG", "log.local.retention.ms", None, "-2",
                    "Local retention with tiered storage. No effect on this node: it has no tiered storage.",
                    at_least(-2)),
-    TopicConfigDef("max.compaction.lag.ms", "LONG", "log.cleaner.max.compaction.lag.ms", None, str(LONG_MAX),
-                   "The longest a record stays uncompacted." + _NO_COMPACTION, at_least(1)),
+    TopicConfigDef("max.compaction.lag.ms", "LONG", "log.cleaner.max.compaction.lag.ms", "max_compaction_lag_ms",
+                   str(LONG_MAX), "The longest a record stays uncompacted: a log whose oldest uncleaned record is "
+                   "older is cleaned whatever its dirty ratio.", at_least(1)),
     TopicConfigDef("max.message.bytes", "INT", "message.max.bytes", "max_message_bytes", "1048588",
                    "The largest record batch the topic accepts.", at_least(1)),
     TopicConfigDef("message.downconversion.enable", "BOOLEAN", "log.message.downconversion.enable", None, "true",
@@ -205,10 +208,12 @@ DEFINITIONS: tuple[TopicConfigDef, ...] = (
     TopicConfigDef("message.timestamp.type", "STRING", "log.message.timestamp.type", "message_timestamp_type",
                    "CreateTime", "CreateTime keeps the producer's timestamps; LogAppendTime writes the node's "
                    "clock into every batch on append.", one_of(*TIMESTAMP_TYPES)),
-    TopicConfigDef("min.cleanable.dirty.ratio", "DOUBLE", "log.cleaner.min.cleanable.ratio", None, "0.5",
-                   "How dirty a log gets before compaction." + _NO_COMPACTION, between(0, 1)),
-    TopicConfigDef("min.compaction.lag.ms", "LONG", "log.cleaner.min.compaction.lag.ms", None, "0",
-                   "The least a record stays uncompacted." + _NO_COMPACTION, at_least(0)),
+    TopicConfigDef("min.cleanable.dirty.ratio", "DOUBLE", "log.cleaner.min.cleanable.ratio",
+                   "min_cleanable_dirty_ratio", "0.5", "The share of a compacted log not yet cleaned (its dirty "
+                   "bytes over all its cleanable bytes) at which the cleaner takes it.", between(0, 1)),
+    TopicConfigDef("min.compaction.lag.ms", "LONG", "log.cleaner.min.compaction.lag.ms", "min_compaction_lag_ms",
+                   "0", "The least a record stays uncompacted: segments with newer records are not cleaned.",
+                   at_least(0)),
     TopicConfigDef("min.insync.replicas", "INT", "min.insync.replicas", "min_insync_replicas", "1",
                    "Replicas that must have an acks=all batch: 1, the one this node holds.", between(1, 1)),
     TopicConfigDef("preallocate", "BOOLEAN", "log.preallocate", None, "false",
@@ -261,6 +266,8 @@ def _apply(config: LogConfig, values: dict[str, str], table: dict[str, TopicConf
         definition = table.get(key)
         if definition is not None and definition.field is not None:
             value = definition.parse(text)
+            if definition.name == "cleanup.policy":
+                value = _policy_text(value)
             changes[definition.field] = render(value) if definition.type == "LIST" else value
     if not changes:
         return config

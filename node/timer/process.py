@@ -9,6 +9,7 @@
 - the quota manager (node.timer.quotas): clients' byte rates, node-wide, and throttle timers;
 - the flusher (node.timer.flusher): group-commit fsync, and the thread the chores run on;
 - the chores (node.timer.chores): producer-state snapshots and retention, on a wheel of their own;
+- the cleaning scheduler (node.timer.cleaning): which compacted partition each log cleaner cleans next;
 - the outbox (node.timer.outbox): everything sent back to the workers.
 
 Invariants:
@@ -40,6 +41,7 @@ from node.logging_setup import setup_logging
 from node.proctitle import set_title
 from node.storage.store import PartitionStore
 from node.timer.chores import Chore, ChoreScheduler
+from node.timer.cleaning import CleanerScheduler
 from node.timer.controller import Controller
 from node.timer.flusher import Flusher
 from node.timer.groups.coordinator import GroupCoordinator
@@ -65,7 +67,7 @@ def monotonic_ms() -> int:
 
 class TimerProcess:
     def __init__(self, instance: str, config: NodeConfig, worker_bell_fds: list[int], supervisor_pid: int,
-                 config_path: str, heartbeat_slot: int) -> None:
+                 config_path: str, heartbeat_slot: int, cleaner_bell_fds: list[int] | None = None) -> None:
         self.config = config
         self.config_path = config_path
         self._reload = False
@@ -76,11 +78,13 @@ class TimerProcess:
         self.store = PartitionStore(os.path.abspath(config.server.data_dir), self.table, config.log,
                                     config.topics.max_partitions, create_threads=config.topics.create_threads)
         self.bell = SemaphoreDoorbell(shm_instance.timer_doorbell_name(instance))
+        # The workers' rings, then the log cleaners' (ring index = workers + cleaner).
+        bell_fds = [*worker_bell_fds, *(cleaner_bell_fds or [])]
         self.readers = [RingReader(shm_instance.request_ring_name(instance, i), config=config.rings, takeover=True)
-                        for i in range(len(worker_bell_fds))]
+                        for i in range(len(bell_fds))]
         self.outbox = Outbox([RingWriter(shm_instance.completion_ring_name(instance, i), EventfdDoorbell(fd),
                                          config=config.rings, takeover=True)
-                              for i, fd in enumerate(worker_bell_fds)], config.timer.completion_chunk)
+                              for i, fd in enumerate(bell_fds)], config.timer.completion_chunk)
         now = monotonic_ms()
         self.flusher = Flusher(config, self.table, self.bell.ring)
         self.operations = DelayedOperations(config, self.table, self.outbox, self.flusher, now)
@@ -88,7 +92,7 @@ class TimerProcess:
         offsets = OffsetStore(self.store, self.operations.wait_flushed, self.flusher.submit,
                               load_bytes_per_turn=groups.offsets_load_bytes_per_turn,
                               load_interval_ms=groups.offsets_load_interval_ms,
-                              compaction_min_records=groups.offsets_compaction_min_records,
+                              segment_bytes=groups.offsets_segment_bytes,
                               commit_timeout_ms=groups.offsets_commit_timeout_ms)
         self.groups = GroupCoordinator(groups, self.outbox, offsets, self.store, config.timer.wheel,
                                        config.timer.purgatory, now)
@@ -98,6 +102,9 @@ class TimerProcess:
         flush = config.flush
         self.chores.every("producer snapshots", flush.producer_snapshot_interval_ms, _write_producer_snapshots, now)
         self.chores.every("retention", flush.retention_check_interval_ms, _enforce_retention, now)
+        self.cleaning = CleanerScheduler(config.cleaner, self.outbox, len(worker_bell_fds), len(cleaner_bell_fds or []),
+                                         self.flusher.submit, self.table)
+        self.chores.every("cleaning survey", config.cleaner.backoff_ms, self.cleaning.survey_due, now, inline=True)
         self.chores.every("offset expiry", groups.offsets_retention_check_interval_ms, self.groups.expire_offsets, now,
                           inline=True)
         self.handlers: dict[M.Kind, Callable[[int, Any], None]] = {
@@ -113,6 +120,8 @@ class TimerProcess:
             **self.groups.handlers,
             M.Kind.QUOTA_USAGE: self.quotas.usage,
             M.Kind.THROTTLE: self._throttle,
+            M.Kind.CLEANER_READY: self._from_cleaner(self.cleaning.ready),
+            M.Kind.CLEANED: self._from_cleaner(self.cleaning.cleaned),
         }
         self.stats_segment = S.StatsSegment.attach(shm_instance.stats_name(instance)) if config.stats.enabled else None
         self.stats = (TimerStats(self.stats_segment.writer(S.TIMER_ROW, "timer", 0, os.getpid()),
@@ -120,6 +129,13 @@ class TimerProcess:
                       if self.stats_segment is not None else None)
         self._due_ms: int | None = None  # the earliest deadline the current sleep waits for
         self.stopping = False
+
+    def _from_cleaner(self, handler: Callable[[int, Any], None]) -> Callable[[int, Any], None]:
+        def handle(ring: int, message: Any) -> None:
+            if not self.cleaning.is_cleaner(ring):
+                raise M.MessageError(f"{message.kind.name} from ring {ring}, which is no cleaner's")
+            handler(ring, message)
+        return handle
 
     def _throttle(self, worker: int, message: Any) -> None:
         self.quotas.throttled(worker, message)
@@ -263,12 +279,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--heartbeat-slot", type=int, required=True)
     parser.add_argument("--supervisor-pid", type=int, required=True)
     parser.add_argument("--worker-bell-fds", required=True)
+    parser.add_argument("--cleaner-bell-fds", default="", help="each log cleaner's doorbell (comma-separated)")
     args = parser.parse_args(argv)
     setup_logging("timer")
     config = read_runtime(args.config_file)
     set_title("timer")
     fds = [int(fd) for fd in args.worker_bell_fds.split(",") if fd]
-    return TimerProcess(args.instance, config, fds, args.supervisor_pid, args.config_file, args.heartbeat_slot).run()
+    cleaner_fds = [int(fd) for fd in args.cleaner_bell_fds.split(",") if fd]
+    return TimerProcess(args.instance, config, fds, args.supervisor_pid, args.config_file, args.heartbeat_slot,
+                        cleaner_fds).run()
 
 
 if __name__ == "__main__":

@@ -71,6 +71,7 @@ class DashboardState:
     gone_since: float | None = None
     last_error: str = ""
     lag: dict[str, int] = field(default_factory=dict)
+    cleaning: dict[str, dict] = field(default_factory=dict)  # the dirtiest compacted logs' cleaning figures
     lag_at: float = 0.0
 
 
@@ -225,6 +226,16 @@ class Dashboard:
             table.add_row(f"rings of worker {row.index}: request / completion used %",
                           f"{100 * used / capacity:.1f} / {100 * down / capacity:.1f}",
                           f"{row.get('connections')} conns, {row.get('delayed_waiting')} waiting")
+        for row in rows:
+            if row.role == "cleaner":
+                table.add_row(f"cleaner {row.index}: busy, MB/s read, cleanings (errors)",
+                              f"{row.get('cleaner_busy')}, {_mb(self._rate(row, 'cleaner_bytes_read', now))}, "
+                              f"{row.get('cleanings')} ({row.get('cleaner_errors')})",
+                              f"reclaimed {_mb(row.get('cleaner_bytes_reclaimed'))} MB")
+        for name, cleaning in self.state.cleaning.items():
+            table.add_row(f"log {name}: dirty %, compaction delay s",
+                          f"{100 * cleaning['dirty_ratio']:.0f}, {cleaning['lag_ms'] / 1000:.0f}",
+                          f"{cleaning['errors']} errors" if cleaning["errors"] else "")
         for group, lag in sorted(self.state.lag.items()):
             table.add_row(f"group {group}: lag", str(lag), "")
         return table
@@ -235,6 +246,9 @@ class Dashboard:
         if now - state.lag_at < LAG_INTERVAL_S or state.reader is None:
             return
         state.lag_at = now
+        cleaning = {f"{p['topic']}-{p['partition']}": p["cleaning"] for p in state.reader.partitions()
+                    if "cleaning" in p}
+        state.cleaning = dict(sorted(cleaning.items(), key=lambda item: -item[1]["dirty_ratio"])[:MAX_LAG_GROUPS])
         groups, complete = state.reader.group_lag()
         totals = {group: sum(p["lag"] or 0 for p in partitions) for group, partitions in groups.items()}
         largest = sorted(totals.items(), key=lambda item: -item[1])[:MAX_LAG_GROUPS]
@@ -323,11 +337,15 @@ def render_stats(document: dict) -> None:
                       str(done.get("frames_sent", "")), str(done.get("used_bytes", "")))
     console.print(rings)
     partitions = Table(title="partitions")
-    for column in ("topic", "partition", "log start", "log end", "high watermark", "unflushed bytes"):
+    for column in ("topic", "partition", "log start", "log end", "high watermark", "unflushed bytes", "dirty",
+                   "cleaned (reclaimed) MB"):
         partitions.add_column(column, justify="right")
     for p in document["partitions"]:
+        cleaning = p.get("cleaning")
         partitions.add_row(p["topic"], str(p["partition"]), str(p["log_start_offset"]), str(p["log_end_offset"]),
-                           str(p["high_watermark"]), str(p["unflushed_bytes"]))
+                           str(p["high_watermark"]), str(p["unflushed_bytes"]),
+                           f"{100 * cleaning['dirty_ratio']:.0f}%" if cleaning else "",
+                           f"{_mb(cleaning['bytes_cleaned'])} ({_mb(cleaning['bytes_reclaimed'])})" if cleaning else "")
     console.print(partitions)
     if document["groups"]:
         lag = Table(title="committed offsets and lag" + ("" if document["groups_complete"] else

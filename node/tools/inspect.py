@@ -114,7 +114,9 @@ class NodeReader:
         return self.stats.snapshot()
 
     def partitions(self) -> list[dict]:
-        """Per partition: log start and end, high watermark, bytes not yet fsync'd (from the partition table)."""
+        """Per partition: log start and end, high watermark, bytes not yet fsync'd (from the partition table); for a
+        compacted one, its cleaning (the table's cleaning words: dirty ratio, lag, last run, bytes cleaned and
+        reclaimed, errors)."""
         if self.table is None:
             return []
         self.catalog.reload()
@@ -124,9 +126,16 @@ class NodeReader:
                 if not 0 <= row < self.table.rows:
                     continue
                 state = self.table.read(row)
-                out.append({"topic": topic.name, "partition": partition, "log_start_offset": state.log_start_offset,
-                            "log_end_offset": state.log_end_offset, "high_watermark": state.high_watermark,
-                            "unflushed_bytes": state.end_bytes - state.flushed_bytes})
+                entry = {"topic": topic.name, "partition": partition, "log_start_offset": state.log_start_offset,
+                         "log_end_offset": state.log_end_offset, "high_watermark": state.high_watermark,
+                         "unflushed_bytes": state.end_bytes - state.flushed_bytes}
+                cleaning = self.table.cleaning(row)
+                if "compact" in topic.configs.get("cleanup.policy", "") or any(cleaning):
+                    entry["cleaning"] = {"dirty_ratio": cleaning.dirty_ratio_ppm / 1_000_000,
+                                         "lag_ms": cleaning.lag_ms, "last_run_ms": cleaning.last_run_ms,
+                                         "bytes_cleaned": cleaning.bytes_cleaned,
+                                         "bytes_reclaimed": cleaning.bytes_reclaimed, "errors": cleaning.errors}
+                out.append(entry)
         return out
 
     def group_lag(self) -> tuple[dict[str, list[dict]], bool]:

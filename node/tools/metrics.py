@@ -93,12 +93,30 @@ class StatsCollector:
         start = GaugeMetricFamily("kafka_log_log_start_offset", "Log start offset", labels=["topic", "partition"])
         high = GaugeMetricFamily("kafka_cluster_partition_high_watermark", "High watermark",
                                  labels=["topic", "partition"])
+        # The log cleaner's figures per compacted partition (Kafka's LogCleanerManager has them per log directory).
+        cleaning = {
+            "dirty_ratio": GaugeMetricFamily("kafka_log_cleaner_dirty_ratio",
+                                             "Uncleaned share of a compacted log's cleanable bytes",
+                                             labels=["topic", "partition"]),
+            "lag_ms": GaugeMetricFamily("kafka_log_cleaner_compaction_delay_ms",
+                                        "Age of the oldest uncleaned record", labels=["topic", "partition"]),
+            "last_run_ms": GaugeMetricFamily("kafka_log_cleaner_last_run_timestamp_ms",
+                                             "Wall-clock ms the last cleaning ended", labels=["topic", "partition"]),
+            "bytes_cleaned": CounterMetricFamily("kafka_log_cleaner_bytes_cleaned", "Log bytes cleanings read",
+                                                 labels=["topic", "partition"]),
+            "bytes_reclaimed": CounterMetricFamily("kafka_log_cleaner_bytes_reclaimed", "Log bytes cleanings freed",
+                                                   labels=["topic", "partition"]),
+            "errors": CounterMetricFamily("kafka_log_cleaner_errors", "Cleanings that failed",
+                                          labels=["topic", "partition"]),
+        }
         for p in self.reader.partitions():
             labels = [p["topic"], str(p["partition"])]
             end.add_metric(labels, p["log_end_offset"])
             start.add_metric(labels, p["log_start_offset"])
             high.add_metric(labels, p["high_watermark"])
-        yield from (end, start, high)
+            for name, value in p.get("cleaning", {}).items():
+                cleaning[name].add_metric(labels, value)
+        yield from (end, start, high, *cleaning.values())
         committed = GaugeMetricFamily("kafka_consumergroup_current_offset", "Committed offset of a group",
                                       labels=["consumergroup", "topic", "partition"])
         lag = GaugeMetricFamily("kafka_consumergroup_lag", "High watermark minus the committed offset",

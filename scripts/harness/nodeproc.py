@@ -42,7 +42,7 @@ STOP_TIMEOUT_S = 30.0
 START_PROBE_INTERVAL_S = 0.05
 START_PROBE_TIMEOUT_S = 0.5
 # The module each child role runs (how a child is recognised on its command line).
-ROLE_MODULES = {"worker": "workers.worker", "timer": "node.timer.process"}
+ROLE_MODULES = {"worker": "workers.worker", "timer": "node.timer.process", "cleaner": "node.cleaner.process"}
 # The log lines of children that finished starting: start() returns only once every child wrote its own,
 # so connections made right after it spread over all workers.
 READY_LINES = ("timer process ready", "worker {index} ready")

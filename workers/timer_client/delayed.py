@@ -61,7 +61,7 @@ from shm.interest import WorkerWatches, full_fence
 from shm.table import END_BYTES, PartitionTable
 from workers.connection import Connection, Request
 from workers.timer_client.outcome import Outcome
-from workers.timer_client.link import TimerLink
+from shm.timer_link import TimerLink
 
 log = logging.getLogger("shmbroker.delayed")
 

@@ -86,13 +86,10 @@ class GroupCoordinator:
     # -- the timer loop's calls ---------------------------------------------------------------
 
     def turn(self) -> None:
-        """Once per loop turn: load a slice of the offsets log while it loads; compact it when it is due."""
-        if self.offsets.loading:
-            if self.offsets.load_step(self.clock()):
-                for group_id in self.offsets.groups():
-                    self.groups.setdefault(group_id, Group(group_id))
-        else:
-            self.offsets.maybe_compact()
+        """Once per loop turn: load a slice of the offsets log while it loads."""
+        if self.offsets.loading and self.offsets.load_step(self.clock()):
+            for group_id in self.offsets.groups():
+                self.groups.setdefault(group_id, Group(group_id))
 
     def advance(self, now_ms: int) -> None:
         for timers in (self.joins, self.sessions, self.syncs):

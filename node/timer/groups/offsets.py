@@ -1,25 +1,25 @@
 """Committed offsets: the coordinator's table, made durable in an internal log, `__consumer_offsets`.
 
-The log is an ordinary partition log of the node (one partition, flagged internal in the catalog), written
-only by the timer process and fsync'd by the flusher's group commit, as acks=all produces are. Each record:
+The log is an ordinary partition log of the node (one partition, flagged internal in the catalog, compacted
+by the log cleaner: cleanup.policy compact, segments of groups.offsets_segment_bytes), written only by the
+timer process and fsync'd by the flusher's group commit, as acks=all produces are. Each record:
 
     key    orjson [group, topic, partition]
     value  orjson [version, offset, leader_epoch, metadata, commit_ms]    a commit
-           orjson [version]                                             a deletion (DeleteGroups, OffsetDelete,
+           null (a tombstone)                                           a deletion (DeleteGroups, OffsetDelete,
                                                                         expiry)
 
 `version` is a logical clock: one more than the highest seen, per record written; load keeps, per key, the
-record of the highest version. So records may reach the log in any order (a compaction's rewrite of the live
-set interleaves with new commits) and the newest still wins.
+record of the highest version (logs written before the log cleaner held rewrites out of order), and a
+tombstone deletes its key.
 
 Lifecycle:
 - load (at start, a bounded slice per loop turn, so the timer keeps serving): the table is rebuilt from the
   log; meanwhile `loading` is True and the coordinator answers COORDINATOR_LOAD_IN_PROGRESS;
 - commit: one batch appended per request; the table changes only once the batch is fsync'd (then the
   coordinator answers), so nothing is ever visible that a crash could take back;
-- compaction: when the log holds more than `compaction_min_records` and twice the live entries, the timer
-  rolls the log and hands the live set (as of the roll) to the flusher thread, which appends it, fsyncs it
-  and deletes every segment before the roll; a crash half way leaves both, and versions sort them out;
+- compaction: the log cleaner's, as of every compacted topic (node.storage.cleaner): the latest record of
+  each key stays, tombstones go after delete.retention.ms;
 - expiry (a chore): offsets of a group empty for `offsets_retention_minutes`, or, for a group that never had
   members, committed longer ago than that, are deleted (Kafka's KIP-211).
 
@@ -39,7 +39,7 @@ import orjson
 
 from node.storage.records import (BATCH_HEADER_SIZE, LENGTH_FIELDS_SIZE, OFFSET_AND_LENGTH, ErrorCode, StorageError,
                                   build_batch, iter_records, parse_header)
-from node.storage.store import PartitionStore
+from node.storage.store import TOPIC_RESOURCE, PartitionStore
 
 log = logging.getLogger("shmbroker.offsets")
 
@@ -65,8 +65,7 @@ def wall_ms() -> int:
 
 class OffsetStore:
     def __init__(self, store: PartitionStore, wait_flushed: Callable, submit_io: Callable, *,
-                 load_bytes_per_turn: int, load_interval_ms: int, compaction_min_records: int,
-                 commit_timeout_ms: int) -> None:
+                 load_bytes_per_turn: int, load_interval_ms: int, segment_bytes: int, commit_timeout_ms: int) -> None:
         self.store = store
         self._wait_flushed = wait_flushed  # (rows, offsets, deadline_ms, callback(flushed, fault)) -> None
         self._submit_io = submit_io  # (name, job(store)) -> None: runs on the flusher thread
@@ -74,18 +73,22 @@ class OffsetStore:
         self.load_interval_ms = load_interval_ms
         self._next_load_ms = 0
         self.live = 0  # entries in the table
-        self.compaction_min_records = compaction_min_records
         self.commit_timeout_ms = commit_timeout_ms
         self.table: dict[str, dict[tuple[str, int], OffsetEntry]] = {}
         self.version = 0
         self.loading = True
-        self.records = 0  # records in the log since its start (for the compaction trigger)
+        self.records = 0  # records read by the load
         self._load_offset = 0
         self._versions: dict[Key, int] = {}  # during load: highest version per key, deletions included
-        created = store.create_topics([(OFFSETS_TOPIC, 1, {})], internal=True)
+        settings = {"cleanup.policy": "compact", "segment.bytes": str(segment_bytes)}
+        created = store.create_topics([(OFFSETS_TOPIC, 1, settings)], internal=True)
         code, message = created[OFFSETS_TOPIC]
         if code:
             raise RuntimeError(f"cannot create {OFFSETS_TOPIC}: {message}")
+        if store.topic_configs(OFFSETS_TOPIC) != settings:  # a data directory from before, or another setting
+            (code, message), = store.alter_configs([(TOPIC_RESOURCE, OFFSETS_TOPIC, "replace", settings)])
+            if code:
+                raise RuntimeError(f"cannot set the configs of {OFFSETS_TOPIC}: {message}")
         self.row = store.row(OFFSETS_TOPIC, 0)
         self._load_offset = store.log(self.row).state().log_start_offset
 
@@ -128,12 +131,16 @@ class OffsetStore:
     def _apply_record(self, key: bytes | None, value: bytes | None) -> None:
         try:
             group, topic, partition = orjson.loads(key)
+            full_key = (str(group), str(topic), int(partition))
+            if value is None:  # a tombstone: the key is gone, whatever came before it
+                self._versions.pop(full_key, None)
+                self.table.get(full_key[0], {}).pop(full_key[1:], None)
+                return
             fields = orjson.loads(value)
             version = int(fields[0])
         except (orjson.JSONDecodeError, TypeError, ValueError, IndexError):
             log.warning("skipping an unreadable record in %s", OFFSETS_TOPIC)
             return
-        full_key = (str(group), str(topic), int(partition))
         self.version = max(self.version, version)
         if version <= self._versions.get(full_key, -1):
             return
@@ -151,7 +158,6 @@ class OffsetStore:
         self.live = sum(len(offsets) for offsets in self.table.values())
         log.info("loaded %d committed offsets of %d groups from %d records", self.live_entries(), len(self.table),
                  self.records)
-        self.maybe_compact()
 
     # -- reads --------------------------------------------------------------------------------
 
@@ -208,7 +214,7 @@ class OffsetStore:
         for topic, partition in doomed:
             del offsets[(topic, partition)]
             self.version += 1
-            records.append((orjson.dumps([group, topic, partition]), orjson.dumps([self.version])))
+            records.append((orjson.dumps([group, topic, partition]), None))
         if not offsets:
             self.table.pop(group, None)
         if records:
@@ -217,7 +223,7 @@ class OffsetStore:
             done(True)
         return doomed
 
-    def _append(self, records: list[tuple[bytes, bytes]], now_ms: int, done: Callable[..., None]) -> None:
+    def _append(self, records: list[tuple[bytes, bytes | None]], now_ms: int, done: Callable[..., None]) -> None:
         plog = self.store.log(self.row)
         last = None
         try:
@@ -229,36 +235,9 @@ class OffsetStore:
                 log.error("cannot append to %s: %s", OFFSETS_TOPIC, exc)
             done(False, exc.error_code == ErrorCode.KAFKA_STORAGE_ERROR)
             return
-        self.records += len(records)
         self._wait_flushed([self.row], [last + 1], now_ms + self.commit_timeout_ms, done)
 
-    # -- compaction and expiry ----------------------------------------------------------------
-
-    def maybe_compact(self) -> bool:
-        """Rewrite the live set if the log holds much more than it; True if a compaction started."""
-        live = self.live_entries()
-        if self.loading or self.records <= max(self.compaction_min_records, 2 * live):
-            return False
-        plog = self.store.log(self.row)
-        plog.roll()
-        start = plog.state().active_base_offset
-        records = [(orjson.dumps([group, topic, partition]),
-                    orjson.dumps([e.version, e.offset, e.leader_epoch, e.metadata, e.commit_ms]))
-                   for group, offsets in self.table.items() for (topic, partition), e in offsets.items()]
-        self.records = live
-        row = self.row
-        log.info("compacting %s: rewriting %d live offsets from offset %d", OFFSETS_TOPIC, live, start)
-
-        def rewrite(store: PartitionStore) -> None:
-            target = store.log(row)
-            for first in range(0, len(records), RECORDS_PER_BATCH):
-                target.append(build_batch(records[first:first + RECORDS_PER_BATCH], wall_ms()))
-            target.flush()
-            deleted = target.delete_segments_before(start)
-            log.info("compacted %s: %d old segments deleted", OFFSETS_TOPIC, deleted)
-
-        self._submit_io(f"compaction of {OFFSETS_TOPIC}", rewrite)
-        return True
+    # -- expiry -------------------------------------------------------------------------------
 
     def expire(self, now_wall_ms: int, retention_ms: int, empty_since_wall_ms: Callable[[str], Any], now_ms: int) -> int:
         """Delete expired offsets; `empty_since_wall_ms(group)` is when the group became empty (wall ms), None

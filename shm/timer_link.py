@@ -1,9 +1,10 @@
-"""A worker's end of its two rings to the timer process: frames out, messages in.
+"""A child's end of its two rings to the timer process (a network worker's, a log cleaner's): frames out,
+messages in.
 
 Invariants:
 - Sending never blocks: frames go to a local backlog, and `flush()` moves as many as the request
   ring takes (one head update for the batch); the rest wait for the next turn, in order.
-- Both ring ends are taken over on attach (`takeover=True`): a restarted worker resumes from the
+- Both ring ends are taken over on attach (`takeover=True`): a restarted child resumes from the
   committed head and tail its dead predecessor left.
 - What comes back is decoded with the contract (shm.messages); a frame that does not decode, or that
   is not a timer -> worker kind, is logged and dropped: it never stops the worker.

@@ -1,0 +1,179 @@
+"""Stateful stream processors on the node, as their users run them, with no workaround: quixstreams' windowed
+count and a faust-streaming Table keep their state in compacted changelog topics they create themselves, and
+restore it from them after a restart without their local state.
+
+Each framework runs from a venv of its own (`.frameworks/<name>` in the checkout, made from the package
+registry on first use), since their pins (confluent-kafka, aiokafka) differ from the node's test venv."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import venv
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, ConfigResource
+
+pytestmark = pytest.mark.node
+REPO = Path(__file__).resolve().parent.parent
+APPS = Path(__file__).resolve().parent / "frameworks"
+INSTALL_TIMEOUT_S = 900
+TIMEOUT_S = 120
+# Window timestamps inside one hour, so every count of a word falls in one tumbling window.
+HOUR_START_MS = 1_700_002_800_000
+
+
+def framework_python(name: str, requirement: str) -> Path:
+    """The Python of a venv with `requirement` installed (made once; reused while the requirement is the same)."""
+    home = REPO / ".frameworks" / name
+    stamp = home / ".installed"
+    if not stamp.exists() or stamp.read_text() != requirement:
+        shutil.rmtree(home, ignore_errors=True)
+        venv.create(home, with_pip=True)
+        done = subprocess.run([str(home / "bin" / "python"), "-m", "pip", "install", "--quiet", requirement],
+                              capture_output=True, text=True, timeout=INSTALL_TIMEOUT_S)
+        assert done.returncode == 0, done.stderr[-3000:]
+        stamp.write_text(requirement)
+    return home / "bin" / "python"
+
+
+@pytest.fixture(scope="module")
+def quix_python():
+    return framework_python("quixstreams", "quixstreams>=3.20")
+
+
+@pytest.fixture(scope="module")
+def faust_python():
+    return framework_python("faust", "faust-streaming>=0.11")
+
+
+class App:
+    """A framework app as a process of its own; stopped with SIGTERM (as its users stop it), by pid."""
+
+    def __init__(self, argv: list[str], log: Path) -> None:
+        self.log = log
+        with open(log, "ab") as out:
+            self.proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=APPS,
+                                         env={**os.environ, "PYTHONPATH": ""})
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace")[-6000:]
+
+
+def produce(bootstrap: str, topic: str, records: list[tuple[bytes, bytes]], timestamp_ms: int | None = None) -> None:
+    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
+    for i, (key, value) in enumerate(records):
+        kwargs = {"timestamp": timestamp_ms + i} if timestamp_ms is not None else {}
+        producer.produce(topic, key=key, value=value, **kwargs)
+    assert producer.flush(TIMEOUT_S) == 0
+
+
+def read_all(bootstrap: str, topic: str) -> list[tuple[bytes, bytes]]:
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"check-{time.monotonic_ns()}",
+                         "enable.auto.commit": False})
+    try:
+        _, high = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=TIMEOUT_S)
+        consumer.assign([TopicPartition(topic, 0, 0)])
+        out = []
+        deadline = time.monotonic() + TIMEOUT_S
+        while len(out) < high and time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is not None and not msg.error():
+                out.append((msg.key(), msg.value()))
+        return out
+    finally:
+        consumer.close()
+
+
+def end_offset(bootstrap: str, topic: str) -> int:
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "watermarks"})
+    try:
+        return consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=TIMEOUT_S)[1]
+    except Exception:
+        return 0
+    finally:
+        consumer.close()
+
+
+def wait_for_output(app: App, bootstrap: str, topic: str, records: int) -> None:
+    deadline = time.monotonic() + TIMEOUT_S
+    while end_offset(bootstrap, topic) < records:
+        assert app.proc.poll() is None, app.text()
+        assert time.monotonic() < deadline, f"{topic} holds {end_offset(bootstrap, topic)} of {records}:\n{app.text()}"
+        time.sleep(0.5)
+
+
+def compacted_topics(bootstrap: str, names: list[str]) -> dict[str, str]:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    futures = admin.describe_configs([ConfigResource("topic", name) for name in names])
+    return {resource.name: future.result(timeout=TIMEOUT_S)["cleanup.policy"].value
+            for resource, future in futures.items()}
+
+
+def words(count: int, distinct: int) -> list[tuple[bytes, bytes]]:
+    return [(b"w%d" % (i % distinct), json.dumps({"word": "w%d" % (i % distinct)}).encode()) for i in range(count)]
+
+
+def test_quixstreams_windowed_count_restores_its_state_from_its_changelog(node_factory, tmp_path, quix_python):
+    node = node_factory(workers=2, config="[cleaner]\nbackoff_ms = 500\n")
+    state = tmp_path / "state"
+    produce(node.bootstrap, "words", words(300, 10), HOUR_START_MS)
+    app = App([str(quix_python), "quix_app.py", node.bootstrap, str(state), "counter"], tmp_path / "quix.log")
+    try:
+        wait_for_output(app, node.bootstrap, "counts", 300)
+    finally:
+        app.stop()
+    changelogs = [name for name in AdminClient({"bootstrap.servers": node.bootstrap}).list_topics(timeout=30).topics
+                  if name.startswith("changelog__counter")]
+    assert changelogs and set(compacted_topics(node.bootstrap, changelogs).values()) == {"compact"}, app.text()
+    # Without its local state, the restarted app restores the counts from the changelog and goes on from them.
+    shutil.rmtree(state)
+    produce(node.bootstrap, "words", words(100, 10), HOUR_START_MS + 300)
+    app = App([str(quix_python), "quix_app.py", node.bootstrap, str(state), "counter"], tmp_path / "quix.log")
+    try:
+        wait_for_output(app, node.bootstrap, "counts", 400)
+    finally:
+        app.stop()
+    last = {}
+    for key, value in read_all(node.bootstrap, "counts"):
+        last[key] = json.loads(value)["count"]
+    assert last == {b"w%d" % i: 40 for i in range(10)}, app.text()
+
+
+def test_faust_table_recovers_from_its_changelog(node_factory, tmp_path, faust_python):
+    node = node_factory(workers=2, config="[cleaner]\nbackoff_ms = 500\n")
+    raw = [(b"w%d" % (i % 5), b"w%d" % (i % 5)) for i in range(100)]
+    produce(node.bootstrap, "fwords", raw)
+    argv = [str(faust_python), "faust_app.py", node.bootstrap, "--datadir", str(tmp_path / "faust"), "worker", "-l",
+            "warn", "--without-web"]
+    app = App(argv, tmp_path / "faust.log")
+    try:
+        wait_for_output(app, node.bootstrap, "fcounts", 100)
+    finally:
+        app.stop()
+    assert compacted_topics(node.bootstrap, ["fcount-counts-changelog"]) == {"fcount-counts-changelog": "compact"}
+    # The table is in memory: the restarted worker has only the changelog to recover it from.
+    produce(node.bootstrap, "fwords", raw[:50])
+    app = App(argv, tmp_path / "faust.log")
+    try:
+        wait_for_output(app, node.bootstrap, "fcounts", 150)
+    finally:
+        app.stop()
+    last = dict(read_all(node.bootstrap, "fcounts"))
+    assert last == {b"w%d" % i: b"w%d:%d" % (i, 30) for i in range(5)}, app.text()
