@@ -188,13 +188,22 @@ def test_tombstones_go_after_delete_retention_and_alter_configs_compacts_a_live_
 
 
 def test_keyless_records_on_a_compacted_topic_are_refused_invalid_record(node_factory):
+    """As Kafka (librdkafka's test 0011): a batch holding keyless records is refused INVALID_RECORD, each of those
+    named in the response's record errors, so librdkafka fails them INVALID_RECORD and the rest of the batch
+    _INVALID_DIFFERENT_RECORD; batches of one record fail alone."""
     node = node_factory(workers=1, config=CLEANER)
     create(node.bootstrap, "keys-only", COMPACTED)
-    errors = []
-    producer = Producer({"bootstrap.servers": node.bootstrap, "retries": 0})
-    producer.produce("keys-only", value=b"no key", on_delivery=lambda err, msg: errors.append(err))
-    producer.flush(TIMEOUT_S)
-    assert [e.code() for e in errors] == [KafkaError.INVALID_RECORD]
+    for batch_size, expected in ((1 << 20, {"INVALID_RECORD": 10, "_INVALID_DIFFERENT_RECORD": 90}),
+                                 (1, {"INVALID_RECORD": 10, None: 90})):
+        outcomes: dict = {}
+        producer = Producer({"bootstrap.servers": node.bootstrap, "retries": 0, "linger.ms": 50,
+                             "batch.size": batch_size})
+        for i in range(100):
+            key = None if i % 10 == 0 else b"k%d" % i
+            producer.produce("keys-only", key=key, value=b"v%d" % i, partition=0, on_delivery=lambda err, msg: (
+                outcomes.__setitem__(err.name() if err else None, outcomes.get(err.name() if err else None, 0) + 1)))
+        assert producer.flush(TIMEOUT_S) == 0
+        assert outcomes == expected
 
 
 def test_kill_9_of_the_cleaner_and_of_every_process_while_it_cleans_loses_nothing(node_factory):

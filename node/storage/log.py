@@ -70,7 +70,7 @@ from node.storage.records import (
     ErrorCode,
     StorageError,
     all_record_timestamps,
-    has_keyless_record,
+    keyless_records,
     last_sequence,
     parse_header,
     record_timestamps,
@@ -380,9 +380,11 @@ class PartitionLog:
         if now is None:
             now = now_ms()
         append_time = -1
-        if config.compacts and has_keyless_record(batch, header):
-            raise StorageError(ErrorCode.INVALID_RECORD, f"compacted topic partition {self.name} cannot accept a "
-                               "record without a key")
+        if config.compacts:
+            keyless = keyless_records(batch, header)
+            if keyless:  # as Kafka's LogValidator: the whole batch is refused, naming the records at fault
+                message = f"compacted topic partition {self.name} cannot accept a record without a key"
+                raise StorageError(ErrorCode.INVALID_RECORD, message, tuple((i, message) for i in keyless))
         if config.rewrites:
             batch, header, append_time = _conform(batch, header, config, now)
         size = len(batch)

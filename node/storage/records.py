@@ -55,11 +55,13 @@ class ErrorCode:
 
 
 class StorageError(Exception):
-    """A request the log refuses; error_code is the Kafka error code to put in the response."""
+    """A request the log refuses; error_code is the Kafka error code to put in the response, and record_errors
+    the records of the batch at fault, (index in the batch, message), for Produce v8+'s RecordErrors."""
 
-    def __init__(self, error_code: int, message: str):
+    def __init__(self, error_code: int, message: str, record_errors: tuple[tuple[int, str], ...] = ()):
         super().__init__(message)
         self.error_code = error_code
+        self.record_errors = record_errors
 
 
 MAGIC_V2 = 2
@@ -265,11 +267,11 @@ def uncompressed(buf, header: BatchHeader) -> tuple[bytes | memoryview, BatchHea
     return bytes(buf[:BATCH_HEADER_SIZE]) + records, header._replace(attributes=header.attributes & ~COMPRESSION_MASK)
 
 
-def has_keyless_record(buf, header: BatchHeader) -> bool:
-    """Whether a record of the batch (decompressed if need be) has a null key: what a compacted topic refuses.
-    Raises StorageError(CORRUPT_MESSAGE) if the records do not decode."""
+def keyless_records(buf, header: BatchHeader) -> list[int]:
+    """The indexes of the batch's records (decompressed if need be) whose key is null: what a compacted topic
+    refuses. Raises StorageError(CORRUPT_MESSAGE) if the records do not decode."""
     buf, header = uncompressed(buf, header)
-    return any(key is None for _, key, _ in iter_records(buf, header))
+    return [index for index, (_, key, _) in enumerate(iter_records(buf, header)) if key is None]
 
 
 def rewrite_batch(buf, header: BatchHeader, codec: int | None, log_append_time_ms: int | None) -> tuple[bytes, BatchHeader]:

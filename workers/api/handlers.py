@@ -245,6 +245,7 @@ class Handlers:
                 except StorageError as exc:
                     result.error_code = exc.error_code
                     result.error_message = str(exc)
+                    result.record_errors = exc.record_errors
                     continue
                 result.base_offset = appended.base_offset
                 result.log_start_offset = appended.log_start_offset
