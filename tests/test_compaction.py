@@ -8,16 +8,19 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
 import threading
 import time
+import urllib.request
 
 import pytest
 from confluent_kafka import Consumer, KafkaError, Producer
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, NewTopic
 
+from scripts.harness.nodeproc import free_port
 from tests.small_fs import MiB, fill, tmpfs
 
 pytestmark = pytest.mark.node
@@ -161,7 +164,11 @@ def test_a_producer_and_a_group_consumer_run_through_cleanings(node_factory):
 
 
 def test_tombstones_go_after_delete_retention_and_alter_configs_compacts_a_live_topic(node_factory):
-    node = node_factory(workers=1, config=CLEANER)
+    node = node_factory(workers=1, config=CLEANER + "[stats]\npublish_interval_ms = 100\n")
+    metrics_port = free_port()
+    node.stop()
+    node.start_args = ["--metrics", f"127.0.0.1:{metrics_port}"]
+    node.start()
     create(node.bootstrap, "plain", {"segment.bytes": "4096"})
     latest = produce(node.bootstrap, "plain", updates(4, 30))
     latest.update(produce(node.bootstrap, "plain", [(b"key-%d" % k, None) for k in range(10)]))
@@ -185,6 +192,11 @@ def test_tombstones_go_after_delete_retention_and_alter_configs_compacts_a_live_
     records = wait_for(tombstones_gone, "the tombstones to go")
     check_compacted(records, latest)
     assert not {b"key-%d" % k for k in range(10)} & {key for _, offset, key, _ in records}
+    # Prometheus has the partition's cleaning (Kafka-like names) and the cleaner's counters.
+    text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).read().decode()
+    assert 'kafka_log_cleaner_dirty_ratio{partition="0",topic="plain"}' in text
+    assert re.search(r'kafka_log_cleaner_bytes_reclaimed_total\{partition="0",topic="plain"\} [1-9]', text), text
+    assert re.search(r'shmbroker_cleanings_total\{index="0",process="cleaner"\} [1-9]', text), text
 
 
 def test_keyless_records_on_a_compacted_topic_are_refused_invalid_record(node_factory):
