@@ -275,6 +275,30 @@ def test_a_crash_during_the_swap_leaves_the_old_set_or_the_new_one(tmp_path, tab
         plog.close()
 
 
+def test_a_cleaner_killed_in_a_committed_swap_is_finished_by_the_next_cleaning_not_undone(tmp_path, table):
+    plog = open_log(tmp_path, table)
+    now = time.time_ns() // 1_000_000
+    try:
+        latest = write_updates(plog, rounds=4, keys=30, timestamp=now)
+        plog.roll()
+        staging = os.path.join(plog.directory, C.CLEANING_DIR)
+        os.mkdir(staging)
+        cleaner = C.Cleaner(UNLIMITED)
+        segments = plog.segments[:-1]
+        result = C.CleanResult()
+        offset_map, cleaned_to = cleaner._build_map(plog, segments, C.dirtiness(plog, now), result)
+        groups = cleaner._rewrite(plog, segments, cleaned_to, offset_map, now, staging, result)
+        C.write_manifest(staging, groups)
+        for suffix in C.SEGMENT_SUFFIXES:  # killed half way through the renames
+            name = f"{groups[0].base:020d}{suffix}"
+            os.replace(os.path.join(staging, name), os.path.join(plog.directory, name))
+        C.Cleaner(UNLIMITED).clean(plog)  # the node runs on: no recovery, the next cleaning comes
+        check_latest(plog, latest, tombstones_kept=True)
+        assert not os.path.exists(staging)
+    finally:
+        plog.close()
+
+
 def test_a_swap_is_refused_when_retention_changed_the_segments_meanwhile(tmp_path, table):
     plog = open_log(tmp_path, table)
     try:

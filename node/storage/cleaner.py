@@ -29,6 +29,8 @@ One cleaning (`Cleaner.clean`):
    whose manifest exists, and otherwise discards `cleaning/`: the log is the old set or the new set, never a
    mix. Processes reading an old file by its descriptor keep reading it.
 4. The checkpoint moves to the end of the mapped section.
+A cleaning starts by finishing a swap another cleaner committed and was killed in (a cleaner process of a
+running node: recovery does the same at start), and by discarding an uncommitted `cleaning/`.
 
 All I/O (reads and writes) goes through an IoLimiter (Kafka's log.cleaner.io.max.bytes.per.second).
 
@@ -410,7 +412,7 @@ class Cleaner:
         if dirty is None or dirty.first_dirty >= dirty.first_uncleanable:
             return result
         staging = os.path.join(plog.directory, CLEANING_DIR)
-        shutil.rmtree(staging, ignore_errors=True)
+        plog.finish_interrupted_swap()  # a cleaner killed in a swap left it committed: finish it, never undo it
         os.mkdir(staging)
         try:
             segments = [s for s in plog.segments[:-1] if s.base_offset < dirty.first_uncleanable]

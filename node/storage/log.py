@@ -803,6 +803,20 @@ class PartitionLog:
         except OSError as exc:
             raise self._fault("retention", exc) from None
 
+    def finish_interrupted_swap(self) -> None:
+        """Finish a cleaning swap whose manifest was committed (its cleaner died in it), or discard an
+        uncommitted cleaning directory; publish the segment list if the swap changed it."""
+        with self.lock:
+            state = self._current_state()
+            try:
+                finished = finish_swap(self.directory)
+            except OSError as exc:
+                raise self._fault("log cleaning swap", exc) from None
+            if finished:
+                state = state._replace(segments_version=state.segments_version + 1)
+                self.table.publish(self.row, state)
+                self._refresh(state)
+
     def replace_segments(self, staging: str, groups) -> bool:
         """Swap in segments the log cleaner wrote into `staging` (node.storage.cleaner): each group's new segment
         replaces the old sealed segments it names, if they are still the files it read (by inode); otherwise
