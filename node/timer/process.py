@@ -218,7 +218,7 @@ class TimerProcess:
         self.flusher.start()
         self.outbox.broadcast(M.encode(M.Kind.TIMER_STARTED, os.getpid()))
         self.outbox.flush()
-        log.info("timer process ready (%d workers)", self.outbox.workers)
+        log.info("timer process ready (%d workers, %d cleaners)", self.cleaning.first_ring, self.cleaning.cleaners)
         while not self.stopping:
             self.heartbeat.beat()
             if os.getppid() != self.supervisor_pid:
