@@ -133,7 +133,7 @@ def test_supervisor_killed_children_follow_and_restart_recovers(node_factory):
     sent = [{"value": f"o{i}".encode(), "partition": 0} for i in range(100)]
     produce(node.bootstrap, "orphans", sent, acks="all")
     children = node.children()
-    assert len(children) == 3
+    assert len(children) == 4  # the timer, two workers, a log cleaner
     os.kill(node.proc.pid, signal.SIGKILL)
     node.proc.wait(timeout=CLIENT_TIMEOUT_S)
     _, alive = psutil.wait_procs(children, timeout=CLIENT_TIMEOUT_S)

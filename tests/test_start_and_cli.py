@@ -215,7 +215,8 @@ def test_ctrl_c_while_the_children_start_stops_the_node_cleanly(tmp_path):
                                  "--data-dir", str(tmp_path / "data"), "--workers", "2"], cwd=REPO, stdout=log,
                                 stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        _wait_for(lambda: len(psutil.Process(proc.pid).children()) == 3, START_TIMEOUT_S, "the children to start")
+        _wait_for(lambda: len(psutil.Process(proc.pid).children()) == 4, START_TIMEOUT_S,
+                  "the timer, both workers and the cleaner to start")
         family = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children()]
         os.killpg(proc.pid, signal.SIGINT)
         assert proc.wait(timeout=60) == 0, log_path.read_text()
