@@ -10,11 +10,11 @@ import time
 
 import numpy as np
 import pytest
-from kafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
+from kafka.record.default_records import DefaultRecordBatch
 
 from node.storage import cleaner as C
 from node.storage.log import LogConfig, PartitionLog
-from node.storage.records import ErrorCode, StorageError, parse_header
+from node.storage.records import ErrorCode, StorageError, build_batch, parse_header
 from node.storage.segment import segment_base_offsets
 from tests.record_batches import GZIP, SharedTable, dev_shm_entries
 
@@ -39,11 +39,10 @@ def table():
 
 def batch(records: list[tuple[bytes | None, bytes | None]], timestamp: int, compression: int = 0,
           producer: tuple[int, int, int] = (-1, -1, -1)) -> bytes:
-    """A v2 batch of (key, value) records (kafka-python's builder)."""
-    builder = DefaultRecordBatchBuilder(2, compression, 0, *producer, 1 << 30)
-    for index, (key, value) in enumerate(records):
-        builder.append(index, timestamp, key, value, [])
-    return bytes(builder.build())
+    """A v2 batch of (key, value) records; read back with kafka-python's reader, an independent decoder."""
+    producer_id, epoch, sequence = producer
+    return build_batch(records, timestamp, compression=compression, producer_id=producer_id, producer_epoch=epoch,
+                       base_sequence=sequence)
 
 
 def open_log(tmp_path, table, config: LogConfig = COMPACT) -> PartitionLog:

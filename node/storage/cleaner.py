@@ -47,13 +47,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
-import crc32c
 import numpy as np
 
 from node.storage import compression
 from node.storage.record_arrays import ARENA_PADDING, CorruptRecords, record_fields, unaligned
-from node.storage.records import (BATCH_HEADER, BATCH_HEADER_SIZE, COMPRESSION_MASK, CONTROL_BIT, CRC_START,
-                                  LENGTH_FIELDS_SIZE)
+from node.storage.records import (BATCH_HEADER, BATCH_HEADER_SIZE, COMPRESSION_MASK, CONTROL_BIT, LENGTH_FIELDS_SIZE,
+                                  seal)
 from node.storage.segment import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX, Segment, segment_file_name
 
 log = logging.getLogger("shmbroker.cleaner")
@@ -555,7 +554,7 @@ def rebuild_batch(header: tuple, records: bytes, count: int) -> bytes:
     fields[12] = count
     batch = bytearray(BATCH_HEADER.pack(*fields))
     batch += records
-    struct.pack_into(">I", batch, 17, crc32c.crc32c(memoryview(batch)[CRC_START:]))
+    seal(batch)
     return bytes(batch)
 
 
