@@ -286,9 +286,8 @@ def test_create_and_delete_topics_errors(node):
 
 def test_producer_ids_unique_across_restarts(node):
     def init_producer_id() -> int:
-        schema = R.request_schema(INIT_PRODUCER_ID, 1)
-        body = R._kio_body(INIT_PRODUCER_ID, 1, schema.InitProducerIdRequest(transactional_id=None,
-                                                                                transaction_timeout=R._ms(60000)))
+        body = R.request_body(INIT_PRODUCER_ID, 1, "InitProducerIdRequest", transactional_id=None,
+                              transaction_timeout=R.millis(60000))
         with connect(node) as conn:
             response = conn.call(INIT_PRODUCER_ID, 1, body)
         assert response.error_code == NONE
