@@ -162,8 +162,9 @@ def iter_batches(record_set) -> Iterator[tuple[int, BatchHeader]]:
     """(position, header) of each whole batch of a record set, from the headers alone; stops at a trailing
     partial batch or a length too short for a header. Nothing is checked beyond the length."""
     position, end = 0, len(record_set)
+    unpack, new = BATCH_HEADER.unpack_from, tuple.__new__  # what BatchHeader._make does, without its lookups
     while end - position >= BATCH_HEADER_SIZE:
-        header = BatchHeader._make(BATCH_HEADER.unpack_from(record_set, position))
+        header = new(BatchHeader, unpack(record_set, position))
         size = header.batch_length + LENGTH_FIELDS_SIZE
         if size < BATCH_HEADER_SIZE or position + size > end:
             return

@@ -240,11 +240,13 @@ def parse_fetch_response(version: int, body: bytes | memoryview) -> FetchResult:
     for partition in answer.partitions:
         fetched = FetchedPartition(partition.topic, partition.partition, partition.error_code,
                                    partition.high_watermark, records_bytes=len(partition.records))
+        header = None
         for position, header in records.iter_batches(partition.records):
             if header.magic != records.MAGIC_V2:
                 raise RawProtocolError(f"batch at {position} has magic {header.magic}, not 2")
             fetched.record_count += header.record_count
             fetched.batch_count += 1
+        if header is not None:
             fetched.next_offset = header.last_offset + 1
         result.partitions.append(fetched)
     return result
