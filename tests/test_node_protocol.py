@@ -22,7 +22,8 @@ from scripts.harness import rawkafka as R
 from tests.test_clients import CLIENT_TIMEOUT_S, consume_all, create_topic, produce
 from tests.test_crash import BackgroundProducer
 from tests.test_hardening import worker_of
-from tests.test_stats_cli import stats_json, wait_for
+from tests.test_stats_cli import stats_json
+from tests.waiting import wait_for
 
 PRODUCE, FETCH, LIST_OFFSETS, METADATA, API_VERSIONS, INIT_PRODUCER_ID = 0, 1, 2, 3, 18, 22
 NONE, OFFSET_OUT_OF_RANGE, CORRUPT_MESSAGE, UNKNOWN_TOPIC_OR_PARTITION, UNSUPPORTED_VERSION = 0, 1, 2, 3, 35
