@@ -129,6 +129,20 @@ def _consume_until(outcome: LatencyOutcome, producer: threading.Thread, run: Lat
         outcome.elapsed_s = (outcome.last_receive_ns - outcome.first_measured_send_ns) / 1e9
 
 
+def _send_and_consume(run: LatencyRun, outcome: LatencyOutcome, send: Callable[[bytes], None],
+                      poll_once: Callable[[], None], join_timeout_s: float) -> None:
+    """paced_sends(send) in a thread while this one runs poll_once (_consume_until); the thread is stopped
+    and joined however that ends."""
+    stop = threading.Event()
+    thread = threading.Thread(target=paced_sends, args=(run, send, outcome, stop), daemon=True)
+    thread.start()
+    try:
+        _consume_until(outcome, thread, run, poll_once)
+    finally:
+        stop.set()
+        thread.join(timeout=join_timeout_s)
+
+
 # --------------------------------------------------------------------------- confluent
 
 
@@ -141,7 +155,6 @@ def run_confluent(target: benchnode.Target, run: LatencyRun) -> LatencyOutcome:
                          "fetch.min.bytes": 1, "enable.partition.eof": False})
     producer = Producer({"bootstrap.servers": target.bootstrap, "acks": 1, "linger.ms": 0,
                          "enable.idempotence": False})
-    stop = threading.Event()
     try:
         consumer.assign([TopicPartition(run.topic, 0, 0)])
 
@@ -158,13 +171,7 @@ def run_confluent(target: benchnode.Target, run: LatencyRun) -> LatencyOutcome:
                 raise KafkaException(msg.error())
             _measure(outcome, msg.value(), received_ns)
 
-        thread = threading.Thread(target=paced_sends, args=(run, send, outcome, stop), daemon=True)
-        thread.start()
-        try:
-            _consume_until(outcome, thread, run, poll_once)
-        finally:
-            stop.set()
-            thread.join(timeout=run.request_timeout_s)
+        _send_and_consume(run, outcome, send, poll_once, run.request_timeout_s)
         producer.flush(run.request_timeout_s)
     finally:
         consumer.close()
@@ -202,7 +209,6 @@ class FetchFrame:
 
 def run_raw(target: benchnode.Target, run: LatencyRun) -> LatencyOutcome:
     outcome = LatencyOutcome()
-    stop = threading.Event()
     fetch = FetchFrame(run.topic, 0, run.fetch_wait_ms)
     timeout = run.request_timeout_s + run.fetch_wait_ms / 1000
     with rawkafka.RawConnection(target.host, target.port, timeout_s=timeout) as producer_conn, \
@@ -230,13 +236,7 @@ def run_raw(target: benchnode.Target, run: LatencyRun) -> LatencyOutcome:
                             _measure(outcome, value, received_ns)
                 next_offset[0] = max(next_offset[0], header.last_offset + 1)
 
-        thread = threading.Thread(target=paced_sends, args=(run, send, outcome, stop), daemon=True)
-        thread.start()
-        try:
-            _consume_until(outcome, thread, run, poll_once)
-        finally:
-            stop.set()
-            thread.join(timeout=timeout)
+        _send_and_consume(run, outcome, send, poll_once, timeout)
     return outcome
 
 
