@@ -33,6 +33,7 @@ from kio.static.primitive import i16, i32
 
 from node.storage import records
 from pyspark_shmbroker import wire
+# The API keys are re-exported for the scripts and tests (rawkafka.FETCH ...).
 from pyspark_shmbroker.wire import (API_VERSIONS, FETCH, INIT_PRODUCER_ID, LIST_OFFSETS, METADATA, PRODUCE,
                                     TopicPartition, encode_body, entity, millis)
 
