@@ -262,20 +262,15 @@ class SourceOptions:
 
     def check_batch(self) -> None:
         """What a batch query cannot take (Spark's Kafka source refuses the same)."""
-        starting = self.starting
-        if starting is not None:
-            if starting.kind == "latest":
-                raise OptionError("option 'startingOffsets' can't be latest for batch queries")
-            for tp, offset in starting.offsets if starting.kind == "offsets" else ():
-                if offset == LATEST:
-                    raise OptionError(f"option 'startingOffsets': {tp} can't be latest (-1) for batch queries")
-        ending = self.ending
-        if ending is not None:
-            if ending.kind == "earliest":
-                raise OptionError("option 'endingOffsets' can't be earliest for batch queries")
-            for tp, offset in ending.offsets if ending.kind == "offsets" else ():
-                if offset == EARLIEST:
-                    raise OptionError(f"option 'endingOffsets': {tp} can't be earliest (-2) for batch queries")
+        for spec, option, refused, offset_refused in ((self.starting, "startingOffsets", "latest", LATEST),
+                                                      (self.ending, "endingOffsets", "earliest", EARLIEST)):
+            if spec is None:
+                continue
+            if spec.kind == refused:
+                raise OptionError(f"option '{option}' can't be {refused} for batch queries")
+            for tp, offset in spec.offsets if spec.kind == "offsets" else ():
+                if offset == offset_refused:
+                    raise OptionError(f"option '{option}': {tp} can't be {refused} ({offset}) for batch queries")
 
     def check_streaming(self) -> None:
         if self.ending is not None:

@@ -6,7 +6,8 @@ vectorised: every record's varint fields are written for all records at once int
 column per varint byte (``varint_column``), and Arrow's C++ ``binary_join_element_wise`` lays out prefix,
 key, value length, value and headers of every record back to back, so the record bytes of a whole
 partition come out of one call; they are cut into batches of at most ``kafka.batch.size`` bytes (record
-offset deltas restart at 0 in each), compressed if asked.
+offset deltas restart at 0 in each), compressed if asked (node.storage.compression), each behind a header of
+node.storage.records' layout.
 
 ``murmur2`` is Kafka's default partitioner's hash (the Java client's, so a key lands where Kafka clients
 put it), vectorised over the keys; writer.py routes with it.
@@ -29,22 +30,20 @@ Invariants:
 from __future__ import annotations
 
 import logging
-import struct
 import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Iterable
 
 from pyspark_shmbroker import dependencies  # noqa: F401  (first: without them, an error saying what to do)
-import cramjam
-import crc32c
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from kio.schema.errors import ErrorCode
 
+from node.storage import compression
+from node.storage.records import BATCH_HEADER_SIZE, NO_PARTITION_LEADER_EPOCH, pack_header, set_producer
 from pyspark_shmbroker.options import ProducerSettings
-from pyspark_shmbroker.records import BATCH_HEADER, BATCH_HEADER_SIZE, CRC_START, LOG_OVERHEAD
 from pyspark_shmbroker.wire import (
     BrokerError,
     Connection,
@@ -56,14 +55,9 @@ from pyspark_shmbroker.wire import (
 )
 
 log = logging.getLogger("pyspark_shmbroker")
-CODECS = {"none": 0, "gzip": 1, "snappy": 2, "lz4": 3, "zstd": 4}
-_COMPRESS = {1: cramjam.gzip.compress, 2: cramjam.snappy.compress_raw, 3: cramjam.lz4.compress,
-             4: cramjam.zstd.compress}
+CODECS = {"none": compression.NONE, "gzip": compression.GZIP, "snappy": compression.SNAPPY, "lz4": compression.LZ4,
+          "zstd": compression.ZSTD}
 _JOIN = pc.JoinOptions(null_handling="replace", null_replacement="")
-_PRODUCER_FIELDS = struct.Struct(">qhi")  # producerId, producerEpoch, baseSequence at byte 43
-_PRODUCER_FIELDS_AT = 43
-_CRC = struct.Struct(">I")
-_CRC_AT = 17
 # A record's fixed bytes besides its varints: attributes (1) and timestamp delta 0 (1).
 _MAX_VARINT_BYTES = 5
 _RECORD_FIXED = 2
@@ -170,7 +164,7 @@ def varint_column(*fields: np.ndarray | int) -> tuple[pa.Array, np.ndarray]:
 class EncodedBatch:
     tp: TopicPartition
     records: int
-    data: bytearray  # the whole batch; producer fields and CRC are stamped by the producer
+    data: bytearray  # the whole batch; the producer stamps its producer fields and seals it (set_producer)
     created: float = field(default_factory=time.monotonic)
 
 
@@ -256,22 +250,13 @@ def encode_partition(tp: TopicPartition, keys: pa.Array | None, values: pa.Array
     batches = []
     for lo, hi in zip(cuts[:-1], cuts[1:]):
         records = data[offsets[lo] : offsets[hi]]
-        attributes = 0
         if codec:
-            records = memoryview(bytes(_COMPRESS[codec](records)))
-            attributes = codec
-        header = BATCH_HEADER.pack(0, BATCH_HEADER_SIZE - LOG_OVERHEAD + len(records), -1, 2, 0, attributes,
-                                   hi - lo - 1, timestamp_ms, timestamp_ms, -1, -1, -1, hi - lo)
-        batch = bytearray(header)
+            records = compression.compress(codec, records)
+        batch = bytearray(pack_header(len(records), hi - lo, timestamp_ms, timestamp_ms, attributes=codec,
+                                      partition_leader_epoch=NO_PARTITION_LEADER_EPOCH))
         batch += records
         batches.append(EncodedBatch(tp, hi - lo, batch))
     return batches
-
-
-def stamp(batch: EncodedBatch, producer_id: int, epoch: int, sequence: int) -> None:
-    """Set the batch's producer id, epoch and base sequence, and its CRC."""
-    _PRODUCER_FIELDS.pack_into(batch.data, _PRODUCER_FIELDS_AT, producer_id, epoch, sequence)
-    _CRC.pack_into(batch.data, _CRC_AT, crc32c.crc32c(memoryview(batch.data)[CRC_START:]))
 
 
 # --------------------------------------------------------------------------- producer
@@ -373,7 +358,7 @@ class IdempotentProducer:
         while more than buffer_bytes are unacknowledged."""
         for batch in batches:
             queue = self.queues.setdefault(batch.tp, _PartitionQueue())
-            stamp(batch, self.producer_id, self.epoch, queue.next_sequence)
+            set_producer(batch.data, self.producer_id, self.epoch, queue.next_sequence)
             queue.next_sequence += batch.records
             queue.unacked.append(batch)
             self.unacked_bytes += len(batch.data)
@@ -472,7 +457,7 @@ class IdempotentProducer:
             queue.sent = 0
             queue.next_sequence = 0
             for batch in queue.unacked:
-                stamp(batch, self.producer_id, self.epoch, queue.next_sequence)
+                set_producer(batch.data, self.producer_id, self.epoch, queue.next_sequence)
                 queue.next_sequence += batch.records
 
     def _check_delivery_timeout(self, why: Exception) -> None:

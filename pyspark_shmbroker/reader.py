@@ -52,7 +52,8 @@ from pyspark_shmbroker.offsets import (
     to_json_offsets,
 )
 from pyspark_shmbroker.options import SourceOptions
-from pyspark_shmbroker.records import BATCH_HEADER, BATCH_HEADER_SIZE, LOG_OVERHEAD, decode_record_set
+from node.storage.records import iter_batches
+from pyspark_shmbroker.records import decode_record_set
 from pyspark_shmbroker.wire import BrokerError, Connection, TopicPartition, fetch_request
 
 log = logging.getLogger("pyspark_shmbroker")
@@ -79,14 +80,9 @@ def _partitions_of(ranges: Sequence[OffsetRange]) -> list[InputPartition]:
 def _next_offset(records: memoryview) -> int | None:
     """One past the last whole batch of a fetched record set (None when there is no whole batch):
     headers only, so the next fetch can go out before this one is decoded."""
-    pos, end, found = 0, len(records), None
-    while end - pos >= BATCH_HEADER_SIZE:
-        header = BATCH_HEADER.unpack_from(records, pos)
-        size = LOG_OVERHEAD + header[1]
-        if header[1] <= 0 or pos + size > end:
-            break
-        found = header[0] + header[6] + 1  # base offset + last offset delta + 1
-        pos += size
+    found = None
+    for _, header in iter_batches(records):
+        found = header.last_offset + 1
     return found
 
 

@@ -1,5 +1,8 @@
 """The connector's Kafka wire client: blocking connections to the node, every request encoded and every
-response decoded by kio (Kafka's own JSON schemas as data: one codec, no hand-written layouts).
+response decoded by kio (Kafka's own JSON schemas as data: one codec, no hand-written layouts). The request
+builders, the frame header and the Fetch walk take any version the node serves (default: the one the
+connector speaks), so the benchmarks' raw client (scripts/harness/rawkafka.py) encodes and decodes through
+them too; this module imports nothing of the node.
 
 Except Fetch responses, the read hot path: ``receive_fetch`` walks them with layouts declared as data
 (``FETCH_RESPONSE_LAYOUT``) and hands out the record sets as views into the connection's receive buffer,
@@ -25,6 +28,7 @@ Invariants:
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import functools
 import io
@@ -51,6 +55,7 @@ ISOLATION_LEVELS = {"read_uncommitted": 0, "read_committed": 1}
 
 _SIZE = struct.Struct(">i")
 _HEADER_V1 = struct.Struct(">ihhih")  # size, api key, api version, correlation id, client id length
+CORRELATION_ID_AT = 8  # in a request frame, after its size, api key and version
 _MAX_RESPONSE_BYTES = 1 << 30
 FRAME_SLACK = 64  # spare bytes after every received frame: a varint read at a record's last byte stays inside
 
@@ -97,19 +102,63 @@ def parse_servers(text: str) -> list[tuple[str, int]]:
 
 
 @functools.cache
-def _response_class(api_key: int, version: int) -> type:
+def response_class(api_key: int, version: int) -> type:
     module = load_payload_module(api_key, version, EntityType.response)
     return next(v for v in vars(module).values() if getattr(v, "__type__", None) == EntityType.response)
 
 
 @functools.cache
-def request_schema(api_key: int) -> Any:
-    """kio's module of the request classes of `api_key` at the version the connector uses."""
-    return load_payload_module(api_key, API_VERSIONS_USED.get(api_key, 0), EntityType.request)
+def request_schema(api_key: int, version: int | None = None) -> Any:
+    """kio's module of the request classes of `api_key` at `version` (default: the one the connector uses)."""
+    return load_payload_module(api_key, API_VERSIONS_USED.get(api_key, 0) if version is None else version,
+                               EntityType.request)
 
 
-def _millis(ms: int) -> i32Timedelta:
+@functools.cache
+def _field_names(cls: type) -> frozenset[str]:
+    return frozenset(f.name for f in dataclasses.fields(cls))
+
+
+def entity(cls: type, **fields: Any) -> Any:
+    """The kio entity `cls` of `fields`, leaving out those its version lacks (its defaults fill the rest):
+    one builder serves every version."""
+    names = _field_names(cls)
+    return cls(**{name: value for name, value in fields.items() if name in names})
+
+
+def millis(ms: int) -> i32Timedelta:
     return i32Timedelta.parse(datetime.timedelta(milliseconds=ms))
+
+
+def encode_body(request: Any) -> bytes:
+    """A kio request entity as bytes, without the frame header."""
+    body = io.BytesIO()
+    entity_writer(type(request))(body, request)
+    return body.getvalue()
+
+
+def is_flexible_request(api_key: int, version: int) -> bool:
+    """Whether the request header is v2 (tagged fields); of the APIs here only ApiVersions v3 is flexible."""
+    return api_key == API_VERSIONS and version >= 3
+
+
+def request_head(api_key: int, version: int, correlation_id: int, client_id: bytes | None, body_size: int) -> bytes:
+    """A request frame up to its body: size, header v1 (v2 with an empty tag section when flexible)."""
+    tags = b"\x00" if is_flexible_request(api_key, version) else b""
+    cid = client_id or b""
+    head = _HEADER_V1.pack(_HEADER_V1.size - 4 + len(cid) + len(tags) + body_size, api_key, version, correlation_id,
+                           -1 if client_id is None else len(cid))
+    return head + cid + tags
+
+
+def decode_response(api_key: int, version: int, frame: Any, position: int = 0) -> Any:
+    """The kio response of `api_key` at `version` that frame[position:] holds (after the correlation id);
+    ValueError if bytes are left after it."""
+    cls = response_class(api_key, version)
+    value, size = entity_reader(cls)(frame, position)
+    if size != len(frame) - position:
+        raise ValueError(f"{len(frame) - position - size} trailing bytes in {cls.__name__}")
+    return value
 
 
 class Connection:
@@ -158,44 +207,36 @@ class Connection:
         if self.sock is None:
             raise NodeUnavailable("connection already closed")
         api_key, version = int(request.__api_key__), int(request.__version__)
-        body = io.BytesIO()
-        entity_writer(type(request))(body, request)
-        payload = body.getvalue()
+        payload = encode_body(request)
         cid = self._next_id
         self._next_id = (cid + 1) & 0x7FFFFFFF
-        head = _HEADER_V1.pack(_HEADER_V1.size - 4 + len(self.client_id) + len(payload), api_key, version, cid,
-                               len(self.client_id))
         try:
-            self._send_pieces([head + self.client_id, payload])
+            self._send_pieces([request_head(api_key, version, cid, self.client_id, len(payload)), payload])
         except OSError as exc:
             self.close()
             raise NodeUnavailable(f"{self.address}: send failed: {exc}") from exc
-        self._inflight.append((cid, _response_class(api_key, version)))
+        self._inflight.append((cid, response_class(api_key, version)))
 
     def _next_frame(self) -> tuple[memoryview, type]:
         """The next response frame (read-only view of the receive buffer) and its expected kio class."""
         if not self._inflight:
             raise NodeUnavailable("no request in flight")
         frame = self._read_frame()
-        cid, response_class = self._inflight.pop(0)
+        cid, expected = self._inflight.pop(0)
         (got,) = _SIZE.unpack_from(frame, 0)
         if got != cid:
             self.close()
             raise NodeUnavailable(f"{self.address}: correlation id {got}, expected {cid}")
-        return frame, response_class
+        return frame, expected
 
     def receive(self) -> Any:
         """The next response (of the oldest request in flight), decoded by kio."""
-        frame, response_class = self._next_frame()
+        frame, expected = self._next_frame()
         try:
-            value, size = entity_reader(response_class)(frame, 4)
+            return decode_response(int(expected.__api_key__), int(expected.__version__), frame, 4)
         except Exception as exc:
             self.close()
-            raise NodeUnavailable(f"{self.address}: undecodable {response_class.__name__}: {exc}") from exc
-        if size != len(frame) - 4:
-            self.close()
-            raise NodeUnavailable(f"{self.address}: {len(frame) - 4 - size} trailing bytes in {response_class.__name__}")
-        return value
+            raise NodeUnavailable(f"{self.address}: undecodable {expected.__name__}: {exc}") from exc
 
     def call(self, request: Any) -> Any:
         self.send(request)
@@ -243,18 +284,17 @@ class Connection:
     def receive_fetch(self) -> FetchAnswer:
         """The next response, which must answer a Fetch: parsed with FETCH_RESPONSE_LAYOUT, record sets as
         views of the receive buffer (valid until the next receive)."""
-        frame, response_class = self._next_frame()
-        if int(response_class.__api_key__) != FETCH:
-            raise NodeUnavailable(f"receive_fetch() while a {response_class.__name__} was expected")
+        frame, expected = self._next_frame()
+        if int(expected.__api_key__) != FETCH:
+            raise NodeUnavailable(f"receive_fetch() while a {expected.__name__} was expected")
         try:
-            return parse_fetch_response(frame, 4)
+            return parse_fetch_response(frame, 4, int(expected.__version__))
         except (struct.error, ValueError, UnicodeDecodeError) as exc:
             self.close()
             raise NodeUnavailable(f"{self.address}: malformed Fetch response: {exc}") from exc
 
     def _check_versions(self) -> None:
-        schema = load_payload_module(API_VERSIONS, 0, EntityType.request)
-        answer = self.call(schema.ApiVersionsRequest())
+        answer = self.call(request_schema(API_VERSIONS, 0).ApiVersionsRequest())
         if answer.error_code != ErrorCode.none:
             raise BrokerError(answer.error_code, f"ApiVersions at {self.address}")
         spans = {int(a.api_key): (int(a.min_version), int(a.max_version)) for a in answer.api_keys}
@@ -268,18 +308,30 @@ class Connection:
 
 # --------------------------------------------------------------------------- fetch answers
 
-# Fetch v11 response (non-flexible), in wire order: (field, struct code); arrays are an int32 count
-# followed by their items, strings an int16 length, the record set an int32 length (-1: null).
+# Fetch response (v4-11, non-flexible), in wire order: (field, struct code, first version that has it); arrays
+# are an int32 count followed by their items, strings an int16 length, the record set an int32 length (-1: null).
 FETCH_RESPONSE_LAYOUT = {
-    "response": (("throttle_time_ms", "i"), ("error_code", "h"), ("session_id", "i")),
-    "topic": (("name", "string"), ("partitions", "array:partition")),
-    "partition": (("partition_index", "i"), ("error_code", "h"), ("high_watermark", "q"),
-                  ("last_stable_offset", "q"), ("log_start_offset", "q")),
-    "aborted_transaction": (("producer_id", "q"), ("first_offset", "q")),
-    "partition_tail": (("preferred_read_replica", "i"),),
+    "response": (("throttle_time_ms", "i", 1), ("error_code", "h", 7), ("session_id", "i", 7)),
+    "topic": (("name", "string", 0), ("partitions", "array:partition", 0)),
+    "partition": (("partition_index", "i", 0), ("error_code", "h", 0), ("high_watermark", "q", 0),
+                  ("last_stable_offset", "q", 4), ("log_start_offset", "q", 5)),
+    "aborted_transaction": (("producer_id", "q", 4), ("first_offset", "q", 4)),
+    "partition_tail": (("preferred_read_replica", "i", 11),),
 }
-_FETCH_STRUCTS = {name: struct.Struct(">" + "".join(code for _, code in fields))
-                  for name, fields in FETCH_RESPONSE_LAYOUT.items() if name != "topic"}
+FETCH_VERSIONS = range(4, 12)
+_ABSENT = {"error_code": 0, "session_id": 0, "log_start_offset": -1}  # a field an older version lacks
+
+
+@functools.cache
+def _fetch_structs(version: int) -> dict[str, tuple[struct.Struct, tuple[str, ...]]]:
+    """Per layout of FETCH_RESPONSE_LAYOUT: the struct of its fields at `version` and their names."""
+    shapes = {}
+    for name, fields in FETCH_RESPONSE_LAYOUT.items():
+        if name == "topic":  # a string and an array: walked by hand
+            continue
+        present = [(field, code) for field, code, since in fields if since <= version]
+        shapes[name] = (struct.Struct(">" + "".join(code for _, code in present)), tuple(f for f, _ in present))
+    return shapes
 
 
 class FetchedPartition(NamedTuple):
@@ -298,23 +350,28 @@ class FetchedPartition(NamedTuple):
 class FetchAnswer(NamedTuple):
     error_code: int
     partitions: list[FetchedPartition]
+    throttle_time_ms: int = 0
+    session_id: int = 0
 
     def partition(self, tp: TopicPartition) -> FetchedPartition | None:
         return next((p for p in self.partitions if p.topic == tp.topic and p.partition == tp.partition), None)
 
 
-def parse_fetch_response(frame: memoryview, position: int) -> FetchAnswer:
-    """Walk a Fetch v11 response body per FETCH_RESPONSE_LAYOUT; raises ValueError if it does not fit."""
+def parse_fetch_response(frame: memoryview, position: int, version: int = API_VERSIONS_USED[FETCH]) -> FetchAnswer:
+    """Walk a Fetch response body of `version` per FETCH_RESPONSE_LAYOUT; raises ValueError if it does not fit."""
+    if version not in FETCH_VERSIONS:
+        raise ValueError(f"Fetch v{version} is not walked here")
     end = len(frame)
+    shapes = _fetch_structs(version)
 
-    def take(layout: str) -> tuple:
+    def take(layout: str) -> dict[str, int]:
         nonlocal position
-        shape = _FETCH_STRUCTS[layout]
+        shape, names = shapes[layout]
         if position + shape.size > end:
             raise ValueError(f"truncated at {layout}")
         values = shape.unpack_from(frame, position)
         position += shape.size
-        return values
+        return dict(zip(names, values))
 
     def count() -> int:
         nonlocal position
@@ -324,14 +381,16 @@ def parse_fetch_response(frame: memoryview, position: int) -> FetchAnswer:
         position += 4
         return n
 
-    _throttle, error_code, _session = take("response")
+    response = {**_ABSENT, **take("response")}
     partitions = []
     for _ in range(max(count(), 0)):
+        if position + 2 > end:
+            raise ValueError("truncated topic name")
         (name_length,) = struct.unpack_from(">h", frame, position)
         topic = str(frame[position + 2 : position + 2 + name_length], "utf-8")
         position += 2 + name_length
         for _ in range(max(count(), 0)):
-            index, code, high_watermark, last_stable, log_start = take("partition")
+            partition = {**_ABSENT, **take("partition")}
             aborted = max(count(), 0)
             for _ in range(aborted):
                 take("aborted_transaction")
@@ -340,54 +399,56 @@ def parse_fetch_response(frame: memoryview, position: int) -> FetchAnswer:
             if position + max(size, 0) > end:
                 raise ValueError("truncated record set")
             records = frame[position : position + max(size, 0)]
-            partitions.append(FetchedPartition(topic, index, code, high_watermark, last_stable, log_start, records,
-                                               position, frame.obj, aborted))
+            partitions.append(FetchedPartition(topic, partition["partition_index"], partition["error_code"],
+                                               partition["high_watermark"], partition["last_stable_offset"],
+                                               partition["log_start_offset"], records, position, frame.obj, aborted))
             position += max(size, 0)
     if position != end:
         raise ValueError(f"{end - position} trailing bytes")
-    return FetchAnswer(error_code, partitions)
+    return FetchAnswer(response["error_code"], partitions, response.get("throttle_time_ms", 0), response["session_id"])
 
 
 # --------------------------------------------------------------------------- requests
 
 
-def metadata_request(topics: Iterable[str] | None, allow_auto_topic_creation: bool = False) -> Any:
+def metadata_request(topics: Iterable[str] | None, allow_auto_topic_creation: bool = False,
+                     version: int | None = None) -> Any:
     """Metadata for `topics`, or for every topic when None."""
-    schema = request_schema(METADATA)
-    return schema.MetadataRequest(
-        topics=None if topics is None else tuple(schema.MetadataRequestTopic(name=t) for t in topics),
-        allow_auto_topic_creation=allow_auto_topic_creation,
-        include_cluster_authorized_operations=False, include_topic_authorized_operations=False)
+    schema = request_schema(METADATA, version)
+    return entity(schema.MetadataRequest,
+                  topics=None if topics is None else tuple(schema.MetadataRequestTopic(name=t) for t in topics),
+                  allow_auto_topic_creation=allow_auto_topic_creation,
+                  include_cluster_authorized_operations=False, include_topic_authorized_operations=False)
 
 
-def list_offsets_request(timestamps: Mapping[TopicPartition, int], isolation_level: int = 0) -> Any:
-    schema = request_schema(LIST_OFFSETS)
+def list_offsets_request(timestamps: Mapping[TopicPartition, int], isolation_level: int = 0,
+                         version: int | None = None) -> Any:
+    schema = request_schema(LIST_OFFSETS, version)
     by_topic: dict[str, list[Any]] = {}
     for tp, timestamp in timestamps.items():
         by_topic.setdefault(tp.topic, []).append(
             schema.ListOffsetsPartition(partition_index=i32(tp.partition), timestamp=i64(timestamp)))
-    return schema.ListOffsetsRequest(
-        replica_id=i32(-1), isolation_level=i8(isolation_level),
-        topics=tuple(schema.ListOffsetsTopic(name=t, partitions=tuple(p)) for t, p in by_topic.items()))
+    return entity(schema.ListOffsetsRequest, replica_id=i32(-1), isolation_level=i8(isolation_level),
+                  topics=tuple(schema.ListOffsetsTopic(name=t, partitions=tuple(p)) for t, p in by_topic.items()))
 
 
 def fetch_request(offsets: Mapping[TopicPartition, int], *, max_wait_ms: int, min_bytes: int, max_bytes: int,
-                  partition_max_bytes: int, isolation_level: int = 0) -> Any:
-    schema = request_schema(FETCH)
+                  partition_max_bytes: int, isolation_level: int = 0, version: int | None = None) -> Any:
+    """A Fetch of session 0 (sessionless), no rack."""
+    schema = request_schema(FETCH, version)
     by_topic: dict[str, list[Any]] = {}
     for tp, offset in offsets.items():
         by_topic.setdefault(tp.topic, []).append(schema.FetchPartition(
             partition=i32(tp.partition), fetch_offset=i64(offset), partition_max_bytes=i32(partition_max_bytes)))
-    return schema.FetchRequest(
-        max_wait=_millis(max_wait_ms), min_bytes=i32(min_bytes), max_bytes=i32(max_bytes),
-        isolation_level=i8(isolation_level),
-        topics=tuple(schema.FetchTopic(topic=t, partitions=tuple(p)) for t, p in by_topic.items()),
-        forgotten_topics_data=())
+    return entity(schema.FetchRequest, max_wait=millis(max_wait_ms), min_bytes=i32(min_bytes),
+                  max_bytes=i32(max_bytes), isolation_level=i8(isolation_level),
+                  topics=tuple(schema.FetchTopic(topic=t, partitions=tuple(p)) for t, p in by_topic.items()),
+                  forgotten_topics_data=())
 
 
 def init_producer_id_request(transaction_timeout_ms: int = 60_000) -> Any:
     schema = request_schema(INIT_PRODUCER_ID)
-    return schema.InitProducerIdRequest(transactional_id=None, transaction_timeout=_millis(transaction_timeout_ms))
+    return schema.InitProducerIdRequest(transactional_id=None, transaction_timeout=millis(transaction_timeout_ms))
 
 
 def produce_request(batches: Mapping[TopicPartition, bytes], acks: int, timeout_ms: int) -> Any:
@@ -397,7 +458,7 @@ def produce_request(batches: Mapping[TopicPartition, bytes], acks: int, timeout_
     for tp, batch in batches.items():
         by_topic.setdefault(tp.topic, []).append(schema.PartitionProduceData(index=i32(tp.partition), records=batch))
     return schema.ProduceRequest(
-        transactional_id=None, acks=i16(acks), timeout=_millis(timeout_ms),
+        transactional_id=None, acks=i16(acks), timeout=millis(timeout_ms),
         topic_data=tuple(schema.TopicProduceData(name=t, partition_data=tuple(p)) for t, p in by_topic.items()))
 
 

@@ -242,7 +242,9 @@ def _rows_to_batches(rows: Iterator[Any], columns: SinkColumns) -> Iterator[pa.R
                                          schema=schema)
 
 
-class ArrowWriter(DataSourceArrowWriter):
+class _ArrowWrite:
+    """A task's Arrow batches (Spark's Arrow path) written by a _TaskWriter."""
+
     def __init__(self, options: SinkOptions, columns: SinkColumns) -> None:
         self.options = options
         self.columns = columns
@@ -250,6 +252,15 @@ class ArrowWriter(DataSourceArrowWriter):
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriteCommit:
         return _TaskWriter(self.options, self.columns).write(iterator)
 
+
+class _RowWrite(_ArrowWrite):
+    """A task's Spark Rows (the row path), gathered into Arrow batches first."""
+
+    def write(self, iterator: Iterator[Any]) -> WriteCommit:
+        return super().write(_rows_to_batches(iterator, self.columns))
+
+
+class _BatchCommit:
     def commit(self, messages: list) -> None:
         report(messages)
 
@@ -257,29 +268,7 @@ class ArrowWriter(DataSourceArrowWriter):
         _log_abort(messages)
 
 
-class RowWriter(DataSourceWriter):
-    def __init__(self, options: SinkOptions, columns: SinkColumns) -> None:
-        self.options = options
-        self.columns = columns
-
-    def write(self, iterator: Iterator[Any]) -> WriteCommit:
-        return _TaskWriter(self.options, self.columns).write(_rows_to_batches(iterator, self.columns))
-
-    def commit(self, messages: list) -> None:
-        report(messages)
-
-    def abort(self, messages: list) -> None:
-        _log_abort(messages)
-
-
-class StreamArrowWriter(DataSourceStreamArrowWriter):
-    def __init__(self, options: SinkOptions, columns: SinkColumns) -> None:
-        self.options = options
-        self.columns = columns
-
-    def write(self, iterator: Iterator[pa.RecordBatch]) -> WriteCommit:
-        return _TaskWriter(self.options, self.columns).write(iterator)
-
+class _StreamCommit:
     def commit(self, messages: list, batchId: int) -> None:
         report(messages, batchId)
 
@@ -287,16 +276,17 @@ class StreamArrowWriter(DataSourceStreamArrowWriter):
         _log_abort(messages, batchId)
 
 
-class StreamRowWriter(DataSourceStreamWriter):
-    def __init__(self, options: SinkOptions, columns: SinkColumns) -> None:
-        self.options = options
-        self.columns = columns
+class ArrowWriter(_ArrowWrite, _BatchCommit, DataSourceArrowWriter):
+    pass
 
-    def write(self, iterator: Iterator[Any]) -> WriteCommit:
-        return _TaskWriter(self.options, self.columns).write(_rows_to_batches(iterator, self.columns))
 
-    def commit(self, messages: list, batchId: int) -> None:
-        report(messages, batchId)
+class RowWriter(_RowWrite, _BatchCommit, DataSourceWriter):
+    pass
 
-    def abort(self, messages: list, batchId: int) -> None:
-        _log_abort(messages, batchId)
+
+class StreamArrowWriter(_ArrowWrite, _StreamCommit, DataSourceStreamArrowWriter):
+    pass
+
+
+class StreamRowWriter(_RowWrite, _StreamCommit, DataSourceStreamWriter):
+    pass

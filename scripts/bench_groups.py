@@ -23,7 +23,6 @@ Only 127.0.0.1; every phase is bounded in time. Usage:
 from __future__ import annotations
 
 import argparse
-import datetime
 import random
 import selectors
 import socket
@@ -32,13 +31,14 @@ import sys
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Callable
 
 import numpy as np
-from kio.static.primitive import i32, i32Timedelta, i64
+from kio.static.primitive import i32, i64
 
 from scripts.harness import benchnode
 from scripts.harness import rawkafka as R
+from scripts.harness.rawkafka import millis as ms, request_body as kio_body, request_entity as nested
 from workers.codecs import protocol as P
 
 SCRIPT = "bench_groups"
@@ -50,19 +50,6 @@ TOPIC = "bench-groups"
 NODE_CONFIG = "[groups]\nmin_session_timeout_ms = 500\n"
 _SIZE = struct.Struct(">i")
 _HEARTBEAT_RESPONSE = struct.Struct(">ih")  # v3: throttle_time_ms, error_code
-
-
-def ms(value: int) -> i32Timedelta:
-    return i32Timedelta.parse(datetime.timedelta(milliseconds=value))
-
-
-def kio_body(api: int, version: int, top: str, **fields: Any) -> bytes:
-    schema = R.request_schema(api, version)
-    return R._kio_body(api, version, P.build_entity(getattr(schema, top), **fields))
-
-
-def nested(api: int, version: int, class_name: str, /, **fields: Any) -> Any:
-    return P.build_entity(getattr(R.request_schema(api, version), class_name), **fields)
 
 
 def subscription(topic: str) -> bytes:

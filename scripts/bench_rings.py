@@ -201,65 +201,52 @@ class OsPipeTransport:
             pos = 0
 
 
-class MpPipeTransport:
+class _FramePerCallTransport:
+    """multiprocessing's transports: one call sends a frame (`_send`), one receives it (`_receive`)."""
+
+    def open_writer(self):
+        pass
+
+    def send_batch(self, frames) -> None:
+        send = self._send
+        for frame in frames:
+            send(frame)
+
+    def send_one(self, frame) -> None:
+        self._send(frame)
+
+    def open_reader(self):
+        pass
+
+    def recv_frames(self, on_batch) -> None:
+        receive = self._receive
+        while not on_batch([receive()]):
+            pass
+
+
+class MpPipeTransport(_FramePerCallTransport):
     name = "mp-pipe"
 
     def __init__(self, args) -> None:
         self.rconn, self.wconn = mp.get_context("fork").Pipe(duplex=False)
+        self._send, self._receive = self.wconn.send_bytes, self.rconn.recv_bytes
 
     def close(self) -> None:
         self.rconn.close()
         self.wconn.close()
 
-    def open_writer(self):
-        pass
 
-    def send_batch(self, frames) -> None:
-        send = self.wconn.send_bytes
-        for frame in frames:
-            send(frame)
-
-    def send_one(self, frame) -> None:
-        self.wconn.send_bytes(frame)
-
-    def open_reader(self):
-        pass
-
-    def recv_frames(self, on_batch) -> None:
-        recv = self.rconn.recv_bytes
-        while not on_batch([recv()]):
-            pass
-
-
-class MpQueueTransport:
+class MpQueueTransport(_FramePerCallTransport):
     name = "mp-queue"
 
     def __init__(self, args) -> None:
         # Bounded like the ring (same bytes in flight), else a fast writer just grows memory.
         self.queue = mp.get_context("fork").Queue(maxsize=max(1, args.ring_capacity // args.current_size))
+        self._send, self._receive = self.queue.put, self.queue.get
 
     def close(self) -> None:
         self.queue.close()
         self.queue.join_thread()
-
-    def open_writer(self):
-        pass
-
-    def send_batch(self, frames) -> None:
-        put = self.queue.put
-        for frame in frames:
-            put(frame)
-
-    def send_one(self, frame) -> None:
-        self.queue.put(frame)
-
-    def open_reader(self):
-        pass
-
-    def recv_frames(self, on_batch) -> None:
-        get = self.queue.get
-        while not on_batch([get()]):
-            pass
 
 
 TRANSPORT_CLASSES = {cls.name: cls for cls in (RingTransport, OsPipeTransport, MpPipeTransport, MpQueueTransport)}
@@ -269,16 +256,21 @@ END = b""  # a zero-length frame ends a measurement
 WARMUP_STAMP = -1  # a latency frame sent during the warm-up, not counted
 
 
+def _end_writes(transport) -> None:
+    """The END frame; a queue's feeder thread then hands over every frame before the writer process exits."""
+    transport.send_one(END)
+    if isinstance(transport, MpQueueTransport):
+        transport.queue.close()
+        transport.queue.join_thread()
+
+
 def _throughput_writer(transport, size, seconds, batch) -> None:
     transport.open_writer()
     frames = [bytes([i % 251]) * size for i in range(batch)]
     deadline = time.perf_counter() + seconds
     while time.perf_counter() < deadline:
         transport.send_batch(frames)
-    transport.send_one(END)
-    if isinstance(transport, MpQueueTransport):
-        transport.queue.close()
-        transport.queue.join_thread()
+    _end_writes(transport)
 
 
 def _throughput_reader(transport, result) -> None:
@@ -315,10 +307,7 @@ def _latency_writer(transport, size, seconds, pace_hz, warmup_seconds) -> None:
         if pause > 0:
             time.sleep(pause)
         transport.send_one(_STAMP.pack(time.perf_counter_ns() if i >= warmup else WARMUP_STAMP) + filler)
-    transport.send_one(END)
-    if isinstance(transport, MpQueueTransport):
-        transport.queue.close()
-        transport.queue.join_thread()
+    _end_writes(transport)
 
 
 def _latency_reader(transport, result) -> None:

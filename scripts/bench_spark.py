@@ -41,9 +41,10 @@ import numpy as np
 import psutil
 import pyarrow as pa
 
+from node.storage.records import set_producer
 from pyspark_shmbroker import records as R
 from pyspark_shmbroker.options import ProducerSettings
-from pyspark_shmbroker.producer import IdempotentProducer, encode_partition, stamp
+from pyspark_shmbroker.producer import IdempotentProducer, encode_partition
 from pyspark_shmbroker.wire import TopicPartition, parse_servers
 from scripts.harness import benchnode, sparkjob
 
@@ -214,7 +215,7 @@ def decode_figures(record_size: int) -> list[dict[str, Any]]:
     rows = []
     for name, values in cases.items():
         [batch] = encode_partition(TopicPartition("t", 0), None, values, None, 4 << 20, 0, 1_700_000_000_000)
-        stamp(batch, -1, -1, -1)  # the CRC
+        set_producer(batch.data, -1, -1, -1)  # and seal it
         data = bytes(batch.data)
         R.decode_record_set(data, "t", 0)
         seconds = [timeit.timeit(lambda: R.decode_record_set(data, "t", 0), number=1) for _ in range(DECODE_REPEATS)]

@@ -19,20 +19,10 @@ import time
 
 import crc32c
 import orjson
-from kafka.record.default_records import DefaultRecordBatchBuilder
 
 from node.storage.log import LogConfig, PartitionLog
+from scripts.harness import rawkafka
 from shm.table import PartitionTable
-
-
-def build_batch(batch_bytes: int, record_bytes: int) -> bytes:
-    builder = DefaultRecordBatchBuilder(2, 0, 0, -1, -1, -1, 1 << 30)
-    timestamp = time.time_ns() // 1_000_000
-    index = 0
-    while builder.size() + record_bytes + 20 <= batch_bytes:
-        builder.append(index, timestamp, None, b"x" * record_bytes, [])
-        index += 1
-    return bytes(builder.build())
 
 
 def per_call_us(function, calls: int) -> float:
@@ -113,7 +103,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    batch = build_batch(args.batch_bytes, args.record_bytes)
+    batch = rawkafka.make_batch(rawkafka.records_for_batch_bytes(args.batch_bytes, args.record_bytes), args.record_bytes)
     directory = tempfile.mkdtemp(prefix="bench-storage-")
     name = f"/shmbroker-bench-storage-{os.getpid()}"
     table = PartitionTable.create(name, args.runs * 3)

@@ -7,7 +7,7 @@ with fetch.wait.max.ms = ``--fetch-wait-ms`` (large) and fetch.min.bytes = 1: it
 node's purgatory until an append wakes it. Latency = receive time - value timestamp, per record.
 - ``--client confluent`` (default): confluent-kafka Producer (acks=1, linger.ms=0) and Consumer.
 - ``--client raw``: a raw Produce connection (acks=1, one request per record, waiting for its ack)
-  and a raw Fetch v11 long-poll loop that decodes the record values.
+  and a raw Fetch v11 long-poll loop that decodes the record values (node.storage.records).
 Without ``--client`` both run. Records sent before the consumer received its first record, and
 during ``--warmup-seconds`` after that, are not measured.
 """
@@ -24,6 +24,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+from node.storage import records
+from pyspark_shmbroker import wire
 from scripts.harness import benchnode, rawkafka, results
 
 SCRIPT = "e2e_latency"
@@ -127,6 +129,20 @@ def _consume_until(outcome: LatencyOutcome, producer: threading.Thread, run: Lat
         outcome.elapsed_s = (outcome.last_receive_ns - outcome.first_measured_send_ns) / 1e9
 
 
+def _send_and_consume(run: LatencyRun, outcome: LatencyOutcome, send: Callable[[bytes], None],
+                      poll_once: Callable[[], None], join_timeout_s: float) -> None:
+    """paced_sends(send) in a thread while this one runs poll_once (_consume_until); the thread is stopped
+    and joined however that ends."""
+    stop = threading.Event()
+    thread = threading.Thread(target=paced_sends, args=(run, send, outcome, stop), daemon=True)
+    thread.start()
+    try:
+        _consume_until(outcome, thread, run, poll_once)
+    finally:
+        stop.set()
+        thread.join(timeout=join_timeout_s)
+
+
 # --------------------------------------------------------------------------- confluent
 
 
@@ -139,7 +155,6 @@ def run_confluent(target: benchnode.Target, run: LatencyRun) -> LatencyOutcome:
                          "fetch.min.bytes": 1, "enable.partition.eof": False})
     producer = Producer({"bootstrap.servers": target.bootstrap, "acks": 1, "linger.ms": 0,
                          "enable.idempotence": False})
-    stop = threading.Event()
     try:
         consumer.assign([TopicPartition(run.topic, 0, 0)])
 
@@ -156,13 +171,7 @@ def run_confluent(target: benchnode.Target, run: LatencyRun) -> LatencyOutcome:
                 raise KafkaException(msg.error())
             _measure(outcome, msg.value(), received_ns)
 
-        thread = threading.Thread(target=paced_sends, args=(run, send, outcome, stop), daemon=True)
-        thread.start()
-        try:
-            _consume_until(outcome, thread, run, poll_once)
-        finally:
-            stop.set()
-            thread.join(timeout=run.request_timeout_s)
+        _send_and_consume(run, outcome, send, poll_once, run.request_timeout_s)
         producer.flush(run.request_timeout_s)
     finally:
         consumer.close()
@@ -170,47 +179,6 @@ def run_confluent(target: benchnode.Target, run: LatencyRun) -> LatencyOutcome:
 
 
 # --------------------------------------------------------------------------- raw
-
-
-def _varint(view: memoryview, pos: int) -> tuple[int, int]:
-    """A zigzag varint at `pos`: (value, position after it)."""
-    shift = result = 0
-    while True:
-        byte = view[pos]
-        pos += 1
-        result |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            return (result >> 1) ^ -(result & 1), pos
-        shift += 7
-        if shift > 63:
-            raise rawkafka.RawProtocolError("varint too long")
-
-
-# v2 batch header fields record_values() reads (see rawkafka's batch layout).
-_ATTRIBUTES, _ATTRIBUTES_AT = struct.Struct(">h"), 21
-_RECORDS_COUNT, _RECORDS_COUNT_AT = struct.Struct(">i"), 57
-_COMPRESSION_MASK = 0x07
-
-
-def record_values(batch: memoryview) -> list[memoryview]:
-    """The values of an uncompressed v2 batch's records (what the raw producer here sends)."""
-    (attributes,) = _ATTRIBUTES.unpack_from(batch, _ATTRIBUTES_AT)
-    if attributes & _COMPRESSION_MASK:
-        raise rawkafka.RawProtocolError("compressed batch: the raw e2e consumer reads only its own records")
-    (count,) = _RECORDS_COUNT.unpack_from(batch, _RECORDS_COUNT_AT)
-    pos, values = rawkafka.BATCH_HEADER_SIZE, []
-    for _ in range(count):
-        length, pos = _varint(batch, pos)
-        end = pos + length
-        pos += 1  # record attributes
-        _, pos = _varint(batch, pos)  # timestamp delta
-        _, pos = _varint(batch, pos)  # offset delta
-        key_length, pos = _varint(batch, pos)
-        pos += max(0, key_length)
-        value_length, pos = _varint(batch, pos)
-        values.append(batch[pos : pos + max(0, value_length)])
-        pos = end
-    return values
 
 
 def _produce_error(body: memoryview, topic: str) -> int:
@@ -241,7 +209,6 @@ class FetchFrame:
 
 def run_raw(target: benchnode.Target, run: LatencyRun) -> LatencyOutcome:
     outcome = LatencyOutcome()
-    stop = threading.Event()
     fetch = FetchFrame(run.topic, 0, run.fetch_wait_ms)
     timeout = run.request_timeout_s + run.fetch_wait_ms / 1000
     with rawkafka.RawConnection(target.host, target.port, timeout_s=timeout) as producer_conn, \
@@ -257,32 +224,19 @@ def run_raw(target: benchnode.Target, run: LatencyRun) -> LatencyOutcome:
         def poll_once() -> None:
             body = fetch_conn.request(rawkafka.FETCH, FETCH_VERSION, fetch.at(next_offset[0]))
             received_ns = time.monotonic_ns()
-            result = rawkafka.parse_fetch_response(FETCH_VERSION, body)
-            if result.error_code or len(result.partitions) != 1 or result.partitions[0].error_code:
-                raise RuntimeError(f"fetch error {result.error_code} {[p.error_code for p in result.partitions]}")
-            got = result.partitions[0]
-            if got.records_bytes:
-                # One topic, one partition, non-flexible version: the record set ends the body.
-                records = body[len(body) - got.records_bytes :]
-                pos = 0
-                for info in rawkafka.iter_batches(records):
-                    batch = records[pos : pos + info.size]
-                    pos += info.size
-                    if info.base_offset + info.record_count <= next_offset[0]:
-                        continue  # wholly before the fetch offset
-                    for delta, value in enumerate(record_values(batch)):
-                        if info.base_offset + delta >= next_offset[0]:
+            answer = wire.parse_fetch_response(body, 0, FETCH_VERSION)
+            if answer.error_code or len(answer.partitions) != 1 or answer.partitions[0].error_code:
+                raise RuntimeError(f"fetch error {answer.error_code} {[p.error_code for p in answer.partitions]}")
+            record_set = answer.partitions[0].records
+            for position, header in records.iter_batches(record_set):
+                if header.last_offset >= next_offset[0]:  # else wholly before the fetch offset
+                    batch = record_set[position : position + header.size]
+                    for offset, _, value in records.iter_records(batch, header):
+                        if offset >= next_offset[0]:
                             _measure(outcome, value, received_ns)
-                if got.next_offset is not None:
-                    next_offset[0] = got.next_offset
+                next_offset[0] = max(next_offset[0], header.last_offset + 1)
 
-        thread = threading.Thread(target=paced_sends, args=(run, send, outcome, stop), daemon=True)
-        thread.start()
-        try:
-            _consume_until(outcome, thread, run, poll_once)
-        finally:
-            stop.set()
-            thread.join(timeout=timeout)
+        _send_and_consume(run, outcome, send, poll_once, timeout)
     return outcome
 
 

@@ -178,6 +178,26 @@ def slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9]+", "-", text).strip("-").lower()[:80]
 
 
+def save_plot(figure: Any, path: Path) -> Path:
+    """Write the figure (its layout tightened) to `path` and free it."""
+    import matplotlib.pyplot as plt
+
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return path
+
+
+def labelled(frame: Any) -> tuple[Any, list[str]]:
+    """A copy of `frame` with a bar label per row (its workload, wrapped, and its load if any), and the
+    labels in workload then load order."""
+    frame = frame.copy()
+    frame["label"] = frame.apply(lambda r: textwrap.fill(r["workload"], 40)
+                                 + ("" if r["load"] != r["load"] else f"\n@ load {r['load']:g}"), axis=1)
+    order = frame.assign(sort_load=frame["load"].fillna(-1)).sort_values(["workload", "sort_load"])
+    return frame, list(dict.fromkeys(order["label"]))
+
+
 def plot_saturation(saturation: Any, plots: Path) -> list[Path]:
     import matplotlib
 
@@ -208,11 +228,7 @@ def plot_saturation(saturation: Any, plots: Path) -> list[Path]:
         axis.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda value, _: f"{value:,.0f}"))
         axis.grid(True, which="both", alpha=0.3)
         axis.legend(fontsize=7)
-        figure.tight_layout()
-        path = plots / f"saturation-{slug(workload)}.png"
-        figure.savefig(path, dpi=110)
-        plt.close(figure)
-        written.append(path)
+        written.append(save_plot(figure, plots / f"saturation-{slug(workload)}.png"))
     return written
 
 
@@ -225,11 +241,7 @@ def plot_runs(points: Any, plots: Path) -> list[Path]:
     import matplotlib.ticker
     import numpy as np
 
-    frame = points.copy()
-    frame["label"] = frame.apply(lambda r: textwrap.fill(r["workload"], 40)
-                                 + ("" if r["load"] != r["load"] else f"\n@ load {r['load']:g}"), axis=1)
-    order = frame.assign(sort_load=frame["load"].fillna(-1)).sort_values(["workload", "sort_load"])
-    labels = list(dict.fromkeys(order["label"]))
+    frame, labels = labelled(points)
     runs = sorted(frame["run_id"].unique())
     written = []
     for column, title, name in (("records_per_s", "records/s", "throughput"), ("p99_ms", "p99 latency (ms)", "p99")):
@@ -249,11 +261,7 @@ def plot_runs(points: Any, plots: Path) -> list[Path]:
         axis.set_title(f"{title} per workload and run")
         axis.grid(True, axis="x", alpha=0.3)
         axis.legend(fontsize=7)
-        figure.tight_layout()
-        path = plots / f"{name}.png"
-        figure.savefig(path, dpi=110)
-        plt.close(figure)
-        written.append(path)
+        written.append(save_plot(figure, plots / f"{name}.png"))
     return written
 
 
@@ -267,11 +275,7 @@ def plot_comparison(comparison: Any, baseline: str, plots: Path) -> list[Path]:
 
     if not len(comparison):
         return []
-    frame = comparison.copy()
-    frame["label"] = frame.apply(lambda r: textwrap.fill(r["workload"], 40)
-                                 + ("" if r["load"] != r["load"] else f"\n@ load {r['load']:g}"), axis=1)
-    labels = list(dict.fromkeys(frame.assign(sort_load=frame["load"].fillna(-1))
-                                .sort_values(["workload", "sort_load"])["label"]))
+    frame, labels = labelled(comparison)
     runs = sorted(frame["run_id"].unique())
     figure, axes = plt.subplots(1, 2, figsize=(12, max(3.0, 0.6 * len(labels) + 1.5)), sharey=True)
     height = 0.8 / len(runs)
@@ -289,11 +293,7 @@ def plot_comparison(comparison: Any, baseline: str, plots: Path) -> list[Path]:
     axes[0].set_yticklabels(labels, fontsize=7)
     axes[0].invert_yaxis()
     axes[1].legend(fontsize=7)
-    figure.tight_layout()
-    path = plots / "comparison.png"
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
-    return [path]
+    return [save_plot(figure, plots / "comparison.png")]
 
 
 def markdown_table(frame: Any, columns: list[tuple[str, str, str]]) -> str:

@@ -1,4 +1,6 @@
-"""Shared fixtures: real nodes as subprocesses, cleaned up by pid; nothing left in /dev/shm.
+"""Shared fixtures: real nodes as subprocesses, cleaned up by pid; nothing left in /dev/shm (a module of
+storage tests asks for that check with `pytestmark = pytest.mark.usefixtures("nothing_left_in_dev_shm")`);
+a fresh partition table.
 
 A test that starts a real node carries the marker `node`, so `pytest -m "not node"` runs the others: the
 `node` and `node_factory` fixtures give it to every test that uses them (at collection), and a test that
@@ -12,6 +14,7 @@ from __future__ import annotations
 import pytest
 
 from scripts.harness.nodeproc import NodeProcess  # the one launcher of tests and benchmarks
+from tests.record_batches import SharedTable, dev_shm_entries
 
 NODE_FIXTURES = {"node", "node_factory"}
 
@@ -59,3 +62,17 @@ def node_factory(tmp_path):
 @pytest.fixture
 def node(node_factory):
     return node_factory(workers=1)
+
+
+@pytest.fixture
+def nothing_left_in_dev_shm():
+    before = dev_shm_entries()
+    yield
+    assert dev_shm_entries() == before
+
+
+@pytest.fixture
+def table():
+    """A fresh partition table of 4 rows, unlinked afterwards."""
+    with SharedTable(rows=4) as shared:
+        yield shared

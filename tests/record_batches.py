@@ -1,4 +1,5 @@
-"""Test helpers for storage: real v2 record batches (kafka-python's builder) and byte-level edits of them."""
+"""Test helpers for storage: v2 record batches (node.storage.records' builder, which tests/test_records.py checks
+against kafka-python's) and byte-level edits of them."""
 
 from __future__ import annotations
 
@@ -6,10 +7,7 @@ import os
 import struct
 import time
 
-import crc32c
-from kafka.record.default_records import DefaultRecordBatchBuilder
-
-from node.storage.records import BATCH_HEADER_SIZE, CRC_START
+from node.storage.records import build_batch, pack_header, seal
 from shm.table import PartitionTable
 
 GZIP = 1
@@ -25,20 +23,19 @@ def make_batch(
     compression: int = 0,
     tag: bytes = b"",
 ) -> bytes:
-    """A real v2 batch of `count` records (uncompressed or gzip), keys b"k<i>", values tag + padding."""
-    builder = DefaultRecordBatchBuilder(2, compression, 0, producer_id, epoch, sequence, 1 << 30)
+    """A v2 batch of `count` records (compressed with codec `compression`), keys b"k<i>", values tag + padding,
+    record i at timestamp + i with one header."""
     if timestamp is None:
         timestamp = time.time_ns() // 1_000_000
-    for index in range(count):
-        value = (tag + b"." + str(index).encode()).ljust(value_size, b"x")
-        builder.append(index, timestamp + index, b"k%d" % index, value, [("h", b"1")])
-    return bytes(builder.build())
+    records = [(b"k%d" % index, (tag + b"." + str(index).encode()).ljust(value_size, b"x")) for index in range(count)]
+    return build_batch(records, timestamp, timestamp_deltas=range(count), headers=[[("h", b"1")]] * count,
+                       compression=compression, producer_id=producer_id, producer_epoch=epoch, base_sequence=sequence)
 
 
 def recrc(batch: bytes) -> bytes:
     """The batch with its CRC recomputed (after an edit of the covered bytes)."""
     data = bytearray(batch)
-    struct.pack_into(">I", data, 17, crc32c.crc32c(bytes(data[CRC_START:])))
+    seal(data)
     return bytes(data)
 
 
@@ -50,22 +47,7 @@ def edit(batch: bytes, position: int, fmt: str, value, fix_crc: bool = True) -> 
 
 def opaque_compressed_batch(codec: int, payload_size: int = 500, count: int = 10) -> bytes:
     """A batch claiming codec 2-4 (snappy, lz4, zstd) with opaque records: storage never decompresses."""
-    header = struct.pack(
-        ">qiibIhiqqqhii",
-        0,
-        BATCH_HEADER_SIZE + payload_size - 12,
-        -1,
-        2,
-        0,
-        codec,
-        count - 1,
-        1000,
-        1000 + count,
-        -1,
-        -1,
-        -1,
-        count,
-    )
+    header = pack_header(payload_size, count, 1000, 1000 + count, attributes=codec, partition_leader_epoch=-1)
     return recrc(header + os.urandom(payload_size))
 
 

@@ -26,7 +26,7 @@ from shm.handoff import AFFINITY, BALANCE, HEADER, MAGIC, Handoffs, Inbox
 from tests.test_clients import create_topic
 from tests.test_hardening import worker_of
 from tests.test_node_protocol import _connections_on_two_workers, connect
-from tests.test_stats_cli import wait_for
+from tests.waiting import wait_for
 from workers.affinity import ConnectionAffinity
 
 FETCH, PRODUCE, NONE = 1, 0, 0

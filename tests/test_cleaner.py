@@ -4,19 +4,21 @@ and the swap: a crash at any step leaves the old set of segments or the new one.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import time
+from typing import Iterator
 
 import numpy as np
 import pytest
-from kafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
+from kafka.record.default_records import DefaultRecordBatch
 
 from node.storage import cleaner as C
 from node.storage.log import LogConfig, PartitionLog
-from node.storage.records import ErrorCode, StorageError, parse_header
+from node.storage.records import ErrorCode, StorageError, build_batch, parse_header
 from node.storage.segment import segment_base_offsets
-from tests.record_batches import GZIP, SharedTable, dev_shm_entries
+from tests.record_batches import GZIP
 
 COMPACT = LogConfig(cleanup_policy="compact", segment_bytes=8_000, index_interval_bytes=500, index_max_bytes=4096,
                     delete_retention_ms=3_600_000)
@@ -24,30 +26,25 @@ UNLIMITED = C.CleanerConfig(io_max_bytes_per_second=-1, io_buffer_bytes=4096)
 HOUR_MS = 3_600_000
 
 
-@pytest.fixture(autouse=True)
-def nothing_left_in_dev_shm():
-    before = dev_shm_entries()
-    yield
-    assert dev_shm_entries() == before
-
-
-@pytest.fixture
-def table():
-    with SharedTable(rows=2, label="cleaner") as shared:
-        yield shared
+pytestmark = pytest.mark.usefixtures("nothing_left_in_dev_shm")
 
 
 def batch(records: list[tuple[bytes | None, bytes | None]], timestamp: int, compression: int = 0,
           producer: tuple[int, int, int] = (-1, -1, -1)) -> bytes:
-    """A v2 batch of (key, value) records (kafka-python's builder)."""
-    builder = DefaultRecordBatchBuilder(2, compression, 0, *producer, 1 << 30)
-    for index, (key, value) in enumerate(records):
-        builder.append(index, timestamp, key, value, [])
-    return bytes(builder.build())
+    """A v2 batch of (key, value) records; read back with kafka-python's reader, an independent decoder."""
+    producer_id, epoch, sequence = producer
+    return build_batch(records, timestamp, compression=compression, producer_id=producer_id, producer_epoch=epoch,
+                       base_sequence=sequence)
 
 
-def open_log(tmp_path, table, config: LogConfig = COMPACT) -> PartitionLog:
-    return PartitionLog.recover(str(tmp_path / "t-0"), table, 0, config)
+@contextlib.contextmanager
+def open_log(tmp_path, table, config: LogConfig = COMPACT) -> Iterator[PartitionLog]:
+    """The test's log (recovered from its directory), closed afterwards."""
+    plog = PartitionLog.recover(str(tmp_path / "t-0"), table, 0, config)
+    try:
+        yield plog
+    finally:
+        plog.close()
 
 
 def read_all(plog: PartitionLog, start: int | None = None) -> list[tuple[int, bytes | None, bytes | None]]:
@@ -102,8 +99,7 @@ def check_latest(plog: PartitionLog, latest: dict, tombstones_kept: bool) -> Non
 
 
 def test_keyed_updates_are_cleaned_to_the_latest_value_with_offsets_kept(tmp_path, table):
-    plog = open_log(tmp_path, table)
-    try:
+    with open_log(tmp_path, table) as plog:
         now = time.time_ns() // 1_000_000
         latest = write_updates(plog, rounds=6, keys=40, timestamp=now, deleted={3, 7})
         plog.roll()
@@ -124,15 +120,12 @@ def test_keyed_updates_are_cleaned_to_the_latest_value_with_offsets_kept(tmp_pat
         assert C.dirtiness(plog, now).dirty_bytes == 0
         again = C.Cleaner(UNLIMITED).clean(plog)
         assert not again.swapped and again.records_read == 0
-    finally:
-        plog.close()
 
 
 def test_tombstones_go_after_delete_retention_and_compact_delete_applies_both(tmp_path, table):
     config = LogConfig(cleanup_policy="compact,delete", segment_bytes=8_000, index_interval_bytes=500,
                        index_max_bytes=4096, delete_retention_ms=HOUR_MS, retention_ms=10 * HOUR_MS)
-    plog = open_log(tmp_path, table, config)
-    try:
+    with open_log(tmp_path, table, config) as plog:
         now = time.time_ns() // 1_000_000
         old = now - 2 * HOUR_MS  # older than delete.retention.ms, younger than retention.ms
         latest = write_updates(plog, rounds=3, keys=20, timestamp=old, deleted={0, 5, 19})
@@ -143,13 +136,10 @@ def test_tombstones_go_after_delete_retention_and_compact_delete_applies_both(tm
         assert not {b"key-0", b"key-5", b"key-19"} & keys and len(keys) == 17
         # retention.ms applies too: once the segments are older than it, they go.
         assert plog.enforce_retention(now + 20 * HOUR_MS) > 0
-    finally:
-        plog.close()
 
 
 def test_compressed_and_idempotent_batches_keep_their_header_and_producer_state(tmp_path, table):
-    plog = open_log(tmp_path, table)
-    try:
+    with open_log(tmp_path, table) as plog:
         now = time.time_ns() // 1_000_000
         sequence = 0
         for round_ in range(5):
@@ -169,23 +159,17 @@ def test_compressed_and_idempotent_batches_keep_their_header_and_producer_state(
         # The last batch of producer 77 keeps every record (each key's latest); earlier ones went, empty.
         assert [(h.producer_id, h.producer_epoch, h.base_sequence, h.compression) for h in stored] == [(77, 3, 32, GZIP)]
         assert {key: value for _, key, value in read_all(plog)} == {b"k%d" % k: b"v4" for k in range(8)}
-    finally:
-        plog.close()
     # After a restart (producer state rebuilt from the cleaned log), a retry of the last batch is a duplicate.
-    plog = open_log(tmp_path, table)
-    try:
+    with open_log(tmp_path, table) as plog:
         retry = plog.append(batch([(b"k%d" % k, b"v4") for k in range(8)], now, GZIP, producer=(77, 3, 32)))
         assert retry.duplicate and retry.base_offset == 32
         with pytest.raises(StorageError) as refused:
             plog.append(batch([(b"k0", b"late")], now, GZIP, producer=(77, 3, 60)))
         assert refused.value.error_code == ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER
-    finally:
-        plog.close()
 
 
 def test_a_producers_last_batch_stays_empty_when_its_records_are_superseded(tmp_path, table):
-    plog = open_log(tmp_path, table)
-    try:
+    with open_log(tmp_path, table) as plog:
         now = time.time_ns() // 1_000_000
         plog.append(batch([(b"a", b"1")], now, producer=(5, 0, 0)))
         plog.append(batch([(b"a", b"2")], now))  # a plain producer supersedes producer 5's only record
@@ -196,26 +180,20 @@ def test_a_producers_last_batch_stays_empty_when_its_records_are_superseded(tmp_
         first = headers[0]
         assert (first.producer_id, first.base_offset, first.record_count, first.last_offset_delta) == (5, 0, 0, 0)
         assert read_all(plog) == [(1, b"a", b"2")]
-    finally:
-        plog.close()
 
 
 def test_keyless_records_are_refused_on_a_compacted_topic(tmp_path, table):
-    plog = open_log(tmp_path, table)
-    try:
+    with open_log(tmp_path, table) as plog:
         with pytest.raises(StorageError) as refused:
             plog.append(batch([(b"k", b"v"), (None, b"no key")], 0))
         assert refused.value.error_code == ErrorCode.INVALID_RECORD
         with pytest.raises(StorageError):
             plog.append(batch([(None, b"no key")], 0, GZIP))
         assert plog.state().log_end_offset == 0
-    finally:
-        plog.close()
 
 
 def test_the_offset_map_bound_cleans_a_prefix_and_the_next_cleaning_the_rest(tmp_path, table):
-    plog = open_log(tmp_path, table)
-    try:
+    with open_log(tmp_path, table) as plog:
         now = time.time_ns() // 1_000_000
         for segment in range(4):  # 4 segments of 30 distinct keys each, twice
             for repeat in range(2):
@@ -229,15 +207,12 @@ def test_the_offset_map_bound_cleans_a_prefix_and_the_next_cleaning_the_rest(tmp
         assert second.first_dirty == first.cleaned_to and second.cleaned_to == plog.state().active_base_offset
         values = {key: value for _, key, value in read_all(plog)}
         assert len(values) == 120 and set(values.values()) == {b"v1"}
-    finally:
-        plog.close()
 
 
 @pytest.mark.parametrize("crash_after", ["staging written", "manifest written", "log renamed", "swapped"])
 def test_a_crash_during_the_swap_leaves_the_old_set_or_the_new_one(tmp_path, table, crash_after):
-    plog = open_log(tmp_path, table)
     now = time.time_ns() // 1_000_000
-    try:
+    with open_log(tmp_path, table) as plog:
         latest = write_updates(plog, rounds=4, keys=30, timestamp=now)
         plog.roll()
         before = read_all(plog)
@@ -259,10 +234,7 @@ def test_a_crash_during_the_swap_leaves_the_old_set_or_the_new_one(tmp_path, tab
                 os.replace(os.path.join(staging, name), os.path.join(plog.directory, name))
         if crash_after == "swapped":
             C.finish_swap(plog.directory)
-    finally:
-        plog.close()
-    plog = open_log(tmp_path, table)  # recovery
-    try:
+    with open_log(tmp_path, table) as plog:  # recovery
         assert not os.path.exists(os.path.join(plog.directory, C.CLEANING_DIR))
         if crash_after == "staging written":
             assert read_all(plog) == before
@@ -271,8 +243,6 @@ def test_a_crash_during_the_swap_leaves_the_old_set_or_the_new_one(tmp_path, tab
         # A new cleaning finishes the job either way.
         C.Cleaner(UNLIMITED).clean(plog)
         check_latest(plog, latest, tombstones_kept=True)
-    finally:
-        plog.close()
 
 
 def test_a_cleaner_killed_in_a_committed_swap_is_finished_by_the_next_cleaning_not_undone(tmp_path, table):
@@ -300,8 +270,7 @@ def test_a_cleaner_killed_in_a_committed_swap_is_finished_by_the_next_cleaning_n
 
 
 def test_a_swap_is_refused_when_retention_changed_the_segments_meanwhile(tmp_path, table):
-    plog = open_log(tmp_path, table)
-    try:
+    with open_log(tmp_path, table) as plog:
         now = time.time_ns() // 1_000_000
         write_updates(plog, rounds=4, keys=30, timestamp=now)
         plog.roll()
@@ -316,8 +285,6 @@ def test_a_swap_is_refused_when_retention_changed_the_segments_meanwhile(tmp_pat
         before = read_all(plog)
         assert plog.replace_segments(staging, groups) is False
         assert read_all(plog) == before
-    finally:
-        plog.close()
 
 
 def test_key_hashes_tell_keys_apart_and_the_map_keeps_the_latest():

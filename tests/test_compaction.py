@@ -21,6 +21,7 @@ from confluent_kafka import Consumer, KafkaError, Producer
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, NewTopic
 
 from scripts.harness.nodeproc import free_port
+from tests import waiting
 from tests.small_fs import MiB, fill, tmpfs
 
 pytestmark = pytest.mark.node
@@ -92,13 +93,7 @@ def cleaning_of(node, topic: str, partition: int = 0) -> dict:
 
 
 def wait_for(predicate, what: str, timeout: float = TIMEOUT_S):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
+    return waiting.wait_for(predicate, timeout, what)
 
 
 def updates(rounds: int, keys: int, size: int = 40) -> list[tuple[bytes, bytes]]:

@@ -16,8 +16,9 @@ from hypothesis import strategies as st
 from kafka.partitioner.default import murmur2 as kafka_murmur2
 from kafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
 
-from pyspark_shmbroker import producer as P
 from node.storage.record_arrays import Runs
+from node.storage.records import NO_PARTITION_LEADER_EPOCH, build_batch, set_producer
+from pyspark_shmbroker import producer as P
 from pyspark_shmbroker import records as R
 from pyspark_shmbroker.wire import TopicPartition
 from tests.record_batches import recrc
@@ -134,13 +135,27 @@ def test_every_codec_round_trips_through_our_encoder(codec):
         data = data[: R.BATCH_HEADER_SIZE] + xerial(raw)
         struct.pack_into(">i", data, 8, len(data) - 12)
     batch = P.EncodedBatch(TopicPartition("t", 0), 300, bytearray(data))
-    P.stamp(batch, 5, 0, 0)
+    set_producer(batch.data, 5, 0, 0)
     result = R.decode_record_set(bytes(batch.data), "t", 0, include_headers=True)
     assert result.batch.column("key").to_pylist() == keys.to_pylist()
     assert result.batch.column("value").to_pylist() == values.to_pylist()
     assert result.batch.column("headers").to_pylist() == [[{"key": "h", "value": b"1"}], [], []] * 100
     if codec == "gzip":  # kafka-python reads gzip by itself (the other codecs need libraries it lacks here)
         assert decoded(result) == oracle(bytes(batch.data))
+
+
+def test_the_vectorised_encoder_writes_what_the_shared_codec_builds():
+    """encode_partition is the columnar twin of node.storage.records.build_batch: the same bytes."""
+    rows = [(None, b"v0", []), (b"k1", b"", [("h", b"1")]), (b"k2", None, [("a", None), ("b", b"")]),
+            (b"", b"x" * 300, [])]
+    keys = pa.array([r[0] for r in rows], pa.binary())
+    values = pa.array([r[1] for r in rows], pa.binary())
+    hdrs = pa.array([r[2] for r in rows], pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())])))
+    (batch,) = P.encode_partition(TopicPartition("t", 0), keys, values, hdrs, 1 << 20, 0, 1_000)
+    set_producer(batch.data, 7, 1, 5)
+    assert bytes(batch.data) == build_batch([r[:2] for r in rows], 1_000, headers=[r[2] for r in rows],
+                                            partition_leader_epoch=NO_PARTITION_LEADER_EPOCH, producer_id=7,
+                                            producer_epoch=1, base_sequence=5)
 
 
 @settings(max_examples=40, deadline=None)
@@ -155,7 +170,7 @@ def test_encoder_round_trip_and_batch_sizes(rows, batch_bytes):
     data, base = b"", 0
     for batch in batches:
         assert len(batch.data) <= batch_bytes or batch.records == 1
-        P.stamp(batch, 1, 0, base)
+        set_producer(batch.data, 1, 0, base)
         raw = bytearray(batch.data)
         struct.pack_into(">q", raw, 0, base)
         assert [r[0] for r in oracle(bytes(raw))] == list(range(base, base + batch.records))

@@ -11,6 +11,7 @@ import time
 import pytest
 from confluent_kafka import Producer
 
+from scripts.harness.nodeproc import NodeProcess
 from tests.test_clients import CLIENT_TIMEOUT_S, consume_all, create_topic, produce
 
 
@@ -65,6 +66,16 @@ class BackgroundProducer:
         assert len(self.acked) >= count, f"only {len(self.acked)} acknowledged, failures {self.failed[:3]}"
 
 
+def node_under_load(node_factory, workers: int, topic: str, partitions: int,
+                    acked: int) -> tuple[NodeProcess, BackgroundProducer]:
+    """A node with `topic` and a producer writing to it in the background, `acked` records acknowledged."""
+    node = node_factory(workers=workers)
+    create_topic(node.bootstrap, topic, partitions)
+    load = BackgroundProducer(node.bootstrap, topic, partitions).start()
+    load.wait_acked(acked)
+    return node, load
+
+
 @pytest.mark.parametrize("workers", [1, 2])
 def test_restart_keeps_all_data(node_factory, workers):
     node = node_factory(workers=workers)
@@ -80,10 +91,7 @@ def test_restart_keeps_all_data(node_factory, workers):
 
 @pytest.mark.parametrize("workers", [1, 2])
 def test_worker_killed_is_replaced(node_factory, workers):
-    node = node_factory(workers=workers)
-    create_topic(node.bootstrap, "survive", 2)
-    load = BackgroundProducer(node.bootstrap, "survive", 2).start()
-    load.wait_acked(500)
+    node, load = node_under_load(node_factory, workers, "survive", 2, acked=500)
     victim = node.pids("worker")[0]
     os.kill(victim, signal.SIGKILL)
     node.wait_for_pids("worker", workers, exclude={victim})
@@ -111,10 +119,7 @@ def test_timer_killed_long_poll_still_answers(node_factory):
 
 @pytest.mark.parametrize("workers", [1, 2])
 def test_kill9_everything_loses_nothing_acknowledged(node_factory, workers):
-    node = node_factory(workers=workers)
-    create_topic(node.bootstrap, "acked", 3)
-    load = BackgroundProducer(node.bootstrap, "acked", 3).start()
-    load.wait_acked(2000)
+    node, load = node_under_load(node_factory, workers, "acked", 3, acked=2000)
     node.kill_all()
     acked = set(load.acked)  # nothing can be acknowledged after the kill
     load.stop(flush=False)

@@ -18,6 +18,16 @@ def loop():
     loop.close()
 
 
+@pytest.fixture
+def sockets():
+    """A connected pair (ours non-blocking, as the worker's are), closed afterwards."""
+    ours, theirs = socket.socketpair()
+    ours.setblocking(False)
+    yield ours, theirs
+    ours.close()
+    theirs.close()
+
+
 def run_turns(loop: EventLoop, turns: int, sleep_cap_s: float = 0.05) -> None:
     """Run the loop for about `turns` turns of at most `sleep_cap_s` each."""
     timer = loop.call_later(turns * sleep_cap_s, loop.stop)
@@ -25,9 +35,8 @@ def run_turns(loop: EventLoop, turns: int, sleep_cap_s: float = 0.05) -> None:
     timer.cancel()
 
 
-def test_paused_reads_are_not_delivered_until_resumed(loop):
-    ours, theirs = socket.socketpair()
-    ours.setblocking(False)
+def test_paused_reads_are_not_delivered_until_resumed(loop, sockets):
+    ours, theirs = sockets
     got = []
     loop.watch(ours, lambda: got.append(ours.recv(100)))
     loop.pause_reading(ours)
@@ -39,13 +48,10 @@ def test_paused_reads_are_not_delivered_until_resumed(loop):
     assert loop.reading(ours)
     run_turns(loop, 3)
     assert got == [b"held back"]
-    ours.close()
-    theirs.close()
 
 
-def test_a_paused_socket_still_notices_its_peer_going(loop):
-    ours, theirs = socket.socketpair()
-    ours.setblocking(False)
+def test_a_paused_socket_still_notices_its_peer_going(loop, sockets):
+    ours, theirs = sockets
     events = []
     loop.watch(ours, lambda: events.append("read"), on_hangup=lambda: (events.append("hangup"), loop.unwatch(ours)))
     loop.pause_reading(ours)
@@ -53,11 +59,10 @@ def test_a_paused_socket_still_notices_its_peer_going(loop):
     theirs.close()
     run_turns(loop, 3)
     assert events == ["hangup"]
-    ours.close()
 
 
-def test_write_handler_only_while_wanted_and_pause_keeps_it(loop):
-    ours, theirs = socket.socketpair()
+def test_write_handler_only_while_wanted_and_pause_keeps_it(loop, sockets):
+    ours, _ = sockets
     writes = []
     loop.watch(ours, lambda: None)
     loop.want_write(ours, lambda: writes.append(1))
@@ -68,8 +73,6 @@ def test_write_handler_only_while_wanted_and_pause_keeps_it(loop):
     writes.clear()
     run_turns(loop, 2)
     assert writes == []
-    ours.close()
-    theirs.close()
 
 
 def test_timers_run_in_order_and_cancelled_ones_never(loop):
@@ -88,12 +91,10 @@ def test_now_is_taken_once_per_turn(loop):
     assert before <= loop.now <= time.monotonic()
 
 
-def test_a_file_is_watched_once(loop):
-    ours, theirs = socket.socketpair()
+def test_a_file_is_watched_once(loop, sockets):
+    ours, _ = sockets
     loop.watch(ours, lambda: None)
     with pytest.raises(KeyError):
         loop.watch(ours, lambda: None)
     loop.unwatch(ours)
     loop.unwatch(ours)  # twice is harmless
-    ours.close()
-    theirs.close()

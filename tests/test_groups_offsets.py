@@ -7,6 +7,7 @@ from __future__ import annotations
 import threading
 import time
 
+from tests import waiting
 from tests.test_clients import create_topic
 from tests.test_groups_protocol import GROUP_CONFIG, LOADING, MEMBER_ID_REQUIRED, NONE, Client
 
@@ -93,10 +94,8 @@ def test_the_log_cleaner_compacts_the_offsets_log_which_is_still_complete_after_
     log_dir = node.data_dir / "__consumer_offsets-0"
     # A cleaning may start while the commits are still arriving and clean only what was closed by then:
     # wait for the cleanings (one or several) to bring the log far below the 400 commits' size.
-    deadline = time.monotonic() + 30
-    while sum(p.stat().st_size for p in log_dir.glob("*.log")) >= 400 * 60:
-        assert time.monotonic() < deadline, f"not cleaned: {sorted(p.name for p in log_dir.glob('*.log'))}"
-        time.sleep(0.1)
+    waiting.wait_for(lambda: sum(p.stat().st_size for p in log_dir.glob("*.log")) < 400 * 60, 30,
+                     "the cleaner to compact the offsets log")
     assert "cleaned __consumer_offsets-0" in node.log()
     assert fetch_all(node, "busy") == expected_busy
     client.close()

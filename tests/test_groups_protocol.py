@@ -4,16 +4,16 @@ offsets APIs, and bad input that must cost nothing but a clear answer or one clo
 
 from __future__ import annotations
 
-import datetime
 import os
 import socket
 import struct
 import time
 
 import pytest
-from kio.static.primitive import i8, i32, i32Timedelta, i64
+from kio.static.primitive import i8, i32, i64
 
 from scripts.harness import rawkafka as R
+from scripts.harness.rawkafka import millis as ms, request_body as body, request_entity as nested
 from tests.test_clients import create_topic
 from workers.codecs import protocol as P
 
@@ -22,19 +22,6 @@ NONE, UNKNOWN_MEMBER, ILLEGAL_GENERATION, REBALANCING = 0, 25, 22, 27
 MEMBER_ID_REQUIRED, INCONSISTENT_PROTOCOL, INVALID_SESSION_TIMEOUT, INVALID_GROUP_ID = 79, 23, 26, 24
 NON_EMPTY_GROUP, GROUP_ID_NOT_FOUND, INVALID_REQUEST, FENCED = 68, 69, 42, 82
 OFFSET_METADATA_TOO_LARGE, UNKNOWN_TOPIC, SUBSCRIBED, LOADING, COORDINATOR_NOT_AVAILABLE = 12, 3, 86, 14, 15
-
-
-def ms(value: int) -> i32Timedelta:
-    return i32Timedelta.parse(datetime.timedelta(milliseconds=value))
-
-
-def body(api: int, version: int, top: str, **fields) -> bytes:
-    schema = R.request_schema(api, version)
-    return R._kio_body(api, version, P.build_entity(getattr(schema, top), **fields))
-
-
-def nested(api: int, version: int, class_name: str, /, **fields):
-    return P.build_entity(getattr(R.request_schema(api, version), class_name), **fields)
 
 
 def subscription(*topics: str) -> bytes:

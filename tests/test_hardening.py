@@ -20,6 +20,7 @@ import pytest
 
 from scripts.harness import rawkafka as R
 from tests.test_clients import CLIENT_TIMEOUT_S, consume_all, create_topic, produce
+from tests.waiting import poll
 
 MiB = 1 << 20
 API_VERSIONS, FETCH, PRODUCE = 18, 1, 0
@@ -56,16 +57,6 @@ class PeakRss:
     def __exit__(self, *exc) -> None:
         self._stop.set()
         self._thread.join(timeout=CLIENT_TIMEOUT_S)
-
-
-def wait_until(condition, timeout_s: float = CLIENT_TIMEOUT_S, interval_s: float = 0.1):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(interval_s)
-    return condition()
 
 
 def gone_or_zombie(pid: int) -> bool:
@@ -166,7 +157,7 @@ def test_hostile_partial_requests_hold_bounded_memory_and_give_it_back(node_fact
         for sock, _ in attackers:
             sock.close()
         selector.close()
-    given_back = wait_until(lambda: node_rss(node) <= idle + 32 * MiB, timeout_s=60)
+    given_back = poll(lambda: node_rss(node) <= idle + 32 * MiB, timeout_s=60)
     after = node_rss(node)
     figures = (f"idle {idle / MiB:.0f} MiB, peak {peak / MiB:.0f} MiB (+{(peak - idle) / MiB:.0f}), under attack "
                f"{under_attack / MiB:.0f} MiB, after close {after / MiB:.0f} MiB; attackers pushed "
@@ -243,7 +234,7 @@ def test_connection_limits_refuse_at_accept_with_one_log_line_per_cause(node_fac
             assert closed_by_peer(extra)
             extra.close()
         # The worker logs after it closed the socket: the line may come a moment after the client saw the close.
-        wait_until(lambda: "over server.max_connections (6)" in node.log(), timeout_s=5)
+        poll(lambda: "over server.max_connections (6)" in node.log(), timeout_s=5)
         log = node.log()
         assert log.count("over server.max_connections_per_ip (4)") == 1, log
         assert log.count("over server.max_connections (6)") == 1, log
@@ -251,7 +242,7 @@ def test_connection_limits_refuse_at_accept_with_one_log_line_per_cause(node_fac
         assert all(api_versions_ok(sock) for sock in opened)
         for sock in opened[:2]:
             sock.close()
-        again = wait_until(lambda: _admitted(node), timeout_s=10)
+        again = poll(lambda: _admitted(node), timeout_s=10)
         assert again is not None
         again.close()
     finally:
@@ -333,7 +324,7 @@ def test_a_stopped_worker_is_replaced_and_the_others_keep_serving(node_factory):
     for _ in range(64):
         sock = connect(node)
         assert api_versions_ok(sock)
-        by_worker.setdefault(wait_until(lambda: worker_of(node, sock), timeout_s=5), []).append(sock)
+        by_worker.setdefault(poll(lambda: worker_of(node, sock), timeout_s=5), []).append(sock)
         if len(by_worker) == 2 and all(len(s) >= 2 for s in by_worker.values()):
             break
     assert len(by_worker) == 2, "the kernel put every connection on one worker"
@@ -347,7 +338,7 @@ def test_a_stopped_worker_is_replaced_and_the_others_keep_serving(node_factory):
         assert not api_versions_ok(by_worker[victim][0], timeout=0.3)
         assert psutil.Process(victim).status() == psutil.STATUS_STOPPED
         # The supervisor notices, kills and replaces it.
-        assert wait_until(lambda: gone_or_zombie(victim), timeout_s=20)
+        assert poll(lambda: gone_or_zombie(victim), timeout_s=20)
         node.wait_for_pids("worker", 2, exclude={victim})
     finally:
         with contextlib.suppress(ProcessLookupError):  # reaped already
@@ -379,7 +370,7 @@ def test_a_stopped_timer_is_covered_by_self_answers_then_replaced(node_factory):
             answered_s = time.monotonic() - started
             still_stopped = psutil.Process(timer).status() == psutil.STATUS_STOPPED
         assert still_stopped, f"answered after {answered_s:.2f} s, but by the timer's replacement"
-        assert wait_until(lambda: gone_or_zombie(timer), timeout_s=20)
+        assert poll(lambda: gone_or_zombie(timer), timeout_s=20)
         node.wait_for_pids("timer", 1, exclude={timer})
     finally:
         with contextlib.suppress(ProcessLookupError):  # reaped already
@@ -415,7 +406,7 @@ def test_out_of_file_descriptors_the_listener_rests_and_recovers(node_factory):
             if ok:
                 sock.close()
         # A connection that waited is accepted now that descriptors are free again.
-        assert wait_until(lambda: api_versions_ok(waiting, timeout=1), timeout_s=10)
+        assert poll(lambda: api_versions_ok(waiting, timeout=1), timeout_s=10)
     finally:
         worker.rlimit(psutil.RLIMIT_NOFILE, original)
         for sock in held:

@@ -14,7 +14,7 @@ REPO = Path(__file__).resolve().parent.parent
 PACKAGES = ("node", "shm", "workers", "clients", "pyspark_shmbroker")
 
 # Modules of node's root that every process may use.
-SHARED = ("node.config", "node.logging_setup", "node.proctitle")
+SHARED = ("node.config", "node.logging_setup", "node.proctitle", "node.child")
 # What the Spark connector may import of the server: the record-batch codec it shares with the node (batch
 # headers, codecs, every record's fields as arrays), modules that import nothing else of the node.
 CONNECTOR_SHARES: tuple[str, ...] = ("node.storage.records", "node.storage.record_arrays", "node.storage.compression")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import mmap
 import multiprocessing
@@ -9,6 +10,7 @@ import os
 import random
 import signal
 import time
+from typing import Iterator
 
 import pytest
 from kafka.record.default_records import DefaultRecordBatch
@@ -18,23 +20,25 @@ from node.storage.producer_state import load_latest_snapshot
 from node.storage.records import ErrorCode, StorageError, parse_header, stored_batch_is_valid
 from node.storage.segment import BatchScanner, Segment, segment_base_offsets
 from shm.table import PartitionTable
-from tests.record_batches import GZIP, SharedTable, dev_shm_entries, edit, make_batch, opaque_compressed_batch
+from tests.record_batches import GZIP, SharedTable, edit, make_batch, opaque_compressed_batch
 
 FORK = multiprocessing.get_context("fork")
 SMALL = LogConfig(segment_bytes=20_000, index_interval_bytes=1000, index_max_bytes=4096)
 
 
-@pytest.fixture(autouse=True)
-def nothing_left_in_dev_shm():
-    before = dev_shm_entries()
-    yield
-    assert dev_shm_entries() == before
+pytestmark = pytest.mark.usefixtures("nothing_left_in_dev_shm")
 
 
-@pytest.fixture
-def table():
-    with SharedTable(rows=4) as shared:
-        yield shared
+@contextlib.contextmanager
+def recover(directory: str, config: LogConfig = SMALL, **kwargs) -> Iterator[PartitionLog]:
+    """The partition log in `directory` recovered as at a node's start (a fresh partition table), closed
+    afterwards."""
+    with SharedTable() as table:
+        log = PartitionLog.recover(directory, table, 0, config, **kwargs)
+        try:
+            yield log
+        finally:
+            log.close()
 
 
 def stored_batches(log: PartitionLog, start: int | None = None, max_bytes: int = 1 << 20) -> list[bytes]:
@@ -241,11 +245,9 @@ def test_retention_by_time_and_other_processes_notice(tmp_path, table):
 
 def test_missing_and_corrupt_indexes_are_rebuilt(tmp_path):
     directory = str(tmp_path / "t-0")
-    with SharedTable() as first:
-        log = PartitionLog.recover(directory, first, 0, SMALL)
+    with recover(directory) as log:
         for n in range(200):
             log.append(make_batch(count=2, value_size=40 + n % 7 * 30, timestamp=5000 + n))
-        log.close()
     bases = segment_base_offsets(directory)
     assert len(bases) >= 4
     index = lambda base, suffix: os.path.join(directory, f"{base:020d}.{suffix}")  # noqa: E731
@@ -258,8 +260,7 @@ def test_missing_and_corrupt_indexes_are_rebuilt(tmp_path):
         file.write(os.urandom(64))
     with open(index(bases[-1], "index"), "r+b") as file:
         file.write(b"\xff" * 16)
-    with SharedTable() as second:
-        log = PartitionLog.recover(directory, second, 0, SMALL)
+    with recover(directory) as log:
         for key, content in originals.items():
             assert open(index(*key), "rb").read() == content, key
         assert len(check_dense_and_valid(stored_batches(log))) == 400
@@ -267,7 +268,6 @@ def test_missing_and_corrupt_indexes_are_rebuilt(tmp_path):
             (fd, position, length), = log.read(offset, 1).ranges
             header = parse_header(os.pread(fd, length, position))
             assert header.base_offset <= offset <= header.last_offset and header.size == length
-        log.close()
 
 
 def _write_half_batch_and_wait(directory, table_name, ready, full):
@@ -302,12 +302,10 @@ def test_writer_killed_mid_append_leaves_no_torn_batch(tmp_path, table, full):
     assert len(stored_batches(log)) == 5  # but is never served
     log.close()
     # Recovery truncates it away...
-    with SharedTable() as fresh:
-        recovered = PartitionLog.recover(directory, fresh, 0, SMALL)
+    with recover(directory) as recovered:
         assert os.path.getsize(recovered.segments[-1].log_path) == recovered.state().end_position
         # A whole batch that was never published is kept (it is valid and on disk); a half one is not.
         assert recovered.state().log_end_offset == (18 if full else 15)
-        recovered.close()
     # ...and, without recovery, the next append (the lock died with its holder) overwrites it.
     log = PartitionLog(directory, table, 0, SMALL)
     result = log.append(make_batch(tag=b"after"))
@@ -392,10 +390,8 @@ def test_kill_9_of_every_writer_under_load_then_recovery_keeps_every_acked_batch
             for writer in writers:
                 writer.join(10)
             assert all(writer.exitcode == -signal.SIGKILL for writer in writers)
-    with SharedTable() as table:
-        log = PartitionLog.recover(directory, table, 0, config)
+    with recover(directory, config) as log:
         values = check_dense_and_valid(stored_batches(log))
-        log.close()
     stored_tags = {}
     for value in values:
         tag = value.split(b".")[0].decode()
@@ -443,8 +439,7 @@ def test_retry_gets_original_offsets_without_second_append(tmp_path, table):
 @pytest.mark.parametrize("snapshot", ["none", "roll", "explicit"])
 def test_producer_state_survives_restart(tmp_path, snapshot):
     directory = str(tmp_path / "t-0")
-    with SharedTable() as table:
-        log = PartitionLog.recover(directory, table, 0, SMALL)
+    with recover(directory) as log:
         originals = [log.append(idempotent(sequence)) for sequence in range(0, 10, 2)]
         if snapshot == "roll":
             log.roll()
@@ -455,15 +450,12 @@ def test_producer_state_survives_restart(tmp_path, snapshot):
             assert loaded.end_offset == 10 and loaded.producers[77].last_sequence == 9
             assert [batch.base_offset for batch in loaded.producers[77].batches] == [0, 2, 4, 6, 8]
             log.append(make_batch())  # a non-idempotent batch after the snapshot
-        log.close()
-    with SharedTable() as table:
-        log = PartitionLog.recover(directory, table, 0, SMALL)
+    with recover(directory) as log:
         retry = log.append(idempotent(8))
         assert retry.duplicate and retry.base_offset == originals[-1].base_offset
         with pytest.raises(StorageError):
             log.append(idempotent(12))
         assert not log.append(idempotent(10)).duplicate
-        log.close()
 
 
 def test_producer_state_catches_up_with_other_processes(tmp_path, table):
@@ -630,11 +622,9 @@ def test_roll_killed_before_publishing_is_finished_by_the_next_append(tmp_path, 
     log.append(make_batch(count=2))
     assert len(check_dense_and_valid(stored_batches(log))) == 10
     log.close()
-    with SharedTable() as fresh:
-        recovered = PartitionLog.recover(directory, fresh, 0, SMALL)
+    with recover(directory) as recovered:
         assert recovered.state().log_end_offset == 10
         assert len(check_dense_and_valid(stored_batches(recovered))) == 10
-        recovered.close()
 
 
 def test_full_index_rolls_the_segment(tmp_path, table):
@@ -651,46 +641,38 @@ def test_full_index_rolls_the_segment(tmp_path, table):
 
 def test_recovery_truncates_at_a_corrupt_batch_after_the_last_index_entry(tmp_path):
     directory = str(tmp_path / "t-0")
-    with SharedTable() as table:
-        log = PartitionLog.recover(directory, table, 0, SMALL)
+    with recover(directory) as log:
         sizes = [len(make_batch(count=2))] * 10
         for _ in range(10):
             log.append(make_batch(count=2))
         path = log.segments[-1].log_path
-        log.close()
     with open(path, "r+b") as file:
         file.seek(sum(sizes[:9]) + 100)  # inside the last batch's records, after the last index entry
         byte = file.read(1)
         file.seek(-1, os.SEEK_CUR)
         file.write(bytes([byte[0] ^ 0x55]))
-    with SharedTable() as table:
-        log = PartitionLog.recover(directory, table, 0, SMALL)
+    with recover(directory) as log:
         assert log.state().log_end_offset == 18
         assert os.path.getsize(path) == sum(sizes[:9])
         assert len(check_dense_and_valid(stored_batches(log))) == 18
         assert log.append(make_batch(count=2)).base_offset == 18
-        log.close()
 
 
 def test_full_verification_truncates_at_a_corrupt_batch_anywhere_in_the_last_segment(tmp_path):
     directory = str(tmp_path / "t-0")
-    with SharedTable() as table:
-        log = PartitionLog.recover(directory, table, 0, SMALL)
+    with recover(directory) as log:
         for _ in range(10):
             log.append(make_batch(count=2))
         size = len(make_batch(count=2))
         path = log.segments[-1].log_path
-        log.close()
     with open(path, "r+b") as file:
         file.seek(size * 6 + 100)  # inside the 7th batch, before the last index entry
         byte = file.read(1)
         file.seek(-1, os.SEEK_CUR)
         file.write(bytes([byte[0] ^ 0x55]))
-    with SharedTable() as table:
-        log = PartitionLog.recover(directory, table, 0, SMALL, verify_all_crc=True)
+    with recover(directory, verify_all_crc=True) as log:
         assert log.state().log_end_offset == 12 and os.path.getsize(path) == size * 6
         assert len(check_dense_and_valid(stored_batches(log))) == 12
-        log.close()
 
 
 def test_deleted_partition_is_unknown_to_every_process(tmp_path, table):

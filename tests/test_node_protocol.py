@@ -22,7 +22,8 @@ from scripts.harness import rawkafka as R
 from tests.test_clients import CLIENT_TIMEOUT_S, consume_all, create_topic, produce
 from tests.test_crash import BackgroundProducer
 from tests.test_hardening import worker_of
-from tests.test_stats_cli import stats_json, wait_for
+from tests.test_stats_cli import stats_json
+from tests.waiting import wait_for
 
 PRODUCE, FETCH, LIST_OFFSETS, METADATA, API_VERSIONS, INIT_PRODUCER_ID = 0, 1, 2, 3, 18, 22
 NONE, OFFSET_OUT_OF_RANGE, CORRUPT_MESSAGE, UNKNOWN_TOPIC_OR_PARTITION, UNSUPPORTED_VERSION = 0, 1, 2, 3, 35
@@ -286,9 +287,8 @@ def test_create_and_delete_topics_errors(node):
 
 def test_producer_ids_unique_across_restarts(node):
     def init_producer_id() -> int:
-        schema = R.request_schema(INIT_PRODUCER_ID, 1)
-        body = R._kio_body(INIT_PRODUCER_ID, 1, schema.InitProducerIdRequest(transactional_id=None,
-                                                                                transaction_timeout=R._ms(60000)))
+        body = R.request_body(INIT_PRODUCER_ID, 1, "InitProducerIdRequest", transactional_id=None,
+                              transaction_timeout=R.millis(60000))
         with connect(node) as conn:
             response = conn.call(INIT_PRODUCER_ID, 1, body)
         assert response.error_code == NONE

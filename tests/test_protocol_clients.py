@@ -255,6 +255,15 @@ def test_confluent_idempotent_producer(answerer: ProtocolAnswerer) -> None:
     assert sequences[0] == 0 and sequences == sorted(sequences)
 
 
+def check_consumed(messages: list[tuple[int, bytes, bytes]], got: dict[int, list]) -> None:
+    """Each partition's (offset, key, value, headers) as consumed: what was produced to it, in order, from
+    offset 0, each with the header the producer sent."""
+    for p in range(PARTITIONS):
+        sent = [(k, v) for part, k, v in messages if part == p]
+        assert [(o, k, v) for o, k, v, _ in got[p]] == [(i, k, v) for i, (k, v) in enumerate(sent)]
+        assert all(h == [("h", b"1")] for *_, h in got[p])
+
+
 @pytest.mark.parametrize("compression", ["none", "gzip"])
 def test_kafka_python_consumer_reads_what_was_produced(answerer: ProtocolAnswerer, compression: str) -> None:
     from kafka import KafkaConsumer, TopicPartition
@@ -275,10 +284,7 @@ def test_kafka_python_consumer_reads_what_was_produced(answerer: ProtocolAnswere
                 got[tp.partition].extend((r.offset, r.key, r.value, r.headers) for r in records)
     finally:
         consumer.close()
-    for p in range(PARTITIONS):
-        sent = [(k, v) for part, k, v in messages if part == p]
-        assert [(o, k, v) for o, k, v, _ in got[p]] == [(i, k, v) for i, (k, v) in enumerate(sent)]
-        assert all(h == [("h", b"1")] for *_, h in got[p])
+    check_consumed(messages, got)
     assert {v for k, v in answerer.requests if k == protocol.FETCH} <= set(range(4, 12))
 
 
@@ -302,10 +308,7 @@ def test_confluent_consumer_reads_what_was_produced(answerer: ProtocolAnswerer, 
             got[msg.partition()].append((msg.offset(), msg.key(), msg.value(), msg.headers()))
     finally:
         consumer.close()
-    for p in range(PARTITIONS):
-        sent = [(k, v) for part, k, v in messages if part == p]
-        assert [(o, k, v) for o, k, v, _ in got[p]] == [(i, k, v) for i, (k, v) in enumerate(sent)]
-        assert all(h == [("h", b"1")] for *_, h in got[p])
+    check_consumed(messages, got)
 
 
 def test_rawkafka_pipelines_produce_fetch_and_control_requests(answerer: ProtocolAnswerer) -> None:

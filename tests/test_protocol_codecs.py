@@ -15,6 +15,7 @@ from kio.serial import entity_reader, entity_writer
 from kio.static.constants import EntityType
 from kio.static.primitive import i16, i32, i32Timedelta, i64
 
+from node.storage.records import iter_batches
 from scripts.harness import rawkafka
 from workers.codecs import protocol
 from workers.codecs.errors import ProtocolError
@@ -160,8 +161,8 @@ def test_kafka_python_built_batch_decodes() -> None:
     assert (view.acks, view.timeout_ms, view.topics[0].name) == (1, 1000, "kp")
     (partition,) = view.topics[0].partitions
     assert partition.index == 2 and bytes(partition.records) == batch
-    (info,) = rawkafka.iter_batches(partition.records)
-    assert (info.record_count, info.next_offset, info.size) == (5, 5, len(batch))
+    ((_, header),) = iter_batches(partition.records)
+    assert (header.record_count, header.last_offset, header.size) == (5, 4, len(batch))
     parsed = DefaultRecordBatch(bytes(partition.records))
     assert parsed.validate_crc()
     assert [(r.key, r.value) for r in parsed] == [(b"k%d" % i, b"v" * i) for i in range(5)]
@@ -396,8 +397,8 @@ def test_fetch_response_parses_in_kafka_python_and_rawkafka(segment, tmp_path) -
 def test_rawkafka_skips_a_trailing_partial_batch() -> None:
     whole = rawkafka.make_batch(4, 10)
     partial = rawkafka.make_batch(3, 10, base_offset=4)[:-5]
-    infos = list(rawkafka.iter_batches(whole + partial))
-    assert [(i.base_offset, i.record_count, i.next_offset) for i in infos] == [(0, 4, 4)]
+    headers = [header for _, header in iter_batches(whole + partial)]
+    assert [(h.base_offset, h.record_count, h.last_offset) for h in headers] == [(0, 4, 3)]
 
 
 def test_fetch_response_bad_values_are_protocol_errors(segment) -> None:

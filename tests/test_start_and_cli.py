@@ -22,6 +22,7 @@ from confluent_kafka import Consumer, Producer
 
 from scripts.harness.nodeproc import free_port, shm_leftovers
 from shm.instance import instance_id_for
+from tests.waiting import wait_for
 
 REPO = Path(__file__).resolve().parent.parent
 CLI_TIMEOUT_S = 60
@@ -51,16 +52,6 @@ def _api_versions_answer_s(port: int) -> float | None:
         return time.monotonic() - connected
 
 
-def _wait_for(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def test_the_port_accepts_only_once_a_worker_serves_it(tmp_path):
     port = free_port()
     log_path = tmp_path / "node.log"
@@ -76,7 +67,7 @@ def test_the_port_accepts_only_once_a_worker_serves_it(tmp_path):
             time.sleep(0.01)
         assert answer_s is not None, log_path.read_text()
         assert answer_s < FIRST_ANSWER_S, f"the first connection waited {answer_s:.2f} s for its answer"
-        text = _wait_for(lambda: "serving on" in log_path.read_text() and log_path.read_text(), START_TIMEOUT_S,
+        text = wait_for(lambda: "serving on" in log_path.read_text() and log_path.read_text(), START_TIMEOUT_S,
                          "serving on")
         serving = text.index("serving on")
         assert all(0 <= text.find(f"worker {i} ready") < serving for i in range(2)), text
@@ -95,7 +86,7 @@ def test_make_run_stops_the_node_cleanly(tmp_path, how):
         make = subprocess.Popen(["make", "--no-print-directory", "-C", str(REPO), "run", f"LISTEN=127.0.0.1:{port}",
                                  f"DATA_DIR={data}"], stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        _wait_for(lambda: _api_versions_answer_s(port) is not None, START_TIMEOUT_S, "make run to serve")
+        wait_for(lambda: _api_versions_answer_s(port) is not None, START_TIMEOUT_S, "make run to serve")
         (node,) = psutil.Process(make.pid).children()  # the recipe execs the node: make's only child
         assert "supervisor" in " ".join(node.cmdline())
         family = [node, *node.children(recursive=True)]
@@ -126,7 +117,7 @@ def test_groups_list_shows_states_and_describe_refuses_a_missing_group(node):
     try:
         for consumer in (committed, member):
             consumer.subscribe(["states"])
-            _wait_for(lambda c=consumer: (m := c.poll(0.5)) is not None and not m.error(), 60, "a record")
+            wait_for(lambda c=consumer: (m := c.poll(0.5)) is not None and not m.error(), 60, "a record")
         committed.commit(asynchronous=False)
         committed.close()
 
@@ -136,7 +127,7 @@ def test_groups_list_shows_states_and_describe_refuses_a_missing_group(node):
             states = {g["group"]: g["state"] for g in json.loads(done.stdout)}
             return states if states == {"only-offsets": "EMPTY", "with-member": "STABLE"} else None
 
-        _wait_for(listed, 30, "both groups with their states")
+        wait_for(listed, 30, "both groups with their states")
         table = cli("groups", "list", "--bootstrap", node.bootstrap)
         assert "STABLE" in table.stdout and "EMPTY" in table.stdout and "UNKNOWN" not in table.stdout
     finally:
@@ -193,7 +184,7 @@ def test_a_pending_sync_ends_when_the_only_member_leaves(node_factory):
                          "max.poll.interval.ms": 300000})  # the rebalance timeout: a pending sync's deadline
     consumer.subscribe(["leaving"])
     try:
-        _wait_for(lambda: consumer.poll(0.2) is None and consumer.assignment(), 60, "an assignment")
+        wait_for(lambda: consumer.poll(0.2) is None and consumer.assignment(), 60, "an assignment")
     finally:
         consumer.close()
 
@@ -202,7 +193,7 @@ def test_a_pending_sync_ends_when_the_only_member_leaves(node_factory):
         return json.loads(done.stdout)["totals"]["purgatory_sync_pending"]
 
     # Within a few publishes: nothing waits for the sync of a generation that is over.
-    _wait_for(lambda: pending_syncs() == 0, 5, "the pending sync to end")
+    wait_for(lambda: pending_syncs() == 0, 5, "the pending sync to end")
 
 
 def test_ctrl_c_while_the_children_start_stops_the_node_cleanly(tmp_path):
@@ -215,8 +206,8 @@ def test_ctrl_c_while_the_children_start_stops_the_node_cleanly(tmp_path):
                                  "--data-dir", str(tmp_path / "data"), "--workers", "2"], cwd=REPO, stdout=log,
                                 stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        _wait_for(lambda: len(psutil.Process(proc.pid).children()) == 4, START_TIMEOUT_S,
-                  "the timer, both workers and the cleaner to start")
+        wait_for(lambda: len(psutil.Process(proc.pid).children()) == 4, START_TIMEOUT_S,
+                 "the timer, both workers and the cleaner to start")
         family = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children()]
         os.killpg(proc.pid, signal.SIGINT)
         assert proc.wait(timeout=60) == 0, log_path.read_text()

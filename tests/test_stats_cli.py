@@ -26,6 +26,7 @@ from shm_testing import unique_instance_id
 
 from scripts.harness import rawkafka as R
 from shm import stats as S
+from tests.waiting import wait_for
 from workers.codecs import protocol as P
 
 UNKNOWN_TOPIC_OR_PARTITION = 3
@@ -43,16 +44,6 @@ def stats_json(node) -> dict:
     done = cli("stats", "--data-dir", str(node.data_dir), "--json")
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)
-
-
-def wait_for(predicate, timeout: float = 20.0, what: str = "", poll_s: float = 0.2):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(poll_s)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 # -- the segment ------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ import pytest
 from node.storage.log import LogConfig, PartitionLog
 from node.storage.records import ErrorCode, StorageError
 from node.storage.store import PartitionStore
-from tests.record_batches import SharedTable, dev_shm_entries, make_batch
+from tests.record_batches import SharedTable, make_batch
 from tests.small_fs import MiB, ballast, ext4_on_thin_storage, fill, tmpfs
 from tests.test_log import check_dense_and_valid, stored_batches
 
@@ -23,17 +23,7 @@ TIGHT = LogConfig(segment_bytes=64 * 1024, index_interval_bytes=256, index_max_b
                   index_reserve_entries=8, retention_ms=-1)
 
 
-@pytest.fixture(autouse=True)
-def nothing_left_in_dev_shm():
-    before = dev_shm_entries()
-    yield
-    assert dev_shm_entries() == before
-
-
-@pytest.fixture
-def table():
-    with SharedTable(rows=4) as shared:
-        yield shared
+pytestmark = pytest.mark.usefixtures("nothing_left_in_dev_shm")
 
 
 def _fill_with_appends(directory: str, table_name: str, attempts: int, pipe) -> None:

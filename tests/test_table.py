@@ -12,16 +12,12 @@ import posix_ipc
 import pytest
 
 from shm.table import END_BYTES, FLUSHED_OFFSET, SLOT_WORDS, VERSION_WORDS, WORD, PartitionState, PartitionTable
-from tests.record_batches import SharedTable, dev_shm_entries, unique_shm_name
+from tests.record_batches import SharedTable, unique_shm_name
 
 FORK = multiprocessing.get_context("fork")
 
 
-@pytest.fixture(autouse=True)
-def nothing_left_in_dev_shm():
-    before = dev_shm_entries()
-    yield
-    assert dev_shm_entries() == before
+pytestmark = pytest.mark.usefixtures("nothing_left_in_dev_shm")
 
 
 def uniform_state(value: int) -> PartitionState:

@@ -4,7 +4,7 @@ responses; each other concern is a part of its own, which the worker wires to th
 workers.acceptor (accept, admission) with workers.balance (new connections to the worker holding the fewest),
 workers.moves (connections arriving from and leaving for other workers; workers.affinity decides the moves),
 workers.backpressure (pausing and resuming reads: memory budget, output bound, throttles), workers.deadlines
-(idle and incomplete-request timeouts), workers.stats (the stats row), workers.reload (SIGHUP).
+(idle and incomplete-request timeouts), workers.stats (the stats row); SIGHUP reloads through node.child.ConfigReload.
 
 The hooks on the loop:
 - file events: the listener (Acceptor.accept); read on each connection, and its hang-up while its reads are
@@ -43,7 +43,6 @@ Invariants:
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import signal
@@ -52,8 +51,9 @@ import sys
 import time
 from typing import Any
 
-from node.config import NodeConfig, read_runtime
-from node.logging_setup import RateLimitedLog, setup_logging
+from node.child import ConfigReload, child_arguments, close_all, start_child
+from node.config import NodeConfig
+from node.logging_setup import RateLimitedLog
 from node.proctitle import set_title
 from node.storage.store import PartitionStore
 from shm import instance as shm_instance
@@ -79,7 +79,6 @@ from workers.deadlines import ConnectionDeadlines
 from workers.eventloop import EventLoop, Timer
 from workers.limits import ConnectionLimits
 from workers.moves import ConnectionMoves
-from workers.reload import ConfigReload
 from workers.stats import (BYTES_IN, BYTES_OUT, CLOSED_ON_ERROR, ERROR_CODES, ERROR_RESPONSES, LAST_ERROR_CODE,
                            REQUEST_ERRORS, REQUESTS, WorkerStats)
 from workers.timer_client.delayed import DelayedRequests, monotonic_ms
@@ -128,7 +127,7 @@ class Worker:
             M.Kind.TIMER_STARTED: self._on_timer_started,
             M.Kind.LAYOUT: self._on_layout,
         }
-        self.reload = ConfigReload(config_path, config, self._apply_config)
+        self.reload = ConfigReload(config_path, config, self._apply_config, log)
         self.connections: dict[int, Connection] = {}
         self._dirty: set[Connection] = set()
         self._answered: dict[Connection, None] = {}  # dirty with a delayed request's answer: written first
@@ -356,7 +355,7 @@ class Worker:
             self._quota_report = self.loop.call_later(self.quotas.next_report_ms / 1000, self._report_quota_usage)
 
     def _apply_config(self, config: NodeConfig) -> None:
-        """A reloaded config (workers.reload): its reloadable settings are the quotas."""
+        """A reloaded config (node.child.ConfigReload): its reloadable settings are the quotas."""
         self.config = config
         self.handlers.config = config
         self.quotas.reconfigure(config.quotas)
@@ -526,27 +525,13 @@ class Worker:
         loop.run()
         for conn in list(self.connections.values()):
             self._close(conn)
-        loop.close()
-        self.link.close()
-        if self.moves is not None:
-            self.moves.close()
-        self.partitions.close()
-        self.table.close()
-        self.watches.close()
-        self.counts.close()
-        self.heartbeats.close()
-        if self.stats is not None:
-            self.stats.close()
+        close_all(loop, self.link, self.moves, self.partitions, self.table, self.watches, self.counts,
+                  self.heartbeats, self.stats)
         return 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--instance", required=True)
-    parser.add_argument("--index", type=int, required=True)
-    parser.add_argument("--config-file", required=True)
-    parser.add_argument("--heartbeat-slot", type=int, required=True)
-    parser.add_argument("--supervisor-pid", type=int, required=True)
+    parser = child_arguments()
     parser.add_argument("--listen-fd", type=int, required=True)
     parser.add_argument("--worker-bell-fds", required=True,
                         help="every worker's doorbell eventfd, by worker index (comma-separated)")
@@ -554,8 +539,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--worker-inbox-fds", default="",
                         help="every worker's handoff inbox, its sending end, by worker index (comma-separated)")
     args = parser.parse_args(argv)
-    setup_logging(f"worker-{args.index}")
-    config = read_runtime(args.config_file)
+    config = start_child(f"worker-{args.index}", args.config_file)
     set_title(f"worker {args.index} {config.server.host}:{config.server.port}")
     bell_fds = [int(fd) for fd in args.worker_bell_fds.split(",")]
     handoffs = None

@@ -16,7 +16,6 @@ Invariants:
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import select
@@ -25,8 +24,9 @@ import sys
 import time
 from typing import Any
 
-from node.config import NodeConfig, read_runtime, reload_runtime
-from node.logging_setup import RateLimitedLog, setup_logging
+from node.child import ConfigReload, child_arguments, close_all, start_child
+from node.config import NodeConfig
+from node.logging_setup import RateLimitedLog
 from node.proctitle import set_title
 from node.storage.cleaner import Cleaner, CleanResult, IoLimiter
 from node.storage.store import PartitionStore
@@ -53,7 +53,7 @@ class CleanerProcess:
                  supervisor_pid: int, config_path: str, heartbeat_slot: int, stats_row: int) -> None:
         self.index = index
         self.config = config
-        self.config_path = config_path
+        self.reload = ConfigReload(config_path, config, self._apply_config, log)
         self.supervisor_pid = supervisor_pid
         self.heartbeats = HeartbeatTable.attach(shm_instance.heartbeat_name(instance))
         self.heartbeat = self.heartbeats.heartbeat(heartbeat_slot, os.getpid())
@@ -69,7 +69,6 @@ class CleanerProcess:
         self.cleaning_row = -1
         self.failure_log = RateLimitedLog(log, FAILURE_LOG_INTERVAL_S)  # a full disk fails every try: one line
         self.stopping = False
-        self._reload = False
         self._next_publish = 0.0
 
     # -- signals and liveness -------------------------------------------------------------------
@@ -77,8 +76,8 @@ class CleanerProcess:
     def _on_term(self, signum: int, frame: Any) -> None:
         self.stopping = True
 
-    def _on_hup(self, signum: int, frame: Any) -> None:
-        self._reload = True
+    def _apply_config(self, config: NodeConfig) -> None:
+        self.config = config
 
     def _between_chunks(self) -> None:
         self.heartbeat.beat()
@@ -158,7 +157,7 @@ class CleanerProcess:
 
     def run(self) -> int:
         signal.signal(signal.SIGTERM, self._on_term)
-        signal.signal(signal.SIGHUP, self._on_hup)
+        signal.signal(signal.SIGHUP, self.reload.on_hup)
         self._ready()
         log.info("cleaner %d ready", self.index)
         interval_s = self.config.server.heartbeat_interval_ms / 1000
@@ -170,10 +169,8 @@ class CleanerProcess:
             if os.getppid() != self.supervisor_pid:
                 log.error("supervisor is gone: exiting")
                 break
-            if self._reload:
-                self._reload = False
-                config = reload_runtime(self.config, self.config_path, log)
-                self.config = config or self.config
+            if self.reload.requested:
+                self.reload.reload()
             if self.link.announce_sleep():
                 try:
                     poller.poll(interval_s * 1000)
@@ -186,28 +183,17 @@ class CleanerProcess:
                     break
                 self._handle(message)
             self.link.flush()
-        self.link.close()
-        self.store.close()
-        self.table.close()
-        self.heartbeats.close()
-        if self.stats_segment is not None:
-            self.stats_segment.close()
+        close_all(self.link, self.store, self.table, self.heartbeats, self.stats_segment)
         return 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--instance", required=True)
-    parser.add_argument("--index", type=int, required=True)
-    parser.add_argument("--config-file", required=True)
-    parser.add_argument("--heartbeat-slot", type=int, required=True)
-    parser.add_argument("--supervisor-pid", type=int, required=True)
+    parser = child_arguments()
     parser.add_argument("--ring-index", type=int, required=True, help="its rings' index (after the workers')")
     parser.add_argument("--bell-fd", type=int, required=True, help="its doorbell eventfd, which the timer rings")
     parser.add_argument("--stats-row", type=int, required=True)
     args = parser.parse_args(argv)
-    setup_logging(f"cleaner-{args.index}")
-    config = read_runtime(args.config_file)
+    config = start_child(f"cleaner-{args.index}", args.config_file)
     set_title(f"cleaner {args.index}")
     return CleanerProcess(args.instance, args.index, args.ring_index, config, args.bell_fd, args.supervisor_pid,
                           args.config_file, args.heartbeat_slot, args.stats_row).run()

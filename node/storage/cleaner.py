@@ -49,13 +49,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
-import crc32c
 import numpy as np
 
 from node.storage import compression
+from node.storage.durable import fsync_directory, read_offset, write_durably, write_offset
 from node.storage.record_arrays import ARENA_PADDING, CorruptRecords, record_fields, unaligned
-from node.storage.records import (BATCH_HEADER, BATCH_HEADER_SIZE, COMPRESSION_MASK, CONTROL_BIT, CRC_START,
-                                  LENGTH_FIELDS_SIZE)
+from node.storage.records import (BATCH_HEADER, BATCH_HEADER_SIZE, COMPRESSION_MASK, CONTROL_BIT, LENGTH_FIELDS_SIZE,
+                                  seal)
 from node.storage.segment import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX, Segment, segment_file_name
 
 log = logging.getLogger("shmbroker.cleaner")
@@ -127,36 +127,11 @@ class IoLimiter:
 
 def read_checkpoint(directory: str) -> int:
     """The offset up to which the log was cleaned (0 if never)."""
-    try:
-        with open(os.path.join(directory, CHECKPOINT_FILE)) as f:
-            return max(0, int(f.read().strip()))
-    except (OSError, ValueError):
-        return 0
+    return read_offset(os.path.join(directory, CHECKPOINT_FILE))
 
 
 def write_checkpoint(directory: str, offset: int) -> None:
-    _write_durably(os.path.join(directory, CHECKPOINT_FILE), f"{offset}\n".encode())
-
-
-def _write_durably(path: str, data: bytes) -> None:
-    """Temp file, fsync, rename over `path`, fsync the directory."""
-    temporary = f"{path}.tmp.{os.getpid()}"
-    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
-    try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(temporary, path)
-    _fsync_directory(os.path.dirname(path))
-
-
-def _fsync_directory(directory: str) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    write_offset(os.path.join(directory, CHECKPOINT_FILE), offset)
 
 
 @dataclass(frozen=True)
@@ -557,7 +532,7 @@ def rebuild_batch(header: tuple, records: bytes, count: int) -> bytes:
     fields[12] = count
     batch = bytearray(BATCH_HEADER.pack(*fields))
     batch += records
-    struct.pack_into(">I", batch, 17, crc32c.crc32c(memoryview(batch)[CRC_START:]))
+    seal(batch)
     return bytes(batch)
 
 
@@ -615,8 +590,8 @@ class SegmentWriter:
 
 def write_manifest(staging: str, groups: list[SwapGroup]) -> None:
     """The commit point of a swap: which new segment replaces which old ones, durable."""
-    _write_durably(os.path.join(staging, MANIFEST_FILE),
-                   json.dumps([[g.base, [base for base, _ in g.old]] for g in groups]).encode())
+    write_durably(os.path.join(staging, MANIFEST_FILE),
+                  json.dumps([[g.base, [base for base, _ in g.old]] for g in groups]).encode())
 
 
 def finish_swap(directory: str) -> bool:
@@ -643,7 +618,7 @@ def finish_swap(directory: str) -> bool:
                         os.unlink(os.path.join(directory, segment_file_name(old, suffix)))
                     except FileNotFoundError:
                         pass
-    _fsync_directory(directory)
+    fsync_directory(directory)
     shutil.rmtree(staging, ignore_errors=True)
-    _fsync_directory(directory)
+    fsync_directory(directory)
     return True

@@ -39,7 +39,7 @@ class CodecError(ValueError):
     """Compressed data that does not decode."""
 
 
-def compress(codec: int, data: bytes) -> bytes:
+def compress(codec: int, data) -> bytes:
     if codec == NONE:
         return bytes(data)
     if codec == GZIP:
@@ -48,7 +48,7 @@ def compress(codec: int, data: bytes) -> bytes:
         return bytes(cramjam.snappy.compress_raw(data))
     if codec == LZ4:
         compressor = cramjam.lz4.Compressor(block_linked=False)
-        compressor.compress(data)
+        compressor.compress(data if isinstance(data, bytes) else bytes(data))  # it takes bytes only
         return bytes(compressor.finish())
     if codec == ZSTD:
         return bytes(cramjam.zstd.compress(data))

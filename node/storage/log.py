@@ -59,6 +59,7 @@ import time
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from node.storage.durable import read_offset, write_offset
 from node.storage.faults import is_storage_fault, storage_fault
 
 from node.storage.producer_state import ProducerStateTable, delete_snapshots, load_latest_snapshot, snapshot_offsets
@@ -978,28 +979,13 @@ class PartitionLog:
 
 
 def write_log_start_checkpoint(directory: str, offset: int) -> None:
-    """The partition's log start as DeleteRecords set it, durable: temp file, fsync, rename, fsync the dir."""
-    path = os.path.join(directory, LOG_START_FILE)
-    temporary = path + ".tmp." + str(os.getpid())
-    with open(temporary, "w") as f:
-        f.write(f"{offset}\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(temporary, path)
-    dir_fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    """The partition's log start as DeleteRecords set it, durable."""
+    write_offset(os.path.join(directory, LOG_START_FILE), offset)
 
 
 def read_log_start_checkpoint(directory: str) -> int:
     """The checkpointed log start, 0 if there is none (or it cannot be read: then the segments say it)."""
-    try:
-        with open(os.path.join(directory, LOG_START_FILE)) as f:
-            return max(0, int(f.read().strip()))
-    except (OSError, ValueError):
-        return 0
+    return read_offset(os.path.join(directory, LOG_START_FILE))
 
 
 def _conform(batch, header, config: LogConfig, now: int):

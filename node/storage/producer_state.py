@@ -27,6 +27,7 @@ from typing import NamedTuple
 
 import orjson
 
+from node.storage.durable import write_durably
 from node.storage.records import INT32_MAX, ErrorCode, StorageError
 
 SNAPSHOT_SUFFIX = ".snapshot"
@@ -157,20 +158,8 @@ class ProducerStateTable:
     def write_snapshot(self, directory: str) -> str:
         """Write `<end_offset>.snapshot` atomically and return its path."""
         path = os.path.join(directory, snapshot_name(self.end_offset))
-        temporary = f"{path}.tmp.{os.getpid()}"
-        try:
-            with open(temporary, "wb") as file:
-                file.write(self.to_bytes())
-                file.flush()
-                os.fsync(file.fileno())
-            os.replace(temporary, path)
-        except BaseException:
-            # A full disk: the partial file must not stay and take the space of the next attempt.
-            try:
-                os.unlink(temporary)
-            except OSError:
-                pass
-            raise
+        # A snapshot lost in a crash only makes the rebuild scan longer: no directory fsync.
+        write_durably(path, self.to_bytes(), sync_directory=False)
         return path
 
 

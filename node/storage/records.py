@@ -1,4 +1,7 @@
-"""Kafka record batches (magic v2): header layout and the cheap validation done on produce.
+"""Kafka record batches (magic v2): the one codec of the format in the tree (header layout, CRC, records,
+varints), the cheap validation done on produce, and the builder every writer of batches uses (the node's
+offsets log, the benchmarks' raw client, the tests; the Spark connector's vectorised encoder takes its
+header layout and producer fields from here).
 
 A v2 record batch is a 61-byte big-endian header followed by the (possibly compressed) records:
 
@@ -21,6 +24,8 @@ A v2 record batch is a 61-byte big-endian header followed by the (possibly compr
 Invariants:
 - The CRC does not cover baseOffset, batchLength or partitionLeaderEpoch, so rewriting baseOffset keeps a
   batch valid; batches are stored byte-for-byte as received apart from that field.
+- A record set is batches back to back; iter_batches() yields only the whole ones (a fetch may end inside
+  a batch), from their headers alone.
 - validate_client_batch() either returns the parsed header or raises StorageError with a Kafka error code;
   it never raises anything else, whatever the input bytes (fuzzed in tests/test_records.py).
 """
@@ -28,7 +33,7 @@ Invariants:
 from __future__ import annotations
 
 import struct
-from typing import NamedTuple
+from typing import Iterator, NamedTuple, Sequence
 
 import crc32c
 import numpy as np
@@ -68,7 +73,11 @@ MAGIC_V2 = 2
 BATCH_HEADER = struct.Struct(">qiibIhiqqqhii")
 BATCH_HEADER_SIZE = BATCH_HEADER.size  # 61
 LENGTH_FIELDS_SIZE = 12  # baseOffset + batchLength: what batchLength does not count
+CRC = struct.Struct(">I")
+CRC_AT = 17
 CRC_START = 21  # the CRC covers attributes onward
+PRODUCER_FIELDS = struct.Struct(">qhi")  # producerId, producerEpoch, baseSequence
+PRODUCER_FIELDS_AT = 43
 BASE_OFFSET = struct.Struct(">q")
 OFFSET_AND_LENGTH = struct.Struct(">qi")
 
@@ -98,7 +107,9 @@ TIMESTAMP_TYPE_BIT = 0x08
 TRANSACTIONAL_BIT = 0x10
 CONTROL_BIT = 0x20
 NO_PRODUCER_ID = -1
+NO_PRODUCER_EPOCH = -1
 NO_SEQUENCE = -1
+NO_PARTITION_LEADER_EPOCH = -1  # what clients send; the node's own batches carry 0
 MIN_UNCOMPRESSED_RECORD_SIZE = 7  # length, attributes, 3 deltas, key length, value length, header count: 1 byte each
 INT32_MAX = 2**31 - 1
 
@@ -147,6 +158,31 @@ def last_sequence(base_sequence: int, last_offset_delta: int) -> int:
 def parse_header(buf, position: int = 0) -> BatchHeader:
     """Header of the batch starting at buf[position:]; the caller guarantees 61 bytes are there."""
     return BatchHeader._make(BATCH_HEADER.unpack_from(buf, position))
+
+
+def iter_batches(record_set) -> Iterator[tuple[int, BatchHeader]]:
+    """(position, header) of each whole batch of a record set, from the headers alone; stops at a trailing
+    partial batch or a length too short for a header. Nothing is checked beyond the length."""
+    position, end = 0, len(record_set)
+    unpack, new = BATCH_HEADER.unpack_from, tuple.__new__  # what BatchHeader._make does, without its lookups
+    while end - position >= BATCH_HEADER_SIZE:
+        header = new(BatchHeader, unpack(record_set, position))
+        size = header.batch_length + LENGTH_FIELDS_SIZE
+        if size < BATCH_HEADER_SIZE or position + size > end:
+            return
+        yield position, header
+        position += size
+
+
+def seal(batch: bytearray) -> None:
+    """Set the batch's CRC-32C (once built, or after an edit of the bytes it covers)."""
+    CRC.pack_into(batch, CRC_AT, crc32c.crc32c(memoryview(batch)[CRC_START:]))
+
+
+def set_producer(batch: bytearray, producer_id: int, producer_epoch: int, base_sequence: int) -> None:
+    """Stamp a batch with a producer id, epoch and base sequence, and seal it."""
+    PRODUCER_FIELDS.pack_into(batch, PRODUCER_FIELDS_AT, producer_id, producer_epoch, base_sequence)
+    seal(batch)
 
 
 def validate_client_batch(buf, max_message_bytes: int) -> BatchHeader:
@@ -234,10 +270,10 @@ def record_timestamps(buf, header: BatchHeader) -> list[int] | None:
     timestamps = []
     try:
         for _ in range(header.record_count):
-            length, position = _read_varint(view, position)
+            length, position = read_varint(view, position)
             record_end = position + length
             position += 1  # record attributes
-            timestamp_delta, _ = _read_varint(view, position)
+            timestamp_delta, _ = read_varint(view, position)
             timestamps.append(header.base_timestamp + timestamp_delta)
             position = record_end
     except IndexError:
@@ -294,13 +330,12 @@ def rewrite_batch(buf, header: BatchHeader, codec: int | None, log_append_time_m
                              attributes=attributes, max_timestamp=max_timestamp)
     batch = bytearray(BATCH_HEADER.pack(*header))
     batch += records
-    crc = crc32c.crc32c(memoryview(batch)[CRC_START:])
-    struct.pack_into(">I", batch, 17, crc)
-    return bytes(batch), header._replace(crc=crc)
+    seal(batch)
+    return bytes(batch), parse_header(batch)
 
 
-def _read_varint(view, position: int) -> tuple[int, int]:
-    """Zig-zag varint at position: (value, next position)."""
+def read_varint(view, position: int) -> tuple[int, int]:
+    """Zig-zag varint at position: (value, next position); IndexError past the end or beyond 64 bits."""
     shift = 0
     raw = 0
     while True:
@@ -314,10 +349,9 @@ def _read_varint(view, position: int) -> tuple[int, int]:
             raise IndexError("varint too long")
 
 
-# Batches the node writes itself (the offsets log of node.timer.groups): uncompressed, no producer id.
-
-def _varint(value: int) -> bytes:
-    raw = (value << 1) ^ (value >> 63)  # zig-zag
+def varint(value: int) -> bytes:
+    """Zig-zag varint of value."""
+    raw = (value << 1) ^ (value >> 63)
     out = bytearray()
     while raw >= 0x80:
         out.append((raw & 0x7F) | 0x80)
@@ -326,21 +360,59 @@ def _varint(value: int) -> bytes:
     return bytes(out)
 
 
-def build_batch(records: list[tuple[bytes | None, bytes | None]], timestamp_ms: int) -> bytes:
-    """An uncompressed v2 batch of (key, value) records (None: null), baseOffset 0, no headers."""
-    body = bytearray()
-    for delta, (key, value) in enumerate(records):
-        record = bytearray(b"\x00")  # attributes
-        record += _varint(0) + _varint(delta)  # timestamp delta, offset delta
-        for field in (key, value):
-            record += _varint(-1) if field is None else _varint(len(field)) + field
-        record += _varint(0)  # no headers
-        body += _varint(len(record)) + record
-    count = len(records)
-    header = BATCH_HEADER.pack(0, BATCH_HEADER_SIZE - LENGTH_FIELDS_SIZE + len(body), 0, MAGIC_V2, 0, 0, count - 1,
-                               timestamp_ms, timestamp_ms, NO_PRODUCER_ID, -1, NO_SEQUENCE, count)
-    batch = bytearray(header) + body
-    struct.pack_into(">I", batch, 17, crc32c.crc32c(batch[CRC_START:]))
+_NULL = varint(-1)
+Headers = Sequence[tuple[str, "bytes | None"]]
+
+
+def encode_record(offset_delta: int, key: bytes | None, value: bytes | None, timestamp_delta: int = 0,
+                  headers: Headers = ()) -> bytes:
+    """One record as it stands in a batch's record area, its length first (None: a null key or value)."""
+    body = bytearray(b"\x00")  # attributes, unused
+    body += varint(timestamp_delta)
+    body += varint(offset_delta)
+    for field in (key, value):
+        body += _NULL if field is None else varint(len(field)) + field
+    body += varint(len(headers))
+    for name, header_value in headers:
+        raw = name.encode("utf-8")
+        body += varint(len(raw)) + raw
+        body += _NULL if header_value is None else varint(len(header_value)) + header_value
+    return varint(len(body)) + bytes(body)
+
+
+def pack_header(records_size: int, record_count: int, first_timestamp: int, max_timestamp: int, *,
+                attributes: int = 0, base_offset: int = 0, partition_leader_epoch: int = 0,
+                producer_id: int = NO_PRODUCER_ID, producer_epoch: int = NO_PRODUCER_EPOCH,
+                base_sequence: int = NO_SEQUENCE) -> bytes:
+    """The header of a batch of record_count records (offset deltas 0 up) in records_size bytes; its CRC
+    is 0 until the batch is sealed."""
+    return BATCH_HEADER.pack(base_offset, BATCH_HEADER_SIZE - LENGTH_FIELDS_SIZE + records_size,
+                             partition_leader_epoch, MAGIC_V2, 0, attributes, record_count - 1, first_timestamp,
+                             max_timestamp, producer_id, producer_epoch, base_sequence, record_count)
+
+
+def build_batch(records: Sequence[tuple[bytes | None, bytes | None]], timestamp_ms: int, *,
+                timestamp_deltas: Sequence[int] | None = None, headers: Sequence[Headers] | None = None,
+                compression: int = 0, base_offset: int = 0, partition_leader_epoch: int = 0,
+                producer_id: int = NO_PRODUCER_ID, producer_epoch: int = NO_PRODUCER_EPOCH,
+                base_sequence: int = NO_SEQUENCE) -> bytes:
+    """A sealed v2 batch of (key, value) records (None: null), create time: record i at timestamp_ms +
+    timestamp_deltas[i] (default: all at timestamp_ms) with headers[i] (default none), its records
+    compressed with codec `compression`."""
+    if not records:
+        raise ValueError("a record batch holds at least one record")
+    deltas = timestamp_deltas if timestamp_deltas is not None else [0] * len(records)
+    body = b"".join(encode_record(offset_delta, key, value, deltas[offset_delta],
+                                  headers[offset_delta] if headers is not None else ())
+                    for offset_delta, (key, value) in enumerate(records))
+    if compression:
+        body = compress(compression, body)
+    batch = bytearray(pack_header(len(body), len(records), timestamp_ms, timestamp_ms + max(deltas),
+                                  attributes=compression, base_offset=base_offset,
+                                  partition_leader_epoch=partition_leader_epoch, producer_id=producer_id,
+                                  producer_epoch=producer_epoch, base_sequence=base_sequence))
+    batch += body
+    seal(batch)
     return bytes(batch)
 
 
@@ -355,14 +427,14 @@ def iter_records(buf, header: BatchHeader):
     position = BATCH_HEADER_SIZE
     try:
         for _ in range(header.record_count):
-            length, position = _read_varint(view, position)
+            length, position = read_varint(view, position)
             record_end = position + length
             position += 1  # attributes
-            _, position = _read_varint(view, position)  # timestamp delta
-            offset_delta, position = _read_varint(view, position)
+            _, position = read_varint(view, position)  # timestamp delta
+            offset_delta, position = read_varint(view, position)
             fields = []
             for _ in range(2):
-                size, position = _read_varint(view, position)
+                size, position = read_varint(view, position)
                 fields.append(None if size < 0 else bytes(view[position:position + size]))
                 position += max(size, 0)
             yield header.base_offset + offset_delta, fields[0], fields[1]

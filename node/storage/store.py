@@ -254,13 +254,11 @@ class PartitionStore:
             outcome[name] = self._storage_outcome(exc)
         created = [entry for entry in created if entry.name not in failed]
         if created:
-            try:
-                with storage_faults("save of the topic catalog"):
-                    self.catalog.save()
-            except StorageError as exc:
+            failed = self._save_catalog()
+            if failed is not None:
                 for entry in created:
                     self._discard_directories(self.catalog.remove_topic(entry.name))
-                    outcome[entry.name] = self._storage_outcome(exc)
+                    outcome[entry.name] = failed
                 return outcome
             self._reindex()
             log.info("created %d topics (%d partitions): %s", len(created), sum(e.partitions for e in created),
@@ -301,15 +299,13 @@ class PartitionStore:
                 outcome[entry.name] = self._storage_outcome(failed[entry.name])
         grown = [g for g in grown if g[0].name not in failed]
         if grown:
-            try:
-                with storage_faults("save of the topic catalog"):
-                    self.catalog.save()
-            except StorageError as exc:
+            failed = self._save_catalog()
+            if failed is not None:
                 for entry, added, before in grown:
                     for partition in range(before, entry.partitions):
                         shutil.rmtree(self._directory(entry.name, partition), ignore_errors=True)
                     del entry.rows[before:]
-                    outcome[entry.name] = self._storage_outcome(exc)
+                    outcome[entry.name] = failed
                 return outcome
             self._reindex()
             log.info("added partitions: %s", ", ".join(f"{e.name} {before} -> {e.partitions}"
@@ -359,17 +355,15 @@ class PartitionStore:
                 self.catalog.broker_configs = overrides
             changed.append(len(results) - 1)
         if changed:
-            try:
-                with storage_faults("save of the topic catalog"):
-                    self.catalog.save()
-            except StorageError as exc:
+            failed = self._save_catalog()
+            if failed is not None:
                 for entry, previous in reversed(undo):
                     if entry is None:
                         self.catalog.broker_configs = previous
                     else:
                         entry.configs = previous
                 for index in changed:
-                    results[index] = self._storage_outcome(exc)
+                    results[index] = failed
                 return results
             self._reindex()
             log.info("configs altered: %s", ", ".join(name or "(node)" for _, name, _, _ in resources))
@@ -406,6 +400,16 @@ class PartitionStore:
         for partition in range(entry.partitions):
             shutil.rmtree(self._directory(entry.name, partition), ignore_errors=True)
 
+    def _save_catalog(self) -> tuple[int, str] | None:
+        """Save the catalog with the caller's changes; on a disk fault, the answer for each change (which the
+        caller then undoes), else None."""
+        try:
+            with storage_faults("save of the topic catalog"):
+                self.catalog.save()
+        except StorageError as exc:
+            return self._storage_outcome(exc)
+        return None
+
     def _storage_outcome(self, exc: StorageError) -> tuple[int, str]:
         log.warning("%s: answering KAFKA_STORAGE_ERROR (56)", exc)
         return (int(ErrorCode.kafka_storage_error), str(exc))
@@ -425,14 +429,11 @@ class PartitionStore:
                 continue
             outcome[name] = (0, None)
         if doomed:
-            try:
-                with storage_faults("save of the topic catalog"):
-                    # First forget the topic, so a crash never leaves a catalogued topic half deleted.
-                    self.catalog.save()
-            except StorageError as exc:
+            failed = self._save_catalog()  # first forget the topics: a crash never leaves one catalogued half deleted
+            if failed is not None:
                 for entry in doomed:
                     self.catalog.topics[entry.name] = entry
-                    outcome[entry.name] = self._storage_outcome(exc)
+                    outcome[entry.name] = failed
                 return outcome
             for entry in doomed:
                 for partition, row in enumerate(entry.rows):

@@ -26,7 +26,6 @@ Invariants:
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import signal
@@ -36,8 +35,8 @@ from typing import Any, Callable
 
 import posix_ipc
 
-from node.config import NodeConfig, read_runtime, reload_runtime
-from node.logging_setup import setup_logging
+from node.child import ConfigReload, child_arguments, close_all, start_child
+from node.config import NodeConfig
 from node.proctitle import set_title
 from node.storage.store import PartitionStore
 from node.timer.chores import Chore, ChoreScheduler
@@ -69,8 +68,6 @@ class TimerProcess:
     def __init__(self, instance: str, config: NodeConfig, worker_bell_fds: list[int], supervisor_pid: int,
                  config_path: str, heartbeat_slot: int, cleaner_bell_fds: list[int] | None = None) -> None:
         self.config = config
-        self.config_path = config_path
-        self._reload = False
         self.supervisor_pid = supervisor_pid
         self.heartbeats = HeartbeatTable.attach(shm_instance.heartbeat_name(instance))
         self.heartbeat = self.heartbeats.heartbeat(heartbeat_slot, os.getpid())
@@ -98,6 +95,7 @@ class TimerProcess:
                                        config.timer.purgatory, now)
         self.controller = Controller(self.store, self.outbox, self.flusher)
         self.quotas = QuotaManager(config.quotas, self.outbox, now)
+        self.reload = ConfigReload(config_path, config, self._apply_config, log)
         self.chores = ChoreScheduler(config.timer.wheel, now, self._run_chore)
         flush = config.flush
         self.chores.every("producer snapshots", flush.producer_snapshot_interval_ms, _write_producer_snapshots, now)
@@ -199,17 +197,13 @@ class TimerProcess:
         self.bell.ring()
 
     def _on_hup(self, signum: int, frame: Any) -> None:
-        self._reload = True
+        self.reload.on_hup(signum, frame)
         self.bell.ring()
 
-    def _reload_config(self) -> None:
-        """SIGHUP: the supervisor rewrote the config file with new reloadable settings."""
-        self._reload = False
-        config = reload_runtime(self.config, self.config_path, log)
-        if config is None:
-            return
+    def _apply_config(self, config: NodeConfig) -> None:
+        """A reloaded config (node.child.ConfigReload): its reloadable settings are the quotas."""
         self.config = config
-        self.quotas.reconfigure(self.config.quotas)
+        self.quotas.reconfigure(config.quotas)
         log.info("reloaded quotas")
 
     def run(self) -> int:
@@ -237,8 +231,8 @@ class TimerProcess:
                 if self.stats.due(now_ns):
                     self.stats.writer.set("loop_turns", self.heartbeat.beats)
                     self.stats.publish(self, now_ns)
-            if self._reload:
-                self._reload_config()
+            if self.reload.requested:
+                self.reload.reload()
             self._drain()
             self._on_flushed()
             self.groups.turn()
@@ -252,12 +246,7 @@ class TimerProcess:
         self.flusher.stop(self.config.server.shutdown_grace_ms / 1000)
         self._on_flushed()
         self.outbox.flush()
-        for end in self.readers + self.outbox.writers:
-            end.close()
-        self.store.close()
-        self.heartbeats.close()
-        if self.stats_segment is not None:
-            self.stats_segment.close()
+        close_all(*self.readers, *self.outbox.writers, self.store, self.heartbeats, self.stats_segment)
         return 0
 
 
@@ -272,17 +261,11 @@ def _enforce_retention(store: PartitionStore) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--instance", required=True)
-    parser.add_argument("--index", type=int, default=0)
-    parser.add_argument("--config-file", required=True)
-    parser.add_argument("--heartbeat-slot", type=int, required=True)
-    parser.add_argument("--supervisor-pid", type=int, required=True)
+    parser = child_arguments()
     parser.add_argument("--worker-bell-fds", required=True)
     parser.add_argument("--cleaner-bell-fds", default="", help="each log cleaner's doorbell (comma-separated)")
     args = parser.parse_args(argv)
-    setup_logging("timer")
-    config = read_runtime(args.config_file)
+    config = start_child("timer", args.config_file)
     set_title("timer")
     fds = [int(fd) for fd in args.worker_bell_fds.split(",") if fd]
     cleaner_fds = [int(fd) for fd in args.cleaner_bell_fds.split(",") if fd]

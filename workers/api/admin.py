@@ -46,6 +46,25 @@ def millis(delta: Any) -> int:
     return int(delta.total_seconds() * 1000) if isinstance(delta, datetime.timedelta) else int(delta)
 
 
+# The node's settings a broker resource shows as they are, by Kafka's names: (name, section of the node's
+# config, setting, Kafka's type); one the file sets (not its default) is STATIC_BROKER_CONFIG.
+NODE_SETTINGS = (
+    ("broker.id", "server", "node_id", "INT"),
+    ("node.id", "server", "node_id", "INT"),
+    ("socket.request.max.bytes", "server", "request_max_bytes", "INT"),
+    ("socket.send.buffer.bytes", "server", "socket_send_buffer_bytes", "INT"),
+    ("socket.receive.buffer.bytes", "server", "socket_receive_buffer_bytes", "INT"),
+    ("num.partitions", "topics", "num_partitions", "INT"),
+    ("auto.create.topics.enable", "topics", "auto_create_topics", "BOOLEAN"),
+    ("offsets.retention.check.interval.ms", "groups", "offsets_retention_check_interval_ms", "LONG"),
+    ("offsets.commit.timeout.ms", "groups", "offsets_commit_timeout_ms", "INT"),
+    ("offset.metadata.max.bytes", "groups", "offset_metadata_max_bytes", "INT"),
+    ("group.initial.rebalance.delay.ms", "groups", "initial_rebalance_delay_ms", "INT"),
+    ("group.min.session.timeout.ms", "groups", "min_session_timeout_ms", "INT"),
+    ("group.max.session.timeout.ms", "groups", "max_session_timeout_ms", "INT"),
+)
+
+
 class AdminHandlers:
     def __init__(self, partitions: PartitionStore, config: NodeConfig, delayed: DelayedRequests) -> None:
         self.partitions = partitions
@@ -293,41 +312,20 @@ class AdminHandlers:
         host = server.advertised_host or server.host
         port = server.advertised_port or server.port
         static = [
-            ("broker.id", str(server.node_id), server.node_id != defaults.server.node_id, "INT"),
-            ("node.id", str(server.node_id), server.node_id != defaults.server.node_id, "INT"),
             ("listeners", f"PLAINTEXT://{server.host}:{server.port}", True, "STRING"),
             ("advertised.listeners", f"PLAINTEXT://{host}:{port}", True, "STRING"),
             ("log.dirs", server.data_dir, True, "STRING"),
             ("num.network.threads", str(server.worker_count()), server.workers != defaults.server.workers, "INT"),
-            ("socket.request.max.bytes", str(server.request_max_bytes),
-             server.request_max_bytes != defaults.server.request_max_bytes, "INT"),
-            ("socket.send.buffer.bytes", str(server.socket_send_buffer_bytes),
-             server.socket_send_buffer_bytes != defaults.server.socket_send_buffer_bytes, "INT"),
-            ("socket.receive.buffer.bytes", str(server.socket_receive_buffer_bytes),
-             server.socket_receive_buffer_bytes != defaults.server.socket_receive_buffer_bytes, "INT"),
-            ("num.partitions", str(config.topics.num_partitions),
-             config.topics.num_partitions != defaults.topics.num_partitions, "INT"),
-            ("auto.create.topics.enable", TC.render(config.topics.auto_create_topics),
-             config.topics.auto_create_topics != defaults.topics.auto_create_topics, "BOOLEAN"),
             ("default.replication.factor", "1", False, "INT"),
             ("offsets.topic.num.partitions", "1", False, "INT"),
             ("offsets.topic.replication.factor", "1", False, "SHORT"),
             ("offsets.retention.minutes", str(int(groups.offsets_retention_minutes)),
              groups.offsets_retention_minutes != defaults.groups.offsets_retention_minutes, "INT"),
-            ("offsets.retention.check.interval.ms", str(groups.offsets_retention_check_interval_ms),
-             groups.offsets_retention_check_interval_ms != defaults.groups.offsets_retention_check_interval_ms, "LONG"),
-            ("offsets.commit.timeout.ms", str(groups.offsets_commit_timeout_ms),
-             groups.offsets_commit_timeout_ms != defaults.groups.offsets_commit_timeout_ms, "INT"),
-            ("offset.metadata.max.bytes", str(groups.offset_metadata_max_bytes),
-             groups.offset_metadata_max_bytes != defaults.groups.offset_metadata_max_bytes, "INT"),
-            ("group.initial.rebalance.delay.ms", str(groups.initial_rebalance_delay_ms),
-             groups.initial_rebalance_delay_ms != defaults.groups.initial_rebalance_delay_ms, "INT"),
-            ("group.min.session.timeout.ms", str(groups.min_session_timeout_ms),
-             groups.min_session_timeout_ms != defaults.groups.min_session_timeout_ms, "INT"),
-            ("group.max.session.timeout.ms", str(groups.max_session_timeout_ms),
-             groups.max_session_timeout_ms != defaults.groups.max_session_timeout_ms, "INT"),
             ("group.max.size", str(groups.max_size or 2**31 - 1), groups.max_size != defaults.groups.max_size, "INT"),
         ]
+        for name, section, setting, kind in NODE_SETTINGS:
+            value, default = (getattr(getattr(c, section), setting) for c in (config, defaults))
+            static.append((name, TC.render(value), value != default, kind))
         for name, value, from_file, kind in static:
             source = TC.SOURCE_STATIC_BROKER if from_file else TC.SOURCE_DEFAULT
             described.append(TC.DescribedConfig(name, value, source, ((name, value, source),), kind,

@@ -41,11 +41,12 @@ _DEFAULT_TIMEOUT = i32Timedelta.parse(datetime.timedelta(milliseconds=60000))
 class _Schema:
     """One API version's schema: its decorators make a class one of kio's frozen entity dataclasses of that API
     and version, with kio's class attributes set here; `request` and `response` for the top-level messages,
-    `request_part` and `response_part` for the structures nested in them."""
+    `request_part` and `response_part` for the structures nested in them. `namespace()` holds what was declared."""
 
     def __init__(self, api_key: i16, version: int) -> None:
         self.api_key = api_key
         self.version = i16(version)
+        self.classes: dict[str, type] = {}
 
     def _entity(self, cls: type, kind: EntityType, header: type) -> type:
         cls.__type__ = kind
@@ -53,7 +54,15 @@ class _Schema:
         cls.__flexible__ = False
         cls.__api_key__ = self.api_key
         cls.__header_schema__ = header
-        return dataclass(frozen=True, slots=True, kw_only=True)(cls)
+        entity = dataclass(frozen=True, slots=True, kw_only=True)(cls)
+        self.classes[cls.__name__] = entity
+        if kind != EntityType.nested:
+            self.classes[kind.name] = entity  # `request` and `response`
+        return entity
+
+    def namespace(self) -> SimpleNamespace:
+        """Every class declared, by its name, and the two messages as `request` and `response`."""
+        return SimpleNamespace(**self.classes)
 
     def request(self, cls: type) -> type:
         return self._entity(cls, EntityType.request, RequestHeader)
@@ -124,16 +133,7 @@ def _create_topics(version: int) -> SimpleNamespace:
     class CreateTopicsResponse:
         topics: tuple[CreatableTopicResult, ...]
 
-    return SimpleNamespace(
-        CreatableReplicaAssignment=CreatableReplicaAssignment,
-        CreatableTopicConfig=CreatableTopicConfig,
-        CreatableTopic=CreatableTopic,
-        CreateTopicsRequest=CreateTopicsRequest,
-        CreatableTopicResult=CreatableTopicResult,
-        CreateTopicsResponse=CreateTopicsResponse,
-        request=CreateTopicsRequest,
-        response=CreateTopicsResponse,
-    )
+    return schema.namespace()
 
 
 def _delete_topics_v0() -> SimpleNamespace:
@@ -153,13 +153,7 @@ def _delete_topics_v0() -> SimpleNamespace:
     class DeleteTopicsResponse:
         responses: tuple[DeletableTopicResult, ...]
 
-    return SimpleNamespace(
-        DeleteTopicsRequest=DeleteTopicsRequest,
-        DeletableTopicResult=DeletableTopicResult,
-        DeleteTopicsResponse=DeleteTopicsResponse,
-        request=DeleteTopicsRequest,
-        response=DeleteTopicsResponse,
-    )
+    return schema.namespace()
 
 
 def _describe_configs_v0() -> SimpleNamespace:
@@ -197,15 +191,7 @@ def _describe_configs_v0() -> SimpleNamespace:
         throttle_time: i32Timedelta = field(metadata={"kafka_type": "timedelta_i32"})
         results: tuple[DescribeConfigsResult, ...]
 
-    return SimpleNamespace(
-        DescribeConfigsResource=DescribeConfigsResource,
-        DescribeConfigsRequest=DescribeConfigsRequest,
-        DescribeConfigsResourceResult=DescribeConfigsResourceResult,
-        DescribeConfigsResult=DescribeConfigsResult,
-        DescribeConfigsResponse=DescribeConfigsResponse,
-        request=DescribeConfigsRequest,
-        response=DescribeConfigsResponse,
-    )
+    return schema.namespace()
 
 
 LEGACY_SCHEMAS: dict[tuple[int, int], SimpleNamespace] = {

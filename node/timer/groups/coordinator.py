@@ -363,17 +363,22 @@ class GroupCoordinator:
             return E.illegal_generation
         return E.none
 
+    def _live_member(self, d: Any) -> tuple[Group | None, Member | None, E]:
+        """The group and member a SyncGroup or Heartbeat names, or (member None) the error to answer: the
+        member's checks (_check_member), and an Empty group's UNKNOWN_MEMBER_ID."""
+        group = self.groups.get(d.group)
+        error = self._check_member(group, d.member, d.instance, d.generation)
+        if not error and group.is_(EMPTY):
+            error = E.unknown_member_id
+        return group, None if error else group.members[d.member], error
+
     def sync_group(self, worker: int, message: Any) -> None:
         d, waiter = message, self._waiter(worker, message)
         if self.offsets.loading:
             return self._sync_reply(waiter, E.coordinator_load_in_progress)
-        group = self.groups.get(d.group)
-        error = self._check_member(group, d.member, d.instance, d.generation)
+        group, member, error = self._live_member(d)
         if error:
             return self._sync_reply(waiter, error)
-        member = group.members[d.member]
-        if group.is_(EMPTY):
-            return self._sync_reply(waiter, E.unknown_member_id)
         if group.is_(PREPARING):
             return self._sync_reply(waiter, E.rebalance_in_progress)
         self._renew_session(group, member)
@@ -408,13 +413,9 @@ class GroupCoordinator:
         d, waiter = message, self._waiter(worker, message)
         if self._unavailable(waiter):
             return
-        group = self.groups.get(d.group)
-        error = self._check_member(group, d.member, d.instance, d.generation)
+        group, member, error = self._live_member(d)
         if error:
             return self._error_only(waiter, error)
-        member = group.members[d.member]
-        if group.is_(EMPTY):
-            return self._error_only(waiter, E.unknown_member_id)
         self._renew_session(group, member)
         self._error_only(waiter, E.rebalance_in_progress if group.is_(PREPARING) else E.none)
 
