@@ -245,19 +245,23 @@ def test_a_crash_during_the_swap_leaves_the_old_set_or_the_new_one(tmp_path, tab
         check_latest(plog, latest, tombstones_kept=True)
 
 
+def stage_cleaning(plog, now: int):
+    """Roll, then write the cleaned replacements of the closed segments into the staging directory, unswapped."""
+    plog.roll()
+    staging = os.path.join(plog.directory, C.CLEANING_DIR)
+    os.mkdir(staging)
+    cleaner = C.Cleaner(UNLIMITED)
+    segments = plog.segments[:-1]
+    result = C.CleanResult()
+    offset_map, cleaned_to = cleaner._build_map(plog, segments, C.dirtiness(plog, now), result)
+    return staging, cleaner._rewrite(plog, segments, cleaned_to, offset_map, now, staging, result)
+
+
 def test_a_cleaner_killed_in_a_committed_swap_is_finished_by_the_next_cleaning_not_undone(tmp_path, table):
-    plog = open_log(tmp_path, table)
-    now = time.time_ns() // 1_000_000
-    try:
+    with open_log(tmp_path, table) as plog:
+        now = time.time_ns() // 1_000_000
         latest = write_updates(plog, rounds=4, keys=30, timestamp=now)
-        plog.roll()
-        staging = os.path.join(plog.directory, C.CLEANING_DIR)
-        os.mkdir(staging)
-        cleaner = C.Cleaner(UNLIMITED)
-        segments = plog.segments[:-1]
-        result = C.CleanResult()
-        offset_map, cleaned_to = cleaner._build_map(plog, segments, C.dirtiness(plog, now), result)
-        groups = cleaner._rewrite(plog, segments, cleaned_to, offset_map, now, staging, result)
+        staging, groups = stage_cleaning(plog, now)
         C.write_manifest(staging, groups)
         for suffix in C.SEGMENT_SUFFIXES:  # killed half way through the renames
             name = f"{groups[0].base:020d}{suffix}"
@@ -265,22 +269,13 @@ def test_a_cleaner_killed_in_a_committed_swap_is_finished_by_the_next_cleaning_n
         C.Cleaner(UNLIMITED).clean(plog)  # the node runs on: no recovery, the next cleaning comes
         check_latest(plog, latest, tombstones_kept=True)
         assert not os.path.exists(staging)
-    finally:
-        plog.close()
 
 
 def test_a_swap_is_refused_when_retention_changed_the_segments_meanwhile(tmp_path, table):
     with open_log(tmp_path, table) as plog:
         now = time.time_ns() // 1_000_000
         write_updates(plog, rounds=4, keys=30, timestamp=now)
-        plog.roll()
-        staging = os.path.join(plog.directory, C.CLEANING_DIR)
-        os.mkdir(staging)
-        cleaner = C.Cleaner(UNLIMITED)
-        segments = plog.segments[:-1]
-        result = C.CleanResult()
-        offset_map, cleaned_to = cleaner._build_map(plog, segments, C.dirtiness(plog, now), result)
-        groups = cleaner._rewrite(plog, segments, cleaned_to, offset_map, now, staging, result)
+        staging, groups = stage_cleaning(plog, now)
         plog.delete_records_before(plog.segments[1].base_offset)  # the first segment goes meanwhile
         before = read_all(plog)
         assert plog.replace_segments(staging, groups) is False
