@@ -178,10 +178,12 @@ class Runs:
             index = first_index[owner] + step
             extra = offset_delta_extra(index)
             expected = sizes[owner] + (1 + offset_delta_extra(index + 1) - extra) - first_width[owner]
-            at = position[owner] + step * (sizes[owner] - first_width[owner] + 1) + extra - base_extra[owner]
-            got_length, got_width = varints(self.arena, np.minimum(at, limit), MAX_VARINT, strict=False)
+            stride = sizes - first_width + 1
+            at = position[owner] + step * stride[owner] + extra - base_extra[owner]
+            # Corrupt bytes can make a guessed size zero or negative: guesses then run backwards, out of the area.
+            got_length, got_width = varints(self.arena, np.clip(at, 0, limit), MAX_VARINT, strict=False)
             bad = ((at + expected > self.end[active][owner]) | (got_length + got_width != expected)
-                   | (got_length < 0) | (got_width == 0))
+                   | (got_length < 0) | (got_width == 0) | ((step > 0) & (stride[owner] <= 0)))
             runs = guesses.copy()
             bad_owners, first_bad = np.unique(owner[bad], return_index=True)
             runs[bad_owners] = step[bad][first_bad]
