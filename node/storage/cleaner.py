@@ -22,6 +22,9 @@ One cleaning (`Cleaner.clean`):
    state survives; a batch left with no record goes, except the last batch of each producer id, kept empty.
    A batch keeping every record is copied as it is. A group that loses nothing and merges nothing is not
    written.
+   Control batches (transaction markers) are copied as they are, and the new segment's aborted-transaction
+   index holds the entries of the segments it replaces. Records of aborted transactions are compacted as any
+   others (Kafka drops them; not yet done here), so read_committed readers still skip them by the index.
 3. The swap (PartitionLog.replace_segments): under the partition's lock, if the replaced segments are still
    the files the cleaner read, a manifest naming each new segment and the old ones it replaces is written
    (fsync'd, renamed into place: the commit point), the new files are renamed over the old and the other
@@ -57,6 +60,7 @@ from node.storage.record_arrays import ARENA_PADDING, CorruptRecords, record_fie
 from node.storage.records import (BATCH_HEADER, BATCH_HEADER_SIZE, COMPRESSION_MASK, CONTROL_BIT, LENGTH_FIELDS_SIZE,
                                   seal)
 from node.storage.segment import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX, Segment, segment_file_name
+from node.storage.txn_index import TXN_INDEX_SUFFIX
 
 log = logging.getLogger("shmbroker.cleaner")
 
@@ -64,7 +68,7 @@ CHECKPOINT_FILE = "cleaner-offset-checkpoint"
 CLEANING_DIR = "cleaning"
 MANIFEST_FILE = "swap.json"
 MAP_ENTRY_BYTES = 24  # two 64-bit key hashes and an offset, as Kafka's 16-byte hash and 8-byte offset
-SEGMENT_SUFFIXES = (TIME_INDEX_SUFFIX, INDEX_SUFFIX, LOG_SUFFIX)  # the log last: see finish_swap
+SEGMENT_SUFFIXES = (TXN_INDEX_SUFFIX, TIME_INDEX_SUFFIX, INDEX_SUFFIX, LOG_SUFFIX)  # the log last: see finish_swap
 _M1 = np.uint64(0x9E3779B97F4A7C15)
 _M2 = np.uint64(0xC2B2AE3D27D4EB4F)
 _ALL_ONES = np.uint64(0xFFFFFFFFFFFFFFFF)
@@ -474,6 +478,7 @@ class Cleaner:
                         for batch in kept_batches(chunk, keep, last_batches):
                             writer.append(batch)
                         result.bytes_before += len(chunk.data)
+                writer.carry_aborted_transactions(group)
                 writer.seal(next_base)
             finally:
                 writer.close()
@@ -566,6 +571,15 @@ class SegmentWriter:
         self.max_timestamp = max(self.max_timestamp, max_timestamp)
         if len(self._buffer) >= 1 << 20:
             self._flush_buffer()
+
+    def carry_aborted_transactions(self, group: list[Segment]) -> None:
+        """The aborted-transaction entries of the segments this one replaces (their markers stay: control
+        batches are never cleaned)."""
+        index = self.segment.txn_index(create=True)
+        for old in group:
+            old_index = old.txn_index()
+            for entry in old_index.entries() if old_index is not None else ():
+                index.append(entry)
 
     def _flush_buffer(self) -> None:
         if self._buffer:

@@ -1,0 +1,102 @@
+"""The aborted-transaction index of one segment (`<base offset, 20 digits>.txnindex`), Kafka's format.
+
+Each entry is 34 bytes, big-endian: version int16 (0), producer id int64, first offset int64, last offset
+int64 (the offset of the ABORT marker), last stable offset int64 (the partition's LSO once the marker was
+appended). An entry lives in the index of the segment that holds its marker, so entries of one index are in
+marker (last offset) order, and a read_committed fetch of [start, end) needs the indexes of the segments from
+the one holding `start` onward, stopping at the first entry whose LSO reaches `end` (Kafka's
+collectAbortedTransactions).
+
+Invariants:
+- Entries are appended only by the holder of the partition lock, before the marker's append is published: a
+  writer killed in between leaves an entry whose last offset is at or past the published log end, which
+  readers ignore and the next append() (or recovery's truncate_from) removes first.
+- Readers count whole entries only (size // 34): a torn trailing entry is invisible, and removed the same way.
+- Recovery rebuilds the entries of every segment it replays (truncate_from the replay's start, then one
+  append per ABORT marker found), and the whole index of a segment whose file is missing, so a lost or torn
+  index never outlives a restart. The file is fsync'd with its segment's log, so a flushed marker's entry is
+  durable too.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from typing import NamedTuple
+
+TXN_INDEX_SUFFIX = ".txnindex"
+ENTRY = struct.Struct(">hqqqq")
+ENTRY_VERSION = 0
+
+
+class AbortedTransaction(NamedTuple):
+    producer_id: int
+    first_offset: int
+    last_offset: int
+    last_stable_offset: int
+
+
+class TransactionIndex:
+    """One segment's .txnindex file, opened in this process."""
+
+    def __init__(self, path: str, create: bool = False):
+        """Open the file (FileNotFoundError if it is missing and not `create`)."""
+        self.path = path
+        self.fd = os.open(path, os.O_RDWR | os.O_CLOEXEC | (os.O_CREAT if create else 0), 0o644)
+        self._cache: tuple[int, int, tuple[AbortedTransaction, ...]] | None = None  # (inode, size, entries)
+
+    def entries(self) -> tuple[AbortedTransaction, ...]:
+        """Every whole entry, in file order (re-read only when the file's size or inode changed)."""
+        stat = os.fstat(self.fd)
+        cache = self._cache
+        if cache is not None and cache[0] == stat.st_ino and cache[1] == stat.st_size:
+            return cache[2]
+        whole = stat.st_size - stat.st_size % ENTRY.size
+        data = os.pread(self.fd, whole, 0) if whole else b""
+        entries = tuple(AbortedTransaction(*ENTRY.unpack_from(data, at)[1:])
+                        for at in range(0, len(data) - len(data) % ENTRY.size, ENTRY.size))
+        self._cache = (stat.st_ino, stat.st_size, entries)
+        return entries
+
+    def append(self, entry: AbortedTransaction) -> None:
+        """Add an entry after removing stale ones at or past its marker (see the invariants)."""
+        kept = self._kept_before(entry.last_offset)
+        os.pwrite(self.fd, ENTRY.pack(ENTRY_VERSION, *entry), kept * ENTRY.size)
+        os.ftruncate(self.fd, (kept + 1) * ENTRY.size)
+
+    def truncate_from(self, offset: int) -> None:
+        """Drop the entries whose marker is at or past `offset` (and a torn tail)."""
+        kept = self._kept_before(offset)
+        if os.fstat(self.fd).st_size != kept * ENTRY.size:
+            os.ftruncate(self.fd, kept * ENTRY.size)
+
+    def _kept_before(self, offset: int) -> int:
+        kept = 0
+        for entry in self.entries():
+            if entry.last_offset >= offset:
+                break
+            kept += 1
+        return kept
+
+    def flush(self) -> None:
+        os.fdatasync(self.fd)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+def collect_aborted(indexes, start: int, end: int, log_end: int) -> list[AbortedTransaction]:
+    """The aborted transactions overlapping [start, end) from the indexes of the segments in offset order,
+    starting with the segment holding `start`; entries at or past `log_end` are a killed writer's, unseen."""
+    found = []
+    for index in indexes:
+        for entry in index.entries():
+            if entry.last_offset >= log_end:
+                return found
+            if entry.last_offset >= start and entry.first_offset < end:
+                found.append(entry)
+            if entry.last_stable_offset >= end:
+                return found
+    return found
