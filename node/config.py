@@ -248,6 +248,28 @@ class GroupConfig:
 
 
 @dataclass(frozen=True)
+class TransactionConfig:
+    """The transaction coordinator (node.timer.transactions); names and defaults are Kafka's where Kafka has the
+    setting."""
+
+    transaction_max_timeout_ms: int = 900_000  # transaction.max.timeout.ms: the longest transaction.timeout.ms
+    # transaction.state.log.segment.bytes: the __transaction_state log's segments (compacted by the log cleaner).
+    state_segment_bytes: int = 100 << 20
+    # Loading __transaction_state at start: bytes read per timer loop turn, so the timer keeps serving meanwhile.
+    state_load_bytes_per_turn: int = 1 << 20
+    # How long a state write (and a completion's markers) may wait for its fsync before the request is refused
+    # (the client retries) or the completion is tried again.
+    state_write_timeout_ms: int = 5000
+    # A completion whose markers could not be written (a storage fault) is tried again after this long.
+    marker_retry_ms: int = 1000
+
+    def __post_init__(self) -> None:
+        if min(self.transaction_max_timeout_ms, self.state_segment_bytes, self.state_load_bytes_per_turn,
+               self.state_write_timeout_ms, self.marker_retry_ms) <= 0:
+            raise ValueError("the [transactions] settings must be positive")
+
+
+@dataclass(frozen=True)
 class QuotaLimits:
     """Byte-rate quotas of one client id (0: unlimited), Kafka's producer_byte_rate and consumer_byte_rate."""
 
@@ -331,6 +353,7 @@ class NodeConfig:
     flush: FlushConfig = field(default_factory=FlushConfig)
     log: LogConfig = field(default_factory=LogConfig)
     groups: GroupConfig = field(default_factory=GroupConfig)
+    transactions: TransactionConfig = field(default_factory=TransactionConfig)
     quotas: QuotaConfig = field(default_factory=QuotaConfig)
     priority: PriorityConfig = field(default_factory=PriorityConfig)
     stats: StatsConfig = field(default_factory=StatsConfig)

@@ -95,6 +95,12 @@ class Kind(IntEnum):
     DESCRIBE_GROUPS = 23
     DELETE_GROUPS = 24
     DELETE_OFFSETS = 25
+    # The transaction coordinator's requests (node.timer.transactions), answered by a REPLY as the group kinds are.
+    INIT_PRODUCER_ID = 26  # with a transactional.id (one without is answered by the worker)
+    ADD_PARTITIONS_TO_TXN = 27
+    ADD_OFFSETS_TO_TXN = 28
+    END_TXN = 29
+    TXN_OFFSET_COMMIT = 30
     # Client quotas (node.timer.quotas)
     QUOTA_USAGE = 32  # what each client id produced and fetched since the worker's last report
     THROTTLE = 33  # hold a throttled client until deadline_ms
@@ -330,6 +336,24 @@ DeleteOffsets = declare(Kind.DELETE_OFFSETS, body=ASKED, fields=[("group", STR),
                         reply=[("error", "h"), ("topics", Array(TopicPartitionErrors))]).tuple_class
 GROUP_KINDS = (Kind.JOIN_GROUP, Kind.SYNC_GROUP, Kind.HEARTBEAT, Kind.LEAVE_GROUP, Kind.COMMIT_OFFSETS,
                Kind.FETCH_OFFSETS, Kind.LIST_GROUPS, Kind.DESCRIBE_GROUPS, Kind.DELETE_GROUPS, Kind.DELETE_OFFSETS)
+
+# The transaction coordinator's: every request names its transactional.id and the producer id and epoch it holds.
+TXN_ASKED = ASKED + [("producer_id", "q"), ("producer_epoch", "h")]
+InitProducerId = declare(Kind.INIT_PRODUCER_ID, body=ASKED + [("transaction_timeout_ms", "i")],
+                         fields=[("transactional_id", STR)],
+                         reply=[("error", "h"), ("producer_id", "q"), ("producer_epoch", "h")]).tuple_class
+AddPartitionsToTxn = declare(Kind.ADD_PARTITIONS_TO_TXN, body=TXN_ASKED,
+                             fields=[("transactional_id", STR), ("topics", Array(TopicPartitions))],
+                             reply=[("topics", Array(TopicPartitionErrors))]).tuple_class
+AddOffsetsToTxn = declare(Kind.ADD_OFFSETS_TO_TXN, body=TXN_ASKED, fields=[("transactional_id", STR), ("group", STR)],
+                          reply=[("error", "h")]).tuple_class
+EndTxn = declare(Kind.END_TXN, body=TXN_ASKED + [("committed", "?")], fields=[("transactional_id", STR)],
+                 reply=[("error", "h")]).tuple_class
+TxnOffsetCommit = declare(Kind.TXN_OFFSET_COMMIT, body=TXN_ASKED,
+                          fields=[("transactional_id", STR), ("group", STR), ("topics", Array(TopicCommits))],
+                          reply=[("topics", Array(TopicPartitionErrors))]).tuple_class
+TRANSACTION_KINDS = (Kind.INIT_PRODUCER_ID, Kind.ADD_PARTITIONS_TO_TXN, Kind.ADD_OFFSETS_TO_TXN, Kind.END_TXN,
+                     Kind.TXN_OFFSET_COMMIT)
 
 QuotaUsage = declare(Kind.QUOTA_USAGE, body=[("report", "Q")], fields=[("clients", Array(ClientUsage))]).tuple_class
 Throttle = declare(Kind.THROTTLE, body=[("request_id", "Q"), ("deadline_ms", "q"), ("throttle_ms", "I"),

@@ -6,6 +6,7 @@
 - the delayed-operation service (node.timer.service): long-poll fetches and acks=all produces;
 - the controller (node.timer.controller): topic administration (topics, partitions, configs, records);
 - the group coordinator (node.timer.groups): consumer groups and their committed offsets;
+- the transaction coordinator (node.timer.transactions): transactional ids, their state log and markers;
 - the quota manager (node.timer.quotas): clients' byte rates, node-wide, and throttle timers;
 - the flusher (node.timer.flusher): group-commit fsync, and the thread the chores run on;
 - the chores (node.timer.chores): producer-state snapshots and retention, on a wheel of their own;
@@ -49,6 +50,9 @@ from node.timer.outbox import Outbox
 from node.timer.quotas import QuotaManager
 from node.timer.service import DelayedOperations
 from node.timer.stats import TimerStats
+from node.timer.transactions.coordinator import TransactionCoordinator
+from node.timer.transactions.markers import MarkerWriter
+from node.timer.transactions.state_log import TransactionStateLog
 from shm import instance as shm_instance
 from shm import messages as M
 from shm import stats as S
@@ -93,6 +97,14 @@ class TimerProcess:
                               commit_timeout_ms=groups.offsets_commit_timeout_ms)
         self.groups = GroupCoordinator(groups, self.outbox, offsets, self.store, config.timer.wheel,
                                        config.timer.purgatory, now)
+        txn = config.transactions
+        state_log = TransactionStateLog(self.store, self.operations.wait_flushed, segment_bytes=txn.state_segment_bytes,
+                                        load_bytes_per_turn=txn.state_load_bytes_per_turn,
+                                        write_timeout_ms=txn.state_write_timeout_ms)
+        self.transactions = TransactionCoordinator(
+            txn, self.outbox, state_log, MarkerWriter(self.store, self.operations.wait_flushed, txn.state_write_timeout_ms),
+            self.store, self.groups.commit_transaction_offsets, lambda: self.groups.loading, config.timer.wheel, now,
+            groups.offset_metadata_max_bytes)
         self.controller = Controller(self.store, self.outbox, self.flusher)
         self.quotas = QuotaManager(config.quotas, self.outbox, now)
         self.reload = ConfigReload(config_path, config, self._apply_config, log)
@@ -116,6 +128,7 @@ class TimerProcess:
             M.Kind.DELETE_RECORDS: self.controller.delete_records,
             M.Kind.FLUSH: lambda worker, message: self.flusher.request(),
             **self.groups.handlers,
+            **self.transactions.handlers,
             M.Kind.QUOTA_USAGE: self.quotas.usage,
             M.Kind.THROTTLE: self._throttle,
             M.Kind.CLEANER_READY: self._from_cleaner(self.cleaning.ready),
@@ -183,7 +196,8 @@ class TimerProcess:
         timeout = min(self.config.timer.max_sleep_ms, self.config.server.heartbeat_interval_ms)
         due = None
         for deadline in (self.operations.next_expiration(), self.chores.next_expiration(),
-                         self.groups.next_expiration(), self.quotas.next_expiration()):
+                         self.groups.next_expiration(), self.quotas.next_expiration(),
+                         self.transactions.next_expiration()):
             if deadline is not None:
                 due = deadline if due is None else min(due, deadline)
                 timeout = min(timeout, max(0, deadline - now))
@@ -236,9 +250,11 @@ class TimerProcess:
             self._drain()
             self._on_flushed()
             self.groups.turn()
+            self.transactions.turn()
             now = monotonic_ms()
             self.operations.advance(now)
             self.groups.advance(now)
+            self.transactions.advance(now)
             self.chores.advance(now)
             self.quotas.end_turn(now)
             self.outbox.flush()

@@ -35,6 +35,7 @@ from workers.connection import FileRange, Request
 from workers.timer_client.delayed import Completed, DelayedRequests, monotonic_ms
 from workers.api.admin import AdminHandlers
 from workers.api.groups import GroupHandlers
+from workers.api.transactions import TransactionHandlers
 from workers.codecs.fetch import FetchPartitionResult, FetchTopicResult, encode_fetch_response
 from workers.api import priority
 from workers.timer_client.outcome import Outcome
@@ -78,6 +79,7 @@ class Handlers:
         self.throttler = throttler
         self.quotas = throttler.quotas
         self.level_names = priority.LevelNames(config.priority.max_levels, config.topics.max_partitions)
+        self.transactions = TransactionHandlers(config, delayed)
         # Called once a Produce's appends are done, before its response is built: the worker answers the long
         # polls they satisfied first (their clients are the ones waiting; the producer's ack can wait a moment).
         self.after_appends: Callable[[], None] | None = None
@@ -89,6 +91,7 @@ class Handlers:
             P.API_VERSIONS: self.api_versions,
             P.INIT_PRODUCER_ID: self.init_producer_id,
             **GroupHandlers(config, delayed).table(),
+            **self.transactions.table(),
             **AdminHandlers(partitions, config, delayed).table(),
         }
 
@@ -115,15 +118,14 @@ class Handlers:
         return reply(req, P.api_versions_response(req.header.api_version))
 
     def init_producer_id(self, req: Request, request: Any) -> Outcome:
-        if request.transactional_id is not None:
-            error_code, producer_id = E.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, -1
-        else:
-            try:
-                with storage_faults("producer id allocation"):
-                    error_code, producer_id = E.NONE, producer_ids.allocate(self.partitions.data_dir)
-            except StorageError as exc:
-                log.warning("%s: answering InitProducerId with KAFKA_STORAGE_ERROR (56)", exc)
-                error_code, producer_id = code(exc.error_code), -1
+        if request.transactional_id is not None:  # the transaction coordinator's (in the timer process)
+            return self.transactions.init_producer_id(req, request)
+        try:
+            with storage_faults("producer id allocation"):
+                error_code, producer_id = E.NONE, producer_ids.allocate(self.partitions.data_dir)
+        except StorageError as exc:
+            log.warning("%s: answering InitProducerId with KAFKA_STORAGE_ERROR (56)", exc)
+            error_code, producer_id = code(exc.error_code), -1
         return reply(req, entity(req, "InitProducerIdResponse", throttle_time=ZERO_THROTTLE,
                                  error_code=error_code, producer_id=producer_id, producer_epoch=i16(0)))
 
@@ -224,9 +226,6 @@ class Handlers:
                 results.append(result)
                 if acks not in (0, 1, _ACKS_ALL):
                     result.error_code = E.INVALID_REQUIRED_ACKS
-                    continue
-                if request.transactional_id is not None:
-                    result.error_code = E.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
                     continue
                 row = self.partitions.row(topic.name, part.index)
                 if row is None:

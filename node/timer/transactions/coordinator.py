@@ -1,0 +1,417 @@
+"""The transaction coordinator of the node (every transactional.id's): Kafka's TransactionCoordinator, in the timer
+process, driven by the transaction messages of the worker-timer contract (shm.messages) and by its timers.
+
+The algorithm (KIP-98), per transactional.id (node.timer.transactions.metadata has the state machine):
+- InitProducerId gives the id a producer id (kept for good) and a new epoch (bumped on every init, so the
+  producer of an older epoch is fenced: PRODUCER_FENCED here, INVALID_PRODUCER_EPOCH at the partitions). A
+  transaction still open from the previous epoch is aborted first (with the bumped epoch) and the client
+  answered CONCURRENT_TRANSACTIONS; it retries and gets the epoch once the abort completed.
+- AddPartitionsToTxn and AddOffsetsToTxn open the transaction (Ongoing) or add to it; TxnOffsetCommit adds the
+  consumer offsets it will commit. Each change is a record of `__transaction_state`, fsync'd before the answer.
+- EndTxn writes PrepareCommit or PrepareAbort (fsync'd: the decision), then the markers to every partition of
+  the transaction (fsync'd), then, for a commit, the pending offsets to `__consumer_offsets` (fsync'd, through
+  the group coordinator: OffsetFetch sees them from then on), then CompleteCommit or CompleteAbort; EndTxn is
+  answered once the markers and offsets are durable, so a read_committed consumer sees the outcome as soon as
+  the producer's commit returns, and the next transaction never meets CONCURRENT_TRANSACTIONS in normal runs.
+- A transaction open longer than its timeout (transaction.timeout.ms, at most transaction_max_timeout_ms) is
+  aborted by the node with a bumped epoch (a timer in the wheel per open transaction): a killed client never
+  holds readers back for longer than its timeout.
+- At start the state is loaded from `__transaction_state` (after the group coordinator's offsets, which a
+  commit writes): a Prepare* completes again (markers and offsets written again change nothing that was
+  already written), an Ongoing gets its timeout back by the wall clock.
+
+Error codes are Kafka's: COORDINATOR_LOAD_IN_PROGRESS while loading; INVALID_PRODUCER_ID_MAPPING for an unknown
+id or another producer id; PRODUCER_FENCED for another epoch (the worker turns it into INVALID_PRODUCER_EPOCH
+for the request versions before KIP-588); CONCURRENT_TRANSACTIONS while a state write or a completion is in
+flight; INVALID_TXN_STATE for an EndTxn that does not match the state; INVALID_TRANSACTION_TIMEOUT.
+
+Invariants:
+- Every request gets exactly one REPLY, unless the timer process dies first (then the worker answers it).
+- The in-memory state of an id changes only when its record is fsync'd (a copy is written, then installed),
+  except the Complete* step, whose record may be lost harmlessly (its Prepare* completes again after a crash,
+  and any later record of the id is in the same log after it).
+- Markers are written only after the decision (Prepare*) is durable, so a transaction is all or nothing in
+  every partition, whatever process dies when.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Callable
+
+from kio.schema.errors import ErrorCode
+
+from node.config import TransactionConfig, WheelConfig
+from node.storage import producer_ids
+from node.storage.store import PartitionStore
+from node.timer.groups.sessions import Sessions
+from node.timer.outbox import Outbox
+from node.timer.transactions.markers import MarkerWriter
+from node.timer.transactions.metadata import (COMPLETE_ABORT, COMPLETE_COMMIT, COMPLETED, DEAD, EMPTY, ONGOING,
+                                              PREPARE_ABORT, PREPARE_COMMIT, PREPARED, TransactionMetadata)
+from node.timer.transactions.state_log import TransactionStateLog, wall_ms
+from shm import messages as M
+
+log = logging.getLogger("shmbroker.transactions")
+E = ErrorCode
+InitAnswer = M.reply_class(M.Kind.INIT_PRODUCER_ID)
+Waiter = tuple[int, int, M.Kind]  # worker, request id, kind
+
+
+def monotonic_ms() -> int:
+    return time.monotonic_ns() // 1_000_000
+
+
+class TransactionCoordinator:
+    def __init__(self, config: TransactionConfig, outbox: Outbox, state_log: TransactionStateLog,
+                 markers: MarkerWriter, store: PartitionStore, commit_offsets: Callable, offsets_loading: Callable,
+                 wheel: WheelConfig, now_ms: int, offset_metadata_max_bytes: int,
+                 clock: Callable[[], int] = monotonic_ms) -> None:
+        self.config = config
+        self.outbox = outbox
+        self.state_log = state_log
+        self.markers = markers
+        self.store = store
+        # (group, {(topic, partition): (offset, leader epoch, metadata)}, done(flushed, fault)): the group
+        # coordinator's durable commit.
+        self._commit_offsets = commit_offsets
+        self._offsets_loading = offsets_loading  # the group coordinator's load must end before this one starts
+        self.offset_metadata_max_bytes = offset_metadata_max_bytes
+        self.clock = clock
+        self.transactions: dict[str, TransactionMetadata] = {}
+        self.timeouts = Sessions(wheel, now_ms, self._timed_out)  # open transactions' deadlines
+        self.retries = Sessions(wheel, now_ms, self._retry_completion)  # completions to try again
+        self.completing: dict[str, list[Waiter]] = {}  # ids whose completion runs, and the EndTxn it answers
+        self.loading = True
+        self.commits = self.aborts = self.timed_out = 0  # (the stats segment counts them)
+        self.handlers: dict[M.Kind, Callable[[int, Any], None]] = {
+            M.Kind.INIT_PRODUCER_ID: self.init_producer_id,
+            M.Kind.ADD_PARTITIONS_TO_TXN: self.add_partitions,
+            M.Kind.ADD_OFFSETS_TO_TXN: self.add_offsets,
+            M.Kind.END_TXN: self.end_txn,
+            M.Kind.TXN_OFFSET_COMMIT: self.txn_offset_commit,
+        }
+
+    # -- the timer loop's calls ---------------------------------------------------------------
+
+    def turn(self) -> None:
+        """Once per loop turn while loading: load a slice of the state log, then finish what was in flight."""
+        if self.loading and not self._offsets_loading() and self.state_log.load_step():
+            self.loading = False
+            self.transactions = self.state_log.loaded
+            self.state_log.loaded = {}
+            now, wall = self.clock(), wall_ms()
+            for metadata in self.transactions.values():
+                if metadata.state == ONGOING:
+                    remaining = metadata.start_wall_ms + metadata.timeout_ms - wall
+                    self.timeouts.renew(metadata.transactional_id, now + max(0, remaining))
+                elif metadata.state in PREPARED:
+                    self._complete(metadata)
+
+    def advance(self, now_ms: int) -> None:
+        self.timeouts.advance(now_ms)
+        self.retries.advance(now_ms)
+
+    def next_expiration(self) -> int | None:
+        due = [d for timers in (self.timeouts, self.retries) if (d := timers.next_expiration()) is not None]
+        if self.loading:
+            due.append(self.clock())  # load on the next turn
+        return min(due) if due else None
+
+    def open_transactions(self) -> int:
+        return sum(1 for metadata in self.transactions.values() if metadata.state in (ONGOING, *PREPARED))
+
+    # -- answers ------------------------------------------------------------------------------
+
+    def _reply(self, waiter: Waiter, answer: tuple) -> None:
+        worker, request_id, kind = waiter
+        self.outbox.send(worker, M.encode_reply(request_id, kind, answer))
+
+    def _error_only(self, waiter: Waiter, error: E) -> None:
+        self._reply(waiter, M.reply_class(waiter[2])(int(error)))
+
+    def _partition_errors(self, waiter: Waiter, topics, error_of: Callable[[str, int], E]) -> None:
+        self._reply(waiter, M.reply_class(waiter[2])(
+            [(topic, [(partition, int(error_of(topic, partition))) for partition in partitions])
+             for topic, partitions in topics]))
+
+    @staticmethod
+    def _waiter(worker: int, message: Any) -> Waiter:
+        return (worker, message.request_id, message.kind)
+
+    def _producer_error(self, message: Any) -> tuple[TransactionMetadata | None, E]:
+        """The id's metadata and the error a request of this producer gets before anything else (NONE: go on)."""
+        if self.loading:
+            return None, E.coordinator_load_in_progress
+        metadata = self.transactions.get(message.transactional_id)
+        if metadata is None or metadata.state == DEAD or metadata.producer_id != message.producer_id:
+            return metadata, E.invalid_producer_id_mapping
+        if metadata.producer_epoch != message.producer_epoch:
+            return metadata, E.producer_fenced
+        if metadata.pending or metadata.transactional_id in self.completing:
+            return metadata, E.concurrent_transactions
+        return metadata, E.none
+
+    # -- durable changes ------------------------------------------------------------------------
+
+    def _persist(self, current: TransactionMetadata, changed: TransactionMetadata,
+                 durable: Callable[[TransactionMetadata], None], failed: Callable[[E], None]) -> None:
+        """Write `changed` (a copy of `current`), install it once fsync'd and call `durable(changed)`; else leave
+        `current` as it was and call `failed(error)` (NOT_COORDINATOR on a storage fault, as Kafka answers an
+        append that failed; COORDINATOR_NOT_AVAILABLE when the fsync did not come in time: clients retry)."""
+        current.pending = True
+
+        def done(flushed: bool, fault: bool = False) -> None:
+            current.pending = False
+            if not flushed:
+                failed(E.not_coordinator if fault else E.coordinator_not_available)
+                return
+            self.transactions[changed.transactional_id] = changed
+            durable(changed)
+
+        self.state_log.write(changed, self.clock(), done)
+
+    # -- InitProducerId -----------------------------------------------------------------------
+
+    def init_producer_id(self, worker: int, message: Any) -> None:
+        waiter = self._waiter(worker, message)
+        transactional_id, timeout_ms = message.transactional_id, message.transaction_timeout_ms
+
+        def answer(error: E, metadata: TransactionMetadata | None = None) -> None:
+            ok = metadata is not None and not error
+            self._reply(waiter, InitAnswer(int(error), metadata.producer_id if ok else -1,
+                                           metadata.producer_epoch if ok else -1))
+
+        if self.loading:
+            return answer(E.coordinator_load_in_progress)
+        if not transactional_id:
+            return answer(E.invalid_request)
+        if not 0 < timeout_ms <= self.config.transaction_max_timeout_ms:
+            return answer(E.invalid_transaction_timeout)
+        current = self.transactions.get(transactional_id)
+        if current is None:
+            try:
+                producer_id = producer_ids.allocate(self.store.data_dir)
+            except OSError as exc:
+                log.warning("cannot allocate a producer id for transactional id %r: %s", transactional_id, exc)
+                return answer(E.coordinator_not_available)
+            current = TransactionMetadata(transactional_id, producer_id, -1, timeout_ms)
+            self.transactions[transactional_id] = current  # pending until its first record is durable
+
+            def forget(error: E) -> None:
+                if self.transactions.get(transactional_id) is current:
+                    del self.transactions[transactional_id]
+                answer(error)
+
+            changed = current.copy()
+            changed.producer_epoch = 0
+            changed.transition(EMPTY)
+            return self._persist(current, changed, lambda metadata: answer(E.none, metadata), forget)
+        if current.pending or transactional_id in self.completing or current.state in PREPARED:
+            return answer(E.concurrent_transactions)
+        changed = current.copy()
+        changed.timeout_ms = timeout_ms
+        if current.state == ONGOING:
+            # Fence the old epoch and abort its transaction; the client retries and gets the next epoch then.
+            changed.bump_epoch()
+            changed.transition(PREPARE_ABORT)
+            self.timeouts.forget(transactional_id)
+
+            def abort_durable(metadata: TransactionMetadata) -> None:
+                answer(E.concurrent_transactions)
+                self._complete(metadata)
+
+            return self._persist(current, changed, abort_durable, answer)
+        if not changed.bump_epoch():
+            try:
+                changed.producer_id, changed.producer_epoch = producer_ids.allocate(self.store.data_dir), 0
+            except OSError as exc:
+                log.warning("cannot allocate a producer id for transactional id %r: %s", transactional_id, exc)
+                return answer(E.coordinator_not_available)
+        changed.transition(EMPTY)
+        self._persist(current, changed, lambda metadata: answer(E.none, metadata), answer)
+
+    # -- AddPartitionsToTxn, AddOffsetsToTxn, TxnOffsetCommit ----------------------------------
+
+    def add_partitions(self, worker: int, message: Any) -> None:
+        waiter = self._waiter(worker, message)
+        topics = [(topic, list(partitions)) for topic, partitions in message.topics]
+        current, error = self._producer_error(message)
+        if not error and current.state in PREPARED:
+            error = E.concurrent_transactions
+        if error:
+            return self._partition_errors(waiter, topics, lambda t, p: error)
+        wanted = {(topic, partition) for topic, partitions in topics for partition in partitions}
+        unknown = {tp for tp in wanted if self.store.row(*tp) is None or self.store.is_internal(tp[0])}
+        if unknown:  # as Kafka: nothing is added, the known partitions answer OPERATION_NOT_ATTEMPTED
+            return self._partition_errors(waiter, topics, lambda t, p: E.unknown_topic_or_partition
+                                          if (t, p) in unknown else E.operation_not_attempted)
+        if current.state == ONGOING and wanted <= current.partitions:
+            return self._partition_errors(waiter, topics, lambda t, p: E.none)
+        changed = current.copy()
+        changed.partitions |= wanted
+        self._begin(current, changed, lambda error: self._partition_errors(waiter, topics, lambda t, p: error))
+
+    def add_offsets(self, worker: int, message: Any) -> None:
+        waiter = self._waiter(worker, message)
+        current, error = self._producer_error(message)
+        if not error and current.state in PREPARED:
+            error = E.concurrent_transactions
+        if not error and not message.group:
+            error = E.invalid_group_id
+        if error:
+            return self._error_only(waiter, error)
+        if current.state == ONGOING and message.group in current.groups:
+            return self._error_only(waiter, E.none)
+        changed = current.copy()
+        changed.groups.add(message.group)
+        self._begin(current, changed, lambda error: self._error_only(waiter, error))
+
+    def _begin(self, current: TransactionMetadata, changed: TransactionMetadata, answer: Callable[[E], None]) -> None:
+        """Open (or widen) the transaction: Ongoing, durable, its timeout armed when it just began."""
+        starting = current.state != ONGOING
+        changed.begin(wall_ms())
+
+        def durable(metadata: TransactionMetadata) -> None:
+            if starting:
+                self.timeouts.renew(metadata.transactional_id, self.clock() + metadata.timeout_ms)
+            answer(E.none)
+
+        self._persist(current, changed, durable, answer)
+
+    def txn_offset_commit(self, worker: int, message: Any) -> None:
+        waiter = self._waiter(worker, message)
+        topics = [(topic, [p[0] for p in partitions]) for topic, partitions in message.topics]
+        current, error = self._producer_error(message)
+        if not error and current.state != ONGOING:
+            error = E.concurrent_transactions if current.state in PREPARED else E.invalid_txn_state
+        if not error and not message.group:
+            error = E.invalid_group_id
+        if error:
+            return self._partition_errors(waiter, topics, lambda t, p: error)
+        refused, entries = {}, {}
+        for topic, partitions in message.topics:
+            for partition, offset, leader_epoch, metadata in partitions:
+                if self.store.row(topic, partition) is None:
+                    refused[(topic, partition)] = E.unknown_topic_or_partition
+                elif metadata is not None and len(metadata.encode()) > self.offset_metadata_max_bytes:
+                    refused[(topic, partition)] = E.offset_metadata_too_large
+                else:
+                    entries[(message.group, topic, partition)] = (int(offset), int(leader_epoch), metadata)
+        if not entries:
+            return self._partition_errors(waiter, topics, lambda t, p: refused.get((t, p), E.none))
+        changed = current.copy()
+        changed.groups.add(message.group)
+        changed.offsets.update(entries)
+        self._persist(current, changed,
+                      lambda metadata: self._partition_errors(waiter, topics, lambda t, p: refused.get((t, p), E.none)),
+                      lambda error: self._partition_errors(waiter, topics, lambda t, p: refused.get((t, p), error)))
+
+    # -- EndTxn and completion -------------------------------------------------------------------
+
+    def end_txn(self, worker: int, message: Any) -> None:
+        waiter = self._waiter(worker, message)
+        current, error = self._producer_error(message)
+        if error:
+            return self._error_only(waiter, error)
+        commit = bool(message.committed)
+        state = current.state
+        if state in COMPLETED:
+            return self._error_only(waiter, E.none if (state == COMPLETE_COMMIT) == commit else E.invalid_txn_state)
+        if state in PREPARED:
+            same = (state == PREPARE_COMMIT) == commit
+            return self._error_only(waiter, E.concurrent_transactions if same else E.invalid_txn_state)
+        if state != ONGOING:
+            return self._error_only(waiter, E.invalid_txn_state)
+        changed = current.copy()
+        changed.transition(PREPARE_COMMIT if commit else PREPARE_ABORT)
+
+        def durable(metadata: TransactionMetadata) -> None:
+            self.timeouts.forget(metadata.transactional_id)
+            self._complete(metadata, waiter)
+
+        self._persist(current, changed, durable, lambda error: self._error_only(waiter, error))
+
+    def _complete(self, metadata: TransactionMetadata, waiter: Waiter | None = None) -> None:
+        """Finish a Prepare* transaction: markers, then (a commit) its offsets, then Complete*; answers `waiter`
+        (an EndTxn) with NONE once the markers and offsets are durable. Tried again later if they could not be."""
+        transactional_id = metadata.transactional_id
+        waiters = self.completing.setdefault(transactional_id, [])
+        if waiter is not None:
+            waiters.append(waiter)
+        commit = metadata.state == PREPARE_COMMIT
+
+        def markers_written(ok: bool) -> None:
+            if not ok:
+                return self._retry_later(transactional_id)
+            by_group: dict[str, dict] = {}
+            for (group, topic, partition), entry in metadata.offsets.items():
+                by_group.setdefault(group, {})[(topic, partition)] = entry
+            if not commit or not by_group:
+                return finished(True)
+            left = [len(by_group), True]
+
+            def committed(flushed: bool, fault: bool = False) -> None:
+                left[0] -= 1
+                left[1] &= flushed
+                if left[0] == 0:
+                    finished(left[1])
+
+            for group, entries in by_group.items():
+                self._commit_offsets(group, entries, committed)
+
+        def finished(ok: bool) -> None:
+            if not ok:
+                return self._retry_later(transactional_id)
+            if self.transactions.get(transactional_id) is not metadata:  # replaced meanwhile (defensive)
+                for done_waiter in self.completing.pop(transactional_id, []):
+                    self._error_only(done_waiter, E.concurrent_transactions)
+                return
+            completed = metadata.copy()
+            completed.transition(COMPLETE_COMMIT if commit else COMPLETE_ABORT)
+            self.transactions[transactional_id] = completed
+            if commit:
+                self.commits += 1
+            else:
+                self.aborts += 1
+            # Not waited for: losing it only makes a restart complete the transaction again (see invariants).
+            self.state_log.write(completed, self.clock(), lambda flushed, fault=False: None)
+            for done_waiter in self.completing.pop(transactional_id, []):
+                self._error_only(done_waiter, E.none)
+
+        self.markers.write(metadata.producer_id, metadata.producer_epoch, commit, metadata.partitions, self.clock(),
+                           markers_written)
+
+    def _retry_later(self, transactional_id: str) -> None:
+        log.warning("transaction of %r: its markers or offsets are not durable yet; trying again in %d ms",
+                    transactional_id, self.config.marker_retry_ms)
+        self.retries.renew(transactional_id, self.clock() + self.config.marker_retry_ms)
+
+    def _retry_completion(self, transactional_id: str) -> None:
+        metadata = self.transactions.get(transactional_id)
+        if metadata is not None and metadata.state in PREPARED:
+            self._complete(metadata)
+        else:
+            self.completing.pop(transactional_id, None)
+
+    def _timed_out(self, transactional_id: str) -> None:
+        """A transaction open past its timeout: aborted by the node, its producer fenced (the epoch bumped)."""
+        current = self.transactions.get(transactional_id)
+        if current is None or current.state != ONGOING:
+            return
+        if current.pending or transactional_id in self.completing:  # a write in flight: look again soon
+            self.timeouts.renew(transactional_id, self.clock() + self.config.marker_retry_ms)
+            return
+        changed = current.copy()
+        changed.bump_epoch()  # an exhausted epoch stays: the abort still closes the transaction
+        changed.transition(PREPARE_ABORT)
+        log.info("transaction of %r (producer %d) timed out after %d ms: aborting it", transactional_id,
+                 current.producer_id, current.timeout_ms)
+
+        def durable(metadata: TransactionMetadata) -> None:
+            self.timed_out += 1
+            self._complete(metadata)
+
+        self._persist(current, changed, durable,
+                      lambda error: self.timeouts.renew(transactional_id, self.clock() + self.config.marker_retry_ms))

@@ -1,0 +1,290 @@
+"""The transaction coordinator in one process: real partition logs, its real state log and markers, a fake outbox
+and a group commit that fsyncs when the test says so. The node tests (tests/test_transactions.py) drive the same
+code through real clients."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from kio.schema.errors import ErrorCode as E
+
+from node.config import NodeConfig, TransactionConfig
+from node.storage.log import LogConfig
+from node.storage.records import ControlType, build_batch, control_type, parse_header
+from node.storage.store import PartitionStore
+from node.timer.transactions.coordinator import TransactionCoordinator
+from node.timer.transactions.markers import MarkerWriter
+from node.timer.transactions.metadata import TxnState
+from node.timer.transactions.state_log import TransactionStateLog
+from shm import messages as M
+from tests.record_batches import SharedTable
+
+pytestmark = pytest.mark.usefixtures("nothing_left_in_dev_shm")
+WORKER = 0
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_000_000
+
+    def __call__(self) -> int:
+        return self.now
+
+
+class Outbox:
+    """Collects the coordinator's REPLYs, by request id."""
+
+    def __init__(self) -> None:
+        self.replies: dict[int, tuple] = {}
+
+    def send(self, worker: int, frame: bytes) -> None:
+        reply = M.decode(frame)
+        assert reply.request_id not in self.replies, "two replies to one request"
+        self.replies[reply.request_id] = reply.answer
+
+
+class GroupCommit:
+    """wait_flushed of the timer: flushes the rows and answers when `run()` is called (or at once if `eager`)."""
+
+    def __init__(self, store: PartitionStore) -> None:
+        self.store = store
+        self.waiting: list = []
+        self.eager = True
+        self.fail = False
+
+    def __call__(self, rows, offsets, deadline_ms, done) -> None:
+        self.waiting.append((rows, done))
+        if self.eager:
+            self.run()
+
+    def run(self) -> None:
+        while self.waiting:
+            rows, done = self.waiting.pop(0)
+            if self.fail:
+                done(False, True)
+                continue
+            for row in rows:
+                self.store.log(row).flush()
+            done(True)
+
+
+class Node:
+    """A coordinator on a data directory; restart() builds a new one on the same files, as a timer restart."""
+
+    def __init__(self, tmp_path, table, config: TransactionConfig = TransactionConfig()) -> None:
+        self.data_dir = str(tmp_path)
+        self.table = table
+        self.config = config
+        self.committed_offsets: list[tuple[str, dict]] = []
+        self.request_id = 0
+        self.start()
+
+    def start(self) -> None:
+        self.store = PartitionStore(self.data_dir, self.table, LogConfig(), 16)
+        self.store.create_topics([("t", 2, {})])
+        self.flushes = GroupCommit(self.store)
+        self.outbox = Outbox()
+        self.clock = Clock()
+        wheel = NodeConfig().timer.wheel
+        state_log = TransactionStateLog(self.store, self.flushes, segment_bytes=1 << 20, load_bytes_per_turn=1 << 16,
+                                        write_timeout_ms=1000)
+        self.coordinator = TransactionCoordinator(
+            self.config, self.outbox, state_log, MarkerWriter(self.store, self.flushes, 1000), self.store,
+            self.commit_offsets, lambda: False, wheel, self.clock(), 4096, clock=self.clock)
+        for _ in range(100):
+            self.coordinator.turn()
+            if not self.coordinator.loading:
+                break
+
+    def restart(self) -> None:
+        self.store.close()
+        self.start()
+
+    def commit_offsets(self, group, entries, done) -> None:
+        self.committed_offsets.append((group, dict(entries)))
+        done(True)
+
+    def ask(self, kind: M.Kind, *values):
+        """Send a request (its body after the request id and version, then its fields); the answer or None."""
+        self.request_id += 1
+        message = M.decode(M.encode(kind, self.request_id, 0, *values))
+        self.coordinator.handlers[kind](WORKER, message)
+        return self.outbox.replies.get(self.request_id)
+
+    def init(self, transactional_id: str, timeout_ms: int = 60_000):
+        return self.ask(M.Kind.INIT_PRODUCER_ID, timeout_ms, transactional_id)
+
+    def add(self, transactional_id, producer, partitions=(("t", 0),)):
+        topics = {}
+        for topic, partition in partitions:
+            topics.setdefault(topic, []).append(partition)
+        answer = self.ask(M.Kind.ADD_PARTITIONS_TO_TXN, *producer, transactional_id, list(topics.items()))
+        if answer is None:
+            return None
+        return {(topic, p): error for topic, errors in answer.topics for p, error in errors}
+
+    def end(self, transactional_id, producer, commit: bool):
+        return self.ask(M.Kind.END_TXN, *producer, commit, transactional_id)
+
+    def produce(self, producer, sequence: int, partition: int = 0) -> None:
+        batch = build_batch([(b"k", b"v%d" % sequence)], 1000, producer_id=producer[0], producer_epoch=producer[1],
+                            base_sequence=sequence, transactional=True)
+        self.store.log(self.store.row("t", partition)).append(batch)
+
+    def partition(self, partition: int = 0):
+        return self.store.log(self.store.row("t", partition))
+
+    def markers(self, partition: int = 0) -> list[tuple[int, int, int]]:
+        """(producer id, epoch, control type) of each marker in a partition."""
+        plog = self.partition(partition)
+        found = []
+        piece = plog.read(0, 1 << 20)
+        data = b"".join(os.pread(fd, length, position) for fd, position, length in piece.ranges)
+        while data:
+            header = parse_header(data)
+            kind = control_type(data[:header.size], header)
+            if kind is not None:
+                found.append((header.producer_id, header.producer_epoch, kind))
+            data = data[header.size:]
+        return found
+
+
+@pytest.fixture
+def node(tmp_path):
+    with SharedTable(rows=16) as table:
+        made = Node(tmp_path, table)
+        yield made
+        made.store.close()
+
+
+def producer_of(answer) -> tuple[int, int]:
+    assert answer.error == E.none
+    return answer.producer_id, answer.producer_epoch
+
+
+def test_init_keeps_the_producer_id_and_bumps_the_epoch(node):
+    first = producer_of(node.init("app"))
+    second = producer_of(node.init("app"))
+    assert second == (first[0], first[1] + 1)
+    assert producer_of(node.init("other"))[0] != first[0]
+    assert node.init("app", timeout_ms=10**9).error == E.invalid_transaction_timeout
+    assert node.init("").error == E.invalid_request
+
+
+def test_a_committed_transaction_writes_its_markers_before_end_txn_is_answered(node):
+    producer = producer_of(node.init("app"))
+    assert node.add("app", producer, [("t", 0), ("t", 1)]) == {("t", 0): 0, ("t", 1): 0}
+    node.produce(producer, 0, partition=0)
+    node.produce(producer, 0, partition=1)
+    assert node.partition(0).state().last_stable_offset == 0
+    assert node.end("app", producer, commit=True).error == E.none
+    for partition in (0, 1):
+        assert node.markers(partition) == [(*producer, ControlType.COMMIT)]
+        state = node.partition(partition).state()
+        assert state.last_stable_offset == state.high_watermark == 2
+    assert node.coordinator.transactions["app"].state == TxnState.COMPLETE_COMMIT
+    assert node.end("app", producer, commit=True).error == E.none  # a retried EndTxn
+    assert node.end("app", producer, commit=False).error == E.invalid_txn_state
+
+
+def test_an_abort_lists_the_transaction_as_aborted(node):
+    producer = producer_of(node.init("app"))
+    node.add("app", producer)
+    node.produce(producer, 0)
+    assert node.end("app", producer, commit=False).error == E.none
+    assert [entry.producer_id for entry in node.partition().aborted_transactions(0, 2)] == [producer[0]]
+
+
+def test_a_new_epoch_fences_the_old_producer_and_aborts_its_transaction(node):
+    old = producer_of(node.init("app"))
+    node.add("app", old)
+    node.produce(old, 0)
+    assert node.init("app").error == E.concurrent_transactions  # the abort of the open transaction runs first
+    fenced_epoch = old[1] + 1
+    assert node.markers() == [(old[0], fenced_epoch, ControlType.ABORT)]
+    new = producer_of(node.init("app"))
+    assert new[0] == old[0] and new[1] > fenced_epoch
+    assert node.add("app", old) == {("t", 0): E.producer_fenced}
+    assert node.end("app", old, commit=True).error == E.producer_fenced
+    assert node.add("app", (old[0] + 99, new[1])) == {("t", 0): E.invalid_producer_id_mapping}
+
+
+def test_requests_while_a_state_write_waits_for_its_fsync_get_concurrent_transactions(node):
+    producer = producer_of(node.init("app"))
+    node.flushes.eager = False
+    assert node.add("app", producer) is None  # waits for the fsync
+    assert node.add("app", producer) == {("t", 0): E.concurrent_transactions}
+    node.flushes.run()
+    assert node.outbox.replies[node.request_id - 1].topics == (("t", ((0, 0),)),)
+
+
+def test_a_failed_state_write_changes_nothing(node):
+    producer = producer_of(node.init("app"))
+    node.flushes.fail = True
+    assert node.add("app", producer) == {("t", 0): E.not_coordinator}
+    assert node.coordinator.transactions["app"].state == TxnState.EMPTY
+    node.flushes.fail = False
+    assert node.add("app", producer) == {("t", 0): 0}
+
+
+def test_unknown_partitions_are_refused_and_nothing_is_added(node):
+    producer = producer_of(node.init("app"))
+    assert node.add("app", producer, [("t", 0), ("nope", 0)]) == {("t", 0): E.operation_not_attempted,
+                                                                     ("nope", 0): E.unknown_topic_or_partition}
+    assert node.coordinator.transactions["app"].state == TxnState.EMPTY
+
+
+def test_end_txn_without_a_transaction_is_an_invalid_state(node):
+    producer = producer_of(node.init("app"))
+    assert node.end("app", producer, commit=True).error == E.invalid_txn_state
+    assert node.end("nobody", producer, commit=True).error == E.invalid_producer_id_mapping
+
+
+def test_transactional_offsets_are_committed_only_with_the_transaction(node):
+    producer = producer_of(node.init("app"))
+    assert node.ask(M.Kind.ADD_OFFSETS_TO_TXN, *producer, "app", "g").error == E.none
+    answer = node.ask(M.Kind.TXN_OFFSET_COMMIT, *producer, "app", "g", [("t", [(0, 42, -1, None)])])
+    assert answer.topics == (("t", ((0, 0),)),)
+    assert node.committed_offsets == []
+    assert node.end("app", producer, commit=True).error == E.none
+    assert node.committed_offsets == [("g", {("t", 0): (42, -1, None)})]
+
+    node.ask(M.Kind.ADD_OFFSETS_TO_TXN, *producer, "app", "g")
+    node.ask(M.Kind.TXN_OFFSET_COMMIT, *producer, "app", "g", [("t", [(0, 50, -1, None)])])
+    assert node.end("app", producer, commit=False).error == E.none
+    assert len(node.committed_offsets) == 1  # an aborted transaction's offsets are dropped
+
+
+def test_a_transaction_past_its_timeout_is_aborted_and_its_producer_fenced(node):
+    producer = producer_of(node.init("app", timeout_ms=5000))
+    node.add("app", producer)
+    node.produce(producer, 0)
+    node.clock.now += 4000
+    node.coordinator.advance(node.clock.now)
+    assert node.coordinator.transactions["app"].state == TxnState.ONGOING
+    node.clock.now += 2000
+    node.coordinator.advance(node.clock.now)
+    assert node.coordinator.transactions["app"].state == TxnState.COMPLETE_ABORT
+    assert node.coordinator.timed_out == 1
+    assert node.markers() == [(producer[0], producer[1] + 1, ControlType.ABORT)]
+    assert node.partition().state().first_unstable_offset == -1
+    assert node.end("app", producer, commit=True).error == E.producer_fenced
+
+
+def test_state_survives_a_restart_and_an_interrupted_commit_completes(node):
+    producer = producer_of(node.init("app"))
+    node.add("app", producer, [("t", 0), ("t", 1)])
+    node.produce(producer, 0, partition=0)
+    node.produce(producer, 0, partition=1)
+    other = producer_of(node.init("open"))
+    node.add("open", other)
+    # The decision is durable, then the timer dies before any marker: the markers' writer never runs.
+    node.coordinator.markers.write = lambda *args: None
+    assert node.end("app", producer, commit=True) is None
+    node.restart()
+    assert node.coordinator.transactions["app"].state == TxnState.COMPLETE_COMMIT
+    for partition in (0, 1):
+        assert node.markers(partition) == [(*producer, ControlType.COMMIT)]
+    assert node.coordinator.transactions["open"].state == TxnState.ONGOING
+    assert producer_of(node.init("app")) == (producer[0], producer[1] + 1)
