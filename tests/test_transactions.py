@@ -1,0 +1,222 @@
+"""Transactions against a real node with confluent-kafka: read_committed and read_uncommitted consumers, fencing by
+a second producer of the same transactional.id, send_offsets_to_transaction, the node aborting a transaction
+its killed client left open past its timeout, and outcomes that survive a restart."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from tests import waiting
+
+pytestmark = pytest.mark.node
+TIMEOUT_S = 30
+CONFIG = "[transactions]\ntransaction_max_timeout_ms = 60000\n"
+
+
+def create(bootstrap: str, topic: str, partitions: int = 1) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for future in admin.create_topics([NewTopic(topic, partitions, 1)]).values():
+        future.result(timeout=TIMEOUT_S)
+
+
+def transactional(bootstrap: str, transactional_id: str, **config) -> Producer:
+    producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": transactional_id, "linger.ms": 1,
+                         **config})
+    producer.init_transactions(TIMEOUT_S)
+    return producer
+
+
+def in_transaction(producer: Producer, topic: str, values: list[bytes], commit: bool = True,
+                   partition: int | None = None) -> None:
+    producer.begin_transaction()
+    for value in values:
+        if partition is None:
+            producer.produce(topic, value=value)
+        else:
+            producer.produce(topic, value=value, partition=partition)
+    if commit:
+        producer.commit_transaction(TIMEOUT_S)
+    else:
+        producer.abort_transaction(TIMEOUT_S)
+
+
+def consume_all(bootstrap: str, topic: str, isolation: str, partitions: int = 1, expect: int | None = None,
+                timeout_s: float = TIMEOUT_S) -> list[bytes]:
+    """Every value from the start to the end each partition reports (its LSO for read_committed), in order per
+    partition; with `expect`, until that many came (or the time is up)."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"reader-{time.monotonic_ns()}",
+                         "isolation.level": isolation, "enable.partition.eof": True, "auto.offset.reset": "earliest",
+                         "enable.auto.commit": False})
+    consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+    values, at_end = [], set()
+    deadline = time.monotonic() + timeout_s
+    try:
+        while time.monotonic() < deadline:
+            message = consumer.poll(0.2)
+            if message is None:
+                continue
+            if message.error():
+                if message.error().code() == KafkaError._PARTITION_EOF:
+                    at_end.add(message.partition())
+                    if expect is None and len(at_end) == partitions:
+                        break
+                    continue
+                raise KafkaException(message.error())
+            at_end.discard(message.partition())
+            values.append(message.value())
+            if expect is not None and len(values) >= expect:
+                break
+    finally:
+        consumer.close()
+    return values
+
+
+def test_read_committed_sees_committed_transactions_and_read_uncommitted_sees_all(node_factory):
+    node = node_factory(workers=2, config=CONFIG)
+    create(node.bootstrap, "txn", 2)
+    producer = transactional(node.bootstrap, "writer")
+    in_transaction(producer, "txn", [b"c1-%d" % i for i in range(20)])
+    in_transaction(producer, "txn", [b"a1-%d" % i for i in range(20)], commit=False)
+    in_transaction(producer, "txn", [b"c2-%d" % i for i in range(20)])
+    producer.flush(TIMEOUT_S)
+    committed = consume_all(node.bootstrap, "txn", "read_committed", partitions=2)
+    assert sorted(committed) == sorted([b"c1-%d" % i for i in range(20)] + [b"c2-%d" % i for i in range(20)])
+    everything = consume_all(node.bootstrap, "txn", "read_uncommitted", partitions=2)
+    assert len(everything) == 60 and {v[:2] for v in everything} == {b"c1", b"a1", b"c2"}
+
+
+def test_read_committed_stops_at_an_open_transaction(node_factory):
+    node = node_factory(workers=1, config=CONFIG)
+    create(node.bootstrap, "open")
+    plain = Producer({"bootstrap.servers": node.bootstrap, "linger.ms": 1})
+    plain.produce("open", value=b"before")
+    plain.flush(TIMEOUT_S)
+    producer = transactional(node.bootstrap, "slow")
+    producer.begin_transaction()
+    producer.produce("open", value=b"inside")
+    producer.flush(TIMEOUT_S)
+    plain.produce("open", value=b"after")
+    plain.flush(TIMEOUT_S)
+    assert consume_all(node.bootstrap, "open", "read_committed") == [b"before"]
+    assert consume_all(node.bootstrap, "open", "read_uncommitted") == [b"before", b"inside", b"after"]
+    producer.commit_transaction(TIMEOUT_S)
+    assert consume_all(node.bootstrap, "open", "read_committed") == [b"before", b"inside", b"after"]
+
+
+def test_a_second_producer_of_the_same_transactional_id_fences_the_first(node_factory):
+    node = node_factory(workers=2, config=CONFIG)
+    create(node.bootstrap, "fence")
+    zombie = transactional(node.bootstrap, "shared")
+    zombie.begin_transaction()
+    zombie.produce("fence", value=b"zombie")
+    zombie.flush(TIMEOUT_S)
+    successor = transactional(node.bootstrap, "shared")  # aborts the zombie's open transaction first
+    in_transaction(successor, "fence", [b"successor"])
+    with pytest.raises(KafkaException) as caught:
+        zombie.commit_transaction(TIMEOUT_S)
+    assert caught.value.args[0].fatal() or caught.value.args[0].code() in (
+        KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH)
+    assert consume_all(node.bootstrap, "fence", "read_committed") == [b"successor"]
+
+
+def test_send_offsets_to_transaction_commits_the_offsets_with_the_output(node_factory):
+    node = node_factory(workers=2, config=CONFIG)
+    create(node.bootstrap, "input")
+    create(node.bootstrap, "output")
+    plain = Producer({"bootstrap.servers": node.bootstrap, "linger.ms": 1})
+    for i in range(30):
+        plain.produce("input", value=b"%d" % i)
+    plain.flush(TIMEOUT_S)
+    consumer = Consumer({"bootstrap.servers": node.bootstrap, "group.id": "transform", "enable.auto.commit": False,
+                         "auto.offset.reset": "earliest", "isolation.level": "read_committed"})
+    consumer.assign([TopicPartition("input", 0, 0)])
+    producer = transactional(node.bootstrap, "transformer")
+    try:
+        for round_, commit in enumerate((True, False, True)):
+            taken = []
+            deadline = time.monotonic() + TIMEOUT_S
+            while len(taken) < 10 and time.monotonic() < deadline:
+                message = consumer.poll(0.2)
+                if message is not None and not message.error():
+                    taken.append(message)
+            assert len(taken) == 10
+            producer.begin_transaction()
+            for message in taken:
+                producer.produce("output", value=b"out-" + message.value())
+            producer.send_offsets_to_transaction([TopicPartition("input", 0, taken[-1].offset() + 1)],
+                                                 consumer.consumer_group_metadata(), TIMEOUT_S)
+            if commit:
+                producer.commit_transaction(TIMEOUT_S)
+            else:
+                producer.abort_transaction(TIMEOUT_S)
+                consumer.seek(TopicPartition("input", 0, taken[0].offset()))  # as a restarted transformer would
+            committed = consumer.committed([TopicPartition("input", 0)], TIMEOUT_S)[0].offset
+            assert committed == (10 if round_ == 0 else 20)
+    finally:
+        consumer.close()
+    assert consume_all(node.bootstrap, "output", "read_committed") == [b"out-%d" % i for i in range(20)]
+
+
+PRODUCE_AND_HANG = """
+import sys, time
+from confluent_kafka import Producer
+producer = Producer({"bootstrap.servers": sys.argv[1], "transactional.id": "hangs", "linger.ms": 1,
+                     "transaction.timeout.ms": 3000, "message.timeout.ms": 3000})
+producer.init_transactions(30)
+producer.begin_transaction()
+producer.produce("timeout", value=b"never committed")
+producer.flush(30)
+print("produced", flush=True)
+time.sleep(300)
+"""
+
+
+def test_a_killed_clients_transaction_is_aborted_after_its_timeout(node_factory):
+    node = node_factory(workers=1, config=CONFIG)
+    create(node.bootstrap, "timeout")
+    client = subprocess.Popen([sys.executable, "-c", PRODUCE_AND_HANG, node.bootstrap], stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        assert client.stdout.readline().strip() == "produced"
+        client.send_signal(signal.SIGKILL)
+        client.wait(TIMEOUT_S)
+    finally:
+        if client.poll() is None:
+            client.kill()
+            client.wait(TIMEOUT_S)
+        client.stdout.close()
+    other = transactional(node.bootstrap, "after")
+    in_transaction(other, "timeout", [b"committed later"])
+    started = time.monotonic()
+    # Until the node aborts the hung transaction (3 s), read_committed stops before it.
+    seen = waiting.wait_for(lambda: consume_all(node.bootstrap, "timeout", "read_committed", timeout_s=5),
+                            timeout=TIMEOUT_S, what="the timed-out transaction to be aborted")
+    assert seen == [b"committed later"]
+    assert time.monotonic() - started < TIMEOUT_S
+    assert consume_all(node.bootstrap, "timeout", "read_uncommitted") == [b"never committed", b"committed later"]
+
+
+def test_outcomes_survive_a_restart(node_factory):
+    node = node_factory(workers=1, config=CONFIG)
+    create(node.bootstrap, "durable")
+    producer = transactional(node.bootstrap, "durable-writer")
+    in_transaction(producer, "durable", [b"kept"])
+    in_transaction(producer, "durable", [b"dropped"], commit=False)
+    producer.begin_transaction()
+    producer.produce("durable", value=b"open at the stop")
+    producer.flush(TIMEOUT_S)
+    node.kill_all()
+    node.start()
+    assert consume_all(node.bootstrap, "durable", "read_committed", expect=1) == [b"kept"]
+    successor = transactional(node.bootstrap, "durable-writer")  # aborts what was open, fences the old one
+    in_transaction(successor, "durable", [b"after restart"])
+    assert consume_all(node.bootstrap, "durable", "read_committed") == [b"kept", b"after restart"]
+    with pytest.raises(KafkaException):
+        producer.commit_transaction(10)
