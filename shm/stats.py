@@ -137,6 +137,11 @@ FIELDS: tuple[Field, ...] = (
     Field("groups", counter=False, help="consumer groups known to the coordinator"),
     Field("group_members", counter=False, help="members of all groups"),
     Field("rebalances", help="completed join phases"),
+    Field("transactions_open", counter=False, help="transactions open or completing (the transaction coordinator)"),
+    Field("transactions_committed", help="transactions committed"),
+    Field("transactions_aborted", help="transactions aborted (by their producer, a new epoch or a timeout)"),
+    Field("transactions_timed_out", help="transactions the node aborted past their transaction.timeout.ms"),
+    Field("transaction_markers", help="COMMIT and ABORT markers written to partitions"),
     # log cleaners
     Field("cleanings", help="partition cleanings finished (a swap or nothing to do)"),
     Field("cleaner_errors", help="partition cleanings that failed (the log stays as it was)"),
@@ -165,7 +170,7 @@ ROW_BYTES = ROW_WORDS * 8
 FIELD_BY_NAME = {f.name: f for f in FIELDS}
 VERSION = struct.Struct("<q")
 # The header's sizes: rows, a row's bytes, a committed offsets slot's bytes; rows come first, then that area.
-LAYOUT = Layout("a stats segment", magic=0x5354_4154_5342_4D54, version=1,  # "SMBSTATT"
+LAYOUT = Layout("a stats segment", magic=0x5354_4154_5342_4D54, version=2,  # "SMBSTATT"
                 sizes=("rows", "row_bytes", "committed_bytes"), fixed={"row_bytes": ROW_BYTES},
                 bytes_for=lambda rows, row_bytes, committed_bytes:
                     HEADER_BYTES + rows * row_bytes + COMMITTED_HEAD_BYTES + 2 * committed_bytes)

@@ -104,6 +104,12 @@ class TimerStats:
         w.set("groups", len(groups.groups))
         w.set("group_members", sum(len(group.members) for group in groups.groups.values()))
         w.set("rebalances", groups.rebalances)
+        transactions = timer.transactions
+        w.set("transactions_open", transactions.open_transactions())
+        w.set("transactions_committed", transactions.commits)
+        w.set("transactions_aborted", transactions.aborts)
+        w.set("transactions_timed_out", transactions.timed_out)
+        w.set("transaction_markers", transactions.markers.written)
         capacity = timer.config.rings.capacity
         for worker, writer in enumerate(timer.outbox.writers[:S.MAX_RINGS]):
             w.set("ring_frames_sent", timer.outbox.frames_sent[worker], worker)

@@ -128,6 +128,7 @@ class NodeReader:
                 state = self.table.read(row)
                 entry = {"topic": topic.name, "partition": partition, "log_start_offset": state.log_start_offset,
                          "log_end_offset": state.log_end_offset, "high_watermark": state.high_watermark,
+                         "last_stable_offset": state.last_stable_offset,
                          "unflushed_bytes": state.end_bytes - state.flushed_bytes}
                 cleaning = self.table.cleaning(row)
                 if "compact" in topic.configs.get("cleanup.policy", "") or any(cleaning):

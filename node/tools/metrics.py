@@ -93,6 +93,9 @@ class StatsCollector:
         start = GaugeMetricFamily("kafka_log_log_start_offset", "Log start offset", labels=["topic", "partition"])
         high = GaugeMetricFamily("kafka_cluster_partition_high_watermark", "High watermark",
                                  labels=["topic", "partition"])
+        stable = GaugeMetricFamily("kafka_cluster_partition_last_stable_offset_lag",
+                                   "High watermark minus the last stable offset (records in open transactions)",
+                                   labels=["topic", "partition"])
         # The log cleaner's figures per compacted partition (Kafka's LogCleanerManager has them per log directory).
         cleaning = {
             "dirty_ratio": GaugeMetricFamily("kafka_log_cleaner_dirty_ratio",
@@ -114,9 +117,10 @@ class StatsCollector:
             end.add_metric(labels, p["log_end_offset"])
             start.add_metric(labels, p["log_start_offset"])
             high.add_metric(labels, p["high_watermark"])
+            stable.add_metric(labels, p["high_watermark"] - p["last_stable_offset"])
             for name, value in p.get("cleaning", {}).items():
                 cleaning[name].add_metric(labels, value)
-        yield from (end, start, high, *cleaning.values())
+        yield from (end, start, high, stable, *cleaning.values())
         committed = GaugeMetricFamily("kafka_consumergroup_current_offset", "Committed offset of a group",
                                       labels=["consumergroup", "topic", "partition"])
         lag = GaugeMetricFamily("kafka_consumergroup_lag", "High watermark minus the committed offset",
