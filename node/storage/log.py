@@ -594,6 +594,7 @@ class PartitionLog:
             segment.reset()  # a roll interrupted before publishing may have left this segment's files behind
             producers = self._caught_up_producer_state(state)
             producers.expire(now_ms(), self.config.producer_id_expiration_ms)
+            self._sync_txn_index(old)
             producers.write_snapshot(self.directory)
             self._prune_snapshots(state.log_start_offset)
         except BaseException:
@@ -613,6 +614,14 @@ class PartitionLog:
         self._segments_version = state.segments_version
         return state
 
+    @staticmethod
+    def _sync_txn_index(segment: Segment) -> None:
+        """Before a producer snapshot: recovery rebuilds aborted-transaction entries only after the snapshot it
+        starts from, so the entries before it must be on disk first."""
+        index = segment.txn_index()
+        if index is not None:
+            index.flush()
+
     def _prune_snapshots(self, log_start_offset: int) -> None:
         offsets = snapshot_offsets(self.directory)
         keep = set(offsets[-self.config.producer_snapshots_retained :])
@@ -628,6 +637,7 @@ class PartitionLog:
             producers = self._caught_up_producer_state(state)
             producers.expire(now_ms(), self.config.producer_id_expiration_ms)
             try:
+                self._sync_txn_index(self.segments[-1])
                 producers.write_snapshot(self.directory)
                 self._prune_snapshots(state.log_start_offset)
             except OSError as exc:

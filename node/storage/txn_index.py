@@ -14,8 +14,8 @@ Invariants:
 - Readers count whole entries only (size // 34): a torn trailing entry is invisible, and removed the same way.
 - Recovery rebuilds the entries of every segment it replays (truncate_from the replay's start, then one
   append per ABORT marker found), and the whole index of a segment whose file is missing, so a lost or torn
-  index never outlives a restart. The file is fsync'd with its segment's log, so a flushed marker's entry is
-  durable too.
+  index never outlives a restart. The file is fsync'd with its segment's log (so a flushed marker's entry is
+  durable too) and before every producer snapshot (recovery replays only what follows its snapshot).
 """
 
 from __future__ import annotations
