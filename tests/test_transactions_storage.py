@@ -234,3 +234,31 @@ def test_recovery_keeps_open_transactions_and_rebuilds_lost_indexes(plog):
     assert log.aborted_transactions(0, log.state().high_watermark) == expected
     log.append_marker(2, 0, ControlType.COMMIT, 0)
     assert log.state().last_stable_offset == log.state().high_watermark
+
+
+def test_a_cleaning_keeps_the_markers_and_carries_the_aborted_transactions(tmp_path):
+    from node.storage import cleaner as C
+
+    compacted = LogConfig(cleanup_policy="compact", segment_bytes=1_500, index_interval_bytes=500,
+                          index_max_bytes=4096, min_cleanable_dirty_ratio=0.0)
+    opened = OpenLog(tmp_path, compacted)
+    try:
+        log = opened.log
+        for round_ in range(30):  # the same keys again and again: most records are superseded
+            log.append(txn_batch(1, 2 * round_, tag=b"x" * 40))
+            log.append_marker(1, 0, ControlType.ABORT if round_ % 3 == 0 else ControlType.COMMIT, 0)
+        log.roll()
+        expected = log.aborted_transactions(0, log.state().high_watermark)
+        assert len(expected) == 10
+        result = C.Cleaner(C.CleanerConfig(io_max_bytes_per_second=-1, io_buffer_bytes=4096)).clean(log)
+        assert result.swapped and result.segments_replaced > 1
+        assert log.aborted_transactions(0, log.state().high_watermark) == expected
+        headers, offset = [], 0
+        while offset < log.state().high_watermark:
+            headers += fetched_batches(log, offset, committed=False)
+            offset = headers[-1].last_offset + 1
+        assert len([header for header in headers if header.attributes & 0x20]) == 30  # every marker stays
+        log = opened.reopen()  # recovery keeps them too
+        assert log.aborted_transactions(0, log.state().high_watermark) == expected
+    finally:
+        opened.close()
