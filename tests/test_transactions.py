@@ -4,9 +4,11 @@ its killed client left open past its timeout, and outcomes that survive a restar
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -220,3 +222,105 @@ def test_outcomes_survive_a_restart(node_factory):
     assert consume_all(node.bootstrap, "durable", "read_committed") == [b"kept", b"after restart"]
     with pytest.raises(KafkaException):
         producer.commit_transaction(10)
+
+
+TRANSFORMER = """
+import sys
+from confluent_kafka import Consumer, Producer, TopicPartition
+bootstrap = sys.argv[1]
+producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": "eos-transformer", "linger.ms": 5,
+                     "transaction.timeout.ms": 10000, "message.timeout.ms": 10000})
+producer.init_transactions(60)  # fences a killed predecessor and aborts what it left open
+consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "eos", "enable.auto.commit": False,
+                     "auto.offset.reset": "earliest", "isolation.level": "read_committed"})
+consumer.assign([TopicPartition("eos-in", 0)])  # from the group's committed offset
+while True:
+    messages = [m for m in consumer.consume(50, 0.5) if not m.error()]
+    if not messages:
+        print("idle", flush=True)
+        continue
+    producer.begin_transaction()
+    for message in messages:
+        producer.produce("eos-out", key=message.key(), value=b"out-" + message.value())
+    producer.send_offsets_to_transaction([TopicPartition("eos-in", 0, messages[-1].offset() + 1)],
+                                         consumer.consumer_group_metadata(), 60)
+    producer.commit_transaction(60)
+    print("committed", messages[-1].offset() + 1, flush=True)
+"""
+EOS_INPUTS = 3000
+
+
+class Transformer:
+    """The consume-transform-produce client above, in a process of its own (killed with real signals); a thread
+    reads its lines, so no wait on it blocks past its bound."""
+
+    def __init__(self, bootstrap: str) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-c", TRANSFORMER, bootstrap], stdout=subprocess.PIPE,
+                                     stderr=subprocess.DEVNULL, text=True)
+        self.progress = 0  # the highest input offset it committed up to
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            if line.startswith("committed"):
+                self.progress = max(self.progress, int(line.split()[1]))
+
+    def committed(self, at_least: int, timeout_s: float = 60) -> int:
+        """Its progress once it reached `at_least` (or whatever it reached when the time is up)."""
+        return waiting.poll(lambda: self.progress if self.progress >= at_least else 0, timeout_s) or self.progress
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(TIMEOUT_S)
+        self.reader.join(TIMEOUT_S)
+        self.proc.stdout.close()
+
+
+def exactly_once_with(node, kill) -> None:
+    """Input through transformers, each killed by `kill(transformer)` part-way, the last one to the end: every
+    input is in the output exactly once, in order, and the group's committed offset is the input's end."""
+    create(node.bootstrap, "eos-in")
+    create(node.bootstrap, "eos-out")
+    plain = Producer({"bootstrap.servers": node.bootstrap, "linger.ms": 5, "enable.idempotence": True})
+    for i in range(EOS_INPUTS):
+        plain.produce("eos-in", key=b"%d" % i, value=b"%d" % i)
+    assert plain.flush(TIMEOUT_S) == 0
+    progress = 0
+    for round_ in range(3):
+        transformer = Transformer(node.bootstrap)
+        try:
+            progress = max(progress, transformer.committed(min(EOS_INPUTS, progress + 500)))
+            if round_ < 2:
+                kill(transformer)
+            else:
+                assert transformer.committed(EOS_INPUTS, timeout_s=120) == EOS_INPUTS
+        finally:
+            transformer.kill()
+    output = consume_all(node.bootstrap, "eos-out", "read_committed", expect=EOS_INPUTS, timeout_s=60)
+    assert output == [b"out-%d" % i for i in range(EOS_INPUTS)]
+    consumer = Consumer({"bootstrap.servers": node.bootstrap, "group.id": "eos"})
+    try:
+        assert consumer.committed([TopicPartition("eos-in", 0)], TIMEOUT_S)[0].offset == EOS_INPUTS
+    finally:
+        consumer.close()
+
+
+def test_consume_transform_produce_stays_exactly_once_across_kills_of_the_client(node_factory):
+    node = node_factory(workers=2, config=CONFIG)
+    exactly_once_with(node, lambda transformer: transformer.kill())
+
+
+@pytest.mark.parametrize("role", ["timer", "worker"])
+def test_consume_transform_produce_stays_exactly_once_across_kills_of_node_processes(node_factory, role):
+    node = node_factory(workers=2, config=CONFIG)
+
+    def kill_a_node_process_then_the_client(transformer: Transformer) -> None:
+        victim = node.pids(role)[0]
+        os.kill(victim, signal.SIGKILL)
+        node.wait_for_pids(role, 1 if role == "timer" else 2, exclude={victim}, timeout=TIMEOUT_S)
+        transformer.committed(transformer.progress + 1, timeout_s=10)  # it may go on, or fail: either is fine
+        transformer.kill()
+
+    exactly_once_with(node, kill_a_node_process_then_the_client)

@@ -262,3 +262,57 @@ def test_a_cleaning_keeps_the_markers_and_carries_the_aborted_transactions(tmp_p
         assert log.aborted_transactions(0, log.state().high_watermark) == expected
     finally:
         opened.close()
+
+
+def values_of(log: PartitionLog) -> list[bytes]:
+    """Every record value of the log, through the fetch path (read_uncommitted)."""
+    values, offset = [], log.state().log_start_offset
+    while offset < log.state().high_watermark:
+        piece = log.read(offset, 1 << 20)
+        data = b"".join(os.pread(fd, length, position) for fd, position, length in piece.ranges)
+        for batch in record_batches(data):
+            values.extend(record.value for record in batch if not batch.is_control_batch)
+            offset = batch.base_offset + batch.last_offset_delta + 1
+    return values
+
+
+def record_batches(data: bytes):
+    while data:
+        header = parse_header(data)
+        yield DefaultRecordBatch(data[:header.size])
+        data = data[header.size:]
+
+
+def test_an_aborted_update_never_supersedes_a_committed_one_and_open_transactions_stay(tmp_path):
+    from node.storage import cleaner as C
+
+    compacted = LogConfig(cleanup_policy="compact", segment_bytes=100_000, index_interval_bytes=500,
+                          index_max_bytes=4096, min_cleanable_dirty_ratio=0.0)
+    opened = OpenLog(tmp_path, compacted)
+    clean = C.Cleaner(C.CleanerConfig(io_max_bytes_per_second=-1, io_buffer_bytes=4096)).clean
+    try:
+        log = opened.log
+
+        def write(producer_id: int, sequence: int, value: bytes, control: int | None) -> None:
+            log.append(build_batch([(b"key", value)], 1000, producer_id=producer_id, producer_epoch=0,
+                                   base_sequence=sequence, transactional=True))
+            if control is not None:
+                log.append_marker(producer_id, 0, control, 0)
+
+        write(1, 0, b"committed", ControlType.COMMIT)
+        write(2, 0, b"aborted", ControlType.ABORT)
+        log.roll()
+        write(3, 0, b"undecided", None)
+        log.roll()
+        write(1, 1, b"later", ControlType.COMMIT)
+        log.roll()
+        assert clean(log).swapped
+        # The aborted record went without removing the committed one; the open transaction's segment and what
+        # follows it were not cleaned.
+        assert values_of(log) == [b"committed", b"undecided", b"later"]
+        log.append_marker(3, 0, ControlType.COMMIT, 0)
+        log.roll()
+        assert clean(log).swapped
+        assert values_of(log) == [b"later"]
+    finally:
+        opened.close()
