@@ -9,8 +9,9 @@ The algorithm (KIP-98), per transactional.id (node.timer.transactions.metadata h
 - AddPartitionsToTxn and AddOffsetsToTxn open the transaction (Ongoing) or add to it; TxnOffsetCommit adds the
   consumer offsets it will commit. Each change is a record of `__transaction_state`, fsync'd before the answer.
 - EndTxn writes PrepareCommit or PrepareAbort (fsync'd: the decision), then the markers to every partition of
-  the transaction (fsync'd), then, for a commit, the pending offsets to `__consumer_offsets` (fsync'd, through
-  the group coordinator: OffsetFetch sees them from then on), then CompleteCommit or CompleteAbort; EndTxn is
+  the transaction and, for a commit once they are appended, the pending offsets to `__consumer_offsets` (through
+  the group coordinator: OffsetFetch sees them once fsync'd), both fsync'd by one group-commit round, then
+  CompleteCommit or CompleteAbort; EndTxn is
   answered once the markers and offsets are durable, so a read_committed consumer sees the outcome as soon as
   the producer's commit returns, and the next transaction never meets CONCURRENT_TRANSACTIONS in normal runs.
 - A transaction open longer than its timeout (transaction.timeout.ms, at most transaction_max_timeout_ms) is
@@ -334,7 +335,7 @@ class TransactionCoordinator:
         self._persist(current, changed, durable, lambda error: self._error_only(waiter, error))
 
     def _complete(self, metadata: TransactionMetadata, waiter: Waiter | None = None) -> None:
-        """Finish a Prepare* transaction: markers, then (a commit) its offsets, then Complete*; answers `waiter`
+        """Finish a Prepare* transaction: markers and (a commit) its offsets, then Complete*; answers `waiter`
         (an EndTxn) with NONE once the markers and offsets are durable. Tried again later if they could not be."""
         transactional_id = metadata.transactional_id
         waiters = self.completing.setdefault(transactional_id, [])
@@ -342,24 +343,18 @@ class TransactionCoordinator:
             waiters.append(waiter)
         commit = metadata.state == PREPARE_COMMIT
 
-        def markers_written(ok: bool) -> None:
-            if not ok:
-                return self._retry_later(transactional_id)
-            by_group: dict[str, dict] = {}
-            for (group, topic, partition), entry in metadata.offsets.items():
-                by_group.setdefault(group, {})[(topic, partition)] = entry
-            if not commit or not by_group:
-                return finished(True)
-            left = [len(by_group), True]
+        by_group: dict[str, dict] = {}
+        for (group, topic, partition), entry in (metadata.offsets.items() if commit else ()):
+            by_group.setdefault(group, {})[(topic, partition)] = entry
+        # The markers and the offsets wait for one group-commit round together; the offsets are appended only
+        # once every marker is, so OffsetFetch never shows them before the commit is visible in the partitions.
+        outcome = {"left": 1 + len(by_group), "ok": True}
 
-            def committed(flushed: bool, fault: bool = False) -> None:
-                left[0] -= 1
-                left[1] &= flushed
-                if left[0] == 0:
-                    finished(left[1])
-
-            for group, entries in by_group.items():
-                self._commit_offsets(group, entries, committed)
+        def part_durable(ok: bool) -> None:
+            outcome["left"] -= 1
+            outcome["ok"] &= ok
+            if outcome["left"] == 0:
+                finished(outcome["ok"])
 
         def finished(ok: bool) -> None:
             if not ok:
@@ -380,8 +375,11 @@ class TransactionCoordinator:
             for done_waiter in self.completing.pop(transactional_id, []):
                 self._error_only(done_waiter, E.none)
 
-        self.markers.write(metadata.producer_id, metadata.producer_epoch, commit, metadata.partitions, self.clock(),
-                           markers_written)
+        if not self.markers.write(metadata.producer_id, metadata.producer_epoch, commit, metadata.partitions,
+                                  self.clock(), part_durable):
+            return  # a marker could not be appended: part_durable(False) was called, the completion is retried
+        for group, entries in by_group.items():
+            self._commit_offsets(group, entries, lambda flushed, fault=False: part_durable(flushed))
 
     def _retry_later(self, transactional_id: str) -> None:
         log.warning("transaction of %r: its markers or offsets are not durable yet; trying again in %d ms",

@@ -31,7 +31,9 @@ class MarkerWriter:
         self.written = 0  # markers appended (the stats count them)
 
     def write(self, producer_id: int, producer_epoch: int, commit: bool, partitions: Iterable[tuple[str, int]],
-              now_ms: int, done: Callable[[bool], None]) -> None:
+              now_ms: int, done: Callable[[bool], None]) -> bool:
+        """Append the markers, then `done(durable)` once they are fsync'd. Returns False if one could not be
+        appended (then `done(False)` was called already)."""
         control = ControlType.COMMIT if commit else ControlType.ABORT
         rows, ends = [], []
         for topic, partition in sorted(partitions):
@@ -45,7 +47,7 @@ class MarkerWriter:
                     continue  # deleted meanwhile
                 if exc.error_code == ErrorCode.KAFKA_STORAGE_ERROR:
                     done(False)  # the partition logged it; the completion is tried again
-                    return
+                    return False
                 # Refused for good (a marker older than the producer's epoch there): retrying cannot help.
                 log.error("cannot write the %s marker of producer %d to %s-%d: %s",
                           "COMMIT" if commit else "ABORT", producer_id, topic, partition, exc)
@@ -55,5 +57,6 @@ class MarkerWriter:
             ends.append(appended.last_offset + 1)
         if not rows:
             done(True)
-            return
+            return True
         self._wait_flushed(rows, ends, now_ms + self.write_timeout_ms, lambda flushed, fault=False: done(flushed))
+        return True
