@@ -5,6 +5,7 @@ code through real clients."""
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 from kio.schema.errors import ErrorCode as E
@@ -69,8 +70,8 @@ class GroupCommit:
             done(True)
 
 
-class Node:
-    """A coordinator on a data directory; restart() builds a new one on the same files, as a timer restart."""
+class OnDisk:
+    """A coordinator on a data directory; restart() builds a new one on the same files, as a timer restart does."""
 
     def __init__(self, tmp_path, table, config: TransactionConfig = TransactionConfig()) -> None:
         self.data_dir = str(tmp_path)
@@ -151,9 +152,9 @@ class Node:
 
 
 @pytest.fixture
-def node(tmp_path):
+def txn(tmp_path):
     with SharedTable(rows=16) as table:
-        made = Node(tmp_path, table)
+        made = OnDisk(tmp_path, table)
         yield made
         made.store.close()
 
@@ -163,128 +164,146 @@ def producer_of(answer) -> tuple[int, int]:
     return answer.producer_id, answer.producer_epoch
 
 
-def test_init_keeps_the_producer_id_and_bumps_the_epoch(node):
-    first = producer_of(node.init("app"))
-    second = producer_of(node.init("app"))
+def test_init_keeps_the_producer_id_and_bumps_the_epoch(txn):
+    first = producer_of(txn.init("app"))
+    second = producer_of(txn.init("app"))
     assert second == (first[0], first[1] + 1)
-    assert producer_of(node.init("other"))[0] != first[0]
-    assert node.init("app", timeout_ms=10**9).error == E.invalid_transaction_timeout
-    assert node.init("").error == E.invalid_request
+    assert producer_of(txn.init("other"))[0] != first[0]
+    assert txn.init("app", timeout_ms=10**9).error == E.invalid_transaction_timeout
+    assert txn.init("").error == E.invalid_request
 
 
-def test_a_committed_transaction_writes_its_markers_before_end_txn_is_answered(node):
-    producer = producer_of(node.init("app"))
-    assert node.add("app", producer, [("t", 0), ("t", 1)]) == {("t", 0): 0, ("t", 1): 0}
-    node.produce(producer, 0, partition=0)
-    node.produce(producer, 0, partition=1)
-    assert node.partition(0).state().last_stable_offset == 0
-    assert node.end("app", producer, commit=True).error == E.none
+def test_a_committed_transaction_writes_its_markers_before_end_txn_is_answered(txn):
+    producer = producer_of(txn.init("app"))
+    assert txn.add("app", producer, [("t", 0), ("t", 1)]) == {("t", 0): 0, ("t", 1): 0}
+    txn.produce(producer, 0, partition=0)
+    txn.produce(producer, 0, partition=1)
+    assert txn.partition(0).state().last_stable_offset == 0
+    assert txn.end("app", producer, commit=True).error == E.none
     for partition in (0, 1):
-        assert node.markers(partition) == [(*producer, ControlType.COMMIT)]
-        state = node.partition(partition).state()
+        assert txn.markers(partition) == [(*producer, ControlType.COMMIT)]
+        state = txn.partition(partition).state()
         assert state.last_stable_offset == state.high_watermark == 2
-    assert node.coordinator.transactions["app"].state == TxnState.COMPLETE_COMMIT
-    assert node.end("app", producer, commit=True).error == E.none  # a retried EndTxn
-    assert node.end("app", producer, commit=False).error == E.invalid_txn_state
+    assert txn.coordinator.transactions["app"].state == TxnState.COMPLETE_COMMIT
+    assert txn.end("app", producer, commit=True).error == E.none  # a retried EndTxn
+    assert txn.end("app", producer, commit=False).error == E.invalid_txn_state
 
 
-def test_an_abort_lists_the_transaction_as_aborted(node):
-    producer = producer_of(node.init("app"))
-    node.add("app", producer)
-    node.produce(producer, 0)
-    assert node.end("app", producer, commit=False).error == E.none
-    assert [entry.producer_id for entry in node.partition().aborted_transactions(0, 2)] == [producer[0]]
+def test_an_abort_lists_the_transaction_as_aborted(txn):
+    producer = producer_of(txn.init("app"))
+    txn.add("app", producer)
+    txn.produce(producer, 0)
+    assert txn.end("app", producer, commit=False).error == E.none
+    assert [entry.producer_id for entry in txn.partition().aborted_transactions(0, 2)] == [producer[0]]
 
 
-def test_a_new_epoch_fences_the_old_producer_and_aborts_its_transaction(node):
-    old = producer_of(node.init("app"))
-    node.add("app", old)
-    node.produce(old, 0)
-    assert node.init("app").error == E.concurrent_transactions  # the abort of the open transaction runs first
+def test_a_new_epoch_fences_the_old_producer_and_aborts_its_transaction(txn):
+    old = producer_of(txn.init("app"))
+    txn.add("app", old)
+    txn.produce(old, 0)
+    assert txn.init("app").error == E.concurrent_transactions  # the abort of the open transaction runs first
     fenced_epoch = old[1] + 1
-    assert node.markers() == [(old[0], fenced_epoch, ControlType.ABORT)]
-    new = producer_of(node.init("app"))
+    assert txn.markers() == [(old[0], fenced_epoch, ControlType.ABORT)]
+    new = producer_of(txn.init("app"))
     assert new[0] == old[0] and new[1] > fenced_epoch
-    assert node.add("app", old) == {("t", 0): E.producer_fenced}
-    assert node.end("app", old, commit=True).error == E.producer_fenced
-    assert node.add("app", (old[0] + 99, new[1])) == {("t", 0): E.invalid_producer_id_mapping}
+    assert txn.add("app", old) == {("t", 0): E.producer_fenced}
+    assert txn.end("app", old, commit=True).error == E.producer_fenced
+    assert txn.add("app", (old[0] + 99, new[1])) == {("t", 0): E.invalid_producer_id_mapping}
 
 
-def test_requests_while_a_state_write_waits_for_its_fsync_get_concurrent_transactions(node):
-    producer = producer_of(node.init("app"))
-    node.flushes.eager = False
-    assert node.add("app", producer) is None  # waits for the fsync
-    assert node.add("app", producer) == {("t", 0): E.concurrent_transactions}
-    node.flushes.run()
-    assert node.outbox.replies[node.request_id - 1].topics == (("t", ((0, 0),)),)
+def test_requests_while_a_state_write_waits_for_its_fsync_get_concurrent_transactions(txn):
+    producer = producer_of(txn.init("app"))
+    txn.flushes.eager = False
+    assert txn.add("app", producer) is None  # waits for the fsync
+    assert txn.add("app", producer) == {("t", 0): E.concurrent_transactions}
+    txn.flushes.run()
+    assert txn.outbox.replies[txn.request_id - 1].topics == (("t", ((0, 0),)),)
 
 
-def test_a_failed_state_write_changes_nothing(node):
-    producer = producer_of(node.init("app"))
-    node.flushes.fail = True
-    assert node.add("app", producer) == {("t", 0): E.not_coordinator}
-    assert node.coordinator.transactions["app"].state == TxnState.EMPTY
-    node.flushes.fail = False
-    assert node.add("app", producer) == {("t", 0): 0}
+def test_a_failed_state_write_changes_nothing(txn):
+    producer = producer_of(txn.init("app"))
+    txn.flushes.fail = True
+    assert txn.add("app", producer) == {("t", 0): E.not_coordinator}
+    assert txn.coordinator.transactions["app"].state == TxnState.EMPTY
+    txn.flushes.fail = False
+    assert txn.add("app", producer) == {("t", 0): 0}
 
 
-def test_unknown_partitions_are_refused_and_nothing_is_added(node):
-    producer = producer_of(node.init("app"))
-    assert node.add("app", producer, [("t", 0), ("nope", 0)]) == {("t", 0): E.operation_not_attempted,
+def test_unknown_partitions_are_refused_and_nothing_is_added(txn):
+    producer = producer_of(txn.init("app"))
+    assert txn.add("app", producer, [("t", 0), ("nope", 0)]) == {("t", 0): E.operation_not_attempted,
                                                                      ("nope", 0): E.unknown_topic_or_partition}
-    assert node.coordinator.transactions["app"].state == TxnState.EMPTY
+    assert txn.coordinator.transactions["app"].state == TxnState.EMPTY
 
 
-def test_end_txn_without_a_transaction_is_an_invalid_state(node):
-    producer = producer_of(node.init("app"))
-    assert node.end("app", producer, commit=True).error == E.invalid_txn_state
-    assert node.end("nobody", producer, commit=True).error == E.invalid_producer_id_mapping
+def test_end_txn_without_a_transaction_is_an_invalid_state(txn):
+    producer = producer_of(txn.init("app"))
+    assert txn.end("app", producer, commit=True).error == E.invalid_txn_state
+    assert txn.end("nobody", producer, commit=True).error == E.invalid_producer_id_mapping
 
 
-def test_transactional_offsets_are_committed_only_with_the_transaction(node):
-    producer = producer_of(node.init("app"))
-    assert node.ask(M.Kind.ADD_OFFSETS_TO_TXN, *producer, "app", "g").error == E.none
-    answer = node.ask(M.Kind.TXN_OFFSET_COMMIT, *producer, "app", "g", [("t", [(0, 42, -1, None)])])
+def test_transactional_offsets_are_committed_only_with_the_transaction(txn):
+    producer = producer_of(txn.init("app"))
+    assert txn.ask(M.Kind.ADD_OFFSETS_TO_TXN, *producer, "app", "g").error == E.none
+    answer = txn.ask(M.Kind.TXN_OFFSET_COMMIT, *producer, "app", "g", [("t", [(0, 42, -1, None)])])
     assert answer.topics == (("t", ((0, 0),)),)
-    assert node.committed_offsets == []
-    assert node.end("app", producer, commit=True).error == E.none
-    assert node.committed_offsets == [("g", {("t", 0): (42, -1, None)})]
+    assert txn.committed_offsets == []
+    assert txn.end("app", producer, commit=True).error == E.none
+    assert txn.committed_offsets == [("g", {("t", 0): (42, -1, None)})]
 
-    node.ask(M.Kind.ADD_OFFSETS_TO_TXN, *producer, "app", "g")
-    node.ask(M.Kind.TXN_OFFSET_COMMIT, *producer, "app", "g", [("t", [(0, 50, -1, None)])])
-    assert node.end("app", producer, commit=False).error == E.none
-    assert len(node.committed_offsets) == 1  # an aborted transaction's offsets are dropped
-
-
-def test_a_transaction_past_its_timeout_is_aborted_and_its_producer_fenced(node):
-    producer = producer_of(node.init("app", timeout_ms=5000))
-    node.add("app", producer)
-    node.produce(producer, 0)
-    node.clock.now += 4000
-    node.coordinator.advance(node.clock.now)
-    assert node.coordinator.transactions["app"].state == TxnState.ONGOING
-    node.clock.now += 2000
-    node.coordinator.advance(node.clock.now)
-    assert node.coordinator.transactions["app"].state == TxnState.COMPLETE_ABORT
-    assert node.coordinator.timed_out == 1
-    assert node.markers() == [(producer[0], producer[1] + 1, ControlType.ABORT)]
-    assert node.partition().state().first_unstable_offset == -1
-    assert node.end("app", producer, commit=True).error == E.producer_fenced
+    txn.ask(M.Kind.ADD_OFFSETS_TO_TXN, *producer, "app", "g")
+    txn.ask(M.Kind.TXN_OFFSET_COMMIT, *producer, "app", "g", [("t", [(0, 50, -1, None)])])
+    assert txn.end("app", producer, commit=False).error == E.none
+    assert len(txn.committed_offsets) == 1  # an aborted transaction's offsets are dropped
 
 
-def test_state_survives_a_restart_and_an_interrupted_commit_completes(node):
-    producer = producer_of(node.init("app"))
-    node.add("app", producer, [("t", 0), ("t", 1)])
-    node.produce(producer, 0, partition=0)
-    node.produce(producer, 0, partition=1)
-    other = producer_of(node.init("open"))
-    node.add("open", other)
+def test_a_transaction_past_its_timeout_is_aborted_and_its_producer_fenced(txn):
+    producer = producer_of(txn.init("app", timeout_ms=5000))
+    txn.add("app", producer)
+    txn.produce(producer, 0)
+    txn.clock.now += 4000
+    txn.coordinator.advance(txn.clock.now)
+    assert txn.coordinator.transactions["app"].state == TxnState.ONGOING
+    txn.clock.now += 2000
+    txn.coordinator.advance(txn.clock.now)
+    assert txn.coordinator.transactions["app"].state == TxnState.COMPLETE_ABORT
+    assert txn.coordinator.timed_out == 1
+    assert txn.markers() == [(producer[0], producer[1] + 1, ControlType.ABORT)]
+    assert txn.partition().state().first_unstable_offset == -1
+    assert txn.end("app", producer, commit=True).error == E.producer_fenced
+
+
+def test_state_survives_a_restart_and_an_interrupted_commit_completes(txn):
+    producer = producer_of(txn.init("app"))
+    txn.add("app", producer, [("t", 0), ("t", 1)])
+    txn.produce(producer, 0, partition=0)
+    txn.produce(producer, 0, partition=1)
+    other = producer_of(txn.init("open"))
+    txn.add("open", other)
     # The decision is durable, then the timer dies before any marker: the markers' writer never runs.
-    node.coordinator.markers.write = lambda *args: None
-    assert node.end("app", producer, commit=True) is None
-    node.restart()
-    assert node.coordinator.transactions["app"].state == TxnState.COMPLETE_COMMIT
+    txn.coordinator.markers.write = lambda *args: None
+    assert txn.end("app", producer, commit=True) is None
+    txn.restart()
+    assert txn.coordinator.transactions["app"].state == TxnState.COMPLETE_COMMIT
     for partition in (0, 1):
-        assert node.markers(partition) == [(*producer, ControlType.COMMIT)]
-    assert node.coordinator.transactions["open"].state == TxnState.ONGOING
-    assert producer_of(node.init("app")) == (producer[0], producer[1] + 1)
+        assert txn.markers(partition) == [(*producer, ControlType.COMMIT)]
+    assert txn.coordinator.transactions["open"].state == TxnState.ONGOING
+    assert producer_of(txn.init("app")) == (producer[0], producer[1] + 1)
+
+
+def test_an_idle_transactional_id_expires_and_starts_afresh(tmp_path):
+    with SharedTable(rows=16) as table:
+        txn = OnDisk(tmp_path, table, TransactionConfig(transactional_id_expiration_ms=1))
+        try:
+            producer = producer_of(txn.init("idle"))
+            busy = producer_of(txn.init("busy"))
+            txn.add("busy", busy)
+            time.sleep(0.01)
+            assert txn.coordinator.expire_transactional_ids() == 1  # an open transaction keeps its id
+            assert "idle" not in txn.coordinator.transactions
+            assert txn.add("idle", producer) == {("t", 0): E.invalid_producer_id_mapping}
+            txn.restart()  # the tombstone holds
+            assert "idle" not in txn.coordinator.transactions and "busy" in txn.coordinator.transactions
+            assert producer_of(txn.init("idle"))[0] != producer[0]
+        finally:
+            txn.store.close()

@@ -117,6 +117,8 @@ class TimerProcess:
         self.chores.every("cleaning survey", config.cleaner.backoff_ms, self.cleaning.survey_due, now, inline=True)
         self.chores.every("offset expiry", groups.offsets_retention_check_interval_ms, self.groups.expire_offsets, now,
                           inline=True)
+        self.chores.every("transactional id expiry", txn.remove_expired_interval_ms,
+                          self.transactions.expire_transactional_ids, now, inline=True)
         self.handlers: dict[M.Kind, Callable[[int, Any], None]] = {
             M.Kind.DELAY_FETCH: self.operations.delay_fetch,
             M.Kind.DELAY_PRODUCE: self.operations.delay_produce,

@@ -162,6 +162,7 @@ class TransactionCoordinator:
         `current` as it was and call `failed(error)` (NOT_COORDINATOR on a storage fault, as Kafka answers an
         append that failed; COORDINATOR_NOT_AVAILABLE when the fsync did not come in time: clients retry)."""
         current.pending = True
+        changed.last_update_wall_ms = wall_ms()
 
         def done(flushed: bool, fault: bool = False) -> None:
             current.pending = False
@@ -380,6 +381,37 @@ class TransactionCoordinator:
             return  # a marker could not be appended: part_durable(False) was called, the completion is retried
         for group, entries in by_group.items():
             self._commit_offsets(group, entries, lambda flushed, fault=False: part_durable(flushed))
+
+    # -- expiry ---------------------------------------------------------------------------------
+
+    def expire_transactional_ids(self) -> int:
+        """Forget the ids without a transaction for transactional_id_expiration_ms (Kafka's
+        transactional.id.expiration.ms): Dead while the tombstone is written, gone once it is durable. Returns how
+        many began to expire."""
+        if self.loading:
+            return 0
+        horizon = wall_ms() - self.config.transactional_id_expiration_ms
+        expiring = [metadata for metadata in self.transactions.values()
+                    if (metadata.state == EMPTY or metadata.state in COMPLETED) and not metadata.pending
+                    and metadata.transactional_id not in self.completing and metadata.last_update_wall_ms < horizon]
+        for metadata in expiring:
+            self._expire(metadata)
+        return len(expiring)
+
+    def _expire(self, metadata: TransactionMetadata) -> None:
+        transactional_id, previous = metadata.transactional_id, metadata.state
+        metadata.transition(DEAD)
+        metadata.pending = True
+
+        def done(flushed: bool, fault: bool = False) -> None:
+            metadata.pending = False
+            if flushed:
+                if self.transactions.get(transactional_id) is metadata:
+                    del self.transactions[transactional_id]
+            else:
+                metadata.state = previous  # still there: expired again by the next look
+
+        self.state_log.delete(transactional_id, self.clock(), done)
 
     def _retry_later(self, transactional_id: str) -> None:
         log.warning("transaction of %r: its markers or offsets are not durable yet; trying again in %d ms",

@@ -4,7 +4,8 @@
       ^                                   │ ──EndTxn(abort), timeout,──> PrepareAbort ──markers──> CompleteAbort
       │                                   │   InitProducerId
       └──InitProducerId── CompleteCommit / CompleteAbort ──AddPartitions/AddOffsets──> Ongoing
-    Dead: a transactional.id that expired (never left by any transition).
+    Dead: a transactional.id idle past transactional.id.expiration.ms, while its tombstone is written (then it is
+    forgotten; an InitProducerId of it starts afresh with a new producer id).
 
 Invariants:
 - `transition()` allows exactly Kafka's transitions (VALID_PREVIOUS) and raises InvalidTransition otherwise:
@@ -68,6 +69,7 @@ class TransactionMetadata:
     groups: set[str] = field(default_factory=set)  # AddOffsetsToTxn's groups
     offsets: dict[OffsetKey, PendingOffset] = field(default_factory=dict)  # TxnOffsetCommit's, until the commit
     start_wall_ms: int = -1  # when the current transaction began (Ongoing), for its timeout
+    last_update_wall_ms: int = -1  # when the id's state last changed (its expiry counts from there)
     pending: bool = False
 
     def transition(self, state: TxnState) -> None:
@@ -87,7 +89,7 @@ class TransactionMetadata:
         """An independent copy (its own sets), not pending: what a state change writes before it is installed."""
         return TransactionMetadata(self.transactional_id, self.producer_id, self.producer_epoch, self.timeout_ms,
                                    self.state, set(self.partitions), set(self.groups), dict(self.offsets),
-                                   self.start_wall_ms)
+                                   self.start_wall_ms, self.last_update_wall_ms)
 
     def bump_epoch(self) -> bool:
         """The next epoch; False when the epoch is exhausted (the caller then gives the id a new producer id)."""
@@ -100,7 +102,7 @@ class TransactionMetadata:
         return {"producer_id": self.producer_id, "producer_epoch": self.producer_epoch, "timeout_ms": self.timeout_ms,
                 "state": self.state.value, "partitions": sorted(self.partitions), "groups": sorted(self.groups),
                 "offsets": [[*key, *value] for key, value in sorted(self.offsets.items(), key=lambda kv: kv[0])],
-                "start_wall_ms": self.start_wall_ms}
+                "start_wall_ms": self.start_wall_ms, "last_update_wall_ms": self.last_update_wall_ms}
 
     @classmethod
     def from_record(cls, transactional_id: str, record: dict) -> "TransactionMetadata":
@@ -111,4 +113,4 @@ class TransactionMetadata:
                    {str(group) for group in record["groups"]},
                    {(str(g), str(t), int(p)): (int(offset), int(epoch), None if metadata is None else str(metadata))
                     for g, t, p, offset, epoch, metadata in record["offsets"]},
-                   int(record["start_wall_ms"]))
+                   int(record["start_wall_ms"]), int(record["last_update_wall_ms"]))
