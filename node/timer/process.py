@@ -97,15 +97,16 @@ class TimerProcess:
                               commit_timeout_ms=groups.offsets_commit_timeout_ms)
         self.groups = GroupCoordinator(groups, self.outbox, offsets, self.store, config.timer.wheel,
                                        config.timer.purgatory, now)
+        self.controller = Controller(self.store, self.outbox, self.flusher)
         txn = config.transactions
         state_log = TransactionStateLog(self.store, self.operations.wait_flushed, segment_bytes=txn.state_segment_bytes,
                                         load_bytes_per_turn=txn.state_load_bytes_per_turn,
-                                        write_timeout_ms=txn.state_write_timeout_ms)
+                                        write_timeout_ms=txn.state_write_timeout_ms,
+                                        catalog_changed=self.controller.catalog_changed)
         self.transactions = TransactionCoordinator(
             txn, self.outbox, state_log, MarkerWriter(self.store, self.operations.wait_flushed, txn.state_write_timeout_ms),
             self.store, self.groups.commit_transaction_offsets, lambda: self.groups.loading, config.timer.wheel, now,
             groups.offset_metadata_max_bytes)
-        self.controller = Controller(self.store, self.outbox, self.flusher)
         self.quotas = QuotaManager(config.quotas, self.outbox, now)
         self.reload = ConfigReload(config_path, config, self._apply_config, log)
         self.chores = ChoreScheduler(config.timer.wheel, now, self._run_chore)

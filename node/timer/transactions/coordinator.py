@@ -193,6 +193,8 @@ class TransactionCoordinator:
             return answer(E.invalid_transaction_timeout)
         current = self.transactions.get(transactional_id)
         if current is None:
+            if not self.state_log.ensure_created():
+                return answer(E.coordinator_not_available)
             try:
                 producer_id = producer_ids.allocate(self.store.data_dir)
             except OSError as exc:

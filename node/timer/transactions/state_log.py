@@ -1,8 +1,9 @@
 """The transaction coordinator's durable state: the internal log `__transaction_state`.
 
 An ordinary partition log of the node (one partition, flagged internal in the catalog, compacted by the log
-cleaner: cleanup.policy compact, segments of transactions.state_segment_bytes), written only by the timer
-process and fsync'd by the flusher's group commit, as `__consumer_offsets` is. Each record:
+cleaner: cleanup.policy compact, segments of transactions.state_segment_bytes), made when the first
+transactional id needs it, written only by the timer process and fsync'd by the flusher's group commit, as
+`__consumer_offsets` is. Each record:
 
     key    orjson [transactional_id]
     value  orjson TransactionMetadata.to_record(): producer id and epoch, timeout, state, the transaction's
@@ -45,30 +46,50 @@ def wall_ms() -> int:
 
 class TransactionStateLog:
     def __init__(self, store: PartitionStore, wait_flushed: Callable, *, segment_bytes: int,
-                 load_bytes_per_turn: int, write_timeout_ms: int) -> None:
+                 load_bytes_per_turn: int, write_timeout_ms: int,
+                 catalog_changed: Callable[[], None] = lambda: None) -> None:
         self.store = store
+        self._catalog_changed = catalog_changed  # the flusher (which fsyncs the log) and the workers reload it
         self._wait_flushed = wait_flushed  # (rows, offsets, deadline_ms, done(flushed, fault)) -> None
         self.load_bytes_per_turn = load_bytes_per_turn
         self.write_timeout_ms = write_timeout_ms
         self.loading = True
         self.loaded: dict[str, TransactionMetadata] = {}  # the load's result, handed over once
         self.records = 0
-        settings = {"cleanup.policy": "compact", "segment.bytes": str(segment_bytes)}
-        (code, message) = store.create_topics([(STATE_TOPIC, 1, settings)], internal=True)[STATE_TOPIC]
-        if code:
-            raise RuntimeError(f"cannot create {STATE_TOPIC}: {message}")
-        if store.topic_configs(STATE_TOPIC) != settings:
-            (code, message), = store.alter_configs([(TOPIC_RESOURCE, STATE_TOPIC, "replace", settings)])
+        self.settings = {"cleanup.policy": "compact", "segment.bytes": str(segment_bytes)}
+        self.row = store.row(STATE_TOPIC, 0)  # None until the first transactional id needs the log
+        if self.row is not None:
+            self._configure()
+        self._load_offset = store.log(self.row).state().log_start_offset if self.row is not None else 0
+
+    def _configure(self) -> None:
+        if self.store.topic_configs(STATE_TOPIC) != self.settings:  # another setting since it was made
+            (code, message), = self.store.alter_configs([(TOPIC_RESOURCE, STATE_TOPIC, "replace", self.settings)])
             if code:
                 raise RuntimeError(f"cannot set the configs of {STATE_TOPIC}: {message}")
-        self.row = store.row(STATE_TOPIC, 0)
-        self._load_offset = store.log(self.row).state().log_start_offset
+
+    def ensure_created(self) -> bool:
+        """Make the log on first use, as Kafka makes its __transaction_state (a node without transactions never
+        spends a partition on it); False, logged, if the node has no room for it."""
+        if self.row is not None:
+            return True
+        (code, message) = self.store.create_topics([(STATE_TOPIC, 1, self.settings)], internal=True)[STATE_TOPIC]
+        if code:
+            log.error("cannot create %s (%s): transactional producers are refused until it can be", STATE_TOPIC,
+                      message)
+            return False
+        self.row = self.store.row(STATE_TOPIC, 0)
+        self._catalog_changed()
+        return self.row is not None
 
     # -- load ---------------------------------------------------------------------------------
 
     def load_step(self) -> bool:
         """Load the next slice of the log; True once everything is loaded (then `loaded` is complete)."""
         if not self.loading:
+            return True
+        if self.row is None:  # never made: nothing to load
+            self.loading = False
             return True
         plog = self.store.log(self.row)
         state = plog.state()
