@@ -11,7 +11,6 @@ from types import SimpleNamespace
 import pytest
 from kio.schema.errors import ErrorCode as E
 from kio.serial import entity_reader, entity_writer
-from kio.static.constants import EntityType
 from kio.static.primitive import i8, i16, i32, i64, i32Timedelta
 
 from node.config import NodeConfig
