@@ -324,3 +324,43 @@ def test_consume_transform_produce_stays_exactly_once_across_kills_of_node_proce
         transformer.kill()
 
     exactly_once_with(node, kill_a_node_process_then_the_client)
+
+
+def test_kafka_python_and_aiokafka_transactional_producers(node_factory):
+    node = node_factory(workers=1, config=CONFIG)
+    create(node.bootstrap, "pure")
+    from kafka import KafkaProducer
+
+    producer = KafkaProducer(bootstrap_servers=node.bootstrap, transactional_id="kafka-python-writer")
+    try:
+        producer.init_transactions()
+        producer.begin_transaction()
+        producer.send("pure", b"kafka-python committed")
+        producer.commit_transaction()
+        producer.begin_transaction()
+        producer.send("pure", b"kafka-python aborted")
+        producer.flush()
+        producer.abort_transaction()
+    finally:
+        producer.close(timeout=TIMEOUT_S)
+
+    import asyncio
+
+    from aiokafka import AIOKafkaProducer
+
+    async def aiokafka_transactions() -> None:
+        writer = AIOKafkaProducer(bootstrap_servers=node.bootstrap, transactional_id="aiokafka-writer")
+        await writer.start()
+        try:
+            async with writer.transaction():
+                await writer.send_and_wait("pure", b"aiokafka committed")
+            await writer.begin_transaction()
+            await writer.send_and_wait("pure", b"aiokafka aborted")
+            await writer.abort_transaction()
+        finally:
+            await writer.stop()
+
+    asyncio.run(asyncio.wait_for(aiokafka_transactions(), TIMEOUT_S))
+    assert consume_all(node.bootstrap, "pure", "read_committed") == [b"kafka-python committed",
+                                                                      b"aiokafka committed"]
+    assert len(consume_all(node.bootstrap, "pure", "read_uncommitted")) == 4
