@@ -219,6 +219,9 @@ class Dashboard:
                           f"{timer.get('throttled_clients')} ({self._rate(timer, 'throttle_ms_total', now):.0f})", "")
             table.add_row("groups / members / rebalances",
                           f"{timer.get('groups')} / {timer.get('group_members')} / {timer.get('rebalances')}", "")
+            table.add_row("transactions open / committed / aborted (timed out)",
+                          f"{timer.get('transactions_open')} / {timer.get('transactions_committed')} / "
+                          f"{timer.get('transactions_aborted')} ({timer.get('transactions_timed_out')})", "")
         for row in workers:
             capacity = int(row.array("ring_capacity_bytes")[0]) or 1
             used = int(row.array("ring_used_bytes")[0])
@@ -337,13 +340,14 @@ def render_stats(document: dict) -> None:
                       str(done.get("frames_sent", "")), str(done.get("used_bytes", "")))
     console.print(rings)
     partitions = Table(title="partitions")
-    for column in ("topic", "partition", "log start", "log end", "high watermark", "unflushed bytes", "dirty",
-                   "cleaned (reclaimed) MB"):
+    for column in ("topic", "partition", "log start", "log end", "high watermark", "LSO lag", "unflushed bytes",
+                   "dirty", "cleaned (reclaimed) MB"):
         partitions.add_column(column, justify="right")
     for p in document["partitions"]:
         cleaning = p.get("cleaning")
         partitions.add_row(p["topic"], str(p["partition"]), str(p["log_start_offset"]), str(p["log_end_offset"]),
-                           str(p["high_watermark"]), str(p["unflushed_bytes"]),
+                           str(p["high_watermark"]), str(p["high_watermark"] - p["last_stable_offset"]),
+                           str(p["unflushed_bytes"]),
                            f"{100 * cleaning['dirty_ratio']:.0f}%" if cleaning else "",
                            f"{_mb(cleaning['bytes_cleaned'])} ({_mb(cleaning['bytes_reclaimed'])})" if cleaning else "")
     console.print(partitions)
