@@ -232,7 +232,7 @@ class FetchSlice(NamedTuple):
     log_start_offset: int
     log_end_offset: int
     end_bytes: int  # the row's end_bytes in the state this read saw: a waiter counts appends from here
-    last_stable_offset: int = -1  # the LSO in that state (read() sets it)
+    last_stable_offset: int = -1  # the LSO in that state
 
 
 def partition_directory(data_dir: str, topic: str, partition: int) -> str:
@@ -666,8 +666,7 @@ class PartitionLog:
         last = self._last_read
         if last is not None and last[0] == key:
             return last[1]
-        answer = self._read(state, fetch_offset, max_bytes, min_one_batch)._replace(
-            last_stable_offset=state.last_stable_offset)
+        answer = self._read(state, fetch_offset, max_bytes, min_one_batch)
         if committed:
             answer = self._below_stable(state, fetch_offset, answer)
         self._last_read = (key, answer)
@@ -707,7 +706,8 @@ class PartitionLog:
         log_end = state.log_end_offset
         if fetch_offset == log_end:
             self._tail_hint = (log_end, state.active_base_offset, state.segments_version, state.end_position)
-            return FetchSlice((), 0, state.high_watermark, state.log_start_offset, log_end, state.end_bytes)
+            return FetchSlice((), 0, state.high_watermark, state.log_start_offset, log_end, state.end_bytes,
+                              state.last_stable_offset)
         if fetch_offset > log_end or fetch_offset < state.log_start_offset:
             raise StorageError(
                 ErrorCode.OFFSET_OUT_OF_RANGE,
@@ -732,19 +732,21 @@ class PartitionLog:
                     break
                 index += 1  # fetch_offset is past this segment's last batch: it starts the next one
             else:
-                return FetchSlice((), 0, state.high_watermark, state.log_start_offset, log_end, state.end_bytes)
+                return FetchSlice((), 0, state.high_watermark, state.log_start_offset, log_end, state.end_bytes,
+                                  state.last_stable_offset)
         length = end - start
         if length > max_bytes:
             boundary = segment.boundary_at_or_before(start, start + max_bytes, entries)
             if boundary == start:
                 if not min_one_batch:
-                    return FetchSlice((), 0, state.high_watermark, state.log_start_offset, log_end, state.end_bytes)
+                    return FetchSlice((), 0, state.high_watermark, state.log_start_offset, log_end, state.end_bytes,
+                                      state.last_stable_offset)
                 (first_size,) = struct.unpack(">i", os.pread(segment.log_fd, 4, start + 8))
                 boundary = start + first_size + LENGTH_FIELDS_SIZE
             length = boundary - start
         return FetchSlice(
             ((segment.log_fd, start, length),), length, state.high_watermark, state.log_start_offset, log_end,
-            state.end_bytes,
+            state.end_bytes, state.last_stable_offset,
         )
 
     def state(self) -> PartitionState:
