@@ -60,7 +60,7 @@ from typing import Any, Iterable
 
 import msgpack
 
-LAYOUT_VERSION = 5  # 5: typed group, quota and reply records in place of their documents
+LAYOUT_VERSION = 6  # 6: a delayed fetch's items say where read_committed ones became stable
 MAX_ITEMS = 0xFFFF
 HEADER = struct.Struct("<BBHI")
 FIRST_TIMER_KIND = 64  # kinds >= this travel timer -> worker
@@ -72,7 +72,8 @@ class MessageError(ValueError):
 
 class Kind(IntEnum):
     # worker -> timer
-    DELAY_FETCH = 1  # a long-poll fetch: answer when min_bytes are appended past start_bytes, or at the deadline
+    DELAY_FETCH = 1  # a long-poll fetch: answer when min_bytes are appended past start_bytes (and, for a
+    # read_committed one, its row's LSO moved past stable_from), or at the deadline (shm.fetch_condition)
     DELAY_PRODUCE = 2  # an acks=all produce: answer when every row is fsync'd to required_offset, or at the deadline
     CANCEL = 4  # complete these delayed requests without an answer: their client is gone, or the worker answered
     # Topic administration (node.timer.controller), each answered by a REPLY. Those with a deadline (monotonic ms,
@@ -291,7 +292,7 @@ ClientRate = record("ClientRate", [("client", STR), ("produce_rate", "q"), ("fet
 CountedReport = record("CountedReport", [("worker", "I"), ("report", "Q")])
 
 DelayFetch = declare(Kind.DELAY_FETCH, body=[("request_id", "Q"), ("deadline_ms", "q"), ("min_bytes", "i")],
-                     items=[("row", "I"), ("start_bytes", "q")]).tuple_class
+                     items=[("row", "I"), ("start_bytes", "q"), ("stable_from", "q")]).tuple_class
 DelayProduce = declare(Kind.DELAY_PRODUCE, body=[("request_id", "Q"), ("deadline_ms", "q")],
                        items=[("row", "I"), ("required_offset", "q")]).tuple_class
 Cancel = declare(Kind.CANCEL, items=[("request_id", "Q")]).tuple_class

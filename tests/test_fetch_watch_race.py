@@ -99,7 +99,7 @@ def test_an_append_between_the_read_and_the_watch_counts_as_new(worker_side, mon
     delayed.end_turn()
     watch, cancel = _sent(requests)
     assert watch.kind == M.Kind.DELAY_FETCH
-    assert watch.items == [(row, seen_at_read[0])], "the watch starts where the read ended, before the racing append"
+    assert watch.items == [(row, seen_at_read[0], -1)], "the watch starts where the read ended, before the racing append"
     assert len(answers) == 1, "the new wait's own check finds the raced append: answered in this turn"
     assert (cancel.kind, cancel.items) == (M.Kind.CANCEL, [(watch.request_id,)])
     fetch = DelayedFetch(0, watch.request_id, FetchCondition(watch.items, watch.min_bytes), store.table,

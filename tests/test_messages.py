@@ -15,7 +15,7 @@ i32 = st.integers(-(2**31), 2**31 - 1)
 
 
 @settings(max_examples=200, deadline=None, database=None)
-@given(request_id=u64, deadline=i64, min_bytes=i32, items=st.lists(st.tuples(u32, i64), max_size=20))
+@given(request_id=u64, deadline=i64, min_bytes=i32, items=st.lists(st.tuples(u32, i64, i64), max_size=20))
 def test_delay_fetch_round_trip(request_id, deadline, min_bytes, items):
     frame = M.encode(Kind.DELAY_FETCH, request_id, deadline, min_bytes, items=items)
     message = M.decode(memoryview(frame))

@@ -316,3 +316,21 @@ def test_an_aborted_update_never_supersedes_a_committed_one_and_open_transaction
         assert values_of(log) == [b"later"]
     finally:
         opened.close()
+
+
+def test_a_read_committed_long_poll_waits_for_the_lso_to_move(plog):
+    from shm.fetch_condition import FetchCondition
+
+    log = plog.log
+    log.append(txn_batch(1, 0))
+    state = log.state()
+    committed = FetchCondition([(0, state.end_bytes, state.last_stable_offset)], 1)
+    uncommitted = FetchCondition([(0, state.end_bytes, -1)], 1)
+    log.append(txn_batch(1, 2))  # the open transaction grows: nothing new below the LSO
+    assert uncommitted.satisfied(plog.table) and not committed.satisfied(plog.table)
+    log.append_marker(1, 0, ControlType.COMMIT, 0)
+    assert committed.satisfied(plog.table)
+    state = log.state()
+    without_transactions = FetchCondition([(0, state.end_bytes, state.last_stable_offset)], 1)
+    log.append(plain_batch())  # nothing open: every append moves the LSO
+    assert without_transactions.satisfied(plog.table)

@@ -356,8 +356,9 @@ class Handlers:
             topics.append(FetchTopicResult(topic.topic, results))
         return topics
 
-    def _read_fetch(self, request: Any) -> tuple[list[FetchTopicResult], int, bool, list[tuple[int, int]]]:
-        """Read every requested partition: (results, total bytes, any error, [(row, end_bytes)] to watch).
+    def _read_fetch(self, request: Any) -> tuple[list[FetchTopicResult], int, bool, list[tuple[int, int, int]]]:
+        """Read every requested partition: (results, total bytes, any error, the items to watch
+        (shm.fetch_condition)).
 
         The levels of a priority topic share the budget as workers.api.priority says, when the node splits it."""
         read = _FetchRead(request.max_bytes if request.max_bytes > 0 else self.config.server.request_max_bytes,
@@ -438,7 +439,7 @@ class _FetchRead:
         self.remaining = budget
         self.total = 0
         self.has_error = False
-        self.watch: list[tuple[int, int]] = []
+        self.watch: list[tuple[int, int, int]] = []  # shm.fetch_condition's items
 
     def limit(self, part: Any) -> int:
         return min(part.partition_max_bytes, self.remaining) if part.partition_max_bytes > 0 else self.remaining
@@ -452,5 +453,5 @@ class _FetchRead:
         self.remaining = max(0, self.remaining - piece.size)
         # A delayed fetch counts the bytes appended after the state this read saw: its own end_bytes,
         # not a later look at the table, which could already include an append that raced the read.
-        self.watch.append((row, piece.end_bytes - piece.size))
+        self.watch.append((row, piece.end_bytes - piece.size, piece.last_stable_offset if self.committed else -1))
         return result
