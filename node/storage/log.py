@@ -24,6 +24,11 @@ Invariants:
   producer state the headers of every batch appended since the offset it last saw (node/producer_state.py),
   up to the row's producer_batches_end: the offset after the newest batch with a producer id, published
   with every such append, so the batches after it need no reading.
+- Transactions: an append of a transactional batch or a marker (a control batch, only ever appended by
+  append_marker) catches the producer state up first, so the row's first_unstable_offset (the first offset of
+  the oldest open transaction, -1 when none; the LSO derives from it) is exact after each publish; other appends
+  leave it as it is. An ABORT marker's aborted-transaction index entry (node.storage.txn_index) is written
+  before the marker is published. A committed read (read_committed) never returns a batch at or past the LSO.
 - Disk faults (node.storage.faults: a full disk, I/O errors) never leave servable torn bytes and never
   escape as OSError: a failed append publishes nothing (the next one is written at the row's end_position
   again, over whatever the failed one left), and the caller gets StorageError(KAFKA_STORAGE_ERROR). Each
