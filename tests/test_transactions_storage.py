@@ -144,8 +144,8 @@ def test_the_index_drops_stale_entries_and_torn_tails(tmp_path):
         index.append(AbortedTransaction(3, 7, 9, 10))  # a killed writer's entry at 9 is replaced
         assert [entry.producer_id for entry in index.entries()] == [1, 3]
         assert os.path.getsize(index.path) == 2 * ENTRY.size
-        assert collect_aborted([index], 6, 20, log_end=20) == [AbortedTransaction(3, 7, 9, 10)]
-        assert collect_aborted([index], 0, 20, log_end=9) == [AbortedTransaction(1, 0, 5, 6)]
+        assert collect_aborted([(index, False)], 6, 20, log_end=20) == [AbortedTransaction(3, 7, 9, 10)]
+        assert collect_aborted([(index, False)], 0, 20, log_end=9) == [AbortedTransaction(1, 0, 5, 6)]
         index.truncate_from(0)
         assert index.entries() == ()
     finally:

@@ -702,7 +702,9 @@ class PartitionLog:
         if state.segments_version != self._segments_version:
             state = self._refresh(state)
         first = max(0, bisect.bisect_right(self._bases, start) - 1)
-        indexes = (index for index in (segment.txn_index() for segment in self.segments[first:]) if index is not None)
+        active = state.active_base_offset
+        indexes = ((index, segment.base_offset != active) for segment in self.segments[first:]
+                   if (index := segment.txn_index()) is not None)
         return collect_aborted(indexes, start, end, state.log_end_offset)
 
     def _read(self, state: PartitionState, fetch_offset: int, max_bytes: int, min_one_batch: bool) -> FetchSlice:

@@ -44,18 +44,25 @@ class TransactionIndex:
         self.path = path
         self.fd = os.open(path, os.O_RDWR | os.O_CLOEXEC | (os.O_CREAT if create else 0), 0o644)
         self._cache: tuple[int, int, tuple[AbortedTransaction, ...]] | None = None  # (inode, size, entries)
+        self._sealed = False  # the cache was read once the segment was sealed: it is final
 
-    def entries(self) -> tuple[AbortedTransaction, ...]:
-        """Every whole entry, in file order (re-read only when the file's size or inode changed)."""
+    def entries(self, sealed: bool = False) -> tuple[AbortedTransaction, ...]:
+        """Every whole entry, in file order (re-read only when the file's size or inode changed). A sealed
+        segment's index never changes (markers go to the active segment; a cleaning makes a new file), so once
+        read as `sealed` it is not looked at again: a read_committed fetch costs at most the active one's fstat."""
+        if sealed and self._sealed:
+            return self._cache[2]
         stat = os.fstat(self.fd)
         cache = self._cache
         if cache is not None and cache[0] == stat.st_ino and cache[1] == stat.st_size:
+            self._sealed = sealed
             return cache[2]
         whole = stat.st_size - stat.st_size % ENTRY.size
         data = os.pread(self.fd, whole, 0) if whole else b""
         entries = tuple(AbortedTransaction(*ENTRY.unpack_from(data, at)[1:])
                         for at in range(0, len(data) - len(data) % ENTRY.size, ENTRY.size))
         self._cache = (stat.st_ino, stat.st_size, entries)
+        self._sealed = sealed
         return entries
 
     def append(self, entry: AbortedTransaction) -> None:
@@ -88,11 +95,12 @@ class TransactionIndex:
 
 
 def collect_aborted(indexes, start: int, end: int, log_end: int) -> list[AbortedTransaction]:
-    """The aborted transactions overlapping [start, end) from the indexes of the segments in offset order,
-    starting with the segment holding `start`; entries at or past `log_end` are a killed writer's, unseen."""
+    """The aborted transactions overlapping [start, end) from the (index, sealed) pairs of the segments in offset
+    order, starting with the segment holding `start`; entries at or past `log_end` are a killed writer's,
+    unseen."""
     found = []
-    for index in indexes:
-        for entry in index.entries():
+    for index, sealed in indexes:
+        for entry in index.entries(sealed):
             if entry.last_offset >= log_end:
                 return found
             if entry.last_offset >= start and entry.first_offset < end:
