@@ -334,3 +334,17 @@ def test_a_read_committed_long_poll_waits_for_the_lso_to_move(plog):
     without_transactions = FetchCondition([(0, state.end_bytes, state.last_stable_offset)], 1)
     log.append(plain_batch())  # nothing open: every append moves the LSO
     assert without_transactions.satisfied(plog.table)
+
+
+def test_an_entry_a_killed_marker_writer_left_never_counts(plog):
+    log = plog.log
+    log.append(txn_batch(1, 0))  # 0-1
+    end = log.state().log_end_offset
+    # The writer of an ABORT marker at `end` wrote its index entry, then died before publishing the marker.
+    log.segments[-1].txn_index().append(AbortedTransaction(1, 0, end, end + 1))
+    assert log.aborted_transactions(0, 10) == []  # past the log end: unseen
+    log.append(plain_batch())  # another batch takes that offset
+    log.roll()
+    assert log.aborted_transactions(0, 10) == []  # not producer 1's ABORT marker: still unseen
+    log.append_marker(1, 0, ControlType.ABORT, 0)
+    assert log.aborted_transactions(0, 10) == [AbortedTransaction(1, 0, end + 2, end + 3)]

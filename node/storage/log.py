@@ -705,7 +705,26 @@ class PartitionLog:
         active = state.active_base_offset
         indexes = ((index, segment.base_offset != active) for segment in self.segments[first:]
                    if (index := segment.txn_index()) is not None)
-        return collect_aborted(indexes, start, end, state.log_end_offset)
+        return collect_aborted(indexes, start, end, state.log_end_offset,
+                               lambda entry: self._is_abort_marker(entry, state))
+
+    def _is_abort_marker(self, entry: AbortedTransaction, state: PartitionState) -> bool:
+        """Whether the batch at the entry's last offset is its producer's ABORT marker (node.storage.txn_index:
+        an entry a killed writer left names some other batch, or none)."""
+        index = bisect.bisect_right(self._bases, entry.last_offset) - 1
+        if index < 0:
+            return False
+        segment = self.segments[index]
+        end, entries = self._extent(segment, state)
+        position = segment.position_of(entry.last_offset, entries, end)
+        if position >= end:
+            return False
+        head = os.pread(segment.log_fd, BATCH_HEADER_SIZE + CONTROL_KEY_READ, position)
+        if len(head) < BATCH_HEADER_SIZE + CONTROL_KEY_READ:
+            return False
+        header = parse_header(head)
+        return header.base_offset == entry.last_offset and header.producer_id == entry.producer_id \
+            and control_type(head, header) == ControlType.ABORT
 
     def _read(self, state: PartitionState, fetch_offset: int, max_bytes: int, min_one_batch: bool) -> FetchSlice:
         if not state.online:

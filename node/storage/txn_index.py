@@ -10,7 +10,9 @@ collectAbortedTransactions).
 Invariants:
 - Entries are appended only by the holder of the partition lock, before the marker's append is published: a
   writer killed in between leaves an entry whose last offset is at or past the published log end, which
-  readers ignore and the next append() (or recovery's truncate_from) removes first.
+  readers ignore while it is, and the next append() to the index (or recovery's truncate_from) removes. Once
+  the log grows past it (a later batch takes that offset, maybe after a roll), readers still skip it: an entry
+  counts only if the batch at its last offset is that producer's ABORT marker (checked once per entry).
 - Readers count whole entries only (size // 34): a torn trailing entry is invisible, and removed the same way.
 - Recovery rebuilds the entries of every segment it replays (truncate_from the replay's start, then one
   append per ABORT marker found), and the whole index of a segment whose file is missing, so a lost or torn
@@ -22,7 +24,7 @@ from __future__ import annotations
 
 import os
 import struct
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 TXN_INDEX_SUFFIX = ".txnindex"
 ENTRY = struct.Struct(">hqqqq")
@@ -45,6 +47,7 @@ class TransactionIndex:
         self.fd = os.open(path, os.O_RDWR | os.O_CLOEXEC | (os.O_CREAT if create else 0), 0o644)
         self._cache: tuple[int, int, tuple[AbortedTransaction, ...]] | None = None  # (inode, size, entries)
         self._sealed = False  # the cache was read once the segment was sealed: it is final
+        self._verified: dict[AbortedTransaction, bool] = {}
 
     def entries(self, sealed: bool = False) -> tuple[AbortedTransaction, ...]:
         """Every whole entry, in file order (re-read only when the file's size or inode changed). A sealed
@@ -64,6 +67,14 @@ class TransactionIndex:
         self._cache = (stat.st_ino, stat.st_size, entries)
         self._sealed = sealed
         return entries
+
+    def verified(self, entry: AbortedTransaction, is_marker: Callable[[AbortedTransaction], bool]) -> bool:
+        """Whether a published entry names its producer's ABORT marker (checked once: a published offset's batch
+        never changes)."""
+        known = self._verified.get(entry)
+        if known is None:
+            known = self._verified[entry] = is_marker(entry)
+        return known
 
     def append(self, entry: AbortedTransaction) -> None:
         """Add an entry after removing stale ones at or past its marker (see the invariants)."""
@@ -94,15 +105,18 @@ class TransactionIndex:
             self.fd = -1
 
 
-def collect_aborted(indexes, start: int, end: int, log_end: int) -> list[AbortedTransaction]:
+def collect_aborted(indexes, start: int, end: int, log_end: int,
+                    is_marker: Callable[[AbortedTransaction], bool] = lambda entry: True) -> list[AbortedTransaction]:
     """The aborted transactions overlapping [start, end) from the (index, sealed) pairs of the segments in offset
     order, starting with the segment holding `start`; entries at or past `log_end` are a killed writer's,
-    unseen."""
+    unseen, and so are those `is_marker` says name no ABORT marker of theirs (see the invariants)."""
     found = []
     for index, sealed in indexes:
         for entry in index.entries(sealed):
             if entry.last_offset >= log_end:
                 return found
+            if not index.verified(entry, is_marker):
+                continue
             if entry.last_offset >= start and entry.first_offset < end:
                 found.append(entry)
             if entry.last_stable_offset >= end:
