@@ -459,6 +459,7 @@ class PartitionLog:
                     segment.txn_index(create=True).append(
                         AbortedTransaction(producer_id, completed.first_offset, offset, stable))
                 except OSError as exc:
+                    self._producer_state = None  # it applied a marker that is not published: rebuilt on next use
                     raise self._fault("aborted-transaction index", exc) from None
             state = self._publish_append(state, header, position, len(batch), entries, now, first_unstable)
         wants_flush = offset + 1 - state.flushed_offset >= self.config.flush_messages
