@@ -348,3 +348,19 @@ def test_an_entry_a_killed_marker_writer_left_never_counts(plog):
     assert log.aborted_transactions(0, 10) == []  # not producer 1's ABORT marker: still unseen
     log.append_marker(1, 0, ControlType.ABORT, 0)
     assert log.aborted_transactions(0, 10) == [AbortedTransaction(1, 0, end + 2, end + 3)]
+
+
+def test_after_recovery_another_process_catches_up_on_the_markers_too(plog):
+    log = plog.log
+    log.append(txn_batch(1, 0))  # 0-1
+    log.write_producer_snapshot()  # a snapshot with the transaction open
+    log.append(plain_batch())  # 2-3
+    log.append_marker(1, 0, ControlType.COMMIT, 0)  # 4: the newest batch with a producer id
+    log = plog.reopen()
+    assert log.state().producer_batches_end == 5
+    worker = PartitionLog(plog.directory, plog.table, 0, SMALL)  # another process's view, from the snapshot
+    try:
+        worker.append(txn_batch(2, 0))  # 5-6
+        assert worker.state().first_unstable_offset == 5  # producer 1's transaction is closed in its view too
+    finally:
+        worker.close()

@@ -79,6 +79,7 @@ class ProducerStateTable:
         self.batches_per_producer = batches_per_producer
         self.end_offset = end_offset
         self.producers: dict[int, ProducerEntry] = {}
+        self.marker_end = 0  # the offset after the newest transaction marker applied
 
     def check(self, producer_id: int, epoch: int, first_sequence: int, last_sequence: int) -> BatchMetadata | None:
         """Validate an idempotent batch before appending it.
@@ -155,7 +156,7 @@ class ProducerStateTable:
         elif epoch > entry.epoch:  # a new epoch forgets the old epoch's sequences, as a data batch's would
             entry.epoch, entry.batches = epoch, deque()
         entry.last_timestamp = max(entry.last_timestamp, timestamp)
-        self.end_offset = offset + 1
+        self.end_offset = self.marker_end = offset + 1
         first = entry.open_transaction_from
         if first < 0:
             return None
@@ -173,9 +174,10 @@ class ProducerStateTable:
                 if entry.open_transaction_from >= 0}
 
     def newest_batch_end(self) -> int:
-        """The offset after the newest batch this state holds for any producer (0 when it holds none)."""
-        return max((entry.batches[-1].last_offset + 1 for entry in self.producers.values() if entry.batches),
-                   default=0)
+        """The offset after the newest batch or marker this state holds for any producer (0 when it holds none):
+        a process catching up must read the markers too, or it would see their transactions still open."""
+        return max(max((entry.batches[-1].last_offset + 1 for entry in self.producers.values() if entry.batches),
+                       default=0), self.marker_end)
 
     def expire(self, now_ms: int, expiration_ms: int) -> None:
         """Forget producers idle longer than expiration_ms (Kafka's producer.id.expiration.ms)."""
@@ -190,6 +192,7 @@ class ProducerStateTable:
         return orjson.dumps(
             {
                 "end_offset": self.end_offset,
+                "marker_end": self.marker_end,
                 "producers": [
                     [pid, entry.epoch, entry.last_timestamp, [list(batch) for batch in entry.batches],
                      entry.open_transaction_from]
@@ -204,6 +207,7 @@ class ProducerStateTable:
         try:
             document = orjson.loads(data)
             table = cls(batches_per_producer, int(document["end_offset"]))
+            table.marker_end = int(document.get("marker_end", 0))
             for pid, epoch, last_timestamp, batches, *open_from in document["producers"]:
                 # A snapshot written before transactions has four fields: nothing was open then.
                 entry = ProducerEntry(int(epoch), deque(maxlen=None), int(last_timestamp),
