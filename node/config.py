@@ -262,6 +262,10 @@ class TransactionConfig:
     state_write_timeout_ms: int = 5000
     # A completion whose markers could not be written (a storage fault) is tried again after this long.
     marker_retry_ms: int = 1000
+    # How often partitions are swept for hanging transactions: open there, but in no transaction of the coordinator
+    # (a client that wrote without AddPartitionsToTxn); one open for longer than transaction_max_timeout_ms plus
+    # this is aborted by the node, so nothing blocks read_committed readers for good.
+    hanging_check_interval_ms: int = 60_000
     # transactional.id.expiration.ms: an id without a transaction for this long is forgotten (Dead, a tombstone).
     transactional_id_expiration_ms: int = 7 * 24 * 3600 * 1000
     # transaction.remove.expired.transaction.cleanup.interval.ms: how often expired ids are looked for.
@@ -270,7 +274,7 @@ class TransactionConfig:
     def __post_init__(self) -> None:
         if min(self.transaction_max_timeout_ms, self.state_segment_bytes, self.state_load_bytes_per_turn,
                self.state_write_timeout_ms, self.marker_retry_ms, self.transactional_id_expiration_ms,
-               self.remove_expired_interval_ms) <= 0:
+               self.remove_expired_interval_ms, self.hanging_check_interval_ms) <= 0:
             raise ValueError("the [transactions] settings must be positive")
 
 

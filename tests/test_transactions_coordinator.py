@@ -307,3 +307,21 @@ def test_an_idle_transactional_id_expires_and_starts_afresh(tmp_path):
             assert producer_of(txn.init("idle"))[0] != producer[0]
         finally:
             txn.store.close()
+
+
+def test_a_hanging_transaction_is_aborted_and_an_owned_one_is_not(txn):
+    from node.timer.transactions.hanging import HangingTransactions
+
+    producer = producer_of(txn.init("app"))
+    txn.add("app", producer, [("t", 0)])
+    txn.produce(producer, 0, partition=0)
+    txn.produce(producer, 0, partition=1)  # never added: no marker of the coordinator will close it
+    hanging = HangingTransactions(txn.store, txn.coordinator.owns, grace_ms=1000, clock=txn.clock)
+    assert hanging.sweep() == 0  # first seen now
+    txn.clock.now += 2000
+    assert hanging.sweep() == 1  # t-0 is the coordinator's (Ongoing): only t-1 is aborted
+    assert txn.markers(1) == [(*producer, ControlType.ABORT)] and txn.markers(0) == []
+    assert txn.partition(1).state().first_unstable_offset == -1
+    assert txn.partition(0).state().first_unstable_offset == 0
+    assert txn.end("app", producer, commit=True).error == E.none
+    assert hanging.sweep() == 0

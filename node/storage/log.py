@@ -633,6 +633,13 @@ class PartitionLog:
         keep = set(offsets[-self.config.producer_snapshots_retained :])
         delete_snapshots(self.directory, lambda offset: offset in keep and offset >= log_start_offset)
 
+    def open_transactions(self) -> dict[int, tuple[int, int]]:
+        """{producer id: (first offset, producer epoch)} of the transactions open in this partition now."""
+        with self.lock:
+            producers = self._caught_up_producer_state(self._current_state())
+            return {pid: (first, producers.producers[pid].epoch)
+                    for pid, first in producers.open_transactions().items()}
+
     def write_producer_snapshot(self) -> int:
         """Snapshot the producer state at the log end (bounds the scans of recovery and of catching up).
 

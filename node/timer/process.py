@@ -51,6 +51,7 @@ from node.timer.quotas import QuotaManager
 from node.timer.service import DelayedOperations
 from node.timer.stats import TimerStats
 from node.timer.transactions.coordinator import TransactionCoordinator
+from node.timer.transactions.hanging import HangingTransactions
 from node.timer.transactions.markers import MarkerWriter
 from node.timer.transactions.state_log import TransactionStateLog
 from shm import instance as shm_instance
@@ -120,6 +121,9 @@ class TimerProcess:
                           inline=True)
         self.chores.every("transactional id expiry", txn.remove_expired_interval_ms,
                           self.transactions.expire_transactional_ids, now, inline=True)
+        self.hanging = HangingTransactions(self.store, self.transactions.owns,
+                                           txn.transaction_max_timeout_ms + txn.hanging_check_interval_ms, monotonic_ms)
+        self.chores.every("hanging transactions", txn.hanging_check_interval_ms, self.hanging.sweep, now, inline=True)
         self.handlers: dict[M.Kind, Callable[[int, Any], None]] = {
             M.Kind.DELAY_FETCH: self.operations.delay_fetch,
             M.Kind.DELAY_PRODUCE: self.operations.delay_produce,

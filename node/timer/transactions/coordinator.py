@@ -120,6 +120,14 @@ class TransactionCoordinator:
             due.append(self.clock())  # load on the next turn
         return min(due) if due else None
 
+    def owns(self, producer_id: int, topic: str, partition: int) -> bool:
+        """Whether an open or completing transaction of this producer id has the partition (node.timer.transactions.
+        hanging); while loading, everything is owned."""
+        if self.loading:
+            return True
+        return any(metadata.producer_id == producer_id and metadata.state in (ONGOING, *PREPARED)
+                   and (topic, partition) in metadata.partitions for metadata in self.transactions.values())
+
     def open_transactions(self) -> int:
         return sum(1 for metadata in self.transactions.values() if metadata.state in (ONGOING, *PREPARED))
 
