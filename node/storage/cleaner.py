@@ -544,7 +544,7 @@ class Cleaner:
         last: dict[int, int] = {}
         for segment in segments:
             for _, header in segment.scanner.headers(0, segment.sealed_size()):
-                if header[9] != _NO_PRODUCER:
+                if header[9] != _NO_PRODUCER and not header[5] & CONTROL_BIT:  # markers carry no sequence
                     last[header[9]] = header[0]
         return set(last.values())
 
