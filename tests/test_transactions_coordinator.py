@@ -325,3 +325,17 @@ def test_a_hanging_transaction_is_aborted_and_an_owned_one_is_not(txn):
     assert txn.partition(0).state().first_unstable_offset == 0
     assert txn.end("app", producer, commit=True).error == E.none
     assert hanging.sweep() == 0
+
+
+def test_an_exhausted_epoch_gets_a_new_producer_id(txn):
+    producer = producer_of(txn.init("app"))
+    txn.coordinator.transactions["app"].producer_epoch = 32766  # as after 32,766 inits
+    renewed = producer_of(txn.init("app"))
+    assert renewed[0] != producer[0] and renewed[1] == 0
+
+
+def test_offsets_outside_a_transaction_are_an_invalid_state(txn):
+    producer = producer_of(txn.init("app"))
+    answer = txn.ask(M.Kind.TXN_OFFSET_COMMIT, *producer, "app", "g", [("t", [(0, 1, -1, None)])])
+    assert answer.topics == (("t", ((0, int(E.invalid_txn_state)),)),)
+    assert txn.ask(M.Kind.ADD_OFFSETS_TO_TXN, *producer, "app", "").error == E.invalid_group_id
