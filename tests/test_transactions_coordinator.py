@@ -25,6 +25,10 @@ pytestmark = pytest.mark.usefixtures("nothing_left_in_dev_shm")
 WORKER = 0
 
 
+class TimerKilled(Exception):
+    """Stands for a kill -9 of the timer process at the point that raises it."""
+
+
 class Clock:
     def __init__(self) -> None:
         self.now = 1_000_000
@@ -58,6 +62,13 @@ class GroupCommit:
         self.waiting.append((rows, done))
         if self.eager:
             self.run()
+
+    def run_one(self) -> None:
+        """Only the first fsync waiting completes."""
+        rows, done = self.waiting.pop(0)
+        for row in rows:
+            self.store.log(row).flush()
+        done(True)
 
     def run(self) -> None:
         while self.waiting:
@@ -280,9 +291,13 @@ def test_state_survives_a_restart_and_an_interrupted_commit_completes(txn):
     txn.produce(producer, 0, partition=1)
     other = producer_of(txn.init("open"))
     txn.add("open", other)
-    # The decision is durable, then the timer dies before any marker: the markers' writer never runs.
-    txn.coordinator.markers.write = lambda *args: None
-    assert txn.end("app", producer, commit=True) is None
+    # The decision is durable, then the timer dies before any marker.
+    def dies(*args):
+        raise TimerKilled
+
+    txn.coordinator.markers.write = dies
+    with pytest.raises(TimerKilled):
+        txn.end("app", producer, commit=True)
     txn.restart()
     assert txn.coordinator.transactions["app"].state == TxnState.COMPLETE_COMMIT
     for partition in (0, 1):
@@ -339,3 +354,20 @@ def test_offsets_outside_a_transaction_are_an_invalid_state(txn):
     answer = txn.ask(M.Kind.TXN_OFFSET_COMMIT, *producer, "app", "g", [("t", [(0, 1, -1, None)])])
     assert answer.topics == (("t", ((0, int(E.invalid_txn_state)),)),)
     assert txn.ask(M.Kind.ADD_OFFSETS_TO_TXN, *producer, "app", "").error == E.invalid_group_id
+
+
+def test_end_txn_is_answered_once_its_markers_are_visible_and_the_next_transaction_waits_for_them(txn):
+    producer = producer_of(txn.init("app"))
+    txn.add("app", producer)
+    txn.produce(producer, 0)
+    txn.flushes.eager = False
+    assert txn.end("app", producer, commit=True) is None  # the decision waits for its fsync
+    end_request = txn.request_id
+    txn.flushes.run_one()  # the decision is durable: the markers are appended, EndTxn answered
+    assert txn.outbox.replies[end_request].error == E.none
+    assert txn.markers() == [(*producer, ControlType.COMMIT)]
+    assert txn.partition().state().last_stable_offset == txn.partition().state().high_watermark
+    assert txn.add("app", producer) is None  # the next transaction waits for the markers' fsync, not refused
+    txn.flushes.run()
+    assert txn.outbox.replies[txn.request_id].topics == (("t", ((0, 0),)),)
+    assert txn.coordinator.transactions["app"].state == TxnState.ONGOING

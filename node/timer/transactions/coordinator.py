@@ -11,9 +11,10 @@ The algorithm (KIP-98), per transactional.id (node.timer.transactions.metadata h
 - EndTxn writes PrepareCommit or PrepareAbort (fsync'd: the decision), then the markers to every partition of
   the transaction and, for a commit once they are appended, the pending offsets to `__consumer_offsets` (through
   the group coordinator: OffsetFetch sees them once fsync'd), both fsync'd by one group-commit round, then
-  CompleteCommit or CompleteAbort; EndTxn is
-  answered once the markers and offsets are durable, so a read_committed consumer sees the outcome as soon as
-  the producer's commit returns, and the next transaction never meets CONCURRENT_TRANSACTIONS in normal runs.
+  CompleteCommit or CompleteAbort. EndTxn is answered once the markers are appended (one fsync: the decision's),
+  so a read_committed consumer sees the outcome as soon as the producer's commit returns; the id's next
+  requests (the next transaction's AddPartitionsToTxn) are held until the markers and offsets are durable,
+  rather than answered CONCURRENT_TRANSACTIONS, which clients retry only after a backoff.
 - A transaction open longer than its timeout (transaction.timeout.ms, at most transaction_max_timeout_ms) is
   aborted by the node with a bumped epoch (a timer in the wheel per open transaction): a killed client never
   holds readers back for longer than its timeout.
@@ -83,7 +84,8 @@ class TransactionCoordinator:
         self.transactions: dict[str, TransactionMetadata] = {}
         self.timeouts = Sessions(wheel, now_ms, self._timed_out)  # open transactions' deadlines
         self.retries = Sessions(wheel, now_ms, self._retry_completion)  # completions to try again
-        self.completing: dict[str, list[Waiter]] = {}  # ids whose completion runs, and the EndTxn it answers
+        self.completing: set[str] = set()  # ids whose completion (markers, offsets) is not durable yet
+        self.queued: dict[str, list[Callable[[], None]]] = {}  # their requests, run again once it is
         self.loading = True
         self.commits = self.aborts = self.timed_out = 0  # (the stats segment counts them)
         self.handlers: dict[M.Kind, Callable[[int, Any], None]] = {
@@ -158,9 +160,22 @@ class TransactionCoordinator:
             return metadata, E.invalid_producer_id_mapping
         if metadata.producer_epoch != message.producer_epoch:
             return metadata, E.producer_fenced
-        if metadata.pending or metadata.transactional_id in self.completing:
+        if metadata.pending:
             return metadata, E.concurrent_transactions
         return metadata, E.none
+
+    def _after_completion(self, worker: int, message: Any, handler: Callable[[int, Any], None]) -> bool:
+        """Hold a request of an id whose completion is not durable yet, to run once it is (rather than answer
+        CONCURRENT_TRANSACTIONS, which clients retry only after a backoff); True if it was held."""
+        transactional_id = message.transactional_id
+        if self.loading or transactional_id not in self.completing:
+            return False
+        self.queued.setdefault(transactional_id, []).append(lambda: handler(worker, message))
+        return True
+
+    def _run_held(self, transactional_id: str) -> None:
+        for held in self.queued.pop(transactional_id, []):
+            held()
 
     # -- durable changes ------------------------------------------------------------------------
 
@@ -185,6 +200,8 @@ class TransactionCoordinator:
     # -- InitProducerId -----------------------------------------------------------------------
 
     def init_producer_id(self, worker: int, message: Any) -> None:
+        if self._after_completion(worker, message, self.init_producer_id):
+            return
         waiter = self._waiter(worker, message)
         transactional_id, timeout_ms = message.transactional_id, message.transaction_timeout_ms
 
@@ -220,7 +237,7 @@ class TransactionCoordinator:
             changed.producer_epoch = 0
             changed.transition(EMPTY)
             return self._persist(current, changed, lambda metadata: answer(E.none, metadata), forget)
-        if current.pending or transactional_id in self.completing or current.state in PREPARED:
+        if current.pending or current.state in PREPARED:
             return answer(E.concurrent_transactions)
         changed = current.copy()
         changed.timeout_ms = timeout_ms
@@ -247,6 +264,8 @@ class TransactionCoordinator:
     # -- AddPartitionsToTxn, AddOffsetsToTxn, TxnOffsetCommit ----------------------------------
 
     def add_partitions(self, worker: int, message: Any) -> None:
+        if self._after_completion(worker, message, self.add_partitions):
+            return
         waiter = self._waiter(worker, message)
         topics = [(topic, list(partitions)) for topic, partitions in message.topics]
         current, error = self._producer_error(message)
@@ -266,6 +285,8 @@ class TransactionCoordinator:
         self._begin(current, changed, lambda error: self._partition_errors(waiter, topics, lambda t, p: error))
 
     def add_offsets(self, worker: int, message: Any) -> None:
+        if self._after_completion(worker, message, self.add_offsets):
+            return
         waiter = self._waiter(worker, message)
         current, error = self._producer_error(message)
         if not error and current.state in PREPARED:
@@ -293,6 +314,8 @@ class TransactionCoordinator:
         self._persist(current, changed, durable, answer)
 
     def txn_offset_commit(self, worker: int, message: Any) -> None:
+        if self._after_completion(worker, message, self.txn_offset_commit):
+            return
         waiter = self._waiter(worker, message)
         topics = [(topic, [p[0] for p in partitions]) for topic, partitions in message.topics]
         current, error = self._producer_error(message)
@@ -323,6 +346,8 @@ class TransactionCoordinator:
     # -- EndTxn and completion -------------------------------------------------------------------
 
     def end_txn(self, worker: int, message: Any) -> None:
+        if self._after_completion(worker, message, self.end_txn):
+            return
         waiter = self._waiter(worker, message)
         current, error = self._producer_error(message)
         if error:
@@ -346,12 +371,12 @@ class TransactionCoordinator:
         self._persist(current, changed, durable, lambda error: self._error_only(waiter, error))
 
     def _complete(self, metadata: TransactionMetadata, waiter: Waiter | None = None) -> None:
-        """Finish a Prepare* transaction: markers and (a commit) its offsets, then Complete*; answers `waiter`
-        (an EndTxn) with NONE once the markers and offsets are durable. Tried again later if they could not be."""
+        """Finish a Prepare* transaction (its decision durable): markers and (a commit) its offsets, then
+        Complete* once they are durable; answers `waiter` (an EndTxn) with NONE as soon as the markers are
+        appended (read_committed readers see the outcome). Tried again later if they could not be made durable;
+        the id's other requests wait for it meanwhile."""
         transactional_id = metadata.transactional_id
-        waiters = self.completing.setdefault(transactional_id, [])
-        if waiter is not None:
-            waiters.append(waiter)
+        self.completing.add(transactional_id)
         commit = metadata.state == PREPARE_COMMIT
 
         by_group: dict[str, dict] = {}
@@ -370,27 +395,26 @@ class TransactionCoordinator:
         def finished(ok: bool) -> None:
             if not ok:
                 return self._retry_later(transactional_id)
-            if self.transactions.get(transactional_id) is not metadata:  # replaced meanwhile (defensive)
-                for done_waiter in self.completing.pop(transactional_id, []):
-                    self._error_only(done_waiter, E.concurrent_transactions)
-                return
-            completed = metadata.copy()
-            completed.transition(COMPLETE_COMMIT if commit else COMPLETE_ABORT)
-            self.transactions[transactional_id] = completed
-            if commit:
-                self.commits += 1
-            else:
-                self.aborts += 1
-            # Not waited for: losing it only makes a restart complete the transaction again (see invariants).
-            self.state_log.write(completed, self.clock(), lambda flushed, fault=False: None)
-            for done_waiter in self.completing.pop(transactional_id, []):
-                self._error_only(done_waiter, E.none)
+            self.completing.discard(transactional_id)
+            if self.transactions.get(transactional_id) is metadata:
+                completed = metadata.copy()
+                completed.transition(COMPLETE_COMMIT if commit else COMPLETE_ABORT)
+                self.transactions[transactional_id] = completed
+                if commit:
+                    self.commits += 1
+                else:
+                    self.aborts += 1
+                # Not waited for: losing it only makes a restart complete the transaction again (see invariants).
+                self.state_log.write(completed, self.clock(), lambda flushed, fault=False: None)
+            self._run_held(transactional_id)
 
-        if not self.markers.write(metadata.producer_id, metadata.producer_epoch, commit, metadata.partitions,
-                                  self.clock(), part_durable):
-            return  # a marker could not be appended: part_durable(False) was called, the completion is retried
-        for group, entries in by_group.items():
-            self._commit_offsets(group, entries, lambda flushed, fault=False: part_durable(flushed))
+        # False: a marker could not be appended (part_durable(False) was called: the completion is retried).
+        if self.markers.write(metadata.producer_id, metadata.producer_epoch, commit, metadata.partitions,
+                              self.clock(), part_durable):
+            for group, entries in by_group.items():
+                self._commit_offsets(group, entries, lambda flushed, fault=False: part_durable(flushed))
+        if waiter is not None:  # the decision is durable: the outcome is certain, whatever fails from here on
+            self._error_only(waiter, E.none)
 
     # -- expiry ---------------------------------------------------------------------------------
 
@@ -433,7 +457,8 @@ class TransactionCoordinator:
         if metadata is not None and metadata.state in PREPARED:
             self._complete(metadata)
         else:
-            self.completing.pop(transactional_id, None)
+            self.completing.discard(transactional_id)
+            self._run_held(transactional_id)
 
     def _timed_out(self, transactional_id: str) -> None:
         """A transaction open past its timeout: aborted by the node, its producer fenced (the epoch bumped)."""
