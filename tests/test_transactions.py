@@ -1,6 +1,8 @@
-"""Transactions against a real node with confluent-kafka: read_committed and read_uncommitted consumers, fencing by
+"""Transactions against a real node with real clients: read_committed and read_uncommitted consumers, fencing by
 a second producer of the same transactional.id, send_offsets_to_transaction, the node aborting a transaction
-its killed client left open past its timeout, and outcomes that survive a restart."""
+its killed client left open past its timeout, outcomes that survive a kill -9 of the node, consume-transform-
+produce exactly once across kills of the client and of the node's timer or worker, and the transactional
+producers of kafka-python and aiokafka."""
 
 from __future__ import annotations
 
