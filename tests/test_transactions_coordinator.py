@@ -371,3 +371,12 @@ def test_end_txn_is_answered_once_its_markers_are_visible_and_the_next_transacti
     txn.flushes.run()
     assert txn.outbox.replies[txn.request_id].topics == (("t", ((0, 0),)),)
     assert txn.coordinator.transactions["app"].state == TxnState.ONGOING
+
+
+def test_an_unreadable_state_record_is_skipped_and_the_rest_loads(txn):
+    producer = producer_of(txn.init("app"))
+    plog = txn.store.log(txn.coordinator.state_log.row)
+    plog.append(build_batch([(b'["broken"]', b"{not json"), (b"not a key", b"{}")], 1000))
+    txn.restart()
+    assert txn.coordinator.transactions["app"].producer_id == producer[0]
+    assert "broken" not in txn.coordinator.transactions
