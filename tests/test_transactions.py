@@ -48,6 +48,7 @@ def in_transaction(producer: Producer, topic: str, values: list[bytes], commit: 
     if commit:
         producer.commit_transaction(TIMEOUT_S)
     else:
+        producer.flush(TIMEOUT_S)  # written, then aborted (abort_transaction drops what was not sent yet)
         producer.abort_transaction(TIMEOUT_S)
 
 
