@@ -12,7 +12,8 @@ The algorithm (KIP-98), per transactional.id (node.timer.transactions.metadata h
   the transaction and, for a commit once they are appended, the pending offsets to `__consumer_offsets` (through
   the group coordinator: OffsetFetch sees them once fsync'd), both fsync'd by one group-commit round, then
   CompleteCommit or CompleteAbort. EndTxn is answered once the markers are appended (one fsync: the decision's),
-  so a read_committed consumer sees the outcome as soon as the producer's commit returns; the id's next
+  so a read_committed consumer sees the outcome as soon as the producer's commit returns (a commit with offsets
+  once they are durable too, so that OffsetFetch shows them then); the id's next
   requests (the next transaction's AddPartitionsToTxn) are held until the markers and offsets are durable,
   rather than answered CONCURRENT_TRANSACTIONS, which clients retry only after a backoff.
 - A transaction open longer than its timeout (transaction.timeout.ms, at most transaction_max_timeout_ms) is
@@ -86,6 +87,7 @@ class TransactionCoordinator:
         self.retries = Sessions(wheel, now_ms, self._retry_completion)  # completions to try again
         self.completing: set[str] = set()  # ids whose completion (markers, offsets) is not durable yet
         self.queued: dict[str, list[Callable[[], None]]] = {}  # their requests, run again once it is
+        self.end_waiters: dict[str, list[Waiter]] = {}  # EndTxns answered once their offsets are durable
         self.loading = True
         self.commits = self.aborts = self.timed_out = 0  # (the stats segment counts them)
         self.handlers: dict[M.Kind, Callable[[int, Any], None]] = {
@@ -372,9 +374,10 @@ class TransactionCoordinator:
 
     def _complete(self, metadata: TransactionMetadata, waiter: Waiter | None = None) -> None:
         """Finish a Prepare* transaction (its decision durable): markers and (a commit) its offsets, then
-        Complete* once they are durable; answers `waiter` (an EndTxn) with NONE as soon as the markers are
-        appended (read_committed readers see the outcome). Tried again later if they could not be made durable;
-        the id's other requests wait for it meanwhile."""
+        Complete* once they are durable. Answers `waiter` (an EndTxn) with NONE as soon as the markers are
+        appended (read_committed readers see the outcome), or, for a commit with offsets, once those are durable
+        (OffsetFetch shows them only then). Tried again later if they could not be made durable; the id's other
+        requests wait for it meanwhile."""
         transactional_id = metadata.transactional_id
         self.completing.add(transactional_id)
         commit = metadata.state == PREPARE_COMMIT
@@ -396,6 +399,8 @@ class TransactionCoordinator:
             if not ok:
                 return self._retry_later(transactional_id)
             self.completing.discard(transactional_id)
+            for end_waiter in self.end_waiters.pop(transactional_id, []):
+                self._error_only(end_waiter, E.none)
             if self.transactions.get(transactional_id) is metadata:
                 completed = metadata.copy()
                 completed.transition(COMPLETE_COMMIT if commit else COMPLETE_ABORT)
@@ -408,12 +413,14 @@ class TransactionCoordinator:
                 self.state_log.write(completed, self.clock(), lambda flushed, fault=False: None)
             self._run_held(transactional_id)
 
+        if waiter is not None and by_group:
+            self.end_waiters.setdefault(transactional_id, []).append(waiter)
         # False: a marker could not be appended (part_durable(False) was called: the completion is retried).
         if self.markers.write(metadata.producer_id, metadata.producer_epoch, commit, metadata.partitions,
                               self.clock(), part_durable):
             for group, entries in by_group.items():
                 self._commit_offsets(group, entries, lambda flushed, fault=False: part_durable(flushed))
-        if waiter is not None:  # the decision is durable: the outcome is certain, whatever fails from here on
+        if waiter is not None and not by_group:  # the decision is durable: the outcome is certain from here on
             self._error_only(waiter, E.none)
 
     # -- expiry ---------------------------------------------------------------------------------
@@ -458,6 +465,8 @@ class TransactionCoordinator:
             self._complete(metadata)
         else:
             self.completing.discard(transactional_id)
+            for end_waiter in self.end_waiters.pop(transactional_id, []):
+                self._error_only(end_waiter, E.none)
             self._run_held(transactional_id)
 
     def _timed_out(self, transactional_id: str) -> None:
