@@ -355,7 +355,7 @@ def test_bench_limits_smoke(tmp_path):
 @pytest.mark.node
 def test_bench_cleaner_measures_both_workloads(tmp_path):
     rows = run_script(tmp_path, "bench_cleaner", "--dirty-mb", "8", "--keys", "2000", "--segment-mb", "1",
-                      "--runs", "2", "--seconds", "1", "--impact-partitions", "2", nodes=2)
+                      "--runs", "2", "--seconds", "1", "--impact-partitions", "2")
     throughput, impact = rows
     assert throughput["workload"] == "throughput" and throughput["keys"] == 2000
     assert throughput["records_kept"] == 2000 < throughput["records_read"]
