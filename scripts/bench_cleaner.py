@@ -168,7 +168,8 @@ def impact(args, template: Path, work: Path) -> dict:
     rounds = AlternatingRounds("cleaning", "idle", args.runs)
     data_dir = work / "impact"
     build_dirty_log(data_dir, args.dirty_mb, args.keys, args.value_bytes, args.segment_mb, args.impact_partitions)
-    config = "[server]\nchild_hang_timeout_ms = 0\n[cleaner]\nbackoff_ms = 200\n"
+    config = "[server]\nchild_hang_timeout_ms = 0\n[cleaner]\nbackoff_ms = 200\n" + "".join(
+        f"{setting}\n" for setting in args.cleaner_setting)
     with NodeProcess(workers=args.workers, config=config, data_dir=data_dir, announce=True) as node:
         benchnode.create_topic(benchnode.LOOPBACK, node.port, "load", 4)
         deadline = time.monotonic() + 60
@@ -221,6 +222,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--impact-partitions", type=int, default=2,
                         help="impact: dirty partitions of the cleaning node, to keep its cleaner busy throughout "
                              "(default %(default)s)")
+    parser.add_argument("--cleaner-setting", action="append", default=[], metavar="'KEY = VALUE'",
+                        help="impact: a [cleaner] setting of the node, as in its config file (repeatable)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     if min(args.dirty_mb, args.keys, args.value_bytes, args.segment_mb, args.runs, args.impact_partitions) < 1 or args.seconds <= 0:

@@ -84,16 +84,19 @@ class CleanerConfig:
     dedupe_buffer_bytes: int = 128 << 20  # log.cleaner.dedupe.buffer.size: the offset map's memory
     io_buffer_bytes: int = 4 << 20  # log.cleaner.io.buffer.size: bytes read at a time
     backoff_ms: int = 15_000  # log.cleaner.backoff.ms: how often the node looks for a log to clean
-    # The cleaner processes' niceness (0-19; their I/O priority follows it): a busy node's workers and timer
-    # get the cores first, an idle node's cleaner runs at its full rate (scripts/bench_cleaner.py measures it).
+    # The cleaner processes' CPU scheduling: "normal" at `nice` (0-19; their I/O priority follows it), or
+    # "idle" (SCHED_IDLE: only CPU time nothing else wants). Either way a busy node's workers and timer get the
+    # cores first and an idle node's cleaner runs at its full rate (scripts/bench_cleaner.py measures them).
+    scheduling: str = "normal"
     nice: int = 10
 
     def __post_init__(self) -> None:
         if self.processes < 1 or self.dedupe_buffer_bytes < MAP_ENTRY_BYTES or self.io_buffer_bytes < 4096 \
                 or self.backoff_ms <= 0 or self.io_max_bytes_per_second == 0 or self.io_max_bytes_per_second < -1 \
-                or not 0 <= self.nice <= 19:
+                or not 0 <= self.nice <= 19 or self.scheduling not in ("normal", "idle"):
             raise ValueError("processes >= 1, dedupe_buffer_bytes >= 24, io_buffer_bytes >= 4096, backoff_ms > 0, "
-                             "io_max_bytes_per_second -1 (no limit) or positive, nice 0-19")
+                             "io_max_bytes_per_second -1 (no limit) or positive, nice 0-19, "
+                             "scheduling normal or idle")
 
     @property
     def map_capacity(self) -> int:
