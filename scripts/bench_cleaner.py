@@ -150,12 +150,13 @@ def throughput(args, template: Path, work: Path) -> dict:
             "target": "cleaner_mb_per_s >= 100"}
 
 
-def _cleaner(node: NodeProcess) -> tuple[bool, int]:
-    """Whether the node's cleaner is cleaning now, and how many cleanings it finished."""
+def _cleaner(node: NodeProcess) -> tuple[bool, int, int]:
+    """Whether the node's cleaner is cleaning now, how many cleanings it finished and the bytes they read."""
     reader = NodeReader.open(str(node.data_dir))
     try:
         rows = [row for row in reader.rows() if row.role == "cleaner"]
-        return any(row.get("cleaner_busy") for row in rows), sum(row.get("cleanings") for row in rows)
+        return (any(row.get("cleaner_busy") for row in rows), sum(row.get("cleanings") for row in rows),
+                sum(row.get("cleaner_bytes_read") for row in rows))
     finally:
         reader.close()
 
@@ -197,8 +198,11 @@ def impact(args, template: Path, work: Path) -> dict:
                     f"e2e p99 {p99} ms" + (f", cleaner busy at the end: {busy}" if mode == "cleaning" else ""))
         finally:
             os.kill(cleaner_pid, signal.SIGCONT)  # the node stops as usual
+        _, cleanings, bytes_read = _cleaner(node)
     return {"script": SCRIPT, "workload": "impact", "summary": True, "rounds": args.runs,
             "cleaner_busy_at_cleaning_step_ends": f"{busy_steps} of {args.runs}",
+            # Whether it still gets on with its work under the load: cleanings finished by the end of the run.
+            "cleanings_finished": cleanings, "cleaned_mb": round(bytes_read / 1e6),
             "cleaning_records_per_s": round(rounds.median("cleaning", "records_per_s")),
             "idle_records_per_s": round(rounds.median("idle", "records_per_s")),
             "records_per_s_ratio": rounds.ratio("records_per_s"),

@@ -84,10 +84,11 @@ class CleanerConfig:
     dedupe_buffer_bytes: int = 128 << 20  # log.cleaner.dedupe.buffer.size: the offset map's memory
     io_buffer_bytes: int = 4 << 20  # log.cleaner.io.buffer.size: bytes read at a time
     backoff_ms: int = 15_000  # log.cleaner.backoff.ms: how often the node looks for a log to clean
-    # The cleaner processes' CPU scheduling: "normal" at `nice` (0-19; their I/O priority follows it), or
-    # "idle" (SCHED_IDLE: only CPU time nothing else wants). Either way a busy node's workers and timer get the
-    # cores first and an idle node's cleaner runs at its full rate (scripts/bench_cleaner.py measures them).
-    scheduling: str = "normal"
+    # The cleaner processes' CPU scheduling: "idle" (SCHED_IDLE: only CPU time nothing else wants, so a busy
+    # node's clients lose nothing to it and an idle node's cleaner runs at its full rate; a node saturated
+    # for long cleans late) or "normal" at `nice` (0-19; I/O priority follows it), which keeps cleaning under
+    # any load at some cost to the clients (scripts/bench_cleaner.py measures both).
+    scheduling: str = "idle"
     nice: int = 10
 
     def __post_init__(self) -> None:
