@@ -57,8 +57,8 @@ def build_dirty_log(data_dir: Path, dirty_mb: int, keys: int, value_bytes: int, 
     its partitions (the same batches in each), nothing cleaned yet; returns partition 0's log bytes."""
     data_dir.mkdir(parents=True)
     table_name = f"/shmbroker-bench-cleaner-{os.getpid()}"
-    table = PartitionTable.create(table_name, 4)
-    store = PartitionStore(str(data_dir), table, LogConfig(), 4)
+    table = PartitionTable.create(table_name, partitions)
+    store = PartitionStore(str(data_dir), table, LogConfig(), partitions)
     try:
         configs = {"cleanup.policy": "compact", "segment.bytes": str(segment_mb << 20)}
         code, message = store.create_topics([(TOPIC, partitions, configs)])[TOPIC]
