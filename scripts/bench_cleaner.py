@@ -6,10 +6,11 @@ batches, segments of --segment-mb), then two workloads run on copies of it:
   sequential copy of the same segment files (read, write, fsync), timed in the same run, alternating (ABBA:
   scripts/harness/abba.py). Reported: dirty log MB/s cleaned, the offset map's keys and memory (24 bytes a
   key), the process's peak RSS, and cleaner / copy. Target: >= 100 MB/s of dirty log.
-- impact: two nodes, each on its own copy, one with the cleaner at its default rate (cleaner.*), one with the
-  cleaner off; raw producer records/s (scripts/producer_perf.py's load) and end-to-end p99 (raw client,
-  scripts/e2e_latency.py) on another topic of each, in alternating rounds, counted only while the first
-  node's cleaner was busy through the round. Target: within 10% (ratios >= 0.9 and p99 ratio <= 1.1).
+- impact: one node, its cleaner at its default rate (cleaner.*) on --impact-partitions dirty partitions;
+  raw producer records/s (scripts/producer_perf.py's load) and end-to-end p99 (raw client,
+  scripts/e2e_latency.py, a new topic each step) on other topics, in alternating steps with the cleaner
+  running and stopped (SIGSTOP/SIGCONT), with how many cleaning steps ended with the cleaner still busy.
+  Target: within 10% (records/s ratio >= 0.9 and p99 ratio <= 1.1).
 
 JSON lines with --json (a summary line per workload), a table otherwise. Only 127.0.0.1; every step is bounded.
     .venv/bin/python -m scripts.bench_cleaner [--workload throughput|impact] [--dirty-mb 1024] [--keys 1000000]
@@ -21,6 +22,7 @@ import argparse
 import os
 import resource
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -49,18 +51,19 @@ def log(text: str) -> None:
     print(f"bench_cleaner: {text}", file=sys.stderr, flush=True)
 
 
-def build_dirty_log(data_dir: Path, dirty_mb: int, keys: int, value_bytes: int, segment_mb: int) -> int:
-    """A node data directory holding the compacted topic TOPIC (one partition) with about dirty_mb of keyed
-    updates, nothing cleaned yet; returns its log bytes."""
+def build_dirty_log(data_dir: Path, dirty_mb: int, keys: int, value_bytes: int, segment_mb: int,
+                    partitions: int = 1) -> int:
+    """A node data directory holding the compacted topic TOPIC with about dirty_mb of keyed updates in each of
+    its partitions (the same batches in each), nothing cleaned yet; returns partition 0's log bytes."""
     data_dir.mkdir(parents=True)
     table_name = f"/shmbroker-bench-cleaner-{os.getpid()}"
-    table = PartitionTable.create(table_name, 4)
-    store = PartitionStore(str(data_dir), table, LogConfig(), 4)
+    table = PartitionTable.create(table_name, partitions)
+    store = PartitionStore(str(data_dir), table, LogConfig(), partitions)
     try:
         configs = {"cleanup.policy": "compact", "segment.bytes": str(segment_mb << 20)}
-        code, message = store.create_topics([(TOPIC, 1, configs)])[TOPIC]
+        code, message = store.create_topics([(TOPIC, partitions, configs)])[TOPIC]
         assert not code, message
-        plog = store.log(store.row(TOPIC, 0))
+        plogs = [store.log(store.row(TOPIC, partition)) for partition in range(partitions)]
         value = b"v" * value_bytes
         record_bytes = value_bytes + 20
         batches = max(1, (dirty_mb << 20) // (record_bytes * RECORDS_PER_BATCH))
@@ -68,13 +71,15 @@ def build_dirty_log(data_dir: Path, dirty_mb: int, keys: int, value_bytes: int, 
         step = max(1, batches // 10)
         for number in range(batches):
             first = number * RECORDS_PER_BATCH
-            plog.append(build_batch([(b"key-%09d" % ((first + i) % keys), value) for i in range(RECORDS_PER_BATCH)],
-                                    now))
+            batch = build_batch([(b"key-%09d" % ((first + i) % keys), value) for i in range(RECORDS_PER_BATCH)], now)
+            for plog in plogs:
+                plog.append(batch)
             if number % step == 0:
-                log(f"building the dirty log: {number * 100 // batches}%")
-        plog.roll()
-        plog.flush(indexes=True)
-        return sum(s.sealed_size() for s in plog.segments[:-1])
+                log(f"building the dirty log ({partitions} partition(s)): {number * 100 // batches}%")
+        for plog in plogs:
+            plog.roll()
+            plog.flush(indexes=True)
+        return sum(s.sealed_size() for s in plogs[0].segments[:-1])
     finally:
         store.close()
         table.close()
@@ -145,49 +150,59 @@ def throughput(args, template: Path, work: Path) -> dict:
             "target": "cleaner_mb_per_s >= 100"}
 
 
-def _cleaner(node: NodeProcess) -> tuple[bool, int]:
-    """Whether the node's cleaner is cleaning now, and how many cleanings it finished."""
+def _cleaner(node: NodeProcess) -> tuple[bool, int, int]:
+    """Whether the node's cleaner is cleaning now, how many cleanings it finished and the bytes they read."""
     reader = NodeReader.open(str(node.data_dir))
     try:
         rows = [row for row in reader.rows() if row.role == "cleaner"]
-        return any(row.get("cleaner_busy") for row in rows), sum(row.get("cleanings") for row in rows)
+        return (any(row.get("cleaner_busy") for row in rows), sum(row.get("cleanings") for row in rows),
+                sum(row.get("cleaner_bytes_read") for row in rows))
     finally:
         reader.close()
 
 
 def impact(args, template: Path, work: Path) -> dict:
+    # One node, its cleaner at its default rate on --impact-partitions dirty partitions (enough to keep it
+    # busy through the cleaning steps). Its steps alternate between the cleaner running (SIGCONT) and the
+    # cleaner stopped (SIGSTOP; the hang watch off, so it is not replaced meanwhile): same node, same data,
+    # only the cleaner's work differs.
     rounds = AlternatingRounds("cleaning", "idle", args.runs)
-    dirs = {mode: work / mode for mode in rounds.modes}
-    for mode, path in dirs.items():
-        shutil.copytree(template, path)
-    cleaner = "[cleaner]\nbackoff_ms = 200\n"
-    with NodeProcess(workers=args.workers, config=cleaner, data_dir=dirs["cleaning"], announce=True) as busy, \
-            NodeProcess(workers=args.workers, config="[cleaner]\nenabled = false\n", data_dir=dirs["idle"],
-                        announce=True) as idle:
-        nodes = {"cleaning": busy, "idle": idle}
-        for node in nodes.values():
-            for topic in ("load", "latency"):
-                benchnode.create_topic(benchnode.LOOPBACK, node.port, topic, 1 if topic == "latency" else 4)
+    data_dir = work / "impact"
+    build_dirty_log(data_dir, args.dirty_mb, args.keys, args.value_bytes, args.segment_mb, args.impact_partitions)
+    config = "[server]\nchild_hang_timeout_ms = 0\n[cleaner]\nbackoff_ms = 200\n" + "".join(
+        f"{setting}\n" for setting in args.cleaner_setting)
+    with NodeProcess(workers=args.workers, config=config, data_dir=data_dir, announce=True) as node:
+        benchnode.create_topic(benchnode.LOOPBACK, node.port, "load", 4)
         deadline = time.monotonic() + 60
-        while not any(_cleaner(busy)):
+        while not _cleaner(node)[0]:
             if time.monotonic() > deadline:
                 raise SystemExit("the cleaner never started on the dirty log")
             time.sleep(BUSY_POLL_S)
-        kept = 0
-        for step, (round_index, mode) in enumerate(rounds.steps(), 1):
-            node = nodes[mode]
-            produced = run_raw_producer(benchnode.LOOPBACK, node.port, RawProduceLoad("load", 4), args.seconds)
-            target = benchnode.Target(benchnode.LOOPBACK, node.port, str(node.data_dir), node)
-            latency = run_raw(target, LatencyRun("latency", seconds=args.seconds))
-            p99 = benchnode.percentiles_ms(latency.latencies_ns)["p99_ms"]
-            busy_through = _cleaner(busy)[0]  # still cleaning at the end of this step
-            rounds.record(round_index, mode, {"records_per_s": produced.records / produced.elapsed_s,
-                                              "p99_ms": p99 or 0.0})
-            kept += busy_through
-            log(f"[{step}/{2 * args.runs}] {mode}: {produced.records / produced.elapsed_s:,.0f} records/s, "
-                f"e2e p99 {p99} ms, cleaner busy: {busy_through}")
+        cleaner_pid, = node.pids("cleaner")
+        busy_steps = 0
+        try:
+            for step, (round_index, mode) in enumerate(rounds.steps(), 1):
+                os.kill(cleaner_pid, signal.SIGCONT if mode == "cleaning" else signal.SIGSTOP)
+                produced = run_raw_producer(benchnode.LOOPBACK, node.port, RawProduceLoad("load", 4), args.seconds)
+                # A new topic each step: the consumer of a reused one would start with the records of the last.
+                topic = f"latency-{step}"
+                benchnode.create_topic(benchnode.LOOPBACK, node.port, topic, 1)
+                target = benchnode.Target(benchnode.LOOPBACK, node.port, str(node.data_dir), node)
+                latency = run_raw(target, LatencyRun(topic, seconds=args.seconds))
+                p99 = benchnode.percentiles_ms(latency.latencies_ns)["p99_ms"]
+                busy = mode == "cleaning" and _cleaner(node)[0]  # still cleaning at the end of this step
+                busy_steps += busy
+                rounds.record(round_index, mode, {"records_per_s": produced.records / produced.elapsed_s,
+                                                  "p99_ms": p99 or 0.0})
+                log(f"[{step}/{2 * args.runs}] {mode}: {produced.records / produced.elapsed_s:,.0f} records/s, "
+                    f"e2e p99 {p99} ms" + (f", cleaner busy at the end: {busy}" if mode == "cleaning" else ""))
+        finally:
+            os.kill(cleaner_pid, signal.SIGCONT)  # the node stops as usual
+        _, cleanings, bytes_read = _cleaner(node)
     return {"script": SCRIPT, "workload": "impact", "summary": True, "rounds": args.runs,
-            "cleaner_busy_at_step_ends": f"{kept} of {2 * args.runs}",
+            "cleaner_busy_at_cleaning_step_ends": f"{busy_steps} of {args.runs}",
+            # Whether it still gets on with its work under the load: cleanings finished by the end of the run.
+            "cleanings_finished": cleanings, "cleaned_mb": round(bytes_read / 1e6),
             "cleaning_records_per_s": round(rounds.median("cleaning", "records_per_s")),
             "idle_records_per_s": round(rounds.median("idle", "records_per_s")),
             "records_per_s_ratio": rounds.ratio("records_per_s"),
@@ -208,9 +223,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=3, help="rounds of each mode (default %(default)s)")
     parser.add_argument("--seconds", type=float, default=4.0, help="impact: seconds per measurement")
     parser.add_argument("--workers", type=int, default=2, help="impact: network workers of each node")
+    parser.add_argument("--impact-partitions", type=int, default=2,
+                        help="impact: dirty partitions of the cleaning node, to keep its cleaner busy throughout "
+                             "(default %(default)s)")
+    parser.add_argument("--cleaner-setting", action="append", default=[], metavar="'KEY = VALUE'",
+                        help="impact: a [cleaner] setting of the node, as in its config file (repeatable)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
-    if min(args.dirty_mb, args.keys, args.value_bytes, args.segment_mb, args.runs) < 1 or args.seconds <= 0:
+    if min(args.dirty_mb, args.keys, args.value_bytes, args.segment_mb, args.runs, args.impact_partitions) < 1 or args.seconds <= 0:
         parser.error("sizes, --runs and --seconds must be positive")
     work = Path(tempfile.mkdtemp(prefix="bench-cleaner-"))
     try:

@@ -15,6 +15,7 @@ import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import (AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, ConfigSource,
                                    NewPartitions, NewTopic)
+from kio.static.primitive import i8, i32, i64
 
 from node.storage.records import parse_header
 from scripts.harness import rawkafka as R
@@ -221,7 +222,7 @@ def test_describe_configs_every_version_raw(node, version):
             assert (entries["retention.ms"][1], entries["retention.ms"][3], entries["segment.bytes"][3]) == (
                 "1000", False, True)
             return
-        resource = nested(P.DESCRIBE_CONFIGS, version, "DescribeConfigsResource", resource_type=R.i8(TOPIC),
+        resource = nested(P.DESCRIBE_CONFIGS, version, "DescribeConfigsResource", resource_type=i8(TOPIC),
                           resource_name="raw-described", configuration_keys=keys)
         response = conn.call(P.DESCRIBE_CONFIGS, version, body(
             P.DESCRIBE_CONFIGS, version, "DescribeConfigsRequest", resources=(resource,), include_synonyms=True,
@@ -277,10 +278,10 @@ def test_alter_configs_replace_incremental_broker_and_errors(node):
     assert [outcome(f) for f in futures.values()] == [UNKNOWN_TOPIC, INVALID_CONFIG, None]
     assert describe(node, "altered")["retention.ms"].value == "8000"
     with R.RawConnection("127.0.0.1", node.port) as conn:  # resources librdkafka would not send to this node
-        resources = tuple(nested(P.INCREMENTAL_ALTER_CONFIGS, 0, "AlterConfigsResource", resource_type=R.i8(kind),
+        resources = tuple(nested(P.INCREMENTAL_ALTER_CONFIGS, 0, "AlterConfigsResource", resource_type=i8(kind),
                                  resource_name=name, configs=(nested(
                                      P.INCREMENTAL_ALTER_CONFIGS, 0, "AlterableConfig", name=key,
-                                     config_operation=R.i8(0), value="1"),))
+                                     config_operation=i8(0), value="1"),))
                           for kind, name, key in ((BROKER, "7", "log.retention.ms"),
                                                   (32, "g", "consumer.session.timeout.ms")))
         response = conn.call(P.INCREMENTAL_ALTER_CONFIGS, 0, body(
@@ -491,11 +492,11 @@ def test_delete_records_inside_a_segment_survives_restart(node):
                        ("missing", 0, 1): KafkaError._NOENT}  # librdkafka finds no leader in the metadata
     with R.RawConnection("127.0.0.1", node.port) as conn:
         # The node's own answer for a topic it does not have (librdkafka answered locally above).
-        missing = conn.call(P.DELETE_RECORDS, 1, body(P.DELETE_RECORDS, 1, "DeleteRecordsRequest", timeout=R._ms(5000),
+        missing = conn.call(P.DELETE_RECORDS, 1, body(P.DELETE_RECORDS, 1, "DeleteRecordsRequest", timeout=R.millis(5000),
                                                       topics=(nested(P.DELETE_RECORDS, 1, "DeleteRecordsTopic",
                                                                      name="missing", partitions=(nested(
                                                                          P.DELETE_RECORDS, 1, "DeleteRecordsPartition",
-                                                                         partition_index=R.i32(0), offset=R.i64(1)),
+                                                                         partition_index=i32(0), offset=i64(1)),
                                                                      )),)))
         assert [p.error_code for p in missing.topics[0].partitions] == [UNKNOWN_TOPIC]
         fetched = R.parse_fetch_response(11, conn.request(P.FETCH, 11, R.fetch_body({"trimmed": {0: 3}})))

@@ -355,9 +355,11 @@ def test_bench_limits_smoke(tmp_path):
 @pytest.mark.node
 def test_bench_cleaner_measures_both_workloads(tmp_path):
     rows = run_script(tmp_path, "bench_cleaner", "--dirty-mb", "8", "--keys", "2000", "--segment-mb", "1",
-                      "--runs", "1", "--seconds", "1", nodes=2)
+                      "--runs", "2", "--seconds", "1", "--impact-partitions", "2")
     throughput, impact = rows
     assert throughput["workload"] == "throughput" and throughput["keys"] == 2000
     assert throughput["records_kept"] == 2000 < throughput["records_read"]
     assert throughput["cleaner_mb_per_s"] > 0 and throughput["copy_mb_per_s"] > 0 and throughput["cleaner_over_copy"]
     assert impact["workload"] == "impact" and impact["records_per_s_ratio"] > 0 and impact["e2e_p99_ratio"] > 0
+    # Each step's latency consumer reads only its own step's records (not a second or more of a previous one's).
+    assert 0 < impact["cleaning_e2e_p99_ms"] < 1000 and 0 < impact["idle_e2e_p99_ms"] < 1000, impact

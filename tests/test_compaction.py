@@ -16,6 +16,7 @@ import threading
 import time
 import urllib.request
 
+import psutil
 import pytest
 from confluent_kafka import Consumer, KafkaError, Producer
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, NewTopic
@@ -251,3 +252,12 @@ def test_a_full_disk_during_a_cleaning_leaves_the_old_segments_and_logs_one_line
             filler.unlink()
         wait_for(lambda: cleaning_of(node, "changelog")["bytes_reclaimed"] > 0, "a cleaning once there is room")
         check_compacted(read_from_start(node.bootstrap, "changelog"), latest)
+
+
+@pytest.mark.parametrize("scheduling, policy", [("normal", os.SCHED_OTHER), ("idle", os.SCHED_IDLE)])
+def test_the_cleaner_runs_below_the_workers_and_the_timer(node_factory, scheduling, policy):
+    node = node_factory(workers=1, config=f'[cleaner]\nscheduling = "{scheduling}"\nnice = 12\n')
+    cleaner, = wait_for(lambda: node.pids("cleaner"), "a cleaner")
+    assert psutil.Process(cleaner).nice() == 12 and os.sched_getscheduler(cleaner) == policy
+    for pid in node.pids("worker") + node.pids("timer"):
+        assert psutil.Process(pid).nice() == 0 and os.sched_getscheduler(pid) == os.SCHED_OTHER

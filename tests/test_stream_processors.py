@@ -175,5 +175,9 @@ def test_faust_table_recovers_from_its_changelog(node_factory, tmp_path, faust_p
         wait_for_output(app, node.bootstrap, "fcounts", 150)
     finally:
         app.stop()
-    last = dict(read_all(node.bootstrap, "fcounts"))
-    assert last == {b"w%d" % i: b"w%d:%d" % (i, 30) for i in range(5)}, app.text()
+    last = {key: int(value.split(b":")[1]) for key, value in read_all(node.bootstrap, "fcounts")}
+    # Recovered from the changelog, each word counts on from 20 to 30 (a table lost would restart at 10).
+    # faust is at least once: records after its last offset commit (at most broker_commit_every, 10, two a
+    # word) may be counted again after a restart.
+    assert set(last) == {b"w%d" % i for i in range(5)}, app.text()
+    assert all(30 <= count <= 32 for count in last.values()), (last, app.text())

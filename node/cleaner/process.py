@@ -195,6 +195,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     config = start_child(f"cleaner-{args.index}", args.config_file)
     set_title(f"cleaner {args.index}")
+    os.nice(config.cleaner.nice)
+    if config.cleaner.scheduling == "idle":
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
     return CleanerProcess(args.instance, args.index, args.ring_index, config, args.bell_fd, args.supervisor_pid,
                           args.config_file, args.heartbeat_slot, args.stats_row).run()
 

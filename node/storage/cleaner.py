@@ -92,12 +92,20 @@ class CleanerConfig:
     dedupe_buffer_bytes: int = 128 << 20  # log.cleaner.dedupe.buffer.size: the offset map's memory
     io_buffer_bytes: int = 4 << 20  # log.cleaner.io.buffer.size: bytes read at a time
     backoff_ms: int = 15_000  # log.cleaner.backoff.ms: how often the node looks for a log to clean
+    # The cleaner processes' CPU scheduling: "idle" (SCHED_IDLE: only CPU time nothing else wants, so a busy
+    # node's clients lose nothing to it and an idle node's cleaner runs at its full rate; a node saturated
+    # for long cleans late) or "normal" at `nice` (0-19; I/O priority follows it), which keeps cleaning under
+    # any load at some cost to the clients (scripts/bench_cleaner.py measures both).
+    scheduling: str = "idle"
+    nice: int = 10
 
     def __post_init__(self) -> None:
         if self.processes < 1 or self.dedupe_buffer_bytes < MAP_ENTRY_BYTES or self.io_buffer_bytes < 4096 \
-                or self.backoff_ms <= 0 or self.io_max_bytes_per_second == 0 or self.io_max_bytes_per_second < -1:
+                or self.backoff_ms <= 0 or self.io_max_bytes_per_second == 0 or self.io_max_bytes_per_second < -1 \
+                or not 0 <= self.nice <= 19 or self.scheduling not in ("normal", "idle"):
             raise ValueError("processes >= 1, dedupe_buffer_bytes >= 24, io_buffer_bytes >= 4096, backoff_ms > 0, "
-                             "io_max_bytes_per_second -1 (no limit) or positive")
+                             "io_max_bytes_per_second -1 (no limit) or positive, nice 0-19, "
+                             "scheduling normal or idle")
 
     @property
     def map_capacity(self) -> int:
