@@ -137,9 +137,47 @@ def encode_body(request: Any) -> bytes:
     return body.getvalue()
 
 
+@functools.cache
 def is_flexible_request(api_key: int, version: int) -> bool:
-    """Whether the request header is v2 (tagged fields); of the APIs here only ApiVersions v3 is flexible."""
-    return api_key == API_VERSIONS and version >= 3
+    """Whether the version is flexible (KIP-482): request header v2 (tagged fields), compact encodings."""
+    try:
+        module = load_payload_module(api_key, version, EntityType.request)
+    except Exception:  # kio knows no such API or version (UnknownEntity, KeyError): not flexible here
+        return False
+    return any(getattr(v, "__flexible__", False) for v in vars(module).values()
+               if getattr(v, "__type__", None) == EntityType.request)
+
+
+@functools.cache
+def response_header_tags(api_key: int, version: int) -> bool:
+    """Whether the response header is v1: after the correlation id, a tagged-field section (flexible versions but
+    ApiVersions')."""
+    return response_class(api_key, version).__header_schema__.__version__ >= 1
+
+
+def skip_tags(frame: Any, position: int) -> int:
+    """The position after a tagged-field section at `position` (its fields are not used here)."""
+    count, position = _uvarint(frame, position)
+    for _ in range(count):
+        _, position = _uvarint(frame, position)
+        size, position = _uvarint(frame, position)
+        position += size
+    if position > len(frame):
+        raise ValueError("truncated tagged fields")
+    return position
+
+
+def _uvarint(frame: Any, position: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        if position >= len(frame) or shift > 28:
+            raise ValueError("truncated or overlong varint")
+        byte = frame[position]
+        position += 1
+        value |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return value, position
+        shift += 7
 
 
 def request_head(api_key: int, version: int, correlation_id: int, client_id: bytes | None, body_size: int) -> bytes:
@@ -152,9 +190,11 @@ def request_head(api_key: int, version: int, correlation_id: int, client_id: byt
 
 
 def decode_response(api_key: int, version: int, frame: Any, position: int = 0) -> Any:
-    """The kio response of `api_key` at `version` that frame[position:] holds (after the correlation id);
-    ValueError if bytes are left after it."""
+    """The kio response of `api_key` at `version` that frame[position:] holds (after the correlation id, so
+    header v1's tagged fields first when the version has them); ValueError if bytes are left after it."""
     cls = response_class(api_key, version)
+    if response_header_tags(api_key, version):
+        position = skip_tags(frame, position)
     value, size = entity_reader(cls)(frame, position)
     if size != len(frame) - position:
         raise ValueError(f"{len(frame) - position - size} trailing bytes in {cls.__name__}")
@@ -308,8 +348,10 @@ class Connection:
 
 # --------------------------------------------------------------------------- fetch answers
 
-# Fetch response (v4-11, non-flexible), in wire order: (field, struct code, first version that has it); arrays
-# are an int32 count followed by their items, strings an int16 length, the record set an int32 length (-1: null).
+# Fetch response (v4-12), in wire order: (field, struct code, first version that has it); arrays are an int32
+# count followed by their items, strings an int16 length, the record set an int32 length (-1: null). v12 is the
+# flexible form: compact arrays, strings and records (an unsigned varint of the count or length + 1, 0: null) and
+# a tagged-field section after each structure (skipped: none of its tags matter on one node).
 FETCH_RESPONSE_LAYOUT = {
     "response": (("throttle_time_ms", "i", 1), ("error_code", "h", 7), ("session_id", "i", 7)),
     "topic": (("name", "string", 0), ("partitions", "array:partition", 0)),
@@ -318,7 +360,8 @@ FETCH_RESPONSE_LAYOUT = {
     "aborted_transaction": (("producer_id", "q", 4), ("first_offset", "q", 4)),
     "partition_tail": (("preferred_read_replica", "i", 11),),
 }
-FETCH_VERSIONS = range(4, 12)
+FETCH_VERSIONS = range(4, 13)
+FETCH_FIRST_FLEXIBLE = 12
 _ABSENT = {"error_code": 0, "session_id": 0, "log_start_offset": -1}  # a field an older version lacks
 
 
@@ -382,27 +425,53 @@ def parse_fetch_response(frame: memoryview, position: int, version: int = API_VE
         position += 4
         return n
 
+    flexible = version >= FETCH_FIRST_FLEXIBLE
+
+    def length() -> int:  # of an array, a string or the records; -1: null
+        nonlocal position
+        if not flexible:
+            return count()
+        value, position = _uvarint(frame, position)
+        return value - 1
+
+    def tags() -> None:
+        nonlocal position
+        if flexible:
+            position = skip_tags(frame, position)
+
+    tags()  # response header v1's
     response = {**_ABSENT, **take("response")}
     partitions = []
-    for _ in range(max(count(), 0)):
-        if position + 2 > end:
-            raise ValueError("truncated topic name")
-        (name_length,) = struct.unpack_from(">h", frame, position)
-        topic = str(frame[position + 2 : position + 2 + name_length], "utf-8")
-        position += 2 + name_length
-        for _ in range(max(count(), 0)):
+    for _ in range(max(length(), 0)):
+        if flexible:
+            name_length = length()
+        else:
+            if position + 2 > end:
+                raise ValueError("truncated topic name")
+            (name_length,) = struct.unpack_from(">h", frame, position)
+            position += 2
+        topic = str(frame[position : position + name_length], "utf-8")
+        position += name_length
+        for _ in range(max(length(), 0)):
             partition = {**_ABSENT, **take("partition")}
-            aborted = tuple((entry["producer_id"], entry["first_offset"])
-                            for entry in (take("aborted_transaction") for _ in range(max(count(), 0))))
+            aborted = []
+            for _ in range(max(length(), 0)):
+                entry = take("aborted_transaction")
+                aborted.append((entry["producer_id"], entry["first_offset"]))
+                tags()
             take("partition_tail")
-            size = count()
+            size = length()
             if position + max(size, 0) > end:
                 raise ValueError("truncated record set")
             records = frame[position : position + max(size, 0)]
             partitions.append(FetchedPartition(topic, partition["partition_index"], partition["error_code"],
                                                partition["high_watermark"], partition["last_stable_offset"],
-                                               partition["log_start_offset"], records, position, frame.obj, aborted))
+                                               partition["log_start_offset"], records, position, frame.obj,
+                                               tuple(aborted)))
             position += max(size, 0)
+            tags()
+        tags()
+    tags()
     if position != end:
         raise ValueError(f"{end - position} trailing bytes")
     return FetchAnswer(response["error_code"], partitions, response.get("throttle_time_ms", 0), response["session_id"])

@@ -67,45 +67,48 @@ def request_class(api_key: int, version: int) -> type:
 def test_advertised_versions_are_the_supported_ones() -> None:
     assert SUPPORTED_APIS == {
         18: (0, 3),  # ApiVersions
-        10: (0, 2),  # FindCoordinator
-        3: (0, 8),  # Metadata
-        0: (3, 8),  # Produce
-        1: (4, 11),  # Fetch
-        2: (1, 5),  # ListOffsets
-        22: (0, 1),  # InitProducerId
-        19: (0, 4),  # CreateTopics
-        20: (0, 3),  # DeleteTopics
-        # The group coordinator's, non-flexible versions only:
-        11: (0, 5),  # JoinGroup
-        14: (0, 3),  # SyncGroup
-        12: (0, 3),  # Heartbeat
-        13: (0, 3),  # LeaveGroup
-        8: (2, 7),  # OffsetCommit
-        9: (1, 5),  # OffsetFetch
-        16: (0, 2),  # ListGroups
-        15: (0, 4),  # DescribeGroups
-        42: (0, 1),  # DeleteGroups
+        10: (0, 4),  # FindCoordinator
+        3: (0, 9),  # Metadata (10+: topic ids)
+        0: (3, 11),  # Produce (12: transactions v2)
+        1: (4, 12),  # Fetch (13+: topic ids)
+        2: (1, 6),  # ListOffsets
+        22: (0, 2),  # InitProducerId
+        19: (0, 6),  # CreateTopics
+        20: (0, 5),  # DeleteTopics
+        # The group coordinator's (KIP-848's versions excluded):
+        11: (0, 8),  # JoinGroup
+        14: (0, 5),  # SyncGroup
+        12: (0, 4),  # Heartbeat
+        13: (0, 5),  # LeaveGroup
+        8: (2, 8),  # OffsetCommit
+        9: (1, 6),  # OffsetFetch
+        16: (0, 3),  # ListGroups
+        15: (0, 5),  # DescribeGroups
+        42: (0, 2),  # DeleteGroups
         47: (0, 0),  # OffsetDelete
-        # Topic administration, non-flexible versions only:
-        37: (0, 1),  # CreatePartitions
-        21: (0, 1),  # DeleteRecords
-        32: (0, 3),  # DescribeConfigs
-        33: (0, 1),  # AlterConfigs
-        44: (0, 0),  # IncrementalAlterConfigs
-        # The transaction coordinator's, non-flexible versions only:
-        24: (0, 2),  # AddPartitionsToTxn
-        25: (0, 2),  # AddOffsetsToTxn
-        26: (0, 2),  # EndTxn
-        28: (0, 2),  # TxnOffsetCommit
+        # Topic administration:
+        37: (0, 3),  # CreatePartitions
+        21: (0, 2),  # DeleteRecords
+        32: (0, 4),  # DescribeConfigs
+        33: (0, 2),  # AlterConfigs
+        44: (0, 1),  # IncrementalAlterConfigs
+        # The transaction coordinator's:
+        24: (0, 3),  # AddPartitionsToTxn
+        25: (0, 3),  # AddOffsetsToTxn
+        26: (0, 3),  # EndTxn
+        28: (0, 3),  # TxnOffsetCommit
     }
 
 
-def test_only_api_versions_v3_is_flexible() -> None:
-    flexible = [(k, v) for k, v in ALL_VERSIONS if request_class(k, v).__flexible__]
-    assert flexible == [(API_VERSIONS, 3)]
+def test_flexible_versions_use_header_v1_except_api_versions() -> None:
     for key, version in ALL_VERSIONS:
-        # Every response header here is v0 (ApiVersions v3 included, by Kafka's rule).
-        assert response_class(key, version).__header_schema__.__version__ == 0
+        flexible = request_class(key, version).__flexible__
+        assert flexible == (version >= protocol.FIRST_FLEXIBLE.get(key, 1 << 15))
+        header = response_class(key, version).__header_schema__.__version__
+        # ApiVersions' response header is v0 at every version, by Kafka's rule.
+        assert header == (1 if flexible and key != API_VERSIONS else 0)
+    # Every API but OffsetDelete (never flexible) has flexible versions advertised.
+    assert {k for k, v in ALL_VERSIONS if request_class(k, v).__flexible__} == set(SUPPORTED_APIS) - {47}
 
 
 @pytest.mark.parametrize(("api_key", "version"), NON_PRODUCE_VERSIONS)
@@ -155,8 +158,12 @@ def test_response_frame_decodes_with_kio(api_key: int, version: int) -> None:
         size, got_correlation_id = struct.unpack_from(">ii", frame)
         assert size == len(frame) - 4
         assert got_correlation_id == correlation_id
-        decoded, used = reader(frame, 8)
-        assert used == len(frame) - 8
+        body_at = 8
+        if cls.__header_schema__.__version__ == 1:
+            assert frame[8] == 0  # header v1's empty tagged-field section
+            body_at = 9
+        decoded, used = reader(frame, body_at)
+        assert used == len(frame) - body_at
         assert decoded == response
 
     check()
@@ -171,7 +178,7 @@ def test_response_frame_decodes_with_kio(api_key: int, version: int) -> None:
     body=st.binary(max_size=16),
 )
 def test_request_header_matches_kio(api_key, version, correlation_id, client_id, body) -> None:
-    flexible = api_key == API_VERSIONS and version >= 3
+    flexible = version >= protocol.FIRST_FLEXIBLE.get(api_key, 1 << 15)
     header_cls = KioHeaderV2 if flexible else KioHeaderV1
     header = header_cls(
         request_api_key=i16(api_key),
@@ -186,6 +193,7 @@ def test_request_header_matches_kio(api_key, version, correlation_id, client_id,
     assert parsed.correlation_id == correlation_id
     assert parsed.client_id == client_id
     assert parsed.body_offset == len(encoded)
+    assert parsed.flexible == flexible
 
 
 def test_api_versions_v3_request_with_header_v2_decodes() -> None:

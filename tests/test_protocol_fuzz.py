@@ -18,23 +18,23 @@ from workers.codecs.errors import ProtocolError
 
 FUZZ = settings(max_examples=1000, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 ALL_VERSIONS = [(k, v) for k, (lo, hi) in protocol.SUPPORTED_APIS.items() for v in range(lo, hi + 1)]
-WRONG_VERSIONS = [(0, 2), (0, 9), (1, 3), (1, 12), (3, 9), (18, 4), (2, 0), (19, 5), (7, 0), (-5, 0)]
+WRONG_VERSIONS = [(0, 2), (0, 12), (1, 3), (1, 13), (3, 10), (18, 4), (2, 0), (19, 7), (7, 0), (-5, 0)]
 
 
 def valid_bodies() -> list[tuple[int, int, bytes]]:
     batch = rawkafka.make_batch(3, 20)
     out = []
-    for v in range(3, 9):
-        out.append((0, v, rawkafka.produce_body({"t": {0: batch, 1: b""}, "u": {2: batch}})))
-    for v in range(4, 12):
+    for v in range(3, 12):
+        out.append((0, v, rawkafka.produce_body({"t": {0: batch, 1: b""}, "u": {2: batch}}, version=v)))
+    for v in range(4, 13):
         out.append((1, v, rawkafka.fetch_body({"t": {0: 1, 1: 2}}, version=v)))
-    for v in range(0, 9):
+    for v in range(0, 10):
         out.append((3, v, rawkafka.metadata_body(["a", "b"], version=v)))
     for v in range(0, 4):
         out.append((18, v, rawkafka.api_versions_body(v)))
-    for v in range(2, 5):
+    for v in range(2, 7):
         out.append((19, v, rawkafka.create_topics_body({"x": 2}, version=v)))
-    for v in range(1, 6):
+    for v in range(1, 7):
         out.append((2, v, rawkafka.list_offsets_body({"x": [0]}, version=v)))
     return out
 

@@ -157,10 +157,35 @@ def list_offsets_body(partitions: dict[str, Sequence[int]], timestamp: int = -1,
 
 
 _PRODUCE_HEAD = struct.Struct(">hhii")  # transactional_id=-1 (null), acks, timeout_ms, topic count
+_FLEXIBLE_PRODUCE_HEAD = struct.Struct(">Bhi")  # transactional_id null (compact: 0), acks, timeout_ms
+PRODUCE_FIRST_FLEXIBLE = 9
 
 
-def produce_body(topic_data: dict[str, dict[int, bytes]], acks: int = 1, timeout_ms: int = 30000) -> bytes:
-    """Produce v3-8 request body (same layout in all those versions), non-transactional."""
+def _uvarint(value: int) -> bytes:
+    out = bytearray()
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def produce_body(topic_data: dict[str, dict[int, bytes]], acks: int = 1, timeout_ms: int = 30000,
+                 version: int = 8) -> bytes:
+    """Produce request body, non-transactional: v3-8 share one layout, v9-11 its flexible form (compact
+    strings, arrays and records, an empty tagged-field section after each structure)."""
+    if version >= PRODUCE_FIRST_FLEXIBLE:
+        parts = [_FLEXIBLE_PRODUCE_HEAD.pack(0, acks, timeout_ms), _uvarint(len(topic_data) + 1)]
+        for topic, partitions in topic_data.items():
+            name = topic.encode("utf-8")
+            parts.append(_uvarint(len(name) + 1) + name + _uvarint(len(partitions) + 1))
+            for partition, batch in partitions.items():
+                parts.append(struct.pack(">i", partition) + _uvarint(len(batch) + 1))
+                parts.append(batch)
+                parts.append(b"\x00")
+            parts.append(b"\x00")
+        parts.append(b"\x00")
+        return b"".join(parts)
     parts = [_PRODUCE_HEAD.pack(-1, acks, timeout_ms, len(topic_data))]
     for topic, partitions in topic_data.items():
         name = topic.encode("utf-8")
@@ -181,7 +206,7 @@ def produce_request(
     version: int = 8,
 ) -> bytes:
     """A whole Produce request frame for one batch to one partition."""
-    body = produce_body({topic: {partition: batch}}, acks, timeout_ms)
+    body = produce_body({topic: {partition: batch}}, acks, timeout_ms, version)
     return encode_request(PRODUCE, version, correlation_id, body)
 
 
@@ -195,7 +220,7 @@ def fetch_body(
     isolation_level: int = 0,
     version: int = 11,
 ) -> bytes:
-    """Fetch v4-11 request body for {topic: {partition: fetch offset}} (session 0, no rack)."""
+    """Fetch v4-12 request body for {topic: {partition: fetch offset}} (session 0, no rack)."""
     request = wire.fetch_request({TopicPartition(t, p): o for t, parts in offsets.items() for p, o in parts.items()},
                                  max_wait_ms=max_wait_ms, min_bytes=min_bytes, max_bytes=max_bytes,
                                  partition_max_bytes=partition_max_bytes, isolation_level=isolation_level,
@@ -231,7 +256,7 @@ class FetchResult:
 
 
 def parse_fetch_response(version: int, body: bytes | memoryview) -> FetchResult:
-    """A Fetch v4-11 response body (after the correlation id), walked by the connector's wire module: per
+    """A Fetch v4-12 response body (after the correlation id), walked by the connector's wire module: per
     partition, counts from the batch headers, without copying record data."""
     try:
         answer = wire.parse_fetch_response(memoryview(body), 0, version)

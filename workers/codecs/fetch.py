@@ -1,4 +1,4 @@
-"""Fetch response v4-11 encoder for zero-copy sends (the consume hot path).
+"""Fetch response v4-12 encoder for zero-copy sends (the consume hot path).
 
 Why our own encoder rather than kio: kio needs every partition's records as
 one in-memory ``bytes`` object, so serving a fetch would mean reading the
@@ -32,6 +32,10 @@ Invariants:
 - ``last_stable_offset`` defaults to the high watermark (no open transactions);
   read_committed consumers (librdkafka's default) use it as the end.
 - Adjacent byte pieces are merged, so the worker issues one send per header run.
+- v12 is the flexible form (KIP-482): response header v1, compact strings, arrays and records, and an empty
+  tagged-field section after every structure (a partition's after its records, so it opens the next header
+  run). Its partition tags (diverging_epoch, current_leader, snapshot_id) are left out: one node has one leader
+  epoch and no follower to diverge.
 """
 
 from __future__ import annotations
@@ -42,10 +46,12 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol, Sequence, Union
 
 from workers.codecs.errors import ProtocolError
+from workers.codecs.tagged_fields import uvarint
 from workers.codecs.wire_layout import I16, I32, SIZE_AND_CORRELATION, compile_fields
 
 FETCH_MIN_VERSION = 4
-FETCH_MAX_VERSION = 11
+FETCH_MAX_VERSION = 12
+FETCH_FIRST_FLEXIBLE = 12
 
 
 class FileRange(Protocol):
@@ -162,6 +168,16 @@ class _Layout:
     after_aborted_fields: tuple[str, ...]  # all but the trailing records_length
 
 
+# The flexible partition: these fields, the aborted transactions (a compact array), preferred_read_replica, the
+# compact records, the tags. Without aborted transactions the array is one byte (count + 1 = 1), packed with them.
+_FLEXIBLE_PARTITION_HEAD = struct.Struct(">ihqqq")  # partition_index .. log_start_offset
+_FLEXIBLE_PARTITION_NO_ABORTED = struct.Struct(">ihqqqBi")  # the same, the empty array, preferred_read_replica
+_FLEXIBLE_ABORTED_ENTRY = struct.Struct(">qqB")  # producer_id, first_offset, no tags
+_FLEXIBLE_TOP = struct.Struct(">ihi")  # throttle_time_ms, error_code, session_id
+_EMPTY_COMPACT_ARRAY = 1
+_NO_TAGS = b"\x00"
+
+
 def _compile(version: int) -> _Layout:
     top, top_fields = compile_fields(_TOP_LEVEL_FIELDS, version)
     partition, partition_fields = compile_fields(_PARTITION_FIELDS, version)
@@ -186,10 +202,12 @@ def encode_fetch_response(
     error_code: int = 0,
     session_id: int = 0,
 ) -> FetchResponseFrame:
-    """Encode a Fetch v4-11 response (header v0) as bytes pieces and file ranges."""
+    """Encode a Fetch v4-12 response (header v0, v1 when flexible) as bytes pieces and file ranges."""
     layout = _LAYOUTS.get(version)
     if layout is None:
         raise ProtocolError(f"fetch: unsupported version {version}")
+    if version >= FETCH_FIRST_FLEXIBLE:
+        return _encode_flexible(correlation_id, topics, throttle_time_ms, error_code, session_id)
     top_values = {"throttle_time_ms": throttle_time_ms, "error_code": error_code, "session_id": session_id}
     pack_partition = layout.partition.pack
     names = layout.partition_fields
@@ -225,5 +243,51 @@ def encode_fetch_response(
             total += len(head)
         SIZE_AND_CORRELATION.pack_into(pieces[0], 0, total - 4, correlation_id)
     except (struct.error, UnicodeEncodeError, OverflowError, TypeError, AttributeError) as exc:
+        raise ProtocolError(f"fetch: cannot encode response: {exc}") from None
+    return FetchResponseFrame(pieces, total)
+
+
+def _encode_flexible(correlation_id: int, topics: Sequence[FetchTopicResult], throttle_time_ms: int,
+                     error_code: int, session_id: int) -> FetchResponseFrame:
+    pack_partition = _FLEXIBLE_PARTITION_NO_ABORTED.pack
+    replica = FetchPartitionResult.preferred_read_replica
+    pieces: list[RecordPiece] = []
+    head = bytearray(9)  # size + correlation id, patched at the end; the header's empty tags
+    try:
+        head += _FLEXIBLE_TOP.pack(throttle_time_ms, error_code, session_id)
+        head += uvarint(len(topics) + 1)
+        total = 0
+        for topic in topics:
+            name = topic.name.encode("utf-8")
+            head += uvarint(len(name) + 1)
+            head += name
+            head += uvarint(len(topic.partitions) + 1)
+            for p in topic.partitions:
+                records_length = p.records_length()
+                if p.aborted_transactions:
+                    head += _FLEXIBLE_PARTITION_HEAD.pack(p.partition_index, p.error_code, p.high_watermark,
+                                                         p.last_stable_offset, p.log_start_offset)
+                    head += uvarint(len(p.aborted_transactions) + 1)
+                    for producer_id, first_offset in p.aborted_transactions:
+                        head += _FLEXIBLE_ABORTED_ENTRY.pack(producer_id, first_offset, 0)
+                    head += I32.pack(replica)
+                else:
+                    head += pack_partition(p.partition_index, p.error_code, p.high_watermark, p.last_stable_offset,
+                                           p.log_start_offset, _EMPTY_COMPACT_ARRAY, replica)
+                head += uvarint(records_length + 1)
+                if records_length:
+                    pieces.append(head)
+                    total += len(head)
+                    pieces.extend(r for r in p.records if piece_length(r))
+                    total += records_length
+                    head = bytearray(_NO_TAGS)  # the partition's tags, after its records
+                else:
+                    head += _NO_TAGS
+            head += _NO_TAGS  # the topic's
+        head += _NO_TAGS  # the response's
+        pieces.append(head)
+        total += len(head)
+        SIZE_AND_CORRELATION.pack_into(pieces[0], 0, total - 4, correlation_id)
+    except (struct.error, UnicodeEncodeError, OverflowError, TypeError, AttributeError, ProtocolError) as exc:
         raise ProtocolError(f"fetch: cannot encode response: {exc}") from None
     return FetchResponseFrame(pieces, total)

@@ -19,16 +19,18 @@ objects and response objects into frames:
   and workers/codecs/fetch.py.
 
 Invariants:
-- Only non-flexible versions are advertised, except ApiVersions v3 (clients
-  start the negotiation with it). Its request uses header v2 (tagged fields);
-  every response header here is v0 (just the correlation id), ApiVersions v3
-  included, as Kafka specifies.
+- Every version kio declares up to SUPPORTED_APIS' maxima is served, flexible ones (KIP-482) included: their
+  requests use header v2 (its tagged fields skipped) and their responses header v1 (the correlation id and an
+  empty tagged-field section), except ApiVersions, whose response header is always v0 (a client must read it
+  before it knows what the node speaks). ``FIRST_FLEXIBLE`` says where each API's flexible versions begin.
+- A tagged field the schema does not declare (a newer client's) is skipped, at any depth (KIP-482);
+  ``workers.codecs.tagged_fields`` drops it when kio refuses it.
 - ``decode_request``, ``parse_request_header`` and ``frame_size`` raise
   ``ProtocolError`` and nothing else on any malformed, truncated, oversized or
   unsupported input; a body must be consumed exactly.
-- ``encode_response`` always returns a complete frame: size prefix, header v0
-  (correlation id) and body, and refuses a response object of the wrong
-  API or version.
+- ``encode_response`` always returns a complete frame: size prefix, the
+  version's response header and body, and refuses a response object of the
+  wrong API or version.
 """
 
 from __future__ import annotations
@@ -45,7 +47,6 @@ from kio.index import load_payload_module
 from kio.schema.api_versions.v0.response import ApiVersion as ApiVersionV0
 from kio.schema.api_versions.v0.response import ApiVersionsResponse as ApiVersionsResponseV0
 from kio.schema.request_header.v1.header import RequestHeader as KioRequestHeaderV1
-from kio.schema.request_header.v2.header import RequestHeader as KioRequestHeaderV2
 from kio.serial import entity_reader, entity_writer
 from kio.static.constants import EntityType
 from kio.static.primitive import i16, i32Timedelta
@@ -59,6 +60,7 @@ from workers.codecs.fetch import (
     encode_fetch_response,
 )
 from workers.codecs.legacy_schemas import LEGACY_SCHEMAS
+from workers.codecs.tagged_fields import known_tags_filter, skip_tagged_fields
 from workers.codecs.produce import (
     ProducePartitionResult,
     ProduceRequestView,
@@ -97,39 +99,46 @@ DELETE_GROUPS = 42
 INCREMENTAL_ALTER_CONFIGS = 44
 OFFSET_DELETE = 47
 
-# api_key -> (min_version, max_version) advertised in ApiVersions.
+# api_key -> (min_version, max_version) advertised in ApiVersions: up to the newest version whose fields and
+# rules the node honours. The next version of each needs what the node does not have:
+#   Produce 12 and AddPartitionsToTxn 4-5, AddOffsetsToTxn 4, EndTxn 4-5, InitProducerId 5+: KIP-890's
+#   transactions v2; InitProducerId 3-4: KIP-360's epoch bump of a given producer id; Fetch 13+, Metadata 10+,
+#   CreateTopics 7, DeleteTopics 6: topic ids (KIP-516); ListOffsets 7+: the max-timestamp and tiered offsets
+#   (KIP-734, KIP-1005); OffsetFetch 7+: require_stable (UNSTABLE_OFFSET_COMMIT while a transaction holds
+#   offsets); OffsetCommit 9+, JoinGroup 9: KIP-848; ListGroups 4+: state and type filters; FindCoordinator 5+:
+#   KIP-890's error codes and share groups; DescribeGroups 6: KIP-1043's error fields.
 SUPPORTED_APIS: dict[int, tuple[int, int]] = {
-    PRODUCE: (3, 8),
-    FETCH: (4, 11),
-    LIST_OFFSETS: (1, 5),
-    METADATA: (0, 8),
+    PRODUCE: (3, 11),
+    FETCH: (4, 12),
+    LIST_OFFSETS: (1, 6),
+    METADATA: (0, 9),
     API_VERSIONS: (0, 3),
-    CREATE_TOPICS: (0, 4),
-    DELETE_TOPICS: (0, 3),
-    INIT_PRODUCER_ID: (0, 1),
-    # Topic administration (workers/api/admin.py, node/timer/controller.py): non-flexible versions only.
-    CREATE_PARTITIONS: (0, 1),
-    DELETE_RECORDS: (0, 1),
-    DESCRIBE_CONFIGS: (0, 3),
-    ALTER_CONFIGS: (0, 1),
-    INCREMENTAL_ALTER_CONFIGS: (0, 0),
-    # The group coordinator (workers/api/groups.py, node/timer/groups/): non-flexible versions only.
-    FIND_COORDINATOR: (0, 2),
-    JOIN_GROUP: (0, 5),
-    SYNC_GROUP: (0, 3),
-    HEARTBEAT: (0, 3),
-    LEAVE_GROUP: (0, 3),
-    OFFSET_COMMIT: (2, 7),
-    OFFSET_FETCH: (1, 5),
-    LIST_GROUPS: (0, 2),
-    DESCRIBE_GROUPS: (0, 4),
-    DELETE_GROUPS: (0, 1),
+    CREATE_TOPICS: (0, 6),
+    DELETE_TOPICS: (0, 5),
+    INIT_PRODUCER_ID: (0, 2),
+    # Topic administration (workers/api/admin.py, node/timer/controller.py).
+    CREATE_PARTITIONS: (0, 3),
+    DELETE_RECORDS: (0, 2),
+    DESCRIBE_CONFIGS: (0, 4),
+    ALTER_CONFIGS: (0, 2),
+    INCREMENTAL_ALTER_CONFIGS: (0, 1),
+    # The group coordinator (workers/api/groups.py, node/timer/groups/).
+    FIND_COORDINATOR: (0, 4),
+    JOIN_GROUP: (0, 8),
+    SYNC_GROUP: (0, 5),
+    HEARTBEAT: (0, 4),
+    LEAVE_GROUP: (0, 5),
+    OFFSET_COMMIT: (2, 8),
+    OFFSET_FETCH: (1, 6),
+    LIST_GROUPS: (0, 3),
+    DESCRIBE_GROUPS: (0, 5),
+    DELETE_GROUPS: (0, 2),
     OFFSET_DELETE: (0, 0),
-    # The transaction coordinator (workers/api/transactions.py, node/timer/transactions/): non-flexible versions.
-    ADD_PARTITIONS_TO_TXN: (0, 2),
-    ADD_OFFSETS_TO_TXN: (0, 2),
-    END_TXN: (0, 2),
-    TXN_OFFSET_COMMIT: (0, 2),
+    # The transaction coordinator (workers/api/transactions.py, node/timer/transactions/).
+    ADD_PARTITIONS_TO_TXN: (0, 3),
+    ADD_OFFSETS_TO_TXN: (0, 3),
+    END_TXN: (0, 3),
+    TXN_OFFSET_COMMIT: (0, 3),
 }
 
 # Kafka's default socket.request.max.bytes.
@@ -139,9 +148,22 @@ FRAME_SIZE_PREFIX = 4
 _SIZE = struct.Struct(">i")
 _SIZE_AND_CORRELATION = struct.Struct(">ii")
 
-# First ApiVersions version whose request is flexible (header v2). Versions past
-# what we support are still parsed with header v2 so we can answer error 35.
-_API_VERSIONS_FIRST_FLEXIBLE = 3
+RESPONSE_HEADER_V1_TAGS = b"\x00"  # response header v1: the correlation id, then an empty tagged-field section
+
+
+def _first_flexible_versions() -> dict[int, int]:
+    """api_key -> its first flexible version (header v2 and v1 from there on), from kio's schemas."""
+    first = {}
+    for api_key, (low, high) in SUPPORTED_APIS.items():
+        for version in range(max(low, 0), high + 64):
+            try:
+                namespace = _kio_namespace(api_key, version, EntityType.request)
+            except Exception:  # kio has no such version: past its newest
+                break
+            if _payload_class(namespace, EntityType.request).__flexible__:
+                first[api_key] = version
+                break
+    return first
 
 
 def is_supported(api_key: int, api_version: int) -> bool:
@@ -183,34 +205,32 @@ class RequestHeader(NamedTuple):
     correlation_id: int
     client_id: str | None
     body_offset: int  # where the request body starts in the frame
+    flexible: bool = False  # a flexible version (KIP-482): header v2, compact encodings, tagged fields
 
 
 _read_header_v1 = entity_reader(KioRequestHeaderV1)
-_read_header_v2 = entity_reader(KioRequestHeaderV2)
 _API_KEY_AND_VERSION = struct.Struct(">hh")
 
 
-def _uses_header_v2(api_key: int, api_version: int) -> bool:
-    # Among the versions we decode, only ApiVersions >= 3 is flexible.
-    return api_key == API_VERSIONS and api_version >= _API_VERSIONS_FIRST_FLEXIBLE
-
-
 def parse_request_header(frame: Any) -> RequestHeader:
-    """Parse a request header (v1, or v2 for flexible ApiVersions) at the start of a frame.
+    """Parse a request header (v1, or v2 for a flexible version) at the start of a frame.
 
-    Works for any api key and version (so an unsupported request can still be
-    answered or logged with its correlation id); the body offset is exact for
-    every version in SUPPORTED_APIS and for ApiVersions of any version.
+    Works for any api key and version (so an unsupported request can still be answered or logged with its
+    correlation id); the body offset is exact for every version in SUPPORTED_APIS and for ApiVersions of any
+    version. Header v2 is v1 (client_id stays a legacy string) plus a tagged-field section, skipped whole: the
+    node uses none of its tags.
     """
     if len(frame) < _API_KEY_AND_VERSION.size:
         raise ProtocolError(f"request header truncated ({len(frame)} bytes)")
     api_key, api_version = _API_KEY_AND_VERSION.unpack_from(frame, 0)
-    reader = _read_header_v2 if _uses_header_v2(api_key, api_version) else _read_header_v1
     try:
-        header, size = reader(frame, 0)
+        header, size = _read_header_v1(frame, 0)
     except Exception as exc:  # kio raises several types on bad input; all mean malformed
         raise ProtocolError(f"request header malformed: {type(exc).__name__}: {exc}") from None
-    return RequestHeader(api_key, api_version, header.correlation_id, header.client_id, size)
+    flexible = api_version >= FIRST_FLEXIBLE.get(api_key, _NEVER)
+    if flexible:
+        size = skip_tagged_fields(frame, size, len(frame))
+    return RequestHeader(api_key, api_version, header.correlation_id, header.client_id, size, flexible)
 
 
 def _kio_namespace(api_key: int, version: int, entity_type: EntityType) -> ModuleType | SimpleNamespace:
@@ -229,21 +249,25 @@ def _payload_class(namespace: Any, entity_type: EntityType) -> type:
     raise LookupError(f"no {entity_type.name} class in {namespace}")
 
 
-def _build_codecs() -> tuple[dict, dict, dict, dict]:
+def _build_codecs() -> tuple[dict, dict, dict, dict, dict]:
     request_schemas, response_schemas, readers, writers = {}, {}, {}, {}
+    request_classes = {}
     for api_key, (low, high) in SUPPORTED_APIS.items():
         for version in range(low, high + 1):
             req_ns = _kio_namespace(api_key, version, EntityType.request)
             resp_ns = _kio_namespace(api_key, version, EntityType.response)
             request_schemas[api_key, version] = req_ns
             response_schemas[api_key, version] = resp_ns
-            readers[api_key, version] = entity_reader(_payload_class(req_ns, EntityType.request))
+            request_classes[api_key, version] = _payload_class(req_ns, EntityType.request)
+            readers[api_key, version] = entity_reader(request_classes[api_key, version])
             resp_cls = _payload_class(resp_ns, EntityType.response)
             writers[api_key, version] = (resp_cls, entity_writer(resp_cls))
-    return request_schemas, response_schemas, readers, writers
+    return request_schemas, response_schemas, request_classes, readers, writers
 
 
-_REQUEST_SCHEMAS, _RESPONSE_SCHEMAS, _READERS, _WRITERS = _build_codecs()
+_REQUEST_SCHEMAS, _RESPONSE_SCHEMAS, _REQUEST_CLASSES, _READERS, _WRITERS = _build_codecs()
+FIRST_FLEXIBLE: dict[int, int] = _first_flexible_versions()
+_NEVER = 1 << 15  # past every int16 version: an API the node does not serve is read with header v1
 
 
 def request_schema(api_key: int, version: int) -> Any:
@@ -277,6 +301,12 @@ def decode_request(api_key: int, version: int, body: Any) -> Any:
     reader = _READERS.get((api_key, version))
     if reader is None:
         raise ProtocolError(f"unsupported api {api_key} v{version}")
+    if version >= FIRST_FLEXIBLE.get(api_key, _NEVER):
+        # kio's reader aborts the process on a huge compact-array count and refuses unknown tags (KIP-482 says
+        # skip them): the walk bounds every count first, and a body with unknown tags is read without them.
+        tags = known_tags_filter(_REQUEST_CLASSES[api_key, version])
+        if tags.check(body):
+            body = tags.filter(body)
     try:
         request, size = reader(body, 0)
     except Exception as exc:  # kio raises DecodeError, ValueError, ... on bad input; all mean malformed
@@ -296,12 +326,14 @@ def encode_response(api_key: int, version: int, correlation_id: int, response: A
         raise ProtocolError(
             f"api {api_key} v{version}: expected {response_cls.__qualname__}, got {type(response).__qualname__}"
         )
-    return _frame(correlation_id, writer, response)
+    return _frame(correlation_id, writer, response, response_cls.__header_schema__.__version__ >= 1)
 
 
-def _frame(correlation_id: int, writer: Any, response: Any) -> bytes:
+def _frame(correlation_id: int, writer: Any, response: Any, header_v1: bool = False) -> bytes:
     buffer = io.BytesIO()
     buffer.write(bytes(_SIZE_AND_CORRELATION.size))
+    if header_v1:
+        buffer.write(RESPONSE_HEADER_V1_TAGS)
     try:
         writer(buffer, response)
     except Exception as exc:  # kio raises EncodeError, OutOfBoundValue, TypeError on bad values
