@@ -24,7 +24,7 @@ from __future__ import annotations
 import datetime
 from typing import Any, Callable
 
-from kio.static.primitive import i8, i64
+from kio.static.primitive import i8, i16, i32, i64
 
 from node.config import NodeConfig
 from node.storage import topic_config as TC
@@ -118,6 +118,8 @@ class AdminHandlers:
                     wanted.append([name, partitions, {c.name: c.value for c in topic.configs}])
         timeout_ms = millis(request.timeout)
         validate_only = bool(getattr(request, "validate_only", False))
+        counts = {name: partitions for name, partitions, _ in wanted}
+        requested = {name: configs for name, _, configs in wanted}
 
         def answer(outcome: dict | None) -> Outcome:
             if outcome is not None:
@@ -126,8 +128,7 @@ class AdminHandlers:
                 number, message = (outcome or {}).get(name, TIMED_OUT)
                 results[name] = (code(number), message)
             return reply(req, entity(req, "CreateTopicsResponse", throttle_time=ZERO_THROTTLE, topics=tuple(
-                entity(req, "CreatableTopicResult", name=t.name, error_code=results[t.name][0],
-                       error_message=results[t.name][1])
+                self._created(req, t.name, results[t.name], counts.get(t.name), requested.get(t.name, {}))
                 for t in request.topics)))
 
         if not wanted:
@@ -135,6 +136,22 @@ class AdminHandlers:
         wait_ms = self._wait_ms(timeout_ms)
         document = {"topics": wanted, "validate_only": validate_only, "explicit": True}
         return self._ask(req, M.Kind.CREATE_TOPICS, document, wait_ms, answer, monotonic_ms() + wait_ms)
+
+    def _created(self, req: Request, name: str, result: tuple[E.ErrorCode, str | None], partitions: int | None,
+                 requested: dict[str, str]) -> Any:
+        """A CreatableTopicResult; from v5 a created (or validated) topic's partition count, replication factor
+        and every config as DescribeConfigs shows it (KIP-525), -1s and no configs for an error."""
+        error, message = result
+        store = self.partitions
+        fields: dict[str, Any] = {"num_partitions": i32(-1), "replication_factor": i16(-1), "configs": ()}
+        if error == E.NONE and partitions is not None:
+            overrides = store.topic_configs(name)
+            described = TC.describe_topic(store.log_config, store.catalog.broker_configs,
+                                          requested if overrides is None else overrides)
+            fields = {"num_partitions": i32(partitions), "replication_factor": i16(1), "configs": tuple(entity(
+                req, "CreatableTopicConfigs", name=d.name, value=d.value, read_only=d.read_only,
+                config_source=i8(d.source), is_sensitive=False) for d in described)}
+        return entity(req, "CreatableTopicResult", name=name, error_code=error, error_message=message, **fields)
 
     def _new_topic_partitions(self, topic: Any) -> tuple[int, tuple[E.ErrorCode, str] | None]:
         """(partition count, None) or (0, the error) of a CreatableTopic, as Kafka's controller checks it."""

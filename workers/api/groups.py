@@ -86,16 +86,18 @@ class GroupHandlers:
     def find_coordinator(self, req: Request, request: Any) -> Outcome:
         key_type = getattr(request, "key_type", GROUP_KEY_TYPE)
         server = self.config.server
-        if key_type == GROUP_KEY_TYPE:
-            error, message, node = E.NONE, None, server.node_id
-        elif key_type == TRANSACTION_KEY_TYPE:  # the transaction coordinator is the node's too (in its timer)
+        if key_type in (GROUP_KEY_TYPE, TRANSACTION_KEY_TYPE):  # both coordinators are the node's (in its timer)
             error, message, node = E.NONE, None, server.node_id
         else:
             error, message, node = E.INVALID_REQUEST, f"unknown key type {key_type}", -1
-        return reply(req, entity(
-            req, "FindCoordinatorResponse", throttle_time=ZERO_THROTTLE, error_code=error, error_message=message,
-            node_id=i32(node), host=(server.advertised_host or server.host) if node >= 0 else "",
-            port=i32(server.advertised_port or server.port) if node >= 0 else i32(-1)))
+        where = dict(error_code=error, error_message=message, node_id=i32(node),
+                     host=(server.advertised_host or server.host) if node >= 0 else "",
+                     port=i32(server.advertised_port or server.port) if node >= 0 else i32(-1))
+        # v4+ asks for a batch of keys and answers one coordinator per key (KIP-699); older versions one key.
+        coordinators = tuple(entity(req, "Coordinator", key=key, **where)
+                             for key in getattr(request, "coordinator_keys", ()))
+        return reply(req, entity(req, "FindCoordinatorResponse", throttle_time=ZERO_THROTTLE,
+                                 coordinators=coordinators, **where))
 
     # -- JoinGroup, SyncGroup, Heartbeat, LeaveGroup ------------------------------------------
 
@@ -132,8 +134,12 @@ class GroupHandlers:
         def answer(outcome: Any) -> Outcome:
             if outcome is None:
                 return refuse(E.ErrorCode.coordinator_not_available)
+            # v5+ names the group's protocol type and assignor; the request's, which the client checks against
+            # its own (the coordinator answered, so the member joined with them).
             return reply(req, entity(req, "SyncGroupResponse", throttle_time=ZERO_THROTTLE,
-                                     error_code=code(outcome.error), assignment=outcome.assignment))
+                                     error_code=code(outcome.error), assignment=outcome.assignment,
+                                     protocol_type=getattr(request, "protocol_type", None),
+                                     protocol_name=getattr(request, "protocol_name", None)))
 
         def refuse(error: E.ErrorCode) -> Outcome:
             return answer(SyncAnswer(int(error), b""))
