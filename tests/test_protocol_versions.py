@@ -271,3 +271,12 @@ def test_a_huge_compact_count_is_a_protocol_error_not_an_abort() -> None:
     body = uvarint(2**35) + b"\x00"
     with pytest.raises(P.ProtocolError):
         P.decode_request(P.DELETE_GROUPS, 2, memoryview(body))
+
+
+def test_librdkafkas_all_topics_metadata_request_decodes() -> None:
+    # librdkafka 2.x at Metadata v9+ for all topics: its 4-byte count slot left zero, then allow_auto_topic_creation
+    # true, the two include flags false, no tags (the bytes confluent-kafka 2.16's list_topics() sends).
+    request = P.decode_request(P.METADATA, 9, memoryview(bytes.fromhex("0000000001000000")))
+    assert request.topics is None and request.allow_auto_topic_creation
+    with pytest.raises(P.ProtocolError):
+        P.decode_request(P.METADATA, 9, memoryview(bytes.fromhex("000000000100000000")))

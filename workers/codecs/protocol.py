@@ -301,6 +301,7 @@ def decode_request(api_key: int, version: int, body: Any) -> Any:
     reader = _READERS.get((api_key, version))
     if reader is None:
         raise ProtocolError(f"unsupported api {api_key} v{version}")
+    received = body
     if version >= FIRST_FLEXIBLE.get(api_key, _NEVER):
         # kio's reader aborts the process on a huge compact-array count and refuses unknown tags (KIP-482 says
         # skip them): the walk bounds every count first, and a body with unknown tags is read without them.
@@ -312,8 +313,17 @@ def decode_request(api_key: int, version: int, body: Any) -> Any:
     except Exception as exc:  # kio raises DecodeError, ValueError, ... on bad input; all mean malformed
         raise ProtocolError(f"api {api_key} v{version}: malformed request: {type(exc).__name__}: {exc}") from None
     if size != len(body):
+        if api_key == METADATA and received[:_RDKAFKA_TOPIC_COUNT_SLOT] == _RDKAFKA_UNWRITTEN_COUNT:
+            return decode_request(api_key, version, received[_RDKAFKA_TOPIC_COUNT_SLOT - 1:])
         raise ProtocolError(f"api {api_key} v{version}: {len(body) - size} trailing bytes")
     return request
+
+
+# librdkafka (2.x) asks Metadata v9+ for all topics with the 4 bytes it reserved for the topic count left zero: a
+# null compact array (one byte 0) and three more. Kafka reads on and ignores what is left over; here the slot is
+# read as the null array it means (the request's flags after it keep their values).
+_RDKAFKA_TOPIC_COUNT_SLOT = 4
+_RDKAFKA_UNWRITTEN_COUNT = bytes(_RDKAFKA_TOPIC_COUNT_SLOT)
 
 
 def encode_response(api_key: int, version: int, correlation_id: int, response: Any) -> bytes:
