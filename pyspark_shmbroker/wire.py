@@ -139,13 +139,19 @@ def encode_body(request: Any) -> bytes:
 
 @functools.cache
 def is_flexible_request(api_key: int, version: int) -> bool:
-    """Whether the version is flexible (KIP-482): request header v2 (tagged fields), compact encodings."""
-    try:
-        module = load_payload_module(api_key, version, EntityType.request)
-    except Exception:  # kio knows no such API or version (UnknownEntity, KeyError): not flexible here
-        return False
-    return any(getattr(v, "__flexible__", False) for v in vars(module).values()
-               if getattr(v, "__type__", None) == EntityType.request)
+    """Whether the version is flexible (KIP-482): request header v2 (tagged fields), compact encodings. A version
+    newer than kio knows is as flexible as the newest it knows (how a client asks a broker for ApiVersions)."""
+    for known in range(version, max(version - _NEWER_VERSIONS_GUESSED, -1), -1):
+        try:
+            module = load_payload_module(api_key, known, EntityType.request)
+        except Exception:  # kio knows no such API or version (UnknownEntity, KeyError)
+            continue
+        return any(getattr(v, "__flexible__", False) for v in vars(module).values()
+                   if getattr(v, "__type__", None) == EntityType.request)
+    return False
+
+
+_NEWER_VERSIONS_GUESSED = 64
 
 
 @functools.cache

@@ -233,7 +233,7 @@ def test_unsupported_api_version_headers_still_parse() -> None:
     assert not protocol.is_supported(18, 4)
     with pytest.raises(ProtocolError):
         decode_request(18, 4, b"")
-    for api_key, version in [(0, 2), (0, 9), (1, 3), (1, 12), (3, 9), (50, 0), (-1, 0)]:
+    for api_key, version in [(0, 2), (0, 12), (1, 3), (1, 13), (3, 10), (50, 0), (-1, 0)]:
         with pytest.raises(ProtocolError):
             decode_request(api_key, version, b"\x00" * 32)
 
