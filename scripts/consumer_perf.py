@@ -44,7 +44,7 @@ from scripts import producer_perf
 from scripts.harness import benchnode, rawkafka, results
 
 SCRIPT = "consumer_perf"
-FETCH_VERSION = 11
+FETCH_VERSION = 12  # raw: the newest the node serves (flexible); --fetch-version 11 for the non-flexible form
 
 
 @dataclass(frozen=True)
@@ -188,7 +188,8 @@ class ConsumeOutcome:
 
 
 def consume_raw(target: benchnode.Target, filled: FilledTopic, fetch_bytes: int, connections: int, inflight: int,
-                seconds: float, passes: int = 1, max_wait_ms: int = 500) -> ConsumeOutcome:
+                seconds: float, passes: int = 1, max_wait_ms: int = 500,
+                fetch_version: int = FETCH_VERSION) -> ConsumeOutcome:
     """Pipelined fetches of every partition from offset 0 to its end, `passes` times over (one pass of 2M
     records takes well under a second); connection c serves partitions c, c+C, ..."""
     batches_per_fetch = max(1, fetch_bytes // filled.batch_bytes)
@@ -205,12 +206,12 @@ def consume_raw(target: benchnode.Target, filled: FilledTopic, fetch_bytes: int,
             return None
         partition, start, end = pending[connection].popleft()
         body = rawkafka.fetch_body({filled.topic: {partition: start}}, max_wait_ms=max_wait_ms, min_bytes=1,
-                                   max_bytes=limit, partition_max_bytes=limit, version=FETCH_VERSION)
-        return rawkafka.encode_request(rawkafka.FETCH, FETCH_VERSION, 0, body), (partition, start, end)
+                                   max_bytes=limit, partition_max_bytes=limit, version=fetch_version)
+        return rawkafka.encode_request(rawkafka.FETCH, fetch_version, 0, body), (partition, start, end)
 
     def on_response(connection: int, tag: tuple[int, int, int], body: memoryview, latency_ns: int) -> None:
         partition, start, end = tag
-        result = rawkafka.parse_fetch_response(FETCH_VERSION, body)
+        result = rawkafka.parse_fetch_response(fetch_version, body)
         if result.error_code or len(result.partitions) != 1 or result.partitions[0].error_code:
             raise RuntimeError(f"fetch {filled.topic}-{partition}@{start}: error "
                                f"{result.error_code} {[p.error_code for p in result.partitions]}")
@@ -324,6 +325,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ceiling-seconds", type=float, help="minimum ceiling measurement (default min(2, --seconds))")
     parser.add_argument("--data-dir", help="with --bootstrap: the node's data dir, for the ceiling")
     parser.add_argument("--topic", default="consumer-perf")
+    parser.add_argument("--fetch-version", type=int, default=FETCH_VERSION, choices=range(4, 13),
+                        help="raw: Fetch version (default %(default)s; 12 is flexible)")
     results.add_arguments(parser)
     args = parser.parse_args(argv)
     recorder = results.Recorder(args, SCRIPT)
@@ -348,10 +351,10 @@ def main(argv: list[str] | None = None) -> int:
             if client == "raw":
                 with meter:
                     outcome = consume_raw(target, filled, args.fetch_bytes, connections, args.inflight, args.seconds,
-                                          args.passes)
+                                          args.passes, fetch_version=args.fetch_version)
                 expected = filled.records * args.passes
                 extra = {"connections": connections, "inflight": args.inflight, "fetch_bytes": args.fetch_bytes,
-                         "refetches": outcome.refetches, "passes": args.passes}
+                         "refetches": outcome.refetches, "passes": args.passes, "fetch_version": args.fetch_version}
             elif client == "confluent":
                 with meter:
                     outcome = consume_confluent(target, filled, args.seconds, args.fetch_queue_backoff_ms)

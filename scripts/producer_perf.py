@@ -56,7 +56,7 @@ class RawProduceLoad:
     batch_bytes: int = 8192
     acks: int = 1
     request_timeout_ms: int = 30000
-    produce_version: int = 8
+    produce_version: int = 11  # the newest the node serves (flexible); --produce-version 8 for the non-flexible form
     pipeline: benchnode.PipelineSettings = benchnode.PipelineSettings()
     # Fill mode: stop after this many batches per partition (None: run until the deadline).
     batches_per_partition: int | None = None
@@ -89,10 +89,14 @@ class ProduceOutcome:
 _ERROR_CODE = struct.Struct(">h")
 
 
-def _produce_error_offset(topic: str) -> int:
-    """Where the error code sits in a Produce v3-8 response body for one topic and one partition:
-    topic count (4), name (2 + n), partition count (4), partition index (4)."""
-    return 4 + 2 + len(topic.encode("utf-8")) + 4 + 4
+def _produce_error_offset(topic: str, version: int) -> int:
+    """Where the error code sits in a Produce response body (after the correlation id) for one topic and one
+    partition: v3-8: topic count (4), name (2 + n), partition count (4), partition index (4); v9+ (flexible): the
+    header's tags (1), then the counts and the name's length as one-byte varints (a name under 127 bytes)."""
+    name = len(topic.encode("utf-8"))
+    if version >= rawkafka.PRODUCE_FIRST_FLEXIBLE:
+        return 1 + 1 + 1 + name + 1 + 4
+    return 4 + 2 + name + 4 + 4
 
 
 def produce_with_connections(host: str, port: int, load: RawProduceLoad, deadline: float,
@@ -105,7 +109,7 @@ def produce_with_connections(host: str, port: int, load: RawProduceLoad, deadlin
                                        version=load.produce_version) for p in range(load.partitions)]
     partition_of = [(first_connection + i) % load.partitions for i in range(load.pipeline.connections)]
     remaining = [load.batches_per_partition] * load.partitions if load.batches_per_partition is not None else None
-    error_at = _produce_error_offset(load.topic)
+    error_at = _produce_error_offset(load.topic, load.produce_version)
     outcome = ProduceOutcome(batch_bytes=len(batch))
 
     def next_request(connection: int) -> tuple[bytes, None] | None:
@@ -243,6 +247,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--processes", type=int, default=1, help="raw: load generator processes")
     parser.add_argument("--linger-ms", type=int, default=5, help="confluent: linger.ms")
     parser.add_argument("--topic", default="producer-perf", help="topic name prefix")
+    parser.add_argument("--produce-version", type=int, default=RawProduceLoad.produce_version, choices=range(3, 12),
+                        help="raw: Produce version (default %(default)s; 9+ are flexible)")
     results.add_arguments(parser)
     args = parser.parse_args(argv)
     recorder = results.Recorder(args, SCRIPT)
@@ -261,11 +267,13 @@ def main(argv: list[str] | None = None) -> int:
                 recorder.start()
                 if client == "raw":
                     load = RawProduceLoad(topic, args.partitions, args.record_size, args.batch_bytes, ACKS[acks_name],
+                                          produce_version=args.produce_version,
                                           pipeline=benchnode.PipelineSettings(connections=args.connections,
                                                                               inflight=args.inflight))
                     with meter:
                         outcome = run_raw_producer(target.host, target.port, load, args.seconds, args.processes)
-                    extra = {"connections": args.connections, "inflight": args.inflight, "processes": args.processes,
+                    extra = {"produce_version": args.produce_version,
+                             "connections": args.connections, "inflight": args.inflight, "processes": args.processes,
                              "records_per_batch": load.records_per_batch(), "batch_bytes": outcome.batch_bytes,
                              "requests": outcome.requests}
                 else:

@@ -228,8 +228,8 @@ def parse_request_header(frame: Any) -> RequestHeader:
     except Exception as exc:  # kio raises several types on bad input; all mean malformed
         raise ProtocolError(f"request header malformed: {type(exc).__name__}: {exc}") from None
     flexible = api_version >= FIRST_FLEXIBLE.get(api_key, _NEVER)
-    if flexible:
-        size = skip_tagged_fields(frame, size, len(frame))
+    if flexible:  # an empty section (one 0 byte) stepped over inline: every request pays this
+        size = size + 1 if len(frame) > size and frame[size] == 0 else skip_tagged_fields(frame, size, len(frame))
     return RequestHeader(api_key, api_version, header.correlation_id, header.client_id, size, flexible)
 
 
