@@ -200,6 +200,28 @@ def test_a_committed_transaction_writes_its_markers_before_end_txn_is_answered(t
     assert txn.end("app", producer, commit=False).error == E.invalid_txn_state
 
 
+def test_markers_prepare_catches_up_the_partitions_with_an_open_transaction(txn):
+    """The timer's producer state lags the workers' appends; prepare() brings each partition with an open
+    transaction up to its end ahead of the EndTxn (whose marker append would scan those batches), not the others."""
+    producer = producer_of(txn.init("app"))
+    txn.add("app", producer, [("t", 0)])
+    worker = PartitionStore(txn.data_dir, txn.table, LogConfig(), 16)  # a worker's own view of the logs
+    try:
+        for sequence in range(5):
+            worker.log(worker.row("t", 0)).append(build_batch(
+                [(b"k", b"v%d" % sequence)], 1000, producer_id=producer[0], producer_epoch=producer[1],
+                base_sequence=sequence, transactional=True))
+        worker.log(worker.row("t", 1)).append(build_batch([(b"k", b"plain")], 1000))
+    finally:
+        worker.close()
+    txn.coordinator.markers.prepare([txn.store.row("t", 0), txn.store.row("t", 1)])
+    assert txn.partition(0)._producer_state.end_offset == txn.partition(0).state().log_end_offset == 5
+    assert txn.partition(1)._producer_state is None  # no open transaction there: nothing to scan ahead
+    assert txn.end("app", producer, commit=True).error == E.none
+    assert txn.markers(0) == [(*producer, ControlType.COMMIT)]
+    assert txn.partition(0).state().last_stable_offset == 6
+
+
 def test_an_abort_lists_the_transaction_as_aborted(txn):
     producer = producer_of(txn.init("app"))
     txn.add("app", producer)
