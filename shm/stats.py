@@ -93,6 +93,7 @@ FIELDS: tuple[Field, ...] = (
           help="error codes in responses (top-level and per partition, each occurrence), per Kafka error code"),
     Field("bytes_in", MAX_APIS, help="request bytes read, per API key"),
     Field("bytes_out", MAX_APIS, help="response bytes queued (sendfile ranges included), per API key"),
+    Field("bytes_sendfile", help="response bytes sent by sendfile straight from segment files (zero copy)"),
     Field("connections", counter=False, help="open client connections"),
     Field("connections_accepted", help="client connections accepted"),
     Field("connections_closed_on_error", help="connections closed for bad input or a bug"),

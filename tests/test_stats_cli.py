@@ -180,6 +180,7 @@ def test_stats_counts_the_node_at_work(node_factory):
                   and totals["bytes_flushed"] >= 2000 * 100 and totals["groups"] >= 1
                   and totals["group_members"] >= 1 and totals["rebalances"] >= 1 and totals["connections"] >= 2
                   and totals["purgatory_fetch_completed"] + totals["purgatory_fetch_expired"] > 0
+                  and totals["bytes_sendfile"] >= got * 100
                   and doc["errors"].get("UNKNOWN_TOPIC_OR_PARTITION", 0) >= 2
                   and "stats-group" in doc["groups"])
             return doc if ok else None
@@ -187,6 +188,8 @@ def test_stats_counts_the_node_at_work(node_factory):
         doc = wait_for(moved, what="counters to move")
     finally:
         consumer.close()
+    # The records left by sendfile: part of the fetch responses' bytes, the rest their headers.
+    assert doc["totals"]["bytes_sendfile"] < doc["apis"]["Fetch"]["bytes_out"]
     partition = [p for p in doc["partitions"] if p["topic"] == "stats-topic"]
     assert partition == [{"topic": "stats-topic", "partition": 0, "log_start_offset": 0, "log_end_offset": 2000,
                           "high_watermark": 2000, "unflushed_bytes": 0}]

@@ -200,6 +200,28 @@ def test_a_committed_transaction_writes_its_markers_before_end_txn_is_answered(t
     assert txn.end("app", producer, commit=False).error == E.invalid_txn_state
 
 
+def test_markers_prepare_catches_up_the_partitions_with_an_open_transaction(txn):
+    """The timer's producer state lags the workers' appends; prepare() brings each partition with an open
+    transaction up to its end ahead of the EndTxn (whose marker append would scan those batches), not the others."""
+    producer = producer_of(txn.init("app"))
+    txn.add("app", producer, [("t", 0)])
+    worker = PartitionStore(txn.data_dir, txn.table, LogConfig(), 16)  # a worker's own view of the logs
+    try:
+        for sequence in range(5):
+            worker.log(worker.row("t", 0)).append(build_batch(
+                [(b"k", b"v%d" % sequence)], 1000, producer_id=producer[0], producer_epoch=producer[1],
+                base_sequence=sequence, transactional=True))
+        worker.log(worker.row("t", 1)).append(build_batch([(b"k", b"plain")], 1000))
+    finally:
+        worker.close()
+    txn.coordinator.markers.prepare([txn.store.row("t", 0), txn.store.row("t", 1)])
+    assert txn.partition(0)._producer_state.end_offset == txn.partition(0).state().log_end_offset == 5
+    assert txn.partition(1)._producer_state is None  # no open transaction there: nothing to scan ahead
+    assert txn.end("app", producer, commit=True).error == E.none
+    assert txn.markers(0) == [(*producer, ControlType.COMMIT)]
+    assert txn.partition(0).state().last_stable_offset == 6
+
+
 def test_an_abort_lists_the_transaction_as_aborted(txn):
     producer = producer_of(txn.init("app"))
     txn.add("app", producer)
@@ -222,13 +244,35 @@ def test_a_new_epoch_fences_the_old_producer_and_aborts_its_transaction(txn):
     assert txn.add("app", (old[0] + 99, new[1])) == {("t", 0): E.invalid_producer_id_mapping}
 
 
-def test_requests_while_a_state_write_waits_for_its_fsync_get_concurrent_transactions(txn):
+def test_requests_while_a_state_write_waits_for_its_fsync_wait_for_it_in_order(txn):
+    """Not CONCURRENT_TRANSACTIONS (clients retry that only after a backoff): each waits for the record before it."""
     producer = producer_of(txn.init("app"))
     txn.flushes.eager = False
-    assert txn.add("app", producer) is None  # waits for the fsync
-    assert txn.add("app", producer) == {("t", 0): E.concurrent_transactions}
+    assert txn.add("app", producer, [("t", 0)]) is None  # waits for the fsync
+    assert txn.add("app", producer, [("t", 1)]) is None  # the next partition: waits for the first record
+    assert txn.ask(M.Kind.ADD_OFFSETS_TO_TXN, *producer, "app", "g") is None
+    first, second, offsets = txn.request_id - 2, txn.request_id - 1, txn.request_id
+    txn.flushes.run_one()
+    assert txn.outbox.replies[first].topics == (("t", ((0, 0),)),)
+    assert second not in txn.outbox.replies and offsets not in txn.outbox.replies  # the second record's fsync next
     txn.flushes.run()
-    assert txn.outbox.replies[txn.request_id - 1].topics == (("t", ((0, 0),)),)
+    assert txn.outbox.replies[second].topics == (("t", ((1, 0),)),) and txn.outbox.replies[offsets].error == E.none
+    metadata = txn.coordinator.transactions["app"]
+    assert metadata.partitions == {("t", 0), ("t", 1)} and metadata.groups == {"g"}
+    txn.flushes.eager = True
+    assert txn.end("app", producer, commit=True).error == E.none
+
+
+def test_a_request_held_behind_a_failed_state_write_is_answered(txn):
+    producer = producer_of(txn.init("app"))
+    txn.flushes.eager = False
+    assert txn.add("app", producer, [("t", 0)]) is None
+    assert txn.add("app", producer, [("t", 1)]) is None
+    txn.flushes.fail = True
+    txn.flushes.run()
+    assert txn.outbox.replies[txn.request_id - 1].topics == (("t", ((0, E.not_coordinator),)),)
+    assert txn.outbox.replies[txn.request_id].topics == (("t", ((1, E.not_coordinator),)),)
+    assert txn.coordinator.transactions["app"].state == TxnState.EMPTY
 
 
 def test_a_failed_state_write_changes_nothing(txn):

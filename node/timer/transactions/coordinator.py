@@ -15,7 +15,9 @@ The algorithm (KIP-98), per transactional.id (node.timer.transactions.metadata h
   so a read_committed consumer sees the outcome as soon as the producer's commit returns (a commit with offsets
   once they are durable too, so that OffsetFetch shows them then); the id's next
   requests (the next transaction's AddPartitionsToTxn) are held until the markers and offsets are durable,
-  rather than answered CONCURRENT_TRANSACTIONS, which clients retry only after a backoff.
+  rather than answered CONCURRENT_TRANSACTIONS, which clients retry only after a backoff. So are the requests
+  that come while one of the id's state records waits for its fsync (an AddPartitionsToTxn for the next
+  partition, an AddOffsetsToTxn): each runs once the record before it is durable, in arrival order.
 - A transaction open longer than its timeout (transaction.timeout.ms, at most transaction_max_timeout_ms) is
   aborted by the node with a bumped epoch (a timer in the wheel per open transaction): a killed client never
   holds readers back for longer than its timeout.
@@ -25,8 +27,8 @@ The algorithm (KIP-98), per transactional.id (node.timer.transactions.metadata h
 
 Error codes are Kafka's: COORDINATOR_LOAD_IN_PROGRESS while loading; INVALID_PRODUCER_ID_MAPPING for an unknown
 id or another producer id; PRODUCER_FENCED for another epoch (the worker turns it into INVALID_PRODUCER_EPOCH
-for the request versions before KIP-588); CONCURRENT_TRANSACTIONS while a state write or a completion is in
-flight; INVALID_TXN_STATE for an EndTxn that does not match the state; INVALID_TRANSACTION_TIMEOUT.
+for the request versions before KIP-588); CONCURRENT_TRANSACTIONS to an InitProducerId while it aborts the
+open transaction of the previous epoch; INVALID_TXN_STATE for an EndTxn that does not match the state; INVALID_TRANSACTION_TIMEOUT.
 
 Invariants:
 - Every request gets exactly one REPLY, unless the timer process dies first (then the worker answers it).
@@ -167,10 +169,15 @@ class TransactionCoordinator:
         return metadata, E.none
 
     def _after_completion(self, worker: int, message: Any, handler: Callable[[int, Any], None]) -> bool:
-        """Hold a request of an id whose completion is not durable yet, to run once it is (rather than answer
-        CONCURRENT_TRANSACTIONS, which clients retry only after a backoff); True if it was held."""
+        """Hold a request of an id whose completion or state write is not durable yet, to run once it is (rather
+        than answer CONCURRENT_TRANSACTIONS, which clients retry only after a backoff: a producer's
+        AddPartitionsToTxn for its next partition, or its AddOffsetsToTxn, often comes while the previous
+        record waits for its fsync); True if it was held."""
         transactional_id = message.transactional_id
-        if self.loading or transactional_id not in self.completing:
+        if self.loading:
+            return False
+        metadata = self.transactions.get(transactional_id)
+        if transactional_id not in self.completing and (metadata is None or not metadata.pending):
             return False
         self.queued.setdefault(transactional_id, []).append(lambda: handler(worker, message))
         return True
@@ -193,9 +200,11 @@ class TransactionCoordinator:
             current.pending = False
             if not flushed:
                 failed(E.not_coordinator if fault else E.coordinator_not_available)
-                return
-            self.transactions[changed.transactional_id] = changed
-            durable(changed)
+            else:
+                self.transactions[changed.transactional_id] = changed
+                durable(changed)
+            if changed.transactional_id not in self.completing:  # else they wait for the completion
+                self._run_held(changed.transactional_id)
 
         self.state_log.write(changed, self.clock(), done)
 
@@ -451,6 +460,7 @@ class TransactionCoordinator:
                     del self.transactions[transactional_id]
             else:
                 metadata.state = previous  # still there: expired again by the next look
+            self._run_held(transactional_id)
 
         self.state_log.delete(transactional_id, self.clock(), done)
 
