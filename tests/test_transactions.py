@@ -1,17 +1,21 @@
 """Transactions against a real node with real clients: read_committed and read_uncommitted consumers, fencing by
 a second producer of the same transactional.id, send_offsets_to_transaction, the node aborting a transaction
 its killed client left open past its timeout, outcomes that survive a kill -9 of the node, consume-transform-
-produce exactly once across kills of the client and of the node's timer or worker, and the transactional
-producers of kafka-python and aiokafka."""
+produce exactly once across kills of the client and of the node's timer or worker, the transactional
+producers of kafka-python and aiokafka, and KafkaJS' transactions (node, with kafkajs from the npm registry in
+`.frameworks/kafkajs` of the checkout, installed on first use)."""
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
@@ -371,3 +375,55 @@ def test_kafka_python_and_aiokafka_transactional_producers(node_factory):
     assert consume_all(node.bootstrap, "pure", "read_committed") == [b"kafka-python committed",
                                                                       b"aiokafka committed"]
     assert len(consume_all(node.bootstrap, "pure", "read_uncommitted")) == 4
+
+
+FRAMEWORKS = Path(__file__).resolve().parent / "frameworks"
+KAFKAJS = "kafkajs@^2.2.4"
+NPM_TIMEOUT_S = 300
+REGISTRY_UNREACHABLE = ("ENOTFOUND", "EAI_AGAIN", "ECONNREFUSED", "ETIMEDOUT", "ECONNRESET", "ENETUNREACH")
+
+
+def node_modules(name: str, package: str) -> Path:
+    """A node_modules directory with `package` installed from the npm registry (once; reused while the package
+    spec is the same). Skips the test when the registry cannot be reached."""
+    home = FRAMEWORKS.parent.parent / ".frameworks" / name
+    stamp = home / ".installed"
+    if not stamp.exists() or stamp.read_text() != package:
+        shutil.rmtree(home, ignore_errors=True)
+        home.mkdir(parents=True)
+        try:
+            done = subprocess.run(["npm", "install", "--no-audit", "--no-fund", "--no-save", "--prefix", str(home),
+                                   package], capture_output=True, text=True, timeout=NPM_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            pytest.skip(f"npm install {package}: the registry did not answer in {NPM_TIMEOUT_S}s")
+        if done.returncode != 0 and any(code in done.stderr for code in REGISTRY_UNREACHABLE):
+            pytest.skip(f"npm install {package}: the registry is unreachable:\n{done.stderr[-2000:]}")
+        assert done.returncode == 0, done.stderr[-3000:]
+        stamp.write_text(package)
+    return home / "node_modules"
+
+
+@pytest.mark.skipif(shutil.which("node") is None or shutil.which("npm") is None,
+                    reason="make test installs nodejs and npm; run through make")
+def test_kafkajs_transactions_commit_abort_and_send_offsets(node_factory):
+    modules = node_modules("kafkajs", KAFKAJS)
+    node = node_factory(workers=2, config=CONFIG)
+    create(node.bootstrap, "kafkajs")
+    create(node.bootstrap, "kafkajs-in")
+    plain = Producer({"bootstrap.servers": node.bootstrap, "linger.ms": 1})
+    for i in range(10):
+        plain.produce("kafkajs-in", value=b"%d" % i)
+    assert plain.flush(TIMEOUT_S) == 0
+    done = subprocess.run(["node", str(FRAMEWORKS / "kafkajs_transactions.js"), node.bootstrap, "kafkajs",
+                           "kafkajs-in", "kafkajs-group"], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "NODE_PATH": str(modules), "KAFKAJS_NO_PARTITIONER_WARNING": "1"})
+    assert done.returncode == 0, done.stderr[-5000:] + node.log(5000)
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    committed = ["committed-%d" % i for i in range(5)] + ["again-%d" % i for i in range(3)] + ["end"]
+    everything = committed[:5] + ["aborted-%d" % i for i in range(5)] + committed[5:]
+    assert seen["committed"] == committed
+    assert seen["uncommitted"] == everything  # the control records (markers) handed to no one
+    assert seen["offsets"] == [4, 6]  # the aborted transaction's offset 8 never committed
+    # confluent-kafka agrees on what KafkaJS committed.
+    assert consume_all(node.bootstrap, "kafkajs", "read_committed") == [v.encode() for v in committed]
+    assert consume_all(node.bootstrap, "kafkajs", "read_uncommitted") == [v.encode() for v in everything]
