@@ -189,7 +189,7 @@ def test_stats_counts_the_node_at_work(node_factory):
         consumer.close()
     partition = [p for p in doc["partitions"] if p["topic"] == "stats-topic"]
     assert partition == [{"topic": "stats-topic", "partition": 0, "log_start_offset": 0, "log_end_offset": 2000,
-                          "high_watermark": 2000, "unflushed_bytes": 0}]
+                          "high_watermark": 2000, "last_stable_offset": 2000, "unflushed_bytes": 0}]
     assert doc["apis"]["Produce"]["error_responses"] >= 1 and doc["apis"]["Metadata"]["error_responses"] >= 1
     by_level = doc["totals"]["wheel_entries_by_level"]
     assert len(by_level) == doc["totals"]["wheel_levels"] and sum(by_level) == doc["totals"]["wheel_entries"]
