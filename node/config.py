@@ -356,10 +356,14 @@ class StatsConfig:
     # Room for the groups' committed offsets in the segment (twice: double-buffered), about 40 bytes per
     # group and partition; groups beyond it are left out of the segment (the Kafka API still has them).
     committed_offsets_bytes: int = 1 << 20
+    # Room for the transactional ids' state (`shmbroker transactions`), about 200 bytes per id plus 30 per
+    # partition of its transaction; ids beyond it are left out, the idle ones first.
+    transactions_bytes: int = 1 << 20
 
     def __post_init__(self) -> None:
-        if self.publish_interval_ms <= 0 or self.committed_offsets_bytes < 64:
-            raise ValueError("publish_interval_ms must be positive and committed_offsets_bytes at least 64")
+        if self.publish_interval_ms <= 0 or min(self.committed_offsets_bytes, self.transactions_bytes) < 64:
+            raise ValueError("publish_interval_ms must be positive, committed_offsets_bytes and transactions_bytes "
+                             "at least 64")
 
 
 @dataclass(frozen=True)

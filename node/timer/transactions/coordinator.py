@@ -138,6 +138,16 @@ class TransactionCoordinator:
     def open_transactions(self) -> int:
         return sum(1 for metadata in self.transactions.values() if metadata.state in (ONGOING, *PREPARED))
 
+    def describe(self) -> dict[str, dict]:
+        """Every transactional id's state (what `shmbroker transactions` shows), the open transactions first, then
+        the most recently changed."""
+        ordered = sorted(self.transactions.values(),
+                         key=lambda m: (m.state not in (ONGOING, *PREPARED), -m.last_update_wall_ms))
+        return {m.transactional_id: {
+            "state": m.state.value, "producer_id": m.producer_id, "producer_epoch": m.producer_epoch,
+            "timeout_ms": m.timeout_ms, "start_ms": m.start_wall_ms, "last_update_ms": m.last_update_wall_ms,
+            "partitions": sorted(m.partitions), "groups": sorted(m.groups)} for m in ordered}
+
     # -- answers ------------------------------------------------------------------------------
 
     def _reply(self, waiter: Waiter, answer: tuple) -> None:
