@@ -383,7 +383,8 @@ def render_stats(document: dict) -> None:
     if document["open_transactions"]:
         open_table = Table(title="open transactions" + ("" if document["transactions_complete"] else
                                                         " (more transactional ids than the segment holds)"))
-        for column in ("transactional id", "state", "producer id", "epoch", "partitions", "open for (s)", "timeout (s)"):
+        for column in ("transactional id", "state", "producer id", "epoch", "partitions", "open for (s)",
+                       "timeout (s)"):
             open_table.add_column(column, justify="right")
         for t in document["open_transactions"]:
             open_table.add_row(t["transactional_id"], t["state"], str(t["producer_id"]), str(t["producer_epoch"]),

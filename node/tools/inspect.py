@@ -171,8 +171,8 @@ class NodeReader:
         now = time.time_ns() // 1_000_000
         out = []
         for transactional_id, entry in document.items():
-            entry = {"transactional_id": transactional_id, **entry,
-                     "partitions": [{"topic": topic, "partition": partition} for topic, partition in entry["partitions"]]}
+            partitions = [{"topic": topic, "partition": partition} for topic, partition in entry["partitions"]]
+            entry = {"transactional_id": transactional_id, **entry, "partitions": partitions}
             entry["duration_ms"] = max(0, now - entry["start_ms"]) if entry["start_ms"] >= 0 else None
             out.append(entry)
         return out, complete
