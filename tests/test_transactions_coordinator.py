@@ -424,3 +424,86 @@ def test_an_unreadable_state_record_is_skipped_and_the_rest_loads(txn):
     txn.restart()
     assert txn.coordinator.transactions["app"].producer_id == producer[0]
     assert "broken" not in txn.coordinator.transactions
+
+
+def completing(txn, transactional_id: str = "app"):
+    """A producer whose committed transaction's EndTxn is answered, its markers' fsync not yet done."""
+    producer = producer_of(txn.init(transactional_id))
+    txn.add(transactional_id, producer)
+    txn.produce(producer, 0)
+    txn.flushes.eager = False
+    assert txn.end(transactional_id, producer, commit=True) is None
+    txn.flushes.run_one()  # the decision: EndTxn answered, the markers appended and waiting for their fsync
+    assert txn.outbox.replies[txn.request_id].error == E.none
+    assert transactional_id in txn.coordinator.completing
+    return producer
+
+
+@pytest.fixture
+def bounded(tmp_path):
+    with SharedTable(rows=16) as table:
+        made = OnDisk(tmp_path, table, TransactionConfig(held_requests_per_id=2, held_request_max_ms=500))
+        yield made
+        made.store.close()
+
+
+def test_held_requests_beyond_the_per_id_bound_get_concurrent_transactions(bounded):
+    producer = completing(bounded)
+    assert bounded.add("app", producer) is None  # held
+    first = bounded.request_id
+    assert bounded.ask(M.Kind.ADD_OFFSETS_TO_TXN, *producer, "app", "g") is None  # held
+    second = bounded.request_id
+    assert bounded.add("app", producer, [("t", 1)]) == {("t", 1): E.concurrent_transactions}  # a third: refused
+    bounded.flushes.run()  # the completion is durable: the held requests run, in order
+    assert bounded.outbox.replies[first].topics == (("t", ((0, 0),)),)
+    assert bounded.outbox.replies[second].error == E.none
+    metadata = bounded.coordinator.transactions["app"]
+    assert metadata.state == TxnState.ONGOING and metadata.partitions == {("t", 0)} and metadata.groups == {"g"}
+    assert (bounded.coordinator.held.held, bounded.coordinator.held.refused) == (2, 1)
+
+
+def test_a_request_held_past_its_hold_time_gets_concurrent_transactions(bounded):
+    producer = completing(bounded)
+    assert bounded.add("app", producer) is None
+    early = bounded.request_id
+    bounded.clock.now += 300
+    assert bounded.end("app", producer, commit=True) is None  # a retried EndTxn, held 300 ms after the first
+    late = bounded.request_id
+    bounded.clock.now += 250  # the first has waited 550 ms, past its 500
+    bounded.coordinator.advance(bounded.clock.now)
+    assert bounded.outbox.replies[early].topics == (("t", ((0, int(E.concurrent_transactions)),)),)
+    assert late not in bounded.outbox.replies  # still within its hold time
+    bounded.flushes.run()  # the completion is durable: the one still held runs (and is answered once)
+    assert bounded.outbox.replies[late].error == E.none  # the retried EndTxn of the committed transaction
+    assert bounded.coordinator.transactions["app"].state == TxnState.COMPLETE_COMMIT
+    bounded.clock.now += 1000
+    bounded.coordinator.advance(bounded.clock.now)  # nothing is answered twice (the Outbox asserts it)
+    assert bounded.coordinator.held.next_expiration() is None and len(bounded.coordinator.held) == 0
+    bounded.flushes.eager = True
+    assert bounded.add("app", producer) == {("t", 0): 0}  # nothing completing: answered at once
+
+
+def test_without_holding_every_request_of_a_completing_id_gets_concurrent_transactions(tmp_path):
+    with SharedTable(rows=16) as table:
+        txn = OnDisk(tmp_path, table, TransactionConfig(held_requests_per_id=0))
+        try:
+            producer = completing(txn)
+            concurrent = int(E.concurrent_transactions)
+            assert txn.add("app", producer) == {("t", 0): concurrent}
+            assert txn.ask(M.Kind.ADD_OFFSETS_TO_TXN, *producer, "app", "g").error == concurrent
+            assert txn.end("app", producer, commit=True).error == concurrent
+            answer = txn.ask(M.Kind.TXN_OFFSET_COMMIT, *producer, "app", "g", [("t", [(0, 42, -1, None)])])
+            assert answer.topics == (("t", ((0, concurrent),)),)
+            assert tuple(txn.init("app")) == (concurrent, -1, -1)
+            txn.flushes.run()
+            txn.flushes.eager = True
+            assert txn.add("app", producer) == {("t", 0): 0}
+        finally:
+            txn.store.close()
+
+
+def test_the_held_request_bounds_are_validated():
+    with pytest.raises(ValueError):
+        TransactionConfig(held_requests_per_id=-1)
+    with pytest.raises(ValueError):
+        TransactionConfig(held_request_max_ms=0)
