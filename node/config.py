@@ -270,12 +270,20 @@ class TransactionConfig:
     transactional_id_expiration_ms: int = 7 * 24 * 3600 * 1000
     # transaction.remove.expired.transaction.cleanup.interval.ms: how often expired ids are looked for.
     remove_expired_interval_ms: int = 3600 * 1000
+    # A request of a transactional id whose previous transaction is still completing (its markers' fsync) waits for
+    # it, rather than being answered CONCURRENT_TRANSACTIONS (which clients retry after a backoff): at most this
+    # many requests per id (0: none, every such request is refused, as Kafka does) ...
+    held_requests_per_id: int = 4
+    # ... each for at most this long; beyond either bound the request is answered CONCURRENT_TRANSACTIONS.
+    held_request_max_ms: int = 1000
 
     def __post_init__(self) -> None:
         if min(self.transaction_max_timeout_ms, self.state_segment_bytes, self.state_load_bytes_per_turn,
                self.state_write_timeout_ms, self.marker_retry_ms, self.transactional_id_expiration_ms,
-               self.remove_expired_interval_ms, self.hanging_check_interval_ms) <= 0:
+               self.remove_expired_interval_ms, self.hanging_check_interval_ms, self.held_request_max_ms) <= 0:
             raise ValueError("the [transactions] settings must be positive")
+        if self.held_requests_per_id < 0:
+            raise ValueError("transactions.held_requests_per_id must be 0 or more")
 
 
 @dataclass(frozen=True)
@@ -348,10 +356,14 @@ class StatsConfig:
     # Room for the groups' committed offsets in the segment (twice: double-buffered), about 40 bytes per
     # group and partition; groups beyond it are left out of the segment (the Kafka API still has them).
     committed_offsets_bytes: int = 1 << 20
+    # Room for the transactional ids' state (`shmbroker transactions`), about 200 bytes per id plus 30 per
+    # partition of its transaction; ids beyond it are left out, the idle ones first.
+    transactions_bytes: int = 1 << 20
 
     def __post_init__(self) -> None:
-        if self.publish_interval_ms <= 0 or self.committed_offsets_bytes < 64:
-            raise ValueError("publish_interval_ms must be positive and committed_offsets_bytes at least 64")
+        if self.publish_interval_ms <= 0 or min(self.committed_offsets_bytes, self.transactions_bytes) < 64:
+            raise ValueError("publish_interval_ms must be positive, committed_offsets_bytes and transactions_bytes "
+                             "at least 64")
 
 
 @dataclass(frozen=True)

@@ -1,18 +1,25 @@
 """Transactions against a real node with real clients: read_committed and read_uncommitted consumers, fencing by
 a second producer of the same transactional.id, send_offsets_to_transaction, the node aborting a transaction
 its killed client left open past its timeout, outcomes that survive a kill -9 of the node, consume-transform-
-produce exactly once across kills of the client and of the node's timer or worker, and the transactional
-producers of kafka-python and aiokafka."""
+produce exactly once across kills of the client and of the node's timer, worker or supervisor (at any point, and
+with an EndTxn in the node: each role, a commit and an abort), the transactional producers of kafka-python and
+aiokafka, and KafkaJS' transactions (node, with kafkajs from the npm registry in `.frameworks/kafkajs` of the
+checkout, installed on first use)."""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
+import psutil
 import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
@@ -319,18 +326,157 @@ def test_consume_transform_produce_stays_exactly_once_across_kills_of_the_client
     exactly_once_with(node, lambda transformer: transformer.kill(), tmp_path / "transformers.log")
 
 
-@pytest.mark.parametrize("role", ["timer", "worker"])
+@pytest.mark.parametrize("role", ["timer", "worker", "supervisor"])
 def test_consume_transform_produce_stays_exactly_once_across_kills_of_node_processes(node_factory, role, tmp_path):
     node = node_factory(workers=2, config=CONFIG)
 
     def kill_a_node_process_then_the_client(transformer: Transformer) -> None:
-        victim = node.pids(role)[0]
-        os.kill(victim, signal.SIGKILL)
-        node.wait_for_pids(role, 1 if role == "timer" else 2, exclude={victim}, timeout=TIMEOUT_S)
+        if role == "supervisor":  # its children die with it; the node starts again on its data
+            children = node.children()
+            os.kill(node.proc.pid, signal.SIGKILL)
+            node.proc.wait(TIMEOUT_S)
+            assert psutil.wait_procs(children, timeout=TIMEOUT_S)[1] == []
+            node.start()
+        else:
+            victim = node.pids(role)[0]
+            os.kill(victim, signal.SIGKILL)
+            node.wait_for_pids(role, 1 if role == "timer" else 2, exclude={victim}, timeout=TIMEOUT_S)
         transformer.committed(transformer.progress + 1, timeout_s=10)  # it may go on, or fail: either is fine
         transformer.kill()
 
     exactly_once_with(node, kill_a_node_process_then_the_client, tmp_path / "transformers.log")
+
+
+END_TXN_API_KEY = 26
+MID_INPUTS = 100
+# Stats published often, so the test sees the EndTxn reach a worker at once; the stopped timer far from the hang
+# timeout (the supervisor would replace it).
+MID_CONFIG = CONFIG + "[stats]\npublish_interval_ms = 20\n[server]\nchild_hang_timeout_ms = 60000\n"
+
+
+def end_txn_requests(node) -> dict[int, int]:
+    """EndTxn requests each of the node's workers (by pid) has read (their stats rows)."""
+    from node.tools.inspect import NodeReader
+
+    reader = NodeReader.open(str(node.data_dir))
+    try:
+        return {row.pid: int(row.array("requests")[END_TXN_API_KEY]) for row in reader.rows() if row.role == "worker"}
+    finally:
+        reader.close()
+
+
+class MidEndTxn:
+    """A consume-transform-produce transaction (its output to two partitions, its input offsets sent with it) whose
+    EndTxn is in the node when one of the node's processes is killed: the timer stopped (SIGSTOP), the EndTxn
+    sent from a thread and read by a worker (its stats show it), so it waits in the stopped timer's ring; then
+    the victim is killed (SIGKILL) and the timer, if it still lives, continued (SIGCONT). A supervisor takes its
+    children with it (they die with it): the node is started again on its data."""
+
+    def __init__(self, node, transactional_id: str) -> None:
+        self.node = node
+        self.transactional_id = transactional_id
+        self.consumer = Consumer({"bootstrap.servers": node.bootstrap, "group.id": "mid", "enable.auto.commit": False})
+        self.producer = self.new_producer()
+
+    def new_producer(self) -> Producer:
+        # Reconnects soon after a node restart (librdkafka backs off up to 10 s by default).
+        return transactional(self.node.bootstrap, self.transactional_id, **{"reconnect.backoff.max.ms": 500})
+
+    def transform(self, producer: Producer, start: int, end: int) -> None:
+        """Begin a transaction with the outputs of inputs [start, end) and the input's offset `end`, written."""
+        producer.begin_transaction()
+        for i in range(start, end):
+            producer.produce("mid-out", value=b"out-%d" % i, partition=i % 2)
+        producer.send_offsets_to_transaction([TopicPartition("mid-in", 0, end)],
+                                             self.consumer.consumer_group_metadata(), TIMEOUT_S)
+        assert producer.flush(TIMEOUT_S) == 0
+
+    def end_with_a_kill(self, role: str, commit: bool) -> BaseException | None:
+        """End the open transaction with a kill of `role` while its EndTxn is in the node; the client's answer:
+        None if it succeeded, else its exception."""
+        node, outcome = self.node, {}
+
+        def end() -> None:
+            try:
+                (self.producer.commit_transaction if commit else self.producer.abort_transaction)(TIMEOUT_S)
+                outcome["error"] = None
+            except KafkaException as exc:
+                outcome["error"] = exc
+
+        timer = node.pids("timer")[0]
+        before = end_txn_requests(node)
+        children = node.children()
+        os.kill(timer, signal.SIGSTOP)
+        ender = threading.Thread(target=end, daemon=True)
+        try:
+            ender.start()
+            # The worker that read the EndTxn (it went on to the stopped timer's ring).
+            reader = waiting.wait_for(lambda: next((pid for pid, count in end_txn_requests(node).items()
+                                                    if count > before.get(pid, 0)), None),
+                                      timeout=TIMEOUT_S, poll_s=0.01, what="the EndTxn read by a worker")
+            if role == "supervisor":
+                os.kill(node.proc.pid, signal.SIGKILL)
+                node.proc.wait(TIMEOUT_S)
+                assert psutil.wait_procs(children, timeout=TIMEOUT_S)[1] == []  # every child died with it
+                node.start()
+            else:
+                victim = timer if role == "timer" else reader
+                os.kill(victim, signal.SIGKILL)
+                node.wait_for_pids(role, 1, exclude={victim}, timeout=TIMEOUT_S)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(timer, signal.SIGCONT)
+        ender.join(TIMEOUT_S + 10)
+        assert not ender.is_alive()
+        return outcome["error"]
+
+    def outcome(self) -> tuple[list[bytes], int]:
+        """What read_committed readers see of the output (sorted) and the group's committed input offset."""
+        output = consume_all(self.node.bootstrap, "mid-out", "read_committed", partitions=2)
+        return sorted(output), self.consumer.committed([TopicPartition("mid-in", 0)], TIMEOUT_S)[0].offset
+
+    def close(self) -> None:
+        self.consumer.close()
+
+
+def outputs(start: int, end: int) -> list[bytes]:
+    return sorted(b"out-%d" % i for i in range(start, end))
+
+
+@pytest.mark.parametrize("role", ["timer", "worker", "supervisor"])
+@pytest.mark.parametrize("commit", [True, False], ids=["commit", "abort"])
+def test_a_kill_of_a_node_process_in_the_middle_of_an_end_txn(node_factory, role, commit):
+    node = node_factory(workers=1, config=MID_CONFIG)
+    create(node.bootstrap, "mid-in")
+    create(node.bootstrap, "mid-out", 2)
+    mid = MidEndTxn(node, "mid-transformer")
+    try:
+        mid.transform(mid.producer, 0, 40)
+        mid.producer.commit_transaction(TIMEOUT_S)
+        mid.transform(mid.producer, 40, 70)
+        error = mid.end_with_a_kill(role, commit)
+        if error is not None and error.args[0].txn_requires_abort() and not error.args[0].fatal():
+            mid.producer.abort_transaction(TIMEOUT_S)  # as its application would (a fenced one ends: its successor
+            # below aborts what it left open)
+        # All or nothing, its offsets with its output; a commit the client was told of is there, an abort is.
+        committed = (outputs(0, 70), 70)
+        aborted = (outputs(0, 40), 40)
+        seen = mid.outcome() if error is None else waiting.poll(
+            lambda: (lambda o: o if o in (committed, aborted) else None)(mid.outcome()), TIMEOUT_S, 0.5)
+        if error is None:
+            assert seen == (committed if commit else aborted), (error, node.log(3000))
+        else:
+            assert seen in ((committed, aborted) if commit else (aborted,)), (error, seen, node.log(3000))
+        node.kill_all()
+        node.start()
+        assert mid.outcome() == seen
+        # A new producer of the same transactional.id goes on from the committed offset to the input's end.
+        successor = mid.new_producer()
+        mid.transform(successor, seen[1], MID_INPUTS)
+        successor.commit_transaction(TIMEOUT_S)
+        assert mid.outcome() == (outputs(0, MID_INPUTS), MID_INPUTS)
+    finally:
+        mid.close()
 
 
 def test_kafka_python_and_aiokafka_transactional_producers(node_factory):
@@ -371,3 +517,55 @@ def test_kafka_python_and_aiokafka_transactional_producers(node_factory):
     assert consume_all(node.bootstrap, "pure", "read_committed") == [b"kafka-python committed",
                                                                       b"aiokafka committed"]
     assert len(consume_all(node.bootstrap, "pure", "read_uncommitted")) == 4
+
+
+FRAMEWORKS = Path(__file__).resolve().parent / "frameworks"
+KAFKAJS = "kafkajs@^2.2.4"
+NPM_TIMEOUT_S = 300
+REGISTRY_UNREACHABLE = ("ENOTFOUND", "EAI_AGAIN", "ECONNREFUSED", "ETIMEDOUT", "ECONNRESET", "ENETUNREACH")
+
+
+def node_modules(name: str, package: str) -> Path:
+    """A node_modules directory with `package` installed from the npm registry (once; reused while the package
+    spec is the same). Skips the test when the registry cannot be reached."""
+    home = FRAMEWORKS.parent.parent / ".frameworks" / name
+    stamp = home / ".installed"
+    if not stamp.exists() or stamp.read_text() != package:
+        shutil.rmtree(home, ignore_errors=True)
+        home.mkdir(parents=True)
+        try:
+            done = subprocess.run(["npm", "install", "--no-audit", "--no-fund", "--no-save", "--prefix", str(home),
+                                   package], capture_output=True, text=True, timeout=NPM_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            pytest.skip(f"npm install {package}: the registry did not answer in {NPM_TIMEOUT_S}s")
+        if done.returncode != 0 and any(code in done.stderr for code in REGISTRY_UNREACHABLE):
+            pytest.skip(f"npm install {package}: the registry is unreachable:\n{done.stderr[-2000:]}")
+        assert done.returncode == 0, done.stderr[-3000:]
+        stamp.write_text(package)
+    return home / "node_modules"
+
+
+@pytest.mark.skipif(shutil.which("node") is None or shutil.which("npm") is None,
+                    reason="make test installs nodejs and npm; run through make")
+def test_kafkajs_transactions_commit_abort_and_send_offsets(node_factory):
+    modules = node_modules("kafkajs", KAFKAJS)
+    node = node_factory(workers=2, config=CONFIG)
+    create(node.bootstrap, "kafkajs")
+    create(node.bootstrap, "kafkajs-in")
+    plain = Producer({"bootstrap.servers": node.bootstrap, "linger.ms": 1})
+    for i in range(10):
+        plain.produce("kafkajs-in", value=b"%d" % i)
+    assert plain.flush(TIMEOUT_S) == 0
+    done = subprocess.run(["node", str(FRAMEWORKS / "kafkajs_transactions.js"), node.bootstrap, "kafkajs",
+                           "kafkajs-in", "kafkajs-group"], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "NODE_PATH": str(modules), "KAFKAJS_NO_PARTITIONER_WARNING": "1"})
+    assert done.returncode == 0, done.stderr[-5000:] + node.log(5000)
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    committed = ["committed-%d" % i for i in range(5)] + ["again-%d" % i for i in range(3)] + ["end"]
+    everything = committed[:5] + ["aborted-%d" % i for i in range(5)] + committed[5:]
+    assert seen["committed"] == committed
+    assert seen["uncommitted"] == everything  # the control records (markers) handed to no one
+    assert seen["offsets"] == [4, 6]  # the aborted transaction's offset 8 never committed
+    # confluent-kafka agrees on what KafkaJS committed.
+    assert consume_all(node.bootstrap, "kafkajs", "read_committed") == [v.encode() for v in committed]
+    assert consume_all(node.bootstrap, "kafkajs", "read_uncommitted") == [v.encode() for v in everything]

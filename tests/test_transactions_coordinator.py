@@ -200,6 +200,28 @@ def test_a_committed_transaction_writes_its_markers_before_end_txn_is_answered(t
     assert txn.end("app", producer, commit=False).error == E.invalid_txn_state
 
 
+def test_markers_prepare_catches_up_the_partitions_with_an_open_transaction(txn):
+    """The timer's producer state lags the workers' appends; prepare() brings each partition with an open
+    transaction up to its end ahead of the EndTxn (whose marker append would scan those batches), not the others."""
+    producer = producer_of(txn.init("app"))
+    txn.add("app", producer, [("t", 0)])
+    worker = PartitionStore(txn.data_dir, txn.table, LogConfig(), 16)  # a worker's own view of the logs
+    try:
+        for sequence in range(5):
+            worker.log(worker.row("t", 0)).append(build_batch(
+                [(b"k", b"v%d" % sequence)], 1000, producer_id=producer[0], producer_epoch=producer[1],
+                base_sequence=sequence, transactional=True))
+        worker.log(worker.row("t", 1)).append(build_batch([(b"k", b"plain")], 1000))
+    finally:
+        worker.close()
+    txn.coordinator.markers.prepare([txn.store.row("t", 0), txn.store.row("t", 1)])
+    assert txn.partition(0)._producer_state.end_offset == txn.partition(0).state().log_end_offset == 5
+    assert txn.partition(1)._producer_state is None  # no open transaction there: nothing to scan ahead
+    assert txn.end("app", producer, commit=True).error == E.none
+    assert txn.markers(0) == [(*producer, ControlType.COMMIT)]
+    assert txn.partition(0).state().last_stable_offset == 6
+
+
 def test_an_abort_lists_the_transaction_as_aborted(txn):
     producer = producer_of(txn.init("app"))
     txn.add("app", producer)
@@ -222,13 +244,35 @@ def test_a_new_epoch_fences_the_old_producer_and_aborts_its_transaction(txn):
     assert txn.add("app", (old[0] + 99, new[1])) == {("t", 0): E.invalid_producer_id_mapping}
 
 
-def test_requests_while_a_state_write_waits_for_its_fsync_get_concurrent_transactions(txn):
+def test_requests_while_a_state_write_waits_for_its_fsync_wait_for_it_in_order(txn):
+    """Not CONCURRENT_TRANSACTIONS (clients retry that only after a backoff): each waits for the record before it."""
     producer = producer_of(txn.init("app"))
     txn.flushes.eager = False
-    assert txn.add("app", producer) is None  # waits for the fsync
-    assert txn.add("app", producer) == {("t", 0): E.concurrent_transactions}
+    assert txn.add("app", producer, [("t", 0)]) is None  # waits for the fsync
+    assert txn.add("app", producer, [("t", 1)]) is None  # the next partition: waits for the first record
+    assert txn.ask(M.Kind.ADD_OFFSETS_TO_TXN, *producer, "app", "g") is None
+    first, second, offsets = txn.request_id - 2, txn.request_id - 1, txn.request_id
+    txn.flushes.run_one()
+    assert txn.outbox.replies[first].topics == (("t", ((0, 0),)),)
+    assert second not in txn.outbox.replies and offsets not in txn.outbox.replies  # the second record's fsync next
     txn.flushes.run()
-    assert txn.outbox.replies[txn.request_id - 1].topics == (("t", ((0, 0),)),)
+    assert txn.outbox.replies[second].topics == (("t", ((1, 0),)),) and txn.outbox.replies[offsets].error == E.none
+    metadata = txn.coordinator.transactions["app"]
+    assert metadata.partitions == {("t", 0), ("t", 1)} and metadata.groups == {"g"}
+    txn.flushes.eager = True
+    assert txn.end("app", producer, commit=True).error == E.none
+
+
+def test_a_request_held_behind_a_failed_state_write_is_answered(txn):
+    producer = producer_of(txn.init("app"))
+    txn.flushes.eager = False
+    assert txn.add("app", producer, [("t", 0)]) is None
+    assert txn.add("app", producer, [("t", 1)]) is None
+    txn.flushes.fail = True
+    txn.flushes.run()
+    assert txn.outbox.replies[txn.request_id - 1].topics == (("t", ((0, E.not_coordinator),)),)
+    assert txn.outbox.replies[txn.request_id].topics == (("t", ((1, E.not_coordinator),)),)
+    assert txn.coordinator.transactions["app"].state == TxnState.EMPTY
 
 
 def test_a_failed_state_write_changes_nothing(txn):
@@ -380,3 +424,86 @@ def test_an_unreadable_state_record_is_skipped_and_the_rest_loads(txn):
     txn.restart()
     assert txn.coordinator.transactions["app"].producer_id == producer[0]
     assert "broken" not in txn.coordinator.transactions
+
+
+def completing(txn, transactional_id: str = "app"):
+    """A producer whose committed transaction's EndTxn is answered, its markers' fsync not yet done."""
+    producer = producer_of(txn.init(transactional_id))
+    txn.add(transactional_id, producer)
+    txn.produce(producer, 0)
+    txn.flushes.eager = False
+    assert txn.end(transactional_id, producer, commit=True) is None
+    txn.flushes.run_one()  # the decision: EndTxn answered, the markers appended and waiting for their fsync
+    assert txn.outbox.replies[txn.request_id].error == E.none
+    assert transactional_id in txn.coordinator.completing
+    return producer
+
+
+@pytest.fixture
+def bounded(tmp_path):
+    with SharedTable(rows=16) as table:
+        made = OnDisk(tmp_path, table, TransactionConfig(held_requests_per_id=2, held_request_max_ms=500))
+        yield made
+        made.store.close()
+
+
+def test_held_requests_beyond_the_per_id_bound_get_concurrent_transactions(bounded):
+    producer = completing(bounded)
+    assert bounded.add("app", producer) is None  # held
+    first = bounded.request_id
+    assert bounded.ask(M.Kind.ADD_OFFSETS_TO_TXN, *producer, "app", "g") is None  # held
+    second = bounded.request_id
+    assert bounded.add("app", producer, [("t", 1)]) == {("t", 1): E.concurrent_transactions}  # a third: refused
+    bounded.flushes.run()  # the completion is durable: the held requests run, in order
+    assert bounded.outbox.replies[first].topics == (("t", ((0, 0),)),)
+    assert bounded.outbox.replies[second].error == E.none
+    metadata = bounded.coordinator.transactions["app"]
+    assert metadata.state == TxnState.ONGOING and metadata.partitions == {("t", 0)} and metadata.groups == {"g"}
+    assert (bounded.coordinator.held.held, bounded.coordinator.held.refused) == (2, 1)
+
+
+def test_a_request_held_past_its_hold_time_gets_concurrent_transactions(bounded):
+    producer = completing(bounded)
+    assert bounded.add("app", producer) is None
+    early = bounded.request_id
+    bounded.clock.now += 300
+    assert bounded.end("app", producer, commit=True) is None  # a retried EndTxn, held 300 ms after the first
+    late = bounded.request_id
+    bounded.clock.now += 250  # the first has waited 550 ms, past its 500
+    bounded.coordinator.advance(bounded.clock.now)
+    assert bounded.outbox.replies[early].topics == (("t", ((0, int(E.concurrent_transactions)),)),)
+    assert late not in bounded.outbox.replies  # still within its hold time
+    bounded.flushes.run()  # the completion is durable: the one still held runs (and is answered once)
+    assert bounded.outbox.replies[late].error == E.none  # the retried EndTxn of the committed transaction
+    assert bounded.coordinator.transactions["app"].state == TxnState.COMPLETE_COMMIT
+    bounded.clock.now += 1000
+    bounded.coordinator.advance(bounded.clock.now)  # nothing is answered twice (the Outbox asserts it)
+    assert bounded.coordinator.held.next_expiration() is None and len(bounded.coordinator.held) == 0
+    bounded.flushes.eager = True
+    assert bounded.add("app", producer) == {("t", 0): 0}  # nothing completing: answered at once
+
+
+def test_without_holding_every_request_of_a_completing_id_gets_concurrent_transactions(tmp_path):
+    with SharedTable(rows=16) as table:
+        txn = OnDisk(tmp_path, table, TransactionConfig(held_requests_per_id=0))
+        try:
+            producer = completing(txn)
+            concurrent = int(E.concurrent_transactions)
+            assert txn.add("app", producer) == {("t", 0): concurrent}
+            assert txn.ask(M.Kind.ADD_OFFSETS_TO_TXN, *producer, "app", "g").error == concurrent
+            assert txn.end("app", producer, commit=True).error == concurrent
+            answer = txn.ask(M.Kind.TXN_OFFSET_COMMIT, *producer, "app", "g", [("t", [(0, 42, -1, None)])])
+            assert answer.topics == (("t", ((0, concurrent),)),)
+            assert tuple(txn.init("app")) == (concurrent, -1, -1)
+            txn.flushes.run()
+            txn.flushes.eager = True
+            assert txn.add("app", producer) == {("t", 0): 0}
+        finally:
+            txn.store.close()
+
+
+def test_the_held_request_bounds_are_validated():
+    with pytest.raises(ValueError):
+        TransactionConfig(held_requests_per_id=-1)
+    with pytest.raises(ValueError):
+        TransactionConfig(held_request_max_ms=0)

@@ -519,6 +519,12 @@ class PartitionLog:
         producers = self._caught_up_producer_state(state)
         return producers.check(header.producer_id, header.producer_epoch, header.base_sequence, header.last_sequence)
 
+    def catch_up_producer_state(self) -> None:
+        """Bring this process's producer state up to the log end now, so that a later marker append scans only the
+        batches appended after this (the timer, ahead of the markers it will write)."""
+        with self.lock:
+            self._caught_up_producer_state(self._current_state())
+
     def _caught_up_producer_state(self, state: PartitionState, rebuild_txn_index: bool = False) -> ProducerStateTable:
         """This process's producer state, brought up to the row's log end (caller holds the lock). Recovery
         (`rebuild_txn_index`) also rewrites the aborted-transaction index entries of the batches it replays."""

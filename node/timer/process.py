@@ -104,8 +104,10 @@ class TimerProcess:
                                         load_bytes_per_turn=txn.state_load_bytes_per_turn,
                                         write_timeout_ms=txn.state_write_timeout_ms,
                                         catalog_changed=self.controller.catalog_changed)
+        self.markers = MarkerWriter(self.store, self.operations.wait_flushed, txn.state_write_timeout_ms)
+        self.flushed_rows: set[int] = set()  # flushed this turn: their markers are prepared after its answers
         self.transactions = TransactionCoordinator(
-            txn, self.outbox, state_log, MarkerWriter(self.store, self.operations.wait_flushed, txn.state_write_timeout_ms),
+            txn, self.outbox, state_log, self.markers,
             self.store, self.groups.commit_transaction_offsets, lambda: self.groups.loading, config.timer.wheel, now,
             groups.offset_metadata_max_bytes)
         self.quotas = QuotaManager(config.quotas, self.outbox, now)
@@ -196,6 +198,7 @@ class TimerProcess:
             report = self.flusher.reports.get_nowait()
             self.operations.flush_failed(report.round, report.failed)
             self.operations.flushed(report.flushed)
+            self.flushed_rows.update(report.flushed)
         self.flusher.run_finished()
 
     def _sleep_timeout_s(self, now: int) -> float:
@@ -265,6 +268,9 @@ class TimerProcess:
             self.chores.advance(now)
             self.quotas.end_turn(now)
             self.outbox.flush()
+            if self.flushed_rows:  # once the turn's answers are out: off their path, ahead of the EndTxns
+                self.markers.prepare(self.flushed_rows)
+                self.flushed_rows.clear()
         # Let pending acks=all produces see a last flush before going.
         self.flusher.stop(self.config.server.shutdown_grace_ms / 1000)
         self._on_flushed()

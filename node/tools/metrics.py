@@ -4,7 +4,10 @@ prometheus-client from a thread of the supervisor.
 Names follow Kafka's JMX metrics where Kafka has one (kafka_network_requests_total{request="Produce"} for
 kafka.network:type=RequestMetrics,name=RequestsPerSec; kafka_server_delayed_operations{purgatory="fetch"} for
 DelayedOperationPurgatory PurgatorySize; kafka_log_log_end_offset{topic,partition} for Log LogEndOffset); every
-other field of shm.stats is exported as shmbroker_<field> with the process as labels.
+other field of shm.stats is exported as shmbroker_<field> with the process as labels (transactions open,
+committed, aborted, timed out: shmbroker_transactions_*), the LSO lag per partition as
+kafka_cluster_partition_last_stable_offset_lag, the longest open transaction's age as
+shmbroker_transactions_oldest_open_ms.
 
 Invariants: each scrape reads one fresh snapshot (no caching between scrapes, nothing written to the node); the
 endpoint listens on loopback unless told otherwise; it is off by default.
@@ -16,7 +19,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import CollectorRegistry
 from prometheus_client import start_http_server
 
-from node.tools.inspect import NodeReader, api_name, error_name, locate, named_counts
+from node.tools.inspect import OPEN_STATES, NodeReader, api_name, error_name, locate, named_counts
 from shm import stats as S
 
 _PER_API = {"requests": ("kafka_network_requests", "Requests read, per API (RequestsPerSec)"),
@@ -133,6 +136,11 @@ class StatsCollector:
                 if p["lag"] is not None:
                     lag.add_metric(labels, p["lag"])
         yield from (committed, lag)
+        transactions, _ = self.reader.transactions()
+        durations = [t["duration_ms"] or 0 for t in transactions if t["state"] in OPEN_STATES]
+        yield GaugeMetricFamily("shmbroker_transactions_oldest_open_ms",
+                                "How long the longest open transaction has been open (0: none is)",
+                                value=max(durations, default=0))
 
 
 class MetricsEndpoint:

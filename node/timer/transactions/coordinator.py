@@ -15,7 +15,11 @@ The algorithm (KIP-98), per transactional.id (node.timer.transactions.metadata h
   so a read_committed consumer sees the outcome as soon as the producer's commit returns (a commit with offsets
   once they are durable too, so that OffsetFetch shows them then); the id's next
   requests (the next transaction's AddPartitionsToTxn) are held until the markers and offsets are durable,
-  rather than answered CONCURRENT_TRANSACTIONS, which clients retry only after a backoff.
+  rather than answered CONCURRENT_TRANSACTIONS, which clients retry only after a backoff. So are the requests
+  that come while one of the id's state records waits for its fsync (an AddPartitionsToTxn for the next
+  partition, an AddOffsetsToTxn): each runs once the record before it is durable, in arrival order
+  (held_requests_per_id of them per id, each for held_request_max_ms at most: beyond, CONCURRENT_TRANSACTIONS
+  as Kafka answers).
 - A transaction open longer than its timeout (transaction.timeout.ms, at most transaction_max_timeout_ms) is
   aborted by the node with a bumped epoch (a timer in the wheel per open transaction): a killed client never
   holds readers back for longer than its timeout.
@@ -25,8 +29,8 @@ The algorithm (KIP-98), per transactional.id (node.timer.transactions.metadata h
 
 Error codes are Kafka's: COORDINATOR_LOAD_IN_PROGRESS while loading; INVALID_PRODUCER_ID_MAPPING for an unknown
 id or another producer id; PRODUCER_FENCED for another epoch (the worker turns it into INVALID_PRODUCER_EPOCH
-for the request versions before KIP-588); CONCURRENT_TRANSACTIONS while a state write or a completion is in
-flight; INVALID_TXN_STATE for an EndTxn that does not match the state; INVALID_TRANSACTION_TIMEOUT.
+for the request versions before KIP-588); CONCURRENT_TRANSACTIONS to an InitProducerId while it aborts the
+open transaction of the previous epoch; INVALID_TXN_STATE for an EndTxn that does not match the state; INVALID_TRANSACTION_TIMEOUT.
 
 Invariants:
 - Every request gets exactly one REPLY, unless the timer process dies first (then the worker answers it).
@@ -50,6 +54,7 @@ from node.storage import producer_ids
 from node.storage.store import PartitionStore
 from node.timer.groups.sessions import Sessions
 from node.timer.outbox import Outbox
+from node.timer.transactions.held import HeldRequests
 from node.timer.transactions.markers import MarkerWriter
 from node.timer.transactions.metadata import (COMPLETE_ABORT, COMPLETE_COMMIT, COMPLETED, DEAD, EMPTY, ONGOING,
                                               PREPARE_ABORT, PREPARE_COMMIT, PREPARED, TransactionMetadata)
@@ -86,7 +91,7 @@ class TransactionCoordinator:
         self.timeouts = Sessions(wheel, now_ms, self._timed_out)  # open transactions' deadlines
         self.retries = Sessions(wheel, now_ms, self._retry_completion)  # completions to try again
         self.completing: set[str] = set()  # ids whose completion (markers, offsets) is not durable yet
-        self.queued: dict[str, list[Callable[[], None]]] = {}  # their requests, run again once it is
+        self.held = HeldRequests(config.held_requests_per_id, config.held_request_max_ms, wheel, now_ms, clock)
         self.end_waiters: dict[str, list[Waiter]] = {}  # EndTxns answered once their offsets are durable
         self.loading = True
         self.commits = self.aborts = self.timed_out = 0  # (the stats segment counts them)
@@ -117,9 +122,10 @@ class TransactionCoordinator:
     def advance(self, now_ms: int) -> None:
         self.timeouts.advance(now_ms)
         self.retries.advance(now_ms)
+        self.held.advance(now_ms)
 
     def next_expiration(self) -> int | None:
-        due = [d for timers in (self.timeouts, self.retries) if (d := timers.next_expiration()) is not None]
+        due = [d for timers in (self.timeouts, self.retries, self.held) if (d := timers.next_expiration()) is not None]
         if self.loading:
             due.append(self.clock())  # load on the next turn
         return min(due) if due else None
@@ -134,6 +140,16 @@ class TransactionCoordinator:
 
     def open_transactions(self) -> int:
         return sum(1 for metadata in self.transactions.values() if metadata.state in (ONGOING, *PREPARED))
+
+    def describe(self) -> dict[str, dict]:
+        """Every transactional id's state (what `shmbroker transactions` shows), the open transactions first, then
+        the most recently changed."""
+        ordered = sorted(self.transactions.values(),
+                         key=lambda m: (m.state not in (ONGOING, *PREPARED), -m.last_update_wall_ms))
+        return {m.transactional_id: {
+            "state": m.state.value, "producer_id": m.producer_id, "producer_epoch": m.producer_epoch,
+            "timeout_ms": m.timeout_ms, "start_ms": m.start_wall_ms, "last_update_ms": m.last_update_wall_ms,
+            "partitions": sorted(m.partitions), "groups": sorted(m.groups)} for m in ordered}
 
     # -- answers ------------------------------------------------------------------------------
 
@@ -167,17 +183,42 @@ class TransactionCoordinator:
         return metadata, E.none
 
     def _after_completion(self, worker: int, message: Any, handler: Callable[[int, Any], None]) -> bool:
-        """Hold a request of an id whose completion is not durable yet, to run once it is (rather than answer
-        CONCURRENT_TRANSACTIONS, which clients retry only after a backoff); True if it was held."""
+        """Hold a request of an id whose completion or state write is not durable yet, to run once it is (rather
+        than answer CONCURRENT_TRANSACTIONS, which clients retry only after a backoff: a producer's
+        AddPartitionsToTxn for its next partition, or its AddOffsetsToTxn, often comes while the previous
+        record waits for its fsync), within the bounds of `held`; beyond them it is answered
+        CONCURRENT_TRANSACTIONS. True if it was held or answered."""
         transactional_id = message.transactional_id
-        if self.loading or transactional_id not in self.completing:
+        if self.loading:
             return False
-        self.queued.setdefault(transactional_id, []).append(lambda: handler(worker, message))
+        metadata = self.transactions.get(transactional_id)
+        if transactional_id not in self.completing and (metadata is None or not metadata.pending):
+            return False
+        if not self.held.hold(transactional_id, lambda: handler(worker, message),
+                              lambda: self._refuse_concurrent(worker, message)):
+            self._refuse_concurrent(worker, message)
         return True
 
+    def _refuse_concurrent(self, worker: int, message: Any) -> None:
+        """CONCURRENT_TRANSACTIONS, in the shape of the request's answer."""
+        waiter = self._waiter(worker, message)
+        error = E.concurrent_transactions
+        if message.kind == M.Kind.INIT_PRODUCER_ID:
+            self._reply(waiter, InitAnswer(int(error), -1, -1))
+        elif message.kind == M.Kind.ADD_PARTITIONS_TO_TXN:
+            self._partition_errors(waiter, message.topics, lambda t, p: error)
+        elif message.kind == M.Kind.TXN_OFFSET_COMMIT:
+            topics = [(topic, [p[0] for p in partitions]) for topic, partitions in message.topics]
+            self._partition_errors(waiter, topics, lambda t, p: error)
+        else:  # AddOffsetsToTxn, EndTxn
+            self._error_only(waiter, error)
+
     def _run_held(self, transactional_id: str) -> None:
-        for held in self.queued.pop(transactional_id, []):
-            held()
+        def ready() -> bool:
+            metadata = self.transactions.get(transactional_id)
+            return transactional_id not in self.completing and not (metadata is not None and metadata.pending)
+
+        self.held.release(transactional_id, ready)
 
     # -- durable changes ------------------------------------------------------------------------
 
@@ -193,9 +234,11 @@ class TransactionCoordinator:
             current.pending = False
             if not flushed:
                 failed(E.not_coordinator if fault else E.coordinator_not_available)
-                return
-            self.transactions[changed.transactional_id] = changed
-            durable(changed)
+            else:
+                self.transactions[changed.transactional_id] = changed
+                durable(changed)
+            if changed.transactional_id in self.held:  # requests held while this write was in flight
+                self._run_held(changed.transactional_id)
 
         self.state_log.write(changed, self.clock(), done)
 
@@ -451,6 +494,7 @@ class TransactionCoordinator:
                     del self.transactions[transactional_id]
             else:
                 metadata.state = previous  # still there: expired again by the next look
+            self._run_held(transactional_id)
 
         self.state_log.delete(transactional_id, self.clock(), done)
 

@@ -5,6 +5,9 @@ Invariants:
 - Markers are written only for a transaction whose PrepareCommit/PrepareAbort record is fsync'd, so a crash
   at any point after the first marker finds the decision durable and writes them all again (a marker of a
   transaction already closed in a partition changes nothing there: node.storage.producer_state).
+- A marker append first brings the timer's producer state of its partition up to the log end (every batch the
+  workers appended since), which is most of its cost; `prepare` does that ahead, after each flush round, for the
+  partitions with an open transaction, so the EndTxn that follows scans only what came after.
 - `done(True)` only once every marker is fsync'd; a partition whose topic is gone is skipped (it has nothing
   left to close), and so is one that refuses the marker for good (logged); a storage fault or an fsync that does not come in time is `done(False)`: the caller tries the
   whole completion again later.
@@ -29,6 +32,18 @@ class MarkerWriter:
         self._wait_flushed = wait_flushed
         self.write_timeout_ms = write_timeout_ms
         self.written = 0  # markers appended (the stats count them)
+
+    def prepare(self, rows: Iterable[int]) -> None:
+        """Catch up the producer state of those of `rows` that hold an open transaction (see the invariants). A
+        partition that cannot be read now (a fault, a topic being deleted) is left to its marker append, which
+        reports what is wrong."""
+        table = self.store.table
+        for row in rows:
+            try:
+                if table.read(row).first_unstable_offset >= 0:
+                    self.store.log(row).catch_up_producer_state()
+            except (StorageError, OSError, KeyError):
+                continue
 
     def write(self, producer_id: int, producer_epoch: int, commit: bool, partitions: Iterable[tuple[str, int]],
               now_ms: int, done: Callable[[bool], None]) -> bool:

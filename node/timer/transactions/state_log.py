@@ -56,6 +56,7 @@ class TransactionStateLog:
         self.loading = True
         self.loaded: dict[str, TransactionMetadata] = {}  # the load's result, handed over once
         self.records = 0
+        self.changes = 0  # state writes that ended (durable or not): the coordinator's state may have changed
         self.settings = {"cleanup.policy": "compact", "segment.bytes": str(segment_bytes)}
         self.row = store.row(STATE_TOPIC, 0)  # None until the first transactional id needs the log
         if self.row is not None:
@@ -144,4 +145,8 @@ class TransactionStateLog:
                 log.error("cannot append to %s: %s", STATE_TOPIC, exc)
             done(False, exc.error_code == ErrorCode.KAFKA_STORAGE_ERROR)
             return
-        self._wait_flushed([self.row], [appended.last_offset + 1], now_ms + self.write_timeout_ms, done)
+        def ended(flushed: bool, fault: bool = False) -> None:
+            self.changes += 1
+            done(flushed, fault)
+
+        self._wait_flushed([self.row], [appended.last_offset + 1], now_ms + self.write_timeout_ms, ended)
