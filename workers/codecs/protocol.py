@@ -105,7 +105,9 @@ OFFSET_DELETE = 47
 #   transactions v2; InitProducerId 3-4: KIP-360's epoch bump of a given producer id; Fetch 13+, Metadata 10+,
 #   CreateTopics 7, DeleteTopics 6: topic ids (KIP-516); ListOffsets 7+: the max-timestamp and tiered offsets
 #   (KIP-734, KIP-1005); OffsetFetch 7+: require_stable (UNSTABLE_OFFSET_COMMIT while a transaction holds
-#   offsets); OffsetCommit 9+, JoinGroup 9: KIP-848; ListGroups 4+: state and type filters; FindCoordinator 5+:
+#   offsets); TxnOffsetCommit 3+: KIP-447's member checks (its generation, member and instance ids against the
+#   group: ILLEGAL_GENERATION, UNKNOWN_MEMBER_ID, FENCED_INSTANCE_ID), which the transaction coordinator cannot
+#   make (it does not see the group's members); OffsetCommit 9+, JoinGroup 9: KIP-848; ListGroups 4+: state and type filters; FindCoordinator 5+:
 #   KIP-890's error codes and share groups; DescribeGroups 6: KIP-1043's error fields.
 SUPPORTED_APIS: dict[int, tuple[int, int]] = {
     PRODUCE: (3, 11),
@@ -138,7 +140,7 @@ SUPPORTED_APIS: dict[int, tuple[int, int]] = {
     ADD_PARTITIONS_TO_TXN: (0, 3),
     ADD_OFFSETS_TO_TXN: (0, 3),
     END_TXN: (0, 3),
-    TXN_OFFSET_COMMIT: (0, 3),
+    TXN_OFFSET_COMMIT: (0, 2),
 }
 
 # Kafka's default socket.request.max.bytes.
