@@ -363,3 +363,4 @@ def test_bench_cleaner_measures_both_workloads(tmp_path):
     assert impact["workload"] == "impact" and impact["records_per_s_ratio"] > 0 and impact["e2e_p99_ratio"] > 0
     # Each step's latency consumer reads only its own step's records (not a second or more of a previous one's).
     assert 0 < impact["cleaning_e2e_p99_ms"] < 1000 and 0 < impact["idle_e2e_p99_ms"] < 1000, impact
+    assert 0 < impact["pooled_cleaning_e2e_p99_ms"] < 1000 and impact["pooled_e2e_p99_ratio"] > 0, impact
