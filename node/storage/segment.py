@@ -421,16 +421,14 @@ class Segment:
 
     # Lifetime --------------------------------------------------------------------------------------
 
-    def flush(self, indexes: bool = True, flushed_offset: int | None = None) -> None:
-        """fdatasync the log (its data and size: what recovery needs) and the aborted-transaction index, and msync
-        both index mappings unless `indexes` is False. Index pages are never needed for durability: recovery checks every entry it trusts
-        against the log and rebuilds what is missing, so the group commit leaves them to the page cache. Given
-        the partition's `flushed_offset`, the aborted-transaction index is synced only if it needs it
-        (TransactionIndex.needs_sync)."""
+    def flush(self, indexes: bool = True, txn_index: bool = True) -> None:
+        """fdatasync the log (its data and size: what recovery needs) and, with `txn_index`, the aborted-transaction
+        index, and msync both index mappings unless `indexes` is False. Index pages are never needed for
+        durability: recovery checks every entry it trusts against the log and rebuilds what is missing, so the
+        group commit leaves them to the page cache."""
         os.fdatasync(self.log_fd)
-        txn_index = self.txn_index()  # one failed open when the segment has no aborted transaction
-        if txn_index is not None and (flushed_offset is None or txn_index.needs_sync(flushed_offset)):
-            txn_index.flush()
+        if txn_index and (index := self.txn_index()) is not None:  # one failed open when the segment has none
+            index.flush()
         if indexes:
             for memory in self._maps:
                 memory.flush()

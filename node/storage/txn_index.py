@@ -21,8 +21,9 @@ Invariants:
   snapshot's offset (recovery replays only what follows its snapshot). So a flush or a snapshot fdatasyncs the
   file only when it holds an entry whose marker is at or past the flushed offset (entries are in marker order:
   the last one tells) or one this object wrote since its last sync (recovery's rebuild, whose markers count as
-  flushed): an unchanged index costs an fstat, not a sync. (The writer, the timer loop, and the flusher hold
-  different objects, so what changed is read from the file, not remembered.)
+  flushed): an unchanged index costs an fstat, not a sync, and nothing at all while no batch with a producer
+  id came since the flushed offset. (The writer, the timer loop, and the flusher hold different objects, so
+  what changed is read from the partition's row and the file, not remembered.)
 """
 
 from __future__ import annotations
@@ -104,11 +105,15 @@ class TransactionIndex:
             kept += 1
         return kept
 
-    def needs_sync(self, flushed_offset: int) -> bool:
+    def needs_sync(self, flushed_offset: int, producer_batches_end: int) -> bool:
         """Whether the file may hold an entry that is not durable yet, given that the entries of markers below
-        `flushed_offset` are (see the invariants)."""
+        the partition's `flushed_offset` are (see the invariants). A marker is a batch with a producer id: with
+        none since the flushed offset (`producer_batches_end`, the end of the newest, is not past it), there is
+        no new entry either, and the file is not looked at."""
         if self.written:
             return True
+        if producer_batches_end <= flushed_offset:
+            return False
         entries = self.entries()
         return bool(entries) and entries[-1].last_offset >= flushed_offset
 
