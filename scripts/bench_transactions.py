@@ -13,12 +13,16 @@ rounds, a ratio the median of the rounds' own ratios. All clients are confluent-
   every 100 ms" would really be one every second or so, transactions ten times the size the target names; 5,000
   records drain in about 20 ms at 200,000 records/s and cost the idempotent producer nothing measurable. A commit
   that ends after the next one was due restarts the schedule (counted: late_commits; commit_period_ms is the
-  measured span per commit). Reported: acknowledged (for the transactional one, committed) records/s of each and
-  transactional / idempotent (target >= 0.9); the commit latency, commit_transaction() timed after the flush()
-  so that it is the EndTxn round trip (the decision made durable, the markers written), p50/p99 over the commits
-  of every round (target p50 <= 2 ms, p99 <= 10 ms), beside the disk's own fdatasync p50 of the same run. Where
-  the time goes: the producing thread's share of each phase (produce, flush, commit, begin) and the node's CPU
-  per acknowledged record (timer and workers), medians per mode.
+  measured span per commit). Records are keyless unless --keys: librdkafka's sticky partitioner then fills one
+  partition at a time, and a transaction adds each partition when it first gets a record, with an
+  AddPartitionsToTxn the producer must see answered (a durable state record) before it sends there; keyed
+  records reach every partition at once, added by one request. Reported: acknowledged (for the transactional
+  one, committed) records/s of each and transactional / idempotent (target >= 0.9); the commit latency,
+  commit_transaction() timed after the flush() so that it is the EndTxn round trip (the decision made durable,
+  the markers written), p50/p99 over the commits of every round (target p50 <= 2 ms, p99 <= 10 ms), beside the
+  disk's own fdatasync p50 of the same run. Where the time goes: the producing thread's share of each phase
+  (produce, flush, commit, begin) and the node's CPU per acknowledged record (timer and workers), medians per
+  mode.
 - transform: consume-transform-produce of --records input records (one consumer and one producer in one thread,
   the consumer assigned every input partition from offset 0 in a new group): exactly-once (a read_committed
   consumer, a transaction per --txn-records records with send_offsets_to_transaction) against at-least-once (the
@@ -129,6 +133,8 @@ def produce_flat_out(bootstrap: str, topic: str, args: argparse.Namespace, trans
     value = bytes(i % 251 for i in range(args.record_size))
     produce, poll = producer.produce, producer.poll
     interval = args.commit_interval_ms / 1000
+    keys = [b"key-%d" % number for number in range(args.keys)]
+    sent = 0
     clock = time.perf_counter_ns
     phases = step.phases_s
 
@@ -178,7 +184,11 @@ def produce_flat_out(bootstrap: str, topic: str, args: argparse.Namespace, trans
             producing = clock()
             for _ in range(PRODUCE_CHUNK):
                 try:
-                    produce(topic, value)
+                    if keys:
+                        produce(topic, value, keys[sent % len(keys)])
+                    else:
+                        produce(topic, value)
+                    sent += 1
                 except BufferError:  # the local queue is full: serve delivery reports, then go on
                     poll(0.001)
             poll(0)
@@ -243,7 +253,7 @@ def produce_workload(args: argparse.Namespace, node: NodeProcess) -> dict:
         SCRIPT, "confluent", int(records), seconds, int(records) * args.record_size, commits_ns,
         workload="produce", summary=True, runs=args.runs, record_size=args.record_size,
         partitions=args.partitions, commit_interval_ms=args.commit_interval_ms, linger_ms=args.linger_ms,
-        batch_size=args.batch_bytes, queue_records=args.queue_records, workers=args.workers,
+        batch_size=args.batch_bytes, queue_records=args.queue_records, keys=args.keys, workers=args.workers,
         transactional_records_per_s=round(rounds.median("transactional", "records_per_s")),
         idempotent_records_per_s=round(rounds.median("idempotent", "records_per_s")),
         records_per_s_ratio=rounds.ratio("records_per_s"), records_per_s_ratios=rounds.ratios("records_per_s"),
@@ -572,6 +582,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--queue-records", type=int, default=QUEUE_RECORDS,
                         help="produce: both producers' local queue, queue.buffering.max.messages (default "
                              "%(default)s)")
+    parser.add_argument("--keys", type=int, default=0,
+                        help="produce: records keyed with this many keys, round robin (default 0: keyless, so "
+                             "librdkafka's sticky partitioner fills one partition at a time)")
     parser.add_argument("--record-size", type=int, default=100, help="bytes per value (default %(default)s)")
     parser.add_argument("--partitions", type=int, default=4, help="of each topic (default %(default)s)")
     parser.add_argument("--linger-ms", type=int, default=5, help="producers' linger.ms (default %(default)s)")
@@ -586,7 +599,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if min(args.runs, args.commit_interval_ms, args.records, args.txn_records, args.read_transactions,
            args.aborted_every, args.record_size, args.partitions, args.queue_records, args.batch_bytes,
-           args.workers) < 1 \
+           args.workers) < 1 or args.keys < 0 \
             or args.seconds <= 0 or args.timeout_s <= 0 or args.linger_ms < 0 or args.fetch_queue_backoff_ms < 0:
         parser.error("counts, sizes and durations must be positive")
     config = f"[stats]\npublish_interval_ms = {STATS_PUBLISH_MS}\n"
