@@ -42,13 +42,15 @@ JAVA_OK = { command -v java >/dev/null 2>&1 && java -XX:-UsePerfData -version 2>
 
 # System packages the tests use, from the distribution, only when missing: kcat; a Java runtime for Spark
 # (the JRE's post-install links its man page: slim images lack /usr/share/man/man1); tmux (the dashboard's
-# test runs it in a pseudo-terminal); systemd-analyze (the unit's test verifies it).
+# test runs it in a pseudo-terminal); systemd-analyze (the unit's test verifies it); Node.js and npm (the KafkaJS
+# test installs kafkajs from the npm registry and runs it with node).
 sysdeps:
 	@command -v kcat >/dev/null 2>&1 || { $(APT_INSTALL) kcat; }
 	@$(JAVA_OK) || { SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; $$SUDO mkdir -p /usr/share/man/man1; \
 		$(APT_INSTALL) openjdk-17-jre-headless; }
 	@command -v tmux >/dev/null 2>&1 || { $(APT_INSTALL) tmux; }
 	@command -v systemd-analyze >/dev/null 2>&1 || { $(APT_INSTALL) systemd; }
+	@{ command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1; } || { $(APT_INSTALL) nodejs npm; }
 
 # Redis for scripts/bench_report.py's side-by-side runs (redis-server and redis-benchmark).
 redis:

@@ -248,6 +248,45 @@ class GroupConfig:
 
 
 @dataclass(frozen=True)
+class TransactionConfig:
+    """The transaction coordinator (node.timer.transactions); names and defaults are Kafka's where Kafka has the
+    setting."""
+
+    transaction_max_timeout_ms: int = 900_000  # transaction.max.timeout.ms: the longest transaction.timeout.ms
+    # transaction.state.log.segment.bytes: the __transaction_state log's segments (compacted by the log cleaner).
+    state_segment_bytes: int = 100 << 20
+    # Loading __transaction_state at start: bytes read per timer loop turn, so the timer keeps serving meanwhile.
+    state_load_bytes_per_turn: int = 1 << 20
+    # How long a state write (and a completion's markers) may wait for its fsync before the request is refused
+    # (the client retries) or the completion is tried again.
+    state_write_timeout_ms: int = 5000
+    # A completion whose markers could not be written (a storage fault) is tried again after this long.
+    marker_retry_ms: int = 1000
+    # How often partitions are swept for hanging transactions: open there, but in no transaction of the coordinator
+    # (a client that wrote without AddPartitionsToTxn); one open for longer than transaction_max_timeout_ms plus
+    # this is aborted by the node, so nothing blocks read_committed readers for good.
+    hanging_check_interval_ms: int = 60_000
+    # transactional.id.expiration.ms: an id without a transaction for this long is forgotten (Dead, a tombstone).
+    transactional_id_expiration_ms: int = 7 * 24 * 3600 * 1000
+    # transaction.remove.expired.transaction.cleanup.interval.ms: how often expired ids are looked for.
+    remove_expired_interval_ms: int = 3600 * 1000
+    # A request of a transactional id whose previous transaction is still completing (its markers' fsync) waits for
+    # it, rather than being answered CONCURRENT_TRANSACTIONS (which clients retry after a backoff): at most this
+    # many requests per id (0: none, every such request is refused, as Kafka does) ...
+    held_requests_per_id: int = 4
+    # ... each for at most this long; beyond either bound the request is answered CONCURRENT_TRANSACTIONS.
+    held_request_max_ms: int = 1000
+
+    def __post_init__(self) -> None:
+        if min(self.transaction_max_timeout_ms, self.state_segment_bytes, self.state_load_bytes_per_turn,
+               self.state_write_timeout_ms, self.marker_retry_ms, self.transactional_id_expiration_ms,
+               self.remove_expired_interval_ms, self.hanging_check_interval_ms, self.held_request_max_ms) <= 0:
+            raise ValueError("the [transactions] settings must be positive")
+        if self.held_requests_per_id < 0:
+            raise ValueError("transactions.held_requests_per_id must be 0 or more")
+
+
+@dataclass(frozen=True)
 class QuotaLimits:
     """Byte-rate quotas of one client id (0: unlimited), Kafka's producer_byte_rate and consumer_byte_rate."""
 
@@ -317,10 +356,14 @@ class StatsConfig:
     # Room for the groups' committed offsets in the segment (twice: double-buffered), about 40 bytes per
     # group and partition; groups beyond it are left out of the segment (the Kafka API still has them).
     committed_offsets_bytes: int = 1 << 20
+    # Room for the transactional ids' state (`shmbroker transactions`), about 200 bytes per id plus 30 per
+    # partition of its transaction; ids beyond it are left out, the idle ones first.
+    transactions_bytes: int = 1 << 20
 
     def __post_init__(self) -> None:
-        if self.publish_interval_ms <= 0 or self.committed_offsets_bytes < 64:
-            raise ValueError("publish_interval_ms must be positive and committed_offsets_bytes at least 64")
+        if self.publish_interval_ms <= 0 or min(self.committed_offsets_bytes, self.transactions_bytes) < 64:
+            raise ValueError("publish_interval_ms must be positive, committed_offsets_bytes and transactions_bytes "
+                             "at least 64")
 
 
 @dataclass(frozen=True)
@@ -331,6 +374,7 @@ class NodeConfig:
     flush: FlushConfig = field(default_factory=FlushConfig)
     log: LogConfig = field(default_factory=LogConfig)
     groups: GroupConfig = field(default_factory=GroupConfig)
+    transactions: TransactionConfig = field(default_factory=TransactionConfig)
     quotas: QuotaConfig = field(default_factory=QuotaConfig)
     priority: PriorityConfig = field(default_factory=PriorityConfig)
     stats: StatsConfig = field(default_factory=StatsConfig)

@@ -88,7 +88,7 @@ class NodeResources:
             cleaners = config.cleaner_count()
             WorkerWatches.create(shm_instance.watches_name(instance_id), workers, config.topics.max_partitions).close()
             stats = StatsSegment.create(shm_instance.stats_name(instance_id), stats_rows(workers, cleaners),
-                                        config.stats.committed_offsets_bytes)
+                                        config.stats.committed_offsets_bytes, config.stats.transactions_bytes)
             for i in range(workers + cleaners):
                 instance.create_ring(shm_instance.request_ring_name(instance_id, i), config.rings)
                 instance.create_ring(shm_instance.completion_ring_name(instance_id, i), config.rings)

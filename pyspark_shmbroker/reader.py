@@ -120,11 +120,6 @@ def read_range(options: SourceOptions, offsets: OffsetRange) -> Iterator[pa.Reco
                 time.sleep(settings.retry_backoff_ms / 1000)
                 conn.send(fetch(offset))
                 continue
-            if part.aborted_transactions:
-                # Only a broker with transactions (not shmbroker) lists them, and only for read_committed.
-                raise BrokerError(ErrorCode.unknown_server_error, f"Fetch of {tp} at offset {offset}",
-                                  "the broker lists aborted transactions, whose records this connector does not "
-                                  "filter out; read with kafka.isolation.level=read_uncommitted")
             following = _next_offset(part.records)
             if following is None:
                 # Nothing at `offset`. Past the log end the records the range promised are gone;
@@ -142,7 +137,8 @@ def read_range(options: SourceOptions, offsets: OffsetRange) -> Iterator[pa.Reco
                 conn.send(fetch(following))  # the node serves it while this answer is decoded
             decoded = decode_record_set(part.records, tp.topic, tp.partition, keep_from=offset, keep_until=end,
                                         include_headers=options.include_headers, check_crc=settings.check_crcs,
-                                        buffer=part.buffer, records_at=part.records_at)
+                                        buffer=part.buffer, records_at=part.records_at,
+                                        aborted_transactions=part.aborted_transactions)
             if decoded.batch is not None:
                 yield decoded.batch
             offset = following

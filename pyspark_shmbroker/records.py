@@ -5,7 +5,9 @@ compressed as a whole when the attributes say so.
 
 Algorithm (``decode_record_set``):
 1. Walk the batch headers in Python (one ``struct`` unpack each): check magic and CRC-32C, skip control
-   batches, stop at a trailing partial batch, decompress compressed record areas (node.storage.compression).
+   batches and the batches of aborted transactions (read_committed: the fetch answer lists them; Kafka's
+   consumer algorithm: a producer id is aborting from its listed first offset to its ABORT marker), stop at a
+   trailing partial batch, decompress compressed record areas (node.storage.compression).
    All record areas are joined into one arena (or, uncompressed, read in place from the receive buffer).
 2. Every record's fields at once, as arrays over the arena (node.storage.record_arrays, which the node's log
    cleaner reads keys with too).
@@ -39,7 +41,7 @@ from node.storage.record_arrays import (ARENA_PADDING, MIN_RECORD_BYTES, Corrupt
                                         unaligned)
 
 from node.storage.records import (BATCH_HEADER, BATCH_HEADER_SIZE, COMPRESSION_MASK, CONTROL_BIT, CRC_START,
-                                  TIMESTAMP_TYPE_BIT, TRANSACTIONAL_BIT)
+                                  TIMESTAMP_TYPE_BIT, TRANSACTIONAL_BIT, ControlType, control_type)
 from node.storage.records import LENGTH_FIELDS_SIZE as LOG_OVERHEAD  # baseOffset and batchLength
 
 NO_COMPRESSION, GZIP, SNAPPY, LZ4, ZSTD = 0, 1, 2, 3, 4
@@ -125,8 +127,10 @@ def _constant_string(text: str, n: int) -> pa.Array:
 
 def decode_record_set(records: bytes | memoryview, topic: str, partition: int, *, keep_from: int = 0,
                       keep_until: int | None = None, include_headers: bool = False, check_crc: bool = True,
-                      buffer: Any = None, records_at: int = 0) -> DecodedRecords:
-    """Decode the whole batches of one partition's fetched record set into one Arrow RecordBatch.
+                      buffer: Any = None, records_at: int = 0,
+                      aborted_transactions: Sequence[tuple[int, int]] = ()) -> DecodedRecords:
+    """Decode the whole batches of one partition's fetched record set into one Arrow RecordBatch, without the
+    transactional batches of the aborted transactions listed as (producer id, first offset).
 
     `buffer`, when given, is the buffer `records` is a view of, starting at `records_at`, with at least
     16 spare bytes after it (wire.FRAME_SLACK): uncompressed records are then decoded in place, with no
@@ -139,9 +143,11 @@ def decode_record_set(records: bytes | memoryview, topic: str, partition: int, *
     base_offsets, first_timestamps, max_timestamps, log_append, counts = [], [], [], [], []
     next_offset = None
     batches = 0
+    pending_aborts = sorted(aborted_transactions, key=lambda entry: entry[1])
+    aborting: set[int] = set()  # producer ids inside an aborted transaction at this point of the record set
     while end - pos >= BATCH_HEADER_SIZE:
         (base_offset, batch_length, _epoch, magic, crc, attributes, last_delta, first_ts, max_ts,
-         _pid, _pepoch, _seq, count) = BATCH_HEADER.unpack_from(view, pos)
+         producer_id, _pepoch, _seq, count) = BATCH_HEADER.unpack_from(view, pos)
         size = LOG_OVERHEAD + batch_length
         if batch_length < BATCH_HEADER_SIZE - LOG_OVERHEAD:
             raise CorruptRecords(f"batch at offset {base_offset} has length {batch_length}")
@@ -154,7 +160,13 @@ def decode_record_set(records: bytes | memoryview, topic: str, partition: int, *
         batches += 1
         next_offset = base_offset + last_delta + 1
         pos += size
-        if attributes & CONTROL_BIT or count <= 0:
+        while pending_aborts and pending_aborts[0][1] < next_offset:
+            aborting.add(pending_aborts.pop(0)[0])
+        if attributes & CONTROL_BIT:
+            if producer_id in aborting and control_type(view[pos - size:pos]) == ControlType.ABORT:
+                aborting.discard(producer_id)
+            continue
+        if count <= 0 or attributes & TRANSACTIONAL_BIT and producer_id in aborting:
             continue
         if keep_until is not None and base_offset >= keep_until or next_offset <= keep_from:
             continue

@@ -344,7 +344,8 @@ class FetchedPartition(NamedTuple):
     records: memoryview  # the record set (empty when null); a view of the receive buffer
     records_at: int  # where it starts in that buffer
     buffer: Any  # the receive buffer, with FRAME_SLACK spare bytes after the frame
-    aborted_transactions: int  # how many the answer lists (read_committed only; never from shmbroker)
+    # (producer id, first offset) of each aborted transaction the answer lists (read_committed only)
+    aborted_transactions: tuple[tuple[int, int], ...]
 
 
 class FetchAnswer(NamedTuple):
@@ -391,9 +392,8 @@ def parse_fetch_response(frame: memoryview, position: int, version: int = API_VE
         position += 2 + name_length
         for _ in range(max(count(), 0)):
             partition = {**_ABSENT, **take("partition")}
-            aborted = max(count(), 0)
-            for _ in range(aborted):
-                take("aborted_transaction")
+            aborted = tuple((entry["producer_id"], entry["first_offset"])
+                            for entry in (take("aborted_transaction") for _ in range(max(count(), 0))))
             take("partition_tail")
             size = count()
             if position + max(size, 0) > end:

@@ -60,7 +60,7 @@ from typing import Any, Iterable
 
 import msgpack
 
-LAYOUT_VERSION = 5  # 5: typed group, quota and reply records in place of their documents
+LAYOUT_VERSION = 6  # 6: a delayed fetch's items say where read_committed ones became stable
 MAX_ITEMS = 0xFFFF
 HEADER = struct.Struct("<BBHI")
 FIRST_TIMER_KIND = 64  # kinds >= this travel timer -> worker
@@ -72,7 +72,8 @@ class MessageError(ValueError):
 
 class Kind(IntEnum):
     # worker -> timer
-    DELAY_FETCH = 1  # a long-poll fetch: answer when min_bytes are appended past start_bytes, or at the deadline
+    DELAY_FETCH = 1  # a long-poll fetch: answer when min_bytes are appended past start_bytes (and, for a
+    # read_committed one, its row's LSO moved past stable_from), or at the deadline (shm.fetch_condition)
     DELAY_PRODUCE = 2  # an acks=all produce: answer when every row is fsync'd to required_offset, or at the deadline
     CANCEL = 4  # complete these delayed requests without an answer: their client is gone, or the worker answered
     # Topic administration (node.timer.controller), each answered by a REPLY. Those with a deadline (monotonic ms,
@@ -95,6 +96,12 @@ class Kind(IntEnum):
     DESCRIBE_GROUPS = 23
     DELETE_GROUPS = 24
     DELETE_OFFSETS = 25
+    # The transaction coordinator's requests (node.timer.transactions), answered by a REPLY as the group kinds are.
+    INIT_PRODUCER_ID = 26  # with a transactional.id (one without is answered by the worker)
+    ADD_PARTITIONS_TO_TXN = 27
+    ADD_OFFSETS_TO_TXN = 28
+    END_TXN = 29
+    TXN_OFFSET_COMMIT = 30
     # Client quotas (node.timer.quotas)
     QUOTA_USAGE = 32  # what each client id produced and fetched since the worker's last report
     THROTTLE = 33  # hold a throttled client until deadline_ms
@@ -285,7 +292,7 @@ ClientRate = record("ClientRate", [("client", STR), ("produce_rate", "q"), ("fet
 CountedReport = record("CountedReport", [("worker", "I"), ("report", "Q")])
 
 DelayFetch = declare(Kind.DELAY_FETCH, body=[("request_id", "Q"), ("deadline_ms", "q"), ("min_bytes", "i")],
-                     items=[("row", "I"), ("start_bytes", "q")]).tuple_class
+                     items=[("row", "I"), ("start_bytes", "q"), ("stable_from", "q")]).tuple_class
 DelayProduce = declare(Kind.DELAY_PRODUCE, body=[("request_id", "Q"), ("deadline_ms", "q")],
                        items=[("row", "I"), ("required_offset", "q")]).tuple_class
 Cancel = declare(Kind.CANCEL, items=[("request_id", "Q")]).tuple_class
@@ -330,6 +337,24 @@ DeleteOffsets = declare(Kind.DELETE_OFFSETS, body=ASKED, fields=[("group", STR),
                         reply=[("error", "h"), ("topics", Array(TopicPartitionErrors))]).tuple_class
 GROUP_KINDS = (Kind.JOIN_GROUP, Kind.SYNC_GROUP, Kind.HEARTBEAT, Kind.LEAVE_GROUP, Kind.COMMIT_OFFSETS,
                Kind.FETCH_OFFSETS, Kind.LIST_GROUPS, Kind.DESCRIBE_GROUPS, Kind.DELETE_GROUPS, Kind.DELETE_OFFSETS)
+
+# The transaction coordinator's: every request names its transactional.id and the producer id and epoch it holds.
+TXN_ASKED = ASKED + [("producer_id", "q"), ("producer_epoch", "h")]
+InitProducerId = declare(Kind.INIT_PRODUCER_ID, body=ASKED + [("transaction_timeout_ms", "i")],
+                         fields=[("transactional_id", STR)],
+                         reply=[("error", "h"), ("producer_id", "q"), ("producer_epoch", "h")]).tuple_class
+AddPartitionsToTxn = declare(Kind.ADD_PARTITIONS_TO_TXN, body=TXN_ASKED,
+                             fields=[("transactional_id", STR), ("topics", Array(TopicPartitions))],
+                             reply=[("topics", Array(TopicPartitionErrors))]).tuple_class
+AddOffsetsToTxn = declare(Kind.ADD_OFFSETS_TO_TXN, body=TXN_ASKED, fields=[("transactional_id", STR), ("group", STR)],
+                          reply=[("error", "h")]).tuple_class
+EndTxn = declare(Kind.END_TXN, body=TXN_ASKED + [("committed", "?")], fields=[("transactional_id", STR)],
+                 reply=[("error", "h")]).tuple_class
+TxnOffsetCommit = declare(Kind.TXN_OFFSET_COMMIT, body=TXN_ASKED,
+                          fields=[("transactional_id", STR), ("group", STR), ("topics", Array(TopicCommits))],
+                          reply=[("topics", Array(TopicPartitionErrors))]).tuple_class
+TRANSACTION_KINDS = (Kind.INIT_PRODUCER_ID, Kind.ADD_PARTITIONS_TO_TXN, Kind.ADD_OFFSETS_TO_TXN, Kind.END_TXN,
+                     Kind.TXN_OFFSET_COMMIT)
 
 QuotaUsage = declare(Kind.QUOTA_USAGE, body=[("report", "Q")], fields=[("clients", Array(ClientUsage))]).tuple_class
 Throttle = declare(Kind.THROTTLE, body=[("request_id", "Q"), ("deadline_ms", "q"), ("throttle_ms", "I"),

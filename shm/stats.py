@@ -7,7 +7,7 @@ increment on the hot path is one list store, no shared-memory traffic), and *pub
 row every `stats.publish_interval_ms` from its loop. Readers (`shmbroker stats`, the dashboard, the Prometheus
 endpoint) map the segment read-only and never send a request to the node.
 
-After the 64-byte header (shm.segment: magic, version, rows, row bytes, committed offsets slot bytes), the rows.
+After the 64-byte header (shm.segment: magic, version, rows, row bytes, the two documents' slot bytes), the rows.
 Row layout (little-endian int64 words):
 
     word 0        version   incremented once per publish; its low bit names the slot holding the current counters
@@ -18,17 +18,21 @@ Row layout (little-endian int64 words):
     words 5-7     padding   keeps the version on its own cache line
     slot 0, slot 1          SLOT_WORDS counters each (FIELDS)
 
-After the rows, the *committed offsets* area (written by the timer process, which holds the group coordinator):
-the groups' committed offsets per partition as one orjson document {group: [[topic, partition, offset], ...]},
-so readers compute lag (high watermark - committed) with no request to the node:
+After the rows, two *document areas*, each written by the timer process alone, so that readers need no request
+to the node:
+- committed offsets (the group coordinator's): {group: [[topic, partition, offset], ...]}, for lag (high
+  watermark - committed);
+- transactions (the transaction coordinator's): {transactional_id: {state, producer_id, producer_epoch,
+  timeout_ms, start_ms, last_update_ms, partitions, groups}}, open transactions first.
+Each area (DocumentArea) holds one orjson document:
 
     word 0        version   as a row's: its low bit names the slot holding the current document
     words 1-2     lengths   the document's bytes in slot 0 and slot 1
     words 3-7     padding
-    slot 0, slot 1          committed_bytes each (a larger document is cut at a whole group, `truncated` set)
+    slot 0, slot 1          the area's slot bytes each (a larger document is cut at a whole key, marked so)
 
 Invariants (the double-buffered seqlock of shm/table.py, for the same reason: an owner killed mid-publish must not
-leave readers spinning; the committed offsets area follows the same protocol with the timer as its one writer):
+leave readers spinning; the document areas follow the same protocol with the timer as their one writer):
 - A row has one writer, its owner; the supervisor zeroes a row only before it starts the row's owner.
 - Publishing writes the counters into slot (version + 1) & 1, then stores version + 1 (one aligned 8-byte store).
   A reader loads version v, copies slot v & 1, loads version again, and keeps the copy iff it is still v.
@@ -49,8 +53,8 @@ import orjson
 
 from shm.segment import HEADER_BYTES, Layout, Segment
 
-COMMITTED_HEAD_BYTES = 64
-CUT_MARK = b'"":[]'  # first key of a committed offsets document that was cut to fit
+DOCUMENT_HEAD_BYTES = 64
+CUT_MARK = b'"":[]'  # first key of a document that was cut to fit
 ROW_HEAD_WORDS = 8
 ROLES = ("supervisor", "timer", "worker", "cleaner")
 SUPERVISOR_ROW = 0
@@ -93,6 +97,7 @@ FIELDS: tuple[Field, ...] = (
           help="error codes in responses (top-level and per partition, each occurrence), per Kafka error code"),
     Field("bytes_in", MAX_APIS, help="request bytes read, per API key"),
     Field("bytes_out", MAX_APIS, help="response bytes queued (sendfile ranges included), per API key"),
+    Field("bytes_sendfile", help="response bytes sent by sendfile straight from segment files (zero copy)"),
     Field("connections", counter=False, help="open client connections"),
     Field("connections_accepted", help="client connections accepted"),
     Field("connections_closed_on_error", help="connections closed for bad input or a bug"),
@@ -137,6 +142,15 @@ FIELDS: tuple[Field, ...] = (
     Field("groups", counter=False, help="consumer groups known to the coordinator"),
     Field("group_members", counter=False, help="members of all groups"),
     Field("rebalances", help="completed join phases"),
+    Field("transactions_open", counter=False, help="transactions open or completing (the transaction coordinator)"),
+    Field("transactions_committed", help="transactions committed"),
+    Field("transactions_aborted", help="transactions aborted (by their producer, a new epoch or a timeout)"),
+    Field("transactions_timed_out", help="transactions the node aborted past their transaction.timeout.ms"),
+    Field("transaction_markers", help="COMMIT and ABORT markers written to partitions"),
+    Field("transaction_requests_held",
+          help="requests of a transactional id held while its previous transaction completed"),
+    Field("transaction_requests_refused",
+          help="requests of a completing transactional id answered CONCURRENT_TRANSACTIONS (past the hold bounds)"),
     # log cleaners
     Field("cleanings", help="partition cleanings finished (a swap or nothing to do)"),
     Field("cleaner_errors", help="partition cleanings that failed (the log stays as it was)"),
@@ -164,15 +178,77 @@ ROW_WORDS = ROW_HEAD_WORDS + 2 * SLOT_WORDS
 ROW_BYTES = ROW_WORDS * 8
 FIELD_BY_NAME = {f.name: f for f in FIELDS}
 VERSION = struct.Struct("<q")
-# The header's sizes: rows, a row's bytes, a committed offsets slot's bytes; rows come first, then that area.
-LAYOUT = Layout("a stats segment", magic=0x5354_4154_5342_4D54, version=1,  # "SMBSTATT"
-                sizes=("rows", "row_bytes", "committed_bytes"), fixed={"row_bytes": ROW_BYTES},
-                bytes_for=lambda rows, row_bytes, committed_bytes:
-                    HEADER_BYTES + rows * row_bytes + COMMITTED_HEAD_BYTES + 2 * committed_bytes)
+# The header's sizes: rows, a row's bytes, the document areas' slot bytes; rows come first, then the areas.
+LAYOUT = Layout("a stats segment", magic=0x5354_4154_5342_4D54, version=3,  # "SMBSTATT"
+                sizes=("rows", "row_bytes", "committed_bytes", "transactions_bytes"), fixed={"row_bytes": ROW_BYTES},
+                bytes_for=lambda rows, row_bytes, committed_bytes, transactions_bytes:
+                    HEADER_BYTES + rows * row_bytes + 2 * DOCUMENT_HEAD_BYTES + 2 * committed_bytes
+                    + 2 * transactions_bytes)
 
 
 class TornReadError(RuntimeError):
     """A row kept changing under a reader for MAX_READ_ATTEMPTS copies."""
+
+
+class DocumentArea:
+    """One document area of the segment: a JSON object {key: value}, double-buffered, one writer (the timer)."""
+
+    def __init__(self, memory, at: int, slot_bytes: int, writable: bool, what: str) -> None:
+        self._memory = memory
+        self._slots_at = at + DOCUMENT_HEAD_BYTES
+        self.slot_bytes = slot_bytes
+        self.what = what
+        self._head = np.ndarray(3, dtype="<i8", buffer=memory, offset=at)
+        if not writable:
+            self._head.flags.writeable = False
+
+    @staticmethod
+    def bytes_for(slot_bytes: int) -> int:
+        return DOCUMENT_HEAD_BYTES + 2 * slot_bytes
+
+    def publish(self, document: dict) -> bool:
+        """Make `document` the current one. Keys that do not fit the slot are left out, in the order given;
+        returns False if any was."""
+        parts = [orjson.dumps(key) + b":" + orjson.dumps(value) for key, value in document.items()]
+        room = self.slot_bytes - len(CUT_MARK) - 3  # braces, and the comma after the mark
+        kept, used = 0, 0
+        for part in parts:
+            if used + len(part) + (1 if kept else 0) > room:
+                break
+            used += len(part) + (1 if kept else 0)
+            kept += 1
+        complete = kept == len(parts)
+        # Cut at a whole key (a reader never sees half a value); the "" key tells readers it was cut.
+        data = b"{" + b",".join(parts if complete else [CUT_MARK, *parts[:kept]]) + b"}"
+        head = self._head
+        version = int(head[0]) + 1
+        slot = version & 1
+        start = self._slots_at + slot * self.slot_bytes
+        self._memory[start:start + len(data)] = data
+        head[1 + slot] = len(data)
+        head[0] = version
+        return complete
+
+    def read(self) -> tuple[dict, bool]:
+        """A consistent copy: (document, complete); ({}, True) before the first publish."""
+        head = self._head
+        for _ in range(MAX_READ_ATTEMPTS):
+            version = int(head[0])
+            if version == 0:
+                return {}, True
+            slot = version & 1
+            length = min(int(head[1 + slot]), self.slot_bytes)
+            start = self._slots_at + slot * self.slot_bytes
+            data = bytes(self._memory[start:start + length])
+            if int(head[0]) == version:
+                document = orjson.loads(data)
+                complete = "" not in document
+                document.pop("", None)
+                return document, complete
+        raise TornReadError(f"the {self.what} changed during {MAX_READ_ATTEMPTS} reads")
+
+    def close(self) -> None:
+        self._head = None
 
 
 def stats_rows(workers: int, cleaners: int = 0) -> int:
@@ -214,60 +290,36 @@ class StatsSegment:
     def __init__(self, segment: Segment, writable: bool) -> None:
         self.name = segment.name
         self.rows = rows = segment.sizes["rows"]
-        self.committed_bytes = segment.sizes["committed_bytes"]
         self._segment = segment
-        self._memory = memory = segment.memory
+        memory = segment.memory
         self._words = np.ndarray((rows, ROW_WORDS), dtype="<i8", buffer=memory, offset=HEADER_BYTES)
-        self._committed_at = HEADER_BYTES + rows * ROW_BYTES
-        self._committed_head = np.ndarray(3, dtype="<i8", buffer=memory, offset=self._committed_at)
         if not writable:
             self._words.flags.writeable = False
-            self._committed_head.flags.writeable = False
+        at = HEADER_BYTES + rows * ROW_BYTES
+        self.committed = DocumentArea(memory, at, segment.sizes["committed_bytes"], writable,
+                                      f"committed offsets of {self.name}")
+        at += DocumentArea.bytes_for(self.committed.slot_bytes)
+        self.transactions = DocumentArea(memory, at, segment.sizes["transactions_bytes"], writable,
+                                         f"transactions of {self.name}")
+
+    @property
+    def committed_bytes(self) -> int:
+        return self.committed.slot_bytes
 
     @classmethod
-    def create(cls, name: str, rows: int, committed_bytes: int = 1 << 20) -> "StatsSegment":
-        return cls(Segment.create(name, LAYOUT, rows=rows, committed_bytes=committed_bytes), True)
+    def create(cls, name: str, rows: int, committed_bytes: int = 1 << 20,
+               transactions_bytes: int = 1 << 20) -> "StatsSegment":
+        return cls(Segment.create(name, LAYOUT, rows=rows, committed_bytes=committed_bytes,
+                                  transactions_bytes=transactions_bytes), True)
 
     def publish_committed(self, committed: dict[str, list[tuple[str, int, int]]]) -> bool:
         """The timer process (the area's one writer): make `committed` the current document. Groups that do not
         fit the slot are left out, in the order given; returns False if any was."""
-        parts = [orjson.dumps(group) + b":" + orjson.dumps(entries) for group, entries in committed.items()]
-        room = self.committed_bytes - len(CUT_MARK) - 3  # braces, and the comma after the mark
-        kept, used = 0, 0
-        for part in parts:
-            if used + len(part) + (1 if kept else 0) > room:
-                break
-            used += len(part) + (1 if kept else 0)
-            kept += 1
-        complete = kept == len(parts)
-        # Cut at a whole group (a reader never sees half a group); the "" key tells readers it was cut.
-        document = b"{" + b",".join(parts if complete else [CUT_MARK, *parts[:kept]]) + b"}"
-        head = self._committed_head
-        version = int(head[0]) + 1
-        slot = version & 1
-        start = self._committed_at + COMMITTED_HEAD_BYTES + slot * self.committed_bytes
-        self._memory[start:start + len(document)] = document
-        head[1 + slot] = len(document)
-        head[0] = version
-        return complete
+        return self.committed.publish(committed)
 
     def read_committed(self) -> tuple[dict[str, list[list]], bool]:
         """A consistent copy of the committed offsets: ({group: [[topic, partition, offset], ...]}, complete)."""
-        head = self._committed_head
-        for _ in range(MAX_READ_ATTEMPTS):
-            version = int(head[0])
-            if version == 0:
-                return {}, True
-            slot = version & 1
-            length = min(int(head[1 + slot]), self.committed_bytes)
-            start = self._committed_at + COMMITTED_HEAD_BYTES + slot * self.committed_bytes
-            data = bytes(self._memory[start:start + length])
-            if int(head[0]) == version:
-                document = orjson.loads(data)
-                complete = "" not in document
-                document.pop("", None)
-                return document, complete
-        raise TornReadError(f"the committed offsets of {self.name} changed during {MAX_READ_ATTEMPTS} reads")
+        return self.committed.read()
 
     @classmethod
     def attach(cls, name: str, writable: bool = True) -> "StatsSegment":
@@ -303,7 +355,8 @@ class StatsSegment:
 
     def close(self) -> None:
         self._words = None
-        self._committed_head = None
+        self.committed.close()
+        self.transactions.close()
         self._segment.close()
 
     def unlink(self) -> None:

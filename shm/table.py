@@ -3,13 +3,14 @@
 Every process maps the table and reads rows without locks; the writers of a row are serialised by the
 partition's cross-process fcntl lock (see node/log.py), so a row has one writer at a time.
 
-Row layout (little-endian int64 words, 384 bytes, cache-line aligned):
+Row layout (little-endian int64 words, 448 bytes, cache-line aligned):
 
     word 0       version   incremented once per publish; its low bit names the slot holding the current state
     words 1-7    padding   keeps the version on its own cache line
-    words 8-24   slot 0    PartitionState fields
-    words 25-41  slot 1    PartitionState fields
-    words 42-47  cleaning  the log cleaner's figures of a compacted partition (CleaningStats), outside the
+    words 8-25   slot 0    PartitionState fields
+    words 26-43  slot 1    PartitionState fields
+    words 44-49  padding
+    words 50-55  cleaning  the log cleaner's figures of a compacted partition (CleaningStats), outside the
                            seqlock: each word has one writer (the cleaner its run's, the timer the dirtiness),
                            stored whole; the last words of the row's cache line, so no other writer shares it
 
@@ -36,9 +37,10 @@ from shm.segment import HEADER_BYTES, Layout, Segment
 
 WORD = 8
 VERSION_WORDS = 8  # version + padding to a cache line
-SLOT_WORDS = 17
+SLOT_WORDS = 18
 CACHE_LINE_WORDS = 8
-TAIL_WORDS = -(VERSION_WORDS + 2 * SLOT_WORDS) % CACHE_LINE_WORDS
+CLEANING_WORDS = 6
+TAIL_WORDS = -(VERSION_WORDS + 2 * SLOT_WORDS + CLEANING_WORDS) % CACHE_LINE_WORDS + CLEANING_WORDS
 ROW_WORDS = VERSION_WORDS + 2 * SLOT_WORDS + TAIL_WORDS
 ROW_BYTES = ROW_WORDS * WORD
 VERSION = struct.Struct("<q")
@@ -67,6 +69,14 @@ class PartitionState(NamedTuple):
     storage_error_logged_ms: int = 0  # monotonic ms of the last log line about them (one per interval, node-wide)
     flush_failed: int = 0  # 1 after an fsync failed: the unflushed bytes are re-written before the next fsync
     producer_batches_end: int = 0  # offset after the newest batch with a producer id: catch-up scans end there
+    first_unstable_offset: int = -1  # first offset of the oldest open transaction, -1 when none (see below)
+
+    @property
+    def last_stable_offset(self) -> int:
+        """The LSO: read_committed readers see the offsets below it (Kafka's; the high watermark when no
+        transaction is open)."""
+        first = self.first_unstable_offset
+        return self.high_watermark if first < 0 or first > self.high_watermark else first
 
 
 assert len(PartitionState._fields) == SLOT_WORDS
@@ -90,11 +100,11 @@ class CleaningStats(NamedTuple):
     lag_ms: int = 0  # age of the oldest uncleaned record of the dirty section (Kafka's max compaction delay)
 
 
-CLEANING_WORD = VERSION_WORDS + 2 * SLOT_WORDS
-assert len(CleaningStats._fields) == TAIL_WORDS
+CLEANING_WORD = ROW_WORDS - CLEANING_WORDS  # the row's last words (see the row layout)
+assert len(CleaningStats._fields) == CLEANING_WORDS
 
 
-LAYOUT = Layout("a partition table", magic=0x53484D4250415254, version=1,  # "SHMBPART"
+LAYOUT = Layout("a partition table", magic=0x53484D4250415254, version=2,  # "SHMBPART"
                 sizes=("rows", "row_bytes"), fixed={"row_bytes": ROW_BYTES},
                 bytes_for=lambda rows, row_bytes: HEADER_BYTES + rows * row_bytes)
 
@@ -181,7 +191,7 @@ class PartitionTable:
 
     def cleaning(self, row: int) -> CleaningStats:
         base = self._row_offset(row) + CLEANING_WORD * WORD
-        return CleaningStats._make(struct.unpack_from("<" + "q" * TAIL_WORDS, self._memory, base))
+        return CleaningStats._make(struct.unpack_from("<" + "q" * CLEANING_WORDS, self._memory, base))
 
     def set_cleaning(self, row: int, **fields: int) -> None:
         """Store some of a row's cleaning words (each has one writer: see the row layout)."""

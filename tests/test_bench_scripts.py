@@ -364,3 +364,33 @@ def test_bench_cleaner_measures_both_workloads(tmp_path):
     # Each step's latency consumer reads only its own step's records (not a second or more of a previous one's).
     assert 0 < impact["cleaning_e2e_p99_ms"] < 1000 and 0 < impact["idle_e2e_p99_ms"] < 1000, impact
     assert 0 < impact["pooled_cleaning_e2e_p99_ms"] < 1000 and impact["pooled_e2e_p99_ratio"] > 0, impact
+
+
+@pytest.mark.node
+def test_bench_transactions_measures_every_workload_against_its_baseline(tmp_path):
+    rows = run_script(tmp_path, "bench_transactions", "--runs", "1", "--seconds", "1", "--records", "3000",
+                      "--txn-records", "200", "--read-transactions", "20", "--partitions", "2")
+    assert [row["workload"] for row in rows] == ["produce", "transform", "read"]
+    produce, transform, read = rows
+    check_rows([produce, transform], "bench_transactions")
+    check_rows([read], "bench_transactions", latency=False)
+    assert produce["commits"] >= 2 and 0 < produce["commit_p50_ms"] <= produce["commit_p99_ms"], produce
+    assert produce["transactional_records_per_s"] > 0 and produce["idempotent_records_per_s"] > 0, produce
+    assert produce["records_per_s_ratio"] > 0 and produce["records_per_s_ratios"] == [produce["records_per_s_ratio"]]
+    # Commits on the schedule (a bounded local queue drains within the interval), and where the time went.
+    assert produce["queue_records"] == 5000 and produce["commit_period_ms"] >= produce["commit_interval_ms"] / 2, produce
+    shares = [produce[f"transactional_{phase}_share"] for phase in ("produce", "flush", "commit", "begin")]
+    assert shares[0] > 0 and shares[1] > 0 and sum(shares) <= 1.01, produce
+    assert produce["transactional_node_us_per_record"] > 0 and produce["idempotent_node_us_per_record"] > 0, produce
+    # Every input record went through each pipeline once, committed.
+    assert transform["complete"] and transform["records_per_step"] >= 3000, transform
+    assert transform["exactly_once_records_per_s"] > 0 and transform["at_least_once_records_per_s"] > 0, transform
+    assert 0 < transform["exactly_once_commit_p50_ms"] and 0 < transform["at_least_once_commit_p50_ms"], transform
+    # One transaction in ten aborted: read_committed gets the other nine tenths, read_uncommitted all of it.
+    assert read["complete"] and read["read_committed_delivered"] == [18 * 200], read
+    assert read["read_uncommitted_delivered"] == [20 * 200] and read["log_records"] > 20 * 200, read
+    assert read["records_per_s_ratio"] > 0, read
+    # Zero copy in both modes: the records left by sendfile, about once each (a refetch may send some twice).
+    for mode in ("read_committed", "read_uncommitted"):
+        assert 0.95 <= read[f"{mode}_sendfile_per_log_byte"] <= 2, read
+        assert 0.5 < read[f"{mode}_sendfile_share"] <= 1, read

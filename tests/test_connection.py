@@ -91,6 +91,7 @@ def test_output_counts_bytes_and_sendfile_ranges_and_drains(pair, tmp_path):
         conn.collect_ready()
         assert conn.flush(now=5.0)
         assert (conn.queued_bytes, conn.queued_memory) == (0, 0) and conn.last_active == 5.0
+        assert conn.sendfile_bytes == 10_000  # the range's bytes, not the ones sent from memory
         client.settimeout(5)
         got = b""
         while len(got) < 10_008:

@@ -17,7 +17,8 @@ from kafka.partitioner.default import murmur2 as kafka_murmur2
 from kafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
 
 from node.storage.record_arrays import Runs
-from node.storage.records import NO_PARTITION_LEADER_EPOCH, build_batch, set_producer
+from node.storage.records import (NO_PARTITION_LEADER_EPOCH, ControlType, build_batch, build_control_batch,
+                                  set_producer)
 from pyspark_shmbroker import producer as P
 from pyspark_shmbroker import records as R
 from pyspark_shmbroker.wire import TopicPartition
@@ -111,6 +112,26 @@ def test_log_append_time_windows_control_and_partial_batches():
     assert result.next_offset == 21 and result.batches == 3
     assert R.decode_record_set(tail[:50], "t", 0) == R.DecodedRecords(None, None, 0)
     assert R.decode_record_set(data, "t", 0, keep_from=21).batch is None
+
+
+def test_read_committed_skips_the_batches_of_aborted_transactions():
+    """Kafka's consumer algorithm: a listed producer id is aborting from its first offset up to its ABORT marker;
+    its committed transactions, other producers' batches and plain batches stay."""
+    def txn(base_offset, producer_id, value):
+        return build_batch([(b"k", value)], 1000, base_offset=base_offset, producer_id=producer_id,
+                           producer_epoch=0, base_sequence=base_offset, transactional=True)
+
+    data = b"".join([
+        txn(0, 7, b"aborted-1"), txn(1, 8, b"committed-8"), build_batch([(b"k", b"plain")], 1000, base_offset=2),
+        build_control_batch(7, 0, ControlType.ABORT, 0, 1000, base_offset=3),
+        build_control_batch(8, 0, ControlType.COMMIT, 0, 1000, base_offset=4),
+        txn(5, 7, b"committed-7"), build_control_batch(7, 0, ControlType.COMMIT, 0, 1000, base_offset=6),
+        txn(7, 7, b"aborted-2"), build_control_batch(7, 0, ControlType.ABORT, 0, 1000, base_offset=8),
+    ])
+    values = R.decode_record_set(data, "t", 0, aborted_transactions=[(7, 7), (7, 0)]).batch.column("value")
+    assert values.to_pylist() == [b"committed-8", b"plain", b"committed-7"]
+    everything = R.decode_record_set(data, "t", 0).batch.column("value").to_pylist()
+    assert everything == [b"aborted-1", b"committed-8", b"plain", b"committed-7", b"aborted-2"]
 
 
 def xerial(raw: bytes, block: int = 100) -> bytes:
@@ -264,6 +285,7 @@ def test_fetch_response_walk_matches_kio():
                                           want.last_stable_offset, want.log_start_offset)
         assert bytes(got.records) == (want.records or b"")
         assert bytes(frame[got.records_at : got.records_at + len(got.records)]) == bytes(got.records)
-        assert got.aborted_transactions == len(want.aborted_transactions or ())
+        assert got.aborted_transactions == tuple((a.producer_id, a.first_offset)
+                                                 for a in (want.aborted_transactions or ()))
     with pytest.raises(ValueError):
         wire.parse_fetch_response(view[:-3], 4)

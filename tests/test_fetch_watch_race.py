@@ -99,7 +99,7 @@ def test_an_append_between_the_read_and_the_watch_counts_as_new(worker_side, mon
     delayed.end_turn()
     watch, cancel = _sent(requests)
     assert watch.kind == M.Kind.DELAY_FETCH
-    assert watch.items == [(row, seen_at_read[0])], "the watch starts where the read ended, before the racing append"
+    assert watch.items == [(row, seen_at_read[0], -1)], "the watch starts where the read ended, before the racing append"
     assert len(answers) == 1, "the new wait's own check finds the raced append: answered in this turn"
     assert (cancel.kind, cancel.items) == (M.Kind.CANCEL, [(watch.request_id,)])
     fetch = DelayedFetch(0, watch.request_id, FetchCondition(watch.items, watch.min_bytes), store.table,
@@ -285,3 +285,39 @@ def test_a_long_poll_no_longer_than_the_handoff_goes_to_the_timer_at_once(worker
     delayed.end_turn()
     (watch,) = _sent(requests)
     assert watch.kind == M.Kind.DELAY_FETCH and delayed.handed_off == 1
+
+
+def test_a_read_committed_fetch_stops_at_the_lso_and_lists_the_aborted_transactions(worker_side):
+    from node.storage.records import ControlType, build_batch
+    from pyspark_shmbroker import wire
+
+    store, handlers, delayed, requests, conn = worker_side
+    plog = store.log(store.row("t", 0))
+
+    def transactional(producer_id: int, sequence: int) -> bytes:
+        return build_batch([(b"k", b"v")], 1000, producer_id=producer_id, producer_epoch=0, base_sequence=sequence,
+                           transactional=True)
+
+    plog.append(transactional(7, 0))  # 0: aborted below
+    plog.append_marker(7, 0, ControlType.ABORT, 0)  # 1
+    plog.append(transactional(8, 0))  # 2: still open
+    plog.append(R.build_record_batch([b"after"]))  # 3
+
+    def fetch(isolation_level: int):
+        header = P.RequestHeader(P.FETCH, 11, 1, "test", 0)
+        request = P.decode_request(P.FETCH, 11, R.fetch_body({"t": {0: 0}}, max_wait_ms=0,
+                                                             isolation_level=isolation_level))
+        outcome = handlers.fetch(Request(conn, header, conn.new_slot()), request)
+        frame = b"".join(piece if isinstance(piece, (bytes, bytearray)) else
+                         os.pread(piece.file if isinstance(piece.file, int) else piece.file.fileno(), piece.length,
+                                  piece.position) for piece in outcome.pieces)
+        (partition,) = wire.parse_fetch_response(memoryview(frame), 8, 11).partitions
+        return partition
+
+    committed = fetch(1)
+    assert (committed.high_watermark, committed.last_stable_offset) == (4, 2)
+    assert committed.aborted_transactions == ((7, 0),)
+    assert [h.base_offset for _, h in R.records.iter_batches(committed.records)] == [0, 1]  # below the LSO
+    uncommitted = fetch(0)
+    assert uncommitted.aborted_transactions == ()
+    assert [h.base_offset for _, h in R.records.iter_batches(uncommitted.records)] == [0, 1, 2, 3]

@@ -15,7 +15,7 @@ i32 = st.integers(-(2**31), 2**31 - 1)
 
 
 @settings(max_examples=200, deadline=None, database=None)
-@given(request_id=u64, deadline=i64, min_bytes=i32, items=st.lists(st.tuples(u32, i64), max_size=20))
+@given(request_id=u64, deadline=i64, min_bytes=i32, items=st.lists(st.tuples(u32, i64, i64), max_size=20))
 def test_delay_fetch_round_trip(request_id, deadline, min_bytes, items):
     frame = M.encode(Kind.DELAY_FETCH, request_id, deadline, min_bytes, items=items)
     message = M.decode(memoryview(frame))
@@ -63,6 +63,11 @@ TYPED = [
     (Kind.DESCRIBE_GROUPS, (7, 4, ["a", "b", ""])),
     (Kind.DELETE_GROUPS, (7, 1, [])),
     (Kind.DELETE_OFFSETS, (7, 0, "g", [M.TopicPartitions("t", [5])])),
+    (Kind.INIT_PRODUCER_ID, (7, 1, 60000, "txn-1")),
+    (Kind.ADD_PARTITIONS_TO_TXN, (7, 2, 1000, 3, "txn-1", [M.TopicPartitions("t", [0, 1])])),
+    (Kind.ADD_OFFSETS_TO_TXN, (7, 2, 1000, 3, "txn-1", "g")),
+    (Kind.END_TXN, (7, 2, 1000, 3, True, "txn-1")),
+    (Kind.TXN_OFFSET_COMMIT, (7, 2, 1000, 3, "txn-1", "g", [M.TopicCommits("t", [M.CommittedPartition(0, 42, -1, None)])])),
     (Kind.QUOTA_USAGE, (7, [M.ClientUsage("reporting-job", 1048576, 0), M.ClientUsage("", 0, 12)])),
     (Kind.THROTTLE, (9, 123, 450, 1, "reporting-job")),
     (Kind.QUOTA_STATE, ([M.ClientRate("reporting-job", 2000000, 0, 10000, 10000)], [M.CountedReport(0, 7)])),
@@ -104,6 +109,11 @@ ANSWERS = [
                                               [M.DescribedMember("m", None, "c", "/127.0.0.1", b"md", b"as")])],)),
     (Kind.DELETE_GROUPS, ([M.GroupError("g", 69)],)),
     (Kind.DELETE_OFFSETS, (0, [M.TopicPartitionErrors("t", [M.PartitionError(0, 86)])])),
+    (Kind.INIT_PRODUCER_ID, (0, 1000, 4)),
+    (Kind.ADD_PARTITIONS_TO_TXN, ([M.TopicPartitionErrors("t", [M.PartitionError(0, 51)])],)),
+    (Kind.ADD_OFFSETS_TO_TXN, (90,)),
+    (Kind.END_TXN, (48,)),
+    (Kind.TXN_OFFSET_COMMIT, ([M.TopicPartitionErrors("t", [M.PartitionError(0, 0)])],)),
     (Kind.CREATE_TOPICS, {"t": [0, None], "bad name": [17, "illegal topic name"]}),
     (Kind.DELETE_RECORDS, [[0, 5], [3, -1]]),
 ]
@@ -155,7 +165,7 @@ def test_every_declared_kind_is_in_the_tests_above():
     assert set(M.MESSAGES) == set(Kind)
     assert {kind for kind in Kind if kind < M.FIRST_TIMER_KIND} == {
         Kind.DELAY_FETCH, Kind.DELAY_PRODUCE, Kind.CANCEL, Kind.CREATE_TOPICS, Kind.DELETE_TOPICS,
-        Kind.CREATE_PARTITIONS, Kind.ALTER_CONFIGS, Kind.DELETE_RECORDS, Kind.FLUSH, *M.GROUP_KINDS,
+        Kind.CREATE_PARTITIONS, Kind.ALTER_CONFIGS, Kind.DELETE_RECORDS, Kind.FLUSH, *M.GROUP_KINDS, *M.TRANSACTION_KINDS,
         Kind.QUOTA_USAGE, Kind.THROTTLE, Kind.CLEANED, Kind.CLEANER_READY}
 
 

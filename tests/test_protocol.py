@@ -92,6 +92,11 @@ def test_advertised_versions_are_the_supported_ones() -> None:
         32: (0, 3),  # DescribeConfigs
         33: (0, 1),  # AlterConfigs
         44: (0, 0),  # IncrementalAlterConfigs
+        # The transaction coordinator's, non-flexible versions only:
+        24: (0, 2),  # AddPartitionsToTxn
+        25: (0, 2),  # AddOffsetsToTxn
+        26: (0, 2),  # EndTxn
+        28: (0, 2),  # TxnOffsetCommit
     }
 
 

@@ -270,7 +270,8 @@ class FileSlice:
 
 fetch_partitions = st.lists(
     st.tuples(int32s, error_codes, int64s, st.none() | int64s, int64s,
-              st.lists(st.tuples(st.sampled_from(["mem", "file"]), st.integers(0, 300)), max_size=3)),
+              st.lists(st.tuples(st.sampled_from(["mem", "file"]), st.integers(0, 300)), max_size=3),
+              st.lists(st.tuples(int64s, int64s), max_size=2)),  # aborted transactions
     max_size=4,
 )
 
@@ -293,14 +294,14 @@ def test_fetch_response_decodes_with_kio_and_matches_its_bytes(segment, version,
     ours, expected = [], []
     for name, parts in topics:
         results, want = [], []
-        for index, err, hwm, lso, start, pieces in parts:
+        for index, err, hwm, lso, start, pieces, aborted in parts:
             records, content = [], b""
             for pos, (kind, length) in enumerate(pieces):
                 chunk = data[pos * 7 : pos * 7 + length]
                 records.append(FileSlice(file, pos * 7, length) if kind == "file" else chunk)
                 content += chunk
-            results.append(FetchPartitionResult(index, int(err), hwm, lso, start, records))
-            want.append((index, err, hwm, hwm if lso is None else lso, start, content))
+            results.append(FetchPartitionResult(index, int(err), hwm, lso, start, records, aborted))
+            want.append((index, err, hwm, hwm if lso is None else lso, start, content, tuple(aborted)))
         ours.append(FetchTopicResult(name, results))
         expected.append((name, want))
     frame = encode_fetch_response(version, correlation_id, ours, throttle_time_ms=throttle, error_code=int(error),
@@ -318,10 +319,11 @@ def test_fetch_response_decodes_with_kio_and_matches_its_bytes(segment, version,
     got = []
     for t in decoded.responses:
         got.append((t.topic, [(p.partition_index, p.error_code, p.high_watermark, p.last_stable_offset,
-                               p.log_start_offset if version >= 5 else start_placeholder(p), p.records)
+                               p.log_start_offset if version >= 5 else start_placeholder(p), p.records,
+                               tuple((a.producer_id, a.first_offset) for a in p.aborted_transactions))
                               for p in t.partitions]))
         for p in t.partitions:
-            assert p.aborted_transactions == ()  # an empty array, never null
+            assert p.aborted_transactions is not None  # an empty array, never null
             assert p.records is not None  # an empty record set is length 0, never null
             if version >= 11:
                 assert p.preferred_read_replica == -1
@@ -330,9 +332,10 @@ def test_fetch_response_decodes_with_kio_and_matches_its_bytes(segment, version,
     assert got == expected
 
     # Byte-identical to kio encoding the same response with the records in memory.
-    def kio_partition(index, err, hwm, lso, start, content):
+    def kio_partition(index, err, hwm, lso, start, content, aborted):
         fields = dict(partition_index=i32(index), error_code=err, high_watermark=i64(hwm),
-                      last_stable_offset=i64(lso), aborted_transactions=(), records=content)
+                      last_stable_offset=i64(lso), records=content, aborted_transactions=tuple(
+                          s.AbortedTransaction(producer_id=i64(pid), first_offset=i64(first)) for pid, first in aborted))
         if version >= 5:
             fields["log_start_offset"] = i64(start)
         if version >= 11:

@@ -7,11 +7,15 @@
 - `topics` and `groups` through the Kafka API, with lag; `--version`; exit codes and messages for a node that
   is not running, a bad config file (file:line: key: reason), a port in use; process titles.
 - `serve --metrics`: the Prometheus endpoint serves the same counters with Kafka-like names.
+- The transaction coordinator's state: `transactions list|describe`, `stats`, the dashboard and /metrics show a
+  committed, an aborted, a timed-out and an open transaction, and the open one's LSO lag; the transactions
+  document has its own area of the segment, cut at whole ids.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -111,6 +115,33 @@ def test_committed_offsets_are_consistent_and_cut_at_whole_groups():
         segment.unlink()
 
 
+def test_the_transactions_document_is_its_own_area_cut_at_whole_ids():
+    name = f"/shmbroker-{unique_instance_id('sx')}-stats"
+    segment = S.StatsSegment.create(name, 3, committed_bytes=4096, transactions_bytes=2048)
+    try:
+        assert segment.transactions.read() == ({}, True)
+        segment.publish_committed({"g": [("t", 0, 7)]})
+        entry = {"state": "Ongoing", "producer_id": 1, "producer_epoch": 0, "partitions": [["t", 0]]}
+        many = {f"id-{i}": {**entry, "producer_id": i} for i in range(100)}
+        assert segment.transactions.publish(many) is False
+        document, complete = segment.transactions.read()
+        assert not complete and 0 < len(document) < 100
+        assert document == {key: many[key] for key in list(many)[:len(document)]}  # the first ones, whole
+        assert segment.read_committed() == ({"g": [["t", 0, 7]]}, True)  # the other area is untouched
+        assert segment.transactions.publish({"one": entry}) is True
+        assert segment.transactions.read() == ({"one": entry}, True)
+    finally:
+        segment.close()
+        segment.unlink()
+
+
+def test_the_open_states_the_tools_know_are_the_coordinators():
+    from node.timer.transactions.metadata import ONGOING, PREPARED
+    from node.tools.inspect import OPEN_STATES
+
+    assert OPEN_STATES == tuple(state.value for state in (ONGOING, *PREPARED))
+
+
 def test_snapshots_are_consistent_while_another_process_publishes():
     name = f"/shmbroker-{unique_instance_id('st')}-stats"
     segment = S.StatsSegment.create(name, 3)
@@ -180,6 +211,7 @@ def test_stats_counts_the_node_at_work(node_factory):
                   and totals["bytes_flushed"] >= 2000 * 100 and totals["groups"] >= 1
                   and totals["group_members"] >= 1 and totals["rebalances"] >= 1 and totals["connections"] >= 2
                   and totals["purgatory_fetch_completed"] + totals["purgatory_fetch_expired"] > 0
+                  and totals["bytes_sendfile"] >= got * 100
                   and doc["errors"].get("UNKNOWN_TOPIC_OR_PARTITION", 0) >= 2
                   and "stats-group" in doc["groups"])
             return doc if ok else None
@@ -187,9 +219,11 @@ def test_stats_counts_the_node_at_work(node_factory):
         doc = wait_for(moved, what="counters to move")
     finally:
         consumer.close()
+    # The records left by sendfile: part of the fetch responses' bytes, the rest their headers.
+    assert doc["totals"]["bytes_sendfile"] < doc["apis"]["Fetch"]["bytes_out"]
     partition = [p for p in doc["partitions"] if p["topic"] == "stats-topic"]
     assert partition == [{"topic": "stats-topic", "partition": 0, "log_start_offset": 0, "log_end_offset": 2000,
-                          "high_watermark": 2000, "unflushed_bytes": 0}]
+                          "high_watermark": 2000, "last_stable_offset": 2000, "unflushed_bytes": 0}]
     assert doc["apis"]["Produce"]["error_responses"] >= 1 and doc["apis"]["Metadata"]["error_responses"] >= 1
     by_level = doc["totals"]["wheel_entries_by_level"]
     assert len(by_level) == doc["totals"]["wheel_levels"] and sum(by_level) == doc["totals"]["wheel_entries"]
@@ -293,3 +327,111 @@ def test_prometheus_endpoint(node_factory):
     wait_for(lambda: (lambda t: t if lag_line in t else None)(
         urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()),
         what="the group's lag in /metrics")
+
+
+def test_transactions_in_the_cli_stats_dashboard_and_metrics(node_factory):
+    """`transactions list|describe`, `stats`, the dashboard and /metrics show the transaction coordinator's state:
+    a committed, an aborted, a timed-out and an open transaction, and the open one's LSO lag."""
+    from confluent_kafka.admin import AdminClient, NewTopic
+    from rich.console import Console
+
+    from node.tools.dashboard import Dashboard
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    node = node_factory(workers=1, config="[stats]\npublish_interval_ms = 100\n")
+    node.stop()
+    node.start_args = ["--metrics", f"127.0.0.1:{port}"]
+    node.start()
+    admin = AdminClient({"bootstrap.servers": node.bootstrap})
+    for future in admin.create_topics([NewTopic("txn-stats", 2, 1)]).values():
+        future.result(timeout=30)
+
+    def transactional(transactional_id: str, timeout_ms: int = 60_000) -> Producer:
+        producer = Producer({"bootstrap.servers": node.bootstrap, "transactional.id": transactional_id,
+                             "linger.ms": 1, "transaction.timeout.ms": timeout_ms})
+        producer.init_transactions(30)
+        producer.begin_transaction()
+        return producer
+
+    def written(producer: Producer, partition: int, count: int) -> Producer:
+        for i in range(count):
+            producer.produce("txn-stats", value=b"v%d" % i, partition=partition)
+        assert producer.flush(30) == 0
+        return producer
+
+    written(transactional("committer"), 0, 3).commit_transaction(30)
+    written(transactional("aborter"), 0, 2).abort_transaction(30)
+    started_ms = time.time_ns() // 1_000_000
+    still_open = written(transactional("open"), 1, 5)
+    written(transactional("forgotten", timeout_ms=1000), 0, 1)  # the node aborts it past its timeout
+
+    def listed():
+        done = cli("transactions", "list", "--data-dir", str(node.data_dir), "--json")
+        assert done.returncode == 0, done.stderr
+        by_id = {t["transactional_id"]: t for t in json.loads(done.stdout)}
+        states = {name: t["state"] for name, t in by_id.items()}
+        want = {"committer": "CompleteCommit", "aborter": "CompleteAbort", "open": "Ongoing",
+                "forgotten": "CompleteAbort"}
+        return by_id if states == want else None
+
+    try:
+        by_id = wait_for(listed, what="the four transactional ids in their states")
+        assert list(by_id)[0] == "open"  # open transactions come first
+        assert by_id["forgotten"]["producer_epoch"] == 1  # the timeout fenced its producer
+        assert len({t["producer_id"] for t in by_id.values()}) == 4
+        described = cli("transactions", "describe", "open", "--data-dir", str(node.data_dir), "--json")
+        assert described.returncode == 0, described.stderr
+        entry = json.loads(described.stdout)
+        assert entry["state"] == "Ongoing" and entry["producer_epoch"] == 0 and entry["timeout_ms"] == 60_000
+        assert entry["partitions"] == [{"topic": "txn-stats", "partition": 1}] and entry["groups"] == []
+        assert started_ms - 1000 <= entry["start_ms"] <= time.time_ns() // 1_000_000 and entry["duration_ms"] >= 0
+        table = cli("transactions", "describe", "open", "--data-dir", str(node.data_dir))
+        assert table.returncode == 0 and "Ongoing" in table.stdout and "txn-stats" in table.stdout
+        table = cli("transactions", "list", "--data-dir", str(node.data_dir))
+        assert table.returncode == 0 and all(name in table.stdout for name in by_id)
+        missing = cli("transactions", "describe", "nobody", "--data-dir", str(node.data_dir))
+        assert missing.returncode == 1 and "'nobody' not found" in missing.stderr
+
+        def counted():
+            doc = stats_json(node)
+            totals = doc["totals"]
+            got = (totals["transactions_open"], totals["transactions_committed"], totals["transactions_aborted"],
+                   totals["transactions_timed_out"])
+            return doc if got == (1, 1, 2, 1) else None
+
+        doc = wait_for(counted, what="1 open, 1 committed, 2 aborted (1 timed out) in `stats`")
+        lso_lag = {p["partition"]: p["high_watermark"] - p["last_stable_offset"]
+                   for p in doc["partitions"] if p["topic"] == "txn-stats"}
+        assert lso_lag == {0: 0, 1: 5}
+        assert [t["transactional_id"] for t in doc["open_transactions"]] == ["open"]
+        table = subprocess.run([sys.executable, "-m", "node.tools.cli", "stats", "--data-dir", str(node.data_dir)],
+                               cwd=REPO, capture_output=True, text=True, timeout=CLI_TIMEOUT_S,
+                               env={**os.environ, "COLUMNS": "240"})
+        assert "open transactions" in table.stdout and "LSO lag" in table.stdout, table.stdout
+        assert "transactions_timed_out" in table.stdout
+
+        console = Console(record=True, width=240)
+        dashboard = Dashboard(str(node.data_dir))
+        try:
+            dashboard.render()  # the first refresh reads the lag and the transactions; the next shows them
+            console.print(dashboard.render())
+        finally:
+            dashboard._drop("")
+        screen = console.export_text()
+        assert "transactions open / committed / aborted (timed out)" in screen and "1 / 1 / 2 (1)" in screen
+        assert "partition txn-stats-1: LSO lag" in screen and "transaction open: Ongoing" in screen
+
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+        for line in ('shmbroker_transactions_open{index="0",process="timer"} 1.0',
+                     'shmbroker_transactions_committed_total{index="0",process="timer"} 1.0',
+                     'shmbroker_transactions_aborted_total{index="0",process="timer"} 2.0',
+                     'shmbroker_transactions_timed_out_total{index="0",process="timer"} 1.0',
+                     'kafka_cluster_partition_last_stable_offset_lag{partition="1",topic="txn-stats"} 5.0',
+                     'kafka_cluster_partition_last_stable_offset_lag{partition="0",topic="txn-stats"} 0.0'):
+            assert line in text, line
+        oldest = [line for line in text.splitlines() if line.startswith("shmbroker_transactions_oldest_open_ms ")]
+        assert len(oldest) == 1 and float(oldest[0].split()[1]) >= 0
+    finally:
+        still_open.abort_transaction(30)

@@ -1,6 +1,8 @@
 """Stateful stream processors on the node, as their users run them, with no workaround: quixstreams' windowed
 count and a faust-streaming Table keep their state in compacted changelog topics they create themselves, and
-restore it from them after a restart without their local state.
+restore it from them after a restart without their local state; quixstreams' running count with
+processing_guarantee="exactly-once" (its output, changelog and offsets in one transaction) stays exact across
+kill -9 of the app in the middle of a transaction.
 
 Each framework runs from a venv of its own (`.frameworks/<name>` in the checkout, made from the package
 registry on first use), since their pins (confluent-kafka, aiokafka) differ from the node's test venv."""
@@ -18,8 +20,10 @@ import venv
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource
+
+from tests import waiting
 
 pytestmark = pytest.mark.node
 REPO = Path(__file__).resolve().parent.parent
@@ -55,7 +59,8 @@ def faust_python():
 
 
 class App:
-    """A framework app as a process of its own; stopped with SIGTERM (as its users stop it), by pid."""
+    """A framework app as a process of its own; stopped with SIGTERM (as its users stop it), or killed with
+    SIGKILL, by pid."""
 
     def __init__(self, argv: list[str], log: Path) -> None:
         self.log = log
@@ -71,6 +76,11 @@ class App:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=TIMEOUT_S)
 
     def text(self) -> str:
         return self.log.read_text(errors="replace")[-6000:]
@@ -181,3 +191,90 @@ def test_faust_table_recovers_from_its_changelog(node_factory, tmp_path, faust_p
     # word) may be counted again after a restart.
     assert set(last) == {b"w%d" % i for i in range(5)}, app.text()
     assert all(30 <= count <= 32 for count in last.values()), (last, app.text())
+
+
+EOS_WORDS, EOS_RECORDS = 10, 6000
+# The node aborts a killed app's open transaction after this (quixstreams' transactional.id is new each start).
+QUIX_TRANSACTION_TIMEOUT_MS = 5000
+
+
+def end_offsets(bootstrap: str, topic: str, isolation: str) -> int:
+    """The end of partition 0 as a reader of `isolation` sees it: the high watermark, or the LSO."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "watermarks", "isolation.level": isolation})
+    try:
+        return consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=TIMEOUT_S)[1]
+    except Exception:
+        return 0
+    finally:
+        consumer.close()
+
+
+def committed_offset(bootstrap: str, group: str, topic: str) -> int:
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group})
+    try:
+        return consumer.committed([TopicPartition(topic, 0)], TIMEOUT_S)[0].offset
+    finally:
+        consumer.close()
+
+
+def read_values(bootstrap: str, topic: str, isolation: str = "read_committed") -> list[dict]:
+    """Every value of partition 0 up to its end for `isolation` (the LSO for read_committed), as JSON."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"check-{time.monotonic_ns()}",
+                         "enable.auto.commit": False, "isolation.level": isolation, "enable.partition.eof": True})
+    consumer.assign([TopicPartition(topic, 0, 0)])
+    values = []
+    deadline = time.monotonic() + TIMEOUT_S
+    try:
+        while time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is None:
+                continue
+            if msg.error():
+                if msg.error().code() == KafkaError._PARTITION_EOF:
+                    return values
+                raise KafkaException(msg.error())
+            values.append(json.loads(msg.value()))
+    finally:
+        consumer.close()
+    raise AssertionError(f"{topic} not read to its end in {TIMEOUT_S}s ({len(values)} values)")
+
+
+def kill_inside_a_transaction(app: App, bootstrap: str, topic: str, at_least: int) -> None:
+    """SIGKILL the app once `topic` holds `at_least` records and its end is past its LSO: an open transaction
+    of the app has written there, so the kill lands in its middle."""
+    def open_transaction_past_the_mark() -> bool:
+        high = end_offsets(bootstrap, topic, "read_uncommitted")
+        return app.proc.poll() is not None or (high >= at_least and high > end_offsets(bootstrap, topic,
+                                                                                        "read_committed"))
+    try:
+        assert waiting.poll(open_transaction_past_the_mark, TIMEOUT_S, 0.05) and app.proc.poll() is None, \
+            f"no open transaction in {topic} past {at_least} records:\n{app.text()}"
+    finally:
+        app.kill()
+
+
+def test_quixstreams_exactly_once_counts_are_exact_across_kills_of_the_app(node_factory, tmp_path, quix_python):
+    node = node_factory(workers=2, config="[transactions]\ntransaction_max_timeout_ms = 60000\n")
+    produce(node.bootstrap, "eos-words", words(EOS_RECORDS, EOS_WORDS))
+    state = tmp_path / "eos-state"
+    argv = [str(quix_python), "quix_count_app.py", node.bootstrap, str(state), "eos-counter", "exactly-once",
+            "eos-words", "eos-counts", str(QUIX_TRANSACTION_TIMEOUT_MS)]
+    for kill_at in (EOS_RECORDS // 4, EOS_RECORDS // 2):  # its local state kept, as a restarted host has it
+        kill_inside_a_transaction(App(argv, tmp_path / "quix.log"), node.bootstrap, "eos-counts", kill_at)
+    app = App(argv, tmp_path / "quix.log")
+    try:
+        # The input's offsets are committed with the output: at the input's end, every count is committed.
+        consumed = waiting.poll(lambda: app.proc.poll() is not None or committed_offset(
+            node.bootstrap, "eos-counter", "eos-words") == EOS_RECORDS, TIMEOUT_S, 0.5)
+        assert consumed and app.proc.poll() is None, f"the input not consumed:\n{app.text()}"
+    finally:
+        app.stop()
+    counts: dict[str, list[int]] = {}
+    for value in read_values(node.bootstrap, "eos-counts"):
+        counts.setdefault(value["word"], []).append(value["count"])
+    expected = list(range(1, EOS_RECORDS // EOS_WORDS + 1))
+    wrong = {word: f"{len(seen)} counts, {len(seen) - len(set(seen))} repeated, last {seen[-1]}"
+             for word, seen in counts.items() if seen != expected}
+    assert sorted(counts) == ["w%d" % i for i in range(EOS_WORDS)] and not wrong, (wrong, app.text())
+    # The kills left aborted counts behind, which read_committed skipped.
+    assert len(read_values(node.bootstrap, "eos-counts", "read_uncommitted")) > EOS_RECORDS

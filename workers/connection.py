@@ -16,7 +16,8 @@ Invariants:
 - Responses leave in request order: each request takes a slot when it is read; a slot is filled at once
   or later (a delayed request) with `fill`, and only the filled prefix of the slot queue is written.
 - A response is a list of pieces: bytes-like objects, written with sendmsg (one writev for many
-  pieces), and FileRange, written with os.sendfile straight from the segment file (zero copy).
+  pieces), and FileRange, written with os.sendfile straight from the segment file (zero copy);
+  `sendfile_bytes` counts the bytes that left that way (the worker's stats add it up).
 - Writes are non-blocking; what the socket does not take stays queued with its exact offset,
   and the worker waits for writability only while something is queued.
 - `last_active` is the loop time of the last byte read or written; `request_since` the loop time the
@@ -88,7 +89,7 @@ class Connection:
     __slots__ = ("sock", "fd", "peer", "bucket", "inbuf", "large", "large_view", "large_have", "slots", "outq",
                  "max_request", "recv_bytes", "wants_write", "closed", "queued_bytes", "queued_memory", "held",
                  "held_bytes", "last_active", "request_since", "request_order", "paused", "paused_at",
-                 "accounted", "timer", "mutes")
+                 "accounted", "timer", "mutes", "sendfile_bytes")
 
     def __init__(self, sock: socket.socket, peer: Any, max_request: int, recv_bytes: int, now: float = 0.0,
                  bucket: int = 0) -> None:
@@ -110,6 +111,7 @@ class Connection:
         self.mutes = 0  # throttles in force (quotas): PAUSED_THROTTLE while any is
         self.queued_bytes = 0  # response bytes not yet sent, sendfile ranges at their length
         self.queued_memory = 0  # of those, the ones held in memory (not sendfile ranges)
+        self.sendfile_bytes = 0  # response bytes sent by sendfile since the connection opened
         self.held: deque[memoryview] = deque()  # complete requests read but not yet served (output bound)
         self.held_bytes = 0
         self.last_active = now
@@ -305,6 +307,7 @@ class Connection:
                     # response is now malformed, so the only honest move is to drop the connection.
                     raise ConnectionClosed("segment file ended before the fetched range")
                 self.queued_bytes -= sent
+                self.sendfile_bytes += sent
                 self.last_active = now
                 head.position += sent
                 head.length -= sent

@@ -22,6 +22,7 @@ REQUESTS = S.OFFSETS["requests"]  # + api key: requests read
 REQUEST_ERRORS = S.OFFSETS["request_errors"]  # + api key: requests that failed to decode or to be handled
 BYTES_IN = S.OFFSETS["bytes_in"]  # + api key
 BYTES_OUT = S.OFFSETS["bytes_out"]  # + api key
+BYTES_SENDFILE = S.OFFSETS["bytes_sendfile"]
 ERROR_RESPONSES = S.OFFSETS["error_responses"]  # + api key: responses carrying an error code
 ERROR_CODES = S.OFFSETS["error_codes"]  # + error code (the last slot counts every higher one)
 LAST_ERROR_CODE = S.MAX_ERROR_CODES - 1

@@ -79,8 +79,8 @@ from workers.deadlines import ConnectionDeadlines
 from workers.eventloop import EventLoop, Timer
 from workers.limits import ConnectionLimits
 from workers.moves import ConnectionMoves
-from workers.stats import (BYTES_IN, BYTES_OUT, CLOSED_ON_ERROR, ERROR_CODES, ERROR_RESPONSES, LAST_ERROR_CODE,
-                           REQUEST_ERRORS, REQUESTS, WorkerStats)
+from workers.stats import (BYTES_IN, BYTES_OUT, BYTES_SENDFILE, CLOSED_ON_ERROR, ERROR_CODES, ERROR_RESPONSES,
+                           LAST_ERROR_CODE, REQUEST_ERRORS, REQUESTS, WorkerStats)
 from workers.timer_client.delayed import DelayedRequests, monotonic_ms
 from workers.timer_client.outcome import Outcome
 
@@ -316,11 +316,15 @@ class Worker:
         if conn.closed:
             return
         conn.collect_ready()
+        sendfile_before = conn.sendfile_bytes
         try:
             done = conn.flush(self.loop.now)
         except ConnectionClosed as exc:
             self._close(conn, str(exc))
             return
+        finally:
+            if self.stats is not None:
+                self.stats.counts[BYTES_SENDFILE] += conn.sendfile_bytes - sendfile_before
         if conn.wants_write != (not done):
             conn.wants_write = not done
             self.loop.want_write(conn.sock, None if done else lambda: self._dirty.add(conn))

@@ -22,6 +22,11 @@ One cleaning (`Cleaner.clean`):
    state survives; a batch left with no record goes, except the last batch of each producer id, kept empty.
    A batch keeping every record is copied as it is. A group that loses nothing and merges nothing is not
    written.
+   Records of aborted transactions (the aborted-transaction indexes say which) never enter the map and are
+   dropped, as Kafka's cleaner drops them: an aborted update never supersedes a committed one. Control batches
+   (transaction markers) are copied as they are, and the new segment's aborted-transaction index holds the
+   entries of the segments it replaces. The dirty section ends before the segment holding the first offset of
+   an open transaction (the LSO), so undecided records are never cleaned.
 3. The swap (PartitionLog.replace_segments): under the partition's lock, if the replaced segments are still
    the files the cleaner read, a manifest naming each new segment and the old ones it replaces is written
    (fsync'd, renamed into place: the commit point), the new files are renamed over the old and the other
@@ -40,6 +45,7 @@ from an offset inside a removed range gets the next record; nothing of the activ
 
 from __future__ import annotations
 
+import bisect
 import json
 import logging
 import os
@@ -55,8 +61,9 @@ from node.storage import compression
 from node.storage.durable import fsync_directory, read_offset, write_durably, write_offset
 from node.storage.record_arrays import ARENA_PADDING, CorruptRecords, record_fields, unaligned
 from node.storage.records import (BATCH_HEADER, BATCH_HEADER_SIZE, COMPRESSION_MASK, CONTROL_BIT, LENGTH_FIELDS_SIZE,
-                                  seal)
+                                  TRANSACTIONAL_BIT, seal)
 from node.storage.segment import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX, Segment, segment_file_name
+from node.storage.txn_index import TXN_INDEX_SUFFIX
 
 log = logging.getLogger("shmbroker.cleaner")
 
@@ -64,12 +71,13 @@ CHECKPOINT_FILE = "cleaner-offset-checkpoint"
 CLEANING_DIR = "cleaning"
 MANIFEST_FILE = "swap.json"
 MAP_ENTRY_BYTES = 24  # two 64-bit key hashes and an offset, as Kafka's 16-byte hash and 8-byte offset
-SEGMENT_SUFFIXES = (TIME_INDEX_SUFFIX, INDEX_SUFFIX, LOG_SUFFIX)  # the log last: see finish_swap
+SEGMENT_SUFFIXES = (TXN_INDEX_SUFFIX, TIME_INDEX_SUFFIX, INDEX_SUFFIX, LOG_SUFFIX)  # the log last: see finish_swap
 _M1 = np.uint64(0x9E3779B97F4A7C15)
 _M2 = np.uint64(0xC2B2AE3D27D4EB4F)
 _ALL_ONES = np.uint64(0xFFFFFFFFFFFFFFFF)
 _RECORD_COUNT = struct.Struct(">i")
 _NO_PRODUCER = -1
+LONG_MAX = 2**63 - 1
 
 
 @dataclass(frozen=True)
@@ -182,6 +190,9 @@ def dirtiness(plog, now_ms: int) -> Dirtiness | None:
         if config.min_compaction_lag_ms > 0 and segment.max_timestamp() > now_ms - config.min_compaction_lag_ms:
             first_uncleanable = segment.base_offset
             break
+        if 0 <= state.first_unstable_offset < next_base:  # an open transaction's records are never cleaned
+            first_uncleanable = segment.base_offset
+            break
         size = segment.sealed_size()
         if next_base <= first_dirty:
             clean_bytes += size
@@ -216,6 +227,7 @@ class Chunk:
     tombstone: np.ndarray  # each record has a null value
     h1: np.ndarray
     h2: np.ndarray
+    aborted: np.ndarray  # each record belongs to an aborted transaction
 
 
 def key_hashes(arena: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -243,8 +255,31 @@ def key_hashes(arena: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> tu
     return h1, h2
 
 
-def read_chunks(segment: Segment, end: int, chunk_bytes: int, limiter: IoLimiter) -> Iterator[Chunk]:
-    """The segment's batches up to byte `end`, a chunk of about chunk_bytes at a time (a larger batch alone)."""
+class AbortedBatches:
+    """Which transactional batches belong to aborted transactions, from the aborted-transaction indexes: a batch of
+    producer P at offset O is aborted when an entry of P has first offset <= O <= its marker's offset."""
+
+    def __init__(self, entries) -> None:
+        self._ranges: dict[int, list[tuple[int, int]]] = {}
+        for entry in entries:
+            self._ranges.setdefault(entry.producer_id, []).append((entry.first_offset, entry.last_offset))
+        for ranges in self._ranges.values():
+            ranges.sort()
+
+    def __call__(self, header: tuple) -> bool:
+        if not header[5] & TRANSACTIONAL_BIT or header[5] & CONTROL_BIT:
+            return False
+        ranges = self._ranges.get(header[9])
+        if not ranges:
+            return False
+        at = bisect.bisect_right(ranges, (header[0], LONG_MAX)) - 1
+        return at >= 0 and ranges[at][0] <= header[0] <= ranges[at][1]
+
+
+def read_chunks(segment: Segment, end: int, chunk_bytes: int, limiter: IoLimiter,
+                aborted: Callable[[tuple], bool] = lambda header: False) -> Iterator[Chunk]:
+    """The segment's batches up to byte `end`, a chunk of about chunk_bytes at a time (a larger batch alone);
+    `aborted(header)` says which batches' records belong to aborted transactions."""
     position = 0
     while position + BATCH_HEADER_SIZE <= end:
         batches = []
@@ -259,11 +294,11 @@ def read_chunks(segment: Segment, end: int, chunk_bytes: int, limiter: IoLimiter
             raise CorruptRecords(f"{segment.log_path}: no whole batch at {position}")
         data = os.pread(segment.log_fd, position - first, first)
         limiter.spent(len(data))
-        yield _decode_chunk(data, batches)
+        yield _decode_chunk(data, batches, aborted)
 
 
-def _decode_chunk(data: bytes, batches: list[tuple[int, tuple]]) -> Chunk:
-    areas, area_of, counts, base_offsets = [], {}, [], []
+def _decode_chunk(data: bytes, batches: list[tuple[int, tuple]], aborted: Callable[[tuple], bool]) -> Chunk:
+    areas, area_of, counts, base_offsets, aborted_areas = [], {}, [], [], []
     for number, (at, header) in enumerate(batches):
         attributes, count = header[5], header[12]
         if attributes & CONTROL_BIT or count <= 0:
@@ -280,10 +315,12 @@ def _decode_chunk(data: bytes, batches: list[tuple[int, tuple]]) -> Chunk:
         areas.append(area)
         counts.append(count)
         base_offsets.append(header[0])
+        aborted_areas.append(aborted(header))
     empty = np.zeros(0, dtype=np.int64)
     if not areas:
         return Chunk(data, batches, np.zeros(len(ARENA_PADDING), np.uint8), area_of, None, empty,
-                     empty.astype(bool), empty.astype(bool), empty.astype(np.uint64), empty.astype(np.uint64))
+                     empty.astype(bool), empty.astype(bool), empty.astype(np.uint64), empty.astype(np.uint64),
+                     empty.astype(bool))
     sizes = [len(area) for area in areas]
     joined = b"".join([*areas, ARENA_PADDING])
     arena = np.frombuffer(joined, dtype=np.uint8)
@@ -293,7 +330,7 @@ def _decode_chunk(data: bytes, batches: list[tuple[int, tuple]]) -> Chunk:
     offsets = np.asarray(base_offsets, dtype=np.int64)[fields.batch_of] + fields.offset_deltas
     h1, h2 = key_hashes(arena, fields.key_starts, fields.key_lengths)
     return Chunk(data, batches, arena, area_of, fields, offsets, fields.key_lengths < 0, fields.value_lengths < 0,
-                 h1, h2)
+                 h1, h2, np.asarray(aborted_areas, dtype=bool)[fields.batch_of])
 
 
 # -- the offset map ------------------------------------------------------------------------------------
@@ -412,10 +449,11 @@ class Cleaner:
         os.mkdir(staging)
         try:
             segments = [s for s in plog.segments[:-1] if s.base_offset < dirty.first_uncleanable]
-            offset_map, cleaned_to = self._build_map(plog, segments, dirty, result)
+            aborted = self._aborted(plog, dirty)
+            offset_map, cleaned_to = self._build_map(plog, segments, dirty, result, aborted)
             result.first_dirty, result.keys = dirty.first_dirty, len(offset_map)
             cleanable = [s for s in segments if s.base_offset < cleaned_to]
-            groups = self._rewrite(plog, cleanable, cleaned_to, offset_map, now, staging, result)
+            groups = self._rewrite(plog, cleanable, cleaned_to, offset_map, now, staging, result, aborted)
             if groups:
                 result.swapped = plog.replace_segments(staging, groups)
                 if not result.swapped:
@@ -429,9 +467,12 @@ class Cleaner:
             result.seconds = time.monotonic() - started
         return result
 
-    def _build_map(self, plog, segments: list[Segment], dirty: Dirtiness,
-                   result: CleanResult) -> tuple[OffsetMap, int]:
-        """The offset map of the dirty section, and where the section it covers ends."""
+    def _build_map(self, plog, segments: list[Segment], dirty: Dirtiness, result: CleanResult,
+                   aborted: AbortedBatches | None = None) -> tuple[OffsetMap, int]:
+        """The offset map of the dirty section, and where the section it covers ends (`aborted`: the log's
+        aborted transactions, read from its indexes when not given)."""
+        if aborted is None:
+            aborted = self._aborted(plog, dirty)
         offset_map = OffsetMap()
         capacity = self.config.map_capacity
         cleaned_to = dirty.first_uncleanable
@@ -440,10 +481,12 @@ class Cleaner:
             if next_base <= dirty.first_dirty:
                 continue
             pieces = [], [], []
-            for chunk in read_chunks(segment, segment.sealed_size(), self.config.io_buffer_bytes, self.limiter):
+            for chunk in read_chunks(segment, segment.sealed_size(), self.config.io_buffer_bytes, self.limiter,
+                                     aborted):
                 self.progress()
                 result.bytes_read += len(chunk.data)
-                keep = (chunk.offsets >= dirty.first_dirty) & ~chunk.keyless
+                # An aborted record never supersedes anything: it is not in the map.
+                keep = (chunk.offsets >= dirty.first_dirty) & ~chunk.keyless & ~chunk.aborted
                 for piece, values in zip(pieces, (chunk.h1, chunk.h2, chunk.offsets)):
                     piece.append(values[keep])
             if not pieces[0]:
@@ -455,6 +498,11 @@ class Cleaner:
                 return offset_map, segment.base_offset
             offset_map = bigger
         return offset_map, cleaned_to
+
+    @staticmethod
+    def _aborted(plog, dirty: Dirtiness) -> AbortedBatches:
+        """The aborted transactions with records below the first uncleanable offset (their markers may lie past it)."""
+        return AbortedBatches(plog.aborted_transactions(plog.state().log_start_offset, dirty.first_uncleanable))
 
     def _groups(self, plog, segments: list[Segment]) -> list[list[Segment]]:
         """Consecutive segments whose sizes add up to at most segment.bytes (and offsets fit an index)."""
@@ -470,7 +518,9 @@ class Cleaner:
         return groups
 
     def _rewrite(self, plog, segments: list[Segment], cleaned_to: int, offset_map: OffsetMap, now: int,
-                 staging: str, result: CleanResult) -> list[SwapGroup]:
+                 staging: str, result: CleanResult, aborted: AbortedBatches | None = None) -> list[SwapGroup]:
+        if aborted is None:
+            aborted = AbortedBatches(plog.aborted_transactions(plog.state().log_start_offset, cleaned_to))
         last_batches = self._last_batch_of_each_producer(segments)
         swaps = []
         for group in self._groups(plog, segments):
@@ -481,12 +531,12 @@ class Cleaner:
                 for segment in group:
                     horizon_passed = segment.max_timestamp() < now - plog.config.delete_retention_ms
                     for chunk in read_chunks(segment, segment.sealed_size(), self.config.io_buffer_bytes,
-                                             self.limiter):
+                                             self.limiter, aborted):
                         self.progress()
                         result.bytes_read += len(chunk.data)
                         result.records_read += len(chunk.offsets)
                         latest = offset_map.latest(chunk.h1, chunk.h2)
-                        keep = ((latest < 0) | (chunk.offsets >= latest)) & ~chunk.keyless
+                        keep = ((latest < 0) | (chunk.offsets >= latest)) & ~chunk.keyless & ~chunk.aborted
                         if horizon_passed:
                             result.tombstones_dropped += int(np.count_nonzero(keep & chunk.tombstone))
                             keep &= ~chunk.tombstone
@@ -495,6 +545,7 @@ class Cleaner:
                         for batch in kept_batches(chunk, keep, last_batches):
                             writer.append(batch)
                         result.bytes_before += len(chunk.data)
+                writer.carry_aborted_transactions(group)
                 writer.seal(next_base)
             finally:
                 writer.close()
@@ -514,7 +565,7 @@ class Cleaner:
         last: dict[int, int] = {}
         for segment in segments:
             for _, header in segment.scanner.headers(0, segment.sealed_size()):
-                if header[9] != _NO_PRODUCER:
+                if header[9] != _NO_PRODUCER and not header[5] & CONTROL_BIT:  # markers carry no sequence
                     last[header[9]] = header[0]
         return set(last.values())
 
@@ -587,6 +638,15 @@ class SegmentWriter:
         self.max_timestamp = max(self.max_timestamp, max_timestamp)
         if len(self._buffer) >= 1 << 20:
             self._flush_buffer()
+
+    def carry_aborted_transactions(self, group: list[Segment]) -> None:
+        """The aborted-transaction entries of the segments this one replaces (their markers stay: control
+        batches are never cleaned)."""
+        index = self.segment.txn_index(create=True)
+        for old in group:
+            old_index = old.txn_index()
+            for entry in old_index.entries() if old_index is not None else ():
+                index.append(entry)
 
     def _flush_buffer(self) -> None:
         if self._buffer:

@@ -24,6 +24,11 @@ Invariants:
   producer state the headers of every batch appended since the offset it last saw (node/producer_state.py),
   up to the row's producer_batches_end: the offset after the newest batch with a producer id, published
   with every such append, so the batches after it need no reading.
+- Transactions: an append of a transactional batch or a marker (a control batch, only ever appended by
+  append_marker) catches the producer state up first, so the row's first_unstable_offset (the first offset of
+  the oldest open transaction, -1 when none; the LSO derives from it) is exact after each publish; other appends
+  leave it as it is. An ABORT marker's aborted-transaction index entry (node.storage.txn_index) is written
+  before the marker is published. A committed read (read_committed) never returns a batch at or past the LSO.
 - Disk faults (node.storage.faults: a full disk, I/O errors) never leave servable torn bytes and never
   escape as OSError: a failed append publishes nothing (the next one is written at the row's end_position
   again, over whatever the failed one left), and the caller gets StorageError(KAFKA_STORAGE_ERROR). Each
@@ -66,11 +71,19 @@ from node.storage.producer_state import ProducerStateTable, delete_snapshots, lo
 from node.storage.compression import CODECS
 from node.storage.records import (
     BASE_OFFSET,
+    BATCH_HEADER_SIZE,
+    CONTROL_KEY_AT,
+    CONTROL_KEY,
+    CONTROL_BIT,
     LENGTH_FIELDS_SIZE,
     TIMESTAMP_TYPE_BIT,
+    TRANSACTIONAL_BIT,
+    ControlType,
     ErrorCode,
     StorageError,
     all_record_timestamps,
+    build_control_batch,
+    control_type,
     keyless_records,
     last_sequence,
     parse_header,
@@ -82,11 +95,13 @@ from node.storage.records import (
 from node.storage.cleaner import finish_swap, write_manifest
 from node.storage.segment import (INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX, Segment, segment_base_offsets,
                                   segment_file_name)
+from node.storage.txn_index import TXN_INDEX_SUFFIX, AbortedTransaction, collect_aborted
 from shm.table import CleaningStats, PartitionState, PartitionTable
 
 log = logging.getLogger("shmbroker.storage")
 
 LOCK_FILE = "partition.lock"
+CONTROL_KEY_READ = CONTROL_KEY_AT + CONTROL_KEY.size - BATCH_HEADER_SIZE  # bytes after a header naming a marker
 LOG_START_FILE = "log-start-offset"  # DeleteRecords' checkpoint of the log start
 LONG_MAX = 2**63 - 1  # Kafka's "no limit" for its long-valued settings
 TIMESTAMP_TYPES = ("CreateTime", "LogAppendTime")
@@ -222,6 +237,7 @@ class FetchSlice(NamedTuple):
     log_start_offset: int
     log_end_offset: int
     end_bytes: int  # the row's end_bytes in the state this read saw: a waiter counts appends from here
+    last_stable_offset: int = -1  # the LSO in that state
 
 
 def partition_directory(data_dir: str, topic: str, partition: int) -> str:
@@ -388,7 +404,6 @@ class PartitionLog:
                 raise StorageError(ErrorCode.INVALID_RECORD, message, tuple((i, message) for i in keyless))
         if config.rewrites:
             batch, header, append_time = _conform(batch, header, config, now)
-        size = len(batch)
         with self.lock:
             state = self._current_state()
             if header.producer_id >= 0:
@@ -397,46 +412,10 @@ class PartitionLog:
                     return AppendResult(
                         duplicate.base_offset, duplicate.last_offset, state.log_start_offset, state.end_bytes, True
                     )
-            position = state.end_position
-            entries = state.active_index_entries
-            segment = self.segments[-1]
-            try:
-                if position > 0 and (
-                    position + size > config.segment_bytes
-                    or entries >= segment.capacity - 1
-                    or (state.active_first_append_ms >= 0
-                        and now - state.active_first_append_ms > config.segment_ms - config.roll_jitter_ms(segment.base_offset))
-                    # A time entry past the published ones: a roll sealed this segment and died before
-                    # publishing (or a killed writer left a stale entry); rolling now finishes it either way.
-                    or segment.stale_time_entry(entries)
-                ):
-                    state = self._roll(state, segment)
-                    segment, position, entries = self.segments[-1], 0, 0
-                base_offset = state.log_end_offset
-                segment.write_batch(position, BASE_OFFSET.pack(base_offset), batch)
-                last_indexed = segment.index_positions[entries - 1] if entries else 0
-                if position > 0 and position - last_indexed >= config.index_interval_bytes:
-                    segment.write_index_entry(entries, base_offset, position, state.active_max_timestamp)
-                    entries += 1
-            except OSError as exc:
-                # Nothing is published: what a failed roll or write left lies past the published end, where no
-                # reader looks and the next append writes (or rolls) again.
-                raise self._fault("append", exc) from None
+            state, segment, position, entries = self._place(state, batch, now)
+            base_offset = state.log_end_offset
             last_offset = base_offset + header.last_offset_delta
-            end_bytes = state.end_bytes + size
-            self.table.publish(
-                self.row,
-                state._replace(
-                    log_end_offset=last_offset + 1,
-                    high_watermark=last_offset + 1,
-                    end_bytes=end_bytes,
-                    end_position=position + size,
-                    active_max_timestamp=max(state.active_max_timestamp, header.max_timestamp),
-                    active_first_append_ms=now if position == 0 else state.active_first_append_ms,
-                    active_index_entries=entries,
-                    producer_batches_end=last_offset + 1 if header.producer_id >= 0 else state.producer_batches_end,
-                ),
-            )
+            first_unstable = state.first_unstable_offset
             producers = self._producer_state
             if producers is not None and producers.end_offset == base_offset:
                 producers.apply(
@@ -447,17 +426,108 @@ class PartitionLog:
                     base_offset,
                     last_offset,
                     header.max_timestamp,
+                    bool(header.attributes & TRANSACTIONAL_BIT),
                 )
+                if header.producer_id >= 0:  # caught up by _check_producer: it knows every open transaction
+                    first_unstable = producers.first_unstable_offset()
+            state = self._publish_append(state, header, position, len(batch), entries, now, first_unstable)
         wants_flush = last_offset + 1 - state.flushed_offset >= config.flush_messages
-        return AppendResult(base_offset, last_offset, state.log_start_offset, end_bytes, False, append_time,
+        return AppendResult(base_offset, last_offset, state.log_start_offset, state.end_bytes, False, append_time,
                             wants_flush)
+
+    def append_marker(self, producer_id: int, producer_epoch: int, control: int, coordinator_epoch: int,
+                      now: int | None = None) -> AppendResult:
+        """Append a transaction marker (ControlType COMMIT or ABORT) for a producer: the node's own control batch,
+        the end of that producer's open transaction here. An ABORT of an open transaction gets its entry in the
+        active segment's aborted-transaction index before the append is published. Raises StorageError
+        (INVALID_PRODUCER_EPOCH for a marker older than the producer's epoch here)."""
+        if now is None:
+            now = now_ms()
+        with self.lock:
+            state = self._current_state()
+            producers = self._caught_up_producer_state(state)
+            producers.check_marker(producer_id, producer_epoch)
+            batch = build_control_batch(producer_id, producer_epoch, control, coordinator_epoch, now)
+            header = parse_header(batch)
+            state, segment, position, entries = self._place(state, batch, now)
+            offset = state.log_end_offset
+            completed = producers.apply_marker(producer_id, producer_epoch, control == ControlType.ABORT, offset, now)
+            first_unstable = producers.first_unstable_offset()
+            if completed is not None and completed.aborted:
+                stable = first_unstable if first_unstable >= 0 else offset + 1
+                try:
+                    segment.txn_index(create=True).append(
+                        AbortedTransaction(producer_id, completed.first_offset, offset, stable))
+                except OSError as exc:
+                    self._producer_state = None  # it applied a marker that is not published: rebuilt on next use
+                    raise self._fault("aborted-transaction index", exc) from None
+            state = self._publish_append(state, header, position, len(batch), entries, now, first_unstable)
+        wants_flush = offset + 1 - state.flushed_offset >= self.config.flush_messages
+        return AppendResult(offset, offset, state.log_start_offset, state.end_bytes, False, -1, wants_flush)
+
+    def _place(self, state: PartitionState, batch, now: int):
+        """Write a batch at the log end, rolling first if the active segment is full or old (caller holds the
+        lock). Returns (state, segment, position, index entries) as of the write; publishes nothing."""
+        config = self.config
+        size = len(batch)
+        position = state.end_position
+        entries = state.active_index_entries
+        segment = self.segments[-1]
+        try:
+            if position > 0 and (
+                position + size > config.segment_bytes
+                or entries >= segment.capacity - 1
+                or (state.active_first_append_ms >= 0
+                    and now - state.active_first_append_ms > config.segment_ms - config.roll_jitter_ms(segment.base_offset))
+                # A time entry past the published ones: a roll sealed this segment and died before
+                # publishing (or a killed writer left a stale entry); rolling now finishes it either way.
+                or segment.stale_time_entry(entries)
+            ):
+                state = self._roll(state, segment)
+                segment, position, entries = self.segments[-1], 0, 0
+            base_offset = state.log_end_offset
+            segment.write_batch(position, BASE_OFFSET.pack(base_offset), batch)
+            last_indexed = segment.index_positions[entries - 1] if entries else 0
+            if position > 0 and position - last_indexed >= config.index_interval_bytes:
+                segment.write_index_entry(entries, base_offset, position, state.active_max_timestamp)
+                entries += 1
+        except OSError as exc:
+            # Nothing is published: what a failed roll or write left lies past the published end, where no
+            # reader looks and the next append writes (or rolls) again.
+            raise self._fault("append", exc) from None
+        return state, segment, position, entries
+
+    def _publish_append(self, state: PartitionState, header, position: int, size: int, entries: int, now: int,
+                        first_unstable: int) -> PartitionState:
+        """Publish the batch _place() wrote (caller holds the lock); returns the new state."""
+        last_offset = state.log_end_offset + header.last_offset_delta
+        state = state._replace(
+            log_end_offset=last_offset + 1,
+            high_watermark=last_offset + 1,
+            end_bytes=state.end_bytes + size,
+            end_position=position + size,
+            active_max_timestamp=max(state.active_max_timestamp, header.max_timestamp),
+            active_first_append_ms=now if position == 0 else state.active_first_append_ms,
+            active_index_entries=entries,
+            producer_batches_end=last_offset + 1 if header.producer_id >= 0 else state.producer_batches_end,
+            first_unstable_offset=first_unstable,
+        )
+        self.table.publish(self.row, state)
+        return state
 
     def _check_producer(self, header, state: PartitionState):
         producers = self._caught_up_producer_state(state)
         return producers.check(header.producer_id, header.producer_epoch, header.base_sequence, header.last_sequence)
 
-    def _caught_up_producer_state(self, state: PartitionState) -> ProducerStateTable:
-        """This process's producer state, brought up to the row's log end (caller holds the lock)."""
+    def catch_up_producer_state(self) -> None:
+        """Bring this process's producer state up to the log end now, so that a later marker append scans only the
+        batches appended after this (the timer, ahead of the markers it will write)."""
+        with self.lock:
+            self._caught_up_producer_state(self._current_state())
+
+    def _caught_up_producer_state(self, state: PartitionState, rebuild_txn_index: bool = False) -> ProducerStateTable:
+        """This process's producer state, brought up to the row's log end (caller holds the lock). Recovery
+        (`rebuild_txn_index`) also rewrites the aborted-transaction index entries of the batches it replays."""
         producers = self._producer_state
         if producers is None:
             producers = load_latest_snapshot(
@@ -466,11 +536,17 @@ class PartitionLog:
             self._producer_state = producers
         if producers.end_offset < state.log_start_offset:
             producers.end_offset = state.log_start_offset
+        if rebuild_txn_index:
+            self._truncate_txn_indexes(producers.end_offset)
         if producers.end_offset < state.log_end_offset:
             # Only batches before producer_batches_end can carry a producer id: the scan stops there, so a log
             # of plain (non-idempotent) batches is never read back under the lock, however much of it is new.
             if producers.end_offset < state.producer_batches_end:
-                for header in self._headers_from(producers.end_offset, state, state.producer_batches_end):
+                for segment, position, header in self._headers_from(producers.end_offset, state,
+                                                                    state.producer_batches_end):
+                    if header[5] & CONTROL_BIT:
+                        self._replay_marker(producers, segment, position, header, rebuild_txn_index)
+                        continue
                     producers.apply(
                         header[9],
                         header[10],
@@ -479,23 +555,47 @@ class PartitionLog:
                         header[0],
                         header[0] + header[6],
                         header[8],
+                        bool(header[5] & TRANSACTIONAL_BIT),
                     )
             producers.end_offset = state.log_end_offset
         return producers
 
+    def _replay_marker(self, producers: ProducerStateTable, segment: Segment, position: int, header,
+                       rebuild_txn_index: bool) -> None:
+        """Apply a stored control batch to the producer state (and, in recovery, index its abort)."""
+        head = os.pread(segment.log_fd, BATCH_HEADER_SIZE + CONTROL_KEY_READ, position)
+        kind = control_type(head, parse_header(head)) if len(head) == BATCH_HEADER_SIZE + CONTROL_KEY_READ else None
+        if kind not in (ControlType.ABORT, ControlType.COMMIT):
+            producers.end_offset = header[0] + header[6] + 1  # not a transaction marker: nothing to apply
+            return
+        offset = header[0]
+        completed = producers.apply_marker(header[9], header[10], kind == ControlType.ABORT, offset, header[8])
+        if rebuild_txn_index and completed is not None and completed.aborted:
+            first_unstable = producers.first_unstable_offset()
+            segment.txn_index(create=True).append(AbortedTransaction(
+                completed.producer_id, completed.first_offset, offset,
+                first_unstable if first_unstable >= 0 else offset + 1))
+
+    def _truncate_txn_indexes(self, offset: int) -> None:
+        """Recovery: drop the aborted-transaction entries of markers at or past `offset` (replayed again)."""
+        for number, segment in enumerate(self.segments):
+            if number == len(self.segments) - 1 or self.segments[number + 1].base_offset > offset:
+                segment.txn_index(create=True).truncate_from(offset)
+
     def _headers_from(self, offset: int, state: PartitionState, stop: int):
-        """Header tuples of the batches from the one holding `offset` to the one holding `stop - 1`."""
+        """(segment, position, header tuple) of the batches from the one holding `offset` to the one holding
+        `stop - 1`."""
         first = max(0, bisect.bisect_right(self._bases, offset) - 1)
         for segment in self.segments[first:]:
             if segment.base_offset >= stop:
                 return
             end, entries = self._extent(segment, state)
             start = segment.position_of(offset, entries, end) if segment.base_offset <= offset else 0
-            for _, header in segment.scanner.headers(start, end):
+            for position, header in segment.scanner.headers(start, end):
                 if header[0] >= stop:
                     return
                 if header[0] + header[6] >= offset:
-                    yield header
+                    yield segment, position, header
 
     def _roll(self, state: PartitionState, old: Segment) -> PartitionState:
         """Seal the active segment and start a new one at the log end (caller holds the lock)."""
@@ -506,6 +606,7 @@ class PartitionLog:
             segment.reset()  # a roll interrupted before publishing may have left this segment's files behind
             producers = self._caught_up_producer_state(state)
             producers.expire(now_ms(), self.config.producer_id_expiration_ms)
+            self._sync_txn_index(old, state)
             producers.write_snapshot(self.directory)
             self._prune_snapshots(state.log_start_offset)
         except BaseException:
@@ -525,10 +626,31 @@ class PartitionLog:
         self._segments_version = state.segments_version
         return state
 
+    @classmethod
+    def _sync_txn_index(cls, segment: Segment, state: PartitionState) -> None:
+        """Before a producer snapshot: recovery rebuilds aborted-transaction entries only after the snapshot it
+        starts from, so the entries before it must be on disk first (those of flushed markers are)."""
+        if cls._txn_index_unsynced(segment, state):
+            segment.txn_index().flush()
+
+    @staticmethod
+    def _txn_index_unsynced(segment: Segment, state: PartitionState) -> bool:
+        """Whether the segment's aborted-transaction index may hold an entry not yet durable
+        (node.storage.txn_index)."""
+        index = segment.txn_index()
+        return index is not None and index.needs_sync(state.flushed_offset, state.producer_batches_end)
+
     def _prune_snapshots(self, log_start_offset: int) -> None:
         offsets = snapshot_offsets(self.directory)
         keep = set(offsets[-self.config.producer_snapshots_retained :])
         delete_snapshots(self.directory, lambda offset: offset in keep and offset >= log_start_offset)
+
+    def open_transactions(self) -> dict[int, tuple[int, int]]:
+        """{producer id: (first offset, producer epoch)} of the transactions open in this partition now."""
+        with self.lock:
+            producers = self._caught_up_producer_state(self._current_state())
+            return {pid: (first, producers.producers[pid].epoch)
+                    for pid, first in producers.open_transactions().items()}
 
     def write_producer_snapshot(self) -> int:
         """Snapshot the producer state at the log end (bounds the scans of recovery and of catching up).
@@ -540,6 +662,7 @@ class PartitionLog:
             producers = self._caught_up_producer_state(state)
             producers.expire(now_ms(), self.config.producer_id_expiration_ms)
             try:
+                self._sync_txn_index(self.segments[-1], state)
                 producers.write_snapshot(self.directory)
                 self._prune_snapshots(state.log_start_offset)
             except OSError as exc:
@@ -555,20 +678,73 @@ class PartitionLog:
 
     # Read -------------------------------------------------------------------------------------------
 
-    def read(self, fetch_offset: int, max_bytes: int, min_one_batch: bool = True) -> FetchSlice:
+    def read(self, fetch_offset: int, max_bytes: int, min_one_batch: bool = True,
+             committed: bool = False) -> FetchSlice:
         """File ranges holding whole batches from the one containing fetch_offset, up to max_bytes.
 
         With min_one_batch (KIP-74) the first batch is returned even if it is larger than max_bytes.
+        `committed` (read_committed): only the batches below the last stable offset.
         Raises StorageError(OFFSET_OUT_OF_RANGE) outside [log_start_offset, log_end_offset].
         """
         state = self.table.read(self.row)
-        key = (state, fetch_offset, max_bytes, min_one_batch)
+        key = (state, fetch_offset, max_bytes, min_one_batch, committed)
         last = self._last_read
         if last is not None and last[0] == key:
             return last[1]
         answer = self._read(state, fetch_offset, max_bytes, min_one_batch)
+        if committed:
+            answer = self._below_stable(state, fetch_offset, answer)
         self._last_read = (key, answer)
         return answer
+
+    def _below_stable(self, state: PartitionState, fetch_offset: int, answer: FetchSlice) -> FetchSlice:
+        """`answer` cut at the batch holding the LSO (a transaction's first batch: batches are never split)."""
+        stable = state.last_stable_offset
+        if stable >= state.log_end_offset or not answer.ranges:
+            return answer
+        empty = answer._replace(ranges=(), size=0)
+        if fetch_offset >= stable:
+            return empty
+        fd, start, length = answer.ranges[0]
+        segment = next((segment for segment in self.segments if segment.log_fd == fd), None)
+        if segment is None:
+            return empty  # the segment list changed under this read: the consumer asks again
+        end, entries = self._extent(segment, state)
+        limit = segment.position_of(stable, entries, min(end, start + length))
+        if limit <= start:
+            return empty
+        return answer._replace(ranges=((fd, start, min(length, limit - start)),), size=min(length, limit - start))
+
+    def aborted_transactions(self, start: int, end: int) -> list[AbortedTransaction]:
+        """The aborted transactions with records in [start, end), from the segments' indexes (what a
+        read_committed fetch lists so that the client skips their batches)."""
+        state = self.table.read(self.row)
+        if state.segments_version != self._segments_version:
+            state = self._refresh(state)
+        first = max(0, bisect.bisect_right(self._bases, start) - 1)
+        active = state.active_base_offset
+        indexes = ((index, segment.base_offset != active) for segment in self.segments[first:]
+                   if (index := segment.txn_index()) is not None)
+        return collect_aborted(indexes, start, end, state.log_end_offset,
+                               lambda entry: self._is_abort_marker(entry, state))
+
+    def _is_abort_marker(self, entry: AbortedTransaction, state: PartitionState) -> bool:
+        """Whether the batch at the entry's last offset is its producer's ABORT marker (node.storage.txn_index:
+        an entry a killed writer left names some other batch, or none)."""
+        index = bisect.bisect_right(self._bases, entry.last_offset) - 1
+        if index < 0:
+            return False
+        segment = self.segments[index]
+        end, entries = self._extent(segment, state)
+        position = segment.position_of(entry.last_offset, entries, end)
+        if position >= end:
+            return False
+        head = os.pread(segment.log_fd, BATCH_HEADER_SIZE + CONTROL_KEY_READ, position)
+        if len(head) < BATCH_HEADER_SIZE + CONTROL_KEY_READ:
+            return False
+        header = parse_header(head)
+        return header.base_offset == entry.last_offset and header.producer_id == entry.producer_id \
+            and control_type(head, header) == ControlType.ABORT
 
     def _read(self, state: PartitionState, fetch_offset: int, max_bytes: int, min_one_batch: bool) -> FetchSlice:
         if not state.online:
@@ -576,7 +752,8 @@ class PartitionLog:
         log_end = state.log_end_offset
         if fetch_offset == log_end:
             self._tail_hint = (log_end, state.active_base_offset, state.segments_version, state.end_position)
-            return FetchSlice((), 0, state.high_watermark, state.log_start_offset, log_end, state.end_bytes)
+            return FetchSlice((), 0, state.high_watermark, state.log_start_offset, log_end, state.end_bytes,
+                              state.last_stable_offset)
         if fetch_offset > log_end or fetch_offset < state.log_start_offset:
             raise StorageError(
                 ErrorCode.OFFSET_OUT_OF_RANGE,
@@ -601,19 +778,21 @@ class PartitionLog:
                     break
                 index += 1  # fetch_offset is past this segment's last batch: it starts the next one
             else:
-                return FetchSlice((), 0, state.high_watermark, state.log_start_offset, log_end, state.end_bytes)
+                return FetchSlice((), 0, state.high_watermark, state.log_start_offset, log_end, state.end_bytes,
+                                  state.last_stable_offset)
         length = end - start
         if length > max_bytes:
             boundary = segment.boundary_at_or_before(start, start + max_bytes, entries)
             if boundary == start:
                 if not min_one_batch:
-                    return FetchSlice((), 0, state.high_watermark, state.log_start_offset, log_end, state.end_bytes)
+                    return FetchSlice((), 0, state.high_watermark, state.log_start_offset, log_end, state.end_bytes,
+                                      state.last_stable_offset)
                 (first_size,) = struct.unpack(">i", os.pread(segment.log_fd, 4, start + 8))
                 boundary = start + first_size + LENGTH_FIELDS_SIZE
             length = boundary - start
         return FetchSlice(
             ((segment.log_fd, start, length),), length, state.high_watermark, state.log_start_offset, log_end,
-            state.end_bytes,
+            state.end_bytes, state.last_stable_offset,
         )
 
     def state(self) -> PartitionState:
@@ -670,7 +849,7 @@ class PartitionLog:
             if state.flush_failed:
                 self._rewrite_unflushed(state, first)
             for segment in self.segments[first:]:
-                segment.flush(indexes)
+                segment.flush(indexes, indexes or self._txn_index_unsynced(segment, state))
         except (OSError, StorageError) as exc:
             with self.lock:
                 raise self._fault("fsync", exc, flush_failed=1) from None
@@ -911,10 +1090,13 @@ class PartitionLog:
             path = os.path.join(directory, name)
             if ".tmp." in name:
                 os.unlink(path)  # an interrupted snapshot write
-            elif name.endswith((INDEX_SUFFIX, TIME_INDEX_SUFFIX)):
+            elif name.endswith((INDEX_SUFFIX, TIME_INDEX_SUFFIX, TXN_INDEX_SUFFIX)):
                 if not os.path.exists(os.path.join(directory, name.rsplit(".", 1)[0] + LOG_SUFFIX)):
                     os.unlink(path)  # indexes of a segment whose log retention already deleted
         bases = segment_base_offsets(directory) or [0]
+        # Checked before the segments are opened (which makes their missing files).
+        txn_index_lost = not all(os.path.exists(os.path.join(directory, segment_file_name(base, TXN_INDEX_SUFFIX)))
+                                 for base in bases)
         log = cls(directory, table, row, config)
         with log.lock:
             log.segments = [log._segment(base, create=True) for base in bases]
@@ -971,10 +1153,20 @@ class PartitionLog:
                 log._delete_oldest(state, below)
                 state = table.read(row)
             delete_snapshots(directory, lambda offset: log_start <= offset <= next_offset)
-            producers = log._caught_up_producer_state(state)
+            if txn_index_lost:
+                # An aborted-transaction index is missing (lost, or a log older than transactions): rebuild
+                # them all, and the producer state with them, from the log start.
+                log._producer_state = ProducerStateTable(config.producer_batches_retained, log_start)
+            producers = log._caught_up_producer_state(state, rebuild_txn_index=True)
             if producers.end_offset != next_offset:
                 raise StorageError(ErrorCode.KAFKA_STORAGE_ERROR, f"{directory}: producer state rebuild stopped short")
-            table.update(row, producer_batches_end=producers.newest_batch_end())
+            # The rebuilt entries' markers count as flushed (flushed_offset is the log end): made durable here,
+            # so that flushes and snapshots may skip an index nobody changed since (node.storage.txn_index).
+            for segment in log.segments:
+                if (index := segment.txn_index()) is not None and index.written:
+                    log._survive(index.flush)
+            table.update(row, producer_batches_end=producers.newest_batch_end(),
+                         first_unstable_offset=producers.first_unstable_offset())
         return log
 
 

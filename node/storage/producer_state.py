@@ -1,4 +1,5 @@
-"""Idempotent-producer state of one partition: the last batches of every producer id, as Kafka keeps them.
+"""Idempotent- and transactional-producer state of one partition: the last batches of every producer id and
+each producer's open transaction, as Kafka's ProducerStateManager keeps them.
 
 For each producer id the state holds its current epoch and the metadata (first sequence, last sequence,
 base offset, last offset, max timestamp) of its last `batches_per_producer` batches (Kafka: 5, the most a
@@ -14,6 +15,11 @@ Invariants:
   epoch must start at sequence 0; within an epoch the next batch starts at last sequence + 1 (wrapping at
   INT32_MAX) or gets OUT_OF_ORDER_SEQUENCE_NUMBER; an unknown producer id is accepted at any sequence (its
   earlier batches may have been deleted by retention, as in Kafka).
+- A producer has at most one open transaction per partition: it opens at the first offset of its first
+  transactional batch and closes at its marker (a control batch, COMMIT or ABORT). first_unstable_offset() is
+  the smallest first offset of an open transaction (-1: none); the last stable offset (LSO) is that, or the
+  high watermark when nothing is open. A marker does not touch sequences: a producer's sequences run on across
+  its transactions within an epoch. A producer with an open transaction never expires.
 - Snapshots are written atomically (temporary file + rename) as `<end_offset, 20 digits>.snapshot`; a
   write that fails (a full disk) removes its temporary file.
 """
@@ -41,11 +47,21 @@ class BatchMetadata(NamedTuple):
     max_timestamp: int
 
 
+class CompletedTransaction(NamedTuple):
+    """A transaction a marker closed: its first offset and the marker's offset (Kafka's CompletedTxn)."""
+
+    producer_id: int
+    first_offset: int
+    last_offset: int
+    aborted: bool
+
+
 @dataclass
 class ProducerEntry:
     epoch: int
     batches: deque = field(default_factory=deque)
     last_timestamp: int = -1
+    open_transaction_from: int = -1  # first offset of its open transaction here, -1 when none
 
     @property
     def last_sequence(self) -> int:
@@ -63,6 +79,7 @@ class ProducerStateTable:
         self.batches_per_producer = batches_per_producer
         self.end_offset = end_offset
         self.producers: dict[int, ProducerEntry] = {}
+        self.marker_end = 0  # the offset after the newest transaction marker applied
 
     def check(self, producer_id: int, epoch: int, first_sequence: int, last_sequence: int) -> BatchMetadata | None:
         """Validate an idempotent batch before appending it.
@@ -104,27 +121,69 @@ class ProducerStateTable:
         base_offset: int,
         last_offset: int,
         max_timestamp: int,
+        transactional: bool = False,
     ) -> None:
-        """Record an appended batch (of any producer id; non-idempotent batches only move end_offset)."""
+        """Record an appended data batch (of any producer id; non-idempotent batches only move end_offset)."""
         if producer_id >= 0:
             entry = self.producers.get(producer_id)
             if entry is None or epoch != entry.epoch:
-                entry = self.producers[producer_id] = ProducerEntry(epoch)
+                open_from = entry.open_transaction_from if entry is not None else -1
+                entry = self.producers[producer_id] = ProducerEntry(epoch, open_transaction_from=open_from)
             entry.batches.append(BatchMetadata(first_sequence, last_sequence, base_offset, last_offset, max_timestamp))
             if len(entry.batches) > self.batches_per_producer:
                 entry.batches.popleft()
             entry.last_timestamp = max(entry.last_timestamp, max_timestamp)
+            if transactional and entry.open_transaction_from < 0:
+                entry.open_transaction_from = base_offset
         self.end_offset = last_offset + 1
 
+    def check_marker(self, producer_id: int, epoch: int) -> None:
+        """Validate a transaction marker before appending it: a marker of an older epoch than the producer's
+        is refused (INVALID_PRODUCER_EPOCH), as Kafka's coordinator-origin epoch check does."""
+        entry = self.producers.get(producer_id)
+        if entry is not None and epoch < entry.epoch:
+            raise StorageError(
+                ErrorCode.INVALID_PRODUCER_EPOCH, f"marker of producer {producer_id} epoch {epoch} < {entry.epoch}"
+            )
+
+    def apply_marker(self, producer_id: int, epoch: int, aborted: bool, offset: int,
+                     timestamp: int) -> CompletedTransaction | None:
+        """Record an appended marker at `offset`; returns the transaction it closed (None: none was open
+        here, e.g. a partition the producer added but never wrote to)."""
+        entry = self.producers.get(producer_id)
+        if entry is None:
+            entry = self.producers[producer_id] = ProducerEntry(epoch)
+        elif epoch > entry.epoch:  # a new epoch forgets the old epoch's sequences, as a data batch's would
+            entry.epoch, entry.batches = epoch, deque()
+        entry.last_timestamp = max(entry.last_timestamp, timestamp)
+        self.end_offset = self.marker_end = offset + 1
+        first = entry.open_transaction_from
+        if first < 0:
+            return None
+        entry.open_transaction_from = -1
+        return CompletedTransaction(producer_id, first, offset, aborted)
+
+    def first_unstable_offset(self) -> int:
+        """The first offset of the oldest open transaction, -1 when none is open (see the invariants)."""
+        return min((entry.open_transaction_from for entry in self.producers.values()
+                    if entry.open_transaction_from >= 0), default=-1)
+
+    def open_transactions(self) -> dict[int, int]:
+        """{producer id: first offset} of the open transactions."""
+        return {pid: entry.open_transaction_from for pid, entry in self.producers.items()
+                if entry.open_transaction_from >= 0}
+
     def newest_batch_end(self) -> int:
-        """The offset after the newest batch this state holds for any producer (0 when it holds none)."""
-        return max((entry.batches[-1].last_offset + 1 for entry in self.producers.values() if entry.batches),
-                   default=0)
+        """The offset after the newest batch or marker this state holds for any producer (0 when it holds none):
+        a process catching up must read the markers too, or it would see their transactions still open."""
+        return max(max((entry.batches[-1].last_offset + 1 for entry in self.producers.values() if entry.batches),
+                       default=0), self.marker_end)
 
     def expire(self, now_ms: int, expiration_ms: int) -> None:
         """Forget producers idle longer than expiration_ms (Kafka's producer.id.expiration.ms)."""
         horizon = now_ms - expiration_ms
-        for producer_id in [pid for pid, entry in self.producers.items() if entry.last_timestamp < horizon]:
+        for producer_id in [pid for pid, entry in self.producers.items()
+                            if entry.last_timestamp < horizon and entry.open_transaction_from < 0]:
             del self.producers[producer_id]
 
     # Snapshots -------------------------------------------------------------------------------------
@@ -133,8 +192,10 @@ class ProducerStateTable:
         return orjson.dumps(
             {
                 "end_offset": self.end_offset,
+                "marker_end": self.marker_end,
                 "producers": [
-                    [pid, entry.epoch, entry.last_timestamp, [list(batch) for batch in entry.batches]]
+                    [pid, entry.epoch, entry.last_timestamp, [list(batch) for batch in entry.batches],
+                     entry.open_transaction_from]
                     for pid, entry in self.producers.items()
                 ],
             }
@@ -146,8 +207,11 @@ class ProducerStateTable:
         try:
             document = orjson.loads(data)
             table = cls(batches_per_producer, int(document["end_offset"]))
-            for pid, epoch, last_timestamp, batches in document["producers"]:
-                entry = ProducerEntry(int(epoch), deque(maxlen=None), int(last_timestamp))
+            table.marker_end = int(document.get("marker_end", 0))
+            for pid, epoch, last_timestamp, batches, *open_from in document["producers"]:
+                # A snapshot written before transactions has four fields: nothing was open then.
+                entry = ProducerEntry(int(epoch), deque(maxlen=None), int(last_timestamp),
+                                      int(open_from[0]) if open_from else -1)
                 for batch in batches[-batches_per_producer:]:
                     entry.batches.append(BatchMetadata(*(int(value) for value in batch)))
                 table.producers[int(pid)] = entry

@@ -28,6 +28,10 @@ Invariants:
   a batch), from their headers alone.
 - validate_client_batch() either returns the parsed header or raises StorageError with a Kafka error code;
   it never raises anything else, whatever the input bytes (fuzzed in tests/test_records.py).
+- A transactional batch (bit 4) always carries a producer id, epoch and sequence. A control batch (bits 4 and
+  5, Kafka's transaction marker) is written by the node only, never accepted from a client: one record whose
+  key is (version int16 0, type int16: ABORT 0, COMMIT 1) and whose value is (version int16 0, coordinator
+  epoch int32), base sequence -1, as Kafka's EndTransactionMarker.
 """
 
 from __future__ import annotations
@@ -219,8 +223,8 @@ def validate_client_batch(buf, max_message_bytes: int) -> BatchHeader:
         raise StorageError(ErrorCode.CORRUPT_MESSAGE, f"unknown compression codec {attributes & COMPRESSION_MASK}")
     if attributes & CONTROL_BIT:
         raise StorageError(ErrorCode.INVALID_RECORD, "clients may not send control batches")
-    if attributes & TRANSACTIONAL_BIT:
-        raise StorageError(ErrorCode.INVALID_RECORD, "transactional batches are not supported")
+    if attributes & TRANSACTIONAL_BIT and header.producer_id < 0:
+        raise StorageError(ErrorCode.INVALID_RECORD, "transactional batch without a producer id")
     if attributes & COMPRESSION_MASK == 0 and not records_can_fit(buf, header):
         raise StorageError(ErrorCode.CORRUPT_MESSAGE, f"{header.record_count} records cannot fit in {size} bytes")
     if header.producer_id >= 0 and (header.base_sequence < 0 or header.producer_epoch < 0):
@@ -395,10 +399,10 @@ def build_batch(records: Sequence[tuple[bytes | None, bytes | None]], timestamp_
                 timestamp_deltas: Sequence[int] | None = None, headers: Sequence[Headers] | None = None,
                 compression: int = 0, base_offset: int = 0, partition_leader_epoch: int = 0,
                 producer_id: int = NO_PRODUCER_ID, producer_epoch: int = NO_PRODUCER_EPOCH,
-                base_sequence: int = NO_SEQUENCE) -> bytes:
+                base_sequence: int = NO_SEQUENCE, transactional: bool = False) -> bytes:
     """A sealed v2 batch of (key, value) records (None: null), create time: record i at timestamp_ms +
     timestamp_deltas[i] (default: all at timestamp_ms) with headers[i] (default none), its records
-    compressed with codec `compression`."""
+    compressed with codec `compression`; `transactional` sets the transactional bit."""
     if not records:
         raise ValueError("a record batch holds at least one record")
     deltas = timestamp_deltas if timestamp_deltas is not None else [0] * len(records)
@@ -408,12 +412,52 @@ def build_batch(records: Sequence[tuple[bytes | None, bytes | None]], timestamp_
     if compression:
         body = compress(compression, body)
     batch = bytearray(pack_header(len(body), len(records), timestamp_ms, timestamp_ms + max(deltas),
-                                  attributes=compression, base_offset=base_offset,
+                                  attributes=compression | (TRANSACTIONAL_BIT if transactional else 0),
+                                  base_offset=base_offset,
                                   partition_leader_epoch=partition_leader_epoch, producer_id=producer_id,
                                   producer_epoch=producer_epoch, base_sequence=base_sequence))
     batch += body
     seal(batch)
     return bytes(batch)
+
+
+class ControlType:
+    """The type in a control record's key (Kafka's ControlRecordType)."""
+
+    ABORT = 0
+    COMMIT = 1
+
+
+CONTROL_KEY = struct.Struct(">hh")  # version 0, type
+CONTROL_VALUE = struct.Struct(">hi")  # version 0, coordinator epoch
+# A control batch's one record: length, attributes, timestamp delta, offset delta, then key and value of fixed
+# sizes (each a 1-byte varint length), header count: its key starts at this offset after the batch header.
+CONTROL_KEY_AT = BATCH_HEADER_SIZE + 5
+
+
+def build_control_batch(producer_id: int, producer_epoch: int, control_type: int, coordinator_epoch: int,
+                        timestamp_ms: int, base_offset: int = 0) -> bytes:
+    """A sealed transaction marker (COMMIT or ABORT) for one producer, in Kafka's on-disk format."""
+    body = encode_record(0, CONTROL_KEY.pack(0, control_type), CONTROL_VALUE.pack(0, coordinator_epoch))
+    batch = bytearray(pack_header(len(body), 1, timestamp_ms, timestamp_ms,
+                                  attributes=TRANSACTIONAL_BIT | CONTROL_BIT, base_offset=base_offset,
+                                  producer_id=producer_id, producer_epoch=producer_epoch))
+    batch += body
+    seal(batch)
+    return bytes(batch)
+
+
+def control_type(buf, header: BatchHeader | None = None) -> int | None:
+    """The type (ControlType) of a control batch from its first CONTROL_KEY_AT + 4 bytes; None if the batch is
+    not a control batch or its record is not a version-0 control key."""
+    if header is None:
+        header = parse_header(buf)
+    if not header.attributes & CONTROL_BIT or len(buf) < CONTROL_KEY_AT + CONTROL_KEY.size:
+        return None
+    version, kind = CONTROL_KEY.unpack_from(buf, CONTROL_KEY_AT)
+    if version != 0 or buf[CONTROL_KEY_AT - 1] != varint(CONTROL_KEY.size)[0]:
+        return None
+    return kind
 
 
 def iter_records(buf, header: BatchHeader):

@@ -4,6 +4,8 @@ Files, named by the segment's base offset in Kafka's 20-digit form:
     00000000000000000000.log        v2 record batches, back to back, exactly as appended
     00000000000000000000.index      entries (relative offset u32, position u32), little-endian
     00000000000000000000.timeindex  entries (timestamp i64, relative offset i64), little-endian
+    00000000000000000000.txnindex   aborted transactions whose ABORT marker is in this segment
+                                    (node.storage.txn_index; made with the segment, often empty)
 
 Invariants:
 - Index entry i of both indexes describes the same batch: its offset relative to the segment base (> 0,
@@ -38,6 +40,7 @@ import struct
 
 from node.storage.faults import is_storage_fault, reserve
 from node.storage.records import BATCH_HEADER, BATCH_HEADER_SIZE, LENGTH_FIELDS_SIZE, stored_batch_is_valid
+from node.storage.txn_index import TXN_INDEX_SUFFIX, TransactionIndex
 
 LOG_SUFFIX = ".log"
 INDEX_SUFFIX = ".index"
@@ -111,6 +114,8 @@ class Segment:
         self.log_path = os.path.join(directory, segment_file_name(base_offset, LOG_SUFFIX))
         self.index_path = os.path.join(directory, segment_file_name(base_offset, INDEX_SUFFIX))
         self.time_index_path = os.path.join(directory, segment_file_name(base_offset, TIME_INDEX_SUFFIX))
+        self.txn_index_path = os.path.join(directory, segment_file_name(base_offset, TXN_INDEX_SUFFIX))
+        self._txn_index: TransactionIndex | None = None
         flags = os.O_RDWR | os.O_CLOEXEC | (os.O_CREAT if create else 0)
         self.log_fd = os.open(self.log_path, flags, 0o644)
         self.inode = os.fstat(self.log_fd).st_ino  # a cleaned segment replaces the file under the same name
@@ -137,6 +142,8 @@ class Segment:
         self._reserved_entries = 0  # entries whose blocks this process has reserved in both index files
         self.faults: list[OSError] = []  # disk faults recovery lived through (recover() fills it)
         self.uncached_position = 0  # log bytes before it were dropped from the page cache
+        if create:
+            self.txn_index(create=True)  # every segment has one: recovery rebuilds them all when one is missing
 
     @staticmethod
     def create_files(directory: str, base_offset: int, index_max_bytes: int) -> None:
@@ -144,7 +151,7 @@ class Segment:
         log and both indexes preallocated sparse, as Segment(..., create=True) makes them."""
         capacity = max(index_max_bytes // INDEX_ENTRY_BYTES, 2)
         for suffix, size in ((LOG_SUFFIX, 0), (INDEX_SUFFIX, capacity * INDEX_ENTRY_BYTES),
-                             (TIME_INDEX_SUFFIX, capacity * TIME_INDEX_ENTRY_BYTES)):
+                             (TIME_INDEX_SUFFIX, capacity * TIME_INDEX_ENTRY_BYTES), (TXN_INDEX_SUFFIX, 0)):
             fd = os.open(os.path.join(directory, segment_file_name(base_offset, suffix)),
                          os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
             try:
@@ -152,6 +159,16 @@ class Segment:
                     os.ftruncate(fd, size)
             finally:
                 os.close(fd)
+
+    def txn_index(self, create: bool = False) -> TransactionIndex | None:
+        """The segment's aborted-transaction index; None while it has no file and `create` is False (only the
+        lock holder creates it: a reader must not leave a file behind for a segment retention deletes)."""
+        if self._txn_index is None:
+            try:
+                self._txn_index = TransactionIndex(self.txn_index_path, create)
+            except FileNotFoundError:
+                return None
+        return self._txn_index
 
     def _view(self, view):
         self._views.append(view)
@@ -306,6 +323,7 @@ class Segment:
         """Empty a segment created by a roll that was interrupted before it was published."""
         os.ftruncate(self.log_fd, 0)
         self.zero_entries_from(0)
+        self.txn_index(create=True).truncate_from(self.base_offset)
 
     # Recovery (single process, before workers start) -----------------------------------------------
 
@@ -403,11 +421,14 @@ class Segment:
 
     # Lifetime --------------------------------------------------------------------------------------
 
-    def flush(self, indexes: bool = True) -> None:
-        """fdatasync the log (its data and size: what recovery needs), and msync both index mappings unless
-        `indexes` is False. Index pages are never needed for durability: recovery checks every entry it trusts
-        against the log and rebuilds what is missing, so the group commit leaves them to the page cache."""
+    def flush(self, indexes: bool = True, txn_index: bool = True) -> None:
+        """fdatasync the log (its data and size: what recovery needs) and, with `txn_index`, the aborted-transaction
+        index, and msync both index mappings unless `indexes` is False. Index pages are never needed for
+        durability: recovery checks every entry it trusts against the log and rebuilds what is missing, so the
+        group commit leaves them to the page cache."""
         os.fdatasync(self.log_fd)
+        if txn_index and (index := self.txn_index()) is not None:  # one failed open when the segment has none
+            index.flush()
         if indexes:
             for memory in self._maps:
                 memory.flush()
@@ -437,9 +458,12 @@ class Segment:
         if self.log_fd >= 0:
             os.close(self.log_fd)
             self.log_fd = -1
+        if self._txn_index is not None:
+            self._txn_index.close()
+            self._txn_index = None
 
     def delete_files(self) -> None:
-        for path in (self.log_path, self.index_path, self.time_index_path):
+        for path in (self.log_path, self.index_path, self.time_index_path, self.txn_index_path):
             try:
                 os.unlink(path)
             except FileNotFoundError:

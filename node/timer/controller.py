@@ -97,10 +97,15 @@ class Controller:
 
         self.flusher.submit("delete records", delete, then=answer)
 
-    def _answer(self, worker: int, message: Any, outcome: Any) -> None:
+    def catalog_changed(self) -> None:
+        """After a change of the catalog by the timer process (here, or a coordinator's internal topic): the
+        flusher's store and the workers reload it."""
         if self.store.version != self.flusher.catalog_version:
             self.flusher.catalog_version = self.store.version
             self.outbox.broadcast(M.encode(M.Kind.LAYOUT, self.store.version))
+
+    def _answer(self, worker: int, message: Any, outcome: Any) -> None:
+        self.catalog_changed()
         self.outbox.send(worker, M.encode_reply(message.request_id, message.kind, outcome))
 
 

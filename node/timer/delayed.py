@@ -66,7 +66,7 @@ class DelayedFetch(TimerOperation):
 
     def __init__(self, worker: int, request_id: int, condition: FetchCondition, table: PartitionTable,
                  sink: CompletionSink) -> None:
-        super().__init__(worker, request_id, [row for row, _ in condition.watch], table, sink)
+        super().__init__(worker, request_id, [row for row, *_ in condition.watch], table, sink)
         self.condition = condition
 
     def satisfied(self) -> bool:

@@ -6,6 +6,7 @@
 - the delayed-operation service (node.timer.service): long-poll fetches and acks=all produces;
 - the controller (node.timer.controller): topic administration (topics, partitions, configs, records);
 - the group coordinator (node.timer.groups): consumer groups and their committed offsets;
+- the transaction coordinator (node.timer.transactions): transactional ids, their state log and markers;
 - the quota manager (node.timer.quotas): clients' byte rates, node-wide, and throttle timers;
 - the flusher (node.timer.flusher): group-commit fsync, and the thread the chores run on;
 - the chores (node.timer.chores): producer-state snapshots and retention, on a wheel of their own;
@@ -26,6 +27,7 @@ Invariants:
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import signal
@@ -49,6 +51,10 @@ from node.timer.outbox import Outbox
 from node.timer.quotas import QuotaManager
 from node.timer.service import DelayedOperations
 from node.timer.stats import TimerStats
+from node.timer.transactions.coordinator import TransactionCoordinator
+from node.timer.transactions.hanging import HangingTransactions
+from node.timer.transactions.markers import MarkerWriter
+from node.timer.transactions.state_log import TransactionStateLog
 from shm import instance as shm_instance
 from shm import messages as M
 from shm import stats as S
@@ -94,6 +100,19 @@ class TimerProcess:
         self.groups = GroupCoordinator(groups, self.outbox, offsets, self.store, config.timer.wheel,
                                        config.timer.purgatory, now)
         self.controller = Controller(self.store, self.outbox, self.flusher)
+        txn = config.transactions
+        # The coordinator's state records are on its clients' path (each AddPartitionsToTxn, EndTxn): synced at once.
+        state_log = TransactionStateLog(self.store, functools.partial(self.operations.wait_flushed, urgent=True),
+                                        segment_bytes=txn.state_segment_bytes,
+                                        load_bytes_per_turn=txn.state_load_bytes_per_turn,
+                                        write_timeout_ms=txn.state_write_timeout_ms,
+                                        catalog_changed=self.controller.catalog_changed)
+        self.markers = MarkerWriter(self.store, self.operations.wait_flushed, txn.state_write_timeout_ms)
+        self.flushed_rows: set[int] = set()  # flushed this turn: their markers are prepared after its answers
+        self.transactions = TransactionCoordinator(
+            txn, self.outbox, state_log, self.markers,
+            self.store, self.groups.commit_transaction_offsets, lambda: self.groups.loading, config.timer.wheel, now,
+            groups.offset_metadata_max_bytes)
         self.quotas = QuotaManager(config.quotas, self.outbox, now)
         self.reload = ConfigReload(config_path, config, self._apply_config, log)
         self.chores = ChoreScheduler(config.timer.wheel, now, self._run_chore)
@@ -105,6 +124,11 @@ class TimerProcess:
         self.chores.every("cleaning survey", config.cleaner.backoff_ms, self.cleaning.survey_due, now, inline=True)
         self.chores.every("offset expiry", groups.offsets_retention_check_interval_ms, self.groups.expire_offsets, now,
                           inline=True)
+        self.chores.every("transactional id expiry", txn.remove_expired_interval_ms,
+                          self.transactions.expire_transactional_ids, now, inline=True)
+        self.hanging = HangingTransactions(self.store, self.transactions.owns,
+                                           txn.transaction_max_timeout_ms + txn.hanging_check_interval_ms, monotonic_ms)
+        self.chores.every("hanging transactions", txn.hanging_check_interval_ms, self.hanging.sweep, now, inline=True)
         self.handlers: dict[M.Kind, Callable[[int, Any], None]] = {
             M.Kind.DELAY_FETCH: self.operations.delay_fetch,
             M.Kind.DELAY_PRODUCE: self.operations.delay_produce,
@@ -116,6 +140,7 @@ class TimerProcess:
             M.Kind.DELETE_RECORDS: self.controller.delete_records,
             M.Kind.FLUSH: lambda worker, message: self.flusher.request(),
             **self.groups.handlers,
+            **self.transactions.handlers,
             M.Kind.QUOTA_USAGE: self.quotas.usage,
             M.Kind.THROTTLE: self._throttle,
             M.Kind.CLEANER_READY: self._from_cleaner(self.cleaning.ready),
@@ -176,6 +201,7 @@ class TimerProcess:
             report = self.flusher.reports.get_nowait()
             self.operations.flush_failed(report.round, report.failed)
             self.operations.flushed(report.flushed)
+            self.flushed_rows.update(report.flushed)
         self.flusher.run_finished()
 
     def _sleep_timeout_s(self, now: int) -> float:
@@ -183,7 +209,8 @@ class TimerProcess:
         timeout = min(self.config.timer.max_sleep_ms, self.config.server.heartbeat_interval_ms)
         due = None
         for deadline in (self.operations.next_expiration(), self.chores.next_expiration(),
-                         self.groups.next_expiration(), self.quotas.next_expiration()):
+                         self.groups.next_expiration(), self.quotas.next_expiration(),
+                         self.transactions.next_expiration()):
             if deadline is not None:
                 due = deadline if due is None else min(due, deadline)
                 timeout = min(timeout, max(0, deadline - now))
@@ -236,12 +263,17 @@ class TimerProcess:
             self._drain()
             self._on_flushed()
             self.groups.turn()
+            self.transactions.turn()
             now = monotonic_ms()
             self.operations.advance(now)
             self.groups.advance(now)
+            self.transactions.advance(now)
             self.chores.advance(now)
             self.quotas.end_turn(now)
             self.outbox.flush()
+            if self.flushed_rows:  # once the turn's answers are out: off their path, ahead of the EndTxns
+                self.markers.prepare(self.flushed_rows)
+                self.flushed_rows.clear()
         # Let pending acks=all produces see a last flush before going.
         self.flusher.stop(self.config.server.shutdown_grace_ms / 1000)
         self._on_flushed()

@@ -23,6 +23,7 @@ class TimerStats:
         self.writer = writer
         self.segment = segment  # where the groups' committed offsets go (its committed offsets area)
         self._committed: dict | None = None  # the last published, to publish only changes
+        self._transactions_seen: int | None = None  # the state log's changes when the transactions were published
         self.interval_ns = interval_ms * 1_000_000
         self._next_ns = 0
         self._lateness_us: list[int] = []
@@ -49,6 +50,15 @@ class TimerStats:
         if committed != self._committed:
             self.segment.publish_committed(committed)  # readers see whether it was cut
             self._committed = committed
+
+    def _publish_transactions(self, coordinator: Any) -> None:
+        """Every transactional id's state into the segment, when a state write ended since the last publish (and
+        once loaded)."""
+        changes = coordinator.state_log.changes
+        if self.segment is None or coordinator.loading or changes == self._transactions_seen:
+            return
+        self.segment.transactions.publish(coordinator.describe())
+        self._transactions_seen = changes
 
     def due(self, now_ns: int) -> bool:
         return now_ns >= self._next_ns
@@ -104,6 +114,15 @@ class TimerStats:
         w.set("groups", len(groups.groups))
         w.set("group_members", sum(len(group.members) for group in groups.groups.values()))
         w.set("rebalances", groups.rebalances)
+        transactions = timer.transactions
+        w.set("transactions_open", transactions.open_transactions())
+        w.set("transactions_committed", transactions.commits)
+        w.set("transactions_aborted", transactions.aborts)
+        w.set("transactions_timed_out", transactions.timed_out)
+        w.set("transaction_markers", transactions.markers.written)
+        w.set("transaction_requests_held", transactions.held.held)
+        w.set("transaction_requests_refused", transactions.held.refused)
+        self._publish_transactions(transactions)
         capacity = timer.config.rings.capacity
         for worker, writer in enumerate(timer.outbox.writers[:S.MAX_RINGS]):
             w.set("ring_frames_sent", timer.outbox.frames_sent[worker], worker)

@@ -5,6 +5,7 @@
     shmbroker dashboard [--data-dir DIR]                live view: processes (psutil) and the node's rates
     shmbroker topics list|create|describe|delete [--bootstrap HOST:PORT] ...
     shmbroker groups list|describe [--bootstrap HOST:PORT] ...      (lag per partition)
+    shmbroker transactions list|describe ID [--data-dir DIR] [--json]   (the coordinator's state, no request)
     shmbroker --version
 
 Exit codes: 0 done; 1 the operation failed (the broker's error, a child that cannot boot); 2 bad usage or a bad
@@ -110,6 +111,17 @@ def _parser() -> argparse.ArgumentParser:
         kafka_api(p)
         if action == "describe":
             p.add_argument("group", help="the group id")
+
+    transactions = command(sub, "transactions", "list transactional ids, describe one (the transaction coordinator's "
+                                                "state, read from shared memory)")
+    transactions_sub = transactions.add_subparsers(dest="action", required=True)
+    for action, text in (("list", "every transactional id: its state, producer id and epoch"),
+                         ("describe", "a transactional id's state, producer, timeout and open transaction")):
+        p = command(transactions_sub, action, text)
+        p.add_argument("--data-dir", default="./data", help="the node's data directory")
+        p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+        if action == "describe":
+            p.add_argument("transactional_id", help="the transactional.id")
     return parser
 
 
@@ -120,7 +132,8 @@ def _error(message: str, code: int) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    handler = {"serve": _serve, "stats": _stats, "dashboard": _dashboard, "topics": _topics, "groups": _groups}
+    handler = {"serve": _serve, "stats": _stats, "dashboard": _dashboard, "topics": _topics, "groups": _groups,
+               "transactions": _transactions}
     try:
         return handler[args.command](args)
     except KeyboardInterrupt:
@@ -240,6 +253,32 @@ def _groups(args: argparse.Namespace) -> int:
         return 0
 
     return _admin_call(args, run)
+
+
+def _transactions(args: argparse.Namespace) -> int:
+    from node.tools import dashboard as views
+    from node.tools.inspect import NodeNotRunning, NodeReader
+
+    try:
+        reader = NodeReader.open(args.data_dir)
+    except NodeNotRunning as exc:
+        return _error(str(exc), EXIT_NOT_RUNNING)
+    try:
+        transactions, complete = reader.transactions()
+    finally:
+        reader.close()
+    if args.action == "list":
+        if not complete:
+            print("shmbroker: more transactional ids than the stats segment holds (stats.transactions_bytes): "
+                  "the idle ones left out", file=sys.stderr)
+        _print(transactions, args.json, views.render_transactions)
+        return 0
+    found = next((t for t in transactions if t["transactional_id"] == args.transactional_id), None)
+    if found is None:
+        more = "" if complete else " (or left out: more ids than the stats segment holds)"
+        return _error(f"transactional id {args.transactional_id!r} not found{more}", EXIT_FAILED)
+    _print(found, args.json, views.render_transaction)
+    return 0
 
 
 if __name__ == "__main__":

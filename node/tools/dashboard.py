@@ -1,10 +1,13 @@
-"""`shmbroker dashboard`: a live terminal view of a running node (rich), and the tables of `stats`, `topics`, `groups`.
+"""`shmbroker dashboard`: a live terminal view of a running node (rich), and the tables of `stats`, `topics`, `groups`,
+`transactions`.
 
 Each refresh (default every second) reads the stats segment (node.tools.inspect: shared memory, no request to the
 node) and asks psutil about the node's processes (the supervisor and its children): CPU %, RSS, context
 switches per second, open files, TCP connections. Rates are differences of the counters between two refreshes;
 sparklines keep the last minute. Group lag comes from the segment too (committed offsets written by the timer,
-high watermarks from the partition table): the dashboard never sends the node a request.
+high watermarks from the partition table), and so do the LSO lag per partition and the longest open
+transactions (the transaction coordinator's state, published by the timer): the dashboard never sends the node a
+request.
 
 Invariants: the dashboard never writes to the node; a node that is gone shows one clear line and is looked for
 again every refresh (a restarted node is picked up by its data directory); every loop is bounded by --duration
@@ -24,13 +27,14 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from node.tools.inspect import NodeNotRunning, NodeReader, api_name, locate
+from node.tools.inspect import OPEN_STATES, NodeNotRunning, NodeReader, api_name, locate
 from shm import stats as S
 
 SPARK = "▁▂▃▄▅▆▇█"
 HISTORY = 60  # refreshes kept for sparklines (a minute at the default interval)
 LAG_INTERVAL_S = 1.0
-MAX_LAG_GROUPS = 20  # rows of group lag in the view
+MAX_LAG_GROUPS = 20  # rows of group lag (and of LSO lag) in the view
+MAX_OPEN_TRANSACTIONS = 5  # rows of the longest open transactions in the view
 # psutil's connection list parses /proc/net/tcp (every socket of the host): refreshed this often, not every second.
 CONNECTIONS_INTERVAL_S = 5.0
 MB = 1024 * 1024
@@ -72,6 +76,8 @@ class DashboardState:
     last_error: str = ""
     lag: dict[str, int] = field(default_factory=dict)
     cleaning: dict[str, dict] = field(default_factory=dict)  # the dirtiest compacted logs' cleaning figures
+    lso_lag: dict[str, int] = field(default_factory=dict)  # the partitions furthest behind in open transactions
+    oldest_open: list[dict] = field(default_factory=list)  # the longest open transactions
     lag_at: float = 0.0
 
 
@@ -219,6 +225,9 @@ class Dashboard:
                           f"{timer.get('throttled_clients')} ({self._rate(timer, 'throttle_ms_total', now):.0f})", "")
             table.add_row("groups / members / rebalances",
                           f"{timer.get('groups')} / {timer.get('group_members')} / {timer.get('rebalances')}", "")
+            table.add_row("transactions open / committed / aborted (timed out)",
+                          f"{timer.get('transactions_open')} / {timer.get('transactions_committed')} / "
+                          f"{timer.get('transactions_aborted')} ({timer.get('transactions_timed_out')})", "")
         for row in workers:
             capacity = int(row.array("ring_capacity_bytes")[0]) or 1
             used = int(row.array("ring_used_bytes")[0])
@@ -238,6 +247,12 @@ class Dashboard:
                           f"{cleaning['errors']} errors" if cleaning["errors"] else "")
         for group, lag in sorted(self.state.lag.items()):
             table.add_row(f"group {group}: lag", str(lag), "")
+        for name, lag in self.state.lso_lag.items():
+            table.add_row(f"partition {name}: LSO lag (records in open transactions)", str(lag), "")
+        for t in self.state.oldest_open:
+            table.add_row(f"transaction {t['transactional_id']}: {t['state']}, open for (s)",
+                          f"{(t['duration_ms'] or 0) / 1000:.1f}",
+                          f"{len(t['partitions'])} partitions, timeout {t['timeout_ms'] / 1000:.0f} s")
         return table
 
     def _refresh_lag(self, now: float, rows: list[S.RowSnapshot]) -> None:
@@ -246,9 +261,16 @@ class Dashboard:
         if now - state.lag_at < LAG_INTERVAL_S or state.reader is None:
             return
         state.lag_at = now
-        cleaning = {f"{p['topic']}-{p['partition']}": p["cleaning"] for p in state.reader.partitions()
-                    if "cleaning" in p}
+        partitions = state.reader.partitions()
+        cleaning = {f"{p['topic']}-{p['partition']}": p["cleaning"] for p in partitions if "cleaning" in p}
         state.cleaning = dict(sorted(cleaning.items(), key=lambda item: -item[1]["dirty_ratio"])[:MAX_LAG_GROUPS])
+        lso_lag = {f"{p['topic']}-{p['partition']}": p["high_watermark"] - p["last_stable_offset"]
+                   for p in partitions}
+        state.lso_lag = dict(sorted(((name, lag) for name, lag in lso_lag.items() if lag > 0),
+                                    key=lambda item: -item[1])[:MAX_LAG_GROUPS])
+        transactions, _ = state.reader.transactions()
+        open_ones = [t for t in transactions if t["state"] in OPEN_STATES]
+        state.oldest_open = sorted(open_ones, key=lambda t: -(t["duration_ms"] or 0))[:MAX_OPEN_TRANSACTIONS]
         groups, complete = state.reader.group_lag()
         totals = {group: sum(p["lag"] or 0 for p in partitions) for group, partitions in groups.items()}
         largest = sorted(totals.items(), key=lambda item: -item[1])[:MAX_LAG_GROUPS]
@@ -337,13 +359,14 @@ def render_stats(document: dict) -> None:
                       str(done.get("frames_sent", "")), str(done.get("used_bytes", "")))
     console.print(rings)
     partitions = Table(title="partitions")
-    for column in ("topic", "partition", "log start", "log end", "high watermark", "unflushed bytes", "dirty",
-                   "cleaned (reclaimed) MB"):
+    for column in ("topic", "partition", "log start", "log end", "high watermark", "LSO lag", "unflushed bytes",
+                   "dirty", "cleaned (reclaimed) MB"):
         partitions.add_column(column, justify="right")
     for p in document["partitions"]:
         cleaning = p.get("cleaning")
         partitions.add_row(p["topic"], str(p["partition"]), str(p["log_start_offset"]), str(p["log_end_offset"]),
-                           str(p["high_watermark"]), str(p["unflushed_bytes"]),
+                           str(p["high_watermark"]), str(p["high_watermark"] - p["last_stable_offset"]),
+                           str(p["unflushed_bytes"]),
                            f"{100 * cleaning['dirty_ratio']:.0f}%" if cleaning else "",
                            f"{_mb(cleaning['bytes_cleaned'])} ({_mb(cleaning['bytes_reclaimed'])})" if cleaning else "")
     console.print(partitions)
@@ -357,6 +380,17 @@ def render_stats(document: dict) -> None:
                 lag.add_row(group, p["topic"], str(p["partition"]), str(p["committed_offset"]),
                             str(p["high_watermark"]), "-" if p["lag"] is None else str(p["lag"]))
         console.print(lag)
+    if document["open_transactions"]:
+        open_table = Table(title="open transactions" + ("" if document["transactions_complete"] else
+                                                        " (more transactional ids than the segment holds)"))
+        for column in ("transactional id", "state", "producer id", "epoch", "partitions", "open for (s)",
+                       "timeout (s)"):
+            open_table.add_column(column, justify="right")
+        for t in document["open_transactions"]:
+            open_table.add_row(t["transactional_id"], t["state"], str(t["producer_id"]), str(t["producer_epoch"]),
+                               str(len(t["partitions"])), f"{(t['duration_ms'] or 0) / 1000:.1f}",
+                               f"{t['timeout_ms'] / 1000:.0f}")
+        console.print(open_table)
 
 
 def render_topics(topics: list[dict]) -> None:
@@ -375,6 +409,37 @@ def render_topic(topic: dict) -> None:
     for p in topic["partitions"]:
         table.add_row(str(p["partition"]), str(p["leader"]), str(p["log_start_offset"]), str(p["high_watermark"]))
     Console().print(table)
+
+
+def _wall(ms: int) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ms / 1000)) if ms >= 0 else "-"
+
+
+def render_transactions(transactions: list[dict]) -> None:
+    table = Table()
+    for column in ("transactional id", "state", "producer id", "epoch", "partitions", "open for (s)"):
+        table.add_column(column, justify="left" if column in ("transactional id", "state") else "right")
+    for t in transactions:
+        table.add_row(t["transactional_id"], t["state"], str(t["producer_id"]), str(t["producer_epoch"]),
+                      str(len(t["partitions"])), "-" if t["duration_ms"] is None else f"{t['duration_ms'] / 1000:.1f}")
+    Console().print(table)
+
+
+def render_transaction(t: dict) -> None:
+    console = Console()
+    console.print(f"[bold]transactional id {t['transactional_id']}[/] state {t['state']}")
+    console.print(f"producer id {t['producer_id']} epoch {t['producer_epoch']}  timeout {t['timeout_ms']} ms  "
+                  f"last change {_wall(t['last_update_ms'])}")
+    if t["start_ms"] >= 0:
+        console.print(f"transaction started {_wall(t['start_ms'])} ({t['duration_ms'] / 1000:.1f} s ago)")
+    if t["groups"]:
+        console.print("consumer groups: " + ", ".join(t["groups"]))
+    table = Table(title="partitions of the transaction")
+    table.add_column("topic")
+    table.add_column("partition", justify="right")
+    for p in t["partitions"]:
+        table.add_row(p["topic"], str(p["partition"]))
+    console.print(table)
 
 
 def render_groups(groups: list[dict]) -> None:

@@ -31,7 +31,9 @@ API_NAMES = {
     0: "Produce", 1: "Fetch", 2: "ListOffsets", 3: "Metadata", 8: "OffsetCommit", 9: "OffsetFetch",
     10: "FindCoordinator", 11: "JoinGroup", 12: "Heartbeat", 13: "LeaveGroup", 14: "SyncGroup",
     15: "DescribeGroups", 16: "ListGroups", 18: "ApiVersions", 19: "CreateTopics", 20: "DeleteTopics",
-    22: "InitProducerId", 42: "DeleteGroups", 47: "OffsetDelete",
+    21: "DeleteRecords", 22: "InitProducerId", 24: "AddPartitionsToTxn", 25: "AddOffsetsToTxn", 26: "EndTxn",
+    28: "TxnOffsetCommit", 32: "DescribeConfigs", 33: "AlterConfigs", 37: "CreatePartitions", 42: "DeleteGroups",
+    44: "IncrementalAlterConfigs", 47: "OffsetDelete",
 }
 
 
@@ -56,6 +58,8 @@ def error_name(code: int) -> str:
         return f"CODE_{code}"
 
 
+# The states of a transaction open or completing, as the timer publishes them (TxnState's values).
+OPEN_STATES = ("Ongoing", "PrepareCommit", "PrepareAbort")
 PER_API_FIELDS = ("requests", "request_errors", "error_responses", "bytes_in", "bytes_out")
 
 
@@ -128,6 +132,7 @@ class NodeReader:
                 state = self.table.read(row)
                 entry = {"topic": topic.name, "partition": partition, "log_start_offset": state.log_start_offset,
                          "log_end_offset": state.log_end_offset, "high_watermark": state.high_watermark,
+                         "last_stable_offset": state.last_stable_offset,
                          "unflushed_bytes": state.end_bytes - state.flushed_bytes}
                 cleaning = self.table.cleaning(row)
                 if "compact" in topic.configs.get("cleanup.policy", "") or any(cleaning):
@@ -156,6 +161,20 @@ class NodeReader:
                 rows.append({"topic": topic, "partition": partition, "committed_offset": offset,
                              "high_watermark": high, "lag": None if high is None else max(0, high - offset)})
             out[group] = rows
+        return out, complete
+
+    def transactions(self) -> tuple[list[dict], bool]:
+        """Every transactional id the transaction coordinator knows, as the timer published it (shm.stats: state,
+        producer id and epoch, timeout, the open transaction's start and partitions), open transactions first;
+        and whether every id fit the segment. An open transaction gets its duration so far."""
+        document, complete = self.stats.transactions.read()
+        now = time.time_ns() // 1_000_000
+        out = []
+        for transactional_id, entry in document.items():
+            partitions = [{"topic": topic, "partition": partition} for topic, partition in entry["partitions"]]
+            entry = {"transactional_id": transactional_id, **entry, "partitions": partitions}
+            entry["duration_ms"] = max(0, now - entry["start_ms"]) if entry["start_ms"] >= 0 else None
+            out.append(entry)
         return out, complete
 
     def close(self) -> None:
@@ -206,6 +225,7 @@ def snapshot_document(reader: NodeReader) -> dict:
                                   "capacity_bytes": int(timer.array("ring_capacity_bytes")[row.index])}
         rings.append(ring)
     groups, groups_complete = reader.group_lag()
+    transactions, transactions_complete = reader.transactions()
     totals = S.totals(rows)
     if timer is not None:
         levels = timer.get("wheel_levels")
@@ -217,4 +237,6 @@ def snapshot_document(reader: NodeReader) -> dict:
             "partitions": reader.partitions(),
             "groups": {group: {"total_lag": sum(p["lag"] or 0 for p in partitions), "partitions": partitions}
                        for group, partitions in groups.items()},
-            "groups_complete": groups_complete}
+            "groups_complete": groups_complete,
+            "open_transactions": [t for t in transactions if t["state"] in OPEN_STATES],
+            "transactions_complete": transactions_complete}

@@ -4,7 +4,10 @@ prometheus-client from a thread of the supervisor.
 Names follow Kafka's JMX metrics where Kafka has one (kafka_network_requests_total{request="Produce"} for
 kafka.network:type=RequestMetrics,name=RequestsPerSec; kafka_server_delayed_operations{purgatory="fetch"} for
 DelayedOperationPurgatory PurgatorySize; kafka_log_log_end_offset{topic,partition} for Log LogEndOffset); every
-other field of shm.stats is exported as shmbroker_<field> with the process as labels.
+other field of shm.stats is exported as shmbroker_<field> with the process as labels (transactions open,
+committed, aborted, timed out: shmbroker_transactions_*), the LSO lag per partition as
+kafka_cluster_partition_last_stable_offset_lag, the longest open transaction's age as
+shmbroker_transactions_oldest_open_ms.
 
 Invariants: each scrape reads one fresh snapshot (no caching between scrapes, nothing written to the node); the
 endpoint listens on loopback unless told otherwise; it is off by default.
@@ -16,7 +19,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import CollectorRegistry
 from prometheus_client import start_http_server
 
-from node.tools.inspect import NodeReader, api_name, error_name, locate, named_counts
+from node.tools.inspect import OPEN_STATES, NodeReader, api_name, error_name, locate, named_counts
 from shm import stats as S
 
 _PER_API = {"requests": ("kafka_network_requests", "Requests read, per API (RequestsPerSec)"),
@@ -93,6 +96,9 @@ class StatsCollector:
         start = GaugeMetricFamily("kafka_log_log_start_offset", "Log start offset", labels=["topic", "partition"])
         high = GaugeMetricFamily("kafka_cluster_partition_high_watermark", "High watermark",
                                  labels=["topic", "partition"])
+        stable = GaugeMetricFamily("kafka_cluster_partition_last_stable_offset_lag",
+                                   "High watermark minus the last stable offset (records in open transactions)",
+                                   labels=["topic", "partition"])
         # The log cleaner's figures per compacted partition (Kafka's LogCleanerManager has them per log directory).
         cleaning = {
             "dirty_ratio": GaugeMetricFamily("kafka_log_cleaner_dirty_ratio",
@@ -114,9 +120,10 @@ class StatsCollector:
             end.add_metric(labels, p["log_end_offset"])
             start.add_metric(labels, p["log_start_offset"])
             high.add_metric(labels, p["high_watermark"])
+            stable.add_metric(labels, p["high_watermark"] - p["last_stable_offset"])
             for name, value in p.get("cleaning", {}).items():
                 cleaning[name].add_metric(labels, value)
-        yield from (end, start, high, *cleaning.values())
+        yield from (end, start, high, stable, *cleaning.values())
         committed = GaugeMetricFamily("kafka_consumergroup_current_offset", "Committed offset of a group",
                                       labels=["consumergroup", "topic", "partition"])
         lag = GaugeMetricFamily("kafka_consumergroup_lag", "High watermark minus the committed offset",
@@ -129,6 +136,11 @@ class StatsCollector:
                 if p["lag"] is not None:
                     lag.add_metric(labels, p["lag"])
         yield from (committed, lag)
+        transactions, _ = self.reader.transactions()
+        durations = [t["duration_ms"] or 0 for t in transactions if t["state"] in OPEN_STATES]
+        yield GaugeMetricFamily("shmbroker_transactions_oldest_open_ms",
+                                "How long the longest open transaction has been open (0: none is)",
+                                value=max(durations, default=0))
 
 
 class MetricsEndpoint:

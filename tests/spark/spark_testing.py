@@ -69,6 +69,44 @@ def produce(bootstrap: str, topic: str, records: list[dict], **config) -> list[P
     return sorted(delivered, key=lambda r: (r.topic, r.partition, r.offset))
 
 
+class TransactionalWriter:
+    """A confluent-kafka transactional producer whose writes come back as acknowledged (`write`), inside the
+    transactions it begins, commits and aborts."""
+
+    def __init__(self, bootstrap: str, transactional_id: str) -> None:
+        self.producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": transactional_id,
+                                  "linger.ms": 1})
+        self.producer.init_transactions(TIMEOUT_S)
+
+    def begin(self) -> None:
+        self.producer.begin_transaction()
+
+    def write(self, topic: str, records: list[dict]) -> list[Produced]:
+        """Each record (value, partition) written and acknowledged, in offset order per partition."""
+        delivered: list[Produced] = []
+        errors: list = []
+
+        def on_delivery(err, msg):
+            if err is not None:
+                errors.append(err)
+            else:
+                delivered.append(Produced(msg.topic(), msg.partition(), msg.offset(), msg.key(), msg.value(),
+                                          msg.timestamp()[1]))
+
+        for record in records:
+            self.producer.produce(topic, value=record["value"], partition=record.get("partition", 0),
+                                  on_delivery=on_delivery)
+        left = self.producer.flush(TIMEOUT_S)
+        assert left == 0 and not errors, (left, errors)
+        return sorted(delivered, key=lambda r: (r.topic, r.partition, r.offset))
+
+    def commit(self) -> None:
+        self.producer.commit_transaction(TIMEOUT_S)
+
+    def abort(self) -> None:
+        self.producer.abort_transaction(TIMEOUT_S)
+
+
 def read(spark, bootstrap: str, **options):
     reader = spark.read.format("shmbroker").option("kafka.bootstrap.servers", bootstrap)
     for name, value in options.items():

@@ -1,7 +1,9 @@
 """Batch reads through Spark against a real node: records produced by librdkafka come back record for record
 (offsets, keys, values, headers, timestamps, every compression codec), through the Arrow and the row path;
 assign, subscribePattern, explicit and by-timestamp offsets, minPartitions; clear option errors;
-failOnDataLoss both ways after retention deleted a segment."""
+failOnDataLoss both ways after retention deleted a segment; kafka.isolation.level: read_committed returns the
+committed transactions' records and the plain ones below the last stable offset, read_uncommitted every data
+record, neither a control record (a transaction marker)."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ import json
 import time
 
 import pytest
-from spark_testing import create_topic, produce, read, rows
+from spark_testing import TransactionalWriter, create_topic, produce, read, rows
 
 from pyspark_shmbroker.options import ConsumerSettings
 from pyspark_shmbroker.offsets import OffsetResolver
@@ -181,3 +183,41 @@ def test_fail_on_data_loss_both_ways_after_retention_deletes_a_segment(spark, no
     assert offsets == list(range(offsets[0], 400)) and offsets[0] >= log_start
     assert [bytes(r["value"]) for r in kept.orderBy("offset").select("value").collect()] == \
         [r.value for r in produced[offsets[0]:]]
+
+
+def test_isolation_levels_over_committed_aborted_and_open_transactions(spark, node_factory):
+    node = node_factory(workers=1)
+    create_topic(node.bootstrap, "txn", 2)
+
+    def records(tag: str, count: int = 12) -> list[dict]:
+        return [{"value": f"{tag}-{i}".encode(), "partition": i % 2} for i in range(count)]
+
+    first, second = TransactionalWriter(node.bootstrap, "spark-first"), TransactionalWriter(node.bootstrap,
+                                                                                            "spark-second")
+    first.begin()
+    committed = first.write("txn", records("committed"))
+    first.commit()
+    committed += produce(node.bootstrap, "txn", records("plain"))
+    # Interleaved in both partitions: the second writer's batches between two of the first's aborted ones.
+    first.begin()
+    second.begin()
+    aborted = first.write("txn", records("aborted-a"))
+    committed += second.write("txn", records("interleaved"))
+    aborted += first.write("txn", records("aborted-b"))
+    second.commit()
+    first.abort()
+    first.begin()
+    left_open = first.write("txn", records("open"))  # past the last stable offset while it is open
+
+    def read_rows(isolation: str, **options) -> list[tuple]:
+        df = read(spark, node.bootstrap, subscribe="txn", **{"kafka.isolation.level": isolation}, **options)
+        return [(row[1], row[3], row[4]) for row in rows(df)]  # value, partition, offset
+
+    def expected(produced) -> list[tuple]:
+        return sorted(((r.value, r.partition, r.offset) for r in produced), key=lambda row: (row[1], row[2]))
+
+    for arrow in ("true", "false"):
+        assert read_rows("read_committed", useArrow=arrow) == expected(committed)
+        assert read_rows("read_uncommitted", useArrow=arrow) == expected(committed + aborted + left_open)
+    first.commit()
+    assert read_rows("read_committed") == expected(committed + left_open)

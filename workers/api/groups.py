@@ -88,8 +88,8 @@ class GroupHandlers:
         server = self.config.server
         if key_type == GROUP_KEY_TYPE:
             error, message, node = E.NONE, None, server.node_id
-        elif key_type == TRANSACTION_KEY_TYPE:
-            error, message, node = E.ErrorCode.coordinator_not_available, "this node has no transactions", -1
+        elif key_type == TRANSACTION_KEY_TYPE:  # the transaction coordinator is the node's too (in its timer)
+            error, message, node = E.NONE, None, server.node_id
         else:
             error, message, node = E.INVALID_REQUEST, f"unknown key type {key_type}", -1
         return reply(req, entity(

@@ -35,6 +35,7 @@ from workers.connection import FileRange, Request
 from workers.timer_client.delayed import Completed, DelayedRequests, monotonic_ms
 from workers.api.admin import AdminHandlers
 from workers.api.groups import GroupHandlers
+from workers.api.transactions import TransactionHandlers
 from workers.codecs.fetch import FetchPartitionResult, FetchTopicResult, encode_fetch_response
 from workers.api import priority
 from workers.timer_client.outcome import Outcome
@@ -50,6 +51,7 @@ _ACKS_ALL = -1
 _SELF_THROTTLING_PRODUCE_VERSION = 6
 _SELF_THROTTLING_FETCH_VERSION = 8
 _LATEST = -1
+_READ_COMMITTED = 1  # isolation_level of Fetch v4+ and ListOffsets v2+
 _EARLIEST = -2
 # zstd batches (codec 4) need Produce v7+ (KIP-110); older requests get UNSUPPORTED_COMPRESSION_TYPE.
 _ZSTD = 4
@@ -77,6 +79,7 @@ class Handlers:
         self.throttler = throttler
         self.quotas = throttler.quotas
         self.level_names = priority.LevelNames(config.priority.max_levels, config.topics.max_partitions)
+        self.transactions = TransactionHandlers(config, delayed)
         # Called once a Produce's appends are done, before its response is built: the worker answers the long
         # polls they satisfied first (their clients are the ones waiting; the producer's ack can wait a moment).
         self.after_appends: Callable[[], None] | None = None
@@ -88,6 +91,7 @@ class Handlers:
             P.API_VERSIONS: self.api_versions,
             P.INIT_PRODUCER_ID: self.init_producer_id,
             **GroupHandlers(config, delayed).table(),
+            **self.transactions.table(),
             **AdminHandlers(partitions, config, delayed).table(),
         }
 
@@ -114,15 +118,14 @@ class Handlers:
         return reply(req, P.api_versions_response(req.header.api_version))
 
     def init_producer_id(self, req: Request, request: Any) -> Outcome:
-        if request.transactional_id is not None:
-            error_code, producer_id = E.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, -1
-        else:
-            try:
-                with storage_faults("producer id allocation"):
-                    error_code, producer_id = E.NONE, producer_ids.allocate(self.partitions.data_dir)
-            except StorageError as exc:
-                log.warning("%s: answering InitProducerId with KAFKA_STORAGE_ERROR (56)", exc)
-                error_code, producer_id = code(exc.error_code), -1
+        if request.transactional_id is not None:  # the transaction coordinator's (in the timer process)
+            return self.transactions.init_producer_id(req, request)
+        try:
+            with storage_faults("producer id allocation"):
+                error_code, producer_id = E.NONE, producer_ids.allocate(self.partitions.data_dir)
+        except StorageError as exc:
+            log.warning("%s: answering InitProducerId with KAFKA_STORAGE_ERROR (56)", exc)
+            error_code, producer_id = code(exc.error_code), -1
         return reply(req, entity(req, "InitProducerIdResponse", throttle_time=ZERO_THROTTLE,
                                  error_code=error_code, producer_id=producer_id, producer_epoch=i16(0)))
 
@@ -171,6 +174,7 @@ class Handlers:
     # -- ListOffsets -------------------------------------------------------------------------
 
     def list_offsets(self, req: Request, request: Any) -> Outcome:
+        committed = getattr(request, "isolation_level", 0) == _READ_COMMITTED  # latest: the LSO (v2+)
         topics = []
         for topic in request.topics:
             results = []
@@ -182,7 +186,8 @@ class Handlers:
                 else:
                     try:
                         if part.timestamp == _LATEST:
-                            values["offset"] = self.partitions.log(row).state().log_end_offset
+                            state = self.partitions.log(row).state()
+                            values["offset"] = state.last_stable_offset if committed else state.log_end_offset
                         elif part.timestamp == _EARLIEST:
                             values["offset"] = self.partitions.log(row).state().log_start_offset
                         elif part.timestamp < 0:
@@ -221,9 +226,6 @@ class Handlers:
                 results.append(result)
                 if acks not in (0, 1, _ACKS_ALL):
                     result.error_code = E.INVALID_REQUIRED_ACKS
-                    continue
-                if request.transactional_id is not None:
-                    result.error_code = E.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
                     continue
                 row = self.partitions.row(topic.name, part.index)
                 if row is None:
@@ -354,11 +356,13 @@ class Handlers:
             topics.append(FetchTopicResult(topic.topic, results))
         return topics
 
-    def _read_fetch(self, request: Any) -> tuple[list[FetchTopicResult], int, bool, list[tuple[int, int]]]:
-        """Read every requested partition: (results, total bytes, any error, [(row, end_bytes)] to watch).
+    def _read_fetch(self, request: Any) -> tuple[list[FetchTopicResult], int, bool, list[tuple[int, int, int]]]:
+        """Read every requested partition: (results, total bytes, any error, the items to watch
+        (shm.fetch_condition)).
 
         The levels of a priority topic share the budget as workers.api.priority says, when the node splits it."""
-        read = _FetchRead(request.max_bytes if request.max_bytes > 0 else self.config.server.request_max_bytes)
+        read = _FetchRead(request.max_bytes if request.max_bytes > 0 else self.config.server.request_max_bytes,
+                          request.isolation_level == _READ_COMMITTED)
         topics = request.topics
         families = self.level_names.families(topics) if self.config.priority.fetch_split else None
         in_family = {index: family for family, indices in (families or {}).items() for index in indices}
@@ -373,22 +377,30 @@ class Handlers:
                 read.has_error, read.watch)
 
     def _read_partition(self, read: "_FetchRead", topic: str, part: Any) -> FetchPartitionResult:
-        result, row, piece = self._read_piece(topic, part, read.limit(part), min_one_batch=(read.total == 0))
+        result, row, piece = self._read_piece(topic, part, read.limit(part), (read.total == 0), read.committed)
         return read.add(result, row, piece)
 
-    def _read_piece(self, topic: str, part: Any, limit: int, min_one_batch: bool) -> tuple:
-        """(result, row, the log's FetchSlice or None on an error) of one partition read up to `limit`."""
+    def _read_piece(self, topic: str, part: Any, limit: int, min_one_batch: bool, committed: bool) -> tuple:
+        """(result, row, the log's FetchSlice or None on an error) of one partition read up to `limit`;
+        `committed` (read_committed): below the LSO, with the aborted transactions of the range."""
         row = self.partitions.row(topic, part.partition)
         if row is None:
             return FetchPartitionResult(part.partition, error_code=E.UNKNOWN_TOPIC_OR_PARTITION), None, None
         try:
-            piece = self.partitions.log(row).read(part.fetch_offset, limit, min_one_batch=min_one_batch)
+            plog = self.partitions.log(row)
+            piece = plog.read(part.fetch_offset, limit, min_one_batch=min_one_batch, committed=committed)
+            aborted = ()
+            if committed and piece.size:
+                aborted = [(entry.producer_id, entry.first_offset)
+                           for entry in plog.aborted_transactions(part.fetch_offset, piece.last_stable_offset)]
         except StorageError as exc:
             state = self.partitions.table.read(row)
             return FetchPartitionResult(part.partition, error_code=exc.error_code, high_watermark=state.high_watermark,
+                                        last_stable_offset=state.last_stable_offset,
                                         log_start_offset=state.log_start_offset), row, None
         return FetchPartitionResult(part.partition, high_watermark=piece.high_watermark,
-                                    log_start_offset=piece.log_start_offset), row, piece
+                                    last_stable_offset=piece.last_stable_offset,
+                                    log_start_offset=piece.log_start_offset, aborted_transactions=aborted), row, piece
 
     def _read_family(self, read: "_FetchRead", topics: list, indices: list[int],
                      results: list[list[FetchPartitionResult] | None]) -> None:
@@ -402,7 +414,7 @@ class Handlers:
             level = self.level_names.of(topic.topic)[1]
             for part in topic.partitions:
                 limit = min(part.partition_max_bytes, budget) if part.partition_max_bytes > 0 else budget
-                result, row, piece = self._read_piece(topic.topic, part, limit, min_one_batch=True)
+                result, row, piece = self._read_piece(topic.topic, part, limit, True, read.committed)
                 reads.append((index, level, part, result, row, piece))
                 available[level] = available.get(level, 0) + (piece.size if piece is not None else 0)
         left = priority.grant(budget, available)
@@ -410,7 +422,8 @@ class Handlers:
             results[index] = []
         for index, level, part, result, row, piece in reads:
             if piece is not None and piece.size > left[level]:  # at least one whole batch (KIP-74)
-                piece = self.partitions.log(row).read(part.fetch_offset, left[level], min_one_batch=True)
+                piece = self.partitions.log(row).read(part.fetch_offset, left[level], min_one_batch=True,
+                                                      committed=read.committed)
             if piece is not None:
                 left[level] = max(0, left[level] - piece.size)
             results[index].append(read.add(result, row, piece))
@@ -419,13 +432,14 @@ class Handlers:
 class _FetchRead:
     """A Fetch's reads so far: the budget left, the bytes taken, errors, and what a delayed fetch watches."""
 
-    __slots__ = ("remaining", "total", "has_error", "watch")
+    __slots__ = ("remaining", "total", "has_error", "watch", "committed")
 
-    def __init__(self, budget: int) -> None:
+    def __init__(self, budget: int, committed: bool = False) -> None:
+        self.committed = committed  # read_committed: below the LSO
         self.remaining = budget
         self.total = 0
         self.has_error = False
-        self.watch: list[tuple[int, int]] = []
+        self.watch: list[tuple[int, int, int]] = []  # shm.fetch_condition's items
 
     def limit(self, part: Any) -> int:
         return min(part.partition_max_bytes, self.remaining) if part.partition_max_bytes > 0 else self.remaining
@@ -439,5 +453,5 @@ class _FetchRead:
         self.remaining = max(0, self.remaining - piece.size)
         # A delayed fetch counts the bytes appended after the state this read saw: its own end_bytes,
         # not a later look at the table, which could already include an append that raced the read.
-        self.watch.append((row, piece.end_bytes - piece.size))
+        self.watch.append((row, piece.end_bytes - piece.size, piece.last_stable_offset if self.committed else -1))
         return result

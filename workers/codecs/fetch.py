@@ -22,13 +22,15 @@ Invariants:
   range lengths after it; a records field is always written with its real
   length, never null (-1): an empty record set is length 0, which every
   client reads as "no records", while null is not accepted by all of them.
-- ``aborted_transactions`` is always an empty array (count 0), never null:
-  this broker has no transactions, and an empty array is what every client
-  parses without a special case.
+- ``aborted_transactions`` is an array, never null (an empty one for
+  read_uncommitted, which every client parses without a special case): the
+  (producer id, first offset) of each aborted transaction in a read_committed
+  answer's range. A partition without any is packed with one struct; one with
+  some splits it around the entries.
 - ``preferred_read_replica`` is -1 (no follower fetching); ``session_id`` is
   whatever the caller passes (0: no fetch sessions).
-- ``last_stable_offset`` defaults to the high watermark (no open transactions),
-  which read_committed consumers (librdkafka's default) use as the end.
+- ``last_stable_offset`` defaults to the high watermark (no open transactions);
+  read_committed consumers (librdkafka's default) use it as the end.
 - Adjacent byte pieces are merged, so the worker issues one send per header run.
 """
 
@@ -79,10 +81,14 @@ class FetchPartitionResult:
     last_stable_offset: int | None = None  # None: set to high_watermark at construction
     log_start_offset: int = -1
     records: Sequence[RecordPiece] = field(default_factory=tuple)
+    aborted_transactions: Sequence[tuple[int, int]] = ()  # (producer id, first offset), read_committed only
 
-    # Fixed by this broker: no transactions, no follower fetching.
-    aborted_transactions_count: ClassVar[int] = 0
+    # Fixed by this broker: no follower fetching.
     preferred_read_replica: ClassVar[int] = -1
+
+    @property
+    def aborted_transactions_count(self) -> int:
+        return len(self.aborted_transactions)
 
     def __post_init__(self) -> None:
         if self.last_stable_offset is None:
@@ -139,19 +145,33 @@ _PARTITION_FIELDS = (
 
 
 
+_ABORTED_ENTRY = struct.Struct(">qq")  # producer_id, first_offset
+_SPLIT_AFTER = "aborted_transactions_count"  # the entries go after this field
+
+
 @dataclass(frozen=True, slots=True)
 class _Layout:
     top: struct.Struct
     top_fields: tuple[str, ...]
     partition: struct.Struct
     partition_fields: tuple[str, ...]  # all but the trailing records_length
+    # The same partition layout in two parts around the aborted transactions' entries.
+    before_aborted: struct.Struct
+    before_aborted_fields: tuple[str, ...]
+    after_aborted: struct.Struct
+    after_aborted_fields: tuple[str, ...]  # all but the trailing records_length
 
 
 def _compile(version: int) -> _Layout:
     top, top_fields = compile_fields(_TOP_LEVEL_FIELDS, version)
     partition, partition_fields = compile_fields(_PARTITION_FIELDS, version)
+    split = next(i for i, f in enumerate(_PARTITION_FIELDS) if f[0] == _SPLIT_AFTER) + 1
+    before, before_fields = compile_fields(_PARTITION_FIELDS[:split], version)
+    after, after_fields = compile_fields(_PARTITION_FIELDS[split:], version)
     return _Layout(top=top, top_fields=top_fields, partition=partition,
-                   partition_fields=tuple(name for name in partition_fields if name != "records_length"))
+                   partition_fields=tuple(name for name in partition_fields if name != "records_length"),
+                   before_aborted=before, before_aborted_fields=before_fields, after_aborted=after,
+                   after_aborted_fields=tuple(name for name in after_fields if name != "records_length"))
 
 
 _LAYOUTS = {v: _compile(v) for v in range(FETCH_MIN_VERSION, FETCH_MAX_VERSION + 1)}
@@ -186,7 +206,14 @@ def encode_fetch_response(
             head += I32.pack(len(topic.partitions))
             for p in topic.partitions:
                 records_length = p.records_length()
-                head += pack_partition(*[getattr(p, n) for n in names], records_length)
+                if p.aborted_transactions:
+                    head += layout.before_aborted.pack(*[getattr(p, n) for n in layout.before_aborted_fields])
+                    for producer_id, first_offset in p.aborted_transactions:
+                        head += _ABORTED_ENTRY.pack(producer_id, first_offset)
+                    head += layout.after_aborted.pack(*[getattr(p, n) for n in layout.after_aborted_fields],
+                                                      records_length)
+                else:
+                    head += pack_partition(*[getattr(p, n) for n in names], records_length)
                 if records_length:
                     pieces.append(head)
                     total += len(head)

@@ -86,6 +86,10 @@ CREATE_TOPICS = 19
 DELETE_TOPICS = 20
 DELETE_RECORDS = 21
 INIT_PRODUCER_ID = 22
+ADD_PARTITIONS_TO_TXN = 24
+ADD_OFFSETS_TO_TXN = 25
+END_TXN = 26
+TXN_OFFSET_COMMIT = 28
 DESCRIBE_CONFIGS = 32
 ALTER_CONFIGS = 33
 CREATE_PARTITIONS = 37
@@ -121,6 +125,11 @@ SUPPORTED_APIS: dict[int, tuple[int, int]] = {
     DESCRIBE_GROUPS: (0, 4),
     DELETE_GROUPS: (0, 1),
     OFFSET_DELETE: (0, 0),
+    # The transaction coordinator (workers/api/transactions.py, node/timer/transactions/): non-flexible versions.
+    ADD_PARTITIONS_TO_TXN: (0, 2),
+    ADD_OFFSETS_TO_TXN: (0, 2),
+    END_TXN: (0, 2),
+    TXN_OFFSET_COMMIT: (0, 2),
 }
 
 # Kafka's default socket.request.max.bytes.
@@ -367,6 +376,10 @@ __all__ = [
     "DELETE_TOPICS",
     "DELETE_RECORDS",
     "INIT_PRODUCER_ID",
+    "ADD_PARTITIONS_TO_TXN",
+    "ADD_OFFSETS_TO_TXN",
+    "END_TXN",
+    "TXN_OFFSET_COMMIT",
     "DESCRIBE_CONFIGS",
     "ALTER_CONFIGS",
     "CREATE_PARTITIONS",

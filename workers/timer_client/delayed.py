@@ -173,9 +173,10 @@ class DelayedRequests:
         return self._wait(req, deadline, finish,
                           lambda rid: M.encode(M.Kind.DELAY_PRODUCE, rid, deadline, items=waits))
 
-    def delay_fetch(self, req: Request, watch: list[tuple[int, int]], min_bytes: int, max_wait_ms: int,
+    def delay_fetch(self, req: Request, watch: list[tuple[int, int, int]], min_bytes: int, max_wait_ms: int,
                     finish: Continuation) -> Outcome:
-        """Wait until min_bytes are appended past the (row, start_bytes) pairs, or max_wait_ms."""
+        """Wait until min_bytes are appended past the (row, start_bytes, stable_from) items (shm.fetch_condition),
+        or max_wait_ms."""
         now = monotonic_ms()
         deadline = now + max(0, max_wait_ms)
         handoff = self.fetch_handoff_ms
@@ -208,7 +209,7 @@ class DelayedRequests:
         waiting = self.waiting[request_id] = Waiting(req, deadline_ms, finish, frame_for(request_id), fetch)
         if fetch is not None:
             mine = self._watches.counts[self._index] if self._watches is not None else None
-            for row, _ in fetch.watch:
+            for row, *_ in fetch.watch:
                 self._fetches_by_row.setdefault(row, set()).add(request_id)
                 if mine is not None:
                     mine[row] += 1
@@ -280,7 +281,7 @@ class DelayedRequests:
 
     def _unindex_fetch(self, request_id: int, fetch: FetchCondition) -> None:
         mine = self._watches.counts[self._index] if self._watches is not None else None
-        for row, _ in fetch.watch:
+        for row, *_ in fetch.watch:
             if mine is not None and mine[row]:
                 mine[row] -= 1
             ids = self._fetches_by_row.get(row)
@@ -358,11 +359,11 @@ class DelayedRequests:
     def _appender(self, fetch: FetchCondition, here: set[int], rung: set[int]) -> int | None:
         """Which worker's append answered `fetch`: this one, a peer (the last that rang for the row), or None
         (a new wait that found its records at once)."""
-        for row, _ in fetch.watch:
+        for row, *_ in fetch.watch:
             if row in here:
                 return self._index
         if self._watches is not None:
-            for row, _ in fetch.watch:
+            for row, *_ in fetch.watch:
                 if row in rung:
                     worker = int(self._watches.appenders[row]) - 1
                     return worker if worker >= 0 else None

@@ -550,6 +550,14 @@ class GroupCoordinator:
 
         self.offsets.commit(group_id, entries, self.clock(), durable)
 
+    def commit_transaction_offsets(self, group_id: str, entries: dict, done: Callable[..., None]) -> None:
+        """The offsets of a committed transaction (the transaction coordinator's): durable, then visible to
+        OffsetFetch; `done(flushed, fault)`. The group exists from then on, as after any commit."""
+        if group_id not in self.groups:
+            group = self.groups[group_id] = Group(group_id)
+            self._transition(group, EMPTY, self.clock())
+        self.offsets.commit(group_id, entries, self.clock(), done)
+
     def fetch_offsets(self, worker: int, message: Any) -> None:
         d, waiter = message, self._waiter(worker, message)
         if self.offsets.loading:  # v0-1 have no top-level error: each partition carries it
