@@ -340,7 +340,7 @@ class OffsetMap:
     """Key (two hashes) -> the latest offset seen, as arrays sorted by key (Kafka's SkimpyOffsetMap).
 
     The arrays are ordered by the first hash alone, which tells nearly every two keys apart; keys sharing it
-    (rare) sit side by side in offset order, and both methods look through such runs. Sorting by one
+    (rare) sit side by side, one entry each, and both methods look through such runs. Sorting by one
     array instead of both (np.lexsort) and looking keys up in sorted order (searchsorted walks the map
     forward) make building and reading the map 2-4 times cheaper (measured with 1M keys).
     """
