@@ -10,7 +10,9 @@ batches, segments of --segment-mb), then two workloads run on copies of it:
   raw producer records/s (scripts/producer_perf.py's load) and end-to-end p99 (raw client,
   scripts/e2e_latency.py, a new topic each step) on other topics, in alternating steps with the cleaner
   running and stopped (SIGSTOP/SIGCONT), with how many cleaning steps ended with the cleaner still busy.
-  Target: within 10% (records/s ratio >= 0.9 and p99 ratio <= 1.1).
+  The p99 is given two ways: the median of the rounds' ratios, and the ratio of each mode's p99 over all its
+  samples pooled (steadier on a shared machine). Target: within 10% (records/s ratio >= 0.9 and p99 ratio
+  <= 1.1).
 
 JSON lines with --json (a summary line per workload), a table otherwise. Only 127.0.0.1; every step is bounded.
     .venv/bin/python -m scripts.bench_cleaner [--workload throughput|impact] [--dirty-mb 1024] [--keys 1000000]
@@ -180,6 +182,7 @@ def impact(args, template: Path, work: Path) -> dict:
             time.sleep(BUSY_POLL_S)
         cleaner_pid, = node.pids("cleaner")
         busy_steps = 0
+        pooled: dict[str, list] = {"cleaning": [], "idle": []}  # each mode's latencies over all its steps
         try:
             for step, (round_index, mode) in enumerate(rounds.steps(), 1):
                 os.kill(cleaner_pid, signal.SIGCONT if mode == "cleaning" else signal.SIGSTOP)
@@ -190,6 +193,7 @@ def impact(args, template: Path, work: Path) -> dict:
                 target = benchnode.Target(benchnode.LOOPBACK, node.port, str(node.data_dir), node)
                 latency = run_raw(target, LatencyRun(topic, seconds=args.seconds))
                 p99 = benchnode.percentiles_ms(latency.latencies_ns)["p99_ms"]
+                pooled[mode].extend(latency.latencies_ns)
                 busy = mode == "cleaning" and _cleaner(node)[0]  # still cleaning at the end of this step
                 busy_steps += busy
                 rounds.record(round_index, mode, {"records_per_s": produced.records / produced.elapsed_s,
@@ -199,6 +203,7 @@ def impact(args, template: Path, work: Path) -> dict:
         finally:
             os.kill(cleaner_pid, signal.SIGCONT)  # the node stops as usual
         _, cleanings, bytes_read = _cleaner(node)
+    pooled_p99 = {mode: benchnode.percentiles_ms(latencies)["p99_ms"] or 0.0 for mode, latencies in pooled.items()}
     return {"script": SCRIPT, "workload": "impact", "summary": True, "rounds": args.runs,
             "cleaner_busy_at_cleaning_step_ends": f"{busy_steps} of {args.runs}",
             # Whether it still gets on with its work under the load: cleanings finished by the end of the run.
@@ -209,6 +214,10 @@ def impact(args, template: Path, work: Path) -> dict:
             "cleaning_e2e_p99_ms": round(rounds.median("cleaning", "p99_ms"), 3),
             "idle_e2e_p99_ms": round(rounds.median("idle", "p99_ms"), 3),
             "e2e_p99_ratio": rounds.ratio("p99_ms"),
+            # The p99 of all of a mode's samples together: steadier than any one step's.
+            "pooled_cleaning_e2e_p99_ms": pooled_p99["cleaning"], "pooled_idle_e2e_p99_ms": pooled_p99["idle"],
+            "pooled_e2e_p99_ratio": (round(pooled_p99["cleaning"] / pooled_p99["idle"], 4)
+                                     if pooled_p99["idle"] else None),
             "target": "records_per_s_ratio >= 0.9 and e2e_p99_ratio <= 1.1"}
 
 

@@ -5,12 +5,24 @@ alternating rounds against its baseline (ABBA, scripts/harness/abba.py): a mode'
 rounds, a ratio the median of the rounds' own ratios. All clients are confluent-kafka, in this process.
 - produce: a transactional producer (--record-size byte records, a commit every --commit-interval-ms) against the
   idempotent producer at the same load: each produces flat out for --seconds to the same --partitions topic with
-  the same batching (acks=all both, as transactions require); each transaction produces for the interval, then
-  flush() (the records still queued: reported as flush_*) and commit_transaction(). Reported: acknowledged (for
-  the transactional one, committed) records/s of each and transactional / idempotent (target >= 0.9); the commit
-  latency, commit_transaction() timed after the flush() so that it is the EndTxn round trip (the decision made
-  durable, the markers written), p50/p99 over the commits of every round (target p50 <= 2 ms, p99 <= 10 ms),
-  beside the disk's own fdatasync p50 of the same run.
+  the same client settings but the transactional ones (acks=all both, as transactions require; the same batching;
+  the same local queue of --queue-records, queue.buffering.max.messages). The transactional one commits on a
+  fixed schedule, one commit every interval from the start: it produces until the commit is due, then flush()
+  (the records still queued: reported as flush_*) and commit_transaction(). Why the bounded queue: a commit first
+  drains librdkafka's queue, and with its default of 100,000 records that takes most of a second, so "a commit
+  every 100 ms" would really be one every second or so, transactions ten times the size the target names; 5,000
+  records drain in about 20 ms at 200,000 records/s and cost the idempotent producer nothing measurable. A commit
+  that ends after the next one was due restarts the schedule (counted: late_commits; commit_period_ms is the
+  measured span per commit). Records are keyless unless --keys: librdkafka's sticky partitioner then fills one
+  partition at a time, and a transaction adds each partition when it first gets a record, with an
+  AddPartitionsToTxn the producer must see answered (a durable state record) before it sends there; keyed
+  records reach every partition at once, added by one request. Reported: acknowledged (for the transactional
+  one, committed) records/s of each and transactional / idempotent (target >= 0.9); the commit latency,
+  commit_transaction() timed after the flush() so that it is the EndTxn round trip (the decision made durable,
+  the markers written), p50/p99 over the commits of every round (target p50 <= 2 ms, p99 <= 10 ms), beside the
+  disk's own fdatasync p50 of the same run. Where the time goes: the producing thread's share of each phase
+  (produce, flush, commit, begin) and the node's CPU per acknowledged record (timer and workers), medians per
+  mode.
 - transform: consume-transform-produce of --records input records (one consumer and one producer in one thread,
   the consumer assigned every input partition from offset 0 in a new group): exactly-once (a read_committed
   consumer, a transaction per --txn-records records with send_offsets_to_transaction) against at-least-once (the
@@ -52,6 +64,7 @@ STATS_PUBLISH_MS = 100
 STATS_WAIT_S = 10.0  # for every worker's row to be published after a step
 CLIENT_TIMEOUT_S = 60.0  # one client call (init, commit, flush, close)
 PRODUCE_CHUNK = 1000  # produce() calls between looks at the clock
+QUEUE_RECORDS = 5000  # both producers' local queue (see the docstring)
 CONSUME_BATCH = 500
 POLL_S = 0.2
 FILL_BATCH_BYTES = 8192
@@ -81,9 +94,11 @@ class Deliveries:
 
 
 def producer_config(bootstrap: str, args: argparse.Namespace, transactional_id: str | None,
-                    deliveries: Deliveries) -> dict:
+                    deliveries: Deliveries, queue_records: int | None = None) -> dict:
     config = {"bootstrap.servers": bootstrap, "linger.ms": args.linger_ms, "batch.size": args.batch_bytes,
               "enable.idempotence": True, "acks": "all", "on_delivery": deliveries}
+    if queue_records is not None:
+        config["queue.buffering.max.messages"] = queue_records
     if transactional_id is not None:
         config["transactional.id"] = transactional_id
     return config
@@ -92,34 +107,53 @@ def producer_config(bootstrap: str, args: argparse.Namespace, transactional_id: 
 # --------------------------------------------------------------------------- produce
 
 
+PHASES = ("produce", "flush", "commit", "begin")  # where the producing thread's time goes
+
+
 @dataclass
 class ProduceStep:
     records: int = 0
     seconds: float = 0.0
     commits_ns: list[int] = field(default_factory=list)
     flushes_ns: list[int] = field(default_factory=list)  # the flush() before each commit: the queue drained
+    phases_s: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
+    late_commits: int = 0  # commits that ended after the next one was due
     errors: dict[str, int] = field(default_factory=dict)
 
 
 def produce_flat_out(bootstrap: str, topic: str, args: argparse.Namespace, transactional: bool) -> ProduceStep:
-    """Produce as fast as the producer takes records for args.seconds; the transactional one commits every
-    args.commit_interval_ms (flush, then commit_transaction timed). Records acknowledged over the whole span,
-    the last flush or commit included."""
+    """Produce as fast as the producer takes records for args.seconds, into a local queue of args.queue_records;
+    the transactional one commits on a fixed schedule, one every args.commit_interval_ms from the start (each
+    transaction produces until its commit is due, then flush() and commit_transaction(), timed apart). Records
+    acknowledged over the whole span, the last flush or commit included; the producing thread's time per phase."""
     deliveries = Deliveries()
-    producer = Producer(producer_config(bootstrap, args, "bench-produce" if transactional else None, deliveries))
+    producer = Producer(producer_config(bootstrap, args, "bench-produce" if transactional else None, deliveries,
+                                        args.queue_records))
     step = ProduceStep()
     value = bytes(i % 251 for i in range(args.record_size))
     produce, poll = producer.produce, producer.poll
     interval = args.commit_interval_ms / 1000
+    keys = [b"key-%d" % number for number in range(args.keys)]
+    sent = 0
+    clock = time.perf_counter_ns
+    phases = step.phases_s
 
     def commit() -> None:
-        started = time.perf_counter_ns()
+        started = clock()
         if producer.flush(CLIENT_TIMEOUT_S):
             raise RuntimeError("records still unsent after a flush")
-        flushed = time.perf_counter_ns()
+        flushed = clock()
         producer.commit_transaction(CLIENT_TIMEOUT_S)
-        step.commits_ns.append(time.perf_counter_ns() - flushed)
+        committed = clock()
+        step.commits_ns.append(committed - flushed)
         step.flushes_ns.append(flushed - started)
+        phases["flush"] += (flushed - started) / 1e9
+        phases["commit"] += (committed - flushed) / 1e9
+
+    def begin() -> None:
+        started = clock()
+        producer.begin_transaction()
+        phases["begin"] += (clock() - started) / 1e9
 
     try:
         # Before the clock: the producer id, the connections and the topic's metadata (one record, acknowledged).
@@ -136,18 +170,29 @@ def produce_flat_out(bootstrap: str, topic: str, args: argparse.Namespace, trans
         deadline = started + args.seconds
         next_commit = started + interval
         if transactional:
-            producer.begin_transaction()
+            begin()
         while (now := time.monotonic()) < deadline:
             if transactional and now >= next_commit:
                 commit()
-                producer.begin_transaction()
-                next_commit = time.monotonic() + interval  # each transaction produces for the interval
+                begin()
+                # On the schedule (start to start), not an interval after this commit; a commit that ended past
+                # the next one's time restarts the schedule, so that no transaction is cut short to catch up.
+                next_commit += interval
+                if (after := time.monotonic()) >= next_commit:
+                    step.late_commits += 1
+                    next_commit = after + interval
+            producing = clock()
             for _ in range(PRODUCE_CHUNK):
                 try:
-                    produce(topic, value)
+                    if keys:
+                        produce(topic, value, keys[sent % len(keys)])
+                    else:
+                        produce(topic, value)
+                    sent += 1
                 except BufferError:  # the local queue is full: serve delivery reports, then go on
                     poll(0.001)
             poll(0)
+            phases["produce"] += (clock() - producing) / 1e9
         if transactional:
             commit()
         elif producer.flush(CLIENT_TIMEOUT_S):
@@ -168,39 +213,56 @@ def produce_workload(args: argparse.Namespace, node: NodeProcess) -> dict:
     flushes_ns: list[int] = []
     errors: dict[str, int] = {}
     records = seconds = 0.0  # the transactional producer's, over every round
+    late_commits = 0
     for number, (round_index, mode) in enumerate(rounds.steps(), 1):
         meter = benchnode.CpuMeter(node)
         with meter:
             step = produce_flat_out(node.bootstrap, topic, args, mode == "transactional")
         if mode == "transactional":
             records, seconds = records + step.records, seconds + step.seconds
+            late_commits += step.late_commits
         commits_ns += step.commits_ns
         flushes_ns += step.flushes_ns
         for name, count in step.errors.items():
             errors[name] = errors.get(name, 0) + count
         rate = step.records / step.seconds
-        rounds.record(round_index, mode, {"records_per_s": rate, "node_cores": meter.fields["node_cores"] or 0.0})
+        cores = {name: meter.fields[f"{name}_cores"] or 0.0 for name in ("node", "timer", "worker", "client")}
+        # The node's CPU per record acknowledged: what a transactional record costs the node beyond a plain one.
+        per_record_us = {f"{name}_us_per_record": cores[name] * step.seconds / step.records * 1e6
+                         if step.records else 0.0 for name in ("node", "timer", "worker")}
+        shares = {f"{phase}_share": spent / step.seconds for phase, spent in step.phases_s.items()}
+        rounds.record(round_index, mode, {"records_per_s": rate, **{f"{k}_cores": v for k, v in cores.items()},
+                                          **per_record_us, **shares})
         commit, flush = _ms(step.commits_ns), _ms(step.flushes_ns)
-        log(f"produce [{number}/{2 * args.runs}] {mode}: {rate:,.0f} records/s, node {meter.fields['node_cores']} "
-            f"cores" + (f", {len(step.commits_ns)} commits, p50 {commit['p50_ms']} ms p99 {commit['p99_ms']} ms "
-                        f"(each after a flush: p50 {flush['p50_ms']} ms p99 {flush['p99_ms']} ms)"
-                        if step.commits_ns else ""))
+        log(f"produce [{number}/{2 * args.runs}] {mode}: {rate:,.0f} records/s, node {cores['node']:.3f} cores "
+            f"({per_record_us['node_us_per_record']:.2f} us/record: timer "
+            f"{per_record_us['timer_us_per_record']:.2f}, workers {per_record_us['worker_us_per_record']:.2f}), "
+            f"client {cores['client']:.3f} cores; time " + ", ".join(f"{phase} {share:.1%}" for phase, share in
+                                                                    zip(PHASES, shares.values()) if share)
+            + (f"; {len(step.commits_ns)} commits ({step.late_commits} late), p50 {commit['p50_ms']} ms "
+               f"p99 {commit['p99_ms']} ms (each after a flush: p50 {flush['p50_ms']} ms p99 {flush['p99_ms']} ms)"
+               if step.commits_ns else ""))
     commit = benchnode.percentiles_ms(commits_ns)
+    medians = {f"{mode}_{metric}": round(rounds.median(mode, metric), 3)
+               for mode in ("transactional", "idempotent")
+               for metric in ("node_cores", "timer_cores", "worker_cores", "client_cores", "node_us_per_record",
+                              "timer_us_per_record", "worker_us_per_record", *(f"{p}_share" for p in PHASES))}
     # records, records_per_s, mb_per_s and the percentiles are the transactional producer's: its records and
     # seconds over every round, the latencies of its commits.
     return benchnode.result_row(
         SCRIPT, "confluent", int(records), seconds, int(records) * args.record_size, commits_ns,
         workload="produce", summary=True, runs=args.runs, record_size=args.record_size,
         partitions=args.partitions, commit_interval_ms=args.commit_interval_ms, linger_ms=args.linger_ms,
-        batch_size=args.batch_bytes, workers=args.workers,
+        batch_size=args.batch_bytes, queue_records=args.queue_records, keys=args.keys, workers=args.workers,
         transactional_records_per_s=round(rounds.median("transactional", "records_per_s")),
         idempotent_records_per_s=round(rounds.median("idempotent", "records_per_s")),
         records_per_s_ratio=rounds.ratio("records_per_s"), records_per_s_ratios=rounds.ratios("records_per_s"),
-        commits=len(commits_ns), commit_p50_ms=commit["p50_ms"], commit_p99_ms=commit["p99_ms"],
+        commits=len(commits_ns), late_commits=late_commits,
+        commit_period_ms=round(seconds * 1000 / len(commits_ns), 2) if commits_ns else None,
+        commit_p50_ms=commit["p50_ms"], commit_p99_ms=commit["p99_ms"],
         commit_max_ms=round(max(commits_ns) / 1e6, 3) if commits_ns else None,
         flush_p50_ms=_ms(flushes_ns)["p50_ms"], flush_p99_ms=_ms(flushes_ns)["p99_ms"],
-        transactional_node_cores=round(rounds.median("transactional", "node_cores"), 3),
-        idempotent_node_cores=round(rounds.median("idempotent", "node_cores"), 3),
+        **medians,
         fdatasync_p50_ms=benchnode.fdatasync_floor_ms(str(node.data_dir), 4096),
         errors=errors, target="records_per_s_ratio >= 0.9 and commit_p50_ms <= 2 and commit_p99_ms <= 10")
 
@@ -517,6 +579,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="read: transactions in the topic (default %(default)s)")
     parser.add_argument("--aborted-every", type=int, default=10,
                         help="read: one transaction in this many is aborted (default %(default)s)")
+    parser.add_argument("--queue-records", type=int, default=QUEUE_RECORDS,
+                        help="produce: both producers' local queue, queue.buffering.max.messages (default "
+                             "%(default)s)")
+    parser.add_argument("--keys", type=int, default=0,
+                        help="produce: records keyed with this many keys, round robin (default 0: keyless, so "
+                             "librdkafka's sticky partitioner fills one partition at a time)")
     parser.add_argument("--record-size", type=int, default=100, help="bytes per value (default %(default)s)")
     parser.add_argument("--partitions", type=int, default=4, help="of each topic (default %(default)s)")
     parser.add_argument("--linger-ms", type=int, default=5, help="producers' linger.ms (default %(default)s)")
@@ -530,7 +598,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="one JSON summary line per workload")
     args = parser.parse_args(argv)
     if min(args.runs, args.commit_interval_ms, args.records, args.txn_records, args.read_transactions,
-           args.aborted_every, args.record_size, args.partitions, args.batch_bytes, args.workers) < 1 \
+           args.aborted_every, args.record_size, args.partitions, args.queue_records, args.batch_bytes,
+           args.workers) < 1 or args.keys < 0 \
             or args.seconds <= 0 or args.timeout_s <= 0 or args.linger_ms < 0 or args.fetch_queue_backoff_ms < 0:
         parser.error("counts, sizes and durations must be positive")
     config = f"[stats]\npublish_interval_ms = {STATS_PUBLISH_MS}\n"

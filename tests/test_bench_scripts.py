@@ -363,6 +363,7 @@ def test_bench_cleaner_measures_both_workloads(tmp_path):
     assert impact["workload"] == "impact" and impact["records_per_s_ratio"] > 0 and impact["e2e_p99_ratio"] > 0
     # Each step's latency consumer reads only its own step's records (not a second or more of a previous one's).
     assert 0 < impact["cleaning_e2e_p99_ms"] < 1000 and 0 < impact["idle_e2e_p99_ms"] < 1000, impact
+    assert 0 < impact["pooled_cleaning_e2e_p99_ms"] < 1000 and impact["pooled_e2e_p99_ratio"] > 0, impact
 
 
 @pytest.mark.node
@@ -376,6 +377,11 @@ def test_bench_transactions_measures_every_workload_against_its_baseline(tmp_pat
     assert produce["commits"] >= 2 and 0 < produce["commit_p50_ms"] <= produce["commit_p99_ms"], produce
     assert produce["transactional_records_per_s"] > 0 and produce["idempotent_records_per_s"] > 0, produce
     assert produce["records_per_s_ratio"] > 0 and produce["records_per_s_ratios"] == [produce["records_per_s_ratio"]]
+    # Commits on the schedule (a bounded local queue drains within the interval), and where the time went.
+    assert produce["queue_records"] == 5000 and produce["commit_period_ms"] >= produce["commit_interval_ms"] / 2, produce
+    shares = [produce[f"transactional_{phase}_share"] for phase in ("produce", "flush", "commit", "begin")]
+    assert shares[0] > 0 and shares[1] > 0 and sum(shares) <= 1.01, produce
+    assert produce["transactional_node_us_per_record"] > 0 and produce["idempotent_node_us_per_record"] > 0, produce
     # Every input record went through each pipeline once, committed.
     assert transform["complete"] and transform["records_per_step"] >= 3000, transform
     assert transform["exactly_once_records_per_s"] > 0 and transform["at_least_once_records_per_s"] > 0, transform

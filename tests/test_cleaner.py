@@ -305,6 +305,26 @@ def test_key_hashes_tell_keys_apart_and_the_map_keeps_the_latest():
     assert later.latest(np.array([123], np.uint64), np.array([456], np.uint64)).tolist() == [-1]
 
 
+def test_the_map_tells_apart_keys_that_share_their_first_hash():
+    # Few first hashes, so most keys share one with others, their entries interleaved: the map keeps each
+    # key's latest offset, as a dict does, through several merges.
+    rng = np.random.default_rng(11)
+    offset_map, expected, offset = C.OffsetMap(), {}, 0
+    for _ in range(5):
+        n = int(rng.integers(1, 400))
+        h1 = rng.integers(0, 6, n).astype(np.uint64)
+        h2 = rng.integers(0, 5, n).astype(np.uint64)
+        offsets = np.arange(offset, offset + n, dtype=np.int64)
+        offset += n
+        offset_map = offset_map.merged(h1, h2, offsets)
+        expected.update(zip(zip(h1.tolist(), h2.tolist()), offsets.tolist()))
+        assert len(offset_map) == len(expected)
+        probe1 = rng.integers(0, 7, 300).astype(np.uint64)
+        probe2 = rng.integers(0, 6, 300).astype(np.uint64)
+        assert offset_map.latest(probe1, probe2).tolist() == [
+            expected.get(key, -1) for key in zip(probe1.tolist(), probe2.tolist())]
+
+
 def test_the_io_limiter_holds_the_rate():
     clock = [0.0]
     slept = []

@@ -364,3 +364,82 @@ def test_after_recovery_another_process_catches_up_on_the_markers_too(plog):
         assert worker.state().first_unstable_offset == 5  # producer 1's transaction is closed in its view too
     finally:
         worker.close()
+
+
+class IndexDisk:
+    """What a power cut leaves of a partition's aborted-transaction indexes: each file as of its last fdatasync
+    (os.fdatasync wrapped to copy the file it syncs), the files as they were when this began counting as synced."""
+
+    def __init__(self, monkeypatch, directory: str):
+        self.directory = directory
+        self.synced = {path: open(path, "rb").read() for path in self._paths()}
+        self.syncs: list[str] = []  # the index files fdatasync'd, in order
+        real = os.fdatasync
+
+        def fdatasync(fd: int) -> None:
+            real(fd)
+            path = os.readlink(f"/proc/self/fd/{fd}")
+            if path.endswith(".txnindex"):
+                self.synced[path] = os.pread(fd, os.fstat(fd).st_size, 0)
+                self.syncs.append(path)
+
+        monkeypatch.setattr(os, "fdatasync", fdatasync)
+
+    def _paths(self) -> list[str]:
+        return [os.path.join(self.directory, name) for name in os.listdir(self.directory) if name.endswith(".txnindex")]
+
+    def cut_power(self) -> None:
+        """Every index file back to its last synced bytes (the logs stay whole: as flushed)."""
+        for path in self._paths():
+            with open(path, "wb") as file:
+                file.write(self.synced.get(path, b""))
+
+
+def test_flushes_and_snapshots_sync_the_aborted_transaction_index_only_when_it_gained_an_entry(plog, monkeypatch):
+    log = plog.log
+    disk = IndexDisk(monkeypatch, plog.directory)
+    flusher = PartitionLog(plog.directory, plog.table, 0, SMALL)  # the timer's flusher: a view of its own
+    try:
+        log.append(txn_batch(1, 0))  # 0-1
+        log.append_marker(1, 0, ControlType.COMMIT, 0)  # 2: a commit has no entry
+        flusher.flush()
+        assert disk.syncs == []
+        log.append(txn_batch(1, 2))  # 3-4
+        log.append_marker(1, 0, ControlType.ABORT, 0)  # 5
+        flusher.flush()
+        assert disk.syncs == [log.segments[-1].txn_index_path]
+        log.append(plain_batch())  # 6-7
+        flusher.flush()
+        flusher.write_producer_snapshot()
+        assert len(disk.syncs) == 1  # nothing new in the index: neither the flush nor the snapshot syncs it
+        log.append(txn_batch(1, 4))  # 8-9
+        log.append_marker(1, 0, ControlType.ABORT, 0)  # 10, not flushed
+        flusher.write_producer_snapshot()  # recovery starts after it: the entry of 10 must be on disk first
+        assert len(disk.syncs) == 2
+        expected = log.aborted_transactions(0, log.state().high_watermark)
+        assert [entry.last_offset for entry in expected] == [5, 10]
+    finally:
+        flusher.close()
+    plog.log.close()
+    disk.cut_power()
+    log = plog.reopen()
+    assert log.aborted_transactions(0, log.state().high_watermark) == expected
+
+
+def test_recovery_makes_the_indexes_it_rebuilds_durable(plog, monkeypatch):
+    log = plog.log
+    for round_ in range(40):  # several segments, each with aborted transactions
+        log.append(txn_batch(1, 2 * round_, tag=b"x" * 50))
+        log.append_marker(1, 0, ControlType.ABORT, 0)
+    log.write_producer_snapshot()
+    expected = log.aborted_transactions(0, log.state().high_watermark)
+    assert len(expected) == 40 and len(log.segments) >= 3
+    log.flush()
+    os.unlink(log.segments[0].txn_index_path)  # lost: recovery rebuilds every index from the log start
+    disk = IndexDisk(monkeypatch, plog.directory)
+    log = plog.reopen()
+    log.write_producer_snapshot()  # the next recovery starts here: it rebuilds nothing before
+    log.close()
+    disk.cut_power()
+    log = plog.reopen()
+    assert log.aborted_transactions(0, log.state().high_watermark) == expected

@@ -606,7 +606,7 @@ class PartitionLog:
             segment.reset()  # a roll interrupted before publishing may have left this segment's files behind
             producers = self._caught_up_producer_state(state)
             producers.expire(now_ms(), self.config.producer_id_expiration_ms)
-            self._sync_txn_index(old)
+            self._sync_txn_index(old, state)
             producers.write_snapshot(self.directory)
             self._prune_snapshots(state.log_start_offset)
         except BaseException:
@@ -626,13 +626,19 @@ class PartitionLog:
         self._segments_version = state.segments_version
         return state
 
-    @staticmethod
-    def _sync_txn_index(segment: Segment) -> None:
+    @classmethod
+    def _sync_txn_index(cls, segment: Segment, state: PartitionState) -> None:
         """Before a producer snapshot: recovery rebuilds aborted-transaction entries only after the snapshot it
-        starts from, so the entries before it must be on disk first."""
+        starts from, so the entries before it must be on disk first (those of flushed markers are)."""
+        if cls._txn_index_unsynced(segment, state):
+            segment.txn_index().flush()
+
+    @staticmethod
+    def _txn_index_unsynced(segment: Segment, state: PartitionState) -> bool:
+        """Whether the segment's aborted-transaction index may hold an entry not yet durable
+        (node.storage.txn_index)."""
         index = segment.txn_index()
-        if index is not None:
-            index.flush()
+        return index is not None and index.needs_sync(state.flushed_offset, state.producer_batches_end)
 
     def _prune_snapshots(self, log_start_offset: int) -> None:
         offsets = snapshot_offsets(self.directory)
@@ -656,7 +662,7 @@ class PartitionLog:
             producers = self._caught_up_producer_state(state)
             producers.expire(now_ms(), self.config.producer_id_expiration_ms)
             try:
-                self._sync_txn_index(self.segments[-1])
+                self._sync_txn_index(self.segments[-1], state)
                 producers.write_snapshot(self.directory)
                 self._prune_snapshots(state.log_start_offset)
             except OSError as exc:
@@ -843,7 +849,7 @@ class PartitionLog:
             if state.flush_failed:
                 self._rewrite_unflushed(state, first)
             for segment in self.segments[first:]:
-                segment.flush(indexes)
+                segment.flush(indexes, indexes or self._txn_index_unsynced(segment, state))
         except (OSError, StorageError) as exc:
             with self.lock:
                 raise self._fault("fsync", exc, flush_failed=1) from None
@@ -1154,6 +1160,11 @@ class PartitionLog:
             producers = log._caught_up_producer_state(state, rebuild_txn_index=True)
             if producers.end_offset != next_offset:
                 raise StorageError(ErrorCode.KAFKA_STORAGE_ERROR, f"{directory}: producer state rebuild stopped short")
+            # The rebuilt entries' markers count as flushed (flushed_offset is the log end): made durable here,
+            # so that flushes and snapshots may skip an index nobody changed since (node.storage.txn_index).
+            for segment in log.segments:
+                if (index := segment.txn_index()) is not None and index.written:
+                    log._survive(index.flush)
             table.update(row, producer_batches_end=producers.newest_batch_end(),
                          first_unstable_offset=producers.first_unstable_offset())
         return log

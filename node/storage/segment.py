@@ -421,14 +421,14 @@ class Segment:
 
     # Lifetime --------------------------------------------------------------------------------------
 
-    def flush(self, indexes: bool = True) -> None:
-        """fdatasync the log (its data and size: what recovery needs) and the aborted-transaction index, and msync
-        both index mappings unless `indexes` is False. Index pages are never needed for durability: recovery checks every entry it trusts
-        against the log and rebuilds what is missing, so the group commit leaves them to the page cache."""
+    def flush(self, indexes: bool = True, txn_index: bool = True) -> None:
+        """fdatasync the log (its data and size: what recovery needs) and, with `txn_index`, the aborted-transaction
+        index, and msync both index mappings unless `indexes` is False. Index pages are never needed for
+        durability: recovery checks every entry it trusts against the log and rebuilds what is missing, so the
+        group commit leaves them to the page cache."""
         os.fdatasync(self.log_fd)
-        txn_index = self.txn_index()  # one failed open when the segment has no aborted transaction
-        if txn_index is not None:
-            txn_index.flush()
+        if txn_index and (index := self.txn_index()) is not None:  # one failed open when the segment has none
+            index.flush()
         if indexes:
             for memory in self._maps:
                 memory.flush()

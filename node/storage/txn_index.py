@@ -16,8 +16,14 @@ Invariants:
 - Readers count whole entries only (size // 34): a torn trailing entry is invisible, and removed the same way.
 - Recovery rebuilds the entries of every segment it replays (truncate_from the replay's start, then one
   append per ABORT marker found), and the whole index of a segment whose file is missing, so a lost or torn
-  index never outlives a restart. The file is fsync'd with its segment's log (so a flushed marker's entry is
-  durable too) and before every producer snapshot (recovery replays only what follows its snapshot).
+  index never outlives a restart.
+- Durable: every entry whose marker is below the partition's flushed offset, and every entry before a producer
+  snapshot's offset (recovery replays only what follows its snapshot). So a flush or a snapshot fdatasyncs the
+  file only when it holds an entry whose marker is at or past the flushed offset (entries are in marker order:
+  the last one tells) or one this object wrote since its last sync (recovery's rebuild, whose markers count as
+  flushed): an unchanged index costs an fstat, not a sync, and nothing at all while no batch with a producer
+  id came since the flushed offset. (The writer, the timer loop, and the flusher hold different objects, so
+  what changed is read from the partition's row and the file, not remembered.)
 """
 
 from __future__ import annotations
@@ -48,6 +54,7 @@ class TransactionIndex:
         self._cache: tuple[int, int, tuple[AbortedTransaction, ...]] | None = None  # (inode, size, entries)
         self._sealed = False  # the cache was read once the segment was sealed: it is final
         self._verified: dict[AbortedTransaction, bool] = {}
+        self.written = False  # changed by this object since its last sync (see needs_sync)
 
     def entries(self, sealed: bool = False) -> tuple[AbortedTransaction, ...]:
         """Every whole entry, in file order (re-read only when the file's size or inode changed). A sealed
@@ -79,6 +86,7 @@ class TransactionIndex:
     def append(self, entry: AbortedTransaction) -> None:
         """Add an entry after removing stale ones at or past its marker (see the invariants)."""
         kept = self._kept_before(entry.last_offset)
+        self.written = True
         os.pwrite(self.fd, ENTRY.pack(ENTRY_VERSION, *entry), kept * ENTRY.size)
         os.ftruncate(self.fd, (kept + 1) * ENTRY.size)
 
@@ -86,6 +94,7 @@ class TransactionIndex:
         """Drop the entries whose marker is at or past `offset` (and a torn tail)."""
         kept = self._kept_before(offset)
         if os.fstat(self.fd).st_size != kept * ENTRY.size:
+            self.written = True
             os.ftruncate(self.fd, kept * ENTRY.size)
 
     def _kept_before(self, offset: int) -> int:
@@ -96,8 +105,21 @@ class TransactionIndex:
             kept += 1
         return kept
 
+    def needs_sync(self, flushed_offset: int, producer_batches_end: int) -> bool:
+        """Whether the file may hold an entry that is not durable yet, given that the entries of markers below
+        the partition's `flushed_offset` are (see the invariants). A marker is a batch with a producer id: with
+        none since the flushed offset (`producer_batches_end`, the end of the newest, is not past it), there is
+        no new entry either, and the file is not looked at."""
+        if self.written:
+            return True
+        if producer_batches_end <= flushed_offset:
+            return False
+        entries = self.entries()
+        return bool(entries) and entries[-1].last_offset >= flushed_offset
+
     def flush(self) -> None:
         os.fdatasync(self.fd)
+        self.written = False
 
     def close(self) -> None:
         if self.fd >= 0:

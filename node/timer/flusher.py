@@ -31,6 +31,13 @@ Invariants:
   job runs after every round, so neither waiters nor jobs starve.
 - The thread owns its own PartitionStore (no sharing with the timer loop); syncs release the
   GIL, so the timer loop keeps serving timers during a round.
+- Urgent syncs (`sync_now(rows)`): a few small rows on a client's path that must not wait for the
+  round in flight and then a round of every dirty partition (the transaction coordinator's state
+  records: each AddPartitionsToTxn and EndTxn waits for one) are fsync'd at once by a thread of
+  their own, beside any round, with a store of its own, and reported like a round's rows (under
+  the latest round started). A row it cannot sync is left to the next round, requested then, which
+  reports the failure: a failed fsync is handled in one place. A row synced twice (by both) costs
+  the second an early return or a sync of nothing new.
 """
 
 from __future__ import annotations
@@ -80,10 +87,17 @@ class Flusher(threading.Thread):
         self.fsync_ns_total = 0
         self.fsync_ns_max = 0  # since the timer loop last reset it
         self.bytes_flushed = 0
+        self._urgent_rows: queue.SimpleQueue[list[int] | None] = queue.SimpleQueue()
+        self._urgent = threading.Thread(target=self._urgent_syncs, name="urgent-sync", daemon=True)
+        self.urgent_fsyncs = 0  # written by the urgent thread only
 
     def request(self) -> None:
         """Something waits for durability: the next round starts without delay."""
         self._wanted.set()
+
+    def sync_now(self, rows: list[int]) -> None:
+        """Fsync these rows at once, beside any round in flight (see the invariants)."""
+        self._urgent_rows.put(rows)
 
     def submit(self, name: str, job: Job, then: Callable[[object], None] | None = None) -> None:
         """Run job(store) on this thread soon (after the next round). `then(result)` runs afterwards on the timer
@@ -97,10 +111,16 @@ class Flusher(threading.Thread):
             then, result = self.finished.get_nowait()
             then(result)
 
+    def start(self) -> None:
+        super().start()
+        self._urgent.start()
+
     def stop(self, timeout: float) -> None:
         self._stopping.set()
         self._wanted.set()
+        self._urgent_rows.put(None)
         self.join(timeout)
+        self._urgent.join(timeout)
 
     def run(self) -> None:
         store = PartitionStore(os.path.abspath(self.config.server.data_dir), self.table, self.config.log,
@@ -160,6 +180,34 @@ class Flusher(threading.Thread):
         if done or failed:
             self.reports.put(FlushReport(flush_round, done, failed))
             self.wake()
+
+    def _urgent_syncs(self) -> None:
+        store = PartitionStore(os.path.abspath(self.config.server.data_dir), self.table, self.config.log,
+                               self.config.topics.max_partitions)
+        try:
+            while (rows := self._urgent_rows.get()) is not None:
+                wanted = set(rows)
+                while not self._urgent_rows.empty():  # those that came meanwhile share this turn
+                    more = self._urgent_rows.get_nowait()
+                    if more is None:
+                        return
+                    wanted.update(more)
+                if store.version != self.catalog_version:
+                    store.reload()
+                flushed = []
+                for row in sorted(wanted):
+                    try:
+                        store.log(row).flush()
+                    except Exception:  # noqa: BLE001 - the next round syncs it again and reports what is wrong
+                        self.request()
+                        continue
+                    self.urgent_fsyncs += 1
+                    flushed.append(row)
+                if flushed:
+                    self.reports.put(FlushReport(self.rounds_started, flushed, []))
+                    self.wake()
+        finally:
+            store.close()
 
     def _run_jobs(self, store: PartitionStore) -> None:
         ran = 0

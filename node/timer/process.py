@@ -27,6 +27,7 @@ Invariants:
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import signal
@@ -100,7 +101,9 @@ class TimerProcess:
                                        config.timer.purgatory, now)
         self.controller = Controller(self.store, self.outbox, self.flusher)
         txn = config.transactions
-        state_log = TransactionStateLog(self.store, self.operations.wait_flushed, segment_bytes=txn.state_segment_bytes,
+        # The coordinator's state records are on its clients' path (each AddPartitionsToTxn, EndTxn): synced at once.
+        state_log = TransactionStateLog(self.store, functools.partial(self.operations.wait_flushed, urgent=True),
+                                        segment_bytes=txn.state_segment_bytes,
                                         load_bytes_per_turn=txn.state_load_bytes_per_turn,
                                         write_timeout_ms=txn.state_write_timeout_ms,
                                         catalog_changed=self.controller.catalog_changed)

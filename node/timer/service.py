@@ -69,11 +69,16 @@ class DelayedOperations:
                 self.cancelled.add(op.key)
                 op.force_complete()
 
-    def wait_flushed(self, rows: list[int], required_offsets: list[int], deadline_ms: int, done) -> None:
+    def wait_flushed(self, rows: list[int], required_offsets: list[int], deadline_ms: int, done,
+                     urgent: bool = False) -> None:
         """The timer process's own wait (not a worker's): done(True) once every row is fsync'd to its offset,
-        done(False) at the deadline. Flushed by the group commit, as acks=all produces are."""
+        done(False) at the deadline. Flushed by the group commit, as acks=all produces are, or, `urgent`, at once
+        beside it (node.timer.flusher: a few small rows on a client's path)."""
         op = DelayedFlush(rows, required_offsets, self.table, done, self.failed_rows, self.flusher.rounds_started)
-        self._want_flush(op)
+        if urgent and not op.satisfied():
+            self.flusher.sync_now(rows)
+        else:
+            self._want_flush(op)
         self.produces.try_complete_else_watch(op, op.watch_keys(), deadline_ms)
 
     # -- events of the timer process --------------------------------------------------------------
