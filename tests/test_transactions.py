@@ -236,7 +236,7 @@ def test_outcomes_survive_a_restart(node_factory):
 
 TRANSFORMER = """
 import sys
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 bootstrap = sys.argv[1]
 producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": "eos-transformer", "linger.ms": 5,
                      "transaction.timeout.ms": 10000, "message.timeout.ms": 10000})
@@ -244,17 +244,44 @@ producer.init_transactions(60)  # fences a killed predecessor and aborts what it
 consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "eos", "enable.auto.commit": False,
                      "auto.offset.reset": "earliest", "isolation.level": "read_committed"})
 consumer.assign([TopicPartition("eos-in", 0)])  # from the group's committed offset
+
+
+def rewind():  # an aborted transaction's inputs are read again from the group's committed offset
+    committed = consumer.committed([TopicPartition("eos-in", 0)], 60)[0]
+    consumer.seek(TopicPartition("eos-in", 0, max(committed.offset, 0)))
+
+
 while True:
-    messages = [m for m in consumer.consume(50, 0.5) if not m.error()]
+    messages = []
+    for message in consumer.consume(50, 0.5):
+        if message.error():
+            print("consumer error", message.error(), file=sys.stderr, flush=True)
+        else:
+            messages.append(message)
     if not messages:
         print("idle", flush=True)
         continue
-    producer.begin_transaction()
-    for message in messages:
-        producer.produce("eos-out", key=message.key(), value=b"out-" + message.value())
-    producer.send_offsets_to_transaction([TopicPartition("eos-in", 0, messages[-1].offset() + 1)],
-                                         consumer.consumer_group_metadata(), 60)
-    producer.commit_transaction(60)
+    try:
+        producer.begin_transaction()
+        for message in messages:
+            producer.produce("eos-out", key=message.key(), value=b"out-" + message.value())
+        producer.send_offsets_to_transaction([TopicPartition("eos-in", 0, messages[-1].offset() + 1)],
+                                             consumer.consumer_group_metadata(), 60)
+        for attempt in range(3):  # a retriable commit failure (a timeout across a kill) is retried as it is
+            try:
+                producer.commit_transaction(60)
+                break
+            except KafkaException as failure:
+                if not failure.args[0].retriable() or attempt == 2:
+                    raise
+    except KafkaException as failure:  # as a real application: abort what may be aborted, retry from the commit
+        error = failure.args[0]
+        print("transaction failed:", error, file=sys.stderr, flush=True)
+        if not error.txn_requires_abort():
+            raise
+        producer.abort_transaction(60)
+        rewind()
+        continue
     print("committed", messages[-1].offset() + 1, flush=True)
 """
 EOS_INPUTS = 3000
