@@ -288,7 +288,8 @@ def test_clear_errors_and_exit_codes(tmp_path, node):
     assert taken.returncode == 4 and "in use by another node" in taken.stderr
 
 
-def test_prometheus_endpoint(node_factory):
+def node_with_metrics(node_factory):
+    """A one-worker node publishing stats every 100 ms, serving /metrics on a free port: (node, port)."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
@@ -296,6 +297,11 @@ def test_prometheus_endpoint(node_factory):
     node.stop()
     node.start_args = ["--metrics", f"127.0.0.1:{port}"]
     node.start()
+    return node, port
+
+
+def test_prometheus_endpoint(node_factory):
+    node, port = node_with_metrics(node_factory)
     producer = Producer({"bootstrap.servers": node.bootstrap})
     for _ in range(100):
         producer.produce("metrics-topic", value=b"m")
@@ -337,13 +343,7 @@ def test_transactions_in_the_cli_stats_dashboard_and_metrics(node_factory):
 
     from node.tools.dashboard import Dashboard
 
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    node = node_factory(workers=1, config="[stats]\npublish_interval_ms = 100\n")
-    node.stop()
-    node.start_args = ["--metrics", f"127.0.0.1:{port}"]
-    node.start()
+    node, port = node_with_metrics(node_factory)
     admin = AdminClient({"bootstrap.servers": node.bootstrap})
     for future in admin.create_topics([NewTopic("txn-stats", 2, 1)]).values():
         future.result(timeout=30)
