@@ -11,11 +11,14 @@ Invariants:
   change; a file that cannot be read keeps the running config, with one log line. The new config goes to
   `apply`, which hands it to the parts that use it.
 - `close_all` closes in the order given, so what depends on another closes first.
+- `settle_garbage_collector` runs once, when a child is set up and about to serve: what it built until then
+  lives as long as the child and is never scanned again (gc.freeze).
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 from typing import Any, Callable
 
@@ -38,6 +41,16 @@ def start_child(role: str, config_file: str) -> NodeConfig:
     """Log lines marked `role`; the runtime config the supervisor wrote."""
     setup_logging(role)
     return read_runtime(config_file)
+
+
+def settle_garbage_collector(config: NodeConfig) -> None:
+    """Freeze what the child built so far, then collect young objects only every `gc_young_threshold`
+    allocations (server config)."""
+    gc.collect()
+    gc.freeze()
+    if config.server.gc_young_threshold > 0:
+        _, middle, old = gc.get_threshold()
+        gc.set_threshold(config.server.gc_young_threshold, middle, old)
 
 
 class ConfigReload:

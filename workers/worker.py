@@ -51,7 +51,7 @@ import sys
 import time
 from typing import Any
 
-from node.child import ConfigReload, child_arguments, close_all, start_child
+from node.child import ConfigReload, child_arguments, close_all, settle_garbage_collector, start_child
 from node.config import NodeConfig
 from node.logging_setup import RateLimitedLog
 from node.proctitle import set_title
@@ -524,6 +524,7 @@ class Worker:
                      self._announce_sleep):
             loop.before_sleep(hook)
         loop.after_sleep(self.link.woke)
+        settle_garbage_collector(self.config)
         self.acceptor.start()  # the port accepts from now on
         log.info("worker %d ready", self.index)
         loop.run()

@@ -24,7 +24,7 @@ import sys
 import time
 from typing import Any
 
-from node.child import ConfigReload, child_arguments, close_all, start_child
+from node.child import ConfigReload, child_arguments, close_all, settle_garbage_collector, start_child
 from node.config import NodeConfig
 from node.logging_setup import RateLimitedLog
 from node.proctitle import set_title
@@ -159,6 +159,7 @@ class CleanerProcess:
         signal.signal(signal.SIGTERM, self._on_term)
         signal.signal(signal.SIGHUP, self.reload.on_hup)
         self._ready()
+        settle_garbage_collector(self.config)
         log.info("cleaner %d ready", self.index)
         interval_s = self.config.server.heartbeat_interval_ms / 1000
         poller = select.poll()

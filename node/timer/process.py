@@ -37,7 +37,7 @@ from typing import Any, Callable
 
 import posix_ipc
 
-from node.child import ConfigReload, child_arguments, close_all, start_child
+from node.child import ConfigReload, child_arguments, close_all, settle_garbage_collector, start_child
 from node.config import NodeConfig
 from node.proctitle import set_title
 from node.storage.store import PartitionStore
@@ -239,6 +239,7 @@ class TimerProcess:
         self.flusher.start()
         self.outbox.broadcast(M.encode(M.Kind.TIMER_STARTED, os.getpid()))
         self.outbox.flush()
+        settle_garbage_collector(self.config)
         log.info("timer process ready (%d workers, %d cleaners)", self.cleaning.first_ring, self.cleaning.cleaners)
         while not self.stopping:
             self.heartbeat.beat()
