@@ -77,6 +77,12 @@ class ServerConfig:
     # of a busy worker's CPU and ~20% of the timer's. Objects built before a child serves are frozen (never
     # scanned). 0 keeps Python's default.
     gc_young_threshold: int = 50_000
+    # Incremental fetch sessions (Kafka's max.incremental.fetch.session.cache.slots), shared evenly by the
+    # workers; 0: none (every fetch is answered in full).
+    max_incremental_fetch_session_cache_slots: int = 1000
+    # A session unused this long may be evicted for a new one; one opened this long ago, for a larger one
+    # (Kafka's min.incremental.fetch.session.eviction.ms).
+    min_incremental_fetch_session_eviction_ms: int = 120_000
 
     # -- bounds on memory (-1: no bound) --
     # Bytes held for requests that are incomplete or not yet served, and for unsent responses, across the

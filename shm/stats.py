@@ -112,6 +112,12 @@ FIELDS: tuple[Field, ...] = (
           help="delayed fetches a worker answered on an append (its own or, by doorbell, another worker's): no timer hop"),
     Field("fetches_handed_off",
           help="long polls a worker handed to the timer, having waited timer.fetch_handoff_ms (or with a shorter max wait)"),
+    Field("fetch_sessions", counter=False, help="incremental fetch sessions a worker holds"),
+    Field("fetch_sessions_opened", help="incremental fetch sessions opened"),
+    Field("fetch_sessions_evicted", help="incremental fetch sessions evicted for a new one (cache full)"),
+    Field("fetches_incremental", help="fetches answered from an incremental fetch session"),
+    Field("fetch_session_errors",
+          help="fetches naming a session the worker does not hold or the wrong epoch (the client starts a new one)"),
     Field("throttled_connections", counter=False, help="connections muted by a quota throttle"),
     # rings: a worker describes its request ring at position 0; the timer describes every completion ring
     Field("ring_frames_sent", MAX_RINGS, help="frames written into the ring"),

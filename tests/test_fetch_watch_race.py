@@ -37,6 +37,7 @@ from shm.ring import RingReader
 from shm.table import PartitionTable
 from shm.timer_link import TimerLink
 from workers.api import handlers as handlers_module
+from workers.api.fetch_sessions import FetchSessionCache
 from workers.api.handlers import Handlers
 from workers.api.quotas import ClientQuotas, Throttler
 from workers.codecs import protocol as P
@@ -61,7 +62,8 @@ def worker_side(tmp_path):
         delayed = DelayedRequests(link, table, config.timer.delayed_grace_ms,
                                   lambda req, outcome: settled.append(outcome), config.groups.max_request_document_bytes)
         handlers = Handlers(store, config, delayed, "cluster",
-                            Throttler(ClientQuotas(config.quotas, 0), delayed, lambda conn: None, lambda conn: None))
+                            Throttler(ClientQuotas(config.quotas, 0), delayed, lambda conn: None, lambda conn: None),
+                            FetchSessionCache(0, 0, 0, 1, lambda: 0))
         requests = RingReader(shm_instance.request_ring_name(iid, 0), config=config.rings)
         client, server = socket.socketpair()
         try:

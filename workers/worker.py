@@ -68,6 +68,7 @@ from shm.table import PartitionTable
 from shm.timer_link import TimerLink
 from workers.acceptor import Acceptor
 from workers.affinity import ConnectionAffinity
+from workers.api.fetch_sessions import FetchSessionCache
 from workers.api.handlers import Handlers
 from workers.api.quotas import ClientQuotas, Throttler
 from workers.backpressure import Backpressure
@@ -118,7 +119,12 @@ class Worker:
         self.output_limit = self.backpressure.output_limit
         self.quotas = ClientQuotas(config.quotas, index)
         throttler = Throttler(self.quotas, self.delayed, self.backpressure.mute, self.backpressure.unmute)
-        self.handlers = Handlers(self.partitions, config, self.delayed, f"shmbroker-{instance}", throttler)
+        workers = len(bell_fds)
+        self.fetch_sessions = FetchSessionCache(-(-server.max_incremental_fetch_session_cache_slots // workers),
+                                                server.min_incremental_fetch_session_eviction_ms, index, workers,
+                                                monotonic_ms)
+        self.handlers = Handlers(self.partitions, config, self.delayed, f"shmbroker-{instance}", throttler,
+                                 self.fetch_sessions)
         self.handlers.after_appends = self._answer_appended_if_due
         self.message_handlers = {
             M.Kind.QUOTA_STATE: self.quotas.on_state,
@@ -482,6 +488,11 @@ class Worker:
             ("delayed_waiting", len(self.delayed)),
             ("fetches_answered_on_append", self.delayed.answered_on_append),
             ("fetches_handed_off", self.delayed.handed_off),
+            ("fetch_sessions", len(self.fetch_sessions)),
+            ("fetch_sessions_opened", self.fetch_sessions.opened),
+            ("fetch_sessions_evicted", self.fetch_sessions.evicted),
+            ("fetches_incremental", self.fetch_sessions.incremental_fetches),
+            ("fetch_session_errors", self.fetch_sessions.session_errors),
         ]
         if self.affinity is not None:
             gauges += [("connections_moved_out", self.affinity.moved_out),

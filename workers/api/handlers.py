@@ -34,6 +34,7 @@ from workers.codecs import protocol as P
 from workers.connection import FileRange, Request
 from workers.timer_client.delayed import Completed, DelayedRequests, monotonic_ms
 from workers.api.admin import AdminHandlers
+from workers.api.fetch_sessions import FetchContext, FetchSessionCache
 from workers.api.groups import GroupHandlers
 from workers.api.transactions import TransactionHandlers
 from workers.codecs.fetch import FetchPartitionResult, FetchTopicResult, encode_fetch_response
@@ -71,8 +72,9 @@ def wall_ms() -> int:
 
 class Handlers:
     def __init__(self, partitions: PartitionStore, config: NodeConfig, delayed: DelayedRequests, cluster_id: str,
-                 throttler: Throttler) -> None:
+                 throttler: Throttler, fetch_sessions: FetchSessionCache) -> None:
         self.partitions = partitions
+        self.fetch_sessions = fetch_sessions
         self.config = config
         self.delayed = delayed
         self.cluster_id = cluster_id
@@ -308,37 +310,44 @@ class Handlers:
     # -- Fetch -------------------------------------------------------------------------------
 
     def fetch(self, req: Request, request: Any) -> Outcome:
+        context = self.fetch_sessions.context(request, req.header.api_version)
+        if context.error_code:
+            return self._fetch_response(req, context, [])
         client = req.header.client_id
         throttle_ms = self.quotas.throttle_ms(client, FETCH)
         if throttle_ms:  # over its quota: no records (and no charge), the client waits out the throttle
             mutes = req.header.api_version >= _SELF_THROTTLING_FETCH_VERSION
-            return self.throttler.apply(req, self._fetch_response(req, self._empty_fetch(request), throttle_ms), client,
+            held = [] if context.incremental else self._empty_fetch(request)
+            return self.throttler.apply(req, self._fetch_response(req, context, held, throttle_ms), client,
                                         FETCH, throttle_ms, mutes)
-        topics, total, has_error, watch = self._read_fetch(request)
+        topics, total, has_error, watch = self._read_fetch(request, context.topics())
         max_wait_ms = _millis(request.max_wait)
         if total >= request.min_bytes or max_wait_ms <= 0 or has_error or not watch:
-            return self._charged_fetch_response(req, topics, has_error)
+            return self._charged_fetch_response(req, context, topics, has_error)
         return self.delayed.delay_fetch(req, watch, request.min_bytes, max_wait_ms,
-                                        lambda status: self._fetch_again(req, request))
+                                        lambda status: self._fetch_again(req, context))
 
-    def _fetch_again(self, req: Request, request: Any) -> Outcome:
+    def _fetch_again(self, req: Request, context: FetchContext) -> Outcome:
         """A delayed fetch's answer: its partitions read again, now."""
-        topics, _total, has_error, _watch = self._read_fetch(request)
-        return self._charged_fetch_response(req, topics, has_error)
+        topics, _total, has_error, _watch = self._read_fetch(context.request, context.topics())
+        return self._charged_fetch_response(req, context, topics, has_error)
 
-    def _charged_fetch_response(self, req: Request, topics: list[FetchTopicResult], has_error: bool) -> Outcome:
+    def _charged_fetch_response(self, req: Request, context: FetchContext, topics: list[FetchTopicResult],
+                                has_error: bool) -> Outcome:
         self.quotas.charge(req.header.client_id, FETCH,
                            sum(piece.length for t in topics for p in t.partitions for piece in p.records))
-        return self._fetch_response(req, topics, has_error=has_error)
+        return self._fetch_response(req, context, context.answer(topics), has_error=has_error)
 
-    def _fetch_response(self, req: Request, topics: list[FetchTopicResult], throttle_ms: int = 0,
-                        has_error: bool = True) -> Outcome:
+    def _fetch_response(self, req: Request, context: FetchContext, topics: list[FetchTopicResult],
+                        throttle_ms: int = 0, has_error: bool = True) -> Outcome:
         """has_error False: no partition carries an error code (the reads said so), none to look for."""
         h = req.header
         return Outcome.reply(encode_fetch_response(h.api_version, h.correlation_id, topics,
-                                                   throttle_time_ms=throttle_ms).pieces,
-                             lambda: tuple(p.error_code for t in topics for p in t.partitions if p.error_code)
-                             if has_error else None)
+                                                   throttle_time_ms=throttle_ms, error_code=context.error_code,
+                                                   session_id=context.session_id).pieces,
+                             lambda: (((context.error_code,) if context.error_code else ())
+                                      + tuple(p.error_code for t in topics for p in t.partitions if p.error_code))
+                             if has_error or context.error_code else None)
 
     def _empty_fetch(self, request: Any) -> list[FetchTopicResult]:
         """The answer of a throttled fetch: every partition, no records."""
@@ -356,14 +365,14 @@ class Handlers:
             topics.append(FetchTopicResult(topic.topic, results))
         return topics
 
-    def _read_fetch(self, request: Any) -> tuple[list[FetchTopicResult], int, bool, list[tuple[int, int, int]]]:
-        """Read every requested partition: (results, total bytes, any error, the items to watch
-        (shm.fetch_condition)).
+    def _read_fetch(self, request: Any, topics: list[Any]
+                    ) -> tuple[list[FetchTopicResult], int, bool, list[tuple[int, int, int]]]:
+        """Read every partition of `topics` (the request's own, or its fetch session's) under the request's
+        limits: (results, total bytes, any error, the items to watch (shm.fetch_condition)).
 
         The levels of a priority topic share the budget as workers.api.priority says, when the node splits it."""
         read = _FetchRead(request.max_bytes if request.max_bytes > 0 else self.config.server.request_max_bytes,
                           request.isolation_level == _READ_COMMITTED)
-        topics = request.topics
         families = self.level_names.families(topics) if self.config.priority.fetch_split else None
         in_family = {index: family for family, indices in (families or {}).items() for index in indices}
         results: list[list[FetchPartitionResult] | None] = [None] * len(topics)

@@ -47,6 +47,8 @@ UNKNOWN_PRODUCER_ID = ErrorCode.unknown_producer_id
 TRANSACTIONAL_ID_AUTHORIZATION_FAILED = ErrorCode.transactional_id_authorization_failed
 CLUSTER_AUTHORIZATION_FAILED = ErrorCode.cluster_authorization_failed
 INVALID_RECORD = ErrorCode.invalid_record
+FETCH_SESSION_ID_NOT_FOUND = ErrorCode.fetch_session_id_not_found
+INVALID_FETCH_SESSION_EPOCH = ErrorCode.invalid_fetch_session_epoch
 
 __all__ = [
     "ErrorCode",
@@ -79,4 +81,6 @@ __all__ = [
     "TRANSACTIONAL_ID_AUTHORIZATION_FAILED",
     "CLUSTER_AUTHORIZATION_FAILED",
     "INVALID_RECORD",
+    "FETCH_SESSION_ID_NOT_FOUND",
+    "INVALID_FETCH_SESSION_EPOCH",
 ]
