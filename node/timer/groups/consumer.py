@@ -126,8 +126,8 @@ class ConsumerGroups:
                 return self._answer(waiter, E.none, None, d.member, epoch)
             group, member, full = self._join_or_find(d)
             before = {t: set(p) for t, p in member.assigned.items()}
-            self._update_member(group, member, d)
-            self._refresh_target(group)
+            changed = self._update_member(member, d) or full and d.member_epoch == 0
+            self._refresh_target(group, changed)
             self._reconcile(group, member, as_partitions(d.owned))
         except HeartbeatError as exc:
             return self._answer(waiter, exc.error, str(exc), d.member, d.member_epoch)
@@ -215,7 +215,6 @@ class ConsumerGroups:
                 member.assigned, member.pending_revocation = {}, {}
                 member.state, member.epoch, member.previous_epoch = MemberState.STABLE, 0, -1
                 self.revocations.forget((group.group_id, member.member_id))
-            group.epoch += 1
             return group, member, True
         if member is None:
             raise HeartbeatError(E.unknown_member_id, f"Member {d.member} is not a member of group {d.group}.")
@@ -239,7 +238,8 @@ class ConsumerGroups:
                 raise HeartbeatError(E.fenced_member_epoch, f"The consumer group member has a smaller member "
                                                             f"epoch ({received}) than the one known ({member.epoch}).")
 
-    def _update_member(self, group: ConsumerGroup, member: ConsumerMember, d: Any) -> None:
+    def _update_member(self, member: ConsumerMember, d: Any) -> bool:
+        """Take the heartbeat's changed fields; True if the subscription or assignor changed."""
         changed = False
         if d.subscribed_topics is not None and tuple(sorted(d.subscribed_topics)) != member.subscribed_topics:
             member.subscribed_topics, changed = tuple(sorted(d.subscribed_topics)), True
@@ -254,22 +254,23 @@ class ConsumerGroups:
         if d.rack is not None:
             member.rack_id = d.rack
         member.client_id, member.client_host = d.client_id, d.client_host
-        if changed:
-            group.epoch += 1
-            group.catalog_version = -1  # the subscribed partitions are to be read again
+        return changed
 
-    def _refresh_target(self, group: ConsumerGroup) -> None:
-        """Re-read the subscribed topics when the catalog or a subscription changed (a new epoch if their partitions
-        differ), then recompute the target assignment if it is behind the group epoch."""
+    def _refresh_target(self, group: ConsumerGroup, changed: bool) -> None:
+        """One new group epoch if the membership or a subscription changed or the subscribed topics' partitions
+        differ (read again when the catalog or a subscription changed); then the target assignment, if it is
+        behind the group epoch."""
         catalog = self.store.catalog
-        if group.catalog_version != catalog.version:
+        if changed or group.catalog_version != catalog.version:
             group.catalog_version = catalog.version
             topics = {name: entry.partitions for name, entry in catalog.topics.items() if not entry.internal}
             wanted = set().union(*group.subscriptions(topics).values()) if group.members else set()
             partitions = {name: topics[name] for name in sorted(wanted)}
             if partitions != group.subscribed_partitions:
                 group.subscribed_partitions = partitions
-                group.epoch += 1
+                changed = True
+        if changed:
+            group.epoch += 1
         if group.assignment_epoch == group.epoch:
             return
         group.assignor_name = self._assignor_of(group)

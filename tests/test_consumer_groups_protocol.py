@@ -1,0 +1,220 @@
+"""The consumer group protocol (KIP-848) at the protocol level against a real node, with a raw client: joins,
+reconciliation with revocation before assignment, Kafka's error codes, static members, sessions, regex
+subscriptions, OffsetCommit v9's member epochs, a classic and a consumer group side by side."""
+
+from __future__ import annotations
+
+import datetime
+import time
+
+import pytest
+from kio.static.primitive import i32, i64, i64Timedelta
+
+from scripts.harness import rawkafka as R
+from scripts.harness.rawkafka import millis as ms, request_body as body, request_entity as nested
+from tests.test_clients import create_topic
+from tests.test_groups_protocol import subscription
+from workers.codecs import protocol as P
+
+CONFIG = ("[groups]\ninitial_rebalance_delay_ms = 50\nmin_session_timeout_ms = 500\n"
+          "consumer_session_timeout_ms = 1500\nconsumer_heartbeat_interval_ms = 100\n")
+NONE, UNKNOWN_MEMBER, INVALID_REQUEST, INCONSISTENT_PROTOCOL, GROUP_ID_NOT_FOUND = 0, 25, 42, 23, 69
+FENCED_EPOCH, UNRELEASED_INSTANCE, UNSUPPORTED_ASSIGNOR, STALE_EPOCH, UNSUPPORTED_VERSION = 110, 111, 112, 113, 35
+HB = P.CONSUMER_GROUP_HEARTBEAT
+
+
+class Member:
+    """One consumer-protocol member over its own connection; it remembers its epoch and what it owns."""
+
+    def __init__(self, node, group: str, member_id: str, topics=("t",), regex: str | None = None,
+                 instance: str | None = None, assignor: str | None = None) -> None:
+        self.conn = R.RawConnection("127.0.0.1", node.port)
+        self.group, self.member_id, self.topics, self.regex = group, member_id, topics, regex
+        self.instance, self.assignor = instance, assignor
+        self.epoch, self.owned = 0, {}
+        self.ids: dict = {}  # topic id -> name, learned from ConsumerGroupDescribe
+
+    def heartbeat(self, epoch: int | None = None, owned: dict | None = None, full: bool = False):
+        epoch = self.epoch if epoch is None else epoch
+        joining = epoch == 0 or full
+        owned = self.owned if owned is None else owned
+        topic_partitions = () if epoch == 0 else tuple(
+            nested(HB, 1, "TopicPartitions", topic_id=self.id_of(t), partitions=tuple(map(i32, sorted(ps))))
+            for t, ps in sorted(owned.items()) if ps)
+        response = self.conn.call(HB, 1, body(
+            HB, 1, "ConsumerGroupHeartbeatRequest", group_id=self.group, member_id=self.member_id,
+            member_epoch=i32(epoch), instance_id=self.instance, rack_id=None,
+            rebalance_timeout=ms(5000 if joining else -1),
+            subscribed_topic_names=tuple(self.topics) if joining and self.regex is None else None,
+            subscribed_topic_regex=self.regex if joining else None,
+            server_assignor=self.assignor if joining else None, topic_partitions=topic_partitions))
+        if int(response.error_code) == NONE and epoch >= 0:
+            self.epoch = int(response.member_epoch)
+            if response.assignment is not None:
+                self.owned = {self.name_of(t.topic_id): set(map(int, t.partitions))
+                              for t in response.assignment.topic_partitions}
+        return response
+
+    def id_of(self, name: str):
+        return next(i for i, n in self.ids.items() if n == name)
+
+    def name_of(self, topic_id):
+        if topic_id not in self.ids:
+            self.describe()
+        return self.ids[topic_id]
+
+    def describe(self, *groups: str):
+        response = self.conn.call(P.CONSUMER_GROUP_DESCRIBE, 1, body(
+            P.CONSUMER_GROUP_DESCRIBE, 1, "ConsumerGroupDescribeRequest", group_ids=groups or (self.group,),
+            include_authorized_operations=False))
+        for group in response.groups:
+            for member in group.members:
+                for a in (member.assignment, member.target_assignment):
+                    self.ids.update({t.topic_id: t.topic_name for t in a.topic_partitions})
+        return response
+
+    def commit(self, epoch: int, version: int = 9, offset: int = 5, topic: str = "t"):
+        response = self.conn.call(P.OFFSET_COMMIT, version, body(
+            P.OFFSET_COMMIT, version, "OffsetCommitRequest", group_id=self.group,
+            generation_id_or_member_epoch=i32(epoch), member_id=self.member_id, group_instance_id=None,
+            retention_time=i64Timedelta.parse(datetime.timedelta(milliseconds=-1)),
+            topics=(nested(P.OFFSET_COMMIT, version, "OffsetCommitRequestTopic", name=topic, partitions=(nested(
+                P.OFFSET_COMMIT, version, "OffsetCommitRequestPartition", partition_index=i32(0),
+                committed_offset=i64(offset), committed_leader_epoch=i32(-1), committed_metadata=""),)),)))
+        return int(response.topics[0].partitions[0].error_code)
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+@pytest.fixture
+def node(node_factory):
+    node = node_factory(workers=2, config=CONFIG)
+    create_topic(node.bootstrap, "t", 6)
+    return node
+
+
+@pytest.fixture
+def members(node):
+    made = []
+
+    def make(*args, **kwargs) -> Member:
+        made.append(Member(node, *args, **kwargs))
+        return made[-1]
+
+    yield make
+    for member in made:
+        member.close()
+
+
+def all_owned(*members) -> list:
+    return [(t, p) for m in members for t, ps in m.owned.items() for p in ps]
+
+
+def test_members_share_partitions_with_revocation_before_assignment(members):
+    a = members("g", "a")
+    assert int(a.heartbeat().error_code) == NONE and a.epoch == 1
+    a.describe()
+    assert sorted(all_owned(a)) == [("t", p) for p in range(6)]
+    b = members("g", "b")
+    first = b.heartbeat()
+    assert int(first.error_code) == NONE and b.epoch == 2 and b.owned == {}  # a still owns them all
+    a.heartbeat()  # asked to revoke three, at its old epoch
+    assert a.epoch == 1 and len(all_owned(a)) == 3
+    b.heartbeat()
+    assert b.owned == {}  # not before a said it gave them up
+    a.heartbeat()  # owns three now: the new epoch
+    assert a.epoch == 2
+    b.heartbeat()
+    assert len(all_owned(b)) == 3 and not set(all_owned(a)) & set(all_owned(b))
+    described = a.describe().groups[0]
+    assert described.group_state == "Stable" and int(described.group_epoch) == 2
+    assert {m.member_id: int(m.member_epoch) for m in described.members} == {"a": 2, "b": 2}
+    assert described.assignor_name == "uniform"
+
+
+def test_kafkas_error_codes(members, node):
+    a = members("g", "a")
+    a.heartbeat()
+    assert int(a.heartbeat(epoch=7).error_code) == FENCED_EPOCH
+    assert int(members("g", "ghost").heartbeat(epoch=3).error_code) == UNKNOWN_MEMBER
+    assert int(members("g", "").heartbeat().error_code) == INVALID_REQUEST
+    assert int(members("g", "x", assignor="sticky").heartbeat().error_code) == UNSUPPORTED_ASSIGNOR
+    assert int(members("g2", "x", regex="(").heartbeat().error_code) == 128  # INVALID_REGULAR_EXPRESSION
+    # OffsetCommit v9: the member's current epoch only; v8 is not for consumer-protocol members.
+    assert a.commit(a.epoch) == NONE
+    assert a.commit(a.epoch + 1) == STALE_EPOCH
+    assert a.commit(a.epoch, version=8) == UNSUPPORTED_VERSION
+    assert members("g", "ghost2").commit(1) == UNKNOWN_MEMBER
+    # A classic member cannot join a consumer group with members, nor the other way round.
+    classic = R.RawConnection("127.0.0.1", node.port)
+    try:
+        joined = classic.call(P.JOIN_GROUP, 5, body(
+            P.JOIN_GROUP, 5, "JoinGroupRequest", group_id="g", session_timeout=ms(5000), rebalance_timeout=ms(5000),
+            member_id="", group_instance_id="c", protocol_type="consumer",
+            protocols=(nested(P.JOIN_GROUP, 5, "JoinGroupRequestProtocol", name="range", metadata=subscription("t")),)))
+        assert int(joined.error_code) == INCONSISTENT_PROTOCOL
+        classic.call(P.JOIN_GROUP, 5, body(
+            P.JOIN_GROUP, 5, "JoinGroupRequest", group_id="classic", session_timeout=ms(5000),
+            rebalance_timeout=ms(5000), member_id="", group_instance_id="c", protocol_type="consumer",
+            protocols=(nested(P.JOIN_GROUP, 5, "JoinGroupRequestProtocol", name="range", metadata=subscription("t")),)))
+    finally:
+        classic.close()
+    assert int(members("classic", "y").heartbeat().error_code) == GROUP_ID_NOT_FOUND
+    assert int(a.describe("classic").groups[0].error_code) == GROUP_ID_NOT_FOUND
+    # Leaving: epoch -1 answers -1; the member is gone.
+    left = a.heartbeat(epoch=-1)
+    assert int(left.error_code) == NONE and int(left.member_epoch) == -1
+    assert int(a.heartbeat(epoch=a.epoch).error_code) == UNKNOWN_MEMBER
+
+
+def test_static_member_leaves_for_a_while_and_comes_back_with_its_partitions(members):
+    s = members("g", "s-1", instance="i-1")
+    s.heartbeat()
+    s.describe()
+    assert int(members("g", "s-2", instance="i-1").heartbeat().error_code) == UNRELEASED_INSTANCE
+    mine = all_owned(s)
+    assert int(s.heartbeat(epoch=-2).error_code) == NONE
+    back = members("g", "s-3", instance="i-1")
+    back.ids = s.ids
+    assert int(back.heartbeat().error_code) == NONE
+    assert sorted(all_owned(back)) == sorted(mine)
+    assert [m.member_id for m in s.describe().groups[0].members] == ["s-3"]
+
+
+def test_a_silent_member_is_fenced_after_the_session_timeout(members):
+    a, b = members("g", "a"), members("g", "b")
+    a.heartbeat()
+    b.ids = a.describe() and a.ids
+    b.heartbeat()
+    deadline = time.monotonic() + 10
+    while len(all_owned(b)) < 3 and time.monotonic() < deadline:  # settle: a revokes, b gets three
+        a.heartbeat()
+        b.heartbeat()
+        time.sleep(0.05)
+    assert len(all_owned(b)) == 3
+    started = time.monotonic()
+    while len(all_owned(a)) < 6 and time.monotonic() < started + 10:  # b goes silent
+        a.heartbeat()
+        time.sleep(0.1)
+    assert len(all_owned(a)) == 6 and 1.2 < time.monotonic() - started < 5
+    assert int(b.heartbeat().error_code) == UNKNOWN_MEMBER
+
+
+def test_a_regex_subscription_picks_up_a_topic_created_later(members, node):
+    r = members("rg", "r", regex="rx-.*")
+    assert int(r.heartbeat().error_code) == NONE and r.owned == {}
+    create_topic(node.bootstrap, "rx-1", 2)
+    create_topic(node.bootstrap, "other", 2)
+    deadline = time.monotonic() + 10
+    while not r.owned and time.monotonic() < deadline:
+        r.heartbeat()
+        time.sleep(0.1)
+    assert r.owned == {"rx-1": {0, 1}}
+    assert r.describe().groups[0].members[0].subscribed_topic_regex == "rx-.*"
+
+
+def test_range_assignor_is_chosen_by_the_members(members):
+    a = members("rg2", "a", assignor="range")
+    a.heartbeat()
+    assert a.describe().groups[0].assignor_name == "range"
