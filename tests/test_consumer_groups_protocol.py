@@ -218,3 +218,57 @@ def test_range_assignor_is_chosen_by_the_members(members):
     a = members("rg2", "a", assignor="range")
     a.heartbeat()
     assert a.describe().groups[0].assignor_name == "range"
+
+
+def test_groups_describe_shows_a_consumer_group_with_assignments_and_targets(members, node):
+    from node.tools.admin import Admin
+
+    a = members("g", "a")
+    a.heartbeat()
+    described = Admin(node.bootstrap, 10.0, 5.0).describe_group("g")
+    assert described["type"] == "consumer" and described["state"] == "STABLE"
+    (member,) = described["members"]
+    assert member["member_id"] == "a" and member["partitions"] == member["target"] == [f"t-{p}" for p in range(6)]
+
+
+def metadata_has_topic_ids(node) -> bool:
+    conn = R.RawConnection("127.0.0.1", node.port)
+    try:
+        versions = conn.call(R.API_VERSIONS, 3, R.api_versions_body(3))
+    finally:
+        conn.close()
+    return any(int(k.api_key) == P.METADATA and int(k.max_version) >= 12 for k in versions.api_keys)
+
+
+def test_confluent_kafka_consumers_share_partitions_with_the_consumer_protocol(node):
+    """librdkafka's KIP-848 consumer resolves assigned topic ids through Metadata v12 (topic ids, KIP-516)."""
+    if not metadata_has_topic_ids(node):
+        pytest.skip("librdkafka's group.protocol=consumer needs Metadata v12 (topic ids), which this node lacks")
+    from confluent_kafka import Consumer, Producer
+
+    producer = Producer({"bootstrap.servers": node.bootstrap})
+    sent = {f"k{i}".encode() for i in range(600)}
+    for key in sent:
+        producer.produce("t", key=key, value=key)
+    assert producer.flush(30) == 0
+
+    def consumer(name: str) -> Consumer:
+        c = Consumer({"bootstrap.servers": node.bootstrap, "group.id": "kip848", "group.protocol": "consumer",
+                      "client.id": name, "auto.offset.reset": "earliest", "enable.auto.commit": False})
+        c.subscribe(["t"])
+        return c
+
+    consumers = [consumer(f"c{i}") for i in range(3)]
+    seen: dict[bytes, str] = {}
+    deadline = time.monotonic() + 60
+    while len(seen) < len(sent) and time.monotonic() < deadline:
+        for c in consumers:
+            message = c.poll(0.2)
+            if message is not None and not message.error():
+                seen[message.key()] = c
+                c.commit(message, asynchronous=False)
+    assert set(seen) == sent
+    assert len({id(c) for c in seen.values()}) == 3  # all three got partitions
+    for c in consumers:
+        assert len(c.assignment()) == 2
+        c.close()

@@ -147,8 +147,12 @@ class Admin:
         for member in description.members:
             assigned = [(tp.topic, tp.partition) for tp in (member.assignment.topic_partitions
                                                             if member.assignment else [])]
+            target = getattr(member, "target_assignment", None)  # consumer-protocol members (KIP-848) only
             members.append({"member_id": member.member_id, "client_id": member.client_id, "host": member.host,
-                            "partitions": [f"{t}-{p}" for t, p in sorted(assigned)]})
+                            "instance_id": member.group_instance_id,
+                            "partitions": [f"{t}-{p}" for t, p in sorted(assigned)],
+                            "target": None if target is None else sorted(
+                                f"{tp.topic}-{tp.partition}" for tp in target.topic_partitions)})
             for key in assigned:
                 owners[key] = member.member_id
         offsets_future = self.client.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group_id)],
@@ -165,7 +169,9 @@ class Admin:
                 partitions.append({"topic": tp.topic, "partition": tp.partition, "committed_offset": offset,
                                    "high_watermark": high, "lag": None if offset is None else max(0, high - offset),
                                    "member_id": owners.get((tp.topic, tp.partition))})
+        group_type = getattr(description, "type", None)
         return {"group": group_id, "state": description.state.name if description.state else "",
+                "type": group_type.name.lower() if group_type is not None else "classic",
                 "protocol": description.partition_assignor, "members": members, "partitions": partitions,
                 "total_lag": sum(p["lag"] or 0 for p in partitions)}
 
