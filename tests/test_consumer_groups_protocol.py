@@ -5,6 +5,10 @@ subscriptions, OffsetCommit v9's member epochs, a classic and a consumer group s
 from __future__ import annotations
 
 import datetime
+import signal
+import subprocess
+import sys
+import threading
 import time
 
 import pytest
@@ -240,6 +244,152 @@ def metadata_has_topic_ids(node) -> bool:
     return any(int(k.api_key) == P.METADATA and int(k.max_version) >= 12 for k in versions.api_keys)
 
 
+KILLABLE_CONSUMER = """
+import sys
+from confluent_kafka import Consumer, KafkaException
+c = Consumer({"bootstrap.servers": sys.argv[1], "group.id": sys.argv[2], "group.protocol": "consumer",
+              "client.id": "killed", "auto.offset.reset": "earliest", "enable.auto.commit": False})
+c.subscribe(["t"])
+while True:
+    m = c.poll(0.2)
+    if m is not None and not m.error():
+        print(m.key().decode(), flush=True)  # before the commit: a record is reported once read
+        try:
+            c.commit(m, asynchronous=False)
+        except KafkaException:  # STALE_MEMBER_EPOCH while its epoch moves: the next owner reads it again
+            pass
+    print("assigned", len(c.assignment()), flush=True)
+"""
+
+
+class Killable:
+    """A consumer-protocol member in a process of its own, to be killed with SIGKILL."""
+
+    def __init__(self, bootstrap: str, group: str) -> None:
+        self.process = subprocess.Popen([sys.executable, "-c", KILLABLE_CONSUMER, bootstrap, group],
+                                        stdout=subprocess.PIPE, text=True)
+        self.keys: set[bytes] = set()
+        self.assigned = 0
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        for line in self.process.stdout:
+            if line.startswith("assigned "):
+                self.assigned = int(line.split()[1])
+            else:
+                self.keys.add(line.strip().encode())
+
+    def kill(self) -> None:
+        self.process.send_signal(signal.SIGKILL)
+        self.process.wait(10)
+        self.reader.join(10)
+        self.process.stdout.close()
+
+
+def test_confluent_kafka_consumer_protocol_members_leave_join_die_and_resume(node):
+    """Three confluent-kafka members (group.protocol=consumer) share six partitions while a classic group reads
+    the same topic; one leaves and one joins (the others keep their partitions and keep consuming), one is killed
+    (its partitions move after the session timeout); every record is delivered and the committed offsets resume."""
+    if not metadata_has_topic_ids(node):
+        pytest.skip("librdkafka's group.protocol=consumer needs Metadata v12 (topic ids), which this node lacks")
+    from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
+
+    producer = Producer({"bootstrap.servers": node.bootstrap, "linger.ms": 5})
+    uncommitted: set = set()  # consumers whose last commit was refused
+
+    def commit(c) -> None:
+        """The positions of what `c` read, as an application commits them: a commit refused STALE_MEMBER_EPOCH
+        (the member's epoch moved meanwhile; librdkafka does not retry manual commits) is made again next turn."""
+        try:
+            c.commit(asynchronous=False)
+            uncommitted.discard(c)
+        except KafkaException as exc:
+            if exc.args[0].code() == KafkaError._NO_OFFSET:
+                uncommitted.discard(c)
+                return
+            assert exc.args[0].code() == KafkaError.STALE_MEMBER_EPOCH, exc
+            uncommitted.add(c)
+    sent: set[bytes] = set()
+
+    def produce(count: int) -> None:
+        for _ in range(count):
+            key = f"k{len(sent)}".encode()
+            sent.add(key)
+            producer.produce("t", key=key, value=key, partition=len(sent) % 6)
+        assert producer.flush(30) == 0
+
+    def consumer(name: str, group: str = "kip848", **extra) -> Consumer:
+        config = {"bootstrap.servers": node.bootstrap, "group.id": group, "client.id": name,
+                  "auto.offset.reset": "earliest", "enable.auto.commit": False, **extra}
+        if "group.protocol" not in config:
+            config["group.protocol"] = "consumer"
+        c = Consumer(config)
+        c.subscribe(["t"])
+        return c
+
+    seen: set[bytes] = set()
+    classic_seen: set[bytes] = set()
+    classic = consumer("classic", group="classic-group", **{"group.protocol": "classic"})
+    live = {"a": consumer("a"), "b": consumer("b")}
+    killed = Killable(node.bootstrap, "kip848")
+    b_partitions: list[set] = []
+
+    def poll_until(done, seconds: float = 60) -> None:
+        deadline = time.monotonic() + seconds
+        while not done() and time.monotonic() < deadline:
+            for c in live.values():
+                read = [m for m in c.consume(500, 0.05) if not m.error()]
+                seen.update(m.key() for m in read)
+                if read or c in uncommitted:
+                    commit(c)
+            classic_seen.update(m.key() for m in classic.consume(500, 0.01) if not m.error())
+            b_partitions.append({tp.partition for tp in live["b"].assignment()})
+        assert done(), (assignments(), killed.assigned, len(seen | killed.keys), len(sent), len(classic_seen),
+                        len(uncommitted))
+
+    def assignments() -> dict:
+        return {name: {tp.partition for tp in c.assignment()} for name, c in live.items()}
+
+    try:
+        produce(300)
+        poll_until(lambda: all(len(p) == 2 for p in assignments().values()) and killed.assigned == 2)
+        before = assignments()["b"]
+        produce(300)
+        live.pop("a").close()  # leaves (epoch -1): b keeps its two partitions and gains one
+        poll_until(lambda: len(assignments()["b"]) == 3 and killed.assigned == 3)
+        assert before <= assignments()["b"]
+        live["d"] = consumer("d")  # joins: b gives one up, keeps the rest
+        poll_until(lambda: all(len(p) == 2 for p in assignments().values()) and killed.assigned == 2)
+        assert len(assignments()["b"] & before) >= 1
+        assert all(p for p in b_partitions[len(b_partitions) // 2:])  # b was never left without partitions
+        produce(300)
+        killed.kill()  # no leave: its partitions move once its session (1.5 s here) ends
+        poll_until(lambda: sum(len(p) for p in assignments().values()) == 6)
+        produce(300)
+        poll_until(lambda: seen | killed.keys >= sent and classic_seen >= sent and not uncommitted)
+    finally:
+        for c in live.values():
+            c.close()
+        classic.close()
+        if killed.process.poll() is None:
+            killed.kill()
+    # Resuming from the committed offsets: a new member reads only what came after.
+    before_resume = set(sent)
+    produce(12)
+    resumed = consumer("resumed")
+    got: set[bytes] = set()
+    deadline = time.monotonic() + 60
+    try:
+        while len(got) < 12 and time.monotonic() < deadline:
+            m = resumed.poll(0.2)
+            if m is not None and not m.error():
+                got.add(m.key())
+    finally:
+        resumed.close()
+    assert got == sent - before_resume
+
+
 def test_confluent_kafka_consumers_share_partitions_with_the_consumer_protocol(node):
     """librdkafka's KIP-848 consumer resolves assigned topic ids through Metadata v12 (topic ids, KIP-516)."""
     if not metadata_has_topic_ids(node):
@@ -271,4 +421,33 @@ def test_confluent_kafka_consumers_share_partitions_with_the_consumer_protocol(n
     assert len({id(c) for c in seen.values()}) == 3  # all three got partitions
     for c in consumers:
         assert len(c.assignment()) == 2
+        c.close()
+
+
+def test_confluent_kafka_regex_subscription_picks_up_a_topic_created_later(node):
+    if not metadata_has_topic_ids(node):
+        pytest.skip("librdkafka's group.protocol=consumer needs Metadata v12 (topic ids), which this node lacks")
+    from confluent_kafka import Consumer, Producer
+
+    c = Consumer({"bootstrap.servers": node.bootstrap, "group.id": "regex-group", "group.protocol": "consumer",
+                  "auto.offset.reset": "earliest", "topic.metadata.refresh.interval.ms": 500})
+    c.subscribe(["^later-.*"])
+    try:
+        c.poll(1.0)
+        create_topic(node.bootstrap, "later-1", 2)
+        create_topic(node.bootstrap, "unrelated", 2)
+        producer = Producer({"bootstrap.servers": node.bootstrap})
+        for i in range(10):
+            producer.produce("later-1", value=str(i).encode(), partition=i % 2)
+            producer.produce("unrelated", value=b"no", partition=0)
+        assert producer.flush(30) == 0
+        got = []
+        deadline = time.monotonic() + 60
+        while len(got) < 10 and time.monotonic() < deadline:
+            m = c.poll(0.2)
+            if m is not None and not m.error():
+                got.append((m.topic(), m.value()))
+        assert sorted(got) == sorted(("later-1", str(i).encode()) for i in range(10))
+        assert {tp.topic for tp in c.assignment()} == {"later-1"}
+    finally:
         c.close()
