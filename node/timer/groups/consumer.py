@@ -125,16 +125,14 @@ class ConsumerGroups:
                 epoch = self._leave(d)
                 return self._answer(waiter, E.none, None, d.member, epoch)
             group, member, full = self._join_or_find(d)
-            before = {t: set(p) for t, p in member.assigned.items()}
             changed = self._update_member(member, d) or full and d.member_epoch == 0
             self._refresh_target(group, changed)
-            self._reconcile(group, member, as_partitions(d.owned))
+            moved = self._reconcile(group, member, as_partitions(d.owned))
         except HeartbeatError as exc:
             return self._answer(waiter, exc.error, str(exc), d.member, d.member_epoch)
         self.sessions.renew((group.group_id, member.member_id), self.clock() + self.config.consumer_session_timeout_ms)
-        changed = full or member.assigned != before
         self._answer(waiter, E.none, None, member.member_id, member.epoch,
-                     as_topics(member.assigned) if changed else None)
+                     as_topics(member.assigned) if full or moved else None)
 
     def _answer(self, waiter: tuple, error: E, message: str | None, member_id: str, epoch: int,
                 assignment: list | None = None) -> None:
@@ -287,8 +285,12 @@ class ConsumerGroups:
                 votes[member.assignor] = votes.get(member.assignor, 0) + 1
         return max(sorted(votes), key=lambda name: votes[name]) if votes else self.assignors[0]
 
-    def _reconcile(self, group: ConsumerGroup, member: ConsumerMember, owned: dict | None) -> None:
-        was = member.state
+    def _reconcile(self, group: ConsumerGroup, member: ConsumerMember, owned: dict | None) -> bool:
+        """One reconciliation step; True if the member's assigned partitions changed."""
+        if (member.state is MemberState.STABLE and member.epoch == group.assignment_epoch
+                and not member.pending_revocation):
+            return False  # the common heartbeat: at its target already
+        was, before = member.state, member.assigned
         outcome = reconcile(member.state, member.epoch, member.previous_epoch, member.assigned,
                             member.pending_revocation, group.assignment_epoch, group.target.get(member.member_id, {}),
                             owned, group.owner_epoch(member.member_id))
@@ -298,6 +300,7 @@ class ConsumerGroups:
             self.revocations.renew(key, self.clock() + max(member.rebalance_timeout_ms, 0))
         elif member.state is not MemberState.UNREVOKED_PARTITIONS:
             self.revocations.forget(key)
+        return member.assigned != before
 
     def _leave(self, d: Any) -> int:
         group = self.groups.get(d.group)
