@@ -146,8 +146,12 @@ def test_kafkas_error_codes(members, node):
     assert int(members("g", "x", assignor="sticky").heartbeat().error_code) == UNSUPPORTED_ASSIGNOR
     assert int(members("g2", "x", regex="(").heartbeat().error_code) == 128  # INVALID_REGULAR_EXPRESSION
     # OffsetCommit v9: the member's current epoch only; v8 is not for consumer-protocol members.
-    assert a.commit(a.epoch) == NONE
-    assert a.commit(a.epoch + 1) == STALE_EPOCH
+    assert a.commit(a.epoch, offset=17) == NONE
+    assert a.commit(a.epoch + 1, offset=18) == STALE_EPOCH
+    fetched = a.conn.call(P.OFFSET_FETCH, 6, body(P.OFFSET_FETCH, 6, "OffsetFetchRequest", group_id="g", topics=(
+        nested(P.OFFSET_FETCH, 6, "OffsetFetchRequestTopic", name="t", partition_indexes=(i32(0),)),),
+        require_stable=False))
+    assert int(fetched.topics[0].partitions[0].committed_offset) == 17
     assert a.commit(a.epoch, version=8) == UNSUPPORTED_VERSION
     assert members("g", "ghost2").commit(1) == UNKNOWN_MEMBER
     # A classic member cannot join a consumer group with members, nor the other way round.

@@ -112,6 +112,7 @@ class ConsumerGroups:
         self.sessions.forget((group.group_id, member_id))
         self.revocations.forget((group.group_id, member_id))
         group.epoch += 1
+        group.catalog_version = -1  # its subscription may have been the only one to a topic: read them again
 
     # -- ConsumerGroupHeartbeat ---------------------------------------------------------------
 
