@@ -5,6 +5,7 @@ subscriptions, OffsetCommit v9's member epochs, a classic and a consumer group s
 from __future__ import annotations
 
 import datetime
+import os
 import signal
 import subprocess
 import sys
@@ -455,3 +456,27 @@ def test_confluent_kafka_regex_subscription_picks_up_a_topic_created_later(node)
         assert {tp.topic for tp in c.assignment()} == {"later-1"}
     finally:
         c.close()
+
+
+def test_after_the_timer_is_killed_members_rejoin_and_committed_offsets_stay(members, node):
+    """Membership lives in the timer process: kill -9 of it loses the group (members are answered
+    UNKNOWN_MEMBER_ID and rejoin at epoch 0) but no committed offset."""
+    a = members("g", "a")
+    a.heartbeat()
+    assert a.commit(a.epoch, offset=42) == NONE
+    timer = node.pids("timer")[0]
+    os.kill(timer, signal.SIGKILL)
+    node.wait_for_pids("timer", 1, exclude={timer})
+    answers = []
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:  # the new timer answers once its offsets are loaded
+        answers.append(int(a.heartbeat().error_code))
+        if answers[-1] == UNKNOWN_MEMBER:
+            break
+        time.sleep(0.1)
+    assert answers[-1] == UNKNOWN_MEMBER, answers
+    assert int(a.heartbeat(epoch=0).error_code) == NONE and a.epoch == 1 and len(all_owned(a)) == 6
+    fetched = a.conn.call(P.OFFSET_FETCH, 6, body(P.OFFSET_FETCH, 6, "OffsetFetchRequest", group_id="g", topics=(
+        nested(P.OFFSET_FETCH, 6, "OffsetFetchRequestTopic", name="t", partition_indexes=(i32(0),)),),
+        require_stable=False))
+    assert int(fetched.topics[0].partitions[0].committed_offset) == 42
