@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import time
 
 import pytest
 
@@ -100,3 +101,19 @@ def test_a_partition_still_owned_by_another_member_waits_unreleased():
 def test_a_member_that_does_not_say_what_it_owns_is_taken_to_still_own_it():
     out = reconcile(MemberState.UNREVOKED_PARTITIONS, 3, 2, {}, {"t": {0}}, 4, {}, None, free)
     assert out.state is MemberState.UNREVOKED_PARTITIONS
+
+
+def test_uniform_keeps_the_balance_when_previous_owners_held_more_than_their_share():
+    subs = {m: frozenset({"t"}) for m in ("m1", "m2", "m3", "m4")}
+    previous = {"m1": {"t": {0, 1, 2, 9}}, "m2": {"t": {3, 4, 5}}, "m3": {"t": {6, 7, 8}}}
+    result = UniformAssignor().assign(subs, {"t": 10}, previous)
+    assert sorted(counts(result).values()) == [2, 2, 3, 3]
+    assert all(result[m]["t"] <= previous[m]["t"] for m in previous)  # the rest stays where it was
+
+
+def test_uniform_scales_to_thousands_of_members():
+    subs = {f"m{i:05d}": frozenset({"t"}) for i in range(5000)}
+    started = time.perf_counter()
+    result = UniformAssignor().assign(subs, {"t": 10_000}, {})
+    assert time.perf_counter() - started < 2.0  # O(P log M): about 10 ms here; O(P * M) took seconds
+    assert set(counts(result).values()) == {2}

@@ -16,6 +16,7 @@ Invariants (both assignors):
 
 from __future__ import annotations
 
+import heapq
 from typing import Mapping
 
 # member id -> topic -> partitions
@@ -50,9 +51,9 @@ class RangeAssignor(Assignor):
 
 
 class UniformAssignor(Assignor):
-    """Sticky and balanced: previous owners keep what they may (up to their fair share), the rest goes to the
-    least loaded eligible member, then partitions move from the most to the least loaded eligible members until
-    no move would narrow the gap."""
+    """Sticky and balanced: previous owners keep what they may (up to their share), the rest goes to the least
+    loaded eligible member; with subscriptions that differ, partitions then move from the most to the least
+    loaded eligible members until no move would narrow the gap. Members subscribed alike cost O(P log M)."""
 
     name = "uniform"
 
@@ -64,21 +65,34 @@ class UniformAssignor(Assignor):
         all_partitions = [(t, p) for t in sorted(partitions) if eligible[t] for p in range(partitions[t])]
         if not members or not all_partitions:
             return {m: {} for m in members}
-        fair = -(-len(all_partitions) // len(members))  # the most a member owns when everyone subscribes alike
-        for member in members:  # stickiness: keep previous partitions still valid, up to the fair share
-            for topic, owned in sorted((previous.get(member) or {}).items()):
-                if topic not in subscriptions[member] or topic not in partitions:
-                    continue
-                for partition in sorted(owned):
-                    if partition < partitions[topic] and (topic, partition) not in owner and load[member] < fair:
-                        owner[(topic, partition)] = member
-                        load[member] += 1
-        for key in all_partitions:  # the rest to the least loaded eligible member
-            if key not in owner:
-                member = min(eligible[key[0]], key=lambda m: (load[m], m))
+        alike = len({frozenset(subscriptions[m] & partitions.keys()) for m in members}) == 1
+        if alike:  # each keeps at most its share: `share`, or one more for the first `extra` that can
+            share, extra = divmod(len(all_partitions), len(members))
+        else:  # each keeps at most the largest share; the balancing pass below evens out the rest
+            share, extra = -(-len(all_partitions) // len(members)), 0
+        for member in members:  # stickiness: previous partitions still valid, up to the member's share
+            kept = [(topic, partition) for topic, owned in sorted((previous.get(member) or {}).items())
+                    if topic in subscriptions[member] and topic in partitions
+                    for partition in sorted(owned) if partition < partitions[topic]]
+            limit = share + (1 if extra and len(kept) > share else 0)
+            extra -= limit - share
+            for key in kept:
+                if load[member] < limit and key not in owner:
+                    owner[key] = member
+                    load[member] += 1
+        for topic in sorted(partitions):  # the rest to the least loaded eligible member (a heap per topic)
+            free = [(topic, p) for p in range(partitions[topic]) if (topic, p) not in owner] if eligible[topic] else []
+            if not free:
+                continue
+            heap = [(load[m], m) for m in eligible[topic]]
+            heapq.heapify(heap)
+            for key in free:
+                count, member = heapq.heappop(heap)
                 owner[key] = member
-                load[member] += 1
-        self._balance(owner, load, eligible)
+                load[member] = count + 1
+                heapq.heappush(heap, (count + 1, member))
+        if not alike:
+            self._balance(owner, load, eligible)
         result: Assignment = {m: {} for m in members}
         for (topic, partition), member in owner.items():
             result[member].setdefault(topic, set()).add(partition)
