@@ -236,8 +236,14 @@ def test_groups_describe_shows_a_consumer_group_with_assignments_and_targets(mem
     a.heartbeat()
     described = Admin(node.bootstrap, 10.0, 5.0).describe_group("g")
     assert described["type"] == "consumer" and described["state"] == "STABLE"
+    assert described["group_epoch"] == described["assignment_epoch"] == 1
     (member,) = described["members"]
     assert member["member_id"] == "a" and member["partitions"] == member["target"] == [f"t-{p}" for p in range(6)]
+    assert member["member_epoch"] == 1
+    shown = subprocess.run([sys.executable, "-m", "node.tools.cli", "groups", "describe", "g", "--bootstrap",
+                            node.bootstrap], capture_output=True, text=True, timeout=60)
+    assert shown.returncode == 0, shown.stderr
+    assert "type consumer" in shown.stdout and "group epoch 1" in shown.stdout, shown.stdout
 
 
 def metadata_has_topic_ids(node) -> bool:

@@ -453,16 +453,18 @@ def render_groups(groups: list[dict]) -> None:
 
 def render_group(group: dict) -> None:
     console = Console()
+    epochs = f" group epoch {group['group_epoch']} (assignment {group['assignment_epoch']})" \
+        if "group_epoch" in group else ""
     console.print(f"[bold]group {group['group']}[/] type {group.get('type', 'classic')} state {group['state']} "
-                  f"protocol {group['protocol']} members {len(group['members'])} total lag {group['total_lag']}")
+                  f"protocol {group['protocol']}{epochs} members {len(group['members'])} total lag {group['total_lag']}")
     if group["members"]:
         members = Table()
-        for column in ("member", "instance", "client", "assigned", "target"):
+        for column in ("member", "epoch", "instance", "client", "assigned", "target"):
             members.add_column(column)
         for m in group["members"]:
-            target = m.get("target")
-            members.add_row(m["member_id"], m.get("instance_id") or "", m["client_id"], " ".join(m["partitions"]),
-                            "" if target is None else " ".join(target))
+            target, epoch = m.get("target"), m.get("member_epoch")
+            members.add_row(m["member_id"], "" if epoch is None else str(epoch), m.get("instance_id") or "",
+                            m["client_id"], " ".join(m["partitions"]), "" if target is None else " ".join(target))
         console.print(members)
     table = Table()
     for column in ("topic", "partition", "committed", "high watermark", "lag", "member"):
