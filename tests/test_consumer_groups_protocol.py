@@ -22,7 +22,7 @@ from tests.test_groups_protocol import subscription
 from workers.codecs import protocol as P
 
 CONFIG = ("[groups]\ninitial_rebalance_delay_ms = 50\nmin_session_timeout_ms = 500\n"
-          "consumer_session_timeout_ms = 1500\nconsumer_heartbeat_interval_ms = 100\n")
+          "consumer_session_timeout_ms = 3000\nconsumer_heartbeat_interval_ms = 100\n")
 NONE, UNKNOWN_MEMBER, INVALID_REQUEST, INCONSISTENT_PROTOCOL, GROUP_ID_NOT_FOUND = 0, 25, 42, 23, 69
 FENCED_EPOCH, UNRELEASED_INSTANCE, UNSUPPORTED_ASSIGNOR, STALE_EPOCH, UNSUPPORTED_VERSION = 110, 111, 112, 113, 35
 HB = P.CONSUMER_GROUP_HEARTBEAT
@@ -203,10 +203,10 @@ def test_a_silent_member_is_fenced_after_the_session_timeout(members):
         time.sleep(0.05)
     assert len(all_owned(b)) == 3
     started = time.monotonic()
-    while len(all_owned(a)) < 6 and time.monotonic() < started + 10:  # b goes silent
+    while len(all_owned(a)) < 6 and time.monotonic() < started + 15:  # b goes silent
         a.heartbeat()
         time.sleep(0.1)
-    assert len(all_owned(a)) == 6 and 1.2 < time.monotonic() - started < 5
+    assert len(all_owned(a)) == 6 and 2.7 < time.monotonic() - started < 8
     assert int(b.heartbeat().error_code) == UNKNOWN_MEMBER
 
 
@@ -230,11 +230,29 @@ def test_range_assignor_is_chosen_by_the_members(members):
 
 
 def test_groups_describe_shows_a_consumer_group_with_assignments_and_targets(members, node):
-    from node.tools.admin import Admin
-
     a = members("g", "a")
     a.heartbeat()
-    described = Admin(node.bootstrap, 10.0, 5.0).describe_group("g")
+    stop = threading.Event()
+
+    def keep_alive() -> None:  # the session here is 3 s; the tools take longer than that on a busy machine
+        while not stop.wait(0.3):
+            a.heartbeat()
+
+    beating = threading.Thread(target=keep_alive)
+    beating.start()
+    try:
+        check_groups_describe(node)
+    finally:
+        stop.set()
+        beating.join(10)
+
+
+def check_groups_describe(node) -> None:
+    from node.tools.admin import Admin
+
+    admin = Admin(node.bootstrap, 10.0, 5.0)
+    assert {"group": "g", "state": "STABLE", "simple": False} in admin.groups()
+    described = admin.describe_group("g")
     assert described["type"] == "consumer" and described["state"] == "STABLE"
     assert described["group_epoch"] == described["assignment_epoch"] == 1
     (member,) = described["members"]
@@ -375,7 +393,7 @@ def test_confluent_kafka_consumer_protocol_members_leave_join_die_and_resume(nod
         assert len(assignments()["b"] & before) >= 1
         assert all(p for p in b_partitions[len(b_partitions) // 2:])  # b was never left without partitions
         produce(300)
-        killed.kill()  # no leave: its partitions move once its session (1.5 s here) ends
+        killed.kill()  # no leave: its partitions move once its session (3 s here) ends
         poll_until(lambda: sum(len(p) for p in assignments().values()) == 6)
         produce(300)
         poll_until(lambda: seen | killed.keys >= sent and classic_seen >= sent and not uncommitted)
