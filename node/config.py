@@ -257,6 +257,12 @@ class GroupConfig:
     # Largest encoded group request a worker hands the timer (member metadata, assignments), within the rings'
     # largest frame; a larger one is refused with INVALID_REQUEST.
     max_request_document_bytes: int = 1 << 20
+    # Consumer-protocol groups (KIP-848):
+    consumer_session_timeout_ms: int = 45_000  # group.consumer.session.timeout.ms
+    consumer_heartbeat_interval_ms: int = 5000  # group.consumer.heartbeat.interval.ms
+    consumer_max_size: int = 0  # group.consumer.max.size; 0: no limit
+    # group.consumer.assignors: the server-side assignors, comma-separated; the first is the default.
+    consumer_assignors: str = "uniform,range"
 
 
 @dataclass(frozen=True)

@@ -96,6 +96,9 @@ class Kind(IntEnum):
     DESCRIBE_GROUPS = 23
     DELETE_GROUPS = 24
     DELETE_OFFSETS = 25
+    # The consumer group protocol (KIP-848; node.timer.groups.consumer), answered by a REPLY as the group kinds are.
+    CONSUMER_GROUP_HEARTBEAT = 36
+    CONSUMER_GROUP_DESCRIBE = 37
     # The transaction coordinator's requests (node.timer.transactions), answered by a REPLY as the group kinds are.
     INIT_PRODUCER_ID = 26  # with a transactional.id (one without is answered by the worker)
     ADD_PARTITIONS_TO_TXN = 27
@@ -285,6 +288,13 @@ DescribedMember = record("DescribedMember", [("member", STR), ("instance", OPT_S
 DescribedGroup = record("DescribedGroup", [("error", "h"), ("group", STR), ("state", STR), ("protocol_type", STR),
                                            ("protocol", STR), ("members", Array(DescribedMember))])
 GroupError = record("GroupError", [("group", STR), ("error", "h")])
+DescribedConsumerMember = record("DescribedConsumerMember", [
+    ("member", STR), ("instance", OPT_STR), ("rack", OPT_STR), ("member_epoch", "i"), ("client_id", STR),
+    ("client_host", STR), ("subscribed_topics", Array(STR)), ("subscribed_regex", OPT_STR),
+    ("assignment", Array(TopicPartitions)), ("target", Array(TopicPartitions))])
+DescribedConsumerGroup = record("DescribedConsumerGroup", [
+    ("error", "h"), ("error_message", OPT_STR), ("group", STR), ("state", STR), ("epoch", "i"),
+    ("assignment_epoch", "i"), ("assignor", STR), ("members", Array(DescribedConsumerMember))])
 # Records of the quota messages.
 ClientUsage = record("ClientUsage", [("client", STR), ("produced", "q"), ("fetched", "q")])
 ClientRate = record("ClientRate", [("client", STR), ("produce_rate", "q"), ("fetch_rate", "q"),
@@ -335,8 +345,19 @@ DeleteGroups = declare(Kind.DELETE_GROUPS, body=ASKED, fields=[("groups", Array(
                        reply=[("results", Array(GroupError))]).tuple_class
 DeleteOffsets = declare(Kind.DELETE_OFFSETS, body=ASKED, fields=[("group", STR), ("topics", Array(TopicPartitions))],
                         reply=[("error", "h"), ("topics", Array(TopicPartitionErrors))]).tuple_class
+# Topics travel by name; the worker maps them to and from the topic ids of the Kafka request.
+ConsumerGroupHeartbeat = declare(
+    Kind.CONSUMER_GROUP_HEARTBEAT, body=ASKED + [("member_epoch", "i"), ("rebalance_timeout_ms", "i")],
+    fields=[("group", STR), ("member", STR), ("instance", OPT_STR), ("rack", OPT_STR),
+            ("subscribed_topics", Array(STR, nullable=True)), ("subscribed_regex", OPT_STR), ("assignor", OPT_STR),
+            ("owned", Array(TopicPartitions, nullable=True)), ("client_id", STR), ("client_host", STR)],
+    reply=[("error", "h"), ("error_message", OPT_STR), ("member", STR), ("member_epoch", "i"),
+           ("heartbeat_interval_ms", "i"), ("assignment", Array(TopicPartitions, nullable=True))]).tuple_class
+ConsumerGroupDescribe = declare(Kind.CONSUMER_GROUP_DESCRIBE, body=ASKED, fields=[("groups", Array(STR))],
+                                reply=[("groups", Array(DescribedConsumerGroup))]).tuple_class
 GROUP_KINDS = (Kind.JOIN_GROUP, Kind.SYNC_GROUP, Kind.HEARTBEAT, Kind.LEAVE_GROUP, Kind.COMMIT_OFFSETS,
-               Kind.FETCH_OFFSETS, Kind.LIST_GROUPS, Kind.DESCRIBE_GROUPS, Kind.DELETE_GROUPS, Kind.DELETE_OFFSETS)
+               Kind.FETCH_OFFSETS, Kind.LIST_GROUPS, Kind.DESCRIBE_GROUPS, Kind.DELETE_GROUPS, Kind.DELETE_OFFSETS,
+               Kind.CONSUMER_GROUP_HEARTBEAT, Kind.CONSUMER_GROUP_DESCRIBE)
 
 # The transaction coordinator's: every request names its transactional.id and the producer id and epoch it holds.
 TXN_ASKED = ASKED + [("producer_id", "q"), ("producer_epoch", "h")]

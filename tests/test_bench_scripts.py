@@ -174,6 +174,22 @@ def test_bench_quotas_compares_quotas_on_and_off(tmp_path):
 
 
 @pytest.mark.node
+def test_bench_consumer_groups_runs_both_workloads_beside_the_classic_protocol(tmp_path):
+    rows = run_script(tmp_path, "bench_consumer_groups", "--members", "40", "--group-size", "4", "--seconds", "2",
+                      "--heartbeat-ms", "500", "--connections", "4", "--rebalance-members", "8",
+                      "--rebalance-partitions", "16", "--rebalance-rounds", "2")
+    for row in rows:
+        assert set(COMMON_FIELDS) <= set(row) and row["script"] == "bench_consumer_groups", row
+    heartbeat, consumer, classic = rows
+    assert heartbeat["workload"] == "heartbeat" and heartbeat["protocol"] == "consumer"
+    assert heartbeat["members"] == 40 and heartbeat["records"] >= 40 and heartbeat["members_with_errors"] == 0
+    assert 0 < heartbeat["p50_ms"] <= heartbeat["p99_ms"], heartbeat
+    assert (consumer["protocol"], classic["protocol"]) == ("consumer", "classic")
+    assert len(consumer["rebalance_ms"]) == len(classic["rebalance_ms"]) == 2
+    assert all(t > 0 for t in consumer["rebalance_ms"] + classic["rebalance_ms"])
+
+
+@pytest.mark.node
 def test_bench_groups_runs_every_workload(tmp_path):
     rows = run_script(tmp_path, "bench_groups", "--members", "40", "--group-size", "4", "--seconds", "2",
                       "--connections", "4", "--rebalance-members", "8", "--rebalance-rounds", "2",

@@ -130,6 +130,12 @@ def request_for(api_key: int, version: int, tag: str):
                      "TxnOffsetCommitRequestTopic", name=TOPIC, partitions=(b(
                          "TxnOffsetCommitRequestPartition", partition_index=i32(0), committed_offset=i64(0),
                          committed_leader_epoch=i32(-1), committed_metadata=""),)),))
+    if api_key == P.CONSUMER_GROUP_HEARTBEAT:
+        return b("ConsumerGroupHeartbeatRequest", group_id=group, member_id=f"m-{tag}", member_epoch=i32(0),
+                 instance_id=None, rack_id=None, rebalance_timeout=ms(10_000), subscribed_topic_names=(TOPIC,),
+                 server_assignor=None, topic_partitions=())
+    if api_key == P.CONSUMER_GROUP_DESCRIBE:
+        return b("ConsumerGroupDescribeRequest", group_ids=(group,), include_authorized_operations=True)
     raise AssertionError(f"no request for api {api_key}: add one")
 
 

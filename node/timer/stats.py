@@ -114,6 +114,9 @@ class TimerStats:
         w.set("groups", len(groups.groups))
         w.set("group_members", sum(len(group.members) for group in groups.groups.values()))
         w.set("rebalances", groups.rebalances)
+        w.set("consumer_groups", len(groups.consumer.groups))
+        w.set("consumer_group_members", sum(len(g.members) for g in groups.consumer.groups.values()))
+        w.set("target_assignments", groups.consumer.target_computations)
         transactions = timer.transactions
         w.set("transactions_open", transactions.open_transactions())
         w.set("transactions_committed", transactions.commits)

@@ -8,12 +8,24 @@ Invariants: every call is bounded by `timeout_s`; the bootstrap address is first
 bounded by `connect_timeout_s`, so an address nobody listens on is reported at once (librdkafka alone would retry
 it for the whole timeout); an unreachable broker raises Unreachable (exit code 3 in the CLI), a broker's error code
 raises AdminError with Kafka's error name, and a group that does not exist raises NoSuchGroup.
+
+A consumer-protocol group's epochs (the group's, its target assignment's, each member's) are not in librdkafka's
+admin API: they come from one ConsumerGroupDescribe request of this module's own (kio's schema), sent to the
+bootstrap broker, which is the coordinator of every group on a shmbroker node.
 """
 
 from __future__ import annotations
 
+import io
 import socket
+import struct
 from dataclasses import dataclass
+
+from kio.schema.consumer_group_describe.v1.request import ConsumerGroupDescribeRequest
+from kio.schema.consumer_group_describe.v1.response import ConsumerGroupDescribeResponse
+from kio.schema.request_header.v2.header import RequestHeader
+from kio.serial import entity_reader, entity_writer
+from kio.static.primitive import i16, i32
 
 from confluent_kafka import ConsumerGroupState, ConsumerGroupTopicPartitions, Consumer, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
@@ -147,8 +159,12 @@ class Admin:
         for member in description.members:
             assigned = [(tp.topic, tp.partition) for tp in (member.assignment.topic_partitions
                                                             if member.assignment else [])]
+            target = getattr(member, "target_assignment", None)  # consumer-protocol members (KIP-848) only
             members.append({"member_id": member.member_id, "client_id": member.client_id, "host": member.host,
-                            "partitions": [f"{t}-{p}" for t, p in sorted(assigned)]})
+                            "instance_id": member.group_instance_id,
+                            "partitions": [f"{t}-{p}" for t, p in sorted(assigned)],
+                            "target": None if target is None else sorted(
+                                f"{tp.topic}-{tp.partition}" for tp in target.topic_partitions)})
             for key in assigned:
                 owners[key] = member.member_id
         offsets_future = self.client.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group_id)],
@@ -165,9 +181,43 @@ class Admin:
                 partitions.append({"topic": tp.topic, "partition": tp.partition, "committed_offset": offset,
                                    "high_watermark": high, "lag": None if offset is None else max(0, high - offset),
                                    "member_id": owners.get((tp.topic, tp.partition))})
+        group_type = getattr(description, "type", None)
+        epochs = self.consumer_group_epochs(group_id) if group_type is not None and group_type.name == "CONSUMER" \
+            else None
+        for member in members:
+            member["member_epoch"] = epochs["members"].get(member["member_id"]) if epochs else None
         return {"group": group_id, "state": description.state.name if description.state else "",
+                **({"group_epoch": epochs["group_epoch"], "assignment_epoch": epochs["assignment_epoch"]}
+                   if epochs else {}),
+                "type": group_type.name.lower() if group_type is not None else "classic",
                 "protocol": description.partition_assignor, "members": members, "partitions": partitions,
                 "total_lag": sum(p["lag"] or 0 for p in partitions)}
+
+    def consumer_group_epochs(self, group_id: str) -> dict | None:
+        """{"group_epoch", "assignment_epoch", "assignor", "members": {member id: epoch}} of a consumer-protocol
+        group, or None if the group is not one (or the broker does not speak ConsumerGroupDescribe)."""
+        host, _, port = self.bootstrap.split(",")[0].strip().rpartition(":")
+        header = RequestHeader(request_api_key=i16(69), request_api_version=i16(1), correlation_id=i32(1),
+                               client_id="shmbroker-cli")
+        out = io.BytesIO()
+        entity_writer(RequestHeader)(out, header)
+        entity_writer(ConsumerGroupDescribeRequest)(out, ConsumerGroupDescribeRequest(
+            group_ids=(group_id,), include_authorized_operations=False))
+        try:
+            with socket.create_connection((host.strip("[]"), int(port)), timeout=self.timeout_s) as sock:
+                sock.sendall(struct.pack(">i", len(out.getvalue())) + out.getvalue())
+                frame = _receive(sock, struct.unpack(">i", _receive(sock, 4))[0])
+        except (OSError, ValueError, struct.error):
+            return None
+        try:  # after the correlation id, response header v1's (empty) tagged fields: one byte
+            response, _ = entity_reader(ConsumerGroupDescribeResponse)(frame, 5)
+        except Exception:  # kio's decoding errors have no common base; a broker without the API answers otherwise
+            return None
+        (group,) = response.groups
+        if int(group.error_code):
+            return None
+        return {"group_epoch": int(group.group_epoch), "assignment_epoch": int(group.assignment_epoch),
+                "assignor": group.assignor_name, "members": {m.member_id: int(m.member_epoch) for m in group.members}}
 
     def _consumer(self) -> Consumer:
         return _ClosingConsumer({**self._config, "group.id": "shmbroker-cli-watermarks",
@@ -197,3 +247,13 @@ class _QuietLogger:
 
     def __getattr__(self, name):
         return self.log
+
+
+def _receive(sock: socket.socket, size: int) -> bytes:
+    data = bytearray()
+    while len(data) < size:
+        chunk = sock.recv(size - len(data))
+        if not chunk:
+            raise ValueError("connection closed")
+        data += chunk
+    return bytes(data)

@@ -453,8 +453,19 @@ def render_groups(groups: list[dict]) -> None:
 
 def render_group(group: dict) -> None:
     console = Console()
-    console.print(f"[bold]group {group['group']}[/] state {group['state']} protocol {group['protocol']} "
-                  f"members {len(group['members'])} total lag {group['total_lag']}")
+    epochs = f" group epoch {group['group_epoch']} (assignment {group['assignment_epoch']})" \
+        if "group_epoch" in group else ""
+    console.print(f"[bold]group {group['group']}[/] type {group.get('type', 'classic')} state {group['state']} "
+                  f"protocol {group['protocol']}{epochs} members {len(group['members'])} total lag {group['total_lag']}")
+    if group["members"]:
+        members = Table()
+        for column in ("member", "epoch", "instance", "client", "assigned", "target"):
+            members.add_column(column)
+        for m in group["members"]:
+            target, epoch = m.get("target"), m.get("member_epoch")
+            members.add_row(m["member_id"], "" if epoch is None else str(epoch), m.get("instance_id") or "",
+                            m["client_id"], " ".join(m["partitions"]), "" if target is None else " ".join(target))
+        console.print(members)
     table = Table()
     for column in ("topic", "partition", "committed", "high watermark", "lag", "member"):
         table.add_column(column, justify="right")

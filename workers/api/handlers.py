@@ -35,6 +35,7 @@ from workers.connection import FileRange, Request
 from workers.timer_client.delayed import Completed, DelayedRequests, monotonic_ms
 from workers.api.admin import AdminHandlers
 from workers.api.fetch_sessions import FetchContext, FetchSessionCache
+from workers.api.consumer_groups import ConsumerGroupHandlers
 from workers.api.groups import GroupHandlers
 from workers.api.transactions import TransactionHandlers
 from workers.codecs.fetch import FetchPartitionResult, FetchTopicResult, encode_fetch_response
@@ -93,6 +94,7 @@ class Handlers:
             P.API_VERSIONS: self.api_versions,
             P.INIT_PRODUCER_ID: self.init_producer_id,
             **GroupHandlers(config, delayed).table(),
+            **ConsumerGroupHandlers(partitions, config, delayed).table(),
             **self.transactions.table(),
             **AdminHandlers(partitions, config, delayed).table(),
         }

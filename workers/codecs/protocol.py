@@ -98,6 +98,8 @@ CREATE_PARTITIONS = 37
 DELETE_GROUPS = 42
 INCREMENTAL_ALTER_CONFIGS = 44
 OFFSET_DELETE = 47
+CONSUMER_GROUP_HEARTBEAT = 68
+CONSUMER_GROUP_DESCRIBE = 69
 
 # api_key -> (min_version, max_version) advertised in ApiVersions: up to the newest version whose fields and
 # rules the node honours. The next version of each needs what the node does not have:
@@ -107,7 +109,7 @@ OFFSET_DELETE = 47
 #   (KIP-734, KIP-1005); OffsetFetch 7+: require_stable (UNSTABLE_OFFSET_COMMIT while a transaction holds
 #   offsets); TxnOffsetCommit 3+: KIP-447's member checks (its generation, member and instance ids against the
 #   group: ILLEGAL_GENERATION, UNKNOWN_MEMBER_ID, FENCED_INSTANCE_ID), which the transaction coordinator cannot
-#   make (it does not see the group's members); OffsetCommit 9+, JoinGroup 9: KIP-848; ListGroups 4+: state and type filters; FindCoordinator 5+:
+#   make (it does not see the group's members); OffsetCommit 10: topic ids; JoinGroup 9: KIP-848's classic members; ListGroups 4+: state and type filters; FindCoordinator 5+:
 #   KIP-890's error codes and share groups; DescribeGroups 6: KIP-1043's error fields.
 SUPPORTED_APIS: dict[int, tuple[int, int]] = {
     PRODUCE: (3, 11),
@@ -130,12 +132,15 @@ SUPPORTED_APIS: dict[int, tuple[int, int]] = {
     SYNC_GROUP: (0, 5),
     HEARTBEAT: (0, 4),
     LEAVE_GROUP: (0, 5),
-    OFFSET_COMMIT: (2, 8),
+    OFFSET_COMMIT: (2, 9),
     OFFSET_FETCH: (1, 6),
     LIST_GROUPS: (0, 3),
     DESCRIBE_GROUPS: (0, 5),
     DELETE_GROUPS: (0, 2),
     OFFSET_DELETE: (0, 0),
+    # The consumer group protocol, KIP-848 (workers/api/consumer_groups.py, node/timer/groups/consumer.py).
+    CONSUMER_GROUP_HEARTBEAT: (0, 1),
+    CONSUMER_GROUP_DESCRIBE: (0, 1),
     # The transaction coordinator (workers/api/transactions.py, node/timer/transactions/).
     ADD_PARTITIONS_TO_TXN: (0, 3),
     ADD_OFFSETS_TO_TXN: (0, 3),
@@ -439,6 +444,8 @@ __all__ = [
     "DESCRIBE_GROUPS",
     "DELETE_GROUPS",
     "OFFSET_DELETE",
+    "CONSUMER_GROUP_HEARTBEAT",
+    "CONSUMER_GROUP_DESCRIBE",
     "SUPPORTED_APIS",
     "DEFAULT_MAX_REQUEST_SIZE",
     "FRAME_SIZE_PREFIX",

@@ -31,6 +31,7 @@ from kio.schema.errors import ErrorCode
 
 from node.config import GroupConfig, PurgatoryConfig, WheelConfig
 from node.storage.store import PartitionStore
+from node.timer.groups.consumer import ConsumerGroups
 from node.timer.groups.delayed import DelayedJoin, InitialDelayedJoin, PendingSync, join_key, sync_key
 from node.timer.groups.group import Group, GroupState, Member, Waiter
 from node.timer.groups.offsets import OffsetStore
@@ -70,6 +71,8 @@ class GroupCoordinator:
         self.sessions = Sessions(wheel, now_ms, self.session_expired)
         self.syncs = Purgatory.configured("sync", purgatory, wheel, now_ms)
         self.rebalances = 0  # completed join phases (the stats segment counts them)
+        # Consumer-protocol groups (KIP-848): a group id is in exactly one of self.groups and self.consumer.groups.
+        self.consumer = ConsumerGroups(config, outbox, store, wheel, now_ms, clock, classic=self)
         self.handlers: dict[M.Kind, Callable[[int, Any], None]] = {
             M.Kind.JOIN_GROUP: self.join_group,
             M.Kind.SYNC_GROUP: self.sync_group,
@@ -81,6 +84,8 @@ class GroupCoordinator:
             M.Kind.DESCRIBE_GROUPS: self.describe_groups,
             M.Kind.DELETE_GROUPS: self.delete_groups,
             M.Kind.DELETE_OFFSETS: self.delete_offsets,
+            M.Kind.CONSUMER_GROUP_HEARTBEAT: self.consumer.heartbeat,
+            M.Kind.CONSUMER_GROUP_DESCRIBE: self.consumer.describe,
         }
 
     # -- the timer loop's calls ---------------------------------------------------------------
@@ -89,15 +94,17 @@ class GroupCoordinator:
         """Once per loop turn: load a slice of the offsets log while it loads."""
         if self.offsets.loading and self.offsets.load_step(self.clock()):
             for group_id in self.offsets.groups():
-                self.groups.setdefault(group_id, Group(group_id))
+                if group_id not in self.consumer.groups:
+                    self.groups.setdefault(group_id, Group(group_id))
 
     def advance(self, now_ms: int) -> None:
-        for timers in (self.joins, self.sessions, self.syncs):
+        for timers in (self.joins, self.sessions, self.syncs, self.consumer):
             timers.advance(now_ms)
 
     def next_expiration(self) -> int | None:
         """The earliest deadline of a group timer, or of the next slice of the offsets log while it loads."""
-        due = [d for p in (self.joins, self.sessions, self.syncs) if (d := p.next_expiration()) is not None]
+        due = [d for p in (self.joins, self.sessions, self.syncs, self.consumer)
+               if (d := p.next_expiration()) is not None]
         if self.offsets.loading:
             due.append(self.offsets.next_load_ms())
         return min(due) if due else None
@@ -149,6 +156,11 @@ class GroupCoordinator:
             return self._join_reply(waiter, E.invalid_group_id, member_id)
         if not self.config.min_session_timeout_ms <= d.session_timeout_ms <= self.config.max_session_timeout_ms:
             return self._join_reply(waiter, E.invalid_session_timeout, member_id)
+        consumer_group = self.consumer.groups.get(group_id)
+        if consumer_group is not None:
+            if consumer_group.members:  # a group is one protocol or the other
+                return self._join_reply(waiter, E.inconsistent_group_protocol, member_id)
+            del self.consumer.groups[group_id]  # an empty consumer group becomes a classic one; offsets stay
         group = self.groups.get(group_id)
         if group is None:
             if member_id:
@@ -487,6 +499,12 @@ class GroupCoordinator:
         elif group.is_(PREPARING):
             self.joins.check_and_complete(join_key(group.group_id))
 
+    def forget_empty_group(self, group_id: str) -> None:
+        """An empty classic group becomes a consumer group: the classic one goes (its offsets stay)."""
+        group = self.groups.pop(group_id, None)
+        if group is not None:
+            self._transition(group, DEAD, self.clock())
+
     def _forget_if_unused(self, group: Group) -> None:
         """An empty group with no offsets goes, unless a member given its id (KIP-394) is yet to come back with
         it: forgotten between its two JoinGroups, that member would be refused (UNKNOWN_MEMBER_ID) and join
@@ -512,7 +530,10 @@ class GroupCoordinator:
         if not group_id:
             return answer(lambda t, p: E.invalid_group_id)
         group = self.groups.get(group_id)
-        if group is None:  # a group only storing offsets (assign() consumers), or a commit of a gone generation
+        consumer_group = self.consumer.groups.get(group_id)
+        if consumer_group is not None:
+            error = self.consumer.commit_error(consumer_group, member_id, generation, waiter[2])
+        elif group is None:  # a group only storing offsets (assign() consumers), or a commit of a gone generation
             error = E.none if generation < 0 else E.illegal_generation
         elif group.is_(DEAD):
             error = E.coordinator_not_available
@@ -537,10 +558,10 @@ class GroupCoordinator:
                     entries[(topic, partition)] = (int(offset), int(leader_epoch), metadata)
         if not entries:
             return answer(lambda t, p: refused.get((t, p), E.none))
-        if group is None:
+        if group is None and consumer_group is None:
             group = self.groups[group_id] = Group(group_id)
             self._transition(group, EMPTY, self.clock())
-        if group.members.get(member_id) is not None:
+        if group is not None and group.members.get(member_id) is not None:
             self._renew_session(group, group.members[member_id])
 
         def durable(flushed: bool, fault: bool = False) -> None:
@@ -553,7 +574,7 @@ class GroupCoordinator:
     def commit_transaction_offsets(self, group_id: str, entries: dict, done: Callable[..., None]) -> None:
         """The offsets of a committed transaction (the transaction coordinator's): durable, then visible to
         OffsetFetch; `done(flushed, fault)`. The group exists from then on, as after any commit."""
-        if group_id not in self.groups:
+        if group_id not in self.groups and group_id not in self.consumer.groups:
             group = self.groups[group_id] = Group(group_id)
             self._transition(group, EMPTY, self.clock())
         self.offsets.commit(group_id, entries, self.clock(), done)
@@ -577,10 +598,10 @@ class GroupCoordinator:
         d, waiter = message, self._waiter(worker, message)
         if self._unavailable(waiter):
             return
-        group = self.groups.get(d.group)
-        if group is None or group.is_(DEAD):
+        group = self.groups.get(d.group) or self.consumer.groups.get(d.group)
+        if group is None or (isinstance(group, Group) and group.is_(DEAD)):
             return self._error_only(waiter, E.group_id_not_found)
-        if group.members and group.protocol_type != "consumer":
+        if isinstance(group, Group) and group.members and group.protocol_type != "consumer":
             return self._error_only(waiter, E.non_empty_group)
         subscribed = group.subscribed_topics() if group.members else set()
         deletable, results = [], []
@@ -606,7 +627,8 @@ class GroupCoordinator:
         if self._unavailable(waiter):
             return
         self._reply(waiter, M.reply_class(M.Kind.LIST_GROUPS)(
-            int(E.none), [(g.group_id, g.protocol_type or "") for g in self.groups.values() if not g.is_(DEAD)]))
+            int(E.none), [(g.group_id, g.protocol_type or "") for g in self.groups.values() if not g.is_(DEAD)]
+            + [(group_id, "consumer") for group_id in self.consumer.groups]))
 
     def describe_groups(self, worker: int, message: Any) -> None:
         waiter = self._waiter(worker, message)
@@ -616,6 +638,9 @@ class GroupCoordinator:
                 described.append((int(E.coordinator_load_in_progress), group_id, "", "", "", ()))
                 continue
             group = self.groups.get(group_id)
+            if group_id in self.consumer.groups:  # as Kafka: DescribeGroups describes classic groups only
+                described.append((int(E.group_id_not_found), group_id, DEAD.value, "", "", ()))
+                continue
             if group is None:
                 described.append((int(E.none), group_id, DEAD.value, "", "", ()))
                 continue
@@ -634,6 +659,13 @@ class GroupCoordinator:
             group = self.groups.get(group_id)
             if self.offsets.loading:
                 results.append((group_id, int(E.coordinator_load_in_progress)))
+            elif group_id in self.consumer.groups:
+                if self.consumer.groups[group_id].members:
+                    results.append((group_id, int(E.non_empty_group)))
+                else:
+                    del self.consumer.groups[group_id]
+                    self.offsets.delete(group_id, None, now)
+                    results.append((group_id, int(E.none)))
             elif group is None or group.is_(DEAD):
                 results.append((group_id, int(E.group_id_not_found)))
             elif not group.is_(EMPTY):
@@ -654,6 +686,11 @@ class GroupCoordinator:
         now, wall = self.clock(), time.time_ns() // 1_000_000
 
         def empty_since_wall_ms(group_id: str) -> int | None:
+            consumer_group = self.consumer.groups.get(group_id)
+            if consumer_group is not None:
+                if consumer_group.members or consumer_group.empty_since_ms is None:
+                    return None
+                return wall - (now - consumer_group.empty_since_ms)
             group = self.groups.get(group_id)
             if group is None or group.generation == 0:
                 return -1  # never had members (since this process started): each offset by its commit time
@@ -664,6 +701,8 @@ class GroupCoordinator:
         expired = self.offsets.expire(wall, self.config.offsets_retention_minutes * 60_000, empty_since_wall_ms, now)
         for group in list(self.groups.values()):
             self._forget_if_unused(group)
+        for group_id in list(self.consumer.groups):
+            self.consumer.forget_if_unused(group_id, bool(self.offsets.fetch(group_id, None)))
         if expired:
             log.info("expired %d committed offsets", expired)
         return expired

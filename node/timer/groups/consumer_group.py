@@ -1,0 +1,147 @@
+"""One consumer-protocol group (KIP-848) as the coordinator holds it: members with their subscriptions, member
+epochs and assignments, the group epoch and the target assignment (Kafka's ConsumerGroup).
+
+Invariants:
+- `epoch` (the group epoch) grows whenever what the target assignment depends on changes: a member joins,
+  leaves, is fenced or changes its subscription or assignor, or a subscribed topic's partitions change (a new
+  topic matching a regex included). `assignment_epoch` is the group epoch the target was computed at; the
+  target is recomputed when it is behind.
+- `owners` maps every partition some member holds (assigned or pending revocation) to that member and its
+  epoch; a partition has at most one owner (node.timer.groups.reconciliation gives a partition only when free).
+- A static member's instance id maps to exactly one member id (`static_members`); member epoch -2 means the
+  static member left for a while and keeps its assignment until it comes back or its session ends.
+- State (what ConsumerGroupDescribe shows): Empty without members, Assigning while the target is behind the
+  group epoch, Reconciling while a member has not reached the target, else Stable.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Mapping
+
+from node.timer.groups.reconciliation import MemberState, Partitions, Reconciled
+
+LEAVE_EPOCH = -1
+STATIC_LEAVE_EPOCH = -2
+
+
+@dataclass
+class ConsumerMember:
+    member_id: str
+    instance_id: str | None = None
+    rack_id: str | None = None
+    client_id: str = ""
+    client_host: str = ""
+    rebalance_timeout_ms: int = 0
+    subscribed_topics: tuple[str, ...] = ()
+    subscribed_regex: str | None = None
+    assignor: str | None = None
+    epoch: int = 0
+    previous_epoch: int = -1
+    state: MemberState = MemberState.STABLE
+    assigned: Partitions = field(default_factory=dict)
+    pending_revocation: Partitions = field(default_factory=dict)
+
+    def subscribes(self, topic: str, pattern: "re.Pattern | None") -> bool:
+        return topic in self.subscribed_topics or (pattern is not None and pattern.fullmatch(topic) is not None)
+
+    def owned(self) -> Partitions:
+        return {t: self.assigned.get(t, set()) | self.pending_revocation.get(t, set())
+                for t in set(self.assigned) | set(self.pending_revocation)}
+
+
+@dataclass
+class ConsumerGroup:
+    group_id: str
+    epoch: int = 0
+    assignment_epoch: int = 0
+    members: dict[str, ConsumerMember] = field(default_factory=dict)
+    static_members: dict[str, str] = field(default_factory=dict)  # instance id -> member id
+    target: dict[str, Partitions] = field(default_factory=dict)  # member id -> its target assignment
+    owners: dict[tuple[str, int], tuple[str, int]] = field(default_factory=dict)  # partition -> (member, epoch)
+    subscribed_partitions: dict[str, int] = field(default_factory=dict)  # topic -> partitions, of the subscriptions
+    catalog_version: int = -1  # the catalog the subscribed partitions were read from
+    assignor_name: str = ""
+    empty_since_ms: int | None = None
+    patterns: dict[str, re.Pattern] = field(default_factory=dict)  # regex text -> compiled
+
+    @property
+    def state(self) -> str:
+        if not self.members:
+            return "Empty"
+        if self.epoch != self.assignment_epoch:
+            return "Assigning"
+        if any(m.epoch != self.assignment_epoch or m.state is not MemberState.STABLE for m in self.members.values()):
+            return "Reconciling"
+        return "Stable"
+
+    def pattern(self, regex: str | None) -> re.Pattern | None:
+        if regex is None:
+            return None
+        compiled = self.patterns.get(regex)
+        if compiled is None:
+            compiled = self.patterns[regex] = re.compile(regex)
+        return compiled
+
+    def subscriptions(self, topics: Mapping[str, int]) -> dict[str, frozenset[str]]:
+        """Member id -> the existing topics it subscribes to (by name or by its regex)."""
+        return {m.member_id: frozenset(t for t in topics if m.subscribes(t, self.pattern(m.subscribed_regex)))
+                for m in self.members.values()}
+
+    def subscribed_topics(self) -> set[str]:
+        return set(self.subscribed_partitions)
+
+    def owner_epoch(self, member_id: str):
+        """owner_epoch(topic, partition) for reconciling `member_id`: -1 if the partition is free or its own."""
+        def epoch_of(topic: str, partition: int) -> int:
+            owner = self.owners.get((topic, partition))
+            return -1 if owner is None or owner[0] == member_id else owner[1]
+        return epoch_of
+
+    def apply(self, member: ConsumerMember, outcome: Reconciled) -> None:
+        """The member after reconciliation: its partitions in `owners` follow."""
+        self.release(member)
+        member.state, member.epoch, member.previous_epoch = outcome.state, outcome.epoch, outcome.previous_epoch
+        member.assigned, member.pending_revocation = outcome.assigned, outcome.pending_revocation
+        self.hold(member)
+
+    def hold(self, member: ConsumerMember) -> None:
+        for topic, partitions in member.owned().items():
+            for partition in partitions:
+                self.owners[(topic, partition)] = (member.member_id, member.epoch)
+
+    def release(self, member: ConsumerMember) -> None:
+        for topic, partitions in member.owned().items():
+            for partition in partitions:
+                if self.owners.get((topic, partition), ("",))[0] == member.member_id:
+                    del self.owners[(topic, partition)]
+
+    def add(self, member: ConsumerMember) -> None:
+        self.members[member.member_id] = member
+        if member.instance_id is not None:
+            self.static_members[member.instance_id] = member.member_id
+        self.empty_since_ms = None
+
+    def remove(self, member_id: str, now_ms: int) -> ConsumerMember | None:
+        member = self.members.pop(member_id, None)
+        if member is None:
+            return None
+        self.release(member)
+        self.target.pop(member_id, None)
+        if member.instance_id is not None and self.static_members.get(member.instance_id) == member_id:
+            del self.static_members[member.instance_id]
+        if not self.members:
+            self.empty_since_ms = now_ms
+        return member
+
+    def replace_static(self, old_id: str, member: ConsumerMember) -> None:
+        """A static member back under a new member id takes over its instance's assignment."""
+        old = self.members.pop(old_id)
+        self.release(old)
+        member.assigned, member.pending_revocation = old.assigned, old.pending_revocation
+        member.state, member.epoch, member.previous_epoch = old.state, 0, old.previous_epoch
+        if old_id in self.target:
+            self.target[member.member_id] = self.target.pop(old_id)
+        self.add(member)
+        self.hold(member)

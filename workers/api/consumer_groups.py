@@ -1,0 +1,149 @@
+"""Request handlers of the consumer group protocol (KIP-848): ConsumerGroupHeartbeat and ConsumerGroupDescribe.
+
+Each turns its request into the kind's typed message (shm.messages) for the group coordinator in the timer
+process (node.timer.groups.consumer), waits for its REPLY and builds the response of the request's version.
+
+Topics cross the rings by name; the Kafka messages name them by topic id (KIP-516). `TopicIds` maps between
+the two from the worker's catalog: a topic entry's `topic_id` when the catalog keeps one, else a UUID derived
+from the name (uuid5), the same in every process.
+
+Invariants:
+- Every request gets its response: the coordinator's, or COORDINATOR_NOT_AVAILABLE if the timer never answers.
+- An owned partition of a topic id the node does not know is left out (the topic is gone: nothing to revoke).
+"""
+
+from __future__ import annotations
+
+import datetime
+import uuid
+from typing import Any, Callable
+
+from kio.static.primitive import i32, i32Timedelta
+
+from node.config import NodeConfig
+from node.storage.store import PartitionStore
+from shm import messages as M
+from workers.api.responses import GROUP_OPERATIONS, ZERO_THROTTLE, authorized, code, entity, reply
+from workers.codecs import errors as E
+from workers.codecs import protocol as P
+from workers.connection import Request
+from workers.timer_client.delayed import DelayedRequests, DocumentTooLarge
+from workers.timer_client.outcome import Outcome
+
+HeartbeatAnswer = M.reply_class(M.Kind.CONSUMER_GROUP_HEARTBEAT)
+DescribeAnswer = M.reply_class(M.Kind.CONSUMER_GROUP_DESCRIBE)
+TOPIC_ID_NAMESPACE = uuid.UUID("5f0c6a8e-3b52-4a55-9d1e-6f1d2a0b7c41")
+
+
+class TopicIds:
+    """Topic name <-> topic id, from the catalog (its reverse map rebuilt when the catalog changes)."""
+
+    def __init__(self, partitions: PartitionStore) -> None:
+        self.partitions = partitions
+        self._names: dict[uuid.UUID, str] = {}
+        self._version = -1
+
+    @staticmethod
+    def _id(entry: Any) -> uuid.UUID:
+        return getattr(entry, "topic_id", None) or uuid.uuid5(TOPIC_ID_NAMESPACE, entry.name)
+
+    def id_of(self, name: str) -> uuid.UUID:
+        entry = self.partitions.catalog.topics.get(name)
+        return self._id(entry) if entry is not None else uuid.UUID(int=0)
+
+    def name_of(self, topic_id: uuid.UUID) -> str | None:
+        catalog = self.partitions.catalog
+        if catalog.version != self._version:
+            self._names = {self._id(entry): entry.name for entry in catalog.topics.values()}
+            self._version = catalog.version
+        return self._names.get(topic_id)
+
+
+class ConsumerGroupHandlers:
+    def __init__(self, partitions: PartitionStore, config: NodeConfig, delayed: DelayedRequests) -> None:
+        self.config = config
+        self.delayed = delayed
+        self.topic_ids = TopicIds(partitions)
+
+    def table(self) -> dict[int, Callable[[Request, Any], Outcome]]:
+        return {P.CONSUMER_GROUP_HEARTBEAT: self.heartbeat, P.CONSUMER_GROUP_DESCRIBE: self.describe}
+
+    def _ask(self, req: Request, kind: M.Kind, body: tuple, fields: tuple, answer: Callable[[Any], Outcome],
+             refuse: Callable[[E.ErrorCode], Outcome]) -> Outcome:
+        try:
+            frame = M.encode(kind, 0, req.header.api_version, *body, *fields)
+            return self.delayed.ask(req, frame, self.config.timer.control_timeout_ms,
+                                    lambda got: answer(None if got is None else got.answer))
+        except DocumentTooLarge:
+            return refuse(E.INVALID_REQUEST)
+
+    def _by_name(self, topics: Any) -> list | None:
+        if topics is None:
+            return None
+        named = []
+        for topic in topics:
+            name = self.topic_ids.name_of(topic.topic_id)
+            if name is not None:
+                named.append((name, [int(p) for p in topic.partitions]))
+        return named
+
+    def _by_id(self, req: Request, class_name: str, topics: list, with_names: bool = False) -> tuple:
+        extra = {}
+        return tuple(entity(req, class_name, topic_id=self.topic_ids.id_of(name), partitions=tuple(map(i32, parts)),
+                            **({"topic_name": name} if with_names else extra)) for name, parts in topics)
+
+    def heartbeat(self, req: Request, request: Any) -> Outcome:
+        peer = req.conn.peer
+        rebalance_ms = int(request.rebalance_timeout.total_seconds() * 1000)
+        fields = (request.group_id, request.member_id, request.instance_id, request.rack_id,
+                  None if request.subscribed_topic_names is None else list(request.subscribed_topic_names),
+                  getattr(request, "subscribed_topic_regex", None), request.server_assignor,
+                  self._by_name(request.topic_partitions), req.header.client_id or "",
+                  peer[0] if isinstance(peer, tuple) else str(peer))
+
+        def answer(outcome: Any) -> Outcome:
+            if outcome is None:
+                return refuse(E.ErrorCode.coordinator_not_available)
+            assignment = None
+            if outcome.assignment is not None:
+                assignment = entity(req, "Assignment", topic_partitions=self._by_id(req, "TopicPartitions",
+                                                                                    outcome.assignment))
+            return reply(req, entity(
+                req, "ConsumerGroupHeartbeatResponse", throttle_time=ZERO_THROTTLE, error_code=code(outcome.error),
+                error_message=outcome.error_message, member_id=outcome.member or None,
+                member_epoch=i32(outcome.member_epoch), heartbeat_interval=i32Timedelta.parse(
+                    datetime.timedelta(milliseconds=outcome.heartbeat_interval_ms)),
+                assignment=assignment))
+
+        def refuse(error: E.ErrorCode) -> Outcome:
+            return answer(HeartbeatAnswer(int(error), None, request.member_id, int(request.member_epoch), 0, None))
+
+        return self._ask(req, M.Kind.CONSUMER_GROUP_HEARTBEAT, (int(request.member_epoch), rebalance_ms), fields,
+                         answer, refuse)
+
+    def describe(self, req: Request, request: Any) -> Outcome:
+        names = list(request.group_ids)
+        operations = authorized(getattr(request, "include_authorized_operations", False), GROUP_OPERATIONS)
+
+        def assignment(topics: list) -> Any:
+            return entity(req, "Assignment", topic_partitions=self._by_id(req, "TopicPartitions", topics, True))
+
+        def answer(outcome: Any) -> Outcome:
+            if outcome is None:
+                return refuse(E.ErrorCode.coordinator_not_available)
+            return reply(req, entity(req, "ConsumerGroupDescribeResponse", throttle_time=ZERO_THROTTLE, groups=tuple(
+                entity(req, "DescribedGroup", error_code=code(error), error_message=message, group_id=group,
+                       group_state=state, group_epoch=i32(epoch), assignment_epoch=i32(assignment_epoch),
+                       assignor_name=assignor, authorized_operations=i32(operations), members=tuple(
+                           entity(req, "Member", member_id=member, instance_id=instance, rack_id=rack,
+                                  member_epoch=i32(member_epoch), client_id=client_id, client_host=client_host,
+                                  subscribed_topic_names=tuple(topics), subscribed_topic_regex=regex,
+                                  assignment=assignment(assigned), target_assignment=assignment(target))
+                           for member, instance, rack, member_epoch, client_id, client_host, topics, regex, assigned,
+                           target in members))
+                for error, message, group, state, epoch, assignment_epoch, assignor, members in outcome.groups)))
+
+        def refuse(error: E.ErrorCode) -> Outcome:
+            return answer(DescribeAnswer([(int(error), None, g, "", -1, -1, "", []) for g in names]))
+
+        return self._ask(req, M.Kind.CONSUMER_GROUP_DESCRIBE, (), (names,), answer, refuse)
