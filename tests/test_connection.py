@@ -101,6 +101,18 @@ def test_output_counts_bytes_and_sendfile_ranges_and_drains(pair, tmp_path):
         os.close(fd)
 
 
+def test_empty_pieces_in_a_response_are_passed_over(pair):
+    conn, client = pair
+    conn.fill(conn.new_slot(), [b"", b"head", b"", memoryview(b""), b"tail", b""])
+    conn.collect_ready()
+    assert conn.flush(now=2.0) and not conn.pending_output()
+    client.settimeout(5)
+    assert client.recv(100) == b"headtail"
+    conn.fill(conn.new_slot(), [b""])
+    conn.collect_ready()
+    assert conn.flush(now=3.0) and not conn.pending_output()
+
+
 def test_paused_time_does_not_count_against_the_incomplete_request(pair):
     conn, client = pair
     client.sendall(struct.pack(">i", 50) + b"x")

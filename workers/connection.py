@@ -347,6 +347,9 @@ class Connection:
                 else:
                     outq[0] = memoryview(piece)[sent:]
                     return False
+            # Empty pieces left at the head: a send of only those writes nothing, and would be tried forever.
+            while outq and not isinstance(outq[0], FileRange) and not len(outq[0]):
+                outq.popleft()
         return True
 
     def pending_output(self) -> bool:
