@@ -78,6 +78,8 @@ from workers.connection import PAUSED_OUTPUT, Connection, ConnectionClosed, Requ
 from workers.deadlines import ConnectionDeadlines
 from workers.eventloop import EventLoop, Timer
 from workers.limits import ConnectionLimits
+from workers.listeners import ANONYMOUS, Listener, Listeners
+from workers.tls import TlsConnection, TlsHandshake, TlsStream, peer_subject
 from workers.moves import ConnectionMoves
 from workers.stats import (BYTES_IN, BYTES_OUT, BYTES_SENDFILE, CLOSED_ON_ERROR, ERROR_CODES, ERROR_RESPONSES,
                            LAST_ERROR_CODE, REQUEST_ERRORS, REQUESTS, WorkerStats)
@@ -90,7 +92,7 @@ WAKEUP_READ_BYTES = 512  # one byte per signal delivered; more than a turn ever 
 
 
 class Worker:
-    def __init__(self, instance: str, index: int, config: NodeConfig, listen_fd: int, bell_fds: list[int],
+    def __init__(self, instance: str, index: int, config: NodeConfig, listen_fds: list[int], bell_fds: list[int],
                  supervisor_pid: int, config_path: str, heartbeat_slot: int,
                  handoffs: Handoffs | None = None) -> None:
         self.instance = instance
@@ -152,33 +154,87 @@ class Worker:
         self.balance = (ConnectionBalance(index, handoffs, rows, self.heartbeats,
                                           server.heartbeat_interval_ms / 1000, self.loop)
                         if has_peers and server.balance_connections else None)
-        self.acceptor = Acceptor(listen_fd, server, self.loop, self.limits, limit_log, self.stats, self.balance,
-                                 self._adopt)
+        self.listeners = Listeners(config.listener_list(), config.tls, server)
+        # One acceptor per listener, in the order of the listening fds (the config's order of [[listeners]]).
+        self.acceptors = [Acceptor(fd, server, self.loop, self.limits, limit_log, self.stats, self.balance,
+                                   lambda sock, peer, bucket, listener=listener: self._adopt(sock, peer, bucket,
+                                                                                             listener))
+                          for fd, listener in zip(listen_fds, self.listeners.all, strict=True)]
+        self.handshakes = TlsHandshake(self.loop, self._handshake_done, self._handshake_failed)
+        self._handshaking: set[Connection] = set()
+        # TLS handshakes that fail (a plaintext client, garbage, a certificate that does not verify): one line per
+        # interval for the worker.
+        self.tls_log = RateLimitedLog(log, server.limit_log_interval_ms / 1000)
         self.affinity: ConnectionAffinity | None = None
         if has_peers and server.connection_affinity_waits > 0:
             self.affinity = ConnectionAffinity(index, server.connection_affinity_waits,
                                                server.connection_affinity_slack,
                                                server.connection_affinity_cooldown_ms / 1000,
                                                lambda worker: rows[worker].count)
-            self.delayed.on_answered = lambda conn, appender: self.affinity.answered(conn, appender,
-                                                                                     self.loop.now)
+            self.delayed.on_answered = lambda conn, appender: (None if conn.pinned else
+                                                               self.affinity.answered(conn, appender, self.loop.now))
         self.moves = (ConnectionMoves(handoffs, self.affinity, self.delayed.holds, self.limits, self.loop, self._adopt,
-                                      self._on_readable, self._close)
+                                      self._read_arrived, self._close)
                       if handoffs is not None else None)
 
     # -- connections -------------------------------------------------------------------------
 
-    def _adopt(self, sock: socket.socket, peer: Any, bucket: int) -> Connection:
-        """Serve `sock` from now on: an accepted connection, or one another worker passed here."""
+    def _adopt(self, sock: socket.socket, peer: Any, bucket: int, listener: Listener | None = None) -> Connection:
+        """Serve `sock` from now on: an accepted connection (of `listener`), or one another worker passed here (its
+        listener found by its local address). A TLS connection's handshake starts first."""
         server = self.config.server
         sock.setblocking(False)
-        conn = Connection(sock, peer, server.request_max_bytes, server.recv_bytes, self.loop.now, bucket)
+        listener = listener or self.listeners.of_socket(sock)
+        if listener is None:  # its local address is gone: the client left on the way
+            conn = Connection(sock, peer, server.request_max_bytes, server.recv_bytes, self.loop.now, bucket)
+            conn.close()
+            return conn
+        advertised = listener.advertised_for(sock)
+        if listener.tls is not None:
+            tls = listener.tls.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
+            conn = TlsConnection(TlsStream(tls), peer, server.request_max_bytes, server.recv_bytes, self.loop.now,
+                                 bucket)
+            conn.request_since = self.loop.now  # the handshake is bounded as a request is (request_timeout_ms)
+        else:
+            conn = Connection(sock, peer, server.request_max_bytes, server.recv_bytes, self.loop.now, bucket)
+        conn.listener = listener
+        conn.advertised = advertised
+        conn.pinned = listener.protocol != "PLAINTEXT"
         self.connections[conn.fd] = conn
         self.limits.opened(bucket)
-        self.loop.watch(sock, lambda: self._on_readable(conn), on_hangup=lambda: self._close(conn, None))
         if self.deadlines is not None:
             self.deadlines.arm(conn)
+        if listener.tls is not None:
+            self._handshaking.add(conn)
+            self.handshakes.start(conn)
+        else:
+            self._watch(conn)
         return conn
+
+    def _watch(self, conn: Connection) -> None:
+        self.loop.watch(conn.sock, lambda: self._on_readable(conn), on_hangup=lambda: self._close(conn, None))
+
+    def _read_arrived(self, conn: Connection) -> None:
+        """A connection a peer passed here: read what its client sent meanwhile (once its handshake is done)."""
+        if conn not in self._handshaking:
+            self._on_readable(conn)
+
+    def _handshake_done(self, conn: Connection) -> None:
+        self._handshaking.discard(conn)
+        conn.request_since = None
+        conn.last_active = self.loop.now
+        if conn.listener.mutual_tls and conn.sasl is None:
+            subject = peer_subject(conn.sock.tls)
+            conn.principal = f"User:{subject}" if subject else ANONYMOUS
+        self._watch(conn)
+        self._on_readable(conn)  # what the client sent right after its handshake may be decrypted already
+
+    def _handshake_failed(self, conn: Connection, why: str) -> None:
+        if why != "peer closed":
+            self.tls_log.warning("tls", "closing connection from %s on %s: %s", conn.peer, conn.listener.name, why)
+            if self.stats is not None:
+                self.stats.counts[CLOSED_ON_ERROR] += 1
+        self._close(conn)
 
     def _close(self, conn: Connection, reason: str | None = None) -> None:
         if conn.closed:
@@ -188,6 +244,7 @@ class Worker:
             if self.stats is not None:
                 self.stats.counts[CLOSED_ON_ERROR] += 1
         self.loop.unwatch(conn.sock)
+        self._handshaking.discard(conn)
         self.connections.pop(conn.fd, None)
         self._dirty.discard(conn)
         self._answered.pop(conn, None)
@@ -391,7 +448,8 @@ class Worker:
             return None
         if not self._stop_started:
             self._stop_started = True
-            self.acceptor.stop()
+            for acceptor in self.acceptors:
+                acceptor.stop()
             for conn in list(self.connections.values()):
                 if not conn.slots and not conn.pending_output():
                     self._close(conn)
@@ -524,7 +582,8 @@ class Worker:
                      self._announce_sleep):
             loop.before_sleep(hook)
         loop.after_sleep(self.link.woke)
-        self.acceptor.start()  # the port accepts from now on
+        for acceptor in self.acceptors:
+            acceptor.start()  # the port accepts from now on
         log.info("worker %d ready", self.index)
         loop.run()
         for conn in list(self.connections.values()):
@@ -536,7 +595,8 @@ class Worker:
 
 def main(argv: list[str] | None = None) -> int:
     parser = child_arguments()
-    parser.add_argument("--listen-fd", type=int, required=True)
+    parser.add_argument("--listen-fd", type=int, action="append", required=True,
+                        help="a listening socket, one per listener in the config's order")
     parser.add_argument("--worker-bell-fds", required=True,
                         help="every worker's doorbell eventfd, by worker index (comma-separated)")
     parser.add_argument("--inbox-fd", type=int, help="this worker's handoff inbox, its receiving end (shm.handoff)")
