@@ -435,15 +435,16 @@ class SaslConfig:
     # Kafka's connections.max.reauth.ms (KIP-368): a session lasts this long, then the client re-authenticates on
     # the same connection or it is closed at its next request (0: sessions never end).
     connections_max_reauth_ms: int = 0
-    # Failed logins are logged once per this interval for the whole worker (the line counts the rest).
-    failure_log_interval_ms: int = 10_000
+    # A worker looks at the users store's file (node.storage.users) at most this often: `shmbroker users` changes
+    # reach a running node that soon.
+    users_check_interval_ms: int = 100
 
     def __post_init__(self) -> None:
         unknown = [m for m in self.mechanisms if m not in SASL_MECHANISMS]
         if unknown or not self.mechanisms:
             raise ValueError(f"mechanisms: must be some of {', '.join(SASL_MECHANISMS)}, got {self.mechanisms!r}")
-        if self.connections_max_reauth_ms < 0 or self.failure_log_interval_ms <= 0:
-            raise ValueError("connections_max_reauth_ms must be 0 or more, failure_log_interval_ms positive")
+        if self.connections_max_reauth_ms < 0 or self.users_check_interval_ms < 0:
+            raise ValueError("connections_max_reauth_ms and users_check_interval_ms must be 0 or more")
 
 
 @dataclass(frozen=True)

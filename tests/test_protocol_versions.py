@@ -130,6 +130,10 @@ def request_for(api_key: int, version: int, tag: str):
                      "TxnOffsetCommitRequestTopic", name=TOPIC, partitions=(b(
                          "TxnOffsetCommitRequestPartition", partition_index=i32(0), committed_offset=i64(0),
                          committed_leader_epoch=i32(-1), committed_metadata=""),)),))
+    if api_key == P.SASL_HANDSHAKE:  # on a PLAINTEXT listener: answered ILLEGAL_SASL_STATE, as Kafka does
+        return b("SaslHandshakeRequest", mechanism="PLAIN")
+    if api_key == P.SASL_AUTHENTICATE:
+        return b("SaslAuthenticateRequest", auth_bytes=b"\0user\0password")
     raise AssertionError(f"no request for api {api_key}: add one")
 
 

@@ -56,6 +56,7 @@ from node.config import NodeConfig
 from node.logging_setup import RateLimitedLog
 from node.proctitle import set_title
 from node.storage.store import PartitionStore
+from node.storage.users import UsersView
 from shm import instance as shm_instance
 from shm import messages as M
 from shm.connections import ConnectionCounts
@@ -69,6 +70,7 @@ from shm.timer_link import TimerLink
 from workers.acceptor import Acceptor
 from workers.affinity import ConnectionAffinity
 from workers.api.handlers import Handlers
+from workers.api.sasl import MECHANISM_INDEX, SaslAuthenticator
 from workers.api.quotas import ClientQuotas, Throttler
 from workers.backpressure import Backpressure
 from workers.balance import ConnectionBalance
@@ -88,6 +90,8 @@ from workers.timer_client.outcome import Outcome
 
 log = logging.getLogger("shmbroker.worker")
 
+# The stats fields of each SASL mechanism (sasl_logins_<name>, sasl_login_failures_<name>) and its counters' index.
+SASL_STATS_NAMES = tuple((mechanism.lower().replace("-", "_"), index) for mechanism, index in MECHANISM_INDEX.items())
 WAKEUP_READ_BYTES = 512  # one byte per signal delivered; more than a turn ever sees
 
 
@@ -144,7 +148,11 @@ class Worker:
         # One line per cause per interval for the whole node (the marks are shared by the workers).
         limit_log = RateLimitedLog(log, server.limit_log_interval_ms / 1000, marks=self.counts.log_marks(
             ("accept", "server.max_connections", "server.max_connections_per_ip", "server.connections_max_idle_ms",
-             "server.request_timeout_ms")))
+             "server.request_timeout_ms", "tls.handshake", "sasl.authentication")))
+        self.sasl = SaslAuthenticator(config.sasl, UsersView(self.partitions.data_dir,
+                                                             config.sasl.users_check_interval_ms / 1000),
+                                      lambda: self.loop.now, limit_log)
+        self.handlers.dispatch_table.update(self.sasl.table())
         deadlines = ConnectionDeadlines(server, self.loop, limit_log, self._close)
         self.deadlines = deadlines if deadlines.period_s is not None else None
         self.stats = (WorkerStats(instance, index, config.stats.publish_interval_ms / 1000)
@@ -162,9 +170,10 @@ class Worker:
                           for fd, listener in zip(listen_fds, self.listeners.all, strict=True)]
         self.handshakes = TlsHandshake(self.loop, self._handshake_done, self._handshake_failed)
         self._handshaking: set[Connection] = set()
+        self.tls_handshake_failures = 0  # for the stats segment
         # TLS handshakes that fail (a plaintext client, garbage, a certificate that does not verify): one line per
-        # interval for the worker.
-        self.tls_log = RateLimitedLog(log, server.limit_log_interval_ms / 1000)
+        # server.limit_log_interval_ms for the node.
+        self.limit_log = limit_log
         self.affinity: ConnectionAffinity | None = None
         if has_peers and server.connection_affinity_waits > 0:
             self.affinity = ConnectionAffinity(index, server.connection_affinity_waits,
@@ -199,6 +208,9 @@ class Worker:
             conn = Connection(sock, peer, server.request_max_bytes, server.recv_bytes, self.loop.now, bucket)
         conn.listener = listener
         conn.advertised = advertised
+        if listener.sasl:
+            conn.principal = None
+            conn.sasl = self.sasl.session(listener)
         conn.pinned = listener.protocol != "PLAINTEXT"
         self.connections[conn.fd] = conn
         self.limits.opened(bucket)
@@ -231,9 +243,10 @@ class Worker:
 
     def _handshake_failed(self, conn: Connection, why: str) -> None:
         if why != "peer closed":
-            self.tls_log.warning("tls", "closing connection from %s on %s: %s", conn.peer, conn.listener.name, why)
+            self.limit_log.warning("tls.handshake", "closing connection from %s on %s: %s", conn.peer, conn.listener.name, why)
             if self.stats is not None:
                 self.stats.counts[CLOSED_ON_ERROR] += 1
+            self.tls_handshake_failures += 1
         self._close(conn)
 
     def _close(self, conn: Connection, reason: str | None = None) -> None:
@@ -293,10 +306,18 @@ class Worker:
             self._answer_appended_if_due()
 
     def _handle(self, conn: Connection, frame: memoryview) -> None:
+        session = conn.sasl
+        if session is not None and (session.raw_tokens or session.failed):
+            self._sasl_frame(conn, frame)
+            return
         try:
             header = P.parse_request_header(frame)
         except ProtocolError as exc:
             self._close(conn, f"bad request header: {exc}")
+            return
+        if session is not None and not session.allowed(header.api_key, self.loop.now):
+            self._close(conn, f"api {header.api_key} before authentication" if session.principal is None
+                        else f"api {header.api_key} after the SASL session ended (connections_max_reauth_ms)")
             return
         if not P.is_supported(header.api_key, header.api_version):
             if header.api_key == P.API_VERSIONS:
@@ -326,6 +347,19 @@ class Worker:
             self._close(conn, "internal error")
             return
         self._settle(req, outcome)
+
+    def _sasl_frame(self, conn: Connection, frame: memoryview) -> None:
+        """A frame of a connection whose SASL login failed (dropped: it closes once its answer is out), or a bare
+        token after SaslHandshake v0 (answered bare; a refused one closes the connection, as Kafka does)."""
+        if conn.sasl.failed:
+            return
+        answer, refused = self.sasl.raw_token(conn, bytes(frame))
+        if refused:
+            self._close(conn)
+            return
+        # No empty piece: a write of nothing makes no progress.
+        conn.fill(conn.new_slot(), [len(answer).to_bytes(4, "big") + answer])
+        self._dirty.add(conn)
 
     def _settle(self, req: Request, outcome: Outcome | None) -> None:
         """Fill the request's slot with its outcome; None: its continuation failed (a bug), close the connection."""
@@ -391,6 +425,8 @@ class Worker:
             self.memory.update(conn)
         if done and self.affinity is not None and conn in self.affinity.due:
             self._moving.add(conn)
+        if done and conn.sasl is not None and conn.sasl.failed and not conn.closed:
+            self._close(conn)  # its refusal is written: a failed login ends the connection
 
     # -- messages from the timer -------------------------------------------------------------
 
@@ -548,6 +584,9 @@ class Worker:
             ("connections_balanced_out", self.balance.balanced_out if self.balance is not None else 0),
             ("connections_balanced_in", self.moves.balanced_in if self.moves is not None else 0),
             ("throttled_connections", sum(1 for conn in self.connections.values() if conn.mutes)),
+            ("tls_handshake_failures", self.tls_handshake_failures),
+            *((f"sasl_logins_{name}", self.sasl.logins[index]) for name, index in SASL_STATS_NAMES),
+            *((f"sasl_login_failures_{name}", self.sasl.failures[index]) for name, index in SASL_STATS_NAMES),
             ("ring_frames_sent", link.frames_sent),
             ("ring_frames_received", link.frames_received),
             ("ring_capacity_bytes", capacity),
