@@ -95,6 +95,13 @@ def test_each_listener_advertises_its_own_address_and_tls_carries_records(node_f
     check_roundtrip(sent, consume_all(node.bootstrap, "crossing", 3, len(sent)))
     check_roundtrip(sent, consume_all(tls["bootstrap.servers"], "crossing", 3, len(sent),
                                       **{k: v for k, v in tls.items() if k != "bootstrap.servers"}))
+    # Records near the largest batch, both ways over TLS: requests larger than one read (received into a mapping
+    # of their own) and responses larger than one TLS write.
+    large = [{"key": f"big{i}".encode(), "value": bytes([i]) * 900_000, "partition": 0} for i in range(4)]
+    produce(f"127.0.0.1:{tls_port}", "large", large, **{k: v for k, v in tls.items() if k != "bootstrap.servers"})
+    got = consume_all(tls["bootstrap.servers"], "large", 1, len(large),
+                      **{k: v for k, v in tls.items() if k != "bootstrap.servers"})
+    assert [(m.key(), m.value()) for m in got] == [(r["key"], r["value"]) for r in large]
     # A client that does not trust the node's certificate gets nowhere.
     with pytest.raises(KafkaException):
         AdminClient({**tls, "ssl.ca.location": certificates.stranger_cert, "log_level": 0}).list_topics(timeout=5)
