@@ -5,6 +5,9 @@ changed by `shmbroker users` under a running node and kept across a restart, re-
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import shutil
 import socket
 import struct
 import subprocess
@@ -262,3 +265,25 @@ def test_sasl_handshake_v0_takes_bare_tokens(node_factory, tmp_path):
                 assert raw_frame(sock, METADATA, 8, R.metadata_body([])) is not None
             else:
                 assert closed_by_peer(sock, timeout=5)
+
+
+@pytest.mark.skipif(shutil.which("node") is None or shutil.which("npm") is None,
+                    reason="make test installs nodejs and npm; run through make")
+def test_kafkajs_over_sasl_ssl_with_each_mechanism(node_factory, tmp_path):
+    from tests.test_transactions import FRAMEWORKS, KAFKAJS, node_modules
+
+    modules = node_modules("kafkajs", KAFKAJS)
+    sasl = SaslNode(node_factory, tmp_path, before_start=with_users(*((f"js-{m.lower()}", m) for m in MECHANISMS)))
+    bootstrap = f"127.0.0.1:{sasl.sasl_ssl_port}"
+
+    def run(topic: str, mechanism: str, user: str, password: str) -> dict:
+        done = subprocess.run(["node", str(FRAMEWORKS / "kafkajs_sasl.js"), bootstrap, topic, mechanism.lower(), user,
+                               password, sasl.certificates.ca], capture_output=True, text=True, timeout=90,
+                              env={**os.environ, "NODE_PATH": str(modules)})
+        assert done.returncode == 0, done.stderr[-3000:]
+        return json.loads(done.stdout.strip().splitlines()[-1])
+
+    for mechanism in MECHANISMS:
+        create_topic(sasl.node.bootstrap, f"js-{mechanism.lower()}", 1)
+        assert run(f"js-{mechanism.lower()}", mechanism, f"js-{mechanism.lower()}", PASSWORD) == {"high": 50}
+    assert run("js-plain", "SCRAM-SHA-256", "js-scram-sha-256", "wrong") == {"error": "KafkaJSSASLAuthenticationError"}
