@@ -181,3 +181,20 @@ def test_listeners_config_with_listen_and_its_errors(tmp_path):
         path.write_text(text)
         with pytest.raises(node_config.ConfigError, match=complaint):
             node_config.load(str(path))
+
+
+def test_requests_behind_a_large_one_in_the_same_tls_record_are_served(node_factory, certificates):
+    """A request larger than one read is received up to its last byte; the bytes TLS decrypted past it (the next
+    request, sent in the same write) wait inside TLS, where epoll cannot see them: they are read in the same turn."""
+    tls_port = free_port()
+    node_factory(workers=1, config=listener("SECURE", tls_port, "SSL") + certificates.tls_section())
+    context = ssl.create_default_context(cafile=certificates.ca)
+    batch = R.make_batch(3, 100_000)  # ~300 KB: more than one read (server.recv_bytes)
+    with socket.create_connection(("127.0.0.1", tls_port), timeout=10) as raw:
+        with context.wrap_socket(raw, server_hostname="127.0.0.1") as tls:
+            tls.sendall(R.produce_request("behind", 0, batch, correlation_id=1)
+                        + R.encode_request(R.API_VERSIONS, 0, 2, b""))
+            reader = tls.makefile("rb")
+            for expected in (1, 2):
+                size = struct.unpack(">i", reader.read(4))[0]
+                assert struct.unpack_from(">i", reader.read(size))[0] == expected
