@@ -435,6 +435,9 @@ class SaslConfig:
     # Kafka's connections.max.reauth.ms (KIP-368): a session lasts this long, then the client re-authenticates on
     # the same connection or it is closed at its next request (0: sessions never end).
     connections_max_reauth_ms: int = 0
+    # Kafka's sasl.server.max.receive.size: before its login a client's requests may be at most this large (a larger
+    # size prefix closes the connection); after it, server.request_max_bytes.
+    server_max_receive_size: int = 524_288
     # A worker looks at the users store's file (node.storage.users) at most this often: `shmbroker users` changes
     # reach a running node that soon.
     users_check_interval_ms: int = 100
@@ -443,8 +446,9 @@ class SaslConfig:
         unknown = [m for m in self.mechanisms if m not in SASL_MECHANISMS]
         if unknown or not self.mechanisms:
             raise ValueError(f"mechanisms: must be some of {', '.join(SASL_MECHANISMS)}, got {self.mechanisms!r}")
-        if self.connections_max_reauth_ms < 0 or self.users_check_interval_ms < 0:
-            raise ValueError("connections_max_reauth_ms and users_check_interval_ms must be 0 or more")
+        if self.connections_max_reauth_ms < 0 or self.users_check_interval_ms < 0 or self.server_max_receive_size <= 0:
+            raise ValueError("connections_max_reauth_ms and users_check_interval_ms must be 0 or more, "
+                             "server_max_receive_size positive")
 
 
 @dataclass(frozen=True)

@@ -109,6 +109,10 @@ def test_every_mechanism_on_both_sasl_listeners_carries_records(node_factory, tm
     for chunk, (tls, mechanism) in enumerate((tls, mechanism) for tls in (False, True) for mechanism in MECHANISMS):
         config = sasl.client(mechanism, f"user-{mechanism.lower()}", tls=tls)
         produce(config.pop("bootstrap.servers"), "secured", sent[chunk * 300:(chunk + 1) * 300], **config)
+    # After the login the pre-login bound on a request's size (512 KiB) no longer applies.
+    config = sasl.client("PLAIN", "user-plain", tls=False)
+    large = {"key": b"large", "value": b"L" * 900_000, "partition": 0}
+    produce(config.pop("bootstrap.servers"), "large", [large], **config)
     plain_read = consume_all(sasl.node.bootstrap, "secured", 3, len(sent))
     config = sasl.client("SCRAM-SHA-512", "user-scram-sha-512")
     check_roundtrip(sent, consume_all(config.pop("bootstrap.servers"), "secured", 3, len(sent), **config))
@@ -151,6 +155,11 @@ def test_nothing_but_api_versions_and_sasl_is_served_before_the_login(node_facto
         assert api_versions_ok(sock)
         assert raw_frame(sock, METADATA, 8, R.metadata_body(None)) is None  # closed
     wait_for(lambda: "api 3 before authentication" in sasl.node.log(), 5, "the close's log line")
+    # Before the login a request may be at most sasl.server_max_receive_size (512 KiB) large; after it, as usual.
+    with socket.create_connection(("127.0.0.1", sasl.sasl_port), timeout=5) as sock:
+        sock.sendall(struct.pack(">i", 600_000) + b"\0" * 1000)
+        assert closed_by_peer(sock, timeout=5)
+    wait_for(lambda: "request size 600000 outside 0..524288" in sasl.node.log(), 5, "the oversize close's line")
     # A SaslHandshake on a PLAINTEXT listener is out of place: ILLEGAL_SASL_STATE, as Kafka answers.
     with socket.create_connection(("127.0.0.1", sasl.node.port), timeout=5) as sock:
         handshake = R.decode_response(SASL_HANDSHAKE, 1, raw_frame(sock, SASL_HANDSHAKE, 1, R.request_body(

@@ -151,7 +151,7 @@ class Worker:
              "server.request_timeout_ms", "tls.handshake", "sasl.authentication")))
         self.sasl = SaslAuthenticator(config.sasl, UsersView(self.partitions.data_dir,
                                                              config.sasl.users_check_interval_ms / 1000),
-                                      lambda: self.loop.now, limit_log)
+                                      lambda: self.loop.now, limit_log, server.request_max_bytes)
         self.handlers.dispatch_table.update(self.sasl.table())
         deadlines = ConnectionDeadlines(server, self.loop, limit_log, self._close)
         self.deadlines = deadlines if deadlines.period_s is not None else None
@@ -211,6 +211,7 @@ class Worker:
         if listener.sasl:
             conn.principal = None
             conn.sasl = self.sasl.session(listener)
+            conn.max_request = min(server.request_max_bytes, self.config.sasl.server_max_receive_size)
         conn.pinned = listener.protocol != "PLAINTEXT"
         self.connections[conn.fd] = conn
         self.limits.opened(bucket)

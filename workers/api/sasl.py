@@ -8,7 +8,7 @@ bare size-prefixed frames instead, `raw_tokens`), and a login sets the principal
 
 Invariants:
 - Before a login only ApiVersions, SaslHandshake and SaslAuthenticate are served (`allowed`); anything else closes
-  the connection (the worker's check).
+  the connection (the worker's check), and so does a request larger than sasl.server_max_receive_size.
 - A failed login is answered SASL_AUTHENTICATION_FAILED (a SaslHandshake with a mechanism not enabled
   UNSUPPORTED_SASL_MECHANISM, one out of order ILLEGAL_SASL_STATE), then the connection closes once that answer is
   written (`failed`); nothing it sends afterwards is served. One log line per server.limit_log_interval_ms for the
@@ -79,8 +79,10 @@ class SaslSession:
 class SaslAuthenticator:
     """A worker's SASL: the users it checks logins against, its counters and its failure log."""
 
-    def __init__(self, config: SaslConfig, users: UsersView, clock, failure_log: RateLimitedLog) -> None:
+    def __init__(self, config: SaslConfig, users: UsersView, clock, failure_log: RateLimitedLog,
+                 request_max_bytes: int) -> None:
         self.config = config
+        self.request_max_bytes = request_max_bytes  # server.request_max_bytes: a logged-in client's bound
         self.users = users
         self.clock = clock  # the loop's time
         self.failure_log = failure_log  # one line per interval for the node (key "sasl.authentication")
@@ -178,6 +180,7 @@ class SaslAuthenticator:
             session.failed = True
             return 0
         session.principal = conn.principal = principal
+        conn.max_request = self.request_max_bytes  # the pre-login bound (sasl.server_max_receive_size) lifts
         session.reauthenticating = False
         session.scram = None
         self.logins[MECHANISM_INDEX[session.mechanism]] += 1
