@@ -1,13 +1,16 @@
-"""A network worker process: its listening socket, its client connections, its completion doorbell, its handoff
+"""A network worker process: its listening sockets (one per listener), its client connections, its completion doorbell, its handoff
 inbox and a signal wakeup pipe on one event loop (workers.eventloop). The worker serves requests and writes
 responses; each other concern is a part of its own, which the worker wires to the loop:
 workers.acceptor (accept, admission) with workers.balance (new connections to the worker holding the fewest),
 workers.moves (connections arriving from and leaving for other workers; workers.affinity decides the moves),
 workers.backpressure (pausing and resuming reads: memory budget, output bound, throttles), workers.deadlines
-(idle and incomplete-request timeouts), workers.stats (the stats row); SIGHUP reloads through node.child.ConfigReload.
+(idle and incomplete-request timeouts), workers.stats (the stats row), workers.listeners (the listener a connection
+came through: its protocol, its advertised address), workers.tls (TLS handshakes and connections), workers.api.sasl
+(logins on SASL listeners); SIGHUP reloads through node.child.ConfigReload.
 
 The hooks on the loop:
-- file events: the listener (Acceptor.accept); read on each connection, and its hang-up while its reads are
+- file events: each listener (Acceptor.accept); a TLS connection's handshake steps (TlsHandshake), then read on each
+  connection, and its hang-up while its reads are
   paused; write on a connection the socket did not take all of; the doorbell (the timer's messages, or another
   worker's append); the handoff inbox (ConnectionMoves.receive); the wakeup pipe;
 - after a Produce's appends (before its own response is built), after each request, and on a ring of the
@@ -36,6 +39,8 @@ Invariants:
   `output_limit`, `stats`, `affinity`): no extra hop per request or response.
 - The loop turns at least every server.heartbeat_interval_ms and beats the worker's heartbeat every turn
   (shm.heartbeat): the supervisor replaces a worker whose heartbeat stops.
+- A connection of a SASL listener is served nothing but ApiVersions and SASL before its login (workers.api.sasl);
+  TLS and SASL connections never move to a peer by affinity (`Connection.pinned`: their state lives here).
 - A closed connection is forgotten by every part at once (`_close`); a connection that moved to another worker
   is closed here the same way, its socket living on in the peer.
 - SIGTERM: stop accepting, finish in-flight requests within server.shutdown_grace_ms, then exit 0.
