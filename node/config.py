@@ -384,6 +384,91 @@ class StatsConfig:
                              "at least 64")
 
 
+SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+SASL_MECHANISMS = ("SCRAM-SHA-256", "SCRAM-SHA-512", "PLAIN")
+# The listener --listen makes (and the one a config without [[listeners]] gets from server.host and server.port).
+DEFAULT_LISTENER_NAME = "PLAINTEXT"
+
+
+def split_address(text: str) -> tuple[str, int]:
+    """HOST:PORT -> (host, port); an empty host is 127.0.0.1."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) < 65536:
+        raise ValueError(f"wants HOST:PORT, got {text!r}")
+    return host or "127.0.0.1", int(port)
+
+
+@dataclass(frozen=True)
+class ListenerConfig:
+    """One `[[listeners]]` table: where the node accepts connections and what a client must do there."""
+
+    name: str = DEFAULT_LISTENER_NAME
+    address: str = "127.0.0.1:9092"
+    security_protocol: str = "PLAINTEXT"  # PLAINTEXT | SSL | SASL_PLAINTEXT | SASL_SSL
+    # HOST:PORT written into Metadata and FindCoordinator for clients that connected here; default: `address`,
+    # or, for a wildcard host (0.0.0.0), the address the client connected to.
+    advertised_address: str = ""
+
+    def __post_init__(self) -> None:
+        if self.security_protocol not in SECURITY_PROTOCOLS:
+            raise ValueError(f"security_protocol: {self.security_protocol!r} is none of {', '.join(SECURITY_PROTOCOLS)}")
+        if not self.name:
+            raise ValueError("name: must not be empty")
+        for key in ("address", "advertised_address"):
+            if getattr(self, key):
+                try:
+                    split_address(getattr(self, key))
+                except ValueError as exc:
+                    raise ValueError(f"{key}: {exc}") from None
+
+    @property
+    def tls(self) -> bool:
+        return self.security_protocol in ("SSL", "SASL_SSL")
+
+    @property
+    def sasl(self) -> bool:
+        return self.security_protocol in ("SASL_PLAINTEXT", "SASL_SSL")
+
+
+@dataclass(frozen=True)
+class TlsConfig:
+    """The certificate of the SSL and SASL_SSL listeners (Python's ssl; TLS 1.2 and newer)."""
+
+    certfile: str = ""  # PEM chain
+    keyfile: str = ""
+    # Set: clients must present a certificate this CA file verifies (mTLS); their principal is the subject.
+    cafile: str = ""
+    minimum_version: str = "TLSv1.2"  # TLSv1.2 | TLSv1.3
+
+    def __post_init__(self) -> None:
+        if self.minimum_version not in ("TLSv1.2", "TLSv1.3"):
+            raise ValueError(f"minimum_version: must be TLSv1.2 or TLSv1.3, got {self.minimum_version!r}")
+
+
+@dataclass(frozen=True)
+class SaslConfig:
+    """Authentication on the SASL_PLAINTEXT and SASL_SSL listeners, against the users store (node.security.users)."""
+
+    mechanisms: list = field(default_factory=lambda: list(SASL_MECHANISMS))
+    # Kafka's connections.max.reauth.ms (KIP-368): a session lasts this long, then the client re-authenticates on
+    # the same connection or it is closed at its next request (0: sessions never end).
+    connections_max_reauth_ms: int = 0
+    # Kafka's sasl.server.max.receive.size: before its login a client's requests may be at most this large (a larger
+    # size prefix closes the connection); after it, server.request_max_bytes.
+    server_max_receive_size: int = 524_288
+    # A worker looks at the users store's file (node.storage.users) at most this often: `shmbroker users` changes
+    # reach a running node that soon.
+    users_check_interval_ms: int = 100
+
+    def __post_init__(self) -> None:
+        unknown = [m for m in self.mechanisms if m not in SASL_MECHANISMS]
+        if unknown or not self.mechanisms:
+            raise ValueError(f"mechanisms: must be some of {', '.join(SASL_MECHANISMS)}, got {self.mechanisms!r}")
+        if self.connections_max_reauth_ms < 0 or self.users_check_interval_ms < 0 or self.server_max_receive_size <= 0:
+            raise ValueError("connections_max_reauth_ms and users_check_interval_ms must be 0 or more, "
+                             "server_max_receive_size positive")
+
+
 @dataclass(frozen=True)
 class NodeConfig:
     server: ServerConfig = field(default_factory=ServerConfig)
@@ -399,6 +484,16 @@ class NodeConfig:
     cleaner: CleanerConfig = field(default_factory=CleanerConfig)  # the log cleaner (node.cleaner)
     # The rings between each worker and the timer process (one each way).
     rings: RingConfig = field(default_factory=lambda: RingConfig(capacity=4 * 1024 * 1024))
+    # Where clients connect ([[listeners]]); once loaded never empty, the first one at server.host:server.port.
+    listeners: list = field(default_factory=list, metadata={"items": ListenerConfig})
+    tls: TlsConfig = field(default_factory=TlsConfig)
+    sasl: SaslConfig = field(default_factory=SaslConfig)
+
+    def listener_list(self) -> list[ListenerConfig]:
+        """The listeners, or the one PLAINTEXT listener at server.host:server.port when none are set."""
+        if self.listeners:
+            return list(self.listeners)
+        return [ListenerConfig(DEFAULT_LISTENER_NAME, f"{self.server.host}:{self.server.port}", "PLAINTEXT")]
 
     def cleaner_count(self) -> int:
         """Log cleaner processes: none with the cleaner off."""
@@ -421,7 +516,12 @@ def _build(defaults: Any, values: dict[str, Any], where: str) -> Any:
             raise ConfigError(f"unknown setting {where}{key}", f"{where}{key}")
         default = getattr(defaults, key)
         entries = known[key].metadata.get("entries")
-        if entries is not None:  # a table of named entries of one config class (quotas.clients)
+        items = known[key].metadata.get("items")
+        if items is not None:  # an array of tables of one config class ([[listeners]])
+            if not isinstance(value, list) or not all(isinstance(item, dict) for item in value):
+                raise ConfigError(f"{where}{key} must be an array of tables ([[{key}]])", f"{where}{key}")
+            kwargs[key] = [_build(items(), item, f"{where}{key}.") for item in value]
+        elif entries is not None:  # a table of named entries of one config class (quotas.clients)
             if not isinstance(value, dict):
                 raise ConfigError(f"{where}{key} must be a table", f"{where}{key}")
             for name, entry in value.items():
@@ -465,12 +565,34 @@ def load(path: str | None = None, overrides: dict[str, Any] | None = None) -> No
         section, _, key = dotted.partition(".")
         values.setdefault(section, {})[key] = value
     try:
-        return from_mapping(values)
+        return settle_listeners(from_mapping(values), listen_given="server.host" in (overrides or {}))
     except ConfigError as exc:
         if not path:
             raise
         line = _line_of(path, exc.key) if exc.key else None
         raise ConfigError(f"{path}:{line}: {exc}" if line else f"{path}: {exc}", exc.key) from None
+
+
+def settle_listeners(config: NodeConfig, listen_given: bool = False) -> NodeConfig:
+    """`config` with its listeners set: without [[listeners]], or with `--listen` (`listen_given`), a PLAINTEXT
+    listener at server.host:server.port comes first (replacing a listener of the file with its name or address);
+    server.host and server.port are then the first listener's (the instance's name is made from them). Names and
+    addresses must be unique."""
+    listeners = list(config.listeners)
+    if listen_given or not listeners:
+        plain = ListenerConfig(DEFAULT_LISTENER_NAME, f"{config.server.host}:{config.server.port}", "PLAINTEXT")
+        listeners = [plain] + [item for item in listeners
+                               if item.name != plain.name and split_address(item.address) != (config.server.host,
+                                                                                             config.server.port)]
+    for attribute in ("name", "address"):
+        values = [getattr(item, attribute) for item in listeners]
+        if len(set(values)) != len(values):
+            raise ConfigError(f"listeners: two listeners with one {attribute}", "listeners")
+    if any(item.tls for item in listeners) and not (config.tls.certfile and config.tls.keyfile):
+        raise ConfigError("tls: an SSL or SASL_SSL listener needs tls.certfile and tls.keyfile", "tls")
+    host, port = split_address(listeners[0].address)
+    server = dataclasses.replace(config.server, host=host, port=port)
+    return dataclasses.replace(config, listeners=listeners, server=server)
 
 
 def _line_of(path: str, dotted: str) -> int | None:

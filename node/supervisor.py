@@ -135,7 +135,8 @@ class Supervisor:
         self.children: list[Child] = []
         self.stopping = False
         self._lock_fd: int | None = None
-        self.listeners: list[socket.socket] = []
+        self.listeners: list[socket.socket] = []  # every listening socket (closed on stop)
+        self.listen_sockets: list[list[socket.socket]] = []  # by worker: its socket of each listener
         self.resources: NodeResources | None = None
         self.hangs: HangWatch | None = None
         self.stats: S.StatsWriter | None = None
@@ -161,29 +162,32 @@ class Supervisor:
             log.warning("cannot write the pid into %s/.lock: %s", self.data_dir, exc)
         self._lock_fd = fd
 
-    def _listen(self, count: int) -> list[socket.socket]:
-        """One socket per worker in one SO_REUSEPORT group, bound here and put to listen by its worker once its
-        loop runs (workers.worker), so the port accepts connections only when a worker can serve them (a bound
+    def _listen(self, count: int) -> list[list[socket.socket]]:
+        """For each listener ([[listeners]]), one socket per worker in one SO_REUSEPORT group: by worker, its
+        socket of each listener in the config's order. Bound here and put to listen by its worker once its
+        loop runs (workers.worker), so a port accepts connections only when a worker can serve them (a bound
         socket that does not listen refuses them; clients retry). The kernel spreads new connections over the
         listening ones (one shared socket would let whichever worker wakes first take them all). The supervisor
         keeps them open, so connections waiting in a dead worker's backlog are accepted by its replacement, not
         reset."""
-        server = self.config.server
-        # SO_REUSEPORT would let a second node on the same port join our group and take half the
-        # connections: a plain bind first fails with EADDRINUSE if anyone holds the port.
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            probe.bind((server.host, server.port))
-        sockets = []
-        for _ in range(count):
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-            sock.bind((server.host, server.port))
-            sock.setblocking(False)
-            sock.set_inheritable(True)
-            sockets.append(sock)
-        return sockets
+        by_worker: list[list[socket.socket]] = [[] for _ in range(count)]
+        for listener in self.config.listener_list():
+            address = node_config.split_address(listener.address)
+            # SO_REUSEPORT would let a second node on the same port join our group and take half the
+            # connections: a plain bind first fails with EADDRINUSE if anyone holds the port.
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                probe.bind(address)
+            for sockets in by_worker:
+                sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                self.listeners.append(sock)  # closed by stop(), also when a later bind fails
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+                sock.bind(address)
+                sock.setblocking(False)
+                sock.set_inheritable(True)
+                sockets.append(sock)
+        return by_worker
 
     def _child_specs(self) -> list[ChildSpec]:
         assert self.resources is not None
@@ -197,9 +201,10 @@ class Supervisor:
         sending = [inbox.sending.fileno() for inbox in self.resources.inboxes]
         workers = []
         for i in range(len(bells)):
+            listen_fds = [sock.fileno() for sock in self.listen_sockets[i]]
             args: tuple[str, ...] = ("--worker-bell-fds", ",".join(map(str, bells)),
-                                     "--listen-fd", str(self.listeners[i].fileno()))
-            fds: tuple[int, ...] = (*bells, self.listeners[i].fileno())
+                                     *(arg for fd in listen_fds for arg in ("--listen-fd", str(fd))))
+            fds: tuple[int, ...] = (*bells, *listen_fds)
             if receiving:  # a worker inherits its own inbox's receiving end and the others' sending ends
                 args += ("--inbox-fd", str(receiving[i]), "--worker-inbox-fds", ",".join(map(str, sending)))
                 fds += (receiving[i], *(fd for peer, fd in enumerate(sending) if peer != i))
@@ -233,7 +238,7 @@ class Supervisor:
     def start(self) -> None:
         self._lock_data_dir()
         workers = self.config.server.worker_count()
-        self.listeners = self._listen(workers)  # first: a taken port fails before anything is created
+        self.listen_sockets = self._listen(workers)  # first: a taken port fails before anything is created
         sdnotify.notify(f"STATUS=recovering the partitions in {self.data_dir}")
         self.resources = NodeResources.create(self.instance, self.config, self.data_dir)
         # After the instance's start, which clears a crashed run's leftovers (this file among them).

@@ -119,6 +119,11 @@ FIELDS: tuple[Field, ...] = (
     Field("fetch_session_errors",
           help="fetches naming a session the worker does not hold or the wrong epoch (the client starts a new one)"),
     Field("throttled_connections", counter=False, help="connections muted by a quota throttle"),
+    # security (workers.tls, workers.api.sasl)
+    Field("tls_handshake_failures", help="TLS handshakes refused or broken off (a plaintext client, garbage, a bad certificate)"),
+    *(Field(f"sasl_{what}_{mechanism}", help=f"SASL {mechanism.upper().replace('_', '-')} logins {text}")
+      for mechanism in ("scram_sha_256", "scram_sha_512", "plain")
+      for what, text in (("logins", "that succeeded"), ("login_failures", "refused (SASL_AUTHENTICATION_FAILED)"))),
     # rings: a worker describes its request ring at position 0; the timer describes every completion ring
     Field("ring_frames_sent", MAX_RINGS, help="frames written into the ring"),
     Field("ring_frames_received", MAX_RINGS, help="frames read from the ring"),

@@ -420,3 +420,13 @@ def test_bench_transactions_measures_every_workload_against_its_baseline(tmp_pat
     for mode in ("read_committed", "read_uncommitted"):
         assert 0.95 <= read[f"{mode}_sendfile_per_log_byte"] <= 2, read
         assert 0.5 < read[f"{mode}_sendfile_share"] <= 1, read
+
+
+def test_bench_security_compares_sasl_ssl_with_plaintext(tmp_path):
+    (report,) = run_script(tmp_path, "bench_security", "--runs", "2", "--workers", "1", "--records", "2000",
+                           "--connect-seconds", "0.3")
+    assert report["script"] == "bench_security"
+    for metric in ("producer_records_per_s", "consumer_records_per_s", "connects_per_s"):
+        figure = report["metrics"][metric]
+        assert len(figure["sasl_ssl"]) == len(figure["plaintext"]) == 2 and min(figure["sasl_ssl"]) > 0, figure
+        assert figure["ratio_median"] > 0

@@ -136,6 +136,10 @@ def request_for(api_key: int, version: int, tag: str):
                  server_assignor=None, topic_partitions=())
     if api_key == P.CONSUMER_GROUP_DESCRIBE:
         return b("ConsumerGroupDescribeRequest", group_ids=(group,), include_authorized_operations=True)
+    if api_key == P.SASL_HANDSHAKE:  # on a PLAINTEXT listener: answered ILLEGAL_SASL_STATE, as Kafka does
+        return b("SaslHandshakeRequest", mechanism="PLAIN")
+    if api_key == P.SASL_AUTHENTICATE:
+        return b("SaslAuthenticateRequest", auth_bytes=b"\0user\0password")
     raise AssertionError(f"no request for api {api_key}: add one")
 
 

@@ -89,7 +89,8 @@ class Connection:
     __slots__ = ("sock", "fd", "peer", "bucket", "inbuf", "large", "large_view", "large_have", "slots", "outq",
                  "max_request", "recv_bytes", "wants_write", "closed", "queued_bytes", "queued_memory", "held",
                  "held_bytes", "last_active", "request_since", "request_order", "paused", "paused_at",
-                 "accounted", "timer", "mutes", "sendfile_bytes")
+                 "accounted", "timer", "mutes", "sendfile_bytes", "listener", "advertised", "principal", "sasl",
+                 "pinned")
 
     def __init__(self, sock: socket.socket, peer: Any, max_request: int, recv_bytes: int, now: float = 0.0,
                  bucket: int = 0) -> None:
@@ -121,6 +122,12 @@ class Connection:
         self.paused_at = 0.0
         self.accounted = 0  # `memory` as the worker's budget last counted it
         self.timer: Any = None  # the worker's deadline timer for this connection
+        self.listener: Any = None  # the workers.listeners.Listener it came through (None: the default one)
+        self.advertised: tuple[str, int] | None = None  # the address Metadata names to it (None: the server's)
+        # Who the client is (Kafka's "User:NAME"); None until a SASL listener's client authenticated.
+        self.principal: str | None = "User:ANONYMOUS"
+        self.sasl: Any = None  # its SASL state on a SASL listener (workers.api.sasl)
+        self.pinned = False  # its state lives in this process (TLS, a SASL session): it never moves to a peer
 
     # -- what it holds -----------------------------------------------------------------------
 

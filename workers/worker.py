@@ -1,13 +1,16 @@
-"""A network worker process: its listening socket, its client connections, its completion doorbell, its handoff
+"""A network worker process: its listening sockets (one per listener), its client connections, its completion doorbell, its handoff
 inbox and a signal wakeup pipe on one event loop (workers.eventloop). The worker serves requests and writes
 responses; each other concern is a part of its own, which the worker wires to the loop:
 workers.acceptor (accept, admission) with workers.balance (new connections to the worker holding the fewest),
 workers.moves (connections arriving from and leaving for other workers; workers.affinity decides the moves),
 workers.backpressure (pausing and resuming reads: memory budget, output bound, throttles), workers.deadlines
-(idle and incomplete-request timeouts), workers.stats (the stats row); SIGHUP reloads through node.child.ConfigReload.
+(idle and incomplete-request timeouts), workers.stats (the stats row), workers.listeners (the listener a connection
+came through: its protocol, its advertised address), workers.tls (TLS handshakes and connections), workers.api.sasl
+(logins on SASL listeners); SIGHUP reloads through node.child.ConfigReload.
 
 The hooks on the loop:
-- file events: the listener (Acceptor.accept); read on each connection, and its hang-up while its reads are
+- file events: each listener (Acceptor.accept); a TLS connection's handshake steps (TlsHandshake), then read on each
+  connection, and its hang-up while its reads are
   paused; write on a connection the socket did not take all of; the doorbell (the timer's messages, or another
   worker's append); the handoff inbox (ConnectionMoves.receive); the wakeup pipe;
 - after a Produce's appends (before its own response is built), after each request, and on a ring of the
@@ -36,6 +39,8 @@ Invariants:
   `output_limit`, `stats`, `affinity`): no extra hop per request or response.
 - The loop turns at least every server.heartbeat_interval_ms and beats the worker's heartbeat every turn
   (shm.heartbeat): the supervisor replaces a worker whose heartbeat stops.
+- A connection of a SASL listener is served nothing but ApiVersions and SASL before its login (workers.api.sasl);
+  TLS and SASL connections never move to a peer by affinity (`Connection.pinned`: their state lives here).
 - A closed connection is forgotten by every part at once (`_close`); a connection that moved to another worker
   is closed here the same way, its socket living on in the peer.
 - SIGTERM: stop accepting, finish in-flight requests within server.shutdown_grace_ms, then exit 0.
@@ -56,6 +61,7 @@ from node.config import NodeConfig
 from node.logging_setup import RateLimitedLog
 from node.proctitle import set_title
 from node.storage.store import PartitionStore
+from node.storage.users import UsersView
 from shm import instance as shm_instance
 from shm import messages as M
 from shm.connections import ConnectionCounts
@@ -70,6 +76,7 @@ from workers.acceptor import Acceptor
 from workers.affinity import ConnectionAffinity
 from workers.api.fetch_sessions import FetchSessionCache
 from workers.api.handlers import Handlers
+from workers.api.sasl import MECHANISM_INDEX, SaslAuthenticator
 from workers.api.quotas import ClientQuotas, Throttler
 from workers.backpressure import Backpressure
 from workers.balance import ConnectionBalance
@@ -79,6 +86,8 @@ from workers.connection import PAUSED_OUTPUT, Connection, ConnectionClosed, Requ
 from workers.deadlines import ConnectionDeadlines
 from workers.eventloop import EventLoop, Timer
 from workers.limits import ConnectionLimits
+from workers.listeners import ANONYMOUS, Listener, Listeners
+from workers.tls import TlsConnection, TlsHandshake, TlsStream, peer_subject
 from workers.moves import ConnectionMoves
 from workers.stats import (BYTES_IN, BYTES_OUT, BYTES_SENDFILE, CLOSED_ON_ERROR, ERROR_CODES, ERROR_RESPONSES,
                            LAST_ERROR_CODE, REQUEST_ERRORS, REQUESTS, WorkerStats)
@@ -87,11 +96,13 @@ from workers.timer_client.outcome import Outcome
 
 log = logging.getLogger("shmbroker.worker")
 
+# The stats fields of each SASL mechanism (sasl_logins_<name>, sasl_login_failures_<name>) and its counters' index.
+SASL_STATS_NAMES = tuple((mechanism.lower().replace("-", "_"), index) for mechanism, index in MECHANISM_INDEX.items())
 WAKEUP_READ_BYTES = 512  # one byte per signal delivered; more than a turn ever sees
 
 
 class Worker:
-    def __init__(self, instance: str, index: int, config: NodeConfig, listen_fd: int, bell_fds: list[int],
+    def __init__(self, instance: str, index: int, config: NodeConfig, listen_fds: list[int], bell_fds: list[int],
                  supervisor_pid: int, config_path: str, heartbeat_slot: int,
                  handoffs: Handoffs | None = None) -> None:
         self.instance = instance
@@ -148,7 +159,11 @@ class Worker:
         # One line per cause per interval for the whole node (the marks are shared by the workers).
         limit_log = RateLimitedLog(log, server.limit_log_interval_ms / 1000, marks=self.counts.log_marks(
             ("accept", "server.max_connections", "server.max_connections_per_ip", "server.connections_max_idle_ms",
-             "server.request_timeout_ms")))
+             "server.request_timeout_ms", "tls.handshake", "sasl.authentication")))
+        self.sasl = SaslAuthenticator(config.sasl, UsersView(self.partitions.data_dir,
+                                                             config.sasl.users_check_interval_ms / 1000),
+                                      lambda: self.loop.now, limit_log, server.request_max_bytes)
+        self.handlers.dispatch_table.update(self.sasl.table())
         deadlines = ConnectionDeadlines(server, self.loop, limit_log, self._close)
         self.deadlines = deadlines if deadlines.period_s is not None else None
         self.stats = (WorkerStats(instance, index, config.stats.publish_interval_ms / 1000)
@@ -158,33 +173,93 @@ class Worker:
         self.balance = (ConnectionBalance(index, handoffs, rows, self.heartbeats,
                                           server.heartbeat_interval_ms / 1000, self.loop)
                         if has_peers and server.balance_connections else None)
-        self.acceptor = Acceptor(listen_fd, server, self.loop, self.limits, limit_log, self.stats, self.balance,
-                                 self._adopt)
+        self.listeners = Listeners(config.listener_list(), config.tls, server)
+        # One acceptor per listener, in the order of the listening fds (the config's order of [[listeners]]).
+        self.acceptors = [Acceptor(fd, server, self.loop, self.limits, limit_log, self.stats, self.balance,
+                                   lambda sock, peer, bucket, listener=listener: self._adopt(sock, peer, bucket,
+                                                                                             listener))
+                          for fd, listener in zip(listen_fds, self.listeners.all, strict=True)]
+        self.handshakes = TlsHandshake(self.loop, self._handshake_done, self._handshake_failed)
+        self._handshaking: set[Connection] = set()
+        self.tls_handshake_failures = 0  # for the stats segment
+        # TLS handshakes that fail (a plaintext client, garbage, a certificate that does not verify): one line per
+        # server.limit_log_interval_ms for the node.
+        self.limit_log = limit_log
         self.affinity: ConnectionAffinity | None = None
         if has_peers and server.connection_affinity_waits > 0:
             self.affinity = ConnectionAffinity(index, server.connection_affinity_waits,
                                                server.connection_affinity_slack,
                                                server.connection_affinity_cooldown_ms / 1000,
                                                lambda worker: rows[worker].count)
-            self.delayed.on_answered = lambda conn, appender: self.affinity.answered(conn, appender,
-                                                                                     self.loop.now)
+            self.delayed.on_answered = lambda conn, appender: (None if conn.pinned else
+                                                               self.affinity.answered(conn, appender, self.loop.now))
         self.moves = (ConnectionMoves(handoffs, self.affinity, self.delayed.holds, self.limits, self.loop, self._adopt,
-                                      self._on_readable, self._close)
+                                      self._read_arrived, self._close)
                       if handoffs is not None else None)
 
     # -- connections -------------------------------------------------------------------------
 
-    def _adopt(self, sock: socket.socket, peer: Any, bucket: int) -> Connection:
-        """Serve `sock` from now on: an accepted connection, or one another worker passed here."""
+    def _adopt(self, sock: socket.socket, peer: Any, bucket: int, listener: Listener | None = None) -> Connection:
+        """Serve `sock` from now on: an accepted connection (of `listener`), or one another worker passed here (its
+        listener found by its local address). A TLS connection's handshake starts first."""
         server = self.config.server
         sock.setblocking(False)
-        conn = Connection(sock, peer, server.request_max_bytes, server.recv_bytes, self.loop.now, bucket)
+        listener = listener or self.listeners.of_socket(sock)
+        if listener is None:  # its local address is gone: the client left on the way
+            conn = Connection(sock, peer, server.request_max_bytes, server.recv_bytes, self.loop.now, bucket)
+            conn.close()
+            return conn
+        advertised = listener.advertised_for(sock)
+        if listener.tls is not None:
+            tls = listener.tls.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
+            conn = TlsConnection(TlsStream(tls), peer, server.request_max_bytes, server.recv_bytes, self.loop.now,
+                                 bucket)
+            conn.request_since = self.loop.now  # the handshake is bounded as a request is (request_timeout_ms)
+        else:
+            conn = Connection(sock, peer, server.request_max_bytes, server.recv_bytes, self.loop.now, bucket)
+        conn.listener = listener
+        conn.advertised = advertised
+        if listener.sasl:
+            conn.principal = None
+            conn.sasl = self.sasl.session(listener)
+            conn.max_request = min(server.request_max_bytes, self.config.sasl.server_max_receive_size)
+        conn.pinned = listener.protocol != "PLAINTEXT"
         self.connections[conn.fd] = conn
         self.limits.opened(bucket)
-        self.loop.watch(sock, lambda: self._on_readable(conn), on_hangup=lambda: self._close(conn, None))
         if self.deadlines is not None:
             self.deadlines.arm(conn)
+        if listener.tls is not None:
+            self._handshaking.add(conn)
+            self.handshakes.start(conn)
+        else:
+            self._watch(conn)
         return conn
+
+    def _watch(self, conn: Connection) -> None:
+        self.loop.watch(conn.sock, lambda: self._on_readable(conn), on_hangup=lambda: self._close(conn, None))
+
+    def _read_arrived(self, conn: Connection) -> None:
+        """A connection a peer passed here: read what its client sent meanwhile (once its handshake is done)."""
+        if conn not in self._handshaking:
+            self._on_readable(conn)
+
+    def _handshake_done(self, conn: Connection) -> None:
+        self._handshaking.discard(conn)
+        conn.request_since = None
+        conn.last_active = self.loop.now
+        if conn.listener.mutual_tls and conn.sasl is None:
+            subject = peer_subject(conn.sock.tls)
+            conn.principal = f"User:{subject}" if subject else ANONYMOUS
+        self._watch(conn)
+        self._on_readable(conn)  # what the client sent right after its handshake may be decrypted already
+
+    def _handshake_failed(self, conn: Connection, why: str) -> None:
+        if why != "peer closed":
+            self.limit_log.warning("tls.handshake", "closing connection from %s on %s: %s", conn.peer, conn.listener.name, why)
+            if self.stats is not None:
+                self.stats.counts[CLOSED_ON_ERROR] += 1
+            self.tls_handshake_failures += 1
+        self._close(conn)
 
     def _close(self, conn: Connection, reason: str | None = None) -> None:
         if conn.closed:
@@ -194,6 +269,7 @@ class Worker:
             if self.stats is not None:
                 self.stats.counts[CLOSED_ON_ERROR] += 1
         self.loop.unwatch(conn.sock)
+        self._handshaking.discard(conn)
         self.connections.pop(conn.fd, None)
         self._dirty.discard(conn)
         self._answered.pop(conn, None)
@@ -242,10 +318,18 @@ class Worker:
             self._answer_appended_if_due()
 
     def _handle(self, conn: Connection, frame: memoryview) -> None:
+        session = conn.sasl
+        if session is not None and (session.raw_tokens or session.failed):
+            self._sasl_frame(conn, frame)
+            return
         try:
             header = P.parse_request_header(frame)
         except ProtocolError as exc:
             self._close(conn, f"bad request header: {exc}")
+            return
+        if session is not None and not session.allowed(header.api_key, self.loop.now):
+            self._close(conn, f"api {header.api_key} before authentication" if session.principal is None
+                        else f"api {header.api_key} after the SASL session ended (connections_max_reauth_ms)")
             return
         if not P.is_supported(header.api_key, header.api_version):
             if header.api_key == P.API_VERSIONS:
@@ -275,6 +359,19 @@ class Worker:
             self._close(conn, "internal error")
             return
         self._settle(req, outcome)
+
+    def _sasl_frame(self, conn: Connection, frame: memoryview) -> None:
+        """A frame of a connection whose SASL login failed (dropped: it closes once its answer is out), or a bare
+        token after SaslHandshake v0 (answered bare; a refused one closes the connection, as Kafka does)."""
+        if conn.sasl.failed:
+            return
+        answer, refused = self.sasl.raw_token(conn, bytes(frame))
+        if refused:
+            self._close(conn)
+            return
+        # No empty piece: a write of nothing makes no progress.
+        conn.fill(conn.new_slot(), [len(answer).to_bytes(4, "big") + answer])
+        self._dirty.add(conn)
 
     def _settle(self, req: Request, outcome: Outcome | None) -> None:
         """Fill the request's slot with its outcome; None: its continuation failed (a bug), close the connection."""
@@ -340,6 +437,8 @@ class Worker:
             self.memory.update(conn)
         if done and self.affinity is not None and conn in self.affinity.due:
             self._moving.add(conn)
+        if done and conn.sasl is not None and conn.sasl.failed and not conn.closed:
+            self._close(conn)  # its refusal is written: a failed login ends the connection
 
     # -- messages from the timer -------------------------------------------------------------
 
@@ -397,7 +496,8 @@ class Worker:
             return None
         if not self._stop_started:
             self._stop_started = True
-            self.acceptor.stop()
+            for acceptor in self.acceptors:
+                acceptor.stop()
             for conn in list(self.connections.values()):
                 if not conn.slots and not conn.pending_output():
                     self._close(conn)
@@ -501,6 +601,9 @@ class Worker:
             ("connections_balanced_out", self.balance.balanced_out if self.balance is not None else 0),
             ("connections_balanced_in", self.moves.balanced_in if self.moves is not None else 0),
             ("throttled_connections", sum(1 for conn in self.connections.values() if conn.mutes)),
+            ("tls_handshake_failures", self.tls_handshake_failures),
+            *((f"sasl_logins_{name}", self.sasl.logins[index]) for name, index in SASL_STATS_NAMES),
+            *((f"sasl_login_failures_{name}", self.sasl.failures[index]) for name, index in SASL_STATS_NAMES),
             ("ring_frames_sent", link.frames_sent),
             ("ring_frames_received", link.frames_received),
             ("ring_capacity_bytes", capacity),
@@ -536,7 +639,8 @@ class Worker:
             loop.before_sleep(hook)
         loop.after_sleep(self.link.woke)
         settle_garbage_collector(self.config)
-        self.acceptor.start()  # the port accepts from now on
+        for acceptor in self.acceptors:
+            acceptor.start()  # the port accepts from now on
         log.info("worker %d ready", self.index)
         loop.run()
         for conn in list(self.connections.values()):
@@ -548,7 +652,8 @@ class Worker:
 
 def main(argv: list[str] | None = None) -> int:
     parser = child_arguments()
-    parser.add_argument("--listen-fd", type=int, required=True)
+    parser.add_argument("--listen-fd", type=int, action="append", required=True,
+                        help="a listening socket, one per listener in the config's order")
     parser.add_argument("--worker-bell-fds", required=True,
                         help="every worker's doorbell eventfd, by worker index (comma-separated)")
     parser.add_argument("--inbox-fd", type=int, help="this worker's handoff inbox, its receiving end (shm.handoff)")

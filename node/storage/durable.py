@@ -12,12 +12,12 @@ from __future__ import annotations
 import os
 
 
-def write_durably(path: str, data: bytes, sync_directory: bool = True) -> None:
-    """`data` in place of `path`'s content; without sync_directory a crash may leave the old file (for a file
-    whose loss costs only time)."""
+def write_durably(path: str, data: bytes, sync_directory: bool = True, mode: int = 0o644) -> None:
+    """`data` in place of `path`'s content (a new file gets `mode`); without sync_directory a crash may leave the
+    old file (for a file whose loss costs only time)."""
     temporary = f"{path}.tmp.{os.getpid()}"
     try:
-        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, mode)
         try:
             os.write(fd, data)
             os.fsync(fd)

@@ -6,6 +6,8 @@
     shmbroker topics list|create|describe|delete [--bootstrap HOST:PORT] ...
     shmbroker groups list|describe [--bootstrap HOST:PORT] ...      (lag per partition)
     shmbroker transactions list|describe ID [--data-dir DIR] [--json]   (the coordinator's state, no request)
+    shmbroker users add NAME --mechanism SCRAM-SHA-256|SCRAM-SHA-512|PLAIN --password-stdin [--data-dir DIR]
+    shmbroker users list|delete [NAME] [--data-dir DIR]    (the SASL users store; a running node takes changes)
     shmbroker --version
 
 Exit codes: 0 done; 1 the operation failed (the broker's error, a child that cannot boot); 2 bad usage or a bad
@@ -122,6 +124,23 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--json", action="store_true", help="print JSON instead of a table")
         if action == "describe":
             p.add_argument("transactional_id", help="the transactional.id")
+    users = command(sub, "users", "add, list, delete the SASL users (the data directory's users store; a running "
+                                  "node picks changes up)")
+    users_sub = users.add_subparsers(dest="action", required=True)
+    for action, text in (("add", "add a user, or set its password for a mechanism"),
+                         ("list", "every user and its mechanisms"),
+                         ("delete", "delete a user and all its credentials")):
+        p = command(users_sub, action, text)
+        p.add_argument("--data-dir", default="./data", help="the node's data directory")
+        if action != "list":
+            p.add_argument("name", help="the user name")
+        if action == "add":
+            p.add_argument("--mechanism", required=True, choices=("SCRAM-SHA-256", "SCRAM-SHA-512", "PLAIN"))
+            p.add_argument("--password-stdin", action="store_true", required=True,
+                           help="read the password from the first line of standard input")
+            p.add_argument("--iterations", type=int, default=4096, help="SCRAM iterations (at least 4096)")
+        if action == "list":
+            p.add_argument("--json", action="store_true", help="one JSON document")
     return parser
 
 
@@ -133,11 +152,39 @@ def _error(message: str, code: int) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     handler = {"serve": _serve, "stats": _stats, "dashboard": _dashboard, "topics": _topics, "groups": _groups,
-               "transactions": _transactions}
+               "transactions": _transactions, "users": _users}
     try:
         return handler[args.command](args)
     except KeyboardInterrupt:
         return 130
+
+
+def _users(args: argparse.Namespace) -> int:
+    from node.storage.users import UsersError, UsersStore
+
+    store = UsersStore(args.data_dir)
+    try:
+        if args.action == "add":
+            password = sys.stdin.readline().rstrip("\r\n")
+            store.add(args.name, args.mechanism, password, args.iterations)
+            print(f"user {args.name}: {args.mechanism} set")
+        elif args.action == "delete":
+            if not store.delete(args.name):
+                return _error(f"no user {args.name}", EXIT_FAILED)
+            print(f"user {args.name} deleted")
+        else:
+            listed = store.list()
+            if args.json:
+                print(orjson.dumps({name: [{"mechanism": m, "iterations": i} for m, i in items]
+                                    for name, items in listed.items()}).decode())
+            else:
+                for name, items in listed.items():
+                    print(f"{name}\t" + ", ".join(f"{m} ({i} iterations)" for m, i in items))
+    except UsersError as exc:
+        return _error(str(exc), EXIT_USAGE)
+    except (OSError, ValueError) as exc:
+        return _error(f"users store in {args.data_dir}: {exc}", EXIT_FAILED)
+    return 0
 
 
 def _serve(args: argparse.Namespace) -> int:

@@ -329,8 +329,13 @@ class AdminHandlers:
         host = server.advertised_host or server.host
         port = server.advertised_port or server.port
         static = [
-            ("listeners", f"PLAINTEXT://{server.host}:{server.port}", True, "STRING"),
-            ("advertised.listeners", f"PLAINTEXT://{host}:{port}", True, "STRING"),
+            ("listeners", ",".join(f"{item.name}://{item.address}" for item in config.listener_list()), True,
+             "STRING"),
+            ("advertised.listeners", ",".join(
+                f"{item.name}://{item.advertised_address or (f'{host}:{port}' if index == 0 else item.address)}"
+                for index, item in enumerate(config.listener_list())), True, "STRING"),
+            ("listener.security.protocol.map", ",".join(
+                f"{item.name}:{item.security_protocol}" for item in config.listener_list()), True, "STRING"),
             ("log.dirs", server.data_dir, True, "STRING"),
             ("num.network.threads", str(server.worker_count()), server.workers != defaults.server.workers, "INT"),
             ("default.replication.factor", "1", False, "INT"),

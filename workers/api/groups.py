@@ -90,9 +90,10 @@ class GroupHandlers:
             error, message, node = E.NONE, None, server.node_id
         else:
             error, message, node = E.INVALID_REQUEST, f"unknown key type {key_type}", -1
+        host, port = req.conn.advertised or (server.advertised_host or server.host,
+                                             server.advertised_port or server.port)
         where = dict(error_code=error, error_message=message, node_id=i32(node),
-                     host=(server.advertised_host or server.host) if node >= 0 else "",
-                     port=i32(server.advertised_port or server.port) if node >= 0 else i32(-1))
+                     host=host if node >= 0 else "", port=i32(port) if node >= 0 else i32(-1))
         # v4+ asks for a batch of keys and answers one coordinator per key (KIP-699); older versions one key.
         coordinators = tuple(entity(req, "Coordinator", key=key, **where)
                              for key in getattr(request, "coordinator_keys", ()))

@@ -165,9 +165,9 @@ class Handlers:
                                  topic_authorized_operations=i32(authorized(
                                      getattr(request, "include_topic_authorized_operations", False),
                                      TOPIC_OPERATIONS))))
-        broker = entity(req, "MetadataResponseBroker", node_id=i32(node_id),
-                              host=server.advertised_host or server.host,
-                              port=i32(server.advertised_port or server.port), rack=None)
+        host, port = req.conn.advertised or (server.advertised_host or server.host,
+                                             server.advertised_port or server.port)
+        broker = entity(req, "MetadataResponseBroker", node_id=i32(node_id), host=host, port=i32(port), rack=None)
         return reply(req, entity(req, "MetadataResponse", throttle_time=ZERO_THROTTLE, brokers=(broker,),
                                              cluster_id=self.cluster_id,
                                              controller_id=i32(node_id), topics=tuple(topics),

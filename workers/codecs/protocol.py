@@ -84,6 +84,8 @@ SYNC_GROUP = 14
 DESCRIBE_GROUPS = 15
 LIST_GROUPS = 16
 API_VERSIONS = 18
+SASL_HANDSHAKE = 17
+SASL_AUTHENTICATE = 36
 CREATE_TOPICS = 19
 DELETE_TOPICS = 20
 DELETE_RECORDS = 21
@@ -146,6 +148,9 @@ SUPPORTED_APIS: dict[int, tuple[int, int]] = {
     ADD_OFFSETS_TO_TXN: (0, 3),
     END_TXN: (0, 3),
     TXN_OFFSET_COMMIT: (0, 2),
+    # SASL on the SASL listeners (workers/api/sasl.py).
+    SASL_HANDSHAKE: (0, 1),
+    SASL_AUTHENTICATE: (0, 2),
 }
 
 # Kafka's default socket.request.max.bytes.
