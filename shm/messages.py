@@ -79,7 +79,7 @@ class Kind(IntEnum):
     # Topic administration (node.timer.controller), each answered by a REPLY. Those with a deadline (monotonic ms,
     # the request's own timeout) are refused REQUEST_TIMED_OUT, with nothing done, if they start after it.
     CREATE_TOPICS = 5  # document: {"topics": [[name, partitions, {config: value}], ...], "validate_only", "explicit"}
-    DELETE_TOPICS = 6  # document: [name, ...]
+    DELETE_TOPICS = 6  # document: [name or [name, topic id text], ...]
     CREATE_PARTITIONS = 7  # document: {"topics": [[name, new total], ...], "validate_only"}
     ALTER_CONFIGS = 8  # document: {"resources": [[type, name, "replace" | "incremental", changes], ...], "validate_only"}
     DELETE_RECORDS = 9  # document: [[topic, partition, offset], ...]

@@ -47,8 +47,10 @@ UNKNOWN_PRODUCER_ID = ErrorCode.unknown_producer_id
 TRANSACTIONAL_ID_AUTHORIZATION_FAILED = ErrorCode.transactional_id_authorization_failed
 CLUSTER_AUTHORIZATION_FAILED = ErrorCode.cluster_authorization_failed
 INVALID_RECORD = ErrorCode.invalid_record
+UNKNOWN_TOPIC_ID = ErrorCode.unknown_topic_id
 
 __all__ = [
+    "UNKNOWN_TOPIC_ID",
     "ErrorCode",
     "ProtocolError",
     "NONE",

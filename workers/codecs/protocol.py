@@ -102,8 +102,8 @@ OFFSET_DELETE = 47
 # api_key -> (min_version, max_version) advertised in ApiVersions: up to the newest version whose fields and
 # rules the node honours. The next version of each needs what the node does not have:
 #   Produce 12 and AddPartitionsToTxn 4-5, AddOffsetsToTxn 4, EndTxn 4-5, InitProducerId 5+: KIP-890's
-#   transactions v2; InitProducerId 3-4: KIP-360's epoch bump of a given producer id; Fetch 13+, Metadata 10+,
-#   CreateTopics 7, DeleteTopics 6: topic ids (KIP-516); ListOffsets 7+: the max-timestamp and tiered offsets
+#   transactions v2; InitProducerId 3-4: KIP-360's epoch bump of a given producer id; Fetch 18: KIP-1166's high
+#   watermark tags; Metadata 13: KIP-1102's top-level error code; ListOffsets 7+: the max-timestamp and tiered offsets
 #   (KIP-734, KIP-1005); OffsetFetch 7+: require_stable (UNSTABLE_OFFSET_COMMIT while a transaction holds
 #   offsets); TxnOffsetCommit 3+: KIP-447's member checks (its generation, member and instance ids against the
 #   group: ILLEGAL_GENERATION, UNKNOWN_MEMBER_ID, FENCED_INSTANCE_ID), which the transaction coordinator cannot
@@ -111,12 +111,12 @@ OFFSET_DELETE = 47
 #   KIP-890's error codes and share groups; DescribeGroups 6: KIP-1043's error fields.
 SUPPORTED_APIS: dict[int, tuple[int, int]] = {
     PRODUCE: (3, 11),
-    FETCH: (4, 12),
+    FETCH: (4, 17),
     LIST_OFFSETS: (1, 6),
-    METADATA: (0, 9),
+    METADATA: (0, 12),
     API_VERSIONS: (0, 3),
-    CREATE_TOPICS: (0, 6),
-    DELETE_TOPICS: (0, 5),
+    CREATE_TOPICS: (0, 7),
+    DELETE_TOPICS: (0, 6),
     INIT_PRODUCER_ID: (0, 2),
     # Topic administration (workers/api/admin.py, node/timer/controller.py).
     CREATE_PARTITIONS: (0, 3),
