@@ -102,6 +102,8 @@ class Kind(IntEnum):
     ADD_OFFSETS_TO_TXN = 28
     END_TXN = 29
     TXN_OFFSET_COMMIT = 30
+    LIST_TRANSACTIONS = 34  # the coordinator's transactions, filtered (ListTransactions)
+    DESCRIBE_TRANSACTIONS = 35  # named transactional ids' state (DescribeTransactions)
     # Client quotas (node.timer.quotas)
     QUOTA_USAGE = 32  # what each client id produced and fetched since the worker's last report
     THROTTLE = 33  # hold a throttled client until deadline_ms
@@ -279,7 +281,7 @@ TopicPartitionErrors = record("TopicPartitionErrors", [("name", STR), ("partitio
 PartitionOffset = record("PartitionOffset", [("partition", "i"), ("offset", "q"), ("leader_epoch", "i"),
                                              ("metadata", OPT_STR), ("error", "h")])
 TopicOffsets = record("TopicOffsets", [("name", STR), ("partitions", Array(PartitionOffset))])
-ListedGroup = record("ListedGroup", [("group", STR), ("protocol_type", STR)])
+ListedGroup = record("ListedGroup", [("group", STR), ("protocol_type", STR), ("state", STR)])
 DescribedMember = record("DescribedMember", [("member", STR), ("instance", OPT_STR), ("client_id", STR),
                                              ("client_host", STR), ("metadata", BYTES), ("assignment", BYTES)])
 DescribedGroup = record("DescribedGroup", [("error", "h"), ("group", STR), ("state", STR), ("protocol_type", STR),
@@ -353,8 +355,18 @@ EndTxn = declare(Kind.END_TXN, body=TXN_ASKED + [("committed", "?")], fields=[("
 TxnOffsetCommit = declare(Kind.TXN_OFFSET_COMMIT, body=TXN_ASKED,
                           fields=[("transactional_id", STR), ("group", STR), ("topics", Array(TopicCommits))],
                           reply=[("topics", Array(TopicPartitionErrors))]).tuple_class
+ListedTransaction = record("ListedTransaction", [("transactional_id", STR), ("producer_id", "q"), ("state", STR)])
+DescribedTransaction = record("DescribedTransaction", [
+    ("error", "h"), ("transactional_id", STR), ("state", STR), ("timeout_ms", "i"), ("start_ms", "q"),
+    ("producer_id", "q"), ("producer_epoch", "h"), ("topics", Array(TopicPartitions))])
+ListTransactions = declare(Kind.LIST_TRANSACTIONS, body=ASKED + [("duration_filter_ms", "q")],
+                           fields=[("states", Array(STR)), ("producer_ids", Array("q"))],
+                           reply=[("error", "h"), ("unknown_states", Array(STR)),
+                                  ("transactions", Array(ListedTransaction))]).tuple_class
+DescribeTransactions = declare(Kind.DESCRIBE_TRANSACTIONS, body=ASKED, fields=[("transactional_ids", Array(STR))],
+                               reply=[("transactions", Array(DescribedTransaction))]).tuple_class
 TRANSACTION_KINDS = (Kind.INIT_PRODUCER_ID, Kind.ADD_PARTITIONS_TO_TXN, Kind.ADD_OFFSETS_TO_TXN, Kind.END_TXN,
-                     Kind.TXN_OFFSET_COMMIT)
+                     Kind.TXN_OFFSET_COMMIT, Kind.LIST_TRANSACTIONS, Kind.DESCRIBE_TRANSACTIONS)
 
 QuotaUsage = declare(Kind.QUOTA_USAGE, body=[("report", "Q")], fields=[("clients", Array(ClientUsage))]).tuple_class
 Throttle = declare(Kind.THROTTLE, body=[("request_id", "Q"), ("deadline_ms", "q"), ("throttle_ms", "I"),

@@ -133,6 +133,14 @@ def request_for(api_key: int, version: int, tag: str):
                      "TxnOffsetCommitRequestTopic", name=TOPIC, partitions=(b(
                          "TxnOffsetCommitRequestPartition", partition_index=i32(0), committed_offset=i64(0),
                          committed_leader_epoch=i32(-1), committed_metadata=""),)),))
+    if api_key == P.DESCRIBE_CLUSTER:
+        return b("DescribeClusterRequest", include_cluster_authorized_operations=True)
+    if api_key == P.DESCRIBE_PRODUCERS:
+        return b("DescribeProducersRequest", topics=(b("TopicRequest", name=TOPIC, partition_indexes=(i32(0),)),))
+    if api_key == P.LIST_TRANSACTIONS:
+        return b("ListTransactionsRequest", state_filters=("Ongoing",), producer_id_filters=())
+    if api_key == P.DESCRIBE_TRANSACTIONS:
+        return b("DescribeTransactionsRequest", transactional_ids=(f"t-{tag}",))
     raise AssertionError(f"no request for api {api_key}: add one")
 
 

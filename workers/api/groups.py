@@ -41,6 +41,7 @@ LeaveAnswer = M.reply_class(M.Kind.LEAVE_GROUP)
 CommitAnswer = M.reply_class(M.Kind.COMMIT_OFFSETS)
 FetchOffsetsAnswer = M.reply_class(M.Kind.FETCH_OFFSETS)
 ListAnswer = M.reply_class(M.Kind.LIST_GROUPS)
+CLASSIC_GROUP = "classic"  # ListGroups v5's group type of the classic protocol's groups
 DescribeAnswer = M.reply_class(M.Kind.DESCRIBE_GROUPS)
 DeleteGroupsAnswer = M.reply_class(M.Kind.DELETE_GROUPS)
 DeleteOffsetsAnswer = M.reply_class(M.Kind.DELETE_OFFSETS)
@@ -239,13 +240,21 @@ class GroupHandlers:
     # -- ListGroups, DescribeGroups, DeleteGroups ---------------------------------------------
 
     def list_groups(self, req: Request, request: Any) -> Outcome:
+        """v4+ filter by state and v5+ by type (Kafka compares both case-insensitively); every group here is a
+        classic one."""
+        states = {state.lower() for state in getattr(request, "states_filter", ())}
+        types = {kind.lower() for kind in getattr(request, "types_filter", ())}
+
         def answer(outcome: Any) -> Outcome:
             if outcome is None:
                 outcome = ListAnswer(int(E.ErrorCode.coordinator_not_available), [])
+            listed = [(group, protocol_type, state) for group, protocol_type, state in outcome.groups
+                      if (not states or state.lower() in states) and (not types or CLASSIC_GROUP in types)]
             return reply(req, entity(req, "ListGroupsResponse", throttle_time=ZERO_THROTTLE,
                                      error_code=code(outcome.error), groups=tuple(
-                                         entity(req, "ListedGroup", group_id=group, protocol_type=protocol_type)
-                                         for group, protocol_type in outcome.groups)))
+                                         entity(req, "ListedGroup", group_id=group, protocol_type=protocol_type,
+                                                group_state=state, group_type=CLASSIC_GROUP)
+                                         for group, protocol_type, state in listed)))
 
         return self._ask(req, M.Kind.LIST_GROUPS, (), self.config.timer.control_timeout_ms, answer,
                          lambda error: answer(ListAnswer(int(error), [])))

@@ -34,6 +34,7 @@ from workers.codecs import protocol as P
 from workers.connection import FileRange, Request
 from workers.timer_client.delayed import Completed, DelayedRequests, monotonic_ms
 from workers.api.admin import AdminHandlers
+from workers.api.cluster import ClusterHandlers
 from workers.api.groups import GroupHandlers
 from workers.api.transactions import TransactionHandlers
 from workers.codecs.fetch import FetchPartitionResult, FetchTopicResult, encode_fetch_response
@@ -93,6 +94,7 @@ class Handlers:
             **GroupHandlers(config, delayed).table(),
             **self.transactions.table(),
             **AdminHandlers(partitions, config, delayed).table(),
+            **ClusterHandlers(partitions, config, cluster_id).table(),
         }
 
     def dispatch(self, req: Request, request: Any) -> Outcome:

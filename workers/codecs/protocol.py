@@ -98,6 +98,10 @@ CREATE_PARTITIONS = 37
 DELETE_GROUPS = 42
 INCREMENTAL_ALTER_CONFIGS = 44
 OFFSET_DELETE = 47
+DESCRIBE_CLUSTER = 60
+DESCRIBE_PRODUCERS = 61
+DESCRIBE_TRANSACTIONS = 65
+LIST_TRANSACTIONS = 66
 
 # api_key -> (min_version, max_version) advertised in ApiVersions: up to the newest version whose fields and
 # rules the node honours. The next version of each needs what the node does not have:
@@ -107,8 +111,9 @@ OFFSET_DELETE = 47
 #   (KIP-734, KIP-1005); OffsetFetch 7+: require_stable (UNSTABLE_OFFSET_COMMIT while a transaction holds
 #   offsets); TxnOffsetCommit 3+: KIP-447's member checks (its generation, member and instance ids against the
 #   group: ILLEGAL_GENERATION, UNKNOWN_MEMBER_ID, FENCED_INSTANCE_ID), which the transaction coordinator cannot
-#   make (it does not see the group's members); OffsetCommit 9+, JoinGroup 9: KIP-848; ListGroups 4+: state and type filters; FindCoordinator 5+:
-#   KIP-890's error codes and share groups; DescribeGroups 6: KIP-1043's error fields.
+#   make (it does not see the group's members); OffsetCommit 9+, JoinGroup 9: KIP-848; FindCoordinator 5+:
+#   KIP-890's error codes and share groups; DescribeGroups 6: KIP-1043's error fields; DescribeCluster 2: fenced
+#   brokers (KRaft's); ListTransactions 2: KIP-1152's transactional id pattern.
 SUPPORTED_APIS: dict[int, tuple[int, int]] = {
     PRODUCE: (3, 11),
     FETCH: (4, 17),
@@ -132,15 +137,20 @@ SUPPORTED_APIS: dict[int, tuple[int, int]] = {
     LEAVE_GROUP: (0, 5),
     OFFSET_COMMIT: (2, 8),
     OFFSET_FETCH: (1, 6),
-    LIST_GROUPS: (0, 3),
+    LIST_GROUPS: (0, 5),
     DESCRIBE_GROUPS: (0, 5),
     DELETE_GROUPS: (0, 2),
     OFFSET_DELETE: (0, 0),
+    # The cluster and the partitions' producers (workers/api/cluster.py).
+    DESCRIBE_CLUSTER: (0, 1),
+    DESCRIBE_PRODUCERS: (0, 0),
     # The transaction coordinator (workers/api/transactions.py, node/timer/transactions/).
     ADD_PARTITIONS_TO_TXN: (0, 3),
     ADD_OFFSETS_TO_TXN: (0, 3),
     END_TXN: (0, 3),
     TXN_OFFSET_COMMIT: (0, 2),
+    LIST_TRANSACTIONS: (0, 1),
+    DESCRIBE_TRANSACTIONS: (0, 0),
 }
 
 # Kafka's default socket.request.max.bytes.
@@ -439,6 +449,10 @@ __all__ = [
     "DESCRIBE_GROUPS",
     "DELETE_GROUPS",
     "OFFSET_DELETE",
+    "DESCRIBE_CLUSTER",
+    "DESCRIBE_PRODUCERS",
+    "DESCRIBE_TRANSACTIONS",
+    "LIST_TRANSACTIONS",
     "SUPPORTED_APIS",
     "DEFAULT_MAX_REQUEST_SIZE",
     "FRAME_SIZE_PREFIX",

@@ -606,7 +606,8 @@ class GroupCoordinator:
         if self._unavailable(waiter):
             return
         self._reply(waiter, M.reply_class(M.Kind.LIST_GROUPS)(
-            int(E.none), [(g.group_id, g.protocol_type or "") for g in self.groups.values() if not g.is_(DEAD)]))
+            int(E.none), [(g.group_id, g.protocol_type or "", g.state.value) for g in self.groups.values()
+                          if not g.is_(DEAD)]))
 
     def describe_groups(self, worker: int, message: Any) -> None:
         waiter = self._waiter(worker, message)
