@@ -394,6 +394,22 @@ def test_transactions_in_the_cli_stats_dashboard_and_metrics(node_factory):
         missing = cli("transactions", "describe", "nobody", "--data-dir", str(node.data_dir))
         assert missing.returncode == 1 and "'nobody' not found" in missing.stderr
 
+        # The same through the Kafka API (ListTransactions, DescribeTransactions), as against any broker.
+        same = ("state", "producer_id", "producer_epoch", "timeout_ms", "start_ms", "partitions")
+        by_api = cli("transactions", "list", "--bootstrap", node.bootstrap, "--json")
+        assert by_api.returncode == 0, by_api.stderr
+        api_ids = {t["transactional_id"]: t for t in json.loads(by_api.stdout)}
+        assert list(api_ids)[0] == "open"
+        assert {name: [t[k] for k in same] for name, t in api_ids.items()} == {
+            name: [t[k] for k in same] for name, t in by_id.items()}
+        described = cli("transactions", "describe", "open", "--bootstrap", node.bootstrap, "--json")
+        assert described.returncode == 0, described.stderr
+        assert [json.loads(described.stdout)[k] for k in same] == [entry[k] for k in same]
+        table = cli("transactions", "describe", "committer", "--bootstrap", node.bootstrap)
+        assert table.returncode == 0 and "CompleteCommit" in table.stdout
+        missing = cli("transactions", "describe", "nobody", "--bootstrap", node.bootstrap)
+        assert missing.returncode == 1 and "'nobody' not found" in missing.stderr
+
         def counted():
             doc = stats_json(node)
             totals = doc["totals"]
