@@ -21,6 +21,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+import uuid
 from pathlib import Path
 
 import psutil
@@ -28,6 +29,7 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from shm_testing import unique_instance_id
 
+from node.storage.catalog import topic_id_text
 from scripts.harness import rawkafka as R
 from shm import stats as S
 from tests.waiting import wait_for
@@ -252,6 +254,10 @@ def test_topics_commands(node):
     assert {"topic": "cli-topic", "partitions": 3, "error": None} in listed
     described = json.loads(cli("topics", "describe", "cli-topic", "--bootstrap", node.bootstrap, "--json").stdout)
     assert [p["partition"] for p in described["partitions"]] == [0, 1, 2]
+    catalog = json.loads((node.data_dir / "catalog.json").read_text())
+    assert described["topic_id"] == topic_id_text(uuid.UUID(catalog["topics"]["cli-topic"]["id"]))
+    table = cli("topics", "describe", "cli-topic", "--bootstrap", node.bootstrap)
+    assert table.returncode == 0 and described["topic_id"] in table.stdout
     again = cli("topics", "create", "cli-topic", "--bootstrap", node.bootstrap)
     assert again.returncode == 1 and "TOPIC_ALREADY_EXISTS" in again.stderr
     assert cli("topics", "delete", "cli-topic", "--bootstrap", node.bootstrap).returncode == 0

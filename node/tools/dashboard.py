@@ -403,7 +403,8 @@ def render_topics(topics: list[dict]) -> None:
 
 
 def render_topic(topic: dict) -> None:
-    table = Table(title=topic["topic"])
+    title = topic["topic"] if topic.get("topic_id") is None else f"{topic['topic']} (topic id {topic['topic_id']})"
+    table = Table(title=title)
     for column in ("partition", "leader", "log start", "high watermark"):
         table.add_column(column, justify="right")
     for p in topic["partitions"]:
