@@ -159,3 +159,30 @@ def test_librdkafka_sees_the_ids_and_consumes_by_them(node_factory) -> None:
         consumer.close()
     assert sorted(seen) == sorted(b"v%d" % i for i in range(300))
 
+
+
+def test_catalog_keeps_ids_through_save_load_and_restore(tmp_path) -> None:
+    from node.storage.catalog import Catalog, topic_id_text
+
+    catalog = Catalog(str(tmp_path), max_partitions=16)
+    first = catalog.add_topic("one", 2)
+    second = catalog.add_topic("two", 1)
+    assert first.topic_id != second.topic_id and first.topic_id.int and second.topic_id.int
+    catalog.save()
+    loaded = Catalog.load(str(tmp_path), 16)
+    assert {name: t.topic_id for name, t in loaded.topics.items()} == {"one": first.topic_id, "two": second.topic_id}
+    assert loaded.topic_by_id(first.topic_id).name == "one"
+    removed = loaded.remove_topic("one")
+    assert loaded.topic_by_id(first.topic_id) is None
+    loaded.restore_topic(removed)  # a deletion whose catalog write failed
+    assert loaded.topic_by_id(first.topic_id).name == "one"
+    assert not any(topic_id_text(t.topic_id).startswith("-") for t in loaded.topics.values())
+    # A catalog written before topic ids: each topic gets one, once.
+    raw = json.loads((tmp_path / "catalog.json").read_text())
+    for topic in raw["topics"].values():
+        del topic["id"]
+    (tmp_path / "catalog.json").write_text(json.dumps(raw))
+    older = Catalog.load(str(tmp_path), 16)
+    assert all(t.topic_id is None for t in older.topics.values())
+    assert older.assign_missing_ids() == 2 and older.assign_missing_ids() == 0
+    assert len({t.topic_id for t in older.topics.values()}) == 2
