@@ -17,6 +17,7 @@ from typing import Any, Callable
 from kio.static.primitive import i8, i32, i64
 
 from node.config import NodeConfig
+from node.storage.faults import storage_faults
 from node.storage.records import StorageError
 from node.storage.store import PartitionStore
 from workers.api.responses import CLUSTER_OPERATIONS, ZERO_THROTTLE, authorized, code, entity, reply
@@ -71,7 +72,8 @@ class ClusterHandlers:
             return entity(req, "PartitionResponse", partition_index=i32(partition),
                           error_code=E.UNKNOWN_TOPIC_OR_PARTITION, error_message=None, active_producers=())
         try:
-            producers = self.partitions.log(row).active_producers()
+            with storage_faults(f"producer state of {topic}-{partition}"):
+                producers = self.partitions.log(row).active_producers()
         except StorageError as exc:
             return entity(req, "PartitionResponse", partition_index=i32(partition), error_code=code(exc.error_code),
                           error_message=str(exc), active_producers=())
