@@ -35,6 +35,7 @@ import io
 import socket
 import struct
 from typing import Any, Iterable, Mapping, NamedTuple, Sequence
+import uuid
 
 from pyspark_shmbroker import dependencies  # noqa: F401  (first: without them, an error saying what to do)
 from kio.index import load_payload_module
@@ -354,10 +355,11 @@ class Connection:
 
 # --------------------------------------------------------------------------- fetch answers
 
-# Fetch response (v4-12), in wire order: (field, struct code, first version that has it); arrays are an int32
+# Fetch response (v4-17), in wire order: (field, struct code, first version that has it); arrays are an int32
 # count followed by their items, strings an int16 length, the record set an int32 length (-1: null). v12 is the
 # flexible form: compact arrays, strings and records (an unsigned varint of the count or length + 1, 0: null) and
-# a tagged-field section after each structure (skipped: none of its tags matter on one node).
+# a tagged-field section after each structure (skipped: none of its tags matter on one node). v13+ name each topic
+# by its 16-byte topic id (KIP-516) instead of its name.
 FETCH_RESPONSE_LAYOUT = {
     "response": (("throttle_time_ms", "i", 1), ("error_code", "h", 7), ("session_id", "i", 7)),
     "topic": (("name", "string", 0), ("partitions", "array:partition", 0)),
@@ -366,8 +368,10 @@ FETCH_RESPONSE_LAYOUT = {
     "aborted_transaction": (("producer_id", "q", 4), ("first_offset", "q", 4)),
     "partition_tail": (("preferred_read_replica", "i", 11),),
 }
-FETCH_VERSIONS = range(4, 13)
+FETCH_VERSIONS = range(4, 18)
 FETCH_FIRST_FLEXIBLE = 12
+FETCH_FIRST_TOPIC_ID = 13
+_TOPIC_ID_SIZE = 16
 _ABSENT = {"error_code": 0, "session_id": 0, "log_start_offset": -1}  # a field an older version lacks
 
 
@@ -407,8 +411,11 @@ class FetchAnswer(NamedTuple):
         return next((p for p in self.partitions if p.topic == tp.topic and p.partition == tp.partition), None)
 
 
-def parse_fetch_response(frame: memoryview, position: int, version: int = API_VERSIONS_USED[FETCH]) -> FetchAnswer:
-    """Walk a Fetch response body of `version` per FETCH_RESPONSE_LAYOUT; raises ValueError if it does not fit."""
+def parse_fetch_response(frame: memoryview, position: int, version: int = API_VERSIONS_USED[FETCH],
+                         topic_names: Mapping[bytes, str] | None = None) -> FetchAnswer:
+    """Walk a Fetch response body of `version` per FETCH_RESPONSE_LAYOUT; raises ValueError if it does not fit.
+    v13+: `topic_names` maps the 16 bytes of each topic id the request used to its name (an id not in it is
+    named by its UUID text)."""
     if version not in FETCH_VERSIONS:
         raise ValueError(f"Fetch v{version} is not walked here")
     end = len(frame)
@@ -432,6 +439,7 @@ def parse_fetch_response(frame: memoryview, position: int, version: int = API_VE
         return n
 
     flexible = version >= FETCH_FIRST_FLEXIBLE
+    by_topic_id = version >= FETCH_FIRST_TOPIC_ID
 
     def length() -> int:  # of an array, a string or the records; -1: null
         nonlocal position
@@ -449,15 +457,22 @@ def parse_fetch_response(frame: memoryview, position: int, version: int = API_VE
     response = {**_ABSENT, **take("response")}
     partitions = []
     for _ in range(max(length(), 0)):
-        if flexible:
-            name_length = length()
+        if by_topic_id:
+            if position + _TOPIC_ID_SIZE > end:
+                raise ValueError("truncated topic id")
+            topic_id = bytes(frame[position : position + _TOPIC_ID_SIZE])
+            position += _TOPIC_ID_SIZE
+            topic = (topic_names or {}).get(topic_id) or str(uuid.UUID(bytes=topic_id))
         else:
-            if position + 2 > end:
-                raise ValueError("truncated topic name")
-            (name_length,) = struct.unpack_from(">h", frame, position)
-            position += 2
-        topic = str(frame[position : position + name_length], "utf-8")
-        position += name_length
+            if flexible:
+                name_length = length()
+            else:
+                if position + 2 > end:
+                    raise ValueError("truncated topic name")
+                (name_length,) = struct.unpack_from(">h", frame, position)
+                position += 2
+            topic = str(frame[position : position + name_length], "utf-8")
+            position += name_length
         for _ in range(max(length(), 0)):
             partition = {**_ABSENT, **take("partition")}
             aborted = []
@@ -491,7 +506,8 @@ def metadata_request(topics: Iterable[str] | None, allow_auto_topic_creation: bo
     """Metadata for `topics`, or for every topic when None."""
     schema = request_schema(METADATA, version)
     return entity(schema.MetadataRequest,
-                  topics=None if topics is None else tuple(schema.MetadataRequestTopic(name=t) for t in topics),
+                  topics=None if topics is None else tuple(entity(schema.MetadataRequestTopic, name=t, topic_id=None)
+                                                           for t in topics),
                   allow_auto_topic_creation=allow_auto_topic_creation,
                   include_cluster_authorized_operations=False, include_topic_authorized_operations=False)
 
@@ -508,8 +524,10 @@ def list_offsets_request(timestamps: Mapping[TopicPartition, int], isolation_lev
 
 
 def fetch_request(offsets: Mapping[TopicPartition, int], *, max_wait_ms: int, min_bytes: int, max_bytes: int,
-                  partition_max_bytes: int, isolation_level: int = 0, version: int | None = None) -> Any:
-    """A Fetch of session 0 (sessionless), no rack."""
+                  partition_max_bytes: int, isolation_level: int = 0, version: int | None = None,
+                  topic_ids: Mapping[str, uuid.UUID] | None = None) -> Any:
+    """A Fetch of session 0 (sessionless), no rack; v13+ name topics by their ids (`topic_ids`, from Metadata
+    v10+; a topic not in it is sent with the zero id, which the node answers UNKNOWN_TOPIC_ID)."""
     schema = request_schema(FETCH, version)
     by_topic: dict[str, list[Any]] = {}
     for tp, offset in offsets.items():
@@ -517,7 +535,8 @@ def fetch_request(offsets: Mapping[TopicPartition, int], *, max_wait_ms: int, mi
             partition=i32(tp.partition), fetch_offset=i64(offset), partition_max_bytes=i32(partition_max_bytes)))
     return entity(schema.FetchRequest, max_wait=millis(max_wait_ms), min_bytes=i32(min_bytes),
                   max_bytes=i32(max_bytes), isolation_level=i8(isolation_level),
-                  topics=tuple(schema.FetchTopic(topic=t, partitions=tuple(p)) for t, p in by_topic.items()),
+                  topics=tuple(entity(schema.FetchTopic, topic=t, topic_id=(topic_ids or {}).get(t), partitions=tuple(p))
+                               for t, p in by_topic.items()),
                   forgotten_topics_data=())
 
 

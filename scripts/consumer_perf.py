@@ -44,7 +44,8 @@ from scripts import producer_perf
 from scripts.harness import benchnode, rawkafka, results
 
 SCRIPT = "consumer_perf"
-FETCH_VERSION = 12  # raw: the newest the node serves (flexible); --fetch-version 11 for the non-flexible form
+FIRST_TOPIC_ID_FETCH = 13
+FETCH_VERSION = 17  # raw: the newest the node serves (topic ids); --fetch-version 12 for names, 11 non-flexible
 
 
 @dataclass(frozen=True)
@@ -200,18 +201,21 @@ def consume_raw(target: benchnode.Target, filled: FilledTopic, fetch_bytes: int,
         for start in range(0, filled.end_offset, span):
             pending[partition % connections].append((partition, start, min(start + span, filled.end_offset)))
     outcome = ConsumeOutcome()
+    ids = rawkafka.topic_ids(target.host, target.port, [filled.topic]) if fetch_version >= FIRST_TOPIC_ID_FETCH else {}
+    names = {topic_id.bytes: name for name, topic_id in ids.items()}
 
     def next_request(connection: int) -> tuple[bytes, tuple[int, int, int]] | None:
         if not pending[connection]:
             return None
         partition, start, end = pending[connection].popleft()
         body = rawkafka.fetch_body({filled.topic: {partition: start}}, max_wait_ms=max_wait_ms, min_bytes=1,
-                                   max_bytes=limit, partition_max_bytes=limit, version=fetch_version)
+                                   max_bytes=limit, partition_max_bytes=limit, version=fetch_version,
+                                   topic_ids=ids)
         return rawkafka.encode_request(rawkafka.FETCH, fetch_version, 0, body), (partition, start, end)
 
     def on_response(connection: int, tag: tuple[int, int, int], body: memoryview, latency_ns: int) -> None:
         partition, start, end = tag
-        result = rawkafka.parse_fetch_response(fetch_version, body)
+        result = rawkafka.parse_fetch_response(fetch_version, body, names)
         if result.error_code or len(result.partitions) != 1 or result.partitions[0].error_code:
             raise RuntimeError(f"fetch {filled.topic}-{partition}@{start}: error "
                                f"{result.error_code} {[p.error_code for p in result.partitions]}")
@@ -325,7 +329,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ceiling-seconds", type=float, help="minimum ceiling measurement (default min(2, --seconds))")
     parser.add_argument("--data-dir", help="with --bootstrap: the node's data dir, for the ceiling")
     parser.add_argument("--topic", default="consumer-perf")
-    parser.add_argument("--fetch-version", type=int, default=FETCH_VERSION, choices=range(4, 13),
+    parser.add_argument("--fetch-version", type=int, default=FETCH_VERSION, choices=range(4, 18),
                         help="raw: Fetch version (default %(default)s; 12 is flexible)")
     results.add_arguments(parser)
     args = parser.parse_args(argv)

@@ -79,7 +79,7 @@ class Kind(IntEnum):
     # Topic administration (node.timer.controller), each answered by a REPLY. Those with a deadline (monotonic ms,
     # the request's own timeout) are refused REQUEST_TIMED_OUT, with nothing done, if they start after it.
     CREATE_TOPICS = 5  # document: {"topics": [[name, partitions, {config: value}], ...], "validate_only", "explicit"}
-    DELETE_TOPICS = 6  # document: [name, ...]
+    DELETE_TOPICS = 6  # document: [name or [name, topic id text], ...]
     CREATE_PARTITIONS = 7  # document: {"topics": [[name, new total], ...], "validate_only"}
     ALTER_CONFIGS = 8  # document: {"resources": [[type, name, "replace" | "incremental", changes], ...], "validate_only"}
     DELETE_RECORDS = 9  # document: [[topic, partition, offset], ...]
@@ -105,6 +105,8 @@ class Kind(IntEnum):
     ADD_OFFSETS_TO_TXN = 28
     END_TXN = 29
     TXN_OFFSET_COMMIT = 30
+    LIST_TRANSACTIONS = 34  # the coordinator's transactions, filtered (ListTransactions)
+    DESCRIBE_TRANSACTIONS = 35  # named transactional ids' state (DescribeTransactions)
     # Client quotas (node.timer.quotas)
     QUOTA_USAGE = 32  # what each client id produced and fetched since the worker's last report
     THROTTLE = 33  # hold a throttled client until deadline_ms
@@ -282,7 +284,7 @@ TopicPartitionErrors = record("TopicPartitionErrors", [("name", STR), ("partitio
 PartitionOffset = record("PartitionOffset", [("partition", "i"), ("offset", "q"), ("leader_epoch", "i"),
                                              ("metadata", OPT_STR), ("error", "h")])
 TopicOffsets = record("TopicOffsets", [("name", STR), ("partitions", Array(PartitionOffset))])
-ListedGroup = record("ListedGroup", [("group", STR), ("protocol_type", STR)])
+ListedGroup = record("ListedGroup", [("group", STR), ("protocol_type", STR), ("state", STR), ("group_type", STR)])
 DescribedMember = record("DescribedMember", [("member", STR), ("instance", OPT_STR), ("client_id", STR),
                                              ("client_host", STR), ("metadata", BYTES), ("assignment", BYTES)])
 DescribedGroup = record("DescribedGroup", [("error", "h"), ("group", STR), ("state", STR), ("protocol_type", STR),
@@ -374,8 +376,18 @@ EndTxn = declare(Kind.END_TXN, body=TXN_ASKED + [("committed", "?")], fields=[("
 TxnOffsetCommit = declare(Kind.TXN_OFFSET_COMMIT, body=TXN_ASKED,
                           fields=[("transactional_id", STR), ("group", STR), ("topics", Array(TopicCommits))],
                           reply=[("topics", Array(TopicPartitionErrors))]).tuple_class
+ListedTransaction = record("ListedTransaction", [("transactional_id", STR), ("producer_id", "q"), ("state", STR)])
+DescribedTransaction = record("DescribedTransaction", [
+    ("error", "h"), ("transactional_id", STR), ("state", STR), ("timeout_ms", "i"), ("start_ms", "q"),
+    ("producer_id", "q"), ("producer_epoch", "h"), ("topics", Array(TopicPartitions))])
+ListTransactions = declare(Kind.LIST_TRANSACTIONS, body=ASKED + [("duration_filter_ms", "q")],
+                           fields=[("states", Array(STR)), ("producer_ids", Array("q"))],
+                           reply=[("error", "h"), ("unknown_states", Array(STR)),
+                                  ("transactions", Array(ListedTransaction))]).tuple_class
+DescribeTransactions = declare(Kind.DESCRIBE_TRANSACTIONS, body=ASKED, fields=[("transactional_ids", Array(STR))],
+                               reply=[("transactions", Array(DescribedTransaction))]).tuple_class
 TRANSACTION_KINDS = (Kind.INIT_PRODUCER_ID, Kind.ADD_PARTITIONS_TO_TXN, Kind.ADD_OFFSETS_TO_TXN, Kind.END_TXN,
-                     Kind.TXN_OFFSET_COMMIT)
+                     Kind.TXN_OFFSET_COMMIT, Kind.LIST_TRANSACTIONS, Kind.DESCRIBE_TRANSACTIONS)
 
 QuotaUsage = declare(Kind.QUOTA_USAGE, body=[("report", "Q")], fields=[("clients", Array(ClientUsage))]).tuple_class
 Throttle = declare(Kind.THROTTLE, body=[("request_id", "Q"), ("deadline_ms", "q"), ("throttle_ms", "I"),

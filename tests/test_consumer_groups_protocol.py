@@ -264,15 +264,6 @@ def check_groups_describe(node) -> None:
     assert "type consumer" in shown.stdout and "group epoch 1" in shown.stdout, shown.stdout
 
 
-def metadata_has_topic_ids(node) -> bool:
-    conn = R.RawConnection("127.0.0.1", node.port)
-    try:
-        versions = conn.call(R.API_VERSIONS, 3, R.api_versions_body(3))
-    finally:
-        conn.close()
-    return any(int(k.api_key) == P.METADATA and int(k.max_version) >= 12 for k in versions.api_keys)
-
-
 KILLABLE_CONSUMER = """
 import sys
 from confluent_kafka import Consumer, KafkaException
@@ -320,8 +311,6 @@ def test_confluent_kafka_consumer_protocol_members_leave_join_die_and_resume(nod
     """Three confluent-kafka members (group.protocol=consumer) share six partitions while a classic group reads
     the same topic; one leaves and one joins (the others keep their partitions and keep consuming), one is killed
     (its partitions move after the session timeout); every record is delivered and the committed offsets resume."""
-    if not metadata_has_topic_ids(node):
-        pytest.skip("librdkafka's group.protocol=consumer needs Metadata v12 (topic ids), which this node lacks")
     from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 
     producer = Producer({"bootstrap.servers": node.bootstrap, "linger.ms": 5})
@@ -421,8 +410,6 @@ def test_confluent_kafka_consumer_protocol_members_leave_join_die_and_resume(nod
 
 def test_confluent_kafka_consumers_share_partitions_with_the_consumer_protocol(node):
     """librdkafka's KIP-848 consumer resolves assigned topic ids through Metadata v12 (topic ids, KIP-516)."""
-    if not metadata_has_topic_ids(node):
-        pytest.skip("librdkafka's group.protocol=consumer needs Metadata v12 (topic ids), which this node lacks")
     from confluent_kafka import Consumer, Producer
 
     producer = Producer({"bootstrap.servers": node.bootstrap})
@@ -454,8 +441,6 @@ def test_confluent_kafka_consumers_share_partitions_with_the_consumer_protocol(n
 
 
 def test_confluent_kafka_regex_subscription_picks_up_a_topic_created_later(node):
-    if not metadata_has_topic_ids(node):
-        pytest.skip("librdkafka's group.protocol=consumer needs Metadata v12 (topic ids), which this node lacks")
     from confluent_kafka import Consumer, Producer
 
     c = Consumer({"bootstrap.servers": node.bootstrap, "group.id": "regex-group", "group.protocol": "consumer",

@@ -17,7 +17,7 @@ from tests.test_clients import CLIENT_TIMEOUT_S, create_topic, produce
 from tests.test_node_protocol import connect
 from tests.test_stats_cli import stats_json
 from tests.waiting import wait_for
-from workers.api.fetch_sessions import FetchSessionCache
+from workers.api.fetch_sessions import FetchSessionCache, ForgottenTopic
 from workers.codecs import errors as E
 from workers.codecs.protocol import FETCH
 
@@ -39,6 +39,12 @@ def request(offsets: dict[tuple[str, int], int], session_id: int = 0, epoch: int
                                                            for t, p in by_topic.items()))
 
 
+def context_of(cache: FetchSessionCache, fetch, version: int = FETCH_VERSION):
+    """The cache's context for a kio Fetch request of topics named by name (as the handler passes them)."""
+    return cache.context(fetch, version, list(fetch.topics),
+                         [ForgottenTopic(t.topic, b"", t.partitions) for t in fetch.forgotten_topics_data])
+
+
 class Clock:
     def __init__(self) -> None:
         self.now = 1_000_000
@@ -48,7 +54,7 @@ class Clock:
 
 
 def opened(cache: FetchSessionCache, offsets: dict) -> int:
-    context = cache.context(request(offsets, 0, 0), FETCH_VERSION)
+    context = context_of(cache, request(offsets, 0, 0))
     context.answer([])
     return context.session_id
 
@@ -60,16 +66,16 @@ def test_a_full_fetch_opens_a_session_that_incremental_fetches_follow_epoch_by_e
     cache = FetchSessionCache(10, 120_000, worker_index=1, workers=2, clock_ms=Clock())
     session_id = opened(cache, {("t", 0): 0, ("t", 1): 5})
     assert session_id != 0 and session_id % 2 == 1  # it names its worker
-    context = cache.context(request({}, session_id, 1), FETCH_VERSION)
+    context = context_of(cache, request({}, session_id, 1))
     assert context.incremental and [(t.topic, [p.partition for p in t.partitions]) for t in context.topics()] == \
         [("t", [0, 1])]
-    assert cache.context(request({}, session_id, 1), FETCH_VERSION).error_code == E.INVALID_FETCH_SESSION_EPOCH
-    assert cache.context(request({}, session_id + 2, 2), FETCH_VERSION).error_code == E.FETCH_SESSION_ID_NOT_FOUND
+    assert context_of(cache, request({}, session_id, 1)).error_code == E.INVALID_FETCH_SESSION_EPOCH
+    assert context_of(cache, request({}, session_id + 2, 2)).error_code == E.FETCH_SESSION_ID_NOT_FOUND
     # Epoch 2 moves partition 1 and forgets partition 0.
-    context = cache.context(request({("t", 1): 9}, session_id, 2, forgotten=[("t", 0)]), FETCH_VERSION)
+    context = context_of(cache, request({("t", 1): 9}, session_id, 2, forgotten=[("t", 0)]))
     assert [(p.partition, p.fetch_offset) for t in context.topics() for p in t.partitions] == [(1, 9)]
     # Forgetting the last partition closes the session: the fetch is answered without one.
-    context = cache.context(request({}, session_id, 3, forgotten=[("t", 1)]), FETCH_VERSION)
+    context = context_of(cache, request({}, session_id, 3, forgotten=[("t", 1)]))
     assert context.session_id == 0 and not context.incremental and len(cache) == 0
     assert cache.incremental_fetches == 2 and cache.session_errors == 2
 
@@ -77,21 +83,21 @@ def test_a_full_fetch_opens_a_session_that_incremental_fetches_follow_epoch_by_e
 def test_final_epoch_closes_and_versions_before_7_have_no_sessions():
     cache = FetchSessionCache(10, 120_000, 0, 1, Clock())
     session_id = opened(cache, {("t", 0): 0})
-    context = cache.context(request({("t", 0): 0}, session_id, -1), FETCH_VERSION)
+    context = context_of(cache, request({("t", 0): 0}, session_id, -1))
     assert context.session_id == 0 and len(cache) == 0
-    assert cache.context(request({("t", 0): 0}, 0, 0), 6).answer([]) == [] and len(cache) == 0
+    assert context_of(cache, request({("t", 0): 0}, 0, 0), 6).answer([]) == [] and len(cache) == 0
 
 
 def test_an_incremental_answer_carries_only_what_changed():
     from workers.codecs.fetch import FetchPartitionResult, FetchTopicResult
 
     cache = FetchSessionCache(10, 120_000, 0, 1, Clock())
-    full = cache.context(request({("t", 0): 0, ("t", 1): 0}, 0, 0), FETCH_VERSION)
+    full = context_of(cache, request({("t", 0): 0, ("t", 1): 0}, 0, 0))
     full.answer([FetchTopicResult("t", [FetchPartitionResult(0, high_watermark=3, log_start_offset=0),
                                         FetchPartitionResult(1, high_watermark=7, log_start_offset=0)])])
 
     def answered(partitions) -> list[int]:
-        context = cache.context(request({}, full.session_id, answered.epoch), FETCH_VERSION)
+        context = context_of(cache, request({}, full.session_id, answered.epoch))
         answered.epoch += 1
         return [p.partition_index for t in context.answer([FetchTopicResult("t", partitions)]) for p in t.partitions]
 
@@ -114,10 +120,10 @@ def test_a_full_cache_evicts_stale_sessions_then_smaller_settled_ones():
     assert opened(cache, {("t", 2): 0}) == 0  # no room: the fresh session stays
     clock.now += 1001  # the first is stale now
     second = opened(cache, {("t", 2): 0})
-    assert second != 0 and cache.evicted == 1 and cache.context(
-        request({}, first, 1), FETCH_VERSION).error_code == E.FETCH_SESSION_ID_NOT_FOUND
+    assert second != 0 and cache.evicted == 1 and context_of(
+        cache, request({}, first, 1)).error_code == E.FETCH_SESSION_ID_NOT_FOUND
     clock.now += 500
-    cache.context(request({}, second, 1), FETCH_VERSION)  # used: not stale, but opened over 1000 ms ago
+    context_of(cache, request({}, second, 1))  # used: not stale, but opened over 1000 ms ago
     clock.now += 600
     assert opened(cache, {("u", 0): 0}) == 0  # as large, not larger: the settled one stays
     assert opened(cache, {("u", 0): 0, ("u", 1): 0}) != 0 and cache.evicted == 2  # larger beats a settled smaller

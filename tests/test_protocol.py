@@ -68,13 +68,13 @@ def test_advertised_versions_are_the_supported_ones() -> None:
     assert SUPPORTED_APIS == {
         18: (0, 3),  # ApiVersions
         10: (0, 4),  # FindCoordinator
-        3: (0, 9),  # Metadata (10+: topic ids)
+        3: (0, 12),  # Metadata (10+: topic ids; 13: KIP-1102's error code)
         0: (3, 11),  # Produce (12: transactions v2)
-        1: (4, 12),  # Fetch (13+: topic ids)
+        1: (4, 17),  # Fetch (13+: topic ids; 18: KIP-1166)
         2: (1, 6),  # ListOffsets
         22: (0, 2),  # InitProducerId
-        19: (0, 6),  # CreateTopics
-        20: (0, 5),  # DeleteTopics
+        19: (0, 7),  # CreateTopics (7: topic ids)
+        20: (0, 6),  # DeleteTopics (6: by topic id)
         # The group coordinator's (KIP-848's versions excluded):
         11: (0, 8),  # JoinGroup
         14: (0, 5),  # SyncGroup
@@ -82,7 +82,7 @@ def test_advertised_versions_are_the_supported_ones() -> None:
         13: (0, 5),  # LeaveGroup
         8: (2, 8),  # OffsetCommit
         9: (1, 6),  # OffsetFetch
-        16: (0, 3),  # ListGroups
+        16: (0, 5),  # ListGroups (4-5: state and type filters)
         15: (0, 5),  # DescribeGroups
         42: (0, 2),  # DeleteGroups
         47: (0, 0),  # OffsetDelete
@@ -99,6 +99,11 @@ def test_advertised_versions_are_the_supported_ones() -> None:
         28: (0, 2),  # TxnOffsetCommit: v3 (KIP-447) would need the group's member checks
         17: (0, 1),  # SaslHandshake: v0-1, the versions librdkafka, kafka-python, aiokafka and KafkaJS use
         36: (0, 2),  # SaslAuthenticate: v1 carries the session lifetime (KIP-368), v2 is flexible
+        66: (0, 1),  # ListTransactions (2: KIP-1152's id pattern)
+        65: (0, 0),  # DescribeTransactions
+        # The cluster and the partitions' producers:
+        60: (0, 1),  # DescribeCluster (2: fenced brokers)
+        61: (0, 0),  # DescribeProducers
     }
 
 
@@ -236,7 +241,7 @@ def test_unsupported_api_version_headers_still_parse() -> None:
     assert not protocol.is_supported(18, 4)
     with pytest.raises(ProtocolError):
         decode_request(18, 4, b"")
-    for api_key, version in [(0, 2), (0, 12), (1, 3), (1, 13), (3, 10), (50, 0), (-1, 0)]:
+    for api_key, version in [(0, 2), (0, 12), (1, 3), (1, 18), (3, 13), (50, 0), (-1, 0)]:
         with pytest.raises(ProtocolError):
             decode_request(api_key, version, b"\x00" * 32)
 

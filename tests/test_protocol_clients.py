@@ -15,6 +15,7 @@ import socket
 import struct
 import threading
 import time
+import uuid
 from collections import defaultdict
 
 import crc32c
@@ -131,7 +132,7 @@ class ProtocolAnswerer:
         names = ["t"] if request.topics is None else [t.name for t in request.topics]
         build = protocol.build_entity
         topics = tuple(
-            build(s.MetadataResponseTopic, error_code=NONE, name=name, is_internal=False,
+            build(s.MetadataResponseTopic, error_code=NONE, name=name, topic_id=topic_id_of(name), is_internal=False,
                   partitions=tuple(
                       build(s.MetadataResponsePartition, error_code=NONE, partition_index=p, leader_id=0,
                             leader_epoch=0, replica_nodes=(0,), isr_nodes=(0,), offline_replicas=())
@@ -175,17 +176,30 @@ class ProtocolAnswerer:
             topics, total = [], 0
             with self.lock:
                 for t in request.topics:
+                    name = t.topic if version < 13 else NAMES_BY_ID[t.topic_id]
                     parts = []
                     for p in t.partitions:
-                        tp = (t.topic, p.partition)
+                        tp = (name, p.partition)
                         hw = self.next_offset[tp]
                         batches = [b for b in self.logs[tp] if _next_offset(b) > p.fetch_offset]
                         total += sum(map(len, batches))
                         parts.append(FetchPartitionResult(p.partition, 0, hw, None, 0, batches))
-                    topics.append(FetchTopicResult(t.topic, parts))
+                    topics.append(FetchTopicResult(name, parts, topic_id_of(name).bytes))
             if total >= request.min_bytes or time.monotonic() >= deadline:
                 return encode_fetch_response(version, cid, topics).to_bytes()
             time.sleep(0.005)
+
+
+LIBRDKAFKA_NEWEST_FETCH = 16  # librdkafka 2.16: topic ids (v13+), its newest below the node's 17
+KAFKA_PYTHON_NEWEST_FETCH = 12  # kafka-python 3.0 has no topic ids: it stops below Fetch v13
+NAMES_BY_ID: dict[uuid.UUID, str] = {}
+
+
+def topic_id_of(name: str) -> uuid.UUID:
+    """The answerer's topic ids (KIP-516): one per name, for Metadata v10+ and Fetch v13+."""
+    topic_id = uuid.uuid5(uuid.NAMESPACE_URL, name)
+    NAMES_BY_ID[topic_id] = name
+    return topic_id
 
 
 def _next_offset(batch: bytes) -> int:
@@ -293,7 +307,7 @@ def test_kafka_python_consumer_reads_what_was_produced(answerer: ProtocolAnswere
     finally:
         consumer.close()
     check_consumed(messages, got)
-    assert answerer.versions(protocol.FETCH) == {protocol.SUPPORTED_APIS[protocol.FETCH][1]}  # v12, flexible
+    assert answerer.versions(protocol.FETCH) == {KAFKA_PYTHON_NEWEST_FETCH}  # flexible, by topic name
 
 
 @pytest.mark.parametrize("isolation", ["read_committed", "read_uncommitted"])
@@ -317,7 +331,7 @@ def test_confluent_consumer_reads_what_was_produced(answerer: ProtocolAnswerer, 
     finally:
         consumer.close()
     check_consumed(messages, got)
-    assert answerer.versions(protocol.FETCH) == {protocol.SUPPORTED_APIS[protocol.FETCH][1]}  # v12, flexible
+    assert answerer.versions(protocol.FETCH) == {LIBRDKAFKA_NEWEST_FETCH}  # by topic id
 
 
 def test_rawkafka_pipelines_produce_fetch_and_control_requests(answerer: ProtocolAnswerer) -> None:

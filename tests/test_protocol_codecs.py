@@ -4,6 +4,7 @@ against kio and kafka-python, plus the client-side helpers in scripts/harness/ra
 from __future__ import annotations
 
 import datetime
+import uuid
 import io
 import tracemalloc
 
@@ -19,7 +20,7 @@ from node.storage.records import iter_batches
 from scripts.harness import rawkafka
 from workers.codecs import protocol
 from workers.codecs.errors import ProtocolError
-from workers.codecs.fetch import FetchPartitionResult, FetchTopicResult, encode_fetch_response
+from workers.codecs.fetch import FETCH_MAX_VERSION, FetchPartitionResult, FetchTopicResult, encode_fetch_response
 from workers.codecs.produce import (
     ProducePartitionResult,
     ProduceTopicResult,
@@ -28,7 +29,7 @@ from workers.codecs.produce import (
 )
 
 PRODUCE_VERSIONS = range(3, 12)
-FETCH_VERSIONS = range(4, 13)
+FETCH_VERSIONS = range(4, FETCH_MAX_VERSION + 1)
 
 
 def body_at(api_key: int, version: int) -> int:
@@ -308,8 +309,9 @@ def test_fetch_response_decodes_with_kio_and_matches_its_bytes(segment, version,
                 content += chunk
             results.append(FetchPartitionResult(index, int(err), hwm, lso, start, records, aborted))
             want.append((index, err, hwm, hwm if lso is None else lso, start, content, tuple(aborted)))
-        ours.append(FetchTopicResult(name, results))
-        expected.append((name, want))
+        topic_id = uuid.uuid5(uuid.NAMESPACE_DNS, name)  # v13+ name the topic by its id
+        ours.append(FetchTopicResult(name, results, topic_id.bytes))
+        expected.append((name if version < 13 else topic_id, want))
     frame = encode_fetch_response(version, correlation_id, ours, throttle_time_ms=throttle, error_code=int(error),
                                   session_id=session)
     wire = frame.to_bytes()
@@ -324,7 +326,7 @@ def test_fetch_response_decodes_with_kio_and_matches_its_bytes(segment, version,
         assert (decoded.error_code, decoded.session_id) == (error, session)
     got = []
     for t in decoded.responses:
-        got.append((t.topic, [(p.partition_index, p.error_code, p.high_watermark, p.last_stable_offset,
+        got.append((t.topic if version < 13 else t.topic_id, [(p.partition_index, p.error_code, p.high_watermark, p.last_stable_offset,
                                p.log_start_offset if version >= 5 else start_placeholder(p), p.records,
                                tuple((a.producer_id, a.first_offset) for a in p.aborted_transactions))
                               for p in t.partitions]))
@@ -349,7 +351,8 @@ def test_fetch_response_decodes_with_kio_and_matches_its_bytes(segment, version,
         return s.PartitionData(**fields)
 
     top = dict(throttle_time=ms(throttle), responses=tuple(
-        s.FetchableTopicResponse(topic=n, partitions=tuple(kio_partition(*w) for w in want))
+        protocol.build_entity(s.FetchableTopicResponse, topic=n, topic_id=n,
+                              partitions=tuple(kio_partition(*w) for w in want))
         for n, want in [(n, [w[:4] + (0 if w[4] is None else w[4],) + w[5:] for w in ws]) for n, ws in expected]))
     if version >= 7:
         top.update(error_code=error, session_id=i32(session))
@@ -416,20 +419,21 @@ def test_fetch_response_bad_values_are_protocol_errors(segment) -> None:
         with pytest.raises(ProtocolError):
             encode_fetch_response(11, 1, [FetchTopicResult("t", [bad])])
     with pytest.raises(ProtocolError):
-        encode_fetch_response(13, 1, [])
+        encode_fetch_response(FETCH_MAX_VERSION + 1, 1, [])
     with pytest.raises(ProtocolError):
         encode_fetch_response(11, 1, [FetchTopicResult("t", [FetchPartitionResult(0, records=[FileSlice(file, 10**9, 5)])])]).to_bytes()
 
 
 @pytest.mark.parametrize("version", FETCH_VERSIONS)
 def test_rawkafka_fetch_request_decodes_in_the_worker(version: int) -> None:
+    topic_id = uuid.uuid4()
     body = rawkafka.fetch_body({"a": {0: 5, 3: 9}}, max_wait_ms=250, min_bytes=7, partition_max_bytes=1000,
-                               version=version)
+                               version=version, topic_ids={"a": topic_id})
     request = protocol.decode_request(1, version, body)
     assert request.max_wait == datetime.timedelta(milliseconds=250)
     assert request.min_bytes == 7
     ((topic,),) = [request.topics]
-    assert topic.topic == "a"
+    assert (topic.topic if version < 13 else topic.topic_id) == ("a" if version < 13 else topic_id)
     assert [(p.partition, p.fetch_offset, p.partition_max_bytes) for p in topic.partitions] == [
         (0, 5, 1000), (3, 9, 1000)]
 

@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import io
 
@@ -52,7 +53,8 @@ def request_for(api_key: int, version: int, tag: str):
             "ListOffsetsTopic", name=TOPIC, partitions=(b("ListOffsetsPartition", partition_index=i32(0),
                                                           timestamp=i64(-2)),)),))
     if api_key == P.METADATA:
-        return b("MetadataRequest", topics=(b("MetadataRequestTopic", name=TOPIC),), allow_auto_topic_creation=False,
+        return b("MetadataRequest", topics=(b("MetadataRequestTopic", name=TOPIC, topic_id=None),),
+                 allow_auto_topic_creation=False,
                  include_cluster_authorized_operations=False, include_topic_authorized_operations=True)
     if api_key == P.API_VERSIONS:
         return b("ApiVersionsRequest", client_software_name="versions-test", client_software_version="1.0")
@@ -61,7 +63,8 @@ def request_for(api_key: int, version: int, tag: str):
             "CreatableTopic", name=f"created-{tag}", num_partitions=i32(2), replication_factor=i16(1), assignments=(),
             configs=(b("CreatableTopicConfig", name="retention.ms", value="3600000"),)),))
     if api_key == P.DELETE_TOPICS:
-        return b("DeleteTopicsRequest", topic_names=(f"absent-{tag}",), timeout=ms(10_000))
+        return b("DeleteTopicsRequest", topic_names=(f"absent-{tag}",), timeout=ms(10_000),
+                 topics=(b("DeleteTopicState", name=f"absent-{tag}", topic_id=None),))
     if api_key == P.INIT_PRODUCER_ID:
         return b("InitProducerIdRequest", transactional_id=None, transaction_timeout=ms(60_000))
     if api_key == P.CREATE_PARTITIONS:
@@ -140,6 +143,14 @@ def request_for(api_key: int, version: int, tag: str):
         return b("SaslHandshakeRequest", mechanism="PLAIN")
     if api_key == P.SASL_AUTHENTICATE:
         return b("SaslAuthenticateRequest", auth_bytes=b"\0user\0password")
+    if api_key == P.DESCRIBE_CLUSTER:
+        return b("DescribeClusterRequest", include_cluster_authorized_operations=True)
+    if api_key == P.DESCRIBE_PRODUCERS:
+        return b("DescribeProducersRequest", topics=(b("TopicRequest", name=TOPIC, partition_indexes=(i32(0),)),))
+    if api_key == P.LIST_TRANSACTIONS:
+        return b("ListTransactionsRequest", state_filters=("Ongoing",), producer_id_filters=())
+    if api_key == P.DESCRIBE_TRANSACTIONS:
+        return b("DescribeTransactionsRequest", transactional_ids=(f"t-{tag}",))
     raise AssertionError(f"no request for api {api_key}: add one")
 
 
@@ -159,11 +170,12 @@ def test_every_api_at_every_advertised_version_is_answered(node_factory) -> None
     with R.RawConnection("127.0.0.1", node.port, timeout_s=20) as conn:
         created = conn.call(19, 4, R.create_topics_body({TOPIC: 2}))
         assert created.topics[0].error_code == 0
+        topic_ids = R.topic_ids("127.0.0.1", node.port, [TOPIC])
         for api_key, version in ALL_VERSIONS:
             if api_key == P.PRODUCE:
                 body = R.produce_body({TOPIC: {0: batch}}, acks=1, version=version)
             elif api_key == P.FETCH:
-                body = R.fetch_body({TOPIC: {0: 0}}, max_wait_ms=0, version=version)
+                body = R.fetch_body({TOPIC: {0: 0}}, max_wait_ms=0, version=version, topic_ids=topic_ids)
             else:
                 body = kio_bytes(request_for(api_key, version, f"{api_key}-{version}"))
             try:
@@ -172,7 +184,8 @@ def test_every_api_at_every_advertised_version_is_answered(node_factory) -> None
                 log = node.log_path.read_text(errors="replace")[-3000:]
                 raise AssertionError(f"api {api_key} v{version}: {exc}\n{log}") from None
             if api_key == P.FETCH:
-                result = R.parse_fetch_response(version, frame)
+                result = R.parse_fetch_response(version, frame, {topic_ids[TOPIC].bytes: TOPIC})
+                assert result.partitions[0].topic == TOPIC
                 assert result.partitions[0].record_count >= 3, (api_key, version)
                 continue
             response = decode_response(api_key, version, frame)
@@ -206,6 +219,12 @@ def unknown(extra: bytes) -> bytes:
     return uvarint(1) + uvarint(UNKNOWN_TAG) + uvarint(len(extra)) + extra
 
 
+def carries_top_level_tags(request: object) -> bool:
+    """A known tagged field at the top level is written (a tagged struct may end in its own empty section)."""
+    return any(f.metadata.get("tag") is not None and getattr(request, f.name) != f.default
+               for f in dataclasses.fields(request))
+
+
 def _append_top_level(body: bytes, extra: bytes) -> bytes:
     assert body[-1] == 0  # kio wrote no tags at the top level
     return body[:-1] + unknown(extra)
@@ -219,7 +238,7 @@ def test_unknown_tagged_fields_from_a_newer_client_are_skipped(api_key: int, ver
     @given(st.from_type(cls), st.binary(max_size=8))
     def check(request: object, extra: bytes) -> None:
         body = kio_bytes(request)
-        if not body.endswith(b"\x00"):
+        if not body.endswith(b"\x00") or carries_top_level_tags(request):
             return  # the request carries a known tag of its own at the top: covered by the round trip test
         newer = _append_top_level(body, extra)
         assert P.decode_request(api_key, version, memoryview(newer)) == request

@@ -21,6 +21,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+import uuid
 from pathlib import Path
 
 import psutil
@@ -28,6 +29,7 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from shm_testing import unique_instance_id
 
+from node.storage.catalog import topic_id_text
 from scripts.harness import rawkafka as R
 from shm import stats as S
 from tests.waiting import wait_for
@@ -252,6 +254,10 @@ def test_topics_commands(node):
     assert {"topic": "cli-topic", "partitions": 3, "error": None} in listed
     described = json.loads(cli("topics", "describe", "cli-topic", "--bootstrap", node.bootstrap, "--json").stdout)
     assert [p["partition"] for p in described["partitions"]] == [0, 1, 2]
+    catalog = json.loads((node.data_dir / "catalog.json").read_text())
+    assert described["topic_id"] == topic_id_text(uuid.UUID(catalog["topics"]["cli-topic"]["id"]))
+    table = cli("topics", "describe", "cli-topic", "--bootstrap", node.bootstrap)
+    assert table.returncode == 0 and described["topic_id"] in table.stdout
     again = cli("topics", "create", "cli-topic", "--bootstrap", node.bootstrap)
     assert again.returncode == 1 and "TOPIC_ALREADY_EXISTS" in again.stderr
     assert cli("topics", "delete", "cli-topic", "--bootstrap", node.bootstrap).returncode == 0
@@ -392,6 +398,22 @@ def test_transactions_in_the_cli_stats_dashboard_and_metrics(node_factory):
         table = cli("transactions", "list", "--data-dir", str(node.data_dir))
         assert table.returncode == 0 and all(name in table.stdout for name in by_id)
         missing = cli("transactions", "describe", "nobody", "--data-dir", str(node.data_dir))
+        assert missing.returncode == 1 and "'nobody' not found" in missing.stderr
+
+        # The same through the Kafka API (ListTransactions, DescribeTransactions), as against any broker.
+        same = ("state", "producer_id", "producer_epoch", "timeout_ms", "start_ms", "partitions")
+        by_api = cli("transactions", "list", "--bootstrap", node.bootstrap, "--json")
+        assert by_api.returncode == 0, by_api.stderr
+        api_ids = {t["transactional_id"]: t for t in json.loads(by_api.stdout)}
+        assert list(api_ids)[0] == "open"
+        assert {name: [t[k] for k in same] for name, t in api_ids.items()} == {
+            name: [t[k] for k in same] for name, t in by_id.items()}
+        described = cli("transactions", "describe", "open", "--bootstrap", node.bootstrap, "--json")
+        assert described.returncode == 0, described.stderr
+        assert [json.loads(described.stdout)[k] for k in same] == [entry[k] for k in same]
+        table = cli("transactions", "describe", "committer", "--bootstrap", node.bootstrap)
+        assert table.returncode == 0 and "CompleteCommit" in table.stdout
+        missing = cli("transactions", "describe", "nobody", "--bootstrap", node.bootstrap)
         assert missing.returncode == 1 and "'nobody' not found" in missing.stderr
 
         def counted():

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -25,6 +24,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from tests import waiting
+from tests.frameworks.npm import NODE_MISSING, have_node, node_modules
 
 pytestmark = pytest.mark.node
 TIMEOUT_S = 30
@@ -548,32 +548,7 @@ def test_kafka_python_and_aiokafka_transactional_producers(node_factory):
 
 FRAMEWORKS = Path(__file__).resolve().parent / "frameworks"
 KAFKAJS = "kafkajs@^2.2.4"
-NPM_TIMEOUT_S = 300
-REGISTRY_UNREACHABLE = ("ENOTFOUND", "EAI_AGAIN", "ECONNREFUSED", "ETIMEDOUT", "ECONNRESET", "ENETUNREACH")
-
-
-def node_modules(name: str, package: str) -> Path:
-    """A node_modules directory with `package` installed from the npm registry (once; reused while the package
-    spec is the same). Skips the test when the registry cannot be reached."""
-    home = FRAMEWORKS.parent.parent / ".frameworks" / name
-    stamp = home / ".installed"
-    if not stamp.exists() or stamp.read_text() != package:
-        shutil.rmtree(home, ignore_errors=True)
-        home.mkdir(parents=True)
-        try:
-            done = subprocess.run(["npm", "install", "--no-audit", "--no-fund", "--no-save", "--prefix", str(home),
-                                   package], capture_output=True, text=True, timeout=NPM_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            pytest.skip(f"npm install {package}: the registry did not answer in {NPM_TIMEOUT_S}s")
-        if done.returncode != 0 and any(code in done.stderr for code in REGISTRY_UNREACHABLE):
-            pytest.skip(f"npm install {package}: the registry is unreachable:\n{done.stderr[-2000:]}")
-        assert done.returncode == 0, done.stderr[-3000:]
-        stamp.write_text(package)
-    return home / "node_modules"
-
-
-@pytest.mark.skipif(shutil.which("node") is None or shutil.which("npm") is None,
-                    reason="make test installs nodejs and npm; run through make")
+@pytest.mark.skipif(not have_node(), reason=NODE_MISSING)
 def test_kafkajs_transactions_commit_abort_and_send_offsets(node_factory):
     modules = node_modules("kafkajs", KAFKAJS)
     node = node_factory(workers=2, config=CONFIG)

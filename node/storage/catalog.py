@@ -12,12 +12,19 @@ Invariants:
 - Topic names follow Kafka's rule: 1-249 characters of [a-zA-Z0-9._-], neither "." nor "..".
 - Config overrides are stored as node.storage.topic_config checked them (canonical texts by Kafka name);
   a topic's partitions only grow (CreatePartitions appends rows).
+- Every topic has a topic id (KIP-516): a random UUID made with the topic and kept in the file, never changed
+  while the topic lives, unique among live topics; a topic deleted and created again gets a new one (122
+  random bits: an id is never handed out twice in practice). Like Kafka's, an id is never the zero UUID and
+  its base64 form never starts with "-". A catalog written before topic ids gets them from its writer
+  (`assign_missing_ids`, the supervisor at start), once: saved, they stay.
 """
 
 from __future__ import annotations
 
+import base64
 import os
 import re
+import uuid
 from dataclasses import dataclass, field
 
 import orjson
@@ -37,6 +44,19 @@ def valid_topic_name(name: str) -> bool:
     return bool(_LEGAL_NAME.match(name)) and name not in (".", "..")
 
 
+def new_topic_id(taken: "set[uuid.UUID] | dict[uuid.UUID, object]" = frozenset()) -> uuid.UUID:
+    """A fresh topic id: random, not zero, not starting with "-" in base64 (Kafka's rules), not in `taken`."""
+    while True:
+        topic_id = uuid.uuid4()
+        if topic_id.int and topic_id not in taken and not topic_id_text(topic_id).startswith("-"):
+            return topic_id
+
+
+def topic_id_text(topic_id: uuid.UUID) -> str:
+    """Kafka's text form of a topic id: URL-safe base64 of its 16 bytes, unpadded (what kafka-topics shows)."""
+    return base64.urlsafe_b64encode(topic_id.bytes).rstrip(b"=").decode()
+
+
 def partition_dir_name(topic: str, partition: int) -> str:
     return f"{topic}-{partition}"
 
@@ -47,6 +67,7 @@ class TopicEntry:
     rows: list[int]
     internal: bool = False  # the node's own (__consumer_offsets): clients may read it, not write or delete it
     configs: dict[str, str] = field(default_factory=dict)  # the topic's overrides (Kafka's topic config names)
+    topic_id: uuid.UUID | None = None  # None only in a catalog written before topic ids, until assign_missing_ids
 
     @property
     def partitions(self) -> int:
@@ -61,6 +82,7 @@ class Catalog:
     topics: dict[str, TopicEntry] = field(default_factory=dict)
     # Node-wide dynamic overrides of topic settings (AlterConfigs on the broker resource; Kafka's broker names).
     broker_configs: dict[str, str] = field(default_factory=dict)
+    by_id: dict[uuid.UUID, TopicEntry] = field(default_factory=dict)  # the live topics by topic id
 
     @property
     def path(self) -> str:
@@ -71,6 +93,12 @@ class Catalog:
         catalog = cls(data_dir, max_partitions)
         catalog.reload()
         return catalog
+
+    def reload_from_disk(self) -> None:
+        """Forget unsaved changes: the file's catalog again."""
+        self.version = 0
+        self.topics = {}
+        self.reload()
 
     def reload(self) -> bool:
         """Re-read the file; True if it changed the version."""
@@ -83,10 +111,25 @@ class Catalog:
             return False
         self.version = raw["version"]
         self.topics = {name: TopicEntry(name, list(t["rows"]), bool(t.get("internal", False)),
-                                        dict(t.get("configs", {})))
+                                        dict(t.get("configs", {})), uuid.UUID(t["id"]) if "id" in t else None)
                        for name, t in raw["topics"].items()}
         self.broker_configs = dict(raw.get("broker_configs", {}))
+        self._index_ids()
         return True
+
+    def _index_ids(self) -> None:
+        self.by_id = {t.topic_id: t for t in self.topics.values() if t.topic_id is not None}
+
+    def topic_by_id(self, topic_id: uuid.UUID) -> TopicEntry | None:
+        return self.by_id.get(topic_id)
+
+    def assign_missing_ids(self) -> int:
+        """Give a topic id to every topic without one (not saved); returns how many got one."""
+        missing = [t for t in self.topics.values() if t.topic_id is None]
+        for entry in missing:
+            entry.topic_id = new_topic_id(self.by_id)
+            self.by_id[entry.topic_id] = entry
+        return len(missing)
 
     def save(self) -> None:
         """Write the catalog with the next version; on failure (a full disk) nothing changes, not even
@@ -94,7 +137,8 @@ class Catalog:
         version = self.version + 1
         body = orjson.dumps({
             "version": version,
-            "topics": {t.name: {"rows": t.rows, **({"internal": True} if t.internal else {}),
+            "topics": {t.name: {"rows": t.rows, **({"id": str(t.topic_id)} if t.topic_id is not None else {}),
+                                **({"internal": True} if t.internal else {}),
                                 **({"configs": t.configs} if t.configs else {})}
                        for t in self.topics.values()},
             **({"broker_configs": self.broker_configs} if self.broker_configs else {}),
@@ -142,8 +186,10 @@ class Catalog:
             raise CatalogError(ErrorCode.topic_already_exists, f"Topic '{name}' already exists.")
         if partitions <= 0:
             raise CatalogError(ErrorCode.invalid_partitions, f"partitions must be positive, got {partitions}")
-        entry = TopicEntry(name, (rows or self.rows_allocator()).take(partitions), internal, dict(configs or {}))
+        entry = TopicEntry(name, (rows or self.rows_allocator()).take(partitions), internal, dict(configs or {}),
+                           new_topic_id(self.by_id))
         self.topics[name] = entry
+        self.by_id[entry.topic_id] = entry
         return entry
 
     def add_partitions(self, name: str, total: int, rows: "RowAllocator | None" = None) -> list[int]:
@@ -164,7 +210,14 @@ class Catalog:
         entry = self.topics.pop(name, None)
         if entry is None:
             raise CatalogError(ErrorCode.unknown_topic_or_partition, f"unknown topic {name!r}")
+        self.by_id.pop(entry.topic_id, None)
         return entry
+
+    def restore_topic(self, entry: TopicEntry) -> None:
+        """Put back a topic taken out by remove_topic (a deletion whose catalog write failed)."""
+        self.topics[entry.name] = entry
+        if entry.topic_id is not None:
+            self.by_id[entry.topic_id] = entry
 
 
 class RowAllocator:

@@ -61,13 +61,14 @@ import logging
 import os
 import struct
 import time
+from collections import deque
 from dataclasses import dataclass
 from typing import NamedTuple
 
 from node.storage.durable import read_offset, write_offset
 from node.storage.faults import is_storage_fault, storage_fault
 
-from node.storage.producer_state import ProducerStateTable, delete_snapshots, load_latest_snapshot, snapshot_offsets
+from node.storage.producer_state import ProducerEntry, ProducerStateTable, delete_snapshots, load_latest_snapshot, snapshot_offsets
 from node.storage.compression import CODECS
 from node.storage.records import (
     BASE_OFFSET,
@@ -518,6 +519,15 @@ class PartitionLog:
     def _check_producer(self, header, state: PartitionState):
         producers = self._caught_up_producer_state(state)
         return producers.check(header.producer_id, header.producer_epoch, header.base_sequence, header.last_sequence)
+
+    def active_producers(self) -> list[tuple[int, ProducerEntry]]:
+        """(producer id, its entry) of every producer this partition's state keeps, as of the log end now
+        (DescribeProducers); entries are copies the caller may keep."""
+        with self.lock:
+            producers = self._caught_up_producer_state(self._current_state())
+            return [(producer_id, ProducerEntry(entry.epoch, deque(entry.batches), entry.last_timestamp,
+                                                entry.open_transaction_from))
+                    for producer_id, entry in sorted(producers.producers.items())]
 
     def catch_up_producer_state(self) -> None:
         """Bring this process's producer state up to the log end now, so that a later marker append scans only the

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import logging
 import shutil
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
@@ -189,10 +190,32 @@ class PartitionStore:
         """Recover every catalogued partition and fill its table row (the supervisor, before any child runs).
         Returns how many partitions are online; `recovery_faults` names those that met disk faults."""
         self.recovery_faults = {}
+        self._assign_topic_ids()
         online = 0
         for row in self.rows():
             online += self._recover(row)
         return online
+
+    def _assign_topic_ids(self) -> None:
+        """A catalog written before topic ids: every topic gets its id now, saved before any child reads it."""
+        assigned = self.catalog.assign_missing_ids()
+        if not assigned:
+            return
+        failed = self._save_catalog()
+        if failed is not None:  # the node still serves them, under the zero id, until a start can save them
+            self.catalog.reload_from_disk()
+            log.error("topic ids of %d topics not saved (%s); given at the next start", assigned, failed[1])
+        else:
+            log.info("gave topic ids to %d topics of an older catalog", assigned)
+
+    def topic_id(self, topic: str) -> "uuid.UUID | None":
+        entry = self.catalog.topics.get(topic)
+        return None if entry is None else entry.topic_id
+
+    def topic_by_id(self, topic_id: "uuid.UUID") -> str | None:
+        """The name of the live topic with that id (a dict look-up in this process's catalog), None if none."""
+        entry = self.catalog.by_id.get(topic_id)
+        return None if entry is None else entry.name
 
     def _recover(self, row: int) -> bool:
         topic, partition = self._owners[row]
@@ -243,7 +266,7 @@ class PartitionStore:
                 continue
             outcome[name] = (0, None)
             if validate_only:
-                del self.catalog.topics[name]
+                self.catalog.remove_topic(name)
                 continue
             created.append(entry)
         failed = self._create_logs([(entry.name, partition, row, topic_config.effective(
@@ -414,11 +437,18 @@ class PartitionStore:
         log.warning("%s: answering KAFKA_STORAGE_ERROR (56)", exc)
         return (int(ErrorCode.kafka_storage_error), str(exc))
 
-    def delete_topics(self, names: list[str]) -> TopicOutcomes:
+    def delete_topics(self, names: list[str], ids: "dict[str, uuid.UUID] | None" = None) -> TopicOutcomes:
+        """Delete topics by name; `ids`: for those named by topic id, the id the topic must still have."""
         self.reload()
         outcome: TopicOutcomes = {}
         doomed = []
         for name in names:
+            if name in outcome:
+                continue
+            expected = (ids or {}).get(name)
+            if expected is not None and self.topic_id(name) != expected:
+                outcome[name] = (int(ErrorCode.unknown_topic_id), "This server does not host this topic ID.")
+                continue
             if self.is_internal(name):
                 outcome[name] = (int(ErrorCode.invalid_topic_exception), f"{name} is internal to the node")
                 continue
@@ -432,7 +462,7 @@ class PartitionStore:
             failed = self._save_catalog()  # first forget the topics: a crash never leaves one catalogued half deleted
             if failed is not None:
                 for entry in doomed:
-                    self.catalog.topics[entry.name] = entry
+                    self.catalog.restore_topic(entry)
                     outcome[entry.name] = failed
                 return outcome
             for entry in doomed:

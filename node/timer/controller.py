@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 from typing import Any
 
 from kio.schema.errors import ErrorCode
@@ -62,7 +63,17 @@ class Controller:
         self._answer(worker, message, outcome)
 
     def delete_topics(self, worker: int, message: Any) -> None:
-        self._answer(worker, message, self.store.delete_topics([str(name) for name in message.document]))
+        """The document names each topic, or gives [name, topic id] for one a client named by id (then only the
+        topic with that id is deleted: another of that name created since answers UNKNOWN_TOPIC_ID)."""
+        names, ids = [], {}
+        for item in message.document:
+            if isinstance(item, str):
+                names.append(item)
+            else:
+                name, topic_id = str(item[0]), str(item[1])
+                names.append(name)
+                ids[name] = uuid.UUID(topic_id)
+        self._answer(worker, message, self.store.delete_topics(names, ids))
 
     def create_partitions(self, worker: int, message: Any) -> None:
         document = message.document

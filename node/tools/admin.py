@@ -19,6 +19,7 @@ from __future__ import annotations
 import io
 import socket
 import struct
+import uuid
 from dataclasses import dataclass
 
 from kio.schema.consumer_group_describe.v1.request import ConsumerGroupDescribeRequest
@@ -27,8 +28,11 @@ from kio.schema.request_header.v2.header import RequestHeader
 from kio.serial import entity_reader, entity_writer
 from kio.static.primitive import i16, i32
 
-from confluent_kafka import ConsumerGroupState, ConsumerGroupTopicPartitions, Consumer, KafkaException, TopicPartition
+from confluent_kafka import (ConsumerGroupState, ConsumerGroupTopicPartitions, Consumer, KafkaException, TopicCollection,
+                             TopicPartition)
 from confluent_kafka.admin import AdminClient, NewTopic
+
+from node.storage.catalog import topic_id_text
 
 
 class AdminError(RuntimeError):
@@ -106,7 +110,20 @@ class Admin:
                 p = topic.partitions[pid]
                 partitions.append({"partition": pid, "leader": p.leader, "replicas": list(p.replicas),
                                    "log_start_offset": low, "high_watermark": high})
-        return {"topic": name, "partitions": partitions}
+        return {"topic": name, "topic_id": self._topic_id(name), "partitions": partitions}
+
+    def _topic_id(self, name: str) -> str | None:
+        """The topic's id (KIP-516) in Kafka's text form, None from a broker without topic ids."""
+        future = self.client.describe_topics(TopicCollection([name]), request_timeout=self.timeout_s)[name]
+        try:
+            found = future.result(timeout=self.timeout_s * 2).topic_id
+        except KafkaException as exc:
+            _raise(exc, f"cannot describe topic {name}")
+        if found is None:
+            return None
+        mask = (1 << 64) - 1
+        value = (found.get_most_significant_bits() & mask) << 64 | found.get_least_significant_bits() & mask
+        return topic_id_text(uuid.UUID(int=value)) if value else None
 
     def create_topic(self, name: str, partitions: int) -> None:
         futures = self.client.create_topics([NewTopic(name, num_partitions=partitions, replication_factor=1)],

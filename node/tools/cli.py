@@ -5,7 +5,8 @@
     shmbroker dashboard [--data-dir DIR]                live view: processes (psutil) and the node's rates
     shmbroker topics list|create|describe|delete [--bootstrap HOST:PORT] ...
     shmbroker groups list|describe [--bootstrap HOST:PORT] ...      (lag per partition)
-    shmbroker transactions list|describe ID [--data-dir DIR] [--json]   (the coordinator's state, no request)
+    shmbroker transactions list|describe ID [--data-dir DIR | --bootstrap HOST:PORT] [--json]
+                                            (the coordinator's state: from shared memory, or the Kafka API)
     shmbroker users add NAME --mechanism SCRAM-SHA-256|SCRAM-SHA-512|PLAIN --password-stdin [--data-dir DIR]
     shmbroker users list|delete [NAME] [--data-dir DIR]    (the SASL users store; a running node takes changes)
     shmbroker --version
@@ -115,12 +116,18 @@ def _parser() -> argparse.ArgumentParser:
             p.add_argument("group", help="the group id")
 
     transactions = command(sub, "transactions", "list transactional ids, describe one (the transaction coordinator's "
-                                                "state, read from shared memory)")
+                                                "state, read from shared memory; with --bootstrap, the Kafka API)")
     transactions_sub = transactions.add_subparsers(dest="action", required=True)
     for action, text in (("list", "every transactional id: its state, producer id and epoch"),
                          ("describe", "a transactional id's state, producer, timeout and open transaction")):
         p = command(transactions_sub, action, text)
         p.add_argument("--data-dir", default="./data", help="the node's data directory")
+        p.add_argument("--bootstrap", help="HOST:PORT of any broker: ask it (ListTransactions, DescribeTransactions) "
+                                           "instead of reading the local node's shared memory")
+        p.add_argument("--connect-timeout", type=float, default=DEFAULT_CONNECT_TIMEOUT_S,
+                       help="with --bootstrap: seconds to wait for a TCP connection")
+        p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
+                       help="with --bootstrap: seconds to wait for each answer")
         p.add_argument("--json", action="store_true", help="print JSON instead of a table")
         if action == "describe":
             p.add_argument("transactional_id", help="the transactional.id")
@@ -306,6 +313,8 @@ def _transactions(args: argparse.Namespace) -> int:
     from node.tools import dashboard as views
     from node.tools.inspect import NodeNotRunning, NodeReader
 
+    if args.bootstrap is not None:
+        return _transactions_by_api(args)
     try:
         reader = NodeReader.open(args.data_dir)
     except NodeNotRunning as exc:
@@ -324,6 +333,31 @@ def _transactions(args: argparse.Namespace) -> int:
     if found is None:
         more = "" if complete else " (or left out: more ids than the stats segment holds)"
         return _error(f"transactional id {args.transactional_id!r} not found{more}", EXIT_FAILED)
+    _print(found, args.json, views.render_transaction)
+    return 0
+
+
+def _transactions_by_api(args: argparse.Namespace) -> int:
+    from node.tools import dashboard as views
+    from node.tools.admin import AdminError, Unreachable
+    from node.tools.transactions_api import TransactionsApi
+
+    try:
+        node_config.parse_listen(args.bootstrap)
+    except node_config.ConfigError as exc:
+        return _error(f"--bootstrap: {exc}", EXIT_USAGE)
+    api = TransactionsApi(args.bootstrap, args.timeout, args.connect_timeout)
+    try:
+        if args.action == "list":
+            _print(api.list(), args.json, views.render_transactions)
+            return 0
+        found = api.describe(args.transactional_id)
+    except Unreachable as exc:
+        return _error(f"no broker reachable at {args.bootstrap}: {exc}", EXIT_NOT_RUNNING)
+    except AdminError as exc:
+        return _error(str(exc), EXIT_FAILED)
+    if found is None:
+        return _error(f"transactional id {args.transactional_id!r} not found", EXIT_FAILED)
     _print(found, args.json, views.render_transaction)
     return 0
 

@@ -403,7 +403,8 @@ def render_topics(topics: list[dict]) -> None:
 
 
 def render_topic(topic: dict) -> None:
-    table = Table(title=topic["topic"])
+    title = topic["topic"] if topic.get("topic_id") is None else f"{topic['topic']} (topic id {topic['topic_id']})"
+    table = Table(title=title)
     for column in ("partition", "leader", "log start", "high watermark"):
         table.add_column(column, justify="right")
     for p in topic["partitions"]:
@@ -428,8 +429,8 @@ def render_transactions(transactions: list[dict]) -> None:
 def render_transaction(t: dict) -> None:
     console = Console()
     console.print(f"[bold]transactional id {t['transactional_id']}[/] state {t['state']}")
-    console.print(f"producer id {t['producer_id']} epoch {t['producer_epoch']}  timeout {t['timeout_ms']} ms  "
-                  f"last change {_wall(t['last_update_ms'])}")
+    changed = "" if t["last_update_ms"] is None else f"  last change {_wall(t['last_update_ms'])}"  # not in the Kafka API
+    console.print(f"producer id {t['producer_id']} epoch {t['producer_epoch']}  timeout {t['timeout_ms']} ms{changed}")
     if t["start_ms"] >= 0:
         console.print(f"transaction started {_wall(t['start_ms'])} ({t['duration_ms'] / 1000:.1f} s ago)")
     if t["groups"]:

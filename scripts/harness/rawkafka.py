@@ -26,6 +26,7 @@ from __future__ import annotations
 import socket
 import struct
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -128,6 +129,13 @@ def metadata_body(topics: Sequence[str] | None, version: int = 8, allow_auto_top
     return encode_body(wire.metadata_request(topics, allow_auto_topic_creation, version=version))
 
 
+def topic_ids(host: str, port: int, topics: Sequence[str]) -> dict[str, uuid.UUID]:
+    """{topic: its topic id} from a Metadata v12 request (topics that exist; none are created)."""
+    with RawConnection(host, port) as conn:
+        answer = conn.call(METADATA, 12, metadata_body(list(topics), version=12, allow_auto_topic_creation=False))
+    return {t.name: t.topic_id for t in answer.topics if t.error_code == 0 and t.topic_id is not None}
+
+
 def create_topics_body(
     topics: dict[str, int], replication_factor: int = 1, timeout_ms: int = 30000, version: int = 4,
     validate_only: bool = False, configs: dict[str, str | None] | None = None,
@@ -219,12 +227,14 @@ def fetch_body(
     partition_max_bytes: int = 1024 * 1024,
     isolation_level: int = 0,
     version: int = 11,
+    topic_ids: dict[str, uuid.UUID] | None = None,
 ) -> bytes:
-    """Fetch v4-12 request body for {topic: {partition: fetch offset}} (session 0, no rack)."""
+    """Fetch v4-17 request body for {topic: {partition: fetch offset}} (session 0, no rack); v13+ name each
+    topic by its id in `topic_ids` (see `topic_ids`)."""
     request = wire.fetch_request({TopicPartition(t, p): o for t, parts in offsets.items() for p, o in parts.items()},
                                  max_wait_ms=max_wait_ms, min_bytes=min_bytes, max_bytes=max_bytes,
                                  partition_max_bytes=partition_max_bytes, isolation_level=isolation_level,
-                                 version=version)
+                                 version=version, topic_ids=topic_ids)
     return encode_body(request)
 
 
@@ -255,11 +265,13 @@ class FetchResult:
         return sum(p.record_count for p in self.partitions)
 
 
-def parse_fetch_response(version: int, body: bytes | memoryview) -> FetchResult:
-    """A Fetch v4-12 response body (after the correlation id), walked by the connector's wire module: per
-    partition, counts from the batch headers, without copying record data."""
+def parse_fetch_response(version: int, body: bytes | memoryview,
+                         topic_names: dict[bytes, str] | None = None) -> FetchResult:
+    """A Fetch v4-17 response body (after the correlation id), walked by the connector's wire module: per
+    partition, counts from the batch headers, without copying record data. v13+: `topic_names` maps topic id
+    bytes to names."""
     try:
-        answer = wire.parse_fetch_response(memoryview(body), 0, version)
+        answer = wire.parse_fetch_response(memoryview(body), 0, version, topic_names)
     except (ValueError, struct.error, UnicodeDecodeError) as exc:
         raise RawProtocolError(f"fetch response: {exc}") from None
     result = FetchResult(answer.throttle_time_ms, answer.error_code, answer.session_id)

@@ -128,7 +128,7 @@ class AdminHandlers:
                 number, message = (outcome or {}).get(name, TIMED_OUT)
                 results[name] = (code(number), message)
             return reply(req, entity(req, "CreateTopicsResponse", throttle_time=ZERO_THROTTLE, topics=tuple(
-                self._created(req, t.name, results[t.name], counts.get(t.name), requested.get(t.name, {}))
+                self._created(req, t.name, results[t.name], counts.get(t.name), requested.get(t.name, {}), validate_only)
                 for t in request.topics)))
 
         if not wanted:
@@ -138,7 +138,7 @@ class AdminHandlers:
         return self._ask(req, M.Kind.CREATE_TOPICS, document, wait_ms, answer, monotonic_ms() + wait_ms)
 
     def _created(self, req: Request, name: str, result: tuple[E.ErrorCode, str | None], partitions: int | None,
-                 requested: dict[str, str]) -> Any:
+                 requested: dict[str, str], validate_only: bool) -> Any:
         """A CreatableTopicResult; from v5 a created (or validated) topic's partition count, replication factor
         and every config as DescribeConfigs shows it (KIP-525), -1s and no configs for an error."""
         error, message = result
@@ -151,7 +151,9 @@ class AdminHandlers:
             fields = {"num_partitions": i32(partitions), "replication_factor": i16(1), "configs": tuple(entity(
                 req, "CreatableTopicConfigs", name=d.name, value=d.value, read_only=d.read_only,
                 config_source=i8(d.source), is_sensitive=False) for d in described)}
-        return entity(req, "CreatableTopicResult", name=name, error_code=error, error_message=message, **fields)
+        created = error == E.NONE and not validate_only
+        return entity(req, "CreatableTopicResult", name=name, topic_id=store.topic_id(name) if created else None,
+                      error_code=error, error_message=message, **fields)
 
     def _new_topic_partitions(self, topic: Any) -> tuple[int, tuple[E.ErrorCode, str] | None]:
         """(partition count, None) or (0, the error) of a CreatableTopic, as Kafka's controller checks it."""
@@ -196,18 +198,21 @@ class AdminHandlers:
         return None
 
     def delete_topics(self, req: Request, request: Any) -> Outcome:
-        names = list(request.topic_names)
+        """By name (v0-5) or, from v6, by name or topic id (a deletion by id deletes that topic, not a newer one
+        of the same name: the timer checks the id)."""
+        asked = DeletionList.of(request, self.partitions)
 
         def answer(outcome: dict | None) -> Outcome:
             if outcome is not None:
                 self.partitions.reload()
-            results = {name: (int(TIMED_OUT[0]), None) for name in names} if outcome is None else outcome
             return reply(req, entity(req, "DeleteTopicsResponse", throttle_time=ZERO_THROTTLE, responses=tuple(
-                entity(req, "DeletableTopicResult", name=n, error_code=code(results.get(n, (0, None))[0]),
-                       error_message=results.get(n, (0, None))[1])
-                for n in names)))
+                entity(req, "DeletableTopicResult", name=name, topic_id=topic_id, error_code=code(number),
+                       error_message=message)
+                for name, topic_id, (number, message) in asked.results(outcome))))
 
-        return self._ask(req, M.Kind.DELETE_TOPICS, names, self._wait_ms(millis(request.timeout)), answer)
+        if not asked.document:
+            return answer({})
+        return self._ask(req, M.Kind.DELETE_TOPICS, asked.document, self._wait_ms(millis(request.timeout)), answer)
 
     # -- CreatePartitions -----------------------------------------------------------------------
 
@@ -401,3 +406,49 @@ class AdminHandlers:
         document = {"resources": sent, "validate_only": bool(request.validate_only)}
         return self._ask(req, M.Kind.ALTER_CONFIGS, document, self.config.timer.control_timeout_ms, answer)
 
+
+
+class DeletionList:
+    """The topics a DeleteTopics names, in its order: by name, or (v6+) by topic id, resolved in this worker's
+    catalog. `document` is what the timer deletes: names, and [name, id] pairs for those named by id."""
+
+    def __init__(self) -> None:
+        self.asked: list[tuple[str | None, Any, tuple[int, str | None] | None]] = []  # name, id, early answer
+        self.document: list[Any] = []
+
+    @classmethod
+    def of(cls, request: Any, store: PartitionStore) -> "DeletionList":
+        deletions = cls()
+        topics = getattr(request, "topics", None)
+        if topics is None:  # v0-5
+            for name in request.topic_names:
+                deletions.asked.append((name, None, None))
+                deletions.document.append(name)
+            return deletions
+        for topic in topics:
+            if topic.name is not None and topic.topic_id is not None:
+                deletions.asked.append((topic.name, topic.topic_id, (
+                    int(E.INVALID_REQUEST), "You may not specify both topic name and topic id.")))
+            elif topic.topic_id is not None:
+                name = store.topic_by_id(topic.topic_id)
+                if name is None:
+                    deletions.asked.append((None, topic.topic_id, (int(E.UNKNOWN_TOPIC_ID),
+                                                                   "This server does not host this topic ID.")))
+                else:
+                    deletions.asked.append((name, topic.topic_id, None))
+                    deletions.document.append([name, str(topic.topic_id)])
+            elif topic.name is not None:
+                deletions.asked.append((topic.name, store.topic_id(topic.name), None))
+                deletions.document.append(topic.name)
+            else:
+                deletions.asked.append((None, None, (int(E.INVALID_REQUEST), "A topic needs a name or a topic id.")))
+        return deletions
+
+    def results(self, outcome: dict | None) -> list[tuple[str | None, Any, tuple[int, str | None]]]:
+        """(name, id, (error code, message)) per topic asked for; outcome None: the timer did not answer."""
+        answered = []
+        for name, topic_id, early in self.asked:
+            if early is None:
+                early = (int(TIMED_OUT[0]), None) if outcome is None else tuple(outcome.get(name, (0, None)))
+            answered.append((name, topic_id, early))
+        return answered

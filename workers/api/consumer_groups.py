@@ -4,8 +4,7 @@ Each turns its request into the kind's typed message (shm.messages) for the grou
 process (node.timer.groups.consumer), waits for its REPLY and builds the response of the request's version.
 
 Topics cross the rings by name; the Kafka messages name them by topic id (KIP-516). `TopicIds` maps between
-the two from the worker's catalog: a topic entry's `topic_id` when the catalog keeps one, else a UUID derived
-from the name (uuid5), the same in every process.
+the two from the worker's catalog.
 
 Invariants:
 - Every request gets its response: the coordinator's, or COORDINATOR_NOT_AVAILABLE if the timer never answers.
@@ -32,31 +31,20 @@ from workers.timer_client.outcome import Outcome
 
 HeartbeatAnswer = M.reply_class(M.Kind.CONSUMER_GROUP_HEARTBEAT)
 DescribeAnswer = M.reply_class(M.Kind.CONSUMER_GROUP_DESCRIBE)
-TOPIC_ID_NAMESPACE = uuid.UUID("5f0c6a8e-3b52-4a55-9d1e-6f1d2a0b7c41")
 
 
 class TopicIds:
-    """Topic name <-> topic id, from the catalog (its reverse map rebuilt when the catalog changes)."""
+    """Topic name <-> topic id, from the worker's catalog (every topic has its id there)."""
 
     def __init__(self, partitions: PartitionStore) -> None:
         self.partitions = partitions
-        self._names: dict[uuid.UUID, str] = {}
-        self._version = -1
-
-    @staticmethod
-    def _id(entry: Any) -> uuid.UUID:
-        return getattr(entry, "topic_id", None) or uuid.uuid5(TOPIC_ID_NAMESPACE, entry.name)
 
     def id_of(self, name: str) -> uuid.UUID:
         entry = self.partitions.catalog.topics.get(name)
-        return self._id(entry) if entry is not None else uuid.UUID(int=0)
+        return entry.topic_id if entry is not None and entry.topic_id is not None else uuid.UUID(int=0)
 
     def name_of(self, topic_id: uuid.UUID) -> str | None:
-        catalog = self.partitions.catalog
-        if catalog.version != self._version:
-            self._names = {self._id(entry): entry.name for entry in catalog.topics.values()}
-            self._version = catalog.version
-        return self._names.get(topic_id)
+        return self.partitions.topic_by_id(topic_id)
 
 
 class ConsumerGroupHandlers:

@@ -35,7 +35,7 @@ from __future__ import annotations
 import random
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, Iterable, NamedTuple
 
 from workers.codecs import errors as E
 from workers.codecs.fetch import FetchPartitionResult, FetchTopicResult
@@ -61,10 +61,20 @@ class SessionPartition:
 
 @dataclass(slots=True)
 class SessionTopic:
-    """The shape the fetch reader takes (a kio FetchTopic's fields): a topic and its partitions to read."""
+    """The shape the fetch reader takes (a request's topic as the handler names it): a topic (None: a topic id
+    no live topic has), the id it was asked by (Fetch v13+; b"" before), its partitions to read."""
 
-    topic: str
+    topic: str | None
     partitions: list[SessionPartition]
+    id_bytes: bytes = b""
+
+
+class ForgottenTopic(NamedTuple):
+    """Partitions a request asks its session to forget, its topic named as the request's topics are."""
+
+    topic: str | None
+    id_bytes: bytes
+    partitions: Any
 
 
 @dataclass(slots=True, eq=False)
@@ -73,13 +83,15 @@ class FetchSession:
     created_ms: int
     last_used_ms: int
     epoch: int = 1  # the epoch the next incremental fetch must carry
-    partitions: OrderedDict = field(default_factory=OrderedDict)  # (topic, partition) -> SessionPartition
+    # (topic, topic id bytes, partition) -> SessionPartition
+    partitions: OrderedDict = field(default_factory=OrderedDict)
 
-    def update(self, topics: Iterable[Any], forgotten: Iterable[Any]) -> None:
+    def update(self, topics: Iterable[Any], forgotten: Iterable[ForgottenTopic]) -> None:
         """Add or update the partitions a request names; drop the ones it forgets."""
         for topic in topics:
+            id_bytes = getattr(topic, "id_bytes", b"")
             for part in topic.partitions:
-                key = (topic.topic, part.partition)
+                key = (topic.topic, id_bytes, part.partition)
                 cached = self.partitions.get(key)
                 if cached is None:
                     self.partitions[key] = SessionPartition(part.partition, part.fetch_offset,
@@ -89,14 +101,14 @@ class FetchSession:
                     cached.partition_max_bytes = part.partition_max_bytes
         for topic in forgotten:
             for index in topic.partitions:
-                self.partitions.pop((topic.topic, index), None)
+                self.partitions.pop((topic.topic, topic.id_bytes, index), None)
 
     def to_read(self) -> list[SessionTopic]:
         """Every partition of the session, grouped by topic in session order."""
         topics: list[SessionTopic] = []
-        for (name, _), part in self.partitions.items():
-            if not topics or topics[-1].topic != name:
-                topics.append(SessionTopic(name, []))
+        for (name, id_bytes, _), part in self.partitions.items():
+            if not topics or (topics[-1].topic, topics[-1].id_bytes) != (name, id_bytes):
+                topics.append(SessionTopic(name, [], id_bytes))
             topics[-1].partitions.append(part)
         return topics
 
@@ -109,11 +121,12 @@ class FetchContext:
     session_id = NO_SESSION
     incremental = False
 
-    def __init__(self, request: Any) -> None:
+    def __init__(self, request: Any, asked: list[Any]) -> None:
         self.request = request
+        self.asked = asked  # the request's topics, named by the handler
 
     def topics(self) -> list[Any]:
-        return list(self.request.topics)
+        return self.asked
 
     def answer(self, results: list[FetchTopicResult]) -> list[FetchTopicResult]:
         return results
@@ -123,7 +136,7 @@ class SessionErrorContext(FetchContext):
     """A session the worker does not hold, or the wrong epoch: the error, no partitions."""
 
     def __init__(self, request: Any, error_code: int) -> None:
-        super().__init__(request)
+        super().__init__(request, [])
         self.error_code = error_code
 
     def topics(self) -> list[Any]:
@@ -133,12 +146,12 @@ class SessionErrorContext(FetchContext):
 class FullContext(FetchContext):
     """A full fetch that may open a session: it is cached with the state of the answer it gets."""
 
-    def __init__(self, request: Any, cache: "FetchSessionCache") -> None:
-        super().__init__(request)
+    def __init__(self, request: Any, asked: list[Any], cache: "FetchSessionCache") -> None:
+        super().__init__(request, asked)
         self.cache = cache
 
     def answer(self, results: list[FetchTopicResult]) -> list[FetchTopicResult]:
-        session = self.cache.open(self.request)
+        session = self.cache.open(self.asked)
         if session is not None:
             self.session_id = session.id
             remember(session, results)
@@ -149,7 +162,7 @@ class IncrementalContext(FetchContext):
     incremental = True
 
     def __init__(self, request: Any, session: FetchSession) -> None:
-        super().__init__(request)
+        super().__init__(request, [])
         self.session = session
         self.session_id = session.id
 
@@ -169,7 +182,7 @@ def remember(session: FetchSession, results: list[FetchTopicResult],
     for topic in results:
         kept = []
         for result in topic.partitions:
-            key = (topic.name, result.partition_index)
+            key = (topic.name, topic.topic_id, result.partition_index)
             cached = session.partitions.get(key)
             if cached is None:  # forgotten by now
                 continue
@@ -188,7 +201,7 @@ def remember(session: FetchSession, results: list[FetchTopicResult],
             if must or not changed_only:
                 kept.append(result)
         if kept or not changed_only:
-            answered.append(FetchTopicResult(topic.name, kept) if changed_only else topic)
+            answered.append(FetchTopicResult(topic.name, kept, topic.topic_id) if changed_only else topic)
     for key in moved:
         session.partitions.move_to_end(key)
     return answered
@@ -213,17 +226,18 @@ class FetchSessionCache:
     def __len__(self) -> int:
         return len(self.sessions)
 
-    def context(self, request: Any, version: int) -> FetchContext:
-        """The context of a Fetch of `version` (sessions exist from v7)."""
+    def context(self, request: Any, version: int, asked: list[Any], forgotten: list[ForgottenTopic]) -> FetchContext:
+        """The context of a Fetch of `version` (sessions exist from v7) asking for `asked` (its topics as the
+        handler names them) and forgetting `forgotten`."""
         if version < 7:
-            return FetchContext(request)
+            return FetchContext(request, asked)
         session_id, epoch = request.session_id, request.session_epoch
         if epoch in (INITIAL_EPOCH, FINAL_EPOCH):
             if session_id != NO_SESSION:
                 self.sessions.pop(session_id, None)
             if epoch == FINAL_EPOCH or self.slots == 0:
-                return FetchContext(request)
-            return FullContext(request, self)
+                return FetchContext(request, asked)
+            return FullContext(request, asked, self)
         session = self.sessions.get(session_id)
         if session is None:
             self.session_errors += 1
@@ -231,23 +245,23 @@ class FetchSessionCache:
         if epoch != session.epoch:
             self.session_errors += 1
             return SessionErrorContext(request, E.INVALID_FETCH_SESSION_EPOCH)
-        session.update(request.topics, request.forgotten_topics_data)
+        session.update(asked, forgotten)
         if not session.partitions:
             del self.sessions[session_id]
-            return FetchContext(request)
+            return FetchContext(request, asked)
         session.epoch = session.epoch + 1 if session.epoch < _MAX_EPOCH else 1
         session.last_used_ms = self.clock_ms()
         self.incremental_fetches += 1
         return IncrementalContext(request, session)
 
-    def open(self, request: Any) -> FetchSession | None:
+    def open(self, asked: list[Any]) -> FetchSession | None:
         """A new session for a full fetch's partitions, or None when no slot is free or can be freed."""
-        size = sum(len(topic.partitions) for topic in request.topics)
+        size = sum(len(topic.partitions) for topic in asked)
         now = self.clock_ms()
         if len(self.sessions) >= self.slots and not self._evict_for(size, now):
             return None
         session = FetchSession(self._new_id(), now, now)
-        session.update(request.topics, ())
+        session.update(asked, ())
         self.sessions[session.id] = session
         self.opened += 1
         return session

@@ -240,13 +240,21 @@ class GroupHandlers:
     # -- ListGroups, DescribeGroups, DeleteGroups ---------------------------------------------
 
     def list_groups(self, req: Request, request: Any) -> Outcome:
+        """v4+ filter by state and v5+ by type (Kafka compares both case-insensitively): classic or consumer."""
+        states = {state.lower() for state in getattr(request, "states_filter", ())}
+        types = {kind.lower() for kind in getattr(request, "types_filter", ())}
+
         def answer(outcome: Any) -> Outcome:
             if outcome is None:
                 outcome = ListAnswer(int(E.ErrorCode.coordinator_not_available), [])
+            listed = [group for group in outcome.groups
+                      if (not states or group.state.lower() in states) and (not types or group.group_type in types)]
             return reply(req, entity(req, "ListGroupsResponse", throttle_time=ZERO_THROTTLE,
                                      error_code=code(outcome.error), groups=tuple(
-                                         entity(req, "ListedGroup", group_id=group, protocol_type=protocol_type)
-                                         for group, protocol_type in outcome.groups)))
+                                         entity(req, "ListedGroup", group_id=group.group,
+                                                protocol_type=group.protocol_type, group_state=group.state,
+                                                group_type=group.group_type)
+                                         for group in listed)))
 
         return self._ask(req, M.Kind.LIST_GROUPS, (), self.config.timer.control_timeout_ms, answer,
                          lambda error: answer(ListAnswer(int(error), [])))

@@ -34,8 +34,9 @@ from workers.codecs import protocol as P
 from workers.connection import FileRange, Request
 from workers.timer_client.delayed import Completed, DelayedRequests, monotonic_ms
 from workers.api.admin import AdminHandlers
-from workers.api.fetch_sessions import FetchContext, FetchSessionCache
+from workers.api.fetch_sessions import FetchContext, FetchSessionCache, ForgottenTopic
 from workers.api.consumer_groups import ConsumerGroupHandlers
+from workers.api.cluster import ClusterHandlers
 from workers.api.groups import GroupHandlers
 from workers.api.transactions import TransactionHandlers
 from workers.codecs.fetch import FetchPartitionResult, FetchTopicResult, encode_fetch_response
@@ -97,6 +98,7 @@ class Handlers:
             **ConsumerGroupHandlers(partitions, config, delayed).table(),
             **self.transactions.table(),
             **AdminHandlers(partitions, config, delayed).table(),
+            **ClusterHandlers(partitions, config, cluster_id).table(),
         }
 
     def dispatch(self, req: Request, request: Any) -> Outcome:
@@ -137,10 +139,21 @@ class Handlers:
 
     def metadata(self, req: Request, request: Any, auto_create: bool = True) -> Outcome:
         version = req.header.api_version
+        unknown_ids: list[Any] = []  # v10+: topics asked for by an id no live topic has
         if request.topics is None or (version == 0 and not request.topics):
             names = sorted(self.partitions.catalog.topics)
         else:
-            names = [t.name for t in request.topics]
+            names = []
+            for t in request.topics:
+                topic_id = getattr(t, "topic_id", None)
+                if topic_id is None or t.name is not None:
+                    names.append(t.name)
+                    continue
+                name = self.partitions.topic_by_id(topic_id)
+                if name is None:
+                    unknown_ids.append(topic_id)
+                else:
+                    names.append(name)
         allow_create = (auto_create and self.config.topics.auto_create_topics
                         and getattr(request, "allow_auto_topic_creation", True))
         missing = [n for n in names if self.partitions.topic_partitions(n) is None and valid_topic_name(n)]
@@ -149,18 +162,21 @@ class Handlers:
                                      lambda: self.metadata(req, request, auto_create=False))
         server = self.config.server
         node_id = server.node_id
-        topics = []
+        topics = [entity(req, "MetadataResponseTopic", error_code=E.UNKNOWN_TOPIC_ID, name=None, topic_id=topic_id,
+                         partitions=()) for topic_id in unknown_ids]
         for name in names:
             count = self.partitions.topic_partitions(name)
             if count is None:
                 code = E.UNKNOWN_TOPIC_OR_PARTITION if valid_topic_name(name) else E.INVALID_TOPIC_EXCEPTION
-                topics.append(entity(req, "MetadataResponseTopic", error_code=code, name=name, partitions=()))
+                topics.append(entity(req, "MetadataResponseTopic", error_code=code, name=name, topic_id=None,
+                                     partitions=()))
                 continue
             partitions = tuple(entity(req, "MetadataResponsePartition", error_code=E.NONE, partition_index=i32(p),
                                             leader_id=i32(node_id), leader_epoch=i32(0), replica_nodes=(i32(node_id),),
                                             isr_nodes=(i32(node_id),), offline_replicas=())
                                for p in range(count))
             topics.append(entity(req, "MetadataResponseTopic", error_code=E.NONE, name=name,
+                                 topic_id=self.partitions.topic_id(name),
                                  is_internal=self.partitions.is_internal(name), partitions=partitions,
                                  topic_authorized_operations=i32(authorized(
                                      getattr(request, "include_topic_authorized_operations", False),
@@ -312,7 +328,8 @@ class Handlers:
     # -- Fetch -------------------------------------------------------------------------------
 
     def fetch(self, req: Request, request: Any) -> Outcome:
-        context = self.fetch_sessions.context(request, req.header.api_version)
+        context = self.fetch_sessions.context(request, req.header.api_version, self._fetch_topics(request),
+                                              self._forgotten_topics(request))
         if context.error_code:
             return self._fetch_response(req, context, [])
         client = req.header.client_id
@@ -354,23 +371,43 @@ class Handlers:
     def _empty_fetch(self, request: Any) -> list[FetchTopicResult]:
         """The answer of a throttled fetch: every partition, no records."""
         topics = []
-        for topic in request.topics:
+        for topic in self._fetch_topics(request):
             results = []
             for part in topic.partitions:
                 row = self.partitions.row(topic.topic, part.partition)
                 if row is None:
-                    results.append(FetchPartitionResult(part.partition, error_code=E.UNKNOWN_TOPIC_OR_PARTITION))
+                    results.append(FetchPartitionResult(part.partition, error_code=_unknown(topic.topic)))
                     continue
                 state = self.partitions.table.read(row)
                 results.append(FetchPartitionResult(part.partition, high_watermark=state.high_watermark,
                                                     log_start_offset=state.log_start_offset))
-            topics.append(FetchTopicResult(topic.topic, results))
+            topics.append(FetchTopicResult(topic.topic, results, getattr(topic, "id_bytes", _ZERO_ID)))
         return topics
+
+    def _fetch_topics(self, request: Any) -> Any:
+        """The request's topics, each with its name as `.topic`: as they come up to v12; from v13 (topic ids,
+        KIP-516) each looked up in this worker's catalog (a dict; None for an id no live topic has)."""
+        if request.__version__ < _FETCH_BY_TOPIC_ID:
+            return request.topics
+        by_id = self.partitions.topic_by_id
+        return [_TopicById(by_id(topic.topic_id) if topic.topic_id is not None else None, topic.topic_id,
+                           topic.partitions) for topic in request.topics]
+
+    def _forgotten_topics(self, request: Any) -> list[ForgottenTopic]:
+        """The partitions a Fetch v7+ asks its session to forget, named as _fetch_topics names topics."""
+        forgotten = getattr(request, "forgotten_topics_data", ())
+        if request.__version__ < _FETCH_BY_TOPIC_ID:
+            return [ForgottenTopic(topic.topic, b"", topic.partitions) for topic in forgotten]
+        by_id = self.partitions.topic_by_id
+        return [ForgottenTopic(by_id(topic.topic_id) if topic.topic_id is not None else None,
+                               _ZERO_ID if topic.topic_id is None else topic.topic_id.bytes, topic.partitions)
+                for topic in forgotten]
 
     def _read_fetch(self, request: Any, topics: list[Any]
                     ) -> tuple[list[FetchTopicResult], int, bool, list[tuple[int, int, int]]]:
-        """Read every partition of `topics` (the request's own, or its fetch session's) under the request's
-        limits: (results, total bytes, any error, the items to watch (shm.fetch_condition)).
+        """Read every partition of `topics` (the request's own as _fetch_topics names them, or its fetch
+        session's) under the request's limits: (results, total bytes, any error, the items to watch
+        (shm.fetch_condition)).
 
         The levels of a priority topic share the budget as workers.api.priority says, when the node splits it."""
         read = _FetchRead(request.max_bytes if request.max_bytes > 0 else self.config.server.request_max_bytes,
@@ -384,7 +421,11 @@ class Handlers:
                 results[index] = [self._read_partition(read, topic.topic, part) for part in topic.partitions]
             elif results[index] is None:  # the family's first topic: all its levels now
                 self._read_family(read, topics, families[family], results)
-        return ([FetchTopicResult(topic.topic, parts) for topic, parts in zip(topics, results)], read.total,
+        if request.__version__ >= _FETCH_BY_TOPIC_ID:
+            answered = [FetchTopicResult(topic.topic, parts, topic.id_bytes) for topic, parts in zip(topics, results)]
+        else:
+            answered = [FetchTopicResult(topic.topic, parts) for topic, parts in zip(topics, results)]
+        return (answered, read.total,
                 read.has_error, read.watch)
 
     def _read_partition(self, read: "_FetchRead", topic: str, part: Any) -> FetchPartitionResult:
@@ -396,7 +437,7 @@ class Handlers:
         `committed` (read_committed): below the LSO, with the aborted transactions of the range."""
         row = self.partitions.row(topic, part.partition)
         if row is None:
-            return FetchPartitionResult(part.partition, error_code=E.UNKNOWN_TOPIC_OR_PARTITION), None, None
+            return FetchPartitionResult(part.partition, error_code=_unknown(topic)), None, None
         try:
             plog = self.partitions.log(row)
             piece = plog.read(part.fetch_offset, limit, min_one_batch=min_one_batch, committed=committed)
@@ -438,6 +479,26 @@ class Handlers:
             if piece is not None:
                 left[level] = max(0, left[level] - piece.size)
             results[index].append(read.add(result, row, piece))
+
+
+_FETCH_BY_TOPIC_ID = 13  # Fetch v13+ names topics by topic id (KIP-516)
+_ZERO_ID = bytes(16)
+
+
+class _TopicById:
+    """A Fetch v13+ topic with its name looked up (None: no live topic has the id)."""
+
+    __slots__ = ("topic", "id_bytes", "partitions")
+
+    def __init__(self, topic: str | None, topic_id: Any, partitions: Any) -> None:
+        self.topic = topic
+        self.id_bytes = _ZERO_ID if topic_id is None else topic_id.bytes  # echoed in the answer
+        self.partitions = partitions
+
+
+def _unknown(topic: str | None) -> E.ErrorCode:
+    """The error of a partition not found: its topic id unknown (v13+), or its topic or partition."""
+    return E.UNKNOWN_TOPIC_ID if topic is None else E.UNKNOWN_TOPIC_OR_PARTITION
 
 
 class _FetchRead:

@@ -37,12 +37,13 @@ class LevelNames:
         self.max_remembered = max_remembered  # a client naming endless topics cannot grow this without bound
         self._known: dict[str, tuple[str, int] | None] = {}
 
-    def of(self, name: str) -> tuple[str, int] | None:
+    def of(self, name: str | None) -> tuple[str, int] | None:
+        """None also for no name (a topic asked for by an unknown topic id)."""
         try:
             return self._known[name]
         except KeyError:
             pass
-        match = _LEVEL_TOPIC.match(name)
+        match = _LEVEL_TOPIC.match(name) if name else None
         level = (match["family"], int(match["level"])) if match and int(match["level"]) < self.max_levels else None
         if len(self._known) >= self.max_remembered:
             self._known.clear()

@@ -16,9 +16,10 @@ Invariants:
 
 from __future__ import annotations
 
+import datetime
 from typing import Any, Callable
 
-from kio.static.primitive import i16, i32, i64
+from kio.static.primitive import i16, i32, i32Timedelta, i64
 
 from node.config import NodeConfig
 from shm import messages as M
@@ -46,6 +47,8 @@ class TransactionHandlers:
             P.ADD_OFFSETS_TO_TXN: self.add_offsets_to_txn,
             P.END_TXN: self.end_txn,
             P.TXN_OFFSET_COMMIT: self.txn_offset_commit,
+            P.LIST_TRANSACTIONS: self.list_transactions,
+            P.DESCRIBE_TRANSACTIONS: self.describe_transactions,
         }
 
     def _code(self, req: Request, error: int) -> E.ErrorCode:
@@ -144,3 +147,48 @@ class TransactionHandlers:
         body = (int(request.producer_id), int(request.producer_epoch))
         return self._ask(req, M.Kind.TXN_OFFSET_COMMIT, body, (request.transactional_id, request.group_id, topics),
                          self.config.timer.control_timeout_ms, answer, refuse)
+
+    # -- ListTransactions, DescribeTransactions ----------------------------------------------------
+
+    def list_transactions(self, req: Request, request: Any) -> Outcome:
+        states = list(request.state_filters)
+        producer_ids = [int(p) for p in request.producer_id_filters]
+
+        def answer(outcome: Any) -> Outcome:
+            return reply(req, entity(req, "ListTransactionsResponse", throttle_time=ZERO_THROTTLE,
+                                     error_code=code(outcome.error), unknown_state_filters=tuple(outcome.unknown_states),
+                                     transaction_states=tuple(
+                                         entity(req, "TransactionState", transactional_id=transactional_id,
+                                                producer_id=i64(producer_id), transaction_state=state)
+                                         for transactional_id, producer_id, state in outcome.transactions)))
+
+        duration_ms = int(getattr(request, "duration_filter", -1))
+        return self._ask(req, M.Kind.LIST_TRANSACTIONS, (duration_ms,), (states, producer_ids),
+                         self.config.timer.control_timeout_ms, answer,
+                         lambda error: answer(M.reply_class(M.Kind.LIST_TRANSACTIONS)(int(error))))
+
+    def describe_transactions(self, req: Request, request: Any) -> Outcome:
+        ids = list(request.transactional_ids)
+
+        def answer(outcome: Any) -> Outcome:
+            return reply(req, entity(req, "DescribeTransactionsResponse", throttle_time=ZERO_THROTTLE,
+                                     transaction_states=tuple(
+                                         entity(req, "TransactionState", error_code=code(error),
+                                                transactional_id=transactional_id, transaction_state=state,
+                                                transaction_timeout=i32Timedelta.parse(
+                                                    datetime.timedelta(milliseconds=timeout_ms)),
+                                                transaction_start_time=datetime.datetime.fromtimestamp(
+                                                    start_ms / 1000, datetime.timezone.utc),
+                                                producer_id=i64(producer_id), producer_epoch=i16(producer_epoch),
+                                                topics=tuple(entity(req, "TopicData", topic=topic,
+                                                                    partitions=tuple(i32(p) for p in partitions))
+                                                             for topic, partitions in topics))
+                                         for error, transactional_id, state, timeout_ms, start_ms, producer_id,
+                                         producer_epoch, topics in outcome.transactions)))
+
+        def refuse(error: E.ErrorCode) -> Outcome:
+            return answer(M.reply_class(M.Kind.DESCRIBE_TRANSACTIONS)(
+                [M.DescribedTransaction(int(error), transactional_id, "", 0, 0, 0, 0, []) for transactional_id in ids]))
+
+        return self._ask(req, M.Kind.DESCRIBE_TRANSACTIONS, (), (ids,), self.config.timer.control_timeout_ms, answer,
+                         refuse)

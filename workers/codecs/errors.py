@@ -49,8 +49,10 @@ CLUSTER_AUTHORIZATION_FAILED = ErrorCode.cluster_authorization_failed
 INVALID_RECORD = ErrorCode.invalid_record
 FETCH_SESSION_ID_NOT_FOUND = ErrorCode.fetch_session_id_not_found
 INVALID_FETCH_SESSION_EPOCH = ErrorCode.invalid_fetch_session_epoch
+UNKNOWN_TOPIC_ID = ErrorCode.unknown_topic_id
 
 __all__ = [
+    "UNKNOWN_TOPIC_ID",
     "ErrorCode",
     "ProtocolError",
     "NONE",

@@ -1,4 +1,4 @@
-"""Fetch response v4-12 encoder for zero-copy sends (the consume hot path).
+"""Fetch response v4-17 encoder for zero-copy sends (the consume hot path).
 
 Why our own encoder rather than kio: kio needs every partition's records as
 one in-memory ``bytes`` object, so serving a fetch would mean reading the
@@ -36,6 +36,10 @@ Invariants:
   tagged-field section after every structure (a partition's after its records, so it opens the next header
   run). Its partition tags (diverging_epoch, current_leader, snapshot_id) are left out: one node has one leader
   epoch and no follower to diverge.
+- v13-17 name each topic by its 16-byte topic id (KIP-516) where v12 has its compact name; otherwise they are
+  v12's layout. v15's replica_state and v17's replica_directory_id are request fields (followers'), and v16's
+  node_endpoints, a tag, is left out (the leader is the node the client fetches from), so every answer's tagged
+  sections stay empty.
 """
 
 from __future__ import annotations
@@ -50,8 +54,9 @@ from workers.codecs.tagged_fields import uvarint
 from workers.codecs.wire_layout import I16, I32, SIZE_AND_CORRELATION, compile_fields
 
 FETCH_MIN_VERSION = 4
-FETCH_MAX_VERSION = 12
+FETCH_MAX_VERSION = 17
 FETCH_FIRST_FLEXIBLE = 12
+FETCH_FIRST_TOPIC_ID = 13
 
 
 class FileRange(Protocol):
@@ -106,8 +111,9 @@ class FetchPartitionResult:
 
 @dataclass(slots=True)
 class FetchTopicResult:
-    name: str
+    name: str | None  # None: asked for by a topic id no live topic has (v13+)
     partitions: Sequence[FetchPartitionResult]
+    topic_id: bytes = b""  # v13+: the 16 bytes of the topic id the request named it by
 
 
 @dataclass(slots=True)
@@ -175,6 +181,7 @@ _FLEXIBLE_PARTITION_NO_ABORTED = struct.Struct(">ihqqqBi")  # the same, the empt
 _FLEXIBLE_ABORTED_ENTRY = struct.Struct(">qqB")  # producer_id, first_offset, no tags
 _FLEXIBLE_TOP = struct.Struct(">ihi")  # throttle_time_ms, error_code, session_id
 _EMPTY_COMPACT_ARRAY = 1
+_TOPIC_ID_SIZE = 16
 _NO_TAGS = b"\x00"
 
 
@@ -202,12 +209,13 @@ def encode_fetch_response(
     error_code: int = 0,
     session_id: int = 0,
 ) -> FetchResponseFrame:
-    """Encode a Fetch v4-12 response (header v0, v1 when flexible) as bytes pieces and file ranges."""
+    """Encode a Fetch v4-17 response (header v0, v1 when flexible) as bytes pieces and file ranges."""
     layout = _LAYOUTS.get(version)
     if layout is None:
         raise ProtocolError(f"fetch: unsupported version {version}")
     if version >= FETCH_FIRST_FLEXIBLE:
-        return _encode_flexible(correlation_id, topics, throttle_time_ms, error_code, session_id)
+        return _encode_flexible(correlation_id, topics, throttle_time_ms, error_code, session_id,
+                                version >= FETCH_FIRST_TOPIC_ID)
     top_values = {"throttle_time_ms": throttle_time_ms, "error_code": error_code, "session_id": session_id}
     pack_partition = layout.partition.pack
     names = layout.partition_fields
@@ -248,7 +256,7 @@ def encode_fetch_response(
 
 
 def _encode_flexible(correlation_id: int, topics: Sequence[FetchTopicResult], throttle_time_ms: int,
-                     error_code: int, session_id: int) -> FetchResponseFrame:
+                     error_code: int, session_id: int, by_topic_id: bool) -> FetchResponseFrame:
     pack_partition = _FLEXIBLE_PARTITION_NO_ABORTED.pack
     replica = FetchPartitionResult.preferred_read_replica
     pieces: list[RecordPiece] = []
@@ -258,9 +266,14 @@ def _encode_flexible(correlation_id: int, topics: Sequence[FetchTopicResult], th
         head += uvarint(len(topics) + 1)
         total = 0
         for topic in topics:
-            name = topic.name.encode("utf-8")
-            head += uvarint(len(name) + 1)
-            head += name
+            if by_topic_id:
+                if len(topic.topic_id) != _TOPIC_ID_SIZE:
+                    raise ProtocolError(f"topic id of {len(topic.topic_id)} bytes")
+                head += topic.topic_id
+            else:
+                name = topic.name.encode("utf-8")
+                head += uvarint(len(name) + 1)
+                head += name
             head += uvarint(len(topic.partitions) + 1)
             for p in topic.partitions:
                 records_length = p.records_length()

@@ -102,25 +102,30 @@ INCREMENTAL_ALTER_CONFIGS = 44
 OFFSET_DELETE = 47
 CONSUMER_GROUP_HEARTBEAT = 68
 CONSUMER_GROUP_DESCRIBE = 69
+DESCRIBE_CLUSTER = 60
+DESCRIBE_PRODUCERS = 61
+DESCRIBE_TRANSACTIONS = 65
+LIST_TRANSACTIONS = 66
 
 # api_key -> (min_version, max_version) advertised in ApiVersions: up to the newest version whose fields and
 # rules the node honours. The next version of each needs what the node does not have:
 #   Produce 12 and AddPartitionsToTxn 4-5, AddOffsetsToTxn 4, EndTxn 4-5, InitProducerId 5+: KIP-890's
-#   transactions v2; InitProducerId 3-4: KIP-360's epoch bump of a given producer id; Fetch 13+, Metadata 10+,
-#   CreateTopics 7, DeleteTopics 6: topic ids (KIP-516); ListOffsets 7+: the max-timestamp and tiered offsets
+#   transactions v2; InitProducerId 3-4: KIP-360's epoch bump of a given producer id; Fetch 18: KIP-1166's high
+#   watermark tags; Metadata 13: KIP-1102's top-level error code; ListOffsets 7+: the max-timestamp and tiered offsets
 #   (KIP-734, KIP-1005); OffsetFetch 7+: require_stable (UNSTABLE_OFFSET_COMMIT while a transaction holds
 #   offsets); TxnOffsetCommit 3+: KIP-447's member checks (its generation, member and instance ids against the
 #   group: ILLEGAL_GENERATION, UNKNOWN_MEMBER_ID, FENCED_INSTANCE_ID), which the transaction coordinator cannot
-#   make (it does not see the group's members); OffsetCommit 10: topic ids; JoinGroup 9: KIP-848's classic members; ListGroups 4+: state and type filters; FindCoordinator 5+:
-#   KIP-890's error codes and share groups; DescribeGroups 6: KIP-1043's error fields.
+#   make (it does not see the group's members); OffsetCommit 10: topic ids; JoinGroup 9: KIP-848's classic members;
+#   FindCoordinator 5+: KIP-890's error codes and share groups; DescribeGroups 6: KIP-1043's error fields;
+#   DescribeCluster 2: fenced brokers (KRaft's); ListTransactions 2: KIP-1152's transactional id pattern.
 SUPPORTED_APIS: dict[int, tuple[int, int]] = {
     PRODUCE: (3, 11),
-    FETCH: (4, 12),
+    FETCH: (4, 17),
     LIST_OFFSETS: (1, 6),
-    METADATA: (0, 9),
+    METADATA: (0, 12),
     API_VERSIONS: (0, 3),
-    CREATE_TOPICS: (0, 6),
-    DELETE_TOPICS: (0, 5),
+    CREATE_TOPICS: (0, 7),
+    DELETE_TOPICS: (0, 6),
     INIT_PRODUCER_ID: (0, 2),
     # Topic administration (workers/api/admin.py, node/timer/controller.py).
     CREATE_PARTITIONS: (0, 3),
@@ -136,13 +141,16 @@ SUPPORTED_APIS: dict[int, tuple[int, int]] = {
     LEAVE_GROUP: (0, 5),
     OFFSET_COMMIT: (2, 9),
     OFFSET_FETCH: (1, 6),
-    LIST_GROUPS: (0, 3),
+    LIST_GROUPS: (0, 5),
     DESCRIBE_GROUPS: (0, 5),
     DELETE_GROUPS: (0, 2),
     OFFSET_DELETE: (0, 0),
     # The consumer group protocol, KIP-848 (workers/api/consumer_groups.py, node/timer/groups/consumer.py).
     CONSUMER_GROUP_HEARTBEAT: (0, 1),
     CONSUMER_GROUP_DESCRIBE: (0, 1),
+    # The cluster and the partitions' producers (workers/api/cluster.py).
+    DESCRIBE_CLUSTER: (0, 1),
+    DESCRIBE_PRODUCERS: (0, 0),
     # The transaction coordinator (workers/api/transactions.py, node/timer/transactions/).
     ADD_PARTITIONS_TO_TXN: (0, 3),
     ADD_OFFSETS_TO_TXN: (0, 3),
@@ -151,6 +159,8 @@ SUPPORTED_APIS: dict[int, tuple[int, int]] = {
     # SASL on the SASL listeners (workers/api/sasl.py).
     SASL_HANDSHAKE: (0, 1),
     SASL_AUTHENTICATE: (0, 2),
+    LIST_TRANSACTIONS: (0, 1),
+    DESCRIBE_TRANSACTIONS: (0, 0),
 }
 
 # Kafka's default socket.request.max.bytes.
@@ -451,6 +461,10 @@ __all__ = [
     "OFFSET_DELETE",
     "CONSUMER_GROUP_HEARTBEAT",
     "CONSUMER_GROUP_DESCRIBE",
+    "DESCRIBE_CLUSTER",
+    "DESCRIBE_PRODUCERS",
+    "DESCRIBE_TRANSACTIONS",
+    "LIST_TRANSACTIONS",
     "SUPPORTED_APIS",
     "DEFAULT_MAX_REQUEST_SIZE",
     "FRAME_SIZE_PREFIX",

@@ -41,6 +41,8 @@ from node.timer.purgatory import Purgatory
 from shm import messages as M
 
 log = logging.getLogger("shmbroker.groups")
+# ListGroups v5's group types: the classic protocol's groups and the consumer protocol's (KIP-848).
+CLASSIC, CONSUMER = "classic", "consumer"
 JoinAnswer = M.reply_class(M.Kind.JOIN_GROUP)
 SyncAnswer = M.reply_class(M.Kind.SYNC_GROUP)
 FetchOffsetsAnswer = M.reply_class(M.Kind.FETCH_OFFSETS)
@@ -627,8 +629,9 @@ class GroupCoordinator:
         if self._unavailable(waiter):
             return
         self._reply(waiter, M.reply_class(M.Kind.LIST_GROUPS)(
-            int(E.none), [(g.group_id, g.protocol_type or "") for g in self.groups.values() if not g.is_(DEAD)]
-            + [(group_id, "consumer") for group_id in self.consumer.groups]))
+            int(E.none), [(g.group_id, g.protocol_type or "", g.state.value, CLASSIC) for g in self.groups.values()
+                          if not g.is_(DEAD)]
+            + [(group_id, "consumer", group.state, CONSUMER) for group_id, group in self.consumer.groups.items()]))
 
     def describe_groups(self, worker: int, message: Any) -> None:
         waiter = self._waiter(worker, message)

@@ -54,6 +54,7 @@ from node.storage import producer_ids
 from node.storage.store import PartitionStore
 from node.timer.groups.sessions import Sessions
 from node.timer.outbox import Outbox
+from node.timer.transactions import listing
 from node.timer.transactions.held import HeldRequests
 from node.timer.transactions.markers import MarkerWriter
 from node.timer.transactions.metadata import (COMPLETE_ABORT, COMPLETE_COMMIT, COMPLETED, DEAD, EMPTY, ONGOING,
@@ -101,6 +102,8 @@ class TransactionCoordinator:
             M.Kind.ADD_OFFSETS_TO_TXN: self.add_offsets,
             M.Kind.END_TXN: self.end_txn,
             M.Kind.TXN_OFFSET_COMMIT: self.txn_offset_commit,
+            M.Kind.LIST_TRANSACTIONS: self.list_transactions,
+            M.Kind.DESCRIBE_TRANSACTIONS: self.describe_transactions,
         }
 
     # -- the timer loop's calls ---------------------------------------------------------------
@@ -150,6 +153,23 @@ class TransactionCoordinator:
             "state": m.state.value, "producer_id": m.producer_id, "producer_epoch": m.producer_epoch,
             "timeout_ms": m.timeout_ms, "start_ms": m.start_wall_ms, "last_update_ms": m.last_update_wall_ms,
             "partitions": sorted(m.partitions), "groups": sorted(m.groups)} for m in ordered}
+
+    def list_transactions(self, worker: int, message: Any) -> None:
+        """ListTransactions (node.timer.transactions.listing says what the filters keep)."""
+        answer = M.reply_class(M.Kind.LIST_TRANSACTIONS)
+        if self.loading:
+            self._reply(self._waiter(worker, message), answer(int(E.coordinator_load_in_progress)))
+            return
+        self._reply(self._waiter(worker, message), answer(
+            0, listing.unknown_states(message.states),
+            listing.listed(self.transactions.values(), message.states, message.producer_ids,
+                           message.duration_filter_ms, wall_ms())))
+
+    def describe_transactions(self, worker: int, message: Any) -> None:
+        loading = E.coordinator_load_in_progress if self.loading else None
+        self._reply(self._waiter(worker, message), M.reply_class(M.Kind.DESCRIBE_TRANSACTIONS)([
+            listing.described(transactional_id, self.transactions.get(transactional_id), loading)
+            for transactional_id in message.transactional_ids]))
 
     # -- answers ------------------------------------------------------------------------------
 

@@ -1,0 +1,86 @@
+"""The cluster's description and the partitions' producers: DescribeCluster and DescribeProducers, answered by
+the worker from what it holds (the node's own address and id; each partition's producer state, read from its
+log under the partition's lock).
+
+Invariants:
+- The node is the cluster's one broker and its controller; DescribeCluster v1 for controllers (endpoint type 2)
+  is UNSUPPORTED_ENDPOINT_TYPE, as a Kafka broker answers it.
+- DescribeProducers lists every producer a partition's state keeps (the newest batches of each, within
+  producer ids' expiry): its epoch, last sequence and timestamp, and the first offset of its open transaction
+  (-1 when none). An unknown topic or partition is UNKNOWN_TOPIC_OR_PARTITION; a disk fault its storage error.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from kio.static.primitive import i8, i32, i64
+
+from node.config import NodeConfig
+from node.storage.faults import storage_faults
+from node.storage.records import StorageError
+from node.storage.store import PartitionStore
+from workers.api.responses import CLUSTER_OPERATIONS, ZERO_THROTTLE, authorized, code, entity, reply
+from workers.codecs import errors as E
+from workers.codecs import protocol as P
+from workers.connection import Request
+from workers.timer_client.outcome import Outcome
+
+BROKER_ENDPOINTS = 1  # DescribeCluster v1's endpoint_type: brokers (2: controllers)
+NO_COORDINATOR_EPOCH = -1  # markers here carry no coordinator epoch (one coordinator, never moved)
+
+
+class ClusterHandlers:
+    def __init__(self, partitions: PartitionStore, config: NodeConfig, cluster_id: str) -> None:
+        self.partitions = partitions
+        self.config = config
+        self.cluster_id = cluster_id
+
+    def table(self) -> dict[int, Callable[[Request, Any], Outcome]]:
+        return {P.DESCRIBE_CLUSTER: self.describe_cluster, P.DESCRIBE_PRODUCERS: self.describe_producers}
+
+    def describe_cluster(self, req: Request, request: Any) -> Outcome:
+        server = self.config.server
+        node_id = server.node_id
+        endpoint_type = int(getattr(request, "endpoint_type", BROKER_ENDPOINTS))
+        if endpoint_type != BROKER_ENDPOINTS:
+            return reply(req, entity(req, "DescribeClusterResponse", throttle_time=ZERO_THROTTLE,
+                                     error_code=E.ErrorCode.unsupported_endpoint_type,
+                                     error_message=f"The node has no endpoints of type {endpoint_type}; "
+                                                   "it is a broker, ask for brokers (1).",
+                                     endpoint_type=i8(endpoint_type), cluster_id=self.cluster_id,
+                                     controller_id=i32(-1), brokers=(), cluster_authorized_operations=i32(
+                                         authorized(False, CLUSTER_OPERATIONS))))
+        broker = entity(req, "DescribeClusterBroker", broker_id=i32(node_id),
+                        host=server.advertised_host or server.host, port=i32(server.advertised_port or server.port),
+                        rack=None)
+        return reply(req, entity(req, "DescribeClusterResponse", throttle_time=ZERO_THROTTLE, error_code=E.NONE,
+                                 error_message=None, endpoint_type=i8(endpoint_type), cluster_id=self.cluster_id,
+                                 controller_id=i32(node_id), brokers=(broker,),
+                                 cluster_authorized_operations=i32(authorized(
+                                     request.include_cluster_authorized_operations, CLUSTER_OPERATIONS))))
+
+    def describe_producers(self, req: Request, request: Any) -> Outcome:
+        return reply(req, entity(req, "DescribeProducersResponse", throttle_time=ZERO_THROTTLE, topics=tuple(
+            entity(req, "TopicResponse", name=topic.name, partitions=tuple(
+                self._partition_producers(req, topic.name, int(partition)) for partition in topic.partition_indexes))
+            for topic in request.topics)))
+
+    def _partition_producers(self, req: Request, topic: str, partition: int) -> Any:
+        row = self.partitions.row(topic, partition)
+        if row is None:
+            return entity(req, "PartitionResponse", partition_index=i32(partition),
+                          error_code=E.UNKNOWN_TOPIC_OR_PARTITION, error_message=None, active_producers=())
+        try:
+            with storage_faults(f"producer state of {topic}-{partition}"):
+                producers = self.partitions.log(row).active_producers()
+        except StorageError as exc:
+            return entity(req, "PartitionResponse", partition_index=i32(partition), error_code=code(exc.error_code),
+                          error_message=str(exc), active_producers=())
+        return entity(req, "PartitionResponse", partition_index=i32(partition), error_code=E.NONE,
+                      error_message=None, active_producers=tuple(
+                          entity(req, "ProducerState", producer_id=i64(producer_id), producer_epoch=i32(entry.epoch),
+                                 last_sequence=i32(entry.last_sequence), last_timestamp=i64(entry.last_timestamp),
+                                 coordinator_epoch=i32(NO_COORDINATOR_EPOCH),
+                                 current_txn_start_offset=i64(entry.open_transaction_from))
+                          for producer_id, entry in producers))
