@@ -111,7 +111,7 @@ ANSWERS = [
     (Kind.COMMIT_OFFSETS, ([M.TopicPartitionErrors("t", [M.PartitionError(0, 0), M.PartitionError(1, 3)])],)),
     (Kind.FETCH_OFFSETS, (0, [M.TopicOffsets("t", [M.PartitionOffset(0, 42, -1, "", 0),
                                                    M.PartitionOffset(1, -1, -1, None, 0)])])),
-    (Kind.LIST_GROUPS, (0, [M.ListedGroup("g", "consumer", "Stable")])),
+    (Kind.LIST_GROUPS, (0, [M.ListedGroup("g", "consumer", "Stable", "classic")])),
     (Kind.DESCRIBE_GROUPS, ([M.DescribedGroup(0, "g", "Stable", "consumer", "range",
                                               [M.DescribedMember("m", None, "c", "/127.0.0.1", b"md", b"as")])],)),
     (Kind.DELETE_GROUPS, ([M.GroupError("g", 69)],)),

@@ -80,7 +80,7 @@ def test_advertised_versions_are_the_supported_ones() -> None:
         14: (0, 5),  # SyncGroup
         12: (0, 4),  # Heartbeat
         13: (0, 5),  # LeaveGroup
-        8: (2, 8),  # OffsetCommit
+        8: (2, 9),  # OffsetCommit (9: KIP-848's member epochs)
         9: (1, 6),  # OffsetFetch
         16: (0, 5),  # ListGroups (4-5: state and type filters)
         15: (0, 5),  # DescribeGroups
@@ -104,6 +104,9 @@ def test_advertised_versions_are_the_supported_ones() -> None:
         # The cluster and the partitions' producers:
         60: (0, 1),  # DescribeCluster (2: fenced brokers)
         61: (0, 0),  # DescribeProducers
+        # The consumer group protocol (KIP-848):
+        68: (0, 1),  # ConsumerGroupHeartbeat
+        69: (0, 1),  # ConsumerGroupDescribe
     }
 
 

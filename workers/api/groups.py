@@ -247,14 +247,14 @@ class GroupHandlers:
         def answer(outcome: Any) -> Outcome:
             if outcome is None:
                 outcome = ListAnswer(int(E.ErrorCode.coordinator_not_available), [])
-            listed = [group for group in outcome.groups
-                      if (not states or group.state.lower() in states) and (not types or group.group_type in types)]
+            listed = [(group, protocol_type, state, group_type)
+                      for group, protocol_type, state, group_type in outcome.groups
+                      if (not states or state.lower() in states) and (not types or group_type in types)]
             return reply(req, entity(req, "ListGroupsResponse", throttle_time=ZERO_THROTTLE,
                                      error_code=code(outcome.error), groups=tuple(
-                                         entity(req, "ListedGroup", group_id=group.group,
-                                                protocol_type=group.protocol_type, group_state=group.state,
-                                                group_type=group.group_type)
-                                         for group in listed)))
+                                         entity(req, "ListedGroup", group_id=group, protocol_type=protocol_type,
+                                                group_state=state, group_type=group_type)
+                                         for group, protocol_type, state, group_type in listed)))
 
         return self._ask(req, M.Kind.LIST_GROUPS, (), self.config.timer.control_timeout_ms, answer,
                          lambda error: answer(ListAnswer(int(error), [])))
