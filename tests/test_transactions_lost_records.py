@@ -1,0 +1,115 @@
+"""AddPartitionsToTxn is answered before its state record is fsync'd; these tests kill the node right after such an
+answer, once the producer's acks=all records in that partition were acknowledged, and check what readers and the
+producer see after the restart: the partition's last stable offset moves on (the transaction is aborted, or resumed
+and ended) well within the transaction timeout, every committed transaction's records are there, and a producer
+whose transaction lost a partition cannot commit it. The whole node's kill is followed by a power cut of the
+state log (its tail past what was fsync'd before the answer is cut off, as a machine crash loses the page cache),
+which only the coordinator's reconciliation at start repairs."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Consumer, KafkaException, TopicPartition
+
+from tests import waiting
+from tests.test_transactions import CONFIG, TIMEOUT_S, consume_all, create, in_transaction, transactional
+
+pytestmark = pytest.mark.node
+TRANSACTION_TIMEOUT_MS = 20_000
+# The hanging-transaction sweep would abort an orphan only after transaction_max_timeout_ms (60 s) and its interval.
+SETTLED_S = 10  # well within the transaction timeout
+
+
+def stable_and_high(bootstrap: str, topic: str, partition: int) -> tuple[int, int]:
+    """The partition's last stable offset (ListOffsets read_committed) and its high watermark."""
+    ends = []
+    for isolation in ("read_committed", "read_uncommitted"):
+        consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "ends", "isolation.level": isolation})
+        try:
+            ends.append(consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=TIMEOUT_S,
+                                                       cached=False)[1])
+        finally:
+            consumer.close()
+    return ends[0], ends[1]
+
+
+def state_log_bytes(node) -> tuple[Path, int]:
+    (segment,) = sorted((Path(node.data_dir) / "__transaction_state-0").glob("*.log"))
+    return segment, segment.stat().st_size
+
+
+def open_in_a_new_partition(node, producer) -> tuple[Path, int]:
+    """A committed transaction in partition 0, then one begun in partition 1: its AddPartitionsToTxn answered and
+    its records acknowledged (acks=all: fsync'd). Returns the state log's segment and its size once the commit was
+    answered (its decision fsync'd: everything up to there is durable)."""
+    in_transaction(producer, "lost", [b"committed-%d" % i for i in range(3)], partition=0)
+    segment, durable = state_log_bytes(node)
+    producer.begin_transaction()
+    for i in range(3):
+        producer.produce("lost", value=b"open-%d" % i, partition=1)
+    assert producer.flush(TIMEOUT_S) == 0
+    stable, high = stable_and_high(node.bootstrap, "lost", 1)
+    assert stable < high  # open
+    return segment, durable
+
+
+def settles(node) -> None:
+    """Partition 1's LSO reaches its high watermark within SETTLED_S of the restart."""
+    waiting.wait_for(lambda: (lambda ends: ends[0] == ends[1])(stable_and_high(node.bootstrap, "lost", 1)),
+                     timeout=SETTLED_S, poll_s=0.2, what="partition 1's last stable offset to move on")
+
+
+def test_a_power_cut_losing_an_add_partitions_record_aborts_the_transaction_and_fences_its_producer(node_factory):
+    node = node_factory(workers=1, config=CONFIG)
+    create(node.bootstrap, "lost", 2)
+    producer = transactional(node.bootstrap, "loser", **{"transaction.timeout.ms": TRANSACTION_TIMEOUT_MS,
+                                                          "reconnect.backoff.max.ms": 500})
+    segment, durable = open_in_a_new_partition(node, producer)
+    assert state_log_bytes(node)[1] > durable
+    node.kill_all()
+    os.truncate(segment, durable)  # what was not fsync'd before the answers is lost with the page cache
+    started = time.monotonic()
+    node.start()
+    settles(node)
+    assert time.monotonic() - started < TRANSACTION_TIMEOUT_MS / 1000
+    # The producer believes its transaction open in partition 1; it must not be able to commit it.
+    with pytest.raises(KafkaException):
+        producer.commit_transaction(TIMEOUT_S)
+    committed = [b"committed-%d" % i for i in range(3)]
+    assert consume_all(node.bootstrap, "lost", "read_committed", partitions=2) == committed
+    successor = transactional(node.bootstrap, "loser")
+    in_transaction(successor, "lost", [b"after"], partition=1)
+    assert sorted(consume_all(node.bootstrap, "lost", "read_committed", partitions=2)) == sorted(committed + [b"after"])
+
+
+@pytest.mark.parametrize("victim", ["timer", "node"])
+def test_a_kill_right_after_add_partitions_leaves_no_partition_blocked(node_factory, victim):
+    node = node_factory(workers=1, config=CONFIG)
+    create(node.bootstrap, "lost", 2)
+    producer = transactional(node.bootstrap, "resumer", **{"transaction.timeout.ms": TRANSACTION_TIMEOUT_MS,
+                                                            "reconnect.backoff.max.ms": 500})
+    open_in_a_new_partition(node, producer)
+    started = time.monotonic()
+    if victim == "timer":
+        timer = node.pids("timer")[0]
+        os.kill(timer, signal.SIGKILL)
+        node.wait_for_pids("timer", 1, exclude={timer}, timeout=TIMEOUT_S)
+    else:
+        node.kill_all()
+        node.start()
+    committed = [b"committed-%d" % i for i in range(3)]
+    try:
+        producer.commit_transaction(TIMEOUT_S)
+    except KafkaException as exc:  # not committed: then it must never show
+        if exc.args[0].txn_requires_abort() and not exc.args[0].fatal():
+            producer.abort_transaction(TIMEOUT_S)
+    else:
+        committed += [b"open-%d" % i for i in range(3)]
+    settles(node)
+    assert time.monotonic() - started < TRANSACTION_TIMEOUT_MS / 1000
+    assert sorted(consume_all(node.bootstrap, "lost", "read_committed", partitions=2)) == sorted(committed)
