@@ -38,6 +38,17 @@ def stable_and_high(bootstrap: str, topic: str, partition: int) -> tuple[int, in
     return ends[0], ends[1]
 
 
+def timer_stats(node) -> dict[str, int]:
+    from node.tools.inspect import NodeReader
+
+    reader = NodeReader.open(str(node.data_dir))
+    try:
+        (row,) = [row for row in reader.rows() if row.role == "timer"]
+        return {name: row.get(name) for name in ("urgent_fsyncs", "transaction_partitions_reconciled")}
+    finally:
+        reader.close()
+
+
 def state_log_bytes(node) -> tuple[Path, int]:
     (segment,) = sorted((Path(node.data_dir) / "__transaction_state-0").glob("*.log"))
     return segment, segment.stat().st_size
@@ -71,12 +82,16 @@ def test_a_power_cut_losing_an_add_partitions_record_aborts_the_transaction_and_
                                                           "reconnect.backoff.max.ms": 500})
     segment, durable = open_in_a_new_partition(node, producer)
     assert state_log_bytes(node)[1] > durable
+    # The commit's decision was synced at once (counted), the later AddPartitionsToTxn record was not waited for.
+    waiting.wait_for(lambda: timer_stats(node)["urgent_fsyncs"] > 0, timeout=TIMEOUT_S, what="urgent fsyncs counted")
     node.kill_all()
     os.truncate(segment, durable)  # what was not fsync'd before the answers is lost with the page cache
     started = time.monotonic()
     node.start()
     settles(node)
     assert time.monotonic() - started < TRANSACTION_TIMEOUT_MS / 1000
+    waiting.wait_for(lambda: timer_stats(node)["transaction_partitions_reconciled"] == 1, timeout=TIMEOUT_S,
+                     what="the reconciled partition counted")
     # The producer believes its transaction open in partition 1; it must not be able to commit it.
     with pytest.raises(KafkaException):
         producer.commit_transaction(TIMEOUT_S)
