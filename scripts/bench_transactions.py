@@ -15,7 +15,7 @@ rounds, a ratio the median of the rounds' own ratios. All clients are confluent-
   that ends after the next one was due restarts the schedule (counted: late_commits; commit_period_ms is the
   measured span per commit). Records are keyless unless --keys: librdkafka's sticky partitioner then fills one
   partition at a time, and a transaction adds each partition when it first gets a record, with an
-  AddPartitionsToTxn the producer must see answered (a durable state record) before it sends there; keyed
+  AddPartitionsToTxn the producer must see answered (its state record appended) before it sends there; keyed
   records reach every partition at once, added by one request. Reported: acknowledged (for the transactional
   one, committed) records/s of each and transactional / idempotent (target >= 0.9); the commit latency,
   commit_transaction() timed after the flush() so that it is the EndTxn round trip (the decision made durable,
