@@ -306,12 +306,15 @@ class TransactionCoordinator:
         start repairs (reconcile_partitions)."""
         changed.last_update_wall_ms = wall_ms()
         failure: list[E] = []
+        appending = [True]
 
         def done(flushed: bool, fault: bool = False) -> None:
-            if not flushed and not failure:  # the append itself failed: nothing was installed
+            # Called during write() only if the append failed; a later failed fsync fails the next durable record too.
+            if appending[0] and not flushed:
                 failure.append(E.not_coordinator if fault else E.coordinator_not_available)
 
         self.state_log.write(changed, self.clock(), done, urgent=False)
+        appending[0] = False
         if failure:
             return failed(failure[0])
         self.transactions[changed.transactional_id] = changed
