@@ -93,10 +93,11 @@ class OnDisk:
         self.request_id = 0
         self.start()
 
-    def start(self) -> None:
+    def start(self, eager: bool = True) -> None:
         self.store = PartitionStore(self.data_dir, self.table, LogConfig(), 16)
         self.store.create_topics([("t", 2, {})])
         self.flushes = GroupCommit(self.store)
+        self.flushes.eager = eager
         self.outbox = Outbox()
         self.clock = Clock()
         wheel = NodeConfig().timer.wheel
@@ -120,16 +121,17 @@ class OnDisk:
     def state_log_segments(self) -> list:
         return sorted((Path(self.data_dir) / "__transaction_state-0").glob("*.log"))
 
-    def power_cut(self, durable_bytes: int) -> None:
+    def power_cut(self, durable_bytes: int, eager: bool = True) -> None:
         """The timer dies and the machine loses what was not fsync'd of the state log (its tail past
-        `durable_bytes`); the partitions are recovered from their files, as the supervisor does at start."""
+        `durable_bytes`); the partitions are recovered from their files, as the supervisor does at start. Not
+        `eager`: the new coordinator's fsyncs wait for the test (flushes.run())."""
         self.store.close()
         (segment,) = self.state_log_segments()
         os.truncate(segment, durable_bytes)
         self.store = PartitionStore(self.data_dir, self.table, LogConfig(), 16)
         self.store.recover_all()
         self.store.close()
-        self.start()
+        self.start(eager)
 
     def commit_offsets(self, group, entries, done) -> None:
         self.committed_offsets.append((group, dict(entries)))
@@ -576,3 +578,33 @@ def test_a_transaction_whose_every_record_was_lost_is_aborted_and_its_producer_f
     assert txn.coordinator.reconciled == 1
     txn.restart()  # nothing left to reconcile
     assert txn.coordinator.reconciled == 0 and txn.markers(1) == [(producer[0], producer[1] + 1, ControlType.ABORT)]
+
+
+def test_a_transaction_begun_after_a_commit_whose_completion_record_was_lost_too_is_aborted_at_start(txn):
+    """The power cut loses the commit's Complete* record (never waited for) and the next transaction's
+    AddPartitionsToTxn: at start the commit completes again, then the next transaction is aborted, its producer
+    fenced."""
+    producer = producer_of(txn.init("app"))
+    txn.add("app", producer, [("t", 0)])
+    txn.produce(producer, 0, partition=0)
+    txn.flushes.eager = False
+    assert txn.end("app", producer, commit=True) is None
+    txn.flushes.run_one()  # the decision (PrepareCommit) is durable
+    durable = txn.state_log_bytes()
+    txn.flushes.run()  # the markers: the commit is answered, its CompleteCommit record appended
+    assert txn.outbox.replies[txn.request_id].error == E.none
+    assert txn.state_log_bytes() > durable
+    assert txn.add("app", producer, [("t", 1)]) == {("t", 1): E.none}
+    txn.produce(producer, 1, partition=1)
+    txn.partition(1).flush()
+    txn.power_cut(durable, eager=False)  # the commit completes again at start, its markers' fsync pending
+    assert txn.coordinator.transactions["app"].state == TxnState.PREPARE_COMMIT
+    for _ in range(3):  # the markers, then the abort's decision, then its markers
+        txn.flushes.run()
+    assert txn.coordinator.transactions["app"].state == TxnState.COMPLETE_ABORT
+    assert set(txn.markers(0)) == {(*producer, ControlType.COMMIT)}  # completed again: the same marker
+    assert txn.markers(1) == [(producer[0], producer[1] + 1, ControlType.ABORT)]
+    for partition in (0, 1):
+        state = txn.partition(partition).state()
+        assert state.last_stable_offset == state.high_watermark
+    assert txn.end("app", producer, commit=True).error == E.producer_fenced

@@ -71,8 +71,9 @@ def open_in_a_new_partition(node, producer) -> tuple[Path, int]:
 
 def settles(node) -> None:
     """Partition 1's LSO reaches its high watermark within SETTLED_S of the restart."""
-    waiting.wait_for(lambda: (lambda ends: ends[0] == ends[1])(stable_and_high(node.bootstrap, "lost", 1)),
-                     timeout=SETTLED_S, poll_s=0.2, what="partition 1's last stable offset to move on")
+    ends = waiting.poll(lambda: (lambda ends: ends if ends[0] == ends[1] else None)(
+        stable_and_high(node.bootstrap, "lost", 1)), SETTLED_S, 0.2)
+    assert ends, (stable_and_high(node.bootstrap, "lost", 1), node.log(100000)[-3000:])
 
 
 def test_a_power_cut_losing_an_add_partitions_record_aborts_the_transaction_and_fences_its_producer(node_factory):

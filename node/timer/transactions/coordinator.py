@@ -106,6 +106,9 @@ class TransactionCoordinator:
         self.loading = True
         self.commits = self.aborts = self.timed_out = 0  # (the stats segment counts them)
         self.reconciled = 0  # partitions given back to their transaction at start (reconcile_partitions)
+        # Partitions of a transaction never durably known, begun after a Prepare* that completes at start: aborted
+        # once it has.
+        self.unrecorded: dict[str, set[tuple[str, int]]] = {}
         self.handlers: dict[M.Kind, Callable[[int, Any], None]] = {
             M.Kind.INIT_PRODUCER_ID: self.init_producer_id,
             M.Kind.ADD_PARTITIONS_TO_TXN: self.add_partitions,
@@ -137,44 +140,57 @@ class TransactionCoordinator:
         the record of a partition its producer then wrote to: a transaction open in a partition, of a producer id
         and epoch the coordinator has, that the coordinator does not list there. If the coordinator has that
         transaction Ongoing, the partition joins it (its EndTxn or its timeout marks it). If it has none (Empty,
-        Complete*), the transaction was never durably known, so no commit of it was answered: it is aborted with
-        the epoch bumped, which fences the producer (else it could commit a transaction that lost a partition).
+        Complete*, or a Prepare* that does not list the partition: the previous transaction, whose Complete* record
+        was lost too), the transaction was never durably known, so no commit of it was answered: it is aborted
+        with the epoch bumped (after the Prepare* completes), which fences the producer (else it could commit a
+        transaction that lost a partition).
         Any other open transaction is the hanging sweep's. Returns how many partitions were given an owner."""
         by_producer = {metadata.producer_id: metadata for metadata in self.transactions.values()
                        if metadata.state != DEAD}
         lost: dict[str, set[tuple[str, int]]] = {}
         for found in open_in_partitions(self.store):
             metadata = by_producer.get(found.producer_id)
-            if metadata is None or metadata.producer_epoch != found.epoch or metadata.state in PREPARED:
+            if metadata is None or metadata.producer_epoch != found.epoch:
                 continue  # the hanging sweep's: no record lost here could have opened it
-            if metadata.state == ONGOING and (found.topic, found.partition) in metadata.partitions:
+            if metadata.state in (ONGOING, *PREPARED) and (found.topic, found.partition) in metadata.partitions:
                 continue
             lost.setdefault(metadata.transactional_id, set()).add((found.topic, found.partition))
         for transactional_id, partitions in lost.items():
             current = self.transactions[transactional_id]
-            changed = current.copy()
-            changed.partitions |= partitions
             if current.state == ONGOING:
                 log.warning("transaction of %r: %s open but not in its state (a record lost in a crash): added",
                             transactional_id, sorted(partitions))
                 # Installed at once: EndTxn's decision record, fsync'd before any marker, lists them.
+                changed = current.copy()
+                changed.partitions |= partitions
                 changed.last_update_wall_ms = wall_ms()
                 self.transactions[transactional_id] = changed
                 self.state_log.write(changed, self.clock(), lambda flushed, fault=False: None, urgent=False)
-                continue
-            log.warning("transaction of %r: %s open, but the coordinator never durably had the transaction (a record "
-                        "lost in a crash): aborting it, its producer fenced", transactional_id, sorted(partitions))
-            changed.begin(wall_ms())
-            changed.bump_epoch()  # an exhausted epoch stays: the abort still closes the transaction
-            changed.transition(PREPARE_ABORT)
-
-            def failed(error: E, transactional_id: str = transactional_id) -> None:
-                log.error("transaction of %r: cannot write its abort (%s); the hanging sweep aborts it later",
-                          transactional_id, error.name)
-
-            self._persist(current, changed, self._complete, failed)
+            elif current.state in PREPARED:
+                # The next transaction, begun after this one's decision (its Complete* record lost too): aborted once
+                # this one has completed (the loop above started that).
+                self.unrecorded[transactional_id] = partitions
+            else:
+                self._abort_unrecorded(current, partitions)
         self.reconciled += sum(len(partitions) for partitions in lost.values())
         return sum(len(partitions) for partitions in lost.values())
+
+    def _abort_unrecorded(self, current: TransactionMetadata, partitions: set[tuple[str, int]]) -> None:
+        """Abort a transaction the coordinator never durably had (see reconcile_partitions), fencing its producer."""
+        transactional_id = current.transactional_id
+        log.warning("transaction of %r: %s open, but the coordinator never durably had the transaction (a record "
+                    "lost in a crash): aborting it, its producer fenced", transactional_id, sorted(partitions))
+        changed = current.copy()
+        changed.partitions |= partitions
+        changed.begin(wall_ms())
+        changed.bump_epoch()  # an exhausted epoch stays: the abort still closes the transaction
+        changed.transition(PREPARE_ABORT)
+
+        def failed(error: E) -> None:
+            log.error("transaction of %r: cannot write its abort (%s); the hanging sweep aborts it later",
+                      transactional_id, error.name)
+
+        self._persist(current, changed, self._complete, failed)
 
     def advance(self, now_ms: int) -> None:
         self.timeouts.advance(now_ms)
@@ -537,7 +553,9 @@ class TransactionCoordinator:
                 else:
                     self.aborts += 1
                 # Not waited for: losing it only makes a restart complete the transaction again (see invariants).
-                self.state_log.write(completed, self.clock(), lambda flushed, fault=False: None)
+                self.state_log.write(completed, self.clock(), lambda flushed, fault=False: None, urgent=False)
+                if transactional_id in self.unrecorded:  # before the held requests: they wait for this abort
+                    self._abort_unrecorded(completed, self.unrecorded.pop(transactional_id))
             self._run_held(transactional_id)
 
         if waiter is not None and by_group:
