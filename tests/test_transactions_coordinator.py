@@ -93,11 +93,10 @@ class OnDisk:
         self.request_id = 0
         self.start()
 
-    def start(self, eager: bool = True) -> None:
+    def start(self) -> None:
         self.store = PartitionStore(self.data_dir, self.table, LogConfig(), 16)
         self.store.create_topics([("t", 2, {})])
         self.flushes = GroupCommit(self.store)
-        self.flushes.eager = eager
         self.outbox = Outbox()
         self.clock = Clock()
         wheel = NodeConfig().timer.wheel
@@ -121,17 +120,16 @@ class OnDisk:
     def state_log_segments(self) -> list:
         return sorted((Path(self.data_dir) / "__transaction_state-0").glob("*.log"))
 
-    def power_cut(self, durable_bytes: int, eager: bool = True) -> None:
+    def power_cut(self, durable_bytes: int) -> None:
         """The timer dies and the machine loses what was not fsync'd of the state log (its tail past
-        `durable_bytes`); the partitions are recovered from their files, as the supervisor does at start. Not
-        `eager`: the new coordinator's fsyncs wait for the test (flushes.run())."""
+        `durable_bytes`); the partitions are recovered from their files, as the supervisor does at start."""
         self.store.close()
         (segment,) = self.state_log_segments()
         os.truncate(segment, durable_bytes)
         self.store = PartitionStore(self.data_dir, self.table, LogConfig(), 16)
         self.store.recover_all()
         self.store.close()
-        self.start(eager)
+        self.start()
 
     def commit_offsets(self, group, entries, done) -> None:
         self.committed_offsets.append((group, dict(entries)))
@@ -269,18 +267,20 @@ def test_a_new_epoch_fences_the_old_producer_and_aborts_its_transaction(txn):
 
 def test_requests_while_a_state_write_waits_for_its_fsync_wait_for_it_in_order(txn):
     """Not CONCURRENT_TRANSACTIONS (clients retry that only after a backoff): each waits for the record before it.
-    AddPartitionsToTxn is answered once its record is appended, without waiting for its fsync."""
+    An AddPartitionsToTxn that widens an Ongoing transaction is answered once its record is appended."""
     producer = producer_of(txn.init("app"))
     txn.flushes.eager = False
-    assert txn.add("app", producer, [("t", 0)]) == {("t", 0): E.none}  # appended: answered
-    assert txn.ask(M.Kind.ADD_OFFSETS_TO_TXN, *producer, "app", "g") is None  # waits for its fsync
+    assert txn.add("app", producer, [("t", 0)]) is None  # begins the transaction: waits for the fsync
+    assert txn.ask(M.Kind.ADD_OFFSETS_TO_TXN, *producer, "app", "g") is None  # waits for the first record
     assert txn.add("app", producer, [("t", 1)]) is None  # waits for the AddOffsetsToTxn record
-    offsets, second = txn.request_id - 1, txn.request_id
-    txn.flushes.run_one()  # the first AddPartitionsToTxn record
-    assert offsets not in txn.outbox.replies and second not in txn.outbox.replies
-    txn.flushes.run_one()  # the AddOffsetsToTxn record
+    first, offsets, second = txn.request_id - 2, txn.request_id - 1, txn.request_id
+    txn.flushes.run_one()
+    assert txn.outbox.replies[first].topics == (("t", ((0, 0),)),)
+    assert offsets not in txn.outbox.replies and second not in txn.outbox.replies  # the second record's fsync next
+    txn.flushes.run_one()
     assert txn.outbox.replies[offsets].error == E.none
-    assert txn.outbox.replies[second].topics == (("t", ((1, 0),)),)
+    assert txn.outbox.replies[second].topics == (("t", ((1, 0),)),)  # widens: answered once appended
+    assert txn.flushes.waiting  # its record's fsync still to come
     metadata = txn.coordinator.transactions["app"]
     assert metadata.partitions == {("t", 0), ("t", 1)} and metadata.groups == {"g"}
     txn.flushes.eager = True
@@ -290,22 +290,22 @@ def test_requests_while_a_state_write_waits_for_its_fsync_wait_for_it_in_order(t
 def test_a_request_held_behind_a_failed_state_write_is_answered(txn):
     producer = producer_of(txn.init("app"))
     txn.flushes.eager = False
-    assert txn.ask(M.Kind.ADD_OFFSETS_TO_TXN, *producer, "app", "g") is None
-    assert txn.ask(M.Kind.ADD_OFFSETS_TO_TXN, *producer, "app", "h") is None
+    assert txn.add("app", producer, [("t", 0)]) is None
+    assert txn.add("app", producer, [("t", 1)]) is None
     txn.flushes.fail = True
     txn.flushes.run()
-    assert txn.outbox.replies[txn.request_id - 1].error == E.not_coordinator
-    assert txn.outbox.replies[txn.request_id].error == E.not_coordinator
+    assert txn.outbox.replies[txn.request_id - 1].topics == (("t", ((0, E.not_coordinator),)),)
+    assert txn.outbox.replies[txn.request_id].topics == (("t", ((1, E.not_coordinator),)),)
     assert txn.coordinator.transactions["app"].state == TxnState.EMPTY
 
 
 def test_a_failed_state_write_changes_nothing(txn):
     producer = producer_of(txn.init("app"))
     txn.flushes.fail = True
-    assert txn.ask(M.Kind.ADD_OFFSETS_TO_TXN, *producer, "app", "g").error == E.not_coordinator
+    assert txn.add("app", producer) == {("t", 0): E.not_coordinator}
     assert txn.coordinator.transactions["app"].state == TxnState.EMPTY
     txn.flushes.fail = False
-    assert txn.ask(M.Kind.ADD_OFFSETS_TO_TXN, *producer, "app", "g").error == E.none
+    assert txn.add("app", producer) == {("t", 0): 0}
 
 
 def test_unknown_partitions_are_refused_and_nothing_is_added(txn):
@@ -555,20 +555,17 @@ def test_a_lost_add_partitions_record_of_an_ongoing_transaction_is_given_back_at
         assert state.last_stable_offset == state.high_watermark == 2
 
 
-def test_a_transaction_whose_every_record_was_lost_is_aborted_and_its_producer_fenced_at_start(txn):
-    """The first AddPartitionsToTxn of a transaction lost: the coordinator never durably knew it, so no commit of it
-    was answered; it is aborted at start, and the producer, which believes it open, is fenced (its commit would
-    otherwise leave out the partition)."""
+def test_a_partition_written_without_add_partitions_is_aborted_at_start_and_its_producer_fenced(txn):
+    """A client that wrote to a partition it never added, in the epoch the coordinator has, its id between
+    transactions: the transaction was never the coordinator's, so it is aborted at start (not only by the hanging
+    sweep, much later), and the producer is fenced (it could otherwise commit a transaction that lacks the
+    partition)."""
     producer = producer_of(txn.init("app"))
     txn.add("app", producer, [("t", 0)])
     txn.produce(producer, 0, partition=0)
     assert txn.end("app", producer, commit=True).error == E.none
-    durable = txn.state_log_bytes()
-    txn.flushes.eager = False
-    assert txn.add("app", producer, [("t", 1)]) == {("t", 1): E.none}
-    txn.produce(producer, 0, partition=1)
-    txn.partition(1).flush()
-    txn.power_cut(durable)
+    txn.produce(producer, 0, partition=1)  # never added
+    txn.restart()
     assert txn.markers(1) == [(producer[0], producer[1] + 1, ControlType.ABORT)]
     state = txn.partition(1).state()
     assert state.last_stable_offset == state.high_watermark == 2
@@ -580,31 +577,35 @@ def test_a_transaction_whose_every_record_was_lost_is_aborted_and_its_producer_f
     assert txn.coordinator.reconciled == 0 and txn.markers(1) == [(producer[0], producer[1] + 1, ControlType.ABORT)]
 
 
-def test_a_transaction_begun_after_a_commit_whose_completion_record_was_lost_too_is_aborted_at_start(txn):
-    """The power cut loses the commit's Complete* record (never waited for) and the next transaction's
-    AddPartitionsToTxn: at start the commit completes again, then the next transaction is aborted, its producer
-    fenced."""
+def test_the_add_partitions_that_begins_a_transaction_is_durable_with_the_previous_completion(txn):
+    """A commit's Complete* record is never waited for; had it been lost with the next transaction's records, a
+    restart would complete the commit again and its COMMIT markers would close the next transaction's records in
+    a partition both wrote to. So the AddPartitionsToTxn that begins a transaction waits for its fsync (and that
+    of every record before it), and only the later ones, lost, are given back at start."""
     producer = producer_of(txn.init("app"))
     txn.add("app", producer, [("t", 0)])
     txn.produce(producer, 0, partition=0)
     txn.flushes.eager = False
     assert txn.end("app", producer, commit=True) is None
-    txn.flushes.run_one()  # the decision (PrepareCommit) is durable
-    durable = txn.state_log_bytes()
-    txn.flushes.run()  # the markers: the commit is answered, its CompleteCommit record appended
+    txn.flushes.run()  # the decision, then the markers: answered, its CompleteCommit record appended
     assert txn.outbox.replies[txn.request_id].error == E.none
-    assert txn.state_log_bytes() > durable
-    assert txn.add("app", producer, [("t", 1)]) == {("t", 1): E.none}
+    assert txn.add("app", producer, [("t", 1)]) is None  # begins the next one: waits for the fsync
+    txn.flushes.run_one()
+    assert txn.outbox.replies[txn.request_id].topics == (("t", ((1, 0),)),)
+    txn.flushes.run()
+    durable = txn.state_log_bytes()
     txn.produce(producer, 1, partition=1)
-    txn.partition(1).flush()
-    txn.power_cut(durable, eager=False)  # the commit completes again at start, its markers' fsync pending
-    assert txn.coordinator.transactions["app"].state == TxnState.PREPARE_COMMIT
-    for _ in range(3):  # the markers, then the abort's decision, then its markers
-        txn.flushes.run()
-    assert txn.coordinator.transactions["app"].state == TxnState.COMPLETE_ABORT
-    assert set(txn.markers(0)) == {(*producer, ControlType.COMMIT)}  # completed again: the same marker
-    assert txn.markers(1) == [(producer[0], producer[1] + 1, ControlType.ABORT)]
+    assert txn.add("app", producer, [("t", 0)]) == {("t", 0): E.none}  # widens: answered once appended
+    txn.produce(producer, 1, partition=0)  # the partition the commit marked too
+    for partition in (0, 1):
+        txn.partition(partition).flush()
+    assert txn.state_log_bytes() > durable
+    txn.power_cut(durable)  # loses the widening record only
+    metadata = txn.coordinator.transactions["app"]
+    assert metadata.state == TxnState.ONGOING and metadata.partitions == {("t", 0), ("t", 1)}
+    assert txn.markers(0) == [(*producer, ControlType.COMMIT)]  # not completed again
+    assert txn.end("app", producer, commit=True).error == E.none
+    assert txn.markers(0) == [(*producer, ControlType.COMMIT)] * 2 and txn.markers(1) == [(*producer, ControlType.COMMIT)]
     for partition in (0, 1):
         state = txn.partition(partition).state()
         assert state.last_stable_offset == state.high_watermark
-    assert txn.end("app", producer, commit=True).error == E.producer_fenced

@@ -8,8 +8,10 @@ The algorithm (KIP-98), per transactional.id (node.timer.transactions.metadata h
   answered CONCURRENT_TRANSACTIONS; it retries and gets the epoch once the abort completed.
 - AddPartitionsToTxn and AddOffsetsToTxn open the transaction (Ongoing) or add to it; TxnOffsetCommit adds the
   consumer offsets it will commit. Each change is a record of `__transaction_state`, fsync'd before the answer,
-  except AddPartitionsToTxn's, answered once appended (the producer waits for it before it writes to the partition;
-  the group commit's next round or the fsync of the EndTxn's decision makes it durable).
+  except an AddPartitionsToTxn's that widens an Ongoing transaction, answered once appended (the producer waits for
+  it before it writes to the partition; the group commit's next round or the fsync of the EndTxn's decision makes
+  it durable). The one that begins a transaction is fsync'd, which makes the previous transaction's Complete*
+  record durable too: a restart never completes a transaction again once the next one has begun.
 - EndTxn writes PrepareCommit or PrepareAbort (fsync'd: the decision), then the markers to every partition of
   the transaction and, for a commit once they are appended, the pending offsets to `__consumer_offsets` (through
   the group coordinator: OffsetFetch sees them once fsync'd), both fsync'd by one group-commit round, then
@@ -41,9 +43,10 @@ Invariants:
 - Every request gets exactly one REPLY, unless the timer process dies first (then the worker answers it).
 - The in-memory state of an id changes only when its record is fsync'd (a copy is written, then installed),
   except the Complete* step, whose record may be lost harmlessly (its Prepare* completes again after a crash,
-  and any later record of the id is in the same log after it), and AddPartitionsToTxn's, installed once appended:
-  its loss only drops partitions of an Ongoing transaction, which the reconciliation at start gives back (a
-  Prepare* is durable only with every record before it, the log being fsync'd as a whole).
+  and any later record of the id is in the same log after it; a transaction begins with an fsync'd record), and
+  the record of an AddPartitionsToTxn that widens an Ongoing transaction, installed once appended: its loss only
+  drops partitions of a durably Ongoing transaction, which the reconciliation at start gives back (the log is
+  fsync'd as a whole: a durable record makes every record before it durable).
 - A commit is answered only for a transaction whose every partition is marked: a partition written in a
   transaction is in the coordinator's state, or found by the reconciliation before any request is answered.
 - Markers are written only after the decision (Prepare*) is durable, so a transaction is all or nothing in
@@ -106,9 +109,6 @@ class TransactionCoordinator:
         self.loading = True
         self.commits = self.aborts = self.timed_out = 0  # (the stats segment counts them)
         self.reconciled = 0  # partitions given back to their transaction at start (reconcile_partitions)
-        # Partitions of a transaction never durably known, begun after a Prepare* that completes at start: aborted
-        # once it has.
-        self.unrecorded: dict[str, set[tuple[str, int]]] = {}
         self.handlers: dict[M.Kind, Callable[[int, Any], None]] = {
             M.Kind.INIT_PRODUCER_ID: self.init_producer_id,
             M.Kind.ADD_PARTITIONS_TO_TXN: self.add_partitions,
@@ -140,19 +140,19 @@ class TransactionCoordinator:
         the record of a partition its producer then wrote to: a transaction open in a partition, of a producer id
         and epoch the coordinator has, that the coordinator does not list there. If the coordinator has that
         transaction Ongoing, the partition joins it (its EndTxn or its timeout marks it). If it has none (Empty,
-        Complete*, or a Prepare* that does not list the partition: the previous transaction, whose Complete* record
-        was lost too), the transaction was never durably known, so no commit of it was answered: it is aborted
-        with the epoch bumped (after the Prepare* completes), which fences the producer (else it could commit a
-        transaction that lost a partition).
+        Complete*), the transaction was never durably known, so no commit of it was answered: it is aborted with
+        the epoch bumped, which fences the producer (else it could commit a transaction that lost a partition).
+        (The AddPartitionsToTxn that begins a transaction is fsync'd, so only a client that wrote without it
+        leaves such a partition: aborted here rather than by the hanging sweep, later.)
         Any other open transaction is the hanging sweep's. Returns how many partitions were given an owner."""
         by_producer = {metadata.producer_id: metadata for metadata in self.transactions.values()
                        if metadata.state != DEAD}
         lost: dict[str, set[tuple[str, int]]] = {}
         for found in open_in_partitions(self.store):
             metadata = by_producer.get(found.producer_id)
-            if metadata is None or metadata.producer_epoch != found.epoch:
+            if metadata is None or metadata.producer_epoch != found.epoch or metadata.state in PREPARED:
                 continue  # the hanging sweep's: no record lost here could have opened it
-            if metadata.state in (ONGOING, *PREPARED) and (found.topic, found.partition) in metadata.partitions:
+            if metadata.state == ONGOING and (found.topic, found.partition) in metadata.partitions:
                 continue
             lost.setdefault(metadata.transactional_id, set()).add((found.topic, found.partition))
         for transactional_id, partitions in lost.items():
@@ -166,10 +166,6 @@ class TransactionCoordinator:
                 changed.last_update_wall_ms = wall_ms()
                 self.transactions[transactional_id] = changed
                 self.state_log.write(changed, self.clock(), lambda flushed, fault=False: None, urgent=False)
-            elif current.state in PREPARED:
-                # The next transaction, begun after this one's decision (its Complete* record lost too): aborted once
-                # this one has completed (the loop above started that).
-                self.unrecorded[transactional_id] = partitions
             else:
                 self._abort_unrecorded(current, partitions)
         self.reconciled += sum(len(partitions) for partitions in lost.values())
@@ -423,9 +419,12 @@ class TransactionCoordinator:
             return self._partition_errors(waiter, topics, lambda t, p: E.none)
         changed = current.copy()
         changed.partitions |= wanted
-        # Answered once appended: the producer's records wait for this answer, and a lost record is repaired at start.
+        # Widening an Ongoing transaction is answered once appended: the producer's records wait for this answer, and
+        # a lost record is repaired at start. Beginning one is fsync'd: that makes the previous transaction's
+        # Complete* record durable too, whose loss would make a restart complete that transaction again, and its
+        # markers would then close the records of this one in a partition both wrote to.
         self._begin(current, changed, lambda error: self._partition_errors(waiter, topics, lambda t, p: error),
-                    durably=False)
+                    durably=current.state != ONGOING)
 
     def add_offsets(self, worker: int, message: Any) -> None:
         if self._after_completion(worker, message, self.add_offsets):
@@ -554,8 +553,6 @@ class TransactionCoordinator:
                     self.aborts += 1
                 # Not waited for: losing it only makes a restart complete the transaction again (see invariants).
                 self.state_log.write(completed, self.clock(), lambda flushed, fault=False: None, urgent=False)
-                if transactional_id in self.unrecorded:  # before the held requests: they wait for this abort
-                    self._abort_unrecorded(completed, self.unrecorded.pop(transactional_id))
             self._run_held(transactional_id)
 
         if waiter is not None and by_group:
