@@ -31,8 +31,8 @@ The algorithm (KIP-98), per transactional.id (node.timer.transactions.metadata h
   commit writes): a Prepare* completes again (markers and offsets written again change nothing that was
   already written), an Ongoing gets its timeout back by the wall clock. Then the partitions are reconciled with
   it (reconcile_partitions): a partition holding an open transaction of an id's producer id and epoch that a
-  lost AddPartitionsToTxn record left out joins the id's Ongoing transaction, or, if the id has none, is aborted
-  with the producer fenced.
+  lost AddPartitionsToTxn record left out joins the id's Ongoing transaction; if the id has none (the partition
+  was written without AddPartitionsToTxn), that transaction is aborted with the producer fenced.
 
 Error codes are Kafka's: COORDINATOR_LOAD_IN_PROGRESS while loading; INVALID_PRODUCER_ID_MAPPING for an unknown
 id or another producer id; PRODUCER_FENCED for another epoch (the worker turns it into INVALID_PRODUCER_EPOCH
@@ -136,15 +136,15 @@ class TransactionCoordinator:
 
     def reconcile_partitions(self) -> int:
         """Give the coordinator's transactions the partitions they lost (at start, once the state is loaded, before
-        any request is answered). AddPartitionsToTxn is answered once its record is appended, so a crash may lose
-        the record of a partition its producer then wrote to: a transaction open in a partition, of a producer id
-        and epoch the coordinator has, that the coordinator does not list there. If the coordinator has that
-        transaction Ongoing, the partition joins it (its EndTxn or its timeout marks it). If it has none (Empty,
-        Complete*), the transaction was never durably known, so no commit of it was answered: it is aborted with
-        the epoch bumped, which fences the producer (else it could commit a transaction that lost a partition).
-        (The AddPartitionsToTxn that begins a transaction is fsync'd, so only a client that wrote without it
-        leaves such a partition: aborted here rather than by the hanging sweep, later.)
-        Any other open transaction is the hanging sweep's. Returns how many partitions were given an owner."""
+        any request is answered): a transaction open in a partition, of a producer id and epoch the coordinator
+        has, that the coordinator does not list there. An AddPartitionsToTxn that widens an Ongoing transaction is
+        answered once its record is appended, so a crash may lose the record of a partition its producer then
+        wrote to: the partition joins the Ongoing transaction (its EndTxn or its timeout marks it). If the id has
+        no open transaction (Empty, Complete*; the AddPartitionsToTxn that begins one is fsync'd), its client wrote
+        without AddPartitionsToTxn: no commit of that transaction was answered, and it is aborted with the epoch
+        bumped, which fences the producer (else it could commit a transaction that lacks the partition), rather
+        than by the hanging sweep much later. Any other open transaction is the hanging sweep's. Returns how many
+        partitions were given an owner."""
         by_producer = {metadata.producer_id: metadata for metadata in self.transactions.values()
                        if metadata.state != DEAD}
         lost: dict[str, set[tuple[str, int]]] = {}
@@ -172,10 +172,10 @@ class TransactionCoordinator:
         return sum(len(partitions) for partitions in lost.values())
 
     def _abort_unrecorded(self, current: TransactionMetadata, partitions: set[tuple[str, int]]) -> None:
-        """Abort a transaction the coordinator never durably had (see reconcile_partitions), fencing its producer."""
+        """Abort a transaction the coordinator never had (see reconcile_partitions), fencing its producer."""
         transactional_id = current.transactional_id
-        log.warning("transaction of %r: %s open, but the coordinator never durably had the transaction (a record "
-                    "lost in a crash): aborting it, its producer fenced", transactional_id, sorted(partitions))
+        log.warning("transaction of %r: %s open, but the id has no open transaction (written without "
+                    "AddPartitionsToTxn): aborting it, its producer fenced", transactional_id, sorted(partitions))
         changed = current.copy()
         changed.partitions |= partitions
         changed.begin(wall_ms())

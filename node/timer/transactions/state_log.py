@@ -16,8 +16,8 @@ writer, and compaction keeps the latest); then every state change is one record,
 callback hears when it is fsync'd (or that it will not be: a storage fault, or no fsync within the timeout).
 
 Invariants: a state the coordinator writes markers for, or answers EndTxn, InitProducerId, AddOffsetsToTxn or
-TxnOffsetCommit with, is in an fsync'd record (AddPartitionsToTxn is answered once its record is appended: the
-coordinator's reconciliation at start covers its loss, see coordinator.py); the log is fsync'd as a whole, so a
+TxnOffsetCommit with, is in an fsync'd record (an AddPartitionsToTxn that widens an open transaction is answered
+once its record is appended: the coordinator's reconciliation at start covers its loss, see coordinator.py); the log is fsync'd as a whole, so a
 durable record makes every record before it durable; a record that does not parse is skipped with a log line, never stops the load.
 """
 
