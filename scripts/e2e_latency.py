@@ -207,6 +207,20 @@ class FetchFrame:
         return bytes(self.body)
 
 
+def fetched_values(partition: wire.FetchedPartition, fetch_offset: int) -> tuple[list[bytes | memoryview], int]:
+    """The values an application gets from one partition's fetched record set, from `fetch_offset` on (no control
+    record, none of an aborted transaction the answer lists), and the offset to fetch next."""
+    values, next_offset = [], fetch_offset
+    aborted = rawkafka.AbortedBatches(partition.aborted_transactions)
+    record_set = partition.records
+    for position, header in records.iter_batches(record_set):
+        batch = record_set[position : position + header.size]
+        if not aborted.skips(batch, header) and header.last_offset >= next_offset:  # else before the fetch offset
+            values.extend(value for offset, _, value in records.iter_records(batch, header) if offset >= next_offset)
+        next_offset = max(next_offset, header.last_offset + 1)
+    return values, next_offset
+
+
 def run_raw(target: benchnode.Target, run: LatencyRun) -> LatencyOutcome:
     outcome = LatencyOutcome()
     fetch = FetchFrame(run.topic, 0, run.fetch_wait_ms)
@@ -227,14 +241,9 @@ def run_raw(target: benchnode.Target, run: LatencyRun) -> LatencyOutcome:
             answer = wire.parse_fetch_response(body, 0, FETCH_VERSION)
             if answer.error_code or len(answer.partitions) != 1 or answer.partitions[0].error_code:
                 raise RuntimeError(f"fetch error {answer.error_code} {[p.error_code for p in answer.partitions]}")
-            record_set = answer.partitions[0].records
-            for position, header in records.iter_batches(record_set):
-                if header.last_offset >= next_offset[0]:  # else wholly before the fetch offset
-                    batch = record_set[position : position + header.size]
-                    for offset, _, value in records.iter_records(batch, header):
-                        if offset >= next_offset[0]:
-                            _measure(outcome, value, received_ns)
-                next_offset[0] = max(next_offset[0], header.last_offset + 1)
+            values, next_offset[0] = fetched_values(answer.partitions[0], next_offset[0])
+            for value in values:
+                _measure(outcome, value, received_ns)
 
         _send_and_consume(run, outcome, send, poll_once, timeout)
     return outcome

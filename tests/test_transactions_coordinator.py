@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 
 import pytest
 from kio.schema.errors import ErrorCode as E
@@ -58,7 +59,7 @@ class GroupCommit:
         self.eager = True
         self.fail = False
 
-    def __call__(self, rows, offsets, deadline_ms, done) -> None:
+    def __call__(self, rows, offsets, deadline_ms, done, urgent: bool = False) -> None:
         self.waiting.append((rows, done))
         if self.eager:
             self.run()
@@ -113,6 +114,23 @@ class OnDisk:
         self.store.close()
         self.start()
 
+    def state_log_bytes(self) -> int:
+        return sum(path.stat().st_size for path in self.state_log_segments())
+
+    def state_log_segments(self) -> list:
+        return sorted((Path(self.data_dir) / "__transaction_state-0").glob("*.log"))
+
+    def power_cut(self, durable_bytes: int) -> None:
+        """The timer dies and the machine loses what was not fsync'd of the state log (its tail past
+        `durable_bytes`); the partitions are recovered from their files, as the supervisor does at start."""
+        self.store.close()
+        (segment,) = self.state_log_segments()
+        os.truncate(segment, durable_bytes)
+        self.store = PartitionStore(self.data_dir, self.table, LogConfig(), 16)
+        self.store.recover_all()
+        self.store.close()
+        self.start()
+
     def commit_offsets(self, group, entries, done) -> None:
         self.committed_offsets.append((group, dict(entries)))
         done(True)
@@ -150,15 +168,18 @@ class OnDisk:
     def markers(self, partition: int = 0) -> list[tuple[int, int, int]]:
         """(producer id, epoch, control type) of each marker in a partition."""
         plog = self.partition(partition)
-        found = []
-        piece = plog.read(0, 1 << 20)
-        data = b"".join(os.pread(fd, length, position) for fd, position, length in piece.ranges)
-        while data:
-            header = parse_header(data)
-            kind = control_type(data[:header.size], header)
-            if kind is not None:
-                found.append((header.producer_id, header.producer_epoch, kind))
-            data = data[header.size:]
+        found, offset = [], 0
+        while offset < plog.state().log_end_offset:  # segment by segment (a restart rolls a new one)
+            piece = plog.read(offset, 1 << 20)
+            data = b"".join(os.pread(fd, length, position) for fd, position, length in piece.ranges)
+            assert data, f"nothing readable at offset {offset}"
+            while data:
+                header = parse_header(data)
+                kind = control_type(data[:header.size], header)
+                if kind is not None:
+                    found.append((header.producer_id, header.producer_epoch, kind))
+                offset = header.last_offset + 1
+                data = data[header.size:]
         return found
 
 
@@ -245,18 +266,21 @@ def test_a_new_epoch_fences_the_old_producer_and_aborts_its_transaction(txn):
 
 
 def test_requests_while_a_state_write_waits_for_its_fsync_wait_for_it_in_order(txn):
-    """Not CONCURRENT_TRANSACTIONS (clients retry that only after a backoff): each waits for the record before it."""
+    """Not CONCURRENT_TRANSACTIONS (clients retry that only after a backoff): each waits for the record before it.
+    An AddPartitionsToTxn that widens an Ongoing transaction is answered once its record is appended."""
     producer = producer_of(txn.init("app"))
     txn.flushes.eager = False
-    assert txn.add("app", producer, [("t", 0)]) is None  # waits for the fsync
-    assert txn.add("app", producer, [("t", 1)]) is None  # the next partition: waits for the first record
-    assert txn.ask(M.Kind.ADD_OFFSETS_TO_TXN, *producer, "app", "g") is None
-    first, second, offsets = txn.request_id - 2, txn.request_id - 1, txn.request_id
+    assert txn.add("app", producer, [("t", 0)]) is None  # begins the transaction: waits for the fsync
+    assert txn.ask(M.Kind.ADD_OFFSETS_TO_TXN, *producer, "app", "g") is None  # waits for the first record
+    assert txn.add("app", producer, [("t", 1)]) is None  # waits for the AddOffsetsToTxn record
+    first, offsets, second = txn.request_id - 2, txn.request_id - 1, txn.request_id
     txn.flushes.run_one()
     assert txn.outbox.replies[first].topics == (("t", ((0, 0),)),)
-    assert second not in txn.outbox.replies and offsets not in txn.outbox.replies  # the second record's fsync next
-    txn.flushes.run()
-    assert txn.outbox.replies[second].topics == (("t", ((1, 0),)),) and txn.outbox.replies[offsets].error == E.none
+    assert offsets not in txn.outbox.replies and second not in txn.outbox.replies  # the second record's fsync next
+    txn.flushes.run_one()
+    assert txn.outbox.replies[offsets].error == E.none
+    assert txn.outbox.replies[second].topics == (("t", ((1, 0),)),)  # widens: answered once appended
+    assert txn.flushes.waiting  # its record's fsync still to come
     metadata = txn.coordinator.transactions["app"]
     assert metadata.partitions == {("t", 0), ("t", 1)} and metadata.groups == {"g"}
     txn.flushes.eager = True
@@ -507,3 +531,81 @@ def test_the_held_request_bounds_are_validated():
         TransactionConfig(held_requests_per_id=-1)
     with pytest.raises(ValueError):
         TransactionConfig(held_request_max_ms=0)
+
+
+def test_a_lost_add_partitions_record_of_an_ongoing_transaction_is_given_back_at_start(txn):
+    """AddPartitionsToTxn answered, the producer's records acknowledged in that partition, the record lost: the
+    partition joins the recovered Ongoing transaction, and its commit marks it."""
+    producer = producer_of(txn.init("app"))
+    txn.add("app", producer, [("t", 0)])
+    txn.produce(producer, 0, partition=0)
+    durable = txn.state_log_bytes()
+    txn.flushes.eager = False
+    assert txn.add("app", producer, [("t", 1)]) == {("t", 1): E.none}  # answered before its fsync
+    txn.produce(producer, 0, partition=1)
+    txn.partition(1).flush()  # acks=all: the records are durable
+    assert txn.state_log_bytes() > durable
+    txn.power_cut(durable)
+    metadata = txn.coordinator.transactions["app"]
+    assert metadata.state == TxnState.ONGOING and metadata.partitions == {("t", 0), ("t", 1)}
+    assert txn.end("app", producer, commit=True).error == E.none
+    for partition in (0, 1):
+        assert txn.markers(partition) == [(*producer, ControlType.COMMIT)]
+        state = txn.partition(partition).state()
+        assert state.last_stable_offset == state.high_watermark == 2
+
+
+def test_a_partition_written_without_add_partitions_is_aborted_at_start_and_its_producer_fenced(txn):
+    """A client that wrote to a partition it never added, in the epoch the coordinator has, its id between
+    transactions: the transaction was never the coordinator's, so it is aborted at start (not only by the hanging
+    sweep, much later), and the producer is fenced (it could otherwise commit a transaction that lacks the
+    partition)."""
+    producer = producer_of(txn.init("app"))
+    txn.add("app", producer, [("t", 0)])
+    txn.produce(producer, 0, partition=0)
+    assert txn.end("app", producer, commit=True).error == E.none
+    txn.produce(producer, 0, partition=1)  # never added
+    txn.restart()
+    assert txn.markers(1) == [(producer[0], producer[1] + 1, ControlType.ABORT)]
+    state = txn.partition(1).state()
+    assert state.last_stable_offset == state.high_watermark == 2
+    assert txn.coordinator.transactions["app"].state == TxnState.COMPLETE_ABORT
+    assert txn.add("app", producer, [("t", 0)]) == {("t", 0): E.producer_fenced}
+    assert txn.end("app", producer, commit=True).error == E.producer_fenced
+    assert txn.coordinator.reconciled == 1
+    txn.restart()  # nothing left to reconcile
+    assert txn.coordinator.reconciled == 0 and txn.markers(1) == [(producer[0], producer[1] + 1, ControlType.ABORT)]
+
+
+def test_the_add_partitions_that_begins_a_transaction_is_durable_with_the_previous_completion(txn):
+    """A commit's Complete* record is never waited for; had it been lost with the next transaction's records, a
+    restart would complete the commit again and its COMMIT markers would close the next transaction's records in
+    a partition both wrote to. So the AddPartitionsToTxn that begins a transaction waits for its fsync (and that
+    of every record before it), and only the later ones, lost, are given back at start."""
+    producer = producer_of(txn.init("app"))
+    txn.add("app", producer, [("t", 0)])
+    txn.produce(producer, 0, partition=0)
+    txn.flushes.eager = False
+    assert txn.end("app", producer, commit=True) is None
+    txn.flushes.run()  # the decision, then the markers: answered, its CompleteCommit record appended
+    assert txn.outbox.replies[txn.request_id].error == E.none
+    assert txn.add("app", producer, [("t", 1)]) is None  # begins the next one: waits for the fsync
+    txn.flushes.run_one()
+    assert txn.outbox.replies[txn.request_id].topics == (("t", ((1, 0),)),)
+    txn.flushes.run()
+    durable = txn.state_log_bytes()
+    txn.produce(producer, 1, partition=1)
+    assert txn.add("app", producer, [("t", 0)]) == {("t", 0): E.none}  # widens: answered once appended
+    txn.produce(producer, 1, partition=0)  # the partition the commit marked too
+    for partition in (0, 1):
+        txn.partition(partition).flush()
+    assert txn.state_log_bytes() > durable
+    txn.power_cut(durable)  # loses the widening record only
+    metadata = txn.coordinator.transactions["app"]
+    assert metadata.state == TxnState.ONGOING and metadata.partitions == {("t", 0), ("t", 1)}
+    assert txn.markers(0) == [(*producer, ControlType.COMMIT)]  # not completed again
+    assert txn.end("app", producer, commit=True).error == E.none
+    assert txn.markers(0) == [(*producer, ControlType.COMMIT)] * 2 and txn.markers(1) == [(*producer, ControlType.COMMIT)]
+    for partition in (0, 1):
+        state = txn.partition(partition).state()
+        assert state.last_stable_offset == state.high_watermark

@@ -27,7 +27,6 @@ Invariants:
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import signal
@@ -101,8 +100,8 @@ class TimerProcess:
                                        config.timer.purgatory, now)
         self.controller = Controller(self.store, self.outbox, self.flusher)
         txn = config.transactions
-        # The coordinator's state records are on its clients' path (each AddPartitionsToTxn, EndTxn): synced at once.
-        state_log = TransactionStateLog(self.store, functools.partial(self.operations.wait_flushed, urgent=True),
+        # The coordinator's state records that clients wait for (EndTxn's decision, ...) are synced at once.
+        state_log = TransactionStateLog(self.store, self.operations.wait_flushed,
                                         segment_bytes=txn.state_segment_bytes,
                                         load_bytes_per_turn=txn.state_load_bytes_per_turn,
                                         write_timeout_ms=txn.state_write_timeout_ms,

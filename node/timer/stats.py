@@ -101,6 +101,7 @@ class TimerStats:
         flusher = timer.flusher
         w.set("flushes", flusher.rounds)
         w.set("fsyncs", flusher.fsyncs)
+        w.set("urgent_fsyncs", flusher.urgent_fsyncs)
         w.set("flush_errors", flusher.errors)
         w.set("fsync_us_total", flusher.fsync_ns_total // 1000)
         w.set("fsync_us_max", flusher.fsync_ns_max // 1000)
@@ -123,6 +124,7 @@ class TimerStats:
         w.set("transactions_aborted", transactions.aborts)
         w.set("transactions_timed_out", transactions.timed_out)
         w.set("transaction_markers", transactions.markers.written)
+        w.set("transaction_partitions_reconciled", transactions.reconciled)
         w.set("transaction_requests_held", transactions.held.held)
         w.set("transaction_requests_refused", transactions.held.refused)
         self._publish_transactions(transactions)

@@ -247,10 +247,32 @@ class FetchedPartition:
     partition: int
     error_code: int
     high_watermark: int
-    record_count: int = 0
-    batch_count: int = 0
+    record_count: int = 0  # the records an application gets: no control records, none of an aborted transaction
+    batch_count: int = 0  # every batch, control batches included
     next_offset: int | None = None  # None: no whole batch came back
     records_bytes: int = 0
+    control_batch_count: int = 0  # COMMIT and ABORT markers
+    aborted_record_count: int = 0  # records of the aborted transactions the answer lists (read_committed)
+
+
+class AbortedBatches:
+    """Which batches of one partition's record set belong to an aborted transaction, as Kafka's consumer tells:
+    the answer lists each aborted transaction as (producer id, first offset); from its first offset on, that
+    producer's transactional batches are aborted until its ABORT marker. Feed it every batch in order."""
+
+    def __init__(self, aborted_transactions) -> None:
+        self._pending = sorted(aborted_transactions, key=lambda entry: entry[1])
+        self._aborting: set[int] = set()
+
+    def skips(self, batch, header: records.BatchHeader) -> bool:
+        """Whether an application never sees this batch's records: a control batch, or an aborted one."""
+        while self._pending and self._pending[0][1] <= header.last_offset:
+            self._aborting.add(self._pending.pop(0)[0])
+        if header.attributes & records.CONTROL_BIT:
+            if records.control_type(batch, header) == records.ControlType.ABORT:
+                self._aborting.discard(header.producer_id)
+            return True
+        return bool(header.attributes & records.TRANSACTIONAL_BIT) and header.producer_id in self._aborting
 
 
 @dataclass(slots=True)
@@ -268,8 +290,9 @@ class FetchResult:
 def parse_fetch_response(version: int, body: bytes | memoryview,
                          topic_names: dict[bytes, str] | None = None) -> FetchResult:
     """A Fetch v4-17 response body (after the correlation id), walked by the connector's wire module: per
-    partition, counts from the batch headers, without copying record data. v13+: `topic_names` maps topic id
-    bytes to names."""
+    partition, counts from the batch headers, without copying record data (control batches and the batches of
+    the aborted transactions the answer lists are counted apart, not as records). v13+: `topic_names` maps topic
+    id bytes to names."""
     try:
         answer = wire.parse_fetch_response(memoryview(body), 0, version, topic_names)
     except (ValueError, struct.error, UnicodeDecodeError) as exc:
@@ -279,11 +302,17 @@ def parse_fetch_response(version: int, body: bytes | memoryview,
         fetched = FetchedPartition(partition.topic, partition.partition, partition.error_code,
                                    partition.high_watermark, records_bytes=len(partition.records))
         header = None
+        aborted = AbortedBatches(partition.aborted_transactions)
         for position, header in records.iter_batches(partition.records):
             if header.magic != records.MAGIC_V2:
                 raise RawProtocolError(f"batch at {position} has magic {header.magic}, not 2")
-            fetched.record_count += header.record_count
             fetched.batch_count += 1
+            if not aborted.skips(partition.records[position:position + header.size], header):
+                fetched.record_count += header.record_count
+            elif header.attributes & records.CONTROL_BIT:
+                fetched.control_batch_count += 1
+            else:
+                fetched.aborted_record_count += header.record_count
         if header is not None:
             fetched.next_offset = header.last_offset + 1
         result.partitions.append(fetched)

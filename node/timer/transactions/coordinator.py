@@ -7,7 +7,11 @@ The algorithm (KIP-98), per transactional.id (node.timer.transactions.metadata h
   transaction still open from the previous epoch is aborted first (with the bumped epoch) and the client
   answered CONCURRENT_TRANSACTIONS; it retries and gets the epoch once the abort completed.
 - AddPartitionsToTxn and AddOffsetsToTxn open the transaction (Ongoing) or add to it; TxnOffsetCommit adds the
-  consumer offsets it will commit. Each change is a record of `__transaction_state`, fsync'd before the answer.
+  consumer offsets it will commit. Each change is a record of `__transaction_state`, fsync'd before the answer,
+  except an AddPartitionsToTxn's that widens an Ongoing transaction, answered once appended (the producer waits for
+  it before it writes to the partition; the group commit's next round or the fsync of the EndTxn's decision makes
+  it durable). The one that begins a transaction is fsync'd, which makes the previous transaction's Complete*
+  record durable too: a restart never completes a transaction again once the next one has begun.
 - EndTxn writes PrepareCommit or PrepareAbort (fsync'd: the decision), then the markers to every partition of
   the transaction and, for a commit once they are appended, the pending offsets to `__consumer_offsets` (through
   the group coordinator: OffsetFetch sees them once fsync'd), both fsync'd by one group-commit round, then
@@ -25,7 +29,10 @@ The algorithm (KIP-98), per transactional.id (node.timer.transactions.metadata h
   holds readers back for longer than its timeout.
 - At start the state is loaded from `__transaction_state` (after the group coordinator's offsets, which a
   commit writes): a Prepare* completes again (markers and offsets written again change nothing that was
-  already written), an Ongoing gets its timeout back by the wall clock.
+  already written), an Ongoing gets its timeout back by the wall clock. Then the partitions are reconciled with
+  it (reconcile_partitions): a partition holding an open transaction of an id's producer id and epoch that a
+  lost AddPartitionsToTxn record left out joins the id's Ongoing transaction; if the id has none (the partition
+  was written without AddPartitionsToTxn), that transaction is aborted with the producer fenced.
 
 Error codes are Kafka's: COORDINATOR_LOAD_IN_PROGRESS while loading; INVALID_PRODUCER_ID_MAPPING for an unknown
 id or another producer id; PRODUCER_FENCED for another epoch (the worker turns it into INVALID_PRODUCER_EPOCH
@@ -36,7 +43,12 @@ Invariants:
 - Every request gets exactly one REPLY, unless the timer process dies first (then the worker answers it).
 - The in-memory state of an id changes only when its record is fsync'd (a copy is written, then installed),
   except the Complete* step, whose record may be lost harmlessly (its Prepare* completes again after a crash,
-  and any later record of the id is in the same log after it).
+  and any later record of the id is in the same log after it; a transaction begins with an fsync'd record), and
+  the record of an AddPartitionsToTxn that widens an Ongoing transaction, installed once appended: its loss only
+  drops partitions of a durably Ongoing transaction, which the reconciliation at start gives back (the log is
+  fsync'd as a whole: a durable record makes every record before it durable).
+- A commit is answered only for a transaction whose every partition is marked: a partition written in a
+  transaction is in the coordinator's state, or found by the reconciliation before any request is answered.
 - Markers are written only after the decision (Prepare*) is durable, so a transaction is all or nothing in
   every partition, whatever process dies when.
 """
@@ -55,6 +67,7 @@ from node.storage.store import PartitionStore
 from node.timer.groups.sessions import Sessions
 from node.timer.outbox import Outbox
 from node.timer.transactions import listing
+from node.timer.transactions.hanging import open_in_partitions
 from node.timer.transactions.held import HeldRequests
 from node.timer.transactions.markers import MarkerWriter
 from node.timer.transactions.metadata import (COMPLETE_ABORT, COMPLETE_COMMIT, COMPLETED, DEAD, EMPTY, ONGOING,
@@ -96,6 +109,7 @@ class TransactionCoordinator:
         self.end_waiters: dict[str, list[Waiter]] = {}  # EndTxns answered once their offsets are durable
         self.loading = True
         self.commits = self.aborts = self.timed_out = 0  # (the stats segment counts them)
+        self.reconciled = 0  # partitions given back to their transaction at start (reconcile_partitions)
         self.handlers: dict[M.Kind, Callable[[int, Any], None]] = {
             M.Kind.INIT_PRODUCER_ID: self.init_producer_id,
             M.Kind.ADD_PARTITIONS_TO_TXN: self.add_partitions,
@@ -121,6 +135,61 @@ class TransactionCoordinator:
                     self.timeouts.renew(metadata.transactional_id, now + max(0, remaining))
                 elif metadata.state in PREPARED:
                     self._complete(metadata)
+            self.reconcile_partitions()
+
+    def reconcile_partitions(self) -> int:
+        """Give the coordinator's transactions the partitions they lost (at start, once the state is loaded, before
+        any request is answered): a transaction open in a partition, of a producer id and epoch the coordinator
+        has, that the coordinator does not list there. An AddPartitionsToTxn that widens an Ongoing transaction is
+        answered once its record is appended, so a crash may lose the record of a partition its producer then
+        wrote to: the partition joins the Ongoing transaction (its EndTxn or its timeout marks it). If the id has
+        no open transaction (Empty, Complete*; the AddPartitionsToTxn that begins one is fsync'd), its client wrote
+        without AddPartitionsToTxn: no commit of that transaction was answered, and it is aborted with the epoch
+        bumped, which fences the producer (else it could commit a transaction that lacks the partition), rather
+        than by the hanging sweep much later. Any other open transaction is the hanging sweep's. Returns how many
+        partitions were given an owner."""
+        by_producer = {metadata.producer_id: metadata for metadata in self.transactions.values()
+                       if metadata.state != DEAD}
+        lost: dict[str, set[tuple[str, int]]] = {}
+        for found in open_in_partitions(self.store):
+            metadata = by_producer.get(found.producer_id)
+            if metadata is None or metadata.producer_epoch != found.epoch or metadata.state in PREPARED:
+                continue  # the hanging sweep's: no record lost here could have opened it
+            if metadata.state == ONGOING and (found.topic, found.partition) in metadata.partitions:
+                continue
+            lost.setdefault(metadata.transactional_id, set()).add((found.topic, found.partition))
+        for transactional_id, partitions in lost.items():
+            current = self.transactions[transactional_id]
+            if current.state == ONGOING:
+                log.warning("transaction of %r: %s open but not in its state (a record lost in a crash): added",
+                            transactional_id, sorted(partitions))
+                # Installed at once: EndTxn's decision record, fsync'd before any marker, lists them.
+                changed = current.copy()
+                changed.partitions |= partitions
+                changed.last_update_wall_ms = wall_ms()
+                self.transactions[transactional_id] = changed
+                self.state_log.write(changed, self.clock(), lambda flushed, fault=False: None, urgent=False)
+            else:
+                self._abort_unrecorded(current, partitions)
+        self.reconciled += sum(len(partitions) for partitions in lost.values())
+        return sum(len(partitions) for partitions in lost.values())
+
+    def _abort_unrecorded(self, current: TransactionMetadata, partitions: set[tuple[str, int]]) -> None:
+        """Abort a transaction the coordinator never had (see reconcile_partitions), fencing its producer."""
+        transactional_id = current.transactional_id
+        log.warning("transaction of %r: %s open, but the id has no open transaction (written without "
+                    "AddPartitionsToTxn): aborting it, its producer fenced", transactional_id, sorted(partitions))
+        changed = current.copy()
+        changed.partitions |= partitions
+        changed.begin(wall_ms())
+        changed.bump_epoch()  # an exhausted epoch stays: the abort still closes the transaction
+        changed.transition(PREPARE_ABORT)
+
+        def failed(error: E) -> None:
+            log.error("transaction of %r: cannot write its abort (%s); the hanging sweep aborts it later",
+                      transactional_id, error.name)
+
+        self._persist(current, changed, self._complete, failed)
 
     def advance(self, now_ms: int) -> None:
         self.timeouts.advance(now_ms)
@@ -262,6 +331,29 @@ class TransactionCoordinator:
 
         self.state_log.write(changed, self.clock(), done)
 
+    def _install(self, current: TransactionMetadata, changed: TransactionMetadata,
+                 appended: Callable[[TransactionMetadata], None], failed: Callable[[E], None]) -> None:
+        """Write `changed` and install it once appended, not waiting for its fsync (the group commit's next round,
+        or the fsync of a later record of the log, makes it durable): for a change whose loss the reconciliation at
+        start repairs (reconcile_partitions)."""
+        changed.last_update_wall_ms = wall_ms()
+        failure: list[E] = []
+        appending = [True]
+
+        def done(flushed: bool, fault: bool = False) -> None:
+            # Called during write() only if the append failed; a later failed fsync fails the next durable record too.
+            if appending[0] and not flushed:
+                failure.append(E.not_coordinator if fault else E.coordinator_not_available)
+
+        self.state_log.write(changed, self.clock(), done, urgent=False)
+        appending[0] = False
+        if failure:
+            return failed(failure[0])
+        self.transactions[changed.transactional_id] = changed
+        appended(changed)
+        if changed.transactional_id in self.held:
+            self._run_held(changed.transactional_id)
+
     # -- InitProducerId -----------------------------------------------------------------------
 
     def init_producer_id(self, worker: int, message: Any) -> None:
@@ -347,7 +439,12 @@ class TransactionCoordinator:
             return self._partition_errors(waiter, topics, lambda t, p: E.none)
         changed = current.copy()
         changed.partitions |= wanted
-        self._begin(current, changed, lambda error: self._partition_errors(waiter, topics, lambda t, p: error))
+        # Widening an Ongoing transaction is answered once appended: the producer's records wait for this answer, and
+        # a lost record is repaired at start. Beginning one is fsync'd: that makes the previous transaction's
+        # Complete* record durable too, whose loss would make a restart complete that transaction again, and its
+        # markers would then close the records of this one in a partition both wrote to.
+        self._begin(current, changed, lambda error: self._partition_errors(waiter, topics, lambda t, p: error),
+                    durably=current.state != ONGOING)
 
     def add_offsets(self, worker: int, message: Any) -> None:
         if self._after_completion(worker, message, self.add_offsets):
@@ -366,17 +463,19 @@ class TransactionCoordinator:
         changed.groups.add(message.group)
         self._begin(current, changed, lambda error: self._error_only(waiter, error))
 
-    def _begin(self, current: TransactionMetadata, changed: TransactionMetadata, answer: Callable[[E], None]) -> None:
-        """Open (or widen) the transaction: Ongoing, durable, its timeout armed when it just began."""
+    def _begin(self, current: TransactionMetadata, changed: TransactionMetadata, answer: Callable[[E], None],
+               durably: bool = True) -> None:
+        """Open (or widen) the transaction: Ongoing, durable (or, not `durably`, appended), its timeout armed when it
+        just began."""
         starting = current.state != ONGOING
         changed.begin(wall_ms())
 
-        def durable(metadata: TransactionMetadata) -> None:
+        def written(metadata: TransactionMetadata) -> None:
             if starting:
                 self.timeouts.renew(metadata.transactional_id, self.clock() + metadata.timeout_ms)
             answer(E.none)
 
-        self._persist(current, changed, durable, answer)
+        (self._persist if durably else self._install)(current, changed, written, answer)
 
     def txn_offset_commit(self, worker: int, message: Any) -> None:
         if self._after_completion(worker, message, self.txn_offset_commit):
@@ -473,7 +572,7 @@ class TransactionCoordinator:
                 else:
                     self.aborts += 1
                 # Not waited for: losing it only makes a restart complete the transaction again (see invariants).
-                self.state_log.write(completed, self.clock(), lambda flushed, fault=False: None)
+                self.state_log.write(completed, self.clock(), lambda flushed, fault=False: None, urgent=False)
             self._run_held(transactional_id)
 
         if waiter is not None and by_group:

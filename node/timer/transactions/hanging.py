@@ -17,7 +17,7 @@ Invariants:
 from __future__ import annotations
 
 import logging
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import numpy as np
 
@@ -40,29 +40,55 @@ class HangingTransactions:
 
     def sweep(self) -> int:
         """Look at every partition with an open transaction; abort the hanging ones. Returns how many."""
-        rows = self.store.rows()
-        if not rows:
-            return 0
-        states = self.store.table.read_rows(np.asarray(rows, dtype=np.int64))
         now = self.clock()
         seen: dict[tuple[int, int, int], int] = {}
         aborted = 0
-        for at in np.flatnonzero(states["first_unstable_offset"] >= 0).tolist():
-            row = rows[at]
-            topic, partition = self.store.owner(row)
+        for found in open_in_partitions(self.store):
+            key = (found.row, found.producer_id, found.first_offset)
+            since = seen[key] = self._first_seen.get(key, now)
+            if now - since <= self.grace_ms or self._owned(found.producer_id, found.topic, found.partition):
+                continue
             try:
-                plog = self.store.log(row)
-                for producer_id, (first, epoch) in plog.open_transactions().items():
-                    key = (row, producer_id, first)
-                    since = seen[key] = self._first_seen.get(key, now)
-                    if now - since <= self.grace_ms or self._owned(producer_id, topic, partition):
-                        continue
-                    plog.append_marker(producer_id, epoch, ControlType.ABORT, COORDINATOR_EPOCH)
-                    log.warning("aborted a hanging transaction of producer %d in %s-%d (open from offset %d, in no "
-                                "transaction of the coordinator)", producer_id, topic, partition, first)
-                    aborted += 1
+                self.store.log(found.row).append_marker(found.producer_id, found.epoch, ControlType.ABORT,
+                                                        COORDINATOR_EPOCH)
             except StorageError as exc:
-                log.warning("could not look for hanging transactions in %s-%d: %s", topic, partition, exc)
+                log.warning("could not abort a hanging transaction in %s-%d: %s", found.topic, found.partition, exc)
+                continue
+            log.warning("aborted a hanging transaction of producer %d in %s-%d (open from offset %d, in no "
+                        "transaction of the coordinator)", found.producer_id, found.topic, found.partition,
+                        found.first_offset)
+            aborted += 1
         self._first_seen = seen
         self.aborted += aborted
         return aborted
+
+
+class OpenTransaction(NamedTuple):
+    """A transaction open in one partition: the partition's producer state, whatever the coordinator knows."""
+    row: int
+    topic: str
+    partition: int
+    producer_id: int
+    first_offset: int
+    epoch: int
+
+
+def open_in_partitions(store: PartitionStore) -> list[OpenTransaction]:
+    """Every transaction open in a partition now (the partitions whose row shows one are looked at); a partition
+    that cannot be read is logged and skipped."""
+    rows = store.rows()
+    if not rows:
+        return []
+    states = store.table.read_rows(np.asarray(rows, dtype=np.int64))
+    found = []
+    for at in np.flatnonzero(states["first_unstable_offset"] >= 0).tolist():
+        row = rows[at]
+        topic, partition = store.owner(row)
+        try:
+            opened = store.log(row).open_transactions()
+        except StorageError as exc:
+            log.warning("could not look for open transactions in %s-%d: %s", topic, partition, exc)
+            continue
+        found.extend(OpenTransaction(row, topic, partition, producer_id, first, epoch)
+                     for producer_id, (first, epoch) in opened.items())
+    return found

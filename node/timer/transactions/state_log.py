@@ -15,8 +15,10 @@ answers COORDINATOR_LOAD_IN_PROGRESS), the latest record of each key wins (recor
 writer, and compaction keeps the latest); then every state change is one record, whose `done(flushed, fault)`
 callback hears when it is fsync'd (or that it will not be: a storage fault, or no fsync within the timeout).
 
-Invariants: a state the coordinator acts on (answers a client with, writes markers for) is in an fsync'd record;
-a record that does not parse is skipped with a log line, never stops the load.
+Invariants: a state the coordinator writes markers for, or answers EndTxn, InitProducerId, AddOffsetsToTxn or
+TxnOffsetCommit with, is in an fsync'd record (an AddPartitionsToTxn that widens an open transaction is answered
+once its record is appended: the coordinator's reconciliation at start covers its loss, see coordinator.py); the log is fsync'd as a whole, so a
+durable record makes every record before it durable; a record that does not parse is skipped with a log line, never stops the load.
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ class TransactionStateLog:
                  catalog_changed: Callable[[], None] = lambda: None) -> None:
         self.store = store
         self._catalog_changed = catalog_changed  # the flusher (which fsyncs the log) and the workers reload it
-        self._wait_flushed = wait_flushed  # (rows, offsets, deadline_ms, done(flushed, fault)) -> None
+        self._wait_flushed = wait_flushed  # (rows, offsets, deadline_ms, done(flushed, fault), urgent=) -> None
         self.load_bytes_per_turn = load_bytes_per_turn
         self.write_timeout_ms = write_timeout_ms
         self.loading = True
@@ -130,14 +132,16 @@ class TransactionStateLog:
 
     # -- writes -------------------------------------------------------------------------------
 
-    def write(self, metadata: TransactionMetadata, now_ms: int, done: Done) -> None:
-        """Append `metadata` as it is now; `done(True)` once fsync'd, `done(False, fault)` otherwise."""
-        self._append(orjson.dumps([metadata.transactional_id]), orjson.dumps(metadata.to_record()), now_ms, done)
+    def write(self, metadata: TransactionMetadata, now_ms: int, done: Done, urgent: bool = True) -> None:
+        """Append `metadata` as it is now; `done(True)` once fsync'd, `done(False, fault)` otherwise (at once if the
+        append failed). `urgent`: synced at once, beside the group commit's round, rather than by the next round."""
+        self._append(orjson.dumps([metadata.transactional_id]), orjson.dumps(metadata.to_record()), now_ms, done,
+                     urgent)
 
     def delete(self, transactional_id: str, now_ms: int, done: Done) -> None:
-        self._append(orjson.dumps([transactional_id]), None, now_ms, done)
+        self._append(orjson.dumps([transactional_id]), None, now_ms, done, True)
 
-    def _append(self, key: bytes, value: bytes | None, now_ms: int, done: Done) -> None:
+    def _append(self, key: bytes, value: bytes | None, now_ms: int, done: Done, urgent: bool) -> None:
         try:
             appended = self.store.log(self.row).append(build_batch([(key, value)], wall_ms()))
         except StorageError as exc:
@@ -149,4 +153,5 @@ class TransactionStateLog:
             self.changes += 1
             done(flushed, fault)
 
-        self._wait_flushed([self.row], [appended.last_offset + 1], now_ms + self.write_timeout_ms, ended)
+        self._wait_flushed([self.row], [appended.last_offset + 1], now_ms + self.write_timeout_ms, ended,
+                           urgent=urgent)
