@@ -33,6 +33,7 @@ from typing import Any, Sequence
 from kio.static.primitive import i16, i32
 
 from node.storage import records
+from workers.codecs.tagged_fields import uvarint
 from pyspark_shmbroker import wire
 # The API keys are re-exported for the scripts and tests (rawkafka.FETCH ...).
 from pyspark_shmbroker.wire import (API_VERSIONS, FETCH, INIT_PRODUCER_ID, LIST_OFFSETS, METADATA, PRODUCE,
@@ -169,26 +170,17 @@ _FLEXIBLE_PRODUCE_HEAD = struct.Struct(">Bhi")  # transactional_id null (compact
 PRODUCE_FIRST_FLEXIBLE = 9
 
 
-def _uvarint(value: int) -> bytes:
-    out = bytearray()
-    while value >= 0x80:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
 def produce_body(topic_data: dict[str, dict[int, bytes]], acks: int = 1, timeout_ms: int = 30000,
                  version: int = 8) -> bytes:
     """Produce request body, non-transactional: v3-8 share one layout, v9-11 its flexible form (compact
     strings, arrays and records, an empty tagged-field section after each structure)."""
     if version >= PRODUCE_FIRST_FLEXIBLE:
-        parts = [_FLEXIBLE_PRODUCE_HEAD.pack(0, acks, timeout_ms), _uvarint(len(topic_data) + 1)]
+        parts = [_FLEXIBLE_PRODUCE_HEAD.pack(0, acks, timeout_ms), uvarint(len(topic_data) + 1)]
         for topic, partitions in topic_data.items():
             name = topic.encode("utf-8")
-            parts.append(_uvarint(len(name) + 1) + name + _uvarint(len(partitions) + 1))
+            parts.append(uvarint(len(name) + 1) + name + uvarint(len(partitions) + 1))
             for partition, batch in partitions.items():
-                parts.append(struct.pack(">i", partition) + _uvarint(len(batch) + 1))
+                parts.append(struct.pack(">i", partition) + uvarint(len(batch) + 1))
                 parts.append(batch)
                 parts.append(b"\x00")
             parts.append(b"\x00")
