@@ -72,12 +72,7 @@ def measure_producer(client: dict, topic: str, node: NodeProcess, args: argparse
     started = time.monotonic()
     with benchnode.CpuMeter(node) as cpu:
         for _ in range(args.records):
-            while True:
-                try:
-                    producer.produce(topic, value)
-                    break
-                except BufferError:
-                    producer.poll(0.01)
+            benchnode.produce_when_room(producer, topic, value)
         if producer.flush(TIMEOUT_S):
             raise RuntimeError("the producer did not finish")
     wall = time.monotonic() - started

@@ -413,12 +413,7 @@ def write_transactions(node: NodeProcess, topic: str, args: argparse.Namespace) 
                 raise RuntimeError(f"wrote {number} of {args.read_transactions} transactions in {args.timeout_s}s")
             producer.begin_transaction()
             for _ in range(args.txn_records):
-                while True:
-                    try:
-                        producer.produce(topic, value)
-                        break
-                    except BufferError:
-                        producer.poll(0.01)
+                benchnode.produce_when_room(producer, topic, value)
             if (number + 1) % args.aborted_every == 0:
                 producer.flush(CLIENT_TIMEOUT_S)  # written, then aborted (abort drops what is not sent yet)
                 producer.abort_transaction(CLIENT_TIMEOUT_S)

@@ -223,6 +223,16 @@ def result_row(script: str, client: str, records: int, seconds: float, data_byte
     return row
 
 
+def produce_when_room(producer: Any, topic: str, value: bytes) -> None:
+    """confluent-kafka's produce, waiting on delivery reports while its local queue is full."""
+    while True:
+        try:
+            producer.produce(topic, value)
+            return
+        except BufferError:
+            producer.poll(0.01)
+
+
 def emit(row: dict[str, Any], as_json: bool) -> None:
     if as_json:
         print(orjson.dumps(row).decode(), flush=True)
