@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime
 import io
+import socket
 from types import SimpleNamespace
 
 import pytest
@@ -18,6 +19,7 @@ from shm import messages as M
 from workers.api.groups import GroupHandlers
 from workers.api.transactions import TransactionHandlers
 from workers.codecs import protocol as P
+from workers.connection import Connection
 
 
 class Asked:
@@ -36,8 +38,14 @@ def call(handler, api_key: int, version: int, request):
     body = io.BytesIO()
     entity_writer(type(request))(body, request)
     decoded = P.decode_request(api_key, version, body.getvalue())
-    req = SimpleNamespace(header=P.RequestHeader(api_key, version, 7, "test", 0), conn=None)
-    return req, decoded, handler(req, decoded)
+    ours, theirs = socket.socketpair()  # the connection a request came on (handlers may ask its listener)
+    try:
+        conn = Connection(ours, "test", NodeConfig().server.request_max_bytes, NodeConfig().server.recv_bytes)
+        req = SimpleNamespace(header=P.RequestHeader(api_key, version, 7, "test", 0), conn=conn)
+        return req, decoded, handler(req, decoded)
+    finally:
+        ours.close()
+        theirs.close()
 
 
 def response_of(api_key: int, version: int, outcome):
