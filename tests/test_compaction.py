@@ -242,9 +242,16 @@ def test_kill_9_of_the_cleaner_and_of_every_process_while_it_cleans_loses_nothin
 def test_a_full_disk_during_a_cleaning_leaves_the_old_segments_and_logs_one_line(node_factory, tmp_path):
     with tmpfs(tmp_path / "small", 24 * MiB) as small:
         node = node_factory(workers=1, config=CLEANER, data_dir=small / "data")
-        create(node.bootstrap, "changelog", {**COMPACTED, "segment.bytes": "262144"})
-        latest = produce(node.bootstrap, "changelog", updates(30, 400, size=200))
-        filler = fill(small)
+        cleaner, = wait_for(lambda: node.pids("cleaner"), "a cleaner")
+        # The cleaner is held (SIGSTOP, well within child_hang_timeout_ms) until the disk is full, so the
+        # cleanings the updates make due all meet the full disk, however fast it would have been.
+        os.kill(cleaner, signal.SIGSTOP)
+        try:
+            create(node.bootstrap, "changelog", {**COMPACTED, "segment.bytes": "262144"})
+            latest = produce(node.bootstrap, "changelog", updates(30, 400, size=200))
+            filler = fill(small)
+        finally:
+            os.kill(cleaner, signal.SIGCONT)
         try:
             wait_for(lambda: cleaning_of(node, "changelog")["errors"] > 1, "cleanings to fail on the full disk")
             assert node.log().count("cleaning changelog-0 failed") == 1  # one line, however many tries
