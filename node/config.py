@@ -470,6 +470,25 @@ class SaslConfig:
 
 
 @dataclass(frozen=True)
+class AuthorizerConfig:
+    """ACLs on every request (node.storage.acls: Kafka's AclAuthorizer), managed with CreateAcls/DeleteAcls."""
+
+    enabled: bool = False  # off: every principal may do everything, as a Kafka broker without an authorizer
+    super_users: list = field(default_factory=list)  # principals allowed everything ("User:admin")
+    # Kafka's allow.everyone.if.no.acl.found: a resource no ACL matches is open to all (else to super users only).
+    allow_everyone_if_no_acl_found: bool = False
+    # Decisions a worker keeps per connection (cleared when full, and whenever the ACLs change).
+    cache_entries_per_connection: int = 1024
+
+    def __post_init__(self) -> None:
+        bad = [p for p in self.super_users if not isinstance(p, str) or ":" not in p]
+        if bad:
+            raise ValueError(f"super_users: principals are TYPE:NAME (e.g. User:admin), got {bad!r}")
+        if self.cache_entries_per_connection <= 0:
+            raise ValueError("cache_entries_per_connection must be positive")
+
+
+@dataclass(frozen=True)
 class NodeConfig:
     server: ServerConfig = field(default_factory=ServerConfig)
     topics: TopicDefaults = field(default_factory=TopicDefaults)
@@ -488,6 +507,7 @@ class NodeConfig:
     listeners: list = field(default_factory=list, metadata={"items": ListenerConfig})
     tls: TlsConfig = field(default_factory=TlsConfig)
     sasl: SaslConfig = field(default_factory=SaslConfig)
+    authorizer: AuthorizerConfig = field(default_factory=AuthorizerConfig)
 
     def listener_list(self) -> list[ListenerConfig]:
         """The listeners, or the one PLAINTEXT listener at server.host:server.port when none are set."""

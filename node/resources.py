@@ -32,6 +32,7 @@ from shm.connections import ConnectionCounts
 from shm.doorbell import EventfdDoorbell
 from shm.handoff import Inbox
 from shm.heartbeat import HeartbeatTable
+from shm.generations import ChangeCounters
 from shm.interest import WorkerWatches
 from shm.stats import StatsSegment, stats_rows
 from shm.table import PartitionTable
@@ -87,6 +88,7 @@ class NodeResources:
             workers = config.server.worker_count()
             cleaners = config.cleaner_count()
             WorkerWatches.create(shm_instance.watches_name(instance_id), workers, config.topics.max_partitions).close()
+            ChangeCounters.create(shm_instance.generations_name(instance_id)).close()
             stats = StatsSegment.create(shm_instance.stats_name(instance_id), stats_rows(workers, cleaners),
                                         config.stats.committed_offsets_bytes, config.stats.transactions_bytes)
             for i in range(workers + cleaners):

@@ -95,6 +95,11 @@ def connections_name(instance_id: str) -> str:
     return object_name(instance_id, "connections")
 
 
+def generations_name(instance_id: str) -> str:
+    """The change counters of node-wide state workers cache (shm.generations)."""
+    return object_name(instance_id, "generations")
+
+
 def config_path(instance_id: str) -> str:
     """The file of the node's config its children read (a file under /dev/shm, removed with the instance)."""
     return DEV_SHM + object_name(instance_id, "config")

@@ -95,6 +95,7 @@ FIELDS: tuple[Field, ...] = (
     Field("error_responses", MAX_APIS, help="responses carrying a non-zero error code, per API key"),
     Field("error_codes", MAX_ERROR_CODES,
           help="error codes in responses (top-level and per partition, each occurrence), per Kafka error code"),
+    Field("authorization_denials", MAX_APIS, help="operations the authorizer refused, per API key"),
     Field("bytes_in", MAX_APIS, help="request bytes read, per API key"),
     Field("bytes_out", MAX_APIS, help="response bytes queued (sendfile ranges included), per API key"),
     Field("bytes_sendfile", help="response bytes sent by sendfile straight from segment files (zero copy)"),

@@ -100,6 +100,9 @@ def test_advertised_versions_are_the_supported_ones() -> None:
         17: (0, 1),  # SaslHandshake: v0-1, the versions librdkafka, kafka-python, aiokafka and KafkaJS use
         36: (0, 2),  # SaslAuthenticate: v1 carries the session lifetime (KIP-368), v2 is flexible
         66: (0, 1),  # ListTransactions (2: KIP-1152's id pattern)
+        29: (1, 3),  # DescribeAcls (v0: Kafka 4 dropped it, clients ask for v1+)
+        30: (1, 3),  # CreateAcls
+        31: (1, 3),  # DeleteAcls
         65: (0, 0),  # DescribeTransactions
         # The cluster and the partitions' producers:
         60: (0, 1),  # DescribeCluster (2: fenced brokers)

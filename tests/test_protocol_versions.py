@@ -151,6 +151,18 @@ def request_for(api_key: int, version: int, tag: str):
         return b("ListTransactionsRequest", state_filters=("Ongoing",), producer_id_filters=())
     if api_key == P.DESCRIBE_TRANSACTIONS:
         return b("DescribeTransactionsRequest", transactional_ids=(f"t-{tag}",))
+    if api_key == P.CREATE_ACLS:
+        return b("CreateAclsRequest", creations=(b(
+            "AclCreation", resource_type=i8(2), resource_name=f"acl-{tag}", resource_pattern_type=i8(3),
+            principal="User:versions", host="*", operation=i8(3), permission_type=i8(3)),))
+    if api_key == P.DESCRIBE_ACLS:
+        return b("DescribeAclsRequest", resource_type_filter=i8(1), resource_name_filter=None, pattern_type_filter=i8(1),
+                 principal_filter=None, host_filter=None, operation=i8(1), permission_type=i8(1))
+    if api_key == P.DELETE_ACLS:
+        return b("DeleteAclsRequest", filters=(b(
+            "DeleteAclsFilter", resource_type_filter=i8(2), resource_name_filter=f"absent-{tag}",
+            pattern_type_filter=i8(3), principal_filter=None, host_filter=None, operation=i8(1),
+            permission_type=i8(1)),))
     raise AssertionError(f"no request for api {api_key}: add one")
 
 

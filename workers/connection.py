@@ -90,7 +90,7 @@ class Connection:
                  "max_request", "recv_bytes", "wants_write", "closed", "queued_bytes", "queued_memory", "held",
                  "held_bytes", "last_active", "request_since", "request_order", "paused", "paused_at",
                  "accounted", "timer", "mutes", "sendfile_bytes", "listener", "advertised", "principal", "sasl",
-                 "pinned")
+                 "pinned", "acl_cache")
 
     def __init__(self, sock: socket.socket, peer: Any, max_request: int, recv_bytes: int, now: float = 0.0,
                  bucket: int = 0) -> None:
@@ -127,6 +127,7 @@ class Connection:
         # Who the client is (Kafka's "User:NAME"); None until a SASL listener's client authenticated.
         self.principal: str | None = "User:ANONYMOUS"
         self.sasl: Any = None  # its SASL state on a SASL listener (workers.api.sasl)
+        self.acl_cache: Any = None  # (epoch, principal, decisions) of workers.api.authorizer
         self.pinned = False  # its state lives in this process (TLS, a SASL session): it never moves to a peer
 
     # -- what it holds -----------------------------------------------------------------------

@@ -20,6 +20,7 @@ from workers.eventloop import EventLoop
 
 REQUESTS = S.OFFSETS["requests"]  # + api key: requests read
 REQUEST_ERRORS = S.OFFSETS["request_errors"]  # + api key: requests that failed to decode or to be handled
+AUTHORIZATION_DENIALS = S.OFFSETS["authorization_denials"]  # + api key: operations the authorizer refused
 BYTES_IN = S.OFFSETS["bytes_in"]  # + api key
 BYTES_OUT = S.OFFSETS["bytes_out"]  # + api key
 BYTES_SENDFILE = S.OFFSETS["bytes_sendfile"]

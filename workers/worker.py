@@ -68,6 +68,7 @@ from shm.connections import ConnectionCounts
 from shm.doorbell import EventfdDoorbell
 from shm.handoff import Handoffs
 from shm.heartbeat import HeartbeatTable
+from shm.generations import ChangeCounters
 from shm.interest import WorkerWatches
 from shm.ring import max_payload
 from shm.table import PartitionTable
@@ -77,6 +78,7 @@ from workers.affinity import ConnectionAffinity
 from workers.api.fetch_sessions import FetchSessionCache
 from workers.api.handlers import Handlers
 from workers.api.sasl import MECHANISM_INDEX, SaslAuthenticator
+from workers.api.authorizer import RequestAuthorizer
 from workers.api.quotas import ClientQuotas, Throttler
 from workers.backpressure import Backpressure
 from workers.balance import ConnectionBalance
@@ -89,7 +91,7 @@ from workers.limits import ConnectionLimits
 from workers.listeners import ANONYMOUS, Listener, Listeners
 from workers.tls import TlsConnection, TlsHandshake, TlsStream, peer_subject
 from workers.moves import ConnectionMoves
-from workers.stats import (BYTES_IN, BYTES_OUT, BYTES_SENDFILE, CLOSED_ON_ERROR, ERROR_CODES, ERROR_RESPONSES,
+from workers.stats import (AUTHORIZATION_DENIALS, BYTES_IN, BYTES_OUT, BYTES_SENDFILE, CLOSED_ON_ERROR, ERROR_CODES, ERROR_RESPONSES,
                            LAST_ERROR_CODE, REQUEST_ERRORS, REQUESTS, WorkerStats)
 from workers.timer_client.delayed import DelayedRequests, monotonic_ms
 from workers.timer_client.outcome import Outcome
@@ -134,8 +136,10 @@ class Worker:
         self.fetch_sessions = FetchSessionCache(-(-server.max_incremental_fetch_session_cache_slots // workers),
                                                 server.min_incremental_fetch_session_eviction_ms, index, workers,
                                                 monotonic_ms)
+        self.acl_counters = ChangeCounters.attach(shm_instance.generations_name(instance))
+        self.authorizer = RequestAuthorizer(config.authorizer, self.partitions.data_dir, self.acl_counters)
         self.handlers = Handlers(self.partitions, config, self.delayed, f"shmbroker-{instance}", throttler,
-                                 self.fetch_sessions)
+                                 self.fetch_sessions, self.authorizer)
         self.handlers.after_appends = self._answer_appended_if_due
         self.message_handlers = {
             M.Kind.QUOTA_STATE: self.quotas.on_state,
@@ -168,6 +172,9 @@ class Worker:
         self.deadlines = deadlines if deadlines.period_s is not None else None
         self.stats = (WorkerStats(instance, index, config.stats.publish_interval_ms / 1000)
                       if config.stats.enabled else None)
+        if self.stats is not None:
+            self.authorizer.denials = self.stats.counts
+            self.authorizer.denials_offset = AUTHORIZATION_DENIALS
         rows = [self.counts.row(w) for w in range(self.counts.workers)]
         has_peers = handoffs is not None and bool(handoffs.peers())
         self.balance = (ConnectionBalance(index, handoffs, rows, self.heartbeats,
@@ -464,12 +471,13 @@ class Worker:
             self._quota_report = self.loop.call_later(self.quotas.next_report_ms / 1000, self._report_quota_usage)
 
     def _apply_config(self, config: NodeConfig) -> None:
-        """A reloaded config (node.child.ConfigReload): its reloadable settings are the quotas."""
+        """A reloaded config (node.child.ConfigReload): its reloadable settings are the quotas and the authorizer."""
         self.config = config
         self.handlers.config = config
         self.quotas.reconfigure(config.quotas)
         self._arm_quota_report()
-        log.info("reloaded quotas")
+        self.authorizer.reconfigure(config.authorizer)
+        log.info("reloaded quotas and the authorizer")
 
     # -- loop hooks ---------------------------------------------------------------------------
 
@@ -646,7 +654,7 @@ class Worker:
         for conn in list(self.connections.values()):
             self._close(conn)
         close_all(loop, self.link, self.moves, self.partitions, self.table, self.watches, self.counts,
-                  self.heartbeats, self.stats)
+                  self.heartbeats, self.stats, self.acl_counters)
         return 0
 
 

@@ -37,6 +37,7 @@ from workers.connection import Request
 from workers.timer_client.delayed import DelayedRequests, DocumentTooLarge, monotonic_ms
 from workers.timer_client.outcome import Outcome
 from workers.api.responses import ZERO_THROTTLE, code, entity, reply
+from workers.api.authorizer import RequestAuthorizer
 
 Results = dict[str, tuple[E.ErrorCode, str | None]]
 TIMED_OUT = (E.REQUEST_TIMED_OUT, "the node did not answer within the request's timeout")
@@ -66,10 +67,12 @@ NODE_SETTINGS = (
 
 
 class AdminHandlers:
-    def __init__(self, partitions: PartitionStore, config: NodeConfig, delayed: DelayedRequests) -> None:
+    def __init__(self, partitions: PartitionStore, config: NodeConfig, delayed: DelayedRequests,
+                 authorizer: RequestAuthorizer | None = None) -> None:
         self.partitions = partitions
         self.config = config
         self.delayed = delayed
+        self.authorizer = authorizer or RequestAuthorizer.open_to_all()
         self.node_id = config.server.node_id
 
     def table(self) -> dict[int, Callable[[Request, Any], Outcome]]:

@@ -25,16 +25,19 @@ from workers.codecs import errors as E
 from workers.codecs import protocol as P
 from workers.connection import Request
 from workers.timer_client.outcome import Outcome
+from workers.api.authorizer import RequestAuthorizer
 
 BROKER_ENDPOINTS = 1  # DescribeCluster v1's endpoint_type: brokers (2: controllers)
 NO_COORDINATOR_EPOCH = -1  # markers here carry no coordinator epoch (one coordinator, never moved)
 
 
 class ClusterHandlers:
-    def __init__(self, partitions: PartitionStore, config: NodeConfig, cluster_id: str) -> None:
+    def __init__(self, partitions: PartitionStore, config: NodeConfig, cluster_id: str,
+                 authorizer: RequestAuthorizer | None = None) -> None:
         self.partitions = partitions
         self.config = config
         self.cluster_id = cluster_id
+        self.authorizer = authorizer or RequestAuthorizer.open_to_all()
 
     def table(self) -> dict[int, Callable[[Request, Any], Outcome]]:
         return {P.DESCRIBE_CLUSTER: self.describe_cluster, P.DESCRIBE_PRODUCERS: self.describe_producers}

@@ -28,6 +28,7 @@ from workers.codecs import protocol as P
 from workers.connection import Request
 from workers.timer_client.delayed import DelayedRequests, DocumentTooLarge
 from workers.timer_client.outcome import Outcome
+from workers.api.authorizer import RequestAuthorizer
 
 HeartbeatAnswer = M.reply_class(M.Kind.CONSUMER_GROUP_HEARTBEAT)
 DescribeAnswer = M.reply_class(M.Kind.CONSUMER_GROUP_DESCRIBE)
@@ -48,10 +49,12 @@ class TopicIds:
 
 
 class ConsumerGroupHandlers:
-    def __init__(self, partitions: PartitionStore, config: NodeConfig, delayed: DelayedRequests) -> None:
+    def __init__(self, partitions: PartitionStore, config: NodeConfig, delayed: DelayedRequests,
+                 authorizer: RequestAuthorizer | None = None) -> None:
         self.config = config
         self.delayed = delayed
         self.topic_ids = TopicIds(partitions)
+        self.authorizer = authorizer or RequestAuthorizer.open_to_all()
 
     def table(self) -> dict[int, Callable[[Request, Any], Outcome]]:
         return {P.CONSUMER_GROUP_HEARTBEAT: self.heartbeat, P.CONSUMER_GROUP_DESCRIBE: self.describe}

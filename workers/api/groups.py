@@ -31,6 +31,7 @@ from workers.codecs import protocol as P
 from workers.connection import Request
 from workers.timer_client.delayed import DelayedRequests, DocumentTooLarge
 from workers.timer_client.outcome import Outcome
+from workers.api.authorizer import RequestAuthorizer
 
 GROUP_KEY_TYPE = 0
 TRANSACTION_KEY_TYPE = 1
@@ -51,9 +52,11 @@ def millis(delta: Any) -> int:
 
 
 class GroupHandlers:
-    def __init__(self, config: NodeConfig, delayed: DelayedRequests) -> None:
+    def __init__(self, config: NodeConfig, delayed: DelayedRequests,
+                 authorizer: RequestAuthorizer | None = None) -> None:
         self.config = config
         self.delayed = delayed
+        self.authorizer = authorizer or RequestAuthorizer.open_to_all()
 
     def table(self) -> dict[int, Callable[[Request, Any], Outcome]]:
         return {

@@ -33,7 +33,9 @@ from workers.codecs import errors as E
 from workers.codecs import protocol as P
 from workers.connection import FileRange, Request
 from workers.timer_client.delayed import Completed, DelayedRequests, monotonic_ms
+from workers.api.acls import AclHandlers
 from workers.api.admin import AdminHandlers
+from workers.api.authorizer import RequestAuthorizer
 from workers.api.fetch_sessions import FetchContext, FetchSessionCache, ForgottenTopic
 from workers.api.consumer_groups import ConsumerGroupHandlers
 from workers.api.cluster import ClusterHandlers
@@ -74,8 +76,10 @@ def wall_ms() -> int:
 
 class Handlers:
     def __init__(self, partitions: PartitionStore, config: NodeConfig, delayed: DelayedRequests, cluster_id: str,
-                 throttler: Throttler, fetch_sessions: FetchSessionCache) -> None:
+                 throttler: Throttler, fetch_sessions: FetchSessionCache,
+                 authorizer: RequestAuthorizer | None = None) -> None:
         self.partitions = partitions
+        self.authorizer = authorizer = authorizer or RequestAuthorizer.open_to_all()
         self.fetch_sessions = fetch_sessions
         self.config = config
         self.delayed = delayed
@@ -83,7 +87,7 @@ class Handlers:
         self.throttler = throttler
         self.quotas = throttler.quotas
         self.level_names = priority.LevelNames(config.priority.max_levels, config.topics.max_partitions)
-        self.transactions = TransactionHandlers(config, delayed)
+        self.transactions = TransactionHandlers(config, delayed, authorizer)
         # Called once a Produce's appends are done, before its response is built: the worker answers the long
         # polls they satisfied first (their clients are the ones waiting; the producer's ack can wait a moment).
         self.after_appends: Callable[[], None] | None = None
@@ -94,11 +98,12 @@ class Handlers:
             P.METADATA: self.metadata,
             P.API_VERSIONS: self.api_versions,
             P.INIT_PRODUCER_ID: self.init_producer_id,
-            **GroupHandlers(config, delayed).table(),
-            **ConsumerGroupHandlers(partitions, config, delayed).table(),
+            **GroupHandlers(config, delayed, authorizer).table(),
+            **ConsumerGroupHandlers(partitions, config, delayed, authorizer).table(),
             **self.transactions.table(),
-            **AdminHandlers(partitions, config, delayed).table(),
-            **ClusterHandlers(partitions, config, cluster_id).table(),
+            **AdminHandlers(partitions, config, delayed, authorizer).table(),
+            **ClusterHandlers(partitions, config, cluster_id, authorizer).table(),
+            **AclHandlers(partitions, authorizer).table(),
         }
 
     def dispatch(self, req: Request, request: Any) -> Outcome:

@@ -29,6 +29,7 @@ from workers.codecs import protocol as P
 from workers.connection import Request
 from workers.timer_client.delayed import DelayedRequests, DocumentTooLarge
 from workers.timer_client.outcome import Outcome
+from workers.api.authorizer import RequestAuthorizer
 
 # The first version of each API that may carry PRODUCER_FENCED (KIP-588).
 PRODUCER_FENCED_SINCE = {P.INIT_PRODUCER_ID: 4, P.ADD_PARTITIONS_TO_TXN: 2, P.ADD_OFFSETS_TO_TXN: 2, P.END_TXN: 2,
@@ -37,9 +38,11 @@ END_TXN_FSYNCS = 3  # the decision, the markers, the offsets: each within transa
 
 
 class TransactionHandlers:
-    def __init__(self, config: NodeConfig, delayed: DelayedRequests) -> None:
+    def __init__(self, config: NodeConfig, delayed: DelayedRequests,
+                 authorizer: RequestAuthorizer | None = None) -> None:
         self.config = config
         self.delayed = delayed
+        self.authorizer = authorizer or RequestAuthorizer.open_to_all()
 
     def table(self) -> dict[int, Callable[[Request, Any], Outcome]]:
         return {

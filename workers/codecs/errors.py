@@ -46,6 +46,9 @@ INVALID_PRODUCER_EPOCH = ErrorCode.invalid_producer_epoch
 UNKNOWN_PRODUCER_ID = ErrorCode.unknown_producer_id
 TRANSACTIONAL_ID_AUTHORIZATION_FAILED = ErrorCode.transactional_id_authorization_failed
 CLUSTER_AUTHORIZATION_FAILED = ErrorCode.cluster_authorization_failed
+TOPIC_AUTHORIZATION_FAILED = ErrorCode.topic_authorization_failed
+GROUP_AUTHORIZATION_FAILED = ErrorCode.group_authorization_failed
+SECURITY_DISABLED = ErrorCode.security_disabled
 INVALID_RECORD = ErrorCode.invalid_record
 FETCH_SESSION_ID_NOT_FOUND = ErrorCode.fetch_session_id_not_found
 INVALID_FETCH_SESSION_EPOCH = ErrorCode.invalid_fetch_session_epoch
@@ -82,6 +85,9 @@ __all__ = [
     "UNKNOWN_PRODUCER_ID",
     "TRANSACTIONAL_ID_AUTHORIZATION_FAILED",
     "CLUSTER_AUTHORIZATION_FAILED",
+    "TOPIC_AUTHORIZATION_FAILED",
+    "GROUP_AUTHORIZATION_FAILED",
+    "SECURITY_DISABLED",
     "INVALID_RECORD",
     "FETCH_SESSION_ID_NOT_FOUND",
     "INVALID_FETCH_SESSION_EPOCH",

@@ -106,6 +106,9 @@ DESCRIBE_CLUSTER = 60
 DESCRIBE_PRODUCERS = 61
 DESCRIBE_TRANSACTIONS = 65
 LIST_TRANSACTIONS = 66
+DESCRIBE_ACLS = 29
+CREATE_ACLS = 30
+DELETE_ACLS = 31
 
 # api_key -> (min_version, max_version) advertised in ApiVersions: up to the newest version whose fields and
 # rules the node honours. The next version of each needs what the node does not have:
@@ -161,6 +164,10 @@ SUPPORTED_APIS: dict[int, tuple[int, int]] = {
     SASL_AUTHENTICATE: (0, 2),
     LIST_TRANSACTIONS: (0, 1),
     DESCRIBE_TRANSACTIONS: (0, 0),
+    # ACLs (workers/api/acls.py, node/storage/acls.py).
+    DESCRIBE_ACLS: (1, 3),
+    CREATE_ACLS: (1, 3),
+    DELETE_ACLS: (1, 3),
 }
 
 # Kafka's default socket.request.max.bytes.
@@ -465,6 +472,9 @@ __all__ = [
     "DESCRIBE_PRODUCERS",
     "DESCRIBE_TRANSACTIONS",
     "LIST_TRANSACTIONS",
+    "DESCRIBE_ACLS",
+    "CREATE_ACLS",
+    "DELETE_ACLS",
     "SUPPORTED_APIS",
     "DEFAULT_MAX_REQUEST_SIZE",
     "FRAME_SIZE_PREFIX",

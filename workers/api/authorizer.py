@@ -1,0 +1,113 @@
+"""The workers' side of the authorizer: may this connection's principal, from its host, do this operation on this
+resource? Answered from a copy of the ACLs (node.storage.acls.Authorization) and a per-connection cache.
+
+Invariants:
+- Off (`[authorizer] enabled = false`), every check is allowed and costs one attribute test.
+- The copy is current as of the ACL change counter in shared memory (shm.generations.ACLS): every check compares
+  the counter with the value the copy was loaded at, and reloads the file when it moved. A CreateAcls or
+  DeleteAcls answered by any worker raises the counter after its change is durable, so a request read after
+  that answer is checked against the new ACLs in every worker; there is no ring round trip per request.
+- A connection's cache maps (operation, resource type, name) to the decision for its principal and host; it is
+  dropped when the copy is reloaded (the copy's epoch) or the principal changes, and bounded (cleared when full).
+- A refusal counts in `authorization_denials` per API key, with one rate-limited log line naming the principal.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from node.config import AuthorizerConfig
+from node.storage.acls import Authorization, Operation, ResourceType, acls_path, read_acls
+from shm import generations
+from shm.generations import ChangeCounters
+from workers.connection import Request
+
+log = logging.getLogger("shmbroker.authorizer")
+
+DENIAL_LOG_INTERVAL_S = 10.0  # at most one "denied" log line per principal this often
+
+
+class RequestAuthorizer:
+    def __init__(self, config: AuthorizerConfig, data_dir: str, counters: ChangeCounters | None) -> None:
+        self.enabled = config.enabled
+        self.config = config
+        self.path = acls_path(data_dir)
+        self.counters = counters
+        self.cache_entries = config.cache_entries_per_connection
+        self.denials: list[int] | None = None  # the worker's stats counts (+ api key), when it keeps stats
+        self.denials_offset = 0
+        self._loaded_at = -1  # the change counter the copy was loaded at
+        self._epoch = 0  # raised on every reload: connections' caches of another epoch are stale
+        self._authorization = Authorization((), config.super_users, config.allow_everyone_if_no_acl_found)
+        self._logged: dict[str, float] = {}
+
+    @classmethod
+    def open_to_all(cls) -> "RequestAuthorizer":
+        """An authorizer that is off (handlers built without one)."""
+        return cls(AuthorizerConfig(), "", None)
+
+    def reconfigure(self, config: AuthorizerConfig) -> None:
+        """A reloaded config: super users and the no-ACL default take effect now."""
+        self.enabled = config.enabled
+        self.config = config
+        self.cache_entries = config.cache_entries_per_connection
+        self._loaded_at = -1
+
+    def authorization(self) -> Authorization:
+        """The decisions from the current ACLs (reloaded when the change counter moved)."""
+        counter = self.counters.value(generations.ACLS) if self.counters is not None else 0
+        if counter != self._loaded_at:
+            try:
+                bindings = read_acls(self.path)
+            except (OSError, ValueError, KeyError) as exc:
+                log.error("cannot read %s: %s (keeping the ACLs read before)", self.path, exc)
+                bindings = None
+            if bindings is not None:
+                self._authorization = Authorization(bindings, self.config.super_users,
+                                                    self.config.allow_everyone_if_no_acl_found)
+            self._loaded_at = counter
+            self._epoch += 1
+        return self._authorization
+
+    def allows(self, req: Request, operation: Operation, resource_type: ResourceType, name: str) -> bool:
+        if not self.enabled:
+            return True
+        authorization = self.authorization()
+        conn = req.conn
+        principal = conn.principal or ""
+        cache = conn.acl_cache
+        if cache is None or cache[0] != self._epoch or cache[1] != principal or len(cache[2]) >= self.cache_entries:
+            cache = conn.acl_cache = (self._epoch, principal, {})
+        decisions = cache[2]
+        key = (operation, resource_type, name)
+        allowed = decisions.get(key)
+        if allowed is None:
+            allowed = decisions[key] = authorization.allows(principal, _host(conn), operation, resource_type, name)
+        if not allowed:
+            self._denied(req, principal, operation, resource_type, name)
+        return allowed
+
+    def allows_any(self, req: Request, operation: Operation, resource_type: ResourceType) -> bool:
+        """May the principal do `operation` on some resource of the type (Kafka's authorizeByResourceType)."""
+        if not self.enabled:
+            return True
+        return self.authorization().allows_any(req.conn.principal or "", _host(req.conn), operation, resource_type)
+
+    def _denied(self, req: Request, principal: str, operation: Operation, resource_type: ResourceType,
+                name: str) -> None:
+        if self.denials is not None:
+            self.denials[self.denials_offset + req.header.api_key] += 1
+        now = time.monotonic()
+        if now >= self._logged.get(principal, 0.0):
+            if len(self._logged) > 1024:
+                self._logged.clear()
+            self._logged[principal] = now + DENIAL_LOG_INTERVAL_S
+            log.info("denied %s %s on %s %r from %s (api %d; further denials of this principal are counted, "
+                     "logged again in %.0f s)", principal, operation.name, resource_type.name, name, _host(req.conn),
+                     req.header.api_key, DENIAL_LOG_INTERVAL_S)
+
+
+def _host(conn) -> str:
+    peer = conn.peer
+    return peer[0] if isinstance(peer, tuple) and peer else "*"
