@@ -56,17 +56,34 @@ def _raise(exc: KafkaException, what: str) -> None:
     raise AdminError(f"{what}: {name}: {text}") from None
 
 
+def read_client_properties(path: str) -> dict[str, str]:
+    """A Kafka tools' `--command-config` file: `key=value` lines of client settings (librdkafka's names:
+    security.protocol, sasl.mechanism, sasl.username, sasl.password, ssl.ca.location, ...); '#' starts a comment."""
+    settings: dict[str, str] = {}
+    with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            line = line.strip()
+            if not line or line.startswith(("#", "!")):
+                continue
+            key, sep, value = line.partition("=")
+            if not sep or not key.strip():
+                raise ValueError(f"{path}:{number}: expected key=value")
+            settings[key.strip()] = value.strip()
+    return settings
+
+
 @dataclass
 class Admin:
     bootstrap: str
     timeout_s: float
     connect_timeout_s: float
+    client_settings: dict | None = None  # extra client settings (security) from --command-config
 
     def __post_init__(self) -> None:
         self._reach()
         self._config = {"bootstrap.servers": self.bootstrap, "socket.timeout.ms": int(self.timeout_s * 1000),
                         "socket.connection.setup.timeout.ms": int(self.connect_timeout_s * 1000),
-                        "client.id": "shmbroker-cli"}
+                        "client.id": "shmbroker-cli", **(self.client_settings or {})}
         self.client = AdminClient({**self._config, "logger": _QuietLogger()})
 
     def _reach(self) -> None:
@@ -254,6 +271,84 @@ class _ClosingConsumer(Consumer):
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+@dataclass(frozen=True)
+class AclSpec:
+    """What `shmbroker acls` names: a resource (None name: any, in list and remove) and the entries' fields."""
+
+    resource_type: str  # TOPIC, GROUP, CLUSTER, TRANSACTIONAL_ID, or ANY (list/remove)
+    resource_name: str | None
+    pattern_type: str  # LITERAL, PREFIXED, or ANY/MATCH (list/remove)
+    principal: str | None
+    host: str | None
+    operations: tuple[str, ...]  # names of Kafka's AclOperation; () in list/remove: any
+    permission: str  # ALLOW, DENY, or ANY (list/remove)
+
+
+# confluent-kafka names Kafka's CLUSTER resource type (4) BROKER.
+_CONFLUENT_RESOURCE_TYPE = {"CLUSTER": "BROKER"}
+
+
+def _acl_enums():
+    from confluent_kafka.admin import AclOperation, AclPermissionType, ResourcePatternType, ResourceType
+
+    class ResourceTypes:
+        def __getitem__(self, name: str):
+            return ResourceType[_CONFLUENT_RESOURCE_TYPE.get(name, name)]
+    return ResourceTypes(), ResourcePatternType, AclOperation, AclPermissionType
+
+
+def _acl_document(binding) -> dict:
+    resource_type = {v: k for k, v in _CONFLUENT_RESOURCE_TYPE.items()}.get(binding.restype.name, binding.restype.name)
+    return {"resource_type": resource_type, "resource_name": binding.name,
+            "pattern_type": binding.resource_pattern_type.name, "principal": binding.principal,
+            "host": binding.host, "operation": binding.operation.name, "permission": binding.permission_type.name}
+
+
+class AclAdmin:
+    """ACLs through CreateAcls, DescribeAcls and DeleteAcls (confluent-kafka's AdminClient)."""
+
+    def __init__(self, admin: Admin) -> None:
+        self.admin = admin
+
+    def _result(self, future, what: str):
+        try:
+            return future.result(timeout=self.admin.timeout_s * 2)
+        except KafkaException as exc:
+            _raise(exc, what)
+
+    def add(self, spec: AclSpec) -> list[dict]:
+        from confluent_kafka.admin import AclBinding
+        rtype, pattern, operation, permission = _acl_enums()
+        bindings = [AclBinding(rtype[spec.resource_type], spec.resource_name, pattern[spec.pattern_type],
+                               spec.principal, spec.host or "*", operation[op], permission[spec.permission])
+                    for op in spec.operations]
+        futures = self.admin.client.create_acls(bindings, request_timeout=self.admin.timeout_s)
+        for binding, future in futures.items():
+            self._result(future, f"cannot create ACL {binding}")
+        return [_acl_document(b) for b in bindings]
+
+    def _filters(self, spec: AclSpec) -> list:
+        from confluent_kafka.admin import AclBindingFilter
+        rtype, pattern, operation, permission = _acl_enums()
+        return [AclBindingFilter(rtype[spec.resource_type], spec.resource_name, pattern[spec.pattern_type],
+                                 spec.principal, spec.host, operation[op], permission[spec.permission])
+                for op in (spec.operations or ("ANY",))]
+
+    def list(self, spec: AclSpec) -> list[dict]:
+        found = []
+        for acl_filter in self._filters(spec):
+            future = self.admin.client.describe_acls(acl_filter, request_timeout=self.admin.timeout_s)
+            found += [_acl_document(b) for b in self._result(future, "cannot describe ACLs")]
+        return sorted(found, key=lambda d: tuple(d.values()))
+
+    def remove(self, spec: AclSpec) -> list[dict]:
+        futures = self.admin.client.delete_acls(self._filters(spec), request_timeout=self.admin.timeout_s)
+        removed = []
+        for future in futures.values():
+            removed += [_acl_document(b) for b in self._result(future, "cannot delete ACLs")]
+        return sorted(removed, key=lambda d: tuple(d.values()))
 
 
 class _QuietLogger:

@@ -90,6 +90,9 @@ def _parser() -> argparse.ArgumentParser:
                        help="seconds to wait for a TCP connection to the broker")
         p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="seconds to wait for each answer")
         p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+        p.add_argument("--command-config", metavar="FILE",
+                       help="client settings, key=value per line (librdkafka's names: security.protocol, "
+                            "sasl.mechanism, sasl.username, sasl.password, ssl.ca.location, ...), as Kafka's tools")
 
     topics = command(sub, "topics", "list, create, describe, delete topics (Kafka API)")
     topics_sub = topics.add_subparsers(dest="action", required=True)
@@ -131,6 +134,35 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--json", action="store_true", help="print JSON instead of a table")
         if action == "describe":
             p.add_argument("transactional_id", help="the transactional.id")
+    acls = command(sub, "acls", "add, list, remove ACLs (Kafka API: CreateAcls, DescribeAcls, DeleteAcls)")
+    acls_sub = acls.add_subparsers(dest="action", required=True)
+    for action, text in (("add", "allow or deny principals operations on a resource"),
+                         ("list", "the ACLs matching the options (all without any; nothing for a principal without "
+                                  "DESCRIBE on the cluster: librdkafka does not pass DescribeAcls' error on)"),
+                         ("remove", "remove the ACLs matching the options")):
+        p = command(acls_sub, action, text)
+        kafka_api(p)
+        resource = p.add_mutually_exclusive_group(required=action == "add")
+        resource.add_argument("--topic", help="a topic (or a prefix with --resource-pattern-type prefixed; '*': all)")
+        resource.add_argument("--group", help="a consumer group (or a prefix, or '*')")
+        resource.add_argument("--transactional-id", help="a transactional.id (or a prefix, or '*')")
+        resource.add_argument("--cluster", action="store_true", help="the cluster")
+        patterns = ("literal", "prefixed") if action == "add" else ("literal", "prefixed", "match", "any")
+        p.add_argument("--resource-pattern-type", choices=patterns, default="literal" if action == "add" else "any",
+                       help="how the resource name matches (match: the ACLs that apply to the named resource)")
+        p.add_argument("--operation", action="append", type=str.upper, default=[],
+                       help="READ, WRITE, CREATE, DELETE, ALTER, DESCRIBE, CLUSTER_ACTION, DESCRIBE_CONFIGS, "
+                            "ALTER_CONFIGS, IDEMPOTENT_WRITE or ALL; repeat for several"
+                            + (" (at least one)" if action == "add" else " (default: any)"))
+        if action == "add":
+            who = p.add_mutually_exclusive_group(required=True)
+            who.add_argument("--allow-principal", help="the principal allowed (User:NAME, User:* for everyone)")
+            who.add_argument("--deny-principal", help="the principal denied")
+            p.add_argument("--host", default="*", help="the client host the entry applies to")
+        else:
+            p.add_argument("--principal", help="only ACLs of this principal")
+            p.add_argument("--host", help="only ACLs of this host")
+            p.add_argument("--permission", type=str.upper, choices=("ALLOW", "DENY", "ANY"), default="ANY")
     users = command(sub, "users", "add, list, delete the SASL users (the data directory's users store; a running "
                                   "node picks changes up)")
     users_sub = users.add_subparsers(dest="action", required=True)
@@ -159,7 +191,7 @@ def _error(message: str, code: int) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     handler = {"serve": _serve, "stats": _stats, "dashboard": _dashboard, "topics": _topics, "groups": _groups,
-               "transactions": _transactions, "users": _users}
+               "transactions": _transactions, "users": _users, "acls": _acls}
     try:
         return handler[args.command](args)
     except KeyboardInterrupt:
@@ -260,14 +292,18 @@ def _print(document: object, as_json: bool, render) -> None:
 
 
 def _admin_call(args: argparse.Namespace, call) -> int:
-    from node.tools.admin import Admin, AdminError, Unreachable
+    from node.tools.admin import Admin, AdminError, Unreachable, read_client_properties
 
     try:
         node_config.parse_listen(args.bootstrap)
     except node_config.ConfigError as exc:
         return _error(f"--bootstrap: {exc}", EXIT_USAGE)
     try:
-        return call(Admin(args.bootstrap, args.timeout, args.connect_timeout))
+        settings = read_client_properties(args.command_config) if args.command_config else None
+    except (OSError, ValueError) as exc:
+        return _error(f"--command-config: {exc}", EXIT_USAGE)
+    try:
+        return call(Admin(args.bootstrap, args.timeout, args.connect_timeout, settings))
     except Unreachable as exc:
         return _error(f"no broker reachable at {args.bootstrap}: {exc}", EXIT_NOT_RUNNING)
     except AdminError as exc:
@@ -291,6 +327,45 @@ def _topics(args: argparse.Namespace) -> int:
         else:
             admin.delete_topic(args.topic)
             _print({"deleted": args.topic}, args.json, lambda d: print(f"deleted topic {d['deleted']}"))
+        return 0
+
+    return _admin_call(args, run)
+
+
+def _acls(args: argparse.Namespace) -> int:
+    from node.tools import dashboard as views
+    from node.tools.admin import AclAdmin, AclSpec
+
+    operations = tuple(args.operation)
+    known = ("READ", "WRITE", "CREATE", "DELETE", "ALTER", "DESCRIBE", "CLUSTER_ACTION", "DESCRIBE_CONFIGS",
+             "ALTER_CONFIGS", "IDEMPOTENT_WRITE", "ALL")
+    unknown = [op for op in operations if op not in known]
+    if unknown:
+        return _error(f"--operation: unknown {', '.join(unknown)} (one of {', '.join(known)})", EXIT_USAGE)
+    if args.action == "add" and not operations:
+        return _error("acls add: at least one --operation", EXIT_USAGE)
+    for option, resource_type in (("topic", "TOPIC"), ("group", "GROUP"), ("transactional_id", "TRANSACTIONAL_ID")):
+        if getattr(args, option) is not None:
+            name = getattr(args, option)
+            break
+    else:
+        resource_type, name = ("CLUSTER", "kafka-cluster") if args.cluster else ("ANY", None)
+    if args.action == "add":
+        principal = args.allow_principal or args.deny_principal
+        permission = "ALLOW" if args.allow_principal else "DENY"
+    else:
+        principal, permission = args.principal, args.permission
+    spec = AclSpec(resource_type, name, args.resource_pattern_type.upper(), principal, args.host, operations,
+                   permission)
+
+    def run(admin) -> int:
+        acls = AclAdmin(admin)
+        if args.action == "add":
+            _print(acls.add(spec), args.json, lambda d: views.render_acls(d, "added"))
+        elif args.action == "list":
+            _print(acls.list(spec), args.json, views.render_acls)
+        else:
+            _print(acls.remove(spec), args.json, lambda d: views.render_acls(d, "removed"))
         return 0
 
     return _admin_call(args, run)

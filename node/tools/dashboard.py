@@ -330,11 +330,11 @@ def render_stats(document: dict) -> None:
                               p.get("published_ms", 0) / 1000)))
     console.print(processes)
     apis = Table(title="requests per API (since start)")
-    for column in ("API", "requests", "error responses", "connections closed", "bytes in", "bytes out"):
+    for column in ("API", "requests", "error responses", "connections closed", "denied", "bytes in", "bytes out"):
         apis.add_column(column, justify="right")
     for name, counts in sorted(document["apis"].items()):
         apis.add_row(name, str(counts["requests"]), str(counts["error_responses"]), str(counts["request_errors"]),
-                     str(counts["bytes_in"]), str(counts["bytes_out"]))
+                     str(counts.get("authorization_denials", 0)), str(counts["bytes_in"]), str(counts["bytes_out"]))
     console.print(apis)
     if document["errors"]:
         errors = Table(title="error codes in responses (since start)")
@@ -449,6 +449,16 @@ def render_groups(groups: list[dict]) -> None:
     table.add_column("state")
     for group in groups:
         table.add_row(group["group"], group["state"])
+    Console().print(table)
+
+
+def render_acls(acls: list[dict], verb: str = "") -> None:
+    table = Table(title=f"{len(acls)} ACL(s) {verb}".strip())
+    for column in ("resource", "name", "pattern", "principal", "host", "operation", "permission"):
+        table.add_column(column)
+    for acl in acls:
+        table.add_row(acl["resource_type"], acl["resource_name"], acl["pattern_type"], acl["principal"], acl["host"],
+                      acl["operation"], acl["permission"])
     Console().print(table)
 
 

@@ -33,7 +33,9 @@ API_NAMES = {
     15: "DescribeGroups", 16: "ListGroups", 18: "ApiVersions", 19: "CreateTopics", 20: "DeleteTopics",
     21: "DeleteRecords", 22: "InitProducerId", 24: "AddPartitionsToTxn", 25: "AddOffsetsToTxn", 26: "EndTxn",
     28: "TxnOffsetCommit", 32: "DescribeConfigs", 33: "AlterConfigs", 37: "CreatePartitions", 42: "DeleteGroups",
-    44: "IncrementalAlterConfigs", 47: "OffsetDelete",
+    44: "IncrementalAlterConfigs", 47: "OffsetDelete", 17: "SaslHandshake", 29: "DescribeAcls", 30: "CreateAcls",
+    31: "DeleteAcls", 36: "SaslAuthenticate", 60: "DescribeCluster", 61: "DescribeProducers",
+    65: "DescribeTransactions", 66: "ListTransactions", 68: "ConsumerGroupHeartbeat", 69: "ConsumerGroupDescribe",
 }
 
 
@@ -60,7 +62,7 @@ def error_name(code: int) -> str:
 
 # The states of a transaction open or completing, as the timer publishes them (TxnState's values).
 OPEN_STATES = ("Ongoing", "PrepareCommit", "PrepareAbort")
-PER_API_FIELDS = ("requests", "request_errors", "error_responses", "bytes_in", "bytes_out")
+PER_API_FIELDS = ("requests", "request_errors", "error_responses", "bytes_in", "bytes_out", "authorization_denials")
 
 
 class NodeNotRunning(RuntimeError):

@@ -26,7 +26,9 @@ _PER_API = {"requests": ("kafka_network_requests", "Requests read, per API (Requ
             "request_errors": ("kafka_network_request_errors", "Requests that closed their connection, per API"),
             "error_responses": ("kafka_network_error_responses", "Responses carrying an error code, per API"),
             "bytes_in": ("kafka_network_request_bytes", "Request bytes read, per API"),
-            "bytes_out": ("kafka_network_response_bytes", "Response bytes queued, per API")}
+            "bytes_out": ("kafka_network_response_bytes", "Response bytes queued, per API"),
+            "authorization_denials": ("kafka_security_authorizer_denials",
+                                      "Operations the authorizer refused, per API (the log names the principals)")}
 _KAFKA_NAMES = {"connections": "kafka_server_connections", "rebalances": "kafka_coordinator_group_rebalances",
                 "groups": "kafka_coordinator_groups", "group_members": "kafka_coordinator_group_members",
                 "flushes": "kafka_log_flushes", "bytes_flushed": "kafka_log_flushed_bytes",

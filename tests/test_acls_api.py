@@ -1,0 +1,149 @@
+"""CreateAcls, DescribeAcls and DeleteAcls against a real node with the authorizer on: the super user manages ACLs
+through confluent-kafka's AdminClient and `shmbroker acls` (over SASL, with --command-config), others need ALTER or
+DESCRIBE on the cluster, a change made through one worker holds at once for a connection on the other, bad bindings
+are INVALID_REQUEST, and ACLs survive a restart."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import (AclBinding, AclBindingFilter, AclOperation, AclPermissionType, AdminClient,
+                                   ResourcePatternType, ResourceType)
+
+from scripts.harness.nodeproc import REPO_ROOT
+from tests.test_security_sasl import PASSWORD, SaslNode, with_users
+from tests.test_stats_cli import stats_json
+from tests.waiting import wait_for
+
+pytestmark = pytest.mark.node
+
+AUTHORIZER = '\n[authorizer]\nenabled = true\nsuper_users = ["User:admin"]\n'
+EVERYTHING = AclBindingFilter(ResourceType.ANY, None, ResourcePatternType.ANY, None, None, AclOperation.ANY,
+                              AclPermissionType.ANY)
+
+
+def admin_for(sasl: SaslNode, user: str) -> AdminClient:
+    return AdminClient(sasl.client("SCRAM-SHA-256", user, tls=False))
+
+
+def create(admin: AdminClient, *bindings: AclBinding) -> dict:
+    """binding -> None (created) or the error's name."""
+    outcome = {}
+    for binding, future in admin.create_acls(list(bindings), request_timeout=10).items():
+        try:
+            future.result(timeout=20)
+            outcome[binding] = None
+        except KafkaException as exc:
+            outcome[binding] = exc.args[0].name()
+    return outcome
+
+
+def describe_error(sasl: SaslNode, user: str) -> str | None:
+    """DescribeAcls' error by kafka-python (librdkafka returns an empty list for a refused DescribeAcls)."""
+    from kafka.admin import (ACLFilter, ACLOperation, ACLPermissionType, ACLResourcePatternType, KafkaAdminClient,
+                             ResourcePatternFilter)
+    from kafka.admin import ResourceType as KafkaPythonResourceType
+    from kafka.errors import KafkaError
+
+    client = KafkaAdminClient(bootstrap_servers=f"127.0.0.1:{sasl.sasl_port}", security_protocol="SASL_PLAINTEXT",
+                              sasl_mechanism="SCRAM-SHA-256", sasl_plain_username=user,
+                              sasl_plain_password=PASSWORD, request_timeout_ms=10_000)
+    try:
+        client.describe_acls(ACLFilter(principal=None, host=None, operation=ACLOperation.ANY,
+                                       permission_type=ACLPermissionType.ANY,
+                                       resource_pattern=ResourcePatternFilter(KafkaPythonResourceType.ANY, None,
+                                                                              ACLResourcePatternType.ANY)))
+        return None
+    except KafkaError as exc:
+        return type(exc).__name__
+    finally:
+        client.close()
+
+
+def topic_read(user: str, name: str = "orders", pattern=ResourcePatternType.LITERAL,
+               operation=AclOperation.READ) -> AclBinding:
+    return AclBinding(ResourceType.TOPIC, name, pattern, f"User:{user}", "*", operation, AclPermissionType.ALLOW)
+
+
+def acls_cli(sasl: SaslNode, properties, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "node.tools.cli", "acls", *args, "--bootstrap",
+                           f"127.0.0.1:{sasl.sasl_port}", "--command-config", str(properties), "--json"],
+                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
+
+
+@pytest.fixture
+def sasl(node_factory, tmp_path) -> SaslNode:
+    return SaslNode(node_factory, tmp_path, workers=2, more=AUTHORIZER,
+                    before_start=with_users(("admin", "SCRAM-SHA-256"), ("alice", "SCRAM-SHA-256")))
+
+
+def test_only_principals_allowed_on_the_cluster_manage_acls_and_changes_hold_at_once(sasl: SaslNode) -> None:
+    admin, alice = admin_for(sasl, "admin"), admin_for(sasl, "alice")
+    assert set(create(admin, topic_read("alice")).values()) == {None}
+    assert create(alice, topic_read("bob")) == {topic_read("bob"): "CLUSTER_AUTHORIZATION_FAILED"}
+    assert describe_error(sasl, "alice") == "ClusterAuthorizationFailedError"
+    denials = wait_for(lambda: stats_json(sasl.node)["apis"].get("CreateAcls", {}).get("authorization_denials"),
+                       what="the refused CreateAcls counted")
+    assert denials == 1
+    deleted = alice.delete_acls([EVERYTHING], request_timeout=10)[EVERYTHING]
+    with pytest.raises(KafkaException, match="CLUSTER_AUTHORIZATION_FAILED"):
+        deleted.result(timeout=20)
+    # Granted DESCRIBE on the cluster (by the admin's connection, to whichever worker it went), alice's next
+    # request (her own connection) is allowed, with no wait.
+    describe_cluster = AclBinding(ResourceType.BROKER, "kafka-cluster", ResourcePatternType.LITERAL, "User:alice",
+                                  "*", AclOperation.DESCRIBE, AclPermissionType.ALLOW)
+    assert set(create(admin, describe_cluster).values()) == {None}
+    assert describe_error(sasl, "alice") is None
+    listed = alice.describe_acls(EVERYTHING, request_timeout=10).result(timeout=20)
+    assert sorted(map(str, listed)) == sorted(map(str, [topic_read("alice"), describe_cluster]))
+    assert create(alice, topic_read("bob")) == {topic_read("bob"): "CLUSTER_AUTHORIZATION_FAILED"}  # not ALTER
+    removed = admin.delete_acls([AclBindingFilter(ResourceType.BROKER, None, ResourcePatternType.ANY, None, None,
+                                                  AclOperation.ANY, AclPermissionType.ANY)],
+                                request_timeout=10)
+    assert [str(b) for f in removed.values() for b in f.result(timeout=20)] == [str(describe_cluster)]
+    assert describe_error(sasl, "alice") == "ClusterAuthorizationFailedError"
+
+
+def test_bindings_kafka_does_not_store_are_invalid_and_the_rest_is_kept(sasl: SaslNode) -> None:
+    admin = admin_for(sasl, "admin")
+    bad = AclBinding(ResourceType.GROUP, "g", ResourcePatternType.LITERAL, "User:alice", "*", AclOperation.WRITE,
+                     AclPermissionType.ALLOW)  # groups have no WRITE
+    outcome = create(admin, bad, topic_read("alice", "ord", ResourcePatternType.PREFIXED))
+    assert outcome == {bad: "INVALID_REQUEST", topic_read("alice", "ord", ResourcePatternType.PREFIXED): None}
+    match = AclBindingFilter(ResourceType.TOPIC, "orders-eu", ResourcePatternType.MATCH, None, None,
+                             AclOperation.ANY, AclPermissionType.ANY)
+    assert [str(b) for b in admin.describe_acls(match, request_timeout=10).result(timeout=20)] == [
+        str(topic_read("alice", "ord", ResourcePatternType.PREFIXED))]
+
+
+def test_acls_cli_over_sasl_and_acls_survive_a_restart(sasl: SaslNode, tmp_path) -> None:
+    properties = tmp_path / "admin.properties"
+    properties.write_text("# the super user\nsecurity.protocol=SASL_PLAINTEXT\nsasl.mechanism=SCRAM-SHA-256\n"
+                          "sasl.username=admin\nsasl.password=s3cret pass\n")
+    added = acls_cli(sasl, properties, "add", "--topic", "pay", "--resource-pattern-type", "prefixed",
+                     "--allow-principal", "User:alice", "--operation", "read", "--operation", "describe")
+    assert added.returncode == 0, added.stderr
+    assert {a["operation"] for a in json.loads(added.stdout)} == {"READ", "DESCRIBE"}
+    denied = acls_cli(sasl, properties, "add", "--group", "*", "--deny-principal", "User:*", "--operation", "DELETE")
+    assert denied.returncode == 0, denied.stderr
+    sasl.node.stop()
+    sasl.node.start()
+    listed = acls_cli(sasl, properties, "list")
+    assert listed.returncode == 0, listed.stderr
+    assert sorted((a["resource_type"], a["resource_name"], a["pattern_type"], a["principal"], a["operation"],
+                   a["permission"]) for a in json.loads(listed.stdout)) == [
+        ("GROUP", "*", "LITERAL", "User:*", "DELETE", "DENY"),
+        ("TOPIC", "pay", "PREFIXED", "User:alice", "DESCRIBE", "ALLOW"),
+        ("TOPIC", "pay", "PREFIXED", "User:alice", "READ", "ALLOW")]
+    removed = acls_cli(sasl, properties, "remove", "--topic", "pay", "--resource-pattern-type", "prefixed",
+                       "--operation", "READ")
+    assert removed.returncode == 0 and len(json.loads(removed.stdout)) == 1, removed.stderr
+    assert len(json.loads(acls_cli(sasl, properties, "list").stdout)) == 2
+    properties.write_text("security.protocol=SASL_PLAINTEXT\nsasl.mechanism=SCRAM-SHA-256\n"
+                          "sasl.username=alice\nsasl.password=s3cret pass\n")
+    refused = acls_cli(sasl, properties, "add", "--topic", "t", "--allow-principal", "User:alice", "--operation", "ALL")
+    assert refused.returncode == 1 and "CLUSTER_AUTHORIZATION_FAILED" in refused.stderr
