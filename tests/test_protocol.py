@@ -103,6 +103,8 @@ def test_advertised_versions_are_the_supported_ones() -> None:
         29: (1, 3),  # DescribeAcls (v0: Kafka 4 dropped it, clients ask for v1+)
         30: (1, 3),  # CreateAcls
         31: (1, 3),  # DeleteAcls
+        50: (0, 0),  # DescribeUserScramCredentials
+        51: (0, 0),  # AlterUserScramCredentials
         65: (0, 0),  # DescribeTransactions
         # The cluster and the partitions' producers:
         60: (0, 1),  # DescribeCluster (2: fenced brokers)

@@ -163,6 +163,11 @@ def request_for(api_key: int, version: int, tag: str):
             "DeleteAclsFilter", resource_type_filter=i8(2), resource_name_filter=f"absent-{tag}",
             pattern_type_filter=i8(3), principal_filter=None, host_filter=None, operation=i8(1),
             permission_type=i8(1)),))
+    if api_key == P.DESCRIBE_USER_SCRAM_CREDENTIALS:
+        return b("DescribeUserScramCredentialsRequest", users=(b("UserName", name=f"absent-{tag}"),))
+    if api_key == P.ALTER_USER_SCRAM_CREDENTIALS:
+        return b("AlterUserScramCredentialsRequest", upsertions=(), deletions=(b(
+            "ScramCredentialDeletion", name=f"absent-{tag}", mechanism=i8(1)),))
     raise AssertionError(f"no request for api {api_key}: add one")
 
 

@@ -72,6 +72,14 @@ class Credential:
                                                                                  iteration_count=iterations)
         return cls(scram, salt, count, stored_key, server_key)
 
+    @classmethod
+    def from_salted_password(cls, mechanism: str, salt: bytes, salted_password: bytes, iterations: int) -> "Credential":
+        """The credential of a password a client salted itself (AlterUserScramCredentials: Hi(password, salt, i))."""
+        algorithm = SCRAM_MECHANISMS[mechanism]
+        client_key = hmac.new(salted_password, b"Client Key", algorithm).digest()
+        server_key = hmac.new(salted_password, b"Server Key", algorithm).digest()
+        return cls(mechanism, salt, iterations, hashlib.new(algorithm, client_key).digest(), server_key)
+
     def matches(self, password: str) -> bool:
         """Whether `password` is the one this credential was made from (RFC 5802: StoredKey = H(HMAC(Hi(...))))."""
         algorithm = SCRAM_MECHANISMS[self.mechanism]
@@ -130,6 +138,29 @@ class UsersStore:
             raise UsersError("the password is empty")
         credential = Credential.make(mechanism, password, iterations)
         self._change(lambda users: users.setdefault(name, {}).__setitem__(mechanism, credential))
+
+    def alter(self, deletions: list[tuple[str, str]], upsertions: list[tuple[str, Credential]]) -> list[str]:
+        """Remove the (user, SCRAM mechanism) credentials and set the given ones, in one change; the users of
+        deletions that had no such credential (nothing of the change is made for them)."""
+
+        def edit(users: dict[str, dict[str, Credential]]) -> list[str]:
+            missing = [name for name, mechanism in deletions if mechanism not in users.get(name, {})]
+            for name, mechanism in deletions:
+                if name in missing:
+                    continue
+                del users[name][mechanism]
+                if not users[name]:
+                    del users[name]
+            for name, credential in upsertions:
+                if name not in missing:
+                    users.setdefault(name, {})[credential.mechanism] = credential
+            return missing
+        return self._change(edit)  # type: ignore[return-value]
+
+    def scram_iterations(self) -> dict[str, list[tuple[str, int]]]:
+        """name -> [(SCRAM mechanism, iterations)] of its SCRAM credentials (not the one a PLAIN user has)."""
+        return {name: sorted((m, c.iterations) for m, c in credentials.items() if m in SCRAM_MECHANISMS)
+                for name, credentials in sorted(read_users(self.path).items())}
 
     def delete(self, name: str) -> bool:
         """Remove the user and all its credentials; False if there was none."""

@@ -36,6 +36,7 @@ API_NAMES = {
     44: "IncrementalAlterConfigs", 47: "OffsetDelete", 17: "SaslHandshake", 29: "DescribeAcls", 30: "CreateAcls",
     31: "DeleteAcls", 36: "SaslAuthenticate", 60: "DescribeCluster", 61: "DescribeProducers",
     65: "DescribeTransactions", 66: "ListTransactions", 68: "ConsumerGroupHeartbeat", 69: "ConsumerGroupDescribe",
+    50: "DescribeUserScramCredentials", 51: "AlterUserScramCredentials",
 }
 
 

@@ -36,6 +36,7 @@ from workers.timer_client.delayed import Completed, DelayedRequests, monotonic_m
 from workers.api.acls import AclHandlers
 from workers.api.admin import AdminHandlers
 from workers.api.authorizer import RequestAuthorizer
+from workers.api.scram_credentials import ScramCredentialHandlers
 from workers.api.fetch_sessions import FetchContext, FetchSessionCache, ForgottenTopic
 from workers.api.consumer_groups import ConsumerGroupHandlers
 from workers.api.cluster import ClusterHandlers
@@ -104,6 +105,7 @@ class Handlers:
             **AdminHandlers(partitions, config, delayed, authorizer).table(),
             **ClusterHandlers(partitions, config, cluster_id, authorizer).table(),
             **AclHandlers(partitions, authorizer).table(),
+            **ScramCredentialHandlers(partitions.data_dir, authorizer).table(),
         }
 
     def dispatch(self, req: Request, request: Any) -> Outcome:

@@ -49,6 +49,10 @@ CLUSTER_AUTHORIZATION_FAILED = ErrorCode.cluster_authorization_failed
 TOPIC_AUTHORIZATION_FAILED = ErrorCode.topic_authorization_failed
 GROUP_AUTHORIZATION_FAILED = ErrorCode.group_authorization_failed
 SECURITY_DISABLED = ErrorCode.security_disabled
+UNACCEPTABLE_CREDENTIAL = ErrorCode.unacceptable_credential
+DUPLICATE_RESOURCE = ErrorCode.duplicate_resource
+RESOURCE_NOT_FOUND = ErrorCode.resource_not_found
+UNSUPPORTED_SASL_MECHANISM = ErrorCode.unsupported_sasl_mechanism
 INVALID_RECORD = ErrorCode.invalid_record
 FETCH_SESSION_ID_NOT_FOUND = ErrorCode.fetch_session_id_not_found
 INVALID_FETCH_SESSION_EPOCH = ErrorCode.invalid_fetch_session_epoch
@@ -88,6 +92,10 @@ __all__ = [
     "TOPIC_AUTHORIZATION_FAILED",
     "GROUP_AUTHORIZATION_FAILED",
     "SECURITY_DISABLED",
+    "UNACCEPTABLE_CREDENTIAL",
+    "DUPLICATE_RESOURCE",
+    "RESOURCE_NOT_FOUND",
+    "UNSUPPORTED_SASL_MECHANISM",
     "INVALID_RECORD",
     "FETCH_SESSION_ID_NOT_FOUND",
     "INVALID_FETCH_SESSION_EPOCH",
