@@ -127,6 +127,9 @@ def test_flexible_versions_use_header_v1_except_api_versions() -> None:
     assert {k for k, v in ALL_VERSIONS if request_class(k, v).__flexible__} == set(SUPPORTED_APIS) - {47, 28, 17}
 
 
+ALTER_USER_SCRAM_CREDENTIALS = 51
+
+
 @pytest.mark.parametrize(("api_key", "version"), NON_PRODUCE_VERSIONS)
 def test_request_decodes_like_kio(api_key: int, version: int) -> None:
     cls = request_class(api_key, version)
@@ -137,8 +140,11 @@ def test_request_decodes_like_kio(api_key: int, version: int) -> None:
         body = kio_bytes(request)
         assert decode_request(api_key, version, memoryview(body)) == request
         if body:
+            if api_key != ALTER_USER_SCRAM_CREDENTIALS:  # librdkafka's doubled empty tag section is tolerated
+                with pytest.raises(ProtocolError):
+                    decode_request(api_key, version, body + b"\x00")
             with pytest.raises(ProtocolError):
-                decode_request(api_key, version, body + b"\x00")
+                decode_request(api_key, version, body + b"\x01")
             with pytest.raises(ProtocolError):
                 decode_request(api_key, version, body[:-1])
 
