@@ -61,6 +61,8 @@ SUPERVISOR_ROW = 0
 TIMER_ROW = 1
 MAX_APIS = 72  # Kafka API keys 0..71
 MAX_RINGS = 64  # rings described per row (one per worker)
+MAX_LISTENERS = 16  # listeners whose logins are counted one by one (the config's first ones)
+SASL_MECHANISMS = ("SCRAM-SHA-256", "SCRAM-SHA-512", "PLAIN")  # the order of the per-listener login counts
 MAX_ERROR_CODES = 128  # Kafka error codes 0..127 (3.7 defines up to 119); higher ones count in the last
 MAX_WHEEL_LEVELS = 16  # wheel levels described (20-slot wheels of 1 ms reach 16 levels past 10**12 years)
 PURGATORIES = ("fetch", "produce", "throttle", "join", "session", "sync")
@@ -125,6 +127,10 @@ FIELDS: tuple[Field, ...] = (
     *(Field(f"sasl_{what}_{mechanism}", help=f"SASL {mechanism.upper().replace('_', '-')} logins {text}")
       for mechanism in ("scram_sha_256", "scram_sha_512", "plain")
       for what, text in (("logins", "that succeeded"), ("login_failures", "refused (SASL_AUTHENTICATION_FAILED)"))),
+    Field("sasl_logins_by_listener", MAX_LISTENERS * len(SASL_MECHANISMS),
+          help="SASL logins that succeeded, per listener (the config's order) and mechanism: listener * 3 + mechanism"),
+    Field("sasl_login_failures_by_listener", MAX_LISTENERS * len(SASL_MECHANISMS),
+          help="SASL logins refused, per listener and mechanism (as sasl_logins_by_listener)"),
     # rings: a worker describes its request ring at position 0; the timer describes every completion ring
     Field("ring_frames_sent", MAX_RINGS, help="frames written into the ring"),
     Field("ring_frames_received", MAX_RINGS, help="frames read from the ring"),

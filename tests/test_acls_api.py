@@ -8,13 +8,14 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import urllib.request
 
 import pytest
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import (AclBinding, AclBindingFilter, AclOperation, AclPermissionType, AdminClient,
                                    ResourcePatternType, ResourceType)
 
-from scripts.harness.nodeproc import REPO_ROOT
+from scripts.harness.nodeproc import REPO_ROOT, free_port
 from tests.test_security_sasl import PASSWORD, SaslNode, with_users
 from tests.test_stats_cli import stats_json
 from tests.waiting import wait_for
@@ -131,6 +132,8 @@ def test_acls_cli_over_sasl_and_acls_survive_a_restart(sasl: SaslNode, tmp_path)
     denied = acls_cli(sasl, properties, "add", "--group", "*", "--deny-principal", "User:*", "--operation", "DELETE")
     assert denied.returncode == 0, denied.stderr
     sasl.node.stop()
+    metrics_port = free_port()
+    sasl.node.start_args = ["--metrics", f"127.0.0.1:{metrics_port}"]
     sasl.node.start()
     listed = acls_cli(sasl, properties, "list")
     assert listed.returncode == 0, listed.stderr
@@ -147,3 +150,10 @@ def test_acls_cli_over_sasl_and_acls_survive_a_restart(sasl: SaslNode, tmp_path)
                           "sasl.username=alice\nsasl.password=s3cret pass\n")
     refused = acls_cli(sasl, properties, "add", "--topic", "t", "--allow-principal", "User:alice", "--operation", "ALL")
     assert refused.returncode == 1 and "CLUSTER_AUTHORIZATION_FAILED" in refused.stderr
+
+    def scraped():
+        text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).read().decode()
+        return text if "kafka_security_authorizer_denials_total{request=\"CreateAcls\"" in text else None
+
+    text = wait_for(scraped, what="the denial in /metrics")
+    assert 'kafka_server_sasl_logins_total{listener="SASL",mechanism="SCRAM-SHA-256"}' in text

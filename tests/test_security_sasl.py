@@ -121,6 +121,10 @@ def test_every_mechanism_on_both_sasl_listeners_carries_records(node_factory, tm
                       5, "the login counters")
     assert totals["sasl_logins_scram_sha_256"] >= 2 and totals["sasl_logins_scram_sha_512"] >= 3
     assert totals["sasl_login_failures_scram_sha_256"] == 0
+    # Per listener and mechanism: each of the six producers logged in on its own listener with its mechanism.
+    by_listener = {(e["listener"], e["mechanism"]): e for e in stats_json(sasl.node)["sasl_logins"]}
+    assert set(by_listener) == {(listener, m) for listener in ("SASL", "SASLSSL") for m in MECHANISMS}
+    assert all(e["logins"] >= 1 and e["failures"] == 0 for e in by_listener.values())
 
 
 def test_wrong_passwords_and_unknown_users_are_refused_at_once_with_one_log_line(node_factory, tmp_path):
@@ -143,8 +147,13 @@ def test_wrong_passwords_and_unknown_users_are_refused_at_once_with_one_log_line
         assert time.monotonic() - started < 1.0
     wait_for(lambda: "authentication failed" in sasl.node.log(), 5, "the failure's log line")
     assert sasl.node.log().count("authentication failed") == 1  # one line per interval, however many failures
-    totals = stats_json(sasl.node)["totals"]
+    snapshot = stats_json(sasl.node)
+    totals = snapshot["totals"]
     assert totals["sasl_login_failures_plain"] >= 2 and totals["sasl_login_failures_scram_sha_256"] >= 2
+    failures = {(e["listener"], e["mechanism"]): e["failures"] for e in snapshot["sasl_logins"]}
+    # librdkafka tries again and again within login_error's wait: at least one refusal each
+    assert failures[("SASLSSL", "SCRAM-SHA-256")] >= 2 and failures[("SASLSSL", "SCRAM-SHA-512")] >= 1
+    assert failures[("SASL", "PLAIN")] >= 3 and ("SASLSSL", "PLAIN") not in failures
     # Right password: in.
     assert login_error(sasl.client("PLAIN", "paula", tls=False))[0] is None
 

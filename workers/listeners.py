@@ -34,10 +34,11 @@ def tls_context(tls: TlsConfig) -> ssl.SSLContext:
 
 
 class Listener:
-    __slots__ = ("name", "protocol", "address", "advertised", "tls", "sasl", "mutual_tls")
+    __slots__ = ("name", "index", "protocol", "address", "advertised", "tls", "sasl", "mutual_tls")
 
-    def __init__(self, config: ListenerConfig, context: ssl.SSLContext | None) -> None:
+    def __init__(self, config: ListenerConfig, context: ssl.SSLContext | None, index: int = 0) -> None:
         self.name = config.name
+        self.index = index  # its position in the config's listeners
         self.protocol = config.security_protocol
         self.address = split_address(config.address)
         advertised = split_address(config.advertised_address) if config.advertised_address else self.address
@@ -65,7 +66,7 @@ class Listeners:
 
     def __init__(self, configs: list[ListenerConfig], tls: TlsConfig, server: ServerConfig) -> None:
         context = tls_context(tls) if any(config.tls for config in configs) else None
-        self.all = [Listener(config, context) for config in configs]
+        self.all = [Listener(config, context, index) for index, config in enumerate(configs)]
         first = self.all[0]
         if not configs[0].advertised_address and (server.advertised_host or server.advertised_port):
             # server.advertised_host and _port: the first listener's advertised address, as before [[listeners]]

@@ -30,7 +30,7 @@ LAST_ERROR_CODE = S.MAX_ERROR_CODES - 1
 ACCEPTED = S.OFFSETS["connections_accepted"]
 CLOSED_ON_ERROR = S.OFFSETS["connections_closed_on_error"]
 
-Gauges = Callable[[], Iterable[tuple[str, int]]]
+Gauges = Callable[[], Iterable[tuple]]
 
 
 class WorkerStats:
@@ -45,8 +45,8 @@ class WorkerStats:
 
         def publish() -> None:
             writer = self.writer
-            for name, value in gauges():
-                writer.set(name, value)
+            for gauge in gauges():  # (name, value) or (name, value, position in the field's array)
+                writer.set(*gauge)
             writer.publish()
             loop.call_later(self.interval_s, publish)
 

@@ -612,6 +612,10 @@ class Worker:
             ("tls_handshake_failures", self.tls_handshake_failures),
             *((f"sasl_logins_{name}", self.sasl.logins[index]) for name, index in SASL_STATS_NAMES),
             *((f"sasl_login_failures_{name}", self.sasl.failures[index]) for name, index in SASL_STATS_NAMES),
+            *(("sasl_logins_by_listener", value, position)
+              for position, value in enumerate(self.sasl.logins_by_listener) if value),
+            *(("sasl_login_failures_by_listener", value, position)
+              for position, value in enumerate(self.sasl.failures_by_listener) if value),
             ("ring_frames_sent", link.frames_sent),
             ("ring_frames_received", link.frames_received),
             ("ring_capacity_bytes", capacity),

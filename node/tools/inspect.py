@@ -120,6 +120,32 @@ class NodeReader:
     def rows(self) -> list[S.RowSnapshot]:
         return self.stats.snapshot()
 
+    def listener_names(self) -> list[str]:
+        """The node's listeners in its config's order (the order of the per-listener counts); [] if unreadable."""
+        try:
+            config = node_config.read_runtime(shm_instance.config_path(self.location.instance))
+        except (OSError, ValueError):
+            return []
+        return [listener.name for listener in config.listener_list()]
+
+    def sasl_logins(self, rows: list[S.RowSnapshot] | None = None) -> list[dict]:
+        """Per listener and mechanism with any: logins and failures, summed over the workers."""
+        names = self.listener_names()
+        totals: dict[tuple[str, str], list[int]] = {}
+        for row in rows if rows is not None else self.rows():
+            if row.role != "worker":
+                continue
+            for slot, (logins, failures) in enumerate(zip(row.array("sasl_logins_by_listener").tolist(),
+                                                          row.array("sasl_login_failures_by_listener").tolist())):
+                if logins or failures:
+                    listener, mechanism = divmod(slot, len(S.SASL_MECHANISMS))
+                    key = (names[listener] if listener < len(names) else str(listener), S.SASL_MECHANISMS[mechanism])
+                    counts = totals.setdefault(key, [0, 0])
+                    counts[0] += logins
+                    counts[1] += failures
+        return [{"listener": listener, "mechanism": mechanism, "logins": counts[0], "failures": counts[1]}
+                for (listener, mechanism), counts in sorted(totals.items())]
+
     def partitions(self) -> list[dict]:
         """Per partition: log start and end, high watermark, bytes not yet fsync'd (from the partition table); for a
         compacted one, its cleaning (the table's cleaning words: dirty ratio, lag, last run, bytes cleaned and
@@ -237,7 +263,7 @@ def snapshot_document(reader: NodeReader) -> dict:
                      "instance": location.instance, "supervisor_pid": location.supervisor_pid,
                      "read_at_ms": time.time_ns() // 1_000_000},
             "totals": totals, "apis": apis, "errors": errors, "rings": rings, "processes": processes,
-            "partitions": reader.partitions(),
+            "partitions": reader.partitions(), "sasl_logins": reader.sasl_logins(rows),
             "groups": {group: {"total_lag": sum(p["lag"] or 0 for p in partitions), "partitions": partitions}
                        for group, partitions in groups.items()},
             "groups_complete": groups_complete,

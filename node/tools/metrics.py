@@ -58,6 +58,15 @@ class StatsCollector:
                 for error, value in named_counts(row, "error_codes", error_name):
                     errors.add_metric([error, str(row.index)], value)
         yield errors
+        logins = CounterMetricFamily("kafka_server_sasl_logins", "SASL logins that succeeded, per listener and mechanism",
+                                     labels=["listener", "mechanism"])
+        failures = CounterMetricFamily("kafka_server_sasl_login_failures",
+                                       "SASL logins refused, per listener and mechanism", labels=["listener", "mechanism"])
+        for entry in self.reader.sasl_logins(rows):
+            logins.add_metric([entry["listener"], entry["mechanism"]], entry["logins"])
+            failures.add_metric([entry["listener"], entry["mechanism"]], entry["failures"])
+        yield logins
+        yield failures
         purgatory = GaugeMetricFamily("kafka_server_delayed_operations", "Delayed operations waiting (PurgatorySize)",
                                       labels=["purgatory"])
         for field in S.FIELDS:

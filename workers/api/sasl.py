@@ -30,6 +30,7 @@ from scramp import ScramException, ScramMechanism
 from node.config import SaslConfig
 from node.logging_setup import RateLimitedLog
 from node.storage.users import SCRAM_MECHANISMS, UsersView
+from shm.stats import MAX_LISTENERS, SASL_MECHANISMS
 from workers.api.responses import entity, reply
 from workers.codecs import protocol as P
 from workers.codecs.errors import ErrorCode
@@ -43,7 +44,7 @@ SASL_AUTHENTICATE = P.SASL_AUTHENTICATE
 # What a connection may send before it logged in.
 PRE_AUTHENTICATION_APIS = frozenset((P.API_VERSIONS, SASL_HANDSHAKE, SASL_AUTHENTICATE))
 FAILED_MESSAGE = "Authentication failed: invalid username or password"
-MECHANISM_INDEX = {"SCRAM-SHA-256": 0, "SCRAM-SHA-512": 1, "PLAIN": 2}  # the stats' per-mechanism slots
+MECHANISM_INDEX = {name: index for index, name in enumerate(SASL_MECHANISMS)}  # the stats' per-mechanism slots
 
 
 class SaslFailure(Exception):
@@ -88,6 +89,9 @@ class SaslAuthenticator:
         self.failure_log = failure_log  # one line per interval for the node (key "sasl.authentication")
         self.logins = [0] * len(MECHANISM_INDEX)  # per mechanism, for the stats
         self.failures = [0] * len(MECHANISM_INDEX)
+        # per listener and mechanism (listener index * mechanisms + mechanism; shm.stats.MAX_LISTENERS listeners)
+        self.logins_by_listener = [0] * (MAX_LISTENERS * len(MECHANISM_INDEX))
+        self.failures_by_listener = [0] * (MAX_LISTENERS * len(MECHANISM_INDEX))
         self._scram = {name: ScramMechanism(name) for name in SCRAM_MECHANISMS}
 
     def session(self, listener: Any) -> SaslSession:
@@ -154,7 +158,7 @@ class SaslAuthenticator:
 
     def _fail(self, req: Request, session: SaslSession, why: str) -> Outcome:
         session.failed = True
-        self.failures[MECHANISM_INDEX[session.mechanism]] += 1
+        self._count(self.failures, self.failures_by_listener, session)
         self._log_failure(req.conn, session.mechanism, why)
         return self._authenticate_reply(req, ErrorCode.sasl_authentication_failed, FAILED_MESSAGE, b"")
 
@@ -165,13 +169,21 @@ class SaslAuthenticator:
             answer, done = self.step(session, token)
         except SaslFailure as exc:
             session.failed = True
-            self.failures[MECHANISM_INDEX[session.mechanism]] += 1
+            self._count(self.failures, self.failures_by_listener, session)
             self._log_failure(conn, session.mechanism, str(exc))
             return b"", True
         if done:
             self._logged_in(conn, session)
             session.raw_tokens = False
         return answer, session.failed
+
+    @staticmethod
+    def _count(by_mechanism: list[int], by_listener: list[int], session: SaslSession) -> None:
+        mechanism = MECHANISM_INDEX[session.mechanism]
+        by_mechanism[mechanism] += 1
+        listener = getattr(session.listener, "index", 0)
+        if listener < MAX_LISTENERS:
+            by_listener[listener * len(MECHANISM_INDEX) + mechanism] += 1
 
     def _logged_in(self, conn: Any, session: SaslSession) -> int:
         """Set the connection's principal; the session's lifetime in ms (0: none)."""
@@ -183,7 +195,7 @@ class SaslAuthenticator:
         conn.max_request = self.request_max_bytes  # the pre-login bound (sasl.server_max_receive_size) lifts
         session.reauthenticating = False
         session.scram = None
-        self.logins[MECHANISM_INDEX[session.mechanism]] += 1
+        self._count(self.logins, self.logins_by_listener, session)
         lifetime_ms = self.config.connections_max_reauth_ms
         session.expires_at = self.clock() + lifetime_ms / 1000 if lifetime_ms > 0 else None
         return lifetime_ms
