@@ -6,6 +6,7 @@ are allowed and refused as Kafka's broker allows and refuses them; raw requests 
 
 from __future__ import annotations
 
+import datetime
 import time
 from pathlib import Path
 
@@ -25,6 +26,7 @@ pytestmark = pytest.mark.node
 
 TIMEOUT_S = 20.0
 FIND_COORDINATOR, OFFSET_COMMIT, OFFSET_FETCH, DESCRIBE_GROUPS, OFFSET_DELETE = 10, 8, 9, 15, 47
+CONSUMER_GROUP_HEARTBEAT = 68
 NONE, TOPIC_DENIED, GROUP_DENIED, TXN_ID_DENIED = 0, 29, 30, 53
 READ, DESCRIBE, DELETE = 3, 8, 6  # AclOperation codes, KIP-430's bits
 NOT_REQUESTED = -(2**31)
@@ -72,6 +74,7 @@ class SecuredNode:
             timeout=TIMEOUT_S)
 
     def stop(self) -> None:
+        self._admin = None  # its client is gone before the node: no reconnection attempts to a stopped node
         self.node.stop()
         assert self.node.leftovers() == []
         assert "Traceback" not in self.node.log(), self.node.log()
@@ -178,6 +181,50 @@ def test_a_consumer_group_needs_read_on_the_group_and_commits_need_read_on_the_t
         assert error is not None and error.code() == KafkaError.GROUP_AUTHORIZATION_FAILED, error
     finally:
         bob.close()
+
+
+def test_a_kip848_consumer_needs_read_on_its_group_and_describe_on_its_topics(secured):
+    secured.topic("k848-topic")
+    secured.topic("k848-hidden")
+    produce(secured, "k848-topic", 2)
+    secured.allow("User:alice", ResourceType.TOPIC, "k848-topic", AclOperation.READ)
+    secured.allow("User:alice", ResourceType.GROUP, "k848-", AclOperation.READ, ResourcePatternType.PREFIXED)
+    secured.allow("User:alice", ResourceType.GROUP, "seen-848", AclOperation.DESCRIBE)
+
+    def member(group: str, topics: list[str]) -> Consumer:
+        consumer = Consumer(secured.client("alice", **{"group.id": group, "group.protocol": "consumer",
+                                                        "auto.offset.reset": "earliest"}))
+        consumer.subscribe(topics)
+        return consumer
+
+    allowed = member("k848-group", ["k848-topic"])
+    try:
+        assert [m.value() for m in consume(allowed, 2)] == [b"v0", b"v1"]
+    finally:
+        allowed.close()
+    # DESCRIBE on seen-848 finds its coordinator; the heartbeat needs READ (librdkafka makes its refusal fatal).
+    refused = member("seen-848", ["k848-topic"])
+    try:
+        error = poll_error(refused)
+        assert error is not None and error.code() == KafkaError._FATAL, error
+        assert "ConsumerGroupHeartbeat fatal error: Broker: Group authorization failed" in error.str()
+    finally:
+        refused.close()
+
+    # The heartbeat's own answers, raw, for the anonymous principal.
+    secured.allow("User:ANONYMOUS", ResourceType.GROUP, "anon-848", AclOperation.READ)
+    secured.allow("User:ANONYMOUS", ResourceType.GROUP, "anon-848-seen", AclOperation.DESCRIBE)
+    secured.allow("User:ANONYMOUS", ResourceType.TOPIC, "k848-topic", AclOperation.DESCRIBE)
+    with R.RawConnection("127.0.0.1", secured.node.port) as conn:
+        def heartbeat(group: str, topics: tuple[str, ...]) -> int:
+            return conn.call(CONSUMER_GROUP_HEARTBEAT, 0, R.request_body(
+                CONSUMER_GROUP_HEARTBEAT, 0, "ConsumerGroupHeartbeatRequest", group_id=group, member_id="m-1",
+                member_epoch=0, rebalance_timeout=datetime.timedelta(seconds=30), subscribed_topic_names=topics,
+                topic_partitions=())).error_code
+
+        assert heartbeat("anon-848-seen", ("k848-topic",)) == GROUP_DENIED
+        assert heartbeat("anon-848", ("k848-topic", "k848-hidden")) == TOPIC_DENIED
+        assert heartbeat("anon-848", ("k848-topic",)) == NONE
 
 
 def test_kafka_python_group_member_is_refused_without_read_on_its_group(secured):
