@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from confluent_kafka import ConsumerGroupTopicPartitions, Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import (AclBinding, AclOperation, AclPermissionType, AdminClient, NewTopic,
                                    ResourcePatternType, ResourceType)
 from kafka import KafkaAdminClient, KafkaConsumer
@@ -29,7 +29,6 @@ FIND_COORDINATOR, OFFSET_COMMIT, OFFSET_FETCH, DESCRIBE_GROUPS, OFFSET_DELETE = 
 CONSUMER_GROUP_HEARTBEAT = 68
 NONE, TOPIC_DENIED, GROUP_DENIED, TXN_ID_DENIED = 0, 29, 30, 53
 READ, DESCRIBE, DELETE = 3, 8, 6  # AclOperation codes, KIP-430's bits
-NOT_REQUESTED = -(2**31)
 
 
 class SecuredNode:
@@ -58,7 +57,7 @@ class SecuredNode:
             self._admin = AdminClient(self.client("admin"))
         return self._admin
 
-    def allow(self, principal: str, resource_type: ResourceType, name: str, operation: AclOperation,
+    def add_acl(self, principal: str, resource_type: ResourceType, name: str, operation: AclOperation,
               pattern: ResourcePatternType = ResourcePatternType.LITERAL,
               permission: AclPermissionType = AclPermissionType.ALLOW) -> None:
         binding = AclBinding(resource_type, name, pattern, principal, "*", operation, permission)
@@ -154,9 +153,9 @@ def test_a_consumer_group_needs_read_on_the_group_and_commits_need_read_on_the_t
     secured.topic("ledger")
     produce(secured, "orders", 5)
     for user in ("alice", "bob"):
-        secured.allow(f"User:{user}", ResourceType.TOPIC, "orders", AclOperation.READ)
-    secured.allow("User:alice", ResourceType.TOPIC, "ledger", AclOperation.DESCRIBE)
-    secured.allow("User:alice", ResourceType.GROUP, "alice-group", AclOperation.READ)
+        secured.add_acl(f"User:{user}", ResourceType.TOPIC, "orders", AclOperation.READ)
+    secured.add_acl("User:alice", ResourceType.TOPIC, "ledger", AclOperation.DESCRIBE)
+    secured.add_acl("User:alice", ResourceType.GROUP, "alice-group", AclOperation.READ)
 
     alice = Consumer(secured.client("alice", **{"group.id": "alice-group", "auto.offset.reset": "earliest",
                                                  "enable.auto.commit": False}))
@@ -187,9 +186,9 @@ def test_a_kip848_consumer_needs_read_on_its_group_and_describe_on_its_topics(se
     secured.topic("k848-topic")
     secured.topic("k848-hidden")
     produce(secured, "k848-topic", 2)
-    secured.allow("User:alice", ResourceType.TOPIC, "k848-topic", AclOperation.READ)
-    secured.allow("User:alice", ResourceType.GROUP, "k848-", AclOperation.READ, ResourcePatternType.PREFIXED)
-    secured.allow("User:alice", ResourceType.GROUP, "seen-848", AclOperation.DESCRIBE)
+    secured.add_acl("User:alice", ResourceType.TOPIC, "k848-topic", AclOperation.READ)
+    secured.add_acl("User:alice", ResourceType.GROUP, "k848-", AclOperation.READ, ResourcePatternType.PREFIXED)
+    secured.add_acl("User:alice", ResourceType.GROUP, "seen-848", AclOperation.DESCRIBE)
 
     def member(group: str, topics: list[str]) -> Consumer:
         consumer = Consumer(secured.client("alice", **{"group.id": group, "group.protocol": "consumer",
@@ -212,9 +211,9 @@ def test_a_kip848_consumer_needs_read_on_its_group_and_describe_on_its_topics(se
         refused.close()
 
     # The heartbeat's own answers, raw, for the anonymous principal.
-    secured.allow("User:ANONYMOUS", ResourceType.GROUP, "anon-848", AclOperation.READ)
-    secured.allow("User:ANONYMOUS", ResourceType.GROUP, "anon-848-seen", AclOperation.DESCRIBE)
-    secured.allow("User:ANONYMOUS", ResourceType.TOPIC, "k848-topic", AclOperation.DESCRIBE)
+    secured.add_acl("User:ANONYMOUS", ResourceType.GROUP, "anon-848", AclOperation.READ)
+    secured.add_acl("User:ANONYMOUS", ResourceType.GROUP, "anon-848-seen", AclOperation.DESCRIBE)
+    secured.add_acl("User:ANONYMOUS", ResourceType.TOPIC, "k848-topic", AclOperation.DESCRIBE)
     with R.RawConnection("127.0.0.1", secured.node.port) as conn:
         def heartbeat(group: str, topics: tuple[str, ...]) -> int:
             return conn.call(CONSUMER_GROUP_HEARTBEAT, 0, R.request_body(
@@ -230,8 +229,8 @@ def test_a_kip848_consumer_needs_read_on_its_group_and_describe_on_its_topics(se
 def test_kafka_python_group_member_is_refused_without_read_on_its_group(secured):
     secured.topic("kp-topic")
     produce(secured, "kp-topic", 3)
-    secured.allow("User:bob", ResourceType.TOPIC, "kp-topic", AclOperation.READ)
-    secured.allow("User:bob", ResourceType.GROUP, "kp-allowed", AclOperation.READ)
+    secured.add_acl("User:bob", ResourceType.TOPIC, "kp-topic", AclOperation.READ)
+    secured.add_acl("User:bob", ResourceType.GROUP, "kp-allowed", AclOperation.READ)
     common = dict(bootstrap_servers=f"127.0.0.1:{secured.sasl_port}", security_protocol="SASL_PLAINTEXT",
                   sasl_mechanism="PLAIN", sasl_plain_username="bob", sasl_plain_password=PASSWORD,
                   auto_offset_reset="earliest", consumer_timeout_ms=int(TIMEOUT_S * 1000))
@@ -258,10 +257,10 @@ def test_group_listing_describing_and_deleting_follow_prefixed_deny_and_wildcard
     secured.topic("team-topic")
     for group in ("team-a", "team-secret", "other-x"):
         secured.commit_as_admin(group, {("team-topic", 0): 1})
-    secured.allow("User:*", ResourceType.GROUP, "team-", AclOperation.DESCRIBE, ResourcePatternType.PREFIXED)
-    secured.allow("User:alice", ResourceType.GROUP, "team-secret", AclOperation.DESCRIBE,
+    secured.add_acl("User:*", ResourceType.GROUP, "team-", AclOperation.DESCRIBE, ResourcePatternType.PREFIXED)
+    secured.add_acl("User:alice", ResourceType.GROUP, "team-secret", AclOperation.DESCRIBE,
                   permission=AclPermissionType.DENY)
-    secured.allow("User:alice", ResourceType.GROUP, "team-a", AclOperation.DELETE)
+    secured.add_acl("User:alice", ResourceType.GROUP, "team-a", AclOperation.DELETE)
 
     admins = {user: AdminClient(secured.client(user)) for user in ("alice", "bob")} | {"admin": secured.admin}
 
@@ -300,14 +299,15 @@ def test_anonymous_offsets_coordinators_and_acls_taking_effect_on_open_connectio
     secured.topic("anon-seen")
     secured.topic("anon-hidden")
     secured.commit_as_admin("anon-g", {("anon-seen", 0): 3, ("anon-hidden", 0): 7})
-    # Several connections, spread over both workers; each has decided (and cached) before the ACLs change.
+    # Several connections (each new one is dealt to the least loaded worker: both workers hold some), each of
+    # which has decided, and cached its decisions, before the ACLs change.
     conns = [R.RawConnection("127.0.0.1", secured.node.port) for _ in range(8)]
     try:
         for conn in conns:
             assert describe_groups(conn, "anon-g")["anon-g"].error_code == GROUP_DENIED
             assert offset_fetch(conn, "anon-g", None).error_code == GROUP_DENIED
-        secured.allow("User:ANONYMOUS", ResourceType.GROUP, "anon-g", AclOperation.DESCRIBE)
-        secured.allow("User:ANONYMOUS", ResourceType.TOPIC, "anon-seen", AclOperation.DESCRIBE)
+        secured.add_acl("User:ANONYMOUS", ResourceType.GROUP, "anon-g", AclOperation.DESCRIBE)
+        secured.add_acl("User:ANONYMOUS", ResourceType.TOPIC, "anon-seen", AclOperation.DESCRIBE)
         for conn in conns:
             group = describe_groups(conn, "anon-g")["anon-g"]
             assert group.error_code == NONE and group.authorized_operations == 1 << DESCRIBE
@@ -346,10 +346,10 @@ def transactional(secured: SecuredNode, user: str, transactional_id: str) -> Pro
 def test_a_transactional_producer_needs_write_on_its_transactional_id(secured):
     secured.topic("tx-topic")
     for user in ("alice", "bob"):
-        secured.allow(f"User:{user}", ResourceType.TOPIC, "tx-topic", AclOperation.WRITE)
-    secured.allow("User:alice", ResourceType.TRANSACTIONAL_ID, "alice-", AclOperation.WRITE,
+        secured.add_acl(f"User:{user}", ResourceType.TOPIC, "tx-topic", AclOperation.WRITE)
+    secured.add_acl("User:alice", ResourceType.TRANSACTIONAL_ID, "alice-", AclOperation.WRITE,
                   ResourcePatternType.PREFIXED)
-    secured.allow("User:bob", ResourceType.TRANSACTIONAL_ID, "bob-tx", AclOperation.DESCRIBE)
+    secured.add_acl("User:bob", ResourceType.TRANSACTIONAL_ID, "bob-tx", AclOperation.DESCRIBE)
 
     alice = transactional(secured, "alice", "alice-tx")
     alice.init_transactions(TIMEOUT_S)
@@ -366,7 +366,7 @@ def test_a_transactional_producer_needs_write_on_its_transactional_id(secured):
 
     # Transactions are listed and described only where the principal may DESCRIBE their ids (kafka-python's
     # admin client on the plaintext listener: User:ANONYMOUS), and name only the topics it may DESCRIBE.
-    secured.allow("User:ANONYMOUS", ResourceType.TRANSACTIONAL_ID, "alice-tx", AclOperation.DESCRIBE)
+    secured.add_acl("User:ANONYMOUS", ResourceType.TRANSACTIONAL_ID, "alice-tx", AclOperation.DESCRIBE)
     alice.begin_transaction()
     alice.produce("tx-topic", value=b"open", partition=0)
     assert alice.flush(TIMEOUT_S) == 0
@@ -376,7 +376,7 @@ def test_a_transactional_producer_needs_write_on_its_transactional_id(secured):
         assert [t.transactional_id for t in listings] == ["alice-tx"]
         described = anonymous.describe_transactions(["alice-tx"])["alice-tx"]
         assert list(described.topic_partitions) == []
-        secured.allow("User:ANONYMOUS", ResourceType.TOPIC, "tx-topic", AclOperation.DESCRIBE)
+        secured.add_acl("User:ANONYMOUS", ResourceType.TOPIC, "tx-topic", AclOperation.DESCRIBE)
         described = anonymous.describe_transactions(["alice-tx"])["alice-tx"]
         assert [(tp.topic, tp.partition) for tp in described.topic_partitions] == [("tx-topic", 0)]
         with pytest.raises(TransactionalIdAuthorizationFailedError):
@@ -388,9 +388,9 @@ def test_a_transactional_producer_needs_write_on_its_transactional_id(secured):
 
 def test_send_offsets_to_transaction_needs_read_on_the_group(secured):
     secured.topic("txo-topic")
-    secured.allow("User:alice", ResourceType.TOPIC, "txo-topic", AclOperation.WRITE)
-    secured.allow("User:alice", ResourceType.TOPIC, "txo-topic", AclOperation.READ)
-    secured.allow("User:alice", ResourceType.TRANSACTIONAL_ID, "alice-txo", AclOperation.WRITE)
+    secured.add_acl("User:alice", ResourceType.TOPIC, "txo-topic", AclOperation.WRITE)
+    secured.add_acl("User:alice", ResourceType.TOPIC, "txo-topic", AclOperation.READ)
+    secured.add_acl("User:alice", ResourceType.TRANSACTIONAL_ID, "alice-txo", AclOperation.WRITE)
     producer = transactional(secured, "alice", "alice-txo")
     producer.init_transactions(TIMEOUT_S)
     consumer = Consumer(secured.client("alice", **{"group.id": "txo-group"}))
@@ -404,7 +404,7 @@ def test_send_offsets_to_transaction_needs_read_on_the_group(secured):
         producer.abort_transaction(TIMEOUT_S)
 
         # The ACL is created on the admin's connection; the producer's open connection uses it at once.
-        secured.allow("User:alice", ResourceType.GROUP, "txo-group", AclOperation.READ)
+        secured.add_acl("User:alice", ResourceType.GROUP, "txo-group", AclOperation.READ)
         producer.begin_transaction()
         producer.produce("txo-topic", value=b"two", partition=0)
         producer.send_offsets_to_transaction(offsets, consumer.consumer_group_metadata(), TIMEOUT_S)
@@ -422,7 +422,7 @@ def test_resources_without_acls_are_open_when_allow_everyone_if_no_acl_found(tmp
     secured = SecuredNode(tmp_path, workers=1, allow_if_no_acl=True)
     try:
         # A group without ACLs is open to all; one ACL on "guarded" closes it to all but bob.
-        secured.allow("User:bob", ResourceType.GROUP, "guarded", AclOperation.READ)
+        secured.add_acl("User:bob", ResourceType.GROUP, "guarded", AclOperation.READ)
         with R.RawConnection("127.0.0.1", secured.node.port) as conn:
             groups = describe_groups(conn, "open", "guarded")
             assert (groups["open"].error_code, groups["guarded"].error_code) == (NONE, GROUP_DENIED)
