@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, KafkaError, KafkaException, Producer, TopicPartition
-from confluent_kafka.admin import (AclBinding, AclOperation, AclPermissionType, AdminClient, NewTopic,
+from confluent_kafka.admin import (AclBinding, AclBindingFilter, AclOperation, AclPermissionType, AdminClient, NewTopic,
                                    ResourcePatternType, ResourceType)
 from kafka import KafkaAdminClient, KafkaConsumer
 from kafka.errors import GroupAuthorizationFailedError, TransactionalIdAuthorizationFailedError
@@ -411,6 +411,48 @@ def test_send_offsets_to_transaction_needs_read_on_the_group(secured):
         producer.commit_transaction(TIMEOUT_S)
         committed = consumer.committed([TopicPartition("txo-topic", 0)], timeout=TIMEOUT_S)
         assert [tp.offset for tp in committed] == [1]
+    finally:
+        consumer.close()
+
+
+def test_a_transaction_needs_write_on_its_topics_read_on_committed_ones_and_write_on_its_id_to_end(secured):
+    secured.topic("txp-writable")
+    secured.topic("txp-readonly")
+    secured.add_acl("User:alice", ResourceType.TOPIC, "txp-writable", AclOperation.WRITE)
+    secured.add_acl("User:alice", ResourceType.TOPIC, "txp-readonly", AclOperation.DESCRIBE)
+    secured.add_acl("User:alice", ResourceType.GROUP, "txp-group", AclOperation.READ)
+    secured.add_acl("User:alice", ResourceType.TRANSACTIONAL_ID, "alice-txp", AclOperation.WRITE)
+    producer = transactional(secured, "alice", "alice-txp")
+    producer.init_transactions(TIMEOUT_S)
+    consumer = Consumer(secured.client("alice", **{"group.id": "txp-group"}))
+    try:
+        producer.begin_transaction()  # AddPartitionsToTxn: WRITE on the topic
+        producer.produce("txp-writable", value=b"first", partition=0)
+        assert producer.flush(TIMEOUT_S) == 0  # the transaction is open: its abort is a real one
+        producer.produce("txp-readonly", value=b"no", partition=0)
+        with pytest.raises(KafkaException) as refused:
+            producer.commit_transaction(TIMEOUT_S)
+        assert error_of(refused.value) == KafkaError.TOPIC_AUTHORIZATION_FAILED
+        producer.abort_transaction(TIMEOUT_S)
+
+        producer.begin_transaction()  # TxnOffsetCommit: READ on the topic
+        producer.produce("txp-writable", value=b"yes", partition=0)
+        with pytest.raises(KafkaException) as refused:
+            producer.send_offsets_to_transaction([TopicPartition("txp-readonly", 0, 1)],
+                                                 consumer.consumer_group_metadata(), TIMEOUT_S)
+        assert error_of(refused.value) == KafkaError.TOPIC_AUTHORIZATION_FAILED
+        producer.abort_transaction(TIMEOUT_S)
+
+        producer.begin_transaction()  # EndTxn: WRITE on the id, taken away mid-transaction
+        producer.produce("txp-writable", value=b"late", partition=0)
+        assert producer.flush(TIMEOUT_S) == 0
+        id_filter = AclBindingFilter(ResourceType.TRANSACTIONAL_ID, "alice-txp", ResourcePatternType.LITERAL,
+                                     None, None, AclOperation.ANY, AclPermissionType.ANY)
+        for future in secured.admin.delete_acls([id_filter]).values():
+            assert len(future.result(timeout=TIMEOUT_S)) == 1
+        with pytest.raises(KafkaException) as refused:
+            producer.commit_transaction(TIMEOUT_S)
+        assert error_of(refused.value) == KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
     finally:
         consumer.close()
 
