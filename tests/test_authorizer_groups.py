@@ -319,6 +319,9 @@ def test_anonymous_offsets_coordinators_and_acls_taking_effect_on_open_connectio
         named = offset_fetch(conn, "anon-g", {"anon-seen": [0], "anon-hidden": [0]})
         assert {t.name: [(p.committed_offset, p.error_code) for p in t.partitions] for t in named.topics} == {
             "anon-seen": [(3, NONE)], "anon-hidden": [(-1, TOPIC_DENIED)]}
+        hidden_only = offset_fetch(conn, "anon-g", {"anon-hidden": [0]})  # nothing asked: never "every topic"
+        assert [(t.name, [p.error_code for p in t.partitions]) for t in hidden_only.topics] == [
+            ("anon-hidden", [TOPIC_DENIED])]
         # DESCRIBE on the group is not READ: no commits, and not DELETE: no offset deletion.
         committed = conn.call(OFFSET_COMMIT, 8, commit_body("anon-g", {("anon-seen", 0): 9}))
         assert [p.error_code for t in committed.topics for p in t.partitions] == [GROUP_DENIED]
