@@ -27,6 +27,7 @@ pytestmark = pytest.mark.node
 TIMEOUT_S = 20.0
 FIND_COORDINATOR, OFFSET_COMMIT, OFFSET_FETCH, DESCRIBE_GROUPS, OFFSET_DELETE = 10, 8, 9, 15, 47
 CONSUMER_GROUP_HEARTBEAT = 68
+JOIN_GROUP, HEARTBEAT, LEAVE_GROUP, SYNC_GROUP = 11, 12, 13, 14
 NONE, TOPIC_DENIED, GROUP_DENIED, TXN_ID_DENIED = 0, 29, 30, 53
 READ, DESCRIBE, DELETE = 3, 8, 6  # AclOperation codes, KIP-430's bits
 
@@ -112,6 +113,23 @@ def describe_groups(conn: R.RawConnection, *groups: str) -> dict[str, object]:
     response = conn.call(DESCRIBE_GROUPS, 5, R.request_body(DESCRIBE_GROUPS, 5, "DescribeGroupsRequest",
                                                            groups=groups, include_authorized_operations=True))
     return {g.group_id: g for g in response.groups}
+
+
+def membership_errors(conn: R.RawConnection, group: str) -> list[int]:
+    """The errors of a JoinGroup, SyncGroup, Heartbeat and LeaveGroup of `group`."""
+    seconds = datetime.timedelta(seconds=10)
+    joined = conn.call(JOIN_GROUP, 5, R.request_body(
+        JOIN_GROUP, 5, "JoinGroupRequest", group_id=group, session_timeout=seconds, rebalance_timeout=seconds,
+        member_id="", group_instance_id=None, protocol_type="consumer", protocols=(R.request_entity(
+            JOIN_GROUP, 5, "JoinGroupRequestProtocol", name="range", metadata=b""),)))
+    synced = conn.call(SYNC_GROUP, 3, R.request_body(SYNC_GROUP, 3, "SyncGroupRequest", group_id=group,
+                                                     generation_id=1, member_id="m", group_instance_id=None,
+                                                     assignments=()))
+    beat = conn.call(HEARTBEAT, 3, R.request_body(HEARTBEAT, 3, "HeartbeatRequest", group_id=group, generation_id=1,
+                                                  member_id="m", group_instance_id=None))
+    left = conn.call(LEAVE_GROUP, 3, R.request_body(LEAVE_GROUP, 3, "LeaveGroupRequest", group_id=group, members=(
+        R.request_entity(LEAVE_GROUP, 3, "MemberIdentity", member_id="m", group_instance_id=None),)))
+    return [joined.error_code, synced.error_code, beat.error_code, left.error_code]
 
 
 def error_of(exc: KafkaException) -> int:
@@ -322,7 +340,8 @@ def test_anonymous_offsets_coordinators_and_acls_taking_effect_on_open_connectio
         hidden_only = offset_fetch(conn, "anon-g", {"anon-hidden": [0]})  # nothing asked: never "every topic"
         assert [(t.name, [p.error_code for p in t.partitions]) for t in hidden_only.topics] == [
             ("anon-hidden", [TOPIC_DENIED])]
-        # DESCRIBE on the group is not READ: no commits, and not DELETE: no offset deletion.
+        # DESCRIBE on the group is not READ: no membership, no commits; and not DELETE: no offset deletion.
+        assert membership_errors(conn, "anon-g") == [GROUP_DENIED] * 4
         committed = conn.call(OFFSET_COMMIT, 8, commit_body("anon-g", {("anon-seen", 0): 9}))
         assert [p.error_code for t in committed.topics for p in t.partitions] == [GROUP_DENIED]
         deleted = conn.call(OFFSET_DELETE, 0, R.request_body(
@@ -424,8 +443,8 @@ def test_a_transaction_needs_write_on_its_topics_read_on_committed_ones_and_writ
     secured.add_acl("User:alice", ResourceType.TOPIC, "txp-writable", AclOperation.WRITE)
     secured.add_acl("User:alice", ResourceType.TOPIC, "txp-readonly", AclOperation.DESCRIBE)
     secured.add_acl("User:alice", ResourceType.GROUP, "txp-group", AclOperation.READ)
-    secured.add_acl("User:alice", ResourceType.TRANSACTIONAL_ID, "alice-txp", AclOperation.WRITE)
-    producer = transactional(secured, "alice", "alice-txp")
+    secured.add_acl("User:alice", ResourceType.TRANSACTIONAL_ID, "txp-id", AclOperation.WRITE)
+    producer = transactional(secured, "alice", "txp-id")
     producer.init_transactions(TIMEOUT_S)
     consumer = Consumer(secured.client("alice", **{"group.id": "txp-group"}))
     try:
@@ -449,7 +468,7 @@ def test_a_transaction_needs_write_on_its_topics_read_on_committed_ones_and_writ
         producer.begin_transaction()  # EndTxn: WRITE on the id, taken away mid-transaction
         producer.produce("txp-writable", value=b"late", partition=0)
         assert producer.flush(TIMEOUT_S) == 0
-        id_filter = AclBindingFilter(ResourceType.TRANSACTIONAL_ID, "alice-txp", ResourcePatternType.LITERAL,
+        id_filter = AclBindingFilter(ResourceType.TRANSACTIONAL_ID, "txp-id", ResourcePatternType.LITERAL,
                                      None, None, AclOperation.ANY, AclPermissionType.ANY)
         for future in secured.admin.delete_acls([id_filter]).values():
             assert len(future.result(timeout=TIMEOUT_S)) == 1
