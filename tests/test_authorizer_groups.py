@@ -7,6 +7,7 @@ are allowed and refused as Kafka's broker allows and refuses them; raw requests 
 from __future__ import annotations
 
 import datetime
+import gc
 import time
 from pathlib import Path
 
@@ -74,7 +75,10 @@ class SecuredNode:
             timeout=TIMEOUT_S)
 
     def stop(self) -> None:
-        self._admin = None  # its client is gone before the node: no reconnection attempts to a stopped node
+        # Clients are gone before the node (no reconnection attempts to a stopped node): pytest.raises keeps the
+        # test's frames, and their clients, in reference cycles until a collection.
+        self._admin = None
+        gc.collect()
         self.node.stop()
         assert self.node.leftovers() == []
         assert "Traceback" not in self.node.log(), self.node.log()
