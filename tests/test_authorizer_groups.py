@@ -27,10 +27,11 @@ pytestmark = pytest.mark.node
 
 TIMEOUT_S = 20.0
 FIND_COORDINATOR, OFFSET_COMMIT, OFFSET_FETCH, DESCRIBE_GROUPS, OFFSET_DELETE = 10, 8, 9, 15, 47
-CONSUMER_GROUP_HEARTBEAT = 68
+CONSUMER_GROUP_HEARTBEAT, CONSUMER_GROUP_DESCRIBE = 68, 69
 JOIN_GROUP, HEARTBEAT, LEAVE_GROUP, SYNC_GROUP = 11, 12, 13, 14
 NONE, TOPIC_DENIED, GROUP_DENIED, TXN_ID_DENIED = 0, 29, 30, 53
 READ, DESCRIBE, DELETE = 3, 8, 6  # AclOperation codes, KIP-430's bits
+NOT_REQUESTED = -(2**31)  # KIP-430's authorized operations when not asked for, or of a group not described
 
 
 class SecuredNode:
@@ -246,6 +247,21 @@ def test_a_kip848_consumer_needs_read_on_its_group_and_describe_on_its_topics(se
         assert heartbeat("anon-848-seen", ("k848-topic",)) == GROUP_DENIED
         assert heartbeat("anon-848", ("k848-topic", "k848-hidden")) == TOPIC_DENIED
         assert heartbeat("anon-848", ("k848-topic",)) == NONE
+
+        def described() -> dict[str, tuple[int, int]]:
+            response = conn.call(CONSUMER_GROUP_DESCRIBE, 0, R.request_body(
+                CONSUMER_GROUP_DESCRIBE, 0, "ConsumerGroupDescribeRequest", group_ids=("anon-848", "k848-group"),
+                include_authorized_operations=True))
+            return {g.group_id: (g.error_code, g.authorized_operations) for g in response.groups}
+
+        assert described() == {"anon-848": (NONE, (1 << READ) | (1 << DESCRIBE)),
+                               "k848-group": (GROUP_DENIED, NOT_REQUESTED)}
+        # Its member subscribes to a topic the principal may no longer describe: the group is not shown.
+        topic_filter = AclBindingFilter(ResourceType.TOPIC, "k848-topic", ResourcePatternType.LITERAL,
+                                        "User:ANONYMOUS", None, AclOperation.ANY, AclPermissionType.ANY)
+        for future in secured.admin.delete_acls([topic_filter]).values():
+            assert len(future.result(timeout=TIMEOUT_S)) == 1
+        assert described()["anon-848"] == (TOPIC_DENIED, NOT_REQUESTED)
 
 
 def test_kafka_python_group_member_is_refused_without_read_on_its_group(secured):
