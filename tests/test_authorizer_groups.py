@@ -137,6 +137,13 @@ def membership_errors(conn: R.RawConnection, group: str) -> list[int]:
     return [joined.error_code, synced.error_code, beat.error_code, left.error_code]
 
 
+def offset_delete_body(group: str, *topics: str) -> bytes:
+    """OffsetDelete of partition 0 of each topic."""
+    return R.request_body(OFFSET_DELETE, 0, "OffsetDeleteRequest", group_id=group, topics=tuple(
+        R.request_entity(OFFSET_DELETE, 0, "OffsetDeleteRequestTopic", name=topic, partitions=(R.request_entity(
+            OFFSET_DELETE, 0, "OffsetDeleteRequestPartition", partition_index=0),)) for topic in topics))
+
+
 def error_of(exc: KafkaException) -> int:
     return exc.args[0].code()
 
@@ -364,11 +371,19 @@ def test_anonymous_offsets_coordinators_and_acls_taking_effect_on_open_connectio
         assert membership_errors(conn, "anon-g") == [GROUP_DENIED] * 4
         committed = conn.call(OFFSET_COMMIT, 8, commit_body("anon-g", {("anon-seen", 0): 9}))
         assert [p.error_code for t in committed.topics for p in t.partitions] == [GROUP_DENIED]
-        deleted = conn.call(OFFSET_DELETE, 0, R.request_body(
-            OFFSET_DELETE, 0, "OffsetDeleteRequest", group_id="anon-g", topics=(R.request_entity(
-                OFFSET_DELETE, 0, "OffsetDeleteRequestTopic", name="anon-seen", partitions=(R.request_entity(
-                    OFFSET_DELETE, 0, "OffsetDeleteRequestPartition", partition_index=0),)),)))
+        deleted = conn.call(OFFSET_DELETE, 0, offset_delete_body("anon-g", "anon-seen"))
         assert deleted.error_code == GROUP_DENIED and deleted.topics == ()
+        # DELETE on a group deletes the offsets of the topics it may READ only.
+        secured.commit_as_admin("anon-del", {("anon-seen", 0): 3, ("anon-hidden", 0): 7})
+        secured.add_acl("User:ANONYMOUS", ResourceType.GROUP, "anon-del", AclOperation.DELETE)
+        secured.add_acl("User:ANONYMOUS", ResourceType.TOPIC, "anon-seen", AclOperation.READ)
+        deleted = conn.call(OFFSET_DELETE, 0, offset_delete_body("anon-del", "anon-seen", "anon-hidden"))
+        assert deleted.error_code == NONE
+        assert {t.name: [p.error_code for p in t.partitions] for t in deleted.topics} == {
+            "anon-seen": [NONE], "anon-hidden": [TOPIC_DENIED]}
+        left = secured.admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions("anon-del", [
+            TopicPartition("anon-seen", 0), TopicPartition("anon-hidden", 0)])])["anon-del"].result(timeout=TIMEOUT_S)
+        assert {tp.topic: tp.offset for tp in left.topic_partitions} == {"anon-seen": -1001, "anon-hidden": 7}
         found = conn.call(FIND_COORDINATOR, 4, R.request_body(FIND_COORDINATOR, 4, "FindCoordinatorRequest",
                                                               key_type=0, coordinator_keys=("anon-g", "other-g")))
         assert {c.key: (c.error_code, c.node_id >= 0) for c in found.coordinators} == {
