@@ -388,6 +388,15 @@ def test_anonymous_offsets_coordinators_and_acls_taking_effect_on_open_connectio
                                                               key_type=0, coordinator_keys=("anon-g", "other-g")))
         assert {c.key: (c.error_code, c.node_id >= 0) for c in found.coordinators} == {
             "anon-g": (NONE, True), "other-g": (GROUP_DENIED, False)}
+        secured.add_acl("User:ANONYMOUS", ResourceType.TRANSACTIONAL_ID, "anon-tx", AclOperation.DESCRIBE)
+        found = conn.call(FIND_COORDINATOR, 4, R.request_body(FIND_COORDINATOR, 4, "FindCoordinatorRequest",
+                                                              key_type=1, coordinator_keys=("anon-tx", "other-tx")))
+        assert {c.key: (c.error_code, c.node_id >= 0) for c in found.coordinators} == {
+            "anon-tx": (NONE, True), "other-tx": (TXN_ID_DENIED, False)}
+        for key_type, key, error in ((0, "other-g", GROUP_DENIED), (1, "other-tx", TXN_ID_DENIED)):
+            old = conn.call(FIND_COORDINATOR, 3, R.request_body(FIND_COORDINATOR, 3, "FindCoordinatorRequest",
+                                                                key_type=key_type, key=key))
+            assert (old.error_code, old.node_id, old.host, old.port) == (error, -1, "", -1)
     finally:
         for conn in conns:
             conn.close()
