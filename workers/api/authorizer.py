@@ -9,7 +9,10 @@ Invariants:
   that answer is checked against the new ACLs in every worker; there is no ring round trip per request.
 - A connection's cache maps (operation, resource type, name) to the decision for its principal and host; it is
   dropped when the copy is reloaded (the copy's epoch) or the principal changes, and bounded (cleared when full).
-- A refusal counts in `authorization_denials` per API key, with one rate-limited log line naming the principal.
+- A refusal counts in `authorization_denials` per API key, with one rate-limited log line naming the principal;
+  `permits` decides the same without counting (Kafka's checks that filter a listing, logIfDenied = false).
+- `operations` is KIP-430's bitfield of the operations the resource type supports that the principal may do:
+  every supported one when the authorizer is off (what Kafka reports without an authorizer).
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import logging
 import time
 
 from node.config import AuthorizerConfig
-from node.storage.acls import Authorization, Operation, ResourceType, acls_path, read_acls
+from node.storage.acls import OPERATIONS_OF, Authorization, Operation, ResourceType, acls_path, read_acls
 from shm import generations
 from shm.generations import ChangeCounters
 from workers.connection import Request
@@ -26,6 +29,8 @@ from workers.connection import Request
 log = logging.getLogger("shmbroker.authorizer")
 
 DENIAL_LOG_INTERVAL_S = 10.0  # at most one "denied" log line per principal this often
+# The operations KIP-430 reports per resource type (Kafka's AclEntry.supportedOperations: every one but ALL).
+SUPPORTED_OPERATIONS = {rtype: tuple(sorted(ops - {Operation.ALL})) for rtype, ops in OPERATIONS_OF.items()}
 
 
 class RequestAuthorizer:
@@ -73,6 +78,21 @@ class RequestAuthorizer:
     def allows(self, req: Request, operation: Operation, resource_type: ResourceType, name: str) -> bool:
         if not self.enabled:
             return True
+        allowed = self._decide(req, operation, resource_type, name)
+        if not allowed:
+            self._denied(req, req.conn.principal or "", operation, resource_type, name)
+        return allowed
+
+    def permits(self, req: Request, operation: Operation, resource_type: ResourceType, name: str) -> bool:
+        """`allows` without counting or logging a refusal."""
+        return not self.enabled or self._decide(req, operation, resource_type, name)
+
+    def operations(self, req: Request, resource_type: ResourceType, name: str) -> int:
+        """The bitfield (1 << AclOperation code) of the type's operations the principal may do on the resource."""
+        return sum(1 << operation for operation in SUPPORTED_OPERATIONS[resource_type]
+                   if self.permits(req, operation, resource_type, name))
+
+    def _decide(self, req: Request, operation: Operation, resource_type: ResourceType, name: str) -> bool:
         authorization = self.authorization()
         conn = req.conn
         principal = conn.principal or ""
@@ -84,8 +104,6 @@ class RequestAuthorizer:
         allowed = decisions.get(key)
         if allowed is None:
             allowed = decisions[key] = authorization.allows(principal, _host(conn), operation, resource_type, name)
-        if not allowed:
-            self._denied(req, principal, operation, resource_type, name)
         return allowed
 
     def allows_any(self, req: Request, operation: Operation, resource_type: ResourceType) -> bool:

@@ -9,6 +9,10 @@ the two from the worker's catalog.
 Invariants:
 - Every request gets its response: the coordinator's, or COORDINATOR_NOT_AVAILABLE if the timer never answers.
 - An owned partition of a topic id the node does not know is left out (the topic is gone: nothing to revoke).
+- With the authorizer on, as Kafka's broker: a heartbeat needs READ on the group (GROUP_AUTHORIZATION_FAILED)
+  and DESCRIBE on every subscribed topic name (TOPIC_AUTHORIZATION_FAILED); a describe needs DESCRIBE on each
+  group, and a group whose members name a topic the principal may not describe is answered
+  TOPIC_AUTHORIZATION_FAILED without its members. Refused requests never reach the coordinator.
 """
 
 from __future__ import annotations
@@ -20,9 +24,10 @@ from typing import Any, Callable
 from kio.static.primitive import i32, i32Timedelta
 
 from node.config import NodeConfig
+from node.storage.acls import Operation, ResourceType
 from node.storage.store import PartitionStore
 from shm import messages as M
-from workers.api.responses import GROUP_OPERATIONS, ZERO_THROTTLE, authorized, code, entity, reply
+from workers.api.responses import NOT_REQUESTED, ZERO_THROTTLE, code, entity, reply
 from workers.codecs import errors as E
 from workers.codecs import protocol as P
 from workers.connection import Request
@@ -109,12 +114,47 @@ class ConsumerGroupHandlers:
         def refuse(error: E.ErrorCode) -> Outcome:
             return answer(HeartbeatAnswer(int(error), None, request.member_id, int(request.member_epoch), 0, None))
 
+        if self.authorizer.enabled:
+            error = self._heartbeat_refusal(req, request)
+            if error is not None:  # Kafka's error response: the code alone
+                return answer(HeartbeatAnswer(int(error), None, "", 0, 0, None))
         return self._ask(req, M.Kind.CONSUMER_GROUP_HEARTBEAT, (int(request.member_epoch), rebalance_ms), fields,
                          answer, refuse)
 
+    def _heartbeat_refusal(self, req: Request, request: Any) -> E.ErrorCode | None:
+        if not self.authorizer.allows(req, Operation.READ, ResourceType.GROUP, request.group_id):
+            return E.GROUP_AUTHORIZATION_FAILED
+        for topic in set(request.subscribed_topic_names or ()):
+            if not self.authorizer.allows(req, Operation.DESCRIBE, ResourceType.TOPIC, topic):
+                return E.TOPIC_AUTHORIZATION_FAILED
+        return None
+
+    def _describable(self, req: Request, members: list) -> bool:
+        """Whether the principal may describe every topic the group's members subscribe to or are assigned."""
+        topics = set()
+        for member in members:
+            topics.update(member[6])
+            topics.update(name for name, _ in member[8])
+            topics.update(name for name, _ in member[9])
+        return all(self.authorizer.permits(req, Operation.DESCRIBE, ResourceType.TOPIC, topic) for topic in topics)
+
     def describe(self, req: Request, request: Any) -> Outcome:
-        names = list(request.group_ids)
-        operations = authorized(getattr(request, "include_authorized_operations", False), GROUP_OPERATIONS)
+        names, refused = list(request.group_ids), []
+        if self.authorizer.enabled:
+            allowed = [g for g in names if self.authorizer.allows(req, Operation.DESCRIBE, ResourceType.GROUP, g)]
+            names, refused = allowed, [g for g in names if g not in allowed]
+        with_operations = getattr(request, "include_authorized_operations", False)
+
+        def operations(error: int, group: str) -> int:
+            if not with_operations or error != E.NONE:
+                return NOT_REQUESTED
+            return self.authorizer.operations(req, ResourceType.GROUP, group)
+
+        def visible(group: tuple) -> tuple:
+            if not self.authorizer.enabled or group[0] != E.NONE or self._describable(req, group[7]):
+                return group
+            return (int(E.TOPIC_AUTHORIZATION_FAILED), "The group has described topic(s) that the client is not "
+                    "authorized to describe.", group[2], "", -1, -1, "", [])
 
         def assignment(topics: list) -> Any:
             return entity(req, "Assignment", topic_partitions=self._by_id(req, "TopicPartitions", topics, True))
@@ -122,19 +162,23 @@ class ConsumerGroupHandlers:
         def answer(outcome: Any) -> Outcome:
             if outcome is None:
                 return refuse(E.ErrorCode.coordinator_not_available)
+            groups = [visible(group) for group in outcome.groups]
+            groups += [(int(E.GROUP_AUTHORIZATION_FAILED), None, g, "", -1, -1, "", []) for g in refused]
             return reply(req, entity(req, "ConsumerGroupDescribeResponse", throttle_time=ZERO_THROTTLE, groups=tuple(
                 entity(req, "DescribedGroup", error_code=code(error), error_message=message, group_id=group,
                        group_state=state, group_epoch=i32(epoch), assignment_epoch=i32(assignment_epoch),
-                       assignor_name=assignor, authorized_operations=i32(operations), members=tuple(
+                       assignor_name=assignor, authorized_operations=i32(operations(error, group)), members=tuple(
                            entity(req, "Member", member_id=member, instance_id=instance, rack_id=rack,
                                   member_epoch=i32(member_epoch), client_id=client_id, client_host=client_host,
                                   subscribed_topic_names=tuple(topics), subscribed_topic_regex=regex,
                                   assignment=assignment(assigned), target_assignment=assignment(target))
                            for member, instance, rack, member_epoch, client_id, client_host, topics, regex, assigned,
                            target in members))
-                for error, message, group, state, epoch, assignment_epoch, assignor, members in outcome.groups)))
+                for error, message, group, state, epoch, assignment_epoch, assignor, members in groups)))
 
         def refuse(error: E.ErrorCode) -> Outcome:
             return answer(DescribeAnswer([(int(error), None, g, "", -1, -1, "", []) for g in names]))
 
+        if refused and not names:
+            return answer(DescribeAnswer([]))
         return self._ask(req, M.Kind.CONSUMER_GROUP_DESCRIBE, (), (names,), answer, refuse)

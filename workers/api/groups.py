@@ -14,6 +14,13 @@ Invariants:
   here and never reaches the timer.
 - How long a worker waits: a JoinGroup the request's rebalance timeout plus the initial rebalance delay and
   a margin; a SyncGroup up to groups.sync_wait_max_ms; the rest the control timeout.
+- With the authorizer on, each API checks what Kafka's broker checks before the coordinator sees the request
+  (FindCoordinator: DESCRIBE on each group or transactional id; JoinGroup, SyncGroup, Heartbeat, LeaveGroup:
+  READ on the group; OffsetCommit: READ on the group and on each topic; OffsetFetch: DESCRIBE on the group and
+  on each topic; ListGroups: DESCRIBE on the cluster, else only the groups it may DESCRIBE; DescribeGroups:
+  DESCRIBE, DeleteGroups: DELETE on each group; OffsetDelete: DELETE on the group, READ on each topic). A refused
+  group answers GROUP_AUTHORIZATION_FAILED, a refused topic's partitions TOPIC_AUTHORIZATION_FAILED, and what is
+  refused never reaches the coordinator. Topics are checked once per request, not per partition.
 """
 
 from __future__ import annotations
@@ -24,8 +31,9 @@ from typing import Any, Callable
 from kio.static.primitive import i32, i64
 
 from node.config import NodeConfig
+from node.storage.acls import CLUSTER_NAME, Operation, ResourceType
 from shm import messages as M
-from workers.api.responses import GROUP_OPERATIONS, ZERO_THROTTLE, authorized, code, entity, reply
+from workers.api.responses import NOT_REQUESTED, ZERO_THROTTLE, code, entity, reply
 from workers.codecs import errors as E
 from workers.codecs import protocol as P
 from workers.connection import Request
@@ -73,6 +81,27 @@ class GroupHandlers:
             P.OFFSET_DELETE: self.offset_delete,
         }
 
+    def _group_allows(self, req: Request, operation: Operation, group: str) -> bool:
+        return self.authorizer.allows(req, operation, ResourceType.GROUP, group)
+
+    def _split_topics(self, req: Request, operation: Operation, topics: list) -> tuple[list, list]:
+        """(allowed, refused) of `topics`, pairs whose first item is a topic name; one decision per name."""
+        if not self.authorizer.enabled:
+            return topics, []
+        allowed, refused = [], []
+        for topic in topics:
+            (allowed if self.authorizer.allows(req, operation, ResourceType.TOPIC, topic[0]) else refused).append(topic)
+        return allowed, refused
+
+    def _split_groups(self, req: Request, operation: Operation, groups: list[str]) -> tuple[list[str], list[str]]:
+        """(allowed, refused) of the named groups."""
+        if not self.authorizer.enabled:
+            return groups, []
+        allowed, refused = [], []
+        for group in groups:
+            (allowed if self._group_allows(req, operation, group) else refused).append(group)
+        return allowed, refused
+
     def _ask(self, req: Request, kind: M.Kind, fields: tuple, timeout_ms: int,
              answer: Callable[[Any], Outcome], refuse: Callable[[E.ErrorCode], Outcome], *body: Any) -> Outcome:
         """Send the coordinator `kind` with the request's id-to-be, API version, `body` and `fields`; `answer`
@@ -89,19 +118,30 @@ class GroupHandlers:
     def find_coordinator(self, req: Request, request: Any) -> Outcome:
         key_type = getattr(request, "key_type", GROUP_KEY_TYPE)
         server = self.config.server
-        if key_type in (GROUP_KEY_TYPE, TRANSACTION_KEY_TYPE):  # both coordinators are the node's (in its timer)
-            error, message, node = E.NONE, None, server.node_id
-        else:
-            error, message, node = E.INVALID_REQUEST, f"unknown key type {key_type}", -1
         host, port = req.conn.advertised or (server.advertised_host or server.host,
                                              server.advertised_port or server.port)
-        where = dict(error_code=error, error_message=message, node_id=i32(node),
-                     host=host if node >= 0 else "", port=i32(port) if node >= 0 else i32(-1))
+
+        def where(key: str) -> dict:
+            if key_type == GROUP_KEY_TYPE and not self._group_allows(req, Operation.DESCRIBE, key):
+                error, message, node = E.GROUP_AUTHORIZATION_FAILED, "Not authorized to access group", -1
+            elif key_type == TRANSACTION_KEY_TYPE and not self.authorizer.allows(
+                    req, Operation.DESCRIBE, ResourceType.TRANSACTIONAL_ID, key):
+                error, message, node = E.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, "Not authorized to access " \
+                                                                               "transactional id", -1
+            elif key_type in (GROUP_KEY_TYPE, TRANSACTION_KEY_TYPE):  # both coordinators are the node's (timer)
+                error, message, node = E.NONE, None, server.node_id
+            else:
+                error, message, node = E.INVALID_REQUEST, f"unknown key type {key_type}", -1
+            return dict(error_code=error, error_message=message, node_id=i32(node),
+                        host=host if node >= 0 else "", port=i32(port) if node >= 0 else i32(-1))
+
         # v4+ asks for a batch of keys and answers one coordinator per key (KIP-699); older versions one key.
-        coordinators = tuple(entity(req, "Coordinator", key=key, **where)
-                             for key in getattr(request, "coordinator_keys", ()))
-        return reply(req, entity(req, "FindCoordinatorResponse", throttle_time=ZERO_THROTTLE,
-                                 coordinators=coordinators, **where))
+        keys = getattr(request, "coordinator_keys", None)
+        if keys is None:
+            return reply(req, entity(req, "FindCoordinatorResponse", throttle_time=ZERO_THROTTLE,
+                                     **where(request.key)))
+        return reply(req, entity(req, "FindCoordinatorResponse", throttle_time=ZERO_THROTTLE, coordinators=tuple(
+            entity(req, "Coordinator", key=key, **where(key)) for key in keys)))
 
     # -- JoinGroup, SyncGroup, Heartbeat, LeaveGroup ------------------------------------------
 
@@ -129,6 +169,8 @@ class GroupHandlers:
         def refuse(error: E.ErrorCode) -> Outcome:
             return answer(JoinAnswer(int(error), -1, None, None, "", request.member_id, []))
 
+        if not self._group_allows(req, Operation.READ, request.group_id):
+            return answer(JoinAnswer(int(E.GROUP_AUTHORIZATION_FAILED), -1, None, None, "", "", []))
         return self._ask(req, M.Kind.JOIN_GROUP, fields, timeout_ms, answer, refuse, session_ms, rebalance_ms)
 
     def sync_group(self, req: Request, request: Any) -> Outcome:
@@ -148,6 +190,8 @@ class GroupHandlers:
         def refuse(error: E.ErrorCode) -> Outcome:
             return answer(SyncAnswer(int(error), b""))
 
+        if not self._group_allows(req, Operation.READ, request.group_id):
+            return refuse(E.GROUP_AUTHORIZATION_FAILED)
         return self._ask(req, M.Kind.SYNC_GROUP, fields, self.config.groups.sync_wait_max_ms, answer, refuse,
                          int(request.generation_id))
 
@@ -158,6 +202,8 @@ class GroupHandlers:
             error = E.ErrorCode.coordinator_not_available if outcome is None else code(outcome.error)
             return reply(req, entity(req, "HeartbeatResponse", throttle_time=ZERO_THROTTLE, error_code=error))
 
+        if not self._group_allows(req, Operation.READ, request.group_id):
+            return answer(HeartbeatAnswer(int(E.GROUP_AUTHORIZATION_FAILED)))
         return self._ask(req, M.Kind.HEARTBEAT, fields, self.config.timer.control_timeout_ms, answer,
                          lambda error: answer(HeartbeatAnswer(int(error))), int(request.generation_id))
 
@@ -178,6 +224,8 @@ class GroupHandlers:
                 members=tuple(entity(req, "MemberResponse", member_id=member, group_instance_id=instance,
                                      error_code=code(member_error)) for member, instance, member_error in outcome.members)))
 
+        if not self._group_allows(req, Operation.READ, request.group_id):
+            return answer(LeaveAnswer(int(E.GROUP_AUTHORIZATION_FAILED), []))
         return self._ask(req, M.Kind.LEAVE_GROUP, (request.group_id, leaving), self.config.timer.control_timeout_ms,
                          answer, lambda error: answer(LeaveAnswer(int(error), [])))
 
@@ -186,29 +234,44 @@ class GroupHandlers:
     def offset_commit(self, req: Request, request: Any) -> Outcome:
         topics = [(t.name, [(p.partition_index, int(p.committed_offset), int(getattr(p, "committed_leader_epoch", -1)),
                              p.committed_metadata) for p in t.partitions]) for t in request.topics]
-        fields = (request.group_id, request.member_id, getattr(request, "group_instance_id", None), topics)
+        refused: list = []
 
         def answer(outcome: Any) -> Outcome:
             if outcome is None:
                 return refuse(E.REQUEST_TIMED_OUT)
+            answered = [*outcome.topics, *failed(refused, E.TOPIC_AUTHORIZATION_FAILED)]
             return reply(req, entity(req, "OffsetCommitResponse", throttle_time=ZERO_THROTTLE, topics=tuple(
                 entity(req, "OffsetCommitResponseTopic", name=name, partitions=tuple(
                     entity(req, "OffsetCommitResponsePartition", partition_index=i32(partition),
                            error_code=code(error)) for partition, error in partitions))
-                for name, partitions in outcome.topics)))
+                for name, partitions in answered)))
 
         def refuse(error: E.ErrorCode) -> Outcome:
-            return answer(CommitAnswer([(name, [(p[0], int(error)) for p in parts]) for name, parts in topics]))
+            return answer(CommitAnswer(failed(topics, error)))
 
+        if not self._group_allows(req, Operation.READ, request.group_id):
+            return refuse(E.GROUP_AUTHORIZATION_FAILED)
+        topics, refused = self._split_topics(req, Operation.READ, topics)
+        if refused and not topics:
+            return answer(CommitAnswer([]))
+        fields = (request.group_id, request.member_id, getattr(request, "group_instance_id", None), topics)
         return self._ask(req, M.Kind.COMMIT_OFFSETS, fields, self.config.timer.control_timeout_ms, answer, refuse,
                          int(request.generation_id_or_member_epoch))
 
     def offset_fetch(self, req: Request, request: Any) -> Outcome:
         wanted = None if request.topics is None else [(t.name, list(t.partition_indexes)) for t in request.topics]
+        refused: list = []
 
         def answer(outcome: Any) -> Outcome:
             if outcome is None:
                 return refuse(E.ErrorCode.coordinator_not_available)
+            topics = outcome.topics
+            if self.authorizer.enabled and outcome.error == E.NONE:
+                if wanted is None:  # every topic of the group: those it may not describe are left out
+                    topics = [topic for topic in topics if self.authorizer.permits(
+                        req, Operation.DESCRIBE, ResourceType.TOPIC, topic[0])]
+                else:
+                    topics = [*topics, *refused_offsets(int(E.TOPIC_AUTHORIZATION_FAILED), refused).topics]
             return reply(req, entity(req, "OffsetFetchResponse", throttle_time=ZERO_THROTTLE,
                                      error_code=code(outcome.error),
                                      topics=tuple(entity(req, "OffsetFetchResponseTopic", name=name, partitions=tuple(
@@ -216,27 +279,42 @@ class GroupHandlers:
                                                 committed_offset=i64(offset), committed_leader_epoch=i32(epoch),
                                                 metadata=metadata, error_code=code(error))
                                          for partition, offset, epoch, metadata, error in partitions))
-                                         for name, partitions in outcome.topics)))
+                                         for name, partitions in topics)))
 
         def refuse(error: E.ErrorCode) -> Outcome:
             return answer(refused_offsets(int(error), wanted))
 
-        return self._ask(req, M.Kind.FETCH_OFFSETS, (request.group_id, wanted), self.config.timer.control_timeout_ms,
+        if not self._group_allows(req, Operation.DESCRIBE, request.group_id):
+            # v2+ carry the group's error at the top and no partitions; v1 has only the partitions' errors.
+            return refuse(E.GROUP_AUTHORIZATION_FAILED) if req.header.api_version < 2 else \
+                answer(FetchOffsetsAnswer(int(E.GROUP_AUTHORIZATION_FAILED), []))
+        asked = wanted
+        if wanted is not None:
+            asked, refused = self._split_topics(req, Operation.DESCRIBE, wanted)
+        return self._ask(req, M.Kind.FETCH_OFFSETS, (request.group_id, asked), self.config.timer.control_timeout_ms,
                          answer, refuse)
 
     def offset_delete(self, req: Request, request: Any) -> Outcome:
         wanted = [(t.name, [p.partition_index for p in t.partitions]) for t in request.topics]
+        refused: list = []
 
         def answer(outcome: Any) -> Outcome:
             if outcome is None:
                 outcome = DeleteOffsetsAnswer(int(E.ErrorCode.coordinator_not_available), [])
+            topics = outcome.topics
+            if refused and outcome.error == E.NONE:
+                topics = [*topics, *[(name, [(p, int(E.TOPIC_AUTHORIZATION_FAILED)) for p in parts])
+                                   for name, parts in refused]]
             return reply(req, entity(
                 req, "OffsetDeleteResponse", throttle_time=ZERO_THROTTLE, error_code=code(outcome.error),
                 topics=tuple(entity(req, "OffsetDeleteResponseTopic", name=name, partitions=tuple(
                     entity(req, "OffsetDeleteResponsePartition", partition_index=i32(partition),
                            error_code=code(error)) for partition, error in partitions))
-                    for name, partitions in outcome.topics)))
+                    for name, partitions in topics)))
 
+        if not self._group_allows(req, Operation.DELETE, request.group_id):
+            return answer(DeleteOffsetsAnswer(int(E.GROUP_AUTHORIZATION_FAILED), []))
+        wanted, refused = self._split_topics(req, Operation.READ, wanted)
         return self._ask(req, M.Kind.DELETE_OFFSETS, (request.group_id, wanted), self.config.timer.control_timeout_ms,
                          answer, lambda error: answer(DeleteOffsetsAnswer(int(error), [])))
 
@@ -253,6 +331,10 @@ class GroupHandlers:
             listed = [(group, protocol_type, state, group_type)
                       for group, protocol_type, state, group_type in outcome.groups
                       if (not states or state.lower() in states) and (not types or group_type in types)]
+            if self.authorizer.enabled and not self.authorizer.permits(req, Operation.DESCRIBE, ResourceType.CLUSTER,
+                                                                       CLUSTER_NAME):
+                listed = [group for group in listed
+                          if self.authorizer.permits(req, Operation.DESCRIBE, ResourceType.GROUP, group[0])]
             return reply(req, entity(req, "ListGroupsResponse", throttle_time=ZERO_THROTTLE,
                                      error_code=code(outcome.error), groups=tuple(
                                          entity(req, "ListedGroup", group_id=group, protocol_type=protocol_type,
@@ -263,40 +345,57 @@ class GroupHandlers:
                          lambda error: answer(ListAnswer(int(error), [])))
 
     def describe_groups(self, req: Request, request: Any) -> Outcome:
-        names = list(request.groups)
-        operations = authorized(getattr(request, "include_authorized_operations", False), GROUP_OPERATIONS)
+        names, refused = self._split_groups(req, Operation.DESCRIBE, list(request.groups))
+        with_operations = getattr(request, "include_authorized_operations", False)
+
+        def operations(error: int, group: str) -> int:
+            if not with_operations or error != E.NONE:
+                return NOT_REQUESTED
+            return self.authorizer.operations(req, ResourceType.GROUP, group)
 
         def answer(outcome: Any) -> Outcome:
             if outcome is None:
                 return refuse(E.ErrorCode.coordinator_not_available)
+            groups = [*outcome.groups, *[(int(E.GROUP_AUTHORIZATION_FAILED), g, "", "", "", ()) for g in refused]]
             return reply(req, entity(req, "DescribeGroupsResponse", throttle_time=ZERO_THROTTLE, groups=tuple(
                 entity(req, "DescribedGroup", error_code=code(error), group_id=group, group_state=state,
-                       protocol_type=protocol_type, protocol_data=protocol, authorized_operations=i32(operations),
+                       protocol_type=protocol_type, protocol_data=protocol,
+                       authorized_operations=i32(operations(error, group)),
                        members=tuple(entity(req, "DescribedGroupMember", member_id=member, group_instance_id=instance,
                                             client_id=client_id, client_host=client_host, member_metadata=metadata,
                                             member_assignment=assignment)
                                      for member, instance, client_id, client_host, metadata, assignment in members))
-                for error, group, state, protocol_type, protocol, members in outcome.groups)))
+                for error, group, state, protocol_type, protocol, members in groups)))
 
         def refuse(error: E.ErrorCode) -> Outcome:
             return answer(DescribeAnswer([(int(error), g, "", "", "", ()) for g in names]))
 
+        if refused and not names:
+            return answer(DescribeAnswer([]))
         return self._ask(req, M.Kind.DESCRIBE_GROUPS, (names,), self.config.timer.control_timeout_ms, answer, refuse)
 
     def delete_groups(self, req: Request, request: Any) -> Outcome:
-        names = list(request.groups_names)
+        names, refused = self._split_groups(req, Operation.DELETE, list(request.groups_names))
 
         def answer(outcome: Any) -> Outcome:
             if outcome is None:
                 return refuse(E.ErrorCode.coordinator_not_available)
+            results = [*outcome.results, *[(g, int(E.GROUP_AUTHORIZATION_FAILED)) for g in refused]]
             return reply(req, entity(req, "DeleteGroupsResponse", throttle_time=ZERO_THROTTLE, results=tuple(
                 entity(req, "DeletableGroupResult", group_id=group, error_code=code(error))
-                for group, error in outcome.results)))
+                for group, error in results)))
 
         def refuse(error: E.ErrorCode) -> Outcome:
             return answer(DeleteGroupsAnswer([(g, int(error)) for g in names]))
 
+        if refused and not names:
+            return answer(DeleteGroupsAnswer([]))
         return self._ask(req, M.Kind.DELETE_GROUPS, (names,), self.config.timer.control_timeout_ms, answer, refuse)
+
+
+def failed(topics: list, error: int) -> list:
+    """Every partition of `topics` (name, [(partition, ...)]) answered `error`."""
+    return [(name, [(p[0], int(error)) for p in parts]) for name, parts in topics]
 
 
 def refused_offsets(error: int, wanted: list | None) -> Any:

@@ -12,6 +12,13 @@ Invariants:
   place (AddPartitionsToTxn, AddOffsetsToTxn and EndTxn before v2, TxnOffsetCommit before v3, InitProducerId
   before v4), as Kafka answers them.
 - An EndTxn waits long enough for the coordinator's three fsyncs (decision, markers, offsets).
+- With the authorizer on, as Kafka's broker: InitProducerId, AddPartitionsToTxn, AddOffsetsToTxn, EndTxn and
+  TxnOffsetCommit need WRITE on the transactional id (TRANSACTIONAL_ID_AUTHORIZATION_FAILED); AddOffsetsToTxn
+  and TxnOffsetCommit READ on the group (GROUP_AUTHORIZATION_FAILED); AddPartitionsToTxn WRITE on each topic (one
+  refused topic fails the whole request: its partitions TOPIC_AUTHORIZATION_FAILED, the others
+  OPERATION_NOT_ATTEMPTED); TxnOffsetCommit READ on each topic (its partitions TOPIC_AUTHORIZATION_FAILED, the
+  others committed). ListTransactions lists only, and DescribeTransactions describes only, the ids the principal
+  may DESCRIBE, and a description names only the topics it may DESCRIBE. Refusals never reach the coordinator.
 """
 
 from __future__ import annotations
@@ -22,7 +29,9 @@ from typing import Any, Callable
 from kio.static.primitive import i16, i32, i32Timedelta, i64
 
 from node.config import NodeConfig
+from node.storage.acls import Operation, ResourceType
 from shm import messages as M
+from workers.api.groups import failed
 from workers.api.responses import ZERO_THROTTLE, code, entity, reply
 from workers.codecs import errors as E
 from workers.codecs import protocol as P
@@ -61,6 +70,12 @@ class TransactionHandlers:
             return E.ErrorCode.invalid_producer_epoch
         return code(error)
 
+    def _id_allows(self, req: Request, operation: Operation, transactional_id: str) -> bool:
+        return self.authorizer.allows(req, operation, ResourceType.TRANSACTIONAL_ID, transactional_id)
+
+    def _topic_allows(self, req: Request, operation: Operation, topic: str) -> bool:
+        return self.authorizer.allows(req, operation, ResourceType.TOPIC, topic)
+
     def _ask(self, req: Request, kind: M.Kind, body: tuple, fields: tuple, timeout_ms: int,
              answer: Callable[[Any], Outcome], refuse: Callable[[E.ErrorCode], Outcome]) -> Outcome:
         try:
@@ -78,6 +93,8 @@ class TransactionHandlers:
                                      error_code=self._code(req, outcome.error), producer_id=i64(outcome.producer_id),
                                      producer_epoch=i16(outcome.producer_epoch)))
 
+        if not self._id_allows(req, Operation.WRITE, request.transactional_id):
+            return answer(M.reply_class(M.Kind.INIT_PRODUCER_ID)(int(E.TRANSACTIONAL_ID_AUTHORIZATION_FAILED), -1, -1))
         timeout_ms = int(request.transaction_timeout.total_seconds() * 1000)
         return self._ask(req, M.Kind.INIT_PRODUCER_ID, (timeout_ms,), (request.transactional_id,),
                          self.config.timer.control_timeout_ms, answer,
@@ -103,6 +120,15 @@ class TransactionHandlers:
             return answer(M.reply_class(M.Kind.ADD_PARTITIONS_TO_TXN)(
                 [(name, [(p, int(error)) for p in partitions]) for name, partitions in topics]))
 
+        if self.authorizer.enabled:
+            if not self._id_allows(req, Operation.WRITE, request.v3_and_below_transactional_id):
+                return refuse(E.TRANSACTIONAL_ID_AUTHORIZATION_FAILED)
+            refused = {name for name, _ in topics if not self._topic_allows(req, Operation.WRITE, name)}
+            if refused:
+                return answer(M.reply_class(M.Kind.ADD_PARTITIONS_TO_TXN)([
+                    (name, [(p, int(E.TOPIC_AUTHORIZATION_FAILED if name in refused
+                                    else E.ErrorCode.operation_not_attempted)) for p in partitions])
+                    for name, partitions in topics]))
         body = (int(request.v3_and_below_producer_id), int(request.v3_and_below_producer_epoch))
         return self._ask(req, M.Kind.ADD_PARTITIONS_TO_TXN, body, (request.v3_and_below_transactional_id, topics),
                          self.config.timer.control_timeout_ms, answer, refuse)
@@ -112,10 +138,21 @@ class TransactionHandlers:
             return reply(req, entity(req, "AddOffsetsToTxnResponse", throttle_time=ZERO_THROTTLE,
                                      error_code=self._code(req, outcome.error)))
 
+        refusal = self._offsets_refusal(req, request)
+        if refusal is not None:
+            return answer(M.reply_class(M.Kind.ADD_OFFSETS_TO_TXN)(int(refusal)))
         body = (int(request.producer_id), int(request.producer_epoch))
         return self._ask(req, M.Kind.ADD_OFFSETS_TO_TXN, body, (request.transactional_id, request.group_id),
                          self.config.timer.control_timeout_ms, answer,
                          lambda error: answer(M.reply_class(M.Kind.ADD_OFFSETS_TO_TXN)(int(error))))
+
+    def _offsets_refusal(self, req: Request, request: Any) -> E.ErrorCode | None:
+        """AddOffsetsToTxn's and TxnOffsetCommit's checks: WRITE on the transactional id, READ on the group."""
+        if not self._id_allows(req, Operation.WRITE, request.transactional_id):
+            return E.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+        if not self.authorizer.allows(req, Operation.READ, ResourceType.GROUP, request.group_id):
+            return E.GROUP_AUTHORIZATION_FAILED
+        return None
 
     # -- EndTxn -----------------------------------------------------------------------------------
 
@@ -124,6 +161,8 @@ class TransactionHandlers:
             return reply(req, entity(req, "EndTxnResponse", throttle_time=ZERO_THROTTLE,
                                      error_code=self._code(req, outcome.error)))
 
+        if not self._id_allows(req, Operation.WRITE, request.transactional_id):
+            return answer(M.reply_class(M.Kind.END_TXN)(int(E.TRANSACTIONAL_ID_AUTHORIZATION_FAILED)))
         body = (int(request.producer_id), int(request.producer_epoch), bool(request.committed))
         timeout_ms = max(self.config.timer.control_timeout_ms,
                          END_TXN_FSYNCS * self.config.transactions.state_write_timeout_ms)
@@ -135,18 +174,28 @@ class TransactionHandlers:
     def txn_offset_commit(self, req: Request, request: Any) -> Outcome:
         topics = [(t.name, [(p.partition_index, int(p.committed_offset), int(getattr(p, "committed_leader_epoch", -1)),
                              p.committed_metadata) for p in t.partitions]) for t in request.topics]
+        refused: list = []
 
         def answer(outcome: Any) -> Outcome:
+            answered = [*outcome.topics, *failed(refused, E.TOPIC_AUTHORIZATION_FAILED)]
             return reply(req, entity(req, "TxnOffsetCommitResponse", throttle_time=ZERO_THROTTLE, topics=tuple(
                 entity(req, "TxnOffsetCommitResponseTopic", name=name, partitions=tuple(
                     entity(req, "TxnOffsetCommitResponsePartition", partition_index=i32(partition),
                            error_code=self._code(req, error)) for partition, error in partitions))
-                for name, partitions in outcome.topics)))
+                for name, partitions in answered)))
 
         def refuse(error: E.ErrorCode) -> Outcome:
-            return answer(M.reply_class(M.Kind.TXN_OFFSET_COMMIT)(
-                [(name, [(p[0], int(error)) for p in partitions]) for name, partitions in topics]))
+            return answer(M.reply_class(M.Kind.TXN_OFFSET_COMMIT)(failed(topics, error)))
 
+        if self.authorizer.enabled:
+            refusal = self._offsets_refusal(req, request)
+            if refusal is not None:
+                return refuse(refusal)
+            allowed = [topic for topic in topics if self._topic_allows(req, Operation.READ, topic[0])]
+            refused = [topic for topic in topics if topic not in allowed]
+            topics = allowed
+            if refused and not topics:
+                return answer(M.reply_class(M.Kind.TXN_OFFSET_COMMIT)([]))
         body = (int(request.producer_id), int(request.producer_epoch))
         return self._ask(req, M.Kind.TXN_OFFSET_COMMIT, body, (request.transactional_id, request.group_id, topics),
                          self.config.timer.control_timeout_ms, answer, refuse)
@@ -158,12 +207,15 @@ class TransactionHandlers:
         producer_ids = [int(p) for p in request.producer_id_filters]
 
         def answer(outcome: Any) -> Outcome:
+            listed = outcome.transactions
+            if self.authorizer.enabled:
+                listed = [t for t in listed if self._id_allows(req, Operation.DESCRIBE, t[0])]
             return reply(req, entity(req, "ListTransactionsResponse", throttle_time=ZERO_THROTTLE,
                                      error_code=code(outcome.error), unknown_state_filters=tuple(outcome.unknown_states),
                                      transaction_states=tuple(
                                          entity(req, "TransactionState", transactional_id=transactional_id,
                                                 producer_id=i64(producer_id), transaction_state=state)
-                                         for transactional_id, producer_id, state in outcome.transactions)))
+                                         for transactional_id, producer_id, state in listed)))
 
         duration_ms = int(getattr(request, "duration_filter", -1))
         return self._ask(req, M.Kind.LIST_TRANSACTIONS, (duration_ms,), (states, producer_ids),
@@ -171,9 +223,20 @@ class TransactionHandlers:
                          lambda error: answer(M.reply_class(M.Kind.LIST_TRANSACTIONS)(int(error))))
 
     def describe_transactions(self, req: Request, request: Any) -> Outcome:
-        ids = list(request.transactional_ids)
+        ids, refused = list(request.transactional_ids), []
+        if self.authorizer.enabled:
+            allowed = [i for i in ids if self._id_allows(req, Operation.DESCRIBE, i)]
+            ids, refused = allowed, [i for i in ids if i not in allowed]
+
+        def describable(topics: list) -> list:
+            if not self.authorizer.enabled:
+                return topics
+            return [topic for topic in topics if self._topic_allows(req, Operation.DESCRIBE, topic[0])]
 
         def answer(outcome: Any) -> Outcome:
+            described = [*outcome.transactions, *[
+                M.DescribedTransaction(int(E.TRANSACTIONAL_ID_AUTHORIZATION_FAILED), i, "", 0, 0, 0, 0, [])
+                for i in refused]]
             return reply(req, entity(req, "DescribeTransactionsResponse", throttle_time=ZERO_THROTTLE,
                                      transaction_states=tuple(
                                          entity(req, "TransactionState", error_code=code(error),
@@ -185,13 +248,15 @@ class TransactionHandlers:
                                                 producer_id=i64(producer_id), producer_epoch=i16(producer_epoch),
                                                 topics=tuple(entity(req, "TopicData", topic=topic,
                                                                     partitions=tuple(i32(p) for p in partitions))
-                                                             for topic, partitions in topics))
+                                                             for topic, partitions in describable(topics)))
                                          for error, transactional_id, state, timeout_ms, start_ms, producer_id,
-                                         producer_epoch, topics in outcome.transactions)))
+                                         producer_epoch, topics in described)))
 
         def refuse(error: E.ErrorCode) -> Outcome:
             return answer(M.reply_class(M.Kind.DESCRIBE_TRANSACTIONS)(
                 [M.DescribedTransaction(int(error), transactional_id, "", 0, 0, 0, 0, []) for transactional_id in ids]))
 
+        if refused and not ids:
+            return answer(M.reply_class(M.Kind.DESCRIBE_TRANSACTIONS)([]))
         return self._ask(req, M.Kind.DESCRIBE_TRANSACTIONS, (), (ids,), self.config.timer.control_timeout_ms, answer,
                          refuse)
