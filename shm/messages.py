@@ -373,8 +373,9 @@ AddOffsetsToTxn = declare(Kind.ADD_OFFSETS_TO_TXN, body=TXN_ASKED, fields=[("tra
                           reply=[("error", "h")]).tuple_class
 EndTxn = declare(Kind.END_TXN, body=TXN_ASKED + [("committed", "?")], fields=[("transactional_id", STR)],
                  reply=[("error", "h")]).tuple_class
-TxnOffsetCommit = declare(Kind.TXN_OFFSET_COMMIT, body=TXN_ASKED,
-                          fields=[("transactional_id", STR), ("group", STR), ("topics", Array(TopicCommits))],
+TxnOffsetCommit = declare(Kind.TXN_OFFSET_COMMIT, body=TXN_ASKED + [("generation", "i")],
+                          fields=[("transactional_id", STR), ("group", STR), ("topics", Array(TopicCommits)),
+                                  ("member", STR), ("instance", OPT_STR)],
                           reply=[("topics", Array(TopicPartitionErrors))]).tuple_class
 ListedTransaction = record("ListedTransaction", [("transactional_id", STR), ("producer_id", "q"), ("state", STR)])
 DescribedTransaction = record("DescribedTransaction", [

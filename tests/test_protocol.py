@@ -96,7 +96,7 @@ def test_advertised_versions_are_the_supported_ones() -> None:
         24: (0, 3),  # AddPartitionsToTxn
         25: (0, 3),  # AddOffsetsToTxn
         26: (0, 3),  # EndTxn
-        28: (0, 2),  # TxnOffsetCommit: v3 (KIP-447) would need the group's member checks
+        28: (0, 3),  # TxnOffsetCommit: v3 with KIP-447's member checks
         17: (0, 1),  # SaslHandshake: v0-1, the versions librdkafka, kafka-python, aiokafka and KafkaJS use
         36: (0, 2),  # SaslAuthenticate: v1 carries the session lifetime (KIP-368), v2 is flexible
         66: (0, 1),  # ListTransactions (2: KIP-1152's id pattern)
@@ -122,9 +122,8 @@ def test_flexible_versions_use_header_v1_except_api_versions() -> None:
         header = response_class(key, version).__header_schema__.__version__
         # ApiVersions' response header is v0 at every version, by Kafka's rule.
         assert header == (1 if flexible and key != API_VERSIONS else 0)
-        # Every API but OffsetDelete (never flexible), TxnOffsetCommit (flexible from v3) and SaslHandshake (never) has
-        # flexible versions.
-    assert {k for k, v in ALL_VERSIONS if request_class(k, v).__flexible__} == set(SUPPORTED_APIS) - {47, 28, 17}
+        # Every API but OffsetDelete and SaslHandshake (never flexible) has flexible versions.
+    assert {k for k, v in ALL_VERSIONS if request_class(k, v).__flexible__} == set(SUPPORTED_APIS) - {47, 17}
 
 
 ALTER_USER_SCRAM_CREDENTIALS = 51

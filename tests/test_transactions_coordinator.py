@@ -323,14 +323,14 @@ def test_end_txn_without_a_transaction_is_an_invalid_state(txn):
 def test_transactional_offsets_are_committed_only_with_the_transaction(txn):
     producer = producer_of(txn.init("app"))
     assert txn.ask(M.Kind.ADD_OFFSETS_TO_TXN, *producer, "app", "g").error == E.none
-    answer = txn.ask(M.Kind.TXN_OFFSET_COMMIT, *producer, "app", "g", [("t", [(0, 42, -1, None)])])
+    answer = txn.ask(M.Kind.TXN_OFFSET_COMMIT, *producer, -1, "app", "g", [("t", [(0, 42, -1, None)])], "", None)
     assert answer.topics == (("t", ((0, 0),)),)
     assert txn.committed_offsets == []
     assert txn.end("app", producer, commit=True).error == E.none
     assert txn.committed_offsets == [("g", {("t", 0): (42, -1, None)})]
 
     txn.ask(M.Kind.ADD_OFFSETS_TO_TXN, *producer, "app", "g")
-    txn.ask(M.Kind.TXN_OFFSET_COMMIT, *producer, "app", "g", [("t", [(0, 50, -1, None)])])
+    txn.ask(M.Kind.TXN_OFFSET_COMMIT, *producer, -1, "app", "g", [("t", [(0, 50, -1, None)])], "", None)
     assert txn.end("app", producer, commit=False).error == E.none
     assert len(txn.committed_offsets) == 1  # an aborted transaction's offsets are dropped
 
@@ -418,7 +418,7 @@ def test_an_exhausted_epoch_gets_a_new_producer_id(txn):
 
 def test_offsets_outside_a_transaction_are_an_invalid_state(txn):
     producer = producer_of(txn.init("app"))
-    answer = txn.ask(M.Kind.TXN_OFFSET_COMMIT, *producer, "app", "g", [("t", [(0, 1, -1, None)])])
+    answer = txn.ask(M.Kind.TXN_OFFSET_COMMIT, *producer, -1, "app", "g", [("t", [(0, 1, -1, None)])], "", None)
     assert answer.topics == (("t", ((0, int(E.invalid_txn_state)),)),)
     assert txn.ask(M.Kind.ADD_OFFSETS_TO_TXN, *producer, "app", "").error == E.invalid_group_id
 
@@ -515,7 +515,8 @@ def test_without_holding_every_request_of_a_completing_id_gets_concurrent_transa
             assert txn.add("app", producer) == {("t", 0): concurrent}
             assert txn.ask(M.Kind.ADD_OFFSETS_TO_TXN, *producer, "app", "g").error == concurrent
             assert txn.end("app", producer, commit=True).error == concurrent
-            answer = txn.ask(M.Kind.TXN_OFFSET_COMMIT, *producer, "app", "g", [("t", [(0, 42, -1, None)])])
+            answer = txn.ask(M.Kind.TXN_OFFSET_COMMIT, *producer, -1, "app", "g", [("t", [(0, 42, -1, None)])], "",
+                             None)
             assert answer.topics == (("t", ((0, concurrent),)),)
             assert tuple(txn.init("app")) == (concurrent, -1, -1)
             txn.flushes.run()

@@ -113,9 +113,24 @@ def test_end_txn_add_offsets_and_txn_offset_commit_round_trip(handlers, version)
     call(txn.txn_offset_commit, P.TXN_OFFSET_COMMIT, version, commit)
     message = M.decode(asked.frame)
     assert [tuple(p) for p in message.topics[0][1]] == [(0, 42, 5 if version >= 2 else -1, "m")]
+    assert (message.generation, message.member, message.instance) == (-1, "", None)  # v0-2 name no member
     answer = M.reply_class(message.kind)([("t", [(0, int(E.producer_fenced))])])
     response = response_of(P.TXN_OFFSET_COMMIT, version, asked.answer(M.Reply(1, message.kind, answer)))
     assert response.topics[0].partitions[0].error_code == E.invalid_producer_epoch  # PRODUCER_FENCED from v3
+
+
+def test_txn_offset_commit_v3_passes_the_consumers_member_to_the_coordinator(handlers):
+    txn, asked = handlers
+    schema = P.request_schema(P.TXN_OFFSET_COMMIT, 3)
+    commit = schema.TxnOffsetCommitRequest(
+        transactional_id="app", group_id="g", producer_id=i64(1000), producer_epoch=i16(3), generation_id=i32(7),
+        member_id="member-1", group_instance_id="instance-1", topics=(schema.TxnOffsetCommitRequestTopic(
+            name="t", partitions=(schema.TxnOffsetCommitRequestPartition(
+                partition_index=i32(0), committed_offset=i64(42), committed_leader_epoch=i32(5),
+                committed_metadata="m"),)),))
+    call(txn.txn_offset_commit, P.TXN_OFFSET_COMMIT, 3, commit)
+    message = M.decode(asked.frame)
+    assert (message.group, message.generation, message.member, message.instance) == ("g", 7, "member-1", "instance-1")
 
 
 @pytest.mark.parametrize("version", [0, 1])

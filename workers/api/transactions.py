@@ -196,9 +196,12 @@ class TransactionHandlers:
             topics = allowed
             if refused and not topics:
                 return answer(M.reply_class(M.Kind.TXN_OFFSET_COMMIT)([]))
-        body = (int(request.producer_id), int(request.producer_epoch))
-        return self._ask(req, M.Kind.TXN_OFFSET_COMMIT, body, (request.transactional_id, request.group_id, topics),
-                         self.config.timer.control_timeout_ms, answer, refuse)
+        # v3+ (KIP-447) name the consumer's member and generation; v0-2 none (-1, "": nothing to check).
+        body = (int(request.producer_id), int(request.producer_epoch), int(getattr(request, "generation_id", -1)))
+        fields = (request.transactional_id, request.group_id, topics, getattr(request, "member_id", ""),
+                  getattr(request, "group_instance_id", None))
+        return self._ask(req, M.Kind.TXN_OFFSET_COMMIT, body, fields, self.config.timer.control_timeout_ms, answer,
+                         refuse)
 
     # -- ListTransactions, DescribeTransactions ----------------------------------------------------
 

@@ -118,9 +118,7 @@ ALTER_USER_SCRAM_CREDENTIALS = 51
 #   transactions v2; InitProducerId 3-4: KIP-360's epoch bump of a given producer id; Fetch 18: KIP-1166's high
 #   watermark tags; Metadata 13: KIP-1102's top-level error code; ListOffsets 7+: the max-timestamp and tiered offsets
 #   (KIP-734, KIP-1005); OffsetFetch 7+: require_stable (UNSTABLE_OFFSET_COMMIT while a transaction holds
-#   offsets); TxnOffsetCommit 3+: KIP-447's member checks (its generation, member and instance ids against the
-#   group: ILLEGAL_GENERATION, UNKNOWN_MEMBER_ID, FENCED_INSTANCE_ID), which the transaction coordinator cannot
-#   make (it does not see the group's members); OffsetCommit 10: topic ids; JoinGroup 9: KIP-848's classic members;
+#   offsets); TxnOffsetCommit 4+: KIP-890's transactions v2; OffsetCommit 10: topic ids; JoinGroup 9: KIP-848's classic members;
 #   FindCoordinator 5+: KIP-890's error codes and share groups; DescribeGroups 6: KIP-1043's error fields;
 #   DescribeCluster 2: fenced brokers (KRaft's); ListTransactions 2: KIP-1152's transactional id pattern.
 SUPPORTED_APIS: dict[int, tuple[int, int]] = {
@@ -160,7 +158,7 @@ SUPPORTED_APIS: dict[int, tuple[int, int]] = {
     ADD_PARTITIONS_TO_TXN: (0, 3),
     ADD_OFFSETS_TO_TXN: (0, 3),
     END_TXN: (0, 3),
-    TXN_OFFSET_COMMIT: (0, 2),
+    TXN_OFFSET_COMMIT: (0, 3),  # v3: KIP-447's member checks, by the group coordinator beside it in the timer
     # SASL on the SASL listeners (workers/api/sasl.py).
     SASL_HANDSHAKE: (0, 1),
     SASL_AUTHENTICATE: (0, 2),

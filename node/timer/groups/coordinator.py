@@ -573,6 +573,34 @@ class GroupCoordinator:
 
         self.offsets.commit(group_id, entries, self.clock(), durable)
 
+    def transactional_commit_error(self, group_id: str, member_id: str, instance_id: str | None,
+                                   generation: int) -> E:
+        """KIP-447's checks of a TxnOffsetCommit v3+ (Kafka's doTxnCommitOffsets and, for a consumer-protocol group,
+        validateTransactionalOffsetCommit): a member named must be in the group, a static instance its own, a
+        generation (or member epoch) given the group's; without a member and a generation (a producer that has no
+        consumer group metadata, v0-2) nothing is checked."""
+        consumer_group = self.consumer.groups.get(group_id)
+        if consumer_group is not None:
+            if not member_id and generation < 0:
+                return E.none
+            member = consumer_group.members.get(member_id)
+            if member is None:
+                return E.unknown_member_id
+            return E.none if generation < 0 or generation == member.epoch else E.illegal_generation
+        group = self.groups.get(group_id)
+        if group is None:
+            return E.none if not member_id and generation < 0 else (
+                E.unknown_member_id if member_id else E.illegal_generation)
+        if group.is_(DEAD):
+            return E.coordinator_not_available
+        if instance_id is not None and group.current_static_member(instance_id) not in (None, member_id):
+            return E.fenced_instance_id
+        if member_id and not group.has(member_id):
+            return E.unknown_member_id
+        if generation >= 0 and generation != group.generation:
+            return E.illegal_generation
+        return E.none
+
     def commit_transaction_offsets(self, group_id: str, entries: dict, done: Callable[..., None]) -> None:
         """The offsets of a committed transaction (the transaction coordinator's): durable, then visible to
         OffsetFetch; `done(flushed, fault)`. The group exists from then on, as after any commit."""

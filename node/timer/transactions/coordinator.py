@@ -93,7 +93,8 @@ class TransactionCoordinator:
     def __init__(self, config: TransactionConfig, outbox: Outbox, state_log: TransactionStateLog,
                  markers: MarkerWriter, store: PartitionStore, commit_offsets: Callable, offsets_loading: Callable,
                  wheel: WheelConfig, now_ms: int, offset_metadata_max_bytes: int,
-                 clock: Callable[[], int] = monotonic_ms) -> None:
+                 clock: Callable[[], int] = monotonic_ms,
+                 member_error: Callable[[str, str, str | None, int], E] = lambda *member: E.none) -> None:
         self.config = config
         self.outbox = outbox
         self.state_log = state_log
@@ -104,6 +105,8 @@ class TransactionCoordinator:
         self._commit_offsets = commit_offsets
         self._offsets_loading = offsets_loading  # the group coordinator's load must end before this one starts
         self.offset_metadata_max_bytes = offset_metadata_max_bytes
+        # The group coordinator's KIP-447 checks of a TxnOffsetCommit's member (group, member, instance, generation).
+        self._member_error = member_error
         self.clock = clock
         self.transactions: dict[str, TransactionMetadata] = {}
         self.timeouts = Sessions(wheel, now_ms, self._timed_out)  # open transactions' deadlines
@@ -519,6 +522,8 @@ class TransactionCoordinator:
             error = E.concurrent_transactions if current.state in PREPARED else E.invalid_txn_state
         if not error and not message.group:
             error = E.invalid_group_id
+        if not error:
+            error = self._member_error(message.group, message.member, message.instance, message.generation)
         if error:
             return self._partition_errors(waiter, topics, lambda t, p: error)
         refused, entries = {}, {}
