@@ -5,6 +5,7 @@ gives. One node serves most tests (each test uses topics of its own prefix); the
 
 from __future__ import annotations
 
+import dataclasses
 import struct
 import time
 from typing import Any
@@ -68,8 +69,15 @@ class SecuredNode:
         return self._admin
 
     def grant(self, *bindings: AclBinding) -> None:
-        for future in self.admin.create_acls(list(bindings)).values():
+        self.grant_as(self.admin, *bindings)
+
+    @staticmethod
+    def grant_as(admin: AdminClient, *bindings: AclBinding) -> None:
+        for future in admin.create_acls(list(bindings)).values():
             future.result(timeout=TIMEOUT_S)
+
+    def anonymous_admin(self) -> AdminClient:
+        return AdminClient({"bootstrap.servers": self.node.bootstrap})
 
     def revoke(self, *bindings: AclBinding) -> None:
         filters = [AclBindingFilter(b.restype, b.name, b.resource_pattern_type, b.principal, b.host, b.operation,
@@ -155,6 +163,11 @@ def fetch_errors(conn: R.RawConnection, topic: str, version: int = 11, topic_ids
     body = R.fetch_body({topic: {0: 0}}, max_wait_ms=0, version=version, topic_ids=topic_ids)
     names = {topic_ids[topic].bytes: topic} if topic_ids else None
     return [p.error_code for p in R.parse_fetch_response(version, conn.request(FETCH, version, body), names).partitions]
+
+
+def follower_fetch_errors(conn: R.RawConnection, topic: str) -> list[int]:
+    follower = dataclasses.replace(session_fetch({(topic, 0): 0}), replica_id=i32(1))
+    return [p.error_code for p in R.parse_fetch_response(12, conn.request(FETCH, 12, R.encode_body(follower))).partitions]
 
 
 def list_offsets_errors(conn: R.RawConnection, topic: str) -> list[int]:
@@ -342,6 +355,10 @@ def test_literal_and_prefixed_acls_grant_each_api_its_operation(secured):
         assert fetch_errors(conn, "alice.t", version=16, topic_ids={"alice.t": metadata(conn, ["alice.t"]).topics[
             0].topic_id}) == [0]
         assert fetch_errors(conn, "other.t", version=16, topic_ids={"other.t": other_id}) == [TOPIC_DENIED]
+        # A follower's fetch (replica id >= 0) needs CLUSTER_ACTION on the cluster, whatever its READs.
+        assert follower_fetch_errors(conn, "alice.t") == [TOPIC_DENIED]
+    with secured.login("admin") as admin:
+        assert follower_fetch_errors(admin, "alice.t") == [0]
 
 
 def test_deny_wins_over_allow_and_the_wildcard_principal_grants_everyone(secured):
@@ -368,6 +385,10 @@ def test_transactional_producers_need_write_on_their_transactional_id(secured):
         secured.grant(acl(ResourceType.TRANSACTIONAL_ID, "bob-txn", "User:bob", AclOperation.WRITE))
         assert produce_errors(bob, "txn.t", transactional_id="bob-txn") == [0]
         assert produce_errors(bob, "closed.t", transactional_id="bob-txn") == [TOPIC_DENIED]
+        # WRITE implies DESCRIBE, not CREATE: a missing topic is refused its auto-creation, and Produce (which
+        # Kafka never lets create) finds no topic.
+        assert metadata_errors(bob, ["txn.missing"], create=True) == {"txn.missing": TOPIC_DENIED}
+        assert produce_errors(bob, "txn.missing") == [int(E.UNKNOWN_TOPIC_OR_PARTITION)]
 
 
 def test_an_acl_change_holds_at_once_for_every_connection_on_every_worker(secured):
@@ -440,10 +461,9 @@ def test_with_allow_everyone_if_no_acl_found_only_resources_with_acls_are_closed
     try:
         with node.anonymous() as anonymous:
             assert produce_errors(anonymous, "open.t") == [0]  # no ACL: created and written by anyone
-            admin = AdminClient({"bootstrap.servers": node.node.bootstrap})  # no ACL on the cluster either
-            for future in admin.create_acls([topic_acl("guarded.", "User:alice", AclOperation.READ,
-                                                       pattern=ResourcePatternType.PREFIXED)]).values():
-                future.result(timeout=TIMEOUT_S)
+            # No ACL on the cluster either: anyone may create ACLs.
+            node.grant_as(node.anonymous_admin(), topic_acl("guarded.", "User:alice", AclOperation.READ,
+                                                            pattern=ResourcePatternType.PREFIXED))
             assert produce_errors(anonymous, "guarded.t") == [TOPIC_DENIED]
             assert produce_errors(anonymous, "open.u") == [0]
             assert init_producer_id_error(anonymous) == 0
@@ -452,5 +472,13 @@ def test_with_allow_everyone_if_no_acl_found_only_resources_with_acls_are_closed
             assert metadata_errors(alice, ["guarded.t"], create=True) == {"guarded.t": 0}
             assert fetch_errors(alice, "guarded.t") == [0]
             assert produce_errors(alice, "guarded.t") == [TOPIC_DENIED]  # READ only
+            all_cluster_operations = cluster_operations(alice)
+            assert all_cluster_operations & MAY_IDEMPOTENT_WRITE and all_cluster_operations & MAY_DESCRIBE
+            node.grant_as(node.anonymous_admin(), acl(ResourceType.BROKER, CLUSTER, "User:alice",
+                                                      AclOperation.IDEMPOTENT_WRITE))
+            assert cluster_operations(alice) == 0  # the cluster has an ACL now, and none lets alice DESCRIBE it
+            assert init_producer_id_error(alice) == 0
+        with node.anonymous() as anonymous:
+            assert init_producer_id_error(anonymous) == CLUSTER_DENIED
     finally:
         node.stop()
