@@ -21,6 +21,8 @@ from scripts.harness.nodeproc import NodeProcess, free_port
 from tests.test_fetch_sessions import request as session_fetch
 from tests.test_security_sasl import PASSWORD, add_user
 from tests.test_security_tls import listener
+from tests.test_stats_cli import stats_json
+from tests.waiting import wait_for
 from workers.codecs import errors as E
 
 pytestmark = pytest.mark.node
@@ -49,7 +51,8 @@ class SecuredNode:
         data_dir = work_dir / "data"
         for user in ("admin", "alice", "bob"):
             add_user(data_dir, user, "PLAIN")
-        config = listener("SASL", self.sasl_port, "SASL_PLAINTEXT") + "[authorizer]\nenabled = true\n" + authorizer
+        config = (listener("SASL", self.sasl_port, "SASL_PLAINTEXT") + "[stats]\npublish_interval_ms = 100\n"
+                  + "[authorizer]\nenabled = true\n" + authorizer)
         self.node = NodeProcess(work_dir, workers=workers, config=config, data_dir=data_dir).start()
         self._admin: AdminClient | None = None
 
@@ -398,6 +401,8 @@ def test_an_acl_change_holds_at_once_for_every_connection_on_every_worker(secure
     try:
         for conn in connections:  # each caches the refusal
             assert metadata_errors(conn, ["late.t"]) == {"late.t": TOPIC_DENIED}
+        wait_for(lambda: all(worker.get("connections", 0) >= 1 for worker in stats_json(secured.node)["processes"]
+                             if worker["role"] == "worker"), 5, "connections on both workers")
         secured.grant(binding)
         for conn in connections:
             assert metadata_errors(conn, ["late.t"]) == {"late.t": 0}

@@ -253,14 +253,14 @@ class Handlers:
         """Auto-creation needs CREATE on the cluster or on the topic: the missing topics the principal may not
         create are refused (TOPIC_AUTHORIZATION_FAILED), as Kafka answers them."""
         missing = [n for n in names if self.partitions.topic_partitions(n) is None and valid_topic_name(n)]
-        if not missing or self.may_create_topics(req):
+        if not missing or self._may_create_topics(req):
             return
         for name in missing:
             if not self.authorizer.allows(req, Operation.CREATE, ResourceType.TOPIC, name):
                 refused[name] = entity(req, "MetadataResponseTopic", error_code=E.TOPIC_AUTHORIZATION_FAILED,
                                        name=name, topic_id=None, partitions=())
 
-    def may_create_topics(self, req: Request) -> bool:
+    def _may_create_topics(self, req: Request) -> bool:
         """CREATE on the cluster: any topic (Kafka asks it quietly, then CREATE on each topic)."""
         return self.authorizer.allows(req, Operation.CREATE, ResourceType.CLUSTER, CLUSTER_NAME, count_denial=False)
 
@@ -309,7 +309,7 @@ class Handlers:
             missing = sorted({t.name for t in request.topics
                               if self.partitions.topic_partitions(t.name) is None and valid_topic_name(t.name)
                               and t.name not in denied})
-            if missing and self.authorizer.enabled and not self.may_create_topics(req):
+            if missing and self.authorizer.enabled and not self._may_create_topics(req):
                 missing = [n for n in missing if self.authorizer.allows(req, Operation.CREATE, ResourceType.TOPIC, n)]
             if missing:
                 return self._create_then(req, [(n, self.config.topics.num_partitions) for n in missing],
