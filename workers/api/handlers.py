@@ -401,8 +401,8 @@ class Handlers:
         if request.transactional_id is not None and not allows(req, Operation.WRITE, ResourceType.TRANSACTIONAL_ID,
                                                                request.transactional_id):
             return E.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, _NOTHING_DENIED
-        return E.NONE, frozenset(t.name for t in request.topics
-                                 if not allows(req, Operation.WRITE, ResourceType.TOPIC, t.name))
+        denied = [t.name for t in request.topics if not allows(req, Operation.WRITE, ResourceType.TOPIC, t.name)]
+        return E.NONE, frozenset(denied) if denied else _NOTHING_DENIED
 
     def _all_flushed(self, waits: list[tuple[int, int]]) -> bool:
         table = self.partitions.table
