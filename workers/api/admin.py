@@ -12,6 +12,13 @@ what it could not start before it, and the worker waits for that answer (node.ti
 or less ("do not wait", as librdkafka's operation_timeout 0) means the node answers once it has done the work,
 within `timer.control_timeout_ms`.
 
+Authorization (with the authorizer on, as Kafka's KafkaApis): CreateTopics needs CREATE on the cluster or the topic
+(and DESCRIBE_CONFIGS on the topic to see its configs, v5+); DeleteTopics DELETE on the topic (DESCRIBE for one named
+by id, else its name is withheld); CreatePartitions ALTER and DeleteRecords DELETE on the topic; DescribeConfigs and
+(Incremental)AlterConfigs DESCRIBE_CONFIGS / ALTER_CONFIGS on the topic, or on the cluster for the broker. A refused
+topic is TOPIC_AUTHORIZATION_FAILED, a refused broker resource CLUSTER_AUTHORIZATION_FAILED, checked before the
+topic's existence is looked at and never sent to the controller.
+
 Invariants:
 - Every request gets one response, with one result per topic, partition or resource it named, in its order.
 - If the timer process never answers (it died and its successor lost the request), every result is
@@ -38,8 +45,16 @@ from workers.timer_client.delayed import DelayedRequests, DocumentTooLarge, mono
 from workers.timer_client.outcome import Outcome
 from workers.api.responses import ZERO_THROTTLE, code, entity, reply
 from workers.api.authorizer import RequestAuthorizer
+from node.storage.acls import CLUSTER_NAME, Operation, ResourceType
 
 Results = dict[str, tuple[E.ErrorCode, str | None]]
+BROKER_LOGGER_RESOURCE = 8  # Kafka's ConfigResource.Type.BROKER_LOGGER (authorized as the broker)
+_REFUSAL_MESSAGES = {E.TOPIC_AUTHORIZATION_FAILED: "Topic authorization failed.",
+                     E.CLUSTER_AUTHORIZATION_FAILED: "Cluster authorization failed."}
+
+
+def _any_topic(name: str) -> bool:
+    return True
 TIMED_OUT = (E.REQUEST_TIMED_OUT, "the node did not answer within the request's timeout")
 
 
@@ -86,6 +101,29 @@ class AdminHandlers:
             P.INCREMENTAL_ALTER_CONFIGS: self.incremental_alter_configs,
         }
 
+    def _topic_access(self, req: Request, operation: Operation, cluster_wide: bool = True) -> Callable[[str], bool]:
+        """May the principal do `operation` on a topic (by name)? With cluster_wide, the operation on the cluster
+        (asked once, quietly, as Kafka) grants it on every topic."""
+        authorizer = self.authorizer
+        if not authorizer.enabled or (cluster_wide and authorizer.allows(req, operation, ResourceType.CLUSTER,
+                                                                         CLUSTER_NAME, count_denial=False)):
+            return _any_topic
+        return lambda name: authorizer.allows(req, operation, ResourceType.TOPIC, name)
+
+    def _config_refusal(self, req: Request, kind: int, name: str, operation: Operation) -> E.ErrorCode:
+        """NONE, or the error of a config resource the principal may not describe or alter: a topic's needs the
+        operation on the topic (TOPIC_AUTHORIZATION_FAILED), the broker's on the cluster
+        (CLUSTER_AUTHORIZATION_FAILED). Other types are left to the request's own checks."""
+        if not self.authorizer.enabled:
+            return E.NONE
+        if kind == TOPIC_RESOURCE:
+            allowed = self.authorizer.allows(req, operation, ResourceType.TOPIC, name)
+            return E.NONE if allowed else E.TOPIC_AUTHORIZATION_FAILED
+        if kind in (BROKER_RESOURCE, BROKER_LOGGER_RESOURCE):
+            allowed = self.authorizer.allows(req, operation, ResourceType.CLUSTER, CLUSTER_NAME)
+            return E.NONE if allowed else E.CLUSTER_AUTHORIZATION_FAILED
+        return E.NONE
+
     def _wait_ms(self, timeout_ms: int) -> int:
         return timeout_ms if timeout_ms > 0 else self.config.timer.control_timeout_ms
 
@@ -106,10 +144,13 @@ class AdminHandlers:
         results: Results = {}
         wanted: list[list[Any]] = []
         names = [topic.name for topic in request.topics]
+        may_create = self._topic_access(req, Operation.CREATE)
         for topic in request.topics:
             name = topic.name
             if names.count(name) > 1:
                 results[name] = (E.INVALID_REQUEST, f"Topic {name} is named more than once in the request.")
+            elif not may_create(name):
+                results[name] = (E.TOPIC_AUTHORIZATION_FAILED, "Authorization failed.")
             elif not valid_topic_name(name):
                 results[name] = (E.INVALID_TOPIC_EXCEPTION, f"Topic name {name!r} is illegal: it must be 1 to 249 "
                                                             "characters of [a-zA-Z0-9._-], not '.' or '..'")
@@ -143,11 +184,16 @@ class AdminHandlers:
     def _created(self, req: Request, name: str, result: tuple[E.ErrorCode, str | None], partitions: int | None,
                  requested: dict[str, str], validate_only: bool) -> Any:
         """A CreatableTopicResult; from v5 a created (or validated) topic's partition count, replication factor
-        and every config as DescribeConfigs shows it (KIP-525), -1s and no configs for an error."""
+        and every config as DescribeConfigs shows it (KIP-525), -1s and no configs for an error; the configs only
+        to a principal that may DESCRIBE_CONFIGS the topic (else topic_config_error_code says so, as Kafka)."""
         error, message = result
         store = self.partitions
         fields: dict[str, Any] = {"num_partitions": i32(-1), "replication_factor": i16(-1), "configs": ()}
-        if error == E.NONE and partitions is not None:
+        if (error == E.NONE and partitions is not None and self.authorizer.enabled
+                and not self.authorizer.allows(req, Operation.DESCRIBE_CONFIGS, ResourceType.TOPIC, name)):
+            fields = {"num_partitions": i32(partitions), "replication_factor": i16(1), "configs": (),
+                      "topic_config_error_code": E.TOPIC_AUTHORIZATION_FAILED}
+        elif error == E.NONE and partitions is not None:
             overrides = store.topic_configs(name)
             described = TC.describe_topic(store.log_config, store.catalog.broker_configs,
                                           requested if overrides is None else overrides)
@@ -204,6 +250,11 @@ class AdminHandlers:
         """By name (v0-5) or, from v6, by name or topic id (a deletion by id deletes that topic, not a newer one
         of the same name: the timer checks the id)."""
         asked = DeletionList.of(request, self.partitions)
+        if self.authorizer.enabled:
+            asked.refuse_unauthorized(lambda name: self.authorizer.allows(req, Operation.DESCRIBE, ResourceType.TOPIC,
+                                                                          name),
+                                      lambda name: self.authorizer.allows(req, Operation.DELETE, ResourceType.TOPIC,
+                                                                          name))
 
         def answer(outcome: dict | None) -> Outcome:
             if outcome is not None:
@@ -223,11 +274,14 @@ class AdminHandlers:
         results: Results = {}
         wanted: list[list[Any]] = []
         names = [topic.name for topic in request.topics]
+        may_alter = self._topic_access(req, Operation.ALTER, cluster_wide=False)
         for topic in request.topics:
             name = topic.name
             current = self.partitions.topic_partitions(name)
             if names.count(name) > 1:
                 results[name] = (E.INVALID_REQUEST, f"Duplicate topic {name} in the request.")
+            elif not may_alter(name):
+                results[name] = (E.TOPIC_AUTHORIZATION_FAILED, "The topic authorization is failed.")
             elif current is None:
                 results[name] = (E.UNKNOWN_TOPIC_OR_PARTITION, f"The topic {name} does not exist.")
             elif topic.assignments is not None and topic.count > current and len(topic.assignments) != topic.count - current:
@@ -261,7 +315,10 @@ class AdminHandlers:
     # -- DeleteRecords --------------------------------------------------------------------------
 
     def delete_records(self, req: Request, request: Any) -> Outcome:
-        wanted = [[t.name, int(p.partition_index), int(p.offset)] for t in request.topics for p in t.partitions]
+        may_delete = self._topic_access(req, Operation.DELETE, cluster_wide=False)
+        refused = {t.name for t in request.topics if not may_delete(t.name)}
+        wanted = [[t.name, int(p.partition_index), int(p.offset)] for t in request.topics for p in t.partitions
+                  if t.name not in refused]
 
         def answer(outcome: list | None) -> Outcome:
             results = iter(outcome if outcome is not None else [[int(TIMED_OUT[0]), -1]] * len(wanted))
@@ -269,7 +326,8 @@ class AdminHandlers:
             for topic in request.topics:
                 partitions = []
                 for p in topic.partitions:
-                    error, low_watermark = next(results)
+                    error, low_watermark = ((int(E.TOPIC_AUTHORIZATION_FAILED), -1) if topic.name in refused
+                                            else next(results))
                     partitions.append(entity(req, "DeleteRecordsPartitionResult", partition_index=p.partition_index,
                                              low_watermark=i64(low_watermark), error_code=code(error)))
                 topics.append(entity(req, "DeleteRecordsTopicResult", name=topic.name, partitions=tuple(partitions)))
@@ -289,7 +347,11 @@ class AdminHandlers:
         results = []
         for resource in request.resources:
             error, message, described = E.NONE, None, []
-            if resource.resource_type == TOPIC_RESOURCE:
+            refusal = self._config_refusal(req, resource.resource_type, resource.resource_name,
+                                           Operation.DESCRIBE_CONFIGS)
+            if refusal:
+                error, message = refusal, _REFUSAL_MESSAGES[refusal]
+            elif resource.resource_type == TOPIC_RESOURCE:
                 overrides = store.topic_configs(resource.resource_name)
                 if not valid_topic_name(resource.resource_name):
                     error, message = E.INVALID_TOPIC_EXCEPTION, f"Topic name {resource.resource_name!r} is illegal"
@@ -379,8 +441,11 @@ class AdminHandlers:
         seen = [(r.resource_type, r.resource_name) for r in request.resources]
         for resource in request.resources:
             kind, name = resource.resource_type, resource.resource_name
+            refusal = self._config_refusal(req, kind, name, Operation.ALTER_CONFIGS)
             if seen.count((kind, name)) > 1:
                 results.append((E.INVALID_REQUEST, f"Error due to duplicate resource {name!r} of type {kind}"))
+            elif refusal:
+                results.append((refusal, None))
             elif kind == TOPIC_RESOURCE and not valid_topic_name(name):
                 results.append((E.INVALID_TOPIC_EXCEPTION, f"Topic name {name!r} is illegal"))
             elif kind == BROKER_RESOURCE and self._broker_name_problem(name):
@@ -418,6 +483,7 @@ class DeletionList:
     def __init__(self) -> None:
         self.asked: list[tuple[str | None, Any, tuple[int, str | None] | None]] = []  # name, id, early answer
         self.document: list[Any] = []
+        self.by_id: set[int] = set()  # the indexes in `asked` of topics named by id
 
     @classmethod
     def of(cls, request: Any, store: PartitionStore) -> "DeletionList":
@@ -438,6 +504,7 @@ class DeletionList:
                     deletions.asked.append((None, topic.topic_id, (int(E.UNKNOWN_TOPIC_ID),
                                                                    "This server does not host this topic ID.")))
                 else:
+                    deletions.by_id.add(len(deletions.asked))
                     deletions.asked.append((name, topic.topic_id, None))
                     deletions.document.append([name, str(topic.topic_id)])
             elif topic.name is not None:
@@ -446,6 +513,24 @@ class DeletionList:
             else:
                 deletions.asked.append((None, None, (int(E.INVALID_REQUEST), "A topic needs a name or a topic id.")))
         return deletions
+
+    def refuse_unauthorized(self, may_describe: Callable[[str], bool], may_delete: Callable[[str], bool]) -> None:
+        """Refuse, and take out of the document, the topics the principal may not DELETE (TOPIC_AUTHORIZATION_FAILED,
+        before looking whether they exist); one named by id it may not even DESCRIBE is answered without its name."""
+        refused: set[str] = set()
+        for index, (name, topic_id, early) in enumerate(self.asked):
+            if early is not None or name is None:
+                continue
+            if index in self.by_id and not may_describe(name):
+                self.asked[index] = (None, topic_id, (int(E.TOPIC_AUTHORIZATION_FAILED), None))
+                refused.add(name)
+            elif not may_delete(name):  # its id (when named) kept back: it would tell the topic exists
+                self.asked[index] = (name, topic_id if index in self.by_id else None,
+                                     (int(E.TOPIC_AUTHORIZATION_FAILED), None))
+                refused.add(name)
+        if refused:
+            self.document = [entry for entry in self.document
+                             if (entry if isinstance(entry, str) else entry[0]) not in refused]
 
     def results(self, outcome: dict | None) -> list[tuple[str | None, Any, tuple[int, str | None]]]:
         """(name, id, (error code, message)) per topic asked for; outcome None: the timer did not answer."""

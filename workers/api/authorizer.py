@@ -21,16 +21,18 @@ import logging
 import time
 
 from node.config import AuthorizerConfig
-from node.storage.acls import OPERATIONS_OF, Authorization, Operation, ResourceType, acls_path, read_acls
+from node.storage.acls import CLUSTER_NAME, OPERATIONS_OF, Authorization, Operation, ResourceType, acls_path, read_acls
 from shm import generations
 from shm.generations import ChangeCounters
+from workers.api.responses import NOT_REQUESTED
 from workers.connection import Request
 
 log = logging.getLogger("shmbroker.authorizer")
 
 DENIAL_LOG_INTERVAL_S = 10.0  # at most one "denied" log line per principal this often
-# The operations KIP-430 reports per resource type (Kafka's AclEntry.supportedOperations: every one but ALL).
-SUPPORTED_OPERATIONS = {rtype: tuple(sorted(ops - {Operation.ALL})) for rtype, ops in OPERATIONS_OF.items()}
+# The operations KIP-430's authorized operations report per resource type (Kafka's supported operations: ALL aside).
+SUPPORTED_OPERATIONS = {rtype: tuple(sorted(op for op in ops if op != Operation.ALL))
+                        for rtype, ops in OPERATIONS_OF.items()}
 
 
 class RequestAuthorizer:
@@ -75,22 +77,37 @@ class RequestAuthorizer:
             self._epoch += 1
         return self._authorization
 
-    def allows(self, req: Request, operation: Operation, resource_type: ResourceType, name: str) -> bool:
+    def allows(self, req: Request, operation: Operation, resource_type: ResourceType, name: str,
+               count_denial: bool = True) -> bool:
+        """count_denial False: a refusal the API expects and answers otherwise (Kafka's logIfDenied = false, e.g.
+        CREATE on the cluster before CREATE on the topic, or a listing's filter) is neither counted nor logged."""
         if not self.enabled:
             return True
         allowed = self._decide(req, operation, resource_type, name)
-        if not allowed:
+        if not allowed and count_denial:
             self._denied(req, req.conn.principal or "", operation, resource_type, name)
         return allowed
 
     def permits(self, req: Request, operation: Operation, resource_type: ResourceType, name: str) -> bool:
         """`allows` without counting or logging a refusal."""
-        return not self.enabled or self._decide(req, operation, resource_type, name)
+        return self.allows(req, operation, resource_type, name, count_denial=False)
 
     def operations(self, req: Request, resource_type: ResourceType, name: str) -> int:
-        """The bitfield (1 << AclOperation code) of the type's operations the principal may do on the resource."""
-        return sum(1 << operation for operation in SUPPORTED_OPERATIONS[resource_type]
-                   if self.permits(req, operation, resource_type, name))
+        """KIP-430's authorized operations of a resource: the bitfield (1 << AclOperation code) of the operations
+        its type has that the principal may do on it; with the authorizer off, all of them (Kafka without one)."""
+        supported = SUPPORTED_OPERATIONS[resource_type]
+        if not self.enabled:
+            return sum(1 << op for op in supported)
+        return sum(1 << op for op in supported if self._decide(req, op, resource_type, name))
+
+    def cluster_operations(self, req: Request, requested: bool) -> int:
+        """The cluster_authorized_operations of Metadata v8-10 and DescribeCluster: NOT_REQUESTED unless asked;
+        as Kafka, 0 for a principal that may not DESCRIBE the cluster."""
+        if not requested:
+            return NOT_REQUESTED
+        if not self.permits(req, Operation.DESCRIBE, ResourceType.CLUSTER, CLUSTER_NAME):
+            return 0
+        return self.operations(req, ResourceType.CLUSTER, CLUSTER_NAME)
 
     def _decide(self, req: Request, operation: Operation, resource_type: ResourceType, name: str) -> bool:
         authorization = self.authorization()

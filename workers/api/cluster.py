@@ -3,6 +3,8 @@ the worker from what it holds (the node's own address and id; each partition's p
 log under the partition's lock).
 
 Invariants:
+- DescribeCluster needs no permission; its cluster_authorized_operations are the principal's (0 without DESCRIBE
+  on the cluster). DescribeProducers needs READ on each topic (TOPIC_AUTHORIZATION_FAILED on its partitions).
 - The node is the cluster's one broker and its controller; DescribeCluster v1 for controllers (endpoint type 2)
   is UNSUPPORTED_ENDPOINT_TYPE, as a Kafka broker answers it.
 - DescribeProducers lists every producer a partition's state keeps (the newest batches of each, within
@@ -20,7 +22,8 @@ from node.config import NodeConfig
 from node.storage.faults import storage_faults
 from node.storage.records import StorageError
 from node.storage.store import PartitionStore
-from workers.api.responses import CLUSTER_OPERATIONS, ZERO_THROTTLE, authorized, code, entity, reply
+from node.storage.acls import Operation, ResourceType
+from workers.api.responses import NOT_REQUESTED, ZERO_THROTTLE, code, entity, reply
 from workers.codecs import errors as E
 from workers.codecs import protocol as P
 from workers.connection import Request
@@ -52,24 +55,31 @@ class ClusterHandlers:
                                      error_message=f"The node has no endpoints of type {endpoint_type}; "
                                                    "it is a broker, ask for brokers (1).",
                                      endpoint_type=i8(endpoint_type), cluster_id=self.cluster_id,
-                                     controller_id=i32(-1), brokers=(), cluster_authorized_operations=i32(
-                                         authorized(False, CLUSTER_OPERATIONS))))
+                                     controller_id=i32(-1), brokers=(),
+                                     cluster_authorized_operations=i32(NOT_REQUESTED)))
         broker = entity(req, "DescribeClusterBroker", broker_id=i32(node_id),
                         host=server.advertised_host or server.host, port=i32(server.advertised_port or server.port),
                         rack=None)
         return reply(req, entity(req, "DescribeClusterResponse", throttle_time=ZERO_THROTTLE, error_code=E.NONE,
                                  error_message=None, endpoint_type=i8(endpoint_type), cluster_id=self.cluster_id,
                                  controller_id=i32(node_id), brokers=(broker,),
-                                 cluster_authorized_operations=i32(authorized(
-                                     request.include_cluster_authorized_operations, CLUSTER_OPERATIONS))))
+                                 cluster_authorized_operations=i32(self.authorizer.cluster_operations(
+                                     req, request.include_cluster_authorized_operations))))
 
     def describe_producers(self, req: Request, request: Any) -> Outcome:
-        return reply(req, entity(req, "DescribeProducersResponse", throttle_time=ZERO_THROTTLE, topics=tuple(
-            entity(req, "TopicResponse", name=topic.name, partitions=tuple(
-                self._partition_producers(req, topic.name, int(partition)) for partition in topic.partition_indexes))
-            for topic in request.topics)))
+        checking = self.authorizer.enabled
+        topics = []
+        for topic in request.topics:
+            refused = checking and not self.authorizer.allows(req, Operation.READ, ResourceType.TOPIC, topic.name)
+            topics.append(entity(req, "TopicResponse", name=topic.name, partitions=tuple(
+                self._partition_producers(req, topic.name, int(partition), refused)
+                for partition in topic.partition_indexes)))
+        return reply(req, entity(req, "DescribeProducersResponse", throttle_time=ZERO_THROTTLE, topics=tuple(topics)))
 
-    def _partition_producers(self, req: Request, topic: str, partition: int) -> Any:
+    def _partition_producers(self, req: Request, topic: str, partition: int, refused: bool) -> Any:
+        if refused:
+            return entity(req, "PartitionResponse", partition_index=i32(partition),
+                          error_code=E.TOPIC_AUTHORIZATION_FAILED, error_message=None, active_producers=())
         row = self.partitions.row(topic, partition)
         if row is None:
             return entity(req, "PartitionResponse", partition_index=i32(partition),

@@ -11,6 +11,14 @@ Invariants:
   ProtocolError never escape to the event loop from bad input (StorageError becomes its code).
 - One handler serves every supported version of its API: it builds the newest field set and
   `build_entity` keeps what the requested version has.
+- With the authorizer on, each request is checked as Kafka's KafkaApis checks it, once per topic (the
+  connection's cache answers repeats); off, the check is one attribute test per request. Produce: WRITE on the
+  transactional id first (TRANSACTIONAL_ID_AUTHORIZATION_FAILED for all), then WRITE per topic; Fetch: READ per
+  topic (a follower's: CLUSTER_ACTION on the cluster); ListOffsets: DESCRIBE; Metadata: DESCRIBE (a listing
+  leaves the others out, a named topic is refused before its existence is looked at), auto-creation CREATE on
+  the cluster or the topic; InitProducerId without a transactional id: IDEMPOTENT_WRITE on the cluster or WRITE
+  on some topic (CLUSTER_AUTHORIZATION_FAILED). A refused topic is TOPIC_AUTHORIZATION_FAILED and is not
+  created, read or written; KIP-430's authorized operations are the principal's.
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ from kio.static.primitive import i16, i32
 
 from node.config import NodeConfig
 from node.storage import producer_ids
+from node.storage.acls import CLUSTER_NAME, Operation, ResourceType
 from node.storage.catalog import valid_topic_name
 from node.storage.faults import storage_faults
 from node.storage.store import PartitionStore
@@ -47,7 +56,7 @@ from workers.api import priority
 from workers.timer_client.outcome import Outcome
 from workers.codecs.produce import ProducePartitionResult, ProduceTopicResult, encode_produce_response
 from workers.api.quotas import FETCH, PRODUCE, Throttler
-from workers.api.responses import CLUSTER_OPERATIONS, TOPIC_OPERATIONS, ZERO_THROTTLE, authorized, code, entity, reply
+from workers.api.responses import NOT_REQUESTED, ZERO_THROTTLE, code, entity, reply
 
 log = logging.getLogger("shmbroker.handlers")
 
@@ -64,6 +73,8 @@ _ZSTD = 4
 _ZSTD_MIN_PRODUCE_VERSION = 7
 _ATTRIBUTES_LOW_BYTE = 22  # offset of the low byte of a v2 batch's attributes
 _COMPRESSION_MASK = 0x07
+_NOTHING_DENIED: frozenset[str] = frozenset()
+_CLUSTER_OPERATIONS_IN_METADATA = (8, 10)  # the versions of Metadata with cluster_authorized_operations
 
 
 
@@ -133,6 +144,10 @@ class Handlers:
     def init_producer_id(self, req: Request, request: Any) -> Outcome:
         if request.transactional_id is not None:  # the transaction coordinator's (in the timer process)
             return self.transactions.init_producer_id(req, request)
+        if self.authorizer.enabled and not self._may_be_idempotent(req):
+            return reply(req, entity(req, "InitProducerIdResponse", throttle_time=ZERO_THROTTLE,
+                                     error_code=E.CLUSTER_AUTHORIZATION_FAILED, producer_id=-1,
+                                     producer_epoch=i16(-1)))
         try:
             with storage_faults("producer id allocation"):
                 error_code, producer_id = E.NONE, producer_ids.allocate(self.partitions.data_dir)
@@ -142,12 +157,21 @@ class Handlers:
         return reply(req, entity(req, "InitProducerIdResponse", throttle_time=ZERO_THROTTLE,
                                  error_code=error_code, producer_id=producer_id, producer_epoch=i16(0)))
 
+    def _may_be_idempotent(self, req: Request) -> bool:
+        """IDEMPOTENT_WRITE on the cluster (asked quietly, as Kafka), or WRITE on some topic (KIP-679)."""
+        authorizer = self.authorizer
+        return (authorizer.allows(req, Operation.IDEMPOTENT_WRITE, ResourceType.CLUSTER, CLUSTER_NAME,
+                                  count_denial=False)
+                or authorizer.allows_any(req, Operation.WRITE, ResourceType.TOPIC))
+
     # -- Metadata ----------------------------------------------------------------------------
 
     def metadata(self, req: Request, request: Any, auto_create: bool = True) -> Outcome:
         version = req.header.api_version
         unknown_ids: list[Any] = []  # v10+: topics asked for by an id no live topic has
-        if request.topics is None or (version == 0 and not request.topics):
+        asked_by_id: dict[str, Any] = {}  # names of the topics asked for by id, to their ids
+        listing = request.topics is None or (version == 0 and not request.topics)
+        if listing:
             names = sorted(self.partitions.catalog.topics)
         else:
             names = []
@@ -161,16 +185,24 @@ class Handlers:
                     unknown_ids.append(topic_id)
                 else:
                     names.append(name)
-        allow_create = (auto_create and self.config.topics.auto_create_topics
-                        and getattr(request, "allow_auto_topic_creation", True))
+                    asked_by_id[name] = topic_id
+        may_create = self.config.topics.auto_create_topics and getattr(request, "allow_auto_topic_creation", True)
+        refused: dict[str, Any] = {}  # name -> the TOPIC_AUTHORIZATION_FAILED entry answered for it
+        if self.authorizer.enabled:
+            names = self._describable_topics(req, names, listing, asked_by_id, refused)
+            if may_create:
+                self._refuse_creations(req, names, refused)
+                names = [n for n in names if n not in refused]
         missing = [n for n in names if self.partitions.topic_partitions(n) is None and valid_topic_name(n)]
-        if missing and allow_create:
+        if missing and may_create and auto_create:
             return self._create_then(req, [(n, self.config.topics.num_partitions) for n in missing],
                                      lambda: self.metadata(req, request, auto_create=False))
         server = self.config.server
         node_id = server.node_id
+        include_operations = getattr(request, "include_topic_authorized_operations", False)
         topics = [entity(req, "MetadataResponseTopic", error_code=E.UNKNOWN_TOPIC_ID, name=None, topic_id=topic_id,
                          partitions=()) for topic_id in unknown_ids]
+        topics.extend(refused.values())
         for name in names:
             count = self.partitions.topic_partitions(name)
             if count is None:
@@ -182,33 +214,73 @@ class Handlers:
                                             leader_id=i32(node_id), leader_epoch=i32(0), replica_nodes=(i32(node_id),),
                                             isr_nodes=(i32(node_id),), offline_replicas=())
                                for p in range(count))
+            operations = (self.authorizer.operations(req, ResourceType.TOPIC, name) if include_operations
+                          else NOT_REQUESTED)
             topics.append(entity(req, "MetadataResponseTopic", error_code=E.NONE, name=name,
                                  topic_id=self.partitions.topic_id(name),
                                  is_internal=self.partitions.is_internal(name), partitions=partitions,
-                                 topic_authorized_operations=i32(authorized(
-                                     getattr(request, "include_topic_authorized_operations", False),
-                                     TOPIC_OPERATIONS))))
+                                 topic_authorized_operations=i32(operations)))
         host, port = req.conn.advertised or (server.advertised_host or server.host,
                                              server.advertised_port or server.port)
         broker = entity(req, "MetadataResponseBroker", node_id=i32(node_id), host=host, port=i32(port), rack=None)
+        cluster_operations = self.authorizer.cluster_operations(
+            req, _CLUSTER_OPERATIONS_IN_METADATA[0] <= version <= _CLUSTER_OPERATIONS_IN_METADATA[1]
+            and getattr(request, "include_cluster_authorized_operations", False))
         return reply(req, entity(req, "MetadataResponse", throttle_time=ZERO_THROTTLE, brokers=(broker,),
                                              cluster_id=self.cluster_id,
                                              controller_id=i32(node_id), topics=tuple(topics),
-                                             cluster_authorized_operations=i32(authorized(
-                                                 getattr(request, "include_cluster_authorized_operations", False),
-                                                 CLUSTER_OPERATIONS))))
+                                             cluster_authorized_operations=i32(cluster_operations)))
+
+    def _describable_topics(self, req: Request, names: list[str], listing: bool, asked_by_id: dict[str, Any],
+                            refused: dict[str, Any]) -> list[str]:
+        """The topics of a Metadata the principal may DESCRIBE. A listing leaves the others out unsaid; a topic
+        asked for by name is refused without saying whether it exists, one asked for by id with its id only
+        (ids are not secret, names are)."""
+        allows = self.authorizer.allows
+        if listing:
+            return [n for n in names if allows(req, Operation.DESCRIBE, ResourceType.TOPIC, n, count_denial=False)]
+        described = []
+        for name in names:
+            if allows(req, Operation.DESCRIBE, ResourceType.TOPIC, name):
+                described.append(name)
+            elif name in asked_by_id:
+                refused[name] = entity(req, "MetadataResponseTopic", error_code=E.TOPIC_AUTHORIZATION_FAILED,
+                                       name=None, topic_id=asked_by_id[name], partitions=())
+            else:
+                refused[name] = entity(req, "MetadataResponseTopic", error_code=E.TOPIC_AUTHORIZATION_FAILED,
+                                       name=name, topic_id=None, partitions=())
+        return described
+
+    def _refuse_creations(self, req: Request, names: list[str], refused: dict[str, Any]) -> None:
+        """Auto-creation needs CREATE on the cluster or on the topic: the missing topics the principal may not
+        create are refused (TOPIC_AUTHORIZATION_FAILED), as Kafka answers them."""
+        missing = [n for n in names if self.partitions.topic_partitions(n) is None and valid_topic_name(n)]
+        if not missing or self._may_create_topics(req):
+            return
+        for name in missing:
+            if not self.authorizer.allows(req, Operation.CREATE, ResourceType.TOPIC, name):
+                refused[name] = entity(req, "MetadataResponseTopic", error_code=E.TOPIC_AUTHORIZATION_FAILED,
+                                       name=name, topic_id=None, partitions=())
+
+    def _may_create_topics(self, req: Request) -> bool:
+        """CREATE on the cluster: any topic (Kafka asks it quietly, then CREATE on each topic)."""
+        return self.authorizer.allows(req, Operation.CREATE, ResourceType.CLUSTER, CLUSTER_NAME, count_denial=False)
 
     # -- ListOffsets -------------------------------------------------------------------------
 
     def list_offsets(self, req: Request, request: Any) -> Outcome:
         committed = getattr(request, "isolation_level", 0) == _READ_COMMITTED  # latest: the LSO (v2+)
         topics = []
+        checking = self.authorizer.enabled
         for topic in request.topics:
             results = []
+            refused = checking and not self.authorizer.allows(req, Operation.DESCRIBE, ResourceType.TOPIC, topic.name)
             for part in topic.partitions:
                 values = {"partition_index": part.partition_index, "error_code": E.NONE, "timestamp": -1, "offset": -1}
-                row = self.partitions.row(topic.name, part.partition_index)
-                if row is None:
+                row = None if refused else self.partitions.row(topic.name, part.partition_index)
+                if refused:
+                    values["error_code"] = E.TOPIC_AUTHORIZATION_FAILED
+                elif row is None:
                     values["error_code"] = E.UNKNOWN_TOPIC_OR_PARTITION
                 else:
                     try:
@@ -233,9 +305,14 @@ class Handlers:
 
     def produce(self, req: Request, request: P.ProduceRequestView, auto_create: bool = True) -> Outcome:
         acks = request.acks
-        if auto_create and self.config.topics.auto_create_topics:
+        refusal, denied = (self._produce_refusals(req, request) if self.authorizer.enabled
+                           else (E.NONE, _NOTHING_DENIED))
+        if auto_create and self.config.topics.auto_create_topics and not refusal:
             missing = sorted({t.name for t in request.topics
-                              if self.partitions.topic_partitions(t.name) is None and valid_topic_name(t.name)})
+                              if self.partitions.topic_partitions(t.name) is None and valid_topic_name(t.name)
+                              and t.name not in denied})
+            if missing and self.authorizer.enabled and not self._may_create_topics(req):
+                missing = [n for n in missing if self.authorizer.allows(req, Operation.CREATE, ResourceType.TOPIC, n)]
             if missing:
                 return self._create_then(req, [(n, self.config.topics.num_partitions) for n in missing],
                                          lambda: self.produce(req, request, auto_create=False))
@@ -246,6 +323,7 @@ class Handlers:
         partitions = appended_partitions = 0  # equal: no partition answers an error (yet: see answer)
         for topic in request.topics:
             results = []
+            refused = refusal or (E.TOPIC_AUTHORIZATION_FAILED if topic.name in denied else E.NONE)
             for part in topic.partitions:
                 if part.records is not None:
                     record_bytes += len(part.records)
@@ -253,6 +331,9 @@ class Handlers:
                 results.append(result)
                 if acks not in (0, 1, _ACKS_ALL):
                     result.error_code = E.INVALID_REQUIRED_ACKS
+                    continue
+                if refused:
+                    result.error_code = refused
                     continue
                 row = self.partitions.row(topic.name, part.index)
                 if row is None:
@@ -315,6 +396,16 @@ class Handlers:
             self.throttler.apply(req, Outcome.NO_RESPONSE, client, PRODUCE, throttle_ms, True)
         return self.delayed.delay_produce(req, waits, request.timeout_ms, answer)
 
+    def _produce_refusals(self, req: Request, request: P.ProduceRequestView) -> tuple[E.ErrorCode, frozenset[str]]:
+        """(the error of every partition, or NONE; the topics the principal may not WRITE). A transactional
+        producer needs WRITE on its transactional id first (TRANSACTIONAL_ID_AUTHORIZATION_FAILED for all)."""
+        allows = self.authorizer.allows
+        if request.transactional_id is not None and not allows(req, Operation.WRITE, ResourceType.TRANSACTIONAL_ID,
+                                                               request.transactional_id):
+            return E.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, _NOTHING_DENIED
+        denied = [t.name for t in request.topics if not allows(req, Operation.WRITE, ResourceType.TOPIC, t.name)]
+        return E.NONE, frozenset(denied) if denied else _NOTHING_DENIED
+
     def _all_flushed(self, waits: list[tuple[int, int]]) -> bool:
         table = self.partitions.table
         return all(table.read(row).flushed_offset >= required for row, required in waits)
@@ -343,20 +434,21 @@ class Handlers:
         throttle_ms = self.quotas.throttle_ms(client, FETCH)
         if throttle_ms:  # over its quota: no records (and no charge), the client waits out the throttle
             mutes = req.header.api_version >= _SELF_THROTTLING_FETCH_VERSION
-            held = [] if context.incremental else self._empty_fetch(request)
+            held = [] if context.incremental else self._empty_fetch(req, request)
             return self.throttler.apply(req, self._fetch_response(req, context, held, throttle_ms), client,
                                         FETCH, throttle_ms, mutes)
-        topics, total, has_error, watch = self._read_fetch(request, context.topics())
+        topics, read = self._read_fetch(req, request, context.topics())
         max_wait_ms = _millis(request.max_wait)
-        if total >= request.min_bytes or max_wait_ms <= 0 or has_error or not watch:
-            return self._charged_fetch_response(req, context, topics, has_error)
-        return self.delayed.delay_fetch(req, watch, request.min_bytes, max_wait_ms,
+        # As Kafka, a partition refused its READ does not answer a long poll at once: the others may wait.
+        if read.total >= request.min_bytes or max_wait_ms <= 0 or read.has_error or not read.watch:
+            return self._charged_fetch_response(req, context, topics, read.has_error or read.refused)
+        return self.delayed.delay_fetch(req, read.watch, request.min_bytes, max_wait_ms,
                                         lambda status: self._fetch_again(req, context))
 
     def _fetch_again(self, req: Request, context: FetchContext) -> Outcome:
         """A delayed fetch's answer: its partitions read again, now."""
-        topics, _total, has_error, _watch = self._read_fetch(context.request, context.topics())
-        return self._charged_fetch_response(req, context, topics, has_error)
+        topics, read = self._read_fetch(req, context.request, context.topics())
+        return self._charged_fetch_response(req, context, topics, read.has_error or read.refused)
 
     def _charged_fetch_response(self, req: Request, context: FetchContext, topics: list[FetchTopicResult],
                                 has_error: bool) -> Outcome:
@@ -375,12 +467,17 @@ class Handlers:
                                       + tuple(p.error_code for t in topics for p in t.partitions if p.error_code))
                              if has_error or context.error_code else None)
 
-    def _empty_fetch(self, request: Any) -> list[FetchTopicResult]:
+    def _empty_fetch(self, req: Request, request: Any) -> list[FetchTopicResult]:
         """The answer of a throttled fetch: every partition, no records."""
         topics = []
-        for topic in self._fetch_topics(request):
+        asked = self._fetch_topics(request)
+        refused = self._fetch_refusals(req, request, asked) if self.authorizer.enabled else _NOTHING_REFUSED
+        for index, topic in enumerate(asked):
             results = []
             for part in topic.partitions:
+                if index in refused:
+                    results.append(FetchPartitionResult(part.partition, error_code=E.TOPIC_AUTHORIZATION_FAILED))
+                    continue
                 row = self.partitions.row(topic.topic, part.partition)
                 if row is None:
                     results.append(FetchPartitionResult(part.partition, error_code=_unknown(topic.topic)))
@@ -410,21 +507,29 @@ class Handlers:
                                _ZERO_ID if topic.topic_id is None else topic.topic_id.bytes, topic.partitions)
                 for topic in forgotten]
 
-    def _read_fetch(self, request: Any, topics: list[Any]
-                    ) -> tuple[list[FetchTopicResult], int, bool, list[tuple[int, int, int]]]:
+    def _read_fetch(self, req: Request, request: Any, topics: list[Any]) -> tuple[list[FetchTopicResult], "_FetchRead"]:
         """Read every partition of `topics` (the request's own as _fetch_topics names them, or its fetch
-        session's) under the request's limits: (results, total bytes, any error, the items to watch
-        (shm.fetch_condition)).
+        session's) under the request's limits: (results, the reads: total bytes, errors, refusals, the items to
+        watch (shm.fetch_condition)). A topic the principal may not READ answers TOPIC_AUTHORIZATION_FAILED and
+        is not read (checked on every read, so a session's partitions follow ACL changes).
 
         The levels of a priority topic share the budget as workers.api.priority says, when the node splits it."""
         read = _FetchRead(request.max_bytes if request.max_bytes > 0 else self.config.server.request_max_bytes,
                           request.isolation_level == _READ_COMMITTED)
+        refused = self._fetch_refusals(req, request, topics) if self.authorizer.enabled else _NOTHING_REFUSED
         families = self.level_names.families(topics) if self.config.priority.fetch_split else None
         in_family = {index: family for family, indices in (families or {}).items() for index in indices}
+        if refused:
+            read.refused = True
+            families = {family: [i for i in indices if i not in refused] for family, indices in families.items()} \
+                if families else families
         results: list[list[FetchPartitionResult] | None] = [None] * len(topics)
         for index, topic in enumerate(topics):
             family = in_family.get(index)
-            if family is None:
+            if index in refused:
+                results[index] = [FetchPartitionResult(part.partition, error_code=E.TOPIC_AUTHORIZATION_FAILED)
+                                  for part in topic.partitions]
+            elif family is None:
                 results[index] = [self._read_partition(read, topic.topic, part) for part in topic.partitions]
             elif results[index] is None:  # the family's first topic: all its levels now
                 self._read_family(read, topics, families[family], results)
@@ -432,8 +537,19 @@ class Handlers:
             answered = [FetchTopicResult(topic.topic, parts, topic.id_bytes) for topic, parts in zip(topics, results)]
         else:
             answered = [FetchTopicResult(topic.topic, parts) for topic, parts in zip(topics, results)]
-        return (answered, read.total,
-                read.has_error, read.watch)
+        return answered, read
+
+    def _fetch_refusals(self, req: Request, request: Any, topics: list[Any]) -> frozenset[int]:
+        """The indexes in `topics` the principal may not fetch: a consumer needs READ on each topic; a
+        follower (replica id >= 0) CLUSTER_ACTION on the cluster, which covers them all."""
+        allows = self.authorizer.allows
+        if _replica_id(request) >= 0:
+            if allows(req, Operation.CLUSTER_ACTION, ResourceType.CLUSTER, CLUSTER_NAME):
+                return _NOTHING_REFUSED
+            return frozenset(range(len(topics)))
+        # A topic id no live topic has (topic None) answers UNKNOWN_TOPIC_ID, unchecked.
+        return frozenset(index for index, topic in enumerate(topics) if topic.topic is not None
+                         and not allows(req, Operation.READ, ResourceType.TOPIC, topic.topic))
 
     def _read_partition(self, read: "_FetchRead", topic: str, part: Any) -> FetchPartitionResult:
         result, row, piece = self._read_piece(topic, part, read.limit(part), (read.total == 0), read.committed)
@@ -489,6 +605,13 @@ class Handlers:
 
 
 _FETCH_BY_TOPIC_ID = 13  # Fetch v13+ names topics by topic id (KIP-516)
+_NOTHING_REFUSED: frozenset[int] = frozenset()
+
+
+def _replica_id(request: Any) -> int:
+    """The fetching replica's id (-1: a consumer): a field up to Fetch v14, in replica_state from v15."""
+    state = getattr(request, "replica_state", None)
+    return int(state.replica_id) if state is not None else int(getattr(request, "replica_id", -1))
 _ZERO_ID = bytes(16)
 
 
@@ -511,13 +634,14 @@ def _unknown(topic: str | None) -> E.ErrorCode:
 class _FetchRead:
     """A Fetch's reads so far: the budget left, the bytes taken, errors, and what a delayed fetch watches."""
 
-    __slots__ = ("remaining", "total", "has_error", "watch", "committed")
+    __slots__ = ("remaining", "total", "has_error", "refused", "watch", "committed")
 
     def __init__(self, budget: int, committed: bool = False) -> None:
         self.committed = committed  # read_committed: below the LSO
         self.remaining = budget
         self.total = 0
         self.has_error = False
+        self.refused = False  # a topic answered TOPIC_AUTHORIZATION_FAILED
         self.watch: list[tuple[int, int, int]] = []  # shm.fetch_condition's items
 
     def limit(self, part: Any) -> int:
