@@ -301,7 +301,10 @@ def test_literal_and_prefixed_acls_grant_each_api_its_operation(secured):
                   topic_acl("alice.", alice, AclOperation.CREATE, pattern=ResourcePatternType.PREFIXED),
                   topic_acl("alice.t", alice, AclOperation.ALTER),
                   topic_acl("alice.t", alice, AclOperation.ALTER_CONFIGS),
-                  topic_acl("alice.gone", alice, AclOperation.DELETE))
+                  topic_acl("alice.gone", alice, AclOperation.DELETE),
+                  # the consumer below looks its group's coordinator up (FindCoordinator: DESCRIBE on the group)
+                  AclBinding(ResourceType.GROUP, "unused", ResourcePatternType.LITERAL, alice, "*", AclOperation.READ,
+                             AclPermissionType.ALLOW))
     # confluent-kafka, idempotent: InitProducerId on WRITE to some topic (KIP-679), auto-creation on CREATE.
     assert secured.produce("alice", "alice.t", 20, **{"enable.idempotence": True}) == [None] * 20
     consumer = Consumer(secured.client("alice", **{"group.id": "unused", "enable.auto.commit": False}))

@@ -24,21 +24,8 @@ from workers.timer_client.outcome import Outcome
 
 ZERO_THROTTLE = i32Timedelta.parse(datetime.timedelta(0))
 
-# Authorized operations (KIP-430) as Kafka answers them with no authorizer configured, which is this node:
-# every operation the resource type supports, as a bitfield of AclOperation codes; NOT_REQUESTED when the
-# request did not ask for them.
+# KIP-430's authorized operations when the request did not ask for them (workers.api.authorizer computes them).
 NOT_REQUESTED = -(2**31)
-_READ, _WRITE, _CREATE, _DELETE, _ALTER, _DESCRIBE, _CLUSTER_ACTION, _DESCRIBE_CONFIGS, _ALTER_CONFIGS, \
-    _IDEMPOTENT_WRITE = range(3, 13)
-TOPIC_OPERATIONS = sum(1 << op for op in (_READ, _WRITE, _CREATE, _DELETE, _ALTER, _DESCRIBE, _DESCRIBE_CONFIGS,
-                                          _ALTER_CONFIGS))
-CLUSTER_OPERATIONS = sum(1 << op for op in (_CREATE, _ALTER, _DESCRIBE, _CLUSTER_ACTION, _DESCRIBE_CONFIGS,
-                                            _ALTER_CONFIGS, _IDEMPOTENT_WRITE))
-GROUP_OPERATIONS = sum(1 << op for op in (_READ, _DESCRIBE, _DELETE))
-
-
-def authorized(requested: bool, operations: int) -> int:
-    return operations if requested else NOT_REQUESTED
 
 
 def code(value: int) -> E.ErrorCode:
