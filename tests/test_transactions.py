@@ -176,6 +176,48 @@ def test_send_offsets_to_transaction_commits_the_offsets_with_the_output(node_fa
     assert consume_all(node.bootstrap, "output", "read_committed") == [b"out-%d" % i for i in range(20)]
 
 
+def test_offsets_of_a_consumer_no_longer_in_its_group_are_refused(node_factory):
+    """KIP-447 (TxnOffsetCommit v3): the offsets a transaction commits name the consumer's member and generation, and
+    the group coordinator refuses them once that member has left the group (a zombie transformer), so its input
+    offsets cannot overwrite those of the member that took its partitions over; a live member's are taken."""
+    node = node_factory(workers=2, config=CONFIG)
+    create(node.bootstrap, "kip447-in")
+    create(node.bootstrap, "kip447-out")
+    settings = {"bootstrap.servers": node.bootstrap, "group.id": "kip447", "enable.auto.commit": False,
+                "auto.offset.reset": "earliest", "session.timeout.ms": 6000}
+    first = Consumer(settings)
+    first.subscribe(["kip447-in"])
+    deadline = time.monotonic() + TIMEOUT_S
+    while not first.assignment() and time.monotonic() < deadline:
+        first.poll(0.2)
+    assert first.assignment()
+    live = first.consumer_group_metadata()
+    producer = transactional(node.bootstrap, "kip447-transformer")
+    producer.begin_transaction()
+    producer.produce("kip447-out", value=b"by the live member")
+    producer.send_offsets_to_transaction([TopicPartition("kip447-in", 0, 5)], live, TIMEOUT_S)
+    producer.commit_transaction(TIMEOUT_S)
+    first.close()  # leaves the group: `live` is a zombie's metadata from here on
+    second = Consumer(settings)
+    try:
+        second.subscribe(["kip447-in"])
+        deadline = time.monotonic() + TIMEOUT_S
+        while not second.assignment() and time.monotonic() < deadline:
+            second.poll(0.2)
+        assert second.assignment()
+        assert second.committed([TopicPartition("kip447-in", 0)], TIMEOUT_S)[0].offset == 5
+        producer.begin_transaction()
+        producer.produce("kip447-out", value=b"by the zombie")
+        with pytest.raises(KafkaException) as refused:
+            producer.send_offsets_to_transaction([TopicPartition("kip447-in", 0, 9)], live, TIMEOUT_S)
+        assert refused.value.args[0].name() in ("UNKNOWN_MEMBER_ID", "ILLEGAL_GENERATION"), refused.value
+        producer.abort_transaction(TIMEOUT_S)
+        assert second.committed([TopicPartition("kip447-in", 0)], TIMEOUT_S)[0].offset == 5
+    finally:
+        second.close()
+    assert consume_all(node.bootstrap, "kip447-out", "read_committed") == [b"by the live member"]
+
+
 PRODUCE_AND_HANG = """
 import sys, time
 from confluent_kafka import Producer
