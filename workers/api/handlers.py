@@ -74,6 +74,8 @@ _ZSTD_MIN_PRODUCE_VERSION = 7
 _ATTRIBUTES_LOW_BYTE = 22  # offset of the low byte of a v2 batch's attributes
 _COMPRESSION_MASK = 0x07
 _NOTHING_DENIED: frozenset[str] = frozenset()
+# The per-topic checks of Produce and Fetch name these; module names, as an Enum member's lookup costs 50 ns.
+_WRITE, _READ, _TOPIC = Operation.WRITE, Operation.READ, ResourceType.TOPIC
 _CLUSTER_OPERATIONS_IN_METADATA = (8, 10)  # the versions of Metadata with cluster_authorized_operations
 
 
@@ -405,7 +407,7 @@ class Handlers:
             return E.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, _NOTHING_DENIED
         denied = _NOTHING_DENIED
         for topic in request.topics:  # one cached decision per topic; nothing built when all are allowed
-            if not allows(req, Operation.WRITE, ResourceType.TOPIC, topic.name):
+            if not allows(req, _WRITE, _TOPIC, topic.name):
                 denied = denied | {topic.name}
         return E.NONE, denied
 
@@ -552,7 +554,7 @@ class Handlers:
             return frozenset(range(len(topics)))
         # A topic id no live topic has (topic None) answers UNKNOWN_TOPIC_ID, unchecked.
         return frozenset(index for index, topic in enumerate(topics) if topic.topic is not None
-                         and not allows(req, Operation.READ, ResourceType.TOPIC, topic.topic))
+                         and not allows(req, _READ, _TOPIC, topic.topic))
 
     def _read_partition(self, read: "_FetchRead", topic: str, part: Any) -> FetchPartitionResult:
         result, row, piece = self._read_piece(topic, part, read.limit(part), (read.total == 0), read.committed)
