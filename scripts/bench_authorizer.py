@@ -65,6 +65,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--connections", type=int, default=4)
     parser.add_argument("--inflight", type=int, default=8)
     parser.add_argument("--other-acls", type=int, default=1000, help="ACLs of other principals on the node")
+    parser.add_argument("--control", action="store_true",
+                        help="the authorizer off on both nodes (an A/A run: the bench's own bias between its nodes)")
     parser.add_argument("--json", action="store_true", help="one JSON document on stdout")
     args = parser.parse_args(argv)
     if args.runs < 1 or args.seconds <= 0 or args.other_acls < 0:
@@ -74,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         work = Path(work_dir)
         nodes = {}
         try:
-            for mode, enabled in (("authorizer_on", "true"), ("authorizer_off", "false")):
+            for mode, enabled in (("authorizer_on", "false" if args.control else "true"), ("authorizer_off", "false")):
                 data_dir = work / mode / "data"
                 (work / mode).mkdir()
                 AclStore(str(data_dir)).create(acls(args.other_acls))
@@ -94,6 +96,7 @@ def main(argv: list[str] | None = None) -> int:
             for node in nodes.values():
                 node.stop()
     report = {"script": SCRIPT, "workers": args.workers, "seconds": args.seconds, "other_acls": args.other_acls,
+              "control": args.control,
               "metrics": {metric: rounds.compare(metric, 2) for metric in METRICS}}
     if args.json:
         print(json.dumps(report))

@@ -78,6 +78,10 @@ NODE_SETTINGS = (
     ("group.initial.rebalance.delay.ms", "groups", "initial_rebalance_delay_ms", "INT"),
     ("group.min.session.timeout.ms", "groups", "min_session_timeout_ms", "INT"),
     ("group.max.session.timeout.ms", "groups", "max_session_timeout_ms", "INT"),
+    ("connections.max.reauth.ms", "sasl", "connections_max_reauth_ms", "LONG"),
+    ("sasl.server.max.receive.size", "sasl", "server_max_receive_size", "INT"),
+    ("transaction.max.timeout.ms", "transactions", "transaction_max_timeout_ms", "INT"),
+    ("transactional.id.expiration.ms", "transactions", "transactional_id_expiration_ms", "INT"),
 )
 
 
