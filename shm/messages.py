@@ -336,7 +336,7 @@ CommitOffsets = declare(Kind.COMMIT_OFFSETS, body=ASKED + [("generation", "i")],
                         fields=[("group", STR), ("member", STR), ("instance", OPT_STR),
                                 ("topics", Array(TopicCommits))],
                         reply=[("topics", Array(TopicPartitionErrors))]).tuple_class
-FetchOffsets = declare(Kind.FETCH_OFFSETS, body=ASKED,
+FetchOffsets = declare(Kind.FETCH_OFFSETS, body=ASKED + [("require_stable", "?")],
                        fields=[("group", STR), ("topics", Array(TopicPartitions, nullable=True))],  # None: all
                        reply=[("error", "h"), ("topics", Array(TopicOffsets))]).tuple_class
 ListGroups = declare(Kind.LIST_GROUPS, body=ASKED, fields=[],

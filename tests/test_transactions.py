@@ -218,6 +218,43 @@ def test_offsets_of_a_consumer_no_longer_in_its_group_are_refused(node_factory):
     assert consume_all(node.bootstrap, "kip447-out", "read_committed") == [b"by the live member"]
 
 
+def test_offset_fetch_require_stable_waits_for_the_transaction_holding_the_offset(node_factory):
+    """OffsetFetch v7 require_stable (KIP-447): while a transaction holds a group's offset for a partition, the
+    fetch answers UNSTABLE_OFFSET_COMMIT there (a read_committed consumer asks again), never the offset the
+    transaction is about to replace; without require_stable the committed offset; after the commit the new one."""
+    from scripts.harness import rawkafka as R
+
+    node = node_factory(workers=1, config=CONFIG)
+    create(node.bootstrap, "stable-in", 2)
+    consumer = Consumer({"bootstrap.servers": node.bootstrap, "group.id": "stable", "enable.auto.commit": False})
+    consumer.commit(offsets=[TopicPartition("stable-in", 0, 3), TopicPartition("stable-in", 1, 4)],
+                    asynchronous=False)
+    producer = transactional(node.bootstrap, "stable-transformer")
+    producer.begin_transaction()
+    producer.send_offsets_to_transaction([TopicPartition("stable-in", 0, 7)], consumer.consumer_group_metadata(),
+                                         TIMEOUT_S)
+
+    def fetched(require_stable: bool, topics) -> dict:
+        body = R.request_body(9, 7, "OffsetFetchRequest", group_id="stable", require_stable=require_stable,
+                              topics=topics)
+        with R.RawConnection("127.0.0.1", node.port) as conn:
+            answer = conn.call(9, 7, body)
+        return {(t.name, p.partition_index): (p.committed_offset, int(p.error_code))
+                for t in answer.topics for p in t.partitions}
+
+    named = (R.request_entity(9, 7, "OffsetFetchRequestTopic", name="stable-in", partition_indexes=(0, 1)),)
+    unstable = 88
+    try:
+        assert fetched(True, named) == {("stable-in", 0): (-1, unstable), ("stable-in", 1): (4, 0)}
+        assert fetched(True, None) == {("stable-in", 0): (-1, unstable), ("stable-in", 1): (4, 0)}
+        assert fetched(False, named) == {("stable-in", 0): (3, 0), ("stable-in", 1): (4, 0)}
+        producer.commit_transaction(TIMEOUT_S)
+        assert waiting.poll(lambda: fetched(True, named) == {("stable-in", 0): (7, 0), ("stable-in", 1): (4, 0)},
+                            TIMEOUT_S), fetched(True, named)
+    finally:
+        consumer.close()
+
+
 PRODUCE_AND_HANG = """
 import sys, time
 from confluent_kafka import Producer

@@ -112,6 +112,7 @@ class TimerProcess:
             txn, self.outbox, state_log, self.markers,
             self.store, self.groups.commit_transaction_offsets, lambda: self.groups.loading, config.timer.wheel, now,
             groups.offset_metadata_max_bytes, member_error=self.groups.transactional_commit_error)
+        self.groups.pending_transactional_offsets = self.transactions.pending_offsets
         self.quotas = QuotaManager(config.quotas, self.outbox, now)
         self.reload = ConfigReload(config_path, config, self._apply_config, log)
         self.chores = ChoreScheduler(config.timer.wheel, now, self._run_chore)

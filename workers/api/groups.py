@@ -292,7 +292,7 @@ class GroupHandlers:
         if wanted is not None:
             asked, refused = self._split_topics(req, Operation.DESCRIBE, wanted)
         return self._ask(req, M.Kind.FETCH_OFFSETS, (request.group_id, asked), self.config.timer.control_timeout_ms,
-                         answer, refuse)
+                         answer, refuse, bool(getattr(request, "require_stable", False)))
 
     def offset_delete(self, req: Request, request: Any) -> Outcome:
         wanted = [(t.name, [p.partition_index for p in t.partitions]) for t in request.topics]

@@ -117,8 +117,8 @@ ALTER_USER_SCRAM_CREDENTIALS = 51
 #   Produce 12 and AddPartitionsToTxn 4-5, AddOffsetsToTxn 4, EndTxn 4-5, InitProducerId 5+: KIP-890's
 #   transactions v2; InitProducerId 3-4: KIP-360's epoch bump of a given producer id; Fetch 18: KIP-1166's high
 #   watermark tags; Metadata 13: KIP-1102's top-level error code; ListOffsets 7+: the max-timestamp and tiered offsets
-#   (KIP-734, KIP-1005); OffsetFetch 7+: require_stable (UNSTABLE_OFFSET_COMMIT while a transaction holds
-#   offsets); TxnOffsetCommit 4+: KIP-890's transactions v2; OffsetCommit 10: topic ids; JoinGroup 9: KIP-848's classic members;
+#   (KIP-734, KIP-1005); OffsetFetch 8+: several groups per request (KIP-709) and v9's member epochs;
+#   TxnOffsetCommit 4+: KIP-890's transactions v2; OffsetCommit 10: topic ids; JoinGroup 9: KIP-848's classic members;
 #   FindCoordinator 5+: KIP-890's error codes and share groups; DescribeGroups 6: KIP-1043's error fields;
 #   DescribeCluster 2: fenced brokers (KRaft's); ListTransactions 2: KIP-1152's transactional id pattern.
 SUPPORTED_APIS: dict[int, tuple[int, int]] = {
@@ -143,7 +143,7 @@ SUPPORTED_APIS: dict[int, tuple[int, int]] = {
     HEARTBEAT: (0, 4),
     LEAVE_GROUP: (0, 5),
     OFFSET_COMMIT: (2, 9),
-    OFFSET_FETCH: (1, 6),
+    OFFSET_FETCH: (1, 7),  # v7: require_stable (UNSTABLE_OFFSET_COMMIT while a transaction holds the offset)
     LIST_GROUPS: (0, 5),
     DESCRIBE_GROUPS: (0, 5),
     DELETE_GROUPS: (0, 2),

@@ -73,6 +73,9 @@ class GroupCoordinator:
         self.sessions = Sessions(wheel, now_ms, self.session_expired)
         self.syncs = Purgatory.configured("sync", purgatory, wheel, now_ms)
         self.rebalances = 0  # completed join phases (the stats segment counts them)
+        # The (topic, partition)s of a group whose offsets an open or completing transaction holds: the transaction
+        # coordinator's, set once it exists (the timer process builds it after this one).
+        self.pending_transactional_offsets: Callable[[str], set[tuple[str, int]]] = lambda group: set()
         # Consumer-protocol groups (KIP-848): a group id is in exactly one of self.groups and self.consumer.groups.
         self.consumer = ConsumerGroups(config, outbox, store, wheel, now_ms, clock, classic=self)
         self.handlers: dict[M.Kind, Callable[[int, Any], None]] = {
@@ -617,10 +620,19 @@ class GroupCoordinator:
                 (t, [(p, -1, -1, "", loading) for p in partitions]) for t, partitions in (d.topics or [])]))
         wanted = None if d.topics is None else [(t, p) for t, partitions in d.topics for p in partitions]
         found = self.offsets.fetch(d.group, wanted)
+        # OffsetFetch v7+ require_stable (KIP-447): a partition whose offset an open or completing transaction will
+        # commit answers UNSTABLE_OFFSET_COMMIT (the consumer asks again) rather than the offset it would replace.
+        unstable = self.pending_transactional_offsets(d.group) if d.require_stable else set()
+        if unstable and d.topics is None:
+            found.update({key: None for key in unstable if key not in found})
         by_topic: dict[str, list] = {}
         for (topic, partition), entry in found.items():
-            row = (partition, -1, -1, "", int(E.none)) if entry is None else \
-                (partition, entry.offset, entry.leader_epoch, entry.metadata, int(E.none))
+            if (topic, partition) in unstable:
+                row = (partition, -1, -1, "", int(E.unstable_offset_commit))
+            elif entry is None:
+                row = (partition, -1, -1, "", int(E.none))
+            else:
+                row = (partition, entry.offset, entry.leader_epoch, entry.metadata, int(E.none))
             by_topic.setdefault(topic, []).append(row)
         self._reply(waiter, FetchOffsetsAnswer(int(E.none), list(by_topic.items())))
 

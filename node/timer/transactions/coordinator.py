@@ -544,6 +544,14 @@ class TransactionCoordinator:
                       lambda metadata: self._partition_errors(waiter, topics, lambda t, p: refused.get((t, p), E.none)),
                       lambda error: self._partition_errors(waiter, topics, lambda t, p: refused.get((t, p), error)))
 
+    def pending_offsets(self, group: str) -> set[tuple[str, int]]:
+        """The (topic, partition)s of `group` whose offsets a transaction will commit (TxnOffsetCommit'd in one that
+        is open or completing, until its offsets are durable): OffsetFetch's require_stable (KIP-447)."""
+        return {(topic, partition) for metadata in self.transactions.values()
+                if metadata.state == ONGOING or metadata.state in PREPARED
+                or metadata.transactional_id in self.completing
+                for (offset_group, topic, partition) in metadata.offsets if offset_group == group}
+
     # -- EndTxn and completion -------------------------------------------------------------------
 
     def end_txn(self, worker: int, message: Any) -> None:
