@@ -15,7 +15,8 @@ rounds, a ratio the median of the rounds' own ratios. All clients are confluent-
   that ends after the next one was due restarts the schedule (counted: late_commits; commit_period_ms is the
   measured span per commit). Records are keyless unless --keys: librdkafka's sticky partitioner then fills one
   partition at a time, and a transaction adds each partition when it first gets a record, with an
-  AddPartitionsToTxn the producer must see answered (once its record is appended) before it sends there; keyed records reach every partition at once, added by one request. Reported: acknowledged (for the transactional
+  AddPartitionsToTxn the producer must see answered (the first of a transaction fsync'd, the others appended)
+  before it sends there; keyed records reach every partition at once, added by one request. Reported: acknowledged (for the transactional
   one, committed) records/s of each and transactional / idempotent (target >= 0.9); the commit latency,
   commit_transaction() timed after the flush() so that it is the EndTxn round trip (the decision made durable,
   the markers written), p50/p99 over the commits of every round (target p50 <= 2 ms, p99 <= 10 ms), beside the
