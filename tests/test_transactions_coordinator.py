@@ -267,15 +267,16 @@ def test_a_new_epoch_fences_the_old_producer_and_aborts_its_transaction(txn):
 
 def test_requests_while_a_state_write_waits_for_its_fsync_wait_for_it_in_order(txn):
     """Not CONCURRENT_TRANSACTIONS (clients retry that only after a backoff): each waits for the record before it.
-    An AddPartitionsToTxn is answered once its record is appended."""
+    An AddPartitionsToTxn that widens an Ongoing transaction is answered once its record is appended."""
     producer = producer_of(txn.init("app"))
     txn.flushes.eager = False
-    assert txn.add("app", producer, [("t", 0)]) == {("t", 0): E.none}  # begins the transaction: appended
-    assert txn.ask(M.Kind.ADD_OFFSETS_TO_TXN, *producer, "app", "g") is None  # waits for its record's fsync
+    assert txn.add("app", producer, [("t", 0)]) is None  # begins the transaction: waits for the fsync
+    assert txn.ask(M.Kind.ADD_OFFSETS_TO_TXN, *producer, "app", "g") is None  # waits for the first record
     assert txn.add("app", producer, [("t", 1)]) is None  # waits for the AddOffsetsToTxn record
-    offsets, second = txn.request_id - 1, txn.request_id
-    txn.flushes.run_one()  # the first record's round: the AddOffsetsToTxn one is still to come
-    assert offsets not in txn.outbox.replies and second not in txn.outbox.replies
+    first, offsets, second = txn.request_id - 2, txn.request_id - 1, txn.request_id
+    txn.flushes.run_one()
+    assert txn.outbox.replies[first].topics == (("t", ((0, 0),)),)
+    assert offsets not in txn.outbox.replies and second not in txn.outbox.replies  # the second record's fsync next
     txn.flushes.run_one()
     assert txn.outbox.replies[offsets].error == E.none
     assert txn.outbox.replies[second].topics == (("t", ((1, 0),)),)  # widens: answered once appended
@@ -289,12 +290,12 @@ def test_requests_while_a_state_write_waits_for_its_fsync_wait_for_it_in_order(t
 def test_a_request_held_behind_a_failed_state_write_is_answered(txn):
     producer = producer_of(txn.init("app"))
     txn.flushes.eager = False
-    assert txn.ask(M.Kind.ADD_OFFSETS_TO_TXN, *producer, "app", "g") is None  # begins: waits for its fsync
-    assert txn.ask(M.Kind.ADD_OFFSETS_TO_TXN, *producer, "app", "g2") is None  # held behind it
+    assert txn.add("app", producer, [("t", 0)]) is None
+    assert txn.add("app", producer, [("t", 1)]) is None
     txn.flushes.fail = True
     txn.flushes.run()
-    assert txn.outbox.replies[txn.request_id - 1].error == E.not_coordinator
-    assert txn.outbox.replies[txn.request_id].error == E.not_coordinator
+    assert txn.outbox.replies[txn.request_id - 1].topics == (("t", ((0, E.not_coordinator),)),)
+    assert txn.outbox.replies[txn.request_id].topics == (("t", ((1, E.not_coordinator),)),)
     assert txn.coordinator.transactions["app"].state == TxnState.EMPTY
 
 
@@ -577,58 +578,35 @@ def test_a_partition_written_without_add_partitions_is_aborted_at_start_and_its_
     assert txn.coordinator.reconciled == 0 and txn.markers(1) == [(producer[0], producer[1] + 1, ControlType.ABORT)]
 
 
-def test_a_commit_completed_again_after_a_crash_leaves_the_next_transaction_to_an_abort(txn):
-    """The AddPartitionsToTxn that begins a transaction is answered once appended, and a commit's Complete* record
-    is never waited for: a crash may lose both while the next transaction's records are durable in its partitions,
-    one of them a partition the commit marked. The restart completes the commit again only where its marker is
-    missing (none here: the decision's log ends tell its records from the next transaction's), and then aborts the
-    next transaction, which no record holds, fencing its producer."""
+def test_the_add_partitions_that_begins_a_transaction_is_durable_with_the_previous_completion(txn):
+    """A commit's Complete* record is never waited for; had it been lost with the next transaction's records, a
+    restart would complete the commit again and its COMMIT markers would close the next transaction's records in
+    a partition both wrote to. So the AddPartitionsToTxn that begins a transaction waits for its fsync (and that
+    of every record before it), and only the later ones, lost, are given back at start."""
     producer = producer_of(txn.init("app"))
     txn.add("app", producer, [("t", 0)])
     txn.produce(producer, 0, partition=0)
     txn.flushes.eager = False
     assert txn.end("app", producer, commit=True) is None
-    txn.flushes.run_one()  # the decision is durable
-    durable = txn.state_log_bytes()
-    txn.flushes.run()  # the markers, then the CompleteCommit record
+    txn.flushes.run()  # the decision, then the markers: answered, its CompleteCommit record appended
     assert txn.outbox.replies[txn.request_id].error == E.none
-    assert txn.markers(0) == [(*producer, ControlType.COMMIT)]
-    assert txn.add("app", producer, [("t", 1)]) == {("t", 1): E.none}  # begins the next one: appended
+    assert txn.add("app", producer, [("t", 1)]) is None  # begins the next one: waits for the fsync
+    txn.flushes.run_one()
+    assert txn.outbox.replies[txn.request_id].topics == (("t", ((1, 0),)),)
+    txn.flushes.run()
+    durable = txn.state_log_bytes()
     txn.produce(producer, 1, partition=1)
-    assert txn.add("app", producer, [("t", 0)]) == {("t", 0): E.none}
+    assert txn.add("app", producer, [("t", 0)]) == {("t", 0): E.none}  # widens: answered once appended
     txn.produce(producer, 1, partition=0)  # the partition the commit marked too
     for partition in (0, 1):
         txn.partition(partition).flush()
-    txn.power_cut(durable)  # loses CompleteCommit and both AddPartitionsToTxn records
-    fenced = (producer[0], producer[1] + 1, ControlType.ABORT)
-    assert txn.markers(0) == [(*producer, ControlType.COMMIT), fenced]  # no second COMMIT over the next records
-    assert txn.markers(1) == [fenced]
-    for partition in (0, 1):
-        state = txn.partition(partition).state()
-        assert state.last_stable_offset == state.high_watermark == (4, 2)[partition]
-    assert txn.coordinator.transactions["app"].state == TxnState.COMPLETE_ABORT
-    assert txn.end("app", producer, commit=True).error == E.producer_fenced
-    txn.restart()  # nothing left to complete or abort
-    assert txn.markers(0) == [(*producer, ControlType.COMMIT), fenced] and txn.markers(1) == [fenced]
-
-
-def test_a_commit_interrupted_before_its_markers_completes_after_a_crash(txn):
-    """The decision durable, no marker written: the restart writes them (the partitions' open transactions lie below
-    the decision's log ends)."""
-    producer = producer_of(txn.init("app"))
-    txn.add("app", producer, [("t", 0), ("t", 1)])
-    txn.produce(producer, 0, partition=0)
-    txn.produce(producer, 0, partition=1)
-    txn.flushes.eager = False
-    assert txn.end("app", producer, commit=True) is None
-    txn.flushes.run_one()  # the decision is durable; the markers are appended, their round not run
-    durable = txn.state_log_bytes()
-    for partition in (0, 1):  # the crash loses the markers too
-        plog = txn.partition(partition)
-        plog.flush()
-    txn.power_cut(durable)
-    assert txn.coordinator.transactions["app"].state == TxnState.COMPLETE_COMMIT
-    assert [marker[2] for marker in txn.markers(0)][-1] == ControlType.COMMIT
+    assert txn.state_log_bytes() > durable
+    txn.power_cut(durable)  # loses the widening record only
+    metadata = txn.coordinator.transactions["app"]
+    assert metadata.state == TxnState.ONGOING and metadata.partitions == {("t", 0), ("t", 1)}
+    assert txn.markers(0) == [(*producer, ControlType.COMMIT)]  # not completed again
+    assert txn.end("app", producer, commit=True).error == E.none
+    assert txn.markers(0) == [(*producer, ControlType.COMMIT)] * 2 and txn.markers(1) == [(*producer, ControlType.COMMIT)]
     for partition in (0, 1):
         state = txn.partition(partition).state()
         assert state.last_stable_offset == state.high_watermark

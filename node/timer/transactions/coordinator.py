@@ -8,9 +8,10 @@ The algorithm (KIP-98), per transactional.id (node.timer.transactions.metadata h
   answered CONCURRENT_TRANSACTIONS; it retries and gets the epoch once the abort completed.
 - AddPartitionsToTxn and AddOffsetsToTxn open the transaction (Ongoing) or add to it; TxnOffsetCommit adds the
   consumer offsets it will commit. Each change is a record of `__transaction_state`, fsync'd before the answer,
-  except an AddPartitionsToTxn's, answered once appended (the producer waits for it before it writes to the
-  partition; the group commit's next round or the fsync of the EndTxn's decision makes it durable). A crash may
-  lose it: the partitions say what it held (see the start, below).
+  except an AddPartitionsToTxn's that widens an Ongoing transaction, answered once appended (the producer waits for
+  it before it writes to the partition; the group commit's next round or the fsync of the EndTxn's decision makes
+  it durable). The one that begins a transaction is fsync'd, which makes the previous transaction's Complete*
+  record durable too: a restart never completes a transaction again once the next one has begun.
 - EndTxn writes PrepareCommit or PrepareAbort (fsync'd: the decision), then the markers to every partition of
   the transaction and, for a commit once they are appended, the pending offsets to `__consumer_offsets` (through
   the group coordinator: OffsetFetch sees them once fsync'd), both fsync'd by one group-commit round, then
@@ -28,13 +29,10 @@ The algorithm (KIP-98), per transactional.id (node.timer.transactions.metadata h
   holds readers back for longer than its timeout.
 - At start the state is loaded from `__transaction_state` (after the group coordinator's offsets, which a
   commit writes): a Prepare* completes again (markers and offsets written again change nothing that was
-  already written; a partition where the producer's next transaction is open already, found by the log ends the
-  decision recorded, is left out, and that transaction aborted once this one is complete), an Ongoing gets its
-  timeout back by the wall clock. Then the partitions are reconciled with it (reconcile_partitions): a partition
-  holding an open transaction of an id's producer id and epoch that a lost AddPartitionsToTxn record left out
-  joins the id's Ongoing transaction; if the id has none (the record that began it was lost), that transaction is
-  aborted with the producer fenced (no commit of it was answered: its EndTxn's decision would have made the record
-  durable).
+  already written), an Ongoing gets its timeout back by the wall clock. Then the partitions are reconciled with
+  it (reconcile_partitions): a partition holding an open transaction of an id's producer id and epoch that a
+  lost AddPartitionsToTxn record left out joins the id's Ongoing transaction; if the id has none (the partition
+  was written without AddPartitionsToTxn), that transaction is aborted with the producer fenced.
 
 Error codes are Kafka's: COORDINATOR_LOAD_IN_PROGRESS while loading; INVALID_PRODUCER_ID_MAPPING for an unknown
 id or another producer id; PRODUCER_FENCED for another epoch (the worker turns it into INVALID_PRODUCER_EPOCH
@@ -45,12 +43,10 @@ Invariants:
 - Every request gets exactly one REPLY, unless the timer process dies first (then the worker answers it).
 - The in-memory state of an id changes only when its record is fsync'd (a copy is written, then installed),
   except the Complete* step, whose record may be lost harmlessly (its Prepare* completes again after a crash,
-  and any later record of the id is in the same log after it), and the record of an AddPartitionsToTxn,
-  installed once appended: its loss only drops partitions, which the start gives back to an Ongoing transaction or
-  aborts (the log is fsync'd as a whole: a durable record makes every record before it durable).
-- A Prepare* record holds each partition's log end offset at the decision: the transaction's records lie below
-  it, and a later transaction of the producer begins there only after this one's marker, above it. A completion
-  after a restart writes markers only where the producer's open transaction is this one.
+  and any later record of the id is in the same log after it; a transaction begins with an fsync'd record), and
+  the record of an AddPartitionsToTxn that widens an Ongoing transaction, installed once appended: its loss only
+  drops partitions of a durably Ongoing transaction, which the reconciliation at start gives back (the log is
+  fsync'd as a whole: a durable record makes every record before it durable).
 - A commit is answered only for a transaction whose every partition is marked: a partition written in a
   transaction is in the coordinator's state, or found by the reconciliation before any request is answered.
 - Markers are written only after the decision (Prepare*) is durable, so a transaction is all or nothing in
@@ -136,34 +132,13 @@ class TransactionCoordinator:
             self.transactions = self.state_log.loaded
             self.state_log.loaded = {}
             now, wall = self.clock(), wall_ms()
-            opened = open_in_partitions(self.store) if any(
-                metadata.state in PREPARED for metadata in self.transactions.values()) else []
-            for metadata in list(self.transactions.values()):
+            for metadata in self.transactions.values():
                 if metadata.state == ONGOING:
                     remaining = metadata.start_wall_ms + metadata.timeout_ms - wall
                     self.timeouts.renew(metadata.transactional_id, now + max(0, remaining))
                 elif metadata.state in PREPARED:
-                    self._complete_after_restart(metadata, opened)
+                    self._complete(metadata)
             self.reconcile_partitions()
-
-    def _complete_after_restart(self, metadata: TransactionMetadata, opened: list) -> None:
-        """Complete a Prepare* found at start. The AddPartitionsToTxn that begins the id's next transaction is
-        answered once appended, so a crash may have lost it (and the Complete* before it) while that transaction's
-        records are in partitions: the producer's transactions open in a partition at or above the decision's log
-        end there (prepare_ends), or in a partition this one lacks, are that later transaction. This one's markers
-        are in those partitions already (the later one began only after them); it completes without them, and the
-        later one, which no record of the coordinator holds and whose commit no one was answered, is aborted then,
-        its producer fenced (as reconcile_partitions does)."""
-        later = {(found.topic, found.partition) for found in opened if found.producer_id == metadata.producer_id
-                 and ((found.topic, found.partition) not in metadata.partitions
-                      or found.first_offset >= metadata.prepare_ends.get((found.topic, found.partition),
-                                                                         found.first_offset + 1))}
-        if not later:
-            return self._complete(metadata)
-        restricted = metadata.copy()
-        restricted.partitions -= later
-        self.transactions[metadata.transactional_id] = restricted
-        self._complete(restricted, then=lambda completed: self._abort_unrecorded(completed, later))
 
     def reconcile_partitions(self) -> int:
         """Give the coordinator's transactions the partitions they lost (at start, once the state is loaded, before
@@ -171,8 +146,8 @@ class TransactionCoordinator:
         has, that the coordinator does not list there. An AddPartitionsToTxn that widens an Ongoing transaction is
         answered once its record is appended, so a crash may lose the record of a partition its producer then
         wrote to: the partition joins the Ongoing transaction (its EndTxn or its timeout marks it). If the id has
-        no open transaction (Empty, Complete*: the record of the AddPartitionsToTxn that began it was lost, or its client
-        wrote without one): no commit of that transaction was answered, and it is aborted with the epoch
+        no open transaction (Empty, Complete*; the AddPartitionsToTxn that begins one is fsync'd), its client wrote
+        without AddPartitionsToTxn: no commit of that transaction was answered, and it is aborted with the epoch
         bumped, which fences the producer (else it could commit a transaction that lacks the partition), rather
         than by the hanging sweep much later. Any other open transaction is the hanging sweep's. Returns how many
         partitions were given an owner."""
@@ -211,7 +186,7 @@ class TransactionCoordinator:
         changed.partitions |= partitions
         changed.begin(wall_ms())
         changed.bump_epoch()  # an exhausted epoch stays: the abort still closes the transaction
-        self._decide(changed, PREPARE_ABORT)
+        changed.transition(PREPARE_ABORT)
 
         def failed(error: E) -> None:
             log.error("transaction of %r: cannot write its abort (%s); the hanging sweep aborts it later",
@@ -339,14 +314,6 @@ class TransactionCoordinator:
 
     # -- durable changes ------------------------------------------------------------------------
 
-    def _decide(self, changed: TransactionMetadata, state: TxnState) -> None:
-        """PrepareCommit or PrepareAbort, with each partition's log end offset now (see the invariants)."""
-        changed.transition(state)
-        table = self.store.table
-        changed.prepare_ends = {(topic, partition): table.read(row).log_end_offset
-                                for topic, partition in changed.partitions
-                                if (row := self.store.row(topic, partition)) is not None}
-
     def _persist(self, current: TransactionMetadata, changed: TransactionMetadata,
                  durable: Callable[[TransactionMetadata], None], failed: Callable[[E], None]) -> None:
         """Write `changed` (a copy of `current`), install it once fsync'd and call `durable(changed)`; else leave
@@ -437,7 +404,7 @@ class TransactionCoordinator:
         if current.state == ONGOING:
             # Fence the old epoch and abort its transaction; the client retries and gets the next epoch then.
             changed.bump_epoch()
-            self._decide(changed, PREPARE_ABORT)
+            changed.transition(PREPARE_ABORT)
             self.timeouts.forget(transactional_id)
 
             def abort_durable(metadata: TransactionMetadata) -> None:
@@ -475,11 +442,12 @@ class TransactionCoordinator:
             return self._partition_errors(waiter, topics, lambda t, p: E.none)
         changed = current.copy()
         changed.partitions |= wanted
-        # Answered once appended: the producer's records wait for this answer, and a lost record is repaired at
-        # start (reconcile_partitions for a widened transaction; a begun one lost with the Complete* before it:
-        # _complete_after_restart tells its records from the previous transaction's by the decision's log ends).
+        # Widening an Ongoing transaction is answered once appended: the producer's records wait for this answer, and
+        # a lost record is repaired at start. Beginning one is fsync'd: that makes the previous transaction's
+        # Complete* record durable too, whose loss would make a restart complete that transaction again, and its
+        # markers would then close the records of this one in a partition both wrote to.
         self._begin(current, changed, lambda error: self._partition_errors(waiter, topics, lambda t, p: error),
-                    durably=False)
+                    durably=current.state != ONGOING)
 
     def add_offsets(self, worker: int, message: Any) -> None:
         if self._after_completion(worker, message, self.add_offsets):
@@ -571,7 +539,7 @@ class TransactionCoordinator:
         if state != ONGOING:
             return self._error_only(waiter, E.invalid_txn_state)
         changed = current.copy()
-        self._decide(changed, PREPARE_COMMIT if commit else PREPARE_ABORT)
+        changed.transition(PREPARE_COMMIT if commit else PREPARE_ABORT)
 
         def durable(metadata: TransactionMetadata) -> None:
             self.timeouts.forget(metadata.transactional_id)
@@ -579,8 +547,7 @@ class TransactionCoordinator:
 
         self._persist(current, changed, durable, lambda error: self._error_only(waiter, error))
 
-    def _complete(self, metadata: TransactionMetadata, waiter: Waiter | None = None,
-                  then: Callable[[TransactionMetadata], None] | None = None) -> None:
+    def _complete(self, metadata: TransactionMetadata, waiter: Waiter | None = None) -> None:
         """Finish a Prepare* transaction (its decision durable): markers and (a commit) its offsets, then
         Complete* once they are durable. Answers `waiter` (an EndTxn) with NONE as soon as the markers are
         appended (read_committed readers see the outcome), or, for a commit with offsets, once those are durable
@@ -619,8 +586,6 @@ class TransactionCoordinator:
                     self.aborts += 1
                 # Not waited for: losing it only makes a restart complete the transaction again (see invariants).
                 self.state_log.write(completed, self.clock(), lambda flushed, fault=False: None, urgent=False)
-                if then is not None:
-                    then(completed)
             self._run_held(transactional_id)
 
         if waiter is not None and by_group:
@@ -690,7 +655,7 @@ class TransactionCoordinator:
             return
         changed = current.copy()
         changed.bump_epoch()  # an exhausted epoch stays: the abort still closes the transaction
-        self._decide(changed, PREPARE_ABORT)
+        changed.transition(PREPARE_ABORT)
         log.info("transaction of %r (producer %d) timed out after %d ms: aborting it", transactional_id,
                  current.producer_id, current.timeout_ms)
 

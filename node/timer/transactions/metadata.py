@@ -70,10 +70,6 @@ class TransactionMetadata:
     offsets: dict[OffsetKey, PendingOffset] = field(default_factory=dict)  # TxnOffsetCommit's, until the commit
     start_wall_ms: int = -1  # when the current transaction began (Ongoing), for its timeout
     last_update_wall_ms: int = -1  # when the id's state last changed (its expiry counts from there)
-    # Prepare*: each partition's log end offset when the decision was made. The transaction's records lie below it,
-    # a later transaction's above it (its records come after this one's marker), which tells a completion after a
-    # restart which open transaction in a partition is this one.
-    prepare_ends: dict[TopicPartition, int] = field(default_factory=dict)
     pending: bool = False
 
     def transition(self, state: TxnState) -> None:
@@ -82,7 +78,6 @@ class TransactionMetadata:
         self.state = state
         if state in COMPLETED or state == EMPTY:
             self.partitions, self.groups, self.offsets, self.start_wall_ms = set(), set(), {}, -1
-            self.prepare_ends = {}
 
     def begin(self, wall_ms: int) -> None:
         """Ongoing, the transaction's clock started if it was not open."""
@@ -94,7 +89,7 @@ class TransactionMetadata:
         """An independent copy (its own sets), not pending: what a state change writes before it is installed."""
         return TransactionMetadata(self.transactional_id, self.producer_id, self.producer_epoch, self.timeout_ms,
                                    self.state, set(self.partitions), set(self.groups), dict(self.offsets),
-                                   self.start_wall_ms, self.last_update_wall_ms, dict(self.prepare_ends))
+                                   self.start_wall_ms, self.last_update_wall_ms)
 
     def bump_epoch(self) -> bool:
         """The next epoch; False when the epoch is exhausted (the caller then gives the id a new producer id)."""
@@ -107,8 +102,7 @@ class TransactionMetadata:
         return {"producer_id": self.producer_id, "producer_epoch": self.producer_epoch, "timeout_ms": self.timeout_ms,
                 "state": self.state.value, "partitions": sorted(self.partitions), "groups": sorted(self.groups),
                 "offsets": [[*key, *value] for key, value in sorted(self.offsets.items(), key=lambda kv: kv[0])],
-                "start_wall_ms": self.start_wall_ms, "last_update_wall_ms": self.last_update_wall_ms,
-                "prepare_ends": [[topic, partition, end] for (topic, partition), end in sorted(self.prepare_ends.items())]}
+                "start_wall_ms": self.start_wall_ms, "last_update_wall_ms": self.last_update_wall_ms}
 
     @classmethod
     def from_record(cls, transactional_id: str, record: dict) -> "TransactionMetadata":
@@ -119,5 +113,4 @@ class TransactionMetadata:
                    {str(group) for group in record["groups"]},
                    {(str(g), str(t), int(p)): (int(offset), int(epoch), None if metadata is None else str(metadata))
                     for g, t, p, offset, epoch, metadata in record["offsets"]},
-                   int(record["start_wall_ms"]), int(record["last_update_wall_ms"]),
-                   {(str(topic), int(partition)): int(end) for topic, partition, end in record.get("prepare_ends", ())})
+                   int(record["start_wall_ms"]), int(record["last_update_wall_ms"]))
