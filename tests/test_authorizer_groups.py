@@ -19,9 +19,8 @@ from kafka import KafkaAdminClient, KafkaConsumer
 from kafka.errors import GroupAuthorizationFailedError, TransactionalIdAuthorizationFailedError
 
 from scripts.harness import rawkafka as R
-from scripts.harness.nodeproc import NodeProcess, free_port
-from tests.test_security_sasl import PASSWORD, add_user
-from tests.test_security_tls import listener
+from tests.test_authorizer_topics import SecuredNode as AuthorizedNode
+from tests.test_security_sasl import PASSWORD
 
 pytestmark = pytest.mark.node
 
@@ -34,31 +33,13 @@ READ, DESCRIBE, DELETE = 3, 8, 6  # AclOperation codes, KIP-430's bits
 NOT_REQUESTED = -(2**31)  # KIP-430's authorized operations when not asked for, or of a group not described
 
 
-class SecuredNode:
+class SecuredNode(AuthorizedNode):
     """One node for the module: authorizer on, users admin (super user), alice and bob on a SASL_PLAINTEXT
-    listener, the --listen PLAINTEXT listener anonymous."""
+    listener, the --listen PLAINTEXT listener anonymous; with the group and transaction tests' helpers."""
 
     def __init__(self, work_dir: Path, workers: int = 2, allow_if_no_acl: bool = False) -> None:
-        self.sasl_port = free_port()
-        config = (listener("SASL", self.sasl_port, "SASL_PLAINTEXT")
-                  + '[sasl]\nmechanisms = ["PLAIN"]\n'
-                  + '[authorizer]\nenabled = true\nsuper_users = ["User:admin"]\n'
-                  + f"allow_everyone_if_no_acl_found = {str(allow_if_no_acl).lower()}\n")
-        for user in ("admin", "alice", "bob"):
-            add_user(work_dir / "data", user, "PLAIN")
-        self.node = NodeProcess(work_dir, workers=workers, config=config, data_dir=work_dir / "data")
-        self.node.start()
-        self._admin: AdminClient | None = None
-
-    def client(self, user: str, **more) -> dict:
-        return {"bootstrap.servers": f"127.0.0.1:{self.sasl_port}", "security.protocol": "SASL_PLAINTEXT",
-                "sasl.mechanism": "PLAIN", "sasl.username": user, "sasl.password": PASSWORD, **more}
-
-    @property
-    def admin(self) -> AdminClient:
-        if self._admin is None:
-            self._admin = AdminClient(self.client("admin"))
-        return self._admin
+        super().__init__(work_dir, workers, 'super_users = ["User:admin"]\n'
+                         f"allow_everyone_if_no_acl_found = {str(allow_if_no_acl).lower()}\n")
 
     def add_acl(self, principal: str, resource_type: ResourceType, name: str, operation: AclOperation,
               pattern: ResourcePatternType = ResourcePatternType.LITERAL,
@@ -80,9 +61,7 @@ class SecuredNode:
         # test's frames, and their clients, in reference cycles until a collection.
         self._admin = None
         gc.collect()
-        self.node.stop()
-        assert self.node.leftovers() == []
-        assert "Traceback" not in self.node.log(), self.node.log()
+        super().stop()
 
 
 @pytest.fixture(scope="module")
