@@ -5,6 +5,7 @@ are INVALID_REQUEST, and ACLs survive a restart."""
 
 from __future__ import annotations
 
+import gc
 import json
 import subprocess
 import sys
@@ -21,6 +22,14 @@ from tests.test_stats_cli import stats_json
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.node
+
+
+@pytest.fixture(autouse=True)
+def _no_clients_left():
+    """librdkafka clients a test's frames keep in reference cycles (pytest.raises) are destroyed here, in this
+    process: a later test that forks would otherwise have its child collect, and destroy, them (a segfault)."""
+    yield
+    gc.collect()
 
 AUTHORIZER = '\n[authorizer]\nenabled = true\nsuper_users = ["User:admin"]\n'
 EVERYTHING = AclBindingFilter(ResourceType.ANY, None, ResourcePatternType.ANY, None, None, AclOperation.ANY,

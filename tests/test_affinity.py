@@ -10,6 +10,7 @@ between real processes; the policy tests drive ConnectionAffinity directly.
 from __future__ import annotations
 
 import contextlib
+import gc
 import multiprocessing
 import os
 import signal
@@ -253,6 +254,7 @@ def test_a_connection_sent_while_no_worker_reads_waits_for_the_next_one():
             context = multiprocessing.get_context("fork")
             done = context.Queue()
             worker = context.Process(target=_serve_one_handoff, args=(inbox.receiving.fileno(), done))
+            gc.collect()  # earlier tests' garbage (librdkafka clients) is destroyed here, not in the forked child
             worker.start()
             client.settimeout(10)
             assert client.recv(64) == b"answered: request"

@@ -7,7 +7,6 @@ are allowed and refused as Kafka's broker allows and refuses them; raw requests 
 from __future__ import annotations
 
 import datetime
-import gc
 import time
 from pathlib import Path
 
@@ -56,12 +55,6 @@ class SecuredNode(AuthorizedNode):
         self.admin.alter_consumer_group_offsets([ConsumerGroupTopicPartitions(group, partitions)])[group].result(
             timeout=TIMEOUT_S)
 
-    def stop(self) -> None:
-        # Clients are gone before the node (no reconnection attempts to a stopped node): pytest.raises keeps the
-        # test's frames, and their clients, in reference cycles until a collection.
-        self._admin = None
-        gc.collect()
-        super().stop()
 
 
 @pytest.fixture(scope="module")

@@ -4,6 +4,7 @@ non-super user is refused with the authorizer on, and Kafka's per-user errors.""
 
 from __future__ import annotations
 
+import gc
 import socket
 import time
 
@@ -17,6 +18,14 @@ from tests.test_acls_api import AUTHORIZER, admin_for
 from tests.test_security_sasl import SaslNode, login_error, raw_frame, with_users
 
 pytestmark = pytest.mark.node
+
+
+@pytest.fixture(autouse=True)
+def _no_clients_left():
+    """librdkafka clients a test's frames keep in reference cycles (pytest.raises) are destroyed here, in this
+    process: a later test that forks would otherwise have its child collect, and destroy, them (a segfault)."""
+    yield
+    gc.collect()
 
 DESCRIBE_SCRAM = 50
 CLUSTER_AUTHORIZATION_FAILED = 31
