@@ -92,7 +92,8 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--json", action="store_true", help="print JSON instead of a table")
         p.add_argument("--command-config", metavar="FILE",
                        help="client settings, key=value per line (librdkafka's names: security.protocol, "
-                            "sasl.mechanism, sasl.username, sasl.password, ssl.ca.location, ...), as Kafka's tools")
+                            "sasl.mechanism, sasl.username, sasl.password, ssl.ca.location, ...), as Kafka's tools "
+                            "(default: none, a PLAINTEXT listener)")
 
     topics = command(sub, "topics", "list, create, describe, delete topics (Kafka API)")
     topics_sub = topics.add_subparsers(dest="action", required=True)
