@@ -24,6 +24,8 @@ to the node:
   watermark - committed);
 - transactions (the transaction coordinator's): {transactional_id: {state, producer_id, producer_epoch,
   timeout_ms, start_ms, last_update_ms, partitions, groups}}, open transactions first.
+Then one more area per row, written by the row's owner: a worker's authorization denials per principal,
+{principal: {api key: count}} (principals are unbounded names, which fixed-size counters cannot hold).
 Each area (DocumentArea) holds one orjson document:
 
     word 0        version   as a row's: its low bit names the slot holding the current document
@@ -202,12 +204,15 @@ ROW_WORDS = ROW_HEAD_WORDS + 2 * SLOT_WORDS
 ROW_BYTES = ROW_WORDS * 8
 FIELD_BY_NAME = {f.name: f for f in FIELDS}
 VERSION = struct.Struct("<q")
+# A row's area of denials per principal: about 300 principals of 40-byte names denied on two APIs each.
+PRINCIPALS_BYTES = 32 << 10
 # The header's sizes: rows, a row's bytes, the document areas' slot bytes; rows come first, then the areas.
-LAYOUT = Layout("a stats segment", magic=0x5354_4154_5342_4D54, version=3,  # "SMBSTATT"
-                sizes=("rows", "row_bytes", "committed_bytes", "transactions_bytes"), fixed={"row_bytes": ROW_BYTES},
-                bytes_for=lambda rows, row_bytes, committed_bytes, transactions_bytes:
+LAYOUT = Layout("a stats segment", magic=0x5354_4154_5342_4D54, version=4,  # "SMBSTATT"
+                sizes=("rows", "row_bytes", "committed_bytes", "transactions_bytes", "principals_bytes"),
+                fixed={"row_bytes": ROW_BYTES},
+                bytes_for=lambda rows, row_bytes, committed_bytes, transactions_bytes, principals_bytes:
                     HEADER_BYTES + rows * row_bytes + 2 * DOCUMENT_HEAD_BYTES + 2 * committed_bytes
-                    + 2 * transactions_bytes)
+                    + 2 * transactions_bytes + rows * (DOCUMENT_HEAD_BYTES + 2 * principals_bytes))
 
 
 class TornReadError(RuntimeError):
@@ -215,7 +220,7 @@ class TornReadError(RuntimeError):
 
 
 class DocumentArea:
-    """One document area of the segment: a JSON object {key: value}, double-buffered, one writer (the timer)."""
+    """One document area of the segment: a JSON object {key: value}, double-buffered, one writer."""
 
     def __init__(self, memory, at: int, slot_bytes: int, writable: bool, what: str) -> None:
         self._memory = memory
@@ -271,6 +276,10 @@ class DocumentArea:
                 return document, complete
         raise TornReadError(f"the {self.what} changed during {MAX_READ_ATTEMPTS} reads")
 
+    def clear(self) -> None:
+        """Before the area's new writer starts (the supervisor, as for a row): readers see no document."""
+        self._head[0] = 0
+
     def close(self) -> None:
         self._head = None
 
@@ -325,6 +334,11 @@ class StatsSegment:
         at += DocumentArea.bytes_for(self.committed.slot_bytes)
         self.transactions = DocumentArea(memory, at, segment.sizes["transactions_bytes"], writable,
                                          f"transactions of {self.name}")
+        at += DocumentArea.bytes_for(self.transactions.slot_bytes)
+        principals_bytes = segment.sizes["principals_bytes"]
+        self.denials_by_principal = [
+            DocumentArea(memory, at + row * DocumentArea.bytes_for(principals_bytes), principals_bytes, writable,
+                         f"denials by principal of row {row} of {self.name}") for row in range(rows)]
 
     @property
     def committed_bytes(self) -> int:
@@ -332,9 +346,9 @@ class StatsSegment:
 
     @classmethod
     def create(cls, name: str, rows: int, committed_bytes: int = 1 << 20,
-               transactions_bytes: int = 1 << 20) -> "StatsSegment":
+               transactions_bytes: int = 1 << 20, principals_bytes: int = PRINCIPALS_BYTES) -> "StatsSegment":
         return cls(Segment.create(name, LAYOUT, rows=rows, committed_bytes=committed_bytes,
-                                  transactions_bytes=transactions_bytes), True)
+                                  transactions_bytes=transactions_bytes, principals_bytes=principals_bytes), True)
 
     def publish_committed(self, committed: dict[str, list[tuple[str, int, int]]]) -> bool:
         """The timer process (the area's one writer): make `committed` the current document. Groups that do not
@@ -352,6 +366,7 @@ class StatsSegment:
     def reset(self, row: int) -> None:
         """Supervisor, before starting the row's owner: a new process starts from zero."""
         self._words[row, :] = 0
+        self.denials_by_principal[row].clear()
 
     def writer(self, row: int, role: str, index: int, pid: int) -> "StatsWriter":
         words = self._words[row]
@@ -381,6 +396,8 @@ class StatsSegment:
         self._words = None
         self.committed.close()
         self.transactions.close()
+        for area in self.denials_by_principal:
+            area.close()
         self._segment.close()
 
     def unlink(self) -> None:

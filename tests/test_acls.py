@@ -177,3 +177,20 @@ def test_worker_sees_a_change_through_the_shared_counter_and_drops_its_cached_de
     finally:
         counters.close()
         ChangeCounters.unlink_name(name)
+
+
+def test_denials_are_counted_per_principal_and_api_up_to_a_bound(tmp_path) -> None:
+    from workers.api.authorizer import MAX_PRINCIPALS_COUNTED, OTHER_PRINCIPALS
+
+    worker = RequestAuthorizer(AuthorizerConfig(enabled=True), str(tmp_path), None)
+    alice = _Conn("User:alice")
+    assert not worker.allows(_request(alice, 0), O.WRITE, T, "orders")
+    assert not worker.allows(_request(alice, 0), O.WRITE, T, "orders")
+    assert not worker.allows(_request(alice, 1), O.READ, T, "orders")
+    assert worker.permits(_request(alice, 3), O.DESCRIBE, T, "orders") is False  # a listing's filter: not counted
+    assert worker.denials_by_principal == {"User:alice": {0: 2, 1: 1}} and worker.denials_counted == 3
+    for number in range(MAX_PRINCIPALS_COUNTED + 10):
+        assert not worker.allows(_request(_Conn(f"User:u{number}"), 0), O.WRITE, T, "orders")
+    assert len(worker.denials_by_principal) == MAX_PRINCIPALS_COUNTED + 1
+    assert worker.denials_by_principal[OTHER_PRINCIPALS] == {0: 11}  # alice took one of the named places
+    assert worker.denials_by_principal["User:alice"] == {0: 2, 1: 1}

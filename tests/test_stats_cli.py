@@ -137,6 +137,32 @@ def test_the_transactions_document_is_its_own_area_cut_at_whole_ids():
         segment.unlink()
 
 
+def test_each_row_has_its_own_area_of_denials_by_principal_cleared_for_a_new_owner():
+    name = f"/shmbroker-{unique_instance_id('sp')}-stats"
+    segment = S.StatsSegment.create(name, 4, committed_bytes=4096, transactions_bytes=2048, principals_bytes=1024)
+    try:
+        reader = S.StatsSegment.attach(name, writable=False)
+        try:
+            segment.denials_by_principal[2].publish({"User:alice": {"0": 3}})
+            segment.denials_by_principal[3].publish({"User:bob": {"3": 1}})
+            segment.transactions.publish({"t": {"state": "Ongoing"}})
+            assert reader.denials_by_principal[2].read() == ({"User:alice": {"0": 3}}, True)
+            assert reader.denials_by_principal[3].read() == ({"User:bob": {"3": 1}}, True)
+            assert reader.transactions.read() == ({"t": {"state": "Ongoing"}}, True)
+            segment.reset(2)  # a restarted worker counts from zero
+            assert reader.denials_by_principal[2].read() == ({}, True)
+            assert reader.denials_by_principal[3].read() == ({"User:bob": {"3": 1}}, True)
+            many = {f"User:{i:04}": {"0": i} for i in range(100)}
+            assert segment.denials_by_principal[1].publish(many) is False  # cut at a whole principal
+            document, complete = reader.denials_by_principal[1].read()
+            assert not complete and 0 < len(document) < 100 and reader.denials_by_principal[0].read() == ({}, True)
+        finally:
+            reader.close()
+    finally:
+        segment.close()
+        segment.unlink()
+
+
 def test_the_open_states_the_tools_know_are_the_coordinators():
     from node.timer.transactions.metadata import ONGOING, PREPARED
     from node.tools.inspect import OPEN_STATES

@@ -7,6 +7,7 @@ Invariants:
 - The gauges are read only when the row is published, from the parts that keep them (the loop's beats, the
   connections, the delayed requests, the balance and the moves, the ring); the parts know nothing of the segment.
 - Only the worker's process writes its row; it is published once right as the loop starts, then every interval.
+- The row's area of denials per principal is published with the row, when a refusal was counted since the last.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ ACCEPTED = S.OFFSETS["connections_accepted"]
 CLOSED_ON_ERROR = S.OFFSETS["connections_closed_on_error"]
 
 Gauges = Callable[[], Iterable[tuple]]
+Denials = Callable[[], tuple[int, dict[str, dict[int, int]]]]  # (refusals counted so far, per principal per API)
 
 
 class WorkerStats:
@@ -39,15 +41,25 @@ class WorkerStats:
         self.writer = self.segment.writer(S.worker_row(index), "worker", index, os.getpid())
         self.counts = self.writer.counts
         self.interval_s = interval_s
+        self.denials_area = self.segment.denials_by_principal[S.worker_row(index)]
 
-    def start(self, loop: EventLoop, gauges: Gauges) -> None:
-        """Publish the row now and then every interval, with the gauges `gauges()` reads at that moment."""
+    def start(self, loop: EventLoop, gauges: Gauges, denials: Denials | None = None) -> None:
+        """Publish the row now and then every interval, with the gauges `gauges()` reads at that moment, and the
+        denials per principal `denials()` gives when they moved."""
+        published_denials = 0
 
         def publish() -> None:
+            nonlocal published_denials
             writer = self.writer
             for gauge in gauges():  # (name, value) or (name, value, position in the field's array)
                 writer.set(*gauge)
             writer.publish()
+            if denials is not None:
+                counted, by_principal = denials()
+                if counted != published_denials:
+                    self.denials_area.publish({principal: {str(api): count for api, count in apis.items()}
+                                               for principal, apis in by_principal.items()})
+                    published_denials = counted
             loop.call_later(self.interval_s, publish)
 
         publish()

@@ -645,7 +645,9 @@ class Worker:
         if self.moves is not None:
             self.moves.start()
         if self.stats is not None:
-            self.stats.start(loop, self._gauges)
+            authorizer = self.authorizer
+            self.stats.start(loop, self._gauges,
+                             lambda: (authorizer.denials_counted, authorizer.denials_by_principal))
         for hook in (self._beat, self._stop_procedure, self._from_timer, self._write_ready, self._to_timer,
                      self._announce_sleep):
             loop.before_sleep(hook)

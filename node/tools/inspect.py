@@ -146,6 +146,19 @@ class NodeReader:
         return [{"listener": listener, "mechanism": mechanism, "logins": counts[0], "failures": counts[1]}
                 for (listener, mechanism), counts in sorted(totals.items())]
 
+    def denials_by_principal(self, rows: list[S.RowSnapshot] | None = None) -> list[dict]:
+        """Per principal and API with any: the authorizer's refusals, summed over the workers (their rows' areas)."""
+        totals: dict[tuple[str, int], int] = {}
+        for row in rows if rows is not None else self.rows():
+            if row.role != "worker":
+                continue
+            document, _ = self.stats.denials_by_principal[row.row].read()
+            for principal, apis in document.items():
+                for api, count in apis.items():
+                    totals[(principal, int(api))] = totals.get((principal, int(api)), 0) + count
+        return [{"principal": principal, "api": api_name(api), "denials": count}
+                for (principal, api), count in sorted(totals.items())]
+
     def partitions(self) -> list[dict]:
         """Per partition: log start and end, high watermark, bytes not yet fsync'd (from the partition table); for a
         compacted one, its cleaning (the table's cleaning words: dirty ratio, lag, last run, bytes cleaned and
@@ -264,6 +277,7 @@ def snapshot_document(reader: NodeReader) -> dict:
                      "read_at_ms": time.time_ns() // 1_000_000},
             "totals": totals, "apis": apis, "errors": errors, "rings": rings, "processes": processes,
             "partitions": reader.partitions(), "sasl_logins": reader.sasl_logins(rows),
+            "authorization_denials_by_principal": reader.denials_by_principal(rows),
             "groups": {group: {"total_lag": sum(p["lag"] or 0 for p in partitions), "partitions": partitions}
                        for group, partitions in groups.items()},
             "groups_complete": groups_complete,

@@ -28,7 +28,7 @@ _PER_API = {"requests": ("kafka_network_requests", "Requests read, per API (Requ
             "bytes_in": ("kafka_network_request_bytes", "Request bytes read, per API"),
             "bytes_out": ("kafka_network_response_bytes", "Response bytes queued, per API"),
             "authorization_denials": ("kafka_security_authorizer_denials",
-                                      "Operations the authorizer refused, per API (the log names the principals)")}
+                                      "Operations the authorizer refused, per API")}
 _KAFKA_NAMES = {"connections": "kafka_server_connections", "rebalances": "kafka_coordinator_group_rebalances",
                 "groups": "kafka_coordinator_groups", "group_members": "kafka_coordinator_group_members",
                 "flushes": "kafka_log_flushes", "bytes_flushed": "kafka_log_flushed_bytes",
@@ -67,6 +67,12 @@ class StatsCollector:
             failures.add_metric([entry["listener"], entry["mechanism"]], entry["failures"])
         yield logins
         yield failures
+        denials = CounterMetricFamily("kafka_security_authorizer_principal_denials",
+                                      "Operations the authorizer refused, per principal and API",
+                                      labels=["principal", "request"])
+        for entry in self.reader.denials_by_principal(rows):
+            denials.add_metric([entry["principal"], entry["api"]], entry["denials"])
+        yield denials
         purgatory = GaugeMetricFamily("kafka_server_delayed_operations", "Delayed operations waiting (PurgatorySize)",
                                       labels=["purgatory"])
         for field in S.FIELDS:

@@ -9,8 +9,10 @@ Invariants:
   that answer is checked against the new ACLs in every worker; there is no ring round trip per request.
 - A connection's cache maps (operation, resource type, name) to the decision for its principal and host; it is
   dropped when the copy is reloaded (the copy's epoch) or the principal changes, and bounded (cleared when full).
-- A refusal counts in `authorization_denials` per API key, with one rate-limited log line naming the principal;
-  `permits` decides the same without counting (Kafka's checks that filter a listing, logIfDenied = false).
+- A refusal counts in `authorization_denials` per API key and in `denials_by_principal` per principal and API key
+  (at most MAX_PRINCIPALS_COUNTED principals by name, the rest under OTHER_PRINCIPALS), with one rate-limited log
+  line naming the principal; `permits` decides the same without counting (Kafka's checks that filter a listing,
+  logIfDenied = false).
 - `operations` is KIP-430's bitfield of the operations the resource type supports that the principal may do:
   every supported one when the authorizer is off (what Kafka reports without an authorizer).
 """
@@ -30,6 +32,9 @@ from workers.connection import Request
 log = logging.getLogger("shmbroker.authorizer")
 
 DENIAL_LOG_INTERVAL_S = 10.0  # at most one "denied" log line per principal this often
+# Principals counted by name per worker (bounded: a client picks its user name); later ones count together.
+MAX_PRINCIPALS_COUNTED = 256
+OTHER_PRINCIPALS = "(others)"
 # The operations KIP-430's authorized operations report per resource type (Kafka's supported operations: ALL aside).
 SUPPORTED_OPERATIONS = {rtype: tuple(sorted(op for op in ops if op != Operation.ALL))
                         for rtype, ops in OPERATIONS_OF.items()}
@@ -45,6 +50,8 @@ class RequestAuthorizer:
         self.cache_entries = config.cache_entries_per_connection
         self.denials: list[int] | None = None  # the worker's stats counts (+ api key), when it keeps stats
         self.denials_offset = 0
+        self.denials_by_principal: dict[str, dict[int, int]] = {}  # principal -> api key -> refusals
+        self.denials_counted = 0  # refusals so far: publishers compare it to see whether the dict moved
         self._loaded_at = -1  # the change counter the copy was loaded at
         self._epoch = 0  # raised on every reload: connections' caches of another epoch are stale
         self._authorization = Authorization((), config.super_users, config.allow_everyone_if_no_acl_found)
@@ -141,8 +148,16 @@ class RequestAuthorizer:
 
     def _denied(self, req: Request, principal: str, operation: Operation, resource_type: ResourceType,
                 name: str) -> None:
+        api_key = req.header.api_key
         if self.denials is not None:
-            self.denials[self.denials_offset + req.header.api_key] += 1
+            self.denials[self.denials_offset + api_key] += 1
+        by_principal = self.denials_by_principal
+        counts = by_principal.get(principal)
+        if counts is None:
+            counts = by_principal.setdefault(principal if len(by_principal) < MAX_PRINCIPALS_COUNTED
+                                             else OTHER_PRINCIPALS, {})
+        counts[api_key] = counts.get(api_key, 0) + 1
+        self.denials_counted += 1
         now = time.monotonic()
         if now >= self._logged.get(principal, 0.0):
             if len(self._logged) > 1024:
