@@ -24,7 +24,6 @@ Invariants of the store:
 from __future__ import annotations
 
 import enum
-import fcntl
 import logging
 import os
 from dataclasses import dataclass
@@ -32,7 +31,7 @@ from typing import Callable, Iterable
 
 import orjson
 
-from node.storage.durable import write_durably
+from node.storage.durable import changing, write_durably
 
 log = logging.getLogger("shmbroker.acls")
 
@@ -287,10 +286,7 @@ class AclStore:
         self.changed = changed
 
     def _change(self, edit: Callable[[list[AclBinding]], object]) -> object:
-        os.makedirs(self.data_dir, exist_ok=True)
-        fd = os.open(self.path + ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        try:
-            fcntl.lockf(fd, fcntl.LOCK_EX)
+        with changing(self.path):
             bindings = read_acls(self.path)
             before = list(bindings)
             result = edit(bindings)
@@ -300,8 +296,6 @@ class AclStore:
                 if self.changed is not None:
                     self.changed()
             return result
-        finally:
-            os.close(fd)
 
     def create(self, bindings: list[AclBinding]) -> None:
         """Store the bindings (each validated first: AclError names the first bad one, and nothing is stored)."""

@@ -1,5 +1,5 @@
 """Small files of a partition's directory written durably, and the offsets kept in such files (the log start
-DeleteRecords set, how far the cleaner cleaned).
+DeleteRecords set, how far the cleaner cleaned); the lock of a small file's read-modify-write (the users, the ACLs).
 
 Invariants: `write_durably` leaves the old file or the new one whole, never a mix, and the new one survives a
 crash once it returns (temporary file, fsync, rename over the file, fsync of the directory); on a failure
@@ -9,7 +9,10 @@ the segments then say what it would have.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
+from typing import Iterator
 
 
 def write_durably(path: str, data: bytes, sync_directory: bool = True, mode: int = 0o644) -> None:
@@ -32,6 +35,19 @@ def write_durably(path: str, data: bytes, sync_directory: bool = True, mode: int
         raise
     if sync_directory:
         fsync_directory(os.path.dirname(path))
+
+
+@contextlib.contextmanager
+def changing(path: str) -> Iterator[None]:
+    """Held while `path` is read, changed and written back: an exclusive lock on `path`.lock (owner-only), which
+    every process changing the file takes (its directory is made first)."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    fd = os.open(path + ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def fsync_directory(directory: str) -> None:

@@ -18,7 +18,6 @@ Invariants:
 from __future__ import annotations
 
 import base64
-import fcntl
 import hashlib
 import hmac
 import logging
@@ -29,7 +28,7 @@ from dataclasses import dataclass
 import orjson
 from scramp import ScramMechanism
 
-from node.storage.durable import write_durably
+from node.storage.durable import changing, write_durably
 
 log = logging.getLogger("shmbroker.users")
 
@@ -112,10 +111,7 @@ class UsersStore:
         self.path = users_path(data_dir)
 
     def _change(self, edit) -> object:
-        os.makedirs(self.data_dir, exist_ok=True)
-        fd = os.open(self.path + ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        try:
-            fcntl.lockf(fd, fcntl.LOCK_EX)
+        with changing(self.path):
             users = read_users(self.path)
             result = edit(users)
             document = {"version": FORMAT_VERSION, "users": {
@@ -123,8 +119,6 @@ class UsersStore:
                 for name, credentials in sorted(users.items())}}
             write_durably(self.path, orjson.dumps(document, option=orjson.OPT_INDENT_2), mode=0o600)
             return result
-        finally:
-            os.close(fd)
 
     def add(self, name: str, mechanism: str, password: str, iterations: int = MIN_ITERATIONS) -> None:
         """Add the user, or replace its credential of `mechanism` (its others stay)."""
