@@ -1,6 +1,7 @@
 """Shared fixtures: real nodes as subprocesses, cleaned up by pid; nothing left in /dev/shm (a module of
 storage tests asks for that check with `pytestmark = pytest.mark.usefixtures("nothing_left_in_dev_shm")`);
-a fresh partition table.
+librdkafka clients collected after each test of a module that asks (`librdkafka_clients_collected`); a fresh
+partition table.
 
 A test that starts a real node carries the marker `node`, so `pytest -m "not node"` runs the others: the
 `node` and `node_factory` fixtures give it to every test that uses them (at collection), and a test that
@@ -10,6 +11,8 @@ starts a NodeProcess fails.
 """
 
 from __future__ import annotations
+
+import gc
 
 import pytest
 
@@ -69,6 +72,14 @@ def nothing_left_in_dev_shm():
     before = dev_shm_entries()
     yield
     assert dev_shm_entries() == before
+
+
+@pytest.fixture
+def librdkafka_clients_collected():
+    """librdkafka clients a test's frames keep in reference cycles (pytest.raises) are destroyed here, in this
+    process: a later test that forks would otherwise have its child collect, and destroy, them (a segfault)."""
+    yield
+    gc.collect()
 
 
 @pytest.fixture

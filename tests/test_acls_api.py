@@ -5,7 +5,6 @@ are INVALID_REQUEST, and ACLs survive a restart."""
 
 from __future__ import annotations
 
-import gc
 import json
 import subprocess
 import sys
@@ -21,15 +20,7 @@ from tests.test_security_sasl import PASSWORD, SaslNode, with_users
 from tests.test_stats_cli import stats_json
 from tests.waiting import wait_for
 
-pytestmark = pytest.mark.node
-
-
-@pytest.fixture(autouse=True)
-def _no_clients_left():
-    """librdkafka clients a test's frames keep in reference cycles (pytest.raises) are destroyed here, in this
-    process: a later test that forks would otherwise have its child collect, and destroy, them (a segfault)."""
-    yield
-    gc.collect()
+pytestmark = [pytest.mark.node, pytest.mark.usefixtures("librdkafka_clients_collected")]
 
 AUTHORIZER = '\n[authorizer]\nenabled = true\nsuper_users = ["User:admin"]\n'
 EVERYTHING = AclBindingFilter(ResourceType.ANY, None, ResourcePatternType.ANY, None, None, AclOperation.ANY,
@@ -99,6 +90,9 @@ def test_only_principals_allowed_on_the_cluster_manage_acls_and_changes_hold_at_
     denials = wait_for(lambda: stats_json(sasl.node)["apis"].get("CreateAcls", {}).get("authorization_denials"),
                        what="the refused CreateAcls counted")
     assert denials == 1
+    by_principal = wait_for(lambda: [e for e in stats_json(sasl.node)["authorization_denials_by_principal"]
+                                     if e["api"] == "CreateAcls"] or None, what="the refusal counted for alice")
+    assert by_principal == [{"principal": "User:alice", "api": "CreateAcls", "denials": 1}]
     deleted = alice.delete_acls([EVERYTHING], request_timeout=10)[EVERYTHING]
     with pytest.raises(KafkaException, match="CLUSTER_AUTHORIZATION_FAILED"):
         deleted.result(timeout=20)
@@ -166,3 +160,4 @@ def test_acls_cli_over_sasl_and_acls_survive_a_restart(sasl: SaslNode, tmp_path)
 
     text = wait_for(scraped, what="the denial in /metrics")
     assert 'kafka_server_sasl_logins_total{listener="SASL",mechanism="SCRAM-SHA-256"}' in text
+    assert 'kafka_security_authorizer_principal_denials_total{principal="User:alice",request="CreateAcls"} 1.0' in text

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, KafkaError, KafkaException, Producer, TopicPartition
-from confluent_kafka.admin import (AclBinding, AclBindingFilter, AclOperation, AclPermissionType, AdminClient, NewTopic,
+from confluent_kafka.admin import (AclBinding, AclBindingFilter, AclOperation, AclPermissionType, AdminClient,
                                    ResourcePatternType, ResourceType)
 from kafka import KafkaAdminClient, KafkaConsumer
 from kafka.errors import GroupAuthorizationFailedError, TransactionalIdAuthorizationFailedError
@@ -43,12 +43,10 @@ class SecuredNode(AuthorizedNode):
     def add_acl(self, principal: str, resource_type: ResourceType, name: str, operation: AclOperation,
               pattern: ResourcePatternType = ResourcePatternType.LITERAL,
               permission: AclPermissionType = AclPermissionType.ALLOW) -> None:
-        binding = AclBinding(resource_type, name, pattern, principal, "*", operation, permission)
-        for future in self.admin.create_acls([binding]).values():
-            future.result(timeout=TIMEOUT_S)
+        self.grant(AclBinding(resource_type, name, pattern, principal, "*", operation, permission))
 
     def topic(self, name: str, partitions: int = 1) -> None:
-        self.admin.create_topics([NewTopic(name, num_partitions=partitions)])[name].result(timeout=TIMEOUT_S)
+        self.create_topic(name, partitions)
 
     def commit_as_admin(self, group: str, offsets: dict[tuple[str, int], int]) -> None:
         partitions = [TopicPartition(t, p, o) for (t, p), o in offsets.items()]

@@ -4,7 +4,6 @@ non-super user is refused with the authorizer on, and Kafka's per-user errors.""
 
 from __future__ import annotations
 
-import gc
 import socket
 import time
 
@@ -17,15 +16,7 @@ from scripts.harness import rawkafka as R
 from tests.test_acls_api import AUTHORIZER, admin_for
 from tests.test_security_sasl import SaslNode, login_error, raw_frame, with_users
 
-pytestmark = pytest.mark.node
-
-
-@pytest.fixture(autouse=True)
-def _no_clients_left():
-    """librdkafka clients a test's frames keep in reference cycles (pytest.raises) are destroyed here, in this
-    process: a later test that forks would otherwise have its child collect, and destroy, them (a segfault)."""
-    yield
-    gc.collect()
+pytestmark = [pytest.mark.node, pytest.mark.usefixtures("librdkafka_clients_collected")]
 
 DESCRIBE_SCRAM = 50
 CLUSTER_AUTHORIZATION_FAILED = 31
