@@ -12,7 +12,7 @@ batches, segments of --segment-mb), then two workloads run on copies of it:
   running and stopped (SIGSTOP/SIGCONT), with how many cleaning steps ended with the cleaner still busy.
   The p99 is given two ways: the median of the rounds' ratios, and the ratio of each mode's p99 over all its
   samples pooled (steadier on a shared machine). Target: within 10% (records/s ratio >= 0.9 and p99 ratio
-  <= 1.1).
+  <= 1.1). `--control` keeps the cleaner stopped in both modes (an A/A run: the bench's own noise and bias).
 
 JSON lines with --json (a summary line per workload), a table otherwise. Only 127.0.0.1; every step is bounded.
     .venv/bin/python -m scripts.bench_cleaner [--workload throughput|impact] [--dirty-mb 1024] [--keys 1000000]
@@ -122,7 +122,10 @@ def clean_copy(data_dir: Path) -> dict:
         table.unlink()
 
 
-def throughput(args, template: Path, work: Path) -> dict:
+def throughput(args, work: Path) -> dict:
+    template = work / "template"
+    size = build_dirty_log(template, args.dirty_mb, args.keys, args.value_bytes, args.segment_mb)
+    log(f"dirty log: {size / 1e6:.0f} MB over {args.keys:,} keys")
     rounds = AlternatingRounds("cleaner", "copy", args.runs)
     source = template / f"{TOPIC}-0"
     last_clean: dict = {}
@@ -163,7 +166,7 @@ def _cleaner(node: NodeProcess) -> tuple[bool, int, int]:
         reader.close()
 
 
-def impact(args, template: Path, work: Path) -> dict:
+def impact(args, work: Path) -> dict:
     # One node, its cleaner at its default rate on --impact-partitions dirty partitions (enough to keep it
     # busy through the cleaning steps). Its steps alternate between the cleaner running (SIGCONT) and the
     # cleaner stopped (SIGSTOP; the hang watch off, so it is not replaced meanwhile): same node, same data,
@@ -185,7 +188,8 @@ def impact(args, template: Path, work: Path) -> dict:
         pooled: dict[str, list] = {"cleaning": [], "idle": []}  # each mode's latencies over all its steps
         try:
             for step, (round_index, mode) in enumerate(rounds.steps(), 1):
-                os.kill(cleaner_pid, signal.SIGCONT if mode == "cleaning" else signal.SIGSTOP)
+                running = mode == "cleaning" and not args.control
+                os.kill(cleaner_pid, signal.SIGCONT if running else signal.SIGSTOP)
                 produced = run_raw_producer(benchnode.LOOPBACK, node.port, RawProduceLoad("load", 4), args.seconds)
                 # A new topic each step: the consumer of a reused one would start with the records of the last.
                 topic = f"latency-{step}"
@@ -194,7 +198,7 @@ def impact(args, template: Path, work: Path) -> dict:
                 latency = run_raw(target, LatencyRun(topic, seconds=args.seconds))
                 p99 = benchnode.percentiles_ms(latency.latencies_ns)["p99_ms"]
                 pooled[mode].extend(latency.latencies_ns)
-                busy = mode == "cleaning" and _cleaner(node)[0]  # still cleaning at the end of this step
+                busy = running and _cleaner(node)[0]  # still cleaning at the end of this step
                 busy_steps += busy
                 rounds.record(round_index, mode, {"records_per_s": produced.records / produced.elapsed_s,
                                                   "p99_ms": p99 or 0.0})
@@ -204,7 +208,7 @@ def impact(args, template: Path, work: Path) -> dict:
             os.kill(cleaner_pid, signal.SIGCONT)  # the node stops as usual
         _, cleanings, bytes_read = _cleaner(node)
     pooled_p99 = {mode: benchnode.percentiles_ms(latencies)["p99_ms"] or 0.0 for mode, latencies in pooled.items()}
-    return {"script": SCRIPT, "workload": "impact", "summary": True, "rounds": args.runs,
+    return {"script": SCRIPT, "workload": "impact", "summary": True, "rounds": args.runs, "control": args.control,
             "cleaner_busy_at_cleaning_step_ends": f"{busy_steps} of {args.runs}",
             # Whether it still gets on with its work under the load: cleanings finished by the end of the run.
             "cleanings_finished": cleanings, "cleaned_mb": round(bytes_read / 1e6),
@@ -237,17 +241,16 @@ def main(argv: list[str] | None = None) -> int:
                              "(default %(default)s)")
     parser.add_argument("--cleaner-setting", action="append", default=[], metavar="'KEY = VALUE'",
                         help="impact: a [cleaner] setting of the node, as in its config file (repeatable)")
+    parser.add_argument("--control", action="store_true",
+                        help="impact: the cleaner stopped in both modes (an A/A run: the bench's own noise and bias)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     if min(args.dirty_mb, args.keys, args.value_bytes, args.segment_mb, args.runs, args.impact_partitions) < 1 or args.seconds <= 0:
         parser.error("sizes, --runs and --seconds must be positive")
     work = Path(tempfile.mkdtemp(prefix="bench-cleaner-"))
     try:
-        template = work / "template"
-        size = build_dirty_log(template, args.dirty_mb, args.keys, args.value_bytes, args.segment_mb)
-        log(f"dirty log: {size / 1e6:.0f} MB over {args.keys:,} keys")
         for workload in args.workload or ["throughput", "impact"]:
-            row = (throughput if workload == "throughput" else impact)(args, template, work)
+            row = (throughput if workload == "throughput" else impact)(args, work)
             if args.json:
                 benchnode.emit(row, True)
             else:

@@ -390,6 +390,11 @@ def test_bench_cleaner_measures_both_workloads(tmp_path):
     # Each step's latency consumer reads only its own step's records (not a second or more of a previous one's).
     assert 0 < impact["cleaning_e2e_p99_ms"] < 1000 and 0 < impact["idle_e2e_p99_ms"] < 1000, impact
     assert 0 < impact["pooled_cleaning_e2e_p99_ms"] < 1000 and impact["pooled_e2e_p99_ratio"] > 0, impact
+    assert impact["control"] is False and impact["cleaner_busy_at_cleaning_step_ends"].endswith("of 2")
+    # The A/A run keeps the cleaner stopped through every step, so no cleaning step finds it busy.
+    control, = run_script(tmp_path, "bench_cleaner", "--workload", "impact", "--control", "--dirty-mb", "8",
+                          "--keys", "2000", "--segment-mb", "1", "--runs", "1", "--seconds", "0.5")
+    assert control["control"] is True and control["cleaner_busy_at_cleaning_step_ends"] == "0 of 1", control
 
 
 @pytest.mark.node
