@@ -381,7 +381,7 @@ def test_bench_limits_smoke(tmp_path):
 @pytest.mark.node
 def test_bench_cleaner_measures_both_workloads(tmp_path):
     rows = run_script(tmp_path, "bench_cleaner", "--dirty-mb", "8", "--keys", "2000", "--segment-mb", "1",
-                      "--runs", "2", "--seconds", "1", "--impact-partitions", "2")
+                      "--runs", "2", "--seconds", "1", "--impact-partitions", "2", "--cleaner-setting", "backoff_ms = 200")
     throughput, impact = rows
     assert throughput["workload"] == "throughput" and throughput["keys"] == 2000
     assert throughput["records_kept"] == 2000 < throughput["records_read"]
@@ -393,7 +393,8 @@ def test_bench_cleaner_measures_both_workloads(tmp_path):
     assert impact["control"] is False and impact["cleaner_busy_at_cleaning_step_ends"].endswith("of 2")
     # The A/A run keeps the cleaner stopped through every step, so no cleaning step finds it busy.
     control, = run_script(tmp_path, "bench_cleaner", "--workload", "impact", "--control", "--dirty-mb", "8",
-                          "--keys", "2000", "--segment-mb", "1", "--runs", "1", "--seconds", "0.5")
+                          "--keys", "2000", "--segment-mb", "1", "--runs", "1", "--seconds", "0.5",
+                          "--cleaner-setting", "backoff_ms = 200")
     assert control["control"] is True and control["cleaner_busy_at_cleaning_step_ends"] == "0 of 1", control
 
 
