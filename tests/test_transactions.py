@@ -255,6 +255,38 @@ def test_offset_fetch_require_stable_waits_for_the_transaction_holding_the_offse
         consumer.close()
 
 
+def test_the_log_cleaner_compacts_the_transaction_state_log_which_is_still_complete_after_a_restart(node_factory):
+    # Small state segments, so that 120 transactions seal several; normal scheduling and a short survey period, so
+    # that the cleaning comes in bounded time.
+    node = node_factory(workers=1, config=CONFIG + "state_segment_bytes = 4000\n[cleaner]\nbackoff_ms = 200\n"
+                                                   'scheduling = "normal"\n')
+    create(node.bootstrap, "busy-output")
+    busy = transactional(node.bootstrap, "busy")
+    for number in range(120):
+        in_transaction(busy, "busy-output", [b"%d" % number])
+    quiet = transactional(node.bootstrap, "quiet")
+    in_transaction(quiet, "busy-output", [b"quiet"])
+    log_dir = node.data_dir / "__transaction_state-0"
+    # Each transaction wrote three states (ongoing, prepare, complete): the segment names (their base offsets) show
+    # 360 records or more were written, of which two ids' latest states are all a compacted log needs.
+    assert max(int(p.stem) for p in log_dir.glob("*.log")) >= 300
+    waiting.wait_for(lambda: "cleaned __transaction_state-0" in node.log()
+                     and sum(p.stat().st_size for p in log_dir.glob("*.log")) < 12_000, TIMEOUT_S,
+                     "the cleaner to compact the transaction state log")
+    assert node.stop() == 0
+    node.start()
+    # The compacted log still holds each id's producer and epoch: the producers go on where they were, and a
+    # new producer of "busy" fences the old one (a lost state would have refused them or started over).
+    in_transaction(busy, "busy-output", [b"after restart"])
+    in_transaction(quiet, "busy-output", [b"quiet again"])
+    successor = transactional(node.bootstrap, "busy")
+    in_transaction(successor, "busy-output", [b"successor"])
+    with pytest.raises(KafkaException):
+        in_transaction(busy, "busy-output", [b"zombie"])
+    values = consume_all(node.bootstrap, "busy-output", "read_committed")
+    assert values == [b"%d" % n for n in range(120)] + [b"quiet", b"after restart", b"quiet again", b"successor"]
+
+
 PRODUCE_AND_HANG = """
 import sys, time
 from confluent_kafka import Producer
