@@ -1,7 +1,8 @@
 """CreateAcls, DescribeAcls and DeleteAcls against a real node with the authorizer on: the super user manages ACLs
 through confluent-kafka's AdminClient and `shmbroker acls` (over SASL, with --command-config), others need ALTER or
 DESCRIBE on the cluster, a change made through one worker holds at once for a connection on the other, bad bindings
-are INVALID_REQUEST, and ACLs survive a restart."""
+are INVALID_REQUEST, ACLs survive a restart, and v0 requests (no pattern type) create and match LITERAL
+bindings only."""
 
 from __future__ import annotations
 
@@ -9,19 +10,26 @@ import json
 import subprocess
 import sys
 import urllib.request
+from typing import Any
 
 import pytest
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import (AclBinding, AclBindingFilter, AclOperation, AclPermissionType, AdminClient,
                                    ResourcePatternType, ResourceType)
 
+from kio.serial import entity_reader
+from kio.static.primitive import i8
+
+from scripts.harness import rawkafka as R
 from scripts.harness.nodeproc import REPO_ROOT, free_port
 from tests.test_security_sasl import PASSWORD, SaslNode, with_users
 from tests.test_stats_cli import stats_json
 from tests.waiting import wait_for
+from workers.codecs import protocol as P
 
 pytestmark = [pytest.mark.node, pytest.mark.usefixtures("librdkafka_clients_collected")]
 
+SASL_HANDSHAKE, SASL_AUTHENTICATE, DESCRIBE_ACLS, CREATE_ACLS, DELETE_ACLS = 17, 36, 29, 30, 31
 AUTHORIZER = '\n[authorizer]\nenabled = true\nsuper_users = ["User:admin"]\n'
 EVERYTHING = AclBindingFilter(ResourceType.ANY, None, ResourcePatternType.ANY, None, None, AclOperation.ANY,
                               AclPermissionType.ANY)
@@ -161,3 +169,53 @@ def test_acls_cli_over_sasl_and_acls_survive_a_restart(sasl: SaslNode, tmp_path)
     text = wait_for(scraped, what="the denial in /metrics")
     assert 'kafka_server_sasl_logins_total{listener="SASL",mechanism="SCRAM-SHA-256"}' in text
     assert 'kafka_security_authorizer_principal_denials_total{principal="User:alice",request="CreateAcls"} 1.0' in text
+
+
+def raw_login(sasl: SaslNode, user: str) -> R.RawConnection:
+    """A raw connection to the SASL_PLAINTEXT listener, logged in as `user` with PLAIN (the same users store)."""
+    conn = R.RawConnection("127.0.0.1", sasl.sasl_port)
+    assert conn.call(SASL_HANDSHAKE, 1, R.request_body(SASL_HANDSHAKE, 1, "SaslHandshakeRequest",
+                                                       mechanism="PLAIN")).error_code == 0
+    assert conn.call(SASL_AUTHENTICATE, 2, R.request_body(
+        SASL_AUTHENTICATE, 2, "SaslAuthenticateRequest", auth_bytes=f"\0{user}\0{PASSWORD}".encode())).error_code == 0
+    return conn
+
+
+def v0(api_key: int, class_name: str, **fields) -> Any:
+    """An ACL API's v0 request entity, by the node's own declarations of v0 (kio has none)."""
+    return P.build_entity(getattr(P.request_schema(api_key, 0), class_name), **fields)
+
+
+def call_v0(conn: R.RawConnection, api_key: int, request: Any) -> Any:
+    body = conn.request(api_key, 0, R.encode_body(request))
+    return entity_reader(P.response_class(api_key, 0))(body, 0)[0]
+
+
+def test_v0_requests_create_find_and_delete_literal_bindings_only(sasl: SaslNode) -> None:
+    """v0 has no pattern type: its creations are LITERAL and its filters match LITERAL bindings only (Kafka's
+    default of 3 for the field), so a PREFIXED binding made by a newer client is neither listed nor deleted."""
+    admin = admin_for(sasl, "admin")
+    prefixed = topic_read("alice", "orders", ResourcePatternType.PREFIXED)
+    assert create(admin, prefixed) == {prefixed: None}
+    any_topic = {"resource_type_filter": i8(ResourceType.TOPIC.value), "resource_name_filter": None,
+                 "principal_filter": None, "host_filter": None, "operation": i8(AclOperation.ANY.value),
+                 "permission_type": i8(AclPermissionType.ANY.value)}
+    conn = raw_login(sasl, "admin")
+    try:
+        created = call_v0(conn, CREATE_ACLS, v0(CREATE_ACLS, "CreateAclsRequest", creations=(v0(
+            CREATE_ACLS, "AclCreation", resource_type=i8(ResourceType.TOPIC.value), resource_name="orders",
+            principal="User:alice", host="*", operation=i8(AclOperation.READ.value),
+            permission_type=i8(AclPermissionType.ALLOW.value)),)))
+        assert [int(r.error_code) for r in created.results] == [0]
+        described = call_v0(conn, DESCRIBE_ACLS, v0(DESCRIBE_ACLS, "DescribeAclsRequest", **any_topic))
+        assert int(described.error_code) == 0
+        assert [(r.resource_name, [(a.principal, a.operation) for a in r.acls]) for r in described.resources] == [
+            ("orders", [("User:alice", AclOperation.READ.value)])]
+        deleted = call_v0(conn, DELETE_ACLS, v0(DELETE_ACLS, "DeleteAclsRequest", filters=(
+            v0(DELETE_ACLS, "DeleteAclsFilter", **any_topic),)))
+        assert [[(m.resource_name, int(m.error_code)) for m in r.matching_acls] for r in deleted.filter_results] == [
+            [("orders", 0)]]
+    finally:
+        conn.close()
+    # What stays is the PREFIXED binding; the one v0 made was LITERAL.
+    assert [str(b) for b in admin.describe_acls(EVERYTHING, request_timeout=10).result(timeout=20)] == [str(prefixed)]

@@ -1,13 +1,13 @@
 """Message schemas for old API versions that kio no longer ships, declared as data.
 
 kio is generated from current Kafka schemas, which dropped CreateTopics v0-1,
-DeleteTopics v0 and DescribeConfigs v0 (KIP-896). Clients we serve may still
-send them (CreateTopics 0-4, DeleteTopics 0-3 and DescribeConfigs 0-3 are
-advertised), so they are declared here in kio's own dataclass form and
-read/written by kio's one codec, exactly like the generated versions. Field
-lists are Kafka's CreateTopicsRequest.json, CreateTopicsResponse.json,
-DeleteTopicsRequest.json, DeleteTopicsResponse.json, DescribeConfigsRequest.json
-and DescribeConfigsResponse.json at those versions.
+DeleteTopics v0, DescribeConfigs v0 and the ACL APIs' v0 (KIP-896). Clients we
+serve may still send them (CreateTopics 0-4, DeleteTopics 0-3, DescribeConfigs
+0-3 and Create/Describe/DeleteAcls 0-3 are advertised), so they are declared
+here in kio's own dataclass form and read/written by kio's one codec, exactly
+like the generated versions. Field lists are Kafka's request and response JSON
+schemas of those APIs at those versions (the ACL APIs' v0 is v1 without the
+pattern type: LITERAL, their JSON's default for it).
 
 Invariants:
 - Each class carries kio's class attributes (``__type__``, ``__version__``,
@@ -35,6 +35,9 @@ from kio.static.primitive import i8, i16, i32, i32Timedelta
 _CREATE_TOPICS = i16(19)
 _DELETE_TOPICS = i16(20)
 _DESCRIBE_CONFIGS = i16(32)
+_DESCRIBE_ACLS = i16(29)
+_CREATE_ACLS = i16(30)
+_DELETE_ACLS = i16(31)
 _DEFAULT_TIMEOUT = i32Timedelta.parse(datetime.timedelta(milliseconds=60000))
 
 
@@ -194,9 +197,117 @@ def _describe_configs_v0() -> SimpleNamespace:
     return schema.namespace()
 
 
+def _describe_acls_v0() -> SimpleNamespace:
+    schema = _Schema(_DESCRIBE_ACLS, 0)
+
+    @schema.request
+    class DescribeAclsRequest:
+        resource_type_filter: i8 = field(metadata={"kafka_type": "int8"})
+        resource_name_filter: str | None = field(metadata={"kafka_type": "string"})
+        principal_filter: str | None = field(metadata={"kafka_type": "string"})
+        host_filter: str | None = field(metadata={"kafka_type": "string"})
+        operation: i8 = field(metadata={"kafka_type": "int8"})
+        permission_type: i8 = field(metadata={"kafka_type": "int8"})
+
+    @schema.response_part
+    class AclDescription:
+        principal: str = field(metadata={"kafka_type": "string"})
+        host: str = field(metadata={"kafka_type": "string"})
+        operation: i8 = field(metadata={"kafka_type": "int8"})
+        permission_type: i8 = field(metadata={"kafka_type": "int8"})
+
+    @schema.response_part
+    class DescribeAclsResource:
+        resource_type: i8 = field(metadata={"kafka_type": "int8"})
+        resource_name: str = field(metadata={"kafka_type": "string"})
+        acls: tuple[AclDescription, ...]
+
+    @schema.response
+    class DescribeAclsResponse:
+        throttle_time: i32Timedelta = field(metadata={"kafka_type": "timedelta_i32"})
+        error_code: ErrorCode = field(metadata={"kafka_type": "error_code"})
+        error_message: str | None = field(metadata={"kafka_type": "string"})
+        resources: tuple[DescribeAclsResource, ...]
+
+    return schema.namespace()
+
+
+def _create_acls_v0() -> SimpleNamespace:
+    schema = _Schema(_CREATE_ACLS, 0)
+
+    @schema.request_part
+    class AclCreation:
+        resource_type: i8 = field(metadata={"kafka_type": "int8"})
+        resource_name: str = field(metadata={"kafka_type": "string"})
+        principal: str = field(metadata={"kafka_type": "string"})
+        host: str = field(metadata={"kafka_type": "string"})
+        operation: i8 = field(metadata={"kafka_type": "int8"})
+        permission_type: i8 = field(metadata={"kafka_type": "int8"})
+
+    @schema.request
+    class CreateAclsRequest:
+        creations: tuple[AclCreation, ...]
+
+    @schema.response_part
+    class AclCreationResult:
+        error_code: ErrorCode = field(metadata={"kafka_type": "error_code"})
+        error_message: str | None = field(metadata={"kafka_type": "string"})
+
+    @schema.response
+    class CreateAclsResponse:
+        throttle_time: i32Timedelta = field(metadata={"kafka_type": "timedelta_i32"})
+        results: tuple[AclCreationResult, ...]
+
+    return schema.namespace()
+
+
+def _delete_acls_v0() -> SimpleNamespace:
+    schema = _Schema(_DELETE_ACLS, 0)
+
+    @schema.request_part
+    class DeleteAclsFilter:
+        resource_type_filter: i8 = field(metadata={"kafka_type": "int8"})
+        resource_name_filter: str | None = field(metadata={"kafka_type": "string"})
+        principal_filter: str | None = field(metadata={"kafka_type": "string"})
+        host_filter: str | None = field(metadata={"kafka_type": "string"})
+        operation: i8 = field(metadata={"kafka_type": "int8"})
+        permission_type: i8 = field(metadata={"kafka_type": "int8"})
+
+    @schema.request
+    class DeleteAclsRequest:
+        filters: tuple[DeleteAclsFilter, ...]
+
+    @schema.response_part
+    class DeleteAclsMatchingAcl:
+        error_code: ErrorCode = field(metadata={"kafka_type": "error_code"})
+        error_message: str | None = field(metadata={"kafka_type": "string"})
+        resource_type: i8 = field(metadata={"kafka_type": "int8"})
+        resource_name: str = field(metadata={"kafka_type": "string"})
+        principal: str = field(metadata={"kafka_type": "string"})
+        host: str = field(metadata={"kafka_type": "string"})
+        operation: i8 = field(metadata={"kafka_type": "int8"})
+        permission_type: i8 = field(metadata={"kafka_type": "int8"})
+
+    @schema.response_part
+    class DeleteAclsFilterResult:
+        error_code: ErrorCode = field(metadata={"kafka_type": "error_code"})
+        error_message: str | None = field(metadata={"kafka_type": "string"})
+        matching_acls: tuple[DeleteAclsMatchingAcl, ...]
+
+    @schema.response
+    class DeleteAclsResponse:
+        throttle_time: i32Timedelta = field(metadata={"kafka_type": "timedelta_i32"})
+        filter_results: tuple[DeleteAclsFilterResult, ...]
+
+    return schema.namespace()
+
+
 LEGACY_SCHEMAS: dict[tuple[int, int], SimpleNamespace] = {
     (19, 0): _create_topics(0),
     (19, 1): _create_topics(1),
     (20, 0): _delete_topics_v0(),
     (32, 0): _describe_configs_v0(),
+    (29, 0): _describe_acls_v0(),
+    (30, 0): _create_acls_v0(),
+    (31, 0): _delete_acls_v0(),
 }

@@ -165,9 +165,9 @@ SUPPORTED_APIS: dict[int, tuple[int, int]] = {
     LIST_TRANSACTIONS: (0, 1),
     DESCRIBE_TRANSACTIONS: (0, 0),
     # ACLs (workers/api/acls.py, node/storage/acls.py).
-    DESCRIBE_ACLS: (1, 3),
-    CREATE_ACLS: (1, 3),
-    DELETE_ACLS: (1, 3),
+    DESCRIBE_ACLS: (0, 3),
+    CREATE_ACLS: (0, 3),
+    DELETE_ACLS: (0, 3),
     # SCRAM users (workers/api/scram_credentials.py, node/storage/users.py).
     DESCRIBE_USER_SCRAM_CREDENTIALS: (0, 0),
     ALTER_USER_SCRAM_CREDENTIALS: (0, 0),
