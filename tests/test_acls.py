@@ -194,3 +194,31 @@ def test_denials_are_counted_per_principal_and_api_up_to_a_bound(tmp_path) -> No
     assert len(worker.denials_by_principal) == MAX_PRINCIPALS_COUNTED + 1
     assert worker.denials_by_principal[OTHER_PRINCIPALS] == {0: 11}  # alice took one of the named places
     assert worker.denials_by_principal["User:alice"] == {0: 2, 1: 1}
+
+
+def test_the_produce_check_of_written_topics_follows_changes_and_the_principal_at_once(tmp_path) -> None:
+    """topics_not_writable answers from the connection's set of writable topics; an ACL change (the shared
+    counter) or another principal on the connection (a re-authentication) must not be answered from it."""
+    name = object_name(unique_instance_id("acl"), "generations")
+    counters = ChangeCounters.create(name)
+    try:
+        worker = RequestAuthorizer(AuthorizerConfig(enabled=True), str(tmp_path), ChangeCounters.attach(name))
+        worker.denials = [0] * 100
+        writer = AclStore(str(tmp_path), lambda: counters.bump(generations.ACLS))
+        writer.create([acl(op=O.WRITE)])
+        alice = _Conn("User:alice")
+        orders, pay = SimpleNamespace(name="orders"), SimpleNamespace(name="pay")
+        for _ in range(2):  # the decision, then the connection's set
+            assert worker.topics_not_writable(_request(alice), [orders]) == frozenset()
+        assert worker.topics_not_writable(_request(alice), [orders, pay]) == {"pay"}
+        assert worker.denials[0] == 1
+        writer.delete([AclFilter(T, "orders", LIT, None, None, O.ANY, Permission.ANY)])
+        assert worker.topics_not_writable(_request(alice), [orders]) == {"orders"}  # at once
+        writer.create([acl(op=O.WRITE)])
+        assert worker.topics_not_writable(_request(alice), [orders]) == frozenset()
+        alice.principal = "User:bob"
+        assert worker.topics_not_writable(_request(alice), [orders]) == {"orders"}
+        worker.counters.close()
+    finally:
+        counters.close()
+        ChangeCounters.unlink_name(name)

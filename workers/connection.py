@@ -127,7 +127,7 @@ class Connection:
         # Who the client is (Kafka's "User:NAME"); None until a SASL listener's client authenticated.
         self.principal: str | None = "User:ANONYMOUS"
         self.sasl: Any = None  # its SASL state on a SASL listener (workers.api.sasl)
-        self.acl_cache: Any = None  # (epoch, principal, decisions) of workers.api.authorizer
+        self.acl_cache: Any = None  # (epoch, principal, decisions, writable topics) of workers.api.authorizer
         self.pinned = False  # its state lives in this process (TLS, a SASL session): it never moves to a peer
 
     # -- what it holds -----------------------------------------------------------------------

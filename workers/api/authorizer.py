@@ -7,8 +7,10 @@ Invariants:
   the counter with the value the copy was loaded at, and reloads the file when it moved. A CreateAcls or
   DeleteAcls answered by any worker raises the counter after its change is durable, so a request read after
   that answer is checked against the new ACLs in every worker; there is no ring round trip per request.
-- A connection's cache maps (operation, resource type, name) to the decision for its principal and host; it is
-  dropped when the copy is reloaded (the copy's epoch) or the principal changes, and bounded (cleared when full).
+- A connection's cache maps (operation, resource type, name) to the decision for its principal and host, and keeps
+  the topics it may WRITE as a set of names (what every Produce asks: `topics_not_writable` tests the names alone);
+  it is dropped when the copy is reloaded (the copy's epoch) or the principal changes, and bounded (cleared when
+  full).
 - A refusal counts in `authorization_denials` per API key and in `denials_by_principal` per principal and API key
   (at most MAX_PRINCIPALS_COUNTED principals by name, the rest under OTHER_PRINCIPALS), with one rate-limited log
   line naming the principal; `permits` decides the same without counting (Kafka's checks that filter a listing,
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Any, Iterable
 
 from node.config import AuthorizerConfig
 from node.storage.acls import CLUSTER_NAME, OPERATIONS_OF, Authorization, Operation, ResourceType, acls_path, read_acls
@@ -36,6 +39,8 @@ DENIAL_LOG_INTERVAL_S = 10.0  # at most one "denied" log line per principal this
 MAX_PRINCIPALS_COUNTED = 256
 OTHER_PRINCIPALS = "(others)"
 # The operations KIP-430's authorized operations report per resource type (Kafka's supported operations: ALL aside).
+NOTHING_DENIED: frozenset[str] = frozenset()
+_ACLS = generations.ACLS  # read on every check: a module constant, not an attribute lookup
 SUPPORTED_OPERATIONS = {rtype: tuple(sorted(op for op in ops if op != Operation.ALL))
                         for rtype, ops in OPERATIONS_OF.items()}
 
@@ -71,7 +76,7 @@ class RequestAuthorizer:
 
     def authorization(self) -> Authorization:
         """The decisions from the current ACLs (reloaded when the change counter moved)."""
-        counter = self._counter[generations.ACLS] if self._counter is not None else 0
+        counter = self._counter[_ACLS] if self._counter is not None else 0
         if counter != self._loaded_at:
             try:
                 bindings = read_acls(self.path)
@@ -95,7 +100,7 @@ class RequestAuthorizer:
         conn = req.conn
         cache = conn.acl_cache
         if (cache is not None and cache[0] == self._epoch and cache[1] == conn.principal
-                and (self._counter is None or self._counter[generations.ACLS] == self._loaded_at)):
+                and (self._counter is None or self._counter[_ACLS] == self._loaded_at)):
             allowed = cache[2].get((operation, resource_type, name))
             if allowed is None:
                 allowed = self._decide(req, operation, resource_type, name)
@@ -104,6 +109,25 @@ class RequestAuthorizer:
         if not allowed and count_denial:
             self._denied(req, req.conn.principal or "", operation, resource_type, name)
         return allowed
+
+    def topics_not_writable(self, req: Request, topics: Iterable[Any]) -> frozenset[str]:
+        """The names of `topics` (items with a `name`) the principal may not WRITE: empty when it may write all.
+        A Produce asks this for every request, so its hit is a set test per topic and one counter read."""
+        conn = req.conn
+        cache = conn.acl_cache
+        if (cache is not None and cache[0] == self._epoch and cache[1] == conn.principal
+                and (self._counter is None or self._counter[_ACLS] == self._loaded_at)):
+            writable = cache[3]
+            for topic in topics:
+                if topic.name not in writable:
+                    break
+            else:
+                return NOTHING_DENIED
+        denied = NOTHING_DENIED
+        for topic in topics:
+            if not self.allows(req, Operation.WRITE, ResourceType.TOPIC, topic.name):
+                denied = denied | {topic.name}
+        return denied
 
     def permits(self, req: Request, operation: Operation, resource_type: ResourceType, name: str) -> bool:
         """`allows` without counting or logging a refusal."""
@@ -132,12 +156,14 @@ class RequestAuthorizer:
         principal = conn.principal or ""
         cache = conn.acl_cache
         if cache is None or cache[0] != self._epoch or cache[1] != principal or len(cache[2]) >= self.cache_entries:
-            cache = conn.acl_cache = (self._epoch, principal, {})
+            cache = conn.acl_cache = (self._epoch, principal, {}, set())
         decisions = cache[2]
         key = (operation, resource_type, name)
         allowed = decisions.get(key)
         if allowed is None:
             allowed = decisions[key] = authorization.allows(principal, _host(conn), operation, resource_type, name)
+            if allowed and operation == Operation.WRITE and resource_type == ResourceType.TOPIC:
+                cache[3].add(name)
         return allowed
 
     def allows_any(self, req: Request, operation: Operation, resource_type: ResourceType) -> bool:
