@@ -402,6 +402,28 @@ def test_transactional_producers_need_write_on_their_transactional_id(secured):
         assert produce_errors(bob, "txn.missing") == [int(E.UNKNOWN_TOPIC_OR_PARTITION)]
 
 
+def test_a_refused_produce_with_acks_0_closes_the_connection(secured):
+    """Kafka closes the connection of an acks=0 Produce that failed (the client has no other way to learn of
+    it); the node does the same, with one log line naming the refusal."""
+    secured.create_topic("quiet.t")
+    bob = secured.login("bob")
+    try:
+        bob.send(PRODUCE, 8, R.produce_body({"quiet.t": {0: R.build_record_batch([b"x"])}}, acks=0),
+                 expect_response=False)
+        bob.sock.settimeout(TIMEOUT_S)
+        assert bob.sock.recv(1) == b""
+    finally:
+        bob.close()
+    assert "Produce with acks=0 failed (quiet.t-0: TOPIC_AUTHORIZATION_FAILED)" in secured.node.log()
+    secured.grant(topic_acl("quiet.t", "User:bob", AclOperation.WRITE))
+    with secured.login("bob") as bob:
+        bob.send(PRODUCE, 8, R.produce_body({"quiet.t": {0: R.build_record_batch([b"x"])}}, acks=0),
+                 expect_response=False)
+        assert list_offsets_errors(bob, "quiet.t") == [0]  # still open (WRITE implies DESCRIBE)
+    with secured.login("admin") as admin:
+        assert admin.call(LIST_OFFSETS, 5, R.list_offsets_body({"quiet.t": [0]})).topics[0].partitions[0].offset == 1
+
+
 def test_an_acl_change_holds_at_once_for_every_connection_on_every_worker(secured):
     secured.create_topic("late.t")
     binding = topic_acl("late.t", "User:bob", AclOperation.DESCRIBE)

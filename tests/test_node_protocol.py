@@ -98,6 +98,28 @@ def test_corrupt_batch_is_rejected_and_writes_nothing(node):
         assert good.responses[0].partition_responses[0].base_offset == 0
 
 
+def test_a_failed_produce_with_acks_0_closes_its_connection_once_the_answers_before_it_are_out(node):
+    """As Kafka: a Produce with acks=0 has no answer to carry an error, so a failed one closes the connection (one
+    log line naming the partitions and errors); a clean one leaves it open."""
+    create_topic(node.bootstrap, "acks0", 1)
+    with connect(node) as conn:
+        conn.send(PRODUCE, 8, R.produce_body({"acks0": {0: R.build_record_batch([b"kept"])}}, acks=0),
+                  expect_response=False)
+        assert conn.call(LIST_OFFSETS, 5, R.list_offsets_body({"acks0": [0]})).topics[0].partitions[0].offset == 1
+        # A long poll waits in front of the failing Produce: its answer still comes, then the close.
+        ids = conn.send_frames([
+            (FETCH, 11, R.encode_request(FETCH, 11, 0, R.fetch_body({"acks0": {0: 1}}, max_wait_ms=500, min_bytes=1))),
+            (PRODUCE, 8, R.encode_request(PRODUCE, 8, 0, R.produce_body(
+                {"acks0": {0: R.build_record_batch([b"lost"]), 5: R.build_record_batch([b"x"])}}, acks=0))),
+            (API_VERSIONS, 3, R.encode_request(API_VERSIONS, 3, 0, R.api_versions_body(3))),
+        ])
+        assert conn.recv_response()[0] == ids[0]
+        assert closed_by_peer(conn.sock)
+    assert "Produce with acks=0 failed (acks0-5: UNKNOWN_TOPIC_OR_PARTITION)" in node.log()
+    with connect(node) as conn:  # the other partition of that request was written, as Kafka does
+        assert conn.call(LIST_OFFSETS, 5, R.list_offsets_body({"acks0": [0]})).topics[0].partitions[0].offset == 2
+
+
 def test_fetch_out_of_range_and_unknown_partition(node):
     create_topic(node.bootstrap, "range", 1)
     with connect(node) as conn:

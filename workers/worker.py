@@ -312,7 +312,7 @@ class Worker:
         would read them only then)."""
         limit = self.output_limit
         for position, frame in enumerate(frames):
-            if conn.closed:
+            if conn.closed or conn.closing is not None:
                 return
             if conn.mutes:
                 conn.hold(frames[position:])
@@ -388,6 +388,8 @@ class Worker:
         if outcome.deferred or req.conn.closed:
             return
         size = req.conn.fill(req.slot, outcome.pieces)
+        if outcome.closes is not None:
+            req.conn.closing = outcome.closes
         self._dirty.add(req.conn)
         stats = self.stats
         if stats is not None:
@@ -442,6 +444,9 @@ class Worker:
             self.backpressure.output_drained(conn)
         if self.memory is not None and not conn.closed:
             self.memory.update(conn)
+        if done and conn.closing is not None and not conn.slots and not conn.closed:
+            self._close(conn, conn.closing)  # the responses before its last request are out
+            return
         if done and self.affinity is not None and conn in self.affinity.due:
             self._moving.add(conn)
         if done and conn.sasl is not None and conn.sasl.failed and not conn.closed:

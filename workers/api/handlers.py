@@ -379,6 +379,8 @@ class Handlers:
         self.quotas.charge(client, PRODUCE, record_bytes)
         throttle_ms = self.quotas.throttle_ms(client, PRODUCE)
         if acks == 0:
+            if not all_appended:  # as Kafka: the client has no other way to learn of it
+                return Outcome.closing(_acks0_refusal(topics), lambda: _error_codes(topics))
             return self.throttler.apply(req, Outcome.NO_RESPONSE, client, PRODUCE, throttle_ms, mutes=True)
         mutes = h.api_version >= _SELF_THROTTLING_PRODUCE_VERSION
 
@@ -389,7 +391,7 @@ class Handlers:
                 clean &= not self._mark_unflushed(topics, waits, result.error_code if failed else E.REQUEST_TIMED_OUT)
             outcome = Outcome.reply([encode_produce_response(h.api_version, h.correlation_id, topics, throttle_ms)],
                                     None if clean else
-                                    lambda: tuple(r.error_code for t in topics for r in t.partitions if r.error_code))
+                                    lambda: _error_codes(topics))
             return outcome if mutes else self.throttler.apply(req, outcome, client, PRODUCE, throttle_ms, False)
 
         if not waits or self._all_flushed(waits):
@@ -658,3 +660,19 @@ class _FetchRead:
         # not a later look at the table, which could already include an append that raced the read.
         self.watch.append((row, piece.end_bytes - piece.size, piece.last_stable_offset if self.committed else -1))
         return result
+
+
+ACKS0_PARTITIONS_LOGGED = 5  # partitions named in the log line of a refused acks=0 Produce
+
+
+def _error_codes(topics: list[ProduceTopicResult]) -> tuple[int, ...]:
+    return tuple(r.error_code for t in topics for r in t.partitions if r.error_code)
+
+
+def _acks0_refusal(topics: list[ProduceTopicResult]) -> str:
+    """Why a Produce with acks=0 closes its connection: its failed partitions and their errors (the first few)."""
+    failed = [f"{t.name}-{r.index}: {E.ErrorCode(r.error_code).name.upper()}" for t in topics for r in t.partitions
+              if r.error_code]
+    more = len(failed) - ACKS0_PARTITIONS_LOGGED
+    return ("Produce with acks=0 failed (" + ", ".join(failed[:ACKS0_PARTITIONS_LOGGED])
+            + (f" and {more} more" if more > 0 else "") + ")")

@@ -7,6 +7,9 @@
   whose clean answers are most of a node's responses, so the stats cost them nothing per partition). An
   empty list is a request that gets no response (Produce with acks=0): its slot is filled with nothing, so
   the responses behind it still leave in order.
+- `Outcome.closing(reason, errors)`: no response, and the connection is closed once the responses before it
+  are written (Kafka's answer to a Produce with acks=0 that failed: the client learns of it only so); the
+  connection serves no request after it.
 - `Outcome.DEFERRED`: the request waits (for the timer process, or for a topic creation); whoever owns the
   wait fills the request's slot later, exactly once, with the outcome of its continuation.
 
@@ -23,6 +26,7 @@ from typing import Any, Callable, ClassVar, Iterable
 class Outcome:
     pieces: list[Any] | None
     errors: Callable[[], Iterable[int]] | None = None  # the error codes, computed on demand; None: none
+    closes: str | None = None  # why the connection closes after it (logged once); None: it stays open
 
     DEFERRED: ClassVar["Outcome"]
     NO_RESPONSE: ClassVar["Outcome"]
@@ -30,6 +34,10 @@ class Outcome:
     @staticmethod
     def reply(pieces: list[Any], errors: Callable[[], Iterable[int]] | None = None) -> "Outcome":
         return Outcome(pieces, errors)
+
+    @staticmethod
+    def closing(reason: str, errors: Callable[[], Iterable[int]] | None = None) -> "Outcome":
+        return Outcome([], errors, reason)
 
     @property
     def deferred(self) -> bool:
