@@ -337,6 +337,12 @@ def test_anonymous_offsets_coordinators_and_acls_taking_effect_on_open_connectio
         hidden_only = offset_fetch(conn, "anon-g", {"anon-hidden": [0]})  # nothing asked: never "every topic"
         assert [(t.name, [p.error_code for p in t.partitions]) for t in hidden_only.topics] == [
             ("anon-hidden", [TOPIC_DENIED])]
+        # v8, several groups: each decided on its own (a refused one answered here, between those asked).
+        batched = conn.call(OFFSET_FETCH, 8, R.request_body(OFFSET_FETCH, 8, "OffsetFetchRequest", groups=tuple(
+            R.request_entity(OFFSET_FETCH, 8, "OffsetFetchRequestGroup", group_id=group, topics=None)
+            for group in ("other-g", "anon-g", "other-g", "anon-g"))))
+        assert [(g.group_id, g.error_code, [(t.name, [p.committed_offset for p in t.partitions]) for t in g.topics])
+                for g in batched.groups] == [("other-g", GROUP_DENIED, []), ("anon-g", NONE, [("anon-seen", [3])])] * 2
         # DESCRIBE on the group is not READ: no membership, no commits; and not DELETE: no offset deletion.
         assert membership_errors(conn, "anon-g") == [GROUP_DENIED] * 4
         committed = conn.call(OFFSET_COMMIT, 8, commit_body("anon-g", {("anon-seen", 0): 9}))

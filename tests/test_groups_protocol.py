@@ -259,6 +259,33 @@ def test_offsets_commit_fetch_describe_list_delete(client_factory):
     assert gone == {("t", 0): (-1, "", NONE)}
 
 
+def test_offset_fetch_v8_answers_each_group_of_one_request(client_factory):
+    """KIP-709: one OffsetFetch for several groups, each answered as v7 answers one: its named partitions, or
+    every partition it committed (topics null); a group nobody committed for answers -1s."""
+    c = client_factory()
+    assert c.commit("g1", {("t", 0): 10, ("t", 1): 20}) == {("t", 0): NONE, ("t", 1): NONE}
+    assert c.commit("g2", {("t", 2): 7}, metadata="m2") == {("t", 2): NONE}
+
+    def group(name: str, partitions: list[int] | None):
+        topics = None if partitions is None else (nested(P.OFFSET_FETCH, 8, "OffsetFetchRequestTopics", name="t",
+                                                         partition_indexes=tuple(map(i32, partitions))),)
+        return nested(P.OFFSET_FETCH, 8, "OffsetFetchRequestGroup", group_id=name, topics=topics)
+
+    response = c.conn.call(P.OFFSET_FETCH, 8, body(P.OFFSET_FETCH, 8, "OffsetFetchRequest", groups=(
+        group("g1", [0, 1]), group("g2", None), group("nobody", [0]), group("g1", None))))
+    answers = [(g.group_id, int(g.error_code), sorted((t.name, p.partition_index, int(p.committed_offset), p.metadata,
+                                                       int(p.error_code)) for t in g.topics for p in t.partitions))
+               for g in response.groups]
+    assert answers == [("g1", NONE, [("t", 0, 10, "", NONE), ("t", 1, 20, "", NONE)]),
+                       ("g2", NONE, [("t", 2, 7, "m2", NONE)]),
+                       ("nobody", NONE, [("t", 0, -1, "", NONE)]),
+                       ("g1", NONE, [("t", 0, 10, "", NONE), ("t", 1, 20, "", NONE)])]
+    many = c.conn.call(P.OFFSET_FETCH, 8, body(P.OFFSET_FETCH, 8, "OffsetFetchRequest", groups=tuple(
+        group(f"g{i % 3}", [2]) for i in range(200))))
+    assert [int(p.committed_offset) for g in many.groups for t in g.topics for p in t.partitions] == [
+        {0: -1, 1: -1, 2: 7}[i % 3] for i in range(200)]
+
+
 def test_offset_delete_refuses_subscribed_topics(client_factory):
     c = client_factory()
     create_topic(client_factory.node.bootstrap, "other", 1)
@@ -294,7 +321,7 @@ def test_find_coordinator_and_advertised_versions(client_factory):
     versions = c.conn.call(R.API_VERSIONS, 3, R.api_versions_body(3))
     advertised = {int(k.api_key): (int(k.min_version), int(k.max_version)) for k in versions.api_keys}
     assert {key: advertised[key] for key in (10, 11, 14, 12, 13, 8, 9, 16, 15, 42, 47, 68, 69)} == {
-        10: (0, 4), 11: (0, 8), 14: (0, 5), 12: (0, 4), 13: (0, 5), 8: (2, 9), 9: (1, 7), 16: (0, 5), 15: (0, 5),
+        10: (0, 4), 11: (0, 8), 14: (0, 5), 12: (0, 4), 13: (0, 5), 8: (2, 9), 9: (1, 8), 16: (0, 5), 15: (0, 5),
         42: (0, 2), 47: (0, 0), 68: (0, 1), 69: (0, 1)}
 
 

@@ -81,7 +81,7 @@ def test_advertised_versions_are_the_supported_ones() -> None:
         12: (0, 4),  # Heartbeat
         13: (0, 5),  # LeaveGroup
         8: (2, 9),  # OffsetCommit (9: KIP-848's member epochs)
-        9: (1, 7),  # OffsetFetch (v7: require_stable)
+        9: (1, 8),  # OffsetFetch (v7: require_stable; v8: several groups)
         16: (0, 5),  # ListGroups (4-5: state and type filters)
         15: (0, 5),  # DescribeGroups
         42: (0, 2),  # DeleteGroups
@@ -100,9 +100,9 @@ def test_advertised_versions_are_the_supported_ones() -> None:
         17: (0, 1),  # SaslHandshake: v0-1, the versions librdkafka, kafka-python, aiokafka and KafkaJS use
         36: (0, 2),  # SaslAuthenticate: v1 carries the session lifetime (KIP-368), v2 is flexible
         66: (0, 1),  # ListTransactions (2: KIP-1152's id pattern)
-        29: (1, 3),  # DescribeAcls (v0: Kafka 4 dropped it, clients ask for v1+)
-        30: (1, 3),  # CreateAcls
-        31: (1, 3),  # DeleteAcls
+        29: (0, 3),  # DescribeAcls (v0: no pattern type, LITERAL)
+        30: (0, 3),  # CreateAcls
+        31: (0, 3),  # DeleteAcls
         50: (0, 0),  # DescribeUserScramCredentials
         51: (0, 0),  # AlterUserScramCredentials
         65: (0, 0),  # DescribeTransactions

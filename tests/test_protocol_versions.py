@@ -106,6 +106,9 @@ def request_for(api_key: int, version: int, tag: str):
                      "OffsetCommitRequestPartition", partition_index=i32(0), committed_offset=i64(0),
                      committed_leader_epoch=i32(-1), committed_metadata=""),)),))
     if api_key == P.OFFSET_FETCH:
+        if version >= 8:  # several groups (KIP-709)
+            return b("OffsetFetchRequest", groups=(b("OffsetFetchRequestGroup", group_id=group, topics=(b(
+                "OffsetFetchRequestTopics", name=TOPIC, partition_indexes=(i32(0),)),)),))
         return b("OffsetFetchRequest", group_id=group, topics=(b("OffsetFetchRequestTopic", name=TOPIC,
                                                                  partition_indexes=(i32(0),)),))
     if api_key == P.LIST_GROUPS:

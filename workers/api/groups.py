@@ -59,6 +59,9 @@ def millis(delta: Any) -> int:
     return int(delta.total_seconds() * 1000) if isinstance(delta, datetime.timedelta) else int(delta)
 
 
+FIRST_BATCHED_OFFSET_FETCH = 8  # OffsetFetch v8+: several groups per request (KIP-709)
+
+
 class GroupHandlers:
     def __init__(self, config: NodeConfig, delayed: DelayedRequests,
                  authorizer: RequestAuthorizer | None = None) -> None:
@@ -259,7 +262,37 @@ class GroupHandlers:
                          int(request.generation_id_or_member_epoch))
 
     def offset_fetch(self, req: Request, request: Any) -> Outcome:
-        wanted = None if request.topics is None else [(t.name, list(t.partition_indexes)) for t in request.topics]
+        """v0-7 ask for one group; v8+ for several (KIP-709), each answered on its own, asked of the coordinator
+        one after another (GroupsInTurn)."""
+        require_stable = bool(getattr(request, "require_stable", False))
+        if req.header.api_version < FIRST_BATCHED_OFFSET_FETCH:
+            return self._group_offsets(req, request.group_id, request.topics, require_stable, lambda error, topics: reply(
+                req, entity(req, "OffsetFetchResponse", throttle_time=ZERO_THROTTLE, error_code=code(error),
+                            topics=self._offset_topics(req, "OffsetFetchResponseTopic", "OffsetFetchResponsePartition",
+                                                       topics))))
+
+        def one_group(group: Any, done: Callable[[Any], Outcome]) -> Outcome:
+            return self._group_offsets(req, group.group_id, group.topics, require_stable, lambda error, topics: done(
+                entity(req, "OffsetFetchResponseGroup", group_id=group.group_id, error_code=code(error),
+                       topics=self._offset_topics(req, "OffsetFetchResponseTopics", "OffsetFetchResponsePartitions",
+                                                  topics))))
+
+        return GroupsInTurn(list(request.groups), one_group, lambda answers: reply(req, entity(
+            req, "OffsetFetchResponse", throttle_time=ZERO_THROTTLE, groups=tuple(answers)))).run()
+
+    @staticmethod
+    def _offset_topics(req: Request, topic_class: str, partition_class: str, topics: list) -> tuple:
+        return tuple(entity(req, topic_class, name=name, partitions=tuple(
+            entity(req, partition_class, partition_index=i32(partition), committed_offset=i64(offset),
+                   committed_leader_epoch=i32(epoch), metadata=metadata, error_code=code(error))
+            for partition, offset, epoch, metadata, error in partitions))
+            for name, partitions in topics)
+
+    def _group_offsets(self, req: Request, group_id: str, request_topics: Any, require_stable: bool,
+                       done: Callable[[int, list], Outcome]) -> Outcome:
+        """One group's committed offsets: `done(error, topics)` with topics as (name, [(partition, offset,
+        leader epoch, metadata, error)]), what the principal may see of them."""
+        wanted = None if request_topics is None else [(t.name, list(t.partition_indexes)) for t in request_topics]
         refused: list = []
 
         def answer(outcome: Any) -> Outcome:
@@ -272,27 +305,20 @@ class GroupHandlers:
                         req, Operation.DESCRIBE, ResourceType.TOPIC, topic[0])]
                 else:
                     topics = [*topics, *refused_offsets(int(E.TOPIC_AUTHORIZATION_FAILED), refused).topics]
-            return reply(req, entity(req, "OffsetFetchResponse", throttle_time=ZERO_THROTTLE,
-                                     error_code=code(outcome.error),
-                                     topics=tuple(entity(req, "OffsetFetchResponseTopic", name=name, partitions=tuple(
-                                         entity(req, "OffsetFetchResponsePartition", partition_index=i32(partition),
-                                                committed_offset=i64(offset), committed_leader_epoch=i32(epoch),
-                                                metadata=metadata, error_code=code(error))
-                                         for partition, offset, epoch, metadata, error in partitions))
-                                         for name, partitions in topics)))
+            return done(outcome.error, topics)
 
         def refuse(error: E.ErrorCode) -> Outcome:
             return answer(refused_offsets(int(error), wanted))
 
-        if not self._group_allows(req, Operation.DESCRIBE, request.group_id):
+        if not self._group_allows(req, Operation.DESCRIBE, group_id):
             # v2+ carry the group's error at the top and no partitions; v1 has only the partitions' errors.
             return refuse(E.GROUP_AUTHORIZATION_FAILED) if req.header.api_version < 2 else \
                 answer(FetchOffsetsAnswer(int(E.GROUP_AUTHORIZATION_FAILED), []))
         asked = wanted
         if wanted is not None:
             asked, refused = self._split_topics(req, Operation.DESCRIBE, wanted)
-        return self._ask(req, M.Kind.FETCH_OFFSETS, (request.group_id, asked), self.config.timer.control_timeout_ms,
-                         answer, refuse, bool(getattr(request, "require_stable", False)))
+        return self._ask(req, M.Kind.FETCH_OFFSETS, (group_id, asked), self.config.timer.control_timeout_ms,
+                         answer, refuse, require_stable)
 
     def offset_delete(self, req: Request, request: Any) -> Outcome:
         wanted = [(t.name, [p.partition_index for p in t.partitions]) for t in request.topics]
@@ -396,6 +422,38 @@ class GroupHandlers:
 def failed(topics: list, error: int) -> list:
     """Every partition of `topics` (name, [(partition, ...)]) answered `error`."""
     return [(name, [(p[0], int(error)) for p in parts]) for name, parts in topics]
+
+
+class GroupsInTurn:
+    """The groups of one request asked of the coordinator one after another: `ask(group, done)` returns the
+    group's outcome, DEFERRED while the coordinator has it, and calls `done(answer)` once it has the group's
+    answer; `finish(answers)` builds the response once every group has one. A group answered at once (refused
+    here) does not nest a call per group: the loop goes on."""
+
+    def __init__(self, groups: list, ask: Callable[[Any, Callable[[Any], Outcome]], Outcome],
+                 finish: Callable[[list], Outcome]) -> None:
+        self.groups = groups
+        self.ask = ask
+        self.finish = finish
+        self.answers: list = []
+        self.next = 0
+        self.in_loop = False
+
+    def run(self) -> Outcome:
+        self.in_loop = True
+        try:
+            while self.next < len(self.groups):
+                group = self.groups[self.next]
+                self.next += 1
+                if self.ask(group, self._done).deferred:
+                    return Outcome.DEFERRED
+        finally:
+            self.in_loop = False
+        return self.finish(self.answers)
+
+    def _done(self, answer: Any) -> Outcome:
+        self.answers.append(answer)
+        return Outcome.NO_RESPONSE if self.in_loop else self.run()  # at once: the loop goes on
 
 
 def refused_offsets(error: int, wanted: list | None) -> Any:
