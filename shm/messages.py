@@ -336,8 +336,10 @@ CommitOffsets = declare(Kind.COMMIT_OFFSETS, body=ASKED + [("generation", "i")],
                         fields=[("group", STR), ("member", STR), ("instance", OPT_STR),
                                 ("topics", Array(TopicCommits))],
                         reply=[("topics", Array(TopicPartitionErrors))]).tuple_class
-FetchOffsets = declare(Kind.FETCH_OFFSETS, body=ASKED + [("require_stable", "?")],
-                       fields=[("group", STR), ("topics", Array(TopicPartitions, nullable=True))],  # None: all
+# member None and member_epoch -1: no member to check (admin tools, clients before OffsetFetch v9).
+FetchOffsets = declare(Kind.FETCH_OFFSETS, body=ASKED + [("require_stable", "?"), ("member_epoch", "i")],
+                       fields=[("group", STR), ("member", OPT_STR),
+                               ("topics", Array(TopicPartitions, nullable=True))],  # None: all
                        reply=[("error", "h"), ("topics", Array(TopicOffsets))]).tuple_class
 ListGroups = declare(Kind.LIST_GROUPS, body=ASKED, fields=[],
                      reply=[("error", "h"), ("groups", Array(ListedGroup))]).tuple_class

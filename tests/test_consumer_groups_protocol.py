@@ -1,6 +1,6 @@
 """The consumer group protocol (KIP-848) at the protocol level against a real node, with a raw client: joins,
 reconciliation with revocation before assignment, Kafka's error codes, static members, sessions, regex
-subscriptions, OffsetCommit v9's member epochs, a classic and a consumer group side by side."""
+subscriptions, OffsetCommit v9's and OffsetFetch v9's member epochs, a classic and a consumer group side by side."""
 
 from __future__ import annotations
 
@@ -138,6 +138,16 @@ def test_members_share_partitions_with_revocation_before_assignment(members):
     assert described.assignor_name == "uniform"
 
 
+def offset_fetch_v9(member: Member, group: str, member_id: str | None, epoch: int) -> tuple[int, list[int]]:
+    """(the group's error, the committed offsets of t-0) by OffsetFetch v9 naming `member_id` at `epoch`."""
+    fetched = member.conn.call(P.OFFSET_FETCH, 9, body(P.OFFSET_FETCH, 9, "OffsetFetchRequest", groups=(nested(
+        P.OFFSET_FETCH, 9, "OffsetFetchRequestGroup", group_id=group, member_id=member_id, member_epoch=i32(epoch),
+        topics=(nested(P.OFFSET_FETCH, 9, "OffsetFetchRequestTopics", name="t", partition_indexes=(i32(0),)),)),),
+        require_stable=False))
+    (answer,) = fetched.groups
+    return int(answer.error_code), [int(p.committed_offset) for t in answer.topics for p in t.partitions]
+
+
 def test_kafkas_error_codes(members, node):
     a = members("g", "a")
     a.heartbeat()
@@ -153,6 +163,12 @@ def test_kafkas_error_codes(members, node):
         nested(P.OFFSET_FETCH, 6, "OffsetFetchRequestTopic", name="t", partition_indexes=(i32(0),)),),
         require_stable=False))
     assert int(fetched.topics[0].partitions[0].committed_offset) == 17
+    # OffsetFetch v9: a named member must be the group's, at its epoch; no member (admin tools) is not checked.
+    assert offset_fetch_v9(a, "g", a.member_id, a.epoch) == (NONE, [17])
+    assert offset_fetch_v9(a, "g", None, -1) == (NONE, [17])
+    assert offset_fetch_v9(a, "g", a.member_id, a.epoch + 1) == (STALE_EPOCH, [])
+    assert offset_fetch_v9(a, "g", "ghost", 1) == (UNKNOWN_MEMBER, [])
+    assert offset_fetch_v9(a, "nobody", "ghost", 1) == (NONE, [-1])  # no such consumer group: nothing to check
     assert a.commit(a.epoch, version=8) == UNSUPPORTED_VERSION
     assert members("g", "ghost2").commit(1) == UNKNOWN_MEMBER
     # A classic member cannot join a consumer group with members, nor the other way round.

@@ -263,16 +263,19 @@ class GroupHandlers:
 
     def offset_fetch(self, req: Request, request: Any) -> Outcome:
         """v0-7 ask for one group; v8+ for several (KIP-709), each answered on its own, asked of the coordinator
-        one after another (GroupsInTurn)."""
+        one after another (GroupsInTurn); v9 names the asking member of a consumer group (KIP-848)."""
         require_stable = bool(getattr(request, "require_stable", False))
         if req.header.api_version < FIRST_BATCHED_OFFSET_FETCH:
-            return self._group_offsets(req, request.group_id, request.topics, require_stable, lambda error, topics: reply(
+            return self._group_offsets(req, request.group_id, None, -1, request.topics, require_stable,
+                                       lambda error, topics: reply(
                 req, entity(req, "OffsetFetchResponse", throttle_time=ZERO_THROTTLE, error_code=code(error),
                             topics=self._offset_topics(req, "OffsetFetchResponseTopic", "OffsetFetchResponsePartition",
                                                        topics))))
 
         def one_group(group: Any, done: Callable[[Any], Outcome]) -> Outcome:
-            return self._group_offsets(req, group.group_id, group.topics, require_stable, lambda error, topics: done(
+            return self._group_offsets(req, group.group_id, getattr(group, "member_id", None),
+                                       getattr(group, "member_epoch", -1), group.topics, require_stable,
+                                       lambda error, topics: done(
                 entity(req, "OffsetFetchResponseGroup", group_id=group.group_id, error_code=code(error),
                        topics=self._offset_topics(req, "OffsetFetchResponseTopics", "OffsetFetchResponsePartitions",
                                                   topics))))
@@ -288,10 +291,11 @@ class GroupHandlers:
             for partition, offset, epoch, metadata, error in partitions))
             for name, partitions in topics)
 
-    def _group_offsets(self, req: Request, group_id: str, request_topics: Any, require_stable: bool,
-                       done: Callable[[int, list], Outcome]) -> Outcome:
+    def _group_offsets(self, req: Request, group_id: str, member: str | None, member_epoch: int,
+                       request_topics: Any, require_stable: bool, done: Callable[[int, list], Outcome]) -> Outcome:
         """One group's committed offsets: `done(error, topics)` with topics as (name, [(partition, offset,
-        leader epoch, metadata, error)]), what the principal may see of them."""
+        leader epoch, metadata, error)]), what the principal may see of them. A member id or epoch (v9, KIP-848)
+        is checked by the coordinator against the consumer group's members."""
         wanted = None if request_topics is None else [(t.name, list(t.partition_indexes)) for t in request_topics]
         refused: list = []
 
@@ -317,8 +321,8 @@ class GroupHandlers:
         asked = wanted
         if wanted is not None:
             asked, refused = self._split_topics(req, Operation.DESCRIBE, wanted)
-        return self._ask(req, M.Kind.FETCH_OFFSETS, (group_id, asked), self.config.timer.control_timeout_ms,
-                         answer, refuse, require_stable)
+        return self._ask(req, M.Kind.FETCH_OFFSETS, (group_id, member, asked), self.config.timer.control_timeout_ms,
+                         answer, refuse, require_stable, member_epoch)
 
     def offset_delete(self, req: Request, request: Any) -> Outcome:
         wanted = [(t.name, [p.partition_index for p in t.partitions]) for t in request.topics]

@@ -143,7 +143,7 @@ SUPPORTED_APIS: dict[int, tuple[int, int]] = {
     HEARTBEAT: (0, 4),
     LEAVE_GROUP: (0, 5),
     OFFSET_COMMIT: (2, 9),
-    OFFSET_FETCH: (1, 8),  # v7: require_stable (UNSTABLE_OFFSET_COMMIT while a transaction holds the offset); v8: groups
+    OFFSET_FETCH: (1, 9),  # v7: require_stable (UNSTABLE_OFFSET_COMMIT while a transaction holds the offset); v8: groups; v9: members
     LIST_GROUPS: (0, 5),
     DESCRIBE_GROUPS: (0, 5),
     DELETE_GROUPS: (0, 2),

@@ -345,6 +345,17 @@ class ConsumerGroups:
         self.sessions.renew((group.group_id, member_id), self.clock() + self.config.consumer_session_timeout_ms)
         return E.none
 
+    @staticmethod
+    def fetch_error(group: ConsumerGroup, member_id: str, epoch: int) -> E:
+        """Kafka's ConsumerGroup.validateOffsetFetch, for an OffsetFetch that names a member (v9): it must be one
+        of the group's, at its current epoch."""
+        member = group.members.get(member_id)
+        if member is None:
+            return E.unknown_member_id
+        if epoch != member.epoch:
+            return E.stale_member_epoch
+        return E.none
+
     def forget_if_unused(self, group_id: str, has_offsets: bool) -> None:
         group = self.groups.get(group_id)
         if group is not None and not group.members and not has_offsets:

@@ -618,6 +618,11 @@ class GroupCoordinator:
             loading = int(E.coordinator_load_in_progress)
             return self._reply(waiter, FetchOffsetsAnswer(loading, [
                 (t, [(p, -1, -1, "", loading) for p in partitions]) for t, partitions in (d.topics or [])]))
+        consumer_group = self.consumer.groups.get(d.group)
+        if consumer_group is not None and (d.member is not None or d.member_epoch >= 0):
+            error = self.consumer.fetch_error(consumer_group, d.member or "", d.member_epoch)
+            if error != E.none:
+                return self._error_only(waiter, error)
         wanted = None if d.topics is None else [(t, p) for t, partitions in d.topics for p in partitions]
         found = self.offsets.fetch(d.group, wanted)
         # OffsetFetch v7+ require_stable (KIP-447): a partition whose offset an open or completing transaction will
