@@ -637,7 +637,7 @@ def _line_of(path: str, dotted: str) -> int | None:
 
 
 # Sections a running node takes on SIGHUP; a change anywhere else needs a restart.
-RELOADABLE = ("quotas",)
+RELOADABLE = ("quotas", "authorizer")
 def write_runtime(config: NodeConfig, path: str) -> str:
     """Replace the children's config file atomically (readers see the old file or the new one)."""
     tmp = path + ".tmp"

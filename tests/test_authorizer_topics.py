@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import os
+import signal
 import struct
 import time
 from typing import Any
@@ -515,5 +517,33 @@ def test_with_allow_everyone_if_no_acl_found_only_resources_with_acls_are_closed
             assert init_producer_id_error(alice) == 0
         with node.anonymous() as anonymous:
             assert init_producer_id_error(anonymous) == CLUSTER_DENIED
+    finally:
+        node.stop()
+
+
+def test_sighup_turns_the_authorizer_off_and_on_and_changes_its_super_users(tmp_path):
+    """`[authorizer]` is reloaded on SIGHUP: open connections follow at their next request."""
+    node = SecuredNode(tmp_path, workers=2)
+    try:
+        node.create_topic("hup.t")
+        bob, alice = node.login("bob"), node.login("alice")
+        try:
+            assert produce_errors(bob, "hup.t") == [TOPIC_DENIED]
+
+            def reload(config: str) -> None:
+                node.node.config_path.write_text(config)
+                os.kill(node.node.proc.pid, signal.SIGHUP)
+
+            enabled = node.node.config_path.read_text()
+            reload(enabled.replace("enabled = true", "enabled = false"))
+            wait_for(lambda: produce_errors(bob, "hup.t") == [0] or None, TIMEOUT_S, "the authorizer off")
+            reload(enabled.replace('super_users = ["User:admin"]', 'super_users = ["User:admin", "User:bob"]'))
+            wait_for(lambda: produce_errors(alice, "hup.t") == [TOPIC_DENIED] or None, TIMEOUT_S,
+                     "the authorizer on again")
+            assert produce_errors(bob, "hup.t") == [0]  # a super user now
+            assert "take effect at the next restart" not in node.node.log()
+        finally:
+            bob.close()
+            alice.close()
     finally:
         node.stop()
