@@ -38,9 +38,9 @@ DENIAL_LOG_INTERVAL_S = 10.0  # at most one "denied" log line per principal this
 # Principals counted by name per worker (bounded: a client picks its user name); later ones count together.
 MAX_PRINCIPALS_COUNTED = 256
 OTHER_PRINCIPALS = "(others)"
-# The operations KIP-430's authorized operations report per resource type (Kafka's supported operations: ALL aside).
 NOTHING_DENIED: frozenset[str] = frozenset()
 _ACLS = generations.ACLS  # read on every check: a module constant, not an attribute lookup
+# The operations KIP-430's authorized operations report per resource type (Kafka's supported operations: ALL aside).
 SUPPORTED_OPERATIONS = {rtype: tuple(sorted(op for op in ops if op != Operation.ALL))
                         for rtype, ops in OPERATIONS_OF.items()}
 

@@ -44,7 +44,7 @@ from workers.connection import FileRange, Request
 from workers.timer_client.delayed import Completed, DelayedRequests, monotonic_ms
 from workers.api.acls import AclHandlers
 from workers.api.admin import AdminHandlers
-from workers.api.authorizer import RequestAuthorizer
+from workers.api.authorizer import NOTHING_DENIED, RequestAuthorizer
 from workers.api.scram_credentials import ScramCredentialHandlers
 from workers.api.fetch_sessions import FetchContext, FetchSessionCache, ForgottenTopic
 from workers.api.consumer_groups import ConsumerGroupHandlers
@@ -73,9 +73,8 @@ _ZSTD = 4
 _ZSTD_MIN_PRODUCE_VERSION = 7
 _ATTRIBUTES_LOW_BYTE = 22  # offset of the low byte of a v2 batch's attributes
 _COMPRESSION_MASK = 0x07
-_NOTHING_DENIED: frozenset[str] = frozenset()
-# The per-topic checks of Produce and Fetch name these; module names, as an Enum member's lookup costs 50 ns.
-_WRITE, _READ, _TOPIC = Operation.WRITE, Operation.READ, ResourceType.TOPIC
+# The per-topic check of Fetch names these; module names, as an Enum member's lookup costs 50 ns.
+_READ, _TOPIC = Operation.READ, ResourceType.TOPIC
 _CLUSTER_OPERATIONS_IN_METADATA = (8, 10)  # the versions of Metadata with cluster_authorized_operations
 
 
@@ -308,7 +307,7 @@ class Handlers:
     def produce(self, req: Request, request: P.ProduceRequestView, auto_create: bool = True) -> Outcome:
         acks = request.acks
         refusal, denied = (self._produce_refusals(req, request) if self.authorizer.enabled
-                           else (E.NONE, _NOTHING_DENIED))
+                           else (E.NONE, NOTHING_DENIED))
         if auto_create and self.config.topics.auto_create_topics and not refusal:
             missing = sorted({t.name for t in request.topics
                               if self.partitions.topic_partitions(t.name) is None and valid_topic_name(t.name)
@@ -405,7 +404,7 @@ class Handlers:
         producer needs WRITE on its transactional id first (TRANSACTIONAL_ID_AUTHORIZATION_FAILED for all)."""
         if request.transactional_id is not None and not self.authorizer.allows(
                 req, Operation.WRITE, ResourceType.TRANSACTIONAL_ID, request.transactional_id):
-            return E.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, _NOTHING_DENIED
+            return E.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, NOTHING_DENIED
         return E.NONE, self.authorizer.topics_not_writable(req, request.topics)
 
     def _all_flushed(self, waits: list[tuple[int, int]]) -> bool:
