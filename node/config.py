@@ -260,6 +260,11 @@ class GroupConfig:
     # Consumer-protocol groups (KIP-848):
     consumer_session_timeout_ms: int = 45_000  # group.consumer.session.timeout.ms
     consumer_heartbeat_interval_ms: int = 5000  # group.consumer.heartbeat.interval.ms
+    # The interval answered instead to a member waiting for partitions another member has yet to give up
+    # (at most consumer_heartbeat_interval_ms; 0: always that one, as Kafka). Such a member gets them only at its
+    # next heartbeat after their owner's, so a rebalance takes up to two full intervals; clients take the
+    # interval of every answer (librdkafka, the Java client), so the second one shrinks to this.
+    consumer_unreleased_heartbeat_interval_ms: int = 500
     consumer_max_size: int = 0  # group.consumer.max.size; 0: no limit
     # group.consumer.assignors: the server-side assignors, comma-separated; the first is the default.
     consumer_assignors: str = "uniform,range"

@@ -9,9 +9,10 @@ Workloads (each one JSON line with --json, and a table):
   answered an error (must be 0), node CPU by role. Target: 10,000 members every 5 s, p99 <= 5 ms.
 - rebalance: a Stable group of --rebalance-members; one member joins; the time from its join until every member
   is at the new epoch with its whole target (revocations acknowledged, the newcomer holding its partitions).
-  Members heartbeat every --rebalance-heartbeat-ms (the node's heartbeat interval, set to the same) and at once
-  after their assignment changed, as librdkafka does. --rebalance-rounds rounds (the newcomer leaves between
-  them). Beside it the classic protocol's rebalance of a group of the same size (scripts.bench_groups), in the
+  Members heartbeat at the interval of their last answer, as librdkafka and the Java client do: the node's
+  --rebalance-heartbeat-ms, or --rebalance-unreleased-heartbeat-ms while a member waits for partitions another
+  still holds (0: the node's shortening off, as Kafka); and at once after their assignment changed, as
+  librdkafka does. --rebalance-rounds rounds (the newcomer leaves between them). Beside it the classic protocol's rebalance of a group of the same size (scripts.bench_groups), in the
   same run. Target: <= 100 ms.
 
 Only 127.0.0.1; every phase is bounded in time. Usage:
@@ -57,6 +58,7 @@ class Member:
     error: int = 0
     in_flight: bool = False
     changed_ns: int = 0  # when its assignment last changed
+    interval_s: float = 0.0  # the heartbeat interval of its last answer
 
 
 def progress(line: str) -> None:
@@ -88,6 +90,7 @@ class Driver:
             changed = False
             if not member.error and not leave:
                 member.epoch = int(response.member_epoch)
+                member.interval_s = response.heartbeat_interval.total_seconds()
                 if response.assignment is not None:
                     owned_now = {t.topic_id: set(map(int, t.partitions)) for t in response.assignment.topic_partitions}
                     changed = owned_now != member.owned
@@ -189,29 +192,32 @@ def run_rebalance(args, target) -> dict:
         group = [Member("rebalance", f"rb-{i}", mux.conns[i]) for i in range(size)]
         settle(driver, [group], args.rebalance_partitions, args.setup_timeout_s)
         times_ms = []
+        phases = random.Random(848)  # the same phases in every run
         for round_ in range(args.rebalance_rounds):
             newcomer = Member("rebalance", f"rb-new-{round_}", mux.conns[size])
             everyone = group + [newcomer]
-            interval_s = args.rebalance_heartbeat_ms / 1000
-            next_beat = {m.member_id: time.monotonic() for m in everyone}
+            # Settled members heartbeat at their own phases, as a group's consumers do; the newcomer starts now.
+            started = time.monotonic()
+            last_sent = {m.member_id: started - phases.uniform(0, m.interval_s) for m in group}
+
+            def send(member: Member) -> None:
+                last_sent[member.member_id] = time.monotonic()
+                driver.heartbeat(member, react)
 
             def react(member: Member, changed: bool) -> None:
                 if changed:  # acknowledge at once what it now owns, as librdkafka does
-                    driver.heartbeat(member, react)
-                    next_beat[member.member_id] = time.monotonic() + interval_s
+                    send(member)
 
             joined_ns = time.monotonic_ns()
-            driver.heartbeat(newcomer, react)
-            next_beat[newcomer.member_id] = time.monotonic() + interval_s
+            send(newcomer)
             deadline = time.monotonic() + args.setup_timeout_s
             while not (settled(everyone, args.rebalance_partitions) and newcomer.owned and newcomer.epoch > 0):
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"rebalance round {round_} did not settle")
                 now = time.monotonic()
                 for member in everyone:
-                    if not member.in_flight and now >= next_beat[member.member_id]:
-                        next_beat[member.member_id] = now + interval_s
-                        driver.heartbeat(member, react)
+                    if not member.in_flight and now >= last_sent[member.member_id] + member.interval_s:
+                        send(member)
                 mux.poll(0.001)
                 errors = [m.error for m in everyone if m.error]
                 if errors:
@@ -225,6 +231,7 @@ def run_rebalance(args, target) -> dict:
         return benchnode.result_row(SCRIPT, "raw", len(times_ms), sum(times_ms) / 1000, None,
                                     [int(t * 1e6) for t in times_ms], workload="rebalance", protocol="consumer",
                                     members=size, heartbeat_ms=args.rebalance_heartbeat_ms,
+                                    unreleased_heartbeat_ms=args.rebalance_unreleased_heartbeat_ms,
                                     rebalance_ms_median=round(float(np.median(times_ms)), 2),
                                     rebalance_ms=[round(t, 2) for t in times_ms], target_ms=100.0)
     finally:
@@ -249,6 +256,8 @@ def print_table(rows: list[dict]) -> None:
             goal = "p99 <= 5 ms, 0 errors"
         else:
             setting, goal = f"{row['members']} members", "<= 100 ms"
+            if row["protocol"] == "consumer":
+                setting += f", hb {row['heartbeat_ms']}/{row['unreleased_heartbeat_ms']} ms"
             result = f"median {row['rebalance_ms_median']} ms"
         print(f"{row['workload']:10} {row['protocol']:9} {setting:28} {result:44} {goal}")
 
@@ -267,13 +276,17 @@ def main(argv=None) -> int:
     parser.add_argument("--rebalance-members", type=int, default=100)
     parser.add_argument("--rebalance-partitions", type=int, default=200)
     parser.add_argument("--rebalance-heartbeat-ms", type=int, default=50)
+    parser.add_argument("--rebalance-unreleased-heartbeat-ms", type=int, default=5,
+                        help="the node's interval for a member waiting for partitions (0: off, as Kafka); "
+                             "default a tenth of the interval, as the node's defaults (500 of 5000)")
     parser.add_argument("--rebalance-rounds", type=int, default=5)
     parser.add_argument("--setup-timeout-s", type=float, default=300.0)
     args = parser.parse_args(argv)
     workloads = args.workload or ["heartbeat", "rebalance"]
     # Sessions outlive the bench's setup; the node's heartbeat interval is what the rebalance members use.
     config = ("[groups]\nmin_session_timeout_ms = 500\nconsumer_session_timeout_ms = 600000\n"
-              f"consumer_heartbeat_interval_ms = {args.rebalance_heartbeat_ms}\n")
+              f"consumer_heartbeat_interval_ms = {args.rebalance_heartbeat_ms}\n"
+              f"consumer_unreleased_heartbeat_interval_ms = {args.rebalance_unreleased_heartbeat_ms}\n")
     rows = []
     with benchnode.node_for(args, config_toml=config) as target:
         partitions = max(args.partitions, args.rebalance_partitions)

@@ -22,7 +22,8 @@ from tests.test_groups_protocol import subscription
 from workers.codecs import protocol as P
 
 CONFIG = ("[groups]\ninitial_rebalance_delay_ms = 50\nmin_session_timeout_ms = 500\n"
-          "consumer_session_timeout_ms = 3000\nconsumer_heartbeat_interval_ms = 100\n")
+          "consumer_session_timeout_ms = 3000\nconsumer_heartbeat_interval_ms = 100\n"
+          "consumer_unreleased_heartbeat_interval_ms = 20\n")
 NONE, UNKNOWN_MEMBER, INVALID_REQUEST, INCONSISTENT_PROTOCOL, GROUP_ID_NOT_FOUND = 0, 25, 42, 23, 69
 FENCED_EPOCH, UNRELEASED_INSTANCE, UNSUPPORTED_ASSIGNOR, STALE_EPOCH, UNSUPPORTED_VERSION = 110, 111, 112, 113, 35
 HB = P.CONSUMER_GROUP_HEARTBEAT
@@ -136,6 +137,22 @@ def test_members_share_partitions_with_revocation_before_assignment(members):
     assert described.group_state == "Stable" and int(described.group_epoch) == 2
     assert {m.member_id: int(m.member_epoch) for m in described.members} == {"a": 2, "b": 2}
     assert described.assignor_name == "uniform"
+
+
+def interval_ms(response) -> int:
+    return round(response.heartbeat_interval.total_seconds() * 1000)
+
+
+def test_a_member_waiting_for_partitions_still_held_is_told_to_heartbeat_sooner(members):
+    a = members("g", "a")
+    assert interval_ms(a.heartbeat()) == 100
+    a.describe()
+    b = members("g", "b")
+    assert interval_ms(b.heartbeat()) == 20  # its partitions are a's until a gives them up
+    assert interval_ms(a.heartbeat()) == 100  # a revokes at the interval it was told
+    assert interval_ms(a.heartbeat()) == 100  # and acknowledges: the partitions are free
+    released = b.heartbeat()
+    assert len(all_owned(b)) == 3 and interval_ms(released) == 100  # back to the group's interval
 
 
 def offset_fetch_v9(member: Member, group: str, member_id: str | None, epoch: int) -> tuple[int, list[int]]:

@@ -22,7 +22,9 @@ Rules as Kafka's GroupMetadataManager:
 
 Timers (each a node.timer.groups.sessions wheel): a member's session (group.consumer.session.timeout.ms) ends
 with the member fenced; a member asked to revoke partitions that has not done so within its rebalance timeout
-is fenced too. Membership is not persisted: after a timer restart members rejoin (UNKNOWN_MEMBER_ID).
+is fenced too. Every answer carries the group's heartbeat interval, except to a member waiting for partitions
+another member has yet to release: it is told consumer_unreleased_heartbeat_interval_ms, since it gets them only
+at its next heartbeat after their owner's (clients take each answer's interval). Membership is not persisted: after a timer restart members rejoin (UNKNOWN_MEMBER_ID).
 
 Invariants:
 - Every request gets exactly one REPLY.
@@ -133,13 +135,25 @@ class ConsumerGroups:
             return self._answer(waiter, exc.error, str(exc), d.member, d.member_epoch)
         self.sessions.renew((group.group_id, member.member_id), self.clock() + self.config.consumer_session_timeout_ms)
         self._answer(waiter, E.none, None, member.member_id, member.epoch,
-                     as_topics(member.assigned) if full or moved else None)
+                     as_topics(member.assigned) if full or moved else None,
+                     self._interval_for(member))
+
+    def _interval_for(self, member: ConsumerMember) -> int:
+        """The heartbeat interval a member is told: shorter while it waits for partitions to be released."""
+        interval = self.config.consumer_heartbeat_interval_ms
+        waiting = self.config.consumer_unreleased_heartbeat_interval_ms
+        if member.state is MemberState.UNRELEASED_PARTITIONS and 0 < waiting < interval:
+            return waiting
+        return interval
 
     def _answer(self, waiter: tuple, error: E, message: str | None, member_id: str, epoch: int,
-                assignment: list | None = None) -> None:
+                assignment: list | None = None, interval_ms: int | None = None) -> None:
         worker, request_id, _, kind = waiter
-        answer = HeartbeatAnswer(int(error), message if error else None, member_id, epoch,
-                                 self.config.consumer_heartbeat_interval_ms if not error else 0, assignment)
+        if error:
+            interval_ms = 0
+        elif interval_ms is None:
+            interval_ms = self.config.consumer_heartbeat_interval_ms
+        answer = HeartbeatAnswer(int(error), message if error else None, member_id, epoch, interval_ms, assignment)
         self.outbox.send(worker, M.encode_reply(request_id, kind, answer))
 
     def _validate(self, d: Any) -> None:
