@@ -445,3 +445,13 @@ def test_bench_authorizer_compares_one_allow_acl_with_the_authorizer_off(tmp_pat
     assert len(figure["authorizer_on"]) == len(figure["authorizer_off"]) == 2 and min(figure["authorizer_on"]) > 0
     assert figure["ratio_median"] > 0
     assert report["reloads"] >= 2  # one node, its authorizer switched by SIGHUP between the modes
+
+
+def test_bench_versions_compares_the_newest_versions_with_the_non_flexible_ones(tmp_path):
+    (report,) = run_script(tmp_path, "bench_versions", "--runs", "2", "--workers", "1", "--seconds", "0.5",
+                           "--fetch-records", "20000", nodes=1)
+    assert report["versions"] == {"newest": {"produce": 11, "fetch": 17}, "non_flexible": {"produce": 8, "fetch": 11}}
+    for metric in ("produce_records_per_s", "fetch_records_per_s"):
+        figure = report["metrics"][metric]
+        assert len(figure["newest"]) == len(figure["non_flexible"]) == 2 and min(figure["non_flexible"]) > 0
+        assert figure["ratio_median"] > 0
