@@ -365,7 +365,10 @@ GROUP_KINDS = (Kind.JOIN_GROUP, Kind.SYNC_GROUP, Kind.HEARTBEAT, Kind.LEAVE_GROU
 
 # The transaction coordinator's: every request names its transactional.id and the producer id and epoch it holds.
 TXN_ASKED = ASKED + [("producer_id", "q"), ("producer_epoch", "h")]
-InitProducerId = declare(Kind.INIT_PRODUCER_ID, body=ASKED + [("transaction_timeout_ms", "i")],
+# expected_producer_id/_epoch: the producer's own, when it asks for an epoch bump (KIP-360); -1 otherwise.
+InitProducerId = declare(Kind.INIT_PRODUCER_ID, body=ASKED + [("transaction_timeout_ms", "i"),
+                                                              ("expected_producer_id", "q"),
+                                                              ("expected_producer_epoch", "h")],
                          fields=[("transactional_id", STR)],
                          reply=[("error", "h"), ("producer_id", "q"), ("producer_epoch", "h")]).tuple_class
 AddPartitionsToTxn = declare(Kind.ADD_PARTITIONS_TO_TXN, body=TXN_ASKED,

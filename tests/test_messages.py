@@ -68,7 +68,7 @@ TYPED = [
     (Kind.CONSUMER_GROUP_HEARTBEAT, (7, 1, 5, -1, "g", "m-1", "static-1", "rack-a", None, "^t.*", None,
                                      [M.TopicPartitions("t", [0, 2])], "c", "h")),
     (Kind.CONSUMER_GROUP_DESCRIBE, (7, 1, ["a", "b"])),
-    (Kind.INIT_PRODUCER_ID, (7, 1, 60000, "txn-1")),
+    (Kind.INIT_PRODUCER_ID, (7, 1, 60000, 4001, 3, "txn-1")),
     (Kind.ADD_PARTITIONS_TO_TXN, (7, 2, 1000, 3, "txn-1", [M.TopicPartitions("t", [0, 1])])),
     (Kind.ADD_OFFSETS_TO_TXN, (7, 2, 1000, 3, "txn-1", "g")),
     (Kind.END_TXN, (7, 2, 1000, 3, True, "txn-1")),

@@ -1,6 +1,6 @@
 """@platformatic/kafka (a current Node.js client that speaks only Kafka 3.5+'s versions: Metadata v9+, CreateTopics
 v7+, Fetch v12+, ...) against a real node: its Admin creates, lists (with topic ids) and deletes topics, its
-Producer sends, two Consumers of one group read everything (tests/frameworks/platformatic_kafka.mjs).
+idempotent Producer sends (InitProducerId v3+), two Consumers of one group read everything (tests/frameworks/platformatic_kafka.mjs).
 
 The package comes from the npm registry (tests/frameworks/npm.py); its 2.x needs Node.js 22.22+, so an older
 Node.js gets the newest 1.x, which speaks the same protocol versions."""

@@ -68,11 +68,11 @@ def test_advertised_versions_are_the_supported_ones() -> None:
     assert SUPPORTED_APIS == {
         18: (0, 3),  # ApiVersions
         10: (0, 4),  # FindCoordinator
-        3: (0, 12),  # Metadata (10+: topic ids; 13: KIP-1102's error code)
+        3: (0, 13),  # Metadata (10+: topic ids; 13: KIP-1102's top-level error code)
         0: (3, 11),  # Produce (12: transactions v2)
         1: (4, 17),  # Fetch (13+: topic ids; 18: KIP-1166)
         2: (1, 6),  # ListOffsets
-        22: (0, 2),  # InitProducerId
+        22: (0, 4),  # InitProducerId: v3 names the producer bumping its epoch (KIP-360), v4 may be PRODUCER_FENCED
         19: (0, 7),  # CreateTopics (7: topic ids)
         20: (0, 6),  # DeleteTopics (6: by topic id)
         # The group coordinator's (KIP-848's versions excluded):
@@ -254,7 +254,7 @@ def test_unsupported_api_version_headers_still_parse() -> None:
     assert not protocol.is_supported(18, 4)
     with pytest.raises(ProtocolError):
         decode_request(18, 4, b"")
-    for api_key, version in [(0, 2), (0, 12), (1, 3), (1, 18), (3, 13), (50, 0), (-1, 0)]:
+    for api_key, version in [(0, 2), (0, 12), (1, 3), (1, 18), (3, 14), (50, 0), (-1, 0)]:
         with pytest.raises(ProtocolError):
             decode_request(api_key, version, b"\x00" * 32)
 

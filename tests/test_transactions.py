@@ -138,6 +138,37 @@ def test_a_second_producer_of_the_same_transactional_id_fences_the_first(node_fa
     assert consume_all(node.bootstrap, "fence", "read_committed") == [b"successor"]
 
 
+def test_init_producer_id_v3_and_v4_bump_the_epoch_of_the_producer_naming_itself(node_factory):
+    """KIP-360 through a worker: a producer naming its own id and epoch (InitProducerId v3+) gets the next epoch,
+    the same one again when it retries, and PRODUCER_FENCED (v4) or INVALID_PRODUCER_EPOCH (v3) for a stale
+    epoch; one of the two alone is INVALID_REQUEST; an idempotent producer naming itself gets a new producer id."""
+    from scripts.harness import rawkafka as R
+
+    node = node_factory(workers=2, config=CONFIG)
+    init_producer_id, invalid_request, invalid_epoch, fenced = 22, 42, 47, 90
+
+    def init(version: int, transactional_id: str | None, producer: tuple[int, int] = (-1, -1)) -> tuple:
+        body = R.request_body(init_producer_id, version, "InitProducerIdRequest", transactional_id=transactional_id,
+                              transaction_timeout=R.millis(60_000), producer_id=producer[0],
+                              producer_epoch=producer[1])
+        with R.RawConnection("127.0.0.1", node.port) as conn:
+            answer = conn.call(init_producer_id, version, body)
+        return int(answer.error_code), int(answer.producer_id), int(answer.producer_epoch)
+
+    error, producer_id, epoch = init(4, "kip-360")
+    assert error == 0 and epoch == 0
+    assert init(4, "kip-360", (producer_id, 0)) == (0, producer_id, 1)
+    assert init(3, "kip-360", (producer_id, 0)) == (0, producer_id, 1)  # a retry: the same epoch
+    assert init(4, "kip-360", (producer_id, 1)) == (0, producer_id, 2)
+    assert init(4, "kip-360", (producer_id, 0))[0] == fenced
+    assert init(3, "kip-360", (producer_id, 0))[0] == invalid_epoch  # before KIP-588's PRODUCER_FENCED
+    assert init(4, "kip-360", (producer_id, -1))[0] == invalid_request
+    error, idempotent_id, idempotent_epoch = init(4, None)
+    assert error == 0
+    renewed = init(4, None, (idempotent_id, idempotent_epoch))
+    assert renewed[0] == 0 and renewed[1] != idempotent_id and renewed[2] == 0
+
+
 def test_send_offsets_to_transaction_commits_the_offsets_with_the_output(node_factory):
     node = node_factory(workers=2, config=CONFIG)
     create(node.bootstrap, "input")

@@ -142,8 +142,9 @@ class OnDisk:
         self.coordinator.handlers[kind](WORKER, message)
         return self.outbox.replies.get(self.request_id)
 
-    def init(self, transactional_id: str, timeout_ms: int = 60_000):
-        return self.ask(M.Kind.INIT_PRODUCER_ID, timeout_ms, transactional_id)
+    def init(self, transactional_id: str, timeout_ms: int = 60_000, producer: tuple[int, int] = (-1, -1)):
+        """InitProducerId; `producer`: the producer's own id and epoch when it asks for a bump (KIP-360)."""
+        return self.ask(M.Kind.INIT_PRODUCER_ID, timeout_ms, *producer, transactional_id)
 
     def add(self, transactional_id, producer, partitions=(("t", 0),)):
         topics = {}
@@ -415,6 +416,32 @@ def test_an_exhausted_epoch_gets_a_new_producer_id(txn):
     txn.coordinator.transactions["app"].producer_epoch = 32766  # as after 32,766 inits
     renewed = producer_of(txn.init("app"))
     assert renewed[0] != producer[0] and renewed[1] == 0
+
+
+def test_a_producer_naming_itself_bumps_its_epoch_and_a_retry_of_the_bump_gets_the_same_epoch(txn):
+    first = producer_of(txn.init("app"))
+    bumped = producer_of(txn.init("app", producer=first))
+    assert bumped == (first[0], first[1] + 1)
+    assert producer_of(txn.init("app", producer=first)) == bumped  # its answer was lost: the same epoch again
+    txn.restart()  # the epoch before the bump is kept in the state log
+    assert producer_of(txn.init("app", producer=first)) == bumped
+    again = producer_of(txn.init("app", producer=bumped))
+    assert again == (first[0], first[1] + 2)
+    assert txn.init("app", producer=first).error == E.producer_fenced  # neither the current nor the last epoch
+    assert txn.init("app", producer=(first[0] + 1000, again[1])).error == E.producer_fenced  # another producer id
+    fenced_by_new_instance = producer_of(txn.init("app"))  # a new instance: a fencing bump forgets the last epoch
+    assert txn.init("app", producer=again).error == E.producer_fenced
+    assert producer_of(txn.init("app", producer=fenced_by_new_instance))[1] == fenced_by_new_instance[1] + 1
+
+
+def test_a_producer_naming_itself_with_an_exhausted_epoch_gets_a_new_producer_id_and_so_does_its_retry(txn):
+    producer_of(txn.init("app"))
+    txn.coordinator.transactions["app"].producer_epoch = 32766  # as after 32,766 bumps
+    old = (txn.coordinator.transactions["app"].producer_id, 32766)
+    renewed = producer_of(txn.init("app", producer=old))
+    assert renewed[0] != old[0] and renewed[1] == 0
+    assert producer_of(txn.init("app", producer=old)) == renewed  # a retry under the old id
+    assert txn.init("app", producer=(old[0], 5)).error == E.producer_fenced
 
 
 def test_offsets_outside_a_transaction_are_an_invalid_state(txn):

@@ -4,7 +4,7 @@
 //
 // (An ES module does not search NODE_PATH itself: the package is resolved from there by hand.)
 // Its Admin creates TOPIC (3 partitions) and a second topic TOPIC-gone, lists both in its metadata (with their
-// topic ids), deletes TOPIC-gone and sees it gone. Its Producer sends COUNT keyed records to TOPIC; two
+// topic ids), deletes TOPIC-gone and sees it gone. Its idempotent Producer sends COUNT keyed records to TOPIC; two
 // Consumers in GROUP read them (from the earliest offset, autocommit) until every record arrived, then
 // close. Prints one JSON line: {"created": [names], "topicIds": {name: id}, "afterDelete": [names],
 // "consumed": {memberIndex: [values]}, "partitionsByMember": {memberIndex: [partitions]}}.
@@ -40,7 +40,8 @@ const listed = await admin.listTopics()
 result.afterDelete = listed.filter(name => name === topic || name === gone).sort()
 await admin.close()
 
-const producer = new Producer({ ...common, clientId: 'plt-producer', serializers: stringSerializers })
+// Idempotent, as a producer that must not duplicate on retries is: it asks InitProducerId v3+ for its id.
+const producer = new Producer({ ...common, clientId: 'plt-producer', serializers: stringSerializers, idempotent: true })
 const messages = Array.from({ length: count }, (_, i) => ({ topic, key: `k${i}`, value: `v${i}` }))
 await producer.send({ messages, acks: -1 })
 await producer.close()

@@ -50,7 +50,7 @@ from workers.api.fetch_sessions import FetchContext, FetchSessionCache, Forgotte
 from workers.api.consumer_groups import ConsumerGroupHandlers
 from workers.api.cluster import ClusterHandlers
 from workers.api.groups import GroupHandlers
-from workers.api.transactions import TransactionHandlers
+from workers.api.transactions import TransactionHandlers, expected_producer
 from workers.codecs.fetch import FetchPartitionResult, FetchTopicResult, encode_fetch_response
 from workers.api import priority
 from workers.timer_client.outcome import Outcome
@@ -145,6 +145,9 @@ class Handlers:
     def init_producer_id(self, req: Request, request: Any) -> Outcome:
         if request.transactional_id is not None:  # the transaction coordinator's (in the timer process)
             return self.transactions.init_producer_id(req, request)
+        if expected_producer(request) is None:  # a producer bumping its epoch gets a new id (Kafka's rule)
+            return reply(req, entity(req, "InitProducerIdResponse", throttle_time=ZERO_THROTTLE,
+                                     error_code=E.INVALID_REQUEST, producer_id=-1, producer_epoch=i16(-1)))
         if self.authorizer.enabled and not self._may_be_idempotent(req):
             return reply(req, entity(req, "InitProducerIdResponse", throttle_time=ZERO_THROTTLE,
                                      error_code=E.CLUSTER_AUTHORIZATION_FAILED, producer_id=-1,
@@ -230,7 +233,8 @@ class Handlers:
         return reply(req, entity(req, "MetadataResponse", throttle_time=ZERO_THROTTLE, brokers=(broker,),
                                              cluster_id=self.cluster_id,
                                              controller_id=i32(node_id), topics=tuple(topics),
-                                             cluster_authorized_operations=i32(cluster_operations)))
+                                             cluster_authorized_operations=i32(cluster_operations),
+                                             error_code=E.NONE))  # v13 (KIP-1102): never REBOOTSTRAP_REQUIRED here
 
     def _describable_topics(self, req: Request, names: list[str], listing: bool, asked_by_id: dict[str, Any],
                             refused: dict[str, Any]) -> list[str]:

@@ -115,21 +115,20 @@ ALTER_USER_SCRAM_CREDENTIALS = 51
 # api_key -> (min_version, max_version) advertised in ApiVersions: up to the newest version whose fields and
 # rules the node honours. The next version of each needs what the node does not have:
 #   Produce 12 and AddPartitionsToTxn 4-5, AddOffsetsToTxn 4, EndTxn 4-5, InitProducerId 5+: KIP-890's
-#   transactions v2; InitProducerId 3-4: KIP-360's epoch bump of a given producer id; Fetch 18: KIP-1166's high
-#   watermark tags; Metadata 13: KIP-1102's top-level error code; ListOffsets 7+: the max-timestamp and tiered offsets
-#   (KIP-734, KIP-1005); OffsetFetch 8+: several groups per request (KIP-709) and v9's member epochs;
-#   TxnOffsetCommit 4+: KIP-890's transactions v2; OffsetCommit 10: topic ids; JoinGroup 9: KIP-848's classic members;
+#   transactions v2; Fetch 18: KIP-1166's high watermark tags; ListOffsets 7+: the max-timestamp and tiered
+#   offsets (KIP-734, KIP-1005); OffsetFetch 10 and OffsetCommit 10: topic ids; TxnOffsetCommit 4+: KIP-890's
+#   transactions v2; JoinGroup 9: KIP-848's classic members;
 #   FindCoordinator 5+: KIP-890's error codes and share groups; DescribeGroups 6: KIP-1043's error fields;
 #   DescribeCluster 2: fenced brokers (KRaft's); ListTransactions 2: KIP-1152's transactional id pattern.
 SUPPORTED_APIS: dict[int, tuple[int, int]] = {
     PRODUCE: (3, 11),
     FETCH: (4, 17),
     LIST_OFFSETS: (1, 6),
-    METADATA: (0, 12),
+    METADATA: (0, 13),
     API_VERSIONS: (0, 3),
     CREATE_TOPICS: (0, 7),
     DELETE_TOPICS: (0, 6),
-    INIT_PRODUCER_ID: (0, 2),
+    INIT_PRODUCER_ID: (0, 4),
     # Topic administration (workers/api/admin.py, node/timer/controller.py).
     CREATE_PARTITIONS: (0, 3),
     DELETE_RECORDS: (0, 2),

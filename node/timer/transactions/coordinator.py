@@ -5,7 +5,11 @@ The algorithm (KIP-98), per transactional.id (node.timer.transactions.metadata h
 - InitProducerId gives the id a producer id (kept for good) and a new epoch (bumped on every init, so the
   producer of an older epoch is fenced: PRODUCER_FENCED here, INVALID_PRODUCER_EPOCH at the partitions). A
   transaction still open from the previous epoch is aborted first (with the bumped epoch) and the client
-  answered CONCURRENT_TRANSACTIONS; it retries and gets the epoch once the abort completed.
+  answered CONCURRENT_TRANSACTIONS; it retries and gets the epoch once the abort completed. A producer that
+  names its own producer id and epoch (KIP-360, v3+: it bumps its epoch after an abortable error) gets the
+  next epoch only if they are current; its retry of a bump it did not hear back from gets the current epoch
+  again (the id keeps the epoch before the bump); another producer's id or an older epoch is PRODUCER_FENCED.
+  An epoch that ran out gives the id a new producer id.
 - AddPartitionsToTxn and AddOffsetsToTxn open the transaction (Ongoing) or add to it; TxnOffsetCommit adds the
   consumer offsets it will commit. Each change is a record of `__transaction_state`, fsync'd before the answer,
   except an AddPartitionsToTxn's that widens an Ongoing transaction, answered once appended (the producer waits for
@@ -70,8 +74,9 @@ from node.timer.transactions import listing
 from node.timer.transactions.hanging import open_in_partitions
 from node.timer.transactions.held import HeldRequests
 from node.timer.transactions.markers import MarkerWriter
-from node.timer.transactions.metadata import (COMPLETE_ABORT, COMPLETE_COMMIT, COMPLETED, DEAD, EMPTY, ONGOING,
-                                              PREPARE_ABORT, PREPARE_COMMIT, PREPARED, TransactionMetadata)
+from node.timer.transactions.metadata import (COMPLETE_ABORT, COMPLETE_COMMIT, COMPLETED, DEAD, EMPTY,
+                                              NO_PRODUCER_EPOCH, NO_PRODUCER_ID, ONGOING, PREPARE_ABORT,
+                                              PREPARE_COMMIT, PREPARED, TransactionMetadata)
 from node.timer.transactions.state_log import TransactionStateLog, wall_ms
 from shm import messages as M
 
@@ -397,13 +402,20 @@ class TransactionCoordinator:
             changed.producer_epoch = 0
             changed.transition(EMPTY)
             return self._persist(current, changed, lambda metadata: answer(E.none, metadata), forget)
-        if current.pending or current.state in PREPARED:
+        expected = None if message.expected_producer_id == NO_PRODUCER_ID else \
+            (message.expected_producer_id, message.expected_producer_epoch)
+        if current.pending:
+            return answer(E.concurrent_transactions)
+        if expected is not None and not self._may_reinit(current, *expected):
+            return answer(E.producer_fenced)
+        if current.state in PREPARED:
             return answer(E.concurrent_transactions)
         changed = current.copy()
         changed.timeout_ms = timeout_ms
         if current.state == ONGOING:
             # Fence the old epoch and abort its transaction; the client retries and gets the next epoch then.
             changed.bump_epoch()
+            changed.last_producer_epoch = NO_PRODUCER_EPOCH
             changed.transition(PREPARE_ABORT)
             self.timeouts.forget(transactional_id)
 
@@ -412,14 +424,32 @@ class TransactionCoordinator:
                 self._complete(metadata)
 
             return self._persist(current, changed, abort_durable, answer)
-        if not changed.bump_epoch():
+        expected_epoch = None if expected is None else expected[1]
+        if current.epoch_exhausted(current.producer_epoch) and expected_epoch in (None, current.producer_epoch):
             try:
                 changed.producer_id, changed.producer_epoch = producer_ids.allocate(self.store.data_dir), 0
             except OSError as exc:
                 log.warning("cannot allocate a producer id for transactional id %r: %s", transactional_id, exc)
                 return answer(E.coordinator_not_available)
+            changed.previous_producer_id = current.producer_id
+            changed.last_producer_epoch = current.producer_epoch if expected is not None else NO_PRODUCER_EPOCH
+        elif expected_epoch is None or current.producer_epoch in (NO_PRODUCER_EPOCH, expected_epoch):
+            changed.bump_epoch()
+            changed.last_producer_epoch = NO_PRODUCER_EPOCH if expected is None else current.producer_epoch
+        elif expected_epoch != current.last_producer_epoch:  # equal: a retry of a bump it did not hear back from
+            log.info("transactional id %r: InitProducerId with epoch %d, the current is %d: fenced", transactional_id,
+                     expected_epoch, current.producer_epoch)
+            return answer(E.producer_fenced)
         changed.transition(EMPTY)
         self._persist(current, changed, lambda metadata: answer(E.none, metadata), answer)
+
+    @staticmethod
+    def _may_reinit(current: TransactionMetadata, producer_id: int, producer_epoch: int) -> bool:
+        """Kafka's isValidProducerId: a producer naming itself may bump its id's epoch if the id has no epoch yet,
+        if it is the id's producer, or if it is the previous producer id whose epoch ran out (a retry of the
+        InitProducerId that gave the id a new producer id)."""
+        return (current.producer_epoch == NO_PRODUCER_EPOCH or producer_id == current.producer_id
+                or producer_id == current.previous_producer_id and current.epoch_exhausted(producer_epoch))
 
     # -- AddPartitionsToTxn, AddOffsetsToTxn, TxnOffsetCommit ----------------------------------
 

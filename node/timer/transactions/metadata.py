@@ -48,6 +48,7 @@ VALID_PREVIOUS: dict[TxnState, frozenset[TxnState]] = {
     DEAD: frozenset({EMPTY, COMPLETE_COMMIT, COMPLETE_ABORT}),
 }
 MAX_EPOCH = 32767  # a producer epoch is an int16; past it the producer gets a new id (Kafka's)
+NO_PRODUCER_ID = NO_PRODUCER_EPOCH = -1
 
 TopicPartition = tuple[str, int]
 OffsetKey = tuple[str, str, int]  # group, topic, partition
@@ -70,6 +71,11 @@ class TransactionMetadata:
     offsets: dict[OffsetKey, PendingOffset] = field(default_factory=dict)  # TxnOffsetCommit's, until the commit
     start_wall_ms: int = -1  # when the current transaction began (Ongoing), for its timeout
     last_update_wall_ms: int = -1  # when the id's state last changed (its expiry counts from there)
+    # KIP-360: the epoch before the last bump a producer asked for with its own epoch (-1 after a fencing bump),
+    # and the producer id before the last one (given when the epoch ran out): a producer retrying such an
+    # InitProducerId whose answer it lost is answered the current epoch rather than fenced.
+    last_producer_epoch: int = -1
+    previous_producer_id: int = -1
     pending: bool = False
 
     def transition(self, state: TxnState) -> None:
@@ -89,20 +95,26 @@ class TransactionMetadata:
         """An independent copy (its own sets), not pending: what a state change writes before it is installed."""
         return TransactionMetadata(self.transactional_id, self.producer_id, self.producer_epoch, self.timeout_ms,
                                    self.state, set(self.partitions), set(self.groups), dict(self.offsets),
-                                   self.start_wall_ms, self.last_update_wall_ms)
+                                   self.start_wall_ms, self.last_update_wall_ms, self.last_producer_epoch,
+                                   self.previous_producer_id)
 
     def bump_epoch(self) -> bool:
         """The next epoch; False when the epoch is exhausted (the caller then gives the id a new producer id)."""
-        if self.producer_epoch >= MAX_EPOCH - 1:
+        if self.epoch_exhausted(self.producer_epoch):
             return False
         self.producer_epoch += 1
         return True
+
+    @staticmethod
+    def epoch_exhausted(epoch: int) -> bool:
+        return epoch >= MAX_EPOCH - 1
 
     def to_record(self) -> dict:
         return {"producer_id": self.producer_id, "producer_epoch": self.producer_epoch, "timeout_ms": self.timeout_ms,
                 "state": self.state.value, "partitions": sorted(self.partitions), "groups": sorted(self.groups),
                 "offsets": [[*key, *value] for key, value in sorted(self.offsets.items(), key=lambda kv: kv[0])],
-                "start_wall_ms": self.start_wall_ms, "last_update_wall_ms": self.last_update_wall_ms}
+                "start_wall_ms": self.start_wall_ms, "last_update_wall_ms": self.last_update_wall_ms,
+                "last_producer_epoch": self.last_producer_epoch, "previous_producer_id": self.previous_producer_id}
 
     @classmethod
     def from_record(cls, transactional_id: str, record: dict) -> "TransactionMetadata":
@@ -113,4 +125,5 @@ class TransactionMetadata:
                    {str(group) for group in record["groups"]},
                    {(str(g), str(t), int(p)): (int(offset), int(epoch), None if metadata is None else str(metadata))
                     for g, t, p, offset, epoch, metadata in record["offsets"]},
-                   int(record["start_wall_ms"]), int(record["last_update_wall_ms"]))
+                   int(record["start_wall_ms"]), int(record["last_update_wall_ms"]),
+                   int(record.get("last_producer_epoch", -1)), int(record.get("previous_producer_id", -1)))
