@@ -513,13 +513,14 @@ def metadata_request(topics: Iterable[str] | None, allow_auto_topic_creation: bo
 
 
 def list_offsets_request(timestamps: Mapping[TopicPartition, int], isolation_level: int = 0,
-                         version: int | None = None) -> Any:
+                         version: int | None = None, timeout_ms: int = 30_000) -> Any:
     schema = request_schema(LIST_OFFSETS, version)
     by_topic: dict[str, list[Any]] = {}
     for tp, timestamp in timestamps.items():
         by_topic.setdefault(tp.topic, []).append(
             schema.ListOffsetsPartition(partition_index=i32(tp.partition), timestamp=i64(timestamp)))
     return entity(schema.ListOffsetsRequest, replica_id=i32(-1), isolation_level=i8(isolation_level),
+                  timeout=millis(timeout_ms),  # v10+
                   topics=tuple(schema.ListOffsetsTopic(name=t, partitions=tuple(p)) for t, p in by_topic.items()))
 
 

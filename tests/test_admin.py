@@ -311,6 +311,38 @@ def test_configs_survive_restart(node):
     assert result.responses[0].partition_responses[0].error_code == MESSAGE_TOO_LARGE
 
 
+def test_list_offsets_of_the_largest_timestamp_and_of_tiered_storage(node):
+    """confluent-kafka's list_offsets with OffsetSpec.max_timestamp() (ListOffsets v7, KIP-734): the first record
+    with the largest timestamp, not the last record; tiered storage's offsets (v8-9) answered as Kafka answers
+    without tiered storage; a special timestamp below its version is INVALID_REQUEST."""
+    from confluent_kafka.admin import OffsetSpec
+
+    assert outcome(admin(node).create_topics([NewTopic("stamped", 1, 1)])["stamped"]) is None
+    with R.RawConnection("127.0.0.1", node.port) as conn:
+        for first, count in ((10_000, 3), (90_000, 1), (20_000, 2)):  # offsets 0-2, 3 (the largest), 4-5
+            batch = R.build_record_batch([b"v"] * count, first_timestamp_ms=first)
+            assert conn.call(P.PRODUCE, 8, R.produce_body({"stamped": {0: batch}}, acks=1)) \
+                .responses[0].partition_responses[0].error_code == NONE
+    partition = TopicPartition("stamped", 0)
+    found = {}
+    for name, spec in (("max", OffsetSpec.max_timestamp()), ("earliest", OffsetSpec.earliest()),
+                       ("latest", OffsetSpec.latest())):
+        result = admin(node).list_offsets({partition: spec})[partition].result(timeout=CLIENT_TIMEOUT_S)
+        found[name] = (result.offset, result.timestamp)
+    assert found == {"max": (3, 90_000), "earliest": (0, -1), "latest": (6, -1)}
+    with R.RawConnection("127.0.0.1", node.port) as conn:
+        def listed(timestamp: int, version: int) -> tuple[int, int]:
+            answer = conn.call(P.LIST_OFFSETS, version, R.list_offsets_body({"stamped": [0]}, timestamp=timestamp,
+                                                                              version=version))
+            got = answer.topics[0].partitions[0]
+            return int(got.error_code), int(got.offset)
+
+        assert listed(-4, 8) == (NONE, 0)  # earliest local: the whole log is local
+        assert listed(-5, 9) == (NONE, -1)  # latest tiered: nothing is tiered
+        assert listed(-3, 10) == (NONE, 3)
+        assert listed(-3, 6)[0] == listed(-4, 7)[0] == listed(-5, 8)[0] == INVALID_REQUEST
+
+
 def test_log_append_time_and_timestamp_bounds(node):
     a = admin(node)
     futures = a.create_topics([NewTopic("appended", 1, 1, config={"message.timestamp.type": "LogAppendTime"}),

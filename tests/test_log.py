@@ -173,6 +173,23 @@ def test_offset_for_timestamp(tmp_path, table):
     log.close()
 
 
+def test_offset_of_max_timestamp_is_the_first_record_with_the_largest_timestamp(tmp_path, table):
+    from node.storage.records import build_batch
+
+    log = PartitionLog.recover(str(tmp_path / "t-0"), table, 0, SMALL)
+    assert log.offset_of_max_timestamp() is None  # no record yet
+    records = [(b"k", b"v" * 100)] * 4
+    for n in range(40):  # several segments, timestamps rising slowly
+        log.append(make_batch(count=5, timestamp=1_000_000 + n))
+    log.append(build_batch(records, 5_000_000, timestamp_deltas=[0, 700, 100, 700], compression=GZIP))  # 200-203
+    for n in range(40):  # later segments, all older than 5,000,700
+        log.append(make_batch(count=5, timestamp=2_000_000 + n))
+    log.append(build_batch(records, 5_000_000, timestamp_deltas=[0, 700, 0, 0]))  # 404-407: a tie, later
+    assert len(log.segments) > 2
+    assert log.offset_of_max_timestamp() == (201, 5_000_700)
+    log.close()
+
+
 def test_flush_publishes_flushed_offset(tmp_path, table):
     log = PartitionLog.recover(str(tmp_path / "t-0"), table, 0, SMALL)
     for _ in range(50):

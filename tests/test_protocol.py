@@ -71,7 +71,7 @@ def test_advertised_versions_are_the_supported_ones() -> None:
         3: (0, 13),  # Metadata (10+: topic ids; 13: KIP-1102's top-level error code)
         0: (3, 11),  # Produce (12: transactions v2)
         1: (4, 17),  # Fetch (13+: topic ids; 18: KIP-1166)
-        2: (1, 6),  # ListOffsets
+        2: (1, 10),  # ListOffsets (7: max timestamp; 8-9: tiered storage's, answered without it; 10: timeout)
         22: (0, 4),  # InitProducerId: v3 names the producer bumping its epoch (KIP-360), v4 may be PRODUCER_FENCED
         19: (0, 7),  # CreateTopics (7: topic ids)
         20: (0, 6),  # DeleteTopics (6: by topic id)

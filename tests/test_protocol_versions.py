@@ -49,7 +49,7 @@ def request_for(api_key: int, version: int, tag: str):
     if api_key == P.FETCH:
         return None
     if api_key == P.LIST_OFFSETS:
-        return b("ListOffsetsRequest", replica_id=i32(-1), isolation_level=i8(0), topics=(b(
+        return b("ListOffsetsRequest", replica_id=i32(-1), isolation_level=i8(0), timeout=ms(10_000), topics=(b(
             "ListOffsetsTopic", name=TOPIC, partitions=(b("ListOffsetsPartition", partition_index=i32(0),
                                                           timestamp=i64(-2)),)),))
     if api_key == P.METADATA:

@@ -838,6 +838,32 @@ class PartitionLog:
             return max(header.base_offset, state.log_start_offset), header.max_timestamp
         return None
 
+    def offset_of_max_timestamp(self) -> tuple[int, int] | None:
+        """ListOffsets MAX_TIMESTAMP (KIP-734): (offset, timestamp) of the first record with the log's largest
+        timestamp, or None when the log has no record. As Kafka: the first segment with the largest max
+        timestamp, its first batch with that max timestamp, that batch's first record with it (a compressed
+        batch is decompressed to find it). Raises StorageError(CORRUPT_MESSAGE) if that batch does not decode."""
+        state = self._current_state()
+        newest, holder = -1, None
+        for segment in self.segments:
+            largest = (state.active_max_timestamp if segment.base_offset == state.active_base_offset
+                       else segment.max_timestamp())
+            if largest > newest:
+                newest, holder = largest, segment
+        if holder is None:
+            return None
+        end, entries = self._extent(holder, state)
+        found = holder.first_batch_with_timestamp(newest, entries, end)
+        if found is None:
+            return None
+        position, raw = found
+        batch = os.pread(holder.log_fd, raw[1] + LENGTH_FIELDS_SIZE, position)
+        header = parse_header(batch)
+        for delta, record_timestamp in enumerate(all_record_timestamps(batch, header)):
+            if record_timestamp == header.max_timestamp:
+                return max(header.base_offset + delta, state.log_start_offset), record_timestamp
+        return max(header.base_offset, state.log_start_offset), header.max_timestamp
+
     # Flush and retention (timer process) -------------------------------------------------------------
 
     def flush(self, indexes: bool = False) -> int:

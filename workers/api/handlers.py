@@ -68,6 +68,11 @@ _SELF_THROTTLING_FETCH_VERSION = 8
 _LATEST = -1
 _READ_COMMITTED = 1  # isolation_level of Fetch v4+ and ListOffsets v2+
 _EARLIEST = -2
+# ListOffsets' other special timestamps and the version that brought each: the record of the largest timestamp
+# (KIP-734), and tiered storage's (KIP-1005), which a node without it answers as Kafka does without it: the
+# local log is the whole log, and nothing is tiered (offset -1).
+_MAX_TIMESTAMP, _EARLIEST_LOCAL, _LATEST_TIERED = -3, -4, -5
+_SPECIAL_TIMESTAMP_SINCE = {_MAX_TIMESTAMP: 7, _EARLIEST_LOCAL: 8, _LATEST_TIERED: 9}
 # zstd batches (codec 4) need Produce v7+ (KIP-110); older requests get UNSUPPORTED_COMPRESSION_TYPE.
 _ZSTD = 4
 _ZSTD_MIN_PRODUCE_VERSION = 7
@@ -275,6 +280,7 @@ class Handlers:
 
     def list_offsets(self, req: Request, request: Any) -> Outcome:
         committed = getattr(request, "isolation_level", 0) == _READ_COMMITTED  # latest: the LSO (v2+)
+        version = req.header.api_version  # v10's timeout_ms waits for tiered offsets: nothing here waits
         topics = []
         checking = self.authorizer.enabled
         for topic in request.topics:
@@ -289,15 +295,24 @@ class Handlers:
                     values["error_code"] = E.UNKNOWN_TOPIC_OR_PARTITION
                 else:
                     try:
-                        if part.timestamp == _LATEST:
+                        timestamp = part.timestamp
+                        if _SPECIAL_TIMESTAMP_SINCE.get(timestamp, 0) > version:
+                            values["error_code"] = E.INVALID_REQUEST
+                        elif timestamp == _LATEST:
                             state = self.partitions.log(row).state()
                             values["offset"] = state.last_stable_offset if committed else state.log_end_offset
-                        elif part.timestamp == _EARLIEST:
+                        elif timestamp in (_EARLIEST, _EARLIEST_LOCAL):
                             values["offset"] = self.partitions.log(row).state().log_start_offset
-                        elif part.timestamp < 0:
+                        elif timestamp == _MAX_TIMESTAMP:
+                            found = self.partitions.log(row).offset_of_max_timestamp()
+                            if found is not None:
+                                values["offset"], values["timestamp"] = found
+                        elif timestamp == _LATEST_TIERED:
+                            pass  # offset -1: nothing is in tiered storage
+                        elif timestamp < 0:
                             values["error_code"] = E.INVALID_REQUEST
                         else:
-                            found = self.partitions.log(row).offset_for_timestamp(part.timestamp)
+                            found = self.partitions.log(row).offset_for_timestamp(timestamp)
                             if found is not None:
                                 values["offset"], values["timestamp"] = found
                     except StorageError as exc:
