@@ -111,6 +111,20 @@ def test_describe_producers(node) -> None:
     assert plain.last_sequence == 4 and plain.last_timestamp > 0
 
 
+INVALID_REGULAR_EXPRESSION = 128
+
+
+def patterned(node, pattern: str) -> tuple[int, set[str]]:
+    """ListTransactions v2 with a transactional id pattern (KIP-1152): (error code, listed ids)."""
+    from scripts.harness import rawkafka as R
+
+    body = R.request_body(66, 2, "ListTransactionsRequest", state_filters=(), producer_id_filters=(),
+                          duration_filter=-1, transactional_id_pattern=pattern)
+    with R.RawConnection("127.0.0.1", node.port) as conn:
+        answer = conn.call(66, 2, body)
+    return int(answer.error_code), {t.transactional_id for t in answer.transaction_states}
+
+
 def test_list_and_describe_transactions(node) -> None:
     create(node.bootstrap, "txn-a", "txn-b")
     ongoing = Producer({"bootstrap.servers": node.bootstrap, "transactional.id": "ongoing-one"})
@@ -143,6 +157,9 @@ def test_list_and_describe_transactions(node) -> None:
         assert set(listed(duration_filter_ms=3_600_000)) == {"finished-one"}
         time.sleep(0.3)
         assert set(listed(duration_filter_ms=200)) == {"ongoing-one", "finished-one"}
+        assert patterned(node, "ongoing-.*") == (0, {"ongoing-one"})  # v2: the ids the regex matches whole
+        assert patterned(node, "one") == (0, set()) and patterned(node, "") == (0, set(everything))
+        assert patterned(node, "(unclosed")[0] == INVALID_REGULAR_EXPRESSION
 
         described = admin.describe_transactions(["ongoing-one"])["ongoing-one"]
         assert str(getattr(described.state, "value", described.state)) == "Ongoing"

@@ -318,10 +318,14 @@ def test_find_coordinator_and_advertised_versions(client_factory):
     transactional = c.conn.call(P.FIND_COORDINATOR, 2, body(P.FIND_COORDINATOR, 2, "FindCoordinatorRequest",
                                                             key="tx", key_type=i8(1)))
     assert int(transactional.error_code) == NONE and transactional.port == node.port  # the transaction coordinator
+    batched = c.conn.call(P.FIND_COORDINATOR, 6, body(P.FIND_COORDINATOR, 6, "FindCoordinatorRequest", key_type=i8(2),
+                                                      coordinator_keys=("share-group:topic:0",)))
+    (share,) = batched.coordinators  # a share group's (KIP-932): the node has none, and says so
+    assert int(share.error_code) == INVALID_REQUEST and share.node_id == -1 and "key type 2" in share.error_message
     versions = c.conn.call(R.API_VERSIONS, 3, R.api_versions_body(3))
     advertised = {int(k.api_key): (int(k.min_version), int(k.max_version)) for k in versions.api_keys}
     assert {key: advertised[key] for key in (10, 11, 14, 12, 13, 8, 9, 16, 15, 42, 47, 68, 69)} == {
-        10: (0, 4), 11: (0, 8), 14: (0, 5), 12: (0, 4), 13: (0, 5), 8: (2, 9), 9: (1, 9), 16: (0, 5), 15: (0, 5),
+        10: (0, 6), 11: (0, 8), 14: (0, 5), 12: (0, 4), 13: (0, 5), 8: (2, 9), 9: (1, 9), 16: (0, 5), 15: (0, 5),
         42: (0, 2), 47: (0, 0), 68: (0, 1), 69: (0, 1)}
 
 

@@ -67,7 +67,7 @@ def request_class(api_key: int, version: int) -> type:
 def test_advertised_versions_are_the_supported_ones() -> None:
     assert SUPPORTED_APIS == {
         18: (0, 3),  # ApiVersions
-        10: (0, 4),  # FindCoordinator
+        10: (0, 6),  # FindCoordinator (5: TRANSACTION_ABORTABLE allowed; 6: share group keys, refused)
         3: (0, 13),  # Metadata (10+: topic ids; 13: KIP-1102's top-level error code)
         0: (3, 11),  # Produce (12: transactions v2)
         1: (4, 17),  # Fetch (13+: topic ids; 18: KIP-1166)
@@ -99,7 +99,7 @@ def test_advertised_versions_are_the_supported_ones() -> None:
         28: (0, 3),  # TxnOffsetCommit: v3 with KIP-447's member checks
         17: (0, 1),  # SaslHandshake: v0-1, the versions librdkafka, kafka-python, aiokafka and KafkaJS use
         36: (0, 2),  # SaslAuthenticate: v1 carries the session lifetime (KIP-368), v2 is flexible
-        66: (0, 1),  # ListTransactions (2: KIP-1152's id pattern)
+        66: (0, 2),  # ListTransactions (2: KIP-1152's id pattern)
         29: (0, 3),  # DescribeAcls (v0: no pattern type, LITERAL)
         30: (0, 3),  # CreateAcls
         31: (0, 3),  # DeleteAcls
@@ -107,7 +107,7 @@ def test_advertised_versions_are_the_supported_ones() -> None:
         51: (0, 0),  # AlterUserScramCredentials
         65: (0, 0),  # DescribeTransactions
         # The cluster and the partitions' producers:
-        60: (0, 1),  # DescribeCluster (2: fenced brokers)
+        60: (0, 2),  # DescribeCluster (2: fenced brokers: never)
         61: (0, 0),  # DescribeProducers
         # The consumer group protocol (KIP-848):
         68: (0, 1),  # ConsumerGroupHeartbeat

@@ -147,11 +147,11 @@ def request_for(api_key: int, version: int, tag: str):
     if api_key == P.SASL_AUTHENTICATE:
         return b("SaslAuthenticateRequest", auth_bytes=b"\0user\0password")
     if api_key == P.DESCRIBE_CLUSTER:
-        return b("DescribeClusterRequest", include_cluster_authorized_operations=True)
+        return b("DescribeClusterRequest", include_cluster_authorized_operations=True, include_fenced_brokers=True)
     if api_key == P.DESCRIBE_PRODUCERS:
         return b("DescribeProducersRequest", topics=(b("TopicRequest", name=TOPIC, partition_indexes=(i32(0),)),))
     if api_key == P.LIST_TRANSACTIONS:
-        return b("ListTransactionsRequest", state_filters=("Ongoing",), producer_id_filters=())
+        return b("ListTransactionsRequest", state_filters=("Ongoing",), producer_id_filters=(), transactional_id_pattern="tx-.*")
     if api_key == P.DESCRIBE_TRANSACTIONS:
         return b("DescribeTransactionsRequest", transactional_ids=(f"t-{tag}",))
     if api_key == P.CREATE_ACLS:

@@ -59,7 +59,7 @@ class ClusterHandlers:
                                      cluster_authorized_operations=i32(NOT_REQUESTED)))
         broker = entity(req, "DescribeClusterBroker", broker_id=i32(node_id),
                         host=server.advertised_host or server.host, port=i32(server.advertised_port or server.port),
-                        rack=None)
+                        rack=None, is_fenced=False)  # v2: a node is never fenced (it is its own controller)
         return reply(req, entity(req, "DescribeClusterResponse", throttle_time=ZERO_THROTTLE, error_code=E.NONE,
                                  error_message=None, endpoint_type=i8(endpoint_type), cluster_id=self.cluster_id,
                                  controller_id=i32(node_id), brokers=(broker,),

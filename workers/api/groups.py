@@ -133,7 +133,7 @@ class GroupHandlers:
                                                                                "transactional id", -1
             elif key_type in (GROUP_KEY_TYPE, TRANSACTION_KEY_TYPE):  # both coordinators are the node's (timer)
                 error, message, node = E.NONE, None, server.node_id
-            else:
+            else:  # v6's share groups (KIP-932) among them: the node has none
                 error, message, node = E.INVALID_REQUEST, f"unknown key type {key_type}", -1
             return dict(error_code=error, error_message=message, node_id=i32(node),
                         host=host if node >= 0 else "", port=i32(port) if node >= 0 else i32(-1))

@@ -24,6 +24,7 @@ Invariants:
 from __future__ import annotations
 
 import datetime
+import re
 from typing import Any, Callable
 
 from kio.static.primitive import i16, i32, i32Timedelta, i64
@@ -219,8 +220,18 @@ class TransactionHandlers:
         states = list(request.state_filters)
         producer_ids = [int(p) for p in request.producer_id_filters]
 
+        pattern = getattr(request, "transactional_id_pattern", None)  # v2 (KIP-1152): a regex the ids match whole
+        try:
+            matching = re.compile(pattern).fullmatch if pattern else None
+        except re.error:
+            return reply(req, entity(req, "ListTransactionsResponse", throttle_time=ZERO_THROTTLE,
+                                     error_code=E.ErrorCode.invalid_regular_expression, unknown_state_filters=(),
+                                     transaction_states=()))
+
         def answer(outcome: Any) -> Outcome:
             listed = outcome.transactions
+            if matching is not None:
+                listed = [t for t in listed if matching(t[0])]
             if self.authorizer.enabled:
                 listed = [t for t in listed if self._id_allows(req, Operation.DESCRIBE, t[0])]
             return reply(req, entity(req, "ListTransactionsResponse", throttle_time=ZERO_THROTTLE,

@@ -118,8 +118,7 @@ ALTER_USER_SCRAM_CREDENTIALS = 51
 #   transactions v2; Fetch 18: KIP-1166's high watermark tags; ListOffsets 11: KIP-1023's earliest pending
 #   upload; OffsetFetch 10 and OffsetCommit 10: topic ids; TxnOffsetCommit 4+: KIP-890's
 #   transactions v2; JoinGroup 9: KIP-848's classic members;
-#   FindCoordinator 5+: KIP-890's error codes and share groups; DescribeGroups 6: KIP-1043's error fields;
-#   DescribeCluster 2: fenced brokers (KRaft's); ListTransactions 2: KIP-1152's transactional id pattern.
+#   DescribeGroups 6: KIP-1043's error fields.
 SUPPORTED_APIS: dict[int, tuple[int, int]] = {
     PRODUCE: (3, 11),
     FETCH: (4, 17),
@@ -136,7 +135,7 @@ SUPPORTED_APIS: dict[int, tuple[int, int]] = {
     ALTER_CONFIGS: (0, 2),
     INCREMENTAL_ALTER_CONFIGS: (0, 1),
     # The group coordinator (workers/api/groups.py, node/timer/groups/).
-    FIND_COORDINATOR: (0, 4),
+    FIND_COORDINATOR: (0, 6),
     JOIN_GROUP: (0, 8),
     SYNC_GROUP: (0, 5),
     HEARTBEAT: (0, 4),
@@ -151,7 +150,7 @@ SUPPORTED_APIS: dict[int, tuple[int, int]] = {
     CONSUMER_GROUP_HEARTBEAT: (0, 1),
     CONSUMER_GROUP_DESCRIBE: (0, 1),
     # The cluster and the partitions' producers (workers/api/cluster.py).
-    DESCRIBE_CLUSTER: (0, 1),
+    DESCRIBE_CLUSTER: (0, 2),
     DESCRIBE_PRODUCERS: (0, 0),
     # The transaction coordinator (workers/api/transactions.py, node/timer/transactions/).
     ADD_PARTITIONS_TO_TXN: (0, 3),
@@ -161,7 +160,7 @@ SUPPORTED_APIS: dict[int, tuple[int, int]] = {
     # SASL on the SASL listeners (workers/api/sasl.py).
     SASL_HANDSHAKE: (0, 1),
     SASL_AUTHENTICATE: (0, 2),
-    LIST_TRANSACTIONS: (0, 1),
+    LIST_TRANSACTIONS: (0, 2),
     DESCRIBE_TRANSACTIONS: (0, 0),
     # ACLs (workers/api/acls.py, node/storage/acls.py).
     DESCRIBE_ACLS: (0, 3),
