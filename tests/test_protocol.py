@@ -66,7 +66,7 @@ def request_class(api_key: int, version: int) -> type:
 
 def test_advertised_versions_are_the_supported_ones() -> None:
     assert SUPPORTED_APIS == {
-        18: (0, 3),  # ApiVersions
+        18: (0, 4),  # ApiVersions (4: as 3; KAFKA-17011 let a feature's min version be 0, and the node lists none)
         10: (0, 6),  # FindCoordinator (5: TRANSACTION_ABORTABLE allowed; 6: share group keys, refused)
         3: (0, 13),  # Metadata (10+: topic ids; 13: KIP-1102's top-level error code)
         0: (3, 11),  # Produce (12: transactions v2)
@@ -247,13 +247,13 @@ def test_unsupported_api_versions_gets_error_35_in_a_v0_body() -> None:
 
 
 def test_unsupported_api_version_headers_still_parse() -> None:
-    # A client opening with ApiVersions v4 (header v2) must get its correlation id back.
-    header = KioHeaderV2(request_api_key=i16(18), request_api_version=i16(4), correlation_id=i32(77), client_id="x")
+    # A client opening with ApiVersions v5 (header v2) must get its correlation id back.
+    header = KioHeaderV2(request_api_key=i16(18), request_api_version=i16(5), correlation_id=i32(77), client_id="x")
     parsed = parse_request_header(kio_bytes(header) + b"\x00\x00\x00")
-    assert (parsed.api_key, parsed.api_version, parsed.correlation_id) == (18, 4, 77)
-    assert not protocol.is_supported(18, 4)
+    assert (parsed.api_key, parsed.api_version, parsed.correlation_id) == (18, 5, 77)
+    assert not protocol.is_supported(18, 5)
     with pytest.raises(ProtocolError):
-        decode_request(18, 4, b"")
+        decode_request(18, 5, b"")
     for api_key, version in [(0, 2), (0, 12), (1, 3), (1, 18), (3, 14), (50, 0), (-1, 0)]:
         with pytest.raises(ProtocolError):
             decode_request(api_key, version, b"\x00" * 32)

@@ -142,7 +142,7 @@ class ProtocolAnswerer:
         )
         broker = build(s.MetadataResponseBroker, node_id=0, host="127.0.0.1", port=self.port, rack=None)
         return build(s.MetadataResponse, throttle_time=ZERO, brokers=(broker,), cluster_id="test", controller_id=0,
-                     topics=topics, cluster_authorized_operations=-2147483648)
+                     topics=topics, cluster_authorized_operations=-2147483648, error_code=NONE)
 
     def _produce(self, version: int, cid: int, request) -> bytes | None:
         results = []

@@ -18,7 +18,7 @@ from workers.codecs.errors import ProtocolError
 
 FUZZ = settings(max_examples=1000, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 ALL_VERSIONS = [(k, v) for k, (lo, hi) in protocol.SUPPORTED_APIS.items() for v in range(lo, hi + 1)]
-WRONG_VERSIONS = [(0, 2), (0, 12), (1, 3), (1, 13), (3, 10), (18, 4), (2, 0), (19, 7), (7, 0), (-5, 0)]
+WRONG_VERSIONS = [(0, 2), (0, 12), (1, 3), (1, 13), (3, 10), (18, 5), (2, 0), (19, 7), (7, 0), (-5, 0)]
 
 
 def valid_bodies() -> list[tuple[int, int, bytes]]:

@@ -124,7 +124,7 @@ SUPPORTED_APIS: dict[int, tuple[int, int]] = {
     FETCH: (4, 17),
     LIST_OFFSETS: (1, 10),
     METADATA: (0, 13),
-    API_VERSIONS: (0, 3),
+    API_VERSIONS: (0, 4),
     CREATE_TOPICS: (0, 7),
     DELETE_TOPICS: (0, 6),
     INIT_PRODUCER_ID: (0, 4),
