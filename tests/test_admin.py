@@ -266,6 +266,20 @@ def test_alter_configs_replace_incremental_broker_and_errors(node):
     assert [outcome(f) for f in futures.values()] == [None]
     entry = describe(node, "altered")["retention.bytes"]
     assert (entry.value, entry.source) == ("123456789", ConfigSource.DYNAMIC_DEFAULT_BROKER_CONFIG.value)
+    # Kafka's per-broker Kerberos settings are taken (and described) though the node offers no GSSAPI, as Kafka
+    # takes them on a broker whose listeners do not use it; a bad value is still refused.
+    kerberos = [ConfigEntry("sasl.kerberos.min.time.before.relogin", "58000",
+                            incremental_operation=AlterConfigOpType.SET)]
+    futures = a.incremental_alter_configs([ConfigResource("broker", "0", incremental_configs=kerberos)])
+    assert [outcome(f) for f in futures.values()] == [None]
+    broker = ConfigResource("broker", "0")
+    described = a.describe_configs([broker])[broker].result(timeout=CLIENT_TIMEOUT_S)
+    relogin = described["sasl.kerberos.min.time.before.relogin"]
+    assert (relogin.value, relogin.source) == ("58000", ConfigSource.DYNAMIC_DEFAULT_BROKER_CONFIG.value)
+    assert described["sasl.kerberos.ticket.renew.window.factor"].is_default
+    bad = [ConfigEntry("sasl.kerberos.ticket.renew.jitter", "2", incremental_operation=AlterConfigOpType.SET)]
+    futures = a.incremental_alter_configs([ConfigResource("broker", "0", incremental_configs=bad)])
+    assert [outcome(f) for f in futures.values()] == [INVALID_CONFIG]
     # Errors per resource, the others still done.
     futures = a.incremental_alter_configs([
         ConfigResource("topic", "missing", incremental_configs=[

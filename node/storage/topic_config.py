@@ -237,8 +237,26 @@ DEFINITIONS: tuple[TopicConfigDef, ...] = (
     TopicConfigDef("unclean.leader.election.enable", "BOOLEAN", "unclean.leader.election.enable", None, "false",
                    "Whether an out-of-sync replica may become leader." + _ONE_REPLICA),
 )
+_NO_KERBEROS = " Kept and described as Kafka's per-broker setting; no effect: the node offers no GSSAPI."
+# Kafka's per-broker SASL/Kerberos settings, alterable on the broker resource (Kafka takes them whether or not
+# a listener uses GSSAPI, and so does the node; admin tools and librdkafka's own tests set them).
+NODE_ONLY_DEFINITIONS: tuple[TopicConfigDef, ...] = tuple(
+    TopicConfigDef(name, kind, name, None, default, doc + _NO_KERBEROS, check)
+    for name, kind, default, doc, check in (
+        ("sasl.kerberos.kinit.cmd", "STRING", "/usr/bin/kinit", "Kerberos kinit command path.", anything),
+        ("sasl.kerberos.min.time.before.relogin", "LONG", "60000",
+         "Login thread sleep time between refresh attempts.", at_least(0)),
+        ("sasl.kerberos.principal.to.local.rules", "LIST", "DEFAULT",
+         "Rules that map a principal name to a short name.", anything),
+        ("sasl.kerberos.service.name", "STRING", "", "The Kerberos principal name the broker runs as.", anything),
+        ("sasl.kerberos.ticket.renew.jitter", "DOUBLE", "0.05", "Random jitter added to the renewal time.",
+         between(0, 1)),
+        ("sasl.kerberos.ticket.renew.window.factor", "DOUBLE", "0.8",
+         "Share of a ticket's lifetime after which the login thread renews it.", between(0, 1)),
+    ))
 BY_NAME: dict[str, TopicConfigDef] = {d.name: d for d in DEFINITIONS}
-BY_BROKER_NAME: dict[str, TopicConfigDef] = {d.broker: d for d in DEFINITIONS if d.broker and d.field}
+BY_BROKER_NAME: dict[str, TopicConfigDef] = {**{d.broker: d for d in DEFINITIONS if d.broker and d.field},
+                                             **{d.broker: d for d in NODE_ONLY_DEFINITIONS}}
 
 
 def check_overrides(values: dict[str, str | None], broker: bool = False) -> dict[str, str]:
@@ -355,4 +373,11 @@ def describe_node(static: LogConfig, broker_overrides: dict[str, str]) -> list[D
         _, value, source = synonyms[0]
         described.append(DescribedConfig(definition.broker, value, source, tuple(synonyms), definition.type,
                                          definition.doc, read_only=definition.field is None))
+    for definition in NODE_ONLY_DEFINITIONS:
+        synonyms = [(definition.broker, definition.default, SOURCE_DEFAULT)]
+        if definition.broker in broker_overrides:
+            synonyms.insert(0, (definition.broker, broker_overrides[definition.broker], SOURCE_DYNAMIC_DEFAULT_BROKER))
+        _, value, source = synonyms[0]
+        described.append(DescribedConfig(definition.broker, value, source, tuple(synonyms), definition.type,
+                                         definition.doc))
     return described
