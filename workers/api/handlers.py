@@ -150,7 +150,9 @@ class Handlers:
     def init_producer_id(self, req: Request, request: Any) -> Outcome:
         if request.transactional_id is not None:  # the transaction coordinator's (in the timer process)
             return self.transactions.init_producer_id(req, request)
-        if expected_producer(request) is None:  # a producer bumping its epoch gets a new id (Kafka's rule)
+        # v3+: only one of producer id and epoch is INVALID_REQUEST; an idempotent producer naming both (an epoch
+        # bump, KIP-360) gets a new producer id below, as Kafka answers it.
+        if expected_producer(request) is None:
             return reply(req, entity(req, "InitProducerIdResponse", throttle_time=ZERO_THROTTLE,
                                      error_code=E.INVALID_REQUEST, producer_id=-1, producer_epoch=i16(-1)))
         if self.authorizer.enabled and not self._may_be_idempotent(req):

@@ -42,16 +42,16 @@ from workers.timer_client.outcome import Outcome
 from workers.api.authorizer import RequestAuthorizer
 
 # The first version of each API that may carry PRODUCER_FENCED (KIP-588).
+PRODUCER_FENCED_SINCE = {P.INIT_PRODUCER_ID: 4, P.ADD_PARTITIONS_TO_TXN: 2, P.ADD_OFFSETS_TO_TXN: 2, P.END_TXN: 2,
+                         P.TXN_OFFSET_COMMIT: 3}
+END_TXN_FSYNCS = 3  # the decision, the markers, the offsets: each within transactions.state_write_timeout_ms
+
+
 def expected_producer(request: Any) -> tuple[int, int] | None:
     """An InitProducerId's own producer id and epoch (v3+, KIP-360; (-1, -1) when it names none, and before v3);
     None when only one of them is given (INVALID_REQUEST, as Kafka answers)."""
     producer_id, epoch = int(getattr(request, "producer_id", -1)), int(getattr(request, "producer_epoch", -1))
     return None if (producer_id == -1) != (epoch == -1) else (producer_id, epoch)
-
-
-PRODUCER_FENCED_SINCE = {P.INIT_PRODUCER_ID: 4, P.ADD_PARTITIONS_TO_TXN: 2, P.ADD_OFFSETS_TO_TXN: 2, P.END_TXN: 2,
-                         P.TXN_OFFSET_COMMIT: 3}
-END_TXN_FSYNCS = 3  # the decision, the markers, the offsets: each within transactions.state_write_timeout_ms
 
 
 class TransactionHandlers:

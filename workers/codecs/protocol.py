@@ -115,10 +115,9 @@ ALTER_USER_SCRAM_CREDENTIALS = 51
 # api_key -> (min_version, max_version) advertised in ApiVersions: up to the newest version whose fields and
 # rules the node honours. The next version of each needs what the node does not have:
 #   Produce 12 and AddPartitionsToTxn 4-5, AddOffsetsToTxn 4, EndTxn 4-5, InitProducerId 5+: KIP-890's
-#   transactions v2; Fetch 18: KIP-1166's high watermark tags; ListOffsets 11: KIP-1023's earliest pending
-#   upload; OffsetFetch 10 and OffsetCommit 10: topic ids; TxnOffsetCommit 4+: KIP-890's
-#   transactions v2; JoinGroup 9: KIP-848's classic members;
-#   DescribeGroups 6: KIP-1043's error fields.
+#   transactions v2, and so TxnOffsetCommit 4+; Fetch 18: KIP-1166's high watermark tags; ListOffsets 11:
+#   KIP-1023's earliest pending upload; OffsetFetch 10 and OffsetCommit 10: topic ids; JoinGroup 9: KIP-848's
+#   classic members; DescribeGroups 6: KIP-1043's error fields.
 SUPPORTED_APIS: dict[int, tuple[int, int]] = {
     PRODUCE: (3, 11),
     FETCH: (4, 17),

@@ -24,7 +24,8 @@ Timers (each a node.timer.groups.sessions wheel): a member's session (group.cons
 with the member fenced; a member asked to revoke partitions that has not done so within its rebalance timeout
 is fenced too. Every answer carries the group's heartbeat interval, except to a member waiting for partitions
 another member has yet to release: it is told consumer_unreleased_heartbeat_interval_ms, since it gets them only
-at its next heartbeat after their owner's (clients take each answer's interval). Membership is not persisted: after a timer restart members rejoin (UNKNOWN_MEMBER_ID).
+at its next heartbeat after their owner's (clients take each answer's interval). Membership is not persisted:
+after a timer restart members rejoin (UNKNOWN_MEMBER_ID).
 
 Invariants:
 - Every request gets exactly one REPLY.
