@@ -12,8 +12,9 @@ Workloads (each one JSON line with --json, and a table):
   Members heartbeat at the interval of their last answer, as librdkafka and the Java client do: the node's
   --rebalance-heartbeat-ms, or --rebalance-unreleased-heartbeat-ms while a member waits for partitions another
   still holds (0: the node's shortening off, as Kafka); and at once after their assignment changed, as
-  librdkafka does. --rebalance-rounds rounds (the newcomer leaves between them). Beside it the classic protocol's rebalance of a group of the same size (scripts.bench_groups), in the
-  same run. Target: <= 100 ms.
+  librdkafka does. Settled members heartbeat at their own phases. --rebalance-rounds rounds (the newcomer leaves
+  between them). Beside it the classic protocol's rebalance of a group of the same size (scripts.bench_groups),
+  in the same run. Target: <= 100 ms.
 
 Only 127.0.0.1; every phase is bounded in time. Usage:
     .venv/bin/python -m scripts.bench_consumer_groups [--workload heartbeat|rebalance ...] [--json]
