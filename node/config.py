@@ -260,6 +260,11 @@ class GroupConfig:
     # Consumer-protocol groups (KIP-848):
     consumer_session_timeout_ms: int = 45_000  # group.consumer.session.timeout.ms
     consumer_heartbeat_interval_ms: int = 5000  # group.consumer.heartbeat.interval.ms
+    # The bounds of the two above, for the node's own values and for a group's overrides (group configs).
+    consumer_min_session_timeout_ms: int = 45_000  # group.consumer.min.session.timeout.ms
+    consumer_max_session_timeout_ms: int = 60_000  # group.consumer.max.session.timeout.ms
+    consumer_min_heartbeat_interval_ms: int = 5000  # group.consumer.min.heartbeat.interval.ms
+    consumer_max_heartbeat_interval_ms: int = 15_000  # group.consumer.max.heartbeat.interval.ms
     # The interval answered instead to a member waiting for partitions another member has yet to give up
     # (at most consumer_heartbeat_interval_ms; 0: always that one, as Kafka). Such a member gets them only at its
     # next heartbeat after their owner's, so a rebalance takes up to two full intervals; clients take the
@@ -268,6 +273,17 @@ class GroupConfig:
     consumer_max_size: int = 0  # group.consumer.max.size; 0: no limit
     # group.consumer.assignors: the server-side assignors, comma-separated; the first is the default.
     consumer_assignors: str = "uniform,range"
+
+    def __post_init__(self):
+        for low, value, high in (("consumer_min_session_timeout_ms", "consumer_session_timeout_ms",
+                                  "consumer_max_session_timeout_ms"),
+                                 ("consumer_min_heartbeat_interval_ms", "consumer_heartbeat_interval_ms",
+                                  "consumer_max_heartbeat_interval_ms")):
+            if not 1 <= getattr(self, low) <= getattr(self, value) <= getattr(self, high):
+                raise ValueError(f"[groups] 1 <= {low} <= {value} <= {high} must hold (as Kafka's "
+                                 "group.consumer.* settings)")
+        if self.consumer_session_timeout_ms <= self.consumer_heartbeat_interval_ms:
+            raise ValueError("[groups] consumer_session_timeout_ms must be greater than consumer_heartbeat_interval_ms")
 
 
 @dataclass(frozen=True)

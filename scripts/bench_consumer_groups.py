@@ -286,6 +286,7 @@ def main(argv=None) -> int:
     workloads = args.workload or ["heartbeat", "rebalance"]
     # Sessions outlive the bench's setup; the node's heartbeat interval is what the rebalance members use.
     config = ("[groups]\nmin_session_timeout_ms = 500\nconsumer_session_timeout_ms = 600000\n"
+              "consumer_max_session_timeout_ms = 600000\nconsumer_min_heartbeat_interval_ms = 1\n"
               f"consumer_heartbeat_interval_ms = {args.rebalance_heartbeat_ms}\n"
               f"consumer_unreleased_heartbeat_interval_ms = {args.rebalance_unreleased_heartbeat_ms}\n")
     rows = []

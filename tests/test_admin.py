@@ -297,7 +297,7 @@ def test_alter_configs_replace_incremental_broker_and_errors(node):
                                      P.INCREMENTAL_ALTER_CONFIGS, 0, "AlterableConfig", name=key,
                                      config_operation=i8(0), value="1"),))
                           for kind, name, key in ((BROKER, "7", "log.retention.ms"),
-                                                  (32, "g", "consumer.session.timeout.ms")))
+                                                  (16, "subscription", "interval.ms")))  # CLIENT_METRICS
         response = conn.call(P.INCREMENTAL_ALTER_CONFIGS, 0, body(
             P.INCREMENTAL_ALTER_CONFIGS, 0, "IncrementalAlterConfigsRequest", resources=resources, validate_only=False))
     assert [int(r.error_code) for r in response.responses] == [INVALID_REQUEST, INVALID_REQUEST]
@@ -688,4 +688,5 @@ def test_authorized_operations_are_every_supported_one_without_an_authorizer(nod
         consumer.close()
     group = a.describe_consumer_groups(["allowed-group"], include_authorized_operations=True)["allowed-group"].result(
         timeout=CLIENT_TIMEOUT_S)
-    assert set(group.authorized_operations) == {AclOperation.READ, AclOperation.DESCRIBE, AclOperation.DELETE}
+    assert set(group.authorized_operations) == {AclOperation.READ, AclOperation.DESCRIBE, AclOperation.DELETE,
+                                                AclOperation.DESCRIBE_CONFIGS, AclOperation.ALTER_CONFIGS}

@@ -28,7 +28,7 @@ FIND_COORDINATOR, OFFSET_COMMIT, OFFSET_FETCH, DESCRIBE_GROUPS, OFFSET_DELETE = 
 CONSUMER_GROUP_HEARTBEAT, CONSUMER_GROUP_DESCRIBE = 68, 69
 JOIN_GROUP, HEARTBEAT, LEAVE_GROUP, SYNC_GROUP = 11, 12, 13, 14
 NONE, TOPIC_DENIED, GROUP_DENIED, TXN_ID_DENIED = 0, 29, 30, 53
-READ, DESCRIBE, DELETE = 3, 8, 6  # AclOperation codes, KIP-430's bits
+READ, DESCRIBE, DELETE, DESCRIBE_CONFIGS, ALTER_CONFIGS = 3, 8, 6, 10, 11  # AclOperation codes, KIP-430's bits
 NOT_REQUESTED = -(2**31)  # KIP-430's authorized operations when not asked for, or of a group not described
 
 
@@ -241,6 +241,37 @@ def test_a_kip848_consumer_needs_read_on_its_group_and_describe_on_its_topics(se
         assert described()["anon-848"] == (TOPIC_DENIED, NOT_REQUESTED)
 
 
+def test_group_configs_need_describe_configs_and_alter_configs_on_the_group(secured):
+    from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource
+
+    admin = AdminClient(secured.client("alice"))
+
+    def alter(group: str) -> int:
+        entry = ConfigEntry("consumer.heartbeat.interval.ms", "6000", incremental_operation=AlterConfigOpType.SET)
+        resource = ConfigResource("group", group, incremental_configs=[entry])
+        try:
+            admin.incremental_alter_configs([resource])[resource].result(timeout=TIMEOUT_S)
+            return NONE
+        except KafkaException as exc:
+            return error_of(exc)
+
+    def describe(group: str) -> int:
+        resource = ConfigResource("group", group)
+        try:
+            admin.describe_configs([resource])[resource].result(timeout=TIMEOUT_S)
+            return NONE
+        except KafkaException as exc:
+            return error_of(exc)
+
+    assert (describe("cfg-group"), alter("cfg-group")) == (GROUP_DENIED, GROUP_DENIED)
+    secured.add_acl("User:alice", ResourceType.GROUP, "cfg-", AclOperation.DESCRIBE_CONFIGS,
+                    ResourcePatternType.PREFIXED)
+    assert (describe("cfg-group"), alter("cfg-group")) == (NONE, GROUP_DENIED)
+    secured.add_acl("User:alice", ResourceType.GROUP, "cfg-group", AclOperation.ALTER_CONFIGS)
+    assert (describe("cfg-group"), alter("cfg-group")) == (NONE, NONE)
+    assert (describe("other"), alter("other")) == (GROUP_DENIED, GROUP_DENIED)
+
+
 def test_kafka_python_group_member_is_refused_without_read_on_its_group(secured):
     secured.topic("kp-topic")
     produce(secured, "kp-topic", 3)
@@ -297,7 +328,8 @@ def test_group_listing_describing_and_deleting_follow_prefixed_deny_and_wildcard
     assert error_of(refused.value) == KafkaError.GROUP_AUTHORIZATION_FAILED
     admin_view = secured.admin.describe_consumer_groups(["other-x"], include_authorized_operations=True)
     assert set(admin_view["other-x"].result(timeout=TIMEOUT_S).authorized_operations) == {
-        AclOperation.READ, AclOperation.DESCRIBE, AclOperation.DELETE}
+        AclOperation.READ, AclOperation.DESCRIBE, AclOperation.DELETE, AclOperation.DESCRIBE_CONFIGS,
+        AclOperation.ALTER_CONFIGS}
 
     deleted = admins["bob"].delete_consumer_groups(["team-a"])
     with pytest.raises(KafkaException) as refused:
@@ -510,6 +542,7 @@ def test_resources_without_acls_are_open_when_allow_everyone_if_no_acl_found(tmp
         with R.RawConnection("127.0.0.1", secured.node.port) as conn:
             groups = describe_groups(conn, "open", "guarded")
             assert (groups["open"].error_code, groups["guarded"].error_code) == (NONE, GROUP_DENIED)
-            assert groups["open"].authorized_operations == (1 << READ) | (1 << DESCRIBE) | (1 << DELETE)
+            assert groups["open"].authorized_operations == ((1 << READ) | (1 << DESCRIBE) | (1 << DELETE)
+                                                            | (1 << DESCRIBE_CONFIGS) | (1 << ALTER_CONFIGS))
     finally:
         secured.stop()

@@ -23,9 +23,11 @@ from workers.codecs import protocol as P
 
 CONFIG = ("[groups]\ninitial_rebalance_delay_ms = 50\nmin_session_timeout_ms = 500\n"
           "consumer_session_timeout_ms = 3000\nconsumer_heartbeat_interval_ms = 100\n"
+          "consumer_min_session_timeout_ms = 1000\nconsumer_min_heartbeat_interval_ms = 50\n"
           "consumer_unreleased_heartbeat_interval_ms = 20\n")
 NONE, UNKNOWN_MEMBER, INVALID_REQUEST, INCONSISTENT_PROTOCOL, GROUP_ID_NOT_FOUND = 0, 25, 42, 23, 69
 FENCED_EPOCH, UNRELEASED_INSTANCE, UNSUPPORTED_ASSIGNOR, STALE_EPOCH, UNSUPPORTED_VERSION = 110, 111, 112, 113, 35
+INVALID_CONFIG = 40
 HB = P.CONSUMER_GROUP_HEARTBEAT
 
 
@@ -522,3 +524,63 @@ def test_after_the_timer_is_killed_members_rejoin_and_committed_offsets_stay(mem
         nested(P.OFFSET_FETCH, 6, "OffsetFetchRequestTopic", name="t", partition_indexes=(i32(0),)),),
         require_stable=False))
     assert int(fetched.topics[0].partitions[0].committed_offset) == 42
+
+
+def test_group_configs_set_each_groups_interval_and_session_and_survive_a_restart(members, node):
+    """The GROUP config resource (Kafka's consumer.session.timeout.ms and consumer.heartbeat.interval.ms), through
+    confluent-kafka's admin client: described with their sources, checked against the node's bounds, used by the
+    coordinator at the group's next heartbeat, kept across a restart."""
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, ConfigSource
+
+    client = AdminClient({"bootstrap.servers": node.bootstrap})
+
+    def alter(group: str, op=AlterConfigOpType.SET, **values) -> int | None:
+        entries = [ConfigEntry(name.replace("_", "."), value, incremental_operation=op)
+                   for name, value in values.items()]
+        resource = ConfigResource("group", group, incremental_configs=entries)
+        try:
+            client.incremental_alter_configs([resource])[resource].result(timeout=30)
+            return None
+        except KafkaException as exc:
+            return exc.args[0].code()
+
+    def described(group: str) -> dict:
+        resource = ConfigResource("group", group)
+        return client.describe_configs([resource])[resource].result(timeout=30)
+
+    # Overrides: both may be set before the group exists; the session stays above the interval, within bounds.
+    assert alter("slow", consumer_heartbeat_interval_ms="250", consumer_session_timeout_ms="1200") is None
+    assert alter("slow", consumer_session_timeout_ms="999") == INVALID_CONFIG  # below min 1000
+    assert alter("slow", consumer_session_timeout_ms="60001") == INVALID_CONFIG  # above Kafka's max 60000
+    assert alter("slow", consumer_heartbeat_interval_ms="1200") == INVALID_CONFIG  # not below the session
+    assert alter("slow", consumer_heartbeat_interval_ms="20") == INVALID_CONFIG  # below min 50
+    assert alter("slow", share_session_timeout_ms="45000") == INVALID_CONFIG  # no share groups here
+    assert alter("slow", op=AlterConfigOpType.APPEND, consumer_heartbeat_interval_ms="300") == INVALID_CONFIG
+    configs = described("slow")
+    interval = configs["consumer.heartbeat.interval.ms"]
+    assert (interval.value, interval.source) == ("250", 8)  # GROUP_CONFIG
+    assert [(s.name, s.value, s.source) for s in interval.synonyms.values()] == [
+        ("consumer.heartbeat.interval.ms", "250", 8),
+        ("group.consumer.heartbeat.interval.ms", "100", ConfigSource.STATIC_BROKER_CONFIG.value)]
+    other = described("other")["consumer.session.timeout.ms"]
+    assert (other.value, other.source) == ("3000", ConfigSource.STATIC_BROKER_CONFIG.value)
+
+    slow, other = members("slow", "s"), members("other", "o")
+    assert interval_ms(slow.heartbeat()) == 250 and interval_ms(other.heartbeat()) == 100
+    assert alter("slow", consumer_heartbeat_interval_ms="400") is None
+    assert interval_ms(slow.heartbeat()) == 400  # the next heartbeat takes the change
+    # Sessions: slow's member is fenced after 1.2 s without a heartbeat, other's (3 s) is not.
+    time.sleep(2.0)
+    assert int(slow.heartbeat().error_code) == UNKNOWN_MEMBER
+    assert int(other.heartbeat().error_code) == NONE
+
+    # A DELETE goes back to the node's value; the rest stays, across a restart.
+    assert alter("slow", op=AlterConfigOpType.DELETE, consumer_heartbeat_interval_ms="") is None
+    node.stop()
+    node.start()
+    client = AdminClient({"bootstrap.servers": node.bootstrap})
+    configs = described("slow")
+    assert configs["consumer.heartbeat.interval.ms"].value == "100"
+    assert (configs["consumer.session.timeout.ms"].value, configs["consumer.session.timeout.ms"].source) == ("1200", 8)
+    assert interval_ms(members("slow", "s2").heartbeat()) == 100

@@ -82,6 +82,8 @@ class Catalog:
     topics: dict[str, TopicEntry] = field(default_factory=dict)
     # Node-wide dynamic overrides of topic settings (AlterConfigs on the broker resource; Kafka's broker names).
     broker_configs: dict[str, str] = field(default_factory=dict)
+    # Per-group overrides of the consumer group protocol's settings (the GROUP config resource), by group id.
+    group_configs: dict[str, dict[str, str]] = field(default_factory=dict)
     by_id: dict[uuid.UUID, TopicEntry] = field(default_factory=dict)  # the live topics by topic id
 
     @property
@@ -114,6 +116,7 @@ class Catalog:
                                         dict(t.get("configs", {})), uuid.UUID(t["id"]) if "id" in t else None)
                        for name, t in raw["topics"].items()}
         self.broker_configs = dict(raw.get("broker_configs", {}))
+        self.group_configs = {group: dict(configs) for group, configs in raw.get("group_configs", {}).items()}
         self._index_ids()
         return True
 
@@ -142,6 +145,7 @@ class Catalog:
                                 **({"configs": t.configs} if t.configs else {})}
                        for t in self.topics.values()},
             **({"broker_configs": self.broker_configs} if self.broker_configs else {}),
+            **({"group_configs": self.group_configs} if self.group_configs else {}),
         })
         os.makedirs(self.data_dir, exist_ok=True)
         tmp = self.path + ".tmp"

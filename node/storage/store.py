@@ -37,7 +37,7 @@ from typing import Any, Callable
 import numpy as np
 from kio.schema.errors import ErrorCode
 
-from node.storage import topic_config
+from node.storage import group_config, topic_config
 from node.storage.catalog import Catalog, CatalogError, TopicEntry
 from node.storage.faults import is_storage_fault, storage_faults
 from node.storage.log import LogConfig, PartitionLog, partition_directory
@@ -54,6 +54,7 @@ TopicSpec = tuple[str, int, dict[str, str | None]]
 # AlterConfigs: resource type and name, then how: ("replace", {key: value}) or ("incremental", [(op, key, value)]).
 TOPIC_RESOURCE = 2
 BROKER_RESOURCE = 4
+GROUP_RESOURCE = 32
 SET, DELETE, APPEND, SUBTRACT = 0, 1, 2, 3
 
 
@@ -335,16 +336,17 @@ class PartitionStore:
                                                         for e, _, before in grown))
         return outcome
 
-    def alter_configs(self, resources: list[tuple[int, str, str, Any]], validate_only: bool = False
-                      ) -> list[tuple[int, str | None]]:
+    def alter_configs(self, resources: list[tuple[int, str, str, Any]], validate_only: bool = False,
+                      groups: group_config.NodeGroupSettings | None = None) -> list[tuple[int, str | None]]:
         """AlterConfigs ("replace": the given set becomes the overrides) and IncrementalAlterConfigs
-        ("incremental": SET, DELETE, APPEND, SUBTRACT each key) of topics and of the node (broker resource, the
-        node-wide names of topic settings), in one catalog write. Returns (error code, message) per resource,
-        in order; a refused resource changes nothing."""
+        ("incremental": SET, DELETE, APPEND, SUBTRACT each key) of topics, of the node (broker resource, the
+        node-wide names of topic settings) and of groups (checked against `groups`, the node's group settings),
+        in one catalog write. Returns (error code, message) per resource, in order; a refused resource changes
+        nothing."""
         self.reload()
         results: list[tuple[int, str | None]] = []
         changed: list[int] = []  # results of the resources changed here, which the catalog write must carry
-        undo: list[tuple[TopicEntry | None, dict]] = []
+        undo: list[tuple[TopicEntry | str | None, dict]] = []  # a topic, a group id, or None for the broker
         for resource_type, name, how, changes in resources:
             try:
                 if resource_type == TOPIC_RESOURCE:
@@ -354,11 +356,21 @@ class PartitionStore:
                     if entry.internal:
                         raise TopicConfigError(f"{name} is internal to the node", ErrorCode.invalid_request)
                     current = entry.configs
+                    table = topic_config.BY_NAME
+                elif resource_type == GROUP_RESOURCE:
+                    current = self.catalog.group_configs.get(name, {})
+                    table = group_config.BY_NAME
                 else:
                     current = self.catalog.broker_configs
-                wanted = _altered(current, how, changes, broker=resource_type == BROKER_RESOURCE)
+                    table = topic_config.BY_BROKER_NAME
+                wanted = _altered(current, how, changes, table)
                 if resource_type == TOPIC_RESOURCE:
                     overrides = topic_config.validate_topic(self.log_config, self.catalog.broker_configs, wanted)
+                elif resource_type == GROUP_RESOURCE:
+                    if groups is None:
+                        raise TopicConfigError("group configs are checked against the node's group settings, "
+                                               "which this caller did not give", ErrorCode.invalid_request)
+                    overrides = group_config.check_overrides(groups, wanted)
                 else:
                     overrides = topic_config.check_overrides(wanted, broker=True)
                     topic_config.node_defaults(self.log_config, overrides)
@@ -373,6 +385,9 @@ class PartitionStore:
             if resource_type == TOPIC_RESOURCE:
                 undo.append((entry, entry.configs))
                 entry.configs = overrides
+            elif resource_type == GROUP_RESOURCE:
+                undo.append((name, current))
+                self._set_group_configs(name, overrides)
             else:
                 undo.append((None, self.catalog.broker_configs))
                 self.catalog.broker_configs = overrides
@@ -383,6 +398,8 @@ class PartitionStore:
                 for entry, previous in reversed(undo):
                     if entry is None:
                         self.catalog.broker_configs = previous
+                    elif isinstance(entry, str):
+                        self._set_group_configs(entry, previous)
                     else:
                         entry.configs = previous
                 for index in changed:
@@ -391,6 +408,12 @@ class PartitionStore:
             self._reindex()
             log.info("configs altered: %s", ", ".join(name or "(node)" for _, name, _, _ in resources))
         return results
+
+    def _set_group_configs(self, group: str, overrides: dict[str, str]) -> None:
+        if overrides:
+            self.catalog.group_configs[group] = overrides
+        else:
+            self.catalog.group_configs.pop(group, None)
 
     def _create_logs(self, partitions: list[tuple[str, int, int, LogConfig]]) -> dict[str, StorageError]:
         """Make the (topic, partition, row, config) partitions' directories and files, by up to create_threads
@@ -486,12 +509,13 @@ def _names(entries: list[TopicEntry], shown: int = 10) -> str:
     return ", ".join(names) + (f" and {len(entries) - shown} more" if len(entries) > shown else "")
 
 
-def _altered(current: dict[str, str], how: str, changes: Any, broker: bool) -> dict[str, str | None]:
-    """The overrides an AlterConfigs ("replace") or IncrementalAlterConfigs ("incremental") request asks for."""
+def _altered(current: dict[str, str], how: str, changes: Any,
+             table: dict[str, topic_config.TopicConfigDef]) -> dict[str, str | None]:
+    """The overrides an AlterConfigs ("replace") or IncrementalAlterConfigs ("incremental") request asks for;
+    `table` holds the resource's config names."""
     if how == "replace":
         return dict(changes)
     wanted: dict[str, str | None] = dict(current)
-    table = topic_config.BY_BROKER_NAME if broker else topic_config.BY_NAME
     seen = set()
     for op, key, value in changes:
         if key in seen:

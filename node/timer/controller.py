@@ -29,6 +29,7 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 
+from node.config import GroupConfig
 from node.storage.records import StorageError
 from node.storage.store import PartitionStore, TopicOutcomes
 from node.timer.flusher import Flusher
@@ -46,8 +47,9 @@ def monotonic_ms() -> int:
 
 
 class Controller:
-    def __init__(self, store: PartitionStore, outbox: Outbox, flusher: Flusher) -> None:
+    def __init__(self, store: PartitionStore, outbox: Outbox, flusher: Flusher, groups: GroupConfig) -> None:
         self.store = store
+        self.groups = groups  # the node's group settings: the bounds of group configs
         self.outbox = outbox
         self.flusher = flusher
         flusher.catalog_version = store.version
@@ -88,7 +90,8 @@ class Controller:
         document = message.document
         resources = [(int(kind), str(name), str(how), changes) for kind, name, how, changes in document["resources"]]
         self._answer(worker, message,
-                     self.store.alter_configs(resources, validate_only=bool(document.get("validate_only"))))
+                     self.store.alter_configs(resources, validate_only=bool(document.get("validate_only")),
+                                              groups=self.groups))
 
     def delete_records(self, worker: int, message: Any) -> None:
         wanted = [(str(topic), int(partition), int(offset)) for topic, partition, offset in message.document]

@@ -98,7 +98,7 @@ class TimerProcess:
                               commit_timeout_ms=groups.offsets_commit_timeout_ms)
         self.groups = GroupCoordinator(groups, self.outbox, offsets, self.store, config.timer.wheel,
                                        config.timer.purgatory, now)
-        self.controller = Controller(self.store, self.outbox, self.flusher)
+        self.controller = Controller(self.store, self.outbox, self.flusher, groups)
         txn = config.transactions
         # The coordinator's state records that clients wait for (EndTxn's decision, ...) are synced at once.
         state_log = TransactionStateLog(self.store, self.operations.wait_flushed,

@@ -1,5 +1,5 @@
 """Request handlers of topic administration: CreateTopics, DeleteTopics, CreatePartitions, DeleteRecords,
-DescribeConfigs, AlterConfigs, IncrementalAlterConfigs.
+DescribeConfigs, AlterConfigs, IncrementalAlterConfigs (of topics, groups and the broker).
 
 Changes go to the timer process's controller (node.timer.controller), the node's one authority over the catalog,
 as document messages answered by a REPLY (shm.messages); DescribeConfigs is answered here from the catalog and
@@ -15,9 +15,9 @@ within `timer.control_timeout_ms`.
 Authorization (with the authorizer on, as Kafka's KafkaApis): CreateTopics needs CREATE on the cluster or the topic
 (and DESCRIBE_CONFIGS on the topic to see its configs, v5+); DeleteTopics DELETE on the topic (DESCRIBE for one named
 by id, else its name is withheld); CreatePartitions ALTER and DeleteRecords DELETE on the topic; DescribeConfigs and
-(Incremental)AlterConfigs DESCRIBE_CONFIGS / ALTER_CONFIGS on the topic, or on the cluster for the broker. A refused
-topic is TOPIC_AUTHORIZATION_FAILED, a refused broker resource CLUSTER_AUTHORIZATION_FAILED, checked before the
-topic's existence is looked at and never sent to the controller.
+(Incremental)AlterConfigs DESCRIBE_CONFIGS / ALTER_CONFIGS on the topic or group, or on the cluster for the broker. A
+refused topic is TOPIC_AUTHORIZATION_FAILED, a refused group GROUP_AUTHORIZATION_FAILED, a refused broker resource
+CLUSTER_AUTHORIZATION_FAILED, checked before the topic's existence is looked at and never sent to the controller.
 
 Invariants:
 - Every request gets one response, with one result per topic, partition or resource it named, in its order.
@@ -34,9 +34,9 @@ from typing import Any, Callable
 from kio.static.primitive import i8, i16, i32, i64
 
 from node.config import NodeConfig
-from node.storage import topic_config as TC
+from node.storage import group_config, topic_config as TC
 from node.storage.catalog import valid_topic_name
-from node.storage.store import BROKER_RESOURCE, TOPIC_RESOURCE, PartitionStore
+from node.storage.store import BROKER_RESOURCE, GROUP_RESOURCE, TOPIC_RESOURCE, PartitionStore
 from shm import messages as M
 from workers.codecs import errors as E
 from workers.codecs import protocol as P
@@ -50,7 +50,9 @@ from node.storage.acls import CLUSTER_NAME, Operation, ResourceType
 Results = dict[str, tuple[E.ErrorCode, str | None]]
 BROKER_LOGGER_RESOURCE = 8  # Kafka's ConfigResource.Type.BROKER_LOGGER (authorized as the broker)
 _REFUSAL_MESSAGES = {E.TOPIC_AUTHORIZATION_FAILED: "Topic authorization failed.",
-                     E.CLUSTER_AUTHORIZATION_FAILED: "Cluster authorization failed."}
+                     E.CLUSTER_AUTHORIZATION_FAILED: "Cluster authorization failed.",
+                     E.GROUP_AUTHORIZATION_FAILED: "Group authorization failed."}
+EMPTY_GROUP_NAME = "Group name must not be empty"
 
 
 def _any_topic(name: str) -> bool:
@@ -78,6 +80,12 @@ NODE_SETTINGS = (
     ("group.initial.rebalance.delay.ms", "groups", "initial_rebalance_delay_ms", "INT"),
     ("group.min.session.timeout.ms", "groups", "min_session_timeout_ms", "INT"),
     ("group.max.session.timeout.ms", "groups", "max_session_timeout_ms", "INT"),
+    ("group.consumer.session.timeout.ms", "groups", "consumer_session_timeout_ms", "INT"),
+    ("group.consumer.min.session.timeout.ms", "groups", "consumer_min_session_timeout_ms", "INT"),
+    ("group.consumer.max.session.timeout.ms", "groups", "consumer_max_session_timeout_ms", "INT"),
+    ("group.consumer.heartbeat.interval.ms", "groups", "consumer_heartbeat_interval_ms", "INT"),
+    ("group.consumer.min.heartbeat.interval.ms", "groups", "consumer_min_heartbeat_interval_ms", "INT"),
+    ("group.consumer.max.heartbeat.interval.ms", "groups", "consumer_max_heartbeat_interval_ms", "INT"),
     ("connections.max.reauth.ms", "sasl", "connections_max_reauth_ms", "LONG"),
     ("sasl.server.max.receive.size", "sasl", "server_max_receive_size", "INT"),
     ("transaction.max.timeout.ms", "transactions", "transaction_max_timeout_ms", "INT"),
@@ -116,13 +124,16 @@ class AdminHandlers:
 
     def _config_refusal(self, req: Request, kind: int, name: str, operation: Operation) -> E.ErrorCode:
         """NONE, or the error of a config resource the principal may not describe or alter: a topic's needs the
-        operation on the topic (TOPIC_AUTHORIZATION_FAILED), the broker's on the cluster
-        (CLUSTER_AUTHORIZATION_FAILED). Other types are left to the request's own checks."""
+        operation on the topic (TOPIC_AUTHORIZATION_FAILED), a group's on the group (GROUP_AUTHORIZATION_FAILED), the
+        broker's on the cluster (CLUSTER_AUTHORIZATION_FAILED). Other types are left to the request's own checks."""
         if not self.authorizer.enabled:
             return E.NONE
         if kind == TOPIC_RESOURCE:
             allowed = self.authorizer.allows(req, operation, ResourceType.TOPIC, name)
             return E.NONE if allowed else E.TOPIC_AUTHORIZATION_FAILED
+        if kind == GROUP_RESOURCE:
+            allowed = self.authorizer.allows(req, operation, ResourceType.GROUP, name)
+            return E.NONE if allowed else E.GROUP_AUTHORIZATION_FAILED
         if kind in (BROKER_RESOURCE, BROKER_LOGGER_RESOURCE):
             allowed = self.authorizer.allows(req, operation, ResourceType.CLUSTER, CLUSTER_NAME)
             return E.NONE if allowed else E.CLUSTER_AUTHORIZATION_FAILED
@@ -369,6 +380,12 @@ class AdminHandlers:
                     error, message = E.INVALID_REQUEST, problem
                 else:
                     described = self._describe_node()
+            elif resource.resource_type == GROUP_RESOURCE:
+                if not resource.resource_name:
+                    error, message = E.INVALID_REQUEST, EMPTY_GROUP_NAME
+                else:
+                    described = group_config.describe_group(
+                        self.config.groups, store.catalog.group_configs.get(resource.resource_name))
             else:
                 error, message = E.INVALID_REQUEST, f"Unsupported resource type {resource.resource_type}"
             keys = resource.configuration_keys
@@ -454,9 +471,11 @@ class AdminHandlers:
                 results.append((E.INVALID_TOPIC_EXCEPTION, f"Topic name {name!r} is illegal"))
             elif kind == BROKER_RESOURCE and self._broker_name_problem(name):
                 results.append((E.INVALID_REQUEST, self._broker_name_problem(name)))
-            elif kind not in (TOPIC_RESOURCE, BROKER_RESOURCE):
+            elif kind == GROUP_RESOURCE and not name:
+                results.append((E.INVALID_REQUEST, EMPTY_GROUP_NAME))
+            elif kind not in (TOPIC_RESOURCE, BROKER_RESOURCE, GROUP_RESOURCE):
                 results.append((E.INVALID_REQUEST, f"Unsupported resource type {kind}: this node alters the configs "
-                                                   "of topics and of the broker"))
+                                                   "of topics, groups and the broker"))
             else:
                 results.append(None)
                 sent.append([int(kind), name, how, changes_of(resource)])

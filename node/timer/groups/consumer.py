@@ -20,12 +20,16 @@ Rules as Kafka's GroupMetadataManager:
 - Regexes are Python `re` patterns matched against the whole topic name (`fullmatch`), where Kafka uses RE2/J:
   the common syntax is the same; RE2-only or `re`-only constructs differ, and internal topics never match.
 
-Timers (each a node.timer.groups.sessions wheel): a member's session (group.consumer.session.timeout.ms) ends
-with the member fenced; a member asked to revoke partitions that has not done so within its rebalance timeout
-is fenced too. Every answer carries the group's heartbeat interval, except to a member waiting for partitions
-another member has yet to release: it is told consumer_unreleased_heartbeat_interval_ms, since it gets them only
-at its next heartbeat after their owner's (clients take each answer's interval). Membership is not persisted:
-after a timer restart members rejoin (UNKNOWN_MEMBER_ID).
+Timers (each a node.timer.groups.sessions wheel): a member's session ends with the member fenced; a member asked
+to revoke partitions that has not done so within its rebalance timeout is fenced too. Every answer carries the
+group's heartbeat interval, except to a member waiting for partitions another member has yet to release: it is
+told consumer_unreleased_heartbeat_interval_ms, since it gets them only at its next heartbeat after their
+owner's (clients take each answer's interval). Membership is not persisted: after a timer restart members rejoin
+(UNKNOWN_MEMBER_ID).
+
+Session timeout and heartbeat interval are the group's configs (node.storage.group_config: the GROUP config
+resource over the node's group.consumer.* settings), read from the catalog at each heartbeat: a change reaches
+each member at its next heartbeat (its new interval, its session renewed with the new timeout).
 
 Invariants:
 - Every request gets exactly one REPLY.
@@ -42,6 +46,8 @@ from typing import Any, Callable
 from kio.schema.errors import ErrorCode
 
 from node.config import GroupConfig, WheelConfig
+from node.storage import group_config
+from node.storage.group_config import GroupSettings
 from node.storage.store import PartitionStore
 from node.timer.groups.assignors import ASSIGNORS
 from node.timer.groups.consumer_group import LEAVE_EPOCH, STATIC_LEAVE_EPOCH, ConsumerGroup, ConsumerMember
@@ -127,21 +133,26 @@ class ConsumerGroups:
             self._validate(d)
             if d.member_epoch in (LEAVE_EPOCH, STATIC_LEAVE_EPOCH):
                 epoch = self._leave(d)
-                return self._answer(waiter, E.none, None, d.member, epoch)
+                return self._answer(waiter, E.none, None, d.member, epoch,
+                                    interval_ms=self.settings(d.group).heartbeat_interval_ms)
             group, member, full = self._join_or_find(d)
             changed = self._update_member(member, d) or full and d.member_epoch == 0
             self._refresh_target(group, changed)
             moved = self._reconcile(group, member, as_partitions(d.owned))
         except HeartbeatError as exc:
             return self._answer(waiter, exc.error, str(exc), d.member, d.member_epoch)
-        self.sessions.renew((group.group_id, member.member_id), self.clock() + self.config.consumer_session_timeout_ms)
+        settings = self.settings(group.group_id)
+        self.sessions.renew((group.group_id, member.member_id), self.clock() + settings.session_timeout_ms)
         self._answer(waiter, E.none, None, member.member_id, member.epoch,
                      as_topics(member.assigned) if full or moved else None,
-                     self._interval_for(member))
+                     self._interval_for(member, settings.heartbeat_interval_ms))
 
-    def _interval_for(self, member: ConsumerMember) -> int:
+    def settings(self, group_id: str) -> GroupSettings:
+        """The group's session timeout and heartbeat interval: its group configs on the node's defaults."""
+        return group_config.effective(self.config, self.store.catalog.group_configs.get(group_id))
+
+    def _interval_for(self, member: ConsumerMember, interval: int) -> int:
         """The heartbeat interval a member is told: shorter while it waits for partitions to be released."""
-        interval = self.config.consumer_heartbeat_interval_ms
         waiting = self.config.consumer_unreleased_heartbeat_interval_ms
         if member.state is MemberState.UNRELEASED_PARTITIONS and 0 < waiting < interval:
             return waiting
@@ -150,10 +161,8 @@ class ConsumerGroups:
     def _answer(self, waiter: tuple, error: E, message: str | None, member_id: str, epoch: int,
                 assignment: list | None = None, interval_ms: int | None = None) -> None:
         worker, request_id, _, kind = waiter
-        if error:
+        if error or interval_ms is None:
             interval_ms = 0
-        elif interval_ms is None:
-            interval_ms = self.config.consumer_heartbeat_interval_ms
         answer = HeartbeatAnswer(int(error), message if error else None, member_id, epoch, interval_ms, assignment)
         self.outbox.send(worker, M.encode_reply(request_id, kind, answer))
 
@@ -336,7 +345,8 @@ class ConsumerGroups:
             # It keeps its partitions until it is back (under a new member id) or its session ends.
             member.epoch = STATIC_LEAVE_EPOCH
             self.revocations.forget((group.group_id, member_id))
-            self.sessions.renew((group.group_id, member_id), self.clock() + self.config.consumer_session_timeout_ms)
+            self.sessions.renew((group.group_id, member_id),
+                                self.clock() + self.settings(group.group_id).session_timeout_ms)
             log.info("consumer group %s: static member %s (%s) left for now", group.group_id, member_id, d.instance)
             return STATIC_LEAVE_EPOCH
         log.info("consumer group %s: member %s left", group.group_id, member_id)
@@ -357,7 +367,8 @@ class ConsumerGroups:
             return E.unsupported_version
         if epoch != member.epoch:
             return E.stale_member_epoch
-        self.sessions.renew((group.group_id, member_id), self.clock() + self.config.consumer_session_timeout_ms)
+        self.sessions.renew((group.group_id, member_id),
+                            self.clock() + self.settings(group.group_id).session_timeout_ms)
         return E.none
 
     @staticmethod
