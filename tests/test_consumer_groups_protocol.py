@@ -34,10 +34,12 @@ HB = P.CONSUMER_GROUP_HEARTBEAT
 class Member:
     """One consumer-protocol member over its own connection; it remembers its epoch and what it owns."""
 
-    def __init__(self, node, group: str, member_id: str, topics=("t",), regex: str | None = None,
+    def __init__(self, node, group: str, member_id: str, topics: tuple | None = None, regex: str | None = None,
                  instance: str | None = None, assignor: str | None = None) -> None:
+        """Subscribed to `topics` (default: t, unless it has a regex) and to `regex`."""
         self.conn = R.RawConnection("127.0.0.1", node.port)
-        self.group, self.member_id, self.topics, self.regex = group, member_id, topics, regex
+        self.group, self.member_id, self.regex = group, member_id, regex
+        self.topics = topics if topics is not None else () if regex is not None else ("t",)
         self.instance, self.assignor = instance, assignor
         self.epoch, self.owned = 0, {}
         self.ids: dict = {}  # topic id -> name, learned from ConsumerGroupDescribe
@@ -53,7 +55,7 @@ class Member:
             HB, 1, "ConsumerGroupHeartbeatRequest", group_id=self.group, member_id=self.member_id,
             member_epoch=i32(epoch), instance_id=self.instance, rack_id=None,
             rebalance_timeout=ms(5000 if joining else -1),
-            subscribed_topic_names=tuple(self.topics) if joining and self.regex is None else None,
+            subscribed_topic_names=tuple(self.topics) if joining and (self.regex is None or self.topics) else None,
             subscribed_topic_regex=self.regex if joining else None,
             server_assignor=self.assignor if joining else None, topic_partitions=topic_partitions))
         if int(response.error_code) == NONE and epoch >= 0:
@@ -256,6 +258,21 @@ def test_a_regex_subscription_picks_up_a_topic_created_later(members, node):
         time.sleep(0.1)
     assert r.owned == {"rx-1": {0, 1}}
     assert r.describe().groups[0].members[0].subscribed_topic_regex == "rx-.*"
+
+
+def test_a_regex_new_to_the_group_is_resolved_after_the_heartbeat_that_brings_it(members, node):
+    """As Kafka: the literal topics come at once, the regex's at the next heartbeat, which the member is told to
+    send after the shorter waiting interval; a regex subscribed again after nobody used it is resolved anew."""
+    create_topic(node.bootstrap, "rx-a", 2)
+    m = members("rg3", "m", topics=("t",), regex="rx-.*")
+    first = m.heartbeat()
+    assert int(first.error_code) == NONE and m.owned == {"t": set(range(6))} and interval_ms(first) == 20
+    time.sleep(0.3)  # the timer resolves the regex at its next turn
+    second = m.heartbeat()
+    assert m.owned == {"t": set(range(6)), "rx-a": {0, 1}} and interval_ms(second) == 100
+    assert int(m.heartbeat(epoch=-1).error_code) == NONE  # leaves: nobody uses the regex
+    again = members("rg3", "n", topics=("t",), regex="rx-.*")
+    assert interval_ms(again.heartbeat()) == 20 and again.owned == {"t": set(range(6))}
 
 
 def test_range_assignor_is_chosen_by_the_members(members):

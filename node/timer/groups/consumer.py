@@ -19,12 +19,17 @@ Rules as Kafka's GroupMetadataManager:
   -2: UNRELEASED_INSTANCE_ID; one held by another member id on a later heartbeat: FENCED_INSTANCE_ID.
 - Regexes are Python `re` patterns matched against the whole topic name (`fullmatch`), where Kafka uses RE2/J:
   the common syntax is the same; RE2-only or `re`-only constructs differ, and internal topics never match.
+- Regexes are resolved apart from heartbeats, as Kafka does: a heartbeat that brings a regex new to the group
+  (or finds the catalog changed since its resolution) is answered from what is resolved already (a new regex:
+  nothing, so a member subscribing to topics and a regex gets the topics first); the regex is resolved at the
+  timer's next turn, and its topics reach the member at its next heartbeat. A resolution no member uses is
+  dropped, so a regex subscribed again is resolved anew.
 
 Timers (each a node.timer.groups.sessions wheel): a member's session ends with the member fenced; a member asked
 to revoke partitions that has not done so within its rebalance timeout is fenced too. Every answer carries the
 group's heartbeat interval, except to a member waiting for partitions another member has yet to release: it is
 told consumer_unreleased_heartbeat_interval_ms, since it gets them only at its next heartbeat after their
-owner's (clients take each answer's interval). Membership is not persisted: after a timer restart members rejoin
+owner's (clients take each answer's interval); so is a member whose regex waits to be resolved. Membership is not persisted: after a timer restart members rejoin
 (UNKNOWN_MEMBER_ID).
 
 Session timeout and heartbeat interval are the group's configs (node.storage.group_config: the GROUP config
@@ -89,16 +94,35 @@ class ConsumerGroups:
         self.revocations = Sessions(wheel, now_ms, self.revocation_expired)
         self.assignors = [name.strip() for name in config.consumer_assignors.split(",") if name.strip()]
         self.target_computations = 0  # for the stats segment
+        # Groups whose regexes wait to be resolved, at the timer's next turn from `resolution_due_ms`.
+        self.unresolved: set[str] = set()
+        self.resolution_due_ms = 0
 
     # -- timers -------------------------------------------------------------------------------
 
     def advance(self, now_ms: int) -> None:
         self.sessions.advance(now_ms)
         self.revocations.advance(now_ms)
+        if self.unresolved and now_ms >= self.resolution_due_ms:
+            self.resolve_regexes()
 
     def next_expiration(self) -> int | None:
         due = [d for s in (self.sessions, self.revocations) if (d := s.next_expiration()) is not None]
+        if self.unresolved:
+            due.append(self.resolution_due_ms)
         return min(due) if due else None
+
+    def resolve_regexes(self) -> None:
+        """Resolve the waiting groups' regexes against the catalog; each group reads its subscribed partitions
+        again at its next heartbeat (a new group epoch if they changed)."""
+        catalog = self.store.catalog
+        topics = [name for name, entry in catalog.topics.items() if not entry.internal]
+        for group_id in self.unresolved:
+            group = self.groups.get(group_id)
+            if group is not None:
+                group.resolve(topics, catalog.version)
+                group.catalog_version = -1
+        self.unresolved.clear()
 
     def session_expired(self, key: tuple[str, str]) -> None:
         self._fence(key[0], key[1], "session expired")
@@ -136,7 +160,7 @@ class ConsumerGroups:
                 return self._answer(waiter, E.none, None, d.member, epoch,
                                     interval_ms=self.settings(d.group).heartbeat_interval_ms)
             group, member, full = self._join_or_find(d)
-            changed = self._update_member(member, d) or full and d.member_epoch == 0
+            changed = self._update_member(group, member, d) or full and d.member_epoch == 0
             self._refresh_target(group, changed)
             moved = self._reconcile(group, member, as_partitions(d.owned))
         except HeartbeatError as exc:
@@ -145,16 +169,18 @@ class ConsumerGroups:
         self.sessions.renew((group.group_id, member.member_id), self.clock() + settings.session_timeout_ms)
         self._answer(waiter, E.none, None, member.member_id, member.epoch,
                      as_topics(member.assigned) if full or moved else None,
-                     self._interval_for(member, settings.heartbeat_interval_ms))
+                     self._interval_for(group, member, settings.heartbeat_interval_ms))
 
     def settings(self, group_id: str) -> GroupSettings:
         """The group's session timeout and heartbeat interval: its group configs on the node's defaults."""
         return group_config.effective(self.config, self.store.catalog.group_configs.get(group_id))
 
-    def _interval_for(self, member: ConsumerMember, interval: int) -> int:
-        """The heartbeat interval a member is told: shorter while it waits for partitions to be released."""
+    def _interval_for(self, group: ConsumerGroup, member: ConsumerMember, interval: int) -> int:
+        """The heartbeat interval a member is told: shorter while it waits for partitions to be released or for
+        its regex to be resolved."""
         waiting = self.config.consumer_unreleased_heartbeat_interval_ms
-        if member.state is MemberState.UNRELEASED_PARTITIONS and 0 < waiting < interval:
+        unresolved = member.subscribed_regex is not None and member.subscribed_regex not in group.resolved
+        if (member.state is MemberState.UNRELEASED_PARTITIONS or unresolved) and 0 < waiting < interval:
             return waiting
         return interval
 
@@ -261,7 +287,7 @@ class ConsumerGroups:
                 raise HeartbeatError(E.fenced_member_epoch, f"The consumer group member has a smaller member "
                                                             f"epoch ({received}) than the one known ({member.epoch}).")
 
-    def _update_member(self, member: ConsumerMember, d: Any) -> bool:
+    def _update_member(self, group: ConsumerGroup, member: ConsumerMember, d: Any) -> bool:
         """Take the heartbeat's changed fields; True if the subscription or assignor changed."""
         changed = False
         if d.subscribed_topics is not None and tuple(sorted(d.subscribed_topics)) != member.subscribed_topics:
@@ -270,6 +296,7 @@ class ConsumerGroups:
             regex = d.subscribed_regex or None  # an empty regex clears it
             if regex != member.subscribed_regex:
                 member.subscribed_regex, changed = regex, True
+                group.forget_unused_regexes()
         if d.assignor is not None and d.assignor != member.assignor:
             member.assignor, changed = d.assignor, True
         if d.rebalance_timeout_ms != -1:
@@ -281,11 +308,17 @@ class ConsumerGroups:
 
     def _refresh_target(self, group: ConsumerGroup, changed: bool) -> None:
         """One new group epoch if the membership or a subscription changed or the subscribed topics' partitions
-        differ (read again when the catalog or a subscription changed); then the target assignment, if it is
-        behind the group epoch."""
+        differ (read again when the catalog, a subscription or the regexes' resolution changed); then the target
+        assignment, if it is behind the group epoch. A regex new to the group, or resolved against an older
+        catalog, is resolved at the timer's next turn, as Kafka resolves regexes apart from heartbeats: until then
+        it matches what it matched before (a new one nothing)."""
         catalog = self.store.catalog
         if changed or group.catalog_version != catalog.version:
             group.catalog_version = catalog.version
+            if group.regexes_stale(catalog.version) and group.group_id not in self.unresolved:
+                if not self.unresolved:
+                    self.resolution_due_ms = self.clock()
+                self.unresolved.add(group.group_id)
             topics = {name: entry.partitions for name, entry in catalog.topics.items() if not entry.internal}
             wanted = set().union(*group.subscriptions(topics).values()) if group.members else set()
             partitions = {name: topics[name] for name in sorted(wanted)}

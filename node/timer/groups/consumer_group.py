@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Iterable, Mapping
 
 from node.timer.groups.reconciliation import MemberState, Partitions, Reconciled
 
@@ -43,9 +43,6 @@ class ConsumerMember:
     assigned: Partitions = field(default_factory=dict)
     pending_revocation: Partitions = field(default_factory=dict)
 
-    def subscribes(self, topic: str, pattern: "re.Pattern | None") -> bool:
-        return topic in self.subscribed_topics or (pattern is not None and pattern.fullmatch(topic) is not None)
-
     def owned(self) -> Partitions:
         return {t: self.assigned.get(t, set()) | self.pending_revocation.get(t, set())
                 for t in set(self.assigned) | set(self.pending_revocation)}
@@ -64,7 +61,10 @@ class ConsumerGroup:
     catalog_version: int = -1  # the catalog the subscribed partitions were read from
     assignor_name: str = ""
     empty_since_ms: int | None = None
-    patterns: dict[str, re.Pattern] = field(default_factory=dict)  # regex text -> compiled
+    # The members' regexes, resolved against the catalog of `resolved_version` (regex text -> matching topics);
+    # a regex not in here matches nothing yet.
+    resolved: dict[str, frozenset[str]] = field(default_factory=dict)
+    resolved_version: int = -1
 
     @property
     def state(self) -> str:
@@ -76,17 +76,32 @@ class ConsumerGroup:
             return "Reconciling"
         return "Stable"
 
-    def pattern(self, regex: str | None) -> re.Pattern | None:
-        if regex is None:
-            return None
-        compiled = self.patterns.get(regex)
-        if compiled is None:
-            compiled = self.patterns[regex] = re.compile(regex)
-        return compiled
+    def regexes(self) -> set[str]:
+        return {m.subscribed_regex for m in self.members.values() if m.subscribed_regex is not None}
+
+    def regexes_stale(self, catalog_version: int) -> bool:
+        """Whether a member's regex is not resolved yet, or was resolved against an older catalog."""
+        regexes = self.regexes()
+        return any(r not in self.resolved for r in regexes) or bool(regexes) and self.resolved_version != catalog_version
+
+    def resolve(self, topics: Iterable[str], catalog_version: int) -> None:
+        """Resolve every regex the members use against `topics` (the catalog's non-internal topics)."""
+        names = list(topics)
+        self.resolved = {}
+        for regex in self.regexes():
+            pattern = re.compile(regex)
+            self.resolved[regex] = frozenset(t for t in names if pattern.fullmatch(t) is not None)
+        self.resolved_version = catalog_version
+
+    def forget_unused_regexes(self) -> None:
+        """Drop the resolutions no member's subscription uses: a regex subscribed again is resolved anew."""
+        used = self.regexes()
+        self.resolved = {regex: topics for regex, topics in self.resolved.items() if regex in used}
 
     def subscriptions(self, topics: Mapping[str, int]) -> dict[str, frozenset[str]]:
-        """Member id -> the existing topics it subscribes to (by name or by its regex)."""
-        return {m.member_id: frozenset(t for t in topics if m.subscribes(t, self.pattern(m.subscribed_regex)))
+        """Member id -> the existing topics it subscribes to (by name, or by its regex once resolved)."""
+        return {m.member_id: frozenset(t for t in m.subscribed_topics if t in topics)
+                | frozenset(t for t in self.resolved.get(m.subscribed_regex or "", ()) if t in topics)
                 for m in self.members.values()}
 
     def subscribed_topics(self) -> set[str]:
@@ -131,6 +146,7 @@ class ConsumerGroup:
         self.target.pop(member_id, None)
         if member.instance_id is not None and self.static_members.get(member.instance_id) == member_id:
             del self.static_members[member.instance_id]
+        self.forget_unused_regexes()
         if not self.members:
             self.empty_since_ms = now_ms
         return member
