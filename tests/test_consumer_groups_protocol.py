@@ -275,6 +275,15 @@ def test_a_regex_new_to_the_group_is_resolved_after_the_heartbeat_that_brings_it
     assert interval_ms(again.heartbeat()) == 20 and again.owned == {"t": set(range(6))}
 
 
+def test_describe_groups_v6_says_a_consumer_group_is_not_a_classic_group(members):
+    a = members("cg", "a")
+    a.heartbeat()
+    response = a.conn.call(P.DESCRIBE_GROUPS, 6, body(P.DESCRIBE_GROUPS, 6, "DescribeGroupsRequest", groups=("cg",),
+                                                      include_authorized_operations=False))
+    (group,) = response.groups
+    assert (int(group.error_code), group.error_message) == (GROUP_ID_NOT_FOUND, "Group cg is not a classic group.")
+
+
 def test_range_assignor_is_chosen_by_the_members(members):
     a = members("rg2", "a", assignor="range")
     a.heartbeat()

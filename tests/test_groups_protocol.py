@@ -250,6 +250,12 @@ def test_offsets_commit_fetch_describe_list_delete(client_factory):
     assert [m.member_id for m in busy.members] == [joined.member_id]
     assert busy.members[0].member_assignment == b"x" and busy.members[0].client_id == R.DEFAULT_CLIENT_ID
     assert described["solo"].group_state == "Empty" and described["ghost"].group_state == "Dead"
+    # v6 (KIP-1043): a group that is not there is GROUP_ID_NOT_FOUND, with Kafka's message.
+    described = {g.group_id: g for g in c.describe("busy", "ghost", version=6).groups}
+    assert (int(described["ghost"].error_code), described["ghost"].error_message, described["ghost"].group_state) \
+        == (GROUP_ID_NOT_FOUND, "Group ghost not found.", "")
+    assert (int(described["busy"].error_code), described["busy"].error_message, described["busy"].group_state) == (
+        NONE, None, "Stable")
 
     deleted = c.conn.call(P.DELETE_GROUPS, 1, body(P.DELETE_GROUPS, 1, "DeleteGroupsRequest",
                                                    groups_names=("busy", "solo", "ghost")))
@@ -325,7 +331,7 @@ def test_find_coordinator_and_advertised_versions(client_factory):
     versions = c.conn.call(R.API_VERSIONS, 3, R.api_versions_body(3))
     advertised = {int(k.api_key): (int(k.min_version), int(k.max_version)) for k in versions.api_keys}
     assert {key: advertised[key] for key in (10, 11, 14, 12, 13, 8, 9, 16, 15, 42, 47, 68, 69)} == {
-        10: (0, 6), 11: (0, 8), 14: (0, 5), 12: (0, 4), 13: (0, 5), 8: (2, 9), 9: (1, 9), 16: (0, 5), 15: (0, 5),
+        10: (0, 6), 11: (0, 8), 14: (0, 5), 12: (0, 4), 13: (0, 5), 8: (2, 9), 9: (1, 9), 16: (0, 5), 15: (0, 6),
         42: (0, 2), 47: (0, 0), 68: (0, 1), 69: (0, 1)}
 
 

@@ -83,7 +83,7 @@ def test_advertised_versions_are_the_supported_ones() -> None:
         8: (2, 9),  # OffsetCommit (9: KIP-848's member epochs)
         9: (1, 9),  # OffsetFetch (v7: require_stable; v8: several groups; v9: KIP-848 members)
         16: (0, 5),  # ListGroups (4-5: state and type filters)
-        15: (0, 5),  # DescribeGroups
+        15: (0, 6),  # DescribeGroups
         42: (0, 2),  # DeleteGroups
         47: (0, 0),  # OffsetDelete
         # Topic administration:

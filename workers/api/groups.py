@@ -51,6 +51,7 @@ CommitAnswer = M.reply_class(M.Kind.COMMIT_OFFSETS)
 FetchOffsetsAnswer = M.reply_class(M.Kind.FETCH_OFFSETS)
 ListAnswer = M.reply_class(M.Kind.LIST_GROUPS)
 DescribeAnswer = M.reply_class(M.Kind.DESCRIBE_GROUPS)
+DEAD_STATE = "Dead"  # the state DescribeGroups before v6 gives a group that is not there
 DeleteGroupsAnswer = M.reply_class(M.Kind.DELETE_GROUPS)
 DeleteOffsetsAnswer = M.reply_class(M.Kind.DELETE_OFFSETS)
 
@@ -383,19 +384,33 @@ class GroupHandlers:
                 return NOT_REQUESTED
             return self.authorizer.operations(req, ResourceType.GROUP, group)
 
+        def not_found(error: int, group: str, state: str, members: Any) -> str | None:
+            """KIP-1043 (v6+): why a group the timer did not describe is GROUP_ID_NOT_FOUND (it is not there, or
+            not a classic group), as Kafka says it; None for the others."""
+            if req.header.api_version < 6:
+                return None
+            if error == E.GROUP_ID_NOT_FOUND:
+                return f"Group {group} is not a classic group."
+            if error == E.NONE and state == DEAD_STATE and not members:
+                return f"Group {group} not found."
+            return None
+
         def answer(outcome: Any) -> Outcome:
             if outcome is None:
                 return refuse(E.ErrorCode.coordinator_not_available)
             groups = [*outcome.groups, *[(int(E.GROUP_AUTHORIZATION_FAILED), g, "", "", "", ()) for g in refused]]
+            groups = [(error, group, state, protocol_type, protocol, members, not_found(error, group, state, members))
+                      for error, group, state, protocol_type, protocol, members in groups]
             return reply(req, entity(req, "DescribeGroupsResponse", throttle_time=ZERO_THROTTLE, groups=tuple(
-                entity(req, "DescribedGroup", error_code=code(error), group_id=group, group_state=state,
+                entity(req, "DescribedGroup", error_code=code(E.GROUP_ID_NOT_FOUND if missing else error),
+                       error_message=missing, group_id=group, group_state="" if missing else state,
                        protocol_type=protocol_type, protocol_data=protocol,
                        authorized_operations=i32(operations(error, group)),
                        members=tuple(entity(req, "DescribedGroupMember", member_id=member, group_instance_id=instance,
                                             client_id=client_id, client_host=client_host, member_metadata=metadata,
                                             member_assignment=assignment)
                                      for member, instance, client_id, client_host, metadata, assignment in members))
-                for error, group, state, protocol_type, protocol, members in groups)))
+                for error, group, state, protocol_type, protocol, members, missing in groups)))
 
         def refuse(error: E.ErrorCode) -> Outcome:
             return answer(DescribeAnswer([(int(error), g, "", "", "", ()) for g in names]))

@@ -48,6 +48,7 @@ TRANSACTIONAL_ID_AUTHORIZATION_FAILED = ErrorCode.transactional_id_authorization
 CLUSTER_AUTHORIZATION_FAILED = ErrorCode.cluster_authorization_failed
 TOPIC_AUTHORIZATION_FAILED = ErrorCode.topic_authorization_failed
 GROUP_AUTHORIZATION_FAILED = ErrorCode.group_authorization_failed
+GROUP_ID_NOT_FOUND = ErrorCode.group_id_not_found
 SECURITY_DISABLED = ErrorCode.security_disabled
 UNACCEPTABLE_CREDENTIAL = ErrorCode.unacceptable_credential
 DUPLICATE_RESOURCE = ErrorCode.duplicate_resource
@@ -91,6 +92,7 @@ __all__ = [
     "CLUSTER_AUTHORIZATION_FAILED",
     "TOPIC_AUTHORIZATION_FAILED",
     "GROUP_AUTHORIZATION_FAILED",
+    "GROUP_ID_NOT_FOUND",
     "SECURITY_DISABLED",
     "UNACCEPTABLE_CREDENTIAL",
     "DUPLICATE_RESOURCE",

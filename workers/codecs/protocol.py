@@ -116,8 +116,8 @@ ALTER_USER_SCRAM_CREDENTIALS = 51
 # rules the node honours. The next version of each needs what the node does not have:
 #   Produce 12 and AddPartitionsToTxn 4-5, AddOffsetsToTxn 4, EndTxn 4-5, InitProducerId 5+: KIP-890's
 #   transactions v2, and so TxnOffsetCommit 4+; Fetch 18: KIP-1166's high watermark tags; ListOffsets 11:
-#   KIP-1023's earliest pending upload; OffsetFetch 10 and OffsetCommit 10: topic ids; JoinGroup 9: KIP-848's
-#   classic members; DescribeGroups 6: KIP-1043's error fields.
+#   KIP-1023's earliest pending upload; OffsetFetch 10 and OffsetCommit 10: topic ids; JoinGroup 9: KIP-814's
+#   SkipAssignment for a static leader that rejoins.
 SUPPORTED_APIS: dict[int, tuple[int, int]] = {
     PRODUCE: (3, 11),
     FETCH: (4, 17),
@@ -142,7 +142,7 @@ SUPPORTED_APIS: dict[int, tuple[int, int]] = {
     OFFSET_COMMIT: (2, 9),
     OFFSET_FETCH: (1, 9),  # v7: require_stable (UNSTABLE_OFFSET_COMMIT while a transaction holds the offset); v8: groups; v9: members
     LIST_GROUPS: (0, 5),
-    DESCRIBE_GROUPS: (0, 5),
+    DESCRIBE_GROUPS: (0, 6),
     DELETE_GROUPS: (0, 2),
     OFFSET_DELETE: (0, 0),
     # The consumer group protocol, KIP-848 (workers/api/consumer_groups.py, node/timer/groups/consumer.py).
