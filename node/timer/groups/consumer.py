@@ -29,8 +29,8 @@ Timers (each a node.timer.groups.sessions wheel): a member's session ends with t
 to revoke partitions that has not done so within its rebalance timeout is fenced too. Every answer carries the
 group's heartbeat interval, except to a member waiting for partitions another member has yet to release: it is
 told consumer_unreleased_heartbeat_interval_ms, since it gets them only at its next heartbeat after their
-owner's (clients take each answer's interval); so is a member whose regex waits to be resolved. Membership is not persisted: after a timer restart members rejoin
-(UNKNOWN_MEMBER_ID).
+owner's (clients take each answer's interval); so is a member whose regex waits to be resolved. Membership is
+not persisted: after a timer restart members rejoin (UNKNOWN_MEMBER_ID).
 
 Session timeout and heartbeat interval are the group's configs (node.storage.group_config: the GROUP config
 resource over the node's group.consumer.* settings), read from the catalog at each heartbeat: a change reaches

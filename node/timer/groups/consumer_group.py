@@ -10,6 +10,8 @@ Invariants:
   epoch; a partition has at most one owner (node.timer.groups.reconciliation gives a partition only when free).
 - A static member's instance id maps to exactly one member id (`static_members`); member epoch -2 means the
   static member left for a while and keeps its assignment until it comes back or its session ends.
+- A member's regex matches the topics of its resolution in `resolved` (none before it is resolved); `resolved`
+  holds only regexes some member uses.
 - State (what ConsumerGroupDescribe shows): Empty without members, Assigning while the target is behind the
   group epoch, Reconciling while a member has not reached the target, else Stable.
 """
@@ -82,7 +84,9 @@ class ConsumerGroup:
     def regexes_stale(self, catalog_version: int) -> bool:
         """Whether a member's regex is not resolved yet, or was resolved against an older catalog."""
         regexes = self.regexes()
-        return any(r not in self.resolved for r in regexes) or bool(regexes) and self.resolved_version != catalog_version
+        if any(regex not in self.resolved for regex in regexes):
+            return True
+        return bool(regexes) and self.resolved_version != catalog_version
 
     def resolve(self, topics: Iterable[str], catalog_version: int) -> None:
         """Resolve every regex the members use against `topics` (the catalog's non-internal topics)."""
