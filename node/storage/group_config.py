@@ -118,8 +118,6 @@ def describe_group(config: NodeGroupSettings, overrides: dict[str, str] | None) 
         synonyms = [(definition.broker, str(node_value), node_source)]
         if definition.name in overrides:
             synonyms.insert(0, (definition.name, overrides[definition.name], SOURCE_GROUP))
-        _, value, source = synonyms[0]
-        described.append(DescribedConfig(definition.name, value, source, tuple(synonyms), definition.type,
-                                         definition.doc))
+        described.append(DescribedConfig.of(definition.name, synonyms, definition))
     return described
 

@@ -326,6 +326,13 @@ class DescribedConfig:
     def is_default(self) -> bool:
         return self.source == SOURCE_DEFAULT
 
+    @classmethod
+    def of(cls, name: str, synonyms: list[tuple[str, str, int]], definition: "TopicConfigDef",
+           read_only: bool = False) -> "DescribedConfig":
+        """`name` as its most specific synonym (the first) gives it."""
+        _, value, source = synonyms[0]
+        return cls(name, value, source, tuple(synonyms), definition.type, definition.doc, read_only)
+
 
 def _node_value(definition: TopicConfigDef, config: LogConfig) -> str:
     return render(getattr(config, definition.field)) if definition.field else definition.default
@@ -353,13 +360,9 @@ def describe_topic(static: LogConfig, broker_overrides: dict[str, str],
         synonyms = _broker_synonyms(definition, static, broker_overrides)
         if definition.name in topic_overrides:
             synonyms.insert(0, (definition.name, topic_overrides[definition.name], SOURCE_TOPIC))
-        if synonyms:
-            _, value, source = synonyms[0]
-        else:
-            value, source = definition.default, SOURCE_DEFAULT
-            synonyms = [(definition.name, value, SOURCE_DEFAULT)]
-        described.append(DescribedConfig(definition.name, value, source, tuple(synonyms), definition.type,
-                                         definition.doc))
+        if not synonyms:
+            synonyms = [(definition.name, definition.default, SOURCE_DEFAULT)]
+        described.append(DescribedConfig.of(definition.name, synonyms, definition))
     return described
 
 
@@ -370,14 +373,11 @@ def describe_node(static: LogConfig, broker_overrides: dict[str, str]) -> list[D
         if definition.broker is None:
             continue
         synonyms = _broker_synonyms(definition, static, broker_overrides)
-        _, value, source = synonyms[0]
-        described.append(DescribedConfig(definition.broker, value, source, tuple(synonyms), definition.type,
-                                         definition.doc, read_only=definition.field is None))
+        described.append(DescribedConfig.of(definition.broker, synonyms, definition,
+                                            read_only=definition.field is None))
     for definition in NODE_ONLY_DEFINITIONS:
         synonyms = [(definition.broker, definition.default, SOURCE_DEFAULT)]
         if definition.broker in broker_overrides:
             synonyms.insert(0, (definition.broker, broker_overrides[definition.broker], SOURCE_DYNAMIC_DEFAULT_BROKER))
-        _, value, source = synonyms[0]
-        described.append(DescribedConfig(definition.broker, value, source, tuple(synonyms), definition.type,
-                                         definition.doc))
+        described.append(DescribedConfig.of(definition.broker, synonyms, definition))
     return described
