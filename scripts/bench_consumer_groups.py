@@ -287,6 +287,7 @@ def main(argv=None) -> int:
     # Sessions outlive the bench's setup; the node's heartbeat interval is what the rebalance members use.
     config = ("[groups]\nmin_session_timeout_ms = 500\nconsumer_session_timeout_ms = 600000\n"
               "consumer_max_session_timeout_ms = 600000\nconsumer_min_heartbeat_interval_ms = 1\n"
+              f"consumer_max_heartbeat_interval_ms = {max(15_000, args.rebalance_heartbeat_ms)}\n"
               f"consumer_heartbeat_interval_ms = {args.rebalance_heartbeat_ms}\n"
               f"consumer_unreleased_heartbeat_interval_ms = {args.rebalance_unreleased_heartbeat_ms}\n")
     rows = []
