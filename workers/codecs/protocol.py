@@ -180,19 +180,19 @@ _SIZE_AND_CORRELATION = struct.Struct(">ii")
 RESPONSE_HEADER_V1_TAGS = b"\x00"  # response header v1: the correlation id, then an empty tagged-field section
 
 
-def _first_flexible_versions() -> dict[int, int]:
-    """api_key -> its first flexible version (header v2 and v1 from there on), from kio's schemas."""
-    first = {}
-    for api_key, (low, high) in SUPPORTED_APIS.items():
-        for version in range(max(low, 0), high + 64):
-            try:
-                namespace = _kio_namespace(api_key, version, EntityType.request)
-            except Exception:  # kio has no such version: past its newest
-                break
-            if _payload_class(namespace, EntityType.request).__flexible__:
-                first[api_key] = version
-                break
-    return first
+# api_key -> its first flexible version (header v2 and v1 from there on): Kafka's "flexibleVersions" of each
+# served API's JSON schema, as kio declares them (tests/test_protocol.py derives them from kio's classes).
+# Kept as data, since finding them needs every older version's module: startup imports none of those.
+FIRST_FLEXIBLE: dict[int, int] = {
+    PRODUCE: 9, FETCH: 12, LIST_OFFSETS: 6, METADATA: 9, OFFSET_COMMIT: 8, OFFSET_FETCH: 6, FIND_COORDINATOR: 3,
+    JOIN_GROUP: 6, HEARTBEAT: 4, LEAVE_GROUP: 4, SYNC_GROUP: 4, DESCRIBE_GROUPS: 5, LIST_GROUPS: 3,
+    API_VERSIONS: 3, CREATE_TOPICS: 5, DELETE_TOPICS: 4, DELETE_RECORDS: 2, INIT_PRODUCER_ID: 2,
+    ADD_PARTITIONS_TO_TXN: 3, ADD_OFFSETS_TO_TXN: 3, END_TXN: 3, TXN_OFFSET_COMMIT: 3, DESCRIBE_ACLS: 2,
+    CREATE_ACLS: 2, DELETE_ACLS: 2, DESCRIBE_CONFIGS: 4, ALTER_CONFIGS: 2, SASL_AUTHENTICATE: 2,
+    CREATE_PARTITIONS: 2, DELETE_GROUPS: 2, INCREMENTAL_ALTER_CONFIGS: 1, DESCRIBE_USER_SCRAM_CREDENTIALS: 0,
+    ALTER_USER_SCRAM_CREDENTIALS: 0, DESCRIBE_CLUSTER: 0, DESCRIBE_PRODUCERS: 0, DESCRIBE_TRANSACTIONS: 0,
+    LIST_TRANSACTIONS: 0, CONSUMER_GROUP_HEARTBEAT: 0, CONSUMER_GROUP_DESCRIBE: 0,
+}  # SaslHandshake and OffsetDelete have no flexible version
 
 
 def is_supported(api_key: int, api_version: int) -> bool:
@@ -278,67 +278,72 @@ def _payload_class(namespace: Any, entity_type: EntityType) -> type:
     raise LookupError(f"no {entity_type.name} class in {namespace}")
 
 
-def _build_codecs() -> tuple[dict, dict, dict, dict, dict]:
-    request_schemas, response_schemas, readers, writers = {}, {}, {}, {}
-    request_classes = {}
-    for api_key, (low, high) in SUPPORTED_APIS.items():
-        for version in range(low, high + 1):
-            req_ns = _kio_namespace(api_key, version, EntityType.request)
-            resp_ns = _kio_namespace(api_key, version, EntityType.response)
-            request_schemas[api_key, version] = req_ns
-            response_schemas[api_key, version] = resp_ns
-            request_classes[api_key, version] = _payload_class(req_ns, EntityType.request)
-            readers[api_key, version] = entity_reader(request_classes[api_key, version])
-            resp_cls = _payload_class(resp_ns, EntityType.response)
-            writers[api_key, version] = (resp_cls, entity_writer(resp_cls))
-    return request_schemas, response_schemas, request_classes, readers, writers
+class Codec(NamedTuple):
+    """What one served API version needs: kio's request and response namespaces, classes, reader and writer."""
+
+    request_schema: Any
+    response_schema: Any
+    request_class: type
+    reader: Any
+    response_class: type
+    writer: Any
 
 
-_REQUEST_SCHEMAS, _RESPONSE_SCHEMAS, _REQUEST_CLASSES, _READERS, _WRITERS = _build_codecs()
-FIRST_FLEXIBLE: dict[int, int] = _first_flexible_versions()
+def _load_codec(api_key: int, version: int) -> Codec:
+    request_ns = _kio_namespace(api_key, version, EntityType.request)
+    response_ns = _kio_namespace(api_key, version, EntityType.response)
+    request_cls = _payload_class(request_ns, EntityType.request)
+    response_cls = _payload_class(response_ns, EntityType.response)
+    return Codec(request_ns, response_ns, request_cls, entity_reader(request_cls), response_cls,
+                 entity_writer(response_cls))
+
+
+# (api_key, version) -> Codec, loaded at a version's first use: kio's ~400 schema modules of the served versions
+# took most of a worker's start (2 s of 2.6 s on a 2-vCPU VM), and a worker meets few of them. The first request
+# of a version pays its import once (milliseconds).
+_CODECS: dict[tuple[int, int], Codec] = {}
 _NEVER = 1 << 15  # past every int16 version: an API the node does not serve is read with header v1
+
+
+def codec(api_key: int, version: int) -> Codec:
+    """The codec of a served API version; ProtocolError for one the node does not serve."""
+    found = _CODECS.get((api_key, version))
+    if found is None:
+        if not is_supported(api_key, version):
+            raise ProtocolError(f"unsupported api {api_key} v{version}")
+        found = _CODECS[api_key, version] = _load_codec(api_key, version)
+    return found
 
 
 def request_schema(api_key: int, version: int) -> Any:
     """Namespace (kio module) with the request classes of that API version."""
-    try:
-        return _REQUEST_SCHEMAS[api_key, version]
-    except KeyError:
-        raise ProtocolError(f"unsupported api {api_key} v{version}") from None
+    return codec(api_key, version).request_schema
 
 
 def response_schema(api_key: int, version: int) -> Any:
     """Namespace (kio module) with the response classes of that API version, for handlers to build answers."""
-    try:
-        return _RESPONSE_SCHEMAS[api_key, version]
-    except KeyError:
-        raise ProtocolError(f"unsupported api {api_key} v{version}") from None
+    return codec(api_key, version).response_schema
 
 
 def response_class(api_key: int, version: int) -> type:
     """The top-level kio response dataclass for that API version."""
-    try:
-        return _WRITERS[api_key, version][0]
-    except KeyError:
-        raise ProtocolError(f"unsupported api {api_key} v{version}") from None
+    return codec(api_key, version).response_class
 
 
 def decode_request(api_key: int, version: int, body: Any) -> Any:
     """Decode a request body: a ProduceRequestView for Produce, a kio request dataclass otherwise."""
     if api_key == PRODUCE:
         return decode_produce_request(version, body)
-    reader = _READERS.get((api_key, version))
-    if reader is None:
-        raise ProtocolError(f"unsupported api {api_key} v{version}")
+    found = codec(api_key, version)
     received = body
     if version >= FIRST_FLEXIBLE.get(api_key, _NEVER):
         # kio's reader aborts the process on a huge compact-array count and refuses unknown tags (KIP-482 says
         # skip them): the walk bounds every count first, and a body with unknown tags is read without them.
-        tags = known_tags_filter(_REQUEST_CLASSES[api_key, version])
+        tags = known_tags_filter(found.request_class)
         if tags.check(body):
             body = tags.filter(body)
     try:
-        request, size = reader(body, 0)
+        request, size = found.reader(body, 0)
     except Exception as exc:  # kio raises DecodeError, ValueError, ... on bad input; all mean malformed
         raise ProtocolError(f"api {api_key} v{version}: malformed request: {type(exc).__name__}: {exc}") from None
     if size != len(body):
@@ -361,10 +366,8 @@ _RDKAFKA_UNWRITTEN_COUNT = bytes(_RDKAFKA_TOPIC_COUNT_SLOT)
 
 def encode_response(api_key: int, version: int, correlation_id: int, response: Any) -> bytes:
     """A whole response frame: size prefix, header v0 and the kio-encoded body."""
-    entry = _WRITERS.get((api_key, version))
-    if entry is None:
-        raise ProtocolError(f"unsupported api {api_key} v{version}")
-    response_cls, writer = entry
+    found = codec(api_key, version)
+    response_cls, writer = found.response_class, found.writer
     if type(response) is not response_cls:
         raise ProtocolError(
             f"api {api_key} v{version}: expected {response_cls.__qualname__}, got {type(response).__qualname__}"
