@@ -610,3 +610,38 @@ def test_group_configs_set_each_groups_interval_and_session_and_survive_a_restar
     assert configs["consumer.heartbeat.interval.ms"].value == "100"
     assert (configs["consumer.session.timeout.ms"].value, configs["consumer.session.timeout.ms"].source) == ("1200", 8)
     assert interval_ms(members("slow", "s2").heartbeat()) == 100
+
+    # The node's own group.consumer.* settings are on the broker resource, read-only, from its TOML or defaults.
+    broker = ConfigResource("broker", "0")
+    shown = client.describe_configs([broker])[broker].result(timeout=30)
+    assert {name: (entry.value, entry.is_read_only, entry.source) for name, entry in shown.items()
+            if name.startswith("group.consumer.")} == {
+        "group.consumer.session.timeout.ms": ("3000", True, ConfigSource.STATIC_BROKER_CONFIG.value),
+        "group.consumer.min.session.timeout.ms": ("1000", True, ConfigSource.STATIC_BROKER_CONFIG.value),
+        "group.consumer.max.session.timeout.ms": ("60000", True, ConfigSource.DEFAULT_CONFIG.value),
+        "group.consumer.heartbeat.interval.ms": ("100", True, ConfigSource.STATIC_BROKER_CONFIG.value),
+        "group.consumer.min.heartbeat.interval.ms": ("50", True, ConfigSource.STATIC_BROKER_CONFIG.value),
+        "group.consumer.max.heartbeat.interval.ms": ("15000", True, ConfigSource.DEFAULT_CONFIG.value),
+    }
+
+
+@pytest.mark.node  # it would start one, were the check gone
+@pytest.mark.parametrize("groups, complaint", [
+    ({"consumer_session_timeout_ms": 6000}, "consumer_min_session_timeout_ms <= consumer_session_timeout_ms"),
+    ({"consumer_session_timeout_ms": 61_000}, "<= consumer_max_session_timeout_ms"),
+    ({"consumer_heartbeat_interval_ms": 100}, "consumer_min_heartbeat_interval_ms <= consumer_heartbeat_interval_ms"),
+    ({"consumer_min_heartbeat_interval_ms": 1000, "consumer_heartbeat_interval_ms": 1000,
+      "consumer_min_session_timeout_ms": 1000, "consumer_session_timeout_ms": 1000},
+     "consumer_session_timeout_ms must be greater than consumer_heartbeat_interval_ms"),
+])
+def test_a_node_whose_group_consumer_settings_leave_their_bounds_refuses_to_start(tmp_path, groups, complaint):
+    """As Kafka's broker refuses group.consumer.* values outside their min/max (or a session not above the
+    interval): `shmbroker serve` exits before it starts anything, naming the settings."""
+    config = tmp_path / "node.toml"
+    config.write_text("[groups]\n" + "".join(f"{key} = {value}\n" for key, value in groups.items()))
+    done = subprocess.run([sys.executable, "-m", "node.tools.cli", "serve", "--config", str(config), "--listen",
+                           "127.0.0.1:0", "--data-dir", str(tmp_path / "data")],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0
+    assert complaint in done.stderr + done.stdout
+    assert not (tmp_path / "data").exists()
