@@ -110,8 +110,14 @@ DATA_DIR ?= ./data
 run: venv
 	exec $(VENV)/bin/shmbroker serve --listen $(LISTEN) --data-dir $(DATA_DIR)
 
+# Two parts, both always run: the tests marked `serial` (they time things, or use both cores) alone, after the
+# others ran TEST_JOBS at a time (pytest-xdist; a file's tests stay together in one worker: tests/conftest.py).
+TEST_JOBS ?= 2
 test: test-venv sysdeps redis
-	$(PY) -m pytest -q tests
+	@status=0; \
+	$(PY) -m pytest -q tests -m "not serial" -n $(TEST_JOBS) --dist loadgroup || status=$$?; \
+	$(PY) -m pytest -q tests -m serial || status=$$?; \
+	exit $$status
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info shm/*.so

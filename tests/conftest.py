@@ -3,6 +3,9 @@ storage tests asks for that check with `pytestmark = pytest.mark.usefixtures("no
 librdkafka clients collected after each test of a module that asks (`librdkafka_clients_collected`); a fresh
 partition table.
 
+A test that measures time, CPU or rates tightly, or keeps both cores busy itself, carries the marker `serial`:
+`make test` runs those alone, after the others ran two at a time.
+
 A test that starts a real node carries the marker `node`, so `pytest -m "not node"` runs the others: the
 `node` and `node_factory` fixtures give it to every test that uses them (at collection), and a test that
 starts a node otherwise (a NodeProcess of its own, `shmbroker serve`, `make run`, a script that starts one)
@@ -22,11 +25,27 @@ from tests.record_batches import SharedTable, dev_shm_entries
 NODE_FIXTURES = {"node", "node_factory"}
 
 
-@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
+# `make test` runs the tests in two parts: those marked `serial` alone, the others two at a time (pytest-xdist,
+# --dist loadgroup), each file's tests in one worker, in order. Files that share something run in one group.
+SHARED_GROUPS = {
+    "spark": "spark",  # one Spark session (a JVM on both cores) for them all
+    "test_disk_full.py": "loop-mounts",  # loop devices and a machine-wide sync (tests/small_fs.py)
+    "test_storage_faults.py": "loop-mounts",
+}
+
+
+def _xdist_group(item: pytest.Item) -> str:
+    path = item.path
+    return SHARED_GROUPS.get(path.parent.name) or SHARED_GROUPS.get(path.name) or path.stem
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker, and before xdist reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if NODE_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.node)
+        if item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(_xdist_group(item)))
 
 
 @pytest.fixture(autouse=True)

@@ -72,4 +72,7 @@ class SharedTable:
 
 
 def dev_shm_entries(prefix: str = "shmbroker-test-") -> list[str]:
-    return sorted(name for name in os.listdir("/dev/shm") if name.startswith(prefix))
+    """This process's test entries in /dev/shm (unique_shm_name puts the pid in each name): a test run beside
+    another (pytest-xdist) sees only its own."""
+    mine = f"-{os.getpid()}-"
+    return sorted(name for name in os.listdir("/dev/shm") if name.startswith(prefix) and mine in name)

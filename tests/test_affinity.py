@@ -30,6 +30,8 @@ from tests.test_node_protocol import _connections_on_two_workers, connect
 from tests.waiting import wait_for
 from workers.affinity import ConnectionAffinity
 
+pytestmark = pytest.mark.serial  # see tests/conftest.py: run alone
+
 FETCH, PRODUCE, NONE = 1, 0, 0
 WAITS = 3
 STATS = "[stats]\npublish_interval_ms = 20\n"

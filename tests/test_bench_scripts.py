@@ -25,6 +25,8 @@ from scripts.harness.abba import AlternatingRounds
 from shm import instance as shm_instance
 from shm.instance import instance_id_for
 
+pytestmark = pytest.mark.serial  # see tests/conftest.py: run alone
+
 REPO = Path(__file__).resolve().parent.parent
 RUN_TIMEOUT_S = 240.0
 COMMON_FIELDS = ("script", "client", "records", "records_per_s", "mb_per_s", "p50_ms", "p99_ms", "p999_ms")

@@ -19,7 +19,8 @@ from kafka.errors import KafkaStorageError
 from tests.small_fs import MiB, ballast, ext4_on_thin_storage, fill, tmpfs
 from tests.test_clients import CLIENT_TIMEOUT_S, consume_all
 
-pytestmark = pytest.mark.node  # each test starts a node on a small filesystem of its own
+# each test starts a node on a small filesystem of its own; its answers' times and log rates are measured
+pytestmark = [pytest.mark.node, pytest.mark.serial]
 STORAGE_ERROR = "KAFKA_STORAGE_ERROR"
 CONFIG = "[log]\nsegment_bytes = 1048576\nindex_max_bytes = 65536\n"
 VALUE_BYTES = 1000

@@ -22,6 +22,8 @@ from scripts.harness import rawkafka as R
 from tests.test_clients import CLIENT_TIMEOUT_S, consume_all, create_topic, produce
 from tests.waiting import poll
 
+pytestmark = pytest.mark.serial  # see tests/conftest.py: run alone
+
 MiB = 1 << 20
 API_VERSIONS, FETCH, PRODUCE = 18, 1, 0
 

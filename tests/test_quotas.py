@@ -31,6 +31,8 @@ import pytest
 from scripts.harness import rawkafka as R
 from tests.test_clients import create_topic
 
+pytestmark = pytest.mark.serial  # see tests/conftest.py: run alone
+
 MIB = 1 << 20
 CLIENT = Path(__file__).resolve().parent / "quota_client.py"
 JAVA_BATCH_BYTES = 16384

@@ -10,6 +10,8 @@ from shm_testing import Peer, fresh_instance
 
 from shm.ring import RingBusy, RingConfig, RingReader, RingWriter, frame_bytes
 
+pytestmark = pytest.mark.serial  # see tests/conftest.py: run alone
+
 STRESS_FRAMES = int(os.environ.get("SHM_STRESS_FRAMES", 10_000_000))
 STRESS_CAPACITY = 16 * 1024
 STRESS_MAX_SIZE = 256

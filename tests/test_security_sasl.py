@@ -127,6 +127,7 @@ def test_every_mechanism_on_both_sasl_listeners_carries_records(node_factory, tm
     assert all(e["logins"] >= 1 and e["failures"] == 0 for e in by_listener.values())
 
 
+@pytest.mark.serial  # closed within 1 s
 def test_wrong_passwords_and_unknown_users_are_refused_at_once_with_one_log_line(node_factory, tmp_path):
     sasl = SaslNode(node_factory, tmp_path, before_start=with_users(("alice", "SCRAM-SHA-256"), ("paula", "PLAIN")))
     for config in (sasl.client("SCRAM-SHA-256", "alice", "wrong"), sasl.client("SCRAM-SHA-256", "nobody"),

@@ -52,6 +52,7 @@ def _api_versions_answer_s(port: int) -> float | None:
         return time.monotonic() - connected
 
 
+@pytest.mark.serial  # its first answer within FIRST_ANSWER_S
 def test_the_port_accepts_only_once_a_worker_serves_it(tmp_path):
     port = free_port()
     log_path = tmp_path / "node.log"
@@ -138,14 +139,14 @@ def test_groups_list_shows_states_and_describe_refuses_a_missing_group(node):
 
 def test_an_address_nobody_answers_is_reported_within_the_connect_timeout():
     with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
+        probe.bind(("127.0.0.1", 0))  # kept bound, not listening: connects are refused, and no other node takes it
         closed = probe.getsockname()[1]
-    for command in (("topics", "list"), ("groups", "list"), ("groups", "describe", "g")):
-        started = time.monotonic()
-        done = cli(*command, "--bootstrap", f"127.0.0.1:{closed}", "--connect-timeout", "2")
-        took = time.monotonic() - started
-        assert done.returncode == 3 and "no broker reachable" in done.stderr, done
-        assert took < 6, f"{command} took {took:.1f} s to say the broker is unreachable"
+        for command in (("topics", "list"), ("groups", "list"), ("groups", "describe", "g")):
+            started = time.monotonic()
+            done = cli(*command, "--bootstrap", f"127.0.0.1:{closed}", "--connect-timeout", "2")
+            took = time.monotonic() - started
+            assert done.returncode == 3 and "no broker reachable" in done.stderr, done
+            assert took < 6, f"{command} took {took:.1f} s to say the broker is unreachable"
 
 
 def _options(help_text: str) -> list[tuple[str, str]]:

@@ -305,9 +305,9 @@ def test_clear_errors_and_exit_codes(tmp_path, node):
     gone = cli("stats", "--data-dir", str(tmp_path / "nothing"))
     assert gone.returncode == 3 and "no node" in gone.stderr
     with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
+        probe.bind(("127.0.0.1", 0))  # kept bound, not listening: connects are refused, and no other node takes it
         closed_port = probe.getsockname()[1]
-    unreachable = cli("topics", "list", "--bootstrap", f"127.0.0.1:{closed_port}", timeout=90)
+        unreachable = cli("topics", "list", "--bootstrap", f"127.0.0.1:{closed_port}", timeout=90)
     assert unreachable.returncode == 3 and "no broker reachable" in unreachable.stderr
     bad = tmp_path / "bad.toml"
     bad.write_text("[server]\nworkers = 1\n\n[flush]\nflush_interval_ms = \"often\"\n")

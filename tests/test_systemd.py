@@ -22,6 +22,8 @@ import pytest
 
 from scripts.harness.nodeproc import NodeProcess, api_versions_roundtrip
 
+pytestmark = pytest.mark.serial  # see tests/conftest.py: run alone
+
 REPO = Path(__file__).resolve().parent.parent
 WATCHDOG_USEC = 400_000  # pings every 0.2 s
 HANG_TIMEOUT_MS = 800

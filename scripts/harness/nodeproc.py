@@ -33,6 +33,7 @@ from typing import Any
 
 import psutil
 
+from node.tools.cli import EXIT_IN_USE  # the port (or the data dir) is taken
 from shm import instance as shm_instance
 
 REPO_ROOT = Path(__file__).resolve().parents[2]  # the checkout whose node runs by default
@@ -82,6 +83,8 @@ class NodeProcess:
         self.work_dir = Path(tempfile.mkdtemp(prefix="shmbroker-node-") if work_dir is None else work_dir)
         self.workers = workers
         self.port = port or free_port()
+        self._port_chosen = port is None  # by free_port(): another may take it before the node binds it
+        self._started_once = False  # later starts keep the port clients know
         self.data_dir = Path(data_dir) if data_dir is not None else self.work_dir / "data"
         self.config_path = self.work_dir / "node.toml"
         self.config_path.write_text(config)
@@ -122,9 +125,16 @@ class NodeProcess:
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
+                if self.proc.returncode == EXIT_IN_USE and self._port_chosen and not self._started_once:
+                    # Between free_port() and the node's bind, another process (a test beside this one, a
+                    # client's outgoing connection) took the port: a new one, once per attempt.
+                    self._port_chosen = False
+                    self.port = free_port()
+                    return self.start()
                 raise RuntimeError(f"node exited with {self.proc.returncode}:\n{self.log()}")
             if self._logged_since(log_start, ready_lines) and api_versions_roundtrip(self.port,
                                                                                       timeout=START_PROBE_TIMEOUT_S):
+                self._started_once = True
                 if self.announce:
                     print(f"nodeproc: node pid {self.proc.pid} on {self.bootstrap}, data {self.data_dir}",
                           file=sys.stderr, flush=True)

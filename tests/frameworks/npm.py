@@ -3,6 +3,7 @@ checkout, once per package spec (a stamp file names the spec installed), reused 
 
 from __future__ import annotations
 
+import fcntl
 import shutil
 import subprocess
 from pathlib import Path
@@ -29,17 +30,26 @@ def node_modules(name: str, package: str) -> Path:
     """A node_modules directory with `package` installed from the npm registry (once; reused while the package
     spec is the same). Skips the test when the registry cannot be reached."""
     home = CHECKOUT / ".frameworks" / name
-    stamp = home / ".installed"
-    if not stamp.exists() or stamp.read_text() != package:
-        shutil.rmtree(home, ignore_errors=True)
-        home.mkdir(parents=True)
-        try:
-            done = subprocess.run(["npm", "install", "--no-audit", "--no-fund", "--no-save", "--prefix", str(home),
-                                   package], capture_output=True, text=True, timeout=NPM_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            pytest.skip(f"npm install {package}: the registry did not answer in {NPM_TIMEOUT_S}s")
-        if done.returncode != 0 and any(code in done.stderr for code in REGISTRY_UNREACHABLE):
-            pytest.skip(f"npm install {package}: the registry is unreachable:\n{done.stderr[-2000:]}")
-        assert done.returncode == 0, done.stderr[-3000:]
-        stamp.write_text(package)
+    home.parent.mkdir(exist_ok=True)
+    # One install at a time: tests run side by side (pytest-xdist) may ask for the same package.
+    with open(home.parent / f".{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        _install(home, package)
     return home / "node_modules"
+
+
+def _install(home: Path, package: str) -> None:
+    stamp = home / ".installed"
+    if stamp.exists() and stamp.read_text() == package:
+        return
+    shutil.rmtree(home, ignore_errors=True)
+    home.mkdir(parents=True)
+    try:
+        done = subprocess.run(["npm", "install", "--no-audit", "--no-fund", "--no-save", "--prefix", str(home),
+                               package], capture_output=True, text=True, timeout=NPM_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        pytest.skip(f"npm install {package}: the registry did not answer in {NPM_TIMEOUT_S}s")
+    if done.returncode != 0 and any(code in done.stderr for code in REGISTRY_UNREACHABLE):
+        pytest.skip(f"npm install {package}: the registry is unreachable:\n{done.stderr[-2000:]}")
+    assert done.returncode == 0, done.stderr[-3000:]
+    stamp.write_text(package)

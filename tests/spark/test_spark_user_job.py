@@ -182,11 +182,18 @@ def the_fix() -> str:
     return f"PYSPARK_PYTHON={checkout_venv if checkout_venv.exists() else '<venv>/bin/python'}"
 
 
+def checkout_listing() -> list[str]:
+    """The checkout's top level, without what tests run beside this one (pytest-xdist) make there: setuptools'
+    build/ and egg-info of `make wheel`, the npm packages of .frameworks/."""
+    return sorted(name for name in os.listdir(REPO)
+                  if name not in ("build", ".frameworks") and not name.endswith(".egg-info"))
+
+
 def test_a_worker_python_without_the_dependencies_fails_saying_how_to_run_spark(tmp_path, bare_python):
     # The user runs the venv's Python on a job in the checkout without activating the venv: `python3` on
     # PATH (here the bare Python) runs Spark's Python workers, and sees the checkout through its cwd.
     # The read fails before it contacts a broker, so none listens on the port.
-    listing = sorted(os.listdir(REPO))
+    listing = checkout_listing()
     path = os.pathsep.join([str(bare_python.parent), os.environ.get("PATH", "")])
     answer = run_user_job(tmp_path, f"127.0.0.1:{free_port()}", "orders", REPO, PATH=path)
     error = answer.get("error", "")
@@ -196,7 +203,7 @@ def test_a_worker_python_without_the_dependencies_fails_saying_how_to_run_spark(
     assert "pyspark_shmbroker needs kio, cramjam, crc32c, numpy, pyarrow" in error, error[:3000]
     assert f"which the Python {bare_python} lacks" in error
     assert "activate that venv" in error and the_fix() in error
-    assert sorted(os.listdir(REPO)) == listing  # the job left nothing in the checkout
+    assert checkout_listing() == listing  # the job left nothing in the checkout
 
 
 def test_each_module_needing_a_dependency_names_the_fix_in_a_python_without_them(tmp_path, bare_python):
