@@ -25,8 +25,6 @@ from scripts.harness.abba import AlternatingRounds
 from shm import instance as shm_instance
 from shm.instance import instance_id_for
 
-pytestmark = pytest.mark.serial  # see tests/conftest.py: run alone
-
 REPO = Path(__file__).resolve().parent.parent
 RUN_TIMEOUT_S = 240.0
 COMMON_FIELDS = ("script", "client", "records", "records_per_s", "mb_per_s", "p50_ms", "p99_ms", "p999_ms")
@@ -140,6 +138,7 @@ def test_bench_delayed_answers_every_waiter_in_both_workloads(tmp_path):
         assert row["timer_cores"] is not None and row["worker_cores"] is not None, row
 
 
+@pytest.mark.serial  # its p999 bound: run alone (tests/conftest.py)
 @pytest.mark.node
 def test_thousands_of_idle_long_polls_are_all_answered_within_max_wait_and_a_bound(tmp_path):
     """3,000 raw consumers long-poll an empty topic (max_wait 500 ms), twice, on a node of two workers: every
@@ -380,6 +379,7 @@ def test_bench_limits_smoke(tmp_path):
         assert shm_instance.list_objects(instance_id_for(data_dir, int(port))) == ([], [])
 
 
+@pytest.mark.serial  # its end-to-end p99 bounds: run alone (tests/conftest.py)
 @pytest.mark.node
 def test_bench_cleaner_measures_both_workloads(tmp_path):
     rows = run_script(tmp_path, "bench_cleaner", "--dirty-mb", "8", "--keys", "2000", "--segment-mb", "1",
