@@ -127,7 +127,7 @@ class NodeProcess:
             if self.proc.poll() is not None:
                 if self.proc.returncode == EXIT_IN_USE and self._port_chosen and not self._started_once:
                     # Between free_port() and the node's bind, another process (a test beside this one, a
-                    # client's outgoing connection) took the port: a new one, once per attempt.
+                    # client's outgoing connection) took the port: one retry on a new one.
                     self._port_chosen = False
                     self.port = free_port()
                     return self.start()
