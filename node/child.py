@@ -12,7 +12,9 @@ Invariants:
   `apply`, which hands it to the parts that use it.
 - `close_all` closes in the order given, so what depends on another closes first.
 - `settle_garbage_collector` runs once, when a child is set up and about to serve: what it built until then
-  lives as long as the child and is never scanned again (gc.freeze).
+  lives as long as the child and is never scanned again (gc.freeze). From then on every collection is counted
+  in the child's stats row (`GarbageCollectorStats`). A collection's pause stalls every request the process
+  holds, so a request's path leaves no reference cycles: gc_collected stays near zero.
 """
 
 from __future__ import annotations
@@ -20,10 +22,17 @@ from __future__ import annotations
 import argparse
 import gc
 import logging
+import time
 from typing import Any, Callable
 
 from node.config import NodeConfig, read_runtime, reload_runtime
 from node.logging_setup import setup_logging
+from shm.stats import OFFSETS
+
+_GC_COLLECTIONS = OFFSETS["gc_collections"]  # + generation
+_GC_COLLECTED = OFFSETS["gc_collected"]
+_GC_PAUSE_TOTAL = OFFSETS["gc_pause_us_total"]
+_GC_PAUSE_MAX = OFFSETS["gc_pause_us_max"]
 
 
 def child_arguments() -> argparse.ArgumentParser:
@@ -43,14 +52,40 @@ def start_child(role: str, config_file: str) -> NodeConfig:
     return read_runtime(config_file)
 
 
-def settle_garbage_collector(config: NodeConfig) -> None:
+class GarbageCollectorStats:
+    """Counts each garbage collection into a stats row (shm.stats' gc_* fields): a gc.callbacks hook, so it costs
+    nothing between collections."""
+
+    def __init__(self, counts: list[int]) -> None:
+        self.counts = counts
+        self._started_ns = 0
+
+    def __call__(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._started_ns = time.perf_counter_ns()
+            return
+        pause_us = (time.perf_counter_ns() - self._started_ns) // 1000
+        counts = self.counts
+        counts[_GC_COLLECTIONS + info["generation"]] += 1
+        counts[_GC_COLLECTED] += info["collected"]
+        counts[_GC_PAUSE_TOTAL] += pause_us
+        if pause_us > counts[_GC_PAUSE_MAX]:
+            counts[_GC_PAUSE_MAX] = pause_us
+
+    def install(self) -> None:
+        gc.callbacks.append(self)
+
+
+def settle_garbage_collector(config: NodeConfig, stats_counts: list[int] | None = None) -> None:
     """Freeze what the child built so far, then collect young objects only every `gc_young_threshold`
-    allocations (server config)."""
+    allocations (server config), counting each collection into `stats_counts` (the child's stats row)."""
     gc.collect()
     gc.freeze()
     if config.server.gc_young_threshold > 0:
         _, middle, old = gc.get_threshold()
         gc.set_threshold(config.server.gc_young_threshold, middle, old)
+    if stats_counts is not None:
+        GarbageCollectorStats(stats_counts).install()
 
 
 class ConfigReload:

@@ -55,6 +55,7 @@ from typing import Callable, Protocol
 
 from node import config as node_config
 from node import sdnotify
+from node.child import GarbageCollectorStats
 from node.config import NodeConfig
 from node.resources import NodeResources
 from shm import stats as S
@@ -248,6 +249,7 @@ class Supervisor:
             self.hangs = HangWatch(self.resources.heartbeats, server.child_hang_timeout_ms,
                                    server.child_start_timeout_ms)
         self.stats = self.resources.stats.writer(S.SUPERVISOR_ROW, "supervisor", 0, os.getpid())
+        GarbageCollectorStats(self.stats.counts).install()
         sdnotify.notify(f"STATUS=starting the timer and {workers} workers")
         self.children = [Child(spec) for spec in self._child_specs()]
         for child in self.children:

@@ -93,6 +93,12 @@ def _purgatory_fields() -> list[Field]:
 FIELDS: tuple[Field, ...] = (
     Field("published_ms", counter=False, help="wall-clock ms of this publish"),
     Field("loop_turns", help="turns of the process's loop"),
+    # every process (node.child.GarbageCollectorStats)
+    Field("gc_collections", 3, help="garbage collections, per generation (0: the youngest)"),
+    Field("gc_collected", help="objects garbage collections freed: garbage in reference cycles, which reference "
+                               "counting alone never frees"),
+    Field("gc_pause_us_total", help="time spent in garbage collections, us"),
+    Field("gc_pause_us_max", counter=False, help="longest garbage collection since the process started, us"),
     # network workers
     Field("requests", MAX_APIS, help="requests read, per API key"),
     Field("request_errors", MAX_APIS, help="requests that closed their connection (bad input or a bug), per API key"),

@@ -347,6 +347,9 @@ def test_prometheus_endpoint(node_factory):
     assert 'kafka_log_log_end_offset{partition="0",topic="metrics-topic"} 100.0' in text
     assert 'kafka_server_delayed_operations{purgatory="fetch"}' in text
     assert "shmbroker_fsyncs_total" in text
+    # Every child settles its collector and counts each collection from then on (gc.freeze's own is before).
+    assert 'shmbroker_gc_collections_total{generation="0",index="0",process="worker"}' in text
+    assert "shmbroker_gc_pause_us_total" in text and "shmbroker_gc_collected_total" in text
     # A fetch from a partition the topic lacks: its error code, by name.
     with R.RawConnection("127.0.0.1", node.port) as conn:
         fetched = R.parse_fetch_response(11, conn.request(P.FETCH, 11, R.fetch_body({"metrics-topic": {5: 0}})))

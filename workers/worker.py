@@ -657,7 +657,7 @@ class Worker:
                      self._announce_sleep):
             loop.before_sleep(hook)
         loop.after_sleep(self.link.woke)
-        settle_garbage_collector(self.config)
+        settle_garbage_collector(self.config, None if self.stats is None else self.stats.counts)
         for acceptor in self.acceptors:
             acceptor.start()  # the port accepts from now on
         log.info("worker %d ready", self.index)

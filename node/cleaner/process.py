@@ -159,7 +159,7 @@ class CleanerProcess:
         signal.signal(signal.SIGTERM, self._on_term)
         signal.signal(signal.SIGHUP, self.reload.on_hup)
         self._ready()
-        settle_garbage_collector(self.config)
+        settle_garbage_collector(self.config, None if self.stats is None else self.stats.counts)
         log.info("cleaner %d ready", self.index)
         interval_s = self.config.server.heartbeat_interval_ms / 1000
         poller = select.poll()

@@ -239,7 +239,7 @@ class TimerProcess:
         self.flusher.start()
         self.outbox.broadcast(M.encode(M.Kind.TIMER_STARTED, os.getpid()))
         self.outbox.flush()
-        settle_garbage_collector(self.config)
+        settle_garbage_collector(self.config, None if self.stats is None else self.stats.writer.counts)
         log.info("timer process ready (%d workers, %d cleaners)", self.cleaning.first_ring, self.cleaning.cleaners)
         while not self.stopping:
             self.heartbeat.beat()

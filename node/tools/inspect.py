@@ -237,6 +237,7 @@ def snapshot_document(reader: NodeReader) -> dict:
                 value = row.get(field.name)
                 if value or field.name in ("published_ms", "loop_turns"):
                     entry[field.name] = value
+        entry["gc_collections"] = row.array("gc_collections").tolist()
         processes.append(entry)
     apis: dict[str, dict[str, int]] = {}
     for row in rows:

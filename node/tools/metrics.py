@@ -102,6 +102,12 @@ class StatsCollector:
                     if row.array("ring_capacity_bytes")[worker]:
                         ring_used.add_metric(["completion", str(worker)], value)
         yield ring_used
+        collections = CounterMetricFamily("shmbroker_gc_collections", "Garbage collections, per generation",
+                                          labels=["process", "index", "generation"])
+        for row in rows:
+            for generation, value in enumerate(row.array("gc_collections").tolist()):
+                collections.add_metric([row.role, str(row.index), str(generation)], value)
+        yield collections
         wheel = GaugeMetricFamily("shmbroker_wheel_entries_by_level", "Pending timer entries held at each wheel level",
                                   labels=["level"])
         for row in rows:
