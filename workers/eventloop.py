@@ -46,6 +46,7 @@ class Timer:
 
     def cancel(self) -> None:
         self.cancelled = True
+        self.callback = None  # what it holds goes now, not when the timer leaves the heap (no cycle through it)
 
 
 class _Watch:

@@ -99,7 +99,7 @@ class ConsumerGroupHandlers:
 
         def answer(outcome: Any) -> Outcome:
             if outcome is None:
-                return refuse(E.ErrorCode.coordinator_not_available)
+                outcome = refusal(E.ErrorCode.coordinator_not_available)
             assignment = None
             if outcome.assignment is not None:
                 assignment = entity(req, "Assignment", topic_partitions=self._by_id(req, "TopicPartitions",
@@ -111,8 +111,11 @@ class ConsumerGroupHandlers:
                     datetime.timedelta(milliseconds=outcome.heartbeat_interval_ms)),
                 assignment=assignment))
 
+        def refusal(error: E.ErrorCode) -> Any:
+            return HeartbeatAnswer(int(error), None, request.member_id, int(request.member_epoch), 0, None)
+
         def refuse(error: E.ErrorCode) -> Outcome:
-            return answer(HeartbeatAnswer(int(error), None, request.member_id, int(request.member_epoch), 0, None))
+            return answer(refusal(error))
 
         if self.authorizer.enabled:
             error = self._heartbeat_refusal(req, request)
@@ -161,7 +164,7 @@ class ConsumerGroupHandlers:
 
         def answer(outcome: Any) -> Outcome:
             if outcome is None:
-                return refuse(E.ErrorCode.coordinator_not_available)
+                outcome = refusal(E.ErrorCode.coordinator_not_available)
             groups = [visible(group) for group in outcome.groups]
             groups += [(int(E.GROUP_AUTHORIZATION_FAILED), None, g, "", -1, -1, "", []) for g in refused]
             return reply(req, entity(req, "ConsumerGroupDescribeResponse", throttle_time=ZERO_THROTTLE, groups=tuple(
@@ -176,8 +179,11 @@ class ConsumerGroupHandlers:
                            target in members))
                 for error, message, group, state, epoch, assignment_epoch, assignor, members in groups)))
 
+        def refusal(error: E.ErrorCode) -> Any:
+            return DescribeAnswer([(int(error), None, g, "", -1, -1, "", []) for g in names])
+
         def refuse(error: E.ErrorCode) -> Outcome:
-            return answer(DescribeAnswer([(int(error), None, g, "", -1, -1, "", []) for g in names]))
+            return answer(refusal(error))
 
         if refused and not names:
             return answer(DescribeAnswer([]))

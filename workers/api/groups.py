@@ -161,7 +161,7 @@ class GroupHandlers:
 
         def answer(outcome: Any) -> Outcome:
             if outcome is None:
-                return refuse(E.ErrorCode.coordinator_not_available)
+                outcome = refusal(E.ErrorCode.coordinator_not_available)
             members = tuple(entity(req, "JoinGroupResponseMember", member_id=member, group_instance_id=instance,
                                    metadata=metadata) for member, instance, metadata in outcome.members)
             return reply(req, entity(
@@ -170,8 +170,11 @@ class GroupHandlers:
                 protocol_name=outcome.protocol or "", leader=outcome.leader, member_id=outcome.member,
                 members=members))
 
+        def refusal(error: E.ErrorCode) -> Any:
+            return JoinAnswer(int(error), -1, None, None, "", request.member_id, [])
+
         def refuse(error: E.ErrorCode) -> Outcome:
-            return answer(JoinAnswer(int(error), -1, None, None, "", request.member_id, []))
+            return answer(refusal(error))
 
         if not self._group_allows(req, Operation.READ, request.group_id):
             return answer(JoinAnswer(int(E.GROUP_AUTHORIZATION_FAILED), -1, None, None, "", "", []))
@@ -183,7 +186,7 @@ class GroupHandlers:
 
         def answer(outcome: Any) -> Outcome:
             if outcome is None:
-                return refuse(E.ErrorCode.coordinator_not_available)
+                outcome = refusal(E.ErrorCode.coordinator_not_available)
             # v5+ names the group's protocol type and assignor; the request's, which the client checks against
             # its own (the coordinator answered, so the member joined with them).
             return reply(req, entity(req, "SyncGroupResponse", throttle_time=ZERO_THROTTLE,
@@ -191,8 +194,11 @@ class GroupHandlers:
                                      protocol_type=getattr(request, "protocol_type", None),
                                      protocol_name=getattr(request, "protocol_name", None)))
 
+        def refusal(error: E.ErrorCode) -> Any:
+            return SyncAnswer(int(error), b"")
+
         def refuse(error: E.ErrorCode) -> Outcome:
-            return answer(SyncAnswer(int(error), b""))
+            return answer(refusal(error))
 
         if not self._group_allows(req, Operation.READ, request.group_id):
             return refuse(E.GROUP_AUTHORIZATION_FAILED)
@@ -242,7 +248,7 @@ class GroupHandlers:
 
         def answer(outcome: Any) -> Outcome:
             if outcome is None:
-                return refuse(E.REQUEST_TIMED_OUT)
+                outcome = refusal(E.REQUEST_TIMED_OUT)
             answered = [*outcome.topics, *failed(refused, E.TOPIC_AUTHORIZATION_FAILED)]
             return reply(req, entity(req, "OffsetCommitResponse", throttle_time=ZERO_THROTTLE, topics=tuple(
                 entity(req, "OffsetCommitResponseTopic", name=name, partitions=tuple(
@@ -250,8 +256,11 @@ class GroupHandlers:
                            error_code=code(error)) for partition, error in partitions))
                 for name, partitions in answered)))
 
+        def refusal(error: E.ErrorCode) -> Any:
+            return CommitAnswer(failed(topics, error))
+
         def refuse(error: E.ErrorCode) -> Outcome:
-            return answer(CommitAnswer(failed(topics, error)))
+            return answer(refusal(error))
 
         if not self._group_allows(req, Operation.READ, request.group_id):
             return refuse(E.GROUP_AUTHORIZATION_FAILED)
@@ -302,7 +311,7 @@ class GroupHandlers:
 
         def answer(outcome: Any) -> Outcome:
             if outcome is None:
-                return refuse(E.ErrorCode.coordinator_not_available)
+                outcome = refusal(E.ErrorCode.coordinator_not_available)
             topics = outcome.topics
             if self.authorizer.enabled and outcome.error == E.NONE:
                 if wanted is None:  # every topic of the group: those it may not describe are left out
@@ -312,8 +321,11 @@ class GroupHandlers:
                     topics = [*topics, *refused_offsets(int(E.TOPIC_AUTHORIZATION_FAILED), refused).topics]
             return done(outcome.error, topics)
 
+        def refusal(error: E.ErrorCode) -> Any:
+            return refused_offsets(int(error), wanted)
+
         def refuse(error: E.ErrorCode) -> Outcome:
-            return answer(refused_offsets(int(error), wanted))
+            return answer(refusal(error))
 
         if not self._group_allows(req, Operation.DESCRIBE, group_id):
             # v2+ carry the group's error at the top and no partitions; v1 has only the partitions' errors.
@@ -397,7 +409,7 @@ class GroupHandlers:
 
         def answer(outcome: Any) -> Outcome:
             if outcome is None:
-                return refuse(E.ErrorCode.coordinator_not_available)
+                outcome = refusal(E.ErrorCode.coordinator_not_available)
             groups = [*outcome.groups, *[(int(E.GROUP_AUTHORIZATION_FAILED), g, "", "", "", ()) for g in refused]]
             groups = [(error, group, state, protocol_type, protocol, members, not_found(error, group, state, members))
                       for error, group, state, protocol_type, protocol, members in groups]
@@ -412,8 +424,11 @@ class GroupHandlers:
                                      for member, instance, client_id, client_host, metadata, assignment in members))
                 for error, group, state, protocol_type, protocol, members, missing in groups)))
 
+        def refusal(error: E.ErrorCode) -> Any:
+            return DescribeAnswer([(int(error), g, "", "", "", ()) for g in names])
+
         def refuse(error: E.ErrorCode) -> Outcome:
-            return answer(DescribeAnswer([(int(error), g, "", "", "", ()) for g in names]))
+            return answer(refusal(error))
 
         if refused and not names:
             return answer(DescribeAnswer([]))
@@ -424,14 +439,17 @@ class GroupHandlers:
 
         def answer(outcome: Any) -> Outcome:
             if outcome is None:
-                return refuse(E.ErrorCode.coordinator_not_available)
+                outcome = refusal(E.ErrorCode.coordinator_not_available)
             results = [*outcome.results, *[(g, int(E.GROUP_AUTHORIZATION_FAILED)) for g in refused]]
             return reply(req, entity(req, "DeleteGroupsResponse", throttle_time=ZERO_THROTTLE, results=tuple(
                 entity(req, "DeletableGroupResult", group_id=group, error_code=code(error))
                 for group, error in results)))
 
+        def refusal(error: E.ErrorCode) -> Any:
+            return DeleteGroupsAnswer([(g, int(error)) for g in names])
+
         def refuse(error: E.ErrorCode) -> Outcome:
-            return answer(DeleteGroupsAnswer([(g, int(error)) for g in names]))
+            return answer(refusal(error))
 
         if refused and not names:
             return answer(DeleteGroupsAnswer([]))
