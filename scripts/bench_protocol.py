@@ -1,4 +1,5 @@
-"""Benchmark: kio versus our hot-path codecs (Produce request decode, Fetch response encode).
+"""Benchmark: kio versus our hot-path codecs (Produce request decode, Fetch response encode, the
+ConsumerGroupHeartbeat answer without an assignment).
 
 Cases: request header parse (kio's bare reader against
 workers.codecs.protocol.parse_request_header, which wraps that same reader: the cost
@@ -37,6 +38,8 @@ from kio.serial import entity_reader, entity_writer
 from kio.static.primitive import i32, i32Timedelta, i64
 
 from scripts.harness import rawkafka
+from workers.codecs import protocol
+from workers.codecs.consumer_group_heartbeat import encode_response_without_assignment
 from workers.codecs.fetch import FetchPartitionResult, FetchTopicResult, encode_fetch_response
 from workers.codecs.produce import (
     ProducePartitionResult,
@@ -186,6 +189,23 @@ def produce_response_cases(partitions: int) -> tuple[Callable, Callable]:
     return with_kio, with_own
 
 
+def heartbeat_response_cases() -> tuple[Callable, Callable]:
+    """A settled KIP-848 member's answer (no assignment), as workers.api.consumer_groups builds it either way."""
+    cls = protocol.response_schema(protocol.CONSUMER_GROUP_HEARTBEAT, 1).ConsumerGroupHeartbeatResponse
+    interval = datetime.timedelta(milliseconds=5000)
+
+    def with_kio() -> bytes:
+        return protocol.encode_response(protocol.CONSUMER_GROUP_HEARTBEAT, 1, 7, protocol.build_entity(
+            cls, throttle_time=i32Timedelta.parse(datetime.timedelta(0)), error_code=ErrorCode.none,
+            error_message=None, member_id="a0b1c2d3e4f5g6h7i8j9kl", member_epoch=i32(42),
+            heartbeat_interval=i32Timedelta.parse(interval), assignment=None))
+
+    def with_own() -> bytes:
+        return encode_response_without_assignment(7, 0, 0, None, "a0b1c2d3e4f5g6h7i8j9kl", 42, 5000)
+
+    return with_kio, with_own
+
+
 def header_cases() -> tuple[Callable, Callable]:
     frame = memoryview(rawkafka.encode_request(0, 8, 7, b"")[4:])
     read_kio = entity_reader(KioRequestHeaderV1)
@@ -216,6 +236,7 @@ def main(argv: list[str] | None = None) -> int:
             "fetch_v11_encode_1x1MiB": fetch_cases(1, args.fetch_partition_bytes, fd),
             "fetch_v11_encode_10x64KiB": fetch_cases(10, 64 * 1024, fd),
             "fetch_v11_encode_10x0B": fetch_cases(10, 0, fd),
+            "consumer_group_heartbeat_v1_response": heartbeat_response_cases(),
         }
         for name, (kio_fn, own_fn) in cases.items():
             results.append(compare(name, kio_fn, own_fn, args.runs, args.seconds))
@@ -223,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.json:
             print(orjson.dumps(row).decode())
         else:
-            print(f"{row['case']:<28} kio {row['kio_us']:>9.2f} us  ours {row['own_us']:>8.2f} us  kio/ours {row['ratio']:>6.2f}")
+            print(f"{row['case']:<38} kio {row['kio_us']:>9.2f} us  ours {row['own_us']:>8.2f} us  kio/ours {row['ratio']:>6.2f}")
     return 0
 
 

@@ -19,6 +19,7 @@ from kio.static.primitive import i16, i32, i32Timedelta, i64
 from node.storage.records import iter_batches
 from scripts.harness import rawkafka
 from workers.codecs import protocol
+from workers.codecs.consumer_group_heartbeat import encode_response_without_assignment
 from workers.codecs.errors import ProtocolError
 from workers.codecs.fetch import FETCH_MAX_VERSION, FetchPartitionResult, FetchTopicResult, encode_fetch_response
 from workers.codecs.produce import (
@@ -456,3 +457,32 @@ def test_rawkafka_control_requests_decode_in_the_worker() -> None:
     header = protocol.parse_request_header(frame[4:])
     assert (header.api_key, header.api_version, header.correlation_id, header.client_id) == (18, 3, 11, "rawkafka")
     protocol.decode_request(18, 3, memoryview(frame)[4 + header.body_offset:])
+
+
+# -- ConsumerGroupHeartbeat: a settled member's answer (workers.codecs.consumer_group_heartbeat) -----------------
+
+HEARTBEAT_VERSIONS = range(protocol.SUPPORTED_APIS[protocol.CONSUMER_GROUP_HEARTBEAT][0],
+                           protocol.SUPPORTED_APIS[protocol.CONSUMER_GROUP_HEARTBEAT][1] + 1)
+nullable_texts = st.none() | st.text(max_size=300)
+
+
+@CODEC
+@given(version=st.sampled_from(HEARTBEAT_VERSIONS), correlation_id=int32s, throttle=st.integers(0, 2**31 - 1),
+       error=st.sampled_from([int(e) for e in ErrorCode]), message=nullable_texts, member=nullable_texts,
+       epoch=int32s, interval=st.integers(0, 2**31 - 1))
+def test_heartbeat_answer_without_assignment_is_byte_identical_to_kio(version, correlation_id, throttle, error,
+                                                                      message, member, epoch, interval) -> None:
+    s = schema(protocol.CONSUMER_GROUP_HEARTBEAT, version, EntityType.response)
+    frame = encode_response_without_assignment(correlation_id, throttle, error, message, member, epoch, interval)
+    assert frame == protocol.encode_response(protocol.CONSUMER_GROUP_HEARTBEAT, version, correlation_id,
+                                             s.ConsumerGroupHeartbeatResponse(
+                                                 throttle_time=ms(throttle), error_code=ErrorCode(error),
+                                                 error_message=message, member_id=member, member_epoch=i32(epoch),
+                                                 heartbeat_interval=ms(interval), assignment=None))
+
+
+def test_heartbeat_answer_bad_values_are_protocol_errors() -> None:
+    with pytest.raises(ProtocolError):
+        encode_response_without_assignment(1, 0, 0, None, "m", 2**31, 5000)
+    with pytest.raises(ProtocolError):
+        encode_response_without_assignment(1, 0, 2**15, None, "m", 1, 5000)

@@ -30,6 +30,7 @@ from shm import messages as M
 from workers.api.responses import NOT_REQUESTED, ZERO_THROTTLE, code, entity, reply
 from workers.codecs import errors as E
 from workers.codecs import protocol as P
+from workers.codecs.consumer_group_heartbeat import encode_response_without_assignment
 from workers.connection import Request
 from workers.timer_client.delayed import DelayedRequests, DocumentTooLarge
 from workers.timer_client.outcome import Outcome
@@ -100,10 +101,13 @@ class ConsumerGroupHandlers:
         def answer(outcome: Any) -> Outcome:
             if outcome is None:
                 outcome = refusal(E.ErrorCode.coordinator_not_available)
-            assignment = None
-            if outcome.assignment is not None:
-                assignment = entity(req, "Assignment", topic_partitions=self._by_id(req, "TopicPartitions",
-                                                                                    outcome.assignment))
+            if outcome.assignment is None:  # a settled member's answer: the hot path (our own encoder)
+                error = int(code(outcome.error))
+                return Outcome.reply([encode_response_without_assignment(
+                    req.header.correlation_id, 0, error, outcome.error_message, outcome.member or None,
+                    outcome.member_epoch, outcome.heartbeat_interval_ms)], (lambda: (error,)) if error else None)
+            assignment = entity(req, "Assignment", topic_partitions=self._by_id(req, "TopicPartitions",
+                                                                                outcome.assignment))
             return reply(req, entity(
                 req, "ConsumerGroupHeartbeatResponse", throttle_time=ZERO_THROTTLE, error_code=code(outcome.error),
                 error_message=outcome.error_message, member_id=outcome.member or None,
