@@ -3,8 +3,10 @@ notice the peer's end, timers, and the per-turn clock."""
 
 from __future__ import annotations
 
+import gc
 import socket
 import time
+import weakref
 
 import pytest
 
@@ -83,6 +85,27 @@ def test_timers_run_in_order_and_cancelled_ones_never(loop):
     loop.call_later(0.03, loop.stop)
     loop.run()
     assert ran == ["a", "b"]
+
+
+def test_a_cancelled_timer_lets_go_of_what_its_callback_holds_at_once(loop):
+    """A connection's deadline timer holds the connection in its callback: kept until the timer left the heap, the
+    pair was a reference cycle only a garbage collection frees (tests/test_reference_cycles.py)."""
+
+    class Held:
+        pass
+
+    def arm() -> tuple:
+        held = Held()
+        return loop.call_later(3600, lambda: held), weakref.ref(held)
+
+    gc.disable()
+    try:
+        timer, held = arm()
+        assert held() is not None
+        timer.cancel()
+        assert held() is None
+    finally:
+        gc.enable()
 
 
 def test_now_is_taken_once_per_turn(loop):
