@@ -364,18 +364,19 @@ def test_frame_size_out_of_bounds_is_a_protocol_error(size: int) -> None:
 def test_a_worker_starts_without_the_schemas_of_the_versions_it_serves_and_loads_one_at_its_first_use() -> None:
     """kio's schema modules of every served version took most of a worker's start: each is imported when a
     request of its version first comes."""
+    import json
     import subprocess
     import sys
 
     probe = (
-        "import sys, workers.worker\n"
+        "import json, sys, workers.worker\n"
         "from workers.codecs import protocol\n"
         "def loaded(): return {m for m in sys.modules if m.startswith('kio.schema.') and m.count('.') >= 4}\n"
         "before = loaded()\n"
         "protocol.decode_request(protocol.METADATA, 12, bytes.fromhex('00010000'))\n"
-        "print(sorted(before)); print(sorted(loaded() - before))\n"
+        "print(json.dumps([sorted(before), sorted(loaded() - before)]))\n"
     )
-    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.split("\n")
-    at_start = eval(out[0])  # noqa: S307 - our own probe's printed lists
+    at_start, first_use = json.loads(subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                                                    check=True).stdout)
     assert all(m.split(".")[2] in ("api_versions", "request_header", "response_header") for m in at_start), at_start
-    assert eval(out[1]) == ["kio.schema.metadata.v12.request", "kio.schema.metadata.v12.response"]  # noqa: S307
+    assert first_use == ["kio.schema.metadata.v12.request", "kio.schema.metadata.v12.response"]
