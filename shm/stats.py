@@ -123,6 +123,8 @@ FIELDS: tuple[Field, ...] = (
           help="delayed fetches a worker answered on an append (its own or, by doorbell, another worker's): no timer hop"),
     Field("fetches_handed_off",
           help="long polls a worker handed to the timer, having waited timer.fetch_handoff_ms (or with a shorter max wait)"),
+    Field("fetches_answered_from_first_read",
+          help="long polls that expired with every partition as their first read saw it, answered with that read"),
     Field("fetch_sessions", counter=False, help="incremental fetch sessions a worker holds"),
     Field("fetch_sessions_opened", help="incremental fetch sessions opened"),
     Field("fetch_sessions_evicted", help="incremental fetch sessions evicted for a new one (cache full)"),

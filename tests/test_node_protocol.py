@@ -148,6 +148,36 @@ def test_long_poll_waits_for_data_then_answers(node):
         assert time.monotonic() - started >= 0.39
 
 
+def test_an_expired_long_poll_is_read_again_only_if_its_partitions_moved(node_factory):
+    """An idle long poll that expires with every partition as its first read saw it is answered with that read,
+    not read again; one whose partition moved meanwhile (an append short of min_bytes) is read again, and its
+    answer carries the record and the new high watermark."""
+    node = node_factory(workers=1, config="[stats]\npublish_interval_ms = 100\n")
+    create_topic(node.bootstrap, "expiring", 2)
+
+    def from_first_read() -> int:
+        return stats_json(node)["totals"].get("fetches_answered_from_first_read", 0)
+
+    with connect(node) as consumer, connect(node) as producer:
+        started = time.monotonic()
+        idle = R.parse_fetch_response(11, consumer.request(FETCH, 11, R.fetch_body(
+            {"expiring": {0: 0, 1: 0}}, max_wait_ms=300, min_bytes=1)))
+        assert time.monotonic() - started >= 0.29
+        assert [(p.partition, p.error_code, p.high_watermark, p.record_count) for p in idle.partitions] == \
+            [(0, NONE, 0, 0), (1, NONE, 0, 0)]
+        wait_for(lambda: from_first_read() == 1, what="the idle long poll answered from its first read")
+
+        consumer.send(FETCH, 11, R.fetch_body({"expiring": {0: 0, 1: 0}}, max_wait_ms=1500, min_bytes=10_000_000))
+        time.sleep(0.3)
+        body = R.produce_body({"expiring": {1: R.build_record_batch([b"short of min_bytes"])}}, acks=1)
+        assert producer.call(PRODUCE, 8, body).responses[0].partition_responses[0].error_code == NONE
+        moved = R.parse_fetch_response(11, consumer.recv_response()[3])
+        assert [(p.partition, p.error_code, p.high_watermark, p.record_count) for p in moved.partitions] == \
+            [(0, NONE, 0, 0), (1, NONE, 1, 1)]
+        time.sleep(0.3)  # a publish interval and then some
+        assert from_first_read() == 1
+
+
 def _connections_on_two_workers(node, attempts: int = 64) -> tuple[R.RawConnection, R.RawConnection]:
     """Two connections accepted by different workers (the kernel spreads connections over the workers'
     listeners; which worker holds one is read from its sockets)."""

@@ -601,6 +601,7 @@ class Worker:
             ("delayed_waiting", len(self.delayed)),
             ("fetches_answered_on_append", self.delayed.answered_on_append),
             ("fetches_handed_off", self.delayed.handed_off),
+            ("fetches_answered_from_first_read", self.handlers.fetches_answered_from_first_read),
             ("fetch_sessions", len(self.fetch_sessions)),
             ("fetch_sessions_opened", self.fetch_sessions.opened),
             ("fetch_sessions_evicted", self.fetch_sessions.evicted),
