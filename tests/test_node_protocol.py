@@ -25,7 +25,7 @@ from tests.test_hardening import worker_of
 from tests.test_stats_cli import stats_json
 from tests.waiting import wait_for
 
-PRODUCE, FETCH, LIST_OFFSETS, METADATA, API_VERSIONS, INIT_PRODUCER_ID = 0, 1, 2, 3, 18, 22
+PRODUCE, FETCH, LIST_OFFSETS, METADATA, API_VERSIONS, CREATE_TOPICS, INIT_PRODUCER_ID = 0, 1, 2, 3, 18, 19, 22
 NONE, OFFSET_OUT_OF_RANGE, CORRUPT_MESSAGE, UNKNOWN_TOPIC_OR_PARTITION, UNSUPPORTED_VERSION = 0, 1, 2, 3, 35
 
 
@@ -195,6 +195,29 @@ def _connections_on_two_workers(node, attempts: int = 64) -> tuple[R.RawConnecti
     for conn in held.values():
         conn.close()
     raise AssertionError(f"no connection reached each worker in {attempts} attempts")
+
+
+def test_a_created_topic_is_known_to_every_worker_once_its_creation_is_answered(node_factory):
+    """A CreateTopics answer means every worker knows the topic: a request sent after it, on a connection another
+    worker holds, finds the topic even when that worker gets the request and the timer's catalog change in the
+    same turn (here: it was stopped while both arrived, so its one wake-up reports both)."""
+    node = node_factory(workers=2)
+    creator, other = _connections_on_two_workers(node)
+    other_worker = worker_of(node, other.sock)
+    try:
+        os.kill(other_worker, signal.SIGSTOP)
+        try:
+            created = creator.call(CREATE_TOPICS, 4, R.create_topics_body({"fresh": 1}))
+            assert [(t.name, t.error_code) for t in created.topics] == [("fresh", NONE)]
+            other.send(FETCH, 11, R.fetch_body({"fresh": {0: 0}}, max_wait_ms=0))
+            time.sleep(0.2)  # the request reaches the stopped worker's socket
+        finally:
+            os.kill(other_worker, signal.SIGCONT)
+        fetched = R.parse_fetch_response(11, other.recv_response()[3])
+        assert [(p.partition, p.error_code) for p in fetched.partitions] == [(0, NONE)]
+    finally:
+        creator.close()
+        other.close()
 
 
 @pytest.mark.parametrize("workers", [1, 2], ids=["same-worker", "other-worker"])

@@ -21,7 +21,9 @@ The hooks on the loop:
   satisfied; the responses that became ready, then the connections due to move that were written out
   (ConnectionMoves.move_quiet), then the memory budget's resumptions; the turn's frames to the timer; last the
   doorbell's sleep announcement;
-- after each sleep: the completion ring's sleep flag is cleared;
+- after each sleep, before the file events: the completion ring's sleep flag is cleared, then the timer's messages
+  are read (so a change the timer made before answering a request is known to every worker before a request sent
+  after that answer is served);
 - timers: delayed requests the timer process left far past their deadline (workers.timer_client.delayed); each
   connection's deadlines; the quota usage report; the stats row; the peers' heartbeats while balancing; the
   listener's rest after running out of fds; the end of a throttle.
@@ -520,11 +522,14 @@ class Worker:
             self.loop.stop()
         return self.config.timer.self_check_interval_ms / 1000
 
-    def _from_timer(self) -> float | None:
-        """Before sleeping: a requested reload, the timer's messages, then the delayed fetches this turn's
-        appends satisfied."""
-        if self.reload.requested:
-            self.reload.reload()
+    def _woke(self) -> None:
+        """After each sleep, before the file events: the completion ring's sleep flag, then the timer's messages.
+        What the timer sent before answering a request (a new catalog, ACLs, quotas) is known here before any
+        request a client sent after that answer is served, even one this sleep's wake-up reports too."""
+        self.link.woke()
+        self._receive_from_timer()
+
+    def _receive_from_timer(self) -> None:
         for message in self.link.receive():
             handler = self.message_handlers.get(message.kind)
             if handler is None:
@@ -532,6 +537,13 @@ class Worker:
             else:
                 handler(message)
             self._write_chunk_ready()
+
+    def _from_timer(self) -> float | None:
+        """Before sleeping: a requested reload, the timer's messages, then the delayed fetches this turn's
+        appends satisfied."""
+        if self.reload.requested:
+            self.reload.reload()
+        self._receive_from_timer()
         self.delayed.ring_peers()
         self.delayed.answer_appended(self._write_chunk_ready)
         return None
@@ -657,7 +669,7 @@ class Worker:
         for hook in (self._beat, self._stop_procedure, self._from_timer, self._write_ready, self._to_timer,
                      self._announce_sleep):
             loop.before_sleep(hook)
-        loop.after_sleep(self.link.woke)
+        loop.after_sleep(self._woke)
         settle_garbage_collector(self.config, None if self.stats is None else self.stats.counts)
         for acceptor in self.acceptors:
             acceptor.start()  # the port accepts from now on
