@@ -66,13 +66,17 @@ class ConsumerGroupHandlers:
         return {P.CONSUMER_GROUP_HEARTBEAT: self.heartbeat, P.CONSUMER_GROUP_DESCRIBE: self.describe}
 
     def _ask(self, req: Request, kind: M.Kind, body: tuple, fields: tuple, answer: Callable[[Any], Outcome],
-             refuse: Callable[[E.ErrorCode], Outcome]) -> Outcome:
+             refusal: Callable[[E.ErrorCode], Any]) -> Outcome:
+        """Send the coordinator `kind`; `answer` gets the REPLY's answer (None if the timer never gave one), or
+        `refusal`'s coordinator-shaped answer when the request cannot be sent. `answer` must not refer back to a
+        closure that calls it: such a pair is a reference cycle, kept until a garbage collection
+        (tests/test_reference_cycles.py)."""
         try:
             frame = M.encode(kind, 0, req.header.api_version, *body, *fields)
             return self.delayed.ask(req, frame, self.config.timer.control_timeout_ms,
                                     lambda got: answer(None if got is None else got.answer))
         except DocumentTooLarge:
-            return refuse(E.INVALID_REQUEST)
+            return answer(refusal(E.INVALID_REQUEST))
 
     def _by_name(self, topics: Any) -> list | None:
         if topics is None:
@@ -118,15 +122,12 @@ class ConsumerGroupHandlers:
         def refusal(error: E.ErrorCode) -> Any:
             return HeartbeatAnswer(int(error), None, request.member_id, int(request.member_epoch), 0, None)
 
-        def refuse(error: E.ErrorCode) -> Outcome:
-            return answer(refusal(error))
-
         if self.authorizer.enabled:
             error = self._heartbeat_refusal(req, request)
             if error is not None:  # Kafka's error response: the code alone
                 return answer(HeartbeatAnswer(int(error), None, "", 0, 0, None))
         return self._ask(req, M.Kind.CONSUMER_GROUP_HEARTBEAT, (int(request.member_epoch), rebalance_ms), fields,
-                         answer, refuse)
+                         answer, refusal)
 
     def _heartbeat_refusal(self, req: Request, request: Any) -> E.ErrorCode | None:
         if not self.authorizer.allows(req, Operation.READ, ResourceType.GROUP, request.group_id):
@@ -186,9 +187,6 @@ class ConsumerGroupHandlers:
         def refusal(error: E.ErrorCode) -> Any:
             return DescribeAnswer([(int(error), None, g, "", -1, -1, "", []) for g in names])
 
-        def refuse(error: E.ErrorCode) -> Outcome:
-            return answer(refusal(error))
-
         if refused and not names:
             return answer(DescribeAnswer([]))
-        return self._ask(req, M.Kind.CONSUMER_GROUP_DESCRIBE, (), (names,), answer, refuse)
+        return self._ask(req, M.Kind.CONSUMER_GROUP_DESCRIBE, (), (names,), answer, refusal)

@@ -107,15 +107,17 @@ class GroupHandlers:
         return allowed, refused
 
     def _ask(self, req: Request, kind: M.Kind, fields: tuple, timeout_ms: int,
-             answer: Callable[[Any], Outcome], refuse: Callable[[E.ErrorCode], Outcome], *body: Any) -> Outcome:
+             answer: Callable[[Any], Outcome], refusal: Callable[[E.ErrorCode], Any], *body: Any) -> Outcome:
         """Send the coordinator `kind` with the request's id-to-be, API version, `body` and `fields`; `answer`
-        gets the REPLY's answer (None if the timer never gave one)."""
+        gets the REPLY's answer (None if the timer never gave one), or `refusal`'s coordinator-shaped answer when
+        the request cannot be sent. `answer` must not refer back to a closure that calls it: such a pair is a
+        reference cycle, kept until a garbage collection (tests/test_reference_cycles.py)."""
         try:
             frame = M.encode(kind, 0, req.header.api_version, *body, *fields)
             return self.delayed.ask(req, frame, timeout_ms, lambda reply_: answer(None if reply_ is None
                                                                                   else reply_.answer))
         except DocumentTooLarge:
-            return refuse(E.INVALID_REQUEST)
+            return answer(refusal(E.INVALID_REQUEST))
 
     # -- FindCoordinator ----------------------------------------------------------------------
 
@@ -173,12 +175,9 @@ class GroupHandlers:
         def refusal(error: E.ErrorCode) -> Any:
             return JoinAnswer(int(error), -1, None, None, "", request.member_id, [])
 
-        def refuse(error: E.ErrorCode) -> Outcome:
-            return answer(refusal(error))
-
         if not self._group_allows(req, Operation.READ, request.group_id):
             return answer(JoinAnswer(int(E.GROUP_AUTHORIZATION_FAILED), -1, None, None, "", "", []))
-        return self._ask(req, M.Kind.JOIN_GROUP, fields, timeout_ms, answer, refuse, session_ms, rebalance_ms)
+        return self._ask(req, M.Kind.JOIN_GROUP, fields, timeout_ms, answer, refusal, session_ms, rebalance_ms)
 
     def sync_group(self, req: Request, request: Any) -> Outcome:
         fields = (request.group_id, request.member_id, getattr(request, "group_instance_id", None),
@@ -197,12 +196,9 @@ class GroupHandlers:
         def refusal(error: E.ErrorCode) -> Any:
             return SyncAnswer(int(error), b"")
 
-        def refuse(error: E.ErrorCode) -> Outcome:
-            return answer(refusal(error))
-
         if not self._group_allows(req, Operation.READ, request.group_id):
-            return refuse(E.GROUP_AUTHORIZATION_FAILED)
-        return self._ask(req, M.Kind.SYNC_GROUP, fields, self.config.groups.sync_wait_max_ms, answer, refuse,
+            return answer(refusal(E.GROUP_AUTHORIZATION_FAILED))
+        return self._ask(req, M.Kind.SYNC_GROUP, fields, self.config.groups.sync_wait_max_ms, answer, refusal,
                          int(request.generation_id))
 
     def heartbeat(self, req: Request, request: Any) -> Outcome:
@@ -215,7 +211,7 @@ class GroupHandlers:
         if not self._group_allows(req, Operation.READ, request.group_id):
             return answer(HeartbeatAnswer(int(E.GROUP_AUTHORIZATION_FAILED)))
         return self._ask(req, M.Kind.HEARTBEAT, fields, self.config.timer.control_timeout_ms, answer,
-                         lambda error: answer(HeartbeatAnswer(int(error))), int(request.generation_id))
+                         lambda error: HeartbeatAnswer(int(error)), int(request.generation_id))
 
     def leave_group(self, req: Request, request: Any) -> Outcome:
         if hasattr(request, "members"):  # v3+: a batch of members
@@ -237,7 +233,7 @@ class GroupHandlers:
         if not self._group_allows(req, Operation.READ, request.group_id):
             return answer(LeaveAnswer(int(E.GROUP_AUTHORIZATION_FAILED), []))
         return self._ask(req, M.Kind.LEAVE_GROUP, (request.group_id, leaving), self.config.timer.control_timeout_ms,
-                         answer, lambda error: answer(LeaveAnswer(int(error), [])))
+                         answer, lambda error: LeaveAnswer(int(error), []))
 
     # -- offsets ------------------------------------------------------------------------------
 
@@ -259,16 +255,13 @@ class GroupHandlers:
         def refusal(error: E.ErrorCode) -> Any:
             return CommitAnswer(failed(topics, error))
 
-        def refuse(error: E.ErrorCode) -> Outcome:
-            return answer(refusal(error))
-
         if not self._group_allows(req, Operation.READ, request.group_id):
-            return refuse(E.GROUP_AUTHORIZATION_FAILED)
+            return answer(refusal(E.GROUP_AUTHORIZATION_FAILED))
         topics, refused = self._split_topics(req, Operation.READ, topics)
         if refused and not topics:
             return answer(CommitAnswer([]))
         fields = (request.group_id, request.member_id, getattr(request, "group_instance_id", None), topics)
-        return self._ask(req, M.Kind.COMMIT_OFFSETS, fields, self.config.timer.control_timeout_ms, answer, refuse,
+        return self._ask(req, M.Kind.COMMIT_OFFSETS, fields, self.config.timer.control_timeout_ms, answer, refusal,
                          int(request.generation_id_or_member_epoch))
 
     def offset_fetch(self, req: Request, request: Any) -> Outcome:
@@ -324,18 +317,15 @@ class GroupHandlers:
         def refusal(error: E.ErrorCode) -> Any:
             return refused_offsets(int(error), wanted)
 
-        def refuse(error: E.ErrorCode) -> Outcome:
-            return answer(refusal(error))
-
         if not self._group_allows(req, Operation.DESCRIBE, group_id):
             # v2+ carry the group's error at the top and no partitions; v1 has only the partitions' errors.
-            return refuse(E.GROUP_AUTHORIZATION_FAILED) if req.header.api_version < 2 else \
+            return answer(refusal(E.GROUP_AUTHORIZATION_FAILED)) if req.header.api_version < 2 else \
                 answer(FetchOffsetsAnswer(int(E.GROUP_AUTHORIZATION_FAILED), []))
         asked = wanted
         if wanted is not None:
             asked, refused = self._split_topics(req, Operation.DESCRIBE, wanted)
         return self._ask(req, M.Kind.FETCH_OFFSETS, (group_id, member, asked), self.config.timer.control_timeout_ms,
-                         answer, refuse, require_stable, member_epoch)
+                         answer, refusal, require_stable, member_epoch)
 
     def offset_delete(self, req: Request, request: Any) -> Outcome:
         wanted = [(t.name, [p.partition_index for p in t.partitions]) for t in request.topics]
@@ -359,7 +349,7 @@ class GroupHandlers:
             return answer(DeleteOffsetsAnswer(int(E.GROUP_AUTHORIZATION_FAILED), []))
         wanted, refused = self._split_topics(req, Operation.READ, wanted)
         return self._ask(req, M.Kind.DELETE_OFFSETS, (request.group_id, wanted), self.config.timer.control_timeout_ms,
-                         answer, lambda error: answer(DeleteOffsetsAnswer(int(error), [])))
+                         answer, lambda error: DeleteOffsetsAnswer(int(error), []))
 
     # -- ListGroups, DescribeGroups, DeleteGroups ---------------------------------------------
 
@@ -385,7 +375,7 @@ class GroupHandlers:
                                          for group, protocol_type, state, group_type in listed)))
 
         return self._ask(req, M.Kind.LIST_GROUPS, (), self.config.timer.control_timeout_ms, answer,
-                         lambda error: answer(ListAnswer(int(error), [])))
+                         lambda error: ListAnswer(int(error), []))
 
     def describe_groups(self, req: Request, request: Any) -> Outcome:
         names, refused = self._split_groups(req, Operation.DESCRIBE, list(request.groups))
@@ -427,12 +417,9 @@ class GroupHandlers:
         def refusal(error: E.ErrorCode) -> Any:
             return DescribeAnswer([(int(error), g, "", "", "", ()) for g in names])
 
-        def refuse(error: E.ErrorCode) -> Outcome:
-            return answer(refusal(error))
-
         if refused and not names:
             return answer(DescribeAnswer([]))
-        return self._ask(req, M.Kind.DESCRIBE_GROUPS, (names,), self.config.timer.control_timeout_ms, answer, refuse)
+        return self._ask(req, M.Kind.DESCRIBE_GROUPS, (names,), self.config.timer.control_timeout_ms, answer, refusal)
 
     def delete_groups(self, req: Request, request: Any) -> Outcome:
         names, refused = self._split_groups(req, Operation.DELETE, list(request.groups_names))
@@ -448,12 +435,9 @@ class GroupHandlers:
         def refusal(error: E.ErrorCode) -> Any:
             return DeleteGroupsAnswer([(g, int(error)) for g in names])
 
-        def refuse(error: E.ErrorCode) -> Outcome:
-            return answer(refusal(error))
-
         if refused and not names:
             return answer(DeleteGroupsAnswer([]))
-        return self._ask(req, M.Kind.DELETE_GROUPS, (names,), self.config.timer.control_timeout_ms, answer, refuse)
+        return self._ask(req, M.Kind.DELETE_GROUPS, (names,), self.config.timer.control_timeout_ms, answer, refusal)
 
 
 def failed(topics: list, error: int) -> list:
