@@ -3,7 +3,11 @@
 Each measurement is paired with a baseline measured in the same run, so the ratio survives a noisy machine:
 - append vs. the bare minimum an append must do (CRC-32C of the batch + one pwrite at the end);
 - read lookup vs. one table read (the lock-free seqlock snapshot every read starts with);
-- two processes appending to one partition (contending for its lock) vs. one process, aggregate appends/s.
+- two processes appending to one partition (contending for its lock) vs. one process, aggregate appends/s;
+- the timer's producer-snapshot round over --snapshot-partitions idle partitions (one idempotent batch each): the
+  round in which each keeps the snapshot it has at its log end vs. one in which each writes and fsyncs its
+  snapshot again (every round did, before a snapshot at the log end was kept; the files are removed first,
+  outside the timing).
 Prints one JSON line per measurement with --json (median of --runs runs), otherwise a table.
 """
 
@@ -14,6 +18,7 @@ import os
 import random
 import shutil
 import statistics
+import sys
 import tempfile
 import time
 
@@ -21,6 +26,7 @@ import crc32c
 import orjson
 
 from node.storage.log import LogConfig, PartitionLog
+from node.storage.producer_state import snapshot_name
 from scripts.harness import rawkafka
 from shm.table import PartitionTable
 
@@ -94,6 +100,35 @@ def contended_appends_per_s(directory: str, table: PartitionTable, row: int, bat
     return (appends // writers) * writers / elapsed
 
 
+def snapshot_rounds_ms(directory: str, partitions: int, run: int) -> tuple[float, float]:
+    """(ms of a round in which every partition writes its producer snapshot again, ms of one in which each keeps
+    the one at its log end), over `partitions` idle partitions as the timer's round goes over them."""
+    table = PartitionTable.create(f"/shmbroker-bench-snapshots-{os.getpid()}-{run}", partitions)
+    logs = []
+    try:
+        for row in range(partitions):
+            log = PartitionLog.recover(os.path.join(directory, f"snapshots-{run}-{row}"), table, row, LogConfig())
+            logs.append(log)
+            log.append(rawkafka.build_record_batch([b"v" * 100], producer_id=1000 + row, producer_epoch=0,
+                                                   base_sequence=0))
+            log.write_producer_snapshot()
+        for log in logs:  # what every round did before: write and fsync each snapshot again
+            os.unlink(os.path.join(log.directory, snapshot_name(log.state().log_end_offset)))
+        started = time.perf_counter_ns()
+        for log in logs:
+            log.write_producer_snapshot()
+        writing_ms = (time.perf_counter_ns() - started) / 1e6
+        started = time.perf_counter_ns()
+        for log in logs:
+            log.write_producer_snapshot()
+        return writing_ms, (time.perf_counter_ns() - started) / 1e6
+    finally:
+        for log in logs:
+            log.close()
+        table.close()
+        table.unlink()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m scripts.bench_storage", description=__doc__)
     parser.add_argument("--batch-bytes", type=int, default=8192)
@@ -101,6 +136,7 @@ def main() -> None:
     parser.add_argument("--appends", type=int, default=20_000)
     parser.add_argument("--reads", type=int, default=20_000)
     parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--snapshot-partitions", type=int, default=1000, help="idle partitions of a snapshot round")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     batch = rawkafka.make_batch(rawkafka.records_for_batch_bytes(args.batch_bytes, args.record_bytes), args.record_bytes)
@@ -115,6 +151,9 @@ def main() -> None:
             run["two_process_appends_per_s"] = contended_appends_per_s(
                 directory, table, row + 1, batch, args.appends, 2
             )
+            run["snapshot_round_writing_ms"], run["snapshot_round_kept_ms"] = snapshot_rounds_ms(
+                directory, args.snapshot_partitions, number)
+            print(f"bench_storage: run {number + 1}/{args.runs} done", file=sys.stderr, flush=True)
     finally:
         table.close()
         table.unlink()
@@ -127,6 +166,9 @@ def main() -> None:
     result["appends_per_s"] = round(1e6 / result["append_us"])
     result["two_vs_one_process"] = round(result["two_process_appends_per_s"] / result["one_process_appends_per_s"], 2)
     result["append_mb_per_s"] = round(len(batch) * result["appends_per_s"] / 1e6, 1)
+    result["snapshot_partitions"] = args.snapshot_partitions
+    result["snapshot_kept_vs_writing"] = round(statistics.median(
+        run["snapshot_round_kept_ms"] / run["snapshot_round_writing_ms"] for run in runs), 4)
     if args.json:
         print(orjson.dumps(result).decode())
     else:

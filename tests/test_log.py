@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import ctypes
 import mmap
 import multiprocessing
@@ -16,7 +17,7 @@ import pytest
 from kafka.record.default_records import DefaultRecordBatch
 
 from node.storage.log import LogConfig, PartitionLog
-from node.storage.producer_state import load_latest_snapshot
+from node.storage.producer_state import load_latest_snapshot, snapshot_name
 from node.storage.records import ErrorCode, StorageError, parse_header, stored_batch_is_valid
 from node.storage.segment import BatchScanner, Segment, segment_base_offsets
 from shm.table import PartitionTable
@@ -473,6 +474,29 @@ def test_producer_state_survives_restart(tmp_path, snapshot):
         with pytest.raises(StorageError):
             log.append(idempotent(12))
         assert not log.append(idempotent(10)).duplicate
+
+
+def test_a_snapshot_at_the_log_end_stands_and_a_loaded_one_forgets_expired_producers(tmp_path):
+    """The periodic snapshot writes nothing for a partition that has one at its log end already (an idle node
+    does not rewrite and fsync every partition's snapshot each round); an append makes the next one new. So an
+    idle partition's snapshot may be old: producers that expired since it was written are not loaded back."""
+    directory = str(tmp_path / "t-0")
+    with recover(directory) as log:
+        log.append(idempotent(0))
+        log.append(idempotent(2))
+        assert log.write_producer_snapshot() == 4
+        path = os.path.join(directory, snapshot_name(4))
+        written = os.stat(path)
+        assert log.write_producer_snapshot() == 4
+        kept = os.stat(path)
+        assert (kept.st_ino, kept.st_mtime_ns) == (written.st_ino, written.st_mtime_ns)
+    with recover(directory) as log:  # within the expiration: a retry is still a duplicate
+        assert log.append(idempotent(2)).duplicate
+    time.sleep(0.2)
+    with recover(directory, dataclasses.replace(SMALL, producer_id_expiration_ms=100)) as log:
+        assert load_latest_snapshot(directory, 10**9).end_offset == 4
+        assert not log.append(idempotent(2)).duplicate  # producer 77 expired: a new producer to the log
+        assert log.write_producer_snapshot() == 6
 
 
 def test_producer_state_catches_up_with_other_processes(tmp_path, table):

@@ -68,7 +68,8 @@ from typing import NamedTuple
 from node.storage.durable import read_offset, write_offset
 from node.storage.faults import is_storage_fault, storage_fault
 
-from node.storage.producer_state import ProducerEntry, ProducerStateTable, delete_snapshots, load_latest_snapshot, snapshot_offsets
+from node.storage.producer_state import (ProducerEntry, ProducerStateTable, delete_snapshots, load_latest_snapshot,
+                                         snapshot_name, snapshot_offsets)
 from node.storage.compression import CODECS
 from node.storage.records import (
     BASE_OFFSET,
@@ -543,6 +544,9 @@ class PartitionLog:
             producers = load_latest_snapshot(
                 self.directory, state.log_end_offset, self.config.producer_batches_retained
             ) or ProducerStateTable(self.config.producer_batches_retained, state.log_start_offset)
+            # As Kafka loads a snapshot: producers that expired since it was written are not taken in (an idle
+            # partition's snapshot is not rewritten, so it may be old).
+            producers.expire(now_ms(), self.config.producer_id_expiration_ms)
             self._producer_state = producers
         if producers.end_offset < state.log_start_offset:
             producers.end_offset = state.log_start_offset
@@ -665,10 +669,14 @@ class PartitionLog:
     def write_producer_snapshot(self) -> int:
         """Snapshot the producer state at the log end (bounds the scans of recovery and of catching up).
 
-        Meant for the timer process now and then; rolls write one too. Returns the snapshot's offset.
+        Meant for the timer process now and then; rolls write one too. Returns the snapshot's offset. A partition
+        that already has a snapshot at its log end (nothing appended since the last one, by any process) keeps it,
+        as Kafka's takeSnapshot does: an idle node does not rewrite and fsync every partition's snapshot each round.
         """
         with self.lock:
             state = self._current_state()
+            if os.path.exists(os.path.join(self.directory, snapshot_name(state.log_end_offset))):
+                return state.log_end_offset
             producers = self._caught_up_producer_state(state)
             producers.expire(now_ms(), self.config.producer_id_expiration_ms)
             try:
