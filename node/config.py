@@ -222,7 +222,8 @@ class FlushConfig:
     flush_interval_ms: int = 1000
     # A round's fdatasyncs are issued by up to this many threads at once (the journal commits them together).
     sync_threads: int = 16
-    # Producer-state snapshots bound the catch-up scan a worker does on its first idempotent batch.
+    # Producer-state snapshots bound the catch-up scan a worker does on its first idempotent batch. A round
+    # writes one only for a partition with batches since its last (an idle node writes nothing).
     producer_snapshot_interval_ms: int = 30_000
     retention_check_interval_ms: int = 300_000
 
