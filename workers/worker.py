@@ -524,7 +524,7 @@ class Worker:
 
     def _woke(self) -> None:
         """After each sleep, before the file events: the completion ring's sleep flag, then the timer's messages.
-        What the timer sent before answering a request (a new catalog, ACLs, quotas) is known here before any
+        What the timer sent before answering a request (a new catalog, the quota state) is known here before any
         request a client sent after that answer is served, even one this sleep's wake-up reports too."""
         self.link.woke()
         self._receive_from_timer()
