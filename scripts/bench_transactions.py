@@ -5,7 +5,8 @@ alternating rounds against its baseline (ABBA, scripts/harness/abba.py): a mode'
 rounds, a ratio the median of the rounds' own ratios. All clients are confluent-kafka, in this process.
 - produce: a transactional producer (--record-size byte records, a commit every --commit-interval-ms) against the
   idempotent producer at the same load: each produces flat out for --seconds to the same --partitions topic with
-  the same client settings but the transactional ones (acks=all both, as transactions require; the same batching;
+  the same client settings but the transactional ones (acks=all both, as transactions require: the node answers the
+  idempotent records once fsync'd, the transaction's once appended and fsyncs them at its commit; the same batching;
   the same local queue of --queue-records, queue.buffering.max.messages). The transactional one commits on a
   fixed schedule, one commit every interval from the start: it produces until the commit is due, then flush()
   (the records still queued: reported as flush_*) and commit_transaction(). Why the bounded queue: a commit first
@@ -18,7 +19,7 @@ rounds, a ratio the median of the rounds' own ratios. All clients are confluent-
   AddPartitionsToTxn the producer must see answered (the first of a transaction fsync'd, the others appended)
   before it sends there; keyed records reach every partition at once, added by one request. Reported: acknowledged (for the transactional
   one, committed) records/s of each and transactional / idempotent (target >= 0.9); the commit latency,
-  commit_transaction() timed after the flush() so that it is the EndTxn round trip (the decision made durable,
+  commit_transaction() timed after the flush() so that it is the EndTxn round trip (the records and the decision made durable,
   the markers written), p50/p99 over the commits of every round (target p50 <= 2 ms, p99 <= 10 ms), beside the
   disk's own fdatasync p50 of the same run. Where the time goes: the producing thread's share of each phase
   (produce, flush, commit, begin) and the node's CPU per acknowledged record (timer and workers), medians per

@@ -29,6 +29,7 @@ from tests.frameworks.npm import NODE_MISSING, have_node, node_modules
 pytestmark = pytest.mark.node
 TIMEOUT_S = 30
 CONFIG = "[transactions]\ntransaction_max_timeout_ms = 60000\n"
+STOPPED_TIMER_WAIT_S = 2  # a client waits this long for answers while the timer is stopped
 
 
 def create(bootstrap: str, topic: str, partitions: int = 1) -> None:
@@ -120,6 +121,32 @@ def test_read_committed_stops_at_an_open_transaction(node_factory):
     assert consume_all(node.bootstrap, "open", "read_uncommitted") == [b"before", b"inside", b"after"]
     producer.commit_transaction(TIMEOUT_S)
     assert consume_all(node.bootstrap, "open", "read_committed") == [b"before", b"inside", b"after"]
+
+
+def test_a_transactions_records_are_answered_once_appended_without_waiting_for_an_fsync(node_factory):
+    """acks=all records of a transaction wait for no fsync (its commit makes them durable): they are answered while
+    the timer process, which runs the group commit, is stopped; an idempotent producer's are not."""
+    node = node_factory(workers=1, config=CONFIG)
+    create(node.bootstrap, "appended")
+    producer = transactional(node.bootstrap, "appender")
+    plain = Producer({"bootstrap.servers": node.bootstrap, "enable.idempotence": True, "linger.ms": 1})
+    plain.produce("appended", value=b"plain-0")
+    assert plain.flush(TIMEOUT_S) == 0
+    producer.begin_transaction()
+    producer.produce("appended", value=b"first")
+    assert producer.flush(TIMEOUT_S) == 0  # the partition is in the transaction
+    timer = node.pids("timer")[0]
+    os.kill(timer, signal.SIGSTOP)  # for less than the hung-child timeout
+    try:
+        producer.produce("appended", value=b"second")
+        assert producer.flush(STOPPED_TIMER_WAIT_S) == 0
+        plain.produce("appended", value=b"plain-1")
+        assert plain.flush(STOPPED_TIMER_WAIT_S) == 1  # acks=all outside a transaction waits for its fsync
+    finally:
+        os.kill(timer, signal.SIGCONT)
+    assert plain.flush(TIMEOUT_S) == 0
+    producer.commit_transaction(TIMEOUT_S)
+    assert consume_all(node.bootstrap, "appended", "read_committed") == [b"plain-0", b"first", b"second", b"plain-1"]
 
 
 def test_a_second_producer_of_the_same_transactional_id_fences_the_first(node_factory):

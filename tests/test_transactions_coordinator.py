@@ -456,8 +456,10 @@ def test_end_txn_is_answered_once_its_markers_are_visible_and_the_next_transacti
     txn.add("app", producer)
     txn.produce(producer, 0)
     txn.flushes.eager = False
-    assert txn.end("app", producer, commit=True) is None  # the decision waits for its fsync
+    assert txn.end("app", producer, commit=True) is None  # the records' fsync, then the decision's
     end_request = txn.request_id
+    txn.flushes.run_one()  # the records are durable: the decision is written
+    assert end_request not in txn.outbox.replies
     txn.flushes.run_one()  # the decision is durable: the markers are appended, EndTxn answered
     assert txn.outbox.replies[end_request].error == E.none
     assert txn.markers() == [(*producer, ControlType.COMMIT)]
@@ -484,6 +486,7 @@ def completing(txn, transactional_id: str = "app"):
     txn.produce(producer, 0)
     txn.flushes.eager = False
     assert txn.end(transactional_id, producer, commit=True) is None
+    txn.flushes.run_one()  # the records
     txn.flushes.run_one()  # the decision: EndTxn answered, the markers appended and waiting for their fsync
     assert txn.outbox.replies[txn.request_id].error == E.none
     assert transactional_id in txn.coordinator.completing
@@ -637,3 +640,49 @@ def test_the_add_partitions_that_begins_a_transaction_is_durable_with_the_previo
     for partition in (0, 1):
         state = txn.partition(partition).state()
         assert state.last_stable_offset == state.high_watermark
+
+
+def test_a_commit_is_decided_only_once_its_records_are_durable(txn):
+    producer = producer_of(txn.init("app"))
+    assert txn.add("app", producer, (("t", 0), ("t", 1))) == {("t", 0): E.none, ("t", 1): E.none}
+    txn.produce(producer, 0, partition=0)
+    txn.produce(producer, 0, partition=1)
+    txn.flushes.eager = False
+    state_log_before = txn.state_log_bytes()
+    assert txn.end("app", producer, commit=True) is None
+    # The first fsync asked for is that of the transaction's partitions, up to their log ends; no decision yet.
+    rows, _ = txn.flushes.waiting[0]
+    assert sorted(rows) == sorted(txn.store.row("t", p) for p in (0, 1))
+    assert txn.state_log_bytes() == state_log_before
+    assert txn.coordinator.transactions["app"].state == TxnState.ONGOING
+    assert txn.add("app", producer, (("t", 0),)) is None  # the id's next request waits meanwhile
+    txn.flushes.run_one()
+    assert txn.state_log_bytes() > state_log_before  # now the PrepareCommit
+    txn.flushes.run()
+    assert txn.outbox.replies[txn.request_id - 1].error == E.none
+    assert txn.markers(0) == txn.markers(1) == [(*producer, ControlType.COMMIT)]
+
+
+def test_an_abort_does_not_wait_for_its_records(txn):
+    producer = producer_of(txn.init("app"))
+    txn.add("app", producer)
+    txn.produce(producer, 0)
+    txn.flushes.eager = False
+    state_log_before = txn.state_log_bytes()
+    assert txn.end("app", producer, commit=False) is None
+    assert txn.state_log_bytes() > state_log_before  # the PrepareAbort is written at once
+    rows, _ = txn.flushes.waiting[0]
+    assert rows == [txn.coordinator.state_log.row]
+
+
+def test_a_commit_whose_records_cannot_be_made_durable_stays_open_and_may_be_retried(txn):
+    producer = producer_of(txn.init("app"))
+    txn.add("app", producer)
+    txn.produce(producer, 0)
+    txn.flushes.fail = True
+    assert txn.end("app", producer, commit=True).error == E.not_coordinator  # a storage fault: clients retry
+    assert txn.coordinator.transactions["app"].state == TxnState.ONGOING
+    assert not txn.coordinator.transactions["app"].pending
+    txn.flushes.fail = False
+    assert txn.end("app", producer, commit=True).error == E.none
+    assert txn.markers() == [(*producer, ControlType.COMMIT)]

@@ -58,7 +58,8 @@ def state_log_bytes(node) -> tuple[Path, int]:
 def open_in_a_new_partition(node, producer) -> tuple[Path, int]:
     """A committed transaction in partition 0, then one begun there (its first AddPartitionsToTxn is fsync'd before
     it is answered) and widened to partition 1: that AddPartitionsToTxn answered and the records acknowledged
-    (acks=all: fsync'd). Returns the state log's segment and its size before the widening (all durable)."""
+    (acks=all: appended; its commit makes them durable). Returns the state log's segment and its size before the
+    widening (all durable)."""
     in_transaction(producer, "lost", [b"committed-%d" % i for i in range(3)], partition=0)
     producer.begin_transaction()
     producer.produce("lost", value=b"open-0", partition=0)

@@ -36,7 +36,7 @@ from node.storage.acls import CLUSTER_NAME, Operation, ResourceType
 from node.storage.catalog import valid_topic_name
 from node.storage.faults import storage_faults
 from node.storage.store import PartitionStore
-from node.storage.records import StorageError
+from node.storage.records import TRANSACTIONAL_BIT, StorageError
 from shm import messages as M
 from workers.codecs import errors as E
 from workers.codecs import protocol as P
@@ -389,7 +389,14 @@ class Handlers:
                 if appended.wants_flush:
                     self.delayed.wants_flush(row)
                 if acks == _ACKS_ALL:
-                    waits.append((row, appended.last_offset + 1))
+                    if part.records[_ATTRIBUTES_LOW_BYTE] & TRANSACTIONAL_BIT:
+                        # A transaction's records are made durable by its commit (EndTxn fsyncs every partition
+                        # of the transaction before its decision), so they are answered once appended, as
+                        # acks=1 is (the page cache outlives any process). A group-commit round starts now, so
+                        # that little is left for the commit to wait on.
+                        self.delayed.wants_flush(row)
+                    else:
+                        waits.append((row, appended.last_offset + 1))
             topics.append(ProduceTopicResult(topic.name, results))
             partitions += len(results)
         all_appended = appended_partitions == partitions

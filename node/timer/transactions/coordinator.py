@@ -16,12 +16,14 @@ The algorithm (KIP-98), per transactional.id (node.timer.transactions.metadata h
   it before it writes to the partition; the group commit's next round or the fsync of the EndTxn's decision makes
   it durable). The one that begins a transaction is fsync'd, which makes the previous transaction's Complete*
   record durable too: a restart never completes a transaction again once the next one has begun.
-- EndTxn writes PrepareCommit or PrepareAbort (fsync'd: the decision), then the markers to every partition of
+- EndTxn commit first waits until every partition of the transaction is fsync'd up to its log end: the workers
+  answer a transaction's acks=all records once appended, and its commit is their durability point. Then EndTxn
+  writes PrepareCommit or PrepareAbort (fsync'd: the decision), then the markers to every partition of
   the transaction and, for a commit once they are appended, the pending offsets to `__consumer_offsets` (through
   the group coordinator: OffsetFetch sees them once fsync'd), both fsync'd by one group-commit round, then
-  CompleteCommit or CompleteAbort. EndTxn is answered once the markers are appended (one fsync: the decision's),
-  so a read_committed consumer sees the outcome as soon as the producer's commit returns (a commit with offsets
-  once they are durable too, so that OffsetFetch shows them then); the id's next
+  CompleteCommit or CompleteAbort. EndTxn is answered once the markers are appended (after the fsyncs of the
+  records and of the decision), so a read_committed consumer sees the outcome as soon as the producer's commit
+  returns (a commit with offsets once they are durable too, so that OffsetFetch shows them then); the id's next
   requests (the next transaction's AddPartitionsToTxn) are held until the markers and offsets are durable,
   rather than answered CONCURRENT_TRANSACTIONS, which clients retry only after a backoff. So are the requests
   that come while one of the id's state records waits for its fsync (an AddPartitionsToTxn for the next
@@ -53,6 +55,8 @@ Invariants:
   fsync'd as a whole: a durable record makes every record before it durable).
 - A commit is answered only for a transaction whose every partition is marked: a partition written in a
   transaction is in the coordinator's state, or found by the reconciliation before any request is answered.
+- A PrepareCommit is written only once the transaction's records are durable, so no crash leaves a durable
+  commit of records the page cache lost.
 - Markers are written only after the decision (Prepare*) is durable, so a transaction is all or nothing in
   every partition, whatever process dies when.
 """
@@ -575,7 +579,23 @@ class TransactionCoordinator:
             self.timeouts.forget(metadata.transactional_id)
             self._complete(metadata, waiter)
 
-        self._persist(current, changed, durable, lambda error: self._error_only(waiter, error))
+        def decide() -> None:
+            self._persist(current, changed, durable, lambda error: self._error_only(waiter, error))
+
+        if not commit:
+            return decide()
+        # The transaction's records were answered once appended: they reach the disk before its decision does.
+        current.pending = True  # the id's next requests wait meanwhile (held)
+
+        def records_durable(flushed: bool, fault: bool = False) -> None:
+            current.pending = False
+            if flushed and self.transactions.get(current.transactional_id) is current:
+                return decide()
+            # Still Ongoing: the client retries its EndTxn (or the transaction times out and is aborted).
+            self._error_only(waiter, E.not_coordinator if fault else E.coordinator_not_available)
+            self._run_held(current.transactional_id)
+
+        self.markers.wait_records_durable(current.partitions, self.clock(), records_durable)
 
     def _complete(self, metadata: TransactionMetadata, waiter: Waiter | None = None) -> None:
         """Finish a Prepare* transaction (its decision durable): markers and (a commit) its offsets, then

@@ -8,6 +8,11 @@ Invariants:
 - A marker append first brings the timer's producer state of its partition up to the log end (every batch the
   workers appended since), which is most of its cost; `prepare` does that ahead, after each flush round, for the
   partitions with an open transaction, so the EndTxn that follows scans only what came after.
+- A commit's markers follow its records to disk: the workers answer a transaction's acks=all records once
+  appended, so before its PrepareCommit is written the coordinator waits (`wait_records_durable`) until every
+  partition of the transaction is fsync'd up to its log end. A decision found durable after any crash therefore
+  never commits records that were lost with the page cache (an abort needs no such wait: lost records of an
+  aborted transaction are never read).
 - `done(True)` only once every marker is fsync'd; a partition whose topic is gone is skipped (it has nothing
   left to close), and so is one that refuses the marker for good (logged); a storage fault or an fsync that does not come in time is `done(False)`: the caller tries the
   whole completion again later.
@@ -44,6 +49,21 @@ class MarkerWriter:
                     self.store.log(row).catch_up_producer_state()
             except (StorageError, OSError, KeyError):
                 continue
+
+    def wait_records_durable(self, partitions: Iterable[tuple[str, int]], now_ms: int,
+                             done: Callable[[bool, bool], None]) -> None:
+        """`done(flushed, fault)` once every partition is fsync'd up to its present log end (at once, beside the
+        group commit's round: the producer waits for it); a partition whose topic is gone is skipped."""
+        rows, ends = [], []
+        for topic, partition in sorted(partitions):
+            row = self.store.row(topic, partition)
+            if row is not None:
+                rows.append(row)
+                ends.append(self.store.table.read(row).log_end_offset)
+        if not rows:
+            done(True, False)
+            return
+        self._wait_flushed(rows, ends, now_ms + self.write_timeout_ms, done, urgent=True)
 
     def write(self, producer_id: int, producer_epoch: int, commit: bool, partitions: Iterable[tuple[str, int]],
               now_ms: int, done: Callable[[bool], None]) -> bool:
