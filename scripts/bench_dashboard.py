@@ -15,6 +15,7 @@ import multiprocessing
 import os
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 
@@ -42,7 +43,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.seconds <= WARMUP_S + 1:
         parser.error(f"--seconds must be above {WARMUP_S + 1}")
     session = f"smbbench{uuid.uuid4().hex[:8]}"
-    with NodeProcess(workers=args.workers) as node:
+    # A tmux server of this script's own, its socket in a directory removed at the end (none left in /tmp/tmux-<uid>).
+    with NodeProcess(workers=args.workers) as node, tempfile.TemporaryDirectory(prefix="smbbench-tmux-") as sockets:
+        tmux = ["tmux", "-S", os.path.join(sockets, "tmux.sock")]
         topic = f"bench-dashboard-{os.getpid()}"
         benchnode.create_topic(benchnode.LOOPBACK, node.port, topic, 2)
         loader = multiprocessing.get_context("spawn").Process(target=_load, args=(node.port, topic, args.seconds + 5),
@@ -50,10 +53,10 @@ def main(argv: list[str] | None = None) -> int:
         loader.start()
         command = (f"env -u COLUMNS -u LINES {sys.executable} -m node.tools.cli dashboard --data-dir {node.data_dir} "
                    f"--duration {args.seconds}")
-        subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "180", "-y", "60", "-c", REPO, command],
+        subprocess.run([*tmux, "new-session", "-d", "-s", session, "-x", "180", "-y", "60", "-c", REPO, command],
                        check=True, timeout=10)
         try:
-            pid = int(subprocess.run(["tmux", "display", "-p", "-t", session, "#{pane_pid}"], capture_output=True,
+            pid = int(subprocess.run([*tmux, "display", "-p", "-t", session, "#{pane_pid}"], capture_output=True,
                                      text=True, check=True, timeout=10).stdout)
             dashboard = psutil.Process(pid)
             print(f"{SCRIPT}: dashboard pid {pid}, warming up {WARMUP_S:.0f} s", file=sys.stderr, flush=True)
@@ -66,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
             after, elapsed = dashboard.cpu_times(), time.monotonic() - started
             node_after = sum(sum(p.cpu_times()[:2]) for p in [psutil.Process(node.proc.pid)] + node.children())
         finally:
-            subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True, timeout=10)
+            subprocess.run([*tmux, "kill-session", "-t", session], capture_output=True, timeout=10)
             loader.join(args.seconds + 30)
             if loader.is_alive():
                 loader.kill()  # by pid

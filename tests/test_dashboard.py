@@ -21,16 +21,26 @@ REPO = Path(__file__).resolve().parent.parent
 DASHBOARD_S = 60
 
 
-def capture(session: str) -> str:
-    return subprocess.run(["tmux", "capture-pane", "-p", "-t", session], capture_output=True, text=True,
-                          timeout=10).stdout
+class Pane:
+    """A tmux session on a tmux server of this test's own: its socket is in the test's temporary directory, so
+    nothing is left in /tmp/tmux-<uid> (the server ends with its last session)."""
+
+    def __init__(self, directory: Path) -> None:
+        self.socket = directory / "tmux.sock"
+        self.name = f"smbdash{uuid.uuid4().hex[:8]}"
+
+    def tmux(self, *args: str, **options) -> subprocess.CompletedProcess:
+        return subprocess.run(["tmux", "-S", str(self.socket), *args], timeout=10, **options)
+
+    def capture(self) -> str:
+        return self.tmux("capture-pane", "-p", "-t", self.name, capture_output=True, text=True).stdout
 
 
-def wait_screen(session: str, predicate, timeout: float = 20.0) -> str:
+def wait_screen(session: Pane, predicate, timeout: float = 20.0) -> str:
     deadline = time.monotonic() + timeout
     screen = ""
     while time.monotonic() < deadline:
-        screen = capture(session)
+        screen = session.capture()
         if predicate(screen):
             return screen
         time.sleep(0.3)
@@ -47,7 +57,7 @@ def group_lag(screen: str) -> int:
     return int(match.group(1)) if match else 0
 
 
-def test_dashboard_in_tmux_under_load(node_factory):
+def test_dashboard_in_tmux_under_load(node_factory, tmp_path):
     assert shutil.which("tmux"), "tmux is missing: `make test` installs it"
     node = node_factory(workers=2)
     stop = threading.Event()
@@ -81,11 +91,11 @@ def test_dashboard_in_tmux_under_load(node_factory):
         consumer.commit(offsets=[TopicPartition("dashboard-load", 0, 5)], asynchronous=False)
     finally:
         consumer.close()
-    session = f"smbdash{uuid.uuid4().hex[:8]}"
+    session = Pane(tmp_path)
     # The pane decides the size (pytest may have exported COLUMNS/LINES, which rich would obey).
     command = f"env -u COLUMNS -u LINES {sys.executable} -m node.tools.cli dashboard --data-dir {node.data_dir} --duration {DASHBOARD_S}"
-    subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "180", "-y", "60", "-c", str(REPO), command],
-                   check=True, timeout=10)
+    session.tmux("new-session", "-d", "-s", session.name, "-x", "180", "-y", "60", "-c", str(REPO), command,
+                 check=True)
     try:
         screen = wait_screen(session, lambda s: produce_rate(s) > 0)
         for label in ("supervisor", "timer", "worker 0", "worker 1", "purgatory produce", "timer lateness",
@@ -110,4 +120,4 @@ def test_dashboard_in_tmux_under_load(node_factory):
     finally:
         stop.set()
         loader.join()
-        subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True, timeout=10)
+        session.tmux("kill-session", "-t", session.name, capture_output=True)
