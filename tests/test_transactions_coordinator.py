@@ -91,6 +91,7 @@ class OnDisk:
         self.config = config
         self.committed_offsets: list[tuple[str, dict]] = []
         self.request_id = 0
+        self.boot_id = "boot-1"  # the machine's (a restart of the machine gives a new one)
         self.start()
 
     def start(self) -> None:
@@ -104,7 +105,7 @@ class OnDisk:
                                         write_timeout_ms=1000)
         self.coordinator = TransactionCoordinator(
             self.config, self.outbox, state_log, MarkerWriter(self.store, self.flushes, 1000), self.store,
-            self.commit_offsets, lambda: False, wheel, self.clock(), 4096, clock=self.clock)
+            self.commit_offsets, lambda: False, wheel, self.clock(), 4096, clock=self.clock, boot_id=self.boot_id)
         for _ in range(100):
             self.coordinator.turn()
             if not self.coordinator.loading:
@@ -684,5 +685,29 @@ def test_a_commit_whose_records_cannot_be_made_durable_stays_open_and_may_be_ret
     assert txn.coordinator.transactions["app"].state == TxnState.ONGOING
     assert not txn.coordinator.transactions["app"].pending
     txn.flushes.fail = False
+    assert txn.end("app", producer, commit=True).error == E.none
+    assert txn.markers() == [(*producer, ControlType.COMMIT)]
+
+
+def test_a_transaction_begun_before_the_machine_restarted_is_aborted_at_load_its_producer_fenced(txn):
+    producer = producer_of(txn.init("app"))
+    txn.add("app", producer)
+    txn.produce(producer, 0)
+    txn.boot_id = "boot-2"  # the machine restarted: records answered from its page cache may be gone
+    txn.restart()
+    assert txn.coordinator.transactions["app"].state == TxnState.COMPLETE_ABORT
+    assert txn.markers() == [(producer[0], producer[1] + 1, ControlType.ABORT)]
+    assert txn.partition().state().first_unstable_offset == -1
+    assert txn.end("app", producer, commit=True).error == E.producer_fenced
+    assert producer_of(txn.init("app"))[1] == producer[1] + 2  # the application starts again
+
+
+def test_a_transaction_goes_on_across_a_restart_of_the_node_on_the_same_boot(txn):
+    producer = producer_of(txn.init("app"))
+    txn.add("app", producer)
+    txn.produce(producer, 0)
+    txn.restart()  # a process restart: the page cache kept every record
+    assert txn.coordinator.transactions["app"].state == TxnState.ONGOING
+    assert txn.coordinator.transactions["app"].boot_id == "boot-1"
     assert txn.end("app", producer, commit=True).error == E.none
     assert txn.markers() == [(*producer, ControlType.COMMIT)]

@@ -56,7 +56,9 @@ Invariants:
 - A commit is answered only for a transaction whose every partition is marked: a partition written in a
   transaction is in the coordinator's state, or found by the reconciliation before any request is answered.
 - A PrepareCommit is written only once the transaction's records are durable, so no crash leaves a durable
-  commit of records the page cache lost.
+  commit of records the page cache lost; and a transaction still Ongoing at load that began before the machine
+  last restarted (its boot id, kept in its state record, is not this boot's) is aborted with its producer fenced,
+  so its producer cannot commit what is left of it after a machine crash lost some of its records.
 - Markers are written only after the decision (Prepare*) is durable, so a transaction is all or nothing in
   every partition, whatever process dies when.
 """
@@ -88,6 +90,16 @@ log = logging.getLogger("shmbroker.transactions")
 E = ErrorCode
 InitAnswer = M.reply_class(M.Kind.INIT_PRODUCER_ID)
 Waiter = tuple[int, int, M.Kind]  # worker, request id, kind
+BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
+
+
+def machine_boot_id() -> str:
+    """Linux's id of this boot of the machine (a new one after every restart); empty where there is none."""
+    try:
+        with open(BOOT_ID_PATH) as file:
+            return file.read().strip()
+    except OSError:
+        return ""
 
 
 def monotonic_ms() -> int:
@@ -99,7 +111,8 @@ class TransactionCoordinator:
                  markers: MarkerWriter, store: PartitionStore, commit_offsets: Callable, offsets_loading: Callable,
                  wheel: WheelConfig, now_ms: int, offset_metadata_max_bytes: int,
                  clock: Callable[[], int] = monotonic_ms,
-                 member_error: Callable[[str, str, str | None, int], E] = lambda *member: E.none) -> None:
+                 member_error: Callable[[str, str, str | None, int], E] = lambda *member: E.none,
+                 boot_id: str | None = None) -> None:
         self.config = config
         self.outbox = outbox
         self.state_log = state_log
@@ -113,6 +126,7 @@ class TransactionCoordinator:
         # The group coordinator's KIP-447 checks of a TxnOffsetCommit's member (group, member, instance, generation).
         self._member_error = member_error
         self.clock = clock
+        self.boot_id = machine_boot_id() if boot_id is None else boot_id  # this run's (TransactionMetadata.boot_id)
         self.transactions: dict[str, TransactionMetadata] = {}
         self.timeouts = Sessions(wheel, now_ms, self._timed_out)  # open transactions' deadlines
         self.retries = Sessions(wheel, now_ms, self._retry_completion)  # completions to try again
@@ -148,6 +162,11 @@ class TransactionCoordinator:
                 elif metadata.state in PREPARED:
                     self._complete(metadata)
             self.reconcile_partitions()
+            # Its acks=all records waited in the page cache for its commit: after a restart of the machine some may
+            # be gone, and its producer could still commit the rest. It is aborted instead, its producer fenced.
+            for transactional_id in [m.transactional_id for m in self.transactions.values()
+                                     if m.state == ONGOING and m.boot_id and m.boot_id != self.boot_id]:
+                self._abort_open(transactional_id, "began before the machine restarted (records of it may be lost)")
 
     def reconcile_partitions(self) -> int:
         """Give the coordinator's transactions the partitions they lost (at start, once the state is loaded, before
@@ -193,7 +212,7 @@ class TransactionCoordinator:
                     "AddPartitionsToTxn): aborting it, its producer fenced", transactional_id, sorted(partitions))
         changed = current.copy()
         changed.partitions |= partitions
-        changed.begin(wall_ms())
+        changed.begin(wall_ms(), self.boot_id)
         changed.bump_epoch()  # an exhausted epoch stays: the abort still closes the transaction
         changed.transition(PREPARE_ABORT)
 
@@ -505,7 +524,7 @@ class TransactionCoordinator:
         """Open (or widen) the transaction: Ongoing, durable (or, not `durably`, appended), its timeout armed when it
         just began."""
         starting = current.state != ONGOING
-        changed.begin(wall_ms())
+        changed.begin(wall_ms(), self.boot_id)
 
         def written(metadata: TransactionMetadata) -> None:
             if starting:
@@ -697,6 +716,14 @@ class TransactionCoordinator:
 
     def _timed_out(self, transactional_id: str) -> None:
         """A transaction open past its timeout: aborted by the node, its producer fenced (the epoch bumped)."""
+        self._abort_open(transactional_id, "timed out", self._count_timeout)
+
+    def _count_timeout(self) -> None:
+        self.timed_out += 1
+
+    def _abort_open(self, transactional_id: str, why: str, aborted: Callable[[], None] = lambda: None) -> None:
+        """Abort an Ongoing transaction, its producer fenced (the epoch bumped). With a write of the id in flight, or
+        if the abort's record cannot be written, its timeout timer looks again after marker_retry_ms."""
         current = self.transactions.get(transactional_id)
         if current is None or current.state != ONGOING:
             return
@@ -706,11 +733,11 @@ class TransactionCoordinator:
         changed = current.copy()
         changed.bump_epoch()  # an exhausted epoch stays: the abort still closes the transaction
         changed.transition(PREPARE_ABORT)
-        log.info("transaction of %r (producer %d) timed out after %d ms: aborting it", transactional_id,
-                 current.producer_id, current.timeout_ms)
+        log.info("transaction of %r (producer %d, timeout %d ms) %s: aborting it", transactional_id,
+                 current.producer_id, current.timeout_ms, why)
 
         def durable(metadata: TransactionMetadata) -> None:
-            self.timed_out += 1
+            aborted()
             self._complete(metadata)
 
         self._persist(current, changed, durable,

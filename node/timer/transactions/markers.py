@@ -12,7 +12,8 @@ Invariants:
   appended, so before its PrepareCommit is written the coordinator waits (`wait_records_durable`) until every
   partition of the transaction is fsync'd up to its log end. A decision found durable after any crash therefore
   never commits records that were lost with the page cache (an abort needs no such wait: lost records of an
-  aborted transaction are never read).
+  aborted transaction are never read); the coordinator aborts, at load, a transaction begun before the machine
+  last restarted.
 - `done(True)` only once every marker is fsync'd; a partition whose topic is gone is skipped (it has nothing
   left to close), and so is one that refuses the marker for good (logged); a storage fault or an fsync that does not come in time is `done(False)`: the caller tries the
   whole completion again later.

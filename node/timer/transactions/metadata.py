@@ -10,7 +10,7 @@
 Invariants:
 - `transition()` allows exactly Kafka's transitions (VALID_PREVIOUS) and raises InvalidTransition otherwise:
   the coordinator checks the request first (answering Kafka's error code), so an InvalidTransition is a bug.
-- `partitions` and `offsets` are those of the current transaction: cleared when it completes.
+- `partitions`, `offsets` and `boot_id` are those of the current transaction: cleared when it completes.
 - `pending` is True while a state record of this id waits for its fsync: any other request then answers
   CONCURRENT_TRANSACTIONS (Kafka's pendingState), so the records of one id are written one at a time, in order.
 - to_record()/from_record() round-trip everything but `pending` (the record format is in state_log.py).
@@ -76,6 +76,9 @@ class TransactionMetadata:
     # InitProducerId whose answer it lost is answered the current epoch rather than fenced.
     last_producer_epoch: int = -1
     previous_producer_id: int = -1
+    # The machine's boot id when the current transaction began: its records wait in the page cache for its commit,
+    # so one begun before the machine restarted may have lost some (the coordinator aborts it at load).
+    boot_id: str = ""
     pending: bool = False
 
     def transition(self, state: TxnState) -> None:
@@ -84,11 +87,13 @@ class TransactionMetadata:
         self.state = state
         if state in COMPLETED or state == EMPTY:
             self.partitions, self.groups, self.offsets, self.start_wall_ms = set(), set(), {}, -1
+            self.boot_id = ""
 
-    def begin(self, wall_ms: int) -> None:
-        """Ongoing, the transaction's clock started if it was not open."""
+    def begin(self, wall_ms: int, boot_id: str) -> None:
+        """Ongoing, the transaction's clock started (and the machine's boot id kept) if it was not open."""
         if self.state != ONGOING:
             self.start_wall_ms = wall_ms
+            self.boot_id = boot_id
         self.transition(ONGOING)
 
     def copy(self) -> "TransactionMetadata":
@@ -96,7 +101,7 @@ class TransactionMetadata:
         return TransactionMetadata(self.transactional_id, self.producer_id, self.producer_epoch, self.timeout_ms,
                                    self.state, set(self.partitions), set(self.groups), dict(self.offsets),
                                    self.start_wall_ms, self.last_update_wall_ms, self.last_producer_epoch,
-                                   self.previous_producer_id)
+                                   self.previous_producer_id, self.boot_id)
 
     def bump_epoch(self) -> bool:
         """The next epoch; False when the epoch is exhausted (the caller then gives the id a new producer id)."""
@@ -114,7 +119,8 @@ class TransactionMetadata:
                 "state": self.state.value, "partitions": sorted(self.partitions), "groups": sorted(self.groups),
                 "offsets": [[*key, *value] for key, value in sorted(self.offsets.items(), key=lambda kv: kv[0])],
                 "start_wall_ms": self.start_wall_ms, "last_update_wall_ms": self.last_update_wall_ms,
-                "last_producer_epoch": self.last_producer_epoch, "previous_producer_id": self.previous_producer_id}
+                "last_producer_epoch": self.last_producer_epoch, "previous_producer_id": self.previous_producer_id,
+                "boot_id": self.boot_id}
 
     @classmethod
     def from_record(cls, transactional_id: str, record: dict) -> "TransactionMetadata":
@@ -126,4 +132,5 @@ class TransactionMetadata:
                    {(str(g), str(t), int(p)): (int(offset), int(epoch), None if metadata is None else str(metadata))
                     for g, t, p, offset, epoch, metadata in record["offsets"]},
                    int(record["start_wall_ms"]), int(record["last_update_wall_ms"]),
-                   int(record.get("last_producer_epoch", -1)), int(record.get("previous_producer_id", -1)))
+                   int(record.get("last_producer_epoch", -1)), int(record.get("previous_producer_id", -1)),
+                   str(record.get("boot_id", "")))

@@ -7,7 +7,7 @@ transactional id needs it, written only by the timer process and fsync'd by the 
 
     key    orjson [transactional_id]
     value  orjson TransactionMetadata.to_record(): producer id and epoch, timeout, state, the transaction's
-           partitions, groups and pending offsets, its start time (wall ms)
+           partitions, groups and pending offsets, its start time (wall ms) and the machine's boot id then
            null (a tombstone): the transactional.id is gone
 
 Lifecycle: load at start (a bounded slice per timer loop turn; meanwhile `loading` is True and the coordinator
