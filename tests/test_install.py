@@ -30,7 +30,10 @@ PIP_TIMEOUT_S = 600
 KCAT_TIMEOUT_S = 60
 START_TIMEOUT_S = 60
 
-pytestmark = [pytest.mark.node,
+# serial: `make wheel` builds in the checkout (its build/ and egg-info); beside other tests, with pytest-xdist
+# free to run this file's tests apart, the module's wheel was once built twice and the second build met the
+# first's files.
+pytestmark = [pytest.mark.node, pytest.mark.serial,
               pytest.mark.skipif(shutil.which("kcat") is None, reason="make test installs kcat; run through make")]
 
 
