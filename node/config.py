@@ -208,10 +208,17 @@ class TimerConfig:
     # long polls first, with no frame and no wake of the timer. Fetches with a shorter max wait go at once;
     # 0 hands every one over at once.
     fetch_handoff_ms: int = 50
+    # The timer process's GIL switch interval (sys.setswitchinterval). Its loop shares the process with the
+    # flusher's threads (rounds, urgent syncs, chores): a thread that holds the GIL keeps it until it blocks or
+    # this long passes after the loop asked for it, so the interval bounds what a busy thread adds to a reply's
+    # path. CPython's default, 5,000 us, put 5 ms tails on EndTxn (scripts/bench_transactions).
+    gil_switch_interval_us: int = 500
 
     def __post_init__(self) -> None:
         if self.fetch_handoff_ms < 0:
             raise ValueError("fetch_handoff_ms must be 0 (hand over at once) or more")
+        if self.gil_switch_interval_us <= 0:
+            raise ValueError("gil_switch_interval_us must be positive")
 
 
 @dataclass(frozen=True)

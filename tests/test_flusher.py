@@ -8,6 +8,7 @@ from dataclasses import replace
 
 import pytest
 
+from node import config as node_config
 from node.config import NodeConfig
 from node.storage.records import build_batch
 from node.storage.store import PartitionStore
@@ -58,3 +59,13 @@ def test_an_urgent_sync_is_reported_while_the_round_in_flight_is_stuck(tmp_path)
             flusher.stop(WAIT_S)
             store.close()
     assert not flusher.is_alive()
+
+
+def test_the_timer_gil_switch_interval_is_a_positive_setting(tmp_path):
+    """The timer loop shares its process with the flusher's threads; its GIL switch interval is a setting."""
+    path = tmp_path / "node.toml"
+    path.write_text("[timer]\ngil_switch_interval_us = 250\n")
+    assert node_config.load(str(path)).timer.gil_switch_interval_us == 250
+    path.write_text("[timer]\ngil_switch_interval_us = 0\n")
+    with pytest.raises(node_config.ConfigError, match="gil_switch_interval_us must be positive"):
+        node_config.load(str(path))

@@ -23,6 +23,7 @@ Invariants:
   heartbeat_interval_ms, so an idle timer still beats and only a stuck loop stops beating.
 - On SIGTERM the flusher gets a last round before the process goes, so acks=all produces waiting on it
   are answered.
+- The loop waits for the GIL at most timer.gil_switch_interval_us behind the flusher's threads.
 """
 
 from __future__ import annotations
@@ -236,6 +237,7 @@ class TimerProcess:
     def run(self) -> int:
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGHUP, self._on_hup)
+        sys.setswitchinterval(self.config.timer.gil_switch_interval_us / 1_000_000)
         self.flusher.start()
         self.outbox.broadcast(M.encode(M.Kind.TIMER_STARTED, os.getpid()))
         self.outbox.flush()
