@@ -702,6 +702,25 @@ def test_a_transaction_begun_before_the_machine_restarted_is_aborted_at_load_its
     assert producer_of(txn.init("app"))[1] == producer[1] + 2  # the application starts again
 
 
+def test_a_transaction_of_a_version_before_boot_ids_gets_this_boots_at_load_and_a_machine_restart_aborts_it(txn):
+    txn.boot_id = ""  # the coordinator of an older version kept no boot id
+    txn.restart()
+    producer = producer_of(txn.init("app"))
+    txn.add("app", producer)
+    txn.produce(producer, 0)
+    assert txn.coordinator.transactions["app"].boot_id == ""
+    txn.boot_id = "boot-1"
+    txn.restart()  # the upgrade: a restart of the node on the same boot
+    assert txn.coordinator.transactions["app"].state == TxnState.ONGOING
+    assert txn.coordinator.transactions["app"].boot_id == "boot-1"
+    txn.produce(producer, 1)  # answered once appended now
+    txn.boot_id = "boot-2"
+    txn.restart()  # the machine restarted
+    assert txn.coordinator.transactions["app"].state == TxnState.COMPLETE_ABORT
+    assert txn.markers() == [(producer[0], producer[1] + 1, ControlType.ABORT)]
+    assert txn.end("app", producer, commit=True).error == E.producer_fenced
+
+
 def test_a_transaction_goes_on_across_a_restart_of_the_node_on_the_same_boot(txn):
     producer = producer_of(txn.init("app"))
     txn.add("app", producer)

@@ -58,7 +58,8 @@ Invariants:
 - A PrepareCommit is written only once the transaction's records are durable, so no crash leaves a durable
   commit of records the page cache lost; and a transaction still Ongoing at load that began before the machine
   last restarted (its boot id, kept in its state record, is not this boot's) is aborted with its producer fenced,
-  so its producer cannot commit what is left of it after a machine crash lost some of its records.
+  so its producer cannot commit what is left of it after a machine crash lost some of its records; one whose
+  record has no boot id (a version before them wrote it) is given this boot's at load (an fsync'd record).
 - Markers are written only after the decision (Prepare*) is durable, so a transaction is all or nothing in
   every partition, whatever process dies when.
 """
@@ -167,6 +168,22 @@ class TransactionCoordinator:
             for transactional_id in [m.transactional_id for m in self.transactions.values()
                                      if m.state == ONGOING and m.boot_id and m.boot_id != self.boot_id]:
                 self._abort_open(transactional_id, "began before the machine restarted (records of it may be lost)")
+            for metadata in [m for m in self.transactions.values()
+                             if m.state == ONGOING and not m.boot_id and self.boot_id]:
+                self._stamp_boot_id(metadata)
+
+    def _stamp_boot_id(self, current: TransactionMetadata) -> None:
+        """Give this boot's id to an Ongoing transaction whose record has none (written by a version before boot
+        ids, whose workers answered its records once fsync'd; this one's answer them once appended), so that a
+        later machine restart aborts it like any other. If the record is lost, the next load gives it again."""
+        changed = current.copy()
+        changed.boot_id = self.boot_id
+
+        def failed(error: E) -> None:
+            log.warning("transaction of %r: could not record this boot's id for it (%s); the next load tries again",
+                        current.transactional_id, error.name)
+
+        self._persist(current, changed, lambda metadata: None, failed)
 
     def reconcile_partitions(self) -> int:
         """Give the coordinator's transactions the partitions they lost (at start, once the state is loaded, before
