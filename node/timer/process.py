@@ -23,7 +23,7 @@ Invariants:
   heartbeat_interval_ms, so an idle timer still beats and only a stuck loop stops beating.
 - On SIGTERM the flusher gets a last round before the process goes, so acks=all produces waiting on it
   are answered.
-- The loop waits for the GIL at most timer.gil_switch_interval_us behind the flusher's threads.
+- A thread of the flusher's keeps the GIL at most timer.gil_switch_interval_us once the loop asks for it.
 """
 
 from __future__ import annotations
