@@ -83,6 +83,10 @@ class ServerConfig:
     # A session unused this long may be evicted for a new one; one opened this long ago, for a larger one
     # (Kafka's min.incremental.fetch.session.eviction.ms).
     min_incremental_fetch_session_eviction_ms: int = 120_000
+    # A connection keeps its last Fetch request if its body is at most this many bytes: the same request
+    # again (an idle consumer's long poll, every max_wait) is then a byte comparison instead of a decode, and
+    # an empty read it made is reused while its partitions stay unchanged. 0: every Fetch is decoded and read.
+    repeated_fetch_max_bytes: int = 4096
 
     # -- bounds on memory (-1: no bound) --
     # Bytes held for requests that are incomplete or not yet served, and for unsent responses, across the
@@ -138,6 +142,8 @@ class ServerConfig:
         if min(self.connection_affinity_waits, self.connection_affinity_slack,
                self.connection_affinity_cooldown_ms) < 0:
             raise ValueError("connection_affinity_waits, _slack and _cooldown_ms must be 0 or more")
+        if self.repeated_fetch_max_bytes < 0:
+            raise ValueError("repeated_fetch_max_bytes must be 0 (off) or more")
 
     def worker_count(self) -> int:
         return self.workers if self.workers > 0 else (os.cpu_count() or 1)

@@ -150,6 +150,11 @@ class PartitionTable:
 
     def read(self, row: int) -> PartitionState:
         """Consistent snapshot of one row, without locks."""
+        return self.read_versioned(row)[1]
+
+    def read_versioned(self, row: int) -> tuple[int, PartitionState]:
+        """(the row's version, its state at that version), consistent as read() is: while version(row) still
+        returns that version, the state is the same."""
         base = self._row_offset(row)
         memory = self._memory
         slots = base + VERSION_WORDS * WORD
@@ -157,8 +162,13 @@ class PartitionTable:
             (version,) = VERSION.unpack_from(memory, base)
             state = SLOT.unpack_from(memory, slots + (version & 1) * SLOT_WORDS * WORD)
             if VERSION.unpack_from(memory, base)[0] == version:
-                return PartitionState._make(state)
+                return version, PartitionState._make(state)
         raise TornReadError(f"row {row} of {self.name} changed during {self.max_read_attempts} reads")
+
+    def version(self, row: int) -> int:
+        """The row's version: it changes with every publish, so an unchanged version means an unchanged state
+        (one load: the cheap check of a state read earlier with read_versioned)."""
+        return VERSION.unpack_from(self._memory, self._row_offset(row))[0]
 
     def read_field(self, row: int, field: int) -> int:
         """One field of a row's current state (its index in PartitionState), consistent as read() is: for the

@@ -82,6 +82,7 @@ from workers.api.handlers import Handlers
 from workers.api.sasl import MECHANISM_INDEX, SaslAuthenticator
 from workers.api.authorizer import RequestAuthorizer
 from workers.api.quotas import ClientQuotas, Throttler
+from workers.api.repeated_fetch import RepeatedFetch
 from workers.backpressure import Backpressure
 from workers.balance import ConnectionBalance
 from workers.codecs import protocol as P
@@ -135,6 +136,8 @@ class Worker:
         self.quotas = ClientQuotas(config.quotas, index)
         throttler = Throttler(self.quotas, self.delayed, self.backpressure.mute, self.backpressure.unmute)
         workers = len(bell_fds)
+        self.repeated_fetch_max_bytes = server.repeated_fetch_max_bytes
+        self.fetches_repeated = 0  # Fetches whose body was the connection's last one: not decoded again (stats)
         self.fetch_sessions = FetchSessionCache(-(-server.max_incremental_fetch_session_cache_slots // workers),
                                                 server.min_incremental_fetch_session_eviction_ms, index, workers,
                                                 monotonic_ms)
@@ -354,7 +357,11 @@ class Worker:
             counts[REQUESTS + header.api_key] += 1
             counts[BYTES_IN + header.api_key] += len(frame)
         try:
-            request = P.decode_request(header.api_key, header.api_version, frame[header.body_offset:])
+            body = frame[header.body_offset:]
+            if header.api_key == P.FETCH and self.repeated_fetch_max_bytes:
+                request = self._fetch_request(conn, header.api_version, body)
+            else:
+                request = P.decode_request(header.api_key, header.api_version, body)
             outcome = self.handlers.dispatch(req, request)
         except ProtocolError as exc:
             if stats is not None:
@@ -368,6 +375,18 @@ class Worker:
             self._close(conn, "internal error")
             return
         self._settle(req, outcome)
+
+    def _fetch_request(self, conn: Connection, version: int, body: memoryview) -> Any:
+        """A Fetch's decoded form: the connection's last one if the body is the same bytes (workers.api.repeated_fetch),
+        else decoded and kept, when small enough, for the next."""
+        last = conn.last_fetch
+        if last is not None and last.same(version, body):
+            self.fetches_repeated += 1
+            return last.request
+        request = P.decode_request(P.FETCH, version, body)
+        conn.last_fetch = RepeatedFetch(version, bytes(body), request) \
+            if len(body) <= self.repeated_fetch_max_bytes else None
+        return request
 
     def _sasl_frame(self, conn: Connection, frame: memoryview) -> None:
         """A frame of a connection whose SASL login failed (dropped: it closes once its answer is out), or a bare
@@ -614,6 +633,8 @@ class Worker:
             ("fetches_answered_on_append", self.delayed.answered_on_append),
             ("fetches_handed_off", self.delayed.handed_off),
             ("fetches_answered_from_first_read", self.handlers.fetches_answered_from_first_read),
+            ("fetches_repeated", self.fetches_repeated),
+            ("fetches_repeated_idle", self.handlers.idle_fetches_repeated),
             ("fetch_sessions", len(self.fetch_sessions)),
             ("fetch_sessions_opened", self.fetch_sessions.opened),
             ("fetch_sessions_evicted", self.fetch_sessions.evicted),

@@ -46,7 +46,8 @@ from workers.api.acls import AclHandlers
 from workers.api.admin import AdminHandlers
 from workers.api.authorizer import NOTHING_DENIED, RequestAuthorizer
 from workers.api.scram_credentials import ScramCredentialHandlers
-from workers.api.fetch_sessions import FetchContext, FetchSessionCache, ForgottenTopic
+from workers.api.fetch_sessions import NO_SESSION, FINAL_EPOCH, FetchContext, FetchSessionCache, ForgottenTopic
+from workers.api.repeated_fetch import IdleRead
 from workers.api.consumer_groups import ConsumerGroupHandlers
 from workers.api.cluster import ClusterHandlers
 from workers.api.groups import GroupHandlers
@@ -110,6 +111,7 @@ class Handlers:
         # polls they satisfied first (their clients are the ones waiting; the producer's ack can wait a moment).
         self.after_appends: Callable[[], None] | None = None
         self.fetches_answered_from_first_read = 0  # expired long polls answered without a read again (stats)
+        self.idle_fetches_repeated = 0  # long polls that waited on their connection's last empty read (stats)
         self.dispatch_table: dict[int, Callable[[Any, Any], Any]] = {
             P.PRODUCE: self.produce,
             P.FETCH: self.fetch,
@@ -456,6 +458,15 @@ class Handlers:
     # -- Fetch -------------------------------------------------------------------------------
 
     def fetch(self, req: Request, request: Any) -> Outcome:
+        last = req.conn.last_fetch
+        if last is not None and last.request is request:
+            if last.idle is not None:
+                outcome = self._repeat_idle_fetch(req, request, last.idle)
+                if outcome is not None:
+                    return outcome
+                last.idle = None
+        else:
+            last = None
         context = self.fetch_sessions.context(request, req.header.api_version, self._fetch_topics(request),
                                               self._forgotten_topics(request))
         if context.error_code:
@@ -474,43 +485,75 @@ class Handlers:
             return self._charged_fetch_response(req, context, topics, read.has_error or read.refused)
         # An idle long poll read nothing: if it expires with every partition as this read left it, this read is
         # its answer (the ACL checks of a read again are skipped only with the authorizer off).
-        first = (topics, read.watch, self.partitions.catalog.version) \
-            if read.total == 0 and not self.authorizer.enabled else None
+        first = idle = None
+        if read.total == 0 and not self.authorizer.enabled:
+            catalog_version = self.partitions.catalog.version
+            first = (topics, read.watch, catalog_version)
+            if last is not None and type(context) is FetchContext and _sessionless(request):
+                row_versions = self._versions_as_read(topics, read.watch)
+                if row_versions is not None:
+                    idle = last.idle = IdleRead(context, topics, read.watch, catalog_version, row_versions)
         return self.delayed.delay_fetch(req, read.watch, request.min_bytes, max_wait_ms,
-                                        lambda status: self._fetch_again(req, context, status, first))
+                                        lambda status: self._fetch_again(req, context, status, first, idle))
+
+    def _repeat_idle_fetch(self, req: Request, request: Any, idle: IdleRead) -> Outcome | None:
+        """The same sessionless long poll again, its first read's partitions unchanged: it waits on that read's
+        watch items without reading. None: it must be served in full (the authorizer on since, a throttle, or
+        something changed)."""
+        if self.authorizer.enabled or self.quotas.throttle_ms(req.header.client_id, FETCH) \
+                or not idle.unchanged(self.partitions.table, self.partitions.catalog.version):
+            return None
+        self.idle_fetches_repeated += 1
+        return self.delayed.delay_fetch(req, idle.watch, request.min_bytes, _millis(request.max_wait),
+                                        lambda status: self._fetch_again(req, idle.context, status, None, idle))
 
     def _fetch_again(self, req: Request, context: FetchContext, status: Completed | None,
-                     first: tuple[list[FetchTopicResult], list[tuple[int, int, int]], int] | None) -> Outcome:
+                     first: tuple[list[FetchTopicResult], list[tuple[int, int, int]], int] | None,
+                     idle: IdleRead | None = None) -> Outcome:
         """A delayed fetch's answer: the first read's, when it expired and nothing it read has changed since (the
-        common idle long poll: the same bytes a read again would give); else its partitions read again, now."""
-        if first is not None and status is not None and status.status == M.Status.EXPIRED \
-                and self._unchanged_since(*first):
-            self.fetches_answered_from_first_read += 1
-            return self._charged_fetch_response(req, context, first[0], False)
+        common idle long poll: the same bytes a read again would give; `idle`'s encoded answer while its rows
+        keep their versions); else its partitions read again, now."""
+        if status is not None and status.status == M.Status.EXPIRED:
+            if idle is not None:
+                if idle.unchanged(self.partitions.table, self.partitions.catalog.version):
+                    self.fetches_answered_from_first_read += 1
+                    h = req.header
+                    return Outcome.reply([idle.answer(h.api_version, h.correlation_id)], None)
+                first = (idle.topics, idle.watch, idle.catalog_version)
+            if first is not None and self._unchanged_since(*first):
+                self.fetches_answered_from_first_read += 1
+                return self._charged_fetch_response(req, context, first[0], False)
         topics, read = self._read_fetch(req, context.request, context.topics())
         return self._charged_fetch_response(req, context, topics, read.has_error or read.refused)
 
     def _unchanged_since(self, topics: list[FetchTopicResult], watch: list[tuple[int, int, int]],
                          catalog_version: int) -> bool:
         """Whether every partition of an empty read is still where that read saw it: the same catalog (no topic
-        deleted or made since), online, no byte appended past the read, the same high watermark, last stable
-        offset and log start."""
-        if self.partitions.catalog.version != catalog_version:
-            return False
+        deleted or made since), and each partition as _versions_as_read says."""
+        return self.partitions.catalog.version == catalog_version and \
+            self._versions_as_read(topics, watch) is not None
+
+    def _versions_as_read(self, topics: list[FetchTopicResult],
+                          watch: list[tuple[int, int, int]]) -> list[tuple[int, int]] | None:
+        """(row, version) of every partition of an empty read, if each row now holds what that read answered:
+        online, no byte appended past the read, the same high watermark, last stable offset and log start.
+        None if one does not."""
         start_bytes = {row: start for row, start, _ in watch}
         row_of, table = self.partitions.row, self.partitions.table
+        versions = []
         for topic in topics:
             for result in topic.partitions:
                 row = row_of(topic.name, result.partition_index)
                 start = start_bytes.get(row) if row is not None else None
                 if start is None:
-                    return False
-                state = table.read(row)
+                    return None
+                version, state = table.read_versioned(row)
                 if (not state.online or state.end_bytes != start or state.high_watermark != result.high_watermark
                         or state.last_stable_offset != result.last_stable_offset
                         or state.log_start_offset != result.log_start_offset):
-                    return False
-        return True
+                    return None
+                versions.append((row, version))
+        return versions
 
     def _charged_fetch_response(self, req: Request, context: FetchContext, topics: list[FetchTopicResult],
                                 has_error: bool) -> Outcome:
@@ -668,6 +711,11 @@ class Handlers:
 
 _FETCH_BY_TOPIC_ID = 13  # Fetch v13+ names topics by topic id (KIP-516)
 _NOTHING_REFUSED: frozenset[int] = frozenset()
+
+
+def _sessionless(request: Any) -> bool:
+    """A Fetch that neither names nor opens a session (all of them before v7)."""
+    return request.__version__ < 7 or (request.session_id == NO_SESSION and request.session_epoch == FINAL_EPOCH)
 
 
 def _replica_id(request: Any) -> int:

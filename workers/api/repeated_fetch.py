@@ -1,0 +1,76 @@
+"""A connection's last Fetch, kept so that the same request again costs little. An idle consumer sends the same
+long poll every max_wait (librdkafka's fetch.wait.max.ms), all day long; its decode, its first read and its
+answer's encoding are most of what a worker spends on it.
+
+- RepeatedFetch: the API version, the body's bytes (at most server.repeated_fetch_max_bytes) and the decoded
+  request. A Fetch of the same version and body bytes is the same request (the correlation id is in the
+  header), so the worker hands the handler the decoded form it already has: a byte comparison, not a decode.
+- IdleRead: a sessionless long poll's first read that found nothing: the results per partition, the watch
+  items of its delayed fetch, the catalog version, and the version of each partition's row (shm.table) at
+  which the rows were seen to hold exactly what the read answered. While the catalog and every row keep those
+  versions, nothing the read looked at has changed: the repeat waits on the same watch items without reading,
+  and an expiry is answered with the first read's answer, encoded once, under the request's correlation id.
+
+Invariants:
+- Decoded requests are immutable (kio entities): one may serve any number of requests.
+- An IdleRead hangs off the RepeatedFetch of the very request object it was read for, so it answers only that
+  request. A different request on the connection replaces the RepeatedFetch, and the IdleRead with it.
+- A row's version changes with every publish (an append, a flush, a truncation, a roll, a deletion), so a
+  reused read is never staler than a read made now; a publish that changes nothing a Fetch answers only costs a
+  read again.
+- Only sessionless fetches (session id 0 and epoch -1, or a version before sessions) keep an IdleRead (a
+  session's fetch changes the session), and only with the authorizer off (every read follows the ACLs).
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+from shm.table import PartitionTable
+from workers.codecs.fetch import FetchTopicResult, encode_fetch_response
+
+_SIZE_AND_CORRELATION = struct.Struct(">ii")
+
+
+@dataclass(slots=True)
+class IdleRead:
+    """An empty first read of a sessionless long poll, valid while the catalog and its rows keep their versions."""
+
+    context: Any  # the request's workers.api.fetch_sessions.FetchContext (sessionless: holds no state)
+    topics: list[FetchTopicResult]
+    watch: list[tuple[int, int, int]]  # shm.fetch_condition's items
+    catalog_version: int
+    row_versions: list[tuple[int, int]]  # (row, its version when the read was confirmed)
+    encoded: bytes | None = None  # the answer after its size and correlation id, once encoded
+
+    def unchanged(self, table: PartitionTable, catalog_version: int) -> bool:
+        if catalog_version != self.catalog_version:
+            return False
+        version = table.version
+        for row, seen in self.row_versions:
+            if version(row) != seen:
+                return False
+        return True
+
+    def answer(self, api_version: int, correlation_id: int) -> bytes:
+        """The answer of an expiry with nothing changed: no throttle, no error, no session, as the first read."""
+        encoded = self.encoded
+        if encoded is None:
+            frame = encode_fetch_response(api_version, correlation_id, self.topics)
+            encoded = self.encoded = b"".join(frame.pieces)[_SIZE_AND_CORRELATION.size:]  # no records: all bytes
+        return _SIZE_AND_CORRELATION.pack(len(encoded) + 4, correlation_id) + encoded
+
+
+@dataclass(slots=True)
+class RepeatedFetch:
+    """A connection's last Fetch: its version, body bytes and decoded form, and its empty first read if any."""
+
+    version: int
+    body: bytes
+    request: Any
+    idle: IdleRead | None = None
+
+    def same(self, version: int, body: memoryview) -> bool:
+        return version == self.version and body == self.body
