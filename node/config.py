@@ -83,8 +83,8 @@ class ServerConfig:
     # A session unused this long may be evicted for a new one; one opened this long ago, for a larger one
     # (Kafka's min.incremental.fetch.session.eviction.ms).
     min_incremental_fetch_session_eviction_ms: int = 120_000
-    # A connection keeps its last Fetch request if its body is at most this many bytes: the same request
-    # again (an idle consumer's long poll, every max_wait) is then a byte comparison instead of a decode, and
+    # A connection keeps its recent distinct Fetch requests, their bodies this many bytes in all: the same
+    # request again (an idle consumer's long poll, every max_wait) is then a look-up instead of a decode, and
     # an empty read it made is reused while its partitions stay unchanged. 0: every Fetch is decoded and read.
     repeated_fetch_max_bytes: int = 4096
 

@@ -178,52 +178,6 @@ def test_an_expired_long_poll_is_read_again_only_if_its_partitions_moved(node_fa
         assert from_first_read() == 1
 
 
-@pytest.mark.parametrize("version", [11, 13])
-def test_a_repeated_idle_long_poll_reuses_its_first_read_until_a_partition_moves(node_factory, version):
-    """The same sessionless Fetch again on a connection is not decoded again, and while its partitions are as its
-    empty first read left them it waits without reading and expires with that read's answer, byte for byte
-    (its own correlation id: the client checks it). A partition that moved (an append short of min_bytes, during
-    the wait or before the request) is read again: the answer carries the record and the new high watermark."""
-    node = node_factory(workers=1, config="[stats]\npublish_interval_ms = 100\n")
-    create_topic(node.bootstrap, "repeating", 2)
-    time.sleep(0.3)  # the worker learns of the topic
-
-    def counters() -> tuple[int, int, int]:
-        totals = stats_json(node)["totals"]
-        return (totals.get("fetches_repeated", 0), totals.get("fetches_repeated_idle", 0),
-                totals.get("fetches_answered_from_first_read", 0))
-
-    with connect(node) as consumer, connect(node) as producer:
-        topic_ids = R.topic_ids("127.0.0.1", node.port, ["repeating"]) if version >= 13 else None
-        names = {topic_id.bytes: name for name, topic_id in topic_ids.items()} if topic_ids else None
-        body = R.fetch_body({"repeating": {0: 0, 1: 0}}, max_wait_ms=200, min_bytes=10_000_000, version=version,
-                            topic_ids=topic_ids)
-        answers = []
-        for _ in range(3):
-            started = time.monotonic()
-            answers.append(bytes(consumer.request(FETCH, version, body)))
-            assert time.monotonic() - started >= 0.19
-        assert answers[1] == answers[0] and answers[2] == answers[0]
-        idle = R.parse_fetch_response(version, answers[0], names)
-        assert [(p.partition, p.error_code, p.high_watermark, p.record_count) for p in idle.partitions] == \
-            [(0, NONE, 0, 0), (1, NONE, 0, 0)]
-        wait_for(lambda: counters() == (2, 2, 3), what="two repeats, each waiting on the first read")
-
-        consumer.send(FETCH, version, body)
-        time.sleep(0.1)
-        record = R.produce_body({"repeating": {1: R.build_record_batch([b"short of min_bytes"])}}, acks=1)
-        assert producer.call(PRODUCE, 8, record).responses[0].partition_responses[0].error_code == NONE
-        moved = R.parse_fetch_response(version, consumer.recv_response()[3], names)
-        assert [(p.partition, p.error_code, p.high_watermark, p.record_count) for p in moved.partitions] == \
-            [(0, NONE, 0, 0), (1, NONE, 1, 1)]
-        wait_for(lambda: counters() == (3, 3, 3), what="the third repeat waited on the first read, then read again")
-
-        again = R.parse_fetch_response(version, consumer.request(FETCH, version, body), names)
-        assert [(p.partition, p.high_watermark, p.record_count) for p in again.partitions] == [(0, 0, 0), (1, 1, 1)]
-        time.sleep(0.3)  # a publish interval and then some
-        assert counters() == (4, 3, 3)
-
-
 def _connections_on_two_workers(node, attempts: int = 64) -> tuple[R.RawConnection, R.RawConnection]:
     """Two connections accepted by different workers (the kernel spreads connections over the workers'
     listeners; which worker holds one is read from its sockets)."""

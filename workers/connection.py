@@ -90,7 +90,7 @@ class Connection:
                  "max_request", "recv_bytes", "wants_write", "closed", "queued_bytes", "queued_memory", "held",
                  "held_bytes", "last_active", "request_since", "request_order", "paused", "paused_at",
                  "accounted", "timer", "mutes", "sendfile_bytes", "listener", "advertised", "principal", "sasl",
-                 "pinned", "acl_cache", "closing", "last_fetch")
+                 "pinned", "acl_cache", "closing", "repeated_fetches", "last_fetch")
 
     def __init__(self, sock: socket.socket, peer: Any, max_request: int, recv_bytes: int, now: float = 0.0,
                  bucket: int = 0) -> None:
@@ -130,7 +130,9 @@ class Connection:
         self.acl_cache: Any = None  # (epoch, principal, decisions, writable topics) of workers.api.authorizer
         self.pinned = False  # its state lives in this process (TLS, a SASL session): it never moves to a peer
         self.closing: str | None = None  # why it closes once its responses are out (it serves no more requests)
-        self.last_fetch: Any = None  # its last Fetch, kept for a repeat (workers.api.repeated_fetch.RepeatedFetch)
+        # Its recent Fetches, kept for a repeat (workers.api.repeated_fetch.RepeatedFetches), and the current one's.
+        self.repeated_fetches: Any = None
+        self.last_fetch: Any = None
 
     # -- what it holds -----------------------------------------------------------------------
 

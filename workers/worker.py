@@ -82,7 +82,7 @@ from workers.api.handlers import Handlers
 from workers.api.sasl import MECHANISM_INDEX, SaslAuthenticator
 from workers.api.authorizer import RequestAuthorizer
 from workers.api.quotas import ClientQuotas, Throttler
-from workers.api.repeated_fetch import RepeatedFetch
+from workers.api.repeated_fetch import RepeatedFetch, RepeatedFetches
 from workers.backpressure import Backpressure
 from workers.balance import ConnectionBalance
 from workers.codecs import protocol as P
@@ -377,15 +377,21 @@ class Worker:
         self._settle(req, outcome)
 
     def _fetch_request(self, conn: Connection, version: int, body: memoryview) -> Any:
-        """A Fetch's decoded form: the connection's last one if the body is the same bytes (workers.api.repeated_fetch),
-        else decoded and kept, when small enough, for the next."""
-        last = conn.last_fetch
-        if last is not None and last.same(version, body):
-            self.fetches_repeated += 1
-            return last.request
+        """A Fetch's decoded form: kept by the connection if it sent the same body bytes lately
+        (workers.api.repeated_fetch), else decoded and kept for a repeat. conn.last_fetch: this one's entry."""
+        key = bytes(body)
+        fetches = conn.repeated_fetches
+        if fetches is None:
+            fetches = conn.repeated_fetches = RepeatedFetches(self.repeated_fetch_max_bytes)
+        else:
+            kept = fetches.get(version, key)
+            if kept is not None:
+                self.fetches_repeated += 1
+                conn.last_fetch = kept
+                return kept.request
         request = P.decode_request(P.FETCH, version, body)
-        conn.last_fetch = RepeatedFetch(version, bytes(body), request) \
-            if len(body) <= self.repeated_fetch_max_bytes else None
+        fetch = RepeatedFetch(version, key, request)
+        conn.last_fetch = fetch if fetches.keep(fetch) else None
         return request
 
     def _sasl_frame(self, conn: Connection, frame: memoryview) -> None:

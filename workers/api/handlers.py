@@ -47,7 +47,7 @@ from workers.api.admin import AdminHandlers
 from workers.api.authorizer import NOTHING_DENIED, RequestAuthorizer
 from workers.api.scram_credentials import ScramCredentialHandlers
 from workers.api.fetch_sessions import NO_SESSION, FINAL_EPOCH, FetchContext, FetchSessionCache, ForgottenTopic
-from workers.api.repeated_fetch import IdleRead
+from workers.api.repeated_fetch import IdleRead, RepeatedFetch
 from workers.api.consumer_groups import ConsumerGroupHandlers
 from workers.api.cluster import ClusterHandlers
 from workers.api.groups import GroupHandlers
@@ -461,7 +461,7 @@ class Handlers:
         last = req.conn.last_fetch
         if last is not None and last.request is request:
             if last.idle is not None:
-                outcome = self._repeat_idle_fetch(req, request, last.idle)
+                outcome = self._repeat_idle_fetch(req, request, last)
                 if outcome is not None:
                     return outcome
                 last.idle = None
@@ -485,53 +485,53 @@ class Handlers:
             return self._charged_fetch_response(req, context, topics, read.has_error or read.refused)
         # An idle long poll read nothing: if it expires with every partition as this read left it, this read is
         # its answer (the ACL checks of a read again are skipped only with the authorizer off).
-        first = idle = None
+        first = None
         if read.total == 0 and not self.authorizer.enabled:
-            catalog_version = self.partitions.catalog.version
-            first = (topics, read.watch, catalog_version)
-            if last is not None and type(context) is FetchContext and _sessionless(request):
-                row_versions = self._versions_as_read(topics, read.watch)
-                if row_versions is not None:
-                    idle = last.idle = IdleRead(context, topics, read.watch, catalog_version, row_versions)
+            first = (topics, read.watch, self.partitions.catalog.version)
+        if first is None or type(context) is not FetchContext or not _sessionless(request):
+            last = None  # nothing of this read is kept for a repeat
         return self.delayed.delay_fetch(req, read.watch, request.min_bytes, max_wait_ms,
-                                        lambda status: self._fetch_again(req, context, status, first, idle))
+                                        lambda status: self._fetch_again(req, context, status, first, last))
 
-    def _repeat_idle_fetch(self, req: Request, request: Any, idle: IdleRead) -> Outcome | None:
+    def _repeat_idle_fetch(self, req: Request, request: Any, last: RepeatedFetch) -> Outcome | None:
         """The same sessionless long poll again, its first read's partitions unchanged: it waits on that read's
         watch items without reading. None: it must be served in full (the authorizer on since, a throttle, or
         something changed)."""
+        idle = last.idle
         if self.authorizer.enabled or self.quotas.throttle_ms(req.header.client_id, FETCH) \
                 or not idle.unchanged(self.partitions.table, self.partitions.catalog.version):
             return None
         self.idle_fetches_repeated += 1
+        first = (idle.topics, idle.watch, idle.catalog_version)
         return self.delayed.delay_fetch(req, idle.watch, request.min_bytes, _millis(request.max_wait),
-                                        lambda status: self._fetch_again(req, idle.context, status, None, idle))
+                                        lambda status: self._fetch_again(req, idle.context, status, first, last, idle))
 
     def _fetch_again(self, req: Request, context: FetchContext, status: Completed | None,
                      first: tuple[list[FetchTopicResult], list[tuple[int, int, int]], int] | None,
-                     idle: IdleRead | None = None) -> Outcome:
+                     last: RepeatedFetch | None = None, idle: IdleRead | None = None) -> Outcome:
         """A delayed fetch's answer: the first read's, when it expired and nothing it read has changed since (the
-        common idle long poll: the same bytes a read again would give; `idle`'s encoded answer while its rows
-        keep their versions); else its partitions read again, now."""
+        common idle long poll: the same bytes a read again would give); else its partitions read again, now.
+        `idle`: the repeat's IdleRead, whose encoded answer serves while its rows keep their versions. `last`:
+        the connection's RepeatedFetch of a sessionless request, which keeps an IdleRead of a first read that
+        served (workers.api.repeated_fetch)."""
         if status is not None and status.status == M.Status.EXPIRED:
-            if idle is not None:
-                if idle.unchanged(self.partitions.table, self.partitions.catalog.version):
+            if idle is not None and idle.unchanged(self.partitions.table, self.partitions.catalog.version):
+                return self._idle_answer(req, idle)
+            row_versions = self._versions_as_read(first[0], first[1]) \
+                if first is not None and self.partitions.catalog.version == first[2] else None
+            if row_versions is not None:
+                if last is None:
                     self.fetches_answered_from_first_read += 1
-                    h = req.header
-                    return Outcome.reply([idle.answer(h.api_version, h.correlation_id)], None)
-                first = (idle.topics, idle.watch, idle.catalog_version)
-            if first is not None and self._unchanged_since(*first):
-                self.fetches_answered_from_first_read += 1
-                return self._charged_fetch_response(req, context, first[0], False)
+                    return self._charged_fetch_response(req, context, first[0], False)
+                last.idle = IdleRead(context, *first, row_versions)
+                return self._idle_answer(req, last.idle)
         topics, read = self._read_fetch(req, context.request, context.topics())
         return self._charged_fetch_response(req, context, topics, read.has_error or read.refused)
 
-    def _unchanged_since(self, topics: list[FetchTopicResult], watch: list[tuple[int, int, int]],
-                         catalog_version: int) -> bool:
-        """Whether every partition of an empty read is still where that read saw it: the same catalog (no topic
-        deleted or made since), and each partition as _versions_as_read says."""
-        return self.partitions.catalog.version == catalog_version and \
-            self._versions_as_read(topics, watch) is not None
+    def _idle_answer(self, req: Request, idle: IdleRead) -> Outcome:
+        self.fetches_answered_from_first_read += 1
+        h = req.header
+        return Outcome.reply([idle.answer(h.api_version, h.correlation_id)], None)
 
     def _versions_as_read(self, topics: list[FetchTopicResult],
                           watch: list[tuple[int, int, int]]) -> list[tuple[int, int]] | None:

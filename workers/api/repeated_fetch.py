@@ -2,9 +2,12 @@
 long poll every max_wait (librdkafka's fetch.wait.max.ms), all day long; its decode, its first read and its
 answer's encoding are most of what a worker spends on it.
 
-- RepeatedFetch: the API version, the body's bytes (at most server.repeated_fetch_max_bytes) and the decoded
-  request. A Fetch of the same version and body bytes is the same request (the correlation id is in the
-  header), so the worker hands the handler the decoded form it already has: a byte comparison, not a decode.
+- RepeatedFetch: the API version, the body's bytes and the decoded request. A Fetch of the same version and
+  body bytes is the same request (the correlation id is in the header), so the worker hands the handler the
+  decoded form it already has: a dictionary look-up, not a decode.
+- RepeatedFetches: a connection's recent distinct Fetches, their bodies server.repeated_fetch_max_bytes in all
+  (the oldest kept is dropped first). Not only the last one: librdkafka rotates the order of a fetch's
+  partitions on every request, so its idle consumer of P partitions cycles through P bodies.
 - IdleRead: a sessionless long poll's first read that found nothing: the results per partition, the watch
   items of its delayed fetch, the catalog version, and the version of each partition's row (shm.table) at
   which the rows were seen to hold exactly what the read answered. While the catalog and every row keep those
@@ -14,7 +17,7 @@ answer's encoding are most of what a worker spends on it.
 Invariants:
 - Decoded requests are immutable (kio entities): one may serve any number of requests.
 - An IdleRead hangs off the RepeatedFetch of the very request object it was read for, so it answers only that
-  request. A different request on the connection replaces the RepeatedFetch, and the IdleRead with it.
+  request; it goes when that RepeatedFetch leaves its connection's RepeatedFetches.
 - A row's version changes with every publish (an append, a flush, a truncation, a roll, a deletion), so a
   reused read is never staler than a read made now; a publish that changes nothing a Fetch answers only costs a
   read again.
@@ -65,12 +68,43 @@ class IdleRead:
 
 @dataclass(slots=True)
 class RepeatedFetch:
-    """A connection's last Fetch: its version, body bytes and decoded form, and its empty first read if any."""
+    """A Fetch a connection sent: its version, body bytes and decoded form, and its empty first read if any."""
 
     version: int
     body: bytes
     request: Any
     idle: IdleRead | None = None
 
-    def same(self, version: int, body: memoryview) -> bool:
-        return version == self.version and body == self.body
+
+
+class RepeatedFetches:
+    """A connection's recent distinct Fetches by body bytes, oldest first, their bodies at most max_bytes in all."""
+
+    __slots__ = ("by_body", "kept_bytes", "max_bytes")
+
+    def __init__(self, max_bytes: int) -> None:
+        self.by_body: dict[bytes, RepeatedFetch] = {}
+        self.kept_bytes = 0
+        self.max_bytes = max_bytes
+
+    def get(self, version: int, body: bytes) -> RepeatedFetch | None:
+        kept = self.by_body.get(body)
+        return kept if kept is not None and kept.version == version else None
+
+    def keep(self, fetch: RepeatedFetch) -> bool:
+        """Keep `fetch` (in place of one of the same body), dropping the oldest past max_bytes; False if its body
+        alone is larger."""
+        size = len(fetch.body)
+        if size > self.max_bytes:
+            return False
+        by_body = self.by_body
+        replaced = by_body.pop(fetch.body, None)
+        if replaced is not None:
+            self.kept_bytes -= size
+        while self.kept_bytes + size > self.max_bytes:
+            oldest = next(iter(by_body))
+            del by_body[oldest]
+            self.kept_bytes -= len(oldest)
+        by_body[fetch.body] = fetch
+        self.kept_bytes += size
+        return True
