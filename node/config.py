@@ -83,9 +83,11 @@ class ServerConfig:
     # A session unused this long may be evicted for a new one; one opened this long ago, for a larger one
     # (Kafka's min.incremental.fetch.session.eviction.ms).
     min_incremental_fetch_session_eviction_ms: int = 120_000
-    # A connection keeps its recent distinct Fetch requests, their bodies this many bytes in all: the same
-    # request again (an idle consumer's long poll, every max_wait) is then a look-up instead of a decode, and
-    # an empty read it made is reused while its partitions stay unchanged. 0: every Fetch is decoded and read.
+    # A connection keeps up to this many Fetch requests it sent again (a body seen among its last this many):
+    # the same request again (an idle consumer's long poll, every max_wait) is then a look-up instead of a
+    # decode, and an empty read it made is reused while its partitions stay unchanged. 0: every Fetch is
+    # decoded and read. A Fetch body over repeated_fetch_max_bytes is never kept.
+    repeated_fetches_per_connection: int = 8
     repeated_fetch_max_bytes: int = 4096
 
     # -- bounds on memory (-1: no bound) --
@@ -142,8 +144,8 @@ class ServerConfig:
         if min(self.connection_affinity_waits, self.connection_affinity_slack,
                self.connection_affinity_cooldown_ms) < 0:
             raise ValueError("connection_affinity_waits, _slack and _cooldown_ms must be 0 or more")
-        if self.repeated_fetch_max_bytes < 0:
-            raise ValueError("repeated_fetch_max_bytes must be 0 (off) or more")
+        if min(self.repeated_fetches_per_connection, self.repeated_fetch_max_bytes) < 0:
+            raise ValueError("repeated_fetches_per_connection and repeated_fetch_max_bytes must be 0 or more")
 
     def worker_count(self) -> int:
         return self.workers if self.workers > 0 else (os.cpu_count() or 1)

@@ -10,6 +10,7 @@ import time
 import pytest
 from confluent_kafka import Consumer
 
+from node import config as node_config
 from scripts.harness import rawkafka as R
 from tests.test_clients import CLIENT_TIMEOUT_S, create_topic, produce
 from tests.test_node_protocol import FETCH, NONE, PRODUCE, connect
@@ -22,29 +23,48 @@ IDLE_S = 1.5  # a consumer's idle spell: long polls of 100 ms max wait, one afte
 IDLE_REPEATS_AT_LEAST = 5  # of the ~15 long polls of an idle spell, well short of all (timing on 2 shared cores)
 
 
-def test_a_connection_keeps_its_recent_distinct_fetches_within_its_byte_bound():
-    kept = RepeatedFetches(max_bytes=10)
+def test_the_fetches_a_connection_keeps_are_settings_of_0_or_more(tmp_path):
+    path = tmp_path / "node.toml"
+    path.write_text("[server]\nrepeated_fetches_per_connection = 0\nrepeated_fetch_max_bytes = 0\n")
+    server = node_config.load(str(path)).server
+    assert (server.repeated_fetches_per_connection, server.repeated_fetch_max_bytes) == (0, 0)
+    for setting in ("repeated_fetches_per_connection", "repeated_fetch_max_bytes"):
+        path.write_text(f"[server]\n{setting} = -1\n")
+        with pytest.raises(node_config.ConfigError, match="repeated_fetch_max_bytes must be 0 or more"):
+            node_config.load(str(path))
+
+
+def test_a_connection_keeps_a_fetch_once_it_comes_again_and_a_few_of_them():
+    fetches = RepeatedFetches(limit=2, max_bytes=4)
+    assert not fetches.came_again(11, b"aaaa")
+    assert not fetches.came_again(12, b"aaaa")  # the same bytes in another version are another request
+    assert fetches.came_again(11, b"aaaa") and fetches.came_again(12, b"aaaa")
+    assert not fetches.came_again(11, b"bbbb")  # one more seen: (11, aaaa) is no longer among the last two
+    assert not fetches.came_again(11, b"aaaa")
+    assert not fetches.came_again(11, b"xxxxx") and not fetches.came_again(11, b"xxxxx")  # over max_bytes
     first, second, third = (RepeatedFetch(11, body, object()) for body in (b"aaaa", b"bbbb", b"cccc"))
-    assert kept.keep(first) and kept.keep(second)
-    assert kept.get(11, b"aaaa") is first and kept.get(11, b"bbbb") is second
-    assert kept.get(12, b"aaaa") is None  # the same bytes in another version are another request
-    assert kept.keep(third)  # 12 bytes: the oldest goes
-    assert kept.get(11, b"aaaa") is None and kept.get(11, b"cccc") is third and kept.kept_bytes == 8
+    for fetch in (first, second):
+        fetches.keep(fetch)
+    assert fetches.get(11, b"aaaa") is first and fetches.get(11, b"bbbb") is second
+    assert fetches.get(12, b"aaaa") is None
+    fetches.keep(third)  # a third: the oldest kept goes
+    assert fetches.get(11, b"aaaa") is None and fetches.get(11, b"cccc") is third
     again = RepeatedFetch(11, b"bbbb", object())
-    assert kept.keep(again) and kept.get(11, b"bbbb") is again and kept.kept_bytes == 8
-    assert not kept.keep(RepeatedFetch(11, b"x" * 11, object()))  # larger than the bound alone: not kept
-    assert kept.get(11, b"cccc") is third and kept.kept_bytes == 8
+    fetches.keep(again)
+    assert fetches.get(11, b"bbbb") is again and fetches.get(11, b"cccc") is third
 
 
-@pytest.mark.parametrize("version", [11, 13])
-def test_a_repeated_idle_long_poll_reuses_its_first_read_until_a_partition_moves(node_factory, version):
-    """The same sessionless Fetch again on a connection is not decoded again, and while its partitions are as its
-    empty first read left them it waits without reading and expires with that read's answer, byte for byte
-    (its own correlation id: the client checks it). A partition that moved (an append short of min_bytes, during
-    the wait or before the request) is read again: the answer carries the record and the new high watermark."""
-    node = node_factory(workers=1, config="[stats]\npublish_interval_ms = 100\n")
+@pytest.mark.parametrize("version, kept", [(11, 8), (13, 8), (11, 0)])
+def test_a_repeated_idle_long_poll_reuses_its_first_read_until_a_partition_moves(node_factory, version, kept):
+    """A sessionless Fetch sent again on a connection is kept: from its third sending on it is not decoded again,
+    and while its partitions are as its empty first read left them it waits without reading and expires with
+    that read's answer, byte for byte (its own correlation id: the client checks it). A partition that moved (an append short of min_bytes, during
+    the wait or before the request) is read again: the answer carries the record and the new high watermark.
+    With server.repeated_fetches_per_connection = 0 nothing is kept and every answer is the same."""
+    node = node_factory(workers=1, config=STATS + f"[server]\nrepeated_fetches_per_connection = {kept}\n")
     create_topic(node.bootstrap, "repeating", 2)
     time.sleep(0.3)  # the worker learns of the topic
+    kept = 1 if kept else 0
 
     def counters() -> tuple[int, int, int]:
         totals = stats_json(node)["totals"]
@@ -65,7 +85,7 @@ def test_a_repeated_idle_long_poll_reuses_its_first_read_until_a_partition_moves
         idle = R.parse_fetch_response(version, answers[0], names)
         assert [(p.partition, p.error_code, p.high_watermark, p.record_count) for p in idle.partitions] == \
             [(0, NONE, 0, 0), (1, NONE, 0, 0)]
-        wait_for(lambda: counters() == (2, 2, 3), what="two repeats, each waiting on the first read")
+        wait_for(lambda: counters() == (kept, kept, 3), what="the third waiting on the first read")
 
         consumer.send(FETCH, version, body)
         time.sleep(0.1)
@@ -74,12 +94,12 @@ def test_a_repeated_idle_long_poll_reuses_its_first_read_until_a_partition_moves
         moved = R.parse_fetch_response(version, consumer.recv_response()[3], names)
         assert [(p.partition, p.error_code, p.high_watermark, p.record_count) for p in moved.partitions] == \
             [(0, NONE, 0, 0), (1, NONE, 1, 1)]
-        wait_for(lambda: counters() == (3, 3, 3), what="the third repeat waited on the first read, then read again")
+        wait_for(lambda: counters() == (2 * kept, 2 * kept, 3), what="the fourth waited on the first read, then read again")
 
         again = R.parse_fetch_response(version, consumer.request(FETCH, version, body), names)
         assert [(p.partition, p.high_watermark, p.record_count) for p in again.partitions] == [(0, 0, 0), (1, 1, 1)]
         time.sleep(0.3)  # a publish interval and then some
-        assert counters() == (4, 3, 3)
+        assert counters() == (3 * kept, 2 * kept, 3)
 
 
 def _repeat_counters(node) -> tuple[int, int]:
@@ -92,8 +112,9 @@ def _more_idle_repeats(node, before: tuple[int, int]) -> bool:
     return all(now - then >= IDLE_REPEATS_AT_LEAST for now, then in zip(after, before))
 
 
-def test_an_idle_librdkafka_consumer_repeats_its_long_polls_and_gets_every_later_record(node_factory):
-    node = node_factory(workers=1, config=STATS)
+@pytest.mark.parametrize("workers", [1, 2])
+def test_an_idle_librdkafka_consumer_repeats_its_long_polls_and_gets_every_later_record(node_factory, workers):
+    node = node_factory(workers=workers, config=STATS)
     create_topic(node.bootstrap, "idle-rd", 2)
     sent = [b"rd-%d" % i for i in range(40)]
     produce(node.bootstrap, "idle-rd", [{"value": v} for v in sent[:20]])

@@ -136,6 +136,7 @@ class Worker:
         self.quotas = ClientQuotas(config.quotas, index)
         throttler = Throttler(self.quotas, self.delayed, self.backpressure.mute, self.backpressure.unmute)
         workers = len(bell_fds)
+        self.repeated_fetches_per_connection = server.repeated_fetches_per_connection
         self.repeated_fetch_max_bytes = server.repeated_fetch_max_bytes
         self.fetches_repeated = 0  # Fetches whose body was the connection's last one: not decoded again (stats)
         self.fetch_sessions = FetchSessionCache(-(-server.max_incremental_fetch_session_cache_slots // workers),
@@ -358,7 +359,7 @@ class Worker:
             counts[BYTES_IN + header.api_key] += len(frame)
         try:
             body = frame[header.body_offset:]
-            if header.api_key == P.FETCH and self.repeated_fetch_max_bytes:
+            if header.api_key == P.FETCH and self.repeated_fetches_per_connection:
                 request = self._fetch_request(conn, header.api_version, body)
             else:
                 request = P.decode_request(header.api_key, header.api_version, body)
@@ -377,12 +378,13 @@ class Worker:
         self._settle(req, outcome)
 
     def _fetch_request(self, conn: Connection, version: int, body: memoryview) -> Any:
-        """A Fetch's decoded form: kept by the connection if it sent the same body bytes lately
-        (workers.api.repeated_fetch), else decoded and kept for a repeat. conn.last_fetch: this one's entry."""
+        """A Fetch's decoded form: kept by the connection if it sent the same body bytes before
+        (workers.api.repeated_fetch), else decoded, and kept if it came again. conn.last_fetch: its entry."""
         key = bytes(body)
         fetches = conn.repeated_fetches
         if fetches is None:
-            fetches = conn.repeated_fetches = RepeatedFetches(self.repeated_fetch_max_bytes)
+            fetches = conn.repeated_fetches = RepeatedFetches(self.repeated_fetches_per_connection,
+                                                              self.repeated_fetch_max_bytes)
         else:
             kept = fetches.get(version, key)
             if kept is not None:
@@ -390,8 +392,11 @@ class Worker:
                 conn.last_fetch = kept
                 return kept.request
         request = P.decode_request(P.FETCH, version, body)
-        fetch = RepeatedFetch(version, key, request)
-        conn.last_fetch = fetch if fetches.keep(fetch) else None
+        if fetches.came_again(version, key):
+            fetch = conn.last_fetch = RepeatedFetch(version, key, request)
+            fetches.keep(fetch)
+        else:
+            conn.last_fetch = None
         return request
 
     def _sasl_frame(self, conn: Connection, frame: memoryview) -> None:

@@ -5,9 +5,11 @@ answer's encoding are most of what a worker spends on it.
 - RepeatedFetch: the API version, the body's bytes and the decoded request. A Fetch of the same version and
   body bytes is the same request (the correlation id is in the header), so the worker hands the handler the
   decoded form it already has: a dictionary look-up, not a decode.
-- RepeatedFetches: a connection's recent distinct Fetches, their bodies server.repeated_fetch_max_bytes in all
-  (the oldest kept is dropped first). Not only the last one: librdkafka rotates the order of a fetch's
-  partitions on every request, so its idle consumer of P partitions cycles through P bodies.
+- RepeatedFetches: the Fetches a connection sent again, up to server.repeated_fetches_per_connection of them
+  (the oldest kept goes first), each body at most server.repeated_fetch_max_bytes. Not only the last one:
+  librdkafka rotates the order of a fetch's partitions on every request, so its idle consumer of P
+  partitions cycles through P bodies. A body is kept only when it comes again: a consumer that reads
+  records sends a new body every time, and keeps no decoded request it will not send again.
 - IdleRead: a sessionless long poll's first read that found nothing: the results per partition, the watch
   items of its delayed fetch, the catalog version, and the version of each partition's row (shm.table) at
   which the rows were seen to hold exactly what the read answered. While the catalog and every row keep those
@@ -28,6 +30,7 @@ Invariants:
 from __future__ import annotations
 
 import struct
+from array import array
 from dataclasses import dataclass
 from typing import Any
 
@@ -78,33 +81,38 @@ class RepeatedFetch:
 
 
 class RepeatedFetches:
-    """A connection's recent distinct Fetches by body bytes, oldest first, their bodies at most max_bytes in all."""
+    """A connection's Fetches that came again: a body is kept, decoded, once it comes a second time within the
+    last `limit` bodies seen, so a consumer whose every fetch differs (it is reading records) keeps `limit`
+    hashes and nothing more. At most `limit` are kept, the oldest dropped first; a body over max_bytes never is."""
 
-    __slots__ = ("by_body", "kept_bytes", "max_bytes")
+    __slots__ = ("kept", "seen", "next_seen", "limit", "max_bytes")
 
-    def __init__(self, max_bytes: int) -> None:
-        self.by_body: dict[bytes, RepeatedFetch] = {}
-        self.kept_bytes = 0
+    def __init__(self, limit: int, max_bytes: int) -> None:
+        self.kept: dict[bytes, RepeatedFetch] = {}
+        self.seen = array("q", bytes(8 * limit))  # marks of the last bodies seen (hash and version), a ring
+        self.next_seen = 0
+        self.limit = limit
         self.max_bytes = max_bytes
 
     def get(self, version: int, body: bytes) -> RepeatedFetch | None:
-        kept = self.by_body.get(body)
+        kept = self.kept.get(body)
         return kept if kept is not None and kept.version == version else None
 
-    def keep(self, fetch: RepeatedFetch) -> bool:
-        """Keep `fetch` (in place of one of the same body), dropping the oldest past max_bytes; False if its body
-        alone is larger."""
-        size = len(fetch.body)
-        if size > self.max_bytes:
+    def came_again(self, version: int, body: bytes) -> bool:
+        """Note a body that is not kept; True if it is one of the last `limit` seen (keep it now)."""
+        if len(body) > self.max_bytes:
             return False
-        by_body = self.by_body
-        replaced = by_body.pop(fetch.body, None)
-        if replaced is not None:
-            self.kept_bytes -= size
-        while self.kept_bytes + size > self.max_bytes:
-            oldest = next(iter(by_body))
-            del by_body[oldest]
-            self.kept_bytes -= len(oldest)
-        by_body[fetch.body] = fetch
-        self.kept_bytes += size
-        return True
+        mark = hash(body) ^ version  # a collision only keeps a fetch that did not repeat
+        seen = self.seen
+        if mark in seen:
+            return True
+        seen[self.next_seen] = mark
+        self.next_seen = (self.next_seen + 1) % self.limit
+        return False
+
+    def keep(self, fetch: RepeatedFetch) -> None:
+        kept = self.kept
+        kept.pop(fetch.body, None)
+        if len(kept) >= self.limit:
+            del kept[next(iter(kept))]
+        kept[fetch.body] = fetch
