@@ -35,16 +35,14 @@ def test_the_fetches_a_connection_keeps_are_settings_of_0_or_more(tmp_path):
 
 
 def test_a_connection_keeps_a_fetch_once_it_comes_again_and_a_few_of_them():
-    fetches = RepeatedFetches(limit=2, max_bytes=4)
+    fetches = RepeatedFetches(limit=2)
     assert not fetches.came_again(11, b"aaaa")
     assert not fetches.came_again(12, b"aaaa")  # the same bytes in another version are another request
     assert fetches.came_again(11, b"aaaa") and fetches.came_again(12, b"aaaa")
     assert not fetches.came_again(11, b"bbbb")  # one more seen: (11, aaaa) is no longer among the last two
     assert not fetches.came_again(11, b"aaaa")
-    assert not fetches.came_again(11, b"xxxxx") and not fetches.came_again(11, b"xxxxx")  # over max_bytes
     first, second, third = (RepeatedFetch(11, body, object()) for body in (b"aaaa", b"bbbb", b"cccc"))
-    for fetch in (first, second):
-        fetches.keep(fetch)
+    assert fetches.keep(first) is first and fetches.keep(second) is second
     assert fetches.get(11, b"aaaa") is first and fetches.get(11, b"bbbb") is second
     assert fetches.get(12, b"aaaa") is None
     fetches.keep(third)  # a third: the oldest kept goes
@@ -54,17 +52,20 @@ def test_a_connection_keeps_a_fetch_once_it_comes_again_and_a_few_of_them():
     assert fetches.get(11, b"bbbb") is again and fetches.get(11, b"cccc") is third
 
 
-@pytest.mark.parametrize("version, kept", [(11, 8), (13, 8), (11, 0)])
-def test_a_repeated_idle_long_poll_reuses_its_first_read_until_a_partition_moves(node_factory, version, kept):
+@pytest.mark.parametrize("version, per_connection, max_bytes", [(11, 8, 4096), (13, 8, 4096), (11, 0, 4096),
+                                                                 (11, 8, 16)])
+def test_a_repeated_idle_long_poll_reuses_its_first_read_until_a_partition_moves(node_factory, version,
+                                                                                 per_connection, max_bytes):
     """A sessionless Fetch sent again on a connection is kept: from its third sending on it is not decoded again,
     and while its partitions are as its empty first read left them it waits without reading and expires with
     that read's answer, byte for byte (its own correlation id: the client checks it). A partition that moved (an append short of min_bytes, during
     the wait or before the request) is read again: the answer carries the record and the new high watermark.
-    With server.repeated_fetches_per_connection = 0 nothing is kept and every answer is the same."""
-    node = node_factory(workers=1, config=STATS + f"[server]\nrepeated_fetches_per_connection = {kept}\n")
+    With server.repeated_fetches_per_connection = 0, or a body over server.repeated_fetch_max_bytes, nothing is
+    kept and every answer is the same."""
+    node = node_factory(workers=1, config=STATS + f"[server]\nrepeated_fetches_per_connection = {per_connection}\n"
+                                                  f"repeated_fetch_max_bytes = {max_bytes}\n")
     create_topic(node.bootstrap, "repeating", 2)
     time.sleep(0.3)  # the worker learns of the topic
-    kept = 1 if kept else 0
 
     def counters() -> tuple[int, int, int]:
         totals = stats_json(node)["totals"]
@@ -76,6 +77,7 @@ def test_a_repeated_idle_long_poll_reuses_its_first_read_until_a_partition_moves
         names = {topic_id.bytes: name for name, topic_id in topic_ids.items()} if topic_ids else None
         body = R.fetch_body({"repeating": {0: 0, 1: 0}}, max_wait_ms=200, min_bytes=10_000_000, version=version,
                             topic_ids=topic_ids)
+        kept = 1 if per_connection and len(body) <= max_bytes else 0
         answers = []
         for _ in range(3):
             started = time.monotonic()

@@ -138,7 +138,7 @@ class Worker:
         workers = len(bell_fds)
         self.repeated_fetches_per_connection = server.repeated_fetches_per_connection
         self.repeated_fetch_max_bytes = server.repeated_fetch_max_bytes
-        self.fetches_repeated = 0  # Fetches whose body was the connection's last one: not decoded again (stats)
+        self.fetches_repeated = 0  # Fetches whose connection kept the same body: not decoded again (stats)
         self.fetch_sessions = FetchSessionCache(-(-server.max_incremental_fetch_session_cache_slots // workers),
                                                 server.min_incremental_fetch_session_eviction_ms, index, workers,
                                                 monotonic_ms)
@@ -380,11 +380,13 @@ class Worker:
     def _fetch_request(self, conn: Connection, version: int, body: memoryview) -> Any:
         """A Fetch's decoded form: kept by the connection if it sent the same body bytes before
         (workers.api.repeated_fetch), else decoded, and kept if it came again. conn.last_fetch: its entry."""
+        conn.last_fetch = None
+        if len(body) > self.repeated_fetch_max_bytes:
+            return P.decode_request(P.FETCH, version, body)
         key = bytes(body)
         fetches = conn.repeated_fetches
         if fetches is None:
-            fetches = conn.repeated_fetches = RepeatedFetches(self.repeated_fetches_per_connection,
-                                                              self.repeated_fetch_max_bytes)
+            fetches = conn.repeated_fetches = RepeatedFetches(self.repeated_fetches_per_connection)
         else:
             kept = fetches.get(version, key)
             if kept is not None:
@@ -393,10 +395,7 @@ class Worker:
                 return kept.request
         request = P.decode_request(P.FETCH, version, body)
         if fetches.came_again(version, key):
-            fetch = conn.last_fetch = RepeatedFetch(version, key, request)
-            fetches.keep(fetch)
-        else:
-            conn.last_fetch = None
+            conn.last_fetch = fetches.keep(RepeatedFetch(version, key, request))
         return request
 
     def _sasl_frame(self, conn: Connection, frame: memoryview) -> None:

@@ -1,20 +1,21 @@
-"""A connection's last Fetch, kept so that the same request again costs little. An idle consumer sends the same
-long poll every max_wait (librdkafka's fetch.wait.max.ms), all day long; its decode, its first read and its
-answer's encoding are most of what a worker spends on it.
+"""The Fetches a connection sends again, kept so that the same request again costs little. An idle consumer sends
+the same long poll every max_wait (librdkafka's fetch.wait.max.ms), all day long; its decode, its first read and
+its answer's encoding are most of what a worker spends on it.
 
 - RepeatedFetch: the API version, the body's bytes and the decoded request. A Fetch of the same version and
   body bytes is the same request (the correlation id is in the header), so the worker hands the handler the
   decoded form it already has: a dictionary look-up, not a decode.
 - RepeatedFetches: the Fetches a connection sent again, up to server.repeated_fetches_per_connection of them
-  (the oldest kept goes first), each body at most server.repeated_fetch_max_bytes. Not only the last one:
-  librdkafka rotates the order of a fetch's partitions on every request, so its idle consumer of P
-  partitions cycles through P bodies. A body is kept only when it comes again: a consumer that reads
-  records sends a new body every time, and keeps no decoded request it will not send again.
-- IdleRead: a sessionless long poll's first read that found nothing: the results per partition, the watch
-  items of its delayed fetch, the catalog version, and the version of each partition's row (shm.table) at
-  which the rows were seen to hold exactly what the read answered. While the catalog and every row keep those
-  versions, nothing the read looked at has changed: the repeat waits on the same watch items without reading,
-  and an expiry is answered with the first read's answer, encoded once, under the request's correlation id.
+  (the oldest kept goes first); the worker offers none whose body is over server.repeated_fetch_max_bytes.
+  Not only the last one: librdkafka rotates the order of a fetch's partitions on every request, so its idle
+  consumer of P partitions cycles through P bodies. A body is kept only when it comes again: a consumer that
+  reads records sends a new body every time, and keeps no decoded request it will not send again.
+- IdleRead: a sessionless long poll's first read that found nothing and that its expiry answered: the results
+  per partition, the watch items of its delayed fetch, the catalog version, and the version of each
+  partition's row (shm.table) at which the rows were seen to hold exactly what the read answered. While the
+  catalog and every row keep those versions, nothing the read looked at has changed: the repeat waits on the
+  same watch items without reading, and an expiry is answered with the first read's answer, encoded once,
+  under the request's correlation id.
 
 Invariants:
 - Decoded requests are immutable (kio entities): one may serve any number of requests.
@@ -83,16 +84,15 @@ class RepeatedFetch:
 class RepeatedFetches:
     """A connection's Fetches that came again: a body is kept, decoded, once it comes a second time within the
     last `limit` bodies seen, so a consumer whose every fetch differs (it is reading records) keeps `limit`
-    hashes and nothing more. At most `limit` are kept, the oldest dropped first; a body over max_bytes never is."""
+    marks and nothing more. At most `limit` are kept, the oldest dropped first."""
 
-    __slots__ = ("kept", "seen", "next_seen", "limit", "max_bytes")
+    __slots__ = ("kept", "seen", "next_seen", "limit")
 
-    def __init__(self, limit: int, max_bytes: int) -> None:
+    def __init__(self, limit: int) -> None:
         self.kept: dict[bytes, RepeatedFetch] = {}
         self.seen = array("q", bytes(8 * limit))  # marks of the last bodies seen (hash and version), a ring
         self.next_seen = 0
         self.limit = limit
-        self.max_bytes = max_bytes
 
     def get(self, version: int, body: bytes) -> RepeatedFetch | None:
         kept = self.kept.get(body)
@@ -100,8 +100,6 @@ class RepeatedFetches:
 
     def came_again(self, version: int, body: bytes) -> bool:
         """Note a body that is not kept; True if it is one of the last `limit` seen (keep it now)."""
-        if len(body) > self.max_bytes:
-            return False
         mark = hash(body) ^ version  # a collision only keeps a fetch that did not repeat
         seen = self.seen
         if mark in seen:
@@ -110,9 +108,10 @@ class RepeatedFetches:
         self.next_seen = (self.next_seen + 1) % self.limit
         return False
 
-    def keep(self, fetch: RepeatedFetch) -> None:
+    def keep(self, fetch: RepeatedFetch) -> RepeatedFetch:
         kept = self.kept
         kept.pop(fetch.body, None)
         if len(kept) >= self.limit:
             del kept[next(iter(kept))]
         kept[fetch.body] = fetch
+        return fetch
