@@ -39,6 +39,7 @@ from shm.table import PartitionTable
 from workers.codecs.fetch import FetchTopicResult, encode_fetch_response
 
 _SIZE_AND_CORRELATION = struct.Struct(">ii")
+_MARK_MASK = 0x7FFF_FFFF  # a mark fits a signed 32-bit array item
 
 
 @dataclass(slots=True)
@@ -89,18 +90,19 @@ class RepeatedFetches:
     __slots__ = ("kept", "seen", "next_seen", "limit")
 
     def __init__(self, limit: int) -> None:
-        self.kept: dict[bytes, RepeatedFetch] = {}
-        self.seen = array("q", bytes(8 * limit))  # marks of the last bodies seen (hash and version), a ring
+        # Made small: every connection that fetches holds one (the marks: 4 bytes each; no dict until one is kept).
+        self.kept: dict[bytes, RepeatedFetch] | None = None
+        self.seen = array("i", bytes(4 * limit))  # marks of the last bodies seen (hash and version), a ring
         self.next_seen = 0
         self.limit = limit
 
     def get(self, version: int, body: bytes) -> RepeatedFetch | None:
-        kept = self.kept.get(body)
+        kept = self.kept.get(body) if self.kept is not None else None
         return kept if kept is not None and kept.version == version else None
 
     def came_again(self, version: int, body: bytes) -> bool:
         """Note a body that is not kept; True if it is one of the last `limit` seen (keep it now)."""
-        mark = hash(body) ^ version  # a collision only keeps a fetch that did not repeat
+        mark = (hash(body) ^ version) & _MARK_MASK  # a collision only keeps a fetch that did not repeat
         seen = self.seen
         if mark in seen:
             return True
@@ -110,6 +112,8 @@ class RepeatedFetches:
 
     def keep(self, fetch: RepeatedFetch) -> RepeatedFetch:
         kept = self.kept
+        if kept is None:
+            kept = self.kept = {}
         kept.pop(fetch.body, None)
         if len(kept) >= self.limit:
             del kept[next(iter(kept))]
