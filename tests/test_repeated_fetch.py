@@ -58,10 +58,10 @@ def test_a_repeated_idle_long_poll_reuses_its_first_read_until_a_partition_moves
                                                                                  per_connection, max_bytes):
     """A sessionless Fetch sent again on a connection is kept: from its third sending on it is not decoded again,
     and while its partitions are as its empty first read left them it waits without reading and expires with
-    that read's answer, byte for byte (its own correlation id: the client checks it). A partition that moved (an append short of min_bytes, during
-    the wait or before the request) is read again: the answer carries the record and the new high watermark.
-    With server.repeated_fetches_per_connection = 0, or a body over server.repeated_fetch_max_bytes, nothing is
-    kept and every answer is the same."""
+    that read's answer, byte for byte (its own correlation id: the client checks it). A partition that moved
+    (an append short of min_bytes, during the wait or before the request) is read again: the answer carries
+    the record and the new high watermark. With server.repeated_fetches_per_connection = 0, or a body over
+    server.repeated_fetch_max_bytes, nothing is kept and every answer is the same."""
     node = node_factory(workers=1, config=STATS + f"[server]\nrepeated_fetches_per_connection = {per_connection}\n"
                                                   f"repeated_fetch_max_bytes = {max_bytes}\n")
     create_topic(node.bootstrap, "repeating", 2)
@@ -96,7 +96,8 @@ def test_a_repeated_idle_long_poll_reuses_its_first_read_until_a_partition_moves
         moved = R.parse_fetch_response(version, consumer.recv_response()[3], names)
         assert [(p.partition, p.error_code, p.high_watermark, p.record_count) for p in moved.partitions] == \
             [(0, NONE, 0, 0), (1, NONE, 1, 1)]
-        wait_for(lambda: counters() == (2 * kept, 2 * kept, 3), what="the fourth waited on the first read, then read again")
+        wait_for(lambda: counters() == (2 * kept, 2 * kept, 3),
+                 what="the fourth waited on the first read, then read again")
 
         again = R.parse_fetch_response(version, consumer.request(FETCH, version, body), names)
         assert [(p.partition, p.high_watermark, p.record_count) for p in again.partitions] == [(0, 0, 0), (1, 1, 1)]

@@ -111,7 +111,7 @@ class Handlers:
         # polls they satisfied first (their clients are the ones waiting; the producer's ack can wait a moment).
         self.after_appends: Callable[[], None] | None = None
         self.fetches_answered_from_first_read = 0  # expired long polls answered without a read again (stats)
-        self.idle_fetches_repeated = 0  # long polls that waited on their connection's last empty read (stats)
+        self.idle_fetches_repeated = 0  # long polls that waited on the kept empty first read of their request (stats)
         self.dispatch_table: dict[int, Callable[[Any, Any], Any]] = {
             P.PRODUCE: self.produce,
             P.FETCH: self.fetch,
