@@ -31,7 +31,8 @@ class RateLimitedLog:
         self.interval_s = interval_s
         self.clock = clock
         # Where the time of each key's last line is kept: this process (a dict), or shared by the processes
-        # of the node (an object with last(key) -> seconds or None, and mark(key, seconds): shm.connections).
+        # of the node (an object whose claim(key, now, interval_s) marks the key and says whether it was due,
+        # atomically across the processes: shm.connections.LogMarks).
         self.marks = marks
         self._last: dict[object, float] = {}
         self._left_out: dict[object, int] = {}
@@ -39,14 +40,16 @@ class RateLimitedLog:
     def warning(self, key: object, message: str, *args: object) -> bool:
         """Log `message % args` unless `key` was logged less than an interval ago; True if logged."""
         now = self.clock()
-        last = self._last.get(key) if self.marks is None else self.marks.last(key)
-        if last is not None and now - last < self.interval_s:
+        if self.marks is not None:
+            due = self.marks.claim(key, now, self.interval_s)
+        else:
+            last = self._last.get(key)
+            due = last is None or now - last >= self.interval_s
+            if due:
+                self._last[key] = now
+        if not due:
             self._left_out[key] = self._left_out.get(key, 0) + 1
             return False
-        if self.marks is None:
-            self._last[key] = now
-        else:
-            self.marks.mark(key, now)
         left_out = self._left_out.pop(key, 0)
         if left_out:
             message += " (and %d more like it since the last such line)"

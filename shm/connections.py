@@ -18,15 +18,20 @@ Invariants:
   stricter, never looser.
 - A worker zeroes its row when it starts, and the supervisor when it reaps a worker, so the connections
   of a dead worker are never counted again.
-- Log marks have many writers: two workers logging the same cause at the same moment may both log
-  (a race the log can afford); otherwise one line per cause per interval for the whole node.
+- Log marks have many writers: a worker claims a cause's mark (reads it and, if an interval has passed, sets
+  it) under an flock on the segment's file, so each cause gets one line per interval for the whole node, even
+  from two workers refusing at the same moment.
 - The segment is named by the caller under the node instance (shm.instance.connections_name), whose
   shutdown unlinks it.
 """
 
 from __future__ import annotations
 
+import fcntl
 import zlib
+from typing import Any
+
+import posix_ipc
 
 from shm.segment import HEADER_BYTES, Layout, Segment
 
@@ -91,7 +96,7 @@ class ConnectionCounts:
     def log_marks(self, causes: tuple[str, ...]) -> "LogMarks":
         if len(causes) > MARKS:
             raise ValueError(f"at most {MARKS} log causes")
-        return LogMarks(self._marks, causes)
+        return LogMarks(self._marks, causes, posix_ipc.SharedMemory(self.name))
 
     def close(self) -> None:
         self._words.release()
@@ -100,18 +105,30 @@ class ConnectionCounts:
 
 
 class LogMarks:
-    """When a line about each cause was last logged anywhere in the node (monotonic seconds, None: never)."""
+    """When a line about each cause was last logged anywhere in the node (monotonic milliseconds, 0: never).
+    A claim reads and sets a mark under an flock on the segment's file: two workers refusing at the same instant
+    must not both see the mark unset and both log."""
 
-    def __init__(self, words: memoryview, causes: tuple[str, ...]) -> None:
+    def __init__(self, words: memoryview, causes: tuple[str, ...], segment: Any) -> None:
         self._words = words
         self._index = {cause: i for i, cause in enumerate(causes)}
+        self._segment = segment  # a posix_ipc.SharedMemory of this table, open for its fd
 
-    def last(self, cause: str) -> float | None:
-        value = self._words[self._index[cause]]
-        return value / 1000 if value else None
+    def claim(self, cause: str, now: float, interval_s: float) -> bool:
+        """True, and `cause` marked at `now`, unless it was marked less than interval_s ago."""
+        index = self._index[cause]
+        fcntl.flock(self._segment.fd, fcntl.LOCK_EX)
+        try:
+            last = self._words[index]
+            if last and now - last / 1000 < interval_s:
+                return False
+            self._words[index] = max(1, int(now * 1000))
+            return True
+        finally:
+            fcntl.flock(self._segment.fd, fcntl.LOCK_UN)
 
-    def mark(self, cause: str, now: float) -> None:
-        self._words[self._index[cause]] = max(1, int(now * 1000))
+    def close(self) -> None:
+        self._segment.close_fd()
 
 
 class WorkerConnections:

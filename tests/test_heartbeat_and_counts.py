@@ -105,6 +105,42 @@ def test_rate_limited_log_one_line_per_cause_per_interval_shared_by_processes(ca
             counts.close()
 
 
+CLAIM_ROUNDS = 3000
+
+
+def _claim_rounds(name: str, barrier, wins) -> None:
+    counts = ConnectionCounts.attach(name)
+    marks = counts.log_marks(("a",))
+    try:
+        for round_index in range(CLAIM_ROUNDS):
+            barrier.wait(30)  # both processes claim the round's mark at the same moment
+            if marks.claim("a", 100.0 * (round_index + 1), 50.0):
+                with wins.get_lock():
+                    wins.value += 1
+    finally:
+        marks.close()
+        counts.close()
+
+
+def test_two_processes_claiming_a_log_mark_at_once_log_one_line_between_them():
+    """Each round both processes claim the same cause at the same moment, an interval after the last round:
+    exactly one of them gets it (without the lock both could read the mark unset and both log)."""
+    with fresh_instance("lc") as instance:
+        name = shm_instance.connections_name(instance.instance_id)
+        counts = ConnectionCounts.create(name, 2, 4)
+        try:
+            barrier, wins = FORK.Barrier(2), FORK.Value("i", 0)
+            children = [FORK.Process(target=_claim_rounds, args=(name, barrier, wins)) for _ in range(2)]
+            for child in children:
+                child.start()
+            for child in children:
+                child.join(60)
+            assert [child.exitcode for child in children] == [0, 0]
+            assert wins.value == CLAIM_ROUNDS
+        finally:
+            counts.close()
+
+
 def test_config_rejects_a_hang_timeout_below_two_heartbeats():
     from node.config import ConfigError, from_mapping
 
