@@ -18,6 +18,7 @@ import time
 import psutil
 import pytest
 
+from node.storage.log import PartitionLock
 from scripts.harness import rawkafka as R
 from tests.test_clients import CLIENT_TIMEOUT_S, consume_all, create_topic, produce
 from tests.waiting import poll
@@ -384,6 +385,31 @@ def test_a_stopped_timer_is_covered_by_self_answers_then_replaced(node_factory):
     log = node.log()
     assert f"timer 0 (pid {timer}) has not turned its loop" in log, log
     assert log.count("has not turned its loop") == 1, log
+
+
+def test_a_test_stops_a_child_only_while_no_partition_lock_is_held(node_factory):
+    """The tests that stop the timer to show appends go on without it stop it where it holds no partition lock
+    (NodeProcess.stop_outside_partition_locks): a lock held, here by this process, is seen, and the child is left
+    running; once the lock is free the child is stopped."""
+    node = node_factory(workers=1)
+    create_topic(node.bootstrap, "locked", 1)
+    (timer,) = node.pids("timer")
+    assert node.held_partition_locks() == []
+    lock = PartitionLock(str(node.data_dir / "locked-0"))
+    try:
+        with lock:
+            assert node.held_partition_locks() == ["locked-0"]
+            with pytest.raises(AssertionError, match="locked-0"):
+                node.stop_outside_partition_locks(timer, timeout_s=0.3)
+            assert psutil.Process(timer).status() != psutil.STATUS_STOPPED
+        assert node.held_partition_locks() == []
+        node.stop_outside_partition_locks(timer)
+        try:
+            assert psutil.Process(timer).status() == psutil.STATUS_STOPPED
+        finally:
+            os.kill(timer, signal.SIGCONT)
+    finally:
+        lock.close()
 
 
 def test_out_of_file_descriptors_the_listener_rests_and_recovers(node_factory):

@@ -238,7 +238,7 @@ def test_an_append_answers_a_long_poll_without_the_timer(node_factory, workers):
     with consumer, producer:
         consumer.send(FETCH, 11, R.fetch_body({"answered": {0: 0}}, max_wait_ms=30_000, min_bytes=1))
         wait_for(lambda: totals()["purgatory_fetch_pending"] == 1, what="the timer to hold the long poll")
-        os.kill(timer, signal.SIGSTOP)
+        node.stop_outside_partition_locks(timer)  # the append needs the partition's lock
         try:
             started = time.monotonic()
             body = R.produce_body({"answered": {0: R.build_record_batch([b"v"])}}, acks=1)
@@ -497,7 +497,7 @@ def test_acks_all_times_out_when_the_fsync_does_not_come(node_factory):
     create_topic(node.bootstrap, "slowdisk", 1)
     (timer,) = node.pids("timer")
     with connect(node) as conn:
-        os.kill(timer, signal.SIGSTOP)
+        node.stop_outside_partition_locks(timer)  # the append needs the partition's lock
         try:
             started = time.monotonic()
             body = R.produce_body({"slowdisk": {0: R.build_record_batch([b"x"])}}, acks=-1, timeout_ms=300)

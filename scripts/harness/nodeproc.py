@@ -33,6 +33,7 @@ from typing import Any
 
 import psutil
 
+from node.storage.log import LOCK_FILE as PARTITION_LOCK_FILE
 from node.tools.cli import EXIT_IN_USE  # the port (or the data dir) is taken
 from shm import instance as shm_instance
 
@@ -42,6 +43,8 @@ START_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 30.0
 START_PROBE_INTERVAL_S = 0.05
 START_PROBE_TIMEOUT_S = 0.5
+PAUSE_TIMEOUT_S = 10.0  # stop_outside_partition_locks: how long a child may keep holding partition locks
+PAUSE_RETRY_S = 0.005
 # The module each child role runs (how a child is recognised on its command line).
 ROLE_MODULES = {"worker": "workers.worker", "timer": "node.timer.process", "cleaner": "node.cleaner.process"}
 # The log lines of children that finished starting: start() returns only once every child wrote its own,
@@ -66,6 +69,19 @@ def api_versions_roundtrip(port: int, timeout: float = 2.0) -> bool:
             return len(header) == 8 and struct.unpack(">ii", header)[1] == 1
     except OSError:
         return False
+
+
+def _all_threads_stopped(pid: int) -> bool:
+    """Every thread of `pid` is in the stopped state (T), or the process is gone."""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+        states = []
+        for task in tasks:
+            with open(f"/proc/{pid}/task/{task}/stat") as stat:
+                states.append(stat.read().rsplit(")", 1)[1].split()[0])
+    except FileNotFoundError:
+        return True
+    return all(state in ("T", "t") for state in states)
 
 
 def die_with_parent() -> None:
@@ -197,6 +213,48 @@ class NodeProcess:
                 totals["pss_bytes"] += getattr(info, "pss", info.rss)
                 totals["processes"] += 1
         return totals
+
+    def held_partition_locks(self) -> list[str]:
+        """The partitions (directory names) whose lock some process holds now: the OFD locks of /proc/locks on
+        the data dir's partition lock files (a holder's pid shows there as -1; waiters, "->", are left out)."""
+        by_inode = {}
+        for lock_file in self.data_dir.glob(f"*/{PARTITION_LOCK_FILE}"):
+            with contextlib.suppress(OSError):
+                stat = lock_file.stat()
+                by_inode[(os.major(stat.st_dev), os.minor(stat.st_dev), stat.st_ino)] = lock_file.parent.name
+        held = []
+        with open("/proc/locks") as locks:
+            for line in locks:
+                fields = line.split()
+                if len(fields) < 6 or fields[1] != "OFDLCK":
+                    continue  # a waiter ("->" in the second field) or another kind of lock
+                major, minor, inode = fields[5].split(":")
+                name = by_inode.get((int(major, 16), int(minor, 16), int(inode)))
+                if name is not None:
+                    held.append(name)
+        return held
+
+    def stop_outside_partition_locks(self, pid: int, timeout_s: float = PAUSE_TIMEOUT_S) -> None:
+        """SIGSTOP a child at a moment when no partition lock is held (checked once every thread of it stopped),
+        for a test that stops one process to show the others go on without it. A process stopped while holding
+        a partition's lock (the timer's flusher publishing a flushed offset, a producer snapshot, a marker's
+        catch-up) holds up every append to that partition, and the worker making it, until it runs again or
+        the supervisor replaces it as hung (node.storage.log: the lock is the appends' one writer)."""
+        deadline = time.monotonic() + timeout_s
+        held: list[str] = []
+        while True:
+            os.kill(pid, signal.SIGSTOP)
+            while not _all_threads_stopped(pid) and time.monotonic() < deadline:  # delivered thread by thread
+                time.sleep(PAUSE_RETRY_S)
+            if _all_threads_stopped(pid):
+                held = self.held_partition_locks()
+                if not held:
+                    return
+            os.kill(pid, signal.SIGCONT)  # never left stopped but for the caller
+            if time.monotonic() > deadline:
+                raise AssertionError(f"pid {pid} was not stopped in {timeout_s}s with no partition lock held "
+                                     f"(the last ones seen held: {held})")
+            time.sleep(PAUSE_RETRY_S)
 
     def wait_for_pids(self, role: str, count: int, exclude: set[int] = frozenset(), timeout: float = 20.0) -> list[int]:
         deadline = time.monotonic() + timeout
