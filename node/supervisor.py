@@ -15,7 +15,9 @@ Invariants:
   times in a row) stops the node with one log line and exit code 1, instead of restarting forever.
 - A hung child (its heartbeat in shared memory has not moved for `child_hang_timeout_ms`, or for
   `child_start_timeout_ms` before its loop first turned: shm.heartbeat) is logged, killed with SIGKILL and
-  restarted like any child that died. The supervisor looks every `heartbeat_interval_ms`.
+  restarted like any child that died. The supervisor looks every `heartbeat_interval_ms`. It kills one hung
+  child per two heartbeat intervals, the timer and the cleaners before workers: a child held up on a
+  partition lock the hung one holds goes on once that one is killed, and is not taken for hung itself.
 - A child dies with the supervisor (PR_SET_PDEATHSIG), so kill -9 of the supervisor never leaves
   orphans holding the port or the rings.
 - Children ignore SIGINT: a Ctrl-C in a terminal reaches the whole process group, and the stop order is
@@ -140,6 +142,7 @@ class Supervisor:
         self.listen_sockets: list[list[socket.socket]] = []  # by worker: its socket of each listener
         self.resources: NodeResources | None = None
         self.hangs: HangWatch | None = None
+        self._next_hang_kill = 0.0  # kill_hung: no kill before this (monotonic s), after the last one
         self.stats: S.StatsWriter | None = None
         self.ready = False  # READY=1 sent
         self.watchdog_s = _watchdog_interval_s()  # None: no WatchdogSec=
@@ -416,19 +419,29 @@ class Supervisor:
                 self.resources.child_exited(child.spec.role, child.spec.index, child.spec.slot)
 
     def kill_hung(self) -> None:
-        """SIGKILL the children whose loops stopped turning; reap() restarts them once they are gone."""
-        if self.hangs is None:
+        """SIGKILL a child whose loop stopped turning; reap() restarts it once it is gone.
+
+        One child at a time, then none for two heartbeat intervals: a child waiting on a partition lock that the
+        hung one holds (a worker appending behind a timer stopped in a flush) stopped turning as long ago, and
+        beats again once the kill frees the lock. Of the children stuck at once the timer and the cleaners go
+        first, as they take partition locks for work of their own (flushes, snapshots, markers, cleanings); then
+        the one silent longest."""
+        now = time.monotonic()
+        if self.hangs is None or now < self._next_hang_kill:
             return
         by_slot = {c.spec.slot: c for c in self.children if c.process is not None}
-        for stall in self.hangs.stuck(time.monotonic()):
-            child = by_slot.get(stall.slot)
-            if child is None or child.process.poll() is not None:
-                continue
-            what = "has not started its loop" if stall.booting else "has not turned its loop"
-            log.error("%s (pid %d) %s for %d ms (heartbeat stuck at %d): killing it (SIGKILL) to restart it",
-                      child.spec.name, child.process.pid, what, stall.silent_ms, stall.beats)
-            self.hangs.forget(stall.slot)
-            child.process.kill()
+        stalls = [stall for stall in self.hangs.stuck(now)
+                  if stall.slot in by_slot and by_slot[stall.slot].process.poll() is None]
+        if not stalls:
+            return
+        stall = min(stalls, key=lambda s: (by_slot[s.slot].spec.role == "worker", -s.silent_ms))
+        child = by_slot[stall.slot]
+        what = "has not started its loop" if stall.booting else "has not turned its loop"
+        log.error("%s (pid %d) %s for %d ms (heartbeat stuck at %d): killing it (SIGKILL) to restart it",
+                  child.spec.name, child.process.pid, what, stall.silent_ms, stall.beats)
+        self.hangs.forget(stall.slot)
+        child.process.kill()
+        self._next_hang_kill = now + 2 * self.config.server.heartbeat_interval_ms / 1000
 
     def spawn_due(self) -> None:
         now = time.monotonic()

@@ -17,6 +17,7 @@ import time
 
 import psutil
 import pytest
+from confluent_kafka.admin import AdminClient, NewTopic
 
 from node.storage.log import PartitionLock
 from scripts.harness import rawkafka as R
@@ -387,29 +388,93 @@ def test_a_stopped_timer_is_covered_by_self_answers_then_replaced(node_factory):
     assert log.count("has not turned its loop") == 1, log
 
 
-def test_a_test_stops_a_child_only_while_no_partition_lock_is_held(node_factory):
-    """The tests that stop the timer to show appends go on without it stop it where it holds no partition lock
-    (NodeProcess.stop_outside_partition_locks): a lock held, here by this process, is seen, and the child is left
-    running; once the lock is free the child is stopped."""
+def stop_holding_a_partition_lock(node, pid: int, partition: str, timeout_s: float = 20.0) -> bool:
+    """SIGSTOP `pid` at a moment it holds `partition`'s lock; True once it does, False (and `pid` running) if that
+    moment did not come in timeout_s."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        os.kill(pid, signal.SIGSTOP)
+        poll(lambda: psutil.Process(pid).status() == psutil.STATUS_STOPPED, timeout_s=5, interval_s=0.0005)
+        if partition in node.partition_locks_held_by(pid):
+            return True
+        os.kill(pid, signal.SIGCONT)
+        time.sleep(0.001)
+    return False
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_worker_held_up_by_a_hung_timers_partition_lock_keeps_its_connections(node_factory, workers):
+    """A timer hung while it holds a partition's lock (here stopped inside a group-commit round, which publishes
+    the fsync'd offset under the lock) holds up the worker appending to that partition, whose loop stops turning
+    too. Only the timer is replaced: the worker goes on once the lock is freed, with its connections, and the
+    append it was making is answered."""
+    node = node_factory(workers=workers, config=HANG_CONFIG)
+    admin = AdminClient({"bootstrap.servers": node.bootstrap})
+    for future in admin.create_topics([NewTopic("held", 1, 1, config={"flush.messages": "1"})]).values():
+        future.result(timeout=CLIENT_TIMEOUT_S)
+    (timer,) = node.pids("timer")
+    worker_pids = sorted(node.pids("worker"))
+    with contextlib.closing(connect(node)) as idle:
+        assert api_versions_ok(idle)
+        answers: list[int] = []
+        producing = threading.Event()
+        producing.set()
+
+        def keep_producing() -> None:  # acks=1: answered once appended, whatever the timer does
+            body = R.produce_body({"held": {0: R.build_record_batch([b"x" * 100])}}, acks=1)
+            with R.RawConnection("127.0.0.1", node.port, timeout_s=CLIENT_TIMEOUT_S) as conn:
+                while producing.is_set():
+                    answers.append(conn.call(PRODUCE, 8, body).responses[0].partition_responses[0].error_code)
+
+        producer = threading.Thread(target=keep_producing, daemon=True)
+        producer.start()
+        try:
+            assert poll(lambda: answers, timeout_s=CLIENT_TIMEOUT_S)
+            assert stop_holding_a_partition_lock(node, timer, "held-0")
+            try:
+                time.sleep(0.2)  # for the answer of an append made before the stop
+                held_up = len(answers)
+                time.sleep(0.5)
+                assert len(answers) == held_up  # the worker waits on the lock in its next append
+                assert poll(lambda: gone_or_zombie(timer), timeout_s=20)
+            finally:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(timer, signal.SIGCONT)
+            assert poll(lambda: len(answers) > held_up, timeout_s=5), node.log()
+        finally:
+            producing.clear()
+            producer.join(CLIENT_TIMEOUT_S)
+        assert set(answers) == {0}
+        node.wait_for_pids("timer", 1, exclude={timer})
+        assert api_versions_ok(idle)  # the same connection, on the same worker
+        assert sorted(node.pids("worker")) == worker_pids
+    log = node.log()
+    assert log.count("has not turned its loop") == 1, log
+    assert f"timer 0 (pid {timer}) has not turned its loop" in log, log
+
+
+def test_the_partition_locks_a_process_holds_are_seen_from_outside(node_factory):
+    """What the tests that stop the timer rely on (NodeProcess.partition_locks_held_by, read from /proc): a lock
+    this process takes is seen as its own and no other's, and is gone once released; the timer, stopped outside
+    its partition locks, holds none."""
     node = node_factory(workers=1)
     create_topic(node.bootstrap, "locked", 1)
     (timer,) = node.pids("timer")
-    assert node.held_partition_locks() == []
     lock = PartitionLock(str(node.data_dir / "locked-0"))
     try:
+        assert node.partition_locks_held_by(os.getpid()) == []
         with lock:
-            assert node.held_partition_locks() == ["locked-0"]
-            with pytest.raises(AssertionError, match="locked-0"):
-                node.stop_outside_partition_locks(timer, timeout_s=0.3)
-            assert psutil.Process(timer).status() != psutil.STATUS_STOPPED
-        assert node.held_partition_locks() == []
-        node.stop_outside_partition_locks(timer)
-        try:
-            assert psutil.Process(timer).status() == psutil.STATUS_STOPPED
-        finally:
-            os.kill(timer, signal.SIGCONT)
+            assert node.partition_locks_held_by(os.getpid()) == ["locked-0"]
+            assert "locked-0" not in node.partition_locks_held_by(timer)
+        assert node.partition_locks_held_by(os.getpid()) == []
     finally:
         lock.close()
+    node.stop_outside_partition_locks(timer)
+    try:
+        assert psutil.Process(timer).status() == psutil.STATUS_STOPPED
+        assert node.partition_locks_held_by(timer) == []
+    finally:
+        os.kill(timer, signal.SIGCONT)
 
 
 def test_out_of_file_descriptors_the_listener_rests_and_recovers(node_factory):

@@ -214,28 +214,28 @@ class NodeProcess:
                 totals["processes"] += 1
         return totals
 
-    def held_partition_locks(self) -> list[str]:
-        """The partitions (directory names) whose lock some process holds now: the OFD locks of /proc/locks on
-        the data dir's partition lock files (a holder's pid shows there as -1; waiters, "->", are left out)."""
-        by_inode = {}
-        for lock_file in self.data_dir.glob(f"*/{PARTITION_LOCK_FILE}"):
-            with contextlib.suppress(OSError):
-                stat = lock_file.stat()
-                by_inode[(os.major(stat.st_dev), os.minor(stat.st_dev), stat.st_ino)] = lock_file.parent.name
+    def partition_locks_held_by(self, pid: int) -> list[str]:
+        """The partitions (directory names) whose lock `pid` holds now: its open partition lock files
+        (node.storage.log.LOCK_FILE) under the data dir whose fdinfo lists a lock (an OFD lock shows there, on the
+        file description that took it; /proc/locks gives no pid for one)."""
         held = []
-        with open("/proc/locks") as locks:
-            for line in locks:
-                fields = line.split()
-                if len(fields) < 6 or fields[1] != "OFDLCK":
-                    continue  # a waiter ("->" in the second field) or another kind of lock
-                major, minor, inode = fields[5].split(":")
-                name = by_inode.get((int(major, 16), int(minor, 16), int(inode)))
-                if name is not None:
-                    held.append(name)
+        data_dir = os.path.realpath(self.data_dir)
+        with contextlib.suppress(FileNotFoundError):
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                try:
+                    target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                    if (os.path.basename(target) != PARTITION_LOCK_FILE
+                            or os.path.dirname(os.path.dirname(target)) != data_dir):
+                        continue
+                    with open(f"/proc/{pid}/fdinfo/{fd}") as info:
+                        if any(line.startswith("lock:") for line in info):
+                            held.append(os.path.basename(os.path.dirname(target)))
+                except FileNotFoundError:  # closed meanwhile
+                    continue
         return held
 
     def stop_outside_partition_locks(self, pid: int, timeout_s: float = PAUSE_TIMEOUT_S) -> None:
-        """SIGSTOP a child at a moment when no partition lock is held (checked once every thread of it stopped),
+        """SIGSTOP a child at a moment when it holds no partition lock (checked once every thread of it stopped),
         for a test that stops one process to show the others go on without it. A process stopped while holding
         a partition's lock (the timer's flusher publishing a flushed offset, a producer snapshot, a marker's
         catch-up) holds up every append to that partition, and the worker making it, until it runs again or
@@ -247,12 +247,12 @@ class NodeProcess:
             while not _all_threads_stopped(pid) and time.monotonic() < deadline:  # delivered thread by thread
                 time.sleep(PAUSE_RETRY_S)
             if _all_threads_stopped(pid):
-                held = self.held_partition_locks()
+                held = self.partition_locks_held_by(pid)
                 if not held:
                     return
             os.kill(pid, signal.SIGCONT)  # never left stopped but for the caller
             if time.monotonic() > deadline:
-                raise AssertionError(f"pid {pid} was not stopped in {timeout_s}s with no partition lock held "
+                raise AssertionError(f"pid {pid} was not stopped in {timeout_s}s holding no partition lock "
                                      f"(the last ones seen held: {held})")
             time.sleep(PAUSE_RETRY_S)
 
