@@ -21,6 +21,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from node.storage.log import PartitionLock
 from scripts.harness import rawkafka as R
+from scripts.harness.nodeproc import all_threads_stopped
 from tests.test_clients import CLIENT_TIMEOUT_S, consume_all, create_topic, produce
 from tests.waiting import poll
 
@@ -394,7 +395,7 @@ def stop_holding_a_partition_lock(node, pid: int, partition: str, timeout_s: flo
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         os.kill(pid, signal.SIGSTOP)
-        poll(lambda: psutil.Process(pid).status() == psutil.STATUS_STOPPED, timeout_s=5, interval_s=0.0005)
+        poll(lambda: all_threads_stopped(pid), timeout_s=5, interval_s=0.0005)  # the flusher thread too
         if partition in node.partition_locks_held_by(pid):
             return True
         os.kill(pid, signal.SIGCONT)

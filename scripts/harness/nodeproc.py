@@ -71,7 +71,7 @@ def api_versions_roundtrip(port: int, timeout: float = 2.0) -> bool:
         return False
 
 
-def _all_threads_stopped(pid: int) -> bool:
+def all_threads_stopped(pid: int) -> bool:
     """Every thread of `pid` is in the stopped state (T), or the process is gone."""
     try:
         tasks = os.listdir(f"/proc/{pid}/task")
@@ -244,9 +244,9 @@ class NodeProcess:
         held: list[str] = []
         while True:
             os.kill(pid, signal.SIGSTOP)
-            while not _all_threads_stopped(pid) and time.monotonic() < deadline:  # delivered thread by thread
+            while not all_threads_stopped(pid) and time.monotonic() < deadline:  # delivered thread by thread
                 time.sleep(PAUSE_RETRY_S)
-            if _all_threads_stopped(pid):
+            if all_threads_stopped(pid):
                 held = self.partition_locks_held_by(pid)
                 if not held:
                     return
