@@ -21,7 +21,6 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from node.storage.log import PartitionLock
 from scripts.harness import rawkafka as R
-from scripts.harness.nodeproc import all_threads_stopped
 from tests.test_clients import CLIENT_TIMEOUT_S, consume_all, create_topic, produce
 from tests.waiting import poll
 
@@ -389,20 +388,6 @@ def test_a_stopped_timer_is_covered_by_self_answers_then_replaced(node_factory):
     assert log.count("has not turned its loop") == 1, log
 
 
-def stop_holding_a_partition_lock(node, pid: int, partition: str, timeout_s: float = 20.0) -> bool:
-    """SIGSTOP `pid` at a moment it holds `partition`'s lock; True once it does, False (and `pid` running) if that
-    moment did not come in timeout_s."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        os.kill(pid, signal.SIGSTOP)
-        poll(lambda: all_threads_stopped(pid), timeout_s=5, interval_s=0.0005)  # the flusher thread too
-        if partition in node.partition_locks_held_by(pid):
-            return True
-        os.kill(pid, signal.SIGCONT)
-        time.sleep(0.001)
-    return False
-
-
 @pytest.mark.parametrize("workers", [1, 2])
 def test_a_worker_held_up_by_a_hung_timers_partition_lock_keeps_its_connections(node_factory, workers):
     """A timer hung while it holds a partition's lock (here stopped inside a group-commit round, which publishes
@@ -431,7 +416,7 @@ def test_a_worker_held_up_by_a_hung_timers_partition_lock_keeps_its_connections(
         producer.start()
         try:
             assert poll(lambda: answers, timeout_s=CLIENT_TIMEOUT_S)
-            assert stop_holding_a_partition_lock(node, timer, "held-0")
+            node.stop_when_holding(timer, lambda held: "held-0" in held, timeout_s=20)
             try:
                 time.sleep(0.2)  # for the answer of an append made before the stop
                 held_up = len(answers)

@@ -29,7 +29,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import psutil
 
@@ -43,7 +43,7 @@ START_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 30.0
 START_PROBE_INTERVAL_S = 0.05
 START_PROBE_TIMEOUT_S = 0.5
-PAUSE_TIMEOUT_S = 10.0  # stop_outside_partition_locks: how long a child may keep holding partition locks
+PAUSE_TIMEOUT_S = 10.0  # stop_when_holding: how long to wait for a child to hold the partition locks wanted
 PAUSE_RETRY_S = 0.005
 # The module each child role runs (how a child is recognised on its command line).
 ROLE_MODULES = {"worker": "workers.worker", "timer": "node.timer.process", "cleaner": "node.cleaner.process"}
@@ -235,25 +235,32 @@ class NodeProcess:
         return held
 
     def stop_outside_partition_locks(self, pid: int, timeout_s: float = PAUSE_TIMEOUT_S) -> None:
-        """SIGSTOP a child at a moment when it holds no partition lock (checked once every thread of it stopped),
-        for a test that stops one process to show the others go on without it. A process stopped while holding
-        a partition's lock (the timer's flusher publishing a flushed offset, a producer snapshot, a marker's
-        catch-up) holds up every append to that partition, and the worker making it, until it runs again or
-        the supervisor replaces it as hung (node.storage.log: the lock is the appends' one writer)."""
+        """SIGSTOP a child at a moment when it holds no partition lock, for a test that stops one process to show
+        the others go on without it. A process stopped while holding a partition's lock (the timer's flusher
+        publishing a flushed offset, a producer snapshot, a marker's catch-up) holds up every append to that
+        partition, and the worker making it, until it runs again or the supervisor replaces it as hung
+        (node.storage.log: the lock is the appends' one writer)."""
+        self.stop_when_holding(pid, lambda held: not held, timeout_s)
+
+    def stop_when_holding(self, pid: int, wanted: Callable[[list[str]], bool],
+                          timeout_s: float = PAUSE_TIMEOUT_S) -> None:
+        """SIGSTOP a child at a moment when `wanted(the partition locks it holds)` is true, checked once every
+        thread of it stopped; else SIGCONT and again, for up to timeout_s (AssertionError then, the child
+        running)."""
         deadline = time.monotonic() + timeout_s
         held: list[str] = []
         while True:
             os.kill(pid, signal.SIGSTOP)
-            while not all_threads_stopped(pid) and time.monotonic() < deadline:  # delivered thread by thread
-                time.sleep(PAUSE_RETRY_S)
-            if all_threads_stopped(pid):
+            while not (stopped := all_threads_stopped(pid)) and time.monotonic() < deadline:
+                time.sleep(PAUSE_RETRY_S)  # SIGSTOP is delivered thread by thread
+            if stopped:
                 held = self.partition_locks_held_by(pid)
-                if not held:
+                if wanted(held):
                     return
             os.kill(pid, signal.SIGCONT)  # never left stopped but for the caller
             if time.monotonic() > deadline:
-                raise AssertionError(f"pid {pid} was not stopped in {timeout_s}s holding no partition lock "
-                                     f"(the last ones seen held: {held})")
+                raise AssertionError(f"pid {pid} was not stopped in {timeout_s}s holding the partition locks "
+                                     f"wanted (the last ones seen held: {held})")
             time.sleep(PAUSE_RETRY_S)
 
     def wait_for_pids(self, role: str, count: int, exclude: set[int] = frozenset(), timeout: float = 20.0) -> list[int]:
