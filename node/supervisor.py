@@ -60,6 +60,7 @@ from node import sdnotify
 from node.child import GarbageCollectorStats
 from node.config import NodeConfig
 from node.resources import NodeResources
+from node.storage import formats
 from shm import stats as S
 from shm.heartbeat import TIMER_SLOT, HangWatch, cleaner_slot, worker_slot
 from shm import instance as shm_instance
@@ -75,6 +76,7 @@ SIGNALS = {
 }
 EXIT_CHILD_CANNOT_BOOT = 1
 EXIT_IN_USE = 4  # the port or the data directory is taken (node.tools.cli's exit codes)
+EXIT_NEWER_FORMAT = 5  # the data directory was written by a newer node (node.storage.formats)
 
 
 @dataclass(frozen=True)
@@ -240,7 +242,9 @@ class Supervisor:
         log.info("started %s as pid %d", spec.name, child.process.pid)
 
     def start(self) -> None:
+        formats.check(self.data_dir)  # before the lock file is written: a refused directory stays as it was
         self._lock_data_dir()
+        formats.upgrade(self.data_dir, formats.check(self.data_dir))
         workers = self.config.server.worker_count()
         self.listen_sockets = self._listen(workers)  # first: a taken port fails before anything is created
         sdnotify.notify(f"STATUS=recovering the partitions in {self.data_dir}")
@@ -270,6 +274,10 @@ class Supervisor:
                 log.error("cannot start: %s", exc)
                 print(f"shmbroker: {exc}", file=sys.stderr)
                 return EXIT_IN_USE
+            except formats.NewerFormat as exc:
+                log.error("cannot start: %s", exc)
+                print(f"shmbroker: {exc}", file=sys.stderr)
+                return EXIT_NEWER_FORMAT
             except OSError as exc:
                 log.error("cannot start on %s:%d: %s", server.host, server.port, exc)
                 in_use = exc.errno == errno.EADDRINUSE

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import os
 
+import orjson
 import pytest
 from kafka.record.default_records import DefaultRecordBatch
 
 from node.storage.log import LogConfig, PartitionLog
-from node.storage.producer_state import ProducerStateTable
+from node.storage.formats import NewerFormat
+from node.storage.producer_state import (PRODUCER_SNAPSHOT_FORMAT, ProducerStateTable, load_latest_snapshot,
+                                         snapshot_name)
 from node.storage.records import (ControlType, ErrorCode, StorageError, build_batch, build_control_batch,
                                   control_type, parse_header, validate_client_batch)
 from node.storage.txn_index import ENTRY, AbortedTransaction, TransactionIndex, collect_aborted
@@ -128,6 +131,19 @@ def test_a_snapshot_from_before_transactions_still_loads():
     old = b'{"end_offset":5,"producers":[[7,1,100,[[0,4,0,4,100]]]]}'
     state = ProducerStateTable.from_bytes(old)
     assert state.producers[7].open_transaction_from == -1 and state.first_unstable_offset() == -1
+
+
+def test_a_snapshot_names_its_format_and_one_of_a_newer_format_is_refused_not_skipped(tmp_path):
+    state = ProducerStateTable.from_bytes(b'{"end_offset":5,"producers":[[7,1,100,[[0,4,0,4,100]]]]}')
+    assert orjson.loads(state.to_bytes())["format"] == PRODUCER_SNAPSHOT_FORMAT
+    assert ProducerStateTable.from_bytes(state.to_bytes()).producers[7].epoch == 1
+    newer = orjson.loads(state.to_bytes()) | {"format": PRODUCER_SNAPSHOT_FORMAT + 1}
+    with pytest.raises(NewerFormat):
+        ProducerStateTable.from_bytes(orjson.dumps(newer))
+    (tmp_path / snapshot_name(5)).write_bytes(orjson.dumps(newer))
+    # Skipped, it would be rebuilt from the log and overwritten in this node's older format.
+    with pytest.raises(NewerFormat, match=f"{snapshot_name(5)} is format {PRODUCER_SNAPSHOT_FORMAT + 1}"):
+        load_latest_snapshot(str(tmp_path), 10)
 
 
 # The aborted-transaction index --------------------------------------------------------------------

@@ -31,12 +31,13 @@ from typing import Callable, Iterable
 
 import orjson
 
+from node.storage import formats
 from node.storage.durable import changing, write_durably
 
 log = logging.getLogger("shmbroker.acls")
 
 FILE_NAME = "acls.json"
-FORMAT_VERSION = 1
+FORMAT_VERSION = formats.ACLS_FORMAT
 WILDCARD = "*"  # the literal resource name of every resource of a type; the host and principal name of any
 WILDCARD_PRINCIPAL = "User:*"
 
@@ -275,6 +276,7 @@ def read_acls(path: str) -> list[AclBinding]:
             document = orjson.loads(f.read())
     except FileNotFoundError:
         return []
+    formats.version_of(document, path, "version", FORMAT_VERSION)
     return [AclBinding.from_json(item) for item in document.get("acls", [])]
 
 

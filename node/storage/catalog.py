@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 import orjson
 from kio.schema.errors import ErrorCode
 
+from node.storage import formats
+
 CATALOG_FILE = "catalog.json"
 _LEGAL_NAME = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")
 
@@ -109,6 +111,7 @@ class Catalog:
                 raw = orjson.loads(f.read())
         except FileNotFoundError:
             return False
+        formats.version_of(raw, self.path, "format", formats.CATALOG_FORMAT)
         if raw["version"] == self.version and self.topics:
             return False
         self.version = raw["version"]
@@ -139,6 +142,7 @@ class Catalog:
         the version, and no temporary file stays."""
         version = self.version + 1
         body = orjson.dumps({
+            "format": formats.CATALOG_FORMAT,
             "version": version,
             "topics": {t.name: {"rows": t.rows, **({"id": str(t.topic_id)} if t.topic_id is not None else {}),
                                 **({"internal": True} if t.internal else {}),

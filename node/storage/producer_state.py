@@ -33,10 +33,13 @@ from typing import NamedTuple
 
 import orjson
 
+from node.storage import formats
 from node.storage.durable import write_durably
 from node.storage.records import INT32_MAX, ErrorCode, StorageError
 
 SNAPSHOT_SUFFIX = ".snapshot"
+# 1 had no "format" field and (before transactions) four fields per producer; both are read.
+PRODUCER_SNAPSHOT_FORMAT = formats.PRODUCER_SNAPSHOT_FORMAT
 
 
 class BatchMetadata(NamedTuple):
@@ -191,6 +194,7 @@ class ProducerStateTable:
     def to_bytes(self) -> bytes:
         return orjson.dumps(
             {
+                "format": PRODUCER_SNAPSHOT_FORMAT,
                 "end_offset": self.end_offset,
                 "marker_end": self.marker_end,
                 "producers": [
@@ -206,6 +210,7 @@ class ProducerStateTable:
         """Parse a snapshot; raises ValueError if it is not a well-formed one."""
         try:
             document = orjson.loads(data)
+            formats.version_of(document, "a producer state snapshot", "format", PRODUCER_SNAPSHOT_FORMAT)
             table = cls(batches_per_producer, int(document["end_offset"]))
             table.marker_end = int(document.get("marker_end", 0))
             for pid, epoch, last_timestamp, batches, *open_from in document["producers"]:
@@ -215,6 +220,8 @@ class ProducerStateTable:
                 for batch in batches[-batches_per_producer:]:
                     entry.batches.append(BatchMetadata(*(int(value) for value in batch)))
                 table.producers[int(pid)] = entry
+        except formats.NewerFormat:
+            raise
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as error:
             raise ValueError(f"bad producer state snapshot: {error}") from error
         return table
@@ -248,6 +255,8 @@ def load_latest_snapshot(directory: str, max_offset: int, batches_per_producer: 
         try:
             with open(os.path.join(directory, snapshot_name(offset)), "rb") as file:
                 table = ProducerStateTable.from_bytes(file.read(), batches_per_producer)
+        except formats.NewerFormat as exc:  # not ours to skip: a newer node's, in a directory it upgraded
+            raise formats.NewerFormat(os.path.join(directory, snapshot_name(offset)), exc.found, exc.known) from None
         except (OSError, ValueError):
             continue
         if table.end_offset == offset:

@@ -337,12 +337,14 @@ class PartitionStore:
         return outcome
 
     def alter_configs(self, resources: list[tuple[int, str, str, Any]], validate_only: bool = False,
-                      groups: group_config.NodeGroupSettings | None = None) -> list[tuple[int, str | None]]:
+                      groups: group_config.NodeGroupSettings | None = None,
+                      internal: bool = False) -> list[tuple[int, str | None]]:
         """AlterConfigs ("replace": the given set becomes the overrides) and IncrementalAlterConfigs
         ("incremental": SET, DELETE, APPEND, SUBTRACT each key) of topics, of the node (broker resource, the
         node-wide names of topic settings) and of groups (checked against `groups`, the node's group settings),
         in one catalog write. Returns (error code, message) per resource, in order; a refused resource changes
-        nothing."""
+        nothing. Internal topics' configs are refused unless `internal` (their own writer in the timer, which
+        sets them from the node's config)."""
         self.reload()
         results: list[tuple[int, str | None]] = []
         changed: list[int] = []  # results of the resources changed here, which the catalog write must carry
@@ -353,7 +355,7 @@ class PartitionStore:
                     entry = self.catalog.topics.get(name)
                     if entry is None:
                         raise TopicConfigError(f"Topic {name} does not exist", ErrorCode.unknown_topic_or_partition)
-                    if entry.internal:
+                    if entry.internal and not internal:
                         raise TopicConfigError(f"{name} is internal to the node", ErrorCode.invalid_request)
                     current = entry.configs
                     table = topic_config.BY_NAME

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import orjson
 from scramp import ScramMechanism
 
+from node.storage import formats
 from node.storage.durable import changing, write_durably
 
 log = logging.getLogger("shmbroker.users")
@@ -38,7 +39,7 @@ SCRAM_MECHANISMS = {"SCRAM-SHA-256": "sha256", "SCRAM-SHA-512": "sha512"}
 MECHANISMS = (*SCRAM_MECHANISMS, "PLAIN")
 # The SCRAM credential a PLAIN user is stored as.
 PLAIN_STORED_AS = "SCRAM-SHA-512"
-FORMAT_VERSION = 1
+FORMAT_VERSION = formats.USERS_FORMAT
 
 
 class UsersError(ValueError):
@@ -98,6 +99,7 @@ def read_users(path: str) -> dict[str, dict[str, Credential]]:
             document = orjson.loads(f.read())
     except FileNotFoundError:
         return {}
+    formats.version_of(document, path, "version", FORMAT_VERSION)
     users = document.get("users", {})
     return {name: {mechanism: Credential.from_json(credential) for mechanism, credential in credentials.items()}
             for name, credentials in users.items()}

@@ -30,6 +30,7 @@ EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_NOT_RUNNING = 3
 EXIT_IN_USE = 4
+EXIT_NEWER_FORMAT = 5  # the data directory was written by a newer node: nothing was changed
 DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
 DEFAULT_TIMEOUT_S = 10.0  # each Kafka API answer of `topics` and `groups`
 DEFAULT_CONNECT_TIMEOUT_S = 3.0  # their first TCP connect: an address nobody answers is reported this soon

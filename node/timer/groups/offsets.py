@@ -86,7 +86,8 @@ class OffsetStore:
         if code:
             raise RuntimeError(f"cannot create {OFFSETS_TOPIC}: {message}")
         if store.topic_configs(OFFSETS_TOPIC) != settings:  # a data directory from before, or another setting
-            (code, message), = store.alter_configs([(TOPIC_RESOURCE, OFFSETS_TOPIC, "replace", settings)])
+            (code, message), = store.alter_configs([(TOPIC_RESOURCE, OFFSETS_TOPIC, "replace", settings)],
+                                                   internal=True)
             if code:
                 raise RuntimeError(f"cannot set the configs of {OFFSETS_TOPIC}: {message}")
         self.row = store.row(OFFSETS_TOPIC, 0)

@@ -67,7 +67,8 @@ class TransactionStateLog:
 
     def _configure(self) -> None:
         if self.store.topic_configs(STATE_TOPIC) != self.settings:  # another setting since it was made
-            (code, message), = self.store.alter_configs([(TOPIC_RESOURCE, STATE_TOPIC, "replace", self.settings)])
+            (code, message), = self.store.alter_configs([(TOPIC_RESOURCE, STATE_TOPIC, "replace", self.settings)],
+                                                           internal=True)
             if code:
                 raise RuntimeError(f"cannot set the configs of {STATE_TOPIC}: {message}")
 
