@@ -16,20 +16,22 @@ HAVE_PY_HEADERS = $(PYTHON) -c "import os, sys, sysconfig; sys.exit(not os.path.
 PY_DEV_PACKAGE = python$$($(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])')-dev
 
 # `make run` needs the node's own dependencies only; `make test` adds the test and Spark extras. The install is
-# editable and path-based (the checkout on sys.path through a .pth file, setuptools' compat mode), so
-# pkgutil.iter_modules() sees pyspark_shmbroker from any directory, as Spark's data source lookup needs.
-EDITABLE = --config-settings editable_mode=compat
+# editable: setuptools' finder maps shmbroker.node, shmbroker.shm, ... to the checkout's folders (setup.py). A
+# .pth file also puts the checkout on sys.path, so that pkgutil.iter_modules() sees pyspark_shmbroker from any
+# directory, as Spark's data source lookup needs (the finder's packages are invisible to it).
+SITE_PACKAGES = $$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 $(STAMP): pyproject.toml setup.py shm/_ringops.c
 	@test -n "$(PYTHON)" || { echo "make: Python 3.11 is needed"; exit 1; }
 	@{ command -v gcc >/dev/null 2>&1 && $(HAVE_PY_HEADERS); } || { $(APT_INSTALL) gcc $(PY_DEV_PACKAGE); } || { $(APT_INSTALL) gcc python3-dev; }
 	@# Debian ships venv's pip bootstrap separately (python3-venv, which pulls python3.11-venv).
 	$(PYTHON) -m venv $(VENV) || { rm -rf $(VENV); $(APT_INSTALL) python3-venv; $(PYTHON) -m venv $(VENV); }
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet $(EDITABLE) -e .
+	$(PY) -m pip install --quiet -e .
+	echo "$(CURDIR)" > "$(SITE_PACKAGES)/shmbroker-checkout.pth"
 	touch $(STAMP)
 
 $(TEST_STAMP): $(STAMP)
-	$(PY) -m pip install --quiet $(EDITABLE) -e '.[test,spark]'
+	$(PY) -m pip install --quiet -e '.[test,spark]'
 	touch $(TEST_STAMP)
 
 venv: $(STAMP)

@@ -25,9 +25,9 @@ import logging
 import time
 from typing import Any, Callable
 
-from node.config import NodeConfig, read_runtime, reload_runtime
-from node.logging_setup import setup_logging
-from shm.stats import OFFSETS
+from shmbroker.node.config import NodeConfig, read_runtime, reload_runtime
+from shmbroker.node.logging_setup import setup_logging
+from shmbroker.shm.stats import OFFSETS
 
 _GC_COLLECTIONS = OFFSETS["gc_collections"]  # + generation
 _GC_COLLECTED = OFFSETS["gc_collected"]

@@ -25,9 +25,9 @@ from typing import Any
 
 import orjson
 
-from node.storage.cleaner import CleanerConfig
-from node.storage.log import LogConfig
-from shm.ring import RingConfig
+from shmbroker.node.storage.cleaner import CleanerConfig
+from shmbroker.node.storage.log import LogConfig
+from shmbroker.shm.ring import RingConfig
 
 
 class ConfigError(ValueError):

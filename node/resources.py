@@ -25,17 +25,17 @@ from __future__ import annotations
 import logging
 import os
 
-from node.config import NodeConfig
-from node.storage.store import PartitionStore
-from shm import instance as shm_instance
-from shm.connections import ConnectionCounts
-from shm.doorbell import EventfdDoorbell
-from shm.handoff import Inbox
-from shm.heartbeat import HeartbeatTable
-from shm.generations import ChangeCounters
-from shm.interest import WorkerWatches
-from shm.stats import StatsSegment, stats_rows
-from shm.table import PartitionTable
+from shmbroker.node.config import NodeConfig
+from shmbroker.node.storage.store import PartitionStore
+from shmbroker.shm import instance as shm_instance
+from shmbroker.shm.connections import ConnectionCounts
+from shmbroker.shm.doorbell import EventfdDoorbell
+from shmbroker.shm.handoff import Inbox
+from shmbroker.shm.heartbeat import HeartbeatTable
+from shmbroker.shm.generations import ChangeCounters
+from shmbroker.shm.interest import WorkerWatches
+from shmbroker.shm.stats import StatsSegment, stats_rows
+from shmbroker.shm.table import PartitionTable
 
 log = logging.getLogger("shmbroker.resources")
 

@@ -55,16 +55,16 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Protocol
 
-from node import config as node_config
-from node import sdnotify
-from node.child import GarbageCollectorStats
-from node.config import NodeConfig
-from node.resources import NodeResources
-from node.storage import formats
-from shm import stats as S
-from shm.heartbeat import TIMER_SLOT, HangWatch, cleaner_slot, worker_slot
-from shm import instance as shm_instance
-from shm.instance import instance_id_for
+from shmbroker.node import config as node_config
+from shmbroker.node import sdnotify
+from shmbroker.node.child import GarbageCollectorStats
+from shmbroker.node.config import NodeConfig
+from shmbroker.node.resources import NodeResources
+from shmbroker.node.storage import formats
+from shmbroker.shm import stats as S
+from shmbroker.shm.heartbeat import TIMER_SLOT, HangWatch, cleaner_slot, worker_slot
+from shmbroker.shm import instance as shm_instance
+from shmbroker.shm.instance import instance_id_for
 
 log = logging.getLogger("shmbroker.supervisor")
 
@@ -199,7 +199,7 @@ class Supervisor:
         assert self.resources is not None
         bells = [bell.fileno() for bell in self.resources.worker_bells]
         cleaner_bells = [bell.fileno() for bell in self.resources.cleaner_bells]
-        timer = ChildSpec("timer", 0, "node.timer.process",
+        timer = ChildSpec("timer", 0, "shmbroker.node.timer.process",
                           ("--worker-bell-fds", ",".join(map(str, bells)),
                            "--cleaner-bell-fds", ",".join(map(str, cleaner_bells))),
                           (*bells, *cleaner_bells), TIMER_SLOT, S.TIMER_ROW)
@@ -214,9 +214,10 @@ class Supervisor:
             if receiving:  # a worker inherits its own inbox's receiving end and the others' sending ends
                 args += ("--inbox-fd", str(receiving[i]), "--worker-inbox-fds", ",".join(map(str, sending)))
                 fds += (receiving[i], *(fd for peer, fd in enumerate(sending) if peer != i))
-            workers.append(ChildSpec("worker", i, "workers.worker", args, fds, worker_slot(i), S.worker_row(i)))
+            workers.append(ChildSpec("worker", i, "shmbroker.workers.worker", args, fds, worker_slot(i),
+                                     S.worker_row(i)))
         # A log cleaner: the rings of index workers + c, its own doorbell (node.cleaner).
-        cleaners = [ChildSpec("cleaner", c, "node.cleaner.process",
+        cleaners = [ChildSpec("cleaner", c, "shmbroker.node.cleaner.process",
                               ("--ring-index", str(len(bells) + c), "--bell-fd", str(fd),
                                "--stats-row", str(S.cleaner_row(len(bells), c))), (fd,),
                               cleaner_slot(len(bells), c), S.cleaner_row(len(bells), c))
@@ -225,7 +226,9 @@ class Supervisor:
 
     def spawn(self, child: Child) -> None:
         spec = child.spec
-        argv = [sys.executable, "-m", spec.module,
+        # -P: the working directory is not put on the child's path (a folder there named like a module the
+        # child imports would be imported instead).
+        argv = [sys.executable, "-P", "-m", spec.module,
                 "--instance", self.instance,
                 "--index", str(spec.index),
                 "--config-file", self.runtime_path,

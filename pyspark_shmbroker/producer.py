@@ -41,8 +41,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from kio.schema.errors import ErrorCode
 
-from node.storage import compression
-from node.storage.records import BATCH_HEADER_SIZE, NO_PARTITION_LEADER_EPOCH, pack_header, set_producer
+from shmbroker.node.storage import compression
+from shmbroker.node.storage.records import BATCH_HEADER_SIZE, NO_PARTITION_LEADER_EPOCH, pack_header, set_producer
 from pyspark_shmbroker.options import ProducerSettings
 from pyspark_shmbroker.wire import (
     BrokerError,

@@ -52,7 +52,7 @@ from pyspark_shmbroker.offsets import (
     to_json_offsets,
 )
 from pyspark_shmbroker.options import SourceOptions
-from node.storage.records import iter_batches
+from shmbroker.node.storage.records import iter_batches
 from pyspark_shmbroker.records import decode_record_set
 from pyspark_shmbroker.wire import BrokerError, Connection, TopicPartition, fetch_request
 

@@ -36,13 +36,13 @@ import crc32c
 import numpy as np
 import pyarrow as pa
 
-from node.storage import compression
-from node.storage.record_arrays import (ARENA_PADDING, MIN_RECORD_BYTES, CorruptRecords, record_fields, select_headers,
-                                        unaligned)
+from shmbroker.node.storage import compression
+from shmbroker.node.storage.record_arrays import (ARENA_PADDING, MIN_RECORD_BYTES, CorruptRecords, record_fields,
+                                                  select_headers, unaligned)
 
-from node.storage.records import (BATCH_HEADER, BATCH_HEADER_SIZE, COMPRESSION_MASK, CONTROL_BIT, CRC_START,
-                                  TIMESTAMP_TYPE_BIT, TRANSACTIONAL_BIT, ControlType, control_type)
-from node.storage.records import LENGTH_FIELDS_SIZE as LOG_OVERHEAD  # baseOffset and batchLength
+from shmbroker.node.storage.records import (BATCH_HEADER, BATCH_HEADER_SIZE, COMPRESSION_MASK, CONTROL_BIT, CRC_START,
+                                            TIMESTAMP_TYPE_BIT, TRANSACTIONAL_BIT, ControlType, control_type)
+from shmbroker.node.storage.records import LENGTH_FIELDS_SIZE as LOG_OVERHEAD  # baseOffset and batchLength
 
 NO_COMPRESSION, GZIP, SNAPPY, LZ4, ZSTD = 0, 1, 2, 3, 4
 CODEC_NAMES = {NO_COMPRESSION: "none", GZIP: "gzip", SNAPPY: "snappy", LZ4: "lz4", ZSTD: "zstd"}

@@ -31,8 +31,8 @@ import sys
 import time
 from typing import Any
 
-from node.storage.log import LogConfig
-from node.storage.segment import Segment
+from shmbroker.node.storage.log import LogConfig
+from shmbroker.node.storage.segment import Segment
 from scripts.harness import benchnode
 from scripts.harness import rawkafka as R
 

@@ -28,7 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from node.storage.acls import AclBinding, AclStore, Operation, PatternType, Permission, ResourceType
+from shmbroker.node.storage.acls import AclBinding, AclStore, Operation, PatternType, Permission, ResourceType
 from scripts.harness import benchnode
 from scripts.harness.abba import AlternatingRounds
 from scripts.harness.nodeproc import NodeProcess

@@ -31,17 +31,17 @@ import tempfile
 import time
 from pathlib import Path
 
-from node.storage.cleaner import MAP_ENTRY_BYTES, Cleaner, CleanerConfig
-from node.storage.log import LogConfig
-from node.storage.records import build_batch
-from node.storage.store import PartitionStore
-from node.tools.inspect import NodeReader
+from shmbroker.node.storage.cleaner import MAP_ENTRY_BYTES, Cleaner, CleanerConfig
+from shmbroker.node.storage.log import LogConfig
+from shmbroker.node.storage.records import build_batch
+from shmbroker.node.storage.store import PartitionStore
+from shmbroker.node.tools.inspect import NodeReader
 from scripts.harness import benchnode
 from scripts.harness.abba import AlternatingRounds
 from scripts.harness.nodeproc import NodeProcess
 from scripts.e2e_latency import LatencyRun, run_raw
 from scripts.producer_perf import RawProduceLoad, run_raw_producer
-from shm.table import PartitionTable
+from shmbroker.shm.table import PartitionTable
 
 SCRIPT = "bench_cleaner"
 TOPIC = "dirty"

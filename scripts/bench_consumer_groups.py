@@ -40,7 +40,7 @@ from scripts.bench_groups import Conn, Mux
 from scripts.harness import benchnode
 from scripts.harness import rawkafka as R
 from scripts.harness.rawkafka import millis as ms, request_body as kio_body, request_entity as nested
-from workers.codecs import protocol as P
+from shmbroker.workers.codecs import protocol as P
 
 SCRIPT = "bench_consumer_groups"
 HB, HB_V = P.CONSUMER_GROUP_HEARTBEAT, 1

@@ -270,7 +270,7 @@ class TimerStats:
     one sample per publish interval of its lateness percentiles, and its fetch purgatory counters."""
 
     def __init__(self, data_dir: str) -> None:
-        from node.tools.inspect import NodeReader
+        from shmbroker.node.tools.inspect import NodeReader
 
         self.reader = NodeReader.open(data_dir)
         self.published_ms = 0

@@ -39,7 +39,7 @@ from kio.static.primitive import i32, i64
 from scripts.harness import benchnode
 from scripts.harness import rawkafka as R
 from scripts.harness.rawkafka import millis as ms, request_body as kio_body, request_entity as nested
-from workers.codecs import protocol as P
+from shmbroker.workers.codecs import protocol as P
 
 SCRIPT = "bench_groups"
 JOIN_V, SYNC_V, HEARTBEAT_V, COMMIT_V = 5, 3, 3, 7

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from clients.priority import level_of, level_topic
+from shmbroker.clients.priority import level_of, level_topic
 from scripts.harness import benchnode
 from scripts.harness import rawkafka as R
 from scripts.harness.nodeproc import NodeProcess

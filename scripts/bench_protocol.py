@@ -38,16 +38,12 @@ from kio.serial import entity_reader, entity_writer
 from kio.static.primitive import i32, i32Timedelta, i64
 
 from scripts.harness import rawkafka
-from workers.codecs import protocol
-from workers.codecs.consumer_group_heartbeat import encode_response_without_assignment
-from workers.codecs.fetch import FetchPartitionResult, FetchTopicResult, encode_fetch_response
-from workers.codecs.produce import (
-    ProducePartitionResult,
-    ProduceTopicResult,
-    decode_produce_request,
-    encode_produce_response,
-)
-from workers.codecs.protocol import parse_request_header
+from shmbroker.workers.codecs import protocol
+from shmbroker.workers.codecs.consumer_group_heartbeat import encode_response_without_assignment
+from shmbroker.workers.codecs.fetch import FetchPartitionResult, FetchTopicResult, encode_fetch_response
+from shmbroker.workers.codecs.produce import (ProducePartitionResult, ProduceTopicResult, decode_produce_request,
+                                              encode_produce_response)
+from shmbroker.workers.codecs.protocol import parse_request_header
 
 RECORD_SIZE = 100
 

@@ -46,8 +46,8 @@ import time
 
 import numpy as np
 
-from node.timer.purgatory import DelayedOperation, Purgatory
-from node.timer.wheel import TimingWheel
+from shmbroker.node.timer.purgatory import DelayedOperation, Purgatory
+from shmbroker.node.timer.wheel import TimingWheel
 
 IMPLS = ("wheel-timer", "heapq-timer", "purgatory", "purgatory-0.8")
 CASES = {"low": (60.0, 20.0), "high": (400.0, 200.0)}  # (pct75, pct50) of the completion latency, ms

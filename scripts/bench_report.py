@@ -322,7 +322,7 @@ class ServingWorkers:
     PLACEMENTS = ONE, MOVED, TWO = "one worker", "moved to one", "two workers"
 
     def __init__(self, node: NodeProcess) -> None:
-        from node.tools.inspect import NodeReader
+        from shmbroker.node.tools.inspect import NodeReader
 
         self.reader = NodeReader.open(str(node.data_dir))
 

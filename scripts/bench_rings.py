@@ -44,10 +44,10 @@ import time
 import numpy as np
 import psutil
 
-from shm.doorbell import EventfdDoorbell
-from shm.instance import Instance, object_name
-from shm.ring import RingConfig, RingReader, RingWriter, announce_sleep_all, woke_all
-import shm.ring
+from shmbroker.shm.doorbell import EventfdDoorbell
+from shmbroker.shm.instance import Instance, object_name
+from shmbroker.shm.ring import RingConfig, RingReader, RingWriter, announce_sleep_all, woke_all
+from shmbroker.shm import ring as shm_ring
 
 TRANSPORTS = ("shm-ring", "os-pipe", "mp-pipe", "mp-queue")
 F_SETPIPE_SZ = 1031
@@ -408,7 +408,7 @@ def measure_size(size: int, args) -> list[dict]:
             values = [sample[key] for sample in samples[name] if sample[key] is not None]
             row[key] = round(statistics.median(values), 3) if values else None
         if name == RingTransport.name:  # which paths the figures are for (the C ones unless it failed to build)
-            compiled = shm.ring._ringops is not None
+            compiled = shm_ring._ringops is not None
             row["ring_write_path"] = "compiled" if compiled else "python"
             row["ring_doorbell"] = args.ring_doorbell
         row["latency_samples"] = len(pooled[name])

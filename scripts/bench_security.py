@@ -32,7 +32,7 @@ import trustme
 from confluent_kafka import Consumer, Producer, TopicPartition
 from scramp import ScramClient
 
-from node.storage.users import UsersStore
+from shmbroker.node.storage.users import UsersStore
 from scripts.harness import benchnode
 from scripts.harness import rawkafka as R
 from scripts.harness.abba import AlternatingRounds

@@ -41,7 +41,7 @@ import numpy as np
 import psutil
 import pyarrow as pa
 
-from node.storage.records import set_producer
+from shmbroker.node.storage.records import set_producer
 from pyspark_shmbroker import records as R
 from pyspark_shmbroker.options import ProducerSettings
 from pyspark_shmbroker.producer import IdempotentProducer, encode_partition

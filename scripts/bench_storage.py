@@ -25,10 +25,10 @@ import time
 import crc32c
 import orjson
 
-from node.storage.log import LogConfig, PartitionLog
-from node.storage.producer_state import snapshot_name
+from shmbroker.node.storage.log import LogConfig, PartitionLog
+from shmbroker.node.storage.producer_state import snapshot_name
 from scripts.harness import rawkafka
-from shm.table import PartitionTable
+from shmbroker.shm.table import PartitionTable
 
 
 def per_call_us(function, calls: int) -> float:

@@ -53,7 +53,7 @@ from typing import Any, Callable
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
-from node.tools.inspect import NodeReader
+from shmbroker.node.tools.inspect import NodeReader
 from scripts.consumer_perf import fill_topic
 from scripts.harness import benchnode
 from scripts.harness.abba import AlternatingRounds

@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from node.storage import records
+from shmbroker.node.storage import records
 from pyspark_shmbroker import wire
 from scripts.harness import benchnode, rawkafka, results
 

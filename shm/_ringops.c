@@ -191,7 +191,8 @@ static PyMethodDef ringops_methods[] = {
 };
 
 static struct PyModuleDef ringops_module = {
-    PyModuleDef_HEAD_INIT, "shm._ringops", "Compiled fast path of shm.ring (one frame per call).", -1, ringops_methods,
+    PyModuleDef_HEAD_INIT, "shmbroker.shm._ringops", "Compiled fast path of shm.ring (one frame per call).", -1,
+    ringops_methods,
 };
 
 PyMODINIT_FUNC

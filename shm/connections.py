@@ -33,7 +33,7 @@ from typing import Any
 
 import posix_ipc
 
-from shm.segment import HEADER_BYTES, Layout, Segment
+from shmbroker.shm.segment import HEADER_BYTES, Layout, Segment
 
 MARKS = 8
 MARKS_BYTES = MARKS * 8

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from shm.table import END_BYTES, PartitionTable
+from shmbroker.shm.table import END_BYTES, PartitionTable
 
 
 @dataclass(slots=True)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from shm.segment import HEADER_BYTES, Layout, Segment, unlink_segment
+from shmbroker.shm.segment import HEADER_BYTES, Layout, Segment, unlink_segment
 
 ACLS = 0  # the authorizer's ACLs (node.storage.acls)
 COUNTERS = 8  # room for more kinds without a new layout

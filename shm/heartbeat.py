@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from shm.segment import HEADER_BYTES, Layout, Segment
+from shmbroker.shm.segment import HEADER_BYTES, Layout, Segment
 
 ROW_WORDS = 8
 ROW_BYTES = ROW_WORDS * 8

@@ -26,10 +26,10 @@ from dataclasses import dataclass, field
 
 import posix_ipc
 
-from shm import liveness
-from shm.doorbell import SemaphoreDoorbell, unlink_semaphore
-from shm.ring import RingConfig, create_ring
-from shm.segment import unlink_segment
+from shmbroker.shm import liveness
+from shmbroker.shm.doorbell import SemaphoreDoorbell, unlink_semaphore
+from shmbroker.shm.ring import RingConfig, create_ring
+from shmbroker.shm.segment import unlink_segment
 
 PREFIX = "shmbroker"
 DEV_SHM = "/dev/shm"

@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from shm.fence import full_fence
-from shm.segment import HEADER_BYTES, Layout, Segment
+from shmbroker.shm.fence import full_fence
+from shmbroker.shm.segment import HEADER_BYTES, Layout, Segment
 
 __all__ = ["WorkerWatches", "full_fence"]
 

@@ -66,11 +66,11 @@ from typing import Protocol, Sequence
 import numpy as np
 import posix_ipc
 
-from shm import liveness
-from shm.fence import fence_enter, fence_exit, full_fence
+from shmbroker.shm import liveness
+from shmbroker.shm.fence import fence_enter, fence_exit, full_fence
 
 try:
-    from shm import _ringops
+    from shmbroker.shm import _ringops
 except ImportError:  # installed without a C compiler: write() runs its steps in Python (slower, same result)
     _ringops = None
 

@@ -53,7 +53,7 @@ from typing import Iterator
 import numpy as np
 import orjson
 
-from shm.segment import HEADER_BYTES, Layout, Segment
+from shmbroker.shm.segment import HEADER_BYTES, Layout, Segment
 
 DOCUMENT_HEAD_BYTES = 64
 CUT_MARK = b'"":[]'  # first key of a document that was cut to fit

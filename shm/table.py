@@ -33,7 +33,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from shm.segment import HEADER_BYTES, Layout, Segment
+from shmbroker.shm.segment import HEADER_BYTES, Layout, Segment
 
 WORD = 8
 VERSION_WORDS = 8  # version + padding to a cache line

@@ -16,10 +16,10 @@ import logging
 from collections import deque
 from typing import Any
 
-from shm import instance as shm_instance
-from shm import messages as M
-from shm.doorbell import EventfdDoorbell, SemaphoreDoorbell
-from shm.ring import RingConfig, RingReader, RingWriter
+from shmbroker.shm import instance as shm_instance
+from shmbroker.shm import messages as M
+from shmbroker.shm.doorbell import EventfdDoorbell, SemaphoreDoorbell
+from shmbroker.shm.ring import RingConfig, RingReader, RingWriter
 
 log = logging.getLogger("shmbroker.timer_client")
 

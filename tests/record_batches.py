@@ -7,8 +7,8 @@ import os
 import struct
 import time
 
-from node.storage.records import build_batch, pack_header, seal
-from shm.table import PartitionTable
+from shmbroker.node.storage.records import build_batch, pack_header, seal
+from shmbroker.shm.table import PartitionTable
 
 GZIP = 1
 

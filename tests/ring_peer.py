@@ -13,9 +13,9 @@ import time
 
 import numpy as np
 
-from shm.doorbell import EventfdDoorbell, SemaphoreDoorbell
-from shm.instance import Instance, completion_ring_name, request_ring_name, timer_doorbell_name
-from shm.ring import RingConfig, RingReader, RingWriter
+from shmbroker.shm.doorbell import EventfdDoorbell, SemaphoreDoorbell
+from shmbroker.shm.instance import Instance, completion_ring_name, request_ring_name, timer_doorbell_name
+from shmbroker.shm.ring import RingConfig, RingReader, RingWriter
 
 PEER_MAX_SECONDS = 120
 STRESS_CHUNK = 1 << 16

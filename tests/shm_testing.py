@@ -10,7 +10,7 @@ import uuid
 from contextlib import contextmanager
 from pathlib import Path
 
-from shm.instance import Instance, list_objects, remove_leftovers
+from shmbroker.shm.instance import Instance, list_objects, remove_leftovers
 
 PEER = str(Path(__file__).resolve().parent / "ring_peer.py")
 PEER_TIMEOUT_S = 60

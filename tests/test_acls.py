@@ -9,14 +9,14 @@ from types import SimpleNamespace
 
 import pytest
 
-from node.config import AuthorizerConfig
-from node.storage.acls import (CLUSTER_NAME, AclBinding, AclError, AclFilter, AclStore, Authorization, Operation,
-                               PatternType, Permission, ResourceType, read_acls)
-from shm import generations
-from shm.generations import ChangeCounters
-from shm.instance import object_name
+from shmbroker.node.config import AuthorizerConfig
+from shmbroker.node.storage.acls import (CLUSTER_NAME, AclBinding, AclError, AclFilter, AclStore, Authorization,
+                                         Operation, PatternType, Permission, ResourceType, read_acls)
+from shmbroker.shm import generations
+from shmbroker.shm.generations import ChangeCounters
+from shmbroker.shm.instance import object_name
 from tests.shm_testing import unique_instance_id
-from workers.api.authorizer import RequestAuthorizer
+from shmbroker.workers.api.authorizer import RequestAuthorizer
 
 T, G, C, X = ResourceType.TOPIC, ResourceType.GROUP, ResourceType.CLUSTER, ResourceType.TRANSACTIONAL_ID
 LIT, PRE = PatternType.LITERAL, PatternType.PREFIXED
@@ -180,7 +180,7 @@ def test_worker_sees_a_change_through_the_shared_counter_and_drops_its_cached_de
 
 
 def test_denials_are_counted_per_principal_and_api_up_to_a_bound(tmp_path) -> None:
-    from workers.api.authorizer import MAX_PRINCIPALS_COUNTED, OTHER_PRINCIPALS
+    from shmbroker.workers.api.authorizer import MAX_PRINCIPALS_COUNTED, OTHER_PRINCIPALS
 
     worker = RequestAuthorizer(AuthorizerConfig(enabled=True), str(tmp_path), None)
     alice = _Conn("User:alice")

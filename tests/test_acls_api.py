@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import urllib.request
 from typing import Any
 
@@ -21,11 +20,11 @@ from kio.serial import entity_reader
 from kio.static.primitive import i8
 
 from scripts.harness import rawkafka as R
-from scripts.harness.nodeproc import REPO_ROOT, free_port
+from scripts.harness.nodeproc import CLI, REPO_ROOT, free_port
 from tests.test_security_sasl import PASSWORD, SaslNode, with_users
 from tests.test_stats_cli import stats_json
 from tests.waiting import wait_for
-from workers.codecs import protocol as P
+from shmbroker.workers.codecs import protocol as P
 
 pytestmark = [pytest.mark.node, pytest.mark.usefixtures("librdkafka_clients_collected")]
 
@@ -79,7 +78,7 @@ def topic_read(user: str, name: str = "orders", pattern=ResourcePatternType.LITE
 
 
 def acls_cli(sasl: SaslNode, properties, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "node.tools.cli", "acls", *args, "--bootstrap",
+    return subprocess.run([*CLI, "acls", *args, "--bootstrap",
                            f"127.0.0.1:{sasl.sasl_port}", "--command-config", str(properties), "--json"],
                           cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
 

@@ -17,13 +17,13 @@ from confluent_kafka.admin import (AdminClient, AlterConfigOpType, ConfigEntry, 
                                    NewPartitions, NewTopic)
 from kio.static.primitive import i8, i32, i64
 
-from node.storage.records import parse_header
+from shmbroker.node.storage.records import parse_header
 from scripts.harness import rawkafka as R
-from shm import instance as shm_instance
-from shm.table import PartitionTable
+from shmbroker.shm import instance as shm_instance
+from shmbroker.shm.table import PartitionTable
 from tests.test_clients import CLIENT_TIMEOUT_S, consume_all, produce
 from tests.test_groups_protocol import body, nested
-from workers.codecs import protocol as P
+from shmbroker.workers.codecs import protocol as P
 
 NONE, OFFSET_OUT_OF_RANGE, REQUEST_TIMED_OUT, MESSAGE_TOO_LARGE, INVALID_TIMESTAMP = 0, 1, 7, 10, 32
 INVALID_PARTITIONS, INVALID_REPLICATION_FACTOR, INVALID_REPLICA_ASSIGNMENT, INVALID_CONFIG = 37, 38, 39, 40

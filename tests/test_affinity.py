@@ -21,14 +21,14 @@ import time
 import psutil
 import pytest
 
-from node.tools.inspect import NodeReader
+from shmbroker.node.tools.inspect import NodeReader
 from scripts.harness import rawkafka as R
-from shm.handoff import AFFINITY, BALANCE, HEADER, MAGIC, Handoffs, Inbox
+from shmbroker.shm.handoff import AFFINITY, BALANCE, HEADER, MAGIC, Handoffs, Inbox
 from tests.test_clients import create_topic
 from tests.test_hardening import worker_of
 from tests.test_node_protocol import _connections_on_two_workers, connect
 from tests.waiting import wait_for
-from workers.affinity import ConnectionAffinity
+from shmbroker.workers.affinity import ConnectionAffinity
 
 pytestmark = pytest.mark.serial  # see tests/conftest.py: run alone
 

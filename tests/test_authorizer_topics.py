@@ -26,7 +26,7 @@ from tests.test_security_sasl import PASSWORD, add_user
 from tests.test_security_tls import listener
 from tests.test_stats_cli import stats_json
 from tests.waiting import wait_for
-from workers.codecs import errors as E
+from shmbroker.workers.codecs import errors as E
 
 pytestmark = pytest.mark.node
 

@@ -22,8 +22,8 @@ from scripts import bench_rings
 from scripts.compare_checkouts import script_command
 from scripts.harness import benchnode
 from scripts.harness.abba import AlternatingRounds
-from shm import instance as shm_instance
-from shm.instance import instance_id_for
+from shmbroker.shm import instance as shm_instance
+from shmbroker.shm.instance import instance_id_for
 
 REPO = Path(__file__).resolve().parent.parent
 RUN_TIMEOUT_S = 240.0

@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 from kafka.record.default_records import DefaultRecordBatch
 
-from node.storage import cleaner as C
-from node.storage.log import LogConfig, PartitionLog
-from node.storage.records import ErrorCode, StorageError, build_batch, parse_header
-from node.storage.segment import segment_base_offsets
+from shmbroker.node.storage import cleaner as C
+from shmbroker.node.storage.log import LogConfig, PartitionLog
+from shmbroker.node.storage.records import ErrorCode, StorageError, build_batch, parse_header
+from shmbroker.node.storage.segment import segment_base_offsets
 from tests.record_batches import GZIP
 
 COMPACT = LogConfig(cleanup_policy="compact", segment_bytes=8_000, index_interval_bytes=500, index_max_bytes=4096,

@@ -11,7 +11,6 @@ import random
 import re
 import signal
 import subprocess
-import sys
 import threading
 import time
 import urllib.request
@@ -21,7 +20,7 @@ import pytest
 from confluent_kafka import Consumer, KafkaError, Producer
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, NewTopic
 
-from scripts.harness.nodeproc import free_port
+from scripts.harness.nodeproc import CLI, free_port
 from tests import waiting
 from tests.small_fs import MiB, fill, tmpfs
 
@@ -85,7 +84,7 @@ def read_from_start(bootstrap: str, topic: str, partitions: int = 1) -> list[tup
 
 
 def stats(node) -> dict:
-    done = subprocess.run([sys.executable, "-m", "node.tools.cli", "stats", "--data-dir", str(node.data_dir),
+    done = subprocess.run([*CLI, "stats", "--data-dir", str(node.data_dir),
                            "--json"], capture_output=True, text=True, timeout=TIMEOUT_S)
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)

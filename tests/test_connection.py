@@ -10,7 +10,7 @@ import struct
 
 import pytest
 
-from workers.connection import PAUSED_MEMORY, Connection, ConnectionClosed, FileRange
+from shmbroker.workers.connection import PAUSED_MEMORY, Connection, ConnectionClosed, FileRange
 
 RECV = 64 * 1024
 MAX_REQUEST = 100 * 1024 * 1024

@@ -16,9 +16,9 @@ from hypothesis import strategies as st
 from kafka.partitioner.default import murmur2 as kafka_murmur2
 from kafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
 
-from node.storage.record_arrays import Runs
-from node.storage.records import (NO_PARTITION_LEADER_EPOCH, ControlType, build_batch, build_control_batch,
-                                  set_producer)
+from shmbroker.node.storage.record_arrays import Runs
+from shmbroker.node.storage.records import (NO_PARTITION_LEADER_EPOCH, ControlType, build_batch, build_control_batch,
+                                            set_producer)
 from pyspark_shmbroker import producer as P
 from pyspark_shmbroker import records as R
 from pyspark_shmbroker.wire import TopicPartition

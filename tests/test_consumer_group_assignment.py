@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from node.timer.groups.assignors import ASSIGNORS, RangeAssignor, UniformAssignor
-from node.timer.groups.reconciliation import MemberState, reconcile
+from shmbroker.node.timer.groups.assignors import ASSIGNORS, RangeAssignor, UniformAssignor
+from shmbroker.node.timer.groups.reconciliation import MemberState, reconcile
 
 
 def owners(assignment):

@@ -16,10 +16,11 @@ import pytest
 from kio.static.primitive import i32, i64, i64Timedelta
 
 from scripts.harness import rawkafka as R
+from scripts.harness.nodeproc import CLI
 from scripts.harness.rawkafka import millis as ms, request_body as body, request_entity as nested
 from tests.test_clients import create_topic
 from tests.test_groups_protocol import subscription
-from workers.codecs import protocol as P
+from shmbroker.workers.codecs import protocol as P
 
 CONFIG = ("[groups]\ninitial_rebalance_delay_ms = 50\nmin_session_timeout_ms = 500\n"
           "consumer_session_timeout_ms = 3000\nconsumer_heartbeat_interval_ms = 100\n"
@@ -309,7 +310,7 @@ def test_groups_describe_shows_a_consumer_group_with_assignments_and_targets(mem
 
 
 def check_groups_describe(node) -> None:
-    from node.tools.admin import Admin
+    from shmbroker.node.tools.admin import Admin
 
     admin = Admin(node.bootstrap, 10.0, 5.0)
     assert {"group": "g", "state": "STABLE", "simple": False} in admin.groups()
@@ -319,7 +320,7 @@ def check_groups_describe(node) -> None:
     (member,) = described["members"]
     assert member["member_id"] == "a" and member["partitions"] == member["target"] == [f"t-{p}" for p in range(6)]
     assert member["member_epoch"] == 1
-    shown = subprocess.run([sys.executable, "-m", "node.tools.cli", "groups", "describe", "g", "--bootstrap",
+    shown = subprocess.run([*CLI, "groups", "describe", "g", "--bootstrap",
                             node.bootstrap], capture_output=True, text=True, timeout=60)
     assert shown.returncode == 0, shown.stderr
     assert "type consumer" in shown.stdout and "group epoch 1" in shown.stdout, shown.stdout
@@ -639,7 +640,7 @@ def test_a_node_whose_group_consumer_settings_leave_their_bounds_refuses_to_star
     interval): `shmbroker serve` exits before it starts anything, naming the settings."""
     config = tmp_path / "node.toml"
     config.write_text("[groups]\n" + "".join(f"{key} = {value}\n" for key, value in groups.items()))
-    done = subprocess.run([sys.executable, "-m", "node.tools.cli", "serve", "--config", str(config), "--listen",
+    done = subprocess.run([*CLI, "serve", "--config", str(config), "--listen",
                            "127.0.0.1:0", "--data-dir", str(tmp_path / "data")],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode != 0

@@ -8,8 +8,8 @@ import time
 import pytest
 from shm_testing import Peer, fresh_instance
 
-from shm.doorbell import EventfdDoorbell, SemaphoreDoorbell
-from shm.ring import RingConfig, RingReader, RingWriter, announce_sleep_all, woke_all
+from shmbroker.shm.doorbell import EventfdDoorbell, SemaphoreDoorbell
+from shmbroker.shm.ring import RingConfig, RingReader, RingWriter, announce_sleep_all, woke_all
 
 # A consumer that waits this long although frames were committed has lost a wakeup.
 LOST_WAKEUP_TIMEOUT_S = 1.0

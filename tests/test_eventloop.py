@@ -10,7 +10,7 @@ import weakref
 
 import pytest
 
-from workers.eventloop import EventLoop
+from shmbroker.workers.eventloop import EventLoop
 
 
 @pytest.fixture

@@ -6,12 +6,12 @@ from __future__ import annotations
 import pytest
 from confluent_kafka import Producer
 
-from node.storage import records
+from shmbroker.node.storage import records
 from pyspark_shmbroker import wire
 from scripts.harness import rawkafka as R
 from tests.test_fetch_sessions import request
 from tests.test_node_protocol import connect
-from workers.codecs.protocol import FETCH
+from shmbroker.workers.codecs.protocol import FETCH
 
 AIOKAFKA_FETCH_VERSION = 11
 SESSION_FETCH_VERSION = 12

@@ -17,9 +17,9 @@ from tests.test_clients import CLIENT_TIMEOUT_S, create_topic, produce
 from tests.test_node_protocol import connect
 from tests.test_stats_cli import stats_json
 from tests.waiting import wait_for
-from workers.api.fetch_sessions import FetchSessionCache, ForgottenTopic
-from workers.codecs import errors as E
-from workers.codecs.protocol import FETCH
+from shmbroker.workers.api.fetch_sessions import FetchSessionCache, ForgottenTopic
+from shmbroker.workers.codecs import errors as E
+from shmbroker.workers.codecs.protocol import FETCH
 
 FETCH_VERSION = 12
 STATS = "[stats]\npublish_interval_ms = 100\n"
@@ -89,7 +89,7 @@ def test_final_epoch_closes_and_versions_before_7_have_no_sessions():
 
 
 def test_an_incremental_answer_carries_only_what_changed():
-    from workers.codecs.fetch import FetchPartitionResult, FetchTopicResult
+    from shmbroker.workers.codecs.fetch import FetchPartitionResult, FetchTopicResult
 
     cache = FetchSessionCache(10, 120_000, 0, 1, Clock())
     full = context_of(cache, request({("t", 0): 0, ("t", 1): 0}, 0, 0))

@@ -23,26 +23,26 @@ import time
 import pytest
 from shm_testing import fresh_instance
 
-from node.config import NodeConfig
-from node.storage.log import PartitionLog
-from node.storage.store import PartitionStore
-from node.timer.delayed import DelayedFetch
+from shmbroker.node.config import NodeConfig
+from shmbroker.node.storage.log import PartitionLog
+from shmbroker.node.storage.store import PartitionStore
+from shmbroker.node.timer.delayed import DelayedFetch
 from scripts.harness import rawkafka as R
-from shm import instance as shm_instance
-from shm import messages as M
-from shm.doorbell import EventfdDoorbell
-from shm.fetch_condition import FetchCondition
-from shm.interest import WorkerWatches
-from shm.ring import RingReader
-from shm.table import PartitionTable
-from shm.timer_link import TimerLink
-from workers.api import handlers as handlers_module
-from workers.api.fetch_sessions import FetchSessionCache
-from workers.api.handlers import Handlers
-from workers.api.quotas import ClientQuotas, Throttler
-from workers.codecs import protocol as P
-from workers.connection import Connection, Request
-from workers.timer_client.delayed import DelayedRequests, monotonic_ms
+from shmbroker.shm import instance as shm_instance
+from shmbroker.shm import messages as M
+from shmbroker.shm.doorbell import EventfdDoorbell
+from shmbroker.shm.fetch_condition import FetchCondition
+from shmbroker.shm.interest import WorkerWatches
+from shmbroker.shm.ring import RingReader
+from shmbroker.shm.table import PartitionTable
+from shmbroker.shm.timer_link import TimerLink
+from shmbroker.workers.api import handlers as handlers_module
+from shmbroker.workers.api.fetch_sessions import FetchSessionCache
+from shmbroker.workers.api.handlers import Handlers
+from shmbroker.workers.api.quotas import ClientQuotas, Throttler
+from shmbroker.workers.codecs import protocol as P
+from shmbroker.workers.connection import Connection, Request
+from shmbroker.workers.timer_client.delayed import DelayedRequests, monotonic_ms
 
 
 @pytest.fixture
@@ -290,7 +290,7 @@ def test_a_long_poll_no_longer_than_the_handoff_goes_to_the_timer_at_once(worker
 
 
 def test_a_read_committed_fetch_stops_at_the_lso_and_lists_the_aborted_transactions(worker_side):
-    from node.storage.records import ControlType, build_batch
+    from shmbroker.node.storage.records import ControlType, build_batch
     from pyspark_shmbroker import wire
 
     store, handlers, delayed, requests, conn = worker_side

@@ -8,11 +8,11 @@ from dataclasses import replace
 
 import pytest
 
-from node import config as node_config
-from node.config import NodeConfig
-from node.storage.records import build_batch
-from node.storage.store import PartitionStore
-from node.timer.flusher import Flusher
+from shmbroker.node import config as node_config
+from shmbroker.node.config import NodeConfig
+from shmbroker.node.storage.records import build_batch
+from shmbroker.node.storage.store import PartitionStore
+from shmbroker.node.timer.flusher import Flusher
 from tests.record_batches import SharedTable
 
 pytestmark = pytest.mark.usefixtures("nothing_left_in_dev_shm")

@@ -7,9 +7,9 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from node.timer.groups.sessions import Sessions
-from node.config import WheelConfig
-from shm import messages as M
+from shmbroker.node.timer.groups.sessions import Sessions
+from shmbroker.node.config import WheelConfig
+from shmbroker.shm import messages as M
 
 KEYS = [("g", f"m{i}") for i in range(5)]
 

@@ -15,7 +15,7 @@ from kio.static.primitive import i8, i32, i64
 from scripts.harness import rawkafka as R
 from scripts.harness.rawkafka import millis as ms, request_body as body, request_entity as nested
 from tests.test_clients import create_topic
-from workers.codecs import protocol as P
+from shmbroker.workers.codecs import protocol as P
 
 GROUP_CONFIG = "[groups]\ninitial_rebalance_delay_ms = 50\nmin_session_timeout_ms = 500\n"
 NONE, UNKNOWN_MEMBER, ILLEGAL_GENERATION, REBALANCING = 0, 25, 22, 27

@@ -19,7 +19,7 @@ import psutil
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from node.storage.log import PartitionLock
+from shmbroker.node.storage.log import PartitionLock
 from scripts.harness import rawkafka as R
 from tests.test_clients import CLIENT_TIMEOUT_S, consume_all, create_topic, produce
 from tests.waiting import poll

@@ -8,10 +8,10 @@ import multiprocessing
 
 import pytest
 
-from node.logging_setup import RateLimitedLog
-from shm import instance as shm_instance
-from shm.connections import ConnectionCounts
-from shm.heartbeat import HangWatch, HeartbeatTable
+from shmbroker.node.logging_setup import RateLimitedLog
+from shmbroker.shm import instance as shm_instance
+from shmbroker.shm.connections import ConnectionCounts
+from shmbroker.shm.heartbeat import HangWatch, HeartbeatTable
 from tests.shm_testing import fresh_instance
 
 FORK = multiprocessing.get_context("fork")
@@ -142,7 +142,7 @@ def test_two_processes_claiming_a_log_mark_at_once_log_one_line_between_them():
 
 
 def test_config_rejects_a_hang_timeout_below_two_heartbeats():
-    from node.config import ConfigError, from_mapping
+    from shmbroker.node.config import ConfigError, from_mapping
 
     with pytest.raises(ConfigError):
         from_mapping({"server": {"child_hang_timeout_ms": 1000, "heartbeat_interval_ms": 1000}})

@@ -21,11 +21,12 @@ from pathlib import Path
 
 import pytest
 
-from scripts.harness.nodeproc import NodeProcess, api_versions_roundtrip, free_port, shm_leftovers
-from shm.instance import instance_id_for
+from scripts.harness.nodeproc import NodeProcess, api_versions_roundtrip, free_port, shadowing_folders, shm_leftovers
+from shmbroker.shm.instance import instance_id_for
 
 REPO = Path(__file__).resolve().parent.parent
-TOP_LEVEL = ("node", "shm", "workers", "clients", "pyspark_shmbroker")
+FOLDERS = ("node", "shm", "workers", "clients")  # installed as shmbroker.<folder> (setup.py)
+CONNECTOR = "pyspark_shmbroker"
 PIP_TIMEOUT_S = 600
 KCAT_TIMEOUT_S = 60
 START_TIMEOUT_S = 60
@@ -68,12 +69,14 @@ def wheel(work) -> Path:
 
 
 def _packages_in_checkout() -> set[str]:
+    """Every package of the checkout by its installed name."""
     found = set()
-    for top in TOP_LEVEL:
+    for top in (*FOLDERS, CONNECTOR):
         for root, dirs, files in os.walk(REPO / top):
             dirs[:] = [d for d in dirs if not d.startswith((".", "__"))]
             if any(f.endswith(".py") for f in files):
-                found.add(".".join(Path(root).relative_to(REPO).parts))
+                name = ".".join(Path(root).relative_to(REPO).parts)
+                found.add(name if top == CONNECTOR else f"shmbroker.{name}")
     return found
 
 
@@ -89,7 +92,8 @@ def test_wheel_carries_every_package_and_no_tests(wheel):
     in_wheel = {str(Path(n).parent).replace("/", ".") for n in names if n.endswith("/__init__.py")}
     assert in_wheel == _packages_in_checkout()
     assert not [n for n in names if n.startswith(("tests/", "scripts/"))]
-    assert [n for n in names if re.fullmatch(r"shm/_ringops\.cpython-.*\.so", n)], "no compiled shm._ringops"
+    assert [n for n in names if re.fullmatch(r"shmbroker/shm/_ringops\.cpython-.*\.so", n)], "no compiled shm._ringops"
+    assert not [n for n in names if n.split("/")[0] in FOLDERS], "a package installed under its folder's bare name"
     assert not [n for n in names if n.endswith(".c")]
 
 
@@ -99,9 +103,13 @@ def test_wheel_in_a_fresh_venv_serves_kcat(wheel, work):
     _run([venv / "bin" / "pip", "install", "--quiet", wheel], timeout=PIP_TIMEOUT_S)
     elsewhere = work / "elsewhere"
     elsewhere.mkdir()
+    # A user's own modules named node, shm, workers and clients, where the node and the user's programs start:
+    # neither imports them.
+    shadowing_folders(elsewhere)
     # The installed tree, not the checkout, is what imports.
-    where = _run([venv / "bin" / "python", "-c", "import node.storage, shm._ringops; print(node.storage.__file__)"],
-                 cwd=elsewhere, timeout=60).stdout
+    probe = ("import shmbroker.node.storage, shmbroker.shm._ringops, shmbroker.clients.priority; "
+             "print(shmbroker.node.storage.__file__)")
+    where = _run([venv / "bin" / "python", "-c", probe], cwd=elsewhere, timeout=60).stdout
     assert str(venv) in where and str(REPO) not in where, where
 
     node = NodeProcess(elsewhere, workers=2, command=[str(venv / "bin" / "shmbroker")], cwd=elsewhere,
@@ -160,6 +168,11 @@ def test_install_service_into_a_root_starts_as_the_service_user(wheel, work):
     env = {**_clean_env(), "CONFIGURATION_DIRECTORY": str(root / "etc" / "shmbroker"), "STATE_DIRECTORY": str(state)}
     argv = [str(root) + a if a.startswith("/") else a for a in argv]
     argv = [re.sub(r"\$\{(\w+)\}", lambda m: env[m.group(1)], a) for a in argv]
+    # The unit's working directory holds folders named like the repository's (a user's, an operator's): the
+    # service's processes do not import them.
+    shadowing_folders(state)
+    for path in state.rglob("*"):
+        os.chown(path, uid, gid)
     # The user exists only in the root's passwd: setpriv takes its numeric ids.
     log = open(work / "service.log", "wb")
     proc = subprocess.Popen(["setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups", *argv], cwd=state,

@@ -5,19 +5,10 @@ import time
 import pytest
 from shm_testing import Peer, cleanup_instance, fresh_instance, unique_instance_id
 
-from shm.doorbell import EventfdDoorbell
-from shm.instance import (
-    Instance,
-    InstanceBusy,
-    completion_ring_name,
-    list_objects,
-    object_name,
-    remove_leftovers,
-    request_ring_name,
-    sweep_dead_instances,
-    timer_doorbell_name,
-)
-from shm.ring import RingConfig, RingReader, RingWriter, announce_sleep_all, woke_all
+from shmbroker.shm.doorbell import EventfdDoorbell
+from shmbroker.shm.instance import (Instance, InstanceBusy, completion_ring_name, list_objects, object_name,
+                                    remove_leftovers, request_ring_name, sweep_dead_instances, timer_doorbell_name)
+from shmbroker.shm.ring import RingConfig, RingReader, RingWriter, announce_sleep_all, woke_all
 
 
 def test_names_carry_prefix_and_instance():

@@ -7,7 +7,7 @@ import os
 
 import posix_ipc
 
-from shm.interest import WorkerWatches
+from shmbroker.shm.interest import WorkerWatches
 
 ROWS = 64
 

@@ -12,6 +12,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 PACKAGES = ("node", "shm", "workers", "clients", "pyspark_shmbroker")
+FOLDERS = ("node", "shm", "workers", "clients")  # installed as shmbroker.node and so on (setup.py)
+INSTALLED_AS = "shmbroker."  # and imported by that name
 
 # Modules of node's root that every process may use.
 SHARED = ("node.config", "node.logging_setup", "node.proctitle", "node.child")
@@ -67,9 +69,9 @@ def imports_of(module: str, path: Path, modules: dict[str, Path]) -> set[str]:
     is_package = path.name == "__init__.py"
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
-            names = [alias.name for alias in node.names]
+            names = [alias.name.removeprefix(INSTALLED_AS) for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
+            base = (node.module or "").removeprefix(INSTALLED_AS)
             if node.level:
                 anchor = module.split(".") if is_package else module.split(".")[:-1]
                 anchor = anchor[: len(anchor) - (node.level - 1)]
@@ -211,3 +213,24 @@ def test_a_rule_can_share_one_module_of_a_room(monkeypatch):
     assert allowed("pyspark_shmbroker.records", "node.storage.records")
     assert not allowed("pyspark_shmbroker.records", "node.storage.log")
     assert not allowed("pyspark_shmbroker.records", "shm.table")
+
+
+def bare_imports(root: Path) -> list[str]:
+    """Imports of a repository folder by its bare name (node.x, not shmbroker.node.x): it works in the checkout,
+    whose root is on the path, and fails, or imports a user's own module, where the wheel is installed."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        if any(part.startswith(".") for part in path.relative_to(root).parts):
+            continue  # the venv, the frameworks' npm packages
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = ([alias.name for alias in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+            found += [f"{path.relative_to(root)}:{node.lineno} imports {name}" for name in names
+                      if name.split(".")[0] in FOLDERS]
+    return found
+
+
+def test_every_import_of_the_node_uses_its_installed_name(tmp_path):
+    assert bare_imports(REPO) == []
+    (tmp_path / "script.py").write_text("import shmbroker.node.config\nfrom workers import worker\n")
+    assert bare_imports(tmp_path) == ["script.py:2 imports workers"]

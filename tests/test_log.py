@@ -16,11 +16,11 @@ from typing import Iterator
 import pytest
 from kafka.record.default_records import DefaultRecordBatch
 
-from node.storage.log import LogConfig, PartitionLog
-from node.storage.producer_state import load_latest_snapshot, snapshot_name
-from node.storage.records import ErrorCode, StorageError, parse_header, stored_batch_is_valid
-from node.storage.segment import BatchScanner, Segment, segment_base_offsets
-from shm.table import PartitionTable
+from shmbroker.node.storage.log import LogConfig, PartitionLog
+from shmbroker.node.storage.producer_state import load_latest_snapshot, snapshot_name
+from shmbroker.node.storage.records import ErrorCode, StorageError, parse_header, stored_batch_is_valid
+from shmbroker.node.storage.segment import BatchScanner, Segment, segment_base_offsets
+from shmbroker.shm.table import PartitionTable
 from tests.record_batches import GZIP, SharedTable, edit, make_batch, opaque_compressed_batch
 
 FORK = multiprocessing.get_context("fork")
@@ -175,7 +175,7 @@ def test_offset_for_timestamp(tmp_path, table):
 
 
 def test_offset_of_max_timestamp_is_the_first_record_with_the_largest_timestamp(tmp_path, table):
-    from node.storage.records import build_batch
+    from shmbroker.node.storage.records import build_batch
 
     log = PartitionLog.recover(str(tmp_path / "t-0"), table, 0, SMALL)
     assert log.offset_of_max_timestamp() is None  # no record yet

@@ -5,8 +5,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shm import messages as M
-from shm.messages import Kind, MessageError
+from shmbroker.shm import messages as M
+from shmbroker.shm.messages import Kind, MessageError
 
 u64 = st.integers(0, 2**64 - 1)
 i64 = st.integers(-(2**63), 2**63 - 1)

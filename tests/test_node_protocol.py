@@ -10,7 +10,6 @@ import signal
 import socket
 import struct
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -24,6 +23,7 @@ from tests.test_crash import BackgroundProducer
 from tests.test_hardening import worker_of
 from tests.test_stats_cli import stats_json
 from tests.waiting import wait_for
+from scripts.harness.nodeproc import CLI
 
 PRODUCE, FETCH, LIST_OFFSETS, METADATA, API_VERSIONS, CREATE_TOPICS, INIT_PRODUCER_ID = 0, 1, 2, 3, 18, 19, 22
 NONE, OFFSET_OUT_OF_RANGE, CORRUPT_MESSAGE, UNKNOWN_TOPIC_OR_PARTITION, UNSUPPORTED_VERSION = 0, 1, 2, 3, 35
@@ -594,7 +594,7 @@ def test_failed_auto_create_answers_instead_of_retrying_forever(node_factory):
 
 def test_second_node_on_the_same_port_is_refused(node_factory, tmp_path):
     first = node_factory(workers=2)
-    second = subprocess.run([sys.executable, "-m", "node.tools.cli", "serve", "--listen", first.bootstrap,
+    second = subprocess.run([*CLI, "serve", "--listen", first.bootstrap,
                              "--data-dir", str(tmp_path / "other-data"), "--workers", "1"],
                             capture_output=True, text=True, timeout=CLIENT_TIMEOUT_S,
                             cwd=Path(__file__).resolve().parent.parent)

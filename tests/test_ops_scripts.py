@@ -17,8 +17,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from shm import instance as shm_instance
-from shm.instance import instance_id_for
+from shmbroker.shm import instance as shm_instance
+from shmbroker.shm.instance import instance_id_for
 
 REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.node  # each script starts its own nodes

@@ -2,9 +2,9 @@
 
 from shm_testing import fresh_instance
 
-from node.timer.outbox import Outbox
-from shm import messages as M
-from shm.ring import RingConfig, RingReader, RingWriter
+from shmbroker.node.timer.outbox import Outbox
+from shmbroker.shm import messages as M
+from shmbroker.shm.ring import RingConfig, RingReader, RingWriter
 
 
 def received(reader: RingReader) -> list:

@@ -9,11 +9,11 @@ import time
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
-from clients.priority import (CapacityBurst, CapacityBurstPriorityConsumer, PriorityProducer,
-                              exponential_shares, level_of, level_topic)
+from shmbroker.clients.priority import (CapacityBurst, CapacityBurstPriorityConsumer, PriorityProducer,
+                                        exponential_shares, level_of, level_topic)
 from scripts.harness import rawkafka as R
 from tests.test_clients import create_topic
-from workers.api import priority as node_priority
+from shmbroker.workers.api import priority as node_priority
 
 PRODUCE, FETCH = 0, 1
 LEVELS = 3

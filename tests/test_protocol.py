@@ -16,24 +16,12 @@ from kio.serial import entity_reader, entity_writer
 from kio.static.constants import EntityType
 from kio.static.primitive import Records, i16, i32, i64Timedelta
 
-from workers.codecs import protocol
-from workers.codecs.errors import NONE, UNSUPPORTED_VERSION, ErrorCode, ProtocolError
-from workers.codecs.protocol import (
-    API_VERSIONS,
-    CREATE_TOPICS,
-    DELETE_TOPICS,
-    OFFSET_COMMIT,
-    PRODUCE,
-    SUPPORTED_APIS,
-    api_versions_response,
-    decode_request,
-    encode_api_versions_unsupported,
-    encode_response,
-    frame_size,
-    parse_request_header,
-    response_class,
-    split_frames,
-)
+from shmbroker.workers.codecs import protocol
+from shmbroker.workers.codecs.errors import NONE, UNSUPPORTED_VERSION, ErrorCode, ProtocolError
+from shmbroker.workers.codecs.protocol import (API_VERSIONS, CREATE_TOPICS, DELETE_TOPICS, OFFSET_COMMIT, PRODUCE,
+                                               SUPPORTED_APIS, api_versions_response, decode_request,
+                                               encode_api_versions_unsupported, encode_response, frame_size,
+                                               parse_request_header, response_class, split_frames)
 
 # kio's phantom types carry their own hypothesis strategies; record sets are opaque bytes.
 st.register_type_strategy(Records, st.binary(max_size=64))

@@ -22,10 +22,10 @@ import crc32c
 import pytest
 
 from scripts.harness import rawkafka
-from workers.codecs import protocol
-from workers.codecs.errors import NONE, UNKNOWN_TOPIC_OR_PARTITION, ErrorCode, ProtocolError
-from workers.codecs.fetch import FetchPartitionResult, FetchTopicResult, encode_fetch_response
-from workers.codecs.produce import ProducePartitionResult, ProduceTopicResult, encode_produce_response
+from shmbroker.workers.codecs import protocol
+from shmbroker.workers.codecs.errors import NONE, UNKNOWN_TOPIC_OR_PARTITION, ErrorCode, ProtocolError
+from shmbroker.workers.codecs.fetch import FetchPartitionResult, FetchTopicResult, encode_fetch_response
+from shmbroker.workers.codecs.produce import ProducePartitionResult, ProduceTopicResult, encode_produce_response
 
 PARTITIONS = 2
 CLIENT_DEADLINE_S = 30.0

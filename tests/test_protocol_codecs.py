@@ -16,18 +16,15 @@ from kio.serial import entity_reader, entity_writer
 from kio.static.constants import EntityType
 from kio.static.primitive import i16, i32, i32Timedelta, i64
 
-from node.storage.records import iter_batches
+from shmbroker.node.storage.records import iter_batches
 from scripts.harness import rawkafka
-from workers.codecs import protocol
-from workers.codecs.consumer_group_heartbeat import encode_response_without_assignment
-from workers.codecs.errors import ProtocolError
-from workers.codecs.fetch import FETCH_MAX_VERSION, FetchPartitionResult, FetchTopicResult, encode_fetch_response
-from workers.codecs.produce import (
-    ProducePartitionResult,
-    ProduceTopicResult,
-    decode_produce_request,
-    encode_produce_response,
-)
+from shmbroker.workers.codecs import protocol
+from shmbroker.workers.codecs.consumer_group_heartbeat import encode_response_without_assignment
+from shmbroker.workers.codecs.errors import ProtocolError
+from shmbroker.workers.codecs.fetch import (FETCH_MAX_VERSION, FetchPartitionResult, FetchTopicResult,
+                                            encode_fetch_response)
+from shmbroker.workers.codecs.produce import (ProducePartitionResult, ProduceTopicResult, decode_produce_request,
+                                              encode_produce_response)
 
 PRODUCE_VERSIONS = range(3, 12)
 FETCH_VERSIONS = range(4, FETCH_MAX_VERSION + 1)

@@ -13,8 +13,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from scripts.harness import rawkafka
-from workers.codecs import protocol
-from workers.codecs.errors import ProtocolError
+from shmbroker.workers.codecs import protocol
+from shmbroker.workers.codecs.errors import ProtocolError
 
 FUZZ = settings(max_examples=1000, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 ALL_VERSIONS = [(k, v) for k, (lo, hi) in protocol.SUPPORTED_APIS.items() for v in range(lo, hi + 1)]

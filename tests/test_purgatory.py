@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from node.timer.purgatory import DelayedOperation, Purgatory
+from shmbroker.node.timer.purgatory import DelayedOperation, Purgatory
 
 HOUR_MS = 3_600_000
 KEYS = list(range(6))
@@ -249,7 +249,7 @@ def test_callbacks_that_raise_are_logged_and_do_not_break_the_purgatory(caplog):
 
     purgatory = Purgatory("p", start_ms=0)
     good = Countdown(99)
-    with caplog.at_level(logging.ERROR, logger="node.timer.purgatory"):
+    with caplog.at_level(logging.ERROR, logger="shmbroker.node.timer.purgatory"):
         assert not purgatory.try_complete_else_watch(Broken(), ["k"], 10)
         purgatory.try_complete_else_watch(good, ["k"], 10)
         assert purgatory.check_and_complete("k") == 0

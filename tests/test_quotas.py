@@ -30,6 +30,7 @@ import pytest
 
 from scripts.harness import rawkafka as R
 from tests.test_clients import create_topic
+from scripts.harness.nodeproc import CLI
 
 pytestmark = pytest.mark.serial  # see tests/conftest.py: run alone
 
@@ -270,7 +271,7 @@ producer_byte_rate = {quota}
 def test_an_invalid_quota_config_is_refused_with_file_key_and_reason(tmp_path, body, message):
     config = tmp_path / "bad.toml"
     config.write_text(body)
-    result = subprocess.run([sys.executable, "-m", "node.tools.cli", "serve", "--config", str(config), "--listen",
+    result = subprocess.run([*CLI, "serve", "--config", str(config), "--listen",
                              "127.0.0.1:1", "--data-dir", str(tmp_path / "data")],
                             capture_output=True, text=True, timeout=30, cwd=Path(__file__).resolve().parent.parent)
     assert result.returncode != 0

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from kio.schema.index import api_key_map
 
-from node import config as node_config
+from shmbroker.node import config as node_config
 from scripts.harness import rawkafka as R
 
 REPO = Path(__file__).resolve().parent.parent

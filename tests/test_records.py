@@ -7,23 +7,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from node.storage.records import (
-    BATCH_HEADER_DTYPE,
-    BATCH_HEADER_SIZE,
-    INT32_MAX,
-    ErrorCode,
-    StorageError,
-    build_batch,
-    iter_batches,
-    iter_records,
-    last_sequence,
-    parse_header,
-    record_timestamps,
-    stored_batch_is_valid,
-    set_producer,
-    uncompressed,
-    validate_client_batch,
-)
+from shmbroker.node.storage.records import (BATCH_HEADER_DTYPE, BATCH_HEADER_SIZE, INT32_MAX, ErrorCode, StorageError,
+                                            build_batch, iter_batches, iter_records, last_sequence, parse_header,
+                                            record_timestamps, stored_batch_is_valid, set_producer, uncompressed,
+                                            validate_client_batch)
 from tests.record_batches import GZIP, edit, make_batch, opaque_compressed_batch
 
 MAX = 1 << 20

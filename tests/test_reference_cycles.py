@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -25,6 +24,7 @@ from confluent_kafka import Consumer, Producer
 from tests.test_clients import create_topic
 from tests.test_consumer_groups_protocol import CONFIG as CONSUMER_GROUP_CONFIG
 from tests.test_consumer_groups_protocol import Member
+from scripts.harness.nodeproc import CLI
 
 REPO = Path(__file__).resolve().parent.parent
 CONFIG = (CONSUMER_GROUP_CONFIG + "[server]\ngc_young_threshold = 200\n[stats]\npublish_interval_ms = 100\n")
@@ -34,7 +34,7 @@ FREED_PER_REQUEST_MAX = 0.5  # a cycle left by every request frees some ten obje
 
 
 def snapshot(node) -> dict:
-    done = subprocess.run([sys.executable, "-m", "node.tools.cli", "stats", "--data-dir", str(node.data_dir),
+    done = subprocess.run([*CLI, "stats", "--data-dir", str(node.data_dir),
                            "--json"], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)

@@ -10,13 +10,13 @@ import time
 import pytest
 from confluent_kafka import Consumer
 
-from node import config as node_config
+from shmbroker.node import config as node_config
 from scripts.harness import rawkafka as R
 from tests.test_clients import CLIENT_TIMEOUT_S, create_topic, produce
 from tests.test_node_protocol import FETCH, NONE, PRODUCE, connect
 from tests.test_stats_cli import stats_json
 from tests.waiting import wait_for
-from workers.api.repeated_fetch import RepeatedFetch, RepeatedFetches
+from shmbroker.workers.api.repeated_fetch import RepeatedFetch, RepeatedFetches
 
 STATS = "[stats]\npublish_interval_ms = 100\n"
 IDLE_S = 1.5  # a consumer's idle spell: long polls of 100 ms max wait, one after another

@@ -6,17 +6,8 @@ import posix_ipc
 import pytest
 from shm_testing import fresh_instance
 
-from shm.ring import (
-    FRAME_HEADER_BYTES,
-    FrameTooLarge,
-    RingConfig,
-    RingCorrupt,
-    RingFull,
-    RingReader,
-    RingWriter,
-    frame_bytes,
-    max_payload,
-)
+from shmbroker.shm.ring import (FRAME_HEADER_BYTES, FrameTooLarge, RingConfig, RingCorrupt, RingFull, RingReader,
+                                RingWriter, frame_bytes, max_payload)
 
 CAPACITY = 4096
 
@@ -200,9 +191,9 @@ def test_uniform_batch_fills_a_nearly_full_ring_and_refuses_too_large_frames(rin
 # --------------------------------------------------------------------------- the compiled write path
 def test_compiled_write_path_is_built():
     """`make` installs a C compiler and the Python headers, so the fast path must be there."""
-    import shm.ring
+    from shmbroker.shm import ring
 
-    assert shm.ring._ringops is not None, "shm._ringops did not build: pip install -e . with gcc and python3-dev"
+    assert ring._ringops is not None, "shm._ringops did not build: pip install -e . with gcc and python3-dev"
 
 
 def _segment_bytes(writer) -> tuple[bytes, int, int]:
@@ -244,7 +235,7 @@ def test_compiled_and_python_paths_leave_identical_rings():
 @pytest.mark.parametrize("kind", ["eventfd", "semaphore"])
 def test_compiled_write_rings_only_for_a_sleeping_consumer(kind):
     """An eventfd doorbell is rung inside the C call; a semaphore is rung by Python on its return."""
-    from shm.doorbell import EventfdDoorbell
+    from shmbroker.shm.doorbell import EventfdDoorbell
 
     with fresh_instance() as instance:
         if kind == "semaphore":
@@ -278,7 +269,7 @@ def test_write_after_close_raises_instead_of_touching_the_unmapped_segment(ring)
 def test_a_doorbell_that_fails_after_the_frame_is_published_raises_but_loses_nothing():
     import os
 
-    from shm.doorbell import EventfdDoorbell
+    from shmbroker.shm.doorbell import EventfdDoorbell
 
     # An eventfd whose descriptor is a pipe's read end: the compiled write's ring fails with EBADF.
     read_end, write_end = os.pipe()

@@ -8,7 +8,7 @@ import pytest
 from ring_peer import pattern_frame, stress_sizes
 from shm_testing import Peer, fresh_instance
 
-from shm.ring import RingBusy, RingConfig, RingReader, RingWriter, frame_bytes
+from shmbroker.shm.ring import RingBusy, RingConfig, RingReader, RingWriter, frame_bytes
 
 pytestmark = pytest.mark.serial  # see tests/conftest.py: run alone
 

@@ -11,7 +11,6 @@ import shutil
 import socket
 import struct
 import subprocess
-import sys
 import threading
 import time
 
@@ -20,7 +19,7 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 
 from scripts.harness import rawkafka as R
-from scripts.harness.nodeproc import REPO_ROOT, free_port
+from scripts.harness.nodeproc import CLI, REPO_ROOT, free_port
 from tests.test_clients import check_roundtrip, consume_all, create_topic, produce, records_for
 from tests.test_hardening import api_versions_ok, closed_by_peer
 from tests.test_security_tls import Certificates, listener
@@ -36,7 +35,7 @@ PASSWORD = "s3cret pass"
 
 
 def users(data_dir, *args: str, password: str | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "node.tools.cli", "users", *args, "--data-dir", str(data_dir)],
+    return subprocess.run([*CLI, "users", *args, "--data-dir", str(data_dir)],
                           cwd=REPO_ROOT, input=password and password + "\n", capture_output=True, text=True,
                           timeout=60)
 

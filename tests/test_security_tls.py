@@ -165,7 +165,7 @@ def test_mutual_tls_admits_certificates_the_ca_verifies_only(node_factory, certi
 
 
 def test_listeners_config_with_listen_and_its_errors(tmp_path):
-    from node import config as node_config
+    from shmbroker.node import config as node_config
 
     path = tmp_path / "node.toml"
     path.write_text(listener("SECURE", 9443, "SASL_SSL") + '[tls]\ncertfile = "c.pem"\nkeyfile = "k.pem"\n')

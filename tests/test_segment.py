@@ -7,7 +7,7 @@ import os
 import posix_ipc
 import pytest
 
-from shm.segment import HEADER_BYTES, Layout, Segment, unlink_segment
+from shmbroker.shm.segment import HEADER_BYTES, Layout, Segment, unlink_segment
 from tests.record_batches import unique_shm_name
 
 ROW_BYTES = 16

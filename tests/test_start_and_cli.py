@@ -12,7 +12,6 @@ import signal
 import socket
 import struct
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -20,8 +19,8 @@ import psutil
 import pytest
 from confluent_kafka import Consumer, Producer
 
-from scripts.harness.nodeproc import free_port, shm_leftovers
-from shm.instance import instance_id_for
+from scripts.harness.nodeproc import CLI, free_port, shadowing_folders, shm_leftovers
+from shmbroker.shm.instance import instance_id_for
 from tests.waiting import wait_for
 
 REPO = Path(__file__).resolve().parent.parent
@@ -33,7 +32,7 @@ pytestmark = pytest.mark.node
 
 
 def cli(*args: str, timeout: float = CLI_TIMEOUT_S) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "node.tools.cli", *args], cwd=REPO, capture_output=True, text=True,
+    return subprocess.run([*CLI, *args], cwd=REPO, capture_output=True, text=True,
                           timeout=timeout)
 
 
@@ -57,7 +56,7 @@ def test_the_port_accepts_only_once_a_worker_serves_it(tmp_path):
     port = free_port()
     log_path = tmp_path / "node.log"
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "node.tools.cli", "serve", "--listen", f"127.0.0.1:{port}",
+        proc = subprocess.Popen([*CLI, "serve", "--listen", f"127.0.0.1:{port}",
                                  "--data-dir", str(tmp_path / "data"), "--workers", "2"], cwd=REPO, stdout=log,
                                 stderr=subprocess.STDOUT)
     try:
@@ -203,7 +202,7 @@ def test_ctrl_c_while_the_children_start_stops_the_node_cleanly(tmp_path):
     port = free_port()
     log_path = tmp_path / "node.log"
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "node.tools.cli", "serve", "--listen", f"127.0.0.1:{port}",
+        proc = subprocess.Popen([*CLI, "serve", "--listen", f"127.0.0.1:{port}",
                                  "--data-dir", str(tmp_path / "data"), "--workers", "2"], cwd=REPO, stdout=log,
                                 stderr=subprocess.STDOUT, start_new_session=True)
     try:
@@ -220,3 +219,30 @@ def test_ctrl_c_while_the_children_start_stops_the_node_cleanly(tmp_path):
     text = log_path.read_text()
     assert "Traceback" not in text and "KeyboardInterrupt" not in text, text
     assert shm_leftovers(instance_id_for(str(tmp_path / "data"), port)) == []
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_node_started_in_a_directory_with_folders_named_like_its_packages_serves(node_factory, tmp_path, workers):
+    """A user's own node/, shm/, workers/ and clients/ where the node starts (the working directory of a shell
+    or of a systemd unit) are not what its processes import: the node's packages are installed as
+    shmbroker.node and so on, and the children do not put the working directory on their path."""
+    where = tmp_path / "home"
+    where.mkdir()
+    shadowing_folders(where)
+    node = node_factory(workers=workers, cwd=where)
+    producer = Producer({"bootstrap.servers": node.bootstrap})
+    for i in range(10):
+        producer.produce("shadowed", value=b"%d" % i)
+    assert producer.flush(30) == 0
+    consumer = Consumer({"bootstrap.servers": node.bootstrap, "group.id": "g", "auto.offset.reset": "earliest"})
+    consumer.subscribe(["shadowed"])
+    got = []
+    deadline = time.monotonic() + 30
+    while len(got) < 10 and time.monotonic() < deadline:
+        message = consumer.poll(0.5)
+        if message is not None and not message.error():
+            got.append(message.value())
+    consumer.close()
+    assert got == [b"%d" % i for i in range(10)]
+    assert len(node.pids("worker")) == workers
+    assert "the user's own" not in node.log(), node.log()

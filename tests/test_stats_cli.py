@@ -29,11 +29,12 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from shm_testing import unique_instance_id
 
-from node.storage.catalog import topic_id_text
+from shmbroker.node.storage.catalog import topic_id_text
 from scripts.harness import rawkafka as R
-from shm import stats as S
+from scripts.harness.nodeproc import CLI
+from shmbroker.shm import stats as S
 from tests.waiting import wait_for
-from workers.codecs import protocol as P
+from shmbroker.workers.codecs import protocol as P
 
 UNKNOWN_TOPIC_OR_PARTITION = 3
 
@@ -42,7 +43,7 @@ CLI_TIMEOUT_S = 60
 
 
 def cli(*args: str, timeout: float = CLI_TIMEOUT_S) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "node.tools.cli", *args], cwd=REPO, capture_output=True, text=True,
+    return subprocess.run([*CLI, *args], cwd=REPO, capture_output=True, text=True,
                           timeout=timeout)
 
 
@@ -56,7 +57,7 @@ def stats_json(node) -> dict:
 
 WRITER = r"""
 import sys, time
-from shm import stats as S
+from shmbroker.shm import stats as S
 segment = S.StatsSegment.attach(sys.argv[1])
 writer = segment.writer(1, "worker", 0, 4242)
 deadline = time.monotonic() + float(sys.argv[2])
@@ -71,7 +72,7 @@ print(value)
 
 COMMITTED_WRITER = r"""
 import sys, time
-from shm import stats as S
+from shmbroker.shm import stats as S
 segment = S.StatsSegment.attach(sys.argv[1])
 deadline = time.monotonic() + float(sys.argv[2])
 value = 0
@@ -164,8 +165,8 @@ def test_each_row_has_its_own_area_of_denials_by_principal_cleared_for_a_new_own
 
 
 def test_the_open_states_the_tools_know_are_the_coordinators():
-    from node.timer.transactions.metadata import ONGOING, PREPARED
-    from node.tools.inspect import OPEN_STATES
+    from shmbroker.node.timer.transactions.metadata import ONGOING, PREPARED
+    from shmbroker.node.tools.inspect import OPEN_STATES
 
     assert OPEN_STATES == tuple(state.value for state in (ONGOING, *PREPARED))
 
@@ -376,7 +377,7 @@ def test_transactions_in_the_cli_stats_dashboard_and_metrics(node_factory):
     from confluent_kafka.admin import AdminClient, NewTopic
     from rich.console import Console
 
-    from node.tools.dashboard import Dashboard
+    from shmbroker.node.tools.dashboard import Dashboard
 
     node, port = node_with_metrics(node_factory)
     admin = AdminClient({"bootstrap.servers": node.bootstrap})
@@ -457,7 +458,7 @@ def test_transactions_in_the_cli_stats_dashboard_and_metrics(node_factory):
                    for p in doc["partitions"] if p["topic"] == "txn-stats"}
         assert lso_lag == {0: 0, 1: 5}
         assert [t["transactional_id"] for t in doc["open_transactions"]] == ["open"]
-        table = subprocess.run([sys.executable, "-m", "node.tools.cli", "stats", "--data-dir", str(node.data_dir)],
+        table = subprocess.run([*CLI, "stats", "--data-dir", str(node.data_dir)],
                                cwd=REPO, capture_output=True, text=True, timeout=CLI_TIMEOUT_S,
                                env={**os.environ, "COLUMNS": "240"})
         assert "open transactions" in table.stdout and "LSO lag" in table.stdout, table.stdout

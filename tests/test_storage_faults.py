@@ -9,9 +9,9 @@ import os
 
 import pytest
 
-from node.storage.log import LogConfig, PartitionLog
-from node.storage.records import ErrorCode, StorageError
-from node.storage.store import PartitionStore
+from shmbroker.node.storage.log import LogConfig, PartitionLog
+from shmbroker.node.storage.records import ErrorCode, StorageError
+from shmbroker.node.storage.store import PartitionStore
 from tests.record_batches import SharedTable, make_batch
 from tests.small_fs import MiB, ballast, ext4_on_thin_storage, fill, tmpfs
 from tests.test_log import check_dense_and_valid, stored_batches
@@ -29,7 +29,7 @@ pytestmark = pytest.mark.usefixtures("nothing_left_in_dev_shm")
 def _fill_with_appends(directory: str, table_name: str, attempts: int, pipe) -> None:
     """In a child process: append batches of growing sizes until the disk is full and long after; report
     which appends were acknowledged (their results) and the error codes of the others."""
-    from shm.table import PartitionTable
+    from shmbroker.shm.table import PartitionTable
 
     table = PartitionTable.attach(table_name)
     log = PartitionLog(directory, table, 0, TIGHT)

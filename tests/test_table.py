@@ -11,7 +11,8 @@ import numpy as np
 import posix_ipc
 import pytest
 
-from shm.table import END_BYTES, FLUSHED_OFFSET, SLOT_WORDS, VERSION_WORDS, WORD, PartitionState, PartitionTable
+from shmbroker.shm.table import (END_BYTES, FLUSHED_OFFSET, SLOT_WORDS, VERSION_WORDS, WORD, PartitionState,
+                                 PartitionTable)
 from tests.record_batches import SharedTable, unique_shm_name
 
 FORK = multiprocessing.get_context("fork")

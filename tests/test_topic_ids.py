@@ -12,7 +12,7 @@ import pytest
 from kio.static.primitive import i32, i64
 
 from scripts.harness import rawkafka as R
-from workers.codecs import protocol as P
+from shmbroker.workers.codecs import protocol as P
 
 CLIENT_TIMEOUT_S = 20
 UNKNOWN_TOPIC_ID = 100
@@ -162,7 +162,7 @@ def test_librdkafka_sees_the_ids_and_consumes_by_them(node_factory) -> None:
 
 
 def test_catalog_keeps_ids_through_save_load_and_restore(tmp_path) -> None:
-    from node.storage.catalog import Catalog, topic_id_text
+    from shmbroker.node.storage.catalog import Catalog, topic_id_text
 
     catalog = Catalog(str(tmp_path), max_partitions=16)
     first = catalog.add_topic("one", 2)

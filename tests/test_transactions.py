@@ -554,7 +554,7 @@ MID_CONFIG = CONFIG + "[stats]\npublish_interval_ms = 20\n[server]\nchild_hang_t
 
 def end_txn_requests(node) -> dict[int, int]:
     """EndTxn requests each of the node's workers (by pid) has read (their stats rows)."""
-    from node.tools.inspect import NodeReader
+    from shmbroker.node.tools.inspect import NodeReader
 
     reader = NodeReader.open(str(node.data_dir))
     try:

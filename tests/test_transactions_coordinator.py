@@ -11,15 +11,15 @@ from pathlib import Path
 import pytest
 from kio.schema.errors import ErrorCode as E
 
-from node.config import NodeConfig, TransactionConfig
-from node.storage.log import LogConfig
-from node.storage.records import ControlType, build_batch, control_type, parse_header
-from node.storage.store import PartitionStore
-from node.timer.transactions.coordinator import TransactionCoordinator
-from node.timer.transactions.markers import MarkerWriter
-from node.timer.transactions.metadata import TxnState
-from node.timer.transactions.state_log import TransactionStateLog
-from shm import messages as M
+from shmbroker.node.config import NodeConfig, TransactionConfig
+from shmbroker.node.storage.log import LogConfig
+from shmbroker.node.storage.records import ControlType, build_batch, control_type, parse_header
+from shmbroker.node.storage.store import PartitionStore
+from shmbroker.node.timer.transactions.coordinator import TransactionCoordinator
+from shmbroker.node.timer.transactions.markers import MarkerWriter
+from shmbroker.node.timer.transactions.metadata import TxnState
+from shmbroker.node.timer.transactions.state_log import TransactionStateLog
+from shmbroker.shm import messages as M
 from tests.record_batches import SharedTable
 
 pytestmark = pytest.mark.usefixtures("nothing_left_in_dev_shm")
@@ -395,7 +395,7 @@ def test_an_idle_transactional_id_expires_and_starts_afresh(tmp_path):
 
 
 def test_a_hanging_transaction_is_aborted_and_an_owned_one_is_not(txn):
-    from node.timer.transactions.hanging import HangingTransactions
+    from shmbroker.node.timer.transactions.hanging import HangingTransactions
 
     producer = producer_of(txn.init("app"))
     txn.add("app", producer, [("t", 0)])

@@ -14,12 +14,12 @@ from kio.schema.errors import ErrorCode as E
 from kio.serial import entity_reader, entity_writer
 from kio.static.primitive import i8, i16, i32, i64, i32Timedelta
 
-from node.config import NodeConfig
-from shm import messages as M
-from workers.api.groups import GroupHandlers
-from workers.api.transactions import TransactionHandlers
-from workers.codecs import protocol as P
-from workers.connection import Connection
+from shmbroker.node.config import NodeConfig
+from shmbroker.shm import messages as M
+from shmbroker.workers.api.groups import GroupHandlers
+from shmbroker.workers.api.transactions import TransactionHandlers
+from shmbroker.workers.codecs import protocol as P
+from shmbroker.workers.connection import Connection
 
 
 class Asked:

@@ -40,7 +40,7 @@ def stable_and_high(bootstrap: str, topic: str, partition: int) -> tuple[int, in
 
 
 def timer_stats(node) -> dict[str, int]:
-    from node.tools.inspect import NodeReader
+    from shmbroker.node.tools.inspect import NodeReader
 
     reader = NodeReader.open(str(node.data_dir))
     try:

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from clients.priority import CapacityBurstPriorityConsumer, level_topic
+from shmbroker.clients.priority import CapacityBurstPriorityConsumer, level_topic
 from pyspark_shmbroker import wire
 from scripts import e2e_latency
 from scripts.harness import rawkafka

@@ -9,13 +9,13 @@ import orjson
 import pytest
 from kafka.record.default_records import DefaultRecordBatch
 
-from node.storage.log import LogConfig, PartitionLog
-from node.storage.formats import NewerFormat
-from node.storage.producer_state import (PRODUCER_SNAPSHOT_FORMAT, ProducerStateTable, load_latest_snapshot,
-                                         snapshot_name)
-from node.storage.records import (ControlType, ErrorCode, StorageError, build_batch, build_control_batch,
-                                  control_type, parse_header, validate_client_batch)
-from node.storage.txn_index import ENTRY, AbortedTransaction, TransactionIndex, collect_aborted
+from shmbroker.node.storage.log import LogConfig, PartitionLog
+from shmbroker.node.storage.formats import NewerFormat
+from shmbroker.node.storage.producer_state import (PRODUCER_SNAPSHOT_FORMAT, ProducerStateTable, load_latest_snapshot,
+                                                   snapshot_name)
+from shmbroker.node.storage.records import (ControlType, ErrorCode, StorageError, build_batch, build_control_batch,
+                                            control_type, parse_header, validate_client_batch)
+from shmbroker.node.storage.txn_index import ENTRY, AbortedTransaction, TransactionIndex, collect_aborted
 from tests.record_batches import SharedTable
 
 SMALL = LogConfig(segment_bytes=4_000, index_interval_bytes=500, index_max_bytes=4096)
@@ -253,7 +253,7 @@ def test_recovery_keeps_open_transactions_and_rebuilds_lost_indexes(plog):
 
 
 def test_a_cleaning_keeps_the_markers_and_carries_the_aborted_transactions(tmp_path):
-    from node.storage import cleaner as C
+    from shmbroker.node.storage import cleaner as C
 
     compacted = LogConfig(cleanup_policy="compact", segment_bytes=1_500, index_interval_bytes=500,
                           index_max_bytes=4096, min_cleanable_dirty_ratio=0.0)
@@ -300,7 +300,7 @@ def record_batches(data: bytes):
 
 
 def test_an_aborted_update_never_supersedes_a_committed_one_and_open_transactions_stay(tmp_path):
-    from node.storage import cleaner as C
+    from shmbroker.node.storage import cleaner as C
 
     compacted = LogConfig(cleanup_policy="compact", segment_bytes=100_000, index_interval_bytes=500,
                           index_max_bytes=4096, min_cleanable_dirty_ratio=0.0)
@@ -335,7 +335,7 @@ def test_an_aborted_update_never_supersedes_a_committed_one_and_open_transaction
 
 
 def test_a_read_committed_long_poll_waits_for_the_lso_to_move(plog):
-    from shm.fetch_condition import FetchCondition
+    from shmbroker.shm.fetch_condition import FetchCondition
 
     log = plog.log
     log.append(txn_batch(1, 0))

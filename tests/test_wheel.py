@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from node.timer.wheel import EPOCH_MASK, SLOT_BITS, SLOT_MASK, TimingWheel
+from shmbroker.node.timer.wheel import EPOCH_MASK, SLOT_BITS, SLOT_MASK, TimingWheel
 
 HOUR_MS = 3_600_000
 DAY_MS = 24 * HOUR_MS

@@ -23,12 +23,12 @@ import logging
 import socket
 from typing import Any, Callable
 
-from node.config import ServerConfig
-from node.logging_setup import RateLimitedLog
-from workers.balance import ConnectionBalance
-from workers.eventloop import EventLoop
-from workers.limits import ConnectionLimits
-from workers.stats import ACCEPTED, WorkerStats
+from shmbroker.node.config import ServerConfig
+from shmbroker.node.logging_setup import RateLimitedLog
+from shmbroker.workers.balance import ConnectionBalance
+from shmbroker.workers.eventloop import EventLoop
+from shmbroker.workers.limits import ConnectionLimits
+from shmbroker.workers.stats import ACCEPTED, WorkerStats
 
 log = logging.getLogger("shmbroker.worker")
 

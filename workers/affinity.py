@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from workers.connection import Connection
+from shmbroker.workers.connection import Connection
 
 
 class ConnectionAffinity:

@@ -19,10 +19,10 @@ from __future__ import annotations
 
 from typing import Callable
 
-from node.config import ServerConfig
-from workers.connection import PAUSED_MEMORY, PAUSED_OUTPUT, PAUSED_THROTTLE, Connection
-from workers.eventloop import EventLoop
-from workers.memory import MemoryBudget
+from shmbroker.node.config import ServerConfig
+from shmbroker.workers.connection import PAUSED_MEMORY, PAUSED_OUTPUT, PAUSED_THROTTLE, Connection
+from shmbroker.workers.eventloop import EventLoop
+from shmbroker.workers.memory import MemoryBudget
 
 Serve = Callable[[Connection, list[memoryview]], None]  # the worker's: handle these requests, in order
 

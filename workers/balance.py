@@ -19,10 +19,10 @@ from __future__ import annotations
 
 import socket
 
-from shm.connections import WorkerConnections
-from shm.handoff import BALANCE, Handoffs
-from shm.heartbeat import BeatWatch, HeartbeatTable, worker_slot
-from workers.eventloop import EventLoop
+from shmbroker.shm.connections import WorkerConnections
+from shmbroker.shm.handoff import BALANCE, Handoffs
+from shmbroker.shm.heartbeat import BeatWatch, HeartbeatTable, worker_slot
+from shmbroker.workers.eventloop import EventLoop
 
 
 class ConnectionBalance:

@@ -13,10 +13,10 @@ from __future__ import annotations
 import time
 from typing import Callable
 
-from node.config import ServerConfig
-from node.logging_setup import RateLimitedLog
-from workers.connection import Connection
-from workers.eventloop import EventLoop
+from shmbroker.node.config import ServerConfig
+from shmbroker.node.logging_setup import RateLimitedLog
+from shmbroker.workers.connection import Connection
+from shmbroker.workers.eventloop import EventLoop
 
 
 class ConnectionDeadlines:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from shm.connections import ConnectionCounts
+from shmbroker.shm.connections import ConnectionCounts
 
 UNLIMITED = 2**31 - 1  # Kafka's default for both limits
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import socket
 import ssl
 
-from node.config import ListenerConfig, ServerConfig, TlsConfig, split_address
+from shmbroker.node.config import ListenerConfig, ServerConfig, TlsConfig, split_address
 
 WILDCARD_HOSTS = ("0.0.0.0", "")
 ANONYMOUS = "User:ANONYMOUS"

@@ -23,11 +23,11 @@ import logging
 import socket
 from typing import Any, Callable, Iterable
 
-from shm.handoff import AFFINITY, BALANCE, Handoffs
-from workers.affinity import ConnectionAffinity
-from workers.connection import Connection
-from workers.eventloop import EventLoop
-from workers.limits import ConnectionLimits
+from shmbroker.shm.handoff import AFFINITY, BALANCE, Handoffs
+from shmbroker.workers.affinity import ConnectionAffinity
+from shmbroker.workers.connection import Connection
+from shmbroker.workers.eventloop import EventLoop
+from shmbroker.workers.limits import ConnectionLimits
 
 log = logging.getLogger("shmbroker.worker")
 

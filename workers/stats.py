@@ -15,9 +15,9 @@ from __future__ import annotations
 import os
 from typing import Callable, Iterable
 
-from shm import instance as shm_instance
-from shm import stats as S
-from workers.eventloop import EventLoop
+from shmbroker.shm import instance as shm_instance
+from shmbroker.shm import stats as S
+from shmbroker.workers.eventloop import EventLoop
 
 REQUESTS = S.OFFSETS["requests"]  # + api key: requests read
 REQUEST_ERRORS = S.OFFSETS["request_errors"]  # + api key: requests that failed to decode or to be handled

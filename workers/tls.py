@@ -22,7 +22,7 @@ import os
 import ssl
 from typing import Any, Callable
 
-from workers.connection import Connection, ConnectionClosed, FileRange
+from shmbroker.workers.connection import Connection, ConnectionClosed, FileRange
 
 # Most bytes one TLS write takes (a multiple of TLS's 16 KiB records; one sendmsg's worth of pieces is joined).
 SEND_CHUNK_BYTES = 256 * 1024

@@ -58,46 +58,47 @@ import sys
 import time
 from typing import Any
 
-from node.child import ConfigReload, child_arguments, close_all, settle_garbage_collector, start_child
-from node.config import NodeConfig
-from node.logging_setup import RateLimitedLog
-from node.proctitle import set_title
-from node.storage.store import PartitionStore
-from node.storage.users import UsersView
-from shm import instance as shm_instance
-from shm import messages as M
-from shm.connections import ConnectionCounts
-from shm.doorbell import EventfdDoorbell
-from shm.handoff import Handoffs
-from shm.heartbeat import HeartbeatTable
-from shm.generations import ChangeCounters
-from shm.interest import WorkerWatches
-from shm.ring import max_payload
-from shm.table import PartitionTable
-from shm.timer_link import TimerLink
-from workers.acceptor import Acceptor
-from workers.affinity import ConnectionAffinity
-from workers.api.fetch_sessions import FetchSessionCache
-from workers.api.handlers import Handlers
-from workers.api.sasl import MECHANISM_INDEX, SaslAuthenticator
-from workers.api.authorizer import RequestAuthorizer
-from workers.api.quotas import ClientQuotas, Throttler
-from workers.api.repeated_fetch import RepeatedFetch, RepeatedFetches
-from workers.backpressure import Backpressure
-from workers.balance import ConnectionBalance
-from workers.codecs import protocol as P
-from workers.codecs.errors import ProtocolError
-from workers.connection import PAUSED_OUTPUT, Connection, ConnectionClosed, Request
-from workers.deadlines import ConnectionDeadlines
-from workers.eventloop import EventLoop, Timer
-from workers.limits import ConnectionLimits
-from workers.listeners import ANONYMOUS, Listener, Listeners
-from workers.tls import TlsConnection, TlsHandshake, TlsStream, peer_subject
-from workers.moves import ConnectionMoves
-from workers.stats import (AUTHORIZATION_DENIALS, BYTES_IN, BYTES_OUT, BYTES_SENDFILE, CLOSED_ON_ERROR, ERROR_CODES, ERROR_RESPONSES,
-                           LAST_ERROR_CODE, REQUEST_ERRORS, REQUESTS, WorkerStats)
-from workers.timer_client.delayed import DelayedRequests, monotonic_ms
-from workers.timer_client.outcome import Outcome
+from shmbroker.node.child import ConfigReload, child_arguments, close_all, settle_garbage_collector, start_child
+from shmbroker.node.config import NodeConfig
+from shmbroker.node.logging_setup import RateLimitedLog
+from shmbroker.node.proctitle import set_title
+from shmbroker.node.storage.store import PartitionStore
+from shmbroker.node.storage.users import UsersView
+from shmbroker.shm import instance as shm_instance
+from shmbroker.shm import messages as M
+from shmbroker.shm.connections import ConnectionCounts
+from shmbroker.shm.doorbell import EventfdDoorbell
+from shmbroker.shm.handoff import Handoffs
+from shmbroker.shm.heartbeat import HeartbeatTable
+from shmbroker.shm.generations import ChangeCounters
+from shmbroker.shm.interest import WorkerWatches
+from shmbroker.shm.ring import max_payload
+from shmbroker.shm.table import PartitionTable
+from shmbroker.shm.timer_link import TimerLink
+from shmbroker.workers.acceptor import Acceptor
+from shmbroker.workers.affinity import ConnectionAffinity
+from shmbroker.workers.api.fetch_sessions import FetchSessionCache
+from shmbroker.workers.api.handlers import Handlers
+from shmbroker.workers.api.sasl import MECHANISM_INDEX, SaslAuthenticator
+from shmbroker.workers.api.authorizer import RequestAuthorizer
+from shmbroker.workers.api.quotas import ClientQuotas, Throttler
+from shmbroker.workers.api.repeated_fetch import RepeatedFetch, RepeatedFetches
+from shmbroker.workers.backpressure import Backpressure
+from shmbroker.workers.balance import ConnectionBalance
+from shmbroker.workers.codecs import protocol as P
+from shmbroker.workers.codecs.errors import ProtocolError
+from shmbroker.workers.connection import PAUSED_OUTPUT, Connection, ConnectionClosed, Request
+from shmbroker.workers.deadlines import ConnectionDeadlines
+from shmbroker.workers.eventloop import EventLoop, Timer
+from shmbroker.workers.limits import ConnectionLimits
+from shmbroker.workers.listeners import ANONYMOUS, Listener, Listeners
+from shmbroker.workers.tls import TlsConnection, TlsHandshake, TlsStream, peer_subject
+from shmbroker.workers.moves import ConnectionMoves
+from shmbroker.workers.stats import (AUTHORIZATION_DENIALS, BYTES_IN, BYTES_OUT, BYTES_SENDFILE, CLOSED_ON_ERROR,
+                                     ERROR_CODES, ERROR_RESPONSES, LAST_ERROR_CODE, REQUEST_ERRORS, REQUESTS,
+                                     WorkerStats)
+from shmbroker.workers.timer_client.delayed import DelayedRequests, monotonic_ms
+from shmbroker.workers.timer_client.outcome import Outcome
 
 log = logging.getLogger("shmbroker.worker")
 

@@ -24,18 +24,18 @@ import sys
 import time
 from typing import Any
 
-from node.child import ConfigReload, child_arguments, close_all, settle_garbage_collector, start_child
-from node.config import NodeConfig
-from node.logging_setup import RateLimitedLog
-from node.proctitle import set_title
-from node.storage.cleaner import Cleaner, CleanResult, IoLimiter
-from node.storage.store import PartitionStore
-from shm import instance as shm_instance
-from shm import messages as M
-from shm import stats as S
-from shm.heartbeat import HeartbeatTable
-from shm.table import PartitionTable
-from shm.timer_link import TimerLink
+from shmbroker.node.child import ConfigReload, child_arguments, close_all, settle_garbage_collector, start_child
+from shmbroker.node.config import NodeConfig
+from shmbroker.node.logging_setup import RateLimitedLog
+from shmbroker.node.proctitle import set_title
+from shmbroker.node.storage.cleaner import Cleaner, CleanResult, IoLimiter
+from shmbroker.node.storage.store import PartitionStore
+from shmbroker.shm import instance as shm_instance
+from shmbroker.shm import messages as M
+from shmbroker.shm import stats as S
+from shmbroker.shm.heartbeat import HeartbeatTable
+from shmbroker.shm.table import PartitionTable
+from shmbroker.shm.timer_link import TimerLink
 
 log = logging.getLogger("shmbroker.cleaner")
 FAILURE_LOG_INTERVAL_S = 600.0  # one line per partition per interval about failed cleanings

@@ -31,8 +31,8 @@ from typing import Callable, Iterable
 
 import orjson
 
-from node.storage import formats
-from node.storage.durable import changing, write_durably
+from shmbroker.node.storage import formats
+from shmbroker.node.storage.durable import changing, write_durably
 
 log = logging.getLogger("shmbroker.acls")
 

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import orjson
 from kio.schema.errors import ErrorCode
 
-from node.storage import formats
+from shmbroker.node.storage import formats
 
 CATALOG_FILE = "catalog.json"
 _LEGAL_NAME = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")

@@ -57,13 +57,13 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from node.storage import compression
-from node.storage.durable import fsync_directory, read_offset, write_durably, write_offset
-from node.storage.record_arrays import ARENA_PADDING, CorruptRecords, record_fields, unaligned
-from node.storage.records import (BATCH_HEADER, BATCH_HEADER_SIZE, COMPRESSION_MASK, CONTROL_BIT, LENGTH_FIELDS_SIZE,
-                                  TRANSACTIONAL_BIT, seal)
-from node.storage.segment import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX, Segment, segment_file_name
-from node.storage.txn_index import TXN_INDEX_SUFFIX
+from shmbroker.node.storage import compression
+from shmbroker.node.storage.durable import fsync_directory, read_offset, write_durably, write_offset
+from shmbroker.node.storage.record_arrays import ARENA_PADDING, CorruptRecords, record_fields, unaligned
+from shmbroker.node.storage.records import (BATCH_HEADER, BATCH_HEADER_SIZE, COMPRESSION_MASK, CONTROL_BIT,
+                                            LENGTH_FIELDS_SIZE, TRANSACTIONAL_BIT, seal)
+from shmbroker.node.storage.segment import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX, Segment, segment_file_name
+from shmbroker.node.storage.txn_index import TXN_INDEX_SUFFIX
 
 log = logging.getLogger("shmbroker.cleaner")
 

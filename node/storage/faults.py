@@ -31,7 +31,7 @@ import errno
 import os
 from typing import Iterator
 
-from node.storage.records import ErrorCode, StorageError
+from shmbroker.node.storage.records import ErrorCode, StorageError
 
 FAULT_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS, errno.EFBIG, errno.ENXIO,
                           errno.ENODEV})

@@ -6,14 +6,18 @@ newest version this node writes); the binary files and the internal logs' record
 and `format.json`, the directory's, names theirs:
 
     directory format 2 (format.json {"format": 2, "written_by": "shmbroker X"})
-      <topic>-<p>/<base>.log          Kafka record batches, magic 2, as clients send them
-      <topic>-<p>/<base>.index        8-byte entries: relative offset int32, position int32 (big-endian)
-      <topic>-<p>/<base>.timeindex    12-byte entries: timestamp int64, relative offset int32
-      <topic>-<p>/<base>.txnindex     34-byte aborted-transaction entries, each led by its version int16 0
-      <topic>-<p>/cleaning/swap.json  the log cleaner's swap manifest: [[new base, [old bases]], ...]
-      producer_ids                    the next producer id, decimal text
-      __consumer_offsets records      key [group, topic, partition], value [clock, offset, epoch, metadata, ms]
-      __transaction_state records     key [transactional id], value the transaction's metadata document
+      <topic>-<p>/<base>.log                 Kafka record batches, magic 2, as clients send them
+      <topic>-<p>/<base>.index               entries (relative offset u32, position u32), little-endian
+      <topic>-<p>/<base>.timeindex           entries (timestamp i64, relative offset i64), little-endian
+      <topic>-<p>/<base>.txnindex            34-byte aborted-transaction entries, each led by its version (0)
+      <topic>-<p>/log-start-offset           DeleteRecords' log start, decimal text
+      <topic>-<p>/cleaner-offset-checkpoint  how far the log cleaner cleaned, decimal text
+      <topic>-<p>/cleaning/swap.json         the log cleaner's swap manifest: [[new base, [old bases]], ...]
+      producer_ids                           the next producer id, decimal text
+      __consumer_offsets records             key [group, topic, partition], value [clock, offset, epoch,
+                                             metadata, commit ms] (node.timer.groups.offsets)
+      __transaction_state records            key [transactional id], value the transaction's metadata
+                                             (node.timer.transactions.metadata)
     directory format 1: no format.json (every node before format versions); the same layouts as 2.
 
 A node reads every older version any node wrote: `check` lists what `upgrade` converts (each conversion is
@@ -35,7 +39,7 @@ from importlib import metadata
 
 import orjson
 
-from node.storage.durable import write_durably
+from shmbroker.node.storage.durable import write_durably
 
 log = logging.getLogger("shmbroker.formats")
 
@@ -109,17 +113,28 @@ def check(data_dir: str) -> list[Conversion]:
     return conversions
 
 
-def upgrade(data_dir: str, conversions: list[Conversion]) -> None:
-    """Convert what `check` listed, the directory's format file last (it says every other file is converted)."""
-    by_name = {os.path.basename(c.path): c for c in conversions}
-    catalog = by_name.get("catalog.json")
-    if catalog is not None:
-        from node.storage.catalog import Catalog  # the catalog writes its own format
+def _stamped(field: str, version: int):
+    """The conversion of a document whose next version only names its version (the layout is the same)."""
+    return lambda document: {field: version, **{k: v for k, v in document.items() if k != field}}
 
-        written = Catalog(data_dir, 0)
-        written.reload()
-        written.save()
-        log.info("converted %s from format %d to %d", catalog.path, catalog.found, catalog.wanted)
+
+# file -> {version: the conversion of a document of that version into the next}
+CONVERSIONS = {"catalog.json": {1: _stamped("format", 2)}}
+
+
+def upgrade(data_dir: str, conversions: list[Conversion]) -> None:
+    """Convert what `check` listed, the directory's format file last (it says every other file is converted).
+    A document is rewritten whole, atomically (write_durably), so a crash leaves the old version or the new."""
+    by_name = {os.path.basename(c.path): c for c in conversions}
+    for name, steps in CONVERSIONS.items():
+        conversion = by_name.get(name)
+        if conversion is None:
+            continue
+        document = _read(conversion.path)
+        for version in range(conversion.found, conversion.wanted):
+            document = steps[version](document)
+        write_durably(conversion.path, orjson.dumps(document), mode=os.stat(conversion.path).st_mode & 0o777)
+        log.info("converted %s from format %d to %d", conversion.path, conversion.found, conversion.wanted)
     directory = by_name.get(FORMAT_FILE)
     if directory is not None:
         os.makedirs(data_dir, exist_ok=True)

@@ -20,8 +20,8 @@ from typing import Protocol
 
 from kio.schema.errors import ErrorCode
 
-from node.storage.topic_config import (SOURCE_DEFAULT, SOURCE_STATIC_BROKER, DescribedConfig,
-                                       TopicConfigDef, TopicConfigError, at_least)
+from shmbroker.node.storage.topic_config import (SOURCE_DEFAULT, SOURCE_STATIC_BROKER, DescribedConfig, TopicConfigDef,
+                                                 TopicConfigError, at_least)
 
 SOURCE_GROUP = 8  # Kafka's ConfigSource.GROUP_CONFIG
 

@@ -65,40 +65,23 @@ from collections import deque
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from node.storage.durable import read_offset, write_offset
-from node.storage.faults import is_storage_fault, storage_fault
+from shmbroker.node.storage.durable import read_offset, write_offset
+from shmbroker.node.storage.faults import is_storage_fault, storage_fault
 
-from node.storage.producer_state import (ProducerEntry, ProducerStateTable, delete_snapshots, load_latest_snapshot,
-                                         snapshot_name, snapshot_offsets)
-from node.storage.compression import CODECS
-from node.storage.records import (
-    BASE_OFFSET,
-    BATCH_HEADER_SIZE,
-    CONTROL_KEY_AT,
-    CONTROL_KEY,
-    CONTROL_BIT,
-    LENGTH_FIELDS_SIZE,
-    TIMESTAMP_TYPE_BIT,
-    TRANSACTIONAL_BIT,
-    ControlType,
-    ErrorCode,
-    StorageError,
-    all_record_timestamps,
-    build_control_batch,
-    control_type,
-    keyless_records,
-    last_sequence,
-    parse_header,
-    record_timestamps,
-    rewrite_batch,
-    stored_batch_is_valid,
-    validate_client_batch,
-)
-from node.storage.cleaner import finish_swap, write_manifest
-from node.storage.segment import (INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX, Segment, segment_base_offsets,
-                                  segment_file_name)
-from node.storage.txn_index import TXN_INDEX_SUFFIX, AbortedTransaction, collect_aborted
-from shm.table import CleaningStats, PartitionState, PartitionTable
+from shmbroker.node.storage.producer_state import (ProducerEntry, ProducerStateTable, delete_snapshots,
+                                                   load_latest_snapshot, snapshot_name, snapshot_offsets)
+from shmbroker.node.storage.compression import CODECS
+from shmbroker.node.storage.records import (BASE_OFFSET, BATCH_HEADER_SIZE, CONTROL_KEY_AT, CONTROL_KEY, CONTROL_BIT,
+                                            LENGTH_FIELDS_SIZE, TIMESTAMP_TYPE_BIT, TRANSACTIONAL_BIT, ControlType,
+                                            ErrorCode, StorageError, all_record_timestamps, build_control_batch,
+                                            control_type, keyless_records, last_sequence, parse_header,
+                                            record_timestamps, rewrite_batch, stored_batch_is_valid,
+                                            validate_client_batch)
+from shmbroker.node.storage.cleaner import finish_swap, write_manifest
+from shmbroker.node.storage.segment import (INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX, Segment, segment_base_offsets,
+                                            segment_file_name)
+from shmbroker.node.storage.txn_index import TXN_INDEX_SUFFIX, AbortedTransaction, collect_aborted
+from shmbroker.shm.table import CleaningStats, PartitionState, PartitionTable
 
 log = logging.getLogger("shmbroker.storage")
 

@@ -33,9 +33,9 @@ from typing import NamedTuple
 
 import orjson
 
-from node.storage import formats
-from node.storage.durable import write_durably
-from node.storage.records import INT32_MAX, ErrorCode, StorageError
+from shmbroker.node.storage import formats
+from shmbroker.node.storage.durable import write_durably
+from shmbroker.node.storage.records import INT32_MAX, ErrorCode, StorageError
 
 SNAPSHOT_SUFFIX = ".snapshot"
 # 1 had no "format" field and (before transactions) four fields per producer; both are read.

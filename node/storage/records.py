@@ -42,7 +42,7 @@ from typing import Iterator, NamedTuple, Sequence
 import crc32c
 import numpy as np
 
-from node.storage.compression import CodecError, compress, decompress
+from shmbroker.node.storage.compression import CodecError, compress, decompress
 
 
 class ErrorCode:

@@ -38,9 +38,9 @@ import mmap
 import os
 import struct
 
-from node.storage.faults import is_storage_fault, reserve
-from node.storage.records import BATCH_HEADER, BATCH_HEADER_SIZE, LENGTH_FIELDS_SIZE, stored_batch_is_valid
-from node.storage.txn_index import TXN_INDEX_SUFFIX, TransactionIndex
+from shmbroker.node.storage.faults import is_storage_fault, reserve
+from shmbroker.node.storage.records import BATCH_HEADER, BATCH_HEADER_SIZE, LENGTH_FIELDS_SIZE, stored_batch_is_valid
+from shmbroker.node.storage.txn_index import TXN_INDEX_SUFFIX, TransactionIndex
 
 LOG_SUFFIX = ".log"
 INDEX_SUFFIX = ".index"

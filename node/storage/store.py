@@ -37,13 +37,13 @@ from typing import Any, Callable
 import numpy as np
 from kio.schema.errors import ErrorCode
 
-from node.storage import group_config, topic_config
-from node.storage.catalog import Catalog, CatalogError, TopicEntry
-from node.storage.faults import is_storage_fault, storage_faults
-from node.storage.log import LogConfig, PartitionLog, partition_directory
-from node.storage.records import StorageError
-from node.storage.topic_config import TopicConfigError
-from shm.table import PartitionTable
+from shmbroker.node.storage import group_config, topic_config
+from shmbroker.node.storage.catalog import Catalog, CatalogError, TopicEntry
+from shmbroker.node.storage.faults import is_storage_fault, storage_faults
+from shmbroker.node.storage.log import LogConfig, PartitionLog, partition_directory
+from shmbroker.node.storage.records import StorageError
+from shmbroker.node.storage.topic_config import TopicConfigError
+from shmbroker.shm.table import PartitionTable
 
 log = logging.getLogger("shmbroker.store")
 

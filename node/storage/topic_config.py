@@ -30,7 +30,7 @@ from typing import Any, Callable
 
 from kio.schema.errors import ErrorCode
 
-from node.storage.log import COMPRESSION_TYPES, LONG_MAX, TIMESTAMP_TYPES, LogConfig
+from shmbroker.node.storage.log import COMPRESSION_TYPES, LONG_MAX, TIMESTAMP_TYPES, LogConfig
 
 INT_MAX = 2**31 - 1
 INT_MIN = -(2**31)

@@ -28,8 +28,8 @@ from dataclasses import dataclass
 import orjson
 from scramp import ScramMechanism
 
-from node.storage import formats
-from node.storage.durable import changing, write_durably
+from shmbroker.node.storage import formats
+from shmbroker.node.storage.durable import changing, write_durably
 
 log = logging.getLogger("shmbroker.users")
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from node.config import WheelConfig
-from node.timer.wheel import TimingWheel
+from shmbroker.node.config import WheelConfig
+from shmbroker.node.timer.wheel import TimingWheel
 
 
 @dataclass(frozen=True)

@@ -23,11 +23,11 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from node.storage import cleaner as C
-from node.storage.store import PartitionStore
-from node.timer.outbox import Outbox
-from shm import messages as M
-from shm.table import PartitionTable
+from shmbroker.node.storage import cleaner as C
+from shmbroker.node.storage.store import PartitionStore
+from shmbroker.node.timer.outbox import Outbox
+from shmbroker.shm import messages as M
+from shmbroker.shm.table import PartitionTable
 
 log = logging.getLogger("shmbroker.cleaning")
 PPM = 1_000_000

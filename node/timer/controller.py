@@ -29,12 +29,12 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 
-from node.config import GroupConfig
-from node.storage.records import StorageError
-from node.storage.store import PartitionStore, TopicOutcomes
-from node.timer.flusher import Flusher
-from node.timer.outbox import Outbox
-from shm import messages as M
+from shmbroker.node.config import GroupConfig
+from shmbroker.node.storage.records import StorageError
+from shmbroker.node.storage.store import PartitionStore, TopicOutcomes
+from shmbroker.node.timer.flusher import Flusher
+from shmbroker.node.timer.outbox import Outbox
+from shmbroker.shm import messages as M
 
 log = logging.getLogger("shmbroker.controller")
 

@@ -20,9 +20,9 @@ from __future__ import annotations
 
 from typing import Callable
 
-from node.timer.purgatory import DelayedOperation
-from shm.fetch_condition import FetchCondition
-from shm.table import FLUSHED_OFFSET, PartitionTable
+from shmbroker.node.timer.purgatory import DelayedOperation
+from shmbroker.shm.fetch_condition import FetchCondition
+from shmbroker.shm.table import FLUSHED_OFFSET, PartitionTable
 
 # (operation, expired) -> None; called once per operation
 CompletionSink = Callable[["TimerOperation", bool], None]

@@ -50,10 +50,10 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, NamedTuple
 
-from node.config import NodeConfig
-from node.storage.records import StorageError
-from node.storage.store import PartitionStore
-from shm.table import PartitionTable
+from shmbroker.node.config import NodeConfig
+from shmbroker.node.storage.records import StorageError
+from shmbroker.node.storage.store import PartitionStore
+from shmbroker.shm.table import PartitionTable
 
 log = logging.getLogger("shmbroker.flusher")
 

@@ -14,8 +14,8 @@ Invariants:
 
 from __future__ import annotations
 
-from shm import messages as M
-from shm.ring import RingWriter
+from shmbroker.shm import messages as M
+from shmbroker.shm.ring import RingWriter
 
 
 class Outbox:

@@ -37,31 +37,31 @@ from typing import Any, Callable
 
 import posix_ipc
 
-from node.child import ConfigReload, child_arguments, close_all, settle_garbage_collector, start_child
-from node.config import NodeConfig
-from node.proctitle import set_title
-from node.storage.store import PartitionStore
-from node.timer.chores import Chore, ChoreScheduler
-from node.timer.cleaning import CleanerScheduler
-from node.timer.controller import Controller
-from node.timer.flusher import Flusher
-from node.timer.groups.coordinator import GroupCoordinator
-from node.timer.groups.offsets import OffsetStore
-from node.timer.outbox import Outbox
-from node.timer.quotas import QuotaManager
-from node.timer.service import DelayedOperations
-from node.timer.stats import TimerStats
-from node.timer.transactions.coordinator import TransactionCoordinator
-from node.timer.transactions.hanging import HangingTransactions
-from node.timer.transactions.markers import MarkerWriter
-from node.timer.transactions.state_log import TransactionStateLog
-from shm import instance as shm_instance
-from shm import messages as M
-from shm import stats as S
-from shm.doorbell import EventfdDoorbell, SemaphoreDoorbell
-from shm.heartbeat import HeartbeatTable
-from shm.ring import RingCorrupt, RingReader, RingWriter, announce_sleep_all, woke_all
-from shm.table import PartitionTable
+from shmbroker.node.child import ConfigReload, child_arguments, close_all, settle_garbage_collector, start_child
+from shmbroker.node.config import NodeConfig
+from shmbroker.node.proctitle import set_title
+from shmbroker.node.storage.store import PartitionStore
+from shmbroker.node.timer.chores import Chore, ChoreScheduler
+from shmbroker.node.timer.cleaning import CleanerScheduler
+from shmbroker.node.timer.controller import Controller
+from shmbroker.node.timer.flusher import Flusher
+from shmbroker.node.timer.groups.coordinator import GroupCoordinator
+from shmbroker.node.timer.groups.offsets import OffsetStore
+from shmbroker.node.timer.outbox import Outbox
+from shmbroker.node.timer.quotas import QuotaManager
+from shmbroker.node.timer.service import DelayedOperations
+from shmbroker.node.timer.stats import TimerStats
+from shmbroker.node.timer.transactions.coordinator import TransactionCoordinator
+from shmbroker.node.timer.transactions.hanging import HangingTransactions
+from shmbroker.node.timer.transactions.markers import MarkerWriter
+from shmbroker.node.timer.transactions.state_log import TransactionStateLog
+from shmbroker.shm import instance as shm_instance
+from shmbroker.shm import messages as M
+from shmbroker.shm import stats as S
+from shmbroker.shm.doorbell import EventfdDoorbell, SemaphoreDoorbell
+from shmbroker.shm.heartbeat import HeartbeatTable
+from shmbroker.shm.ring import RingCorrupt, RingReader, RingWriter, announce_sleep_all, woke_all
+from shmbroker.shm.table import PartitionTable
 
 log = logging.getLogger("shmbroker.timer")
 

@@ -29,8 +29,8 @@ from __future__ import annotations
 
 import logging
 
-from node.config import PurgatoryConfig, WheelConfig
-from node.timer.wheel import TimingWheel, _check_int
+from shmbroker.node.config import PurgatoryConfig, WheelConfig
+from shmbroker.node.timer.wheel import TimingWheel, _check_int
 
 log = logging.getLogger(__name__)
 

@@ -30,9 +30,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from node.config import QuotaConfig
-from node.timer.outbox import Outbox
-from shm import messages as M
+from shmbroker.node.config import QuotaConfig
+from shmbroker.node.timer.outbox import Outbox
+from shmbroker.shm import messages as M
 
 PRODUCE, FETCH = 0, 1  # the kind field of QUOTA_USAGE and THROTTLE
 

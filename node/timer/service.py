@@ -18,15 +18,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from node.config import NodeConfig
-from node.timer.delayed import DelayedFetch, DelayedFlush, DelayedProduce, DelayedTimeout, TimerOperation
-from node.timer.flusher import Flusher
-from node.timer.outbox import Outbox
-from node.timer.purgatory import Purgatory
-from node.storage.records import ErrorCode
-from shm import messages as M
-from shm.fetch_condition import FetchCondition
-from shm.table import PartitionTable
+from shmbroker.node.config import NodeConfig
+from shmbroker.node.timer.delayed import DelayedFetch, DelayedFlush, DelayedProduce, DelayedTimeout, TimerOperation
+from shmbroker.node.timer.flusher import Flusher
+from shmbroker.node.timer.outbox import Outbox
+from shmbroker.node.timer.purgatory import Purgatory
+from shmbroker.node.storage.records import ErrorCode
+from shmbroker.shm import messages as M
+from shmbroker.shm.fetch_condition import FetchCondition
+from shmbroker.shm.table import PartitionTable
 
 
 class DelayedOperations:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from shm import stats as S
+from shmbroker.shm import stats as S
 
 MAX_LATENESS_SAMPLES = 100_000
 

@@ -48,7 +48,7 @@ import heapq
 
 import numpy as np
 
-from node.config import WheelConfig
+from shmbroker.node.config import WheelConfig
 
 SLOT_BITS = 32
 SLOT_MASK = (1 << SLOT_BITS) - 1

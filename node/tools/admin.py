@@ -32,7 +32,7 @@ from confluent_kafka import (ConsumerGroupState, ConsumerGroupTopicPartitions, C
                              TopicPartition)
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from node.storage.catalog import topic_id_text
+from shmbroker.node.storage.catalog import topic_id_text
 
 
 class AdminError(RuntimeError):

@@ -24,7 +24,7 @@ from importlib import metadata
 
 import orjson
 
-from node import config as node_config
+from shmbroker.node import config as node_config
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2
@@ -201,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _users(args: argparse.Namespace) -> int:
-    from node.storage.users import UsersError, UsersStore
+    from shmbroker.node.storage.users import UsersError, UsersStore
 
     store = UsersStore(args.data_dir)
     try:
@@ -244,16 +244,16 @@ def _serve(args: argparse.Namespace) -> int:
             overrides["server.workers"] = args.workers
         if args.metrics:
             text = args.metrics if not args.metrics.startswith(":") else "127.0.0.1" + args.metrics
-            from node.tools.metrics import MetricsEndpoint
+            from shmbroker.node.tools.metrics import MetricsEndpoint
 
             metrics = MetricsEndpoint(*node_config.parse_listen(text))
         cfg = node_config.load(args.config, overrides)
     except node_config.ConfigError as exc:
         return _error(str(exc), EXIT_USAGE)
 
-    from node.logging_setup import setup_logging
-    from node.proctitle import set_title
-    from node.supervisor import serve as run_node
+    from shmbroker.node.logging_setup import setup_logging
+    from shmbroker.node.proctitle import set_title
+    from shmbroker.node.supervisor import serve as run_node
 
     setup_logging("supervisor")
     set_title(f"supervisor {cfg.server.host}:{cfg.server.port} {cfg.server.data_dir}")
@@ -262,7 +262,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _stats(args: argparse.Namespace) -> int:
-    from node.tools.inspect import NodeNotRunning, NodeReader, snapshot_document
+    from shmbroker.node.tools.inspect import NodeNotRunning, NodeReader, snapshot_document
 
     try:
         reader = NodeReader.open(args.data_dir)
@@ -275,13 +275,13 @@ def _stats(args: argparse.Namespace) -> int:
     if args.json:
         sys.stdout.buffer.write(orjson.dumps(document, option=orjson.OPT_INDENT_2) + b"\n")
     else:
-        from node.tools.dashboard import render_stats
+        from shmbroker.node.tools.dashboard import render_stats
         render_stats(document)
     return 0
 
 
 def _dashboard(args: argparse.Namespace) -> int:
-    from node.tools.dashboard import run_dashboard
+    from shmbroker.node.tools.dashboard import run_dashboard
 
     return run_dashboard(args.data_dir, args.interval, args.duration)
 
@@ -294,7 +294,7 @@ def _print(document: object, as_json: bool, render) -> None:
 
 
 def _admin_call(args: argparse.Namespace, call) -> int:
-    from node.tools.admin import Admin, AdminError, Unreachable, read_client_properties
+    from shmbroker.node.tools.admin import Admin, AdminError, Unreachable, read_client_properties
 
     try:
         node_config.parse_listen(args.bootstrap)
@@ -313,7 +313,7 @@ def _admin_call(args: argparse.Namespace, call) -> int:
 
 
 def _topics(args: argparse.Namespace) -> int:
-    from node.tools import dashboard as views
+    from shmbroker.node.tools import dashboard as views
 
     def run(admin) -> int:
         if args.action == "list":
@@ -335,8 +335,8 @@ def _topics(args: argparse.Namespace) -> int:
 
 
 def _acls(args: argparse.Namespace) -> int:
-    from node.tools import dashboard as views
-    from node.tools.admin import AclAdmin, AclSpec
+    from shmbroker.node.tools import dashboard as views
+    from shmbroker.node.tools.admin import AclAdmin, AclSpec
 
     operations = tuple(args.operation)
     known = ("READ", "WRITE", "CREATE", "DELETE", "ALTER", "DESCRIBE", "CLUSTER_ACTION", "DESCRIBE_CONFIGS",
@@ -374,7 +374,7 @@ def _acls(args: argparse.Namespace) -> int:
 
 
 def _groups(args: argparse.Namespace) -> int:
-    from node.tools import dashboard as views
+    from shmbroker.node.tools import dashboard as views
 
     def run(admin) -> int:
         if args.action == "list":
@@ -387,8 +387,8 @@ def _groups(args: argparse.Namespace) -> int:
 
 
 def _transactions(args: argparse.Namespace) -> int:
-    from node.tools import dashboard as views
-    from node.tools.inspect import NodeNotRunning, NodeReader
+    from shmbroker.node.tools import dashboard as views
+    from shmbroker.node.tools.inspect import NodeNotRunning, NodeReader
 
     if args.bootstrap is not None:
         return _transactions_by_api(args)
@@ -415,9 +415,9 @@ def _transactions(args: argparse.Namespace) -> int:
 
 
 def _transactions_by_api(args: argparse.Namespace) -> int:
-    from node.tools import dashboard as views
-    from node.tools.admin import AdminError, Unreachable
-    from node.tools.transactions_api import TransactionsApi
+    from shmbroker.node.tools import dashboard as views
+    from shmbroker.node.tools.admin import AdminError, Unreachable
+    from shmbroker.node.tools.transactions_api import TransactionsApi
 
     try:
         node_config.parse_listen(args.bootstrap)

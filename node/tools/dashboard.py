@@ -27,8 +27,8 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from node.tools.inspect import OPEN_STATES, NodeNotRunning, NodeReader, api_name, locate
-from shm import stats as S
+from shmbroker.node.tools.inspect import OPEN_STATES, NodeNotRunning, NodeReader, api_name, locate
+from shmbroker.shm import stats as S
 
 SPARK = "▁▂▃▄▅▆▇█"
 HISTORY = 60  # refreshes kept for sparklines (a minute at the default interval)

@@ -20,11 +20,11 @@ from typing import Any, Callable, Iterator
 import posix_ipc
 from kio.schema.errors import ErrorCode
 
-from node import config as node_config
-from node.storage.catalog import Catalog
-from shm import instance as shm_instance
-from shm import stats as S
-from shm.table import PartitionTable
+from shmbroker.node import config as node_config
+from shmbroker.node.storage.catalog import Catalog
+from shmbroker.shm import instance as shm_instance
+from shmbroker.shm import stats as S
+from shmbroker.shm.table import PartitionTable
 
 # Kafka API keys the node serves, by name (for tables and metric labels).
 API_NAMES = {

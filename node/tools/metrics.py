@@ -19,8 +19,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import CollectorRegistry
 from prometheus_client import start_http_server
 
-from node.tools.inspect import OPEN_STATES, NodeReader, api_name, error_name, locate, named_counts
-from shm import stats as S
+from shmbroker.node.tools.inspect import OPEN_STATES, NodeReader, api_name, error_name, locate, named_counts
+from shmbroker.shm import stats as S
 
 _PER_API = {"requests": ("kafka_network_requests", "Requests read, per API (RequestsPerSec)"),
             "request_errors": ("kafka_network_request_errors", "Requests that closed their connection, per API"),

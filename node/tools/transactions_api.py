@@ -32,7 +32,7 @@ from kio.schema.metadata.v12 import response as metadata_response
 from kio.serial import entity_reader, entity_writer
 from kio.static.primitive import i8, i64
 
-from node.tools.admin import AdminError, Unreachable
+from shmbroker.node.tools.admin import AdminError, Unreachable
 
 CLIENT_ID = b"shmbroker-cli"
 TRANSACTION_COORDINATOR = 1  # FindCoordinator's key type of a transactional id

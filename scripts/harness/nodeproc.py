@@ -33,9 +33,9 @@ from typing import Any, Callable
 
 import psutil
 
-from node.storage.log import LOCK_FILE as PARTITION_LOCK_FILE
-from node.tools.cli import EXIT_IN_USE  # the port (or the data dir) is taken
-from shm import instance as shm_instance
+from shmbroker.node.storage.log import LOCK_FILE as PARTITION_LOCK_FILE
+from shmbroker.node.tools.cli import EXIT_IN_USE  # the port (or the data dir) is taken
+from shmbroker.shm import instance as shm_instance
 
 REPO_ROOT = Path(__file__).resolve().parents[2]  # the checkout whose node runs by default
 LOOPBACK = "127.0.0.1"
@@ -46,7 +46,9 @@ START_PROBE_TIMEOUT_S = 0.5
 PAUSE_TIMEOUT_S = 10.0  # stop_when_holding: how long to wait for a child to hold the partition locks wanted
 PAUSE_RETRY_S = 0.005
 # The module each child role runs (how a child is recognised on its command line).
-ROLE_MODULES = {"worker": "workers.worker", "timer": "node.timer.process", "cleaner": "node.cleaner.process"}
+ROLE_MODULES = {"worker": "shmbroker.workers.worker", "timer": "shmbroker.node.timer.process",
+                "cleaner": "shmbroker.node.cleaner.process"}
+CLI = [sys.executable, "-m", "shmbroker.node.tools.cli"]  # `shmbroker` as this Python runs it
 # The log lines of children that finished starting: start() returns only once every child wrote its own,
 # so connections made right after it spread over all workers.
 READY_LINES = ("timer process ready", "worker {index} ready")
@@ -109,7 +111,7 @@ class NodeProcess:
         self.repo = Path(repo)  # the checkout whose node runs (another one's, to compare checkouts)
         # What runs `serve`: this Python's node.tools.cli by default, or an installed `shmbroker` (a wheel's venv),
         # from `cwd` (the checkout by default).
-        self.command = command or [sys.executable, "-m", "node.tools.cli"]
+        self.command = command or CLI
         self.cwd = Path(cwd) if cwd is not None else self.repo
         self.wait_ready = wait_ready  # False: return once a worker answers (a checkout whose children log no ready line)
         self.announce = announce  # print "nodeproc: node pid ... on ..., data ..." to stderr once it answers
@@ -323,6 +325,19 @@ class NodeProcess:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+SHADOWING_NAMES = ("node", "shm", "workers", "clients")  # the repository's folders: generic names a user may have
+
+
+def shadowing_folders(directory: Path | str) -> None:
+    """Packages named like the repository's folders in `directory`, each raising on import: a program started
+    there that imports one of them instead of the node's own code fails."""
+    for name in SHADOWING_NAMES:
+        package = Path(directory) / name
+        package.mkdir(exist_ok=True)
+        message = f"the user's own {name}/ was imported"
+        (package / "__init__.py").write_text(f"raise ImportError({message!r})\n")
 
 
 def shm_leftovers(instance: str = "") -> list[str]:

@@ -32,8 +32,8 @@ from typing import Any, Sequence
 
 from kio.static.primitive import i16, i32
 
-from node.storage import records
-from workers.codecs.tagged_fields import uvarint
+from shmbroker.node.storage import records
+from shmbroker.workers.codecs.tagged_fields import uvarint
 from pyspark_shmbroker import wire
 # The API keys are re-exported for the scripts and tests (rawkafka.FETCH ...).
 from pyspark_shmbroker.wire import (API_VERSIONS, FETCH, INIT_PRODUCER_ID, LIST_OFFSETS, METADATA, PRODUCE,

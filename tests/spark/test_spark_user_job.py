@@ -4,7 +4,8 @@ from librdkafka through `spark.read.format("shmbroker")`.
 
 - From a directory outside the checkout, with PYSPARK_PYTHON the venv's Python, Spark's Python worker
   finds the source by itself (pkgutil over sys.path: the install must be path-based) and the rows come
-  back.
+  back, although the job's folder and that directory hold packages of the user's named node, shm, workers
+  and clients.
 - Without the venv activated and PYSPARK_PYTHON unset, Spark's Python workers run `python3` on PATH, a
   Python without the connector's dependencies: the read fails with the connector's message naming what is
   missing, that Python and the fix (not Spark's DATA_SOURCE_NOT_FOUND). Every module of the connector
@@ -31,7 +32,7 @@ import pytest
 from spark_testing import create_topic, produce
 
 from scripts.harness import sparkjob
-from scripts.harness.nodeproc import free_port
+from scripts.harness.nodeproc import free_port, shadowing_folders
 
 REPO = Path(__file__).resolve().parents[2]
 VENV_PYTHON = sys.executable  # the tests run with the venv's Python (make test)
@@ -92,11 +93,16 @@ def user_env(temp: Path, **settings: str) -> dict[str, str]:
     return env
 
 
-def run_user_job(tmp_path: Path, bootstrap: str, topic: str, cwd: Path, **settings: str) -> dict:
+def run_user_job(tmp_path: Path, bootstrap: str, topic: str, cwd: Path, shadowed: bool = False,
+                 **settings: str) -> dict:
     """Run USER_JOB with the venv's Python from `cwd` in user_env(settings); returns its JSON answer once
-    it, its JVM and its Python workers are gone."""
+    it, its JVM and its Python workers are gone. `shadowed`: the job's folder and `cwd` hold the user's own
+    packages named like the repository's folders (node, shm, workers, clients), which raise on import."""
     job_dir = tmp_path / "job"
     job_dir.mkdir()
+    if shadowed:
+        shadowing_folders(job_dir)
+        shadowing_folders(cwd)
     script = job_dir / "user_job.py"
     script.write_text(USER_JOB)
     scratch = tmp_path / "spark-scratch"
@@ -157,7 +163,9 @@ def test_a_user_job_outside_the_checkout_finds_the_source_and_reads(node_factory
     outside = tmp_path / "home"
     outside.mkdir()
     assert REPO not in outside.parents
-    answer = run_user_job(tmp_path, node.bootstrap, "orders", outside, PYSPARK_PYTHON=VENV_PYTHON)
+    # The job and its directory have packages named node, shm, workers and clients of their own: the connector
+    # imports the node's (shmbroker.node...), not them.
+    answer = run_user_job(tmp_path, node.bootstrap, "orders", outside, shadowed=True, PYSPARK_PYTHON=VENV_PYTHON)
     # A finder-hook editable install: the lookup in Spark's Python worker misses the package, the read
     # fails with DATA_SOURCE_NOT_FOUND.
     assert "error" not in answer, answer["error"][:3000]

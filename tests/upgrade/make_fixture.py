@@ -35,9 +35,12 @@ SETUP_TIMEOUT_S = 900
 
 
 def node_command(checkout: Path) -> list[str]:
-    """How that checkout's node is started: its venv's Python on its CLI module (node.tools.cli, or node.cli
-    before the tools moved)."""
-    module = "node.tools.cli" if (checkout / "node" / "tools" / "cli.py").exists() else "node.cli"
+    """How that checkout's node is started: its venv's Python on its CLI module (shmbroker.node.tools.cli since
+    the packages are installed under shmbroker; node.tools.cli before; node.cli before the tools moved)."""
+    if "shmbroker.node.tools.cli" in (checkout / "pyproject.toml").read_text():
+        module = "shmbroker.node.tools.cli"
+    else:
+        module = "node.tools.cli" if (checkout / "node" / "tools" / "cli.py").exists() else "node.cli"
     return [str(checkout / ".venv" / "bin" / "python"), "-m", module]
 
 

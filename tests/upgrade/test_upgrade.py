@@ -17,7 +17,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from scripts.harness import rawkafka
-from node.tools.cli import EXIT_NEWER_FORMAT
+from shmbroker.node.tools.cli import EXIT_NEWER_FORMAT
 from scripts.harness.nodeproc import NodeProcess
 from tests.upgrade import workload
 

@@ -19,18 +19,18 @@ from typing import Any, Callable
 
 from kio.static.primitive import i8
 
-from node.storage.acls import (CLUSTER_NAME, AclBinding, AclError, AclFilter, AclStore, Operation, PatternType,
-                               Permission, ResourceType)
-from node.storage.faults import storage_faults
-from node.storage.records import StorageError
-from node.storage.store import PartitionStore
-from shm import generations
-from workers.api.authorizer import RequestAuthorizer
-from workers.api.responses import ZERO_THROTTLE, code, entity, reply
-from workers.codecs import errors as E
-from workers.codecs import protocol as P
-from workers.connection import Request
-from workers.timer_client.outcome import Outcome
+from shmbroker.node.storage.acls import (CLUSTER_NAME, AclBinding, AclError, AclFilter, AclStore, Operation,
+                                         PatternType, Permission, ResourceType)
+from shmbroker.node.storage.faults import storage_faults
+from shmbroker.node.storage.records import StorageError
+from shmbroker.node.storage.store import PartitionStore
+from shmbroker.shm import generations
+from shmbroker.workers.api.authorizer import RequestAuthorizer
+from shmbroker.workers.api.responses import ZERO_THROTTLE, code, entity, reply
+from shmbroker.workers.codecs import errors as E
+from shmbroker.workers.codecs import protocol as P
+from shmbroker.workers.connection import Request
+from shmbroker.workers.timer_client.outcome import Outcome
 
 log = logging.getLogger("shmbroker.acls")
 

@@ -33,19 +33,19 @@ from typing import Any, Callable
 
 from kio.static.primitive import i8, i16, i32, i64
 
-from node.config import NodeConfig
-from node.storage import group_config, topic_config as TC
-from node.storage.catalog import valid_topic_name
-from node.storage.store import BROKER_RESOURCE, GROUP_RESOURCE, TOPIC_RESOURCE, PartitionStore
-from shm import messages as M
-from workers.codecs import errors as E
-from workers.codecs import protocol as P
-from workers.connection import Request
-from workers.timer_client.delayed import DelayedRequests, DocumentTooLarge, monotonic_ms
-from workers.timer_client.outcome import Outcome
-from workers.api.responses import ZERO_THROTTLE, code, entity, reply
-from workers.api.authorizer import RequestAuthorizer
-from node.storage.acls import CLUSTER_NAME, Operation, ResourceType
+from shmbroker.node.config import NodeConfig
+from shmbroker.node.storage import group_config, topic_config as TC
+from shmbroker.node.storage.catalog import valid_topic_name
+from shmbroker.node.storage.store import BROKER_RESOURCE, GROUP_RESOURCE, TOPIC_RESOURCE, PartitionStore
+from shmbroker.shm import messages as M
+from shmbroker.workers.codecs import errors as E
+from shmbroker.workers.codecs import protocol as P
+from shmbroker.workers.connection import Request
+from shmbroker.workers.timer_client.delayed import DelayedRequests, DocumentTooLarge, monotonic_ms
+from shmbroker.workers.timer_client.outcome import Outcome
+from shmbroker.workers.api.responses import ZERO_THROTTLE, code, entity, reply
+from shmbroker.workers.api.authorizer import RequestAuthorizer
+from shmbroker.node.storage.acls import CLUSTER_NAME, Operation, ResourceType
 
 Results = dict[str, tuple[E.ErrorCode, str | None]]
 BROKER_LOGGER_RESOURCE = 8  # Kafka's ConfigResource.Type.BROKER_LOGGER (authorized as the broker)

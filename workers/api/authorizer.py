@@ -25,12 +25,13 @@ import logging
 import time
 from typing import Any, Iterable
 
-from node.config import AuthorizerConfig
-from node.storage.acls import CLUSTER_NAME, OPERATIONS_OF, Authorization, Operation, ResourceType, acls_path, read_acls
-from shm import generations
-from shm.generations import ChangeCounters
-from workers.api.responses import NOT_REQUESTED
-from workers.connection import Request
+from shmbroker.node.config import AuthorizerConfig
+from shmbroker.node.storage.acls import (CLUSTER_NAME, OPERATIONS_OF, Authorization, Operation, ResourceType, acls_path,
+                                         read_acls)
+from shmbroker.shm import generations
+from shmbroker.shm.generations import ChangeCounters
+from shmbroker.workers.api.responses import NOT_REQUESTED
+from shmbroker.workers.connection import Request
 
 log = logging.getLogger("shmbroker.authorizer")
 

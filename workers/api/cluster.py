@@ -18,17 +18,17 @@ from typing import Any, Callable
 
 from kio.static.primitive import i8, i32, i64
 
-from node.config import NodeConfig
-from node.storage.faults import storage_faults
-from node.storage.records import StorageError
-from node.storage.store import PartitionStore
-from node.storage.acls import Operation, ResourceType
-from workers.api.responses import NOT_REQUESTED, ZERO_THROTTLE, code, entity, reply
-from workers.codecs import errors as E
-from workers.codecs import protocol as P
-from workers.connection import Request
-from workers.timer_client.outcome import Outcome
-from workers.api.authorizer import RequestAuthorizer
+from shmbroker.node.config import NodeConfig
+from shmbroker.node.storage.faults import storage_faults
+from shmbroker.node.storage.records import StorageError
+from shmbroker.node.storage.store import PartitionStore
+from shmbroker.node.storage.acls import Operation, ResourceType
+from shmbroker.workers.api.responses import NOT_REQUESTED, ZERO_THROTTLE, code, entity, reply
+from shmbroker.workers.codecs import errors as E
+from shmbroker.workers.codecs import protocol as P
+from shmbroker.workers.connection import Request
+from shmbroker.workers.timer_client.outcome import Outcome
+from shmbroker.workers.api.authorizer import RequestAuthorizer
 
 BROKER_ENDPOINTS = 1  # DescribeCluster v1's endpoint_type: brokers (2: controllers)
 NO_COORDINATOR_EPOCH = -1  # markers here carry no coordinator epoch (one coordinator, never moved)

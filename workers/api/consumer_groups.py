@@ -23,18 +23,18 @@ from typing import Any, Callable
 
 from kio.static.primitive import i32, i32Timedelta
 
-from node.config import NodeConfig
-from node.storage.acls import Operation, ResourceType
-from node.storage.store import PartitionStore
-from shm import messages as M
-from workers.api.responses import NOT_REQUESTED, ZERO_THROTTLE, code, entity, reply
-from workers.codecs import errors as E
-from workers.codecs import protocol as P
-from workers.codecs.consumer_group_heartbeat import encode_response_without_assignment
-from workers.connection import Request
-from workers.timer_client.delayed import DelayedRequests, DocumentTooLarge
-from workers.timer_client.outcome import Outcome
-from workers.api.authorizer import RequestAuthorizer
+from shmbroker.node.config import NodeConfig
+from shmbroker.node.storage.acls import Operation, ResourceType
+from shmbroker.node.storage.store import PartitionStore
+from shmbroker.shm import messages as M
+from shmbroker.workers.api.responses import NOT_REQUESTED, ZERO_THROTTLE, code, entity, reply
+from shmbroker.workers.codecs import errors as E
+from shmbroker.workers.codecs import protocol as P
+from shmbroker.workers.codecs.consumer_group_heartbeat import encode_response_without_assignment
+from shmbroker.workers.connection import Request
+from shmbroker.workers.timer_client.delayed import DelayedRequests, DocumentTooLarge
+from shmbroker.workers.timer_client.outcome import Outcome
+from shmbroker.workers.api.authorizer import RequestAuthorizer
 
 HeartbeatAnswer = M.reply_class(M.Kind.CONSUMER_GROUP_HEARTBEAT)
 DescribeAnswer = M.reply_class(M.Kind.CONSUMER_GROUP_DESCRIBE)

@@ -37,8 +37,8 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Iterable, NamedTuple
 
-from workers.codecs import errors as E
-from workers.codecs.fetch import FetchPartitionResult, FetchTopicResult
+from shmbroker.workers.codecs import errors as E
+from shmbroker.workers.codecs.fetch import FetchPartitionResult, FetchTopicResult
 
 NO_SESSION = 0
 INITIAL_EPOCH = 0

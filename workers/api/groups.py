@@ -30,16 +30,16 @@ from typing import Any, Callable
 
 from kio.static.primitive import i32, i64
 
-from node.config import NodeConfig
-from node.storage.acls import CLUSTER_NAME, Operation, ResourceType
-from shm import messages as M
-from workers.api.responses import NOT_REQUESTED, ZERO_THROTTLE, code, entity, reply
-from workers.codecs import errors as E
-from workers.codecs import protocol as P
-from workers.connection import Request
-from workers.timer_client.delayed import DelayedRequests, DocumentTooLarge
-from workers.timer_client.outcome import Outcome
-from workers.api.authorizer import RequestAuthorizer
+from shmbroker.node.config import NodeConfig
+from shmbroker.node.storage.acls import CLUSTER_NAME, Operation, ResourceType
+from shmbroker.shm import messages as M
+from shmbroker.workers.api.responses import NOT_REQUESTED, ZERO_THROTTLE, code, entity, reply
+from shmbroker.workers.codecs import errors as E
+from shmbroker.workers.codecs import protocol as P
+from shmbroker.workers.connection import Request
+from shmbroker.workers.timer_client.delayed import DelayedRequests, DocumentTooLarge
+from shmbroker.workers.timer_client.outcome import Outcome
+from shmbroker.workers.api.authorizer import RequestAuthorizer
 
 GROUP_KEY_TYPE = 0
 TRANSACTION_KEY_TYPE = 1

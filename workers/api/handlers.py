@@ -30,34 +30,35 @@ from typing import Any, Callable
 
 from kio.static.primitive import i16, i32
 
-from node.config import NodeConfig
-from node.storage import producer_ids
-from node.storage.acls import CLUSTER_NAME, Operation, ResourceType
-from node.storage.catalog import valid_topic_name
-from node.storage.faults import storage_faults
-from node.storage.store import PartitionStore
-from node.storage.records import TRANSACTIONAL_BIT, StorageError
-from shm import messages as M
-from workers.codecs import errors as E
-from workers.codecs import protocol as P
-from workers.connection import FileRange, Request
-from workers.timer_client.delayed import Completed, DelayedRequests, monotonic_ms
-from workers.api.acls import AclHandlers
-from workers.api.admin import AdminHandlers
-from workers.api.authorizer import NOTHING_DENIED, RequestAuthorizer
-from workers.api.scram_credentials import ScramCredentialHandlers
-from workers.api.fetch_sessions import NO_SESSION, FINAL_EPOCH, FetchContext, FetchSessionCache, ForgottenTopic
-from workers.api.repeated_fetch import IdleRead, RepeatedFetch
-from workers.api.consumer_groups import ConsumerGroupHandlers
-from workers.api.cluster import ClusterHandlers
-from workers.api.groups import GroupHandlers
-from workers.api.transactions import TransactionHandlers, expected_producer
-from workers.codecs.fetch import FetchPartitionResult, FetchTopicResult, encode_fetch_response
-from workers.api import priority
-from workers.timer_client.outcome import Outcome
-from workers.codecs.produce import ProducePartitionResult, ProduceTopicResult, encode_produce_response
-from workers.api.quotas import FETCH, PRODUCE, Throttler
-from workers.api.responses import NOT_REQUESTED, ZERO_THROTTLE, code, entity, reply
+from shmbroker.node.config import NodeConfig
+from shmbroker.node.storage import producer_ids
+from shmbroker.node.storage.acls import CLUSTER_NAME, Operation, ResourceType
+from shmbroker.node.storage.catalog import valid_topic_name
+from shmbroker.node.storage.faults import storage_faults
+from shmbroker.node.storage.store import PartitionStore
+from shmbroker.node.storage.records import TRANSACTIONAL_BIT, StorageError
+from shmbroker.shm import messages as M
+from shmbroker.workers.codecs import errors as E
+from shmbroker.workers.codecs import protocol as P
+from shmbroker.workers.connection import FileRange, Request
+from shmbroker.workers.timer_client.delayed import Completed, DelayedRequests, monotonic_ms
+from shmbroker.workers.api.acls import AclHandlers
+from shmbroker.workers.api.admin import AdminHandlers
+from shmbroker.workers.api.authorizer import NOTHING_DENIED, RequestAuthorizer
+from shmbroker.workers.api.scram_credentials import ScramCredentialHandlers
+from shmbroker.workers.api.fetch_sessions import (NO_SESSION, FINAL_EPOCH, FetchContext, FetchSessionCache,
+                                                  ForgottenTopic)
+from shmbroker.workers.api.repeated_fetch import IdleRead, RepeatedFetch
+from shmbroker.workers.api.consumer_groups import ConsumerGroupHandlers
+from shmbroker.workers.api.cluster import ClusterHandlers
+from shmbroker.workers.api.groups import GroupHandlers
+from shmbroker.workers.api.transactions import TransactionHandlers, expected_producer
+from shmbroker.workers.codecs.fetch import FetchPartitionResult, FetchTopicResult, encode_fetch_response
+from shmbroker.workers.api import priority
+from shmbroker.workers.timer_client.outcome import Outcome
+from shmbroker.workers.codecs.produce import ProducePartitionResult, ProduceTopicResult, encode_produce_response
+from shmbroker.workers.api.quotas import FETCH, PRODUCE, Throttler
+from shmbroker.workers.api.responses import NOT_REQUESTED, ZERO_THROTTLE, code, entity, reply
 
 log = logging.getLogger("shmbroker.handlers")
 

@@ -25,10 +25,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from node.config import QuotaConfig
-from shm import messages as M
-from workers.connection import Request
-from workers.timer_client.outcome import Outcome
+from shmbroker.node.config import QuotaConfig
+from shmbroker.shm import messages as M
+from shmbroker.workers.connection import Request
+from shmbroker.workers.timer_client.outcome import Outcome
 
 PRODUCE, FETCH = 0, 1
 

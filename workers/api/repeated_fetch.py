@@ -35,8 +35,8 @@ from array import array
 from dataclasses import dataclass
 from typing import Any
 
-from shm.table import PartitionTable
-from workers.codecs.fetch import FetchTopicResult, encode_fetch_response
+from shmbroker.shm.table import PartitionTable
+from shmbroker.workers.codecs.fetch import FetchTopicResult, encode_fetch_response
 
 _SIZE_AND_CORRELATION = struct.Struct(">ii")
 _MARK_MASK = 0x7FFF_FFFF  # a mark fits a signed 32-bit array item

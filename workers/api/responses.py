@@ -17,10 +17,10 @@ from typing import Any
 
 from kio.static.primitive import i32Timedelta
 
-from workers.codecs import errors as E
-from workers.codecs import protocol as P
-from workers.connection import Request
-from workers.timer_client.outcome import Outcome
+from shmbroker.workers.codecs import errors as E
+from shmbroker.workers.codecs import protocol as P
+from shmbroker.workers.connection import Request
+from shmbroker.workers.timer_client.outcome import Outcome
 
 ZERO_THROTTLE = i32Timedelta.parse(datetime.timedelta(0))
 

@@ -27,15 +27,15 @@ from typing import Any
 
 from scramp import ScramException, ScramMechanism
 
-from node.config import SaslConfig
-from node.logging_setup import RateLimitedLog
-from node.storage.users import SCRAM_MECHANISMS, UsersView
-from shm.stats import MAX_LISTENERS, SASL_MECHANISMS
-from workers.api.responses import entity, reply
-from workers.codecs import protocol as P
-from workers.codecs.errors import ErrorCode
-from workers.connection import Request
-from workers.timer_client.outcome import Outcome
+from shmbroker.node.config import SaslConfig
+from shmbroker.node.logging_setup import RateLimitedLog
+from shmbroker.node.storage.users import SCRAM_MECHANISMS, UsersView
+from shmbroker.shm.stats import MAX_LISTENERS, SASL_MECHANISMS
+from shmbroker.workers.api.responses import entity, reply
+from shmbroker.workers.codecs import protocol as P
+from shmbroker.workers.codecs.errors import ErrorCode
+from shmbroker.workers.connection import Request
+from shmbroker.workers.timer_client.outcome import Outcome
 
 log = logging.getLogger("shmbroker.sasl")
 

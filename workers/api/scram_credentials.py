@@ -22,16 +22,16 @@ from typing import Any, Callable
 
 from kio.static.primitive import i8, i32
 
-from node.storage.acls import CLUSTER_NAME, Operation, ResourceType
-from node.storage.faults import storage_faults
-from node.storage.records import StorageError
-from node.storage.users import MIN_ITERATIONS, Credential, UsersStore
-from workers.api.authorizer import RequestAuthorizer
-from workers.api.responses import ZERO_THROTTLE, code, entity, reply
-from workers.codecs import errors as E
-from workers.codecs import protocol as P
-from workers.connection import Request
-from workers.timer_client.outcome import Outcome
+from shmbroker.node.storage.acls import CLUSTER_NAME, Operation, ResourceType
+from shmbroker.node.storage.faults import storage_faults
+from shmbroker.node.storage.records import StorageError
+from shmbroker.node.storage.users import MIN_ITERATIONS, Credential, UsersStore
+from shmbroker.workers.api.authorizer import RequestAuthorizer
+from shmbroker.workers.api.responses import ZERO_THROTTLE, code, entity, reply
+from shmbroker.workers.codecs import errors as E
+from shmbroker.workers.codecs import protocol as P
+from shmbroker.workers.connection import Request
+from shmbroker.workers.timer_client.outcome import Outcome
 
 MAX_ITERATIONS = 16384  # Kafka's ScramMechanism maximum
 MECHANISM_BY_CODE = {1: "SCRAM-SHA-256", 2: "SCRAM-SHA-512"}  # Kafka's ScramMechanism codes

@@ -29,17 +29,17 @@ from typing import Any, Callable
 
 from kio.static.primitive import i16, i32, i32Timedelta, i64
 
-from node.config import NodeConfig
-from node.storage.acls import Operation, ResourceType
-from shm import messages as M
-from workers.api.groups import failed
-from workers.api.responses import ZERO_THROTTLE, code, entity, reply
-from workers.codecs import errors as E
-from workers.codecs import protocol as P
-from workers.connection import Request
-from workers.timer_client.delayed import DelayedRequests, DocumentTooLarge
-from workers.timer_client.outcome import Outcome
-from workers.api.authorizer import RequestAuthorizer
+from shmbroker.node.config import NodeConfig
+from shmbroker.node.storage.acls import Operation, ResourceType
+from shmbroker.shm import messages as M
+from shmbroker.workers.api.groups import failed
+from shmbroker.workers.api.responses import ZERO_THROTTLE, code, entity, reply
+from shmbroker.workers.codecs import errors as E
+from shmbroker.workers.codecs import protocol as P
+from shmbroker.workers.connection import Request
+from shmbroker.workers.timer_client.delayed import DelayedRequests, DocumentTooLarge
+from shmbroker.workers.timer_client.outcome import Outcome
+from shmbroker.workers.api.authorizer import RequestAuthorizer
 
 # The first version of each API that may carry PRODUCER_FENCED (KIP-588).
 PRODUCER_FENCED_SINCE = {P.INIT_PRODUCER_ID: 4, P.ADD_PARTITIONS_TO_TXN: 2, P.ADD_OFFSETS_TO_TXN: 2, P.END_TXN: 2,

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import struct
 
-from workers.codecs.protocol import ProtocolError
-from workers.codecs.tagged_fields import uvarint
+from shmbroker.workers.codecs.protocol import ProtocolError
+from shmbroker.workers.codecs.tagged_fields import uvarint
 
 _HEAD = struct.Struct(">iiBih")  # size, correlation id, header tags (none), throttle_time_ms, error_code
 _TAIL = struct.Struct(">iibB")  # member_epoch, heartbeat_interval_ms, assignment (-1: null), tags (none)

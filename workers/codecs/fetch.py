@@ -49,9 +49,9 @@ import struct
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol, Sequence, Union
 
-from workers.codecs.errors import ProtocolError
-from workers.codecs.tagged_fields import uvarint
-from workers.codecs.wire_layout import I16, I32, SIZE_AND_CORRELATION, compile_fields
+from shmbroker.workers.codecs.errors import ProtocolError
+from shmbroker.workers.codecs.tagged_fields import uvarint
+from shmbroker.workers.codecs.wire_layout import I16, I32, SIZE_AND_CORRELATION, compile_fields
 
 FETCH_MIN_VERSION = 4
 FETCH_MAX_VERSION = 17

@@ -44,9 +44,9 @@ import struct
 from dataclasses import dataclass, field
 from typing import NamedTuple, Sequence
 
-from workers.codecs.errors import ProtocolError
-from workers.codecs.tagged_fields import read_uvarint, skip_tagged_fields, uvarint
-from workers.codecs.wire_layout import I16, I32, SIZE_AND_CORRELATION, compile_fields
+from shmbroker.workers.codecs.errors import ProtocolError
+from shmbroker.workers.codecs.tagged_fields import read_uvarint, skip_tagged_fields, uvarint
+from shmbroker.workers.codecs.wire_layout import I16, I32, SIZE_AND_CORRELATION, compile_fields
 
 PRODUCE_MIN_VERSION = 3
 PRODUCE_MAX_VERSION = 11

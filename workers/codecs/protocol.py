@@ -51,23 +51,13 @@ from kio.serial import entity_reader, entity_writer
 from kio.static.constants import EntityType
 from kio.static.primitive import i16, i32Timedelta
 
-from workers.codecs.errors import NONE, UNSUPPORTED_VERSION, ErrorCode, ProtocolError
-from workers.codecs.fetch import (
-    FetchPartitionResult,
-    FetchResponseFrame,
-    FetchTopicResult,
-    FileRange,
-    encode_fetch_response,
-)
-from workers.codecs.legacy_schemas import LEGACY_SCHEMAS
-from workers.codecs.tagged_fields import known_tags_filter, skip_tagged_fields
-from workers.codecs.produce import (
-    ProducePartitionResult,
-    ProduceRequestView,
-    ProduceTopicResult,
-    decode_produce_request,
-    encode_produce_response,
-)
+from shmbroker.workers.codecs.errors import NONE, UNSUPPORTED_VERSION, ErrorCode, ProtocolError
+from shmbroker.workers.codecs.fetch import (FetchPartitionResult, FetchResponseFrame, FetchTopicResult, FileRange,
+                                            encode_fetch_response)
+from shmbroker.workers.codecs.legacy_schemas import LEGACY_SCHEMAS
+from shmbroker.workers.codecs.tagged_fields import known_tags_filter, skip_tagged_fields
+from shmbroker.workers.codecs.produce import (ProducePartitionResult, ProduceRequestView, ProduceTopicResult,
+                                              decode_produce_request, encode_produce_response)
 
 # API keys (Kafka's ApiKeys enum) this broker serves.
 PRODUCE = 0

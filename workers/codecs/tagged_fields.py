@@ -32,7 +32,7 @@ from kio.serial._introspect import (
     is_optional,
 )
 
-from workers.codecs.errors import ProtocolError
+from shmbroker.workers.codecs.errors import ProtocolError
 
 _MAX_UVARINT_BYTES = 5
 _FIXED_SIZES = {

@@ -54,14 +54,14 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable, NamedTuple
 
-from shm import messages as M
-from shm.doorbell import EventfdDoorbell
-from shm.fetch_condition import FetchCondition
-from shm.interest import WorkerWatches, full_fence
-from shm.table import END_BYTES, PartitionTable
-from workers.connection import Connection, Request
-from workers.timer_client.outcome import Outcome
-from shm.timer_link import TimerLink
+from shmbroker.shm import messages as M
+from shmbroker.shm.doorbell import EventfdDoorbell
+from shmbroker.shm.fetch_condition import FetchCondition
+from shmbroker.shm.interest import WorkerWatches, full_fence
+from shmbroker.shm.table import END_BYTES, PartitionTable
+from shmbroker.workers.connection import Connection, Request
+from shmbroker.workers.timer_client.outcome import Outcome
+from shmbroker.shm.timer_link import TimerLink
 
 log = logging.getLogger("shmbroker.delayed")
 

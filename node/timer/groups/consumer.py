@@ -50,16 +50,16 @@ from typing import Any, Callable
 
 from kio.schema.errors import ErrorCode
 
-from node.config import GroupConfig, WheelConfig
-from node.storage import group_config
-from node.storage.group_config import GroupSettings
-from node.storage.store import PartitionStore
-from node.timer.groups.assignors import ASSIGNORS
-from node.timer.groups.consumer_group import LEAVE_EPOCH, STATIC_LEAVE_EPOCH, ConsumerGroup, ConsumerMember
-from node.timer.groups.reconciliation import MemberState, reconcile
-from node.timer.groups.sessions import Sessions
-from node.timer.outbox import Outbox
-from shm import messages as M
+from shmbroker.node.config import GroupConfig, WheelConfig
+from shmbroker.node.storage import group_config
+from shmbroker.node.storage.group_config import GroupSettings
+from shmbroker.node.storage.store import PartitionStore
+from shmbroker.node.timer.groups.assignors import ASSIGNORS
+from shmbroker.node.timer.groups.consumer_group import LEAVE_EPOCH, STATIC_LEAVE_EPOCH, ConsumerGroup, ConsumerMember
+from shmbroker.node.timer.groups.reconciliation import MemberState, reconcile
+from shmbroker.node.timer.groups.sessions import Sessions
+from shmbroker.node.timer.outbox import Outbox
+from shmbroker.shm import messages as M
 
 log = logging.getLogger("shmbroker.groups")
 E = ErrorCode

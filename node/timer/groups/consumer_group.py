@@ -22,7 +22,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping
 
-from node.timer.groups.reconciliation import MemberState, Partitions, Reconciled
+from shmbroker.node.timer.groups.reconciliation import MemberState, Partitions, Reconciled
 
 LEAVE_EPOCH = -1
 STATIC_LEAVE_EPOCH = -2

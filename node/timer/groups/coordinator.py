@@ -29,16 +29,16 @@ from typing import Any, Callable
 
 from kio.schema.errors import ErrorCode
 
-from node.config import GroupConfig, PurgatoryConfig, WheelConfig
-from node.storage.store import PartitionStore
-from node.timer.groups.consumer import ConsumerGroups
-from node.timer.groups.delayed import DelayedJoin, InitialDelayedJoin, PendingSync, join_key, sync_key
-from node.timer.groups.group import Group, GroupState, Member, Waiter
-from node.timer.groups.offsets import OffsetStore
-from node.timer.groups.sessions import Sessions
-from node.timer.outbox import Outbox
-from node.timer.purgatory import Purgatory
-from shm import messages as M
+from shmbroker.node.config import GroupConfig, PurgatoryConfig, WheelConfig
+from shmbroker.node.storage.store import PartitionStore
+from shmbroker.node.timer.groups.consumer import ConsumerGroups
+from shmbroker.node.timer.groups.delayed import DelayedJoin, InitialDelayedJoin, PendingSync, join_key, sync_key
+from shmbroker.node.timer.groups.group import Group, GroupState, Member, Waiter
+from shmbroker.node.timer.groups.offsets import OffsetStore
+from shmbroker.node.timer.groups.sessions import Sessions
+from shmbroker.node.timer.outbox import Outbox
+from shmbroker.node.timer.purgatory import Purgatory
+from shmbroker.shm import messages as M
 
 log = logging.getLogger("shmbroker.groups")
 # ListGroups v5's group types: the classic protocol's groups and the consumer protocol's (KIP-848).

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from node.timer.groups.group import Group, GroupState
-from node.timer.purgatory import DelayedOperation
+from shmbroker.node.timer.groups.group import Group, GroupState
+from shmbroker.node.timer.purgatory import DelayedOperation
 
 
 class GroupCoordinator(Protocol):

@@ -37,9 +37,9 @@ from typing import Any, Callable
 
 import orjson
 
-from node.storage.records import (BATCH_HEADER_SIZE, LENGTH_FIELDS_SIZE, OFFSET_AND_LENGTH, ErrorCode, StorageError,
-                                  build_batch, iter_records, parse_header)
-from node.storage.store import TOPIC_RESOURCE, PartitionStore
+from shmbroker.node.storage.records import (BATCH_HEADER_SIZE, LENGTH_FIELDS_SIZE, OFFSET_AND_LENGTH, ErrorCode,
+                                            StorageError, build_batch, iter_records, parse_header)
+from shmbroker.node.storage.store import TOPIC_RESOURCE, PartitionStore
 
 log = logging.getLogger("shmbroker.offsets")
 

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from typing import Callable, Hashable
 
-from node.config import WheelConfig
-from node.timer.wheel import TimingWheel
+from shmbroker.node.config import WheelConfig
+from shmbroker.node.timer.wheel import TimingWheel
 
 
 class Sessions:

@@ -72,20 +72,20 @@ from typing import Any, Callable
 
 from kio.schema.errors import ErrorCode
 
-from node.config import TransactionConfig, WheelConfig
-from node.storage import producer_ids
-from node.storage.store import PartitionStore
-from node.timer.groups.sessions import Sessions
-from node.timer.outbox import Outbox
-from node.timer.transactions import listing
-from node.timer.transactions.hanging import open_in_partitions
-from node.timer.transactions.held import HeldRequests
-from node.timer.transactions.markers import MarkerWriter
-from node.timer.transactions.metadata import (COMPLETE_ABORT, COMPLETE_COMMIT, COMPLETED, DEAD, EMPTY,
-                                              NO_PRODUCER_EPOCH, NO_PRODUCER_ID, ONGOING, PREPARE_ABORT,
-                                              PREPARE_COMMIT, PREPARED, TransactionMetadata)
-from node.timer.transactions.state_log import TransactionStateLog, wall_ms
-from shm import messages as M
+from shmbroker.node.config import TransactionConfig, WheelConfig
+from shmbroker.node.storage import producer_ids
+from shmbroker.node.storage.store import PartitionStore
+from shmbroker.node.timer.groups.sessions import Sessions
+from shmbroker.node.timer.outbox import Outbox
+from shmbroker.node.timer.transactions import listing
+from shmbroker.node.timer.transactions.hanging import open_in_partitions
+from shmbroker.node.timer.transactions.held import HeldRequests
+from shmbroker.node.timer.transactions.markers import MarkerWriter
+from shmbroker.node.timer.transactions.metadata import (COMPLETE_ABORT, COMPLETE_COMMIT, COMPLETED, DEAD, EMPTY,
+                                                        NO_PRODUCER_EPOCH, NO_PRODUCER_ID, ONGOING, PREPARE_ABORT,
+                                                        PREPARE_COMMIT, PREPARED, TransactionMetadata)
+from shmbroker.node.timer.transactions.state_log import TransactionStateLog, wall_ms
+from shmbroker.shm import messages as M
 
 log = logging.getLogger("shmbroker.transactions")
 E = ErrorCode

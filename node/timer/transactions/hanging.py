@@ -21,9 +21,9 @@ from typing import Callable, NamedTuple
 
 import numpy as np
 
-from node.storage.records import ControlType, StorageError
-from node.storage.store import PartitionStore
-from node.timer.transactions.markers import COORDINATOR_EPOCH
+from shmbroker.node.storage.records import ControlType, StorageError
+from shmbroker.node.storage.store import PartitionStore
+from shmbroker.node.timer.transactions.markers import COORDINATOR_EPOCH
 
 log = logging.getLogger("shmbroker.transactions")
 

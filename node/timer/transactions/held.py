@@ -19,8 +19,8 @@ from __future__ import annotations
 from collections import deque
 from typing import Callable
 
-from node.config import WheelConfig
-from node.timer.groups.sessions import Sessions
+from shmbroker.node.config import WheelConfig
+from shmbroker.node.timer.groups.sessions import Sessions
 
 Action = Callable[[], None]
 

@@ -17,8 +17,8 @@ from typing import Iterable
 
 from kio.schema.errors import ErrorCode
 
-from node.timer.transactions.metadata import DEAD, TransactionMetadata, TxnState
-from shm import messages as M
+from shmbroker.node.timer.transactions.metadata import DEAD, TransactionMetadata, TxnState
+from shmbroker.shm import messages as M
 
 STATE_NAMES = frozenset(state.value for state in TxnState)
 

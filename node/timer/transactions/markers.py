@@ -24,8 +24,8 @@ from __future__ import annotations
 import logging
 from typing import Callable, Iterable
 
-from node.storage.records import ControlType, ErrorCode, StorageError
-from node.storage.store import PartitionStore
+from shmbroker.node.storage.records import ControlType, ErrorCode, StorageError
+from shmbroker.node.storage.store import PartitionStore
 
 log = logging.getLogger("shmbroker.transactions")
 

@@ -30,10 +30,10 @@ from typing import Callable
 
 import orjson
 
-from node.storage.records import (BATCH_HEADER_SIZE, CONTROL_BIT, LENGTH_FIELDS_SIZE, ErrorCode, StorageError,
-                                  build_batch, iter_records, parse_header)
-from node.storage.store import TOPIC_RESOURCE, PartitionStore
-from node.timer.transactions.metadata import TransactionMetadata
+from shmbroker.node.storage.records import (BATCH_HEADER_SIZE, CONTROL_BIT, LENGTH_FIELDS_SIZE, ErrorCode, StorageError,
+                                            build_batch, iter_records, parse_header)
+from shmbroker.node.storage.store import TOPIC_RESOURCE, PartitionStore
+from shmbroker.node.timer.transactions.metadata import TransactionMetadata
 
 log = logging.getLogger("shmbroker.transactions")
 
