@@ -9,7 +9,7 @@ TEST_STAMP := $(VENV)/.installed-test
 APT_INSTALL = SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
 	$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq
 
-.PHONY: run test venv test-venv wheel sysdeps clean install-service uninstall-service redis
+.PHONY: run test venv test-venv wheel sysdeps clean install-service uninstall-service redis kafka
 
 # The C compiler and Python headers build shm/_ringops.c, the ring's compiled one-frame paths.
 HAVE_PY_HEADERS = $(PYTHON) -c "import os, sys, sysconfig; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()['include'], 'Python.h')))"
@@ -53,6 +53,12 @@ sysdeps:
 	@command -v tmux >/dev/null 2>&1 || { $(APT_INSTALL) tmux; }
 	@command -v systemd-analyze >/dev/null 2>&1 || { $(APT_INSTALL) systemd; }
 	@{ command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1; } || { $(APT_INSTALL) nodejs npm; }
+	@command -v mvn >/dev/null 2>&1 || { $(APT_INSTALL) maven; }
+
+# Apache Kafka 4.4.0, the node's peer in the benchmarks and the differential tests: its jars, fetched by Maven
+# from scripts/harness/kafka/pom.xml into ~/.cache/shmbroker (once; Maven's repository is ~/.m2).
+kafka: test-venv sysdeps
+	$(PY) -m scripts.harness.kafka_peer --fetch
 
 # Redis for scripts/bench_report.py's side-by-side runs (redis-server and redis-benchmark).
 redis:
@@ -115,7 +121,7 @@ run: venv
 # Two parts, both always run: the tests marked `serial` (they time things, or use both cores) alone, after the
 # others ran TEST_JOBS at a time (pytest-xdist; a file's tests stay together in one worker: tests/conftest.py).
 TEST_JOBS ?= 2
-test: test-venv sysdeps redis
+test: test-venv sysdeps redis kafka
 	@status=0; \
 	$(PY) -m pytest -q tests -m "not serial" -n $(TEST_JOBS) --dist loadgroup || status=$$?; \
 	$(PY) -m pytest -q tests -m serial || status=$$?; \

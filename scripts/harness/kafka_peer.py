@@ -1,0 +1,284 @@
+"""Apache Kafka 4.4.0 as the peer of the node: the broker users would pick, run on the same machine for the
+benchmarks (scripts/bench_report.py) and as the reference of the differential tests.
+
+- The jars: Kafka's broker (kafka_2.13), its tools (kafka-tools) and their dependencies, copied by Maven from
+  scripts/harness/kafka/pom.xml into a cache outside the checkout (KAFKA_CACHE, default
+  ~/.cache/shmbroker/kafka-4.4.0; Maven's own repository is ~/.m2) on first use and reused while the pom is
+  unchanged (a stamp holds its digest). `python -m scripts.harness.kafka_peer --fetch` does it ahead
+  (`make test` does).
+- ``KafkaPeer``: one KRaft node, broker and controller in one JVM, formatted in a temp dir of its own,
+  listening on free 127.0.0.1 ports, with a heap that fits this machine (HEAP_MB). ``start()`` returns once a
+  Metadata answer lists the broker (it then takes produces); ``close()`` stops it by its pid (SIGTERM, then
+  SIGKILL after STOP_TIMEOUT_S) and removes the temp dir: no process and no file stays. The JVM writes no
+  hsperfdata (-XX:-UsePerfData).
+- Durability, named in every result: ``durability="page-cache"`` is Kafka's default (an append is in the page
+  cache when acknowledged, flushed by the OS); ``"fsync"`` sets log.flush.interval.messages=1, an fsync per
+  append, the node's acks=all promise.
+- ``tool(main_class, *args)``: a Kafka tool's main class on the same classpath (kafka-producer-perf-test is
+  org.apache.kafka.tools.ProducerPerformance, and so on).
+
+Invariants: only 127.0.0.1; every wait is bounded; the JVM dies with the process that started it
+(PR_SET_PDEATHSIG) and is stopped by its pid.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import contextlib
+import hashlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from scripts.harness import rawkafka
+from scripts.harness.nodeproc import LOOPBACK, api_versions_roundtrip, die_with_parent, free_port
+
+KAFKA_VERSION = "4.4.0"
+POM = Path(__file__).resolve().parent / "kafka" / "pom.xml"
+KAFKA_CACHE = Path(os.environ.get("SHMBROKER_KAFKA_CACHE",
+                                  Path.home() / ".cache" / "shmbroker" / f"kafka-{KAFKA_VERSION}"))
+HEAP_MB = 512  # the broker's heap: Kafka's default is 1 GB; a single node with test and benchmark loads needs less
+START_TIMEOUT_S = 90.0
+STOP_TIMEOUT_S = 30.0
+FETCH_TIMEOUT_S = 900.0
+TOOL_TIMEOUT_S = 600.0
+PROBE_INTERVAL_S = 0.1
+DURABILITIES = ("page-cache", "fsync")
+# Kafka's own kafka-run-class.sh settings (G1, 20 ms pauses, headless), and no hsperfdata files in /tmp.
+JVM_OPTIONS = ("-XX:-UsePerfData", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20", "-Djava.awt.headless=true")
+LOG4J2 = """\
+status = warn
+appender.file.type = File
+appender.file.name = file
+appender.file.fileName = {path}
+appender.file.layout.type = PatternLayout
+appender.file.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = {level}
+rootLogger.appenderRef.file.ref = file
+"""
+
+
+# --------------------------------------------------------------------------- the jars
+
+
+def _pom_digest() -> str:
+    return hashlib.sha256(POM.read_bytes()).hexdigest()
+
+
+def jars(fetch: bool = True) -> Path:
+    """The directory of Kafka's jars, fetched with Maven first when missing or made from another pom."""
+    lib = KAFKA_CACHE / "lib"
+    stamp = KAFKA_CACHE / "pom.sha256"
+    if stamp.exists() and stamp.read_text() == _pom_digest() and any(lib.glob("kafka_2.13-*.jar")):
+        return lib
+    if not fetch:
+        raise FileNotFoundError(f"Kafka's jars are not in {lib}: python -m scripts.harness.kafka_peer --fetch")
+    mvn = shutil.which("mvn")
+    if mvn is None:
+        raise SystemExit("Maven (mvn) is missing: `make sysdeps` installs it (Debian package maven)")
+    print(f"kafka_peer: fetching Apache Kafka {KAFKA_VERSION} with Maven into {lib} (once)", file=sys.stderr,
+          flush=True)
+    staging = KAFKA_CACHE / "lib.partial"
+    shutil.rmtree(staging, ignore_errors=True)
+    subprocess.run([mvn, "-q", "-B", "-Dstyle.color=never", "-f", str(POM), "dependency:copy-dependencies", "-DincludeScope=runtime",
+                    f"-DoutputDirectory={staging}"], check=True, timeout=FETCH_TIMEOUT_S)
+    shutil.rmtree(lib, ignore_errors=True)
+    staging.rename(lib)  # whole or not at all: an interrupted fetch leaves only lib.partial
+    stamp.write_text(_pom_digest())
+    return lib
+
+
+def java() -> str:
+    """A Java 17+ runtime: the one Spark's harness finds (JAVA_HOME, Debian's 17, or java on PATH)."""
+    from scripts.harness import sparkjob
+
+    home = sparkjob.java_home()
+    if home is None:
+        raise SystemExit("Kafka needs a Java 17+ runtime: `make sysdeps` installs one")
+    return str(Path(home) / "bin" / "java")
+
+
+def classpath() -> str:
+    return f"{jars()}/*"
+
+
+def tool(main_class: str, *args: str, timeout: float = TOOL_TIMEOUT_S, heap_mb: int = 256,
+         check: bool = True) -> subprocess.CompletedProcess:
+    """Run one of Kafka's tools (its main class) on the fetched classpath; its output captured."""
+    return subprocess.run([java(), f"-Xmx{heap_mb}m", *JVM_OPTIONS, "-cp", classpath(), main_class, *args],
+                          capture_output=True, text=True, timeout=timeout, check=check,
+                          preexec_fn=die_with_parent)
+
+
+# --------------------------------------------------------------------------- the broker
+
+
+class KafkaPeer:
+    """One Apache Kafka node (KRaft, broker and controller in one JVM) on free loopback ports."""
+
+    def __init__(self, durability: str = "page-cache", heap_mb: int = HEAP_MB, partitions: int = 1,
+                 settings: dict[str, str] | None = None) -> None:
+        if durability not in DURABILITIES:
+            raise ValueError(f"durability: one of {DURABILITIES}, got {durability!r}")
+        self.durability = durability
+        self.heap_mb = heap_mb
+        self.partitions = partitions
+        self.settings = dict(settings or {})
+        self.port = 0
+        self.work: Path | None = None
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def bootstrap(self) -> str:
+        return f"{LOOPBACK}:{self.port}"
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    @property
+    def log_path(self) -> Path:
+        assert self.work is not None
+        return self.work / "server.log"
+
+    def properties(self, controller_port: int) -> dict[str, str]:
+        assert self.work is not None
+        settings = {
+            "process.roles": "broker,controller",
+            "node.id": "1",
+            "controller.quorum.voters": f"1@{LOOPBACK}:{controller_port}",
+            "listeners": f"PLAINTEXT://{LOOPBACK}:{self.port},CONTROLLER://{LOOPBACK}:{controller_port}",
+            "advertised.listeners": f"PLAINTEXT://{LOOPBACK}:{self.port}",
+            "controller.listener.names": "CONTROLLER",
+            "inter.broker.listener.name": "PLAINTEXT",
+            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            "log.dirs": str(self.work / "logs"),
+            "num.partitions": str(self.partitions),
+            # One node: every internal topic with one replica.
+            "offsets.topic.replication.factor": "1",
+            "transaction.state.log.replication.factor": "1",
+            "transaction.state.log.min.isr": "1",
+            "share.coordinator.state.topic.replication.factor": "1",
+            "share.coordinator.state.topic.min.isr": "1",
+            "group.initial.rebalance.delay.ms": "0",
+        }
+        if self.durability == "fsync":
+            settings["log.flush.interval.messages"] = "1"
+        settings.update(self.settings)
+        return settings
+
+    def start(self) -> "KafkaPeer":
+        self.work = Path(tempfile.mkdtemp(prefix="shmbroker-kafka-"))
+        self.port = free_port()
+        controller_port = free_port()
+        while controller_port == self.port:
+            controller_port = free_port()
+        config = self.work / "server.properties"
+        config.write_text("".join(f"{key}={value}\n" for key, value in self.properties(controller_port).items()))
+        log4j = self.work / "log4j2.properties"
+        log4j.write_text(LOG4J2.format(path=self.log_path, level="INFO"))
+        jvm = [java(), f"-Xms{self.heap_mb // 2}m", f"-Xmx{self.heap_mb}m", *JVM_OPTIONS,
+               f"-Dlog4j2.configurationFile={log4j}", f"-Dkafka.logs.dir={self.work}", "-cp", classpath()]
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+        formatted = subprocess.run([*jvm, "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(config)],
+                                   capture_output=True, text=True, timeout=START_TIMEOUT_S, preexec_fn=die_with_parent)
+        if formatted.returncode != 0:
+            self.close()
+            raise RuntimeError(f"kafka storage format failed: {formatted.stdout[-2000:]}{formatted.stderr[-2000:]}")
+        with open(self.work / "stdout.log", "wb") as out:
+            self.proc = subprocess.Popen([*jvm, "kafka.Kafka", str(config)], stdout=out, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, preexec_fn=die_with_parent)
+        try:
+            self._wait_serving()
+        except BaseException:
+            self.close()
+            raise
+        print(f"kafka_peer: Kafka {KAFKA_VERSION} pid {self.proc.pid} on {self.bootstrap} ({self.durability})",
+              file=sys.stderr, flush=True)
+        return self
+
+    def _wait_serving(self) -> None:
+        """Until a Metadata answer lists this broker: before that, the broker is fenced and refuses produces."""
+        assert self.proc is not None
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"kafka exited with {self.proc.returncode}:\n{self.log()}")
+            if api_versions_roundtrip(self.port, timeout=1.0) and self._brokers() > 0:
+                return
+            time.sleep(PROBE_INTERVAL_S)
+        raise RuntimeError(f"kafka did not serve in {START_TIMEOUT_S}s:\n{self.log()}")
+
+    def _brokers(self) -> int:
+        try:
+            with rawkafka.RawConnection(LOOPBACK, self.port, timeout_s=2.0) as conn:
+                answer = conn.call(rawkafka.METADATA, 8, rawkafka.metadata_body([], version=8))
+            return len(answer.brokers)
+        except (OSError, rawkafka.RawProtocolError):
+            return 0
+
+    def log(self, chars: int = 6000) -> str:
+        text = ""
+        for path in (self.work / "stdout.log", self.log_path) if self.work else ():
+            with contextlib.suppress(OSError):
+                text += path.read_text(errors="replace")[-chars:]
+        return text
+
+    def processes(self) -> list[psutil.Process]:
+        """The JVM (and anything it started), for CPU and memory accounting."""
+        if self.proc is None or self.proc.poll() is not None:
+            return []
+        with contextlib.suppress(psutil.NoSuchProcess):
+            root = psutil.Process(self.proc.pid)
+            return [root, *root.children(recursive=True)]
+        return []
+
+    def close(self) -> None:
+        """Stop the JVM by its pid (SIGTERM: Kafka's controlled shutdown; SIGKILL if it outlasts STOP_TIMEOUT_S)
+        and remove the temp dir."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=STOP_TIMEOUT_S)
+        if self.work is not None:
+            shutil.rmtree(self.work, ignore_errors=True)
+            self.work = None
+
+    def __enter__(self) -> "KafkaPeer":
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="Apache Kafka as the node's peer: fetch its jars, or run one.")
+    parser.add_argument("--fetch", action="store_true", help="fetch the jars with Maven (once) and exit")
+    parser.add_argument("--durability", choices=DURABILITIES, default="page-cache")
+    args = parser.parse_args()
+    lib = jars()
+    if args.fetch:
+        print(f"kafka_peer: Apache Kafka {KAFKA_VERSION} in {lib}", file=sys.stderr)
+        return
+    with KafkaPeer(args.durability) as peer:
+        print(f"Kafka on {peer.bootstrap}; Ctrl-C stops it", flush=True)
+        with contextlib.suppress(KeyboardInterrupt):
+            peer.proc.wait()
+
+
+if __name__ == "__main__":
+    main()
