@@ -220,8 +220,9 @@ def bare_imports(root: Path) -> list[str]:
     whose root is on the path, and fails, or imports a user's own module, where the wheel is installed."""
     found = []
     for path in sorted(root.rglob("*.py")):
-        if any(part.startswith(".") for part in path.relative_to(root).parts):
-            continue  # the venv, the frameworks' npm packages
+        parts = path.relative_to(root).parts
+        if any(part.startswith(".") for part in parts) or parts[0] in ("build", "dist"):
+            continue  # the venv, the frameworks' npm packages, setuptools' copies of the sources
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             names = ([alias.name for alias in node.names] if isinstance(node, ast.Import)
                      else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])

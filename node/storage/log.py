@@ -801,7 +801,8 @@ class PartitionLog:
         return self.table.read(self.row)
 
     def offset_for_timestamp(self, timestamp: int) -> tuple[int, int] | None:
-        """ListOffsets by timestamp: (offset, timestamp) of the first record with timestamp >= `timestamp`.
+        """ListOffsets by timestamp: (offset, timestamp) of the first record at or after the log start with
+        timestamp >= `timestamp`.
 
         Exact for uncompressed batches; for a compressed batch, its base offset and maxTimestamp.
         None when no record is that recent.
@@ -815,18 +816,19 @@ class PartitionLog:
                 newest = segment.max_timestamp()
             if newest < timestamp:
                 continue
-            found = segment.first_batch_with_timestamp(timestamp, entries, end)
-            if found is None:
-                continue
-            position, raw = found
-            batch = os.pread(segment.log_fd, raw[1] + LENGTH_FIELDS_SIZE, position)
-            header = parse_header(batch)
-            timestamps = record_timestamps(batch, header)
-            if timestamps:
+            start = state.log_start_offset
+            while (found := segment.first_batch_with_timestamp(timestamp, entries, end, start)) is not None:
+                position, raw = found
+                batch = os.pread(segment.log_fd, raw[1] + LENGTH_FIELDS_SIZE, position)
+                header = parse_header(batch)
+                timestamps = record_timestamps(batch, header)
+                if not timestamps:
+                    return max(header.base_offset, state.log_start_offset), header.max_timestamp
                 for delta, record_timestamp in enumerate(timestamps):
-                    if record_timestamp >= timestamp:
-                        return max(header.base_offset + delta, state.log_start_offset), record_timestamp
-            return max(header.base_offset, state.log_start_offset), header.max_timestamp
+                    # As Kafka: only records at or after the log start count (DeleteRecords may cut a batch).
+                    if record_timestamp >= timestamp and header.base_offset + delta >= state.log_start_offset:
+                        return header.base_offset + delta, record_timestamp
+                start = header.base_offset + len(timestamps)  # this batch's newer records are all before the start
         return None
 
     def offset_of_max_timestamp(self) -> tuple[int, int] | None:

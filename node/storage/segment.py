@@ -262,12 +262,13 @@ class Segment:
             boundary = position + header[1] + LENGTH_FIELDS_SIZE
         return boundary
 
-    def first_batch_with_timestamp(self, timestamp: int, entries: int, end: int):
-        """(position, header) of the first batch whose maxTimestamp >= timestamp, or None."""
+    def first_batch_with_timestamp(self, timestamp: int, entries: int, end: int, from_offset: int = 0):
+        """(position, header) of the first batch whose maxTimestamp >= timestamp and whose last offset is at least
+        `from_offset` (the log start: records below it are gone), or None."""
         slot = bisect.bisect_left(self.time_index_timestamps, timestamp, 0, entries) - 1
         start = self.index_positions[slot] if slot >= 0 else 0
         for position, header in self.scanner.headers(start, end):
-            if header[8] >= timestamp:
+            if header[8] >= timestamp and header[0] + header[6] >= from_offset:
                 return position, header
         return None
 

@@ -67,6 +67,7 @@ _ACKS_ALL = -1
 # connection; older ones get their response held back for the throttle time.
 _SELF_THROTTLING_PRODUCE_VERSION = 6
 _SELF_THROTTLING_FETCH_VERSION = 8
+LEADER_EPOCH = 0  # a single node leads every partition from its creation on: epoch 0, as a fresh Kafka partition
 _LATEST = -1
 _READ_COMMITTED = 1  # isolation_level of Fetch v4+ and ListOffsets v2+
 _EARLIEST = -2
@@ -226,7 +227,7 @@ class Handlers:
                                      partitions=()))
                 continue
             partitions = tuple(entity(req, "MetadataResponsePartition", error_code=E.NONE, partition_index=i32(p),
-                                            leader_id=i32(node_id), leader_epoch=i32(0), replica_nodes=(i32(node_id),),
+                                            leader_id=i32(node_id), leader_epoch=i32(LEADER_EPOCH), replica_nodes=(i32(node_id),),
                                             isr_nodes=(i32(node_id),), offline_replicas=())
                                for p in range(count))
             operations = (self.authorizer.operations(req, ResourceType.TOPIC, name) if include_operations
@@ -323,6 +324,8 @@ class Handlers:
                                 values["offset"], values["timestamp"] = found
                     except StorageError as exc:
                         values["error_code"] = code(exc.error_code)
+                if values["offset"] >= 0:  # as Kafka: the epoch of the offset found (the node's is always 0)
+                    values["leader_epoch"] = LEADER_EPOCH
                 results.append(entity(req, "ListOffsetsPartitionResponse", **values))
             topics.append(entity(req, "ListOffsetsTopicResponse", name=topic.name, partitions=tuple(results)))
         return reply(req, entity(req, "ListOffsetsResponse", throttle_time=ZERO_THROTTLE, topics=tuple(topics)))
@@ -674,11 +677,8 @@ class Handlers:
             if committed and piece.size:
                 aborted = [(entry.producer_id, entry.first_offset)
                            for entry in plog.aborted_transactions(part.fetch_offset, piece.last_stable_offset)]
-        except StorageError as exc:
-            state = self.partitions.table.read(row)
-            return FetchPartitionResult(part.partition, error_code=exc.error_code, high_watermark=state.high_watermark,
-                                        last_stable_offset=state.last_stable_offset,
-                                        log_start_offset=state.log_start_offset), row, None
+        except StorageError as exc:  # as Kafka: an error answer's offsets are all -1 (unknown)
+            return FetchPartitionResult(part.partition, error_code=exc.error_code), row, None
         return FetchPartitionResult(part.partition, high_watermark=piece.high_watermark,
                                     last_stable_offset=piece.last_stable_offset,
                                     log_start_offset=piece.log_start_offset, aborted_transactions=aborted), row, piece
