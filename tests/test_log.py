@@ -171,6 +171,14 @@ def test_offset_for_timestamp(tmp_path, table):
     assert log.offset_for_timestamp(1_000_000 + 37 * 10 + 6) == (38 * 5, 1_000_380)
     assert log.offset_for_timestamp(2_000_000) is None
     assert len(log.segments) > 2
+    # Records below the log start are gone: a look-up answers the first record at or after it (before, it
+    # answered the log start with a deleted record's timestamp; tests/test_differential.py compares with Kafka).
+    log.delete_records_before(37 * 5 + 2)
+    assert log.offset_for_timestamp(0) == (37 * 5 + 2, 1_000_372)
+    assert log.offset_for_timestamp(1_000_000 + 37 * 10 + 1) == (37 * 5 + 2, 1_000_372)
+    assert log.offset_for_timestamp(1_000_000 + 37 * 10 + 3) == (37 * 5 + 3, 1_000_373)
+    log.delete_records_before(38 * 5)  # the start at a batch boundary, past every record of batch 37
+    assert log.offset_for_timestamp(1_000_000 + 37 * 10) == (38 * 5, 1_000_380)
     log.close()
 
 
