@@ -16,7 +16,7 @@ import uuid
 from typing import Any, Callable
 
 import pytest
-from kio.static.primitive import i16, i32, i64
+from kio.static.primitive import i8, i16, i32, i64
 
 from pyspark_shmbroker import wire
 from scripts.harness import rawkafka as R
@@ -189,6 +189,93 @@ def test_fetch_answers_as_kafka_at_every_edge(servers):
         answers.update({f"at {offset} after DeleteRecords": fetch(port, "fetch-edges", offset)
                         for offset in (0, 6, 7, 8, 15)})
         return answers
+
+    kafka, node = on_both(servers, sequence)
+    found = differences(kafka, node)
+    assert not found, "\n".join(found)
+
+
+# --------------------------------------------------------------------------- topic administration
+
+
+CREATE_TOPICS_VERSION = 5
+INVALID_TOPICS = {  # name -> (partitions, replication factor, configs)
+    "bad name!": (1, 1, {}),
+    "a" * 250: (1, 1, {}),
+    "..": (1, 1, {}),
+    "zero-partitions": (0, 1, {}),
+    "three-replicas": (1, 3, {}),
+    "zero-replicas": (1, 0, {}),
+    "unknown-config": (1, 1, {"no.such.config": "1"}),
+    "bad-policy": (1, 1, {"cleanup.policy": "bogus"}),
+    "bad-retention": (1, 1, {"retention.ms": "soon"}),
+    "bad-ratio": (1, 1, {"min.cleanable.dirty.ratio": "2"}),
+    "null-config": (1, 1, {"retention.ms": None}),
+}
+
+
+def create_topics(port: int, topics: dict[str, tuple[int, int, dict]], validate_only: bool) -> list[list]:
+    """One CreateTopics of `topics`: each topic's (name, error code, partitions, replication factor)."""
+    creatable = tuple(
+        R.request_entity(R.CREATE_TOPICS, CREATE_TOPICS_VERSION, "CreatableTopic", name=name,
+                         num_partitions=i32(partitions), replication_factor=i16(replicas), assignments=(),
+                         configs=tuple(R.request_entity(R.CREATE_TOPICS, CREATE_TOPICS_VERSION, "CreatableTopicConfig",
+                                                        name=key, value=value) for key, value in configs.items()))
+        for name, (partitions, replicas, configs) in topics.items())
+    body = R.request_body(R.CREATE_TOPICS, CREATE_TOPICS_VERSION, "CreateTopicsRequest", topics=creatable,
+                          timeout=R.millis(TIMEOUT_MS), validate_only=validate_only)
+    answer = ask(port, R.CREATE_TOPICS, CREATE_TOPICS_VERSION, body)
+    return sorted([t.name, int(t.error_code), int(t.num_partitions), int(t.replication_factor)]
+                  for t in answer.topics)
+
+
+def test_create_topics_refuses_what_kafka_refuses_with_its_error_codes(servers):
+    def sequence(port: int) -> dict:
+        create_topic(port, "already-there")
+        topics = {**INVALID_TOPICS, "already-there": (1, 1, {}), "fine": (2, 1, {"retention.ms": "1000"})}
+        return {"validate only": create_topics(port, topics, True), "create": create_topics(port, topics, False)}
+
+    kafka, node = on_both(servers, sequence)
+    found = differences(kafka, node)
+    assert not found, "\n".join(found)
+
+
+ALTER_CONFIGS, INCREMENTAL_ALTER_CONFIGS = 33, 44
+TOPIC_RESOURCE = 2
+SET, DELETE, APPEND, SUBTRACT = 0, 1, 2, 3
+ALTERATIONS = {  # name -> the changes of one resource: (key, operation, value)
+    "null value": [("retention.ms", SET, None)],
+    "unknown key": [("no.such.config", SET, "1")],
+    "bad value": [("retention.ms", SET, "soon")],
+    "delete what is not set": [("segment.ms", DELETE, None)],
+    "append to a list": [("cleanup.policy", APPEND, "compact")],
+    "append to a number": [("retention.ms", APPEND, "5")],
+    "subtract from a list": [("cleanup.policy", SUBTRACT, "compact")],
+    "the same key twice": [("retention.ms", SET, "1000"), ("retention.ms", SET, "2000")],
+    "fine": [("retention.ms", SET, "86400000")],
+}
+
+
+def alter_configs(port: int, topic: str, changes: list[tuple[str, int, str | None]], incremental: bool) -> int:
+    """One AlterConfigs (the SET values) or IncrementalAlterConfigs of `topic`, validate only: its error code."""
+    api, version = (INCREMENTAL_ALTER_CONFIGS, 1) if incremental else (ALTER_CONFIGS, 2)
+    configs = tuple(R.request_entity(api, version, "AlterableConfig", name=key, value=value,
+                                     config_operation=i8(operation))
+                    for key, operation, value in changes if incremental or operation == SET)
+    resource = R.request_entity(api, version, "AlterConfigsResource", resource_type=i8(TOPIC_RESOURCE),
+                                resource_name=topic, configs=configs)
+    request = "IncrementalAlterConfigsRequest" if incremental else "AlterConfigsRequest"
+    answer = ask(port, api, version, R.request_body(api, version, request, resources=(resource,), validate_only=True))
+    return int(answer.responses[0].error_code)
+
+
+def test_alter_configs_refuses_what_kafka_refuses_with_its_error_codes(servers):
+    def sequence(port: int) -> dict:
+        create_topic(port, "altered")
+        return {f"{name}, {'incremental' if incremental else 'replace'}": alter_configs(port, topic, changes,
+                                                                                      incremental)
+                for name, changes in ALTERATIONS.items() for incremental in (False, True)
+                for topic in ("altered",)} | {"no such topic": alter_configs(port, "no-such-topic", [], True)}
 
     kafka, node = on_both(servers, sequence)
     found = differences(kafka, node)

@@ -260,7 +260,8 @@ class PartitionStore:
                                                                f"Topic '{name}' already exists.")
                 continue
             try:
-                overrides = topic_config.validate_topic(self.log_config, self.catalog.broker_configs, configs or {})
+                overrides = topic_config.validate_topic(self.log_config, self.catalog.broker_configs, configs or {},
+                                                        null_code=ErrorCode.invalid_config)
                 entry = self.catalog.add_topic(name, count, internal, overrides, rows)
             except (CatalogError, TopicConfigError) as exc:
                 outcome[name] = (exc.code, str(exc))

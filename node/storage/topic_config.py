@@ -259,10 +259,11 @@ BY_BROKER_NAME: dict[str, TopicConfigDef] = {**{d.broker: d for d in DEFINITIONS
                                              **{d.broker: d for d in NODE_ONLY_DEFINITIONS}}
 
 
-def check_overrides(values: dict[str, str | None], broker: bool = False) -> dict[str, str]:
+def check_overrides(values: dict[str, str | None], broker: bool = False,
+                    null_code: ErrorCode = ErrorCode.invalid_request) -> dict[str, str]:
     """Validate overrides (topic names, or with `broker` the node-wide names of the applied settings); returns
     their canonical texts. Raises TopicConfigError: INVALID_CONFIG for an unknown key or a bad value,
-    INVALID_REQUEST for a null value (as Kafka)."""
+    `null_code` for a null value (as Kafka: INVALID_REQUEST in AlterConfigs, INVALID_CONFIG in CreateTopics)."""
     table = BY_BROKER_NAME if broker else BY_NAME
     canonical = {}
     for key, text in values.items():
@@ -273,7 +274,7 @@ def check_overrides(values: dict[str, str | None], broker: bool = False) -> dict
                                        "are the topic defaults (log.retention.ms, log.segment.bytes, ...)")
             raise TopicConfigError(f"Unknown topic config name: {key}")
         if text is None:
-            raise TopicConfigError(f"Null value not supported for configuration {key}", ErrorCode.invalid_request)
+            raise TopicConfigError(f"Null value not supported for configuration {key}", null_code)
         canonical[key] = definition.canonical(text)
     return canonical
 
@@ -305,9 +306,10 @@ def effective(static: LogConfig, broker_overrides: dict[str, str], topic_overrid
     return _apply(node_defaults(static, broker_overrides), topic_overrides, BY_NAME)
 
 
-def validate_topic(static: LogConfig, broker_overrides: dict[str, str], values: dict[str, str | None]) -> dict[str, str]:
+def validate_topic(static: LogConfig, broker_overrides: dict[str, str], values: dict[str, str | None],
+                   null_code: ErrorCode = ErrorCode.invalid_request) -> dict[str, str]:
     """check_overrides, then the combination (a LogConfig it would make) too; returns the canonical overrides."""
-    canonical = check_overrides(values)
+    canonical = check_overrides(values, null_code=null_code)
     effective(static, broker_overrides, canonical)
     return canonical
 

@@ -463,8 +463,12 @@ class AdminHandlers:
         for resource in request.resources:
             kind, name = resource.resource_type, resource.resource_name
             refusal = self._config_refusal(req, kind, name, Operation.ALTER_CONFIGS)
+            keys = [c.name for c in resource.configs]
             if seen.count((kind, name)) > 1:
                 results.append((E.INVALID_REQUEST, f"Error due to duplicate resource {name!r} of type {kind}"))
+            elif len(set(keys)) < len(keys):  # as Kafka: a key given twice is refused, not the last one taken
+                twice = sorted({key for key in keys if keys.count(key) > 1})
+                results.append((E.INVALID_REQUEST, f"Error due to duplicate config keys: {', '.join(twice)}"))
             elif refusal:
                 results.append((refusal, None))
             elif kind == TOPIC_RESOURCE and not valid_topic_name(name):
