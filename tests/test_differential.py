@@ -13,10 +13,11 @@ import dataclasses
 import enum
 import time
 import uuid
+from datetime import timedelta
 from typing import Any, Callable
 
 import pytest
-from kio.static.primitive import i8, i16, i32, i64
+from kio.static.primitive import i8, i16, i32, i32Timedelta, i64
 
 from pyspark_shmbroker import wire
 from scripts.harness import rawkafka as R
@@ -29,7 +30,7 @@ pytestmark = pytest.mark.node
 # Fields whose values two brokers may give differently without either being wrong.
 IGNORED = frozenset({
     "throttle_time", "throttle_time_ms", "cluster_id", "controller_id", "node_id", "host", "port", "rack",
-    "topic_id", "error_message", "session_id", "member_id", "leader_id", "coordinator_key",
+    "topic_id", "error_message", "session_id", "member_id", "leader_id", "leader", "coordinator_key",
 })
 DELETE_RECORDS, OFFSET_COMMIT, OFFSET_FETCH, JOIN_GROUP, HEARTBEAT, SYNC_GROUP = 21, 8, 9, 11, 12, 14
 ADD_PARTITIONS_TO_TXN, END_TXN, DESCRIBE_CONFIGS = 24, 26, 32
@@ -280,3 +281,339 @@ def test_alter_configs_refuses_what_kafka_refuses_with_its_error_codes(servers):
     kafka, node = on_both(servers, sequence)
     found = differences(kafka, node)
     assert not found, "\n".join(found)
+
+
+def describe_configs(port: int, kind: int, name: str) -> dict[str, list]:
+    """Every config of a resource: name -> [value, source, read-only, sensitive, type]."""
+    body = R.request_body(DESCRIBE_CONFIGS, 4, "DescribeConfigsRequest", resources=(
+        R.request_entity(DESCRIBE_CONFIGS, 4, "DescribeConfigsResource", resource_type=i8(kind), resource_name=name,
+                         configuration_keys=None),), include_synonyms=False, include_documentation=False)
+    (result,) = ask(port, DESCRIBE_CONFIGS, 4, body).results
+    assert result.error_code == 0, result
+    return {c.name: [c.value, int(c.config_source), c.read_only, c.is_sensitive, int(c.config_type)]
+            for c in result.configs}
+
+
+# What a topic's DescribeConfigs shows differently, each for a reason docs/compatibility.md gives.
+TOPIC_CONFIG_DIFFERENCES = [
+    # Not on this node: per-codec compression levels (KIP-390: the node keeps batches as produced), the share
+    # groups' dead-letter queue, the bound on a batch's decompressed size, tiered storage's copy lag and switches.
+    ".compression.gzip.level: ['-1', 5, False, False, 3] != '<absent>'",
+    ".compression.lz4.level: ['9', 5, False, False, 3] != '<absent>'",
+    ".compression.zstd.level: ['3', 5, False, False, 3] != '<absent>'",
+    ".errors.deadletterqueue.group.enable: ['false', 5, False, False, 1] != '<absent>'",
+    ".max.decompressed.message.bytes: ['2147483639', 5, False, False, 3] != '<absent>'",
+    # Kafka 4 removed them; the node still takes them, so a 3.x topic config applies unchanged.
+    ".message.downconversion.enable: '<absent>' != ['true', 5, False, False, 1]",
+    ".message.format.version: '<absent>' != ['3.0-IV1', 5, False, False, 2]",
+    ".message.timestamp.difference.max.ms: '<absent>' != ['9223372036854775807', 5, False, False, 5]",
+    # Kafka's controller sets a cluster-wide min.insync.replicas when it formats (DYNAMIC_DEFAULT_BROKER_CONFIG).
+    ".min.insync.replicas[1]: 3 != 5",
+    ".remote.copy.lag.bytes: ['-1', 5, False, False, 5] != '<absent>'",
+    ".remote.copy.lag.ms: ['0', 5, False, False, 5] != '<absent>'",
+    ".remote.log.copy.disable: ['false', 5, False, False, 1] != '<absent>'",
+    ".remote.log.delete.on.disable: ['false', 5, False, False, 1] != '<absent>'",
+]
+
+
+def test_describe_configs_of_a_topic_shows_what_kafka_shows(servers):
+    def sequence(port: int) -> dict:
+        create_topic(port, "described", configs={"retention.ms": "3600000", "cleanup.policy": "compact"})
+        return describe_configs(port, TOPIC_RESOURCE, "described")
+
+    kafka, node = on_both(servers, sequence)
+    found = differences(kafka, node)
+    assert found == TOPIC_CONFIG_DIFFERENCES, "\n".join(found)
+
+
+# --------------------------------------------------------------------------- consumer groups
+
+
+CONSUMER_GROUP_HEARTBEAT = 68
+
+
+FIND_COORDINATOR = 10
+
+
+def find_coordinator(port: int, key: str, key_type: int = 0) -> None:
+    """Ask for the coordinator of a group (0) or a transactional id (1) until the broker answers with it: Kafka
+    makes its internal topic on the first ask and answers COORDINATOR_NOT_AVAILABLE (then NOT_COORDINATOR for
+    the requests themselves) until its partition is loaded."""
+    deadline = time.monotonic() + TIMEOUT_MS / 1000
+    while time.monotonic() < deadline:
+        answer = ask(port, FIND_COORDINATOR, 4, R.request_body(FIND_COORDINATOR, 4, "FindCoordinatorRequest",
+                                                                key_type=i8(key_type), coordinator_keys=(key,)))
+        # A group's coordinator also serves it once its OffsetFetch answers (its partition loaded).
+        if answer.coordinators[0].error_code == 0 and (key_type != 0 or not offset_fetch(port, key, "-").error_code):
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"no coordinator for {key!r} in {TIMEOUT_MS} ms")
+
+
+def join(port: int, group: str, member: str, instance: str | None = None) -> Any:
+    protocol = R.request_entity(JOIN_GROUP, 7, "JoinGroupRequestProtocol", name="range", metadata=b"")
+    return ask(port, JOIN_GROUP, 7, R.request_body(
+        JOIN_GROUP, 7, "JoinGroupRequest", group_id=group, session_timeout=i32Timedelta.parse(timedelta(seconds=10)),
+        rebalance_timeout=i32Timedelta.parse(timedelta(seconds=10)), member_id=member, group_instance_id=instance,
+        protocol_type="consumer", protocols=(protocol,)))
+
+
+def sync(port: int, group: str, generation: int, member: str, instance: str | None = None) -> Any:
+    return ask(port, SYNC_GROUP, 5, R.request_body(
+        SYNC_GROUP, 5, "SyncGroupRequest", group_id=group, generation_id=i32(generation), member_id=member,
+        group_instance_id=instance, protocol_type="consumer", protocol_name="range", assignments=(
+            R.request_entity(SYNC_GROUP, 5, "SyncGroupRequestAssignment", member_id=member, assignment=b""),)))
+
+
+def heartbeat(port: int, group: str, generation: int, member: str, instance: str | None = None) -> Any:
+    return ask(port, HEARTBEAT, 4, R.request_body(HEARTBEAT, 4, "HeartbeatRequest", group_id=group,
+                                                   generation_id=i32(generation), member_id=member,
+                                                   group_instance_id=instance))
+
+
+def commit(port: int, group: str, generation: int, member: str, topic: str, partition: int, offset: int) -> Any:
+    return ask(port, OFFSET_COMMIT, 8, R.request_body(
+        OFFSET_COMMIT, 8, "OffsetCommitRequest", group_id=group, generation_id_or_member_epoch=i32(generation),
+        member_id=member, group_instance_id=None, topics=(
+            R.request_entity(OFFSET_COMMIT, 8, "OffsetCommitRequestTopic", name=topic, partitions=(
+                R.request_entity(OFFSET_COMMIT, 8, "OffsetCommitRequestPartition", partition_index=i32(partition),
+                                 committed_offset=i64(offset), committed_leader_epoch=i32(-1),
+                                 committed_metadata="m"),)),)))
+
+
+def offset_fetch(port: int, group: str, topic: str) -> Any:
+    return ask(port, OFFSET_FETCH, 7, R.request_body(
+        OFFSET_FETCH, 7, "OffsetFetchRequest", group_id=group, require_stable=True, topics=(
+            R.request_entity(OFFSET_FETCH, 7, "OffsetFetchRequestTopic", name=topic,
+                             partition_indexes=(i32(0), i32(5))),)))
+
+
+def test_classic_group_errors_are_kafkas(servers):
+    def sequence(port: int) -> dict:
+        create_topic(port, "group-offsets")
+        for group in ("no-such-group", "no-such-group-2", "no-such-group-3", "simple", "classic", "static"):
+            find_coordinator(port, group)
+        answers = {
+            "heartbeat, no such group": heartbeat(port, "no-such-group", 1, "m"),
+            "commit, no such group, a generation": commit(port, "no-such-group-2", 5, "ghost", "group-offsets", 0, 1),
+            "commit, simple": commit(port, "simple", -1, "", "group-offsets", 0, 10),
+            "commit, no such partition": commit(port, "simple", -1, "", "group-offsets", 5, 10),
+            "commit, no such topic": commit(port, "simple", -1, "", "no-such-topic-g", 0, 10),
+            "fetch, simple": offset_fetch(port, "simple", "group-offsets"),
+            "fetch, no such group": offset_fetch(port, "no-such-group-3", "group-offsets"),
+        }
+        first = join(port, "classic", "")
+        answers["join without a member id"] = first
+        member = first.member_id
+        joined = join(port, "classic", member)
+        answers["join"] = joined
+        generation = joined.generation_id
+        answers["sync, another generation"] = sync(port, "classic", generation + 1, member)
+        answers["sync, unknown member"] = sync(port, "classic", generation, "stranger")
+        answers["sync"] = sync(port, "classic", generation, member)
+        answers["heartbeat"] = heartbeat(port, "classic", generation, member)
+        answers["heartbeat, old generation"] = heartbeat(port, "classic", generation - 1, member)
+        answers["heartbeat, unknown member"] = heartbeat(port, "classic", generation, "stranger")
+        answers["commit, member"] = commit(port, "classic", generation, member, "group-offsets", 0, 3)
+        answers["commit, old generation"] = commit(port, "classic", generation - 1, member, "group-offsets", 0, 4)
+        answers["commit, unknown member"] = commit(port, "classic", generation, "stranger", "group-offsets", 0, 4)
+        answers["commit, simple into a live group"] = commit(port, "classic", -1, "", "group-offsets", 0, 4)
+        # Static membership: a second join with the same instance id fences the first member id.
+        static = join(port, "static", "", instance="instance-1")
+        answers["static join"] = static
+        static_sync = sync(port, "static", static.generation_id, static.member_id, "instance-1")
+        answers["static sync"] = static_sync
+        again = join(port, "static", "", instance="instance-1")
+        answers["static join again"] = again
+        answers["fenced heartbeat"] = heartbeat(port, "static", static.generation_id, static.member_id, "instance-1")
+        return answers
+
+    kafka, node = on_both(servers, sequence)
+    found = differences(kafka, node)
+    assert not found, "\n".join(found)
+
+
+def consumer_heartbeat(port: int, group: str, member: str, epoch: int, topics: tuple[str, ...] | None) -> Any:
+    return ask(port, CONSUMER_GROUP_HEARTBEAT, 0, R.request_body(
+        CONSUMER_GROUP_HEARTBEAT, 0, "ConsumerGroupHeartbeatRequest", group_id=group, member_id=member,
+        member_epoch=i32(epoch), instance_id=None, rack_id=None,
+        rebalance_timeout=i32Timedelta.parse(timedelta(seconds=10)), subscribed_topic_names=topics,
+        server_assignor=None, topic_partitions=() if epoch == 0 else None))
+
+
+def test_consumer_group_heartbeat_answers_are_kafkas(servers):
+    def sequence(port: int) -> dict:
+        create_topic(port, "kip848", partitions=2)
+        find_coordinator(port, "kip848-group")
+        member = str(uuid.uuid4())
+        answers = {
+            "unknown member, epoch 5": consumer_heartbeat(port, "kip848-group", member, 5, None),
+            "join": consumer_heartbeat(port, "kip848-group", member, 0, ("kip848",)),
+        }
+        epoch = answers["join"].member_epoch
+        answers["a newer epoch"] = consumer_heartbeat(port, "kip848-group", member, epoch + 1, None)
+        answers["leave"] = consumer_heartbeat(port, "kip848-group", member, -1, None)
+        answers["after leaving"] = consumer_heartbeat(port, "kip848-group", member, epoch, None)
+        return answers
+
+    kafka, node = on_both(servers, sequence)
+    # Kafka 4.4 runs the assignor apart from the heartbeat: its first answer carries the assignment or not, by
+    # timing, at a member epoch that counts its group epoch's bumps. The node assigns in that first answer, at
+    # epoch 1. Both are within the protocol (a member takes what an answer brings); compared: the codes.
+    for answers in (kafka, node):
+        answers["join"] = answers["join"]["error_code"]
+    found = differences(plain(kafka, IGNORED | {"heartbeat_interval"}), plain(node, IGNORED | {"heartbeat_interval"}))
+    # A heartbeat of a member of a group the coordinator does not know: Kafka GROUP_ID_NOT_FOUND (69), which its
+    # clients take as fatal; the node UNKNOWN_MEMBER_ID (25), so members rejoin after a node restart (the node
+    # keeps no KIP-848 membership across one; Kafka keeps it in __consumer_offsets). docs/compatibility.md.
+    assert found == [".unknown member, epoch 5.error_code: 69 != 25"], "\n".join(found)
+
+
+# --------------------------------------------------------------------------- transactions
+
+
+def init_producer_id(port: int, transactional_id: str | None, producer_id: int = -1, epoch: int = -1) -> Any:
+    return ask(port, R.INIT_PRODUCER_ID, 4, R.request_body(
+        R.INIT_PRODUCER_ID, 4, "InitProducerIdRequest", transactional_id=transactional_id,
+        transaction_timeout=R.millis(60_000), producer_id=i64(producer_id), producer_epoch=i16(epoch)))
+
+
+def add_partitions(port: int, transactional_id: str, producer_id: int, epoch: int, topic: str) -> Any:
+    return ask(port, ADD_PARTITIONS_TO_TXN, 3, R.request_body(
+        ADD_PARTITIONS_TO_TXN, 3, "AddPartitionsToTxnRequest", v3_and_below_transactional_id=transactional_id,
+        v3_and_below_producer_id=i64(producer_id), v3_and_below_producer_epoch=i16(epoch), v3_and_below_topics=(
+            R.request_entity(ADD_PARTITIONS_TO_TXN, 3, "AddPartitionsToTxnTopic", name=topic,
+                             partitions=(i32(0),)),)))
+
+
+def end_txn(port: int, transactional_id: str, producer_id: int, epoch: int, commit: bool) -> Any:
+    return ask(port, END_TXN, 3, R.request_body(END_TXN, 3, "EndTxnRequest", transactional_id=transactional_id,
+                                                 producer_id=i64(producer_id), producer_epoch=i16(epoch),
+                                                 committed=commit))
+
+
+COORDINATOR_LOADING = (14, 15, 16)  # COORDINATOR_LOAD_IN_PROGRESS, COORDINATOR_NOT_AVAILABLE, NOT_COORDINATOR
+
+
+CONCURRENT_TRANSACTIONS = 51
+
+
+def while_loading(call: Callable[[], Any], also: tuple[int, ...] = ()) -> Any:
+    """A coordinator's answer once its partition is loaded: Kafka loads __transaction_state's partitions a
+    moment after it makes the topic, and a client retries these codes (the node answers at once)."""
+    deadline = time.monotonic() + TIMEOUT_MS / 1000
+    while (answer := call()).error_code in (*COORDINATOR_LOADING, *also) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return answer
+
+
+def test_transaction_errors_are_kafkas(servers):
+    def sequence(port: int) -> dict:
+        create_topic(port, "txn-errors")
+        find_coordinator(port, "tx-a", key_type=1)
+        find_coordinator(port, "tx-unknown", key_type=1)
+        first = while_loading(lambda: init_producer_id(port, "tx-a"))
+        answers = {"init": first,
+                   "end, unknown id": while_loading(lambda: end_txn(port, "tx-unknown", 5000, 0, True))}
+        pid, epoch = int(first.producer_id), int(first.producer_epoch)
+        answers["end, nothing begun"] = end_txn(port, "tx-a", pid, epoch, True)
+        answers["add, another producer id"] = add_partitions(port, "tx-a", pid + 1, epoch, "txn-errors")
+        answers["add, a newer epoch"] = add_partitions(port, "tx-a", pid, epoch + 1, "txn-errors")
+        answers["add"] = add_partitions(port, "tx-a", pid, epoch, "txn-errors")
+        answers["add, no such topic"] = add_partitions(port, "tx-a", pid, epoch, "no-such-topic-txn")
+        answers["end, another producer id"] = end_txn(port, "tx-a", pid + 1, epoch, True)
+        answers["abort"] = end_txn(port, "tx-a", pid, epoch, False)
+        # Kafka writes an abort's markers after it answers, and answers CONCURRENT_TRANSACTIONS meanwhile (a client
+        # retries it); the node answers once they are written.
+        answers["commit after the abort"] = while_loading(lambda: end_txn(port, "tx-a", pid, epoch, True),
+                                                          also=(CONCURRENT_TRANSACTIONS,))
+        second = while_loading(lambda: init_producer_id(port, "tx-a"), also=(CONCURRENT_TRANSACTIONS,))  # fences
+        answers["init again"] = second
+        answers["add, fenced epoch"] = add_partitions(port, "tx-a", pid, epoch, "txn-errors")
+        answers["end, fenced epoch"] = end_txn(port, "tx-a", pid, epoch, True)
+        return answers
+
+    kafka, node = on_both(servers, sequence)
+    found = differences(plain(kafka, IGNORED | {"producer_id"}), plain(node, IGNORED | {"producer_id"}))
+    assert not found, "\n".join(found)
+
+
+# --------------------------------------------------------------------------- ApiVersions
+
+
+def api_versions(port: int) -> dict[int, list[int]]:
+    answer = ask(port, R.API_VERSIONS, 3, R.api_versions_body(3))
+    return {int(k.api_key): [int(k.min_version), int(k.max_version)] for k in answer.api_keys}
+
+
+# API key -> [Kafka's version range, the node's]: every API whose ranges differ. The reasons, in
+# docs/compatibility.md: the node's newest versions are those of the kio schemas it decodes with (Kafka 4.4's newer
+# ones: topic ids in Produce and commits, KIP-890's transactions v2, KIP-939); it still takes versions Kafka 4 removed
+# (KIP-896: CreateTopics 0-1, DeleteTopics 0, the ACL APIs and DescribeConfigs 0); it has none of the replication,
+# KRaft, delegation token, client quota, tiered storage, share group (KIP-932) and streams group (KIP-1071) APIs.
+API_VERSION_DIFFERENCES = {
+    0: [[0, 13], [3, 11]],  # produce
+    1: [[4, 18], [4, 17]],  # fetch
+    2: [[1, 11], [1, 10]],  # list_offsets
+    8: [[2, 10], [2, 9]],  # offset_commit
+    9: [[1, 10], [1, 9]],  # offset_fetch
+    11: [[0, 9], [0, 8]],  # join_group
+    18: [[0, 5], [0, 4]],  # api_versions
+    19: [[2, 7], [0, 7]],  # create_topics
+    20: [[1, 6], [0, 6]],  # delete_topics
+    22: [[0, 5], [0, 4]],  # init_producer_id
+    23: [[2, 4], None],  # offset_for_leader_epoch
+    24: [[0, 5], [0, 3]],  # add_partitions_to_txn
+    25: [[0, 4], [0, 3]],  # add_offsets_to_txn
+    26: [[0, 5], [0, 3]],  # end_txn
+    27: [[1, 2], None],  # write_txn_markers
+    28: [[0, 6], [0, 3]],  # txn_offset_commit
+    29: [[1, 3], [0, 3]],  # describe_acls
+    30: [[1, 3], [0, 3]],  # create_acls
+    31: [[1, 3], [0, 3]],  # delete_acls
+    32: [[1, 4], [0, 4]],  # describe_configs
+    34: [[1, 2], None],  # alter_replica_log_dirs
+    35: [[1, 5], None],  # describe_log_dirs
+    38: [[1, 3], None],  # create_delegation_token
+    39: [[1, 2], None],  # renew_delegation_token
+    40: [[1, 2], None],  # expire_delegation_token
+    41: [[1, 3], None],  # describe_delegation_token
+    42: [[0, 3], [0, 2]],  # delete_groups
+    43: [[0, 2], None],  # elect_leaders
+    45: [[0, 1], None],  # alter_partition_reassignments
+    46: [[0, 0], None],  # list_partition_reassignments
+    48: [[0, 1], None],  # describe_client_quotas
+    49: [[0, 1], None],  # alter_client_quotas
+    55: [[0, 2], None],  # describe_quorum
+    57: [[0, 2], None],  # update_features
+    64: [[0, 0], None],  # unregister_broker
+    74: [[0, 1], None],  # list_config_resources
+    75: [[0, 0], None],  # describe_topic_partitions
+    76: [[1, 1], None],  # share_group_heartbeat
+    77: [[1, 1], None],  # share_group_describe
+    78: [[1, 2], None],  # share_fetch
+    79: [[1, 2], None],  # share_acknowledge
+    80: [[0, 1], None],  # add_raft_voter
+    81: [[0, 0], None],  # remove_raft_voter
+    83: [[0, 0], None],  # initialize_share_group_state
+    84: [[0, 0], None],  # read_share_group_state
+    85: [[0, 1], None],  # write_share_group_state
+    86: [[0, 0], None],  # delete_share_group_state
+    87: [[0, 1], None],  # read_share_group_state_summary
+    88: [[0, 1], None],  # streams_group_heartbeat
+    89: [[0, 1], None],  # streams_group_describe
+    90: [[0, 1], None],  # describe_share_group_offsets
+    91: [[0, 0], None],  # alter_share_group_offsets
+    92: [[0, 0], None],  # delete_share_group_offsets
+    93: [[0, 0], None],  # newer than kio's schemas
+    94: [[0, 0], None],  # newer than kio's schemas
+}
+
+
+def test_api_versions_side_by_side(servers):
+    """Each API's version range on both; every difference is in API_VERSION_DIFFERENCES, and
+    docs/compatibility.md gives its reason."""
+    kafka, node = on_both(servers, api_versions)
+    found = {key: [kafka.get(key), node.get(key)] for key in sorted(set(kafka) | set(node))
+             if kafka.get(key) != node.get(key)}
+    assert found == API_VERSION_DIFFERENCES

@@ -122,7 +122,8 @@ class LogConfig:
     message_timestamp_type: str = "CreateTime"  # log.message.timestamp.type: or LogAppendTime
     message_timestamp_difference_max_ms: int = LONG_MAX  # log.message.timestamp.difference.max.ms
     message_timestamp_before_max_ms: int = LONG_MAX  # log.message.timestamp.before.max.ms
-    message_timestamp_after_max_ms: int = LONG_MAX  # log.message.timestamp.after.max.ms
+    # log.message.timestamp.after.max.ms: Kafka 4's default, one hour (3.x had no bound)
+    message_timestamp_after_max_ms: int = 3_600_000
     compression_type: str = "producer"  # compression.type: or uncompressed, gzip, snappy, lz4, zstd
     cleanup_policy: str = "delete"  # log.cleanup.policy: delete, compact or compact,delete
     min_cleanable_dirty_ratio: float = 0.5  # log.cleaner.min.cleanable.ratio: the dirty share that makes a log due

@@ -194,7 +194,7 @@ DEFINITIONS: tuple[TopicConfigDef, ...] = (
     TopicConfigDef("message.format.version", "STRING", "log.message.format.version", None, "3.0-IV1",
                    "Deprecated; ignored as by Kafka 3.x (every batch is of the current format)."),
     TopicConfigDef("message.timestamp.after.max.ms", "LONG", "log.message.timestamp.after.max.ms",
-                   "message_timestamp_after_max_ms", str(LONG_MAX),
+                   "message_timestamp_after_max_ms", "3600000",
                    "How far in the future of the node's clock a CreateTime timestamp may be (INVALID_TIMESTAMP "
                    "beyond).", at_least(0)),
     TopicConfigDef("message.timestamp.before.max.ms", "LONG", "log.message.timestamp.before.max.ms",

@@ -421,13 +421,13 @@ class AdminHandlers:
         port = server.advertised_port or server.port
         static = [
             ("listeners", ",".join(f"{item.name}://{item.address}" for item in config.listener_list()), True,
-             "STRING"),
+             "LIST"),
             ("advertised.listeners", ",".join(
                 f"{item.name}://{item.advertised_address or (f'{host}:{port}' if index == 0 else item.address)}"
-                for index, item in enumerate(config.listener_list())), True, "STRING"),
+                for index, item in enumerate(config.listener_list())), True, "LIST"),
             ("listener.security.protocol.map", ",".join(
                 f"{item.name}:{item.security_protocol}" for item in config.listener_list()), True, "STRING"),
-            ("log.dirs", server.data_dir, True, "STRING"),
+            ("log.dirs", server.data_dir, True, "LIST"),
             ("num.network.threads", str(server.worker_count()), server.workers != defaults.server.workers, "INT"),
             ("default.replication.factor", "1", False, "INT"),
             ("offsets.topic.num.partitions", "1", False, "INT"),

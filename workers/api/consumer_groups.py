@@ -105,6 +105,8 @@ class ConsumerGroupHandlers:
         def answer(outcome: Any) -> Outcome:
             if outcome is None:
                 outcome = refusal(E.ErrorCode.coordinator_not_available)
+            if outcome.error:  # as Kafka's: an error answer carries the code and message alone
+                outcome = HeartbeatAnswer(outcome.error, outcome.error_message, "", 0, 0, None)
             if outcome.assignment is None:  # a settled member's answer: the hot path (our own encoder)
                 error = int(code(outcome.error))
                 return Outcome.reply([encode_response_without_assignment(

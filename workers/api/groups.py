@@ -166,10 +166,12 @@ class GroupHandlers:
                 outcome = refusal(E.ErrorCode.coordinator_not_available)
             members = tuple(entity(req, "JoinGroupResponseMember", member_id=member, group_instance_id=instance,
                                    metadata=metadata) for member, instance, metadata in outcome.members)
+            # protocol_name: nullable from v7 (null in an error answer, as Kafka's); "" before.
+            protocol_name = outcome.protocol or ("" if req.header.api_version < 7 else None)
             return reply(req, entity(
                 req, "JoinGroupResponse", throttle_time=ZERO_THROTTLE, error_code=code(outcome.error),
                 generation_id=i32(outcome.generation), protocol_type=outcome.protocol_type,
-                protocol_name=outcome.protocol or "", leader=outcome.leader, member_id=outcome.member,
+                protocol_name=protocol_name, leader=outcome.leader, member_id=outcome.member,
                 members=members))
 
         def refusal(error: E.ErrorCode) -> Any:
@@ -187,11 +189,13 @@ class GroupHandlers:
             if outcome is None:
                 outcome = refusal(E.ErrorCode.coordinator_not_available)
             # v5+ names the group's protocol type and assignor; the request's, which the client checks against
-            # its own (the coordinator answered, so the member joined with them).
+            # its own (the coordinator answered, so the member joined with them); none in an error answer, as
+            # Kafka's.
+            ok = not outcome.error
             return reply(req, entity(req, "SyncGroupResponse", throttle_time=ZERO_THROTTLE,
                                      error_code=code(outcome.error), assignment=outcome.assignment,
-                                     protocol_type=getattr(request, "protocol_type", None),
-                                     protocol_name=getattr(request, "protocol_name", None)))
+                                     protocol_type=getattr(request, "protocol_type", None) if ok else None,
+                                     protocol_name=getattr(request, "protocol_name", None) if ok else None))
 
         def refusal(error: E.ErrorCode) -> Any:
             return SyncAnswer(int(error), b"")

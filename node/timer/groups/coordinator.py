@@ -125,11 +125,11 @@ class GroupCoordinator:
         self.outbox.send(worker, M.encode_reply(request_id, kind, answer))
 
     def _join_reply(self, waiter: Waiter, error: E, member_id: str = "", group: Group | None = None,
-                    members: list | None = None) -> None:
+                    members: list | None = None, leader: str | None = None) -> None:
         ok = group is not None and not error
         self._reply(waiter, JoinAnswer(int(error), group.generation if ok else NO_GENERATION,
                                        group.protocol_type if ok else None, group.protocol if ok else None,
-                                       (group.leader or "") if ok else "", member_id, members or ()))
+                                       (leader or group.leader or "") if ok else "", member_id, members or ()))
 
     def _sync_reply(self, waiter: Waiter, error: E, assignment: bytes = b"") -> None:
         self._reply(waiter, SyncAnswer(int(error), assignment))
@@ -234,7 +234,9 @@ class GroupCoordinator:
                        waiter: Waiter) -> None:
         """KIP-345: a static member back with no member id takes over its instance's membership under a new id;
         if nothing changed and the group is Stable, it gets the current generation (and its assignment at
-        SyncGroup) without a rebalance. The old id is fenced from now on."""
+        SyncGroup) without a rebalance: as Kafka, the answer names the leader as it was (the old id, if this
+        member led) and no members, so a returning leader does not assign again (a stable group would not pass
+        that assignment on). The old id is fenced from now on."""
         old_member = group.members[old_id]
         if old_member.awaiting_join is not None:
             self._join_reply(old_member.awaiting_join, E.fenced_instance_id, old_id)
@@ -243,13 +245,14 @@ class GroupCoordinator:
             self._sync_reply(old_member.awaiting_sync, E.fenced_instance_id)
             old_member.awaiting_sync = None
         self.sessions.forget((group.group_id, old_id))
+        leader_before = group.leader
         member = group.replace_static_member(d.instance, old_id, new_id)
         member.protocols = protocols
         member.session_timeout_ms = int(d.session_timeout_ms)
         member.rebalance_timeout_ms = int(d.rebalance_timeout_ms)
         self._renew_session(group, member)
         if group.is_(STABLE) and group.select_protocol() == group.protocol:
-            self._answer_join(group, member, waiter)
+            self._join_reply(waiter, E.none, member.member_id, group, None, leader=leader_before)
         elif group.is_(PREPARING):
             member.awaiting_join = waiter
         else:  # the leader may be assigning with the old id, or the protocol would change: a new generation
