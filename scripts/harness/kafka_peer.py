@@ -112,12 +112,13 @@ def classpath() -> str:
     return f"{jars()}/*"
 
 
-def tool(main_class: str, *args: str, timeout: float = TOOL_TIMEOUT_S, heap_mb: int = 256,
-         check: bool = True) -> subprocess.CompletedProcess:
-    """Run one of Kafka's tools (its main class) on the fetched classpath; its output captured."""
+def tool(main_class: str, *args: str, timeout: float = TOOL_TIMEOUT_S, heap_mb: int = 256, check: bool = True,
+         stdin: str | None = None) -> subprocess.CompletedProcess:
+    """Run one of Kafka's tools (its main class) on the fetched classpath, `stdin` its input; its output
+    captured."""
     return subprocess.run([java(), f"-Xmx{heap_mb}m", *JVM_OPTIONS, "-cp", classpath(), main_class, *args],
-                          capture_output=True, text=True, timeout=timeout, check=check,
-                          preexec_fn=die_with_parent)
+                          capture_output=True, text=True, timeout=timeout, check=check, input=stdin,
+                          stdin=None if stdin is not None else subprocess.DEVNULL, preexec_fn=die_with_parent)
 
 
 # --------------------------------------------------------------------------- the broker
