@@ -9,7 +9,7 @@ TEST_STAMP := $(VENV)/.installed-test
 APT_INSTALL = SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
 	$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq
 
-.PHONY: run test venv test-venv wheel sysdeps clean install-service uninstall-service redis kafka
+.PHONY: run test check venv test-venv wheel sysdeps clean install-service uninstall-service redis kafka
 
 # The C compiler and Python headers build shm/_ringops.c, the ring's compiled one-frame paths.
 HAVE_PY_HEADERS = $(PYTHON) -c "import os, sys, sysconfig; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()['include'], 'Python.h')))"
@@ -121,6 +121,10 @@ run: venv
 # Two parts, both always run: the tests marked `serial` (they time things, or use both cores) alone, after the
 # others ran TEST_JOBS at a time (pytest-xdist; a file's tests stay together in one worker: tests/conftest.py).
 TEST_JOBS ?= 2
+# The edit-test loop: the tests that start no node (no node, JVM or Spark session), TEST_JOBS at a time.
+check: test-venv
+	$(PY) -m pytest -q tests -m "not node and not serial" -n $(TEST_JOBS) --dist loadgroup
+
 test: test-venv sysdeps redis kafka
 	@status=0; \
 	$(PY) -m pytest -q tests -m "not serial" -n $(TEST_JOBS) --dist loadgroup || status=$$?; \

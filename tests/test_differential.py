@@ -108,12 +108,14 @@ def create_topic(port: int, name: str, partitions: int = 1, configs: dict[str, s
     raise AssertionError(f"{name} has no leader for every partition in {TIMEOUT_MS} ms")
 
 
-def produce_batches(port: int, topic: str, batches: int, per_batch: int, partition: int = 0) -> None:
-    """`batches` batches of `per_batch` keyed records, timestamps T0 + 1000 x batch (+ record index)."""
+def produce_batches(port: int, topic: str, batches: int, per_batch: int, partition: int = 0,
+                    start_ms: int = T0) -> None:
+    """`batches` batches of `per_batch` keyed records, timestamps start_ms + 1000 x batch."""
     with R.RawConnection("127.0.0.1", port) as conn:
         for b in range(batches):
             batch = R.build_record_batch([b"value-%d-%d" % (b, i) for i in range(per_batch)],
-                                         [b"key-%d" % i for i in range(per_batch)], first_timestamp_ms=T0 + 1000 * b)
+                                         [b"key-%d" % i for i in range(per_batch)],
+                                         first_timestamp_ms=start_ms + 1000 * b)
             answer = conn.call(R.PRODUCE, 8, R.produce_body({topic: {partition: batch}}, acks=-1, version=8))
             assert answer.responses[0].partition_responses[0].error_code == 0, answer
 
@@ -164,16 +166,17 @@ def test_list_offsets_answers_as_kafka_at_every_edge(servers):
 FETCH_VERSION = 11
 
 
-def fetch(port: int, topic: str, offset: int, isolation_level: int = 0, partition_max_bytes: int = 1 << 20) -> dict:
+def fetch(port: int, topic: str, offset: int, isolation_level: int = 0, partition_max_bytes: int = 1 << 20,
+          timestamps: bool = True) -> dict:
     """One Fetch of one partition: the answer's partition fields and each batch returned (its first and last
-    offsets, record count, largest timestamp)."""
+    offsets, record count, and with `timestamps` its largest timestamp)."""
     body = R.fetch_body({topic: {0: offset}}, max_wait_ms=0, min_bytes=0, isolation_level=isolation_level,
                         partition_max_bytes=partition_max_bytes, version=FETCH_VERSION)
     with R.RawConnection("127.0.0.1", port) as conn:
         frame = conn.request(R.FETCH, FETCH_VERSION, body)
         answer = wire.parse_fetch_response(memoryview(frame), 0, FETCH_VERSION)
         (got,) = answer.partitions
-        batches = [[h.base_offset, h.last_offset, h.record_count, h.max_timestamp]
+        batches = [[h.base_offset, h.last_offset, h.record_count, *([h.max_timestamp] if timestamps else [])]
                    for _, h in records.iter_batches(got.records)]
     return {"error_code": answer.error_code, "partition_error_code": got.error_code,
             "high_watermark": got.high_watermark, "last_stable_offset": got.last_stable_offset,
@@ -498,11 +501,18 @@ COORDINATOR_LOADING = (14, 15, 16)  # COORDINATOR_LOAD_IN_PROGRESS, COORDINATOR_
 CONCURRENT_TRANSACTIONS = 51
 
 
+def error_of(answer: Any) -> int:
+    """An answer's error code (AddPartitionsToTxn v3 and older: its first partition's)."""
+    if hasattr(answer, "error_code"):
+        return int(answer.error_code)
+    return int(answer.results_by_topic_v3_and_below[0].results_by_partition[0].partition_error_code)
+
+
 def while_loading(call: Callable[[], Any], also: tuple[int, ...] = ()) -> Any:
     """A coordinator's answer once its partition is loaded: Kafka loads __transaction_state's partitions a
     moment after it makes the topic, and a client retries these codes (the node answers at once)."""
     deadline = time.monotonic() + TIMEOUT_MS / 1000
-    while (answer := call()).error_code in (*COORDINATOR_LOADING, *also) and time.monotonic() < deadline:
+    while error_of(answer := call()) in (*COORDINATOR_LOADING, *also) and time.monotonic() < deadline:
         time.sleep(0.1)
     return answer
 
@@ -617,3 +627,129 @@ def test_api_versions_side_by_side(servers):
     found = {key: [kafka.get(key), node.get(key)] for key in sorted(set(kafka) | set(node))
              if kafka.get(key) != node.get(key)}
     assert found == API_VERSION_DIFFERENCES
+
+
+# --------------------------------------------------------------------------- more edges
+
+
+CREATE_PARTITIONS = 37
+
+
+def create_partitions(port: int, changes: dict[str, tuple[int, list | None]], validate_only: bool) -> list[list]:
+    """One CreatePartitions: each topic's (name, error code)."""
+    topics = tuple(R.request_entity(CREATE_PARTITIONS, 3, "CreatePartitionsTopic", name=name, count=i32(count),
+                                    assignments=None if assignments is None else tuple(
+                                        R.request_entity(CREATE_PARTITIONS, 3, "CreatePartitionsAssignment",
+                                                         broker_ids=tuple(i32(b) for b in brokers))
+                                        for brokers in assignments))
+                   for name, (count, assignments) in changes.items())
+    answer = ask(port, CREATE_PARTITIONS, 3, R.request_body(CREATE_PARTITIONS, 3, "CreatePartitionsRequest",
+                                                             topics=topics, timeout=R.millis(TIMEOUT_MS),
+                                                             validate_only=validate_only))
+    return sorted([r.name, int(r.error_code)] for r in answer.results)
+
+
+def test_create_partitions_refuses_what_kafka_refuses(servers):
+    def sequence(port: int) -> dict:
+        for name in ("grow", "shrink", "same", "two-replicas"):
+            create_topic(port, name, partitions=2)
+        changes = {"grow": (3, None), "shrink": (1, None), "same": (2, None), "no-such-topic-p": (3, None),
+                   "two-replicas": (3, [[1, 2]])}
+        return {"validate only": create_partitions(port, changes, True),
+                "create": create_partitions(port, changes, False)}
+
+    kafka, node = on_both(servers, sequence)
+    found = differences(kafka, node)
+    assert not found, "\n".join(found)
+
+
+def transactional_produce(port: int, transactional_id: str, producer_id: int, epoch: int, sequence: int,
+                          topic: str, values: list[bytes]) -> int:
+    batch = records.build_batch([(None, value) for value in values], int(time.time() * 1000), producer_id=producer_id,
+                                producer_epoch=epoch, base_sequence=sequence, transactional=True)
+    body = R.request_body(R.PRODUCE, 8, "ProduceRequest", transactional_id=transactional_id, acks=i16(-1),
+                          timeout=R.millis(TIMEOUT_MS), topic_data=(
+        R.request_entity(R.PRODUCE, 8, "TopicProduceData", name=topic, partition_data=(
+            R.request_entity(R.PRODUCE, 8, "PartitionProduceData", index=i32(0), records=batch),)),))
+    return int(ask(port, R.PRODUCE, 8, body).responses[0].partition_responses[0].error_code)
+
+
+def test_read_committed_fetches_and_offsets_skip_aborted_transactions_as_kafka(servers):
+    def sequence(port: int) -> dict:
+        create_topic(port, "committed-reads")
+        # Timestamps of now: Kafka rolls a segment when a batch is segment.ms newer than the segment's first, and
+        # answers a Fetch from one segment; the markers, which brokers write with their clock, would roll one.
+        produce_batches(port, "committed-reads", 1, 3, start_ms=int(time.time() * 1000))  # offsets 0-2
+        find_coordinator(port, "reader-tx", key_type=1)
+        init = while_loading(lambda: init_producer_id(port, "reader-tx"))
+        pid, epoch = int(init.producer_id), int(init.producer_epoch)
+        answers: dict[str, Any] = {}
+        sequence_number = 0
+        for outcome, count in (("abort", 4), ("commit", 2), ("open", 3)):
+            answers[f"add ({outcome})"] = while_loading(
+                lambda: add_partitions(port, "reader-tx", pid, epoch, "committed-reads"),
+                also=(CONCURRENT_TRANSACTIONS,))
+            answers[f"produce ({outcome})"] = transactional_produce(
+                port, "reader-tx", pid, epoch, sequence_number, "committed-reads",
+                [b"%s-%d" % (outcome.encode(), i) for i in range(count)])
+            sequence_number += count
+            if outcome != "open":
+                answers[outcome] = end_txn(port, "reader-tx", pid, epoch, outcome == "commit")
+        for isolation in (0, 1):
+            for offset in (0, 3, 8):
+                got = fetch(port, "committed-reads", offset, isolation_level=isolation, timestamps=False)
+                got["aborted"] = [[producer == pid, first] for producer, first in got["aborted"]]
+                answers[f"fetch at {offset}, isolation {isolation}"] = got
+            answers[f"latest, isolation {isolation}"] = ask(port, R.LIST_OFFSETS, LIST_OFFSETS_VERSION, R.request_body(
+                R.LIST_OFFSETS, LIST_OFFSETS_VERSION, "ListOffsetsRequest", replica_id=i32(-1),
+                isolation_level=isolation, topics=(R.request_entity(
+                    R.LIST_OFFSETS, LIST_OFFSETS_VERSION, "ListOffsetsTopic", name="committed-reads", partitions=(
+                        R.request_entity(R.LIST_OFFSETS, LIST_OFFSETS_VERSION, "ListOffsetsPartition",
+                                         partition_index=i32(0), current_leader_epoch=i32(-1),
+                                         timestamp=i64(-1)),)),)))
+        answers["abort the open one"] = end_txn(port, "reader-tx", pid, epoch, False)
+        return answers
+
+    kafka, node = on_both(servers, sequence)
+    found = differences(kafka, node)
+    assert not found, "\n".join(found)
+
+
+def test_a_rebalance_in_progress_is_answered_as_kafka(servers):
+    def sequence(port: int) -> dict:
+        create_topic(port, "rebalance-offsets")
+        find_coordinator(port, "rebalancing")
+        first = join(port, "rebalancing", "")
+        member_a = first.member_id
+        joined = join(port, "rebalancing", member_a)
+        generation = joined.generation_id
+        answers = {"sync a": sync(port, "rebalancing", generation, member_a)}
+        protocol = R.request_entity(JOIN_GROUP, 7, "JoinGroupRequestProtocol", name="range", metadata=b"")
+        with R.RawConnection("127.0.0.1", port) as second:
+            def join_b(member: str) -> int:
+                return second.send(JOIN_GROUP, 7, R.request_body(
+                    JOIN_GROUP, 7, "JoinGroupRequest", group_id="rebalancing",
+                    session_timeout=i32Timedelta.parse(timedelta(seconds=10)),
+                    rebalance_timeout=i32Timedelta.parse(timedelta(seconds=10)), member_id=member,
+                    group_instance_id=None, protocol_type="consumer", protocols=(protocol,)))
+
+            join_b("")
+            _, _, _, body = second.recv_response()
+            member_b = R.decode_response(JOIN_GROUP, 7, body).member_id
+            join_b(member_b)  # held until member a rejoins: the group is rebalancing meanwhile
+            time.sleep(0.5)
+            answers["heartbeat a, rebalancing"] = heartbeat(port, "rebalancing", generation, member_a)
+            answers["commit a, rebalancing"] = commit(port, "rebalancing", generation, member_a, "rebalance-offsets",
+                                                      0, 1)
+            answers["sync a, rebalancing"] = sync(port, "rebalancing", generation, member_a)
+            answers["rejoin a"] = join(port, "rebalancing", member_a)
+            _, _, _, body = second.recv_response()
+            answers["join b"] = R.decode_response(JOIN_GROUP, 7, body)
+        return answers
+
+    kafka, node = on_both(servers, sequence)
+    for answers in (kafka, node):  # the leader gets every member, each broker in its own order
+        for name in ("rejoin a", "join b"):
+            answers[name]["members"] = len(answers[name]["members"])
+    found = differences(kafka, node)
+    assert not found, "\n".join(found)

@@ -90,8 +90,8 @@ def jars(fetch: bool = True) -> Path:
           flush=True)
     staging = KAFKA_CACHE / "lib.partial"
     shutil.rmtree(staging, ignore_errors=True)
-    subprocess.run([mvn, "-q", "-B", "-Dstyle.color=never", "-f", str(POM), "dependency:copy-dependencies", "-DincludeScope=runtime",
-                    f"-DoutputDirectory={staging}"], check=True, timeout=FETCH_TIMEOUT_S)
+    subprocess.run([mvn, "-q", "-B", "-Dstyle.color=never", "-f", str(POM), "dependency:copy-dependencies",
+                    "-DincludeScope=runtime", f"-DoutputDirectory={staging}"], check=True, timeout=FETCH_TIMEOUT_S)
     shutil.rmtree(lib, ignore_errors=True)
     staging.rename(lib)  # whole or not at all: an interrupted fetch leaves only lib.partial
     stamp.write_text(_pom_digest())

@@ -38,7 +38,8 @@ def tree_digest(root: Path) -> dict[str, str]:
     for folder, _, names in os.walk(root):
         for name in names:
             path = Path(folder, name)
-            found[str(path.relative_to(root))] = f"{hashlib.sha256(path.read_bytes()).hexdigest()} {path.stat().st_mode:o}"
+            digest = hashlib.sha256(path.read_bytes()).hexdigest()
+            found[str(path.relative_to(root))] = f"{digest} {path.stat().st_mode:o}"
     return found
 
 

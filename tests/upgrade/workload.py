@@ -9,8 +9,8 @@ node started later on the same data directory answers. Both use only Kafka's API
 What is stored (each part only where the node that writes it has the feature):
 - `orders`: cleanup.policy delete, 2 partitions, 10,000 keyed records from an idempotent producer, a
   retention.ms override; a committed offset of group `upgrade-group` at 5,000 on partition 0.
-- `accounts`: cleanup.policy compact (delete on a node without compaction), 2 partitions, 10,000 keyed records over 500 keys (the check reads the
-  latest value of each key, as compaction keeps it).
+- `accounts`: cleanup.policy compact (delete on a node without compaction), 2 partitions, 10,000 keyed records
+  over 500 keys (the check reads the latest value of each key, as compaction keeps it).
 - `clicks`: 1 partition, 2,000 records without keys.
 - `payments`: a committed transaction (100 records), an aborted one (50), then a committed one (10); the
   check reads it read_committed and read_uncommitted.
