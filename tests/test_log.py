@@ -16,7 +16,7 @@ from typing import Iterator
 import pytest
 from kafka.record.default_records import DefaultRecordBatch
 
-from shmbroker.node.storage.log import LogConfig, PartitionLog
+from shmbroker.node.storage.log import LONG_MAX, LogConfig, PartitionLog
 from shmbroker.node.storage.producer_state import load_latest_snapshot, snapshot_name
 from shmbroker.node.storage.records import ErrorCode, StorageError, parse_header, stored_batch_is_valid
 from shmbroker.node.storage.segment import BatchScanner, Segment, segment_base_offsets
@@ -215,7 +215,9 @@ def test_flush_publishes_flushed_offset(tmp_path, table):
 
 
 def test_roll_by_age(tmp_path, table):
-    log = PartitionLog.recover(str(tmp_path / "t-0"), table, 0, LogConfig(segment_ms=1000))
+    # A clock of its own: the records' (real) timestamps are far in its future, which this test does not bound.
+    config = LogConfig(segment_ms=1000, message_timestamp_after_max_ms=LONG_MAX)
+    log = PartitionLog.recover(str(tmp_path / "t-0"), table, 0, config)
     log.append(make_batch(), now=10_000)
     log.append(make_batch(), now=10_900)
     assert segment_base_offsets(log.directory) == [0]
