@@ -277,10 +277,10 @@ class Supervisor:
                 log.error("cannot start: %s", exc)
                 print(f"shmbroker: {exc}", file=sys.stderr)
                 return EXIT_IN_USE
-            except formats.NewerFormat as exc:
+            except formats.FormatError as exc:  # nothing was written: the directory stays as it was
                 log.error("cannot start: %s", exc)
                 print(f"shmbroker: {exc}", file=sys.stderr)
-                return EXIT_NEWER_FORMAT
+                return EXIT_NEWER_FORMAT if isinstance(exc, formats.NewerFormat) else 1
             except OSError as exc:
                 log.error("cannot start on %s:%d: %s", server.host, server.port, exc)
                 in_use = exc.errno == errno.EADDRINUSE

@@ -23,8 +23,8 @@ and `format.json`, the directory's, names theirs:
 A node reads every older version any node wrote: `check` lists what `upgrade` converts (each conversion is
 one log line), and raises NewerFormat, naming the file and both versions, for a version newer than this
 node's. `check` only reads, so a refused directory is left exactly as it was; the supervisor calls it before
-it takes the directory's lock. Converting writes each file as its own writer does (atomically), so a crash
-in the middle leaves a directory that converts again.
+it takes the directory's lock. Converting rewrites each file whole and atomically, the directory's format
+file last, so a crash in the middle leaves a directory that converts again.
 
 Invariants: a node never writes a file of a format newer than it knows; after `upgrade` the directory's and
 every versioned document's format are this node's.
@@ -58,7 +58,11 @@ FILE_VERSIONS = {
 PRODUCER_SNAPSHOT_FORMAT = 2  # node.storage.producer_state: 1 had no "format" field
 
 
-class NewerFormat(ValueError):
+class FormatError(ValueError):
+    """A file whose format version this node cannot read."""
+
+
+class NewerFormat(FormatError):
     """A file of a format this node does not know: written by a newer node."""
 
     def __init__(self, path: str, found: int, known: int, written_by: str = "") -> None:
@@ -79,7 +83,7 @@ def version_of(document: object, path: str, field: str, known: int) -> int:
     """The format version a document states (1 without one); NewerFormat if it is newer than `known`."""
     version = document.get(field, 1) if isinstance(document, dict) else 1
     if not isinstance(version, int) or version < 1:
-        raise ValueError(f"{path}: {field} {version!r} is not a format version")
+        raise FormatError(f"{path}: {field} {version!r} is not a format version")
     if version > known:
         raise NewerFormat(path, version, known, str(document.get("written_by", "")))
     return version
@@ -151,6 +155,8 @@ def _read(path: str) -> dict | None:
             document = orjson.loads(file.read())
     except FileNotFoundError:
         return None
+    except orjson.JSONDecodeError as exc:
+        raise FormatError(f"{path}: not JSON ({exc})") from None
     if not isinstance(document, dict):
-        raise ValueError(f"{path}: not a JSON object")
+        raise FormatError(f"{path}: not a JSON object")
     return document

@@ -130,3 +130,19 @@ def test_a_node_restarted_with_other_settings_for_its_internal_logs_starts(tmp_p
         producer = Producer({"bootstrap.servers": node.bootstrap, "transactional.id": "t"})
         producer.init_transactions(workload.TIMEOUT_S)
     assert "Traceback" not in node.log(), node.log()
+
+
+def test_a_format_file_that_does_not_parse_is_refused_with_its_name(tmp_path) -> None:
+    data_dir, config, _ = unpack(FIXTURES[-1], tmp_path)
+    (data_dir / "format.json").write_text('{"format": ')
+    before = tree_digest(data_dir)
+    (tmp_path / "run").mkdir()
+    refused = NodeProcess(tmp_path / "run", config=config, data_dir=data_dir)
+    try:
+        with pytest.raises(RuntimeError, match="node exited with 1"):
+            refused.start()
+    finally:
+        refused.close()
+    assert f"cannot start: {data_dir / 'format.json'}: not JSON" in refused.log(), refused.log()
+    assert "Traceback" not in refused.log(), refused.log()
+    assert tree_digest(data_dir) == before
