@@ -54,7 +54,8 @@ from pyspark_shmbroker.offsets import (
 from pyspark_shmbroker.options import SourceOptions
 from shmbroker.node.storage.records import iter_batches
 from pyspark_shmbroker.records import decode_record_set
-from pyspark_shmbroker.wire import BrokerError, Connection, TopicPartition, fetch_request
+from pyspark_shmbroker.wire import (EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, BrokerError, Connection, TopicPartition,
+                                    fetch_request, list_offsets)
 
 log = logging.getLogger("pyspark_shmbroker")
 
@@ -108,7 +109,10 @@ def read_range(options: SourceOptions, offsets: OffsetRange) -> Iterator[pa.Reco
             if part is None:
                 raise BrokerError(ErrorCode.unknown_server_error, f"Fetch of {tp}", "the answer lacks the partition")
             if part.error_code == ErrorCode.offset_out_of_range:
-                offset = _out_of_range(options, tp, offset, end, part.log_start_offset, part.high_watermark)
+                # The answer's offsets are -1 (as Kafka's): ask where the log starts and ends now.
+                log_start = list_offsets(conn, {tp: EARLIEST_TIMESTAMP})[tp].offset
+                high_watermark = list_offsets(conn, {tp: LATEST_TIMESTAMP})[tp].offset
+                offset = _out_of_range(options, tp, offset, end, log_start, high_watermark)
                 if offset >= end:
                     return
                 conn.send(fetch(offset))

@@ -35,6 +35,7 @@ IGNORED = frozenset({
 DELETE_RECORDS, OFFSET_COMMIT, OFFSET_FETCH, JOIN_GROUP, HEARTBEAT, SYNC_GROUP = 21, 8, 9, 11, 12, 14
 ADD_PARTITIONS_TO_TXN, END_TXN, DESCRIBE_CONFIGS = 24, 26, 32
 T0 = 1_700_000_000_000  # the records' timestamps: the same on both brokers
+NOT_LEADER_OR_FOLLOWER = 6
 TIMEOUT_MS = 30_000
 
 
@@ -116,7 +117,12 @@ def produce_batches(port: int, topic: str, batches: int, per_batch: int, partiti
             batch = R.build_record_batch([b"value-%d-%d" % (b, i) for i in range(per_batch)],
                                          [b"key-%d" % i for i in range(per_batch)],
                                          first_timestamp_ms=start_ms + 1000 * b)
-            answer = conn.call(R.PRODUCE, 8, R.produce_body({topic: {partition: batch}}, acks=-1, version=8))
+            body = R.produce_body({topic: {partition: batch}}, acks=-1, version=8)
+            deadline = time.monotonic() + TIMEOUT_MS / 1000
+            # Kafka's partition may take its leadership a moment after Metadata names the leader: a client retries.
+            while (answer := conn.call(R.PRODUCE, 8, body)).responses[0].partition_responses[0].error_code \
+                    == NOT_LEADER_OR_FOLLOWER and time.monotonic() < deadline:
+                time.sleep(0.05)
             assert answer.responses[0].partition_responses[0].error_code == 0, answer
 
 

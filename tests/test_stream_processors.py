@@ -39,13 +39,19 @@ def framework_python(name: str, requirement: str) -> Path:
     """The Python of a venv with `requirement` installed (made once; reused while the requirement is the same)."""
     home = REPO / ".frameworks" / name
     stamp = home / ".installed"
-    if not stamp.exists() or stamp.read_text() != requirement:
+    failures = []
+    while not stamp.exists() or stamp.read_text() != requirement:
+        # Once more from a fresh venv if pip fails (a full suite once saw pip lose a file of its own mid-install,
+        # OSError ENOENT on a dist-info temp file); twice is a failure.
+        assert len(failures) < 2, "\n".join(failures)
         shutil.rmtree(home, ignore_errors=True)
         venv.create(home, with_pip=True)
         done = subprocess.run([str(home / "bin" / "python"), "-m", "pip", "install", "--quiet", requirement],
                               capture_output=True, text=True, timeout=INSTALL_TIMEOUT_S)
-        assert done.returncode == 0, done.stderr[-3000:]
-        stamp.write_text(requirement)
+        if done.returncode == 0:
+            stamp.write_text(requirement)
+        else:
+            failures.append(done.stderr[-3000:])
     return home / "bin" / "python"
 
 
