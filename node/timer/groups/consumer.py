@@ -26,8 +26,9 @@ Rules as Kafka's GroupMetadataManager:
   dropped, so a regex subscribed again is resolved anew.
 
 Timers (each a node.timer.groups.sessions wheel): a member's session ends with the member fenced; a member asked
-to revoke partitions that has not done so within its rebalance timeout is fenced too. Every answer carries the
-group's heartbeat interval, except to a member waiting for partitions another member has yet to release: it is
+to revoke partitions that has not done so within its rebalance timeout is fenced too. Every answer but an error
+(which carries the error alone, as Kafka's) carries the group's heartbeat interval, except to a member waiting
+for partitions another member has yet to release: it is
 told consumer_unreleased_heartbeat_interval_ms, since it gets them only at its next heartbeat after their
 owner's (clients take each answer's interval); so is a member whose regex waits to be resolved. Membership is
 not persisted: after a timer restart members rejoin (UNKNOWN_MEMBER_ID).
