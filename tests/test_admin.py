@@ -272,10 +272,17 @@ def test_alter_configs_replace_incremental_broker_and_errors(node):
                             incremental_operation=AlterConfigOpType.SET)]
     futures = a.incremental_alter_configs([ConfigResource("broker", "0", incremental_configs=kerberos)])
     assert [outcome(f) for f in futures.values()] == [None]
+    # So are the node-wide names of the topic settings that have no effect on one node, as at the topic level.
+    no_effect = [ConfigEntry("log.preallocate", "true", incremental_operation=AlterConfigOpType.SET)]
+    futures = a.incremental_alter_configs([ConfigResource("broker", "0", incremental_configs=no_effect)])
+    assert [outcome(f) for f in futures.values()] == [None]
     broker = ConfigResource("broker", "0")
     described = a.describe_configs([broker])[broker].result(timeout=CLIENT_TIMEOUT_S)
     relogin = described["sasl.kerberos.min.time.before.relogin"]
     assert (relogin.value, relogin.source) == ("58000", ConfigSource.DYNAMIC_DEFAULT_BROKER_CONFIG.value)
+    preallocate = described["log.preallocate"]
+    assert (preallocate.value, preallocate.source, preallocate.is_read_only) == (
+        "true", ConfigSource.DYNAMIC_DEFAULT_BROKER_CONFIG.value, False)
     assert described["sasl.kerberos.ticket.renew.window.factor"].is_default
     bad = [ConfigEntry("sasl.kerberos.ticket.renew.jitter", "2", incremental_operation=AlterConfigOpType.SET)]
     futures = a.incremental_alter_configs([ConfigResource("broker", "0", incremental_configs=bad)])

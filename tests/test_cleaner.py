@@ -182,6 +182,27 @@ def test_a_producers_last_batch_stays_empty_when_its_records_are_superseded(tmp_
         assert read_all(plog) == [(1, b"a", b"2")]
 
 
+def test_list_offsets_by_timestamp_answers_the_records_a_cleaning_kept(tmp_path, table):
+    """A cleaned batch keeps its base and last offsets, not every record between them: ListOffsets by timestamp
+    and by max timestamp (KIP-734) answer a kept record's own offset, and the batch's max timestamp is its newest
+    kept record's, as Kafka's cleaner writes it (tests/test_differential.py compares the first with Kafka)."""
+    with open_log(tmp_path, table) as plog:
+        now = time.time_ns() // 1_000_000
+        plog.append(build_batch([(b"a", b"a0"), (b"b", b"b0"), (b"c", b"c0")], now,
+                                timestamp_deltas=[0, 5000, 9000]))  # 0-2: keeps b0 alone
+        plog.append(batch([(b"a", b"a1"), (b"c", b"c1")], now + 100))  # 3-4
+        plog.roll()
+        plog.append(batch([(b"d", b"d0")], now + 200))  # 5, the active segment
+        assert C.Cleaner(UNLIMITED).clean(plog).swapped
+        assert [offset for offset, _, _ in read_all(plog)] == [1, 3, 4, 5]
+        fd, position, length = plog.read(0, 1 << 20).ranges[0]
+        first = parse_header(os.pread(fd, length, position))
+        assert (first.base_offset, first.last_offset, first.max_timestamp) == (0, 2, now + 5000)
+        assert plog.offset_of_max_timestamp() == (1, now + 5000)
+        assert plog.offset_for_timestamp(now + 1) == (1, now + 5000)
+        assert plog.offset_for_timestamp(now + 5001) is None  # c0, at now + 9000, is gone
+
+
 def test_keyless_records_are_refused_on_a_compacted_topic(tmp_path, table):
     with open_log(tmp_path, table) as plog:
         with pytest.raises(StorageError) as refused:

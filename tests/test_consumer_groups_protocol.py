@@ -623,6 +623,8 @@ def test_group_configs_set_each_groups_interval_and_session_and_survive_a_restar
         "group.consumer.heartbeat.interval.ms": ("100", True, ConfigSource.STATIC_BROKER_CONFIG.value),
         "group.consumer.min.heartbeat.interval.ms": ("50", True, ConfigSource.STATIC_BROKER_CONFIG.value),
         "group.consumer.max.heartbeat.interval.ms": ("15000", True, ConfigSource.DEFAULT_CONFIG.value),
+        "group.consumer.max.size": ("2147483647", True, ConfigSource.DEFAULT_CONFIG.value),
+        "group.consumer.assignors": ("uniform,range", True, ConfigSource.DEFAULT_CONFIG.value),
     }
 
 

@@ -18,10 +18,11 @@ One cleaning (`Cleaner.clean`):
    not in the map (a key the dirty section does not hold: already the latest); a record without a key is
    dropped; a tombstone (null value) is dropped once the newest record of its segment is older than
    delete.retention.ms. A batch keeps its base offset, last offset delta, producer id, epoch, base sequence,
-   timestamps and codec (its kept records recompressed), so offsets never change and idempotent producers'
-   state survives; a batch left with no record goes, except the last batch of each producer id, kept empty.
-   A batch keeping every record is copied as it is. A group that loses nothing and merges nothing is not
-   written.
+   base timestamp and codec (its kept records recompressed), so offsets never change and idempotent producers'
+   state survives; its max timestamp becomes its newest kept record's (CreateTime), as Kafka's, so ListOffsets
+   and the time index do not point at a removed record; a batch left with no record goes, except the last
+   batch of each producer id, kept empty. A batch keeping every record is copied as it is. A group that loses
+   nothing and merges nothing is not written.
    Records of aborted transactions (the aborted-transaction indexes say which) never enter the map and are
    dropped, as Kafka's cleaner drops them: an aborted update never supersedes a committed one. Control batches
    (transaction markers) are copied as they are, and the new segment's aborted-transaction index holds the
@@ -61,7 +62,7 @@ from shmbroker.node.storage import compression
 from shmbroker.node.storage.durable import fsync_directory, read_offset, write_durably, write_offset
 from shmbroker.node.storage.record_arrays import ARENA_PADDING, CorruptRecords, record_fields, unaligned
 from shmbroker.node.storage.records import (BATCH_HEADER, BATCH_HEADER_SIZE, COMPRESSION_MASK, CONTROL_BIT,
-                                            LENGTH_FIELDS_SIZE, TRANSACTIONAL_BIT, seal)
+                                            LENGTH_FIELDS_SIZE, TIMESTAMP_TYPE_BIT, TRANSACTIONAL_BIT, seal)
 from shmbroker.node.storage.segment import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX, Segment, segment_file_name
 from shmbroker.node.storage.txn_index import TXN_INDEX_SUFFIX
 
@@ -590,19 +591,24 @@ def kept_batches(chunk: Chunk, keep: np.ndarray, producers_last: set[int]) -> It
             continue
         records = np.nonzero(keep[first_record[area]:first_record[area + 1]])[0] + first_record[area]
         body = b"".join(chunk.arena[fields.starts[i]:fields.ends[i]].tobytes() for i in records)
-        yield rebuild_batch(header, body, len(records))
+        max_timestamp = header[8]
+        if len(records) and not header[5] & TIMESTAMP_TYPE_BIT:  # CreateTime: the newest record kept, as Kafka
+            max_timestamp = header[7] + int(fields.timestamp_deltas[records].max())
+        yield rebuild_batch(header, body, len(records), max_timestamp)
 
 
-def rebuild_batch(header: tuple, records: bytes, count: int) -> bytes:
+def rebuild_batch(header: tuple, records: bytes, count: int, max_timestamp: int | None = None) -> bytes:
     """A stored batch with other records: its header kept (base offset, last offset delta, producer id,
-    epoch, base sequence, timestamps, attributes) but for the length, count and CRC; records compressed with
-    the batch's codec."""
+    epoch, base sequence, base timestamp, attributes) but for the length, count, CRC and, when given, max
+    timestamp; records compressed with the batch's codec."""
     codec = header[5] & COMPRESSION_MASK
     if codec and records:
         records = compression.compress(codec, records)
     fields = list(header)
     fields[1] = BATCH_HEADER_SIZE - LENGTH_FIELDS_SIZE + len(records)
     fields[12] = count
+    if max_timestamp is not None:
+        fields[8] = max_timestamp
     batch = bytearray(BATCH_HEADER.pack(*fields))
     batch += records
     seal(batch)

@@ -73,9 +73,10 @@ from shmbroker.node.storage.producer_state import (ProducerEntry, ProducerStateT
 from shmbroker.node.storage.compression import CODECS
 from shmbroker.node.storage.records import (BASE_OFFSET, BATCH_HEADER_SIZE, CONTROL_KEY_AT, CONTROL_KEY, CONTROL_BIT,
                                             LENGTH_FIELDS_SIZE, TIMESTAMP_TYPE_BIT, TRANSACTIONAL_BIT, ControlType,
-                                            ErrorCode, StorageError, all_record_timestamps, build_control_batch,
-                                            control_type, keyless_records, last_sequence, parse_header,
-                                            record_timestamps, rewrite_batch, stored_batch_is_valid,
+                                            ErrorCode, StorageError, all_record_offsets_and_timestamps,
+                                            all_record_timestamps, build_control_batch, control_type,
+                                            keyless_records, last_sequence, parse_header,
+                                            record_offsets_and_timestamps, rewrite_batch, stored_batch_is_valid,
                                             validate_client_batch)
 from shmbroker.node.storage.cleaner import finish_swap, write_manifest
 from shmbroker.node.storage.segment import (INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX, Segment, segment_base_offsets,
@@ -806,7 +807,8 @@ class PartitionLog:
         timestamp >= `timestamp`.
 
         Exact for uncompressed batches; for a compressed batch, its base offset and maxTimestamp.
-        None when no record is that recent.
+        None when no record is that recent. A cleaned batch (log compaction) lacks some of the offsets between
+        its base and last: the records' own offsets count, as Kafka's.
         """
         state = self._current_state()
         for segment in self.segments:
@@ -822,14 +824,15 @@ class PartitionLog:
                 position, raw = found
                 batch = os.pread(segment.log_fd, raw[1] + LENGTH_FIELDS_SIZE, position)
                 header = parse_header(batch)
-                timestamps = record_timestamps(batch, header)
-                if not timestamps:
+                found_records = record_offsets_and_timestamps(batch, header)
+                if found_records is None:  # compressed: its base offset, as the docstring says
                     return max(header.base_offset, state.log_start_offset), header.max_timestamp
-                for delta, record_timestamp in enumerate(timestamps):
+                for offset, record_timestamp in found_records:
                     # As Kafka: only records at or after the log start count (DeleteRecords may cut a batch).
-                    if record_timestamp >= timestamp and header.base_offset + delta >= state.log_start_offset:
-                        return header.base_offset + delta, record_timestamp
-                start = header.base_offset + len(timestamps)  # this batch's newer records are all before the start
+                    if record_timestamp >= timestamp and offset >= state.log_start_offset:
+                        return offset, record_timestamp
+                # None of this batch's records is both that recent and at or after the log start: look on past it.
+                start = header.last_offset + 1
         return None
 
     def offset_of_max_timestamp(self) -> tuple[int, int] | None:
@@ -853,9 +856,9 @@ class PartitionLog:
         position, raw = found
         batch = os.pread(holder.log_fd, raw[1] + LENGTH_FIELDS_SIZE, position)
         header = parse_header(batch)
-        for delta, record_timestamp in enumerate(all_record_timestamps(batch, header)):
+        for offset, record_timestamp in all_record_offsets_and_timestamps(batch, header):
             if record_timestamp == header.max_timestamp:
-                return max(header.base_offset + delta, state.log_start_offset), record_timestamp
+                return max(offset, state.log_start_offset), record_timestamp
         return max(header.base_offset, state.log_start_offset), header.max_timestamp
 
     # Flush and retention (timer process) -------------------------------------------------------------

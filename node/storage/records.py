@@ -285,6 +285,40 @@ def record_timestamps(buf, header: BatchHeader) -> list[int] | None:
     return timestamps
 
 
+def record_offsets_and_timestamps(buf, header: BatchHeader) -> list[tuple[int, int]] | None:
+    """(offset, timestamp) of each of an uncompressed batch's records in order, or None if compressed or
+    malformed. The offsets are the records' own (base offset plus offset delta): a batch the log cleaner
+    rewrote keeps its base and last offsets but not every record between them. For ListOffsets by timestamp."""
+    if header.compression != 0 or not records_can_fit(buf, header):
+        return None
+    log_append_time = header.attributes & TIMESTAMP_TYPE_BIT  # every record has maxTimestamp
+    view = memoryview(buf)
+    position = BATCH_HEADER_SIZE
+    found = []
+    try:
+        for _ in range(header.record_count):
+            length, position = read_varint(view, position)
+            record_end = position + length
+            timestamp_delta, position = read_varint(view, position + 1)  # past the record attributes
+            offset_delta, _ = read_varint(view, position)
+            found.append((header.base_offset + offset_delta,
+                          header.max_timestamp if log_append_time else header.base_timestamp + timestamp_delta))
+            position = record_end
+    except IndexError:
+        return None
+    return found
+
+
+def all_record_offsets_and_timestamps(buf, header: BatchHeader) -> list[tuple[int, int]]:
+    """record_offsets_and_timestamps of a batch, compressed or not (a compressed one is decompressed).
+    Raises StorageError(CORRUPT_MESSAGE) if the records do not decode."""
+    buf, header = uncompressed(buf, header)
+    found = record_offsets_and_timestamps(buf, header)
+    if found is None or len(found) != header.record_count:
+        raise StorageError(ErrorCode.CORRUPT_MESSAGE, "record batch ends inside a record")
+    return found
+
+
 def all_record_timestamps(buf, header: BatchHeader) -> list[int]:
     """Timestamps of every record of a batch, compressed or not (a compressed one is decompressed).
     Raises StorageError(CORRUPT_MESSAGE) if the records do not decode."""

@@ -80,7 +80,7 @@ class TopicConfigDef:
     type: str  # Kafka's config type: LONG, INT, DOUBLE, BOOLEAN, STRING, LIST
     broker: str | None  # the node-wide synonym (Kafka's broker config), alterable on the broker resource
     field: str | None  # the LogConfig field it sets; None: accepted, no effect on this node
-    default: str  # Kafka's default (for a setting with a field, the node's own default comes from LogConfig)
+    default: str | None  # Kafka's default (None: null; for a setting with a field, the node's comes from LogConfig)
     doc: str
     check: Check = anything
 
@@ -248,14 +248,16 @@ NODE_ONLY_DEFINITIONS: tuple[TopicConfigDef, ...] = tuple(
          "Login thread sleep time between refresh attempts.", at_least(0)),
         ("sasl.kerberos.principal.to.local.rules", "LIST", "DEFAULT",
          "Rules that map a principal name to a short name.", anything),
-        ("sasl.kerberos.service.name", "STRING", "", "The Kerberos principal name the broker runs as.", anything),
+        ("sasl.kerberos.service.name", "STRING", None, "The Kerberos principal name the broker runs as.", anything),
         ("sasl.kerberos.ticket.renew.jitter", "DOUBLE", "0.05", "Random jitter added to the renewal time.",
          between(0, 1)),
         ("sasl.kerberos.ticket.renew.window.factor", "DOUBLE", "0.8",
          "Share of a ticket's lifetime after which the login thread renews it.", between(0, 1)),
     ))
 BY_NAME: dict[str, TopicConfigDef] = {d.name: d for d in DEFINITIONS}
-BY_BROKER_NAME: dict[str, TopicConfigDef] = {**{d.broker: d for d in DEFINITIONS if d.broker and d.field},
+# Every node-wide name is alterable, as Kafka's dynamic broker defaults: one with no effect on this node is
+# accepted and kept, as at the topic level.
+BY_BROKER_NAME: dict[str, TopicConfigDef] = {**{d.broker: d for d in DEFINITIONS if d.broker},
                                              **{d.broker: d for d in NODE_ONLY_DEFINITIONS}}
 
 
@@ -317,7 +319,7 @@ def validate_topic(static: LogConfig, broker_overrides: dict[str, str], values: 
 @dataclass(frozen=True)
 class DescribedConfig:
     name: str
-    value: str
+    value: str | None
     source: int  # SOURCE_*
     synonyms: tuple[tuple[str, str, int], ...]  # (name, value, source), most specific first
     type: str
@@ -375,8 +377,7 @@ def describe_node(static: LogConfig, broker_overrides: dict[str, str]) -> list[D
         if definition.broker is None:
             continue
         synonyms = _broker_synonyms(definition, static, broker_overrides)
-        described.append(DescribedConfig.of(definition.broker, synonyms, definition,
-                                            read_only=definition.field is None))
+        described.append(DescribedConfig.of(definition.broker, synonyms, definition))
     for definition in NODE_ONLY_DEFINITIONS:
         synonyms = [(definition.broker, definition.default, SOURCE_DEFAULT)]
         if definition.broker in broker_overrides:

@@ -65,13 +65,33 @@ def millis(delta: Any) -> int:
 
 
 # The node's settings a broker resource shows as they are, by Kafka's names: (name, section of the node's
-# config, setting, Kafka's type); one the file sets (not its default) is STATIC_BROKER_CONFIG.
+# config (dotted: a nested one), setting, Kafka's type); one the file sets (not its default) is
+# STATIC_BROKER_CONFIG.
 NODE_SETTINGS = (
     ("broker.id", "server", "node_id", "INT"),
     ("node.id", "server", "node_id", "INT"),
     ("socket.request.max.bytes", "server", "request_max_bytes", "INT"),
     ("socket.send.buffer.bytes", "server", "socket_send_buffer_bytes", "INT"),
     ("socket.receive.buffer.bytes", "server", "socket_receive_buffer_bytes", "INT"),
+    ("socket.listen.backlog.size", "server", "listen_backlog", "INT"),
+    ("max.incremental.fetch.session.cache.slots", "server", "max_incremental_fetch_session_cache_slots", "INT"),
+    ("queued.max.request.bytes", "server", "queued_max_request_bytes", "LONG"),
+    ("max.connections", "server", "max_connections", "INT"),
+    ("max.connections.per.ip", "server", "max_connections_per_ip", "INT"),
+    ("connections.max.idle.ms", "server", "connections_max_idle_ms", "LONG"),
+    ("log.retention.check.interval.ms", "flush", "retention_check_interval_ms", "LONG"),
+    ("producer.id.expiration.ms", "log", "producer_id_expiration_ms", "INT"),
+    ("fetch.purgatory.purge.interval.requests", "timer.purgatory", "purge_interval", "INT"),
+    ("producer.purgatory.purge.interval.requests", "timer.purgatory", "purge_interval", "INT"),
+    ("log.cleaner.enable", "cleaner", "enabled", "BOOLEAN"),
+    ("log.cleaner.threads", "cleaner", "processes", "INT"),
+    ("log.cleaner.backoff.ms", "cleaner", "backoff_ms", "LONG"),
+    ("log.cleaner.dedupe.buffer.size", "cleaner", "dedupe_buffer_bytes", "LONG"),
+    ("log.cleaner.io.buffer.size", "cleaner", "io_buffer_bytes", "INT"),
+    ("log.cleaner.io.max.bytes.per.second", "cleaner", "io_max_bytes_per_second", "DOUBLE"),
+    ("quota.window.num", "quotas", "window_samples", "INT"),
+    ("offsets.topic.segment.bytes", "groups", "offsets_segment_bytes", "INT"),
+    ("group.consumer.assignors", "groups", "consumer_assignors", "LIST"),
     ("num.partitions", "topics", "num_partitions", "INT"),
     ("auto.create.topics.enable", "topics", "auto_create_topics", "BOOLEAN"),
     ("offsets.retention.check.interval.ms", "groups", "offsets_retention_check_interval_ms", "LONG"),
@@ -90,7 +110,17 @@ NODE_SETTINGS = (
     ("sasl.server.max.receive.size", "sasl", "server_max_receive_size", "INT"),
     ("transaction.max.timeout.ms", "transactions", "transaction_max_timeout_ms", "INT"),
     ("transactional.id.expiration.ms", "transactions", "transactional_id_expiration_ms", "INT"),
+    ("transaction.state.log.segment.bytes", "transactions", "state_segment_bytes", "INT"),
+    ("transaction.remove.expired.transaction.cleanup.interval.ms", "transactions", "remove_expired_interval_ms",
+     "INT"),
 )
+
+
+def _setting(config: NodeConfig, section: str, setting: str) -> Any:
+    """A setting of a section of the node's config (a dotted section: a nested one)."""
+    for part in section.split("."):
+        config = getattr(config, part)
+    return getattr(config, setting)
 
 
 class AdminHandlers:
@@ -435,9 +465,13 @@ class AdminHandlers:
             ("offsets.retention.minutes", str(int(groups.offsets_retention_minutes)),
              groups.offsets_retention_minutes != defaults.groups.offsets_retention_minutes, "INT"),
             ("group.max.size", str(groups.max_size or 2**31 - 1), groups.max_size != defaults.groups.max_size, "INT"),
+            ("group.consumer.max.size", str(groups.consumer_max_size or 2**31 - 1),
+             groups.consumer_max_size != defaults.groups.consumer_max_size, "INT"),
+            ("sasl.enabled.mechanisms", ",".join(config.sasl.mechanisms),
+             config.sasl.mechanisms != defaults.sasl.mechanisms, "LIST"),
         ]
         for name, section, setting, kind in NODE_SETTINGS:
-            value, default = (getattr(getattr(c, section), setting) for c in (config, defaults))
+            value, default = (_setting(c, section, setting) for c in (config, defaults))
             static.append((name, TC.render(value), value != default, kind))
         for name, value, from_file, kind in static:
             source = TC.SOURCE_STATIC_BROKER if from_file else TC.SOURCE_DEFAULT
