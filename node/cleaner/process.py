@@ -133,10 +133,11 @@ class CleanerProcess:
                                 result.records_read, result.records_kept, result.tombstones_dropped, result.keys,
                                 int(result.seconds * 1000)))
         self.link.flush()
-        if result.swapped:
-            log.info("cleaned %s-%d: %d records of %d kept, %d MB read, %d MB reclaimed, %d keys, %.1f s",
-                     topic, partition, result.records_kept, result.records_read, result.bytes_read >> 20,
-                     result.bytes_reclaimed >> 20, result.keys, result.seconds)
+        if not error:  # as Kafka's cleaner, a line for every cleaning, one that removed nothing too
+            log.info("cleaned %s-%d: %d records of %d kept, %.1f MB read, %.1f MB reclaimed, %d keys, %.3f s%s",
+                     topic, partition, result.records_kept, result.records_read, result.bytes_read / (1 << 20),
+                     result.bytes_reclaimed / (1 << 20), result.keys, result.seconds,
+                     "" if result.swapped else " (nothing to remove)")
 
     def _account(self, row: int, result: CleanResult, error: str) -> None:
         now_ms = time.time_ns() // 1_000_000
