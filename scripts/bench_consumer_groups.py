@@ -103,6 +103,15 @@ class Driver:
 
         self.mux.send(member.conn, HB, HB_V, body, answered)
 
+    def acknowledging_frame(self, member: Member) -> bytearray:
+        """A member's heartbeat after its assignment or epoch changed: its epoch and what it now owns."""
+        owned = tuple(nested(HB, HB_V, "TopicPartitions", topic_id=topic, partitions=tuple(map(i32, sorted(parts))))
+                      for topic, parts in sorted(member.owned.items()))
+        body = kio_body(HB, HB_V, "ConsumerGroupHeartbeatRequest", group_id=member.group, member_id=member.member_id,
+                        member_epoch=i32(member.epoch), instance_id=None, rack_id=None, rebalance_timeout=ms(-1),
+                        subscribed_topic_names=None, server_assignor=None, topic_partitions=owned)
+        return bytearray(R.encode_request(HB, HB_V, 0, body))
+
     def steady_frame(self, member: Member) -> bytearray:
         """A settled member's heartbeat: its epoch, nothing changed (null fields)."""
         body = kio_body(HB, HB_V, "ConsumerGroupHeartbeatRequest", group_id=member.group, member_id=member.member_id,
@@ -135,7 +144,9 @@ def settle(driver: Driver, groups: list[list[Member]], partitions: int, timeout_
             raise RuntimeError(f"round {rounds}: members answered errors {sorted(errors)}")
 
 
-def run_heartbeat(args, target) -> dict:
+def run_heartbeat(args, target, server_cpu_s: Callable[[], float] | None = None) -> dict:
+    """`server_cpu_s()`, if given, the server's CPU seconds so far: the row gets what it spent while the members
+    heartbeat (server_cpu_s)."""
     mux = Mux(target.host, target.port, args.connections)
     driver = Driver(mux, args.rebalance_timeout_ms)
     try:
@@ -146,23 +157,41 @@ def run_heartbeat(args, target) -> dict:
         started = time.monotonic()
         settle(driver, groups, args.partitions, args.setup_timeout_s)
         progress(f"settled in {time.monotonic() - started:.1f} s")
-        members = [(m, driver.steady_frame(m)) for g in groups for m in g]
+        members = [m for g in groups for m in g]
+        steady = [driver.steady_frame(m) for m in members]
+        frames = list(steady)  # each member's next heartbeat: steady, or acknowledging a new assignment
         period_ns = args.heartbeat_ms * 1_000_000
         rng = random.Random(1)
         start = time.monotonic_ns() + 100_000_000
         due = deque(sorted((start + rng.randrange(period_ns), i) for i in range(len(members))))
         latencies: list[int] = []
         bad: set[int] = set()
+        error_codes: dict[int, int] = {}
         end = start + int(args.seconds * 1e9)
 
         def answered(index: int, sent_ns: int) -> Callable:
             def callback(body: bytes, received_ns: int) -> None:
                 latencies.append(received_ns - sent_ns)
-                if _ERROR.unpack_from(body, 5)[0]:
+                if code := _ERROR.unpack_from(body, 5)[0]:
                     bad.add(index)
+                    error_codes[code] = error_codes.get(code, 0) + 1
+                    return
+                # As a client: a new epoch or assignment (Kafka may move a settled group to a new epoch when its
+                # target assignment is computed again) is taken, and acknowledged by the next heartbeat.
+                member, response = members[index], R.decode_response(HB, HB_V, body)
+                if int(response.member_epoch) != member.epoch or response.assignment is not None:
+                    member.epoch = int(response.member_epoch)
+                    if response.assignment is not None:
+                        member.owned = {t.topic_id: set(map(int, t.partitions))
+                                        for t in response.assignment.topic_partitions}
+                    frames[index] = driver.acknowledging_frame(member)
+                    steady[index] = driver.steady_frame(member)
+                else:
+                    frames[index] = steady[index]
             return callback
 
         progress(f"{len(members)} members heartbeating every {args.heartbeat_ms} ms for {args.seconds} s")
+        cpu_before = server_cpu_s() if server_cpu_s else None
         with benchnode.CpuMeter(target.node) as meter:
             while True:
                 now = time.monotonic_ns()
@@ -170,8 +199,7 @@ def run_heartbeat(args, target) -> dict:
                     break
                 while due and due[0][0] <= now:
                     when, index = due.popleft()
-                    member, frame = members[index]
-                    mux.send_frame(member.conn, HB, HB_V, frame, answered(index, time.monotonic_ns()))
+                    mux.send_frame(members[index].conn, HB, HB_V, frames[index], answered(index, time.monotonic_ns()))
                     if when + period_ns < end:
                         due.append((when + period_ns, index))
                 wait = (due[0][0] - time.monotonic_ns()) / 1e9 if due else 0.01
@@ -179,8 +207,9 @@ def run_heartbeat(args, target) -> dict:
             mux.run_until(lambda: mux.pending() == 0, 30, "the last heartbeat answers")
         return benchnode.result_row(SCRIPT, "raw", len(latencies), args.seconds, None, latencies, workload="heartbeat",
                                     protocol="consumer", members=len(members), groups=count,
-                                    heartbeat_ms=args.heartbeat_ms, members_with_errors=len(bad), target_p99_ms=5.0,
-                                    **meter.fields)
+                                    heartbeat_ms=args.heartbeat_ms, members_with_errors=len(bad),
+                                    error_codes=error_codes, target_p99_ms=5.0, **meter.fields,
+                                    server_cpu_s=round(server_cpu_s() - cpu_before, 3) if server_cpu_s else None)
     finally:
         mux.close()
 

@@ -203,11 +203,13 @@ def fanout_rounds(waiters: Waiters, rounds: int, settle_s: float, answer_timeout
 
 
 def run_fanout(args, target, while_waiting: Callable[[int], dict[str, Any]] | None = None,
-               samples: list[int] | None = None) -> dict:
+               samples: list[int] | None = None, memory: Callable[[], dict[str, int]] | None = None) -> dict:
     """The fanout workload. `while_waiting(round)`, if given, runs once per round while every waiter waits (say,
-    a producer on another topic); its fields are listed per round in the row. The node's memory
-    (nodeproc.NodeProcess.memory, when the node was started here) is taken at the same moment. `samples`, if
-    given, receives every waiter's latency (ns)."""
+    a producer on another topic); its fields are listed per round in the row. The server's memory (`memory()`,
+    by default nodeproc.NodeProcess.memory when the node was started here) is taken at the same moment.
+    `samples`, if given, receives every waiter's latency (ns)."""
+    if memory is None and target.node is not None:
+        memory = target.node.memory
     host, port, topic = target.host, target.port, f"{TOPIC}-fanout"
     benchnode.create_topic(host, port, topic, args.partitions)
     waiters = Waiters(host, port, args.waiters, args.partitions)
@@ -221,8 +223,7 @@ def run_fanout(args, target, while_waiting: Callable[[int], dict[str, Any]] | No
         with benchnode.CpuMeter(target.node) as meter:
             outcome = fanout_rounds(waiters, args.rounds, args.settle_ms / 1000, args.max_wait_ms / 1000, arm,
                                     lambda: produce_one_each(host, port, topic, args.partitions),
-                                    while_waiting=while_waiting,
-                                    memory=target.node.memory if target.node is not None else None)
+                                    while_waiting=while_waiting, memory=memory)
     finally:
         waiters.close()
     if samples is not None:
@@ -297,7 +298,7 @@ class TimerStats:
         self.reader.close()
 
 
-def run_offered(args, target) -> list[dict]:
+def run_offered(args, target, server_cpu_s: Callable[[], float] | None = None) -> list[dict]:
     """The offered workload: long polls that expire (max_wait ``--expire-ms`` where nothing arrives) sent on an
     absolute schedule at each of ``--rates`` fetches/s for ``--step-seconds`` (open loop: a fetch is offered
     whether or not earlier ones were answered), over a pool of connections with one fetch in flight each
@@ -305,7 +306,8 @@ def run_offered(args, target) -> list[dict]:
     `unsent`). Per rate: offered, sent and completed per second (completed: answers arriving in the window
     [start + max_wait, start + max_wait + step], where every fetch of the step is due), lateness past max_wait
     as the client sees it, and, from the node's stats segment (when the node's data dir is known), the timer's
-    own lateness (p50 median and p99 max over its publish intervals) and fetches expired per second."""
+    own lateness (p50 median and p99 max over its publish intervals) and fetches expired per second;
+    `server_cpu_s()`, if given, the server's CPU seconds so far: its cores over each step, and CPU per answer."""
     host, port, topic = target.host, target.port, f"{TOPIC}-offered"
     benchnode.create_topic(host, port, topic, args.partitions)
     time.sleep(args.settle_ms / 1000)
@@ -326,6 +328,7 @@ def run_offered(args, target) -> list[dict]:
             counts_before = timer.fetch_counts() if timer else None
             if timer:
                 timer.lateness_us.clear()
+            cpu_before = server_cpu_s() if server_cpu_s else 0.0
             with benchnode.CpuMeter(target.node) as meter:
                 started = time.monotonic_ns()
                 window = (started + expire_ns, started + expire_ns + int(args.step_seconds * 1e9))
@@ -353,6 +356,11 @@ def run_offered(args, target) -> list[dict]:
                     if timer:
                         timer.sample()
             late = np.asarray(lateness_ns, dtype=np.int64)
+            server = {}
+            if server_cpu_s:
+                used = server_cpu_s() - cpu_before
+                server = {"server_cores": round(used / ((time.monotonic_ns() - started) / 1e9), 3),
+                          "cpu_us_per_op": round(used / len(late) * 1e6, 3) if len(late) else None}
             row = benchnode.result_row(SCRIPT, "raw", len(late), args.step_seconds, None, np.maximum(late, 1),
                                        workload="offered", rate=rate, expire_ms=args.expire_ms,
                                        partitions=args.partitions, connections=pool,
@@ -360,7 +368,8 @@ def run_offered(args, target) -> list[dict]:
                                        sent_per_s=round(sent / args.step_seconds, 1), unsent=unsent,
                                        completed_per_s=round(in_window / args.step_seconds, 1),
                                        unanswered=waiters.in_flight,
-                                       early_answers=int((late < -EARLY_TOLERANCE_NS).sum()), **meter.fields)
+                                       early_answers=int((late < -EARLY_TOLERANCE_NS).sum()), **meter.fields,
+                                       **server)
             if timer:
                 expired, completed = (after - before for after, before in zip(timer.fetch_counts(), counts_before))
                 row["node_fetches_expired"] = expired

@@ -265,7 +265,9 @@ def progress(line: str) -> None:
     print(f"{SCRIPT}: {line}", file=sys.stderr, flush=True)
 
 
-def run_heartbeat(args, target) -> dict:
+def run_heartbeat(args, target, server_cpu_s: Callable[[], float] | None = None) -> dict:
+    """`server_cpu_s()`, if given, the server's CPU seconds so far: the row gets what it spent while the members
+    heartbeat (server_cpu_s)."""
     mux = Mux(target.host, target.port, args.connections)
     try:
         progress(f"forming {args.members // args.group_size} groups of {args.group_size}")
@@ -293,6 +295,7 @@ def run_heartbeat(args, target) -> dict:
 
         progress(f"{len(members)} members heartbeating every {args.heartbeat_ms} ms for {args.seconds} s")
         next_report = time.monotonic() + 10
+        cpu_before = server_cpu_s() if server_cpu_s else None
         with benchnode.CpuMeter(target.node) as meter:
             while True:
                 now = time.monotonic_ns()
@@ -314,7 +317,8 @@ def run_heartbeat(args, target) -> dict:
         seconds = args.seconds
         return benchnode.result_row(SCRIPT, "raw", len(latencies), seconds, None, latencies, workload="heartbeat",
                                     members=len(members), groups=len(groups), heartbeat_ms=args.heartbeat_ms,
-                                    members_with_errors=len(bad), target_p99_ms=5.0, **meter.fields)
+                                    members_with_errors=len(bad), target_p99_ms=5.0, **meter.fields,
+                                    server_cpu_s=round(server_cpu_s() - cpu_before, 3) if server_cpu_s else None)
     finally:
         mux.close()
 

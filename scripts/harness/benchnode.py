@@ -150,7 +150,9 @@ class CpuMeter:
 
 
 def create_topic(host: str, port: int, topic: str, partitions: int, timeout_s: float = 30.0) -> None:
-    """Create `topic` (an existing one is accepted) and wait until Metadata lists all its partitions."""
+    """Create `topic` (an existing one is accepted) and wait until Metadata lists all its partitions and each
+    partition's leader answers ListOffsets: Apache Kafka lists a new partition a moment before its broker has
+    taken the leadership, and refuses produces (NOT_LEADER_OR_FOLLOWER) until then."""
     deadline = time.monotonic() + timeout_s
     with rawkafka.RawConnection(host, port, timeout_s=timeout_s) as conn:
         created = conn.call(rawkafka.CREATE_TOPICS, 4, rawkafka.create_topics_body({topic: partitions}))
@@ -160,10 +162,42 @@ def create_topic(host: str, port: int, topic: str, partitions: int, timeout_s: f
         while time.monotonic() < deadline:
             meta = conn.call(rawkafka.METADATA, 8, rawkafka.metadata_body([topic], allow_auto_topic_creation=False))
             found = [t for t in meta.topics if t.name == topic and int(t.error_code) == 0]
-            if found and len(found[0].partitions) >= partitions:
+            if found and len(found[0].partitions) >= partitions and _led(conn, topic, partitions):
                 return
             time.sleep(0.05)
     raise RuntimeError(f"topic {topic} did not show {partitions} partitions in {timeout_s}s")
+
+
+FIND_COORDINATOR, OFFSET_FETCH = 10, 9  # Kafka API keys
+COORDINATOR_RETRY_S = 0.1
+
+
+def wait_for_group_coordinator(host: str, port: int, groups: Sequence[str], timeout_s: float = 60.0) -> None:
+    """Until the broker coordinates every one of `groups` and has loaded their state (OffsetFetch answers them):
+    Apache Kafka makes __consumer_offsets on the first FindCoordinator and answers NOT_COORDINATOR or
+    COORDINATOR_LOAD_IN_PROGRESS until its partitions are loaded."""
+    from kio.static.primitive import i8
+
+    deadline = time.monotonic() + timeout_s
+    find = rawkafka.request_body(FIND_COORDINATOR, 4, "FindCoordinatorRequest", key_type=i8(0),
+                                 coordinator_keys=tuple(groups))
+    fetch = rawkafka.request_body(OFFSET_FETCH, 8, "OffsetFetchRequest", require_stable=False, groups=tuple(
+        rawkafka.request_entity(OFFSET_FETCH, 8, "OffsetFetchRequestGroup", group_id=group, topics=None)
+        for group in groups))
+    with rawkafka.RawConnection(host, port, timeout_s=timeout_s) as conn:
+        while time.monotonic() < deadline:
+            found = conn.call(FIND_COORDINATOR, 4, find)
+            if all(int(c.error_code) == 0 for c in found.coordinators):
+                fetched = conn.call(OFFSET_FETCH, 8, fetch)
+                if all(int(g.error_code) == 0 for g in fetched.groups):
+                    return
+            time.sleep(COORDINATOR_RETRY_S)
+    raise RuntimeError(f"no coordinator for {len(groups)} groups in {timeout_s}s")
+
+
+def _led(conn: rawkafka.RawConnection, topic: str, partitions: int) -> bool:
+    answer = conn.call(rawkafka.LIST_OFFSETS, 5, rawkafka.list_offsets_body({topic: range(partitions)}))
+    return all(int(p.error_code) == 0 for t in answer.topics for p in t.partitions)
 
 
 def delete_topic(host: str, port: int, topic: str, timeout_s: float = 30.0) -> None:

@@ -138,6 +138,11 @@ class KafkaPeer:
         self.port = 0
         self.work: Path | None = None
         self.proc: subprocess.Popen | None = None
+        # Start-up, in seconds: formatting the storage (a JVM of its own), then from launching the broker until its
+        # first ApiVersions answer and until a Metadata answer lists it (it takes produces from then on).
+        self.format_s: float | None = None
+        self.first_answer_s: float | None = None
+        self.serving_s: float | None = None
 
     @property
     def bootstrap(self) -> str:
@@ -192,11 +197,13 @@ class KafkaPeer:
         jvm = [java(), f"-Xms{self.heap_mb // 2}m", f"-Xmx{self.heap_mb}m", *JVM_OPTIONS,
                f"-Dlog4j2.configurationFile={log4j}", f"-Dkafka.logs.dir={self.work}", "-cp", classpath()]
         cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+        started = time.monotonic()
         formatted = subprocess.run([*jvm, "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(config)],
                                    capture_output=True, text=True, timeout=START_TIMEOUT_S, preexec_fn=die_with_parent)
         if formatted.returncode != 0:
             self.close()
             raise RuntimeError(f"kafka storage format failed: {formatted.stdout[-2000:]}{formatted.stderr[-2000:]}")
+        self.format_s = time.monotonic() - started
         with open(self.work / "stdout.log", "wb") as out:
             self.proc = subprocess.Popen([*jvm, "kafka.Kafka", str(config)], stdout=out, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL, preexec_fn=die_with_parent)
@@ -212,11 +219,15 @@ class KafkaPeer:
     def _wait_serving(self) -> None:
         """Until a Metadata answer lists this broker: before that, the broker is fenced and refuses produces."""
         assert self.proc is not None
-        deadline = time.monotonic() + START_TIMEOUT_S
+        launched = time.monotonic()
+        deadline = launched + START_TIMEOUT_S
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"kafka exited with {self.proc.returncode}:\n{self.log()}")
-            if api_versions_roundtrip(self.port, timeout=1.0) and self._brokers() > 0:
+            if self.first_answer_s is None and api_versions_roundtrip(self.port, timeout=1.0):
+                self.first_answer_s = time.monotonic() - launched
+            if self.first_answer_s is not None and self._brokers() > 0:
+                self.serving_s = time.monotonic() - launched
                 return
             time.sleep(PROBE_INTERVAL_S)
         raise RuntimeError(f"kafka did not serve in {START_TIMEOUT_S}s:\n{self.log()}")
