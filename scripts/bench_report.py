@@ -137,7 +137,10 @@ COMPACTING_KAFKA_SETTINGS = {"log.cleaner.backoff.ms": "1000"}  # Kafka's cleane
 # Kafka's deleted topics wait a minute (file.delete.delay.ms) before their files go: section 5 measures the disk.
 # The peer's test setting of no initial rebalance delay is put back to Kafka's default (the node's too): a new
 # group's first members then join one generation together.
-KAFKA_REPORT_SETTINGS = {"file.delete.delay.ms": "1000", "group.initial.rebalance.delay.ms": "3000"}
+# Kafka's listen backlog (socket.listen.backlog.size, 50) is the node's (1024): with 50, a burst of 10,000 connects
+# overflows it and SYN retries take minutes, which sections 7-9 would measure instead of the long polls.
+KAFKA_REPORT_SETTINGS = {"file.delete.delay.ms": "1000", "group.initial.rebalance.delay.ms": "3000",
+                         "socket.listen.backlog.size": "1024"}
 KAFKA_HEAP_MB = 1024  # Kafka's default heap (kafka-server-start.sh: -Xmx1G)
 
 
