@@ -265,24 +265,10 @@ def record_timestamps(buf, header: BatchHeader) -> list[int] | None:
     Used by ListOffsets-by-timestamp to find the exact record, and (through all_record_timestamps, on the
     decompressed records) by a produce to a topic with timestamp bounds; never on the fetch path.
     """
-    if header.compression != 0 or not records_can_fit(buf, header):
-        return None
-    if header.attributes & TIMESTAMP_TYPE_BIT:  # LogAppendTime: every record has maxTimestamp
-        return [header.max_timestamp] * header.record_count
-    view = memoryview(buf)
-    position = BATCH_HEADER_SIZE
-    timestamps = []
-    try:
-        for _ in range(header.record_count):
-            length, position = read_varint(view, position)
-            record_end = position + length
-            position += 1  # record attributes
-            timestamp_delta, _ = read_varint(view, position)
-            timestamps.append(header.base_timestamp + timestamp_delta)
-            position = record_end
-    except IndexError:
-        return None
-    return timestamps
+    if header.compression == 0 and header.attributes & TIMESTAMP_TYPE_BIT and records_can_fit(buf, header):
+        return [header.max_timestamp] * header.record_count  # LogAppendTime: every record has maxTimestamp
+    found = record_offsets_and_timestamps(buf, header)
+    return None if found is None else [timestamp for _, timestamp in found]
 
 
 def record_offsets_and_timestamps(buf, header: BatchHeader) -> list[tuple[int, int]] | None:
