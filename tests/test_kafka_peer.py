@@ -69,3 +69,13 @@ def test_the_kafka_peer_serves_kcat_and_confluent_kafka_and_leaves_nothing(durab
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     assert not os.path.exists(work)
     assert not os.path.exists(f"/tmp/hsperfdata_{os.getenv('USER', 'root')}/{pid}")  # -XX:-UsePerfData
+
+
+def test_cluster_ids_never_look_like_an_option():
+    """The storage tool's parser takes an argument starting with "-" for an option: a cluster id made of random
+    URL-safe base64 starts with one once in 64 starts, and that start failed ("expected one argument")."""
+    from scripts.harness.kafka_peer import new_cluster_id
+
+    ids = [new_cluster_id() for _ in range(20_000)]
+    assert not any(cluster_id.startswith("-") for cluster_id in ids)
+    assert len(set(ids)) == len(ids) and {len(cluster_id) for cluster_id in ids} == {22}

@@ -124,6 +124,14 @@ def tool(main_class: str, *args: str, timeout: float = TOOL_TIMEOUT_S, heap_mb: 
 # --------------------------------------------------------------------------- the broker
 
 
+def new_cluster_id() -> str:
+    """A random cluster id as Kafka's Uuid.randomUuid() makes one: URL-safe base64 of 16 random bytes, never
+    starting with "-" (the storage tool's argument parser would take such an id for an option)."""
+    while (cluster_id := base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()).startswith("-"):
+        pass
+    return cluster_id
+
+
 class KafkaPeer:
     """One Apache Kafka node (KRaft, broker and controller in one JVM) on free loopback ports."""
 
@@ -196,7 +204,7 @@ class KafkaPeer:
         log4j.write_text(LOG4J2.format(path=self.log_path, level="INFO"))
         jvm = [java(), f"-Xms{self.heap_mb // 2}m", f"-Xmx{self.heap_mb}m", *JVM_OPTIONS,
                f"-Dlog4j2.configurationFile={log4j}", f"-Dkafka.logs.dir={self.work}", "-cp", classpath()]
-        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+        cluster_id = new_cluster_id()
         started = time.monotonic()
         formatted = subprocess.run([*jvm, "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(config)],
                                    capture_output=True, text=True, timeout=START_TIMEOUT_S, preexec_fn=die_with_parent)
