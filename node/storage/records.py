@@ -308,11 +308,7 @@ def all_record_offsets_and_timestamps(buf, header: BatchHeader) -> list[tuple[in
 def all_record_timestamps(buf, header: BatchHeader) -> list[int]:
     """Timestamps of every record of a batch, compressed or not (a compressed one is decompressed).
     Raises StorageError(CORRUPT_MESSAGE) if the records do not decode."""
-    buf, header = uncompressed(buf, header)
-    timestamps = record_timestamps(buf, header)
-    if timestamps is None or len(timestamps) != header.record_count:
-        raise StorageError(ErrorCode.CORRUPT_MESSAGE, "record batch ends inside a record")
-    return timestamps
+    return [timestamp for _, timestamp in all_record_offsets_and_timestamps(buf, header)]
 
 
 def uncompressed(buf, header: BatchHeader) -> tuple[bytes | memoryview, BatchHeader]:
