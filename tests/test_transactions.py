@@ -412,6 +412,7 @@ bootstrap = sys.argv[1]
 producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": "eos-transformer", "linger.ms": 5,
                      "transaction.timeout.ms": 10000, "message.timeout.ms": 10000})
 producer.init_transactions(60)  # fences a killed predecessor and aborts what it left open
+print("initialized", flush=True)
 consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "eos", "enable.auto.commit": False,
                      "auto.offset.reset": "earliest", "isolation.level": "read_committed"})
 consumer.assign([TopicPartition("eos-in", 0)])  # from the group's committed offset
@@ -430,7 +431,7 @@ while True:
         else:
             messages.append(message)
     if not messages:
-        print("idle", flush=True)
+        print("idle at", consumer.position([TopicPartition("eos-in", 0)])[0].offset, flush=True)
         continue
     try:
         producer.begin_transaction()
@@ -472,9 +473,17 @@ class Transformer:
         self.reader.start()
 
     def _read(self) -> None:
-        for line in self.proc.stdout:
-            if line.startswith("committed"):
-                self.progress = max(self.progress, int(line.split()[1]))
+        idle = 0
+        with open(self.log_path, "a") as log:  # its stages beside its errors, for a failure's message
+            for line in self.proc.stdout:
+                if line.startswith("committed"):
+                    self.progress = max(self.progress, int(line.split()[1]))
+                if line.startswith("idle"):
+                    idle += 1
+                    if idle & (idle - 1):  # the 1st, 2nd, 4th, 8th... idle line only
+                        continue
+                print(f"{time.strftime('%H:%M:%S')} pid {self.proc.pid}: {line.rstrip()} (idle {idle})", file=log,
+                      flush=True)
 
     def committed(self, at_least: int, timeout_s: float = 60) -> int:
         """Its progress once it reached `at_least` (or whatever it reached when the time is up)."""
