@@ -17,6 +17,7 @@ def setup_logging(role: str) -> None:
         level=logging.INFO,
         format=f"%(asctime)s {role}[%(process)d] %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
+        force=True,  # a child forked by the supervisor replaces the supervisor's handler (node.supervisor)
     )
 
 

@@ -8,9 +8,10 @@ Invariants:
 - Before any child starts, the supervisor has removed the shared memory left by a crashed run of
   the same instance, recovered every partition log and filled the shared partition table.
 - Children are data (`ChildSpec`: role, module, arguments, inherited fds, rows): one timer process, the
-  log cleaners (node.cleaner, `cleaner.processes`) and N
-  network workers. Any child that dies is restarted, with a backoff that doubles per quick death and
-  resets after a child has lived long enough.
+  log cleaners (node.cleaner, `cleaner.processes`) and N network workers. Each is forked from the supervisor,
+  which imported the children's modules once before the first: a child runs its module's main(argv) at once,
+  with only its own fds open, as after an exec, and ends with os._exit. Any child that dies is restarted,
+  with a backoff that doubles per quick death and resets after a child has lived long enough.
 - A child that cannot boot (exits within `child_boot_window_ms` of its start `child_boot_failures_max`
   times in a row) stops the node with one log line and exit code 1, instead of restarting forever.
 - A hung child (its heartbeat in shared memory has not moved for `child_hang_timeout_ms`, or for
@@ -42,9 +43,12 @@ Invariants:
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import fcntl
+import gc
+import importlib
 import logging
 import os
 import signal
@@ -52,6 +56,7 @@ import socket
 import subprocess
 import sys
 import time
+import traceback
 from dataclasses import dataclass
 from typing import Callable, Protocol
 
@@ -59,6 +64,7 @@ from shmbroker.node import config as node_config
 from shmbroker.node import sdnotify
 from shmbroker.node.child import GarbageCollectorStats
 from shmbroker.node.config import NodeConfig
+from shmbroker.node.proctitle import set_title
 from shmbroker.node.resources import NodeResources
 from shmbroker.node.storage import formats
 from shmbroker.shm import stats as S
@@ -100,7 +106,7 @@ class ChildSpec:
 @dataclass
 class Child:
     spec: ChildSpec
-    process: subprocess.Popen | None = None
+    process: ForkedChild | None = None
     started_at: float = 0.0
     backoff_ms: int = 0
     restart_at: float = 0.0
@@ -143,6 +149,7 @@ class Supervisor:
         self.listeners: list[socket.socket] = []  # every listening socket (closed on stop)
         self.listen_sockets: list[list[socket.socket]] = []  # by worker: its socket of each listener
         self.resources: NodeResources | None = None
+        self.entry_points: dict[str, Callable[[list[str]], int]] = {}  # a child module's main, by module name
         self.hangs: HangWatch | None = None
         self._next_hang_kill = 0.0  # kill_hung: no kill before this (monotonic s), after the last one
         self.stats: S.StatsWriter | None = None
@@ -226,10 +233,7 @@ class Supervisor:
 
     def spawn(self, child: Child) -> None:
         spec = child.spec
-        # -P: the working directory is not put on the child's path (a folder there named like a module the
-        # child imports would be imported instead).
-        argv = [sys.executable, "-P", "-m", spec.module,
-                "--instance", self.instance,
+        argv = ["--instance", self.instance,
                 "--index", str(spec.index),
                 "--config-file", self.runtime_path,
                 "--heartbeat-slot", str(spec.slot),
@@ -237,8 +241,13 @@ class Supervisor:
         assert self.resources is not None
         self.resources.child_starting(spec.slot)
         self.resources.stats.reset(spec.stats_row)
-        child.process = subprocess.Popen(argv, pass_fds=spec.fds, close_fds=True, preexec_fn=_child_setup,
-                                         cwd=os.getcwd())
+        main = self.entry_points[spec.module]
+        sys.stdout.flush()  # what is buffered is written once, by the supervisor, not again by the child
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            _run_forked_child(spec, main, argv)  # never returns
+        child.process = ForkedChild(pid)
         child.started_at = time.monotonic()
         if self.hangs is not None:
             self.hangs.started(spec.slot, child.started_at)
@@ -262,6 +271,8 @@ class Supervisor:
         GarbageCollectorStats(self.stats.counts).install()
         sdnotify.notify(f"STATUS=starting the timer and {workers} workers")
         self.children = [Child(spec) for spec in self._child_specs()]
+        self.entry_points = {spec.module: importlib.import_module(spec.module).main for spec in
+                             (child.spec for child in self.children)}
         for child in self.children:
             self.spawn(child)
 
@@ -507,6 +518,7 @@ class Supervisor:
 
 
 _PR_SET_PDEATHSIG = 1
+_WAIT_POLL_S = 0.005  # ForkedChild.wait with a timeout: how often it looks (as subprocess.Popen.wait does)
 _READY_POLL_S = 0.02  # how often the supervisor looks for the children's first heartbeats before READY=1
 
 
@@ -523,13 +535,81 @@ def _watchdog_interval_s() -> float | None:
         return None
 
 
+class ForkedChild:
+    """A child forked by the supervisor, with the part of subprocess.Popen's face the supervisor uses: its pid,
+    `returncode` once reaped (negative: the signal that killed it), poll, wait, send_signal, kill."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if timeout is None:
+            while self.returncode is None:
+                _, status = os.waitpid(self.pid, 0)
+                self.returncode = os.waitstatus_to_exitcode(status)
+            return self.returncode
+        deadline = time.monotonic() + timeout
+        while self.poll() is None:
+            if time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(f"pid {self.pid}", timeout)
+            time.sleep(_WAIT_POLL_S)
+        return self.returncode
+
+    def send_signal(self, signo: int) -> None:
+        if self.returncode is None:  # not reaped, so the pid is still ours (a zombie at worst)
+            os.kill(self.pid, signo)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+def _run_forked_child(spec: ChildSpec, main: Callable[[list[str]], int], argv: list[str]) -> None:
+    """The child's side of spawn, right after the fork: the child's module was imported once, by the supervisor,
+    so a child starts in milliseconds and shares those pages with it. It keeps only its own fds, as after an
+    exec; its exit skips the supervisor's interpreter teardown (os._exit), which is not the child's to run."""
+    code = 1
+    try:
+        _child_setup()
+        set_title(spec.name)  # until the child names itself; recognised by its role from the first moment
+        _close_fds_except({0, 1, 2, *spec.fds})
+        gc.callbacks.clear()  # the supervisor's stats hook counts into the supervisor's row
+        code = main(argv)
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        with contextlib.suppress(BaseException):
+            logging.shutdown()
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(code)
+
+
+def _close_fds_except(keep: set[int]) -> None:
+    low = 0
+    for fd in sorted(keep):
+        if fd > low:
+            os.closerange(low, fd)
+        low = max(low, fd + 1)
+    os.closerange(low, os.sysconf("SC_OPEN_MAX"))
+
+
 def _child_setup() -> None:
-    """Runs in the child before exec: our blocked signals are not the child's; a terminal's Ctrl-C, which
-    reaches the whole process group, is the supervisor's alone (it stops the children in order; a child
-    still importing would die of it with a traceback); and a child must not outlive a supervisor killed
-    with -9 (it would hold the port and the rings)."""
+    """Runs first in the child: our blocked signals are not the child's; a terminal's Ctrl-C, which reaches the
+    whole process group, is the supervisor's alone (it stops the children in order; a child still starting
+    would die of it with a traceback); and a child must not outlive a supervisor killed with -9 (it would hold
+    the port and the rings)."""
     signal.pthread_sigmask(signal.SIG_UNBLOCK, set(SIGNALS))
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # stays ignored across exec: Python keeps an ignored SIGINT
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 

@@ -170,15 +170,32 @@ def test_systemd_notify_ready_then_stopping(node_factory, tmp_path):
         until("STOPPING=1")
 
 
+WORKERS_EXIT_AT_START = """
+import os, sys
+
+
+def exit_if_a_worker():  # the supervisor's frame that forked this child holds the child's spec
+    frame = sys._getframe(1)
+    while frame is not None:
+        if getattr(frame.f_locals.get("spec"), "role", None) == "worker":
+            os._exit(3)
+        frame = frame.f_back
+
+
+os.register_at_fork(after_in_child=exit_if_a_worker)
+"""
+
+
 @pytest.mark.node
 def test_a_child_that_cannot_boot_stops_the_node(tmp_path):
-    """A worker that dies at every start (here: a sitecustomize hook that makes any process started with
-    --listen-fd exit at once) is not restarted forever: the supervisor stops the node, says why, exits 1."""
+    """A worker that dies at every start (here: a sitecustomize hook in the supervisor, run in each child it forks
+    for a worker's spec, makes it exit at once) is not restarted forever: the supervisor stops the node, says
+    why, exits 1."""
     from scripts.harness.nodeproc import NodeProcess, STOP_TIMEOUT_S
 
     hook = tmp_path / "hook"
     hook.mkdir()
-    (hook / "sitecustomize.py").write_text("import os, sys\nif '--listen-fd' in sys.argv:\n    os._exit(3)\n")
+    (hook / "sitecustomize.py").write_text(WORKERS_EXIT_AT_START)
     node = NodeProcess(tmp_path, workers=1, config="[server]\nchild_boot_failures_max = 3\n",
                        env={"PYTHONPATH": f"{hook}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"})
     with pytest.raises(RuntimeError, match="node exited with 1"):

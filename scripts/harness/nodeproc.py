@@ -45,9 +45,6 @@ START_PROBE_INTERVAL_S = 0.05
 START_PROBE_TIMEOUT_S = 0.5
 PAUSE_TIMEOUT_S = 10.0  # stop_when_holding: how long to wait for a child to hold the partition locks wanted
 PAUSE_RETRY_S = 0.005
-# The module each child role runs (how a child is recognised on its command line).
-ROLE_MODULES = {"worker": "shmbroker.workers.worker", "timer": "shmbroker.node.timer.process",
-                "cleaner": "shmbroker.node.cleaner.process"}
 CLI = [sys.executable, "-m", "shmbroker.node.tools.cli"]  # `shmbroker` as this Python runs it
 # The log lines of children that finished starting: start() returns only once every child wrote its own,
 # so connections made right after it spread over all workers.
@@ -191,13 +188,11 @@ class NodeProcess:
 
     def pids(self, role: str = "") -> list[int]:
         """Pids of the children of a role ('worker', 'timer'); all children when empty."""
-        module = ROLE_MODULES[role] if role else ""
         found = []
         for child in self.children():
             with contextlib.suppress(psutil.Error):
-                cmdline = child.cmdline()
-                # A child names itself (setproctitle: "shmbroker: worker 1 ..."); before that, its module shows.
-                if not module or module in cmdline or " ".join(cmdline).startswith(f"shmbroker: {role}"):
+                # Its title (setproctitle: "shmbroker: worker 1 ..."), set by the supervisor's fork at once.
+                if not role or " ".join(child.cmdline()).startswith(f"shmbroker: {role}"):
                     found.append(child.pid)
         return found
 
