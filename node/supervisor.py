@@ -477,6 +477,8 @@ class Supervisor:
     def _terminate(self, children: list[Child], grace_s: float) -> None:
         for child in children:
             if child.process is not None and child.process.poll() is None:
+                if child.spec.role == "cleaner":
+                    _normal_scheduling(child.process.pid)
                 child.process.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + grace_s
         for child in children:
@@ -601,6 +603,14 @@ def _close_fds_except(keep: set[int]) -> None:
             os.closerange(low, fd)
         low = max(low, fd + 1)
     os.closerange(low, os.sysconf("SC_OPEN_MAX"))
+
+
+def _normal_scheduling(pid: int) -> None:
+    """A cleaner runs at SCHED_IDLE (the cleaner's `scheduling`): on a busy machine it gets no CPU to stop, and the
+    timer stops only after it. Best effort: a process without the right keeps the cleaner as it is."""
+    with contextlib.suppress(OSError):
+        if os.sched_getscheduler(pid) == os.SCHED_IDLE:
+            os.sched_setscheduler(pid, os.SCHED_OTHER, os.sched_param(0))
 
 
 def _child_setup() -> None:

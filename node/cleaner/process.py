@@ -75,6 +75,7 @@ class CleanerProcess:
 
     def _on_term(self, signum: int, frame: Any) -> None:
         self.stopping = True
+        self.link.bell.ring()  # the poll is retried after a handler (PEP 475): wake it, not a heartbeat later
 
     def _apply_config(self, config: NodeConfig) -> None:
         self.config = config
