@@ -24,6 +24,12 @@ import os
 import sys
 from importlib import metadata
 
+if __name__ == "__main__" and "hypothesis" not in sys.modules:
+    # kio imports hypothesis wherever it is installed (a test dependency), to register test strategies for its
+    # types: a quarter of a second of CPU in every start of a node, which never uses them. Run as a program, the
+    # CLI imports kio as where hypothesis is not installed.
+    sys.modules["hypothesis"] = None
+
 import orjson
 
 from shmbroker.node import config as node_config
