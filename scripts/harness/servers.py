@@ -23,8 +23,6 @@ from scripts.harness import benchnode
 from scripts.harness.nodeproc import LOOPBACK, NodeProcess
 
 NODE, KAFKA, KAFKA_FSYNC, REDIS = "shmbroker", "kafka", "kafka-fsync", "redis"
-SYSTEMS = (NODE, KAFKA, KAFKA_FSYNC, REDIS)
-KAFKA_SYSTEMS = (NODE, KAFKA, KAFKA_FSYNC)  # the servers that speak Kafka's protocol
 
 
 @dataclass
