@@ -119,15 +119,16 @@ run: venv
 	exec $(VENV)/bin/shmbroker serve --listen $(LISTEN) --data-dir $(DATA_DIR)
 
 # Two parts, both always run: the tests marked `serial` (they time things, or use both cores) alone, after the
-# others ran TEST_JOBS at a time (pytest-xdist; a file's tests stay together in one worker: tests/conftest.py).
+# others ran TEST_JOBS at a time (pytest-xdist; a file's tests stay together in one worker, the longest files
+# first: tests/conftest.py).
 TEST_JOBS ?= 2
 # The edit-test loop: the tests that start no node (no node, JVM or Spark session), TEST_JOBS at a time.
 check: test-venv
-	$(PY) -m pytest -q tests -m "not node and not serial" -n $(TEST_JOBS) --dist loadgroup
+	$(PY) -m pytest -q tests -m "not node and not serial" -n $(TEST_JOBS) --dist loadgroup --no-loadscope-reorder
 
 test: test-venv sysdeps redis kafka
 	@status=0; \
-	$(PY) -m pytest -q tests -m "not serial" -n $(TEST_JOBS) --dist loadgroup || status=$$?; \
+	$(PY) -m pytest -q tests -m "not serial" -n $(TEST_JOBS) --dist loadgroup --no-loadscope-reorder || status=$$?; \
 	$(PY) -m pytest -q tests -m serial || status=$$?; \
 	exit $$status
 
