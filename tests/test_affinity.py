@@ -35,6 +35,10 @@ pytestmark = pytest.mark.serial  # see tests/conftest.py: run alone
 FETCH, PRODUCE, NONE = 1, 0, 0
 WAITS = 3
 STATS = "[stats]\npublish_interval_ms = 20\n"
+# A long poll stays in its worker, whose doorbell tells which worker's append answered it: one handed over to the
+# timer (after fetch_handoff_ms, which a loaded machine can take before the append comes) may be answered by the
+# timer, and such an answer counts for no worker (workers.affinity).
+IN_WORKER = "[timer]\nfetch_handoff_ms = 60000\n"
 
 
 def _worker_totals(reader: NodeReader, field: str) -> int:
@@ -48,7 +52,7 @@ def _wait_for(predicate, what: str):
 @contextlib.contextmanager
 def _apart(node_factory, settings: str, topic: str):
     """A two-worker node with `settings` under [server], and a raw consumer and producer on different workers."""
-    node = node_factory(workers=2, config=STATS + f"[server]\n{settings}\n")
+    node = node_factory(workers=2, config=STATS + IN_WORKER + f"[server]\n{settings}\n")
     create_topic(node.bootstrap, topic, 1)
     reader = NodeReader.open(str(node.data_dir))
     consumer, producer = _connections_on_two_workers(node)
@@ -65,6 +69,9 @@ def _long_poll_rounds(node, reader: NodeReader, consumer: R.RawConnection, produ
     answers with it. Returns the pid of the worker holding the consumer after each round."""
     holders = []
     for offset in range(first, first + rounds):
+        # The last round's wait gone from the stats first: a stale count of it would let the append come before
+        # this round's fetch waits (that fetch then finds its record at once, and no worker's append answers it).
+        _wait_for(lambda: _worker_totals(reader, "delayed_waiting") == 0, what="the last long poll to be gone")
         consumer.send(FETCH, 11, R.fetch_body({topic: {0: offset}}, max_wait_ms=30_000, min_bytes=1))
         _wait_for(lambda: _worker_totals(reader, "delayed_waiting") == 1, what="the long poll to wait")
         body = R.produce_body({topic: {0: R.build_record_batch([b"record-%d" % offset])}}, acks=1)
