@@ -5,7 +5,7 @@ partition table.
 
 A test that measures time, CPU or rates tightly, keeps both cores busy itself, or builds in the checkout (the
 wheel), carries the marker `serial`:
-`make test` runs those alone, after the others ran two at a time.
+`make test` runs those alone, after the others ran TEST_JOBS (3) at a time.
 
 A test that starts a real node carries the marker `node`, so `pytest -m "not node"` runs the others: the
 `node` and `node_factory` fixtures give it to every test that uses them (at collection), and a test that
@@ -26,7 +26,7 @@ from tests.record_batches import SharedTable, dev_shm_entries
 NODE_FIXTURES = {"node", "node_factory"}
 
 
-# `make test` runs the tests in two parts: those marked `serial` alone, the others two at a time (pytest-xdist,
+# `make test` runs the tests in two parts: those marked `serial` alone, the others three at a time (pytest-xdist,
 # --dist loadgroup), each file's tests in one worker, in order. Files that share something run in one group.
 SHARED_GROUPS = {
     "spark": "spark",  # one Spark session (a JVM on both cores) for them all
