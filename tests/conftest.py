@@ -67,6 +67,14 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: rank.get(_group_of(item), len(rank)))  # stable: a file's tests keep their order
 
 
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """In a worker of `--dist loadgroup`: every test's id names its group, as xdist groups by it; refuse to run
+    otherwise (a pytest whose ids xdist cannot rewrite spread a file's tests over every worker, silently)."""
+    if getattr(session.config.option, "loadgroup", False) and any("@" not in item.nodeid for item in session.items):
+        raise pytest.UsageError("pytest-xdist's --dist loadgroup cannot group the tests with this pytest "
+                                f"({pytest.__version__}): see the pin in pyproject.toml")
+
+
 def _group_of(item: pytest.Item) -> str:
     marker = item.get_closest_marker("xdist_group")
     return marker.args[0] if marker.args else marker.kwargs.get("name", "")

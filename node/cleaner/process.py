@@ -162,6 +162,11 @@ class CleanerProcess:
         signal.signal(signal.SIGHUP, self.reload.on_hup)
         self._ready()
         settle_garbage_collector(self.config, None if self.stats is None else self.stats.counts)
+        # Its start at the priority of the node's other processes (a busy machine would hold it back, and the
+        # node's READY=1 with it); its cleanings at the cleaner's own (node.storage.cleaner's `nice`, `scheduling`).
+        os.nice(self.config.cleaner.nice)
+        if self.config.cleaner.scheduling == "idle":
+            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
         log.info("cleaner %d ready", self.index)
         interval_s = self.config.server.heartbeat_interval_ms / 1000
         poller = select.poll()
@@ -198,9 +203,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     config = start_child(f"cleaner-{args.index}", args.config_file)
     set_title(f"cleaner {args.index}")
-    os.nice(config.cleaner.nice)
-    if config.cleaner.scheduling == "idle":
-        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
     return CleanerProcess(args.instance, args.index, args.ring_index, config, args.bell_fd, args.supervisor_pid,
                           args.config_file, args.heartbeat_slot, args.stats_row).run()
 

@@ -46,9 +46,9 @@ START_PROBE_TIMEOUT_S = 0.5
 PAUSE_TIMEOUT_S = 10.0  # stop_when_holding: how long to wait for a child to hold the partition locks wanted
 PAUSE_RETRY_S = 0.005
 CLI = [sys.executable, "-m", "shmbroker.node.tools.cli"]  # `shmbroker` as this Python runs it
-# The log lines of children that finished starting: start() returns only once every child wrote its own,
-# so connections made right after it spread over all workers.
-READY_LINES = ("timer process ready", "worker {index} ready")
+# The supervisor's line once every child's loop turned (its READY=1): start() returns only then, so connections
+# made right after it spread over all workers, and every child has its stats row.
+READY_LINE = "shmbroker.supervisor: serving on"
 _PR_SET_PDEATHSIG = 1
 
 
@@ -135,8 +135,7 @@ class NodeProcess:
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                          cwd=self.cwd, env=env, preexec_fn=die_with_parent if in_main_thread else None)
-        ready_lines = ([READY_LINES[0]] + [READY_LINES[1].format(index=i) for i in range(self.workers)]
-                       if self.wait_ready else [])
+        ready_lines = [READY_LINE] if self.wait_ready else []
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
