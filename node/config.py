@@ -421,6 +421,21 @@ class StatsConfig:
                              "at least 64")
 
 
+# The environment variable that turns checks.watch_answers on for `shmbroker serve` (the test harness sets it),
+# and how a breach's log line starts (the harness looks for it in a node's log).
+WATCH_ANSWERS_ENV = "SHMBROKER_WATCH_ANSWERS"
+ANSWER_WATCH_BREACH = "answer watch breach"
+
+
+@dataclass(frozen=True)
+class ChecksConfig:
+    # Tests only: each worker checks every Fetch and ListOffsets answer against Kafka's rules
+    # (workers.api.answer_watch), the timer every OffsetFetch answer against the commits it acknowledged
+    # (node.timer.groups.offsets_watch); a breach logs one line. Off, the answer paths carry no check at all.
+    # Also on when `shmbroker serve` runs with SHMBROKER_WATCH_ANSWERS=1 in its environment.
+    watch_answers: bool = False
+
+
 SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 SASL_MECHANISMS = ("SCRAM-SHA-256", "SCRAM-SHA-512", "PLAIN")
 # The listener --listen makes (and the one a config without [[listeners]] gets from server.host and server.port).
@@ -545,6 +560,7 @@ class NodeConfig:
     tls: TlsConfig = field(default_factory=TlsConfig)
     sasl: SaslConfig = field(default_factory=SaslConfig)
     authorizer: AuthorizerConfig = field(default_factory=AuthorizerConfig)
+    checks: ChecksConfig = field(default_factory=ChecksConfig)
 
     def listener_list(self) -> list[ListenerConfig]:
         """The listeners, or the one PLAINTEXT listener at server.host:server.port when none are set."""

@@ -17,11 +17,17 @@ starts a NodeProcess fails.
 from __future__ import annotations
 
 import gc
+import os
 
 import pytest
 
 from scripts.harness.nodeproc import NodeProcess  # the one launcher of tests and benchmarks
+from shmbroker.node.config import WATCH_ANSWERS_ENV
 from tests.record_batches import SharedTable, dev_shm_entries
+
+# Every node the tests start, whatever starts it, checks its answers (workers.api.answer_watch); NodeProcess fails
+# the test whose node logged a breach. SHMBROKER_WATCH_ANSWERS=0 turns it off for a run.
+os.environ.setdefault(WATCH_ANSWERS_ENV, "1")
 
 NODE_FIXTURES = {"node", "node_factory"}
 

@@ -14,7 +14,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 import venv
 from pathlib import Path
@@ -69,11 +68,13 @@ class App:
     """A framework app as a process of its own; stopped with SIGTERM (as its users stop it), or killed with
     SIGKILL, by pid."""
 
-    def __init__(self, argv: list[str], log: Path) -> None:
+    def __init__(self, argv: list[str], log: Path, trace: Path | None = None) -> None:
+        """trace: where the app writes its client's trace (faust_app.py: FAUST_FETCH_LOG), shown with its log."""
         self.log = log
+        self.trace = trace
+        env = {**os.environ, "PYTHONPATH": "", **({"FAUST_FETCH_LOG": str(trace)} if trace else {})}
         with open(log, "ab") as out:
-            self.proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=APPS,
-                                         env={**os.environ, "PYTHONPATH": ""})
+            self.proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=APPS, env=env)
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -90,7 +91,10 @@ class App:
         self.proc.wait(timeout=TIMEOUT_S)
 
     def text(self) -> str:
-        return self.log.read_text(errors="replace")[-6000:]
+        text = self.log.read_text(errors="replace")[-6000:]
+        if self.trace is not None and self.trace.exists():
+            text += "\n--- the client's fetches and commits:\n" + self.trace.read_text(errors="replace")[-20000:]
+        return text
 
 
 def produce(bootstrap: str, topic: str, records: list[tuple[bytes, bytes]], timestamp_ms: int | None = None) -> None:
@@ -190,7 +194,8 @@ def test_faust_table_recovers_from_its_changelog(node_factory, tmp_path, faust_p
             "info", "--without-web"]
     # Each run gets its input only once its table is recovered ("Worker ready"): faust-streaming 0.15 drops the
     # events its stream took during a recovery and may commit past them (faust-streaming issues 596 and 606).
-    app = App(argv, tmp_path / "faust.log")
+    trace = tmp_path / "fetches.log"
+    app = App(argv, tmp_path / "faust.log", trace)
     try:
         wait_for_log(app, "Worker ready", 1)
         produce(node.bootstrap, "fwords", raw)
@@ -199,7 +204,7 @@ def test_faust_table_recovers_from_its_changelog(node_factory, tmp_path, faust_p
         app.stop()
     assert compacted_topics(node.bootstrap, ["fcount-counts-changelog"]) == {"fcount-counts-changelog": "compact"}
     # The table is in memory: the restarted worker has only the changelog to recover it from.
-    app = App(argv, tmp_path / "faust.log")
+    app = App(argv, tmp_path / "faust.log", trace)
     try:
         wait_for_log(app, "Worker ready", 2)
         produce(node.bootstrap, "fwords", raw[:50])

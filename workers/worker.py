@@ -77,6 +77,7 @@ from shmbroker.shm.table import PartitionTable
 from shmbroker.shm.timer_link import TimerLink
 from shmbroker.workers.acceptor import Acceptor
 from shmbroker.workers.affinity import ConnectionAffinity
+from shmbroker.workers.api.answer_watch import AnswerWatch
 from shmbroker.workers.api.fetch_sessions import FetchSessionCache
 from shmbroker.workers.api.handlers import Handlers
 from shmbroker.workers.api.sasl import MECHANISM_INDEX, SaslAuthenticator
@@ -148,6 +149,11 @@ class Worker:
         self.handlers = Handlers(self.partitions, config, self.delayed, f"shmbroker-{instance}", throttler,
                                  self.fetch_sessions, self.authorizer)
         self.handlers.after_appends = self._answer_appended_if_due
+        self.answer_watch = AnswerWatch(self.partitions) if config.checks.watch_answers else None
+        if self.answer_watch is not None:  # tests only: every request and answer passes it (workers.api.answer_watch)
+            self.handlers.dispatch = self.answer_watch.watch_dispatch(self.handlers.dispatch)
+            self._settle = self.answer_watch.watch_settle(self._settle)
+            log.info("answer watch on: every Fetch and ListOffsets answer is checked")
         self.message_handlers = {
             M.Kind.QUOTA_STATE: self.quotas.on_state,
             M.Kind.COMPLETION: self.delayed.on_completion,

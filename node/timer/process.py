@@ -47,6 +47,7 @@ from shmbroker.node.timer.controller import Controller
 from shmbroker.node.timer.flusher import Flusher
 from shmbroker.node.timer.groups.coordinator import GroupCoordinator
 from shmbroker.node.timer.groups.offsets import OffsetStore
+from shmbroker.node.timer.groups.offsets_watch import OffsetsWatch
 from shmbroker.node.timer.outbox import Outbox
 from shmbroker.node.timer.quotas import QuotaManager
 from shmbroker.node.timer.service import DelayedOperations
@@ -97,6 +98,9 @@ class TimerProcess:
                               load_interval_ms=groups.offsets_load_interval_ms,
                               segment_bytes=groups.offsets_segment_bytes,
                               commit_timeout_ms=groups.offsets_commit_timeout_ms)
+        if config.checks.watch_answers:  # tests only: reads of the offsets table checked against its acks
+            OffsetsWatch(offsets)
+            log.info("answer watch on: every read of the committed offsets is checked")
         self.groups = GroupCoordinator(groups, self.outbox, offsets, self.store, config.timer.wheel,
                                        config.timer.purgatory, now)
         self.controller = Controller(self.store, self.outbox, self.flusher, groups)

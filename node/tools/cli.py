@@ -255,6 +255,8 @@ def _serve(args: argparse.Namespace) -> int:
             from shmbroker.node.tools.metrics import MetricsEndpoint
 
             metrics = MetricsEndpoint(*node_config.parse_listen(text))
+        if os.environ.get(node_config.WATCH_ANSWERS_ENV) == "1":
+            overrides["checks.watch_answers"] = True
         cfg = node_config.load(args.config, overrides)
     except node_config.ConfigError as exc:
         return _error(str(exc), EXIT_USAGE)

@@ -33,6 +33,7 @@ from typing import Any, Callable
 
 import psutil
 
+from shmbroker.node.config import ANSWER_WATCH_BREACH
 from shmbroker.node.storage.log import LOCK_FILE as PARTITION_LOCK_FILE
 from shmbroker.node.tools.cli import EXIT_IN_USE  # the port (or the data dir) is taken
 from shmbroker.shm import instance as shm_instance
@@ -167,8 +168,10 @@ class NodeProcess:
         return all(line in text for line in lines)
 
     def log(self, chars: int = 20000) -> str:
+        """The last `chars` characters of the node's log (-1: all of it)."""
         try:
-            return self.log_path.read_text(errors="replace")[-chars:]
+            text = self.log_path.read_text(errors="replace")
+            return text if chars < 0 else text[-chars:]
         except OSError:
             return ""
 
@@ -276,10 +279,21 @@ class NodeProcess:
         assert self.proc is not None
         self.proc.send_signal(signal.SIGTERM)
         try:
-            return self.proc.wait(timeout=STOP_TIMEOUT_S)
+            code = self.proc.wait(timeout=STOP_TIMEOUT_S)
         except subprocess.TimeoutExpired:
             self.kill_all()
             raise AssertionError(f"node did not stop in {STOP_TIMEOUT_S}s:\n{self.log()}")
+        self.assert_no_breach()
+        return code
+
+    def breaches(self) -> list[str]:
+        """The lines of the node's log where its answer watch (checks.watch_answers) saw a breach of Kafka's rules."""
+        return [line for line in self.log(chars=-1).splitlines() if ANSWER_WATCH_BREACH in line]
+
+    def assert_no_breach(self) -> None:
+        found = self.breaches()
+        if found:
+            raise AssertionError(f"the node's answer watch saw {len(found)} breaches:\n" + "\n".join(found[:20]))
 
     def kill_all(self) -> None:
         """kill -9 the supervisor and every child, by pid."""
@@ -306,6 +320,7 @@ class NodeProcess:
                 removed = shm_instance.remove_leftovers(self.instance)
                 if removed:
                     print(f"nodeproc: removed leftover shared memory {removed}", file=sys.stderr)
+            self.assert_no_breach()  # a node killed, not stopped, is checked here
         finally:
             if self._own_dir:
                 shutil.rmtree(self.work_dir, ignore_errors=True)

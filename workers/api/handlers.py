@@ -593,6 +593,7 @@ class Handlers:
                     continue
                 state = self.partitions.table.read(row)
                 results.append(FetchPartitionResult(part.partition, high_watermark=state.high_watermark,
+                                                    last_stable_offset=state.last_stable_offset,
                                                     log_start_offset=state.log_start_offset))
             topics.append(FetchTopicResult(topic.topic, results, getattr(topic, "id_bytes", _ZERO_ID)))
         return topics
