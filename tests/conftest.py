@@ -33,7 +33,8 @@ NODE_FIXTURES = {"node", "node_factory"}
 
 
 # `make test` runs the tests in two parts: those marked `serial` alone, the others three at a time (pytest-xdist,
-# --dist loadgroup), each file's tests in one worker, in order. Files that share something run in one group.
+# --dist loadgroup), each file's tests in one worker, in order (but those of SPREAD_FILES). Files that share
+# something run in one group.
 SHARED_GROUPS = {
     "spark": "spark",  # one Spark session (a JVM on both cores) for them all
     "test_disk_full.py": "loop-mounts",  # loop devices and a machine-wide sync (tests/small_fs.py)
@@ -57,18 +58,29 @@ LONGEST_GROUPS_FIRST = (
 )
 
 
-def _xdist_group(item: pytest.Item) -> str:
+# Files of pure functions (no node, no files, no shared memory of their own) that would hold one worker for long:
+# their tests are dealt in turn to this many groups, which any worker may take.
+SPREAD_FILES = {"test_protocol.py": 3}
+
+
+def _xdist_group(item: pytest.Item, index: int) -> str:
+    """`index`: the item's place among its file's tests."""
     path = item.path
+    lanes = SPREAD_FILES.get(path.name)
+    if lanes:
+        return f"{path.stem}-{index % lanes}"
     return SHARED_GROUPS.get(path.parent.name) or SHARED_GROUPS.get(path.name) or path.stem
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker, and before xdist reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    in_file: dict[object, int] = {}
     for item in items:
         if NODE_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.node)
         if item.get_closest_marker("xdist_group") is None:
-            item.add_marker(pytest.mark.xdist_group(_xdist_group(item)))
+            index = in_file[item.path] = in_file.get(item.path, -1) + 1
+            item.add_marker(pytest.mark.xdist_group(_xdist_group(item, index)))
     rank = {group: index for index, group in enumerate(LONGEST_GROUPS_FIRST)}
     items.sort(key=lambda item: rank.get(_group_of(item), len(rank)))  # stable: a file's tests keep their order
 
