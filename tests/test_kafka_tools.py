@@ -1,5 +1,7 @@
 """Apache Kafka 4.4.0's own command-line tools against the node, each run as its `kafka-*.sh` runs it: the
-tool's main class on the classpath Maven fetched (scripts/harness/kafka_peer.py), a real node with 2 workers.
+tool's main class on the classpath Maven fetched (scripts/harness/kafka_peer.py), a real node with 2 workers. The
+tools run one after another in one JVM (kafka_peer.ToolRunner, as Kafka's own tests run them: a JVM start per run
+cost 2-4 s on two cores); a tool that reads standard input runs in a JVM of its own.
 
 Not yet here (docs/compatibility.md): `kafka-configs` on client quotas and on users' describe (they need
 DescribeClientQuotas), `kafka-metadata-quorum` (DescribeQuorum).
@@ -13,7 +15,7 @@ import re
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from scripts.harness.kafka_peer import tool
+from scripts.harness.kafka_peer import ToolRunner, tool
 from scripts.harness.nodeproc import NodeProcess
 
 pytestmark = pytest.mark.node
@@ -29,10 +31,20 @@ def node(tmp_path_factory):
         yield started
 
 
-def run(main_class: str, node: NodeProcess, *args: str, stdin: str | None = None) -> str:
-    """The tool's output; AssertionError with it when the tool exits non-zero."""
+@pytest.fixture(scope="module")
+def tools():
+    with ToolRunner() as runner:
+        yield runner
+
+
+def run(tools: ToolRunner, main_class: str, node: NodeProcess, *args: str, stdin: str | None = None) -> str:
+    """The tool's output; AssertionError with it when the tool exits non-zero. Run in the module's tool runner, or
+    in a JVM of its own for a tool that reads `stdin`."""
     command = ["--bootstrap-server", node.bootstrap, *args]
-    done = tool(TOOLS + main_class, *command, check=False, timeout=TIMEOUT_S, stdin=stdin)
+    if stdin is None:
+        done = tools.run(TOOLS + main_class, *command, check=False, timeout=TIMEOUT_S)
+    else:
+        done = tool(TOOLS + main_class, *command, check=False, timeout=TIMEOUT_S, stdin=stdin)
     assert done.returncode == 0, f"{main_class} {' '.join(args)} exited {done.returncode}:\n{done.stdout}{done.stderr}"
     return done.stdout
 
@@ -44,90 +56,92 @@ def produce(node: NodeProcess, topic: str, count: int) -> None:
     assert producer.flush(TIMEOUT_S) == 0
 
 
-def test_kafka_topics_creates_describes_alters_and_deletes(node):
-    assert run("TopicCommand", node, "--create", "--topic", "cli-topics", "--partitions", "3",
+def test_kafka_topics_creates_describes_alters_and_deletes(tools, node):
+    assert run(tools, "TopicCommand", node, "--create", "--topic", "cli-topics", "--partitions", "3",
                "--replication-factor", "1", "--config", "retention.ms=3600000").strip() == "Created topic cli-topics."
-    assert "cli-topics" in run("TopicCommand", node, "--list").split()
-    described = run("TopicCommand", node, "--describe", "--topic", "cli-topics")
+    assert "cli-topics" in run(tools, "TopicCommand", node, "--list").split()
+    described = run(tools, "TopicCommand", node, "--describe", "--topic", "cli-topics")
     assert re.search(r"PartitionCount: 3\tReplicationFactor: 1\tConfigs: retention.ms=3600000", described), described
     assert described.count("Leader: 0\tReplicas: 0\tIsr: 0") == 3, described
-    run("TopicCommand", node, "--alter", "--topic", "cli-topics", "--partitions", "5")
-    assert "PartitionCount: 5" in run("TopicCommand", node, "--describe", "--topic", "cli-topics")
-    run("TopicCommand", node, "--delete", "--topic", "cli-topics")
-    assert "cli-topics" not in run("TopicCommand", node, "--list").split()
+    run(tools, "TopicCommand", node, "--alter", "--topic", "cli-topics", "--partitions", "5")
+    assert "PartitionCount: 5" in run(tools, "TopicCommand", node, "--describe", "--topic", "cli-topics")
+    run(tools, "TopicCommand", node, "--delete", "--topic", "cli-topics")
+    assert "cli-topics" not in run(tools, "TopicCommand", node, "--list").split()
 
 
-def test_kafka_configs_alters_and_describes_a_topic_and_shows_the_broker(node):
-    run("TopicCommand", node, "--create", "--topic", "cli-configs", "--partitions", "1")
-    run("ConfigCommand", node, "--entity-type", "topics", "--entity-name", "cli-configs", "--alter",
+def test_kafka_configs_alters_and_describes_a_topic_and_shows_the_broker(tools, node):
+    run(tools, "TopicCommand", node, "--create", "--topic", "cli-configs", "--partitions", "1")
+    run(tools, "ConfigCommand", node, "--entity-type", "topics", "--entity-name", "cli-configs", "--alter",
         "--add-config", "retention.ms=1000,cleanup.policy=[compact,delete]")
-    described = run("ConfigCommand", node, "--entity-type", "topics", "--entity-name", "cli-configs", "--describe")
+    described = run(tools, "ConfigCommand", node, "--entity-type", "topics", "--entity-name", "cli-configs",
+                    "--describe")
     assert "retention.ms=1000 sensitive=false" in described, described
     assert "cleanup.policy=compact,delete sensitive=false" in described, described
-    run("ConfigCommand", node, "--entity-type", "topics", "--entity-name", "cli-configs", "--alter",
+    run(tools, "ConfigCommand", node, "--entity-type", "topics", "--entity-name", "cli-configs", "--alter",
         "--delete-config", "retention.ms")
-    described = run("ConfigCommand", node, "--entity-type", "topics", "--entity-name", "cli-configs", "--describe")
+    described = run(tools, "ConfigCommand", node, "--entity-type", "topics", "--entity-name", "cli-configs",
+                    "--describe")
     assert "retention.ms" not in described, described
-    run("ConfigCommand", node, "--entity-type", "brokers", "--entity-default", "--alter", "--add-config",
+    run(tools, "ConfigCommand", node, "--entity-type", "brokers", "--entity-default", "--alter", "--add-config",
         "log.retention.ms=7200000")
-    assert "log.retention.ms=7200000" in run("ConfigCommand", node, "--entity-type", "brokers", "--entity-default",
-                                             "--describe")
-    run("ConfigCommand", node, "--entity-type", "brokers", "--entity-default", "--alter", "--delete-config",
+    assert "log.retention.ms=7200000" in run(tools, "ConfigCommand", node, "--entity-type", "brokers",
+                                             "--entity-default", "--describe")
+    run(tools, "ConfigCommand", node, "--entity-type", "brokers", "--entity-default", "--alter", "--delete-config",
         "log.retention.ms")
     # A user's SCRAM credential (AlterUserScramCredentials).
     assert "Completed updating config for user alice" in run(
-        "ConfigCommand", node, "--entity-type", "users", "--entity-name", "alice", "--alter", "--add-config",
+        tools, "ConfigCommand", node, "--entity-type", "users", "--entity-name", "alice", "--alter", "--add-config",
         "SCRAM-SHA-256=[iterations=8192,password=alice-secret]")
 
 
-def test_kafka_consumer_groups_lists_describes_resets_and_deletes(node):
-    run("TopicCommand", node, "--create", "--topic", "cli-groups", "--partitions", "2")
+def test_kafka_consumer_groups_lists_describes_resets_and_deletes(tools, node):
+    run(tools, "TopicCommand", node, "--create", "--topic", "cli-groups", "--partitions", "2")
     produce(node, "cli-groups", RECORDS)
     consumer = Consumer({"bootstrap.servers": node.bootstrap, "group.id": "cli-group", "enable.auto.commit": False})
     consumer.commit(offsets=[TopicPartition("cli-groups", 0, 2), TopicPartition("cli-groups", 1, 3)],
                     asynchronous=False)
     consumer.close()
-    assert "cli-group" in run("consumer.group.ConsumerGroupCommand", node, "--list").split()
-    described = run("consumer.group.ConsumerGroupCommand", node, "--describe", "--group", "cli-group")
+    assert "cli-group" in run(tools, "consumer.group.ConsumerGroupCommand", node, "--list").split()
+    described = run(tools, "consumer.group.ConsumerGroupCommand", node, "--describe", "--group", "cli-group")
     lags = [int(line.split()[5]) for line in described.splitlines() if line.startswith("cli-group ")]
     assert sorted(lags) == [RECORDS // 2 - 3, RECORDS // 2 - 2], described
     for how in (["--to-earliest"], ["--to-latest"], ["--to-offset", "3"], ["--shift-by", "-1"],
                 ["--to-datetime", "2000-01-01T00:00:00.000"], ["--by-duration", "PT1H"]):
-        run("consumer.group.ConsumerGroupCommand", node, "--reset-offsets", "--group", "cli-group", "--topic",
+        run(tools, "consumer.group.ConsumerGroupCommand", node, "--reset-offsets", "--group", "cli-group", "--topic",
             "cli-groups", *how, "--execute")
-    after = run("consumer.group.ConsumerGroupCommand", node, "--describe", "--group", "cli-group")
+    after = run(tools, "consumer.group.ConsumerGroupCommand", node, "--describe", "--group", "cli-group")
     assert [int(line.split()[3]) for line in after.splitlines() if line.startswith("cli-group ")] == [0, 0], after
-    run("consumer.group.ConsumerGroupCommand", node, "--delete", "--group", "cli-group")
-    assert "cli-group" not in run("consumer.group.ConsumerGroupCommand", node, "--list").split()
+    run(tools, "consumer.group.ConsumerGroupCommand", node, "--delete", "--group", "cli-group")
+    assert "cli-group" not in run(tools, "consumer.group.ConsumerGroupCommand", node, "--list").split()
 
 
-def test_kafka_get_offsets_and_delete_records(node, tmp_path):
-    run("TopicCommand", node, "--create", "--topic", "cli-offsets", "--partitions", "2")
+def test_kafka_get_offsets_and_delete_records(tools, node, tmp_path):
+    run(tools, "TopicCommand", node, "--create", "--topic", "cli-offsets", "--partitions", "2")
     produce(node, "cli-offsets", RECORDS)
-    assert sorted(run("GetOffsetShell", node, "--topic", "cli-offsets").split()) == [
+    assert sorted(run(tools, "GetOffsetShell", node, "--topic", "cli-offsets").split()) == [
         f"cli-offsets:0:{RECORDS // 2}", f"cli-offsets:1:{RECORDS // 2}"]
     plan = tmp_path / "delete.json"
     plan.write_text(json.dumps({"version": 1, "partitions": [{"topic": "cli-offsets", "partition": 0, "offset": 4}]}))
-    assert "partition: cli-offsets-0\tlow_watermark: 4" in run("DeleteRecordsCommand", node, "--offset-json-file",
-                                                                str(plan))
-    earliest = run("GetOffsetShell", node, "--topic", "cli-offsets", "--time", "-2").split()
+    assert "partition: cli-offsets-0\tlow_watermark: 4" in run(tools, "DeleteRecordsCommand", node,
+                                                                "--offset-json-file", str(plan))
+    earliest = run(tools, "GetOffsetShell", node, "--topic", "cli-offsets", "--time", "-2").split()
     assert sorted(earliest) == ["cli-offsets:0:4", "cli-offsets:1:0"]
 
 
-def test_kafka_console_producer_and_consumer_round_trip(node):
-    run("TopicCommand", node, "--create", "--topic", "cli-console", "--partitions", "1")
+def test_kafka_console_producer_and_consumer_round_trip(tools, node):
+    run(tools, "TopicCommand", node, "--create", "--topic", "cli-console", "--partitions", "1")
     lines = "".join(f"key-{i}:line {i}\n" for i in range(5))
-    run("ConsoleProducer", node, "--topic", "cli-console", "--reader-property", "parse.key=true",
+    run(tools, "ConsoleProducer", node, "--topic", "cli-console", "--reader-property", "parse.key=true",
         "--reader-property", "key.separator=:", stdin=lines)
-    got = run("consumer.ConsoleConsumer", node, "--topic", "cli-console", "--from-beginning", "--max-messages", "5",
-              "--formatter-property", "print.key=true", "--formatter-property", "key.separator=:",
+    got = run(tools, "consumer.ConsoleConsumer", node, "--topic", "cli-console", "--from-beginning",
+              "--max-messages", "5", "--formatter-property", "print.key=true", "--formatter-property", "key.separator=:",
               "--timeout-ms", "30000")
     assert got == lines
 
 
-def test_kafka_broker_api_versions_and_transactions_list(node):
-    versions = run("BrokerApiVersionsCommand", node)
+def test_kafka_broker_api_versions_and_transactions_list(tools, node):
+    versions = run(tools, "BrokerApiVersionsCommand", node)
     assert re.search(r"Produce\(0\): 3 to 11 \[usable: 11\]", versions), versions
     assert "ShareFetch(78): UNSUPPORTED" in versions
-    assert run("TransactionsCommand", node, "list").split()[:4] == ["TransactionalId", "Coordinator", "ProducerId",
-                                                                     "TransactionState"]
+    assert run(tools, "TransactionsCommand", node, "list").split()[:4] == ["TransactionalId", "Coordinator",
+                                                                            "ProducerId", "TransactionState"]

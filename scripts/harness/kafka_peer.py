@@ -33,6 +33,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -119,6 +120,64 @@ def tool(main_class: str, *args: str, timeout: float = TOOL_TIMEOUT_S, heap_mb: 
     return subprocess.run([java(), f"-Xmx{heap_mb}m", *JVM_OPTIONS, "-cp", classpath(), main_class, *args],
                           capture_output=True, text=True, timeout=timeout, check=check, input=stdin,
                           stdin=None if stdin is not None else subprocess.DEVNULL, preexec_fn=die_with_parent)
+
+
+class ToolRunner:
+    """Kafka's tools run one after another in one JVM (kafka/ToolRunner.java): `run` answers as `tool` does, for a
+    tool that reads no standard input, without a JVM start per run. Close it (or use it as a context manager): its
+    JVM is stopped by pid."""
+
+    SOURCE = Path(__file__).resolve().parent / "kafka" / "ToolRunner.java"
+
+    def __init__(self, heap_mb: int = 256) -> None:
+        self.errors = tempfile.TemporaryFile()  # the JVM's own (a tool's error is captured with its output)
+        self.proc = subprocess.Popen([java(), f"-Xmx{heap_mb}m", *JVM_OPTIONS, "-cp", classpath(), str(self.SOURCE)],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.errors,
+                                     preexec_fn=die_with_parent)
+
+    def run(self, main_class: str, *args: str, timeout: float = TOOL_TIMEOUT_S,
+            check: bool = True) -> subprocess.CompletedProcess:
+        words = [main_class, *args]
+        if any(ch in word for word in words for ch in "\t\n"):
+            raise ValueError(f"a tab or line break in {words}")
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(("\t".join(words) + "\n").encode())
+        self.proc.stdin.flush()
+        answer: list[Any] = []
+        reader = threading.Thread(target=lambda: answer.append(self._answer()), daemon=True)
+        reader.start()
+        reader.join(timeout)
+        if not answer:
+            self.close()
+            raise subprocess.TimeoutExpired([main_class, *args], timeout)
+        status, out, err = answer[0]
+        done = subprocess.CompletedProcess([main_class, *args], status, out, err)
+        if check:
+            done.check_returncode()
+        return done
+
+    def _answer(self) -> tuple[int, str, str]:
+        assert self.proc.stdout is not None
+        head = self.proc.stdout.readline().decode()
+        if not head.startswith("EXIT "):
+            self.errors.seek(0)
+            raise RuntimeError(f"the tool runner ended: {head!r} {self.errors.read().decode()[-3000:]}")
+        status, out_bytes, err_bytes = (int(word) for word in head.split()[1:])
+        return status, self.proc.stdout.read(out_bytes).decode(), self.proc.stdout.read(err_bytes).decode()
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(timeout=STOP_TIMEOUT_S)
+        for stream in (self.proc.stdin, self.proc.stdout, self.errors):
+            if stream is not None:
+                stream.close()
+
+    def __enter__(self) -> "ToolRunner":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
 
 
 # --------------------------------------------------------------------------- the broker
