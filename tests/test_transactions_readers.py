@@ -15,6 +15,7 @@ from shmbroker.clients.priority import CapacityBurstPriorityConsumer, level_topi
 from pyspark_shmbroker import wire
 from scripts import e2e_latency
 from scripts.harness import rawkafka
+from tests.test_quotas import TINY
 from tests.test_transactions import CONFIG, TIMEOUT_S, create, in_transaction, transactional
 
 pytestmark = pytest.mark.node
@@ -130,3 +131,29 @@ def test_the_priority_consumer_hands_over_no_marker_and_no_aborted_record(node_f
             if len(seen) >= len(expected) and quiet_until is None:
                 quiet_until = time.monotonic() + 2  # anything more (a marker handed over) would come by then
     assert sorted(seen) == sorted(expected)
+
+
+def test_a_throttled_read_committed_fetch_answers_the_last_stable_offset(node_factory):
+    """A throttled fetch carries no records, but its offsets are the partition's: under an open transaction the
+    last stable offset is below the high watermark (an answer with LSO = HW, then one with the true LSO, would move
+    a read_committed consumer's end back)."""
+    node = node_factory(workers=1, config=CONFIG + TINY)
+    create(node.bootstrap, "throttled", 1)
+    with rawkafka.RawConnection("127.0.0.1", node.port, client_id="loader") as conn:
+        conn.call(rawkafka.PRODUCE, 8, rawkafka.produce_body({"throttled": {0: rawkafka.make_batch(50, 1000)}}))
+    producer = transactional(node.bootstrap, "throttled-writer")
+    producer.begin_transaction()
+    producer.produce("throttled", value=b"open")
+    assert producer.flush(TIMEOUT_S) == 0  # offset 50, in a transaction left open: LSO 50, HW 51
+    fetch = rawkafka.fetch_body({"throttled": {0: 0}}, max_wait_ms=0, isolation_level=READ_COMMITTED,
+                                version=FETCH_VERSION)
+    answers = []
+    with rawkafka.RawConnection("127.0.0.1", node.port, client_id="tiny", timeout_s=TIMEOUT_S) as conn:
+        for _ in range(2):  # the first is within quota when asked (and charged five times the quota)
+            body = conn.request(rawkafka.FETCH, FETCH_VERSION, fetch)
+            answer = wire.parse_fetch_response(memoryview(body), 0, FETCH_VERSION, None)
+            (partition,) = answer.partitions
+            answers.append((answer.throttle_time_ms > 0, len(partition.records) > 0, partition.high_watermark,
+                            partition.last_stable_offset))
+    producer.abort_transaction(TIMEOUT_S)
+    assert answers == [(False, True, 51, 50), (True, False, 51, 50)], answers
