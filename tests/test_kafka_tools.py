@@ -4,7 +4,7 @@ tools run one after another in one JVM (kafka_peer.ToolRunner, as Kafka's own te
 cost 2-4 s on two cores); a tool that reads standard input runs in a JVM of its own.
 
 Not yet here (docs/compatibility.md): `kafka-configs` on client quotas and on users' describe (they need
-DescribeClientQuotas), `kafka-metadata-quorum` (DescribeQuorum).
+DescribeClientQuotas).
 """
 
 from __future__ import annotations
@@ -145,3 +145,17 @@ def test_kafka_broker_api_versions_and_transactions_list(tools, node):
     assert "ShareFetch(78): UNSUPPORTED" in versions
     assert run(tools, "TransactionsCommand", node, "list").split()[:4] == ["TransactionalId", "Coordinator",
                                                                             "ProducerId", "TransactionState"]
+
+
+def test_kafka_metadata_quorum_describes_the_node_as_its_one_voter(tools, node):
+    status = run(tools, "MetadataQuorumCommand", node, "describe", "--status")
+    fields = {key: value.strip() for key, value in (line.split(": ", 1) for line in status.splitlines() if ": " in line)}
+    assert (fields["LeaderId"], fields["LeaderEpoch"], fields["MaxFollowerLag"]) == ("0", "1", "0"), status
+    assert int(fields["HighWatermark"]) >= 1 and fields["CurrentObservers"] == "[]", status
+    (voter,) = json.loads(fields["CurrentVoters"])
+    assert voter["id"] == 0 and voter["endpoints"] == [f"PLAINTEXT://{node.bootstrap}"], status
+    replication = run(tools, "MetadataQuorumCommand", node, "describe", "--replication").splitlines()
+    assert replication[0].split() == ["NodeId", "DirectoryId", "LogEndOffset", "Lag", "LastFetchTimestamp",
+                                      "LastCaughtUpTimestamp", "Status"], replication
+    (row,) = replication[1:]
+    assert row.split()[0] == "0" and row.split()[3] == "0" and row.split()[-1] == "Leader", replication
