@@ -3,8 +3,7 @@ tool's main class on the classpath Maven fetched (scripts/harness/kafka_peer.py)
 tools run one after another in one JVM (kafka_peer.ToolRunner, as Kafka's own tests run them: a JVM start per run
 cost 2-4 s on two cores); a tool that reads standard input runs in a JVM of its own.
 
-Not yet here (docs/compatibility.md): `kafka-configs` on client quotas and on users' describe (they need
-DescribeClientQuotas).
+Client quotas are the node's config: `kafka-configs` describes them, and its --alter on them is refused.
 """
 
 from __future__ import annotations
@@ -25,9 +24,17 @@ TIMEOUT_S = 120
 RECORDS = 20
 
 
+# One client id with quotas, far above what the tests send: what kafka-configs describes.
+QUOTAS = """
+[quotas.clients."cli-quota"]
+producer_byte_rate = 1048576
+consumer_byte_rate = 2097152
+"""
+
+
 @pytest.fixture(scope="module")
 def node(tmp_path_factory):
-    with NodeProcess(tmp_path_factory.mktemp("tools"), workers=2) as started:
+    with NodeProcess(tmp_path_factory.mktemp("tools"), workers=2, config=QUOTAS) as started:
         yield started
 
 
@@ -159,3 +166,20 @@ def test_kafka_metadata_quorum_describes_the_node_as_its_one_voter(tools, node):
                                       "LastCaughtUpTimestamp", "Status"], replication
     (row,) = replication[1:]
     assert row.split()[0] == "0" and row.split()[3] == "0" and row.split()[-1] == "Leader", replication
+
+
+def test_kafka_configs_describes_client_quotas_and_users(tools, node):
+    described = run(tools, "ConfigCommand", node, "--entity-type", "clients", "--entity-name", "cli-quota",
+                    "--describe")
+    assert "producer_byte_rate=1048576.0" in described and "consumer_byte_rate=2097152.0" in described, described
+    assert run(tools, "ConfigCommand", node, "--entity-type", "clients", "--describe") == described
+    assert run(tools, "ConfigCommand", node, "--entity-type", "clients", "--entity-name", "nobody", "--describe") == ""
+    run(tools, "ConfigCommand", node, "--entity-type", "users", "--entity-name", "bob", "--alter", "--add-config",
+        "SCRAM-SHA-512=[iterations=8192,password=bob-secret]")
+    user = run(tools, "ConfigCommand", node, "--entity-type", "users", "--entity-name", "bob", "--describe")
+    assert "SCRAM-SHA-512=iterations=8192" in user and "Quota configs" not in user, user  # no user quotas
+    # Quotas change in the node's config (and a SIGHUP), not through the API: the tool says the node lacks it.
+    refused = tools.run(TOOLS + "ConfigCommand", "--bootstrap-server", node.bootstrap, "--entity-type", "clients",
+                        "--entity-name", "cli-quota", "--alter", "--add-config", "producer_byte_rate=1024",
+                        check=False, timeout=TIMEOUT_S)
+    assert refused.returncode != 0 and "UnsupportedVersionException" in refused.stdout + refused.stderr, refused

@@ -98,6 +98,7 @@ def test_advertised_versions_are_the_supported_ones() -> None:
         60: (0, 2),  # DescribeCluster (2: fenced brokers: never)
         61: (0, 0),  # DescribeProducers
         55: (0, 2),  # DescribeQuorum (the metadata quorum as one node is it; 2: the voters' endpoints)
+        48: (0, 1),  # DescribeClientQuotas (the [quotas] config's client ids)
         # The consumer group protocol (KIP-848):
         68: (0, 1),  # ConsumerGroupHeartbeat
         69: (0, 1),  # ConsumerGroupDescribe

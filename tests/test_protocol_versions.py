@@ -148,6 +148,8 @@ def request_for(api_key: int, version: int, tag: str):
         return b("SaslAuthenticateRequest", auth_bytes=b"\0user\0password")
     if api_key == P.DESCRIBE_CLUSTER:
         return b("DescribeClusterRequest", include_cluster_authorized_operations=True, include_fenced_brokers=True)
+    if api_key == P.DESCRIBE_CLIENT_QUOTAS:
+        return b("DescribeClientQuotasRequest", components=(), strict=False)
     if api_key == P.DESCRIBE_QUORUM:
         return b("DescribeQuorumRequest", topics=(b("TopicData", topic_name="__cluster_metadata", partitions=(
             b("PartitionData", partition_index=i32(0)),)),))

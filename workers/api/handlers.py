@@ -51,6 +51,7 @@ from shmbroker.workers.api.fetch_sessions import (NO_SESSION, FINAL_EPOCH, Fetch
 from shmbroker.workers.api.repeated_fetch import IdleRead, RepeatedFetch
 from shmbroker.workers.api.consumer_groups import ConsumerGroupHandlers
 from shmbroker.workers.api.cluster import ClusterHandlers
+from shmbroker.workers.api.client_quotas import ClientQuotaHandlers
 from shmbroker.workers.api.groups import GroupHandlers
 from shmbroker.workers.api.transactions import TransactionHandlers, expected_producer
 from shmbroker.workers.codecs.fetch import FetchPartitionResult, FetchTopicResult, encode_fetch_response
@@ -126,6 +127,7 @@ class Handlers:
             **self.transactions.table(),
             **AdminHandlers(partitions, config, delayed, authorizer).table(),
             **ClusterHandlers(partitions, config, cluster_id, authorizer).table(),
+            **ClientQuotaHandlers(lambda: self.config, authorizer).table(),
             **AclHandlers(partitions, authorizer).table(),
             **ScramCredentialHandlers(partitions.data_dir, authorizer).table(),
         }
