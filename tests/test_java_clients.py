@@ -9,8 +9,9 @@ fetched: scripts/harness/kafka_peer.py), print one JSON line per step, and the t
   producer of the same transactional id fences the first.
 - Clients.java `groups`: a consumer of group.protocol=classic and one of group.protocol=consumer (KIP-848) read
   every record of three partitions exactly once, in order, and commit.
-- Clients.java `static`: two static members (group.instance.id); one closes and a new consumer of its instance id
-  comes back inside the session timeout: it gets the same partition, and the other member sees no rebalance.
+- Clients.java `static`, for group.protocol classic and consumer: two static members (group.instance.id); one
+  closes and a new consumer of its instance id comes back inside the session timeout: it gets the same partition,
+  and the other member sees no rebalance.
 - Clients.java `cooperative`: partition.assignment.strategy cooperative-sticky: a second member takes half of the
   first's partitions; the first gives up only those (its listener is told of them alone) and gets them back when
   the second leaves.
@@ -33,7 +34,7 @@ from pathlib import Path
 
 import pytest
 
-from scripts.harness.kafka_peer import JVM_OPTIONS, classpath, java
+from scripts.harness.kafka_peer import classpath, java
 from scripts.harness.nodeproc import NodeProcess, die_with_parent
 
 pytestmark = pytest.mark.node
@@ -41,12 +42,16 @@ pytestmark = pytest.mark.node
 PROGRAMS = Path(__file__).resolve().parent / "java"
 TIMEOUT_S = 180
 AUTHORIZER = '[authorizer]\nenabled = true\nsuper_users = ["User:ANONYMOUS"]\n'
+# Short client runs: C1 alone compiles the source (javac runs in the JVM) and starts the client in a third of the
+# time the full tiered JIT takes on two busy cores (3-4 s a run, not 9-11); no hsperfdata in /tmp.
+CLIENT_JVM_OPTIONS = ("-Xmx256m", "-XX:-UsePerfData", "-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC",
+                      "-Djava.awt.headless=true")
 
 
 def run_java(program: str, *args: str) -> list[dict]:
     """The JSON lines a program printed (the client's own log lines are left out); AssertionError with its output
     when it exits non-zero."""
-    done = subprocess.run([java(), "-Xmx256m", *JVM_OPTIONS, "-cp", classpath(), str(PROGRAMS / program), *args],
+    done = subprocess.run([java(), *CLIENT_JVM_OPTIONS, "-cp", classpath(), str(PROGRAMS / program), *args],
                           capture_output=True, text=True, timeout=TIMEOUT_S, stdin=subprocess.DEVNULL,
                           preexec_fn=die_with_parent)
     assert done.returncode == 0, f"{program} {' '.join(args)} exited {done.returncode}:\n{done.stdout}{done.stderr}"
@@ -98,17 +103,21 @@ def test_classic_and_consumer_protocol_groups_read_every_record(node):
         assert line["generation"] >= 1 and line["member"]
 
 
-def test_static_member_returns_to_its_partition_without_a_rebalance(node):
-    got = steps(run_java("Clients.java", "static", node.bootstrap, "jstatic"))
+@pytest.mark.parametrize("protocol", ["classic", "consumer"])
+def test_static_member_returns_to_its_partition_without_a_rebalance(node, protocol):
+    prefix = f"jstatic-{protocol}"
+    got = steps(run_java("Clients.java", "static", node.bootstrap, prefix, protocol))
     joined, returned = got["joined"], got["returned"]
     assert joined["settled"], joined
-    assert sorted(joined["a"]["assignment"] + joined["b"]["assignment"]) == ["jstatic-topic-0", "jstatic-topic-1"]
+    assert sorted(joined["a"]["assignment"] + joined["b"]["assignment"]) == [f"{prefix}-topic-0", f"{prefix}-topic-1"]
     assert returned["back"], returned
-    # The returning instance has its partition back at the same generation; the other member was told nothing.
+    # The returning instance has its partition back; the other member was told nothing (same generation or member
+    # epoch, no listener call).
     assert returned["a"]["assignment"] == joined["a"]["assignment"]
-    assert returned["a"]["generation"] == joined["a"]["generation"]
     assert returned["a"]["events"] == [["assigned", joined["a"]["assignment"]]]
     assert returned["b"] == joined["b"]
+    if protocol == "classic":  # the group's generation did not move (KIP-848's member epochs are the member's)
+        assert returned["a"]["generation"] == joined["a"]["generation"]
 
 
 def test_cooperative_sticky_moves_only_the_partitions_that_change_owner(node):
@@ -124,7 +133,8 @@ def test_cooperative_sticky_moves_only_the_partitions_that_change_owner(node):
     # Incremental: the first member is told of the moved partitions alone, and loses none.
     assert [e for e in events[1:] if e[0] != "assigned"] == [["revoked", moved]], events
     assert all(e[1] == [] for e in events[1:] if e[0] == "assigned"), events
-    assert shared["second"]["events"] == [["assigned", moved]]
+    # The second member may first be given nothing (the partitions it will have are still the first's), by timing.
+    assert [e for e in shared["second"]["events"] if e[1]] == [["assigned", moved]], shared["second"]
     left = got["second-left"]
     assert left["settled"] and left["first"]["assignment"] == everything
     after = left["first"]["events"][len(events):]

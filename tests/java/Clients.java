@@ -25,7 +25,7 @@ public class Clients {
         switch (args[0]) {
             case "transactions" -> transactions();
             case "groups" -> groups();
-            case "static" -> staticMembership();
+            case "static" -> staticMembership(args.length > 3 ? args[3] : "classic");
             case "cooperative" -> cooperative();
             default -> throw new IllegalArgumentException("no scenario " + args[0]);
         }
@@ -258,11 +258,13 @@ public class Clients {
         return total == partitions && generations.size() == 1;
     }
 
-    static void staticMembership() throws Exception {
+    /** protocol: classic (the session timeout is the client's, 30 s) or consumer (KIP-848: the node's). */
+    static void staticMembership(String protocol) throws Exception {
         String topic = prefix + "-topic", group = prefix + "-group";
         createTopic(topic, 2);
-        Map<String, Object> base = Map.of("group.id", group, "group.protocol", "classic",
-                "session.timeout.ms", 30000, "heartbeat.interval.ms", 1000);
+        Map<String, Object> base = protocol.equals("classic") ? Map.of("group.id", group, "group.protocol", protocol,
+                "session.timeout.ms", 30000, "heartbeat.interval.ms", 1000)
+                : Map.of("group.id", group, "group.protocol", protocol);
         Map<String, Object> configA = new HashMap<>(base), configB = new HashMap<>(base);
         configA.put("group.instance.id", prefix + "-a");
         configB.put("group.instance.id", prefix + "-b");
