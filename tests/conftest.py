@@ -53,6 +53,7 @@ LONGEST_GROUPS_FIRST = (
     "test_transactions",
     "test_stream_processors",
     "test_kafka_tools",
+    "test_java_clients",  # 60 s: six JVM runs
     "test_compaction",
     "test_upgrade",
 )

@@ -221,11 +221,15 @@ def test_static_member_leaves_for_a_while_and_comes_back_with_its_partitions(mem
     s.describe()
     assert int(members("g", "s-2", instance="i-1").heartbeat().error_code) == UNRELEASED_INSTANCE
     mine = all_owned(s)
+    epoch, group_epoch = s.epoch, int(s.describe().groups[0].group_epoch)
     assert int(s.heartbeat(epoch=-2).error_code) == NONE
     back = members("g", "s-3", instance="i-1")
     back.ids = s.ids
     assert int(back.heartbeat().error_code) == NONE
     assert sorted(all_owned(back)) == sorted(mine)
+    # As Kafka: the return changes nothing the assignment depends on, so the group epoch stays and the member is
+    # back at its epoch (the node bumped the group epoch, and every member reconciled to it).
+    assert (back.epoch, int(s.describe().groups[0].group_epoch)) == (epoch, group_epoch)
     assert [m.member_id for m in s.describe().groups[0].members] == ["s-3"]
 
 

@@ -1,6 +1,7 @@
 """DescribeUserScramCredentials and AlterUserScramCredentials against a real node (confluent-kafka's AdminClient):
 a user created through the API logs in, its credential is listed with its iterations and deleted again, a
-non-super user is refused with the authorizer on, and Kafka's per-user errors."""
+non-super user is refused with the authorizer on, and Kafka's per-user errors (a user changed twice in one request,
+whatever the mechanisms, is DUPLICATE_RESOURCE, as Kafka 4's controller answers)."""
 
 from __future__ import annotations
 
@@ -42,8 +43,11 @@ def test_users_made_through_the_api_log_in_are_listed_and_deleted(node_factory, 
     made = admin.alter_user_scram_credentials([
         UserScramCredentialUpsertion("carol", ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, 8192), b"carol pw"),
         UserScramCredentialUpsertion("dave", ScramCredentialInfo(ScramMechanism.SCRAM_SHA_256, 1000), b"dave pw"),
+        # Two changes of one user in a request, whatever their mechanisms: Kafka's controller refuses the user.
+        UserScramCredentialUpsertion("eve", ScramCredentialInfo(ScramMechanism.SCRAM_SHA_256, 8192), b"eve pw"),
+        UserScramCredentialUpsertion("eve", ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, 8192), b"eve pw"),
     ], request_timeout=10)
-    assert outcomes(made) == {"carol": None, "dave": "UNACCEPTABLE_CREDENTIAL"}
+    assert outcomes(made) == {"carol": None, "dave": "UNACCEPTABLE_CREDENTIAL", "eve": "DUPLICATE_RESOURCE"}
     deadline = time.monotonic() + 5  # workers read the store again within sasl.users_check_interval_ms
     while login_error(sasl.client("SCRAM-SHA-512", "carol", "carol pw", tls=False), timeout=3)[0] is not None:
         assert time.monotonic() < deadline, "carol cannot log in"
@@ -56,7 +60,7 @@ def test_users_made_through_the_api_log_in_are_listed_and_deleted(node_factory, 
     with pytest.raises(KafkaException, match="RESOURCE_NOT_FOUND"):
         described["nobody"].result(timeout=20)
     everyone = admin.describe_user_scram_credentials(request_timeout=10).result(timeout=20)
-    assert sorted(everyone) == ["admin", "alice", "carol"]  # "plain" has no SCRAM credential
+    assert sorted(everyone) == ["admin", "alice", "carol"]  # "plain" has no SCRAM credential, "eve" none made
 
     alice = admin_for(sasl, "alice")
     refused = alice.alter_user_scram_credentials([UserScramCredentialDeletion("carol", ScramMechanism.SCRAM_SHA_512)],

@@ -7,8 +7,9 @@ Invariants:
 - Describe lists the SCRAM credentials (mechanism, iterations) of the named users, or of all users when none are
   named; an unknown user is RESOURCE_NOT_FOUND, a user named twice DUPLICATE_RESOURCE. Credentials of PLAIN users
   are not SCRAM credentials and are not listed.
-- Alter answers once per user. A user is refused whole (nothing of it changes) when any of its entries is:
-  a (user, mechanism) pair named twice (DUPLICATE_RESOURCE), a mechanism other than SCRAM-SHA-256/512
+- Alter answers once per user. A user is refused whole (nothing of it changes) when it is named more than once,
+  whatever the mechanisms (DUPLICATE_RESOURCE, as Kafka 4's controller: two mechanisms of a user take two
+  requests), or when any of its entries is: a mechanism other than SCRAM-SHA-256/512
   (UNSUPPORTED_SASL_MECHANISM), an empty name or iterations outside [4096, 16384] (UNACCEPTABLE_CREDENTIAL), a
   deletion of a credential it does not have (RESOURCE_NOT_FOUND). The other users' changes are made in one durable
   change of the store, which workers read again within `sasl.users_check_interval_ms`.
@@ -35,6 +36,7 @@ from shmbroker.workers.timer_client.outcome import Outcome
 
 MAX_ITERATIONS = 16384  # Kafka's ScramMechanism maximum
 MECHANISM_BY_CODE = {1: "SCRAM-SHA-256", 2: "SCRAM-SHA-512"}  # Kafka's ScramMechanism codes
+DUPLICATE_MESSAGE = "A user credential cannot be altered twice in the same request"  # Kafka's words
 CODE_BY_MECHANISM = {name: number for number, name in MECHANISM_BY_CODE.items()}
 
 
@@ -101,10 +103,11 @@ class ScramCredentialHandlers:
             refused = (E.CLUSTER_AUTHORIZATION_FAILED, "ALTER on the cluster is needed to alter SCRAM credentials")
             return response({name: refused for name in names})
         errors: dict[str, tuple[E.ErrorCode, str]] = {}
-        pairs = Counter((entry.name, int(entry.mechanism)) for entry in (*request.deletions, *request.upsertions))
-        for (name, mechanism), count in pairs.items():
-            if count > 1:
-                errors.setdefault(name, (E.DUPLICATE_RESOURCE, "a credential is altered more than once"))
+        entries = [(entry.name, int(entry.mechanism)) for entry in (*request.deletions, *request.upsertions)]
+        named = Counter(name for name, _ in entries)
+        for name, mechanism in entries:
+            if named[name] > 1:  # as Kafka's controller (ScramControlManager), whatever the mechanisms
+                errors.setdefault(name, (E.DUPLICATE_RESOURCE, DUPLICATE_MESSAGE))
             elif mechanism not in MECHANISM_BY_CODE:
                 errors.setdefault(name, (E.UNSUPPORTED_SASL_MECHANISM, f"mechanism {mechanism}: SCRAM-SHA-256 (1) "
                                                                        "or SCRAM-SHA-512 (2)"))

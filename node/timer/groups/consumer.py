@@ -160,8 +160,9 @@ class ConsumerGroups:
                 epoch = self._leave(d)
                 return self._answer(waiter, E.none, None, d.member, epoch,
                                     interval_ms=self.settings(d.group).heartbeat_interval_ms)
-            group, member, full = self._join_or_find(d)
-            changed = self._update_member(group, member, d) or full and d.member_epoch == 0
+            group, member, full, replaced = self._join_or_find(d)
+            # A join changes the membership, but a static member taking its instance's place back does not.
+            changed = self._update_member(group, member, d) or full and d.member_epoch == 0 and not replaced
             self._refresh_target(group, changed)
             moved = self._reconcile(group, member, as_partitions(d.owned))
         except HeartbeatError as exc:
@@ -239,8 +240,9 @@ class ConsumerGroups:
         group = self.groups[group_id] = ConsumerGroup(group_id, empty_since_ms=self.clock())
         return group
 
-    def _join_or_find(self, d: Any) -> tuple[ConsumerGroup, ConsumerMember, bool]:
-        """The group and member the heartbeat is for, and whether the request is a full one (a join)."""
+    def _join_or_find(self, d: Any) -> tuple[ConsumerGroup, ConsumerMember, bool, bool]:
+        """The group and member the heartbeat is for, whether the request is a full one (a join), and whether it is
+        a static member's return under a new member id."""
         group = self._group(d.group, create=d.member_epoch == 0)
         member = group.members.get(d.member)
         if d.member_epoch == 0:
@@ -254,7 +256,7 @@ class ConsumerGroups:
                     self.sessions.forget((group.group_id, holder))
                     self.revocations.forget((group.group_id, holder))
                     group.replace_static(holder, member)
-                    return group, member, True
+                    return group, member, True, True
             if member is None:
                 if self.config.consumer_max_size and len(group.members) >= self.config.consumer_max_size:
                     raise HeartbeatError(E.group_max_size_reached, f"The group {group.group_id} is full.")
@@ -265,7 +267,7 @@ class ConsumerGroups:
                 member.assigned, member.pending_revocation = {}, {}
                 member.state, member.epoch, member.previous_epoch = MemberState.STABLE, 0, -1
                 self.revocations.forget((group.group_id, member.member_id))
-            return group, member, True
+            return group, member, True, False
         if member is None:
             raise HeartbeatError(E.unknown_member_id, f"Member {d.member} is not a member of group {d.group}.")
         if member.instance_id is not None and d.instance is not None and d.instance != member.instance_id:
@@ -273,7 +275,7 @@ class ConsumerGroups:
         self._check_epoch(member, d.member_epoch, as_partitions(d.owned))
         full = d.rebalance_timeout_ms != -1 and (d.subscribed_topics is not None or d.subscribed_regex is not None) \
             and d.owned is not None
-        return group, member, full
+        return group, member, full, False
 
     @staticmethod
     def _check_epoch(member: ConsumerMember, received: int, owned: dict | None) -> None:

@@ -156,10 +156,15 @@ class ConsumerGroup:
         return member
 
     def replace_static(self, old_id: str, member: ConsumerMember) -> None:
-        """A static member back under a new member id takes over its instance's assignment."""
+        """A static member back under a new member id takes over its instance's assignment and subscription (as
+        Kafka copies the member under its new id): the same subscription in its heartbeat changes nothing, so the
+        group epoch stays and no other member reconciles."""
         old = self.members.pop(old_id)
         self.release(old)
         member.assigned, member.pending_revocation = old.assigned, old.pending_revocation
+        member.subscribed_topics, member.subscribed_regex = old.subscribed_topics, old.subscribed_regex
+        member.assignor, member.rack_id, member.rebalance_timeout_ms = old.assignor, old.rack_id, \
+            old.rebalance_timeout_ms
         member.state, member.epoch, member.previous_epoch = old.state, 0, old.previous_epoch
         if old_id in self.target:
             self.target[member.member_id] = self.target.pop(old_id)
