@@ -10,7 +10,7 @@ import time
 
 import pytest
 from confluent_kafka import KafkaException
-from confluent_kafka.admin import (AdminClient, ScramCredentialInfo, ScramMechanism, UserScramCredentialDeletion,
+from confluent_kafka.admin import (ScramCredentialInfo, ScramMechanism, UserScramCredentialDeletion,
                                    UserScramCredentialUpsertion)
 
 from scripts.harness import rawkafka as R
