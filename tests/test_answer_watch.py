@@ -12,6 +12,7 @@ import glob
 import logging
 import os
 import socket
+import time
 
 import pytest
 from kio.static.primitive import i32, i64
@@ -260,3 +261,25 @@ def test_a_read_that_misses_the_last_acknowledged_commit_is_a_breach(committed_o
     assert offsets.fetch("g", [("t", 0)])[("t", 0)].offset == 10
     found = breaches()
     assert len(found) == 1 and "group 'g' reads t-0 at offset 10; the last commit acknowledged was 20" in found[0]
+
+
+@pytest.mark.node
+def test_a_fetch_pipelined_behind_a_long_poll_never_answers_an_older_high_watermark(node_factory):
+    """Found by the watch (aiokafka, after a rebalance, sends a new Fetch while its last one still waits): the
+    node answered the second at once, from the log as it was, while the first, still waiting, was answered later
+    from a newer state; the client read the newer high watermark, then the older one. Kafka reads the second
+    only once it answered the first. Now the first is answered as the second arrives, then the second."""
+    node = node_factory(workers=1)
+    with R.RawConnection("127.0.0.1", node.port) as conn:
+        assert conn.call(P.CREATE_TOPICS, 4, R.create_topics_body({"polled": 1, "busy": 1})).topics[0].error_code == 0
+        ten = R.make_batch(10, 10)
+        conn.call(P.PRODUCE, 8, R.produce_body({"polled": {0: ten}, "busy": {0: ten}}))
+    with R.RawConnection("127.0.0.1", node.port) as reader, R.RawConnection("127.0.0.1", node.port) as writer:
+        reader.send(P.FETCH, 11, R.fetch_body({"polled": {0: 10}}, max_wait_ms=5000))  # waits: nothing past 10
+        time.sleep(0.3)
+        reader.send(P.FETCH, 11, R.fetch_body({"polled": {0: 10}, "busy": {0: 0}}, max_wait_ms=5000))  # has records
+        time.sleep(0.3)
+        writer.call(P.PRODUCE, 8, R.produce_body({"polled": {0: R.make_batch(5, 10)}}))
+        answers = [R.parse_fetch_response(11, reader.recv_response()[3]) for _ in range(2)]
+    polled = [next(p.high_watermark for p in answer.partitions if p.topic == "polled") for answer in answers]
+    assert polled[0] <= polled[1], polled  # the old node: [15, 10]

@@ -106,6 +106,7 @@ log = logging.getLogger("shmbroker.worker")
 # The stats fields of each SASL mechanism (sasl_logins_<name>, sasl_login_failures_<name>) and its counters' index.
 SASL_STATS_NAMES = tuple((mechanism.lower().replace("-", "_"), index) for mechanism, index in MECHANISM_INDEX.items())
 WAKEUP_READ_BYTES = 512  # one byte per signal delivered; more than a turn ever sees
+READS_BEHIND_A_POLL = frozenset((P.FETCH, P.LIST_OFFSETS))  # answered after a long poll of their connection
 
 
 class Worker:
@@ -370,6 +371,11 @@ class Worker:
                 request = self._fetch_request(conn, header.api_version, body)
             else:
                 request = P.decode_request(header.api_key, header.api_version, body)
+            if header.api_key in READS_BEHIND_A_POLL and self.delayed.holds(conn):
+                # Kafka reads a connection's next request only once it answered the last: a read pipelined behind
+                # a long poll must not answer from an older state than the poll's answer, which its client reads
+                # first (a high watermark that goes back). The poll is answered now, as if its wait had ended.
+                self.delayed.answer_fetches_now(conn)
             outcome = self.handlers.dispatch(req, request)
         except ProtocolError as exc:
             if stats is not None:

@@ -303,6 +303,16 @@ class DelayedRequests:
         """Whether a request of `conn` waits here."""
         return conn in self._by_connection
 
+    def answer_fetches_now(self, conn: Connection) -> None:
+        """Answer `conn`'s waiting fetches at once, in arrival order, as if their deadlines had come (a read of the
+        same connection arrived behind them: workers.worker); the timer drops the handed-off ones' waits."""
+        ids = sorted(rid for rid in self._by_connection.get(conn, ()) if self.waiting[rid].fetch is not None)
+        cancelled = [(rid,) for rid in ids if self.waiting[rid].handed_off]
+        for request_id in ids:
+            self._finish(request_id, Completed(M.Status.EXPIRED))
+        if cancelled:
+            self._send_items(M.Kind.CANCEL, cancelled)
+
     def cancel_connection(self, conn: Connection) -> None:
         """The connection closed: forget its waits and tell the timer to drop them."""
         ids = self._by_connection.pop(conn, None)
