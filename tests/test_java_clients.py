@@ -254,8 +254,6 @@ def test_admin_describe_and_list_transactions(admin_steps):
     assert (got["lso"], got["high_watermark"]) == (0, 1)
 
 
-@pytest.mark.xfail(strict=True, reason="the node has no WriteTxnMarkers, which Admin.abortTransaction sends to the "
-                                       "partition's leader (UnsupportedVersionException)")
 def test_admin_abort_transaction(admin_steps):
     got = admin_steps["abort-transaction"]
     assert got["aborted"] is True, got
