@@ -21,9 +21,8 @@ fetched: scripts/harness/kafka_peer.py), print one JSON line per step, and the t
   and deleteRecords, consumer groups (listGroups with types and states, describe, alterConsumerGroupOffsets while
   active and empty, listConsumerGroupOffsets, delete), ACLs (create, describe by filters, delete), SCRAM users
   (alterUserScramCredentials, describeUserScramCredentials), describeTransactions and listTransactions of an open
-  transaction, abortTransaction, describeCluster and describeFeatures.
-
-What the node lacks is marked xfail (strict) with its reason: abortTransaction (WriteTxnMarkers).
+  transaction, abortTransaction (WriteTxnMarkers, under the coordinator's open transaction), describeCluster and
+  describeFeatures.
 """
 
 from __future__ import annotations
