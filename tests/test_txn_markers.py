@@ -1,7 +1,8 @@
 """WriteTxnMarkers (workers/api/txn_markers.py) on a live node, raw: each partition's error as Kafka answers it,
 the marker closing the producer's transaction there (the last stable offset moves, an ABORT is listed to
 read_committed readers), the cluster permission, and a transaction its coordinator still has open aborted under
-it (its own marker then changes nothing; the producer goes on)."""
+it (its own marker then changes nothing; the producer goes on). Then the handler alone, on a partition store with
+the timer's wait in the test's hands: the answer waits for the marker's fsync."""
 
 from __future__ import annotations
 
@@ -11,10 +12,18 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 
 from scripts.harness import rawkafka as R
+from shmbroker.node.config import NodeConfig
 from shmbroker.node.storage import records
+from shmbroker.node.storage.log import LogConfig
+from shmbroker.node.storage.store import PartitionStore
+from shmbroker.shm import messages as M
+from shmbroker.workers.api.txn_markers import TxnMarkerHandlers
+from shmbroker.workers.codecs import protocol as P
+from shmbroker.workers.timer_client.delayed import Completed
+from tests.record_batches import SharedTable
 from tests.test_transactions import CONFIG, TIMEOUT_S, create, in_transaction, transactional
+from tests.test_transactions_handlers import call
 
-pytestmark = pytest.mark.node
 
 WRITE_TXN_MARKERS, LIST_OFFSETS, DESCRIBE_PRODUCERS = 27, 2, 61
 NONE, UNKNOWN_TOPIC_OR_PARTITION, INVALID_PRODUCER_EPOCH, CLUSTER_AUTHORIZATION_FAILED = 0, 3, 47, 31
@@ -59,6 +68,7 @@ def produce(conn: R.RawConnection, topic: str, partition: int, batch: bytes) -> 
     assert answer.responses[0].partition_responses[0].error_code == 0, answer
 
 
+@pytest.mark.node
 def test_markers_answer_kafkas_errors_and_close_the_transaction(node_factory):
     node = node_factory(workers=1, config=CONFIG)
     create(node.bootstrap, "wtm", 2)
@@ -82,6 +92,7 @@ def test_markers_answer_kafkas_errors_and_close_the_transaction(node_factory):
         assert last_stable_offset(conn, "wtm", 0) == 4
 
 
+@pytest.mark.node
 def test_markers_need_a_cluster_permission(node_factory):
     node = node_factory(workers=1, config=CONFIG + "[authorizer]\nenabled = true\n")
     with R.RawConnection("127.0.0.1", node.port, timeout_s=TIMEOUT_S) as conn:
@@ -90,6 +101,7 @@ def test_markers_need_a_cluster_permission(node_factory):
             (5001, [("u", 0, CLUSTER_AUTHORIZATION_FAILED)])]
 
 
+@pytest.mark.node
 def test_an_open_transaction_of_the_coordinator_aborted_under_it(node_factory):
     """Kafka leaves this to the operator: the partition's transaction is aborted; the coordinator, which still has
     it open, commits it later with a marker that finds nothing open there; the producer's next transaction is
@@ -126,3 +138,73 @@ def test_an_open_transaction_of_the_coordinator_aborted_under_it(node_factory):
     finally:
         consumer.close()
     assert got == [(5, b"after")]
+
+
+# --------------------------------------------------------------------------- the handler alone: the fsync wait
+
+
+class Delayed:
+    """DelayedRequests' side the handler uses: the fsync wait kept for the test to finish."""
+
+    def __init__(self) -> None:
+        self.waits = None
+        self.finish = None
+        self.appended_rows: list[int] = []
+
+    def appended(self, row: int) -> None:
+        self.appended_rows.append(row)
+
+    def wants_flush(self, row: int) -> None:
+        pass
+
+    def delay_produce(self, req, waits, timeout_ms, finish):
+        self.waits, self.finish = waits, finish
+        return "deferred"
+
+
+@pytest.fixture
+def handler(tmp_path, nothing_left_in_dev_shm):
+
+    with SharedTable(rows=4) as table:
+        store = PartitionStore(str(tmp_path), table, LogConfig(), 4)
+        store.create_topics([("t", 1, {})])
+        delayed = Delayed()
+        yield TxnMarkerHandlers(store, NodeConfig(), delayed), store, delayed
+        store.close()
+
+
+def handler_call(handler, *markers):
+
+    request = R.request_entity(WRITE_TXN_MARKERS, VERSION, "WriteTxnMarkersRequest", markers=tuple(
+        R.request_entity(WRITE_TXN_MARKERS, VERSION, "WritableTxnMarker", producer_id=pid, producer_epoch=epoch,
+                         transaction_result=commit, coordinator_epoch=0, transaction_version=0, topics=tuple(
+                             R.request_entity(WRITE_TXN_MARKERS, VERSION, "WritableTxnMarkerTopic", name=topic,
+                                              partition_indexes=tuple(parts)) for topic, parts in topics.items()))
+        for pid, epoch, commit, topics in markers))
+    _, _, outcome = call(handler.write_txn_markers, P.WRITE_TXN_MARKERS, VERSION, request)
+
+    def errors(done):
+        (frame,) = done.pieces
+        answer = R.decode_response(P.WRITE_TXN_MARKERS, VERSION, memoryview(frame)[8:])  # after size, correlation id
+        return [(t.name, p.partition_index, int(p.error_code)) for m in answer.markers for t in m.topics
+                for p in t.partitions]
+    return outcome, errors
+
+
+@pytest.mark.parametrize("how", ["flushed", "expired", "failed"])
+def test_a_marker_is_answered_once_fsynced(handler, how):
+    """The answer waits for the marker's fsync (the timer's DELAY_PRODUCE wait): NONE once the partition is
+    flushed past the marker, REQUEST_TIMED_OUT if the wait expired first, the timer's error if the fsync failed."""
+    handlers, store, delayed = handler
+    row = store.row("t", 0)
+    store.log(row).append(open_batch(9000, 0))
+    outcome, errors = handler_call(handlers, (9000, 0, False, {"t": [0]}))
+    assert outcome == "deferred" and delayed.waits == [(row, 3)] and delayed.appended_rows == [row]
+    assert store.table.read(row).first_unstable_offset == -1  # closed in the partition at once: the LSO moved
+    if how == "flushed":
+        store.log(row).flush()
+        assert errors(delayed.finish(Completed(M.Status.SATISFIED))) == [("t", 0, NONE)]
+    elif how == "expired":
+        assert errors(delayed.finish(Completed(M.Status.EXPIRED))) == [("t", 0, 7)]  # REQUEST_TIMED_OUT
+    else:
+        assert errors(delayed.finish(Completed(M.Status.FAILED, 56))) == [("t", 0, 56)]  # KAFKA_STORAGE_ERROR
