@@ -935,7 +935,6 @@ API_VERSION_DIFFERENCES = {
     24: [[0, 5], [0, 3]],  # add_partitions_to_txn
     25: [[0, 4], [0, 3]],  # add_offsets_to_txn
     26: [[0, 5], [0, 3]],  # end_txn
-    27: [[1, 2], None],  # write_txn_markers
     28: [[0, 6], [0, 3]],  # txn_offset_commit
     29: [[1, 3], [0, 3]],  # describe_acls
     30: [[1, 3], [0, 3]],  # create_acls

@@ -21,9 +21,8 @@ fetched: scripts/harness/kafka_peer.py), print one JSON line per step, and the t
   and deleteRecords, consumer groups (listGroups with types and states, describe, alterConsumerGroupOffsets while
   active and empty, listConsumerGroupOffsets, delete), ACLs (create, describe by filters, delete), SCRAM users
   (alterUserScramCredentials, describeUserScramCredentials), describeTransactions and listTransactions of an open
-  transaction, abortTransaction, describeCluster and describeFeatures.
-
-What the node lacks is marked xfail (strict) with its reason: abortTransaction (WriteTxnMarkers).
+  transaction, abortTransaction (WriteTxnMarkers, under the coordinator's open transaction), describeCluster and
+  describeFeatures.
 """
 
 from __future__ import annotations
@@ -254,8 +253,6 @@ def test_admin_describe_and_list_transactions(admin_steps):
     assert (got["lso"], got["high_watermark"]) == (0, 1)
 
 
-@pytest.mark.xfail(strict=True, reason="the node has no WriteTxnMarkers, which Admin.abortTransaction sends to the "
-                                       "partition's leader (UnsupportedVersionException)")
 def test_admin_abort_transaction(admin_steps):
     got = admin_steps["abort-transaction"]
     assert got["aborted"] is True, got

@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import json
 import re
+import time
 
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
+from scripts.harness import rawkafka as R
 from scripts.harness.kafka_peer import ToolRunner, tool
 from scripts.harness.nodeproc import NodeProcess
+from shmbroker.node.storage import records
 
 pytestmark = pytest.mark.node
 
@@ -56,10 +59,10 @@ def run(tools: ToolRunner, main_class: str, node: NodeProcess, *args: str, stdin
     return done.stdout
 
 
-def produce(node: NodeProcess, topic: str, count: int) -> None:
+def produce(node: NodeProcess, topic: str, count: int, partitions: int = 2) -> None:
     producer = Producer({"bootstrap.servers": node.bootstrap})
     for i in range(count):
-        producer.produce(topic, key=b"k%d" % i, value=b"v%d" % i, partition=i % 2)
+        producer.produce(topic, key=b"k%d" % i, value=b"v%d" % i, partition=i % partitions)
     assert producer.flush(TIMEOUT_S) == 0
 
 
@@ -183,3 +186,47 @@ def test_kafka_configs_describes_client_quotas_and_users(tools, node):
                         "--entity-name", "cli-quota", "--alter", "--add-config", "producer_byte_rate=1024",
                         check=False, timeout=TIMEOUT_S)
     assert refused.returncode != 0 and "UnsupportedVersionException" in refused.stdout + refused.stderr, refused
+
+
+def test_kafka_transactions_finds_and_aborts_a_hanging_transaction(tools, node):
+    """KIP-664: a transactional batch of a producer the coordinator has no state for (as left by a client that wrote
+    to a partition it never added, or whose coordinator state is gone) opens a transaction no marker of the
+    coordinator will close; read_committed readers stop at it. `kafka-transactions find-hanging` names it (open
+    longer than the longest transaction may last), `abort` closes it with WriteTxnMarkers, and a read_committed
+    consumer then reads past it."""
+    topic, producer_id = "cli-hanging", 424242
+    run(tools, "TopicCommand", node, "--create", "--topic", topic, "--partitions", "1")
+    an_hour_ago = int(time.time() * 1000) - 3_600_000
+    hanging = records.build_batch([(b"h%d" % i, b"hanging %d" % i) for i in range(2)], an_hour_ago,
+                                  producer_id=producer_id, producer_epoch=3, base_sequence=0, transactional=True)
+    with R.RawConnection("127.0.0.1", node.port, timeout_s=20) as conn:
+        answer = conn.call(0, 8, R.produce_body({topic: {0: hanging}}, acks=-1))
+        assert answer.responses[0].partition_responses[0].error_code == 0, answer
+    produce(node, topic, RECORDS // 2, partitions=1)  # offsets 2..11, past the open transaction
+
+    found = run(tools, "TransactionsCommand", node, "find-hanging", "--topic", topic).splitlines()
+    assert found[0].split()[:4] == ["Topic", "Partition", "ProducerId", "ProducerEpoch"], found
+    # The producer's epoch, no coordinator epoch (-1), the first offset, open for an hour (its last timestamp).
+    assert [line.split()[:6] + line.split()[7:8] for line in found[1:]] == [
+        [topic, "0", str(producer_id), "3", "-1", "0", "60"]], found
+
+    aborted = run(tools, "TransactionsCommand", node, "abort", "--topic", topic, "--partition", "0",
+                  "--start-offset", "0")
+    assert aborted.strip() == "", aborted  # the tool says nothing when the abort is done
+    assert run(tools, "TransactionsCommand", node, "find-hanging", "--topic", topic).splitlines()[1:] == []
+
+    consumer = Consumer({"bootstrap.servers": node.bootstrap, "group.id": "cli-hanging-reader",
+                         "auto.offset.reset": "earliest", "isolation.level": "read_committed",
+                         "enable.auto.commit": False})
+    try:
+        consumer.assign([TopicPartition(topic, 0, 0)])
+        got = []
+        deadline = time.monotonic() + 30
+        while len(got) < RECORDS // 2 and time.monotonic() < deadline:
+            message = consumer.poll(1.0)
+            if message is not None and message.error() is None:
+                got.append((message.offset(), message.value()))
+    finally:
+        consumer.close()
+    # The aborted records (offsets 0-1) are skipped, every other one read (the marker, at 12, is the node's).
+    assert got == [(2 + i, b"v%d" % i) for i in range(RECORDS // 2)], got

@@ -85,6 +85,7 @@ def test_advertised_versions_are_the_supported_ones() -> None:
         25: (0, 3),  # AddOffsetsToTxn
         26: (0, 3),  # EndTxn
         28: (0, 3),  # TxnOffsetCommit: v3 with KIP-447's member checks
+        27: (1, 2),  # WriteTxnMarkers: an operator's marker (Admin.abortTransaction); 2: KIP-1228's version
         17: (0, 1),  # SaslHandshake: v0-1, the versions librdkafka, kafka-python, aiokafka and KafkaJS use
         36: (0, 2),  # SaslAuthenticate: v1 carries the session lifetime (KIP-368), v2 is flexible
         66: (0, 2),  # ListTransactions (2: KIP-1152's id pattern)

@@ -136,6 +136,11 @@ def request_for(api_key: int, version: int, tag: str):
                      "TxnOffsetCommitRequestTopic", name=TOPIC, partitions=(b(
                          "TxnOffsetCommitRequestPartition", partition_index=i32(0), committed_offset=i64(0),
                          committed_leader_epoch=i32(-1), committed_metadata=""),)),))
+    if api_key == P.WRITE_TXN_MARKERS:  # a producer that never wrote there: the marker is written, closes nothing
+        return b("WriteTxnMarkersRequest", markers=(b(
+            "WritableTxnMarker", producer_id=i64(7000 + version), producer_epoch=i16(0), transaction_result=False,
+            topics=(b("WritableTxnMarkerTopic", name=TOPIC, partition_indexes=(i32(1),)),), coordinator_epoch=i32(0),
+            transaction_version=i8(0)),))
     if api_key == P.CONSUMER_GROUP_HEARTBEAT:
         return b("ConsumerGroupHeartbeatRequest", group_id=group, member_id=f"m-{tag}", member_epoch=i32(0),
                  instance_id=None, rack_id=None, rebalance_timeout=ms(10_000), subscribed_topic_names=(TOPIC,),
@@ -219,6 +224,9 @@ def test_every_api_at_every_advertised_version_is_answered(node_factory) -> None
             if api_key == P.FIND_COORDINATOR and version >= 4:
                 assert [c.key for c in response.coordinators] == [f"g-10-{version}", f"g-10-{version}-b"]
                 assert all(c.port == node.port for c in response.coordinators)
+            if api_key == P.WRITE_TXN_MARKERS:
+                assert [(m.producer_id, [[int(p.error_code) for p in t.partitions] for t in m.topics])
+                        for m in response.markers] == [(7000 + version, [[0]])], version
             if api_key == P.SYNC_GROUP and version >= 5:
                 assert response.error_code != 0  # nobody is no member
 

@@ -32,6 +32,7 @@ API_NAMES = {
     10: "FindCoordinator", 11: "JoinGroup", 12: "Heartbeat", 13: "LeaveGroup", 14: "SyncGroup",
     15: "DescribeGroups", 16: "ListGroups", 18: "ApiVersions", 19: "CreateTopics", 20: "DeleteTopics",
     21: "DeleteRecords", 22: "InitProducerId", 24: "AddPartitionsToTxn", 25: "AddOffsetsToTxn", 26: "EndTxn",
+    27: "WriteTxnMarkers",
     28: "TxnOffsetCommit", 32: "DescribeConfigs", 33: "AlterConfigs", 37: "CreatePartitions", 42: "DeleteGroups",
     44: "IncrementalAlterConfigs", 47: "OffsetDelete", 17: "SaslHandshake", 29: "DescribeAcls", 30: "CreateAcls",
     31: "DeleteAcls", 36: "SaslAuthenticate", 60: "DescribeCluster", 61: "DescribeProducers",

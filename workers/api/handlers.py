@@ -54,6 +54,7 @@ from shmbroker.workers.api.cluster import ClusterHandlers
 from shmbroker.workers.api.client_quotas import ClientQuotaHandlers
 from shmbroker.workers.api.groups import GroupHandlers
 from shmbroker.workers.api.transactions import TransactionHandlers, expected_producer
+from shmbroker.workers.api.txn_markers import TxnMarkerHandlers
 from shmbroker.workers.codecs.fetch import FetchPartitionResult, FetchTopicResult, encode_fetch_response
 from shmbroker.workers.api import priority
 from shmbroker.workers.timer_client.outcome import Outcome
@@ -125,6 +126,7 @@ class Handlers:
             **GroupHandlers(config, delayed, authorizer).table(),
             **ConsumerGroupHandlers(partitions, config, delayed, authorizer).table(),
             **self.transactions.table(),
+            **TxnMarkerHandlers(partitions, config, delayed, authorizer).table(),
             **AdminHandlers(partitions, config, delayed, authorizer).table(),
             **ClusterHandlers(partitions, config, cluster_id, authorizer).table(),
             **ClientQuotaHandlers(lambda: self.config, authorizer).table(),

@@ -83,6 +83,7 @@ INIT_PRODUCER_ID = 22
 ADD_PARTITIONS_TO_TXN = 24
 ADD_OFFSETS_TO_TXN = 25
 END_TXN = 26
+WRITE_TXN_MARKERS = 27
 TXN_OFFSET_COMMIT = 28
 DESCRIBE_CONFIGS = 32
 ALTER_CONFIGS = 33
@@ -149,6 +150,8 @@ SUPPORTED_APIS: dict[int, tuple[int, int]] = {
     ADD_PARTITIONS_TO_TXN: (0, 3),
     ADD_OFFSETS_TO_TXN: (0, 3),
     END_TXN: (0, 3),
+    # A marker written on an operator's request (Admin.abortTransaction: workers/api/txn_markers.py).
+    WRITE_TXN_MARKERS: (1, 2),
     TXN_OFFSET_COMMIT: (0, 3),  # v3: KIP-447's member checks, by the group coordinator beside it in the timer
     # SASL on the SASL listeners (workers/api/sasl.py).
     SASL_HANDSHAKE: (0, 1),
@@ -186,7 +189,7 @@ FIRST_FLEXIBLE: dict[int, int] = {
     CREATE_PARTITIONS: 2, DELETE_GROUPS: 2, INCREMENTAL_ALTER_CONFIGS: 1, DESCRIBE_USER_SCRAM_CREDENTIALS: 0,
     ALTER_USER_SCRAM_CREDENTIALS: 0, DESCRIBE_CLUSTER: 0, DESCRIBE_PRODUCERS: 0, DESCRIBE_TRANSACTIONS: 0,
     LIST_TRANSACTIONS: 0, CONSUMER_GROUP_HEARTBEAT: 0, CONSUMER_GROUP_DESCRIBE: 0, DESCRIBE_QUORUM: 0,
-    DESCRIBE_CLIENT_QUOTAS: 1,
+    DESCRIBE_CLIENT_QUOTAS: 1, WRITE_TXN_MARKERS: 1,
 }  # SaslHandshake and OffsetDelete have no flexible version
 
 
@@ -452,6 +455,7 @@ __all__ = [
     "ADD_PARTITIONS_TO_TXN",
     "ADD_OFFSETS_TO_TXN",
     "END_TXN",
+    "WRITE_TXN_MARKERS",
     "TXN_OFFSET_COMMIT",
     "DESCRIBE_CONFIGS",
     "ALTER_CONFIGS",
