@@ -136,11 +136,11 @@ COMPACTING_NODE_CONFIG = "[cleaner]\nbackoff_ms = 1000\nio_max_bytes_per_second 
 COMPACTING_KAFKA_SETTINGS = {"log.cleaner.backoff.ms": "1000"}  # Kafka's cleaner has no I/O limit by default
 # Kafka's deleted topics wait a minute (file.delete.delay.ms) before their files go: section 5 measures the disk.
 # The peer's test setting of no initial rebalance delay is put back to Kafka's default (the node's too): a new
-# group's first members then join one generation together.
+# group's first members then join one generation together (--group-join-delay-ms sets both).
 # Kafka's listen backlog (socket.listen.backlog.size, 50) is the node's (1024): with 50, a burst of 10,000 connects
 # overflows it and SYN retries take minutes, which sections 7-9 would measure instead of the long polls.
-KAFKA_REPORT_SETTINGS = {"file.delete.delay.ms": "1000", "group.initial.rebalance.delay.ms": "3000",
-                         "socket.listen.backlog.size": "1024"}
+KAFKA_REPORT_SETTINGS = {"file.delete.delay.ms": "1000", "socket.listen.backlog.size": "1024"}
+GROUP_JOIN_DELAY_MS = 3000  # group.initial.rebalance.delay.ms of both brokers (--group-join-delay-ms)
 KAFKA_HEAP_MB = 1024  # Kafka's default heap (kafka-server-start.sh: -Xmx1G)
 
 
@@ -184,6 +184,10 @@ class Plan:
     runs: int = 3  # every section but the fill, the servers taking turns to go first; medians reported
     e2e_settle_s: float = E2E_SETTLE_MAX_S  # section 6: the longest wait for an idle machine
     e2e_tool_records: int = E2E_TOOL_RECORDS  # section 6: records Kafka's EndToEndLatency sends
+    group_periods: int = GROUP_HEARTBEAT_PERIODS  # consumer groups: heartbeat intervals measured
+    e2e_seconds: float | None = None  # section 6: seconds of each case per round (None: twice `seconds`)
+    e2e_warmup_s: float = E2E_WARMUP_ROUND_S  # section 6: seconds of each case in the dropped warm-up round
+    group_join_delay_ms: int = GROUP_JOIN_DELAY_MS  # the initial rebalance delay of the node and Kafka
     notes: list[str] = field(default_factory=list)  # what was scaled down, and why: printed in the report
 
 
@@ -510,7 +514,7 @@ def e2e_rounds(run: Run, brokers: list[servers.Server], redis: servers.Server) -
     settled_s = settle(run.plan.e2e_settle_s, E2E_SETTLE_BUSY_PERCENT)
     print(f"bench_report: end-to-end: the machine settled in {settled_s:.1f} s", file=sys.stderr, flush=True)
     for round_ in range(-1, run.plan.e2e_runs):  # round -1: the warm-up, dropped
-        seconds = E2E_WARMUP_ROUND_S if round_ < 0 else run.plan.seconds * 2
+        seconds = run.plan.e2e_warmup_s if round_ < 0 else run.plan.e2e_seconds or run.plan.seconds * 2
         for broker in brokers:
             for client, case, _ in cases:
                 topic = f"report-e2e-{client.__name__}-{round_ + 1}-{os.getpid()}"
@@ -749,8 +753,9 @@ def startup(run: Run, system: str) -> None:
 
 def group_heartbeats(run: Run, server: servers.Server, protocol: str) -> None:
     """--group-members members in groups of 10 (bench_groups for the classic protocol, bench_consumer_groups for
-    KIP-848's), each heartbeating at its own phase, for GROUP_HEARTBEAT_PERIODS heartbeat intervals."""
-    members, seconds = run.plan.group_members, GROUP_HEARTBEAT_PERIODS * GROUP_HEARTBEAT_MS[protocol] / 1000
+    KIP-848's), each heartbeating at its own phase, for --group-periods heartbeat intervals (each member's first
+    heartbeat comes within the first interval)."""
+    members, seconds = run.plan.group_members, run.plan.group_periods * GROUP_HEARTBEAT_MS[protocol] / 1000
     # A connection per member, as real consumers have: Kafka reads a connection's next request only once it has
     # answered the last, so members sharing one would join one at a time, each JoinGroup held in the join phase.
     common = {"members": members, "group_size": 10, "heartbeat_ms": GROUP_HEARTBEAT_MS[protocol],
@@ -1486,11 +1491,13 @@ def open_server(plan: Plan, system: str, max_clients: int = 10_000, compacting: 
     always. `compacting`: the cleaners of the node and Kafka look for dirty logs every second, with no I/O
     limit (the compaction section's like for like)."""
     if system == servers.NODE:
-        config = COMPACTING_NODE_CONFIG if compacting else ""
+        config = f"[groups]\ninitial_rebalance_delay_ms = {plan.group_join_delay_ms}\n" \
+            + (COMPACTING_NODE_CONFIG if compacting else "")
         with NodeProcess(workers=plan.workers, config=config, announce=True) as node:
             yield servers.of_node(node)
     elif system in (servers.KAFKA, servers.KAFKA_FSYNC):
-        extra = {**KAFKA_REPORT_SETTINGS, **(COMPACTING_KAFKA_SETTINGS if compacting else {}), **(settings or {})}
+        extra = {**KAFKA_REPORT_SETTINGS, "group.initial.rebalance.delay.ms": str(plan.group_join_delay_ms),
+                 **(COMPACTING_KAFKA_SETTINGS if compacting else {}), **(settings or {})}
         with kafka_peer.KafkaPeer("fsync" if system == servers.KAFKA_FSYNC else "page-cache",
                                   heap_mb=KAFKA_HEAP_MB, settings=extra) as peer:
             yield servers.of_kafka(peer)
@@ -1610,6 +1617,16 @@ def main(argv: list[str] | None = None) -> int:
                         help="section 6: the longest wait for an idle machine (default %(default)s)")
     parser.add_argument("--e2e-tool-records", type=int, default=E2E_TOOL_RECORDS,
                         help="section 6: records Kafka's EndToEndLatency sends (default %(default)s)")
+    parser.add_argument("--group-periods", type=int, default=GROUP_HEARTBEAT_PERIODS,
+                        help="consumer groups: heartbeat intervals measured, of 1 s (classic) and 5 s (KIP-848) "
+                             "(default %(default)s)")
+    parser.add_argument("--e2e-seconds", type=float,
+                        help="section 6: seconds of each case per round (default: twice --seconds)")
+    parser.add_argument("--e2e-warmup-s", type=float, default=E2E_WARMUP_ROUND_S,
+                        help="section 6: seconds of each case in the warm-up round, dropped (default %(default)s)")
+    parser.add_argument("--group-join-delay-ms", type=int, default=GROUP_JOIN_DELAY_MS,
+                        help="the node's and Kafka's initial rebalance delay, which every new group's first join "
+                             "waits (default %(default)s, Kafka's)")
     parser.add_argument("--json", action="store_true", help="the JSON lines on stdout instead of the Markdown")
     args = parser.parse_args(argv)
     base = QUICK if args.quick else FULL
@@ -1621,12 +1638,24 @@ def main(argv: list[str] | None = None) -> int:
     plan = Plan(args.quick, args.workers, pick("seconds"), pick("records"), args.waiters, pick("fanout_rounds"),
                 pick("grow_mb"), pick("grow_steps"), sorted(pick("rates")), pick("rate_seconds"),
                 min(base["waiting_seconds"], pick("seconds")), pick("e2e_runs"), pick("compact_mb"),
-                args.group_members, pick("runs"), args.e2e_settle_s, args.e2e_tool_records)
+                args.group_members, pick("runs"), args.e2e_settle_s, args.e2e_tool_records, args.group_periods,
+                args.e2e_seconds, args.e2e_warmup_s, args.group_join_delay_ms)
     if plan.seconds <= 0 or plan.records < 1000 or plan.workers < 1 or plan.waiters < 1 or plan.fanout_rounds < 1 \
             or plan.grow_mb < 0 or plan.grow_steps < 1 or min(plan.rates) <= 0 or plan.rate_seconds <= 0 \
             or plan.e2e_runs < 1 or plan.compact_mb < 1 or plan.group_members < 10 or plan.runs < 1 \
-            or plan.e2e_settle_s < 0 or plan.e2e_tool_records < 1:
+            or plan.e2e_settle_s < 0 or plan.e2e_tool_records < 1 or plan.group_periods < 1 \
+            or (plan.e2e_seconds is not None and plan.e2e_seconds <= 0) or plan.e2e_warmup_s <= 0 \
+            or plan.group_join_delay_ms < 0:
         parser.error("sizes, counts and durations must be positive, --records at least 1000")
+    if plan.group_periods != GROUP_HEARTBEAT_PERIODS:
+        plan.notes.append(f"Section 9 measured {plan.group_periods} heartbeat intervals of each member, not "
+                          f"{GROUP_HEARTBEAT_PERIODS} (--group-periods).")
+    if plan.e2e_warmup_s != E2E_WARMUP_ROUND_S:
+        plan.notes.append(f"Section 6's warm-up round ran {plan.e2e_warmup_s:g} s of each case, not "
+                          f"{E2E_WARMUP_ROUND_S:g} (--e2e-warmup-s).")
+    if plan.group_join_delay_ms != GROUP_JOIN_DELAY_MS:
+        plan.notes.append(f"The node's and Kafka's initial rebalance delay was {plan.group_join_delay_ms} ms, not "
+                          f"{GROUP_JOIN_DELAY_MS} (--group-join-delay-ms).")
     signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))  # stop the servers cleanly
     raise_fd_limit(plan)
     budget = grow_budget(plan) if plan.grow_mb else 0

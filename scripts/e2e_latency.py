@@ -110,14 +110,19 @@ def _measure(outcome: LatencyOutcome, value: bytes | memoryview, received_ns: in
 
 def _consume_until(outcome: LatencyOutcome, producer: threading.Thread, run: LatencyRun,
                    poll_once: Callable[[], None]) -> None:
-    """Run poll_once until the producer is done and every measured record arrived, or the drain bound."""
+    """Run poll_once until every measured record arrived (the producer may still be waiting for its last
+    record's acknowledgement: a long poll sent now would wait its whole fetch_wait_ms for nothing), or the
+    producer is done and the drain bound passed."""
     started = time.monotonic()
     hard_stop = started + run.ready_timeout_s + run.warmup_seconds + run.seconds + run.drain_seconds \
         + run.request_timeout_s
+    measured_total = int(run.seconds * run.rate)
     drain_until = None
     while time.monotonic() < hard_stop:
         if outcome.producer_error is not None:
             raise RuntimeError("producer failed") from outcome.producer_error
+        if outcome.received >= measured_total:
+            break
         if not producer.is_alive():
             if outcome.received >= outcome.sent:
                 break
@@ -141,6 +146,8 @@ def _send_and_consume(run: LatencyRun, outcome: LatencyOutcome, send: Callable[[
     finally:
         stop.set()
         thread.join(timeout=join_timeout_s)
+    if outcome.producer_error is not None:  # the last send's, after its record arrived
+        raise RuntimeError("producer failed") from outcome.producer_error
 
 
 # --------------------------------------------------------------------------- confluent

@@ -55,7 +55,8 @@ def test_bench_report_writes_tables_plots_and_json_lines(tmp_path):
     done = run(tmp_path, "-m", "scripts.bench_report", "--runs", "1", "--seconds", "1", "--records", "20000",
                "--workers", "1", "--waiters", "100", "--fanout-rounds", "1", "--grow-mb", "16", "--grow-steps", "2",
                "--rates", "200", "400", "--rate-seconds", "0.5", "--e2e-runs", "2", "--e2e-settle-s", "0",
-               "--e2e-tool-records", "200", "--group-members", "20", "--compact-mb", "8", "--out", str(out),
+               "--e2e-tool-records", "200", "--e2e-seconds", "1", "--e2e-warmup-s", "0.5", "--group-members", "20",
+               "--group-periods", "1", "--group-join-delay-ms", "500", "--compact-mb", "8", "--out", str(out),
                "--json", timeout=900)
     rows = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
     assert all(r["run"] == "median" for r in rows)

@@ -73,22 +73,26 @@ def run_client(node, tmp_path: Path, mode: str, client_id: str, topic: str, seco
     return finish(start_client(node, tmp_path, mode, client_id, topic, seconds, **options))
 
 
-def window_rates(events: list, window_s: float, end_s: float, step_s: float = 0.5) -> list[float]:
-    """Bytes per second over every window (t - window_s, t] for t from the first full window's end to end_s."""
+def window_rates(events: list, window_s: float, end_s: float, step_s: float = 0.5,
+                 first_s: float = WINDOW_S) -> list[float]:
+    """Bytes per second over every window (t - window_s, t] for t from the first full window's end (first_s,
+    the quota's window) to end_s."""
     rates = []
-    t = WINDOW_S
+    t = first_s
     while t <= end_s + 1e-9:
         rates.append(sum(n for at, n in events if t - window_s < at <= t) / window_s)
         t += step_s
     return rates
 
 
-def assert_held(events: list, seconds: float, quota: float) -> None:
-    rates = window_rates(events, WINDOW_S, seconds)
-    shortest = window_rates(events, WINDOW_S - 1, seconds)
+def assert_held(events: list, seconds: float, quota: float, sample_s: float = WINDOW_S / 11) -> None:
+    """Held over the quota's window of 11 samples of sample_s (QUOTAS': 1 s), and over windows a sample shorter."""
+    window_s = 11 * sample_s
+    rates = window_rates(events, window_s, seconds, first_s=window_s)
+    shortest = window_rates(events, window_s - sample_s, seconds, first_s=window_s)
     # The figures, for whoever reads the test's output (pytest -rP): the closing notes quote them.
-    print(f"held: median {WINDOW_S:.0f}-s window {statistics.median(rates) / quota:.3f} x quota, "
-          f"highest {WINDOW_S - 1:.0f}-s window {max(shortest) / quota:.3f} x quota")
+    print(f"held: median {window_s:g}-s window {statistics.median(rates) / quota:.3f} x quota, "
+          f"highest {window_s - sample_s:g}-s window {max(shortest) / quota:.3f} x quota")
     assert abs(statistics.median(rates) - quota) <= 0.10 * quota, [round(r / quota, 3) for r in rates]
     assert max(shortest) <= 1.15 * quota, [round(r / quota, 3) for r in shortest]
 
@@ -142,13 +146,15 @@ def test_producer_held_to_its_quota_and_an_unlisted_client_beside_it_is_untouche
 
 
 def test_consumer_held_to_its_fetch_quota(node_factory, tmp_path):
-    node = node_factory(workers=2, config=QUOTAS)
+    """QUOTAS with samples of 500 ms: a 5.5 s window, so 12 s of reading judge it over 14 windows (at 1 s
+    samples it took 20 s for 19 windows of 11 s). A fetch (64 KiB) is 0.6% of a 5 s window at 2 MiB/s."""
+    node = node_factory(workers=2, config=QUOTAS.replace("window_ms = 1000", "window_ms = 500"))
     create_topic(node.bootstrap, "backlog", partitions=1)
-    # 2 MiB/s for 20 s plus the first window's burst: more than the consumer may read in the run.
+    # 2 MiB/s for 12 s plus the first window's burst: more than the consumer may read in the run.
     run_client(node, tmp_path, "produce", "loader", "backlog", 3, rate=30 * MIB)
-    consumer = run_client(node, tmp_path, "consume", "reporting-job", "backlog", 20,
+    consumer = run_client(node, tmp_path, "consume", "reporting-job", "backlog", 12,
                           fetch_partition_bytes=4 * JAVA_BATCH_BYTES)
-    assert_held(consumer["consumed"], consumer["seconds"], 2 * MIB)
+    assert_held(consumer["consumed"], consumer["seconds"], 2 * MIB, sample_s=0.5)
     assert max(consumer["throttle_ms"]) > 0
 
 
@@ -235,7 +241,7 @@ producer_byte_rate = {quota}
 """
     node = node_factory(workers=2, config=limited)
     create_topic(node.bootstrap, "changing", partitions=1)
-    client = start_client(node, tmp_path, "produce", "reporting-job", "changing", 20, rate=4 * quota,
+    client = start_client(node, tmp_path, "produce", "reporting-job", "changing", 16, rate=4 * quota,
                           batch_bytes=JAVA_BATCH_BYTES)
     started = time.monotonic()
 
@@ -246,16 +252,17 @@ producer_byte_rate = {quota}
 
     # Each limited phase is judged over several of its 1.1-s windows: a throttle may take up to a whole window
     # (Kafka's sawtooth), so one second of a phase can fall to a fraction of the quota and the next catch up.
-    reload_at(8, limited.replace(f"producer_byte_rate = {quota}", "producer_byte_rate = 0"))
-    reload_at(11, limited.replace(f"producer_byte_rate = {quota}", "producer_byte_rate = -1"))  # refused
-    reload_at(14, limited)
+    # Each phase is judged over 3-4 s, 3 windows or more.
+    reload_at(6, limited.replace(f"producer_byte_rate = {quota}", "producer_byte_rate = 0"))
+    reload_at(8.5, limited.replace(f"producer_byte_rate = {quota}", "producer_byte_rate = -1"))  # refused
+    reload_at(10, limited)
     run = finish(client)
     assert "quotas.clients.reporting-job.producer_byte_rate: must be 0 (unlimited)" in node.log()
-    per_second = [round(acked_rate(run, started, second, second + 1) / quota, 2) for second in range(20)]
-    assert abs(acked_rate(run, started, 2, 8) - quota) <= 0.15 * quota, per_second  # limited
+    per_second = [round(acked_rate(run, started, second, second + 1) / quota, 2) for second in range(16)]
+    assert abs(acked_rate(run, started, 2, 6) - quota) <= 0.15 * quota, per_second  # limited
     # Unlimited: what it offers (4x) and more (its backlog); the refused file changed nothing.
-    assert acked_rate(run, started, 9, 14) >= 3.5 * quota, per_second
-    assert abs(acked_rate(run, started, 16, 20) - quota) <= 0.15 * quota, per_second  # limited again
+    assert acked_rate(run, started, 7, 10) >= 3.5 * quota, per_second
+    assert abs(acked_rate(run, started, 12, 16) - quota) <= 0.15 * quota, per_second  # limited again
     assert node.alive()
 
 
