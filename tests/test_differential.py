@@ -950,9 +950,7 @@ API_VERSION_DIFFERENCES = {
     43: [[0, 2], None],  # elect_leaders
     45: [[0, 1], None],  # alter_partition_reassignments
     46: [[0, 0], None],  # list_partition_reassignments
-    48: [[0, 1], None],  # describe_client_quotas
     49: [[0, 1], None],  # alter_client_quotas
-    55: [[0, 2], None],  # describe_quorum
     57: [[0, 2], None],  # update_features
     64: [[0, 0], None],  # unregister_broker
     74: [[0, 1], None],  # list_config_resources

@@ -16,7 +16,7 @@ from pyspark_shmbroker import wire
 from scripts import e2e_latency
 from scripts.harness import rawkafka
 from tests.test_quotas import TINY
-from tests.test_transactions import CONFIG, TIMEOUT_S, create, in_transaction, transactional
+from tests.test_transactions import CONFIG, TIMEOUT_S, create, transactional
 
 pytestmark = pytest.mark.node
 FETCH_VERSION = 11
