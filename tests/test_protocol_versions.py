@@ -22,7 +22,7 @@ from kio.static.primitive import Records, i8, i16, i32, i64, i64Timedelta
 
 from scripts.harness import rawkafka as R
 from shmbroker.workers.codecs import protocol as P
-from shmbroker.workers.codecs.tagged_fields import known_tags_filter, uvarint
+from shmbroker.workers.codecs.tagged_fields import uvarint
 
 ALL_VERSIONS = [(key, v) for key, (low, high) in sorted(P.SUPPORTED_APIS.items()) for v in range(low, high + 1)]
 FLEXIBLE = [(key, v) for key, v in ALL_VERSIONS if v >= P.FIRST_FLEXIBLE.get(key, 1 << 15)]
