@@ -47,15 +47,15 @@ SHARED_GROUPS = {
 # (`make test` turns off its reordering by test count): the longest going first, no worker is left with a long
 # one when the others are done.
 LONGEST_GROUPS_FIRST = (
-    "test_ops_scripts",  # the load-test report beside Kafka and Redis: 415 s
-    "spark",  # 220 s
+    "test_ops_scripts",  # the load-test report beside Kafka and Redis: 350-420 s
+    "spark",  # 300-350 s
     "test_bench_scripts",
     "test_transactions",
     "test_stream_processors",
-    "test_kafka_tools",
-    "test_java_clients",  # 60 s: six JVM runs
-    "test_compaction",
     "test_upgrade",
+    "test_admin",
+    "test_compaction",
+    "test_java_clients",  # 60 s: six JVM runs
 )
 
 
