@@ -461,6 +461,11 @@ class Supervisor:
         what = "has not started its loop" if stall.booting else "has not turned its loop"
         log.error("%s (pid %d) %s for %d ms (heartbeat stuck at %d): killing it (SIGKILL) to restart it",
                   child.spec.name, child.process.pid, what, stall.silent_ms, stall.beats)
+        if self.watchdog_s is not None and self.ready:
+            # Withheld now, while the stall is still listed: a replacement that turns its loop within one ping
+            # interval would otherwise leave the hang unseen by the watchdog.
+            self._watchdog(now)
+            self.next_watchdog = now + self.watchdog_s / 10
         self.hangs.forget(stall.slot)
         child.process.kill()
         self._next_hang_kill = now + 2 * self.config.server.heartbeat_interval_ms / 1000
