@@ -28,14 +28,14 @@ test whose node logged it.
 from __future__ import annotations
 
 import logging
-import os
 import struct
 from collections import deque
 from typing import Any, Callable
 
 from shmbroker.node.config import ANSWER_WATCH_BREACH
 from shmbroker.workers.codecs import protocol as P
-from shmbroker.workers.connection import Connection, FileRange, Request
+from shmbroker.workers.codecs.fetch import materialize
+from shmbroker.workers.connection import Connection, Request
 
 log = logging.getLogger("shmbroker.answer_watch")
 
@@ -151,7 +151,7 @@ class AnswerWatch:
     def _decode(self, req: Request, asked: tuple[Any, Any]) -> Callable[[ConnectionView], None] | None:
         header = req.header
         try:
-            wire = _materialize(req.slot.pieces)
+            wire = materialize(req.slot.pieces)
             reader = P.codec(header.api_key, header.api_version)
             body = 9 if reader.response_class.__header_schema__.__version__ >= 1 else 8
             answer, _ = reader_of(reader)(wire, body)
@@ -276,20 +276,6 @@ def _topic_of(topic: Any) -> Any:
     """How a request or answer names a topic: its name up to Fetch v12, its id from v13."""
     topic_id = getattr(topic, "topic_id", None)
     return topic_id if topic_id is not None else topic.topic
-
-
-def _materialize(pieces: list[Any]) -> bytes:
-    """The bytes the client reads: in-memory pieces as they are, file ranges read with pread."""
-    out = bytearray()
-    for piece in pieces:
-        if type(piece) is FileRange:
-            data = os.pread(piece.file, piece.length, piece.position)
-            if len(data) != piece.length:
-                raise ValueError(f"a file range of {piece.length} bytes has {len(data)}")
-            out += data
-        else:
-            out += piece
-    return bytes(out)
 
 
 def _batches(records: bytes) -> list[tuple[int, int]]:

@@ -125,17 +125,22 @@ class FetchResponseFrame:
 
     def to_bytes(self) -> bytes:
         """Materialize the whole frame (tests, small answers); reads file ranges with pread."""
-        out = bytearray()
-        for piece in self.pieces:
-            if isinstance(piece, (bytes, bytearray, memoryview)):
-                out += piece
-                continue
-            fd = piece.file if isinstance(piece.file, int) else piece.file.fileno()
-            data = os.pread(fd, piece.length, piece.position)
-            if len(data) != piece.length:
-                raise ProtocolError(f"file range {piece} is past the end of its file")
-            out += data
-        return bytes(out)
+        return materialize(self.pieces)
+
+
+def materialize(pieces: Sequence[RecordPiece]) -> bytes:
+    """The bytes a response's pieces put on the wire: in-memory pieces as they are, file ranges read with pread."""
+    out = bytearray()
+    for piece in pieces:
+        if isinstance(piece, (bytes, bytearray, memoryview)):
+            out += piece
+            continue
+        fd = piece.file if isinstance(piece.file, int) else piece.file.fileno()
+        data = os.pread(fd, piece.length, piece.position)
+        if len(data) != piece.length:
+            raise ProtocolError(f"file range {piece} is past the end of its file")
+        out += data
+    return bytes(out)
 
 
 # (field, struct code, first version with the field). Order is wire order.
