@@ -165,6 +165,10 @@ class TopicDefaults:
     max_partitions: int = 4096
     # Partitions whose directories and files one CreateTopics / CreatePartitions makes at once (threads).
     create_threads: int = 16
+    # A single node keeps one copy of a partition. Kafka's answer to a replication factor above 1 on one broker is
+    # INVALID_REPLICATION_FACTOR (the default here too); true takes such a topic with one copy and logs a line, so
+    # Kafka Connect and MirrorMaker 2, whose internal topics ask for 3, run with their own defaults.
+    accept_replication_factor_above_one: bool = False
 
     def __post_init__(self) -> None:
         if self.num_partitions <= 0 or self.max_partitions <= 0 or self.create_threads <= 0:

@@ -12,7 +12,7 @@ import time
 
 import orjson
 import pytest
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicCollection, TopicPartition
 from confluent_kafka.admin import (AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, ConfigSource,
                                    NewPartitions, NewTopic)
 from kio.static.primitive import i8, i32, i64
@@ -107,6 +107,20 @@ def test_create_topics_checks_assignments_factors_and_configs(node):
         "compression.type": "lz4"}
     again = a.create_topics([NewTopic("assigned", 1, 1)])["assigned"]
     assert outcome(again) == TOPIC_ALREADY_EXISTS
+
+
+def test_replication_factor_above_one_is_taken_with_one_copy_where_the_config_says(node_factory):
+    """topics.accept_replication_factor_above_one: Kafka Connect's and MirrorMaker 2's internal topics ask for 3;
+    the node takes them with its one copy and logs a line per topic; a factor of 0 stays refused."""
+    node = node_factory(config="[topics]\naccept_replication_factor_above_one = true\n")
+    a = admin(node)
+    futures = a.create_topics([NewTopic("three-replicas", 2, 3), NewTopic("none", 1, 0)])
+    assert {name: outcome(f) for name, f in futures.items()} == {
+        "three-replicas": None, "none": INVALID_REPLICATION_FACTOR}
+    described = a.describe_topics(TopicCollection(["three-replicas"]))["three-replicas"].result(
+        timeout=CLIENT_TIMEOUT_S)
+    assert [len(p.replicas) for p in described.partitions] == [1, 1]
+    assert "topic three-replicas: replication factor 3 asked, one copy kept" in node.log()
 
 
 def test_create_topics_validate_only_creates_nothing(node):
@@ -672,7 +686,6 @@ def test_acks_all_does_not_wait_for_the_background_interval(node_factory):
 def test_authorized_operations_are_every_supported_one_without_an_authorizer(node):
     """KIP-430 as Kafka answers it with no authorizer configured (this node): every operation each resource
     type supports, when asked; nothing when not asked."""
-    from confluent_kafka import TopicCollection
     from confluent_kafka.admin import AclOperation
 
     a = admin(node)

@@ -29,6 +29,7 @@ Invariants:
 from __future__ import annotations
 
 import datetime
+import logging
 from typing import Any, Callable
 
 from kio.static.primitive import i8, i16, i32, i64
@@ -46,6 +47,8 @@ from shmbroker.workers.timer_client.outcome import Outcome
 from shmbroker.workers.api.responses import ZERO_THROTTLE, code, entity, reply
 from shmbroker.workers.api.authorizer import RequestAuthorizer
 from shmbroker.node.storage.acls import CLUSTER_NAME, Operation, ResourceType
+
+log = logging.getLogger("shmbroker.admin")
 
 Results = dict[str, tuple[E.ErrorCode, str | None]]
 BROKER_LOGGER_RESOURCE = 8  # Kafka's ConfigResource.Type.BROKER_LOGGER (authorized as the broker)
@@ -266,7 +269,10 @@ class AdminHandlers:
         if topic.replication_factor == 0 or topic.replication_factor < -1:
             return 0, (E.INVALID_REPLICATION_FACTOR, "Replication factor must be larger than 0, or -1 to use the "
                                                      "default value.")
-        if topic.replication_factor > 1:
+        if topic.replication_factor > 1 and self.config.topics.accept_replication_factor_above_one:
+            log.warning("topic %s: replication factor %d asked, one copy kept "
+                        "(topics.accept_replication_factor_above_one)", topic.name, topic.replication_factor)
+        elif topic.replication_factor > 1:
             return 0, (E.INVALID_REPLICATION_FACTOR,
                        f"Unable to replicate the partition {topic.replication_factor} time(s): The target replication "
                        f"factor of {topic.replication_factor} cannot be reached because only 1 broker(s) are "
