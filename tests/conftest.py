@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import gc
 import os
+import resource
+import time
 
 import pytest
 
@@ -92,6 +94,28 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     if getattr(session.config.option, "loadgroup", False) and any("@" not in item.nodeid for item in session.items):
         raise pytest.UsageError("pytest-xdist's --dist loadgroup cannot group the tests with this pytest "
                                 f"({pytest.__version__}): see the pin in pyproject.toml")
+
+
+# SHMBROKER_TEST_CPU_LOG=<file>: each test's CPU seconds (this process and the children it waited for: its nodes,
+# JVMs and clients) and wall seconds, set-up and teardown included, appended as "<cpu> <wall> <id>" lines. On a
+# CPU-bound machine the suite's time follows the CPU its tests take, which durations alone do not show.
+CPU_LOG = os.environ.get("SHMBROKER_TEST_CPU_LOG")
+
+
+def _cpu_seconds() -> float:
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
+    if not CPU_LOG:
+        yield
+        return
+    cpu, wall = _cpu_seconds(), time.monotonic()
+    yield
+    with open(CPU_LOG, "a") as log:
+        log.write(f"{_cpu_seconds() - cpu:.2f} {time.monotonic() - wall:.2f} {item.nodeid}\n")
 
 
 def _group_of(item: pytest.Item) -> str:
