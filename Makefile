@@ -24,19 +24,27 @@ PY_DEV_PACKAGE = python$$($(PYTHON) -c 'import sys; print("%d.%d" % sys.version_
 # .pth file also puts the checkout on sys.path, so that pkgutil.iter_modules() sees pyspark_shmbroker from any
 # directory, as Spark's data source lookup needs (the finder's packages are invisible to it).
 SITE_PACKAGES = $$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-$(STAMP): pyproject.toml setup.py shm/_ringops.c
+# One install per target: `make test` on a fresh checkout builds the editable wheel (and resolves) once, not
+# once for the node and again for its extras.
+define NEW_VENV
 	@test -n "$(PYTHON)" || { echo "make: Python 3.11 is needed"; exit 1; }
 	@{ command -v gcc >/dev/null 2>&1 && $(HAVE_PY_HEADERS); } || { $(APT_INSTALL) gcc $(PY_DEV_PACKAGE); } || { $(APT_INSTALL) gcc python3-dev; }
 	@# Debian ships venv's pip bootstrap separately (python3-venv, which pulls python3.11-venv).
-	$(PYTHON) -m venv $(VENV) || { rm -rf $(VENV); $(APT_INSTALL) python3-venv; $(PYTHON) -m venv $(VENV); }
+	test -x $(PY) || $(PYTHON) -m venv $(VENV) || { rm -rf $(VENV); $(APT_INSTALL) python3-venv; $(PYTHON) -m venv $(VENV); }
 	$(PY) -m pip install --quiet --upgrade pip
+endef
+
+$(STAMP): pyproject.toml setup.py shm/_ringops.c
+	$(NEW_VENV)
 	$(PY) -m pip install --quiet -e .
 	echo "$(CURDIR)" > "$(SITE_PACKAGES)/shmbroker-checkout.pth"
 	touch $(STAMP)
 
-$(TEST_STAMP): $(STAMP)
+$(TEST_STAMP): pyproject.toml setup.py shm/_ringops.c
+	$(NEW_VENV)
 	$(PY) -m pip install --quiet -e '.[test,spark]'
-	touch $(TEST_STAMP)
+	echo "$(CURDIR)" > "$(SITE_PACKAGES)/shmbroker-checkout.pth"
+	touch $(STAMP) $(TEST_STAMP)
 
 venv: $(STAMP)
 test-venv: $(TEST_STAMP)

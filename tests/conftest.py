@@ -3,8 +3,7 @@ storage tests asks for that check with `pytestmark = pytest.mark.usefixtures("no
 librdkafka clients collected after each test of a module that asks (`librdkafka_clients_collected`); a fresh
 partition table.
 
-A test that measures time, CPU or rates tightly, keeps both cores busy itself, or builds in the checkout (the
-wheel), carries the marker `serial`:
+A test that measures time, CPU or rates tightly, or keeps both cores busy itself, carries the marker `serial`:
 `make test` runs those alone, after the others ran TEST_JOBS (3) at a time.
 
 A test that starts a real node carries the marker `node`, so `pytest -m "not node"` runs the others: the

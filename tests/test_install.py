@@ -31,10 +31,9 @@ PIP_TIMEOUT_S = 600
 KCAT_TIMEOUT_S = 60
 START_TIMEOUT_S = 60
 
-# serial: `make wheel` builds in the checkout (its build/ and egg-info); beside other tests, with pytest-xdist
-# free to run this file's tests apart, the module's wheel was once built twice and the second build met the
-# first's files.
-pytestmark = [pytest.mark.node, pytest.mark.serial,
+# `make wheel` builds in the checkout (its build/ and egg-info, which no other test reads): the module's one wheel
+# fixture builds it once, as this file's tests run in one pytest-xdist worker (tests/conftest.py's groups).
+pytestmark = [pytest.mark.node,
               pytest.mark.skipif(shutil.which("kcat") is None, reason="make test installs kcat; run through make")]
 
 
