@@ -136,9 +136,9 @@ run: venv
 # Three on two cores: the tests wait on their nodes and clients more than they compute (a full run at 2 used about
 # one core; at 3 the first part took 13 minutes, not 25).
 TEST_JOBS ?= 3
-# The edit-test loop: the tests that start no node (no node, JVM or Spark session), TEST_JOBS at a time.
+# The edit-test loop: the tests that start no node, JVM or Spark session, TEST_JOBS at a time.
 check: test-venv
-	$(PY) -m pytest -q tests -m "not node and not serial" -n $(TEST_JOBS) --dist loadgroup --no-loadscope-reorder
+	$(PY) -m pytest -q tests -m "not node and not jvm and not serial" -n $(TEST_JOBS) --dist loadgroup --no-loadscope-reorder
 
 test: test-venv sysdeps redis kafka
 	@status=0; \

@@ -10,7 +10,9 @@ A test that starts a real node carries the marker `node`, so `pytest -m "not nod
 `node` and `node_factory` fixtures give it to every test that uses them (at collection), and a test that
 starts a node otherwise (a NodeProcess of its own, `shmbroker serve`, `make run`, a script that starts one)
 is marked by hand (`pytestmark = pytest.mark.node`, or `@pytest.mark.node`). A test without the marker that
-starts a NodeProcess fails.
+starts a NodeProcess fails, in its own process or in a script it runs. Likewise a test that starts a JVM (Spark,
+Kafka, its tools, a Java program) and no node carries the marker `jvm` (the `spark` fixture gives it); `make
+check` runs the tests marked neither.
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ import time
 
 import pytest
 
-from scripts.harness.nodeproc import NodeProcess  # the one launcher of tests and benchmarks
+from scripts.harness.nodeproc import REFUSE_NODES_ENV, NodeProcess  # the one launcher of tests and benchmarks
+from scripts.harness.sparkjob import REFUSE_JVMS_ENV
 from shmbroker.node.config import WATCH_ANSWERS_ENV
 from tests.record_batches import SharedTable, dev_shm_entries
 
@@ -31,6 +34,7 @@ from tests.record_batches import SharedTable, dev_shm_entries
 os.environ.setdefault(WATCH_ANSWERS_ENV, "1")
 
 NODE_FIXTURES = {"node", "node_factory"}
+JVM_FIXTURES = {"spark"}  # tests/spark/conftest.py: one Spark session for the run
 
 
 # `make test` runs the tests in two parts: those marked `serial` alone, the others three at a time (pytest-xdist,
@@ -80,6 +84,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if NODE_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.node)
+        if JVM_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.jvm)
         if item.get_closest_marker("xdist_group") is None:
             index = in_file[item.path] = in_file.get(item.path, -1) + 1
             item.add_marker(pytest.mark.xdist_group(_xdist_group(item, index)))
@@ -123,11 +129,13 @@ def _group_of(item: pytest.Item) -> str:
 
 
 @pytest.fixture(autouse=True)
-def _node_marker_required(request, monkeypatch):
+def _markers_required(request, monkeypatch):
+    """A test that starts a node without the marker `node`, or a JVM without `node` or `jvm`, fails: in its
+    own process or in a script it runs (the harness reads the variables)."""
     if request.node.get_closest_marker("node") is None:
-        def refuse(node: NodeProcess) -> NodeProcess:
-            pytest.fail(f"{request.node.nodeid} starts a node without the marker `node` (pytest.mark.node)")
-        monkeypatch.setattr(NodeProcess, "start", refuse)
+        monkeypatch.setenv(REFUSE_NODES_ENV, f"{request.node.nodeid} starts a node without the marker `node`")
+        if request.node.get_closest_marker("jvm") is None:
+            monkeypatch.setenv(REFUSE_JVMS_ENV, f"{request.node.nodeid} starts a JVM without the marker `jvm`")
 
 
 @pytest.fixture

@@ -430,6 +430,7 @@ def test_bench_transactions_measures_every_workload_against_its_baseline(tmp_pat
         assert 0.5 < read[f"{mode}_sendfile_share"] <= 1, read
 
 
+@pytest.mark.node
 def test_bench_security_compares_sasl_ssl_with_plaintext(tmp_path):
     (report,) = run_script(tmp_path, "bench_security", "--runs", "2", "--workers", "1", "--records", "2000",
                            "--connect-seconds", "0.3")
@@ -440,6 +441,7 @@ def test_bench_security_compares_sasl_ssl_with_plaintext(tmp_path):
         assert figure["ratio_median"] > 0
 
 
+@pytest.mark.node
 def test_bench_authorizer_compares_one_allow_acl_with_the_authorizer_off(tmp_path):
     (report,) = run_script(tmp_path, "bench_authorizer", "--runs", "2", "--workers", "1", "--seconds", "0.5",
                            "--other-acls", "50", nodes=1)
@@ -449,6 +451,7 @@ def test_bench_authorizer_compares_one_allow_acl_with_the_authorizer_off(tmp_pat
     assert report["reloads"] >= 2  # one node, its authorizer switched by SIGHUP between the modes
 
 
+@pytest.mark.node
 def test_bench_versions_compares_the_newest_versions_with_the_non_flexible_ones(tmp_path):
     (report,) = run_script(tmp_path, "bench_versions", "--runs", "2", "--workers", "1", "--seconds", "0.5",
                            "--fetch-records", "20000", nodes=1)

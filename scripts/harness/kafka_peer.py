@@ -53,6 +53,7 @@ START_TIMEOUT_S = 90.0
 STOP_TIMEOUT_S = 30.0
 FETCH_TIMEOUT_S = 900.0
 TOOL_TIMEOUT_S = 600.0
+TOOL_OUTPUT_CHARS = 4000  # of a failed tool's stdout and stderr each, in the error
 PROBE_INTERVAL_S = 0.1
 DURABILITIES = ("page-cache", "fsync")
 # Kafka's own kafka-run-class.sh settings (G1, 20 ms pauses, headless), and no hsperfdata files in /tmp.
@@ -116,10 +117,14 @@ def classpath() -> str:
 def tool(main_class: str, *args: str, timeout: float = TOOL_TIMEOUT_S, heap_mb: int = 256, check: bool = True,
          stdin: str | None = None) -> subprocess.CompletedProcess:
     """Run one of Kafka's tools (its main class) on the fetched classpath, `stdin` its input; its output
-    captured."""
-    return subprocess.run([java(), f"-Xmx{heap_mb}m", *JVM_OPTIONS, "-cp", classpath(), main_class, *args],
-                          capture_output=True, text=True, timeout=timeout, check=check, input=stdin,
+    captured. `check`: a non-zero exit raises RuntimeError with the end of the tool's output (what it said)."""
+    done = subprocess.run([java(), f"-Xmx{heap_mb}m", *JVM_OPTIONS, "-cp", classpath(), main_class, *args],
+                          capture_output=True, text=True, timeout=timeout, input=stdin,
                           stdin=None if stdin is not None else subprocess.DEVNULL, preexec_fn=die_with_parent)
+    if check and done.returncode != 0:
+        raise RuntimeError(f"{main_class} {' '.join(args)} exited {done.returncode}:\n"
+                           f"{done.stdout[-TOOL_OUTPUT_CHARS:]}{done.stderr[-TOOL_OUTPUT_CHARS:]}")
+    return done
 
 
 class ToolRunner:

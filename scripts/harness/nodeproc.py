@@ -50,6 +50,9 @@ CLI = [sys.executable, "-m", "shmbroker.node.tools.cli"]  # `shmbroker` as this 
 # The supervisor's line once every child's loop turned (its READY=1): start() returns only then, so connections
 # made right after it spread over all workers, and every child has its stats row.
 READY_LINE = "shmbroker.supervisor: serving on"
+# Set by the tests (tests/conftest.py) for a test not marked `node`: any NodeProcess it starts, in its process or
+# in a script it runs, refuses with the variable's text, so `make check` (no nodes) cannot start one unseen.
+REFUSE_NODES_ENV = "SHMBROKER_TEST_REFUSES_NODES"
 _PR_SET_PDEATHSIG = 1
 
 
@@ -125,6 +128,8 @@ class NodeProcess:
         return shm_instance.instance_id_for(str(self.data_dir), self.port)
 
     def start(self) -> "NodeProcess":
+        if os.environ.get(REFUSE_NODES_ENV):
+            raise RuntimeError(os.environ[REFUSE_NODES_ENV])
         args = [*self.command, "serve", "--config", str(self.config_path),
                 "--listen", self.bootstrap, "--data-dir", str(self.data_dir), "--workers", str(self.workers),
                 *self.start_args]

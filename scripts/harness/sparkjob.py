@@ -39,8 +39,15 @@ def java_version(java: str) -> int:
     return int(found.group(1)) if found else 0
 
 
+# Set by the tests (tests/conftest.py) for a test marked neither `node` nor `jvm`: every JVM of the harness (Spark,
+# Kafka, its tools, the Java programs) finds its Java here, and refuses with the variable's text.
+REFUSE_JVMS_ENV = "SHMBROKER_TEST_REFUSES_JVMS"
+
+
 def java_home() -> str | None:
     """A Java 17+ home for Spark: JAVA_HOME, the java on PATH, or Debian's Java 17 (make test installs it)."""
+    if os.environ.get(REFUSE_JVMS_ENV):
+        raise RuntimeError(os.environ[REFUSE_JVMS_ENV])
     candidates = []
     if os.environ.get("JAVA_HOME"):
         candidates.append(os.path.join(os.environ["JAVA_HOME"], "bin", "java"))

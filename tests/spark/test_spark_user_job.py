@@ -197,6 +197,7 @@ def checkout_listing() -> list[str]:
                   if name not in ("build", ".frameworks") and not name.endswith(".egg-info"))
 
 
+@pytest.mark.jvm  # Spark's own, for the user's job
 def test_a_worker_python_without_the_dependencies_fails_saying_how_to_run_spark(tmp_path, bare_python):
     # The user runs the venv's Python on a job in the checkout without activating the venv: `python3` on
     # PATH (here the bare Python) runs Spark's Python workers, and sees the checkout through its cwd.
