@@ -30,11 +30,16 @@ TIMEOUT_S = 120
 RECORDS = 20
 
 
-# One client id with quotas, far above what the tests send: what kafka-configs describes.
+# One client id with quotas, far above what the tests send: what kafka-configs describes. A classic group's first
+# member joins at once (Kafka's tests set group.initial.rebalance.delay.ms=0 too): kafka-verifiable-consumer joins
+# twice.
 QUOTAS = """
 [quotas.clients."cli-quota"]
 producer_byte_rate = 1048576
 consumer_byte_rate = 2097152
+
+[groups]
+initial_rebalance_delay_ms = 0
 """
 
 
@@ -347,3 +352,72 @@ def test_kafka_acls_adds_lists_and_removes_what_the_node_then_enforces(tools, se
              "prefixed")
         assert fetch_errors(bob, "acl.orders") == [TOPIC_DENIED]
         assert listed(acls(tools, secured, admin_config, "--list")) == group | transactional
+
+
+# --------------------------------------------------------------------------- kafka-verifiable-producer/-consumer
+
+
+def events(output: str) -> list[dict]:
+    """The JSON events a verifiable tool printed, in order (a client's own log lines are left out)."""
+    return [json.loads(line) for line in output.splitlines() if line.startswith("{")]
+
+
+def named(printed: list[dict], name: str) -> list[dict]:
+    return [event for event in printed if event["name"] == name]
+
+
+@pytest.mark.parametrize("protocol", ["classic", "consumer"])
+def test_kafka_verifiable_producer_and_consumer_agree_with_the_node(tools, node, protocol):
+    """kafka-verifiable-producer's acked records are the records two kafka-verifiable-consumers of one group read,
+    one after the other (the second from the offsets the first committed: none read twice, none missed); each
+    consumer's partitions_assigned and offsets_committed events agree with the node's committed offsets."""
+    topic, group, partitions, total, first = f"cli-verifiable-{protocol}", f"cli-verifiable-{protocol}", 3, 300, 170
+    run(tools, "TopicCommand", node, "--create", "--topic", topic, "--partitions", str(partitions))
+    produced = events(run(tools, "VerifiableProducer", node, "--topic", topic, "--max-messages", str(total),
+                          "--acks", "-1"))
+    acked = {(e["partition"], e["offset"], e["value"]) for e in named(produced, "producer_send_success")}
+    (summary,) = named(produced, "tool_data")
+    assert (summary["sent"], summary["acked"], len(acked)) == (total, total, total), summary
+    assert named(produced, "producer_send_error") == []
+    assert {value for _, _, value in acked} == {str(i) for i in range(total)}  # the tool's values: 0, 1, ...
+
+    read: list[tuple[int, int, str]] = []
+    for max_messages in (first, total - first):
+        printed = events(run(tools, "VerifiableConsumer", node, "--topic", topic, "--group-id", group,
+                             "--group-protocol", protocol, "--max-messages", str(max_messages), "--verbose"))
+        names = [e["name"] for e in printed]
+        assert names[0] == "startup_complete" and "shutdown_complete" in names, names
+        assigned = [(p["topic"], p["partition"]) for e in named(printed, "partitions_assigned")
+                    for p in e["partitions"]]
+        assert sorted(assigned) == [(topic, p) for p in range(partitions)], printed  # alone in the group: all
+        records = [(e["partition"], e["offset"], e["value"]) for e in named(printed, "record_data")]
+        assert len(records) == max_messages
+        consumed = named(printed, "records_consumed")
+        assert sum(s["count"] for e in consumed for s in e["partitions"]) == max_messages
+        commits = named(printed, "offsets_committed")
+        assert commits and all(e["success"] for e in commits), commits
+        last_commit = {}
+        for commit in commits:
+            last_commit.update({o["partition"]: o["offset"] for o in commit["offsets"]})
+        # Each commit is of the offset after the last record read of its partition.
+        for partition, offset in last_commit.items():
+            assert offset == 1 + max(o for p, o, _ in read + records if p == partition), (partition, commits)
+        assert committed(node, group, topic, partitions) == {
+            p: last_commit.get(p, previous) for p, previous in committed_before(read, partitions).items()}
+        read += records
+    assert len(read) == total and set(read) == acked  # every acked record read, once
+
+
+def committed_before(read: list[tuple[int, int, str]], partitions: int) -> dict[int, int | None]:
+    """The offsets committed for the records `read` so far: past each partition's last one (None: none read)."""
+    return {p: max((o + 1 for q, o, _ in read if q == p), default=None) for p in range(partitions)}
+
+
+def committed(node: NodeProcess, group: str, topic: str, partitions: int) -> dict[int, int | None]:
+    """The group's committed offsets, as the node answers OffsetFetch (None: none committed)."""
+    consumer = Consumer({"bootstrap.servers": node.bootstrap, "group.id": group, "enable.auto.commit": False})
+    try:
+        answer = consumer.committed([TopicPartition(topic, p) for p in range(partitions)], timeout=TIMEOUT_S)
+    finally:
+        consumer.close()
+    return {tp.partition: (tp.offset if tp.offset >= 0 else None) for tp in answer}
