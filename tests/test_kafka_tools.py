@@ -4,6 +4,8 @@ tools run one after another in one JVM (kafka_peer.ToolRunner, as Kafka's own te
 cost 2-4 s on two cores); a tool that reads standard input runs in a JVM of its own.
 
 Client quotas are the node's config: `kafka-configs` describes them, and its --alter on them is refused.
+`kafka-acls` runs against a second node, with the authorizer on and users on a SASL listener: what each change
+lets a user do is checked on that node.
 """
 
 from __future__ import annotations
