@@ -13,7 +13,8 @@ TEST_STAMP := $(VENV)/.installed-test
 APT_INSTALL = SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
 	$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq
 
-.PHONY: run test check venv test-venv wheel sysdeps clean install-service uninstall-service redis kafka
+.PHONY: run test check venv test-venv wheel sysdeps clean install-service uninstall-service redis kafka \
+	librdkafka
 
 # The C compiler and Python headers build shm/_ringops.c, the ring's compiled one-frame paths.
 HAVE_PY_HEADERS = $(PYTHON) -c "import os, sys, sysconfig; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()['include'], 'Python.h')))"
@@ -66,11 +67,19 @@ sysdeps:
 	@command -v systemd-analyze >/dev/null 2>&1 || { $(APT_INSTALL) systemd; }
 	@{ command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1; } || { $(APT_INSTALL) nodejs npm; }
 	@command -v mvn >/dev/null 2>&1 || { $(APT_INSTALL) maven; }
+	@# librdkafka's test-runner (make librdkafka): a C++ compiler and zlib's headers.
+	@command -v g++ >/dev/null 2>&1 || { $(APT_INSTALL) g++; }
+	@[ -e /usr/include/zlib.h ] || { $(APT_INSTALL) zlib1g-dev; }
 
 # Apache Kafka 4.4.0, the node's peer in the benchmarks and the differential tests: its jars, fetched by Maven
 # from scripts/harness/kafka/pom.xml into ~/.cache/shmbroker (once; Maven's repository is ~/.m2).
 kafka: test-venv sysdeps
 	$(PY) -m scripts.harness.kafka_peer --fetch
+
+# librdkafka's own test-runner, for its tests that need Kafka's tools (tests/test_librdkafka_suite.py): its source
+# from the npm registry, built once into ~/.cache/shmbroker (scripts/harness/librdkafka_suite.py; minutes).
+librdkafka: test-venv sysdeps
+	$(PY) -m scripts.harness.librdkafka_suite --build
 
 # Redis for scripts/bench_report.py's side-by-side runs (redis-server and redis-benchmark).
 redis:
@@ -140,7 +149,7 @@ TEST_JOBS ?= 3
 check: test-venv
 	$(PY) -m pytest -q tests -m "not node and not jvm and not serial" -n $(TEST_JOBS) --dist loadgroup --no-loadscope-reorder
 
-test: test-venv sysdeps redis kafka
+test: test-venv sysdeps redis kafka librdkafka
 	@status=0; \
 	$(PY) -m pytest -q tests -m "not serial" -n $(TEST_JOBS) --dist loadgroup --no-loadscope-reorder || status=$$?; \
 	$(PY) -m pytest -q tests -m serial || status=$$?; \

@@ -54,6 +54,7 @@ SHARED_GROUPS = {
 LONGEST_GROUPS_FIRST = (
     "test_ops_scripts",  # the load-test report beside Kafka and Redis: 350-420 s
     "spark",  # 300-350 s
+    "test_librdkafka_suite",  # 140-150 s: librdkafka's tests side by side, mostly their own fixed waits
     "test_bench_scripts",
     "test_transactions",
     "test_stream_processors",

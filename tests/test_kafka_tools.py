@@ -4,6 +4,8 @@ tools run one after another in one JVM (kafka_peer.ToolRunner, as Kafka's own te
 cost 2-4 s on two cores); a tool that reads standard input runs in a JVM of its own.
 
 Client quotas are the node's config: `kafka-configs` describes them, and its --alter on them is refused.
+`kafka-acls` runs against a second node, with the authorizer on and users on a SASL listener: what each change
+lets a user do is checked on that node.
 """
 
 from __future__ import annotations
@@ -19,6 +21,9 @@ from scripts.harness import rawkafka as R
 from scripts.harness.kafka_peer import ToolRunner, tool
 from scripts.harness.nodeproc import NodeProcess
 from shmbroker.node.storage import records
+from tests.test_authorizer_groups import GROUP_DENIED, SecuredNode, commit_body
+from tests.test_authorizer_topics import TOPIC_DENIED, TXN_DENIED, fetch_errors, produce_errors
+from tests.test_security_sasl import PASSWORD
 
 pytestmark = pytest.mark.node
 
@@ -27,11 +32,16 @@ TIMEOUT_S = 120
 RECORDS = 20
 
 
-# One client id with quotas, far above what the tests send: what kafka-configs describes.
+# One client id with quotas, far above what the tests send: what kafka-configs describes. A classic group's first
+# member joins at once (Kafka's tests set group.initial.rebalance.delay.ms=0 too): kafka-verifiable-consumer joins
+# twice.
 QUOTAS = """
 [quotas.clients."cli-quota"]
 producer_byte_rate = 1048576
 consumer_byte_rate = 2097152
+
+[groups]
+initial_rebalance_delay_ms = 0
 """
 
 
@@ -230,3 +240,186 @@ def test_kafka_transactions_finds_and_aborts_a_hanging_transaction(tools, node):
         consumer.close()
     # The aborted records (offsets 0-1) are skipped, every other one read (the marker, at 12, is the node's).
     assert got == [(2 + i, b"v%d" % i) for i in range(RECORDS // 2)], got
+
+
+# --------------------------------------------------------------------------- kafka-acls
+
+
+@pytest.fixture(scope="module")
+def secured(tmp_path_factory):
+    """A node with the authorizer on: users admin (a super user), alice and bob on a SASL_PLAINTEXT listener."""
+    node = SecuredNode(tmp_path_factory.mktemp("tools-acls"))
+    try:
+        yield node
+    finally:
+        node.stop()
+
+
+def acls(tools: ToolRunner, secured: SecuredNode, admin_config, *args: str) -> str:
+    """kafka-acls as the super user admin (its SASL login in --command-config); its output."""
+    done = tools.run(TOOLS + "AclCommand", "--bootstrap-server", f"127.0.0.1:{secured.sasl_port}",
+                     "--command-config", str(admin_config), *args, check=False, timeout=TIMEOUT_S)
+    assert done.returncode == 0, f"AclCommand {' '.join(args)} exited {done.returncode}:\n{done.stdout}{done.stderr}"
+    return done.stdout
+
+
+ACL_RESOURCE = re.compile(r"ResourcePattern\(resourceType=(\w+), name=(\S+), patternType=(\w+)\)`:")
+ACL_ENTRY = re.compile(r"\(principal=(\S+), host=(\S+), operation=(\w+), permissionType=(\w+)\)")
+
+
+def listed(output: str) -> set[tuple[str, ...]]:
+    """The ACLs kafka-acls --list printed: (resource type, name, pattern type, principal, operation, permission)."""
+    found, resource = set(), None
+    for line in output.splitlines():
+        if (head := ACL_RESOURCE.search(line)) is not None:
+            resource = head.groups()
+        elif (entry := ACL_ENTRY.search(line)) is not None:
+            assert resource is not None, output
+            principal, _host, operation, permission = entry.groups()
+            found.add((*resource, principal, operation, permission))
+    return found
+
+
+def test_kafka_acls_adds_lists_and_removes_what_the_node_then_enforces(tools, secured, tmp_path):
+    """Each change kafka-acls makes is checked by what a client of that principal may then do on the node (raw
+    requests logged in as alice or bob), not only by what the tool prints."""
+    admin_config = tmp_path / "admin.properties"
+    admin_config.write_text("security.protocol=SASL_PLAINTEXT\nsasl.mechanism=PLAIN\nsasl.jaas.config="
+                            "org.apache.kafka.common.security.plain.PlainLoginModule required "
+                            f'username="admin" password="{PASSWORD}";\n')
+    secured.topic("acl.orders")
+    with secured.login("alice") as alice, secured.login("bob") as bob:
+        assert produce_errors(alice, "acl.orders") == [TOPIC_DENIED]
+
+        # Operations for a principal on a literal topic.
+        acls(tools, secured, admin_config, "--add", "--allow-principal", "User:alice", "--operation", "Write",
+             "--operation", "Describe", "--topic", "acl.orders")
+        assert produce_errors(alice, "acl.orders") == [0]
+        assert fetch_errors(alice, "acl.orders") == [TOPIC_DENIED]  # WRITE is not READ
+        assert produce_errors(bob, "acl.orders") == [TOPIC_DENIED]
+
+        # --consumer on prefixed patterns: READ and DESCRIBE on topics acl.*, READ on groups acl.readers*.
+        acls(tools, secured, admin_config, "--add", "--consumer", "--allow-principal", "User:bob", "--topic", "acl.",
+             "--group", "acl.readers", "--resource-pattern-type", "prefixed")
+        assert fetch_errors(bob, "acl.orders") == [0]
+        assert produce_errors(bob, "acl.orders") == [TOPIC_DENIED]
+        committed = bob.call(8, 8, commit_body("acl.readers-1", {("acl.orders", 0): 1}))
+        assert [p.error_code for t in committed.topics for p in t.partitions] == [0]
+        refused = bob.call(8, 8, commit_body("other-group", {("acl.orders", 0): 1}))
+        assert [p.error_code for t in refused.topics for p in t.partitions] == [GROUP_DENIED]
+
+        # --producer with a transactional id: WRITE, DESCRIBE, CREATE on the topic, WRITE on the id.
+        assert produce_errors(bob, "acl.orders", transactional_id="acl.tx") == [TXN_DENIED]
+        acls(tools, secured, admin_config, "--add", "--producer", "--allow-principal", "User:bob", "--topic",
+             "acl.orders", "--transactional-id", "acl.tx")
+        assert produce_errors(bob, "acl.orders") == [0]
+        assert produce_errors(bob, "acl.orders", transactional_id="acl.tx") == [0]
+        assert produce_errors(bob, "acl.orders", transactional_id="acl.other") == [TXN_DENIED]
+
+        # A deny wins over the prefixed allow.
+        acls(tools, secured, admin_config, "--add", "--deny-principal", "User:bob", "--operation", "Read", "--topic",
+             "acl.orders")
+        assert fetch_errors(bob, "acl.orders") == [TOPIC_DENIED]
+
+        literal = {("TOPIC", "acl.orders", "LITERAL", "User:alice", "WRITE", "ALLOW"),
+                   ("TOPIC", "acl.orders", "LITERAL", "User:alice", "DESCRIBE", "ALLOW"),
+                   ("TOPIC", "acl.orders", "LITERAL", "User:bob", "WRITE", "ALLOW"),
+                   ("TOPIC", "acl.orders", "LITERAL", "User:bob", "DESCRIBE", "ALLOW"),
+                   ("TOPIC", "acl.orders", "LITERAL", "User:bob", "CREATE", "ALLOW"),
+                   ("TOPIC", "acl.orders", "LITERAL", "User:bob", "READ", "DENY")}
+        prefixed_topic = {("TOPIC", "acl.", "PREFIXED", "User:bob", "READ", "ALLOW"),
+                          ("TOPIC", "acl.", "PREFIXED", "User:bob", "DESCRIBE", "ALLOW")}
+        group = {("GROUP", "acl.readers", "PREFIXED", "User:bob", "READ", "ALLOW")}
+        transactional = {("TRANSACTIONAL_ID", "acl.tx", "LITERAL", "User:bob", "WRITE", "ALLOW"),
+                         ("TRANSACTIONAL_ID", "acl.tx", "LITERAL", "User:bob", "DESCRIBE", "ALLOW")}
+        assert listed(acls(tools, secured, admin_config, "--list", "--topic", "acl.orders")) == literal
+        assert listed(acls(tools, secured, admin_config, "--list", "--topic", "acl.",
+                           "--resource-pattern-type", "prefixed")) == prefixed_topic
+        # MATCH: every ACL that applies to the topic, whatever its pattern.
+        assert listed(acls(tools, secured, admin_config, "--list", "--topic", "acl.orders",
+                           "--resource-pattern-type", "match")) == literal | prefixed_topic
+        by_bob = listed(acls(tools, secured, admin_config, "--list", "--principal", "User:bob"))
+        assert by_bob == {acl for acl in literal | prefixed_topic | group | transactional if acl[3] == "User:bob"}
+
+        # Remove one operation, then all of a resource's.
+        acls(tools, secured, admin_config, "--remove", "--force", "--allow-principal", "User:alice", "--operation",
+             "Write", "--topic", "acl.orders")
+        assert produce_errors(alice, "acl.orders") == [TOPIC_DENIED]
+        assert produce_errors(bob, "acl.orders") == [0]
+        acls(tools, secured, admin_config, "--remove", "--force", "--topic", "acl.orders")
+        assert listed(acls(tools, secured, admin_config, "--list", "--topic", "acl.orders")) == set()
+        assert produce_errors(bob, "acl.orders") == [TOPIC_DENIED]
+        assert fetch_errors(bob, "acl.orders") == [0]  # the prefixed allow, the deny gone
+        acls(tools, secured, admin_config, "--remove", "--force", "--topic", "acl.", "--resource-pattern-type",
+             "prefixed")
+        assert fetch_errors(bob, "acl.orders") == [TOPIC_DENIED]
+        assert listed(acls(tools, secured, admin_config, "--list")) == group | transactional
+
+
+# --------------------------------------------------------------------------- kafka-verifiable-producer/-consumer
+
+
+def events(output: str) -> list[dict]:
+    """The JSON events a verifiable tool printed, in order (a client's own log lines are left out)."""
+    return [json.loads(line) for line in output.splitlines() if line.startswith("{")]
+
+
+def named(printed: list[dict], name: str) -> list[dict]:
+    return [event for event in printed if event["name"] == name]
+
+
+@pytest.mark.parametrize("protocol", ["classic", "consumer"])
+def test_kafka_verifiable_producer_and_consumer_agree_with_the_node(tools, node, protocol):
+    """kafka-verifiable-producer's acked records are the records two kafka-verifiable-consumers of one group read,
+    one after the other (the second from the offsets the first committed: none read twice, none missed); each
+    consumer's partitions_assigned and offsets_committed events agree with the node's committed offsets."""
+    topic, group, partitions, total, first = f"cli-verifiable-{protocol}", f"cli-verifiable-{protocol}", 3, 300, 170
+    run(tools, "TopicCommand", node, "--create", "--topic", topic, "--partitions", str(partitions))
+    produced = events(run(tools, "VerifiableProducer", node, "--topic", topic, "--max-messages", str(total),
+                          "--acks", "-1"))
+    acked = {(e["partition"], e["offset"], e["value"]) for e in named(produced, "producer_send_success")}
+    (summary,) = named(produced, "tool_data")
+    assert (summary["sent"], summary["acked"], len(acked)) == (total, total, total), summary
+    assert named(produced, "producer_send_error") == []
+    assert {value for _, _, value in acked} == {str(i) for i in range(total)}  # the tool's values: 0, 1, ...
+
+    read: list[tuple[int, int, str]] = []
+    for max_messages in (first, total - first):
+        printed = events(run(tools, "VerifiableConsumer", node, "--topic", topic, "--group-id", group,
+                             "--group-protocol", protocol, "--max-messages", str(max_messages), "--verbose"))
+        names = [e["name"] for e in printed]
+        assert names[0] == "startup_complete" and "shutdown_complete" in names, names
+        assigned = [(p["topic"], p["partition"]) for e in named(printed, "partitions_assigned")
+                    for p in e["partitions"]]
+        assert sorted(assigned) == [(topic, p) for p in range(partitions)], printed  # alone in the group: all
+        records = [(e["partition"], e["offset"], e["value"]) for e in named(printed, "record_data")]
+        assert len(records) == max_messages
+        consumed = named(printed, "records_consumed")
+        assert sum(s["count"] for e in consumed for s in e["partitions"]) == max_messages
+        commits = named(printed, "offsets_committed")
+        assert commits and all(e["success"] for e in commits), commits
+        last_commit = {}
+        for commit in commits:
+            last_commit.update({o["partition"]: o["offset"] for o in commit["offsets"]})
+        # Each commit is of the offset after the last record read of its partition.
+        for partition, offset in last_commit.items():
+            assert offset == 1 + max(o for p, o, _ in read + records if p == partition), (partition, commits)
+        assert committed(node, group, topic, partitions) == {
+            p: last_commit.get(p, previous) for p, previous in committed_before(read, partitions).items()}
+        read += records
+    assert len(read) == total and set(read) == acked  # every acked record read, once
+
+
+def committed_before(read: list[tuple[int, int, str]], partitions: int) -> dict[int, int | None]:
+    """The offsets committed for the records `read` so far: past each partition's last one (None: none read)."""
+    return {p: max((o + 1 for q, o, _ in read if q == p), default=None) for p in range(partitions)}
+
+
+def committed(node: NodeProcess, group: str, topic: str, partitions: int) -> dict[int, int | None]:
+    """The group's committed offsets, as the node answers OffsetFetch (None: none committed)."""
+    consumer = Consumer({"bootstrap.servers": node.bootstrap, "group.id": group, "enable.auto.commit": False})
+    try:
+        answer = consumer.committed([TopicPartition(topic, p) for p in range(partitions)], timeout=TIMEOUT_S)
+    finally:
+        consumer.close()
+    return {tp.partition: (tp.offset if tp.offset >= 0 else None) for tp in answer}

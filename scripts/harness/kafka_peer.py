@@ -129,14 +129,17 @@ def tool(main_class: str, *args: str, timeout: float = TOOL_TIMEOUT_S, heap_mb: 
 
 class ToolRunner:
     """Kafka's tools run one after another in one JVM (kafka/ToolRunner.java): `run` answers as `tool` does, for a
-    tool that reads no standard input, without a JVM start per run. Close it (or use it as a context manager): its
+    tool that reads no standard input, without a JVM start per run (the shutdown hooks a tool adds run when it
+    returns, as at the end of a JVM of its own). Close it (or use it as a context manager): its
     JVM is stopped by pid."""
 
     SOURCE = Path(__file__).resolve().parent / "kafka" / "ToolRunner.java"
 
     def __init__(self, heap_mb: int = 256) -> None:
         self.errors = tempfile.TemporaryFile()  # the JVM's own (a tool's error is captured with its output)
-        self.proc = subprocess.Popen([java(), f"-Xmx{heap_mb}m", *JVM_OPTIONS, "-cp", classpath(), str(self.SOURCE)],
+        # java.lang opened to the runner: it finds the shutdown hooks a tool added (ToolRunner.java).
+        self.proc = subprocess.Popen([java(), f"-Xmx{heap_mb}m", *JVM_OPTIONS, "--add-opens",
+                                      "java.base/java.lang=ALL-UNNAMED", "-cp", classpath(), str(self.SOURCE)],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.errors,
                                      preexec_fn=die_with_parent)
 
