@@ -74,12 +74,9 @@ class PartitionState(NamedTuple):
     @property
     def last_stable_offset(self) -> int:
         """The LSO: read_committed readers see the offsets below it (Kafka's; the high watermark when no
-        transaction is open). Never below the log start: a transaction whose first records DeleteRecords removed
-        holds it at the log start, as Kafka's UnifiedLog.maybeIncrementFirstUnstableOffset does."""
+        transaction is open)."""
         first = self.first_unstable_offset
-        if first < 0 or first > self.high_watermark:
-            return self.high_watermark
-        return max(first, self.log_start_offset)
+        return self.high_watermark if first < 0 or first > self.high_watermark else first
 
 
 assert len(PartitionState._fields) == SLOT_WORDS

@@ -385,8 +385,8 @@ def test_after_recovery_another_process_catches_up_on_the_markers_too(plog):
 def test_a_process_behind_the_log_start_takes_the_producer_state_as_of_the_deletion_not_its_stale_one(plog):
     """DeleteRecords moved the log start past what another process's producer state had seen: the batches between
     (a marker that closed a transaction among them) are no longer its to read. It must not keep that transaction
-    open: it would publish an LSO below the log start (read_committed readers stalled) and index a later abort
-    from the stale first offset. Found by Kafka Streams (exactly_once_v2), which purges its repartition topics
+    open: it would publish the LSO back at that closed transaction (read_committed readers stalled) and index a
+    later abort from the stale first offset. Found by Kafka Streams (exactly_once_v2), which purges its repartition topics
     with DeleteRecords: a read_committed fetch was answered an LSO of 38 after one of 92."""
     log = plog.log  # the timer's view, say
     other = PartitionLog(plog.directory, plog.table, 0, SMALL)  # a worker's
@@ -427,18 +427,6 @@ def test_a_process_behind_a_retention_start_takes_the_producer_state_as_of_the_d
         assert other.state().last_stable_offset == 8
     finally:
         other.close()
-
-
-def test_an_open_transaction_deleterecords_went_past_holds_the_lso_at_the_log_start(plog):
-    """DeleteRecords may go up to the high watermark, past an open transaction's first records; the transaction
-    still holds the LSO, at the log start (Kafka: max(first unstable offset, log start))."""
-    log = plog.log
-    log.append(txn_batch(1, 0))  # 0-1
-    log.append(plain_batch())  # 2-3
-    assert log.delete_records_before(3) == 3
-    assert log.state().last_stable_offset == 3
-    log.append_marker(1, 0, ControlType.COMMIT, 0)  # 4
-    assert log.state().last_stable_offset == 5
 
 
 class IndexDisk:
