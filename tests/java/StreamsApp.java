@@ -2,6 +2,7 @@
 //   java -cp <Kafka's jars> tests/java/StreamsApp.java bootstrap=<host:port> app=<application.id>
 //        state=<state dir> input=<topic> counts=<topic> amounts=<topic> windows=<topic> protocol=<classic|streams>
 //        expect=<records per output topic> deadline-s=<seconds> [throttle-ms=<ms per record>]
+//        [topic.<config>=<value> ...: configs of the internal topics]
 // The input's records are <user> -> <amount> (a decimal), written before (tests/test_kafka_streams.py). Three
 // branches of one topology, processing.guarantee=exactly_once_v2, no record cache (every update is an output
 // record, so each output key's values are a known sequence):
@@ -72,8 +73,12 @@ public class StreamsApp {
         long deadline = System.currentTimeMillis() + 1000 * Long.parseLong(args.get("deadline-s"));
         long throttleMs = Long.parseLong(args.getOrDefault("throttle-ms", "0"));
 
-        KafkaStreams streams = new KafkaStreams(topology(args.get("input"), outputs, throttleMs),
-                config(bootstrap, args.get("app"), args.get("state"), protocol));
+        Properties props = config(bootstrap, args.get("app"), args.get("state"), protocol);
+        // topic.<config>=<value>: a config of the internal topics Streams makes (its changelogs, repartitions).
+        args.forEach((key, value) -> {
+            if (key.startsWith(StreamsConfig.TOPIC_PREFIX)) props.put(key, value);
+        });
+        KafkaStreams streams = new KafkaStreams(topology(args.get("input"), outputs, throttleMs), props);
         streams.setStateListener((now, before) -> emit("state", "state", now.name()));
         streams.setGlobalStateRestoreListener(new StateRestoreListener() {
             public void onRestoreStart(TopicPartition tp, String store, long start, long end) {}
