@@ -2,8 +2,9 @@
 processing.guarantee=exactly_once_v2 (tests/java/StreamsApp.java, a single-file source the JVM runs on the
 classpath Maven fetched) keeps exact outputs
 - through a clean run;
-- through a SIGKILL of its JVM in the middle of a run (once some output is committed) and a restart on the same
-  state dir (the same transactional ids fence the killed ones; the stores, wiped, are restored);
+- through a SIGKILL of its JVM in the middle of a run (once some output is committed, and while a stream thread the
+  program holds has records of its open transaction at the node) and a restart on the same state dir (the same
+  transactional ids fence the killed ones and abort their transactions; the stores, wiped, are restored);
 - on from the clean run: more input, a run killed, and a restart on a fresh state dir (new transactional ids: the
   coordinator aborts the killed transactions at their timeout), whose stores are restored whole from their
   changelogs (the app's restore listener says how many records) and go on from there.
@@ -38,6 +39,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from scripts.harness.kafka_peer import classpath, java
 from scripts.harness.nodeproc import NodeProcess, die_with_parent
+from tests import waiting
 from tests.test_java_clients import CLIENT_JVM_OPTIONS
 
 pytestmark = pytest.mark.node
@@ -194,7 +196,7 @@ class StreamsProcess:
         self.lines: queue.Queue = queue.Queue()
         self.seen: list[dict] = []
         with open(log, "ab") as errors:
-            self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=errors, stdin=subprocess.DEVNULL,
+            self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=errors, stdin=subprocess.PIPE,
                                          preexec_fn=die_with_parent)
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
@@ -223,8 +225,15 @@ class StreamsProcess:
             if predicate(line):
                 return line
 
+    def command(self, text: str) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(text.encode() + b"\n")
+        self.proc.stdin.flush()
+
     def finish(self) -> list[dict]:
         """Every line, once the JVM exited by itself (AssertionError if it did not in TIMEOUT_S, or failed)."""
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()  # no command
         self.proc.wait(timeout=TIMEOUT_S)
         self.reader.join(TIMEOUT_S)
         while (line := self.lines.get(timeout=TIMEOUT_S)) is not None:
@@ -237,8 +246,9 @@ class StreamsProcess:
             self.proc.send_signal(signal.SIGKILL)
         self.proc.wait(timeout=TIMEOUT_S)
         self.reader.join(TIMEOUT_S)
-        assert self.proc.stdout is not None
-        self.proc.stdout.close()
+        for stream in (self.proc.stdin, self.proc.stdout):
+            if stream is not None:
+                stream.close()
 
     def text(self) -> str:
         return self.log.read_text(errors="replace")[-8000:]
@@ -257,17 +267,38 @@ def run_to_completion(argv: list[str], log: Path) -> list[dict]:
     return lines
 
 
-def kill_mid_run(argv: list[str], log: Path, topics: Topics, committed: int) -> list[dict]:
-    """A throttled run killed with SIGKILL once the counts output holds `committed` records (read_committed):
-    inside a transaction, as the run goes on for long after. Its lines until then."""
+def kill_inside_a_transaction(bootstrap: str, argv: list[str], log: Path, topics: Topics,
+                               committed: int) -> list[dict]:
+    """A run killed with SIGKILL once the counts output holds `committed` records (read_committed) and one of its
+    stream threads, held (the program's "hold"), has records of its open transaction at the broker: a count
+    partition's high watermark past its last stable offset. Its lines until then."""
     app = StreamsProcess(argv, log)
     try:
         app.next_line(lambda line: line["step"] == "progress"
                       and line["committed"][topics.outputs["counts"]] >= committed)
+        app.command("hold")
+        app.next_line(lambda line: line["step"] == "held")
+        waiting.wait_for(lambda: open_records(bootstrap, topics.outputs["counts"]) > 0, timeout=TIMEOUT_S,
+                         what="the held transaction's records at the broker", poll_s=0.05)
     finally:
         app.kill()
     assert "error" not in [line["step"] for line in app.seen], app.seen
     return app.seen
+
+
+def open_records(bootstrap: str, topic: str) -> int:
+    """Records of open transactions in `topic`: high watermarks past last stable offsets (markers included)."""
+    ends = {}
+    for isolation in ("read_uncommitted", "read_committed"):  # librdkafka asks ListOffsets with its isolation
+        consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"check-{time.monotonic_ns()}",
+                             "isolation.level": isolation})
+        try:
+            partitions = consumer.list_topics(topic, timeout=TIMEOUT_S).topics[topic].partitions
+            ends[isolation] = sum(consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=TIMEOUT_S,
+                                                                 cached=False)[1] for p in partitions)
+        finally:
+            consumer.close()
+    return ends["read_uncommitted"] - ends["read_committed"]
 
 
 def restored(lines: list[dict]) -> dict[str, int]:
@@ -325,7 +356,7 @@ def test_sigkill_mid_run_then_restart_on_the_same_state_dir_is_exact(node, tmp_p
     t0 = t0_ms()
     produce_input(node.bootstrap, topics.input, 0, KILLED_RECORDS, t0)
     argv = app_argv(node, topics, tmp_path / "state", protocol, KILLED_RECORDS, throttle_ms=THROTTLE_MS)
-    kill_mid_run(argv, tmp_path / "killed.log", topics, KILLED_RECORDS // 5)
+    kill_inside_a_transaction(node.bootstrap, argv, tmp_path / "killed.log", topics, KILLED_RECORDS // 5)
     # The same state dir: the same process id, so the same transactional ids; the restarted producers fence the
     # killed ones and abort their open transactions.
     lines = run_to_completion(argv, tmp_path / "restarted.log")
@@ -342,12 +373,14 @@ def test_sigkill_mid_run_then_restart_on_a_fresh_state_dir_restores_from_the_cha
     topics, t0, work, protocol = first_run["topics"], first_run["t0"], first_run["work"], first_run["protocol"]
     total = FIRST_RECORDS + MORE_RECORDS
     produce_input(node.bootstrap, topics.input, FIRST_RECORDS, total, t0)
-    kill_mid_run(app_argv(node, topics, work / "state", protocol, total, throttle_ms=THROTTLE_MS),
-                 work / "killed.log", topics, FIRST_RECORDS + MORE_RECORDS // 5)
+    kill_inside_a_transaction(node.bootstrap, app_argv(node, topics, work / "state", protocol, total,
+                                                       throttle_ms=THROTTLE_MS),
+                              work / "killed.log", topics, FIRST_RECORDS + MORE_RECORDS // 5)
     # What a restore reads: each changelog's committed records (no cache: one per update); the killed run's open
     # transactions are after them.
     changelog = changelog_records(node.bootstrap, topics)
-    assert all(FIRST_RECORDS < records < total for records in changelog.values()), changelog
+    assert all(FIRST_RECORDS <= records < total for records in changelog.values()), changelog
+    assert changelog["counts"] >= FIRST_RECORDS + MORE_RECORDS // 5, changelog  # committed with those outputs
     # A fresh state dir: a new process id, so new transactional ids. The killed run's open transactions end when
     # the coordinator aborts them at their timeout (Streams' transaction.timeout.ms, 10 s); the restores and the
     # repartition topic's consumer wait for that (their last stable offsets).

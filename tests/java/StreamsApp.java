@@ -16,11 +16,16 @@
 // of Streams' state, "restored" for each store partition restored from its changelog (records), "progress" as
 // the committed outputs grow, "error" for an exception of a stream thread, then "complete" or "deadline", and
 // "closed". Every wait is bounded.
+// A line "hold" on its standard input: the first stream thread to output a count afterwards stops right after
+// handing it to its producer, inside its transaction (it cannot commit while stopped), and says so ("held");
+// the tests then SIGKILL the JVM with that transaction open and its records at the broker.
 import com.fasterxml.jackson.databind.ObjectMapper;
 import java.time.Duration;
 import java.util.*;
 import java.util.concurrent.CountDownLatch;
-import java.util.concurrent.TimeUnit;
+import java.util.concurrent.atomic.AtomicBoolean;
+import java.io.BufferedReader;
+import java.io.InputStreamReader;
 import org.apache.kafka.clients.consumer.ConsumerRecord;
 import org.apache.kafka.clients.consumer.KafkaConsumer;
 import org.apache.kafka.common.PartitionInfo;
@@ -46,6 +51,9 @@ public class StreamsApp {
     static final Duration GRACE = Duration.ofHours(1);
     static final long PROGRESS_EVERY_MS = 100;
     static final Duration CLOSE_TIMEOUT = Duration.ofSeconds(30);
+    static final long HOLD_MAX_MS = 60_000;  // a held stream thread goes on after this (the tests kill it first)
+    static final CountDownLatch HOLD_ASKED = new CountDownLatch(1);
+    static final AtomicBoolean HELD = new AtomicBoolean();
 
     static synchronized void emit(String step, Object... pairs) {
         Map<String, Object> line = new LinkedHashMap<>();
@@ -93,6 +101,9 @@ public class StreamsApp {
             emit("error", "error", e.toString(), "cause", String.valueOf(e.getCause()));
             return StreamsUncaughtExceptionHandler.StreamThreadExceptionResponse.SHUTDOWN_CLIENT;
         });
+        Thread commands = new Thread(StreamsApp::readCommands, "commands");
+        commands.setDaemon(true);
+        commands.start();
         streams.start();
         Map<String, Long> committed = watch(bootstrap, outputs, expect, deadline, streams);
         boolean complete = committed.values().stream().allMatch(n -> n >= expect);
@@ -136,9 +147,11 @@ public class StreamsApp {
         });
         Produced<String, String> strings = Produced.with(Serdes.String(), Serdes.String());
 
-        source.groupByKey()
+        KStream<String, String> counts = source.groupByKey()
                 .count(Materialized.<String, Long, KeyValueStore<Bytes, byte[]>>as("counts"))
-                .toStream().mapValues(String::valueOf).to(outputs.get(0), strings);
+                .toStream().mapValues(String::valueOf);
+        counts.to(outputs.get(0), strings);
+        counts.peek(StreamsApp::holdIfAsked);  // after to(): a node forwards to its children in their order
 
         source.selectKey((user, amount) -> "amount-" + amount)
                 .groupByKey(Grouped.as("by-amount"))
@@ -153,6 +166,24 @@ public class StreamsApp {
                 .toStream((window, sum) -> window.key() + "@" + window.window().start())
                 .mapValues(String::valueOf).to(outputs.get(2), strings);
         return builder.build();
+    }
+
+    static void readCommands() {
+        try (BufferedReader in = new BufferedReader(new InputStreamReader(System.in))) {
+            for (String line; (line = in.readLine()) != null; ) {
+                if (line.trim().equals("hold")) HOLD_ASKED.countDown();
+            }
+        } catch (Exception e) {
+            emit("error", "error", "reading commands: " + e);
+        }
+    }
+
+    /** Once "hold" was asked, the first count output stops its stream thread (for HOLD_MAX_MS at most). */
+    static void holdIfAsked(String user, String count) {
+        if (HOLD_ASKED.getCount() == 0 && HELD.compareAndSet(false, true)) {
+            emit("held", "thread", Thread.currentThread().getName(), "key", user, "count", count);
+            sleep(HOLD_MAX_MS);
+        }
     }
 
     static void sleep(long ms) {
