@@ -181,10 +181,15 @@ def log_ranges(bootstrap: str, topic: str) -> dict[int, tuple[int, int]]:
 
 def app_argv(node: NodeProcess, topics: Topics, state: Path, protocol: str, expect: int,
              throttle_ms: int = 0) -> list[str]:
+    """The program's command line; its state dir and the JVM's temp dir (where RocksDB unpacks its native library,
+    15 MB a run, which a killed JVM leaves) beside each other, in the test's tmp_path."""
     args = {"bootstrap": node.bootstrap, "app": topics.app, "state": str(state), "input": topics.input,
             **topics.outputs, "protocol": protocol, "expect": str(expect), "deadline-s": str(APP_DEADLINE_S),
             "throttle-ms": str(throttle_ms)}
-    return [java(), *CLIENT_JVM_OPTIONS, "-cp", classpath(), str(PROGRAM), *(f"{k}={v}" for k, v in args.items())]
+    temp = state.parent / "jvm-tmp"
+    temp.mkdir(parents=True, exist_ok=True)
+    return [java(), *CLIENT_JVM_OPTIONS, f"-Djava.io.tmpdir={temp}", "-cp", classpath(), str(PROGRAM),
+            *(f"{k}={v}" for k, v in args.items())]
 
 
 class StreamsProcess:
