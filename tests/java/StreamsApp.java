@@ -14,8 +14,8 @@
 // the run ends when each holds `expect` (its outputs are complete) or at the deadline, and Streams closes,
 // leaving its group. JSON lines, one per event, each with "ms" since the program's start: "state" on each change
 // of Streams' state, "restored" for each store partition restored from its changelog (records), "progress" as
-// the committed outputs grow, "error" for an exception of a stream thread, then "complete" or "deadline", and
-// "closed". Every wait is bounded.
+// the committed outputs grow, "error" for an exception of a stream thread, then "complete" or "incomplete" (the
+// deadline passed, or Streams stopped on an error), and "closed". Every wait is bounded.
 // A line "hold" on its standard input: the first stream thread to output a count afterwards stops right after
 // handing it to its producer, inside its transaction (it cannot commit while stopped), and says so ("held");
 // the tests then SIGKILL the JVM with that transaction open and its records at the broker.
@@ -107,7 +107,7 @@ public class StreamsApp {
         streams.start();
         Map<String, Long> committed = watch(bootstrap, outputs, expect, deadline, streams);
         boolean complete = committed.values().stream().allMatch(n -> n >= expect);
-        emit(complete ? "complete" : "deadline", "committed", committed, "state", streams.state().name());
+        emit(complete ? "complete" : "incomplete", "committed", committed, "state", streams.state().name());
         boolean closed = streams.close(CloseOptions.groupMembershipOperation(
                 CloseOptions.GroupMembershipOperation.LEAVE_GROUP).withTimeout(CLOSE_TIMEOUT));
         emit("closed", "clean", closed);
