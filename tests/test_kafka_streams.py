@@ -360,11 +360,12 @@ def test_sigkill_mid_run_then_restart_on_the_same_state_dir_is_exact(node, tmp_p
     topics.create(node.bootstrap)
     t0 = t0_ms()
     produce_input(node.bootstrap, topics.input, 0, KILLED_RECORDS, t0)
-    argv = app_argv(node, topics, tmp_path / "state", protocol, KILLED_RECORDS, throttle_ms=THROTTLE_MS)
-    kill_inside_a_transaction(node.bootstrap, argv, tmp_path / "killed.log", topics, KILLED_RECORDS // 5)
+    killed = app_argv(node, topics, tmp_path / "state", protocol, KILLED_RECORDS, throttle_ms=THROTTLE_MS)
+    kill_inside_a_transaction(node.bootstrap, killed, tmp_path / "killed.log", topics, KILLED_RECORDS // 5)
     # The same state dir: the same process id, so the same transactional ids; the restarted producers fence the
     # killed ones and abort their open transactions.
-    lines = run_to_completion(argv, tmp_path / "restarted.log")
+    lines = run_to_completion(app_argv(node, topics, tmp_path / "state", protocol, KILLED_RECORDS),
+                              tmp_path / "restarted.log")
     assert outputs(node.bootstrap, topics) == expected(KILLED_RECORDS, t0)
     # The kill left records of open transactions in the outputs; read_committed skipped them.
     assert aborted_records(node.bootstrap, topics, KILLED_RECORDS) > 0, "the kill found no open transaction"
