@@ -575,9 +575,9 @@ class PartitionLog:
         """This process's producer state ends before the log start (caller holds the lock): another process moved
         the start (DeleteRecords, retention) past batches this one never applied, and they are no longer its to
         read. Skipping them would keep open the transactions their markers closed (the LSO published back at a
-        transaction long closed, a later abort indexed from its stale first offset). The newest snapshot at or after the log start stands in:
-        one is written before every move of the start (_snapshot_at_log_end). Without one (a data dir from
-        before), the stale state goes on from the log start."""
+        transaction long closed, a later abort indexed from its stale first offset). The newest snapshot at or
+        after the log start stands in: one is written before every move of the start (_snapshot_at_log_end).
+        Without one (a data dir from before), the stale state goes on from the log start."""
         snapshot = load_latest_snapshot(self.directory, state.log_end_offset, self.config.producer_batches_retained)
         if snapshot is not None and snapshot.end_offset >= state.log_start_offset:
             snapshot.expire(now_ms(), self.config.producer_id_expiration_ms)
