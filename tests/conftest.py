@@ -62,6 +62,7 @@ LONGEST_GROUPS_FIRST = (
     "test_admin",
     "test_compaction",
     "test_java_clients",  # 60 s: six JVM runs
+    "test_kafka_streams",  # 50 s: five runs of a Kafka Streams application
 )
 
 

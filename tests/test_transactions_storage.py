@@ -382,6 +382,53 @@ def test_after_recovery_another_process_catches_up_on_the_markers_too(plog):
         worker.close()
 
 
+def test_a_process_behind_the_log_start_takes_the_producer_state_as_of_the_deletion_not_its_stale_one(plog):
+    """DeleteRecords moved the log start past what another process's producer state had seen: the batches between
+    (a marker that closed a transaction among them) are no longer its to read. It must not keep that transaction
+    open: it would publish the LSO back at that closed transaction (read_committed readers stalled) and index a
+    later abort from the stale first offset. Found by Kafka Streams (exactly_once_v2), which purges its repartition topics
+    with DeleteRecords: a read_committed fetch was answered an LSO of 38 after one of 92."""
+    log = plog.log  # the timer's view, say
+    other = PartitionLog(plog.directory, plog.table, 0, SMALL)  # a worker's
+    try:
+        log.append(txn_batch(1, 0))  # 0-1: producer 1's transaction
+        other.append(txn_batch(2, 0))  # 2-3: `other` caught up: producer 1's transaction is open in its view
+        log.append_marker(1, 0, ControlType.COMMIT, 0)  # 4
+        log.append_marker(2, 0, ControlType.COMMIT, 0)  # 5
+        log.append(txn_batch(1, 2))  # 6-7
+        log.append_marker(1, 0, ControlType.COMMIT, 0)  # 8
+        assert log.delete_records_before(9) == 9  # a consumer read up to here (read_committed)
+        other.append(txn_batch(2, 2))  # 9-10: producer 2's next transaction, the one open
+        assert other.state().last_stable_offset == 9
+        assert other.open_transactions() == {2: (9, 0)}
+        other.append_marker(2, 0, ControlType.ABORT, 0)  # 11
+        assert other.state().last_stable_offset == other.state().high_watermark == 12
+        assert other.aborted_transactions(9, 12) == [AbortedTransaction(2, 9, 11, 12)]
+    finally:
+        other.close()
+
+
+def test_a_process_behind_a_retention_start_takes_the_producer_state_as_of_the_deletion_too(plog):
+    """As above, with the segments the markers were in deleted whole (retention, or DeleteRecords past them)."""
+    log = plog.log
+    other = PartitionLog(plog.directory, plog.table, 0, SMALL)
+    try:
+        log.append(txn_batch(1, 0))  # 0-1
+        other.append(txn_batch(2, 0))  # 2-3: both open in `other`'s view
+        log.append_marker(1, 0, ControlType.COMMIT, 0)  # 4
+        log.append_marker(2, 0, ControlType.COMMIT, 0)  # 5
+        log.roll()
+        log.append(plain_batch())  # 6-7
+        log.roll()
+        log.delete_records_before(6)  # the first segment goes whole
+        assert [segment.base_offset for segment in log.segments] == [6, 8]
+        other.append(txn_batch(3, 0))  # 8-9
+        assert other.open_transactions() == {3: (8, 0)}
+        assert other.state().last_stable_offset == 8
+    finally:
+        other.close()
+
+
 class IndexDisk:
     """What a power cut leaves of a partition's aborted-transaction indexes: each file as of its last fdatasync
     (os.fdatasync wrapped to copy the file it syncs), the files as they were when this began counting as synced."""

@@ -24,6 +24,9 @@ Invariants:
   producer state the headers of every batch appended since the offset it last saw (node/producer_state.py),
   up to the row's producer_batches_end: the offset after the newest batch with a producer id, published
   with every such append, so the batches after it need no reading.
+- Before the log start moves (DeleteRecords, retention) a producer snapshot at the log end is written: a process
+  whose producer state ends before the new start takes up the newest snapshot at or after it, and never skips
+  batches it did not apply (a skipped marker would leave its transaction open in that process's view).
 - Transactions: an append of a transactional batch or a marker (a control batch, only ever appended by
   append_marker) catches the producer state up first, so the row's first_unstable_offset (the first offset of
   the oldest open transaction, -1 when none; the LSO derives from it) is exact after each publish; other appends
@@ -534,7 +537,7 @@ class PartitionLog:
             producers.expire(now_ms(), self.config.producer_id_expiration_ms)
             self._producer_state = producers
         if producers.end_offset < state.log_start_offset:
-            producers.end_offset = state.log_start_offset
+            producers = self._producer_state = self._producer_state_past(state, producers)
         if rebuild_txn_index:
             self._truncate_txn_indexes(producers.end_offset)
         if producers.end_offset < state.log_end_offset:
@@ -558,6 +561,29 @@ class PartitionLog:
                     )
             producers.end_offset = state.log_end_offset
         return producers
+
+    def _snapshot_before_the_start_moves(self, state: PartitionState) -> None:
+        """A snapshot at the log end before the log start moves past batches some process may not have applied
+        (caller holds the lock; see _producer_state_past). On a disk fault the start moves all the same: retention
+        is what frees a full disk (the fault is counted and logged as any other)."""
+        try:
+            self._snapshot_at_log_end(state)
+        except StorageError:
+            pass
+
+    def _producer_state_past(self, state: PartitionState, stale: ProducerStateTable) -> ProducerStateTable:
+        """This process's producer state ends before the log start (caller holds the lock): another process moved
+        the start (DeleteRecords, retention) past batches this one never applied, and they are no longer its to
+        read. Skipping them would keep open the transactions their markers closed (the LSO published back at a
+        transaction long closed, a later abort indexed from its stale first offset). The newest snapshot at or
+        after the log start stands in: one is written before every move of the start (_snapshot_at_log_end).
+        Without one (a data dir from before), the stale state goes on from the log start."""
+        snapshot = load_latest_snapshot(self.directory, state.log_end_offset, self.config.producer_batches_retained)
+        if snapshot is not None and snapshot.end_offset >= state.log_start_offset:
+            snapshot.expire(now_ms(), self.config.producer_id_expiration_ms)
+            return snapshot
+        stale.end_offset = state.log_start_offset
+        return stale
 
     def _replay_marker(self, producers: ProducerStateTable, segment: Segment, position: int, header,
                        rebuild_txn_index: bool) -> None:
@@ -659,18 +685,23 @@ class PartitionLog:
         as Kafka's takeSnapshot does: an idle node does not rewrite and fsync every partition's snapshot each round.
         """
         with self.lock:
-            state = self._current_state()
-            if os.path.exists(os.path.join(self.directory, snapshot_name(state.log_end_offset))):
-                return state.log_end_offset
-            producers = self._caught_up_producer_state(state)
-            producers.expire(now_ms(), self.config.producer_id_expiration_ms)
-            try:
-                self._sync_txn_index(self.segments[-1], state)
-                producers.write_snapshot(self.directory)
-                self._prune_snapshots(state.log_start_offset)
-            except OSError as exc:
-                raise self._fault("producer snapshot", exc) from None
-            return producers.end_offset
+            return self._snapshot_at_log_end(self._current_state())
+
+    def _snapshot_at_log_end(self, state: PartitionState) -> int:
+        """write_producer_snapshot's work (caller holds the lock). Also before the log start moves (DeleteRecords,
+        retention), so that a snapshot at or after the new start exists for the processes whose producer state
+        ends before it (_producer_state_past)."""
+        if os.path.exists(os.path.join(self.directory, snapshot_name(state.log_end_offset))):
+            return state.log_end_offset
+        producers = self._caught_up_producer_state(state)
+        producers.expire(now_ms(), self.config.producer_id_expiration_ms)
+        try:
+            self._sync_txn_index(self.segments[-1], state)
+            producers.write_snapshot(self.directory)
+            self._prune_snapshots(state.log_start_offset)
+        except OSError as exc:
+            raise self._fault("producer snapshot", exc) from None
+        return producers.end_offset
 
     def roll(self) -> None:
         """Roll now if the active segment has data (for tests and administrative use)."""
@@ -959,6 +990,8 @@ class PartitionLog:
                 while doomed < len(sealed) and total - sealed[doomed].sealed_size() >= config.retention_bytes:
                     total -= sealed[doomed].sealed_size()
                     doomed += 1
+            if doomed:
+                self._snapshot_before_the_start_moves(state)
             self._delete_oldest(state, doomed)
         return doomed
 
@@ -986,6 +1019,7 @@ class PartitionLog:
             state = self._current_state()
             if offset <= state.log_start_offset:
                 return state.log_start_offset
+            self._snapshot_before_the_start_moves(state)
             count = 0
             while count < len(self.segments) - 1 and self.segments[count + 1].base_offset <= offset:
                 count += 1
