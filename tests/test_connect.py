@@ -1,0 +1,333 @@
+"""Kafka Connect's distributed workers and MirrorMaker 2 against a real node (2 workers, `[topics]
+accept_replication_factor_above_one = true`, the one setting they need: their internal topics ask for 3 copies),
+as real JVMs of Connect 4.3.1 (scripts/harness/connect_worker.py; scripts/harness/connect/pom.xml says why not
+4.4.0) on the tools' own defaults otherwise.
+
+- Connect: a distributed worker keeps its configs, offsets and statuses in topics on the node, which it makes
+  compacted; FileStreamSource copies the lines appended to a file into a topic and FileStreamSink the topic into
+  a file. The worker is stopped with SIGTERM (a graceful stop: tasks commit their offsets) and restarted, then
+  killed with SIGKILL once its offsets were flushed (every offset.flush.interval.ms) and restarted: it resumes from
+  the offsets stored on the node, and the topic and the sink file hold every line once, in order. Connect's file
+  connectors are at least once: lines read after the last flush before a crash are read again; the test kills
+  after the flush, so none may repeat.
+- MirrorMaker 2, the README's "Moving to a Kafka cluster": the README's mm2.properties, as it stands but for the
+  two bootstrap addresses and the replication factors of the topics it makes on the test's one-broker Kafka,
+  run by MirrorMaker's driver (what bin/connect-mirror-maker.sh runs) from the node to Kafka 4.4: the topics with
+  their records at the same offsets and their configs, and the consumer groups' offsets. A group that read to the
+  end resumes on Kafka at exactly its offsets (it reads only what is produced on Kafka after the move); one that
+  stopped half way resumes at or before its offsets, never after (MirrorMaker's translation; nothing lost).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import time
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
+
+from scripts.harness.connect_worker import ConnectWorker, MirrorMakerProcess
+from scripts.harness.kafka_peer import KafkaPeer, tool
+from scripts.harness.nodeproc import NodeProcess
+
+pytestmark = pytest.mark.node
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+NODE_CONFIG = "[topics]\naccept_replication_factor_above_one = true\n"
+WAIT_S = 60.0
+POLL_S = 0.2
+STRING_CONVERTER = "org.apache.kafka.connect.storage.StringConverter"
+WORKER = {
+    "group.id": "connect-cluster",
+    "config.storage.topic": "connect-configs",
+    "offset.storage.topic": "connect-offsets",
+    "status.storage.topic": "connect-status",
+    "key.converter": STRING_CONVERTER,
+    "value.converter": STRING_CONVERTER,
+    "offset.flush.interval.ms": "500",
+    "plugin.discovery": "service_load",  # the file connectors' ServiceLoader manifests; no class path scan
+    # A killed worker's membership, and its sink task's consumer's, expire after the node's smallest session
+    # (group.min.session.timeout.ms, 6 s) instead of Connect's 10 s and the consumer's 45 s.
+    "session.timeout.ms": "6000",
+    "heartbeat.interval.ms": "1000",
+    "consumer.session.timeout.ms": "6000",
+    "consumer.heartbeat.interval.ms": "1000",
+}
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory):
+    with NodeProcess(tmp_path_factory.mktemp("connect-node"), workers=2, config=NODE_CONFIG) as started:
+        yield started
+        assert "Traceback" not in started.log(), started.log()
+
+
+def wait_until(what: str, check, timeout_s: float = WAIT_S):
+    """`check()`'s first true answer, polled until `timeout_s`; TimeoutError naming `what` and the last answer."""
+    deadline = time.monotonic() + timeout_s
+    answer = None
+    while time.monotonic() < deadline:
+        answer = check()
+        if answer:
+            return answer
+        time.sleep(POLL_S)
+    raise TimeoutError(f"{what}: not in {timeout_s}s (last: {answer!r})")
+
+
+# --------------------------------------------------------------------------- reading a cluster
+
+
+def admin(bootstrap: str) -> AdminClient:
+    return AdminClient({"bootstrap.servers": bootstrap})
+
+
+def topic_configs(bootstrap: str, topic: str) -> dict[str, str]:
+    client = admin(bootstrap)  # alive until the answer: a destroyed client fails its futures
+    (future,) = client.describe_configs([ConfigResource("topic", topic)]).values()
+    return {name: entry.value for name, entry in future.result(timeout=10).items()}
+
+
+def partitions(bootstrap: str, topic: str) -> int:
+    metadata = admin(bootstrap).list_topics(topic, timeout=10).topics[topic]
+    assert metadata.error is None, metadata.error
+    return len(metadata.partitions)
+
+
+def read_topic(bootstrap: str, topic: str) -> dict[int, list[tuple[int, str, str]]]:
+    """Every record of `topic` up to its end when called: per partition, (offset, key, value)."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "test-reader", "enable.auto.commit": False})
+    try:
+        records: dict[int, list[tuple[int, str, str]]] = {}
+        ends = {}
+        for partition in range(partitions(bootstrap, topic)):
+            low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)
+            records[partition] = []
+            if high > low:
+                ends[partition] = high
+        consumer.assign([TopicPartition(topic, partition, 0) for partition in ends])
+        deadline = time.monotonic() + WAIT_S
+        while any(not records[p] or records[p][-1][0] < end - 1 for p, end in ends.items()):
+            assert time.monotonic() < deadline, f"{topic}: read {records} of {ends}"
+            message = consumer.poll(0.5)
+            if message is None or message.error():
+                continue
+            key = message.key().decode() if message.key() is not None else None
+            records[message.partition()].append((message.offset(), key, message.value().decode()))
+        return {p: [r for r in rs if r[0] < ends.get(p, 0)] for p, rs in records.items()}
+    finally:
+        consumer.close()
+
+
+def committed(bootstrap: str, group: str, topic: str, count: int) -> list[int]:
+    """The group's committed offset of each partition (-1001: none)."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False})
+    try:
+        return [tp.offset for tp in consumer.committed([TopicPartition(topic, p) for p in range(count)], timeout=10)]
+    finally:
+        consumer.close()
+
+
+def consume_as_group(bootstrap: str, group: str, topic: str, count: int) -> list[tuple[int, int, str]]:
+    """`count` records read by a member of `group` from its committed offsets, (partition, offset, value), then
+    committed; fails when it gets fewer in WAIT_S."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False,
+                         "auto.offset.reset": "earliest"})
+    got: list[tuple[int, int, str]] = []
+    try:
+        consumer.subscribe([topic])
+        deadline = time.monotonic() + WAIT_S
+        while len(got) < count:
+            assert time.monotonic() < deadline, f"{group} read {len(got)} of {count}: {got}"
+            message = consumer.poll(0.5)
+            if message is not None and not message.error():
+                got.append((message.partition(), message.offset(), message.value().decode()))
+        consumer.commit(asynchronous=False)
+        return got
+    finally:
+        consumer.close()
+
+
+# --------------------------------------------------------------------------- Kafka Connect
+
+
+class FileLines:
+    """The lines of a file Connect reads (appended here) or writes."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.path.touch()
+
+    def append(self, lines: list[str]) -> None:
+        with open(self.path, "a") as out:
+            out.write("".join(f"{line}\n" for line in lines))
+
+    def lines(self) -> list[str]:
+        return self.path.read_text().splitlines() if self.path.exists() else []
+
+
+def source_position(bootstrap: str, source: Path) -> int:
+    """The newest position of the file source in Connect's offset topic on the node (-1: none stored)."""
+    position = -1
+    for records in read_topic(bootstrap, WORKER["offset.storage.topic"]).values():
+        for _, key, value in records:
+            if key and str(source) in key and value:
+                position = json.loads(value)["position"]
+    return position
+
+
+def test_distributed_file_source_and_sink_resume_after_sigterm_and_sigkill(node, tmp_path):
+    bootstrap = node.bootstrap
+    source, sink = FileLines(tmp_path / "in.txt"), FileLines(tmp_path / "out.txt")
+    worker = ConnectWorker({"bootstrap.servers": bootstrap, **WORKER}, tmp_path / "worker")
+    with worker:
+        worker.start()
+        # The worker made its three topics on the node, compacted, with its default partition counts.
+        for key, count in (("config", 1), ("offset", 25), ("status", 5)):
+            topic = WORKER[f"{key}.storage.topic"]
+            assert topic_configs(bootstrap, topic)["cleanup.policy"] == "compact", topic
+            assert partitions(bootstrap, topic) == count, topic
+        worker.rest("PUT", "/connectors/lines-in/config", {
+            "connector.class": "org.apache.kafka.connect.file.FileStreamSourceConnector", "tasks.max": "1",
+            "file": str(source.path), "topic": "lines"})
+        worker.rest("PUT", "/connectors/lines-out/config", {
+            "connector.class": "org.apache.kafka.connect.file.FileStreamSinkConnector", "tasks.max": "1",
+            "file": str(sink.path), "topics": "lines"})
+        expected: list[str] = []
+
+        def round_trip(batch: str, count: int) -> None:
+            for connector in ("lines-in", "lines-out"):
+                worker.wait_running(connector)
+            new = [f"{batch}-{i}" for i in range(count)]
+            source.append(new)
+            expected.extend(new)
+            wait_until(f"{batch} in the sink file", lambda: sink.lines()[-1:] == expected[-1:])
+            assert sink.lines() == expected
+            assert [value for _, _, value in read_topic(bootstrap, "lines")[0]] == expected
+
+        round_trip("first", 20)
+        assert worker.stop(signal.SIGTERM) in (0, 143)  # Connect's shutdown hook: a clean stop
+        source.append(["while-stopped"])
+        expected.append("while-stopped")
+        worker.start()
+        round_trip("after-sigterm", 20)
+
+        # Crash once both sides flushed: the source's position is the whole file, the sink's group is at the end.
+        ends = len(read_topic(bootstrap, "lines")[0])
+        size = source.path.stat().st_size
+        wait_until("the source's offset flushed", lambda: source_position(bootstrap, source.path) == size)
+        wait_until("the sink's offset committed", lambda: committed(bootstrap, "connect-lines-out", "lines", 1) ==
+                   [ends])
+        worker.stop(signal.SIGKILL)
+        source.append(["while-killed"])
+        expected.append("while-killed")
+        worker.start()
+        round_trip("after-sigkill", 20)
+        assert worker.starts == 3
+
+
+# --------------------------------------------------------------------------- MirrorMaker 2: moving to Kafka
+
+
+def readme_mm2_properties() -> str:
+    """The README's mm2.properties: the first properties block of its "Moving to a Kafka cluster" section."""
+    section = README.read_text().split("## Moving to a Kafka cluster", 1)[1].split("\n## ", 1)[0]
+    (block, *_) = re.findall(r"```properties\n(.*?)```", section, re.S)
+    return block
+
+
+def with_settings(properties: str, settings: dict[str, str]) -> str:
+    """`properties` with each key of `settings` set: its line replaced where it has one, added otherwise."""
+    for key, value in settings.items():
+        line = re.compile(rf"^{re.escape(key)}\s*=.*$", re.M)
+        properties, found = line.subn(f"{key} = {value}", properties)
+        if not found:
+            properties += f"{key} = {value}\n"
+    return properties
+
+
+# The topics MirrorMaker makes on Kafka ask for Kafka's defaults (2 and 3 copies); the test's Kafka is one broker.
+ONE_BROKER_KAFKA = {
+    "replication.factor": "1",
+    "checkpoints.topic.replication.factor": "1",
+    "heartbeats.topic.replication.factor": "1",
+    "kafka.config.storage.replication.factor": "1",
+    "kafka.offset.storage.replication.factor": "1",
+    "kafka.status.storage.replication.factor": "1",
+}
+ORDERS_CONFIGS = {"retention.ms": "604800000", "max.message.bytes": "500000"}
+PER_PARTITION = 100
+HALF_WAY = 40
+
+
+@pytest.fixture(scope="module")
+def kafka():
+    with KafkaPeer() as peer:
+        yield peer
+
+
+def test_moving_to_kafka_with_the_readme_mm2_properties(node, kafka, tmp_path):
+    # On the node: a topic of three partitions with configs of its own, a group that read everything ("billing")
+    # and one that stopped half way ("audit").
+    client = admin(node.bootstrap)
+    (future,) = client.create_topics([NewTopic("orders", 3, 1, config=ORDERS_CONFIGS)]).values()
+    future.result(timeout=10)
+    producer = Producer({"bootstrap.servers": node.bootstrap})
+    for i in range(3 * PER_PARTITION):
+        producer.produce("orders", key=f"k{i}", value=f"order-{i}", partition=i % 3)
+    assert producer.flush(30) == 0
+    assert len(consume_as_group(node.bootstrap, "billing", "orders", 3 * PER_PARTITION)) == 3 * PER_PARTITION
+    audit = Consumer({"bootstrap.servers": node.bootstrap, "group.id": "audit"})
+    audit.commit(offsets=[TopicPartition("orders", p, HALF_WAY) for p in range(3)], asynchronous=False)
+    audit.close()
+    on_node = read_topic(node.bootstrap, "orders")
+
+    properties = tmp_path / "mm2.properties"
+    properties.write_text(with_settings(readme_mm2_properties(), {
+        "shmbroker.bootstrap.servers": node.bootstrap, "kafka.bootstrap.servers": kafka.bootstrap,
+        **ONE_BROKER_KAFKA}))
+    with MirrorMakerProcess(properties, tmp_path / "mm2").start() as mirror:
+        # The records, at the same offsets, and the topic's configs.
+        wait_until("orders copied", lambda: partitions_or_none(kafka.bootstrap, "orders") == 3
+                   and read_topic(kafka.bootstrap, "orders") == on_node)
+        configs = topic_configs(kafka.bootstrap, "orders")
+        assert {key: configs[key] for key in ORDERS_CONFIGS} == ORDERS_CONFIGS
+        # The groups' offsets, as bin/kafka-consumer-groups.sh --describe shows them.
+        wait_until("billing's offsets on Kafka", lambda: committed(kafka.bootstrap, "billing", "orders", 3) ==
+                   [PER_PARTITION] * 3)
+        audit_on_kafka = wait_until("audit's offsets on Kafka",
+                                    lambda: all_set(committed(kafka.bootstrap, "audit", "orders", 3)))
+        assert all(0 <= offset <= HALF_WAY for offset in audit_on_kafka), audit_on_kafka
+        described = tool("org.apache.kafka.tools.consumer.group.ConsumerGroupCommand", "--bootstrap-server",
+                         kafka.bootstrap, "--describe", "--all-groups").stdout
+        rows = {(row[0], row[1], int(row[2])): int(row[3]) for row in
+                (line.split() for line in described.splitlines()) if len(row) > 4 and row[1] == "orders"}
+        assert {k: v for k, v in rows.items() if k[0] == "billing"} == {
+            ("billing", "orders", p): PER_PARTITION for p in range(3)}
+        assert mirror.stop(signal.SIGTERM) in (0, 143), mirror.log()
+
+    # The clients move: billing reads only what is produced on Kafka after the move; audit goes on from its
+    # translated offsets, at or before where it stopped, and misses nothing.
+    producer = Producer({"bootstrap.servers": kafka.bootstrap})
+    for p in range(3):
+        producer.produce("orders", key=f"new{p}", value=f"on-kafka-{p}", partition=p)
+    assert producer.flush(30) == 0
+    billing = consume_as_group(kafka.bootstrap, "billing", "orders", 3)
+    assert sorted(billing) == [(p, PER_PARTITION, f"on-kafka-{p}") for p in range(3)]
+    audit_count = sum(PER_PARTITION + 1 - offset for offset in audit_on_kafka)
+    read = consume_as_group(kafka.bootstrap, "audit", "orders", audit_count)
+    for p in range(3):
+        expected = [value for offset, _, value in on_node[p] if offset >= audit_on_kafka[p]] + [f"on-kafka-{p}"]
+        assert [value for partition, _, value in read if partition == p] == expected
+
+
+def partitions_or_none(bootstrap: str, topic: str) -> int | None:
+    metadata = admin(bootstrap).list_topics(timeout=10).topics.get(topic)
+    return None if metadata is None or metadata.error is not None else len(metadata.partitions)
+
+
+def all_set(offsets: list[int]) -> list[int] | None:
+    return offsets if all(offset >= 0 for offset in offsets) else None
