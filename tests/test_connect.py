@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
 from scripts.harness.connect_worker import ConnectWorker, MirrorMakerProcess
@@ -39,6 +39,8 @@ pytestmark = pytest.mark.node
 README = Path(__file__).resolve().parent.parent / "README.md"
 NODE_CONFIG = "[topics]\naccept_replication_factor_above_one = true\n"
 WAIT_S = 60.0
+COORDINATOR_NOT_YET = {KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_NOT_AVAILABLE,
+                       KafkaError.COORDINATOR_LOAD_IN_PROGRESS}
 POLL_S = 0.2
 STRING_CONVERTER = "org.apache.kafka.connect.storage.StringConverter"
 WORKER = {
@@ -123,10 +125,15 @@ def read_topic(bootstrap: str, topic: str) -> dict[int, list[tuple[int, str, str
 
 
 def committed(bootstrap: str, group: str, topic: str, count: int) -> list[int]:
-    """The group's committed offset of each partition (-1001: none)."""
+    """The group's committed offset of each partition (-1001: none); [] while its coordinator is not there yet
+    (Kafka makes __consumer_offsets at the first group request)."""
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False})
     try:
         return [tp.offset for tp in consumer.committed([TopicPartition(topic, p) for p in range(count)], timeout=10)]
+    except KafkaException as error:
+        if error.args[0].code() not in COORDINATOR_NOT_YET:
+            raise
+        return []
     finally:
         consumer.close()
 
@@ -259,8 +266,9 @@ ONE_BROKER_KAFKA = {
     "kafka.status.storage.replication.factor": "1",
 }
 ORDERS_CONFIGS = {"retention.ms": "604800000", "max.message.bytes": "500000"}
-PER_PARTITION = 100
-HALF_WAY = 40
+BEFORE = 100  # records a partition on the node before MirrorMaker starts
+WHILE = 30  # and while it runs
+AUDIT_AT = BEFORE + 10  # where the group that stops half way stops
 
 
 @pytest.fixture(scope="module")
@@ -269,58 +277,65 @@ def kafka():
         yield peer
 
 
+def produce(bootstrap: str, first: int, count: int, prefix: str) -> None:
+    producer = Producer({"bootstrap.servers": bootstrap})
+    for p in range(3):
+        for i in range(first, first + count):
+            producer.produce("orders", key=f"k{p}-{i}", value=f"{prefix}-{p}-{i}", partition=p)
+    assert producer.flush(30) == 0
+
+
 def test_moving_to_kafka_with_the_readme_mm2_properties(node, kafka, tmp_path):
-    # On the node: a topic of three partitions with configs of its own, a group that read everything ("billing")
-    # and one that stopped half way ("audit").
+    # On the node: a topic of three partitions with configs of its own, and a group ("billing") that read it.
     client = admin(node.bootstrap)
     (future,) = client.create_topics([NewTopic("orders", 3, 1, config=ORDERS_CONFIGS)]).values()
     future.result(timeout=10)
-    producer = Producer({"bootstrap.servers": node.bootstrap})
-    for i in range(3 * PER_PARTITION):
-        producer.produce("orders", key=f"k{i}", value=f"order-{i}", partition=i % 3)
-    assert producer.flush(30) == 0
-    assert len(consume_as_group(node.bootstrap, "billing", "orders", 3 * PER_PARTITION)) == 3 * PER_PARTITION
-    audit = Consumer({"bootstrap.servers": node.bootstrap, "group.id": "audit"})
-    audit.commit(offsets=[TopicPartition("orders", p, HALF_WAY) for p in range(3)], asynchronous=False)
-    audit.close()
-    on_node = read_topic(node.bootstrap, "orders")
+    produce(node.bootstrap, 0, BEFORE, "order")
+    consume_as_group(node.bootstrap, "billing", "orders", 3 * BEFORE)
 
     properties = tmp_path / "mm2.properties"
     properties.write_text(with_settings(readme_mm2_properties(), {
         "shmbroker.bootstrap.servers": node.bootstrap, "kafka.bootstrap.servers": kafka.bootstrap,
         **ONE_BROKER_KAFKA}))
     with MirrorMakerProcess(properties, tmp_path / "mm2").start() as mirror:
+        wait_until("billing's offsets on Kafka", lambda: committed(kafka.bootstrap, "billing", "orders", 3) ==
+                   [BEFORE] * 3)
+        # The clients still run on the node while MirrorMaker copies: more records, billing reads them all, and
+        # "audit" stops half way.
+        produce(node.bootstrap, BEFORE, WHILE, "order")
+        consume_as_group(node.bootstrap, "billing", "orders", 3 * WHILE)
+        audit = Consumer({"bootstrap.servers": node.bootstrap, "group.id": "audit"})
+        audit.commit(offsets=[TopicPartition("orders", p, AUDIT_AT) for p in range(3)], asynchronous=False)
+        audit.close()
+        on_node = read_topic(node.bootstrap, "orders")
         # The records, at the same offsets, and the topic's configs.
-        wait_until("orders copied", lambda: partitions_or_none(kafka.bootstrap, "orders") == 3
-                   and read_topic(kafka.bootstrap, "orders") == on_node)
+        wait_until("orders copied", lambda: read_topic(kafka.bootstrap, "orders") == on_node)
         configs = topic_configs(kafka.bootstrap, "orders")
         assert {key: configs[key] for key in ORDERS_CONFIGS} == ORDERS_CONFIGS
-        # The groups' offsets, as bin/kafka-consumer-groups.sh --describe shows them.
+        # The groups' offsets: billing's exactly, audit's at or before the node's (MirrorMaker's translation).
+        end = BEFORE + WHILE
         wait_until("billing's offsets on Kafka", lambda: committed(kafka.bootstrap, "billing", "orders", 3) ==
-                   [PER_PARTITION] * 3)
+                   [end] * 3)
         audit_on_kafka = wait_until("audit's offsets on Kafka",
                                     lambda: all_set(committed(kafka.bootstrap, "audit", "orders", 3)))
-        assert all(0 <= offset <= HALF_WAY for offset in audit_on_kafka), audit_on_kafka
+        assert all(BEFORE <= offset <= AUDIT_AT for offset in audit_on_kafka), audit_on_kafka
+        # The README's check: bin/kafka-consumer-groups.sh --describe --all-groups.
         described = tool("org.apache.kafka.tools.consumer.group.ConsumerGroupCommand", "--bootstrap-server",
                          kafka.bootstrap, "--describe", "--all-groups").stdout
-        rows = {(row[0], row[1], int(row[2])): int(row[3]) for row in
-                (line.split() for line in described.splitlines()) if len(row) > 4 and row[1] == "orders"}
-        assert {k: v for k, v in rows.items() if k[0] == "billing"} == {
-            ("billing", "orders", p): PER_PARTITION for p in range(3)}
+        rows = {(row[0], int(row[2])): int(row[3]) for row in (line.split() for line in described.splitlines())
+                if len(row) > 4 and row[1] == "orders"}
+        assert rows == {**{("billing", p): end for p in range(3)},
+                        **{("audit", p): audit_on_kafka[p] for p in range(3)}}, described
         assert mirror.stop(signal.SIGTERM) in (0, 143), mirror.log()
 
     # The clients move: billing reads only what is produced on Kafka after the move; audit goes on from its
-    # translated offsets, at or before where it stopped, and misses nothing.
-    producer = Producer({"bootstrap.servers": kafka.bootstrap})
-    for p in range(3):
-        producer.produce("orders", key=f"new{p}", value=f"on-kafka-{p}", partition=p)
-    assert producer.flush(30) == 0
+    # translated offsets and misses nothing.
+    produce(kafka.bootstrap, end, 1, "on-kafka")
     billing = consume_as_group(kafka.bootstrap, "billing", "orders", 3)
-    assert sorted(billing) == [(p, PER_PARTITION, f"on-kafka-{p}") for p in range(3)]
-    audit_count = sum(PER_PARTITION + 1 - offset for offset in audit_on_kafka)
-    read = consume_as_group(kafka.bootstrap, "audit", "orders", audit_count)
+    assert sorted(billing) == [(p, end, f"on-kafka-{p}-{end}") for p in range(3)]
+    read = consume_as_group(kafka.bootstrap, "audit", "orders", sum(end + 1 - offset for offset in audit_on_kafka))
     for p in range(3):
-        expected = [value for offset, _, value in on_node[p] if offset >= audit_on_kafka[p]] + [f"on-kafka-{p}"]
+        expected = [value for offset, _, value in on_node[p] if offset >= audit_on_kafka[p]] + [f"on-kafka-{p}-{end}"]
         assert [value for partition, _, value in read if partition == p] == expected
 
 
