@@ -268,7 +268,8 @@ ONE_BROKER_KAFKA = {
 ORDERS_CONFIGS = {"retention.ms": "604800000", "max.message.bytes": "500000"}
 BEFORE = 100  # records a partition on the node before MirrorMaker starts
 WHILE = 30  # and while it runs
-AUDIT_AT = BEFORE + 10  # where the group that stops half way stops
+AUDIT_FIRST = 10  # where the group that stops half way was before MirrorMaker started
+AUDIT_AT = BEFORE + 10  # and where it stops
 
 
 @pytest.fixture(scope="module")
@@ -285,6 +286,15 @@ def produce(bootstrap: str, first: int, count: int, prefix: str) -> None:
     assert producer.flush(30) == 0
 
 
+def commit(bootstrap: str, group: str, offset: int) -> None:
+    """Commit `offset` on each partition of orders for `group`, as a consumer that read that far does."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group})
+    try:
+        consumer.commit(offsets=[TopicPartition("orders", p, offset) for p in range(3)], asynchronous=False)
+    finally:
+        consumer.close()
+
+
 def test_moving_to_kafka_with_the_readme_mm2_properties(node, kafka, tmp_path):
     # On the node: a topic of three partitions with configs of its own, and a group ("billing") that read it.
     client = admin(node.bootstrap)
@@ -292,6 +302,7 @@ def test_moving_to_kafka_with_the_readme_mm2_properties(node, kafka, tmp_path):
     future.result(timeout=10)
     produce(node.bootstrap, 0, BEFORE, "order")
     consume_as_group(node.bootstrap, "billing", "orders", 3 * BEFORE)
+    commit(node.bootstrap, "audit", AUDIT_FIRST)  # before MirrorMaker's first offset sync: not translated
 
     properties = tmp_path / "mm2.properties"
     properties.write_text(with_settings(readme_mm2_properties(), {
@@ -304,9 +315,7 @@ def test_moving_to_kafka_with_the_readme_mm2_properties(node, kafka, tmp_path):
         # "audit" stops half way.
         produce(node.bootstrap, BEFORE, WHILE, "order")
         consume_as_group(node.bootstrap, "billing", "orders", 3 * WHILE)
-        audit = Consumer({"bootstrap.servers": node.bootstrap, "group.id": "audit"})
-        audit.commit(offsets=[TopicPartition("orders", p, AUDIT_AT) for p in range(3)], asynchronous=False)
-        audit.close()
+        commit(node.bootstrap, "audit", AUDIT_AT)
         on_node = read_topic(node.bootstrap, "orders")
         # The records, at the same offsets, and the topic's configs.
         wait_until("orders copied", lambda: read_topic(kafka.bootstrap, "orders") == on_node)
@@ -337,6 +346,38 @@ def test_moving_to_kafka_with_the_readme_mm2_properties(node, kafka, tmp_path):
     for p in range(3):
         expected = [value for offset, _, value in on_node[p] if offset >= audit_on_kafka[p]] + [f"on-kafka-{p}-{end}"]
         assert [value for partition, _, value in read if partition == p] == expected
+
+    # And back, as the README says: the same file with the flow turned, from Kafka to a new node. Both groups read
+    # to the end on Kafka; they move back exactly.
+    (tmp_path / "node-back").mkdir()
+    with NodeProcess(tmp_path / "node-back", workers=2, config=NODE_CONFIG) as back:
+        properties.write_text(with_settings(turned(readme_mm2_properties()), {
+            "shmbroker.bootstrap.servers": back.bootstrap, "kafka.bootstrap.servers": kafka.bootstrap,
+            "offset-syncs.topic.replication.factor": "1"}))  # on the test's one-broker Kafka, now the source
+        on_kafka = read_topic(kafka.bootstrap, "orders")
+        with MirrorMakerProcess(properties, tmp_path / "mm2-back").start() as mirror:
+            wait_until("orders copied back", lambda: partitions_or_none(back.bootstrap, "orders") == 3
+                       and read_topic(back.bootstrap, "orders") == on_kafka)
+            configs = topic_configs(back.bootstrap, "orders")
+            assert {key: configs[key] for key in ORDERS_CONFIGS} == ORDERS_CONFIGS
+            for group in ("billing", "audit"):
+                wait_until(f"{group}'s offsets on the node", lambda: committed(back.bootstrap, group, "orders", 3)
+                           == [end + 1] * 3)
+            assert mirror.stop(signal.SIGTERM) in (0, 143), mirror.log()
+        produce(back.bootstrap, end + 1, 1, "back")
+        for group in ("billing", "audit"):
+            assert sorted(consume_as_group(back.bootstrap, group, "orders", 3)) == [
+                (p, end + 1, f"back-{p}-{end + 1}") for p in range(3)]
+        assert "Traceback" not in back.log(), back.log()
+
+
+def turned(properties: str) -> str:
+    """The README's way back: the flow from Kafka to the node, and the Kafka side's worker settings given to the
+    node's side (MirrorMaker's worker runs on the target's side)."""
+    properties = properties.replace("shmbroker->kafka.", "kafka->shmbroker.")
+    for key in ("offset.flush.interval.ms", "plugin.discovery"):
+        properties = properties.replace(f"\nkafka.{key}", f"\nshmbroker.{key}")
+    return properties
 
 
 def partitions_or_none(bootstrap: str, topic: str) -> int | None:
