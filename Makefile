@@ -60,7 +60,8 @@ sysdeps:
 	@command -v mvn >/dev/null 2>&1 || { $(APT_INSTALL) maven; }
 
 # Apache Kafka 4.4.0, the node's peer in the benchmarks and the differential tests: its jars, fetched by Maven
-# from scripts/harness/kafka/pom.xml into ~/.cache/shmbroker (once; Maven's repository is ~/.m2).
+# from scripts/harness/kafka/pom.xml into ~/.cache/shmbroker (once; Maven's repository is ~/.m2), and Kafka
+# Connect's with MirrorMaker 2 (scripts/harness/connect/pom.xml) beside them.
 kafka: test-venv sysdeps
 	$(PY) -m scripts.harness.kafka_peer --fetch
 

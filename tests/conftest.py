@@ -55,6 +55,7 @@ LONGEST_GROUPS_FIRST = (
     "test_upgrade",
     "test_admin",
     "test_compaction",
+    "test_connect",  # 90 s: Connect's worker started thrice, MirrorMaker twice, a Kafka
     "test_java_clients",  # 60 s: six JVM runs
 )
 

@@ -4,8 +4,8 @@ benchmarks (scripts/bench_report.py) and as the reference of the differential te
 - The jars: Kafka's broker (kafka_2.13), its tools (kafka-tools) and their dependencies, copied by Maven from
   scripts/harness/kafka/pom.xml into a cache outside the checkout (KAFKA_CACHE, default
   ~/.cache/shmbroker/kafka-4.4.0; Maven's own repository is ~/.m2) on first use and reused while the pom is
-  unchanged (a stamp holds its digest). `python -m scripts.harness.kafka_peer --fetch` does it ahead
-  (`make test` does).
+  unchanged (a stamp holds its digest; ``maven_jars`` does it for any pom). `python -m scripts.harness.kafka_peer
+  --fetch` does it ahead (`make test` does), for Kafka Connect's jars too (scripts/harness/connect_worker.py).
 - ``KafkaPeer``: one KRaft node, broker and controller in one JVM, formatted in a temp dir of its own,
   listening on free 127.0.0.1 ports, with a heap that fits this machine (HEAP_MB). ``start()`` returns once a
   Metadata answer lists the broker (it then takes produces); ``close()`` stops it by its pid (SIGTERM, then
