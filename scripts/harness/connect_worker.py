@@ -9,8 +9,8 @@
   own directory; stopped by its pid with a real signal: ``stop(signal.SIGTERM)`` is Connect's graceful stop (tasks
   stop, offsets are committed, the member leaves its group), ``stop(signal.SIGKILL)`` a crash.
 - ``ConnectWorker``: a distributed worker (org.apache.kafka.connect.cli.ConnectDistributed) whose REST listener is on
-  a free 127.0.0.1 port; ``start()`` returns once the REST API lists connectors (the herder joined its group and
-  read the config topic); ``rest()`` calls the API.
+  a free 127.0.0.1 port; ``start()`` returns once the REST API's health check answers 200 (the herder joined its
+  group and read the config topic); ``rest()`` calls the API.
 - ``MirrorMakerProcess``: MirrorMaker 2's dedicated driver (org.apache.kafka.connect.mirror.MirrorMaker), what
   Kafka's bin/connect-mirror-maker.sh runs.
 
@@ -136,14 +136,15 @@ class ConnectWorker(ConnectJvm):
         return f"http://{LOOPBACK}:{self.rest_port}"
 
     def start(self) -> "ConnectWorker":
-        """Launch the JVM; return once GET /connectors answers (the worker joined its group and read its configs)."""
+        """Launch the JVM; return once GET /health answers 200 (KIP-1017: the herder started, the worker joined its
+        group and read its config topic; 503 before)."""
         self.launch()
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
             if not self.alive():
                 raise RuntimeError(f"the Connect worker exited with {self.proc.returncode}:\n{self.log()}")
             with contextlib.suppress(OSError, urllib.error.HTTPError, ValueError):
-                self.rest("GET", "/connectors")
+                self.rest("GET", "/health")
                 return self
             time.sleep(PROBE_INTERVAL_S)
         raise RuntimeError(f"the Connect worker did not serve in {START_TIMEOUT_S}s:\n{self.log()}")
