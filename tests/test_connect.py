@@ -15,7 +15,10 @@ as real JVMs of Connect 4.3.1 (scripts/harness/connect_worker.py; scripts/harnes
   run by MirrorMaker's driver (what bin/connect-mirror-maker.sh runs) from the node to Kafka 4.4: the topics with
   their records at the same offsets and their configs, and the consumer groups' offsets. A group that read to the
   end resumes on Kafka at exactly its offsets (it reads only what is produced on Kafka after the move); one that
-  stopped half way resumes at or before its offsets, never after (MirrorMaker's translation; nothing lost).
+  stopped half way resumes at or before its offsets, never after (MirrorMaker's translation; nothing lost). The
+  offset syncs are in a compacted topic on the node, the checkpoints in one on Kafka; `kafka-consumer-groups
+  --describe --all-groups` shows the moved offsets. Then back, as the README says: the same file with the flow
+  turned copies the topic and the groups' offsets from Kafka to a new node.
 """
 
 from __future__ import annotations
@@ -121,6 +124,17 @@ def read_topic(bootstrap: str, topic: str) -> dict[int, list[tuple[int, str, str
             key = message.key().decode() if message.key() is not None else None
             records[message.partition()].append((message.offset(), key, message.value().decode()))
         return {p: [r for r in rs if r[0] < ends.get(p, 0)] for p, rs in records.items()}
+    finally:
+        consumer.close()
+
+
+def records_in(bootstrap: str, topic: str) -> int:
+    """The offsets `topic`'s partitions span (its records, but those a compaction removed)."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "test-reader"})
+    try:
+        spans = [consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
+                 for p in range(partitions(bootstrap, topic))]
+        return sum(high - low for low, high in spans)
     finally:
         consumer.close()
 
@@ -340,6 +354,12 @@ def test_moving_to_kafka_with_the_readme_mm2_properties(node, kafka, tmp_path):
                    [end] * 3)
         wait_until("audit's offsets on Kafka", lambda: all_set(committed(kafka.bootstrap, "audit", "orders", 3)))
         assert mirror.stop(signal.SIGTERM) in (0, 143), mirror.log()
+    # How the offsets moved: MirrorMaker's offset syncs in a compacted topic on the node (the source), its
+    # checkpoints (the groups' translated offsets) in one on Kafka.
+    for bootstrap, topic in ((node.bootstrap, "mm2-offset-syncs.kafka.internal"),
+                             (kafka.bootstrap, "shmbroker.checkpoints.internal")):
+        assert topic_configs(bootstrap, topic)["cleanup.policy"] == "compact", topic
+        assert records_in(bootstrap, topic) > 0, topic
     # Read once MirrorMaker stopped: a later checkpoint may still move audit's offsets forward (a better sync).
     audit_on_kafka = committed(kafka.bootstrap, "audit", "orders", 3)
     assert all(0 <= offset <= AUDIT_AT for offset in audit_on_kafka), audit_on_kafka
