@@ -9,7 +9,9 @@ as real JVMs of Connect 4.3.1 (scripts/harness/connect_worker.py; scripts/harnes
   topic and the sink file hold every line once, in order. Then it is killed with SIGKILL (most likely before its
   next offset flush, every offset.flush.interval.ms) and restarted: no line is lost, and the lines repeated are
   exactly those Connect's at-least-once delivery repeats: the source reads the file again from the position stored
-  on the node, the sink gets again the records after its group's committed offset.
+  on the node, the sink gets again the records after its group's committed offset. Last, Connect's offsets API
+  (KIP-875) on the stopped connectors: their offsets as the node keeps them, the sink's moved back, the source's
+  reset; resumed, each starts again from there.
 - MirrorMaker 2, the README's "Moving to a Kafka cluster": the README's mm2.properties, as it stands but for the
   two bootstrap addresses and the replication factors of the topics it makes on the test's one-broker Kafka,
   run by MirrorMaker's driver (what bin/connect-mirror-maker.sh runs) from the node to Kafka 4.4: the topics with
@@ -257,6 +259,34 @@ def test_distributed_file_source_and_sink_resume_after_sigterm_and_sigkill(node,
         round_trip("after-sigkill", 20)
         assert worker.starts == 3
         print(f"after SIGKILL: {len(read_again) - 1} lines read again, {len(written_again)} records written again")
+
+        # Connect's offsets API (KIP-875) on offsets kept by the node: the stopped connectors' offsets read, the
+        # sink's moved back (its group's offsets altered), the source's reset (a tombstone in the offset topic).
+        for connector in ("lines-in", "lines-out"):
+            worker.rest("PUT", f"/connectors/{connector}/stop")
+        for connector in ("lines-in", "lines-out"):
+            wait_until(f"{connector} stopped", lambda: worker.rest("GET", f"/connectors/{connector}/status")[
+                "connector"]["state"] == "STOPPED")
+        size = source.path.stat().st_size
+        assert worker.rest("GET", "/connectors/lines-in/offsets") == {
+            "offsets": [{"partition": {"filename": str(source.path)}, "offset": {"position": size}}]}
+        sink_partition = {"kafka_topic": "lines", "kafka_partition": 0}
+        assert worker.rest("GET", "/connectors/lines-out/offsets") == {
+            "offsets": [{"partition": sink_partition, "offset": {"kafka_offset": len(in_topic)}}]}
+        back_to = len(in_topic) - 5
+        worker.rest("PATCH", "/connectors/lines-out/offsets",
+                    {"offsets": [{"partition": sink_partition, "offset": {"kafka_offset": back_to}}]})
+        assert worker.rest("GET", "/connectors/lines-out/offsets") == {
+            "offsets": [{"partition": sink_partition, "offset": {"kafka_offset": back_to}}]}
+        worker.rest("DELETE", "/connectors/lines-in/offsets")
+        assert worker.rest("GET", "/connectors/lines-in/offsets") == {"offsets": []}
+        in_topic.extend(source.lines())  # the whole file again
+        in_sink.extend(in_topic[back_to:])
+        for connector in ("lines-in", "lines-out"):
+            worker.rest("PUT", f"/connectors/{connector}/resume")
+        wait_until("the sink after its offsets moved", lambda: len(sink.lines()) >= len(in_sink))
+        assert sink.lines() == in_sink
+        assert topic_values(bootstrap) == in_topic
 
 
 def topic_values(bootstrap: str) -> list[str]:
