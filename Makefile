@@ -72,7 +72,8 @@ sysdeps:
 	@[ -e /usr/include/zlib.h ] || { $(APT_INSTALL) zlib1g-dev; }
 
 # Apache Kafka 4.4.0, the node's peer in the benchmarks and the differential tests: its jars, fetched by Maven
-# from scripts/harness/kafka/pom.xml into ~/.cache/shmbroker (once; Maven's repository is ~/.m2).
+# from scripts/harness/kafka/pom.xml into ~/.cache/shmbroker (once; Maven's repository is ~/.m2), and Kafka
+# Connect's with MirrorMaker 2 (scripts/harness/connect/pom.xml) beside them.
 kafka: test-venv sysdeps
 	$(PY) -m scripts.harness.kafka_peer --fetch
 

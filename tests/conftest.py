@@ -61,6 +61,7 @@ LONGEST_GROUPS_FIRST = (
     "test_upgrade",
     "test_admin",
     "test_compaction",
+    "test_connect",  # 90 s: Connect's worker started thrice, MirrorMaker twice, a Kafka
     "test_java_clients",  # 60 s: six JVM runs
     "test_kafka_streams",  # 50 s: five runs of a Kafka Streams application
 )

@@ -111,7 +111,8 @@ def test_create_topics_checks_assignments_factors_and_configs(node):
 
 def test_replication_factor_above_one_is_taken_with_one_copy_where_the_config_says(node_factory):
     """topics.accept_replication_factor_above_one: Kafka Connect's and MirrorMaker 2's internal topics ask for 3;
-    the node takes them with its one copy and logs a line per topic; a factor of 0 stays refused."""
+    the node takes them with its one copy and logs a line per topic it makes (not for one that exists: Connect asks
+    for its topics again at every start; nor for a validate-only request); a factor of 0 stays refused."""
     node = node_factory(config="[topics]\naccept_replication_factor_above_one = true\n")
     a = admin(node)
     futures = a.create_topics([NewTopic("three-replicas", 2, 3), NewTopic("none", 1, 0)])
@@ -120,6 +121,11 @@ def test_replication_factor_above_one_is_taken_with_one_copy_where_the_config_sa
     described = a.describe_topics(TopicCollection(["three-replicas"]))["three-replicas"].result(
         timeout=CLIENT_TIMEOUT_S)
     assert [len(p.replicas) for p in described.partitions] == [1, 1]
+    again = a.create_topics([NewTopic("three-replicas", 2, 3)])["three-replicas"]
+    assert outcome(again) == TOPIC_ALREADY_EXISTS
+    checked = a.create_topics([NewTopic("checked", 1, 3)], validate_only=True)["checked"]
+    assert outcome(checked) is None
+    assert node.log().count("replication factor 3 asked, one copy kept") == 1
     assert "topic three-replicas: replication factor 3 asked, one copy kept" in node.log()
 
 

@@ -4,8 +4,8 @@ benchmarks (scripts/bench_report.py) and as the reference of the differential te
 - The jars: Kafka's broker (kafka_2.13), its tools (kafka-tools) and their dependencies, copied by Maven from
   scripts/harness/kafka/pom.xml into a cache outside the checkout (KAFKA_CACHE, default
   ~/.cache/shmbroker/kafka-4.4.0; Maven's own repository is ~/.m2) on first use and reused while the pom is
-  unchanged (a stamp holds its digest). `python -m scripts.harness.kafka_peer --fetch` does it ahead
-  (`make test` does).
+  unchanged (a stamp holds its digest; ``maven_jars`` does it for any pom). `python -m scripts.harness.kafka_peer
+  --fetch` does it ahead (`make test` does), for Kafka Connect's jars too (scripts/harness/connect_worker.py).
 - ``KafkaPeer``: one KRaft node, broker and controller in one JVM, formatted in a temp dir of its own,
   listening on free 127.0.0.1 ports, with a heap that fits this machine (HEAP_MB). ``start()`` returns once a
   Metadata answer lists the broker (it then takes produces); ``close()`` stops it by its pid (SIGTERM, then
@@ -73,31 +73,35 @@ rootLogger.appenderRef.file.ref = file
 # --------------------------------------------------------------------------- the jars
 
 
-def _pom_digest() -> str:
-    return hashlib.sha256(POM.read_bytes()).hexdigest()
+def maven_jars(pom: Path, cache: Path, marker: str, fetch: bool = True) -> Path:
+    """The directory of the jars `pom` names with their dependencies, copied by Maven into `cache`/lib first when
+    missing or made from another version of the pom (`cache`/pom.sha256 holds its digest); `marker` is the glob of a
+    jar that must be there."""
+    lib = cache / "lib"
+    stamp = cache / "pom.sha256"
+    digest = hashlib.sha256(pom.read_bytes()).hexdigest()
+    if stamp.exists() and stamp.read_text() == digest and any(lib.glob(marker)):
+        return lib
+    if not fetch:
+        raise FileNotFoundError(f"the jars of {pom} are not in {lib}: python -m scripts.harness.kafka_peer --fetch")
+    mvn = shutil.which("mvn")
+    if mvn is None:
+        raise SystemExit("Maven (mvn) is missing: `make sysdeps` installs it (Debian package maven)")
+    print(f"kafka_peer: fetching the jars of {pom.relative_to(POM.parents[1])} with Maven into {lib} (once)",
+          file=sys.stderr, flush=True)
+    staging = cache / "lib.partial"
+    shutil.rmtree(staging, ignore_errors=True)
+    subprocess.run([mvn, "-q", "-B", "-Dstyle.color=never", "-f", str(pom), "dependency:copy-dependencies",
+                    "-DincludeScope=runtime", f"-DoutputDirectory={staging}"], check=True, timeout=FETCH_TIMEOUT_S)
+    shutil.rmtree(lib, ignore_errors=True)
+    staging.rename(lib)  # whole or not at all: an interrupted fetch leaves only lib.partial
+    stamp.write_text(digest)
+    return lib
 
 
 def jars(fetch: bool = True) -> Path:
     """The directory of Kafka's jars, fetched with Maven first when missing or made from another pom."""
-    lib = KAFKA_CACHE / "lib"
-    stamp = KAFKA_CACHE / "pom.sha256"
-    if stamp.exists() and stamp.read_text() == _pom_digest() and any(lib.glob("kafka_2.13-*.jar")):
-        return lib
-    if not fetch:
-        raise FileNotFoundError(f"Kafka's jars are not in {lib}: python -m scripts.harness.kafka_peer --fetch")
-    mvn = shutil.which("mvn")
-    if mvn is None:
-        raise SystemExit("Maven (mvn) is missing: `make sysdeps` installs it (Debian package maven)")
-    print(f"kafka_peer: fetching Apache Kafka {KAFKA_VERSION} with Maven into {lib} (once)", file=sys.stderr,
-          flush=True)
-    staging = KAFKA_CACHE / "lib.partial"
-    shutil.rmtree(staging, ignore_errors=True)
-    subprocess.run([mvn, "-q", "-B", "-Dstyle.color=never", "-f", str(POM), "dependency:copy-dependencies",
-                    "-DincludeScope=runtime", f"-DoutputDirectory={staging}"], check=True, timeout=FETCH_TIMEOUT_S)
-    shutil.rmtree(lib, ignore_errors=True)
-    staging.rename(lib)  # whole or not at all: an interrupted fetch leaves only lib.partial
-    stamp.write_text(_pom_digest())
-    return lib
+    return maven_jars(POM, KAFKA_CACHE, "kafka_2.13-*.jar", fetch)
 
 
 def java() -> str:
@@ -359,7 +363,10 @@ def main() -> None:
     args = parser.parse_args()
     lib = jars()
     if args.fetch:
-        print(f"kafka_peer: Apache Kafka {KAFKA_VERSION} in {lib}", file=sys.stderr)
+        from scripts.harness import connect_worker
+
+        print(f"kafka_peer: Apache Kafka {KAFKA_VERSION} in {lib}, Kafka Connect {connect_worker.CONNECT_VERSION} in "
+              f"{connect_worker.jars()}", file=sys.stderr)
         return
     with KafkaPeer(args.durability) as peer:
         print(f"Kafka on {peer.bootstrap}; Ctrl-C stops it", flush=True)

@@ -213,12 +213,19 @@ class AdminHandlers:
         counts = {name: partitions for name, partitions, _ in wanted}
         requested = {name: configs for name, _, configs in wanted}
 
+        # Replication factors above 1 taken with one copy (topics.accept_replication_factor_above_one): a line for
+        # each topic made, none for one that exists (Connect asks for its topics again at every start).
+        above_one = {topic.name: topic.replication_factor for topic in request.topics if topic.replication_factor > 1}
+
         def answer(outcome: dict | None) -> Outcome:
             if outcome is not None:
                 self.partitions.reload()
             for name, _, _ in wanted:
                 number, message = (outcome or {}).get(name, TIMED_OUT)
                 results[name] = (code(number), message)
+                if name in above_one and results[name][0] == E.NONE and not validate_only:
+                    log.warning("topic %s: replication factor %d asked, one copy kept "
+                                "(topics.accept_replication_factor_above_one)", name, above_one[name])
             return reply(req, entity(req, "CreateTopicsResponse", throttle_time=ZERO_THROTTLE, topics=tuple(
                 self._created(req, t.name, results[t.name], counts.get(t.name), requested.get(t.name, {}), validate_only)
                 for t in request.topics)))
@@ -269,10 +276,7 @@ class AdminHandlers:
         if topic.replication_factor == 0 or topic.replication_factor < -1:
             return 0, (E.INVALID_REPLICATION_FACTOR, "Replication factor must be larger than 0, or -1 to use the "
                                                      "default value.")
-        if topic.replication_factor > 1 and self.config.topics.accept_replication_factor_above_one:
-            log.warning("topic %s: replication factor %d asked, one copy kept "
-                        "(topics.accept_replication_factor_above_one)", topic.name, topic.replication_factor)
-        elif topic.replication_factor > 1:
+        if topic.replication_factor > 1 and not self.config.topics.accept_replication_factor_above_one:
             return 0, (E.INVALID_REPLICATION_FACTOR,
                        f"Unable to replicate the partition {topic.replication_factor} time(s): The target replication "
                        f"factor of {topic.replication_factor} cannot be reached because only 1 broker(s) are "
