@@ -58,6 +58,16 @@ PROBE_INTERVAL_S = 0.1
 DURABILITIES = ("page-cache", "fsync")
 # Kafka's own kafka-run-class.sh settings (G1, 20 ms pauses, headless), and no hsperfdata files in /tmp.
 JVM_OPTIONS = ("-XX:-UsePerfData", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20", "-Djava.awt.headless=true")
+# Set by the tests (tests/conftest.py): their Kafka JVMs start often and run briefly on small loads, where the C2
+# compiler's threads cost more CPU than they save; QUICK_JVM_OPTIONS then keep them to C1. Benchmarks run Kafka as
+# above, and bench_report names the option in its notes when it was on.
+QUICK_JVMS_ENV = "SHMBROKER_QUICK_JVMS"
+QUICK_JVM_OPTIONS = ("-XX:TieredStopAtLevel=1",)
+
+
+def jvm_options() -> tuple[str, ...]:
+    """JVM_OPTIONS, and QUICK_JVM_OPTIONS where QUICK_JVMS_ENV asks for them."""
+    return JVM_OPTIONS + (QUICK_JVM_OPTIONS if os.environ.get(QUICK_JVMS_ENV) == "1" else ())
 LOG4J2 = """\
 status = warn
 appender.file.type = File
@@ -122,7 +132,7 @@ def tool(main_class: str, *args: str, timeout: float = TOOL_TIMEOUT_S, heap_mb: 
          stdin: str | None = None) -> subprocess.CompletedProcess:
     """Run one of Kafka's tools (its main class) on the fetched classpath, `stdin` its input; its output
     captured. `check`: a non-zero exit raises RuntimeError with the end of the tool's output (what it said)."""
-    done = subprocess.run([java(), f"-Xmx{heap_mb}m", *JVM_OPTIONS, "-cp", classpath(), main_class, *args],
+    done = subprocess.run([java(), f"-Xmx{heap_mb}m", *jvm_options(), "-cp", classpath(), main_class, *args],
                           capture_output=True, text=True, timeout=timeout, input=stdin,
                           stdin=None if stdin is not None else subprocess.DEVNULL, preexec_fn=die_with_parent)
     if check and done.returncode != 0:
@@ -142,7 +152,7 @@ class ToolRunner:
     def __init__(self, heap_mb: int = 256) -> None:
         self.errors = tempfile.TemporaryFile()  # the JVM's own (a tool's error is captured with its output)
         # java.lang opened to the runner: it finds the shutdown hooks a tool added (ToolRunner.java).
-        self.proc = subprocess.Popen([java(), f"-Xmx{heap_mb}m", *JVM_OPTIONS, "--add-opens",
+        self.proc = subprocess.Popen([java(), f"-Xmx{heap_mb}m", *jvm_options(), "--add-opens",
                                       "java.base/java.lang=ALL-UNNAMED", "-cp", classpath(), str(self.SOURCE)],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.errors,
                                      preexec_fn=die_with_parent)
@@ -273,7 +283,7 @@ class KafkaPeer:
         config.write_text("".join(f"{key}={value}\n" for key, value in self.properties(controller_port).items()))
         log4j = self.work / "log4j2.properties"
         log4j.write_text(LOG4J2.format(path=self.log_path, level="INFO"))
-        jvm = [java(), f"-Xms{self.heap_mb // 2}m", f"-Xmx{self.heap_mb}m", *JVM_OPTIONS,
+        jvm = [java(), f"-Xms{self.heap_mb // 2}m", f"-Xmx{self.heap_mb}m", *jvm_options(),
                f"-Dlog4j2.configurationFile={log4j}", f"-Dkafka.logs.dir={self.work}", "-cp", classpath()]
         cluster_id = new_cluster_id()
         started = time.monotonic()
