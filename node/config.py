@@ -293,6 +293,14 @@ class GroupConfig:
     consumer_max_size: int = 0  # group.consumer.max.size; 0: no limit
     # group.consumer.assignors: the server-side assignors, comma-separated; the first is the default.
     consumer_assignors: str = "uniform,range"
+    # Streams groups (KIP-1071's rebalance protocol, node.timer.groups.streams):
+    streams_session_timeout_ms: int = 45_000  # group.streams.session.timeout.ms
+    streams_heartbeat_interval_ms: int = 5000  # group.streams.heartbeat.interval.ms
+    streams_max_size: int = 0  # group.streams.max.size; 0: no limit
+    # Answered to every member, as Kafka's group configs streams.* (the node assigns no warm-up tasks: see
+    # docs/compatibility.md, so the lag only informs the client).
+    streams_acceptable_recovery_lag: int = 10_000  # streams.acceptable.recovery.lag
+    streams_task_offset_interval_ms: int = 60_000  # streams.task.offset.interval.ms
 
     def __post_init__(self):
         for low, value, high in (("consumer_min_session_timeout_ms", "consumer_session_timeout_ms",
