@@ -6,8 +6,8 @@ member's topology becomes the group's (node.timer.groups.streams_topology). The 
 against the catalog: how many tasks each subtopology has, and the internal topics it needs. Missing internal
 topics (changelogs, repartition topics) are created here, by the node, with the partition counts and topic
 configs the topology implies, as Kafka's broker creates them on a heartbeat. Once configured, the group epoch
-moves, the target assignment of active tasks is computed (the uniform assignor of consumer groups over
-subtopologies instead of topics: sticky and balanced, node.timer.groups.assignors), and each member reconciles
+moves, the target assignment of active tasks is computed (sticky, balanced per subtopology:
+node.timer.groups.streams_assignor), and each member reconciles
 towards it one heartbeat at a time (node.timer.groups.reconciliation: a task is given only once its previous
 owner reported it revoked). The answer carries the member's epoch and, when they changed or the member joined,
 its tasks; and the group's statuses (missing topics, a stale topology, a shutdown request).
@@ -48,9 +48,9 @@ from kio.schema.errors import ErrorCode
 
 from shmbroker.node.config import GroupConfig, WheelConfig
 from shmbroker.node.storage.store import PartitionStore
-from shmbroker.node.timer.groups.assignors import ASSIGNORS
 from shmbroker.node.timer.groups.reconciliation import MemberState, reconcile
 from shmbroker.node.timer.groups.sessions import Sessions
+from shmbroker.node.timer.groups.streams_assignor import TASK_ASSIGNOR
 from shmbroker.node.timer.groups.streams_group import StreamsGroup, StreamsMember
 from shmbroker.node.timer.groups.streams_topology import (SHUTDOWN_APPLICATION, STALE_TOPOLOGY, InvalidTopology,
                                                           Topology, configure)
@@ -64,8 +64,6 @@ DescribeAnswer = M.reply_class(M.Kind.STREAMS_GROUP_DESCRIBE)
 LEAVE_EPOCH = -1
 STATIC_LEAVE_EPOCH = -2
 NO_TOPOLOGY = -1
-# Tasks go to members as the uniform assignor gives partitions: every member "subscribes" to every subtopology.
-TASK_ASSIGNOR = ASSIGNORS["uniform"]
 
 
 class HeartbeatError(Exception):
@@ -396,8 +394,7 @@ class StreamsGroups:
             return
         ready = group.configured is not None and group.configured.ready
         tasks = group.configured.tasks if ready else {}
-        everything = frozenset(tasks)
-        group.target = TASK_ASSIGNOR.assign({m: everything for m in group.members}, tasks, group.target)
+        group.target = TASK_ASSIGNOR.assign(group.members, tasks, group.target)
         group.assignment_epoch = group.epoch
 
     def _reconcile(self, group: StreamsGroup, member: StreamsMember, owned: dict | None) -> None:

@@ -165,16 +165,14 @@ def configure(topology: Topology, topics: Mapping[str, int]) -> Configured:
             raise TopicConfigurationError(MISSING_SOURCE_TOPICS, f"Source topics {_summary(missing)} are missing.")
         decided = _repartition_counts(topology, topics)
         _copartition(topology, topics, decided)
-        counts = dict(topics)
-        for name, count in decided.items():
-            counts.setdefault(name, count)
-        tasks = {sub.subtopology_id: max(_count(counts, decided, t) for t in
+        counts = {**topics, **decided}  # internal topics as they should be; an existing one is checked below
+        tasks = {sub.subtopology_id: max(counts[t] for t in
                                          (*sub.source_topics, *(r.name for r in sub.repartition_source_topics)))
                  for sub in topology.subtopologies}
         wanted: dict[str, tuple[int, dict[str, str]]] = {}
         for sub in topology.subtopologies:
             for topic in sub.repartition_source_topics:
-                wanted[topic.name] = (_count(counts, decided, topic.name), dict(topic.configs))
+                wanted[topic.name] = (decided[topic.name], dict(topic.configs))
             for topic in sub.changelog_topics:
                 wanted[topic.name] = (tasks[sub.subtopology_id], dict(topic.configs))
         to_create = {}
@@ -195,17 +193,13 @@ def configure(topology: Topology, topics: Mapping[str, int]) -> Configured:
         return Configured((exc.status, str(exc)))
 
 
-def _count(topics: Mapping[str, int], decided: Mapping[str, int], name: str) -> int:
-    return topics[name] if name in topics else decided[name]
-
-
 def _repartition_counts(topology: Topology, topics: Mapping[str, int]) -> dict[str, int]:
     """Kafka's RepartitionTopics.setup: a fixed count stays; a flexible one (0) takes the largest source count
     of the subtopologies writing to it, found by repeating until nothing changes (bounded by the topics)."""
     decided = {t.name: t.partitions for sub in topology.subtopologies for t in sub.repartition_source_topics
-               if t.partitions > 0 and t.name not in topics}
+               if t.partitions > 0}
     flexible = {t.name for sub in topology.subtopologies for t in sub.repartition_source_topics
-                if t.partitions == 0 and t.name not in topics}
+                if t.partitions == 0}
     for _ in range(len(flexible) + 1):
         changed = False
         for name in sorted(flexible - set(decided)):
@@ -213,10 +207,10 @@ def _repartition_counts(topology: Topology, topics: Mapping[str, int]) -> dict[s
             for sub in topology.subtopologies:
                 if name not in sub.repartition_sink_topics:
                     continue
-                for source in (*sub.source_topics, *(r.name for r in sub.repartition_source_topics)):
-                    if source in topics:
-                        counts.append(topics[source])
-                    elif source in decided:
+                for source in sub.source_topics:
+                    counts.append(topics[source])
+                for source in (r.name for r in sub.repartition_source_topics):
+                    if source in decided:
                         counts.append(decided[source])
             if counts:
                 decided[name] = max(counts)
@@ -234,10 +228,11 @@ def _copartition(topology: Topology, topics: Mapping[str, int], decided: dict[st
     """Kafka's CopartitionedTopicsEnforcer: fixed counts must agree; flexible repartition topics follow them."""
     fixed_repartition = {t.name for sub in topology.subtopologies for t in sub.repartition_source_topics
                          if t.partitions > 0}
+    repartition = {t.name for sub in topology.subtopologies for t in sub.repartition_source_topics}
     for sub in topology.subtopologies:
         for group in sub.copartitioned_topics():
-            fixed = {t: topics[t] if t in topics else decided[t] for t in sorted(group)
-                     if t in topics or t in fixed_repartition}
+            fixed = {t: decided[t] if t in repartition else topics[t] for t in sorted(group)
+                     if t not in repartition or t in fixed_repartition}
             if len(set(fixed.values())) > 1:
                 raise TopicConfigurationError(INCORRECTLY_PARTITIONED_TOPICS, "Following topics do not have the "
                                               f"same number of partitions: {dict(sorted(fixed.items()))}")
