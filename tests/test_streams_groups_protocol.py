@@ -22,7 +22,7 @@ pytestmark = pytest.mark.node
 
 CONFIG = "[groups]\nstreams_session_timeout_ms = 1500\nstreams_heartbeat_interval_ms = 100\n"
 NONE, UNKNOWN_MEMBER, INVALID_REQUEST, GROUP_ID_NOT_FOUND, NON_EMPTY_GROUP = 0, 25, 42, 69, 68
-FENCED_EPOCH, STALE_EPOCH, INVALID_TOPOLOGY = 110, 113, 130
+FENCED_EPOCH, STALE_EPOCH, INVALID_TOPOLOGY, UNRELEASED_INSTANCE = 110, 113, 130, 111
 MISSING_SOURCE_TOPICS, MISSING_INTERNAL_TOPICS = 1, 3
 HB, DESCRIBE = P.STREAMS_GROUP_HEARTBEAT, P.STREAMS_GROUP_DESCRIBE
 
@@ -203,6 +203,21 @@ def test_unknown_members_and_fenced_epochs(members):
     assert int(a.heartbeat().error_code) == NONE
 
 
+def test_a_static_member_keeps_its_tasks_while_it_is_away(members):
+    a, b = members("wc9", "a"), members("wc9", "b")
+    assert int(a.heartbeat(instance_id="ia").error_code) == NONE
+    settle(a, b)
+    tasks, epoch = a.tasks(), a.epoch
+    assert int(a.heartbeat(epoch=-2, instance_id="ia").error_code) == NONE
+    settle(b)
+    assert len(b.tasks()) == 4  # a's tasks wait for it
+    back = members("wc9", "a-again")
+    response = back.heartbeat(instance_id="ia", process_id="process-a")  # the tasks of its instance, same epoch
+    assert int(response.error_code) == NONE and back.tasks() == tasks and back.epoch == epoch
+    thief = members("wc9", "a-thief")
+    assert int(thief.heartbeat(instance_id="ia").error_code) == UNRELEASED_INSTANCE
+
+
 def test_missing_source_topics_are_a_status_and_no_tasks(node, members):
     a = members("wc6", "a", topology=word_count("wc6", source="wc6-in"))
     response = a.heartbeat()
@@ -244,7 +259,8 @@ def test_a_streams_group_beside_the_other_protocols(node, members):
         assert commit(a.epoch) == NONE
 
         def delete() -> int:
-            response = conn.call(P.DELETE_GROUPS, 2, body(P.DELETE_GROUPS, 2, "DeleteGroupsRequest", groups_names=("wc7",)))
+            response = conn.call(P.DELETE_GROUPS, 2, body(P.DELETE_GROUPS, 2, "DeleteGroupsRequest",
+                                                          groups_names=("wc7",)))
             return int(response.results[0].error_code)
 
         assert delete() == NON_EMPTY_GROUP

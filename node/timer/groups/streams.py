@@ -22,7 +22,9 @@ Rules as Kafka's GroupMetadataManager.streamsGroupHeartbeat:
   member's, or an older one that is not its previous epoch with tasks within its assignment: FENCED_MEMBER_EPOCH.
 - A group id held by a classic group with members or by a consumer group with members: GROUP_ID_NOT_FOUND; an
   empty one of either becomes a streams group (its offsets stay).
-- Static membership (an instance id) is refused INVALID_REQUEST, as Kafka 4.4 does not support it for streams.
+- Static members (an instance id) leave with epoch -2 and keep their tasks until they come back under a new
+  member id (taking the tasks over without a new group epoch) or their session ends; an instance held by a member
+  that did not leave so: UNRELEASED_INSTANCE_ID; a member naming another instance: FENCED_INSTANCE_ID.
 - Only active tasks are assigned: standby replicas are 0 and no warm-up tasks are given (docs/compatibility.md).
 
 Timers (node.timer.groups.sessions wheels): a member's session ends with the member fenced (its tasks free); a
@@ -174,9 +176,10 @@ class StreamsGroups:
             self._validate(d)
             if d.member_epoch in (LEAVE_EPOCH, STATIC_LEAVE_EPOCH):
                 return self._leave(waiter, d)
-            group, member, joined = self._join_or_find(d)
+            group, member, joined, replaced = self._join_or_find(d)
             statuses = []
-            changed = self._update_member(member, d) or joined
+            # A join changes the membership, but a static member taking its instance's place back does not.
+            changed = self._update_member(member, d) or (joined and not replaced)
             changed = self._set_topology(group, member, d) or changed
             if group.topology is not None and member.topology_epoch < group.topology.epoch:
                 statuses.append((STALE_TOPOLOGY, f"The member's topology epoch {member.topology_epoch} is behind "
@@ -251,8 +254,6 @@ class StreamsGroups:
             raise HeartbeatError(E.invalid_request, "If one task-type is non-null, all must be non-null.")
         if d.member_epoch != 0 and d.subtopologies is not None:
             raise HeartbeatError(E.invalid_request, "Topology can only be provided when (re-)joining.")
-        if d.instance is not None:
-            raise HeartbeatError(E.invalid_request, "Static members are not supported yet.")
 
     def _group(self, group_id: str, create: bool) -> StreamsGroup:
         group = self.groups.get(group_id)
@@ -273,27 +274,41 @@ class StreamsGroups:
         log.info("streams group %s created", group_id)
         return group
 
-    def _join_or_find(self, d: Any) -> tuple[StreamsGroup, StreamsMember, bool]:
+    def _join_or_find(self, d: Any) -> tuple[StreamsGroup, StreamsMember, bool, bool]:
+        """The group and member the heartbeat is for, whether it joins, and whether it is a static member's return
+        under a new member id."""
         group = self._group(d.group, create=d.member_epoch == 0)
         member = group.members.get(d.member)
         if d.member_epoch == 0:
+            holder = group.static_members.get(d.instance) if d.instance is not None else None
+            if holder is not None and holder != d.member:
+                if group.members[holder].epoch != STATIC_LEAVE_EPOCH:
+                    raise HeartbeatError(E.unreleased_instance_id,
+                                         f"Static member {d.instance} was not released by {holder}.")
+                member = StreamsMember(d.member, d.instance)
+                self.sessions.forget((group.group_id, holder))
+                self.revocations.forget((group.group_id, holder))
+                group.replace_static(holder, member)
+                return group, member, True, True
             if member is None:
                 if self.config.streams_max_size and len(group.members) >= self.config.streams_max_size:
                     raise HeartbeatError(E.group_max_size_reached, "The streams group has reached its maximum "
                                                                    f"capacity of {self.config.streams_max_size} "
                                                                    "members.")
-                member = StreamsMember(d.member)
+                member = StreamsMember(d.member, d.instance)
                 group.add(member)
             else:  # it rejoins (fenced, or it lost its state): it starts over with nothing
                 group.release(member)
                 member.assigned, member.pending_revocation = {}, {}
                 member.state, member.epoch, member.previous_epoch = MemberState.STABLE, 0, -1
                 self.revocations.forget((group.group_id, member.member_id))
-            return group, member, True
+            return group, member, True, False
         if member is None:
             raise HeartbeatError(E.unknown_member_id, f"Member {d.member} is not a member of group {d.group}.")
+        if member.instance_id is not None and d.instance is not None and d.instance != member.instance_id:
+            raise HeartbeatError(E.fenced_instance_id, f"Member {d.member} is not instance {d.instance}.")
         self._check_epoch(member, d.member_epoch, as_tasks(d.active))
-        return group, member, False
+        return group, member, False, False
 
     @staticmethod
     def _check_epoch(member: StreamsMember, received: int, owned: dict | None) -> None:
@@ -435,12 +450,21 @@ class StreamsGroups:
         group = self.groups.get(d.group)
         member = group.members.get(d.member) if group is not None else None
         if member is None:
-            raise_error = HeartbeatError(E.unknown_member_id, f"Member {d.member} is not a member of group {d.group}.")
-            return self._error(waiter, raise_error.error, str(raise_error))
-        log.info("streams group %s: member %s left", group.group_id, d.member)
-        self._remove(group, d.member)
+            return self._error(waiter, E.unknown_member_id, f"Member {d.member} is not a member of group {d.group}.")
+        if d.instance is not None and group.static_members.get(d.instance) != d.member:
+            return self._error(waiter, E.fenced_instance_id, f"Instance {d.instance} is held by another member.")
+        epoch = LEAVE_EPOCH
+        if d.member_epoch == STATIC_LEAVE_EPOCH:
+            # It keeps its tasks until it is back (under a new member id) or its session ends.
+            member.epoch = epoch = STATIC_LEAVE_EPOCH
+            self.revocations.forget((group.group_id, d.member))
+            self.sessions.renew((group.group_id, d.member), self.clock() + self.config.streams_session_timeout_ms)
+            log.info("streams group %s: static member %s (%s) left for now", group.group_id, d.member, d.instance)
+        else:
+            log.info("streams group %s: member %s left", group.group_id, d.member)
+            self._remove(group, d.member)
         self.persist(group)
-        self._reply(waiter, HeartbeatAnswer(0, None, d.member, LEAVE_EPOCH, self.config.streams_heartbeat_interval_ms,
+        self._reply(waiter, HeartbeatAnswer(0, None, d.member, epoch, self.config.streams_heartbeat_interval_ms,
                                             self.config.streams_acceptable_recovery_lag,
                                             self.config.streams_task_offset_interval_ms, None, None, None, None,
                                             group.endpoint_epoch, None))
@@ -486,14 +510,14 @@ class StreamsGroups:
             elif group is None:
                 other = group_id in self.classic.groups or group_id in self.classic.consumer.groups
                 message = f"Group {group_id} is not a streams group." if other else f"Group {group_id} not found."
-                described.append((int(E.group_id_not_found), message, group_id, "Dead", -1, -1, -1, None, []))
+                described.append((int(E.group_id_not_found), message, group_id, "", 0, 0, -1, None, []))
             else:
                 topology = group.topology
                 described.append((
                     int(E.none), None, group_id, group.state, group.epoch, group.assignment_epoch,
                     topology.epoch if topology is not None else NO_TOPOLOGY,
                     [self._subtopology_record(s) for s in topology.subtopologies] if topology is not None else None,
-                    [(m.member_id, m.epoch, None, m.rack_id, m.client_id, m.client_host, m.topology_epoch,
+                    [(m.member_id, m.epoch, m.instance_id, m.rack_id, m.client_id, m.client_host, m.topology_epoch,
                       m.process_id, m.endpoint[0] if m.endpoint else None, m.endpoint[1] if m.endpoint else -1,
                       list(m.client_tags), as_records(m.assigned), as_records(group.target.get(m.member_id, {})))
                      for m in group.members.values()]))

@@ -4,8 +4,9 @@ in the spirit of Kafka's StickyTaskAssignor.
 Each subtopology is assigned on its own, in id order: a member keeps the tasks of it that it had in the previous
 target, up to its share (`tasks // members`); the rest (the remainder included) go one by one to the member with
 the fewest tasks of that subtopology, then the fewest tasks in all, then its previous owner, then the smallest
-id, so the remainders of subtopologies even out the members' totals. So every member runs part of every subtopology (what Kafka's assignor aims at: a subtopology's load spread
-over the application's instances), and a member that joins or leaves moves few tasks.
+id, so the remainders of subtopologies even out the members' totals. So every member runs part of every
+subtopology (what Kafka's assignor aims at: a subtopology's load spread over the application's instances), and a
+member that joins or leaves moves few tasks.
 
 Where it differs from Kafka's: members are balanced one by one, where Kafka balances processes first (a process
 with several stream threads is several members here); there are no standby tasks (num.standby.replicas is 0)

@@ -11,6 +11,8 @@ Invariants:
   the group epoch the target was computed at.
 - `owners` maps every task some member holds (assigned or pending revocation) to that member and its epoch; a
   task has at most one owner.
+- A static member's instance id maps to exactly one member id (`static_members`); member epoch -2 means the static
+  member left for a while and keeps its tasks until it comes back (under a new member id) or its session ends.
 - State (StreamsGroupDescribe, ListGroups): Empty without members, NotReady while the topology is not configured
   (missing source or internal topics, wrong partition counts), Assigning while the target is behind the group
   epoch, Reconciling while a member has not reached it, else Stable.
@@ -31,6 +33,7 @@ SNAPSHOT_FORMAT = 1  # the version of `snapshot`'s layout in the offsets log; `r
 @dataclass
 class StreamsMember:
     member_id: str
+    instance_id: str | None = None
     process_id: str = ""
     rack_id: str | None = None
     client_id: str = ""
@@ -50,17 +53,18 @@ class StreamsMember:
                 for t in set(self.assigned) | set(self.pending_revocation)}
 
     def snapshot(self) -> list:
-        return [self.member_id, self.process_id, self.rack_id, self.client_id, self.client_host,
+        return [self.member_id, self.instance_id, self.process_id, self.rack_id, self.client_id, self.client_host,
                 self.rebalance_timeout_ms, self.topology_epoch, list(self.endpoint) if self.endpoint else None,
                 [list(kv) for kv in self.client_tags], self.epoch, self.previous_epoch, self.state.value,
                 _tasks_json(self.assigned), _tasks_json(self.pending_revocation)]
 
     @staticmethod
     def restore(data: list) -> StreamsMember:
-        (member_id, process_id, rack_id, client_id, client_host, rebalance_timeout_ms, topology_epoch, endpoint,
-         tags, epoch, previous_epoch, state, assigned, pending) = data
-        return StreamsMember(member_id, process_id, rack_id, client_id, client_host, int(rebalance_timeout_ms),
-                             int(topology_epoch), (endpoint[0], int(endpoint[1])) if endpoint else None,
+        (member_id, instance_id, process_id, rack_id, client_id, client_host, rebalance_timeout_ms, topology_epoch,
+         endpoint, tags, epoch, previous_epoch, state, assigned, pending) = data
+        return StreamsMember(member_id, instance_id, process_id, rack_id, client_id, client_host,
+                             int(rebalance_timeout_ms), int(topology_epoch),
+                             (endpoint[0], int(endpoint[1])) if endpoint else None,
                              tuple((k, v) for k, v in tags), int(epoch), int(previous_epoch), MemberState(state),
                              _tasks_from_json(assigned), _tasks_from_json(pending))
 
@@ -80,6 +84,7 @@ class StreamsGroup:
     assignment_epoch: int = 0
     topology: Topology | None = None
     members: dict[str, StreamsMember] = field(default_factory=dict)
+    static_members: dict[str, str] = field(default_factory=dict)  # instance id -> member id
     target: dict[str, Partitions] = field(default_factory=dict)  # member id -> its target active tasks
     owners: dict[tuple[str, int], tuple[str, int]] = field(default_factory=dict)  # task -> (member, its epoch)
     configured: Configured | None = None  # the topology against the catalog of `catalog_version`
@@ -125,6 +130,8 @@ class StreamsGroup:
 
     def add(self, member: StreamsMember) -> None:
         self.members[member.member_id] = member
+        if member.instance_id is not None:
+            self.static_members[member.instance_id] = member.member_id
         self.empty_since_ms = None
 
     def remove(self, member_id: str, now_ms: int) -> StreamsMember | None:
@@ -133,11 +140,27 @@ class StreamsGroup:
             return None
         self.release(member)
         self.target.pop(member_id, None)
+        if member.instance_id is not None and self.static_members.get(member.instance_id) == member_id:
+            del self.static_members[member.instance_id]
         if self.shutdown_requested_by == member_id:
             self.shutdown_requested_by = None
         if not self.members:
             self.empty_since_ms = now_ms
         return member
+
+    def replace_static(self, old_id: str, member: StreamsMember) -> None:
+        """A static member back under a new member id takes over its instance's tasks and metadata (as Kafka
+        copies the member under its new id): the group epoch stays and no other member reconciles."""
+        old = self.members.pop(old_id)
+        self.release(old)
+        for name in ("process_id", "rack_id", "rebalance_timeout_ms", "topology_epoch", "endpoint", "client_tags",
+                     "assigned", "pending_revocation", "state", "previous_epoch"):
+            setattr(member, name, getattr(old, name))
+        member.epoch = 0
+        if old_id in self.target:
+            self.target[member.member_id] = self.target.pop(old_id)
+        self.add(member)
+        self.hold(member)
 
     def subscribed_topics(self) -> set[str]:
         """The topics the group reads (its offsets there may not be deleted while it has members)."""

@@ -247,4 +247,4 @@ def _copartition(topology: Topology, topics: Mapping[str, int], decided: dict[st
 def _summary(names) -> str:
     names = sorted(names)
     shown = ", ".join(names[:3])
-    return f"[{shown}]" if len(names) <= 3 else f"[{shown} and {len(names) - 3} more]"
+    return shown if len(names) <= 3 else f"{shown} and {len(names) - 3} more"
