@@ -10,7 +10,7 @@ import datetime
 import time
 
 import pytest
-from kio.static.primitive import i16, i32, i64, i64Timedelta
+from kio.static.primitive import i16, i32, i64, i64Timedelta, u16
 
 from scripts.harness import rawkafka as R
 from scripts.harness.nodeproc import NodeProcess
@@ -22,8 +22,9 @@ pytestmark = pytest.mark.node
 
 CONFIG = "[groups]\nstreams_session_timeout_ms = 1500\nstreams_heartbeat_interval_ms = 100\n"
 NONE, UNKNOWN_MEMBER, INVALID_REQUEST, GROUP_ID_NOT_FOUND, NON_EMPTY_GROUP = 0, 25, 42, 69, 68
+INCONSISTENT_PROTOCOL = 23
 FENCED_EPOCH, STALE_EPOCH, INVALID_TOPOLOGY, UNRELEASED_INSTANCE = 110, 113, 130, 111
-MISSING_SOURCE_TOPICS, MISSING_INTERNAL_TOPICS = 1, 3
+STALE_TOPOLOGY, MISSING_SOURCE_TOPICS, MISSING_INTERNAL_TOPICS, SHUTDOWN_APPLICATION = 0, 1, 3, 4
 HB, DESCRIBE = P.STREAMS_GROUP_HEARTBEAT, P.STREAMS_GROUP_DESCRIBE
 
 
@@ -218,6 +219,28 @@ def test_a_static_member_keeps_its_tasks_while_it_is_away(members):
     assert int(thief.heartbeat(instance_id="ia").error_code) == UNRELEASED_INSTANCE
 
 
+def test_endpoints_stale_topologies_and_shutdown_requests_reach_every_member(members):
+    a, b = members("wc10", "a"), members("wc10", "b")
+    endpoint = nested(HB, 0, "Endpoint", host="a.example", port=u16(7070))
+    a.heartbeat(user_endpoint=endpoint)
+    settle(a, b)
+    response = b.heartbeat()  # b's endpoint epoch (0) is behind the group's: the partitions of a's tasks
+    published, = response.partitions_by_user_endpoint
+    assert (published.user_endpoint.host, int(published.user_endpoint.port)) == ("a.example", 7070)
+    a_partitions = sorted((p.topic, int(i)) for p in published.active_partitions for i in p.partitions)
+    wanted = {("in" if s == "0" else "wc10-counts-repartition", p) for s, p in a.tasks()}
+    assert a_partitions == sorted(wanted)
+    current = int(response.endpoint_information_epoch)
+    assert b.heartbeat(endpoint_information_epoch=i32(current)).partitions_by_user_endpoint is None
+    # A member of an older topology epoch is told so; a shutdown request reaches every member.
+    newer = nested(HB, 0, "Topology", epoch=i32(1), subtopologies=word_count("wc11").subtopologies)
+    c, d = members("wc11", "c", topology=newer), members("wc11", "d")
+    c.heartbeat()
+    assert STALE_TOPOLOGY in statuses(d.heartbeat())
+    assert int(c.heartbeat(shutdown_application=True).error_code) == NONE
+    assert SHUTDOWN_APPLICATION in statuses(d.heartbeat())
+
+
 def test_missing_source_topics_are_a_status_and_no_tasks(node, members):
     a = members("wc6", "a", topology=word_count("wc6", source="wc6-in"))
     response = a.heartbeat()
@@ -257,6 +280,17 @@ def test_a_streams_group_beside_the_other_protocols(node, members):
 
         assert commit(a.epoch + 1) == STALE_EPOCH
         assert commit(a.epoch) == NONE
+        # A group is one protocol's: a consumer heartbeat and a classic join are refused while it has members.
+        consumer_join = conn.call(P.CONSUMER_GROUP_HEARTBEAT, 1, body(
+            P.CONSUMER_GROUP_HEARTBEAT, 1, "ConsumerGroupHeartbeatRequest", group_id="wc7", member_id="c",
+            member_epoch=i32(0), instance_id=None, rack_id=None, rebalance_timeout=ms(5000),
+            subscribed_topic_names=("in",), subscribed_topic_regex=None, server_assignor=None, topic_partitions=()))
+        assert int(consumer_join.error_code) == GROUP_ID_NOT_FOUND
+        classic_join = conn.call(P.JOIN_GROUP, 7, body(
+            P.JOIN_GROUP, 7, "JoinGroupRequest", group_id="wc7", session_timeout=ms(10_000),
+            rebalance_timeout=ms(10_000), member_id="", group_instance_id=None, protocol_type="consumer",
+            protocols=(nested(P.JOIN_GROUP, 7, "JoinGroupRequestProtocol", name="range", metadata=b""),)))
+        assert int(classic_join.error_code) == INCONSISTENT_PROTOCOL
 
         def delete() -> int:
             response = conn.call(P.DELETE_GROUPS, 2, body(P.DELETE_GROUPS, 2, "DeleteGroupsRequest",
