@@ -16,6 +16,7 @@ from scripts.harness import rawkafka as R
 from scripts.harness.nodeproc import NodeProcess
 from scripts.harness.rawkafka import millis as ms, request_body as body, request_entity as nested
 from tests.test_clients import create_topic
+from tests.test_stats_cli import stats_json
 from shmbroker.workers.codecs import protocol as P
 
 pytestmark = pytest.mark.node
@@ -316,7 +317,7 @@ def test_a_silent_member_is_fenced_when_its_session_ends(node, members):
 
 
 def test_a_restart_keeps_the_group(tmp_path):
-    with NodeProcess(tmp_path, workers=1, config=CONFIG) as node:
+    with NodeProcess(tmp_path, workers=1, config=CONFIG + "[stats]\npublish_interval_ms = 100\n") as node:
         create_topic(node.bootstrap, "in", 2)
         a = StreamsMember(node.port, "kept", "a", topology=word_count("kept"))
         try:
@@ -325,6 +326,10 @@ def test_a_restart_keeps_the_group(tmp_path):
             assert len(tasks) == 4
         finally:
             a.close()
+        deadline = time.monotonic() + 10
+        while (totals := stats_json(node)["totals"])["streams_groups"] != 1 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert (totals["streams_groups"], totals["streams_group_members"]) == (1, 1)
         node.stop()
         node.start()
         group, = describe(node.port, "kept")

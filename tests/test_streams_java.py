@@ -154,8 +154,17 @@ def test_a_node_restart_keeps_the_group(on_node):
     assert on_node["counts-after-restart"]["counts"] == counts(3)
 
 
+def test_the_groups_offsets_and_its_deletion(on_node):
+    committed = on_node["offsets"]["committed"]
+    # Every record of the input topic (6 words, 21 records a round, three rounds) is behind the committed offsets.
+    assert sum(offset for name, offset in committed.items() if name.startswith(f"{PREFIX}-in-")) == 3 * 21
+    assert set(committed) <= {f"{PREFIX}-{topic}-{p}" for topic in ("in", "app-counts-repartition") for p in range(4)}
+    assert any(name.startswith(f"{PREFIX}-app-counts-repartition-") for name in committed)
+    assert on_node["deleted"]["describeAfter"] == "GroupIdNotFoundException"
+
+
 def test_the_node_answers_as_kafka(on_node, on_kafka):
-    for step in ("counts", "counts-after-leave", "one-left"):
+    for step in ("counts", "counts-after-leave", "one-left", "deleted"):
         assert {k: v for k, v in on_node[step].items()} == on_kafka[step], step
     node_two, kafka_two = on_node["two-instances"], on_kafka["two-instances"]
     assert per_subtopology(node_two["a"]) == per_subtopology(kafka_two["a"])

@@ -5,6 +5,7 @@
 // ({"step": ...}): two instances share the tasks; the counts are right; the admin describes the group; one instance
 // leaves and the other takes every task; the counts go on. With `restart` the program prints "before-restart",
 // waits for a line on stdin (the test restarts the node meanwhile) and checks the group and the counts after it.
+// Last, once the instance closed: the group's committed offsets (listStreamsGroupOffsets) and its deletion.
 // Every wait is bounded (WAIT_MS).
 import com.fasterxml.jackson.databind.ObjectMapper;
 import java.io.BufferedReader;
@@ -63,6 +64,23 @@ public class StreamsApp {
             emit("after-restart", "a", tasks(a), "group", describe());
         }
         a.close(Duration.ofMillis(WAIT_MS));
+        try (Admin admin = Admin.create(Map.of("bootstrap.servers", bootstrap))) {
+            // The group's committed offsets (input and repartition topics), then the empty group deleted.
+            Map<String, Long> committed = new TreeMap<>();
+            var offsets = admin.listStreamsGroupOffsets(Map.of(app, new ListStreamsGroupOffsetsSpec()));
+            offsets.partitionsToOffsetAndMetadata(app).get()
+                    .forEach((tp, offset) -> committed.put(tp.toString(), offset == null ? null : offset.offset()));
+            emit("offsets", "committed", committed);
+            admin.deleteStreamsGroups(List.of(app)).all().get();
+            String after;
+            try {
+                admin.describeStreamsGroups(List.of(app)).all().get();
+                after = "described";
+            } catch (java.util.concurrent.ExecutionException e) {
+                after = e.getCause().getClass().getSimpleName();
+            }
+            emit("deleted", "describeAfter", after);
+        }
         emit("done");
     }
 
