@@ -5,7 +5,8 @@ per step.
 
 On the node the program runs two instances that share the tasks, has the admin describe the group
 (describeStreamsGroups), closes one instance (the other takes every task), then waits while the test restarts the
-node and checks that the group, its epochs and the counts go on.
+node and checks that the group, its epochs and the counts go on; then a third instance of another application
+counts with exactly_once_v2, and the admin lists the first group's offsets and deletes it.
 """
 
 from __future__ import annotations
@@ -152,6 +153,13 @@ def test_a_node_restart_keeps_the_group(on_node):
     assert after["groupEpoch"] == before["groupEpoch"] and after["members"] == before["members"]
     assert on_node["after-restart"]["a"] == ALL_TASKS
     assert on_node["counts-after-restart"]["counts"] == counts(3)
+
+
+def test_exactly_once_commits_its_offsets_in_transactions(on_node, on_kafka):
+    # Its TxnOffsetCommits carry the member's epoch (KIP-447's checks against the streams group); the output,
+    # read read_committed, has every count once.
+    assert on_node["exactly-once"]["counts"] == counts(3)
+    assert on_kafka["exactly-once"]["counts"] == counts(2)
 
 
 def test_the_groups_offsets_and_its_deletion(on_node):

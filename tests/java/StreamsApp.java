@@ -38,7 +38,8 @@ public class StreamsApp {
         app = prefix + "-app";
         try (Admin admin = Admin.create(Map.of("bootstrap.servers", bootstrap))) {
             admin.createTopics(List.of(new NewTopic(prefix + "-in", PARTITIONS, (short) 1),
-                    new NewTopic(prefix + "-out", 1, (short) 1))).all().get();
+                    new NewTopic(prefix + "-out", 1, (short) 1), new NewTopic(prefix + "-eos-out", 1, (short) 1)))
+                    .all().get();
         }
         KafkaStreams a = start("a"), b = start("b");
         waitFor("two instances share every task",
@@ -64,6 +65,13 @@ public class StreamsApp {
             emit("after-restart", "a", tasks(a), "group", describe());
         }
         a.close(Duration.ofMillis(WAIT_MS));
+        // The same count with exactly_once_v2: offsets committed in transactions (TxnOffsetCommit at the member's
+        // epoch), the output read read_committed.
+        KafkaStreams eos = start("eos", prefix + "-eos-app", prefix + "-eos-out", StreamsConfig.EXACTLY_ONCE_V2);
+        int rounds = restart ? 3 : 2;
+        waitFor("the exactly-once instance runs every task", () -> running(eos) && tasks(eos).size() == 2 * PARTITIONS);
+        emit("exactly-once", "counts", waitCounts(prefix + "-eos-out", rounds, "read_committed"));
+        eos.close(Duration.ofMillis(WAIT_MS));
         try (Admin admin = Admin.create(Map.of("bootstrap.servers", bootstrap))) {
             // The group's committed offsets (input and repartition topics), then the empty group deleted.
             Map<String, Long> committed = new TreeMap<>();
@@ -85,15 +93,20 @@ public class StreamsApp {
     }
 
     static KafkaStreams start(String name) {
+        return start(name, app, prefix + "-out", StreamsConfig.AT_LEAST_ONCE);
+    }
+
+    static KafkaStreams start(String name, String appId, String output, String guarantee) {
         StreamsBuilder builder = new StreamsBuilder();
         builder.<String, String>stream(prefix + "-in")
                 .groupBy((key, value) -> value)
                 .count(Materialized.as("counts"))
                 .toStream()
                 .mapValues(count -> Long.toString(count))
-                .to(prefix + "-out");
+                .to(output);
         Properties props = new Properties();
-        props.put(StreamsConfig.APPLICATION_ID_CONFIG, app);
+        props.put(StreamsConfig.APPLICATION_ID_CONFIG, appId);
+        props.put(StreamsConfig.PROCESSING_GUARANTEE_CONFIG, guarantee);
         props.put(StreamsConfig.BOOTSTRAP_SERVERS_CONFIG, bootstrap);
         props.put(StreamsConfig.GROUP_PROTOCOL_CONFIG, "streams");
         props.put(StreamsConfig.STATE_DIR_CONFIG, stateDir + "/" + name);
@@ -142,13 +155,17 @@ public class StreamsApp {
 
     /** The latest count per word in the output topic once every word reached `rounds` times its share. */
     static Map<String, Long> waitCounts(int rounds) throws Exception {
+        return waitCounts(prefix + "-out", rounds, "read_uncommitted");
+    }
+
+    static Map<String, Long> waitCounts(String output, int rounds, String isolation) throws Exception {
         Map<String, Object> config = Map.of("bootstrap.servers", bootstrap,
                 "key.deserializer", StringDeserializer.class.getName(),
                 "value.deserializer", StringDeserializer.class.getName(),
-                "auto.offset.reset", "earliest", "enable.auto.commit", false);
+                "auto.offset.reset", "earliest", "enable.auto.commit", false, "isolation.level", isolation);
         Map<String, Long> latest = new TreeMap<>();
         try (KafkaConsumer<String, String> consumer = new KafkaConsumer<>(config)) {
-            consumer.assign(List.of(new TopicPartition(prefix + "-out", 0)));  // no group: no rebalance to wait for
+            consumer.assign(List.of(new TopicPartition(output, 0)));  // no group: no rebalance to wait for
             long deadline = System.currentTimeMillis() + WAIT_MS;
             while (System.currentTimeMillis() < deadline) {
                 for (ConsumerRecord<String, String> record : consumer.poll(Duration.ofMillis(200))) {
