@@ -385,11 +385,12 @@ ConsumerGroupHeartbeat = declare(
            ("heartbeat_interval_ms", "i"), ("assignment", Array(TopicPartitions, nullable=True))]).tuple_class
 ConsumerGroupDescribe = declare(Kind.CONSUMER_GROUP_DESCRIBE, body=ASKED, fields=[("groups", Array(STR))],
                                 reply=[("groups", Array(DescribedConsumerGroup))]).tuple_class
-# topology_epoch -1: no topology (subtopologies None); endpoint_host None: no endpoint, or unchanged.
+# topology_epoch -1: no topology (subtopologies None); endpoint_host None: no endpoint, or unchanged; may_create:
+# the principal may create the topology's missing internal topics (CREATE on the cluster or on each of them).
 StreamsGroupHeartbeat = declare(
     Kind.STREAMS_GROUP_HEARTBEAT, body=ASKED + [("member_epoch", "i"), ("rebalance_timeout_ms", "i"),
                                                 ("topology_epoch", "i"), ("endpoint_epoch", "i"),
-                                                ("endpoint_port", "i"), ("shutdown", "?")],
+                                                ("endpoint_port", "i"), ("shutdown", "?"), ("may_create", "?")],
     fields=[("group", STR), ("member", STR), ("instance", OPT_STR), ("rack", OPT_STR),
             ("subtopologies", Array(Subtopology, nullable=True)), ("active", Array(TaskIds, nullable=True)),
             ("standby", Array(TaskIds, nullable=True)), ("warmup", Array(TaskIds, nullable=True)),

@@ -68,10 +68,10 @@ TYPED = [
     (Kind.CONSUMER_GROUP_HEARTBEAT, (7, 1, 5, -1, "g", "m-1", "static-1", "rack-a", None, "^t.*", None,
                                      [M.TopicPartitions("t", [0, 2])], "c", "h")),
     (Kind.CONSUMER_GROUP_DESCRIBE, (7, 1, ["a", "b"])),
-    (Kind.STREAMS_GROUP_HEARTBEAT, (7, 0, 0, 300000, 1, -1, 8080, False, "app", "m-1", None, None, [M.Subtopology(
+    (Kind.STREAMS_GROUP_HEARTBEAT, (7, 0, 0, 300000, 1, -1, 8080, False, True, "app", "m-1", None, None, [M.Subtopology(
         "0", ["in"], [], [M.StreamsTopic("app-store-changelog", 0, 0, [M.KeyValue("cleanup.policy", "compact")])],
         ["app-rep"], [], [M.CopartitionGroup([0], [], [])])], [], [], [], "p-1", "localhost", [], "c", "h")),
-    (Kind.STREAMS_GROUP_HEARTBEAT, (7, 0, 4, -1, -1, 2, -1, True, "app", "m-1", None, None, None,
+    (Kind.STREAMS_GROUP_HEARTBEAT, (7, 0, 4, -1, -1, 2, -1, True, False, "app", "m-1", None, None, None,
                                     [M.TaskIds("0", [0, 1])], None, None, None, None, None, "c", "h")),
     (Kind.STREAMS_GROUP_DESCRIBE, (7, 0, ["app"])),
     (Kind.INIT_PRODUCER_ID, (7, 1, 60000, 4001, 3, "txn-1")),

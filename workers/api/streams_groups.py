@@ -8,7 +8,8 @@ Invariants:
 - Every request gets its response: the coordinator's, or COORDINATOR_NOT_AVAILABLE if the timer never answers.
 - With the authorizer on, as Kafka's broker: a heartbeat needs READ on the group (GROUP_AUTHORIZATION_FAILED)
   and, when it carries a topology, DESCRIBE on each of its topics (TOPIC_AUTHORIZATION_FAILED); a describe needs
-  DESCRIBE on each group. Refused requests never reach the coordinator.
+  DESCRIBE on each group. Refused requests never reach the coordinator. The coordinator creates missing internal
+  topics only for a principal with CREATE on the cluster or on each of them (else the group's status says so).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any, Callable
 from kio.static.primitive import i8, i16, i32, i32Timedelta, u16
 
 from shmbroker.node.config import NodeConfig
-from shmbroker.node.storage.acls import Operation, ResourceType
+from shmbroker.node.storage.acls import CLUSTER_NAME, Operation, ResourceType
 from shmbroker.shm import messages as M
 from shmbroker.workers.api.authorizer import RequestAuthorizer
 from shmbroker.workers.api.responses import NOT_REQUESTED, ZERO_THROTTLE, code, entity, reply
@@ -80,7 +81,8 @@ class StreamsGroupHandlers:
         endpoint = request.user_endpoint
         body = (int(request.member_epoch), round(request.rebalance_timeout.total_seconds() * 1000),
                 int(topology.epoch) if topology is not None else NO_TOPOLOGY, int(request.endpoint_information_epoch),
-                int(endpoint.port) if endpoint is not None else -1, bool(request.shutdown_application))
+                int(endpoint.port) if endpoint is not None else -1, bool(request.shutdown_application),
+                self._may_create(req, topology))
         fields = (request.group_id, request.member_id, request.instance_id, request.rack_id,
                   [_subtopology_record(s) for s in topology.subtopologies] if topology is not None else None,
                   _tasks(request.active_tasks), _tasks(request.standby_tasks), _tasks(request.warmup_tasks),
@@ -125,6 +127,18 @@ class StreamsGroupHandlers:
             if error is not None:
                 return answer(refusal(error))
         return self._ask(req, M.Kind.STREAMS_GROUP_HEARTBEAT, body, fields, answer, refusal)
+
+    def _may_create(self, req: Request, topology: Any) -> bool:
+        """Whether the node may create the group's missing internal topics for this principal: CREATE on the
+        cluster, or (when the heartbeat carries the topology, so its internal topics are known) on each of them."""
+        if not self.authorizer.enabled:
+            return True
+        if self.authorizer.allows(req, Operation.CREATE, ResourceType.CLUSTER, CLUSTER_NAME, count_denial=False):
+            return True
+        internal = [t.name for sub in (topology.subtopologies if topology is not None else ())
+                    for t in (*sub.state_changelog_topics, *sub.repartition_source_topics)]
+        return bool(internal) and all(self.authorizer.allows(req, Operation.CREATE, ResourceType.TOPIC, name)
+                                      for name in internal)
 
     def _heartbeat_refusal(self, req: Request, request: Any) -> E.ErrorCode | None:
         if not self.authorizer.allows(req, Operation.READ, ResourceType.GROUP, request.group_id):

@@ -184,7 +184,7 @@ class StreamsGroups:
             if group.topology is not None and member.topology_epoch < group.topology.epoch:
                 statuses.append((STALE_TOPOLOGY, f"The member's topology epoch {member.topology_epoch} is behind "
                                                  f"the group's topology epoch {group.topology.epoch}."))
-            changed = self._configure(group) or changed
+            changed = self._configure(group, d.may_create) or changed
             self._check_owned(group, d)
             if changed:
                 group.epoch += 1
@@ -363,16 +363,23 @@ class StreamsGroups:
             raise HeartbeatError(E.invalid_request, "Topology updates are not supported yet.")
         return False
 
-    def _configure(self, group: StreamsGroup) -> bool:
-        """Configure the topology against the catalog when either changed, creating missing internal topics;
-        True if the tasks per subtopology (what the assignment depends on) changed."""
+    def _configure(self, group: StreamsGroup, may_create: bool) -> bool:
+        """Configure the topology against the catalog when either changed, creating missing internal topics if
+        the member's principal may (else they stay missing, as the status says); True if the tasks per
+        subtopology (what the assignment depends on) changed."""
         catalog = self.store.catalog
-        if group.topology is None or (group.configured is not None and group.catalog_version == catalog.version):
+        unconfigured = group.configured is None or group.catalog_version != catalog.version
+        missing = group.configured is not None and bool(group.configured.to_create)
+        if group.topology is None or not (unconfigured or (missing and may_create)):
             return False
         before = group.configured.tasks if group.configured is not None and group.configured.ready else None
         topics = {name: entry.partitions for name, entry in catalog.topics.items()}
         configured = configure(group.topology, topics)
-        if configured.to_create:
+        if configured.to_create and not may_create:
+            code, detail = configured.status
+            configured.status = (code, f"{detail}; Unauthorized to CREATE on topics "
+                                       f"{', '.join(sorted(configured.to_create))}.")
+        elif configured.to_create:
             created = self.store.create_topics([(name, count, configs) for name, (count, configs)
                                                 in configured.to_create.items()])
             self.catalog_changed()
