@@ -188,6 +188,22 @@ def test_a_topology_that_cannot_work_is_refused(members):
     assert int(other.heartbeat().error_code) == INVALID_REQUEST
 
 
+def test_internal_topics_the_node_cannot_create_are_a_status(node, members):
+    huge = nested(HB, 0, "Topology", epoch=i32(0), subtopologies=(nested(
+        HB, 0, "Subtopology", subtopology_id="0", source_topics=("in",), source_topic_regex=(),
+        state_changelog_topics=(topic_info("bad name!"),), repartition_sink_topics=(),
+        repartition_source_topics=(topic_info("wc12-huge", 2**31 - 1),), copartition_groups=()),))
+    a = members("wc12", "a", topology=huge)
+    response = a.heartbeat()
+    assert int(response.error_code) == NONE and a.tasks() == []
+    status, = response.status
+    assert int(status.status_code) == MISSING_INTERNAL_TOPICS and "bad name!" in status.status_detail
+    assert topic_partitions(node, "wc12-huge") == {}
+    assert int(members("", "a").heartbeat().error_code) == INVALID_REQUEST  # an empty group id
+    assert int(a.heartbeat(epoch=-3).error_code) == INVALID_REQUEST
+    assert int(a.heartbeat().error_code) == NONE  # the member is still there
+
+
 def test_unknown_members_and_fenced_epochs(members):
     a, b = members("wc5", "a"), members("wc5", "b")
     a.heartbeat()
@@ -317,7 +333,9 @@ def test_a_silent_member_is_fenced_when_its_session_ends(node, members):
 
 
 def test_a_restart_keeps_the_group(tmp_path):
-    with NodeProcess(tmp_path, workers=1, config=CONFIG + "[stats]\npublish_interval_ms = 100\n") as node:
+    # A session longer than the test: the member is silent while the stats are read and the node restarts.
+    config = "[groups]\nstreams_session_timeout_ms = 60000\n[stats]\npublish_interval_ms = 100\n"
+    with NodeProcess(tmp_path, workers=1, config=config) as node:
         create_topic(node.bootstrap, "in", 2)
         a = StreamsMember(node.port, "kept", "a", topology=word_count("kept"))
         try:

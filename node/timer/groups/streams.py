@@ -369,13 +369,16 @@ class StreamsGroups:
         subtopology (what the assignment depends on) changed."""
         catalog = self.store.catalog
         unconfigured = group.configured is None or group.catalog_version != catalog.version
-        missing = group.configured is not None and bool(group.configured.to_create)
-        if group.topology is None or not (unconfigured or (missing and may_create)):
+        # Topics left missing for want of CREATE are created for the first member that may; topics the node
+        # refused (a bad name, too many partitions) are tried again only once the catalog changes.
+        now_allowed = group.configured is not None and group.configured.unauthorized and may_create
+        if group.topology is None or not (unconfigured or now_allowed):
             return False
         before = group.configured.tasks if group.configured is not None and group.configured.ready else None
         topics = {name: entry.partitions for name, entry in catalog.topics.items()}
         configured = configure(group.topology, topics)
         if configured.to_create and not may_create:
+            configured.unauthorized = True
             code, detail = configured.status
             configured.status = (code, f"{detail}; Unauthorized to CREATE on topics "
                                        f"{', '.join(sorted(configured.to_create))}.")

@@ -145,6 +145,7 @@ class Configured:
     tasks: dict[str, int] = field(default_factory=dict)
     to_create: dict[str, tuple[int, dict[str, str]]] = field(default_factory=dict)  # name -> (partitions, configs)
     partitions: dict[str, int] = field(default_factory=dict)  # every topic's count, internal ones as decided
+    unauthorized: bool = False  # `to_create` was not created: the member's principal may not create topics
 
     @property
     def ready(self) -> bool:
