@@ -168,7 +168,7 @@ def test_two_members_share_the_tasks_with_revocation_before_assignment(members):
     assert len(a.tasks()) == 8
 
 
-def test_a_topology_that_cannot_work_is_refused(members):
+def test_a_topology_that_cannot_work_is_refused(node, members):
     bad = members("wc3", "a", topology=word_count("wc3", changelog_partitions=3))
     response = bad.heartbeat()
     assert int(response.error_code) == INVALID_TOPOLOGY and "Changelog topic" in response.error_message
@@ -186,6 +186,9 @@ def test_a_topology_that_cannot_work_is_refused(members):
     assert int(first.heartbeat().error_code) == NONE
     other = members("wc4", "b", topology=word_count("wc4", source="other-in"))
     assert int(other.heartbeat().error_code) == INVALID_REQUEST
+    # A refused join leaves nothing behind: no member, no group.
+    assert [m.member_id for m in describe(node.port, "wc4")[0].members] == ["a"]
+    assert int(describe(node.port, "wc3")[0].error_code) == GROUP_ID_NOT_FOUND
 
 
 def test_internal_topics_the_node_cannot_create_are_a_status(node, members):

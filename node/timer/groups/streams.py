@@ -171,16 +171,19 @@ class StreamsGroups:
         waiter = (worker, d.request_id, d.kind)
         if self.classic.offsets.loading:
             return self._error(waiter, E.coordinator_load_in_progress, "The coordinator is loading.")
-        group = None
+        group, joined, replaced = None, False, False
+        known = self.groups.get(d.group)
+        was_member = known is not None and d.member in known.members
         try:
             self._validate(d)
             if d.member_epoch in (LEAVE_EPOCH, STATIC_LEAVE_EPOCH):
                 return self._leave(waiter, d)
+            topology = self._topology(d)
             group, member, joined, replaced = self._join_or_find(d)
             statuses = []
             # A join changes the membership, but a static member taking its instance's place back does not.
             changed = self._update_member(member, d) or (joined and not replaced)
-            changed = self._set_topology(group, member, d) or changed
+            changed = self._set_topology(group, member, topology) or changed
             if group.topology is not None and member.topology_epoch < group.topology.epoch:
                 statuses.append((STALE_TOPOLOGY, f"The member's topology epoch {member.topology_epoch} is behind "
                                                  f"the group's topology epoch {group.topology.epoch}."))
@@ -192,7 +195,9 @@ class StreamsGroups:
             before = member.assigned
             self._reconcile(group, member, as_tasks(d.active))
         except HeartbeatError as exc:
-            if group is not None:
+            if group is not None and joined and not was_member and not replaced:
+                self._undo_join(group, d.member, created=known is None)
+            elif group is not None:
                 self.persist(group)
             return self._error(waiter, exc.error, str(exc))
         if d.shutdown:
@@ -343,14 +348,29 @@ class StreamsGroups:
         member.client_id, member.client_host = d.client_id, d.client_host
         return before != (member.process_id, member.rack_id, member.client_tags)
 
-    def _set_topology(self, group: StreamsGroup, member: StreamsMember, d: Any) -> bool:
-        """Kafka's maybeUpdateTopology; True if the group's topology was set."""
+    def _undo_join(self, group: StreamsGroup, member_id: str, created: bool) -> None:
+        """A join refused after its member was added (as Kafka writes none of a refused heartbeat's records): the
+        member goes, and the group too if this join made it."""
+        group.remove(member_id, self.clock())
+        self.sessions.forget((group.group_id, member_id))
+        self.revocations.forget((group.group_id, member_id))
+        if created and not group.members:
+            self.groups.pop(group.group_id, None)
+
+    @staticmethod
+    def _topology(d: Any) -> Topology | None:
+        """The heartbeat's topology (None without one); STREAMS_INVALID_TOPOLOGY before anything else is touched."""
         if d.subtopologies is None:
-            return False
+            return None
         try:
-            topology = Topology.from_message(d.topology_epoch, d.subtopologies)
+            return Topology.from_message(d.topology_epoch, d.subtopologies)
         except InvalidTopology as exc:
             raise HeartbeatError(E.streams_invalid_topology, str(exc))
+
+    def _set_topology(self, group: StreamsGroup, member: StreamsMember, topology: Topology | None) -> bool:
+        """Kafka's maybeUpdateTopology; True if the group's topology was set."""
+        if topology is None:
+            return False
         member.topology_epoch = topology.epoch
         if group.topology is None:
             log.info("streams group %s: member %s initialized the topology with epoch %d", group.group_id,
