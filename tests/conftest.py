@@ -56,6 +56,7 @@ LONGEST_GROUPS_FIRST = (
     "test_admin",
     "test_compaction",
     "test_java_clients",  # 60 s: six JVM runs
+    "test_streams_java",  # 45-55 s: Kafka Streams on the node, then Kafka 4.4 and Streams again
 )
 
 
