@@ -1041,8 +1041,8 @@ API_VERSION_DIFFERENCES = {
     85: [[0, 1], None],  # write_share_group_state
     86: [[0, 0], None],  # delete_share_group_state
     87: [[0, 1], None],  # read_share_group_state_summary
-    88: [[0, 1], None],  # streams_group_heartbeat
-    89: [[0, 1], None],  # streams_group_describe
+    88: [[0, 1], [0, 0]],  # streams_group_heartbeat (1: KIP-1331's topology descriptions)
+    89: [[0, 1], [0, 0]],  # streams_group_describe
     90: [[0, 1], None],  # describe_share_group_offsets
     91: [[0, 0], None],  # alter_share_group_offsets
     92: [[0, 0], None],  # delete_share_group_offsets

@@ -91,17 +91,14 @@ def run_streams_app(bootstrap: str, work: Path, on_restart=None) -> dict[str, di
 @pytest.fixture(scope="module")
 def on_node(tmp_path_factory) -> dict[str, dict]:
     work = tmp_path_factory.mktemp("streams-node")
-    node = NodeProcess(work, workers=2, config=NODE_CONFIG)
-    node.start()
-    try:
+    with NodeProcess(work, workers=2, config=NODE_CONFIG) as node:
         def restart() -> None:
             node.stop()
             node.start()
-        return run_streams_app(node.bootstrap, work, on_restart=restart)
-    finally:
-        if node.alive():
-            node.stop()
+        got = run_streams_app(node.bootstrap, work, on_restart=restart)
         assert "Traceback" not in node.log(), node.log()
+    assert node.leftovers() == []
+    return got
 
 
 @pytest.fixture(scope="module")
