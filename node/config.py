@@ -297,6 +297,9 @@ class GroupConfig:
     streams_session_timeout_ms: int = 45_000  # group.streams.session.timeout.ms
     streams_heartbeat_interval_ms: int = 5000  # group.streams.heartbeat.interval.ms
     streams_max_size: int = 0  # group.streams.max.size; 0: no limit
+    # group.streams.initial.rebalance.delay.ms: a member joining an empty group gets no tasks for this long (its
+    # answers say ASSIGNMENT_DELAYED), so instances starting together share the tasks at once (none moves).
+    streams_initial_rebalance_delay_ms: int = 3000
     # Answered to every member, as Kafka's group configs streams.* (the node assigns no warm-up tasks: see
     # docs/compatibility.md, so the lag only informs the client).
     streams_acceptable_recovery_lag: int = 10_000  # streams.acceptable.recovery.lag

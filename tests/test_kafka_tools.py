@@ -38,7 +38,9 @@ consumer_byte_rate = 2097152
 
 @pytest.fixture(scope="module")
 def node(tmp_path_factory):
-    with NodeProcess(tmp_path_factory.mktemp("tools"), workers=2, config=QUOTAS) as started:
+    # Streams groups assign at once (no initial rebalance delay): kafka-streams-groups describes the tasks.
+    config = QUOTAS + "[groups]\nstreams_initial_rebalance_delay_ms = 0\n"
+    with NodeProcess(tmp_path_factory.mktemp("tools"), workers=2, config=config) as started:
         yield started
 
 

@@ -21,11 +21,12 @@ from shmbroker.workers.codecs import protocol as P
 
 pytestmark = pytest.mark.node
 
-CONFIG = "[groups]\nstreams_session_timeout_ms = 1500\nstreams_heartbeat_interval_ms = 100\n"
+CONFIG = ("[groups]\nstreams_session_timeout_ms = 1500\nstreams_heartbeat_interval_ms = 100\n"
+          "streams_initial_rebalance_delay_ms = 0\n")
 NONE, UNKNOWN_MEMBER, INVALID_REQUEST, GROUP_ID_NOT_FOUND, NON_EMPTY_GROUP = 0, 25, 42, 69, 68
 INCONSISTENT_PROTOCOL = 23
 FENCED_EPOCH, STALE_EPOCH, INVALID_TOPOLOGY, UNRELEASED_INSTANCE = 110, 113, 130, 111
-STALE_TOPOLOGY, MISSING_SOURCE_TOPICS, MISSING_INTERNAL_TOPICS, SHUTDOWN_APPLICATION = 0, 1, 3, 4
+STALE_TOPOLOGY, MISSING_SOURCE_TOPICS, MISSING_INTERNAL_TOPICS, SHUTDOWN_APPLICATION, ASSIGNMENT_DELAYED = 0, 1, 3, 4, 5
 HB, DESCRIBE = P.STREAMS_GROUP_HEARTBEAT, P.STREAMS_GROUP_DESCRIBE
 
 
@@ -335,26 +336,35 @@ def test_a_silent_member_is_fenced_when_its_session_ends(node, members):
     assert int(a.heartbeat().error_code) == UNKNOWN_MEMBER
 
 
-def test_a_restart_keeps_the_group(tmp_path):
-    # A session longer than the test: the member is silent while the stats are read and the node restarts.
-    config = "[groups]\nstreams_session_timeout_ms = 60000\n[stats]\npublish_interval_ms = 100\n"
+def test_the_initial_rebalance_delay_and_a_restart_that_keeps_the_group(tmp_path):
+    # A session longer than the test: the members are silent while the stats are read and the node restarts.
+    config = ("[groups]\nstreams_session_timeout_ms = 60000\nstreams_initial_rebalance_delay_ms = 500\n"
+              "[stats]\npublish_interval_ms = 100\n")
     with NodeProcess(tmp_path, workers=1, config=config) as node:
         create_topic(node.bootstrap, "in", 2)
         a = StreamsMember(node.port, "kept", "a", topology=word_count("kept"))
+        b = StreamsMember(node.port, "kept", "b", topology=word_count("kept"))
         try:
+            started = time.monotonic()
+            delayed = [a.heartbeat(), b.heartbeat()]  # both in the delay: no tasks yet
+            assert [statuses(r) for r in delayed] == [[ASSIGNMENT_DELAYED]] * 2 and a.tasks() == b.tasks() == []
+            time.sleep(max(0.0, started + 0.6 - time.monotonic()))
             a.heartbeat()
+            b.heartbeat()  # each gets its share at once: nothing had to move
+            assert len(a.tasks()) == len(b.tasks()) == 2 and a.epoch == b.epoch
+            assert statuses(a.heartbeat()) == []
             epoch, tasks = a.epoch, a.tasks()
-            assert len(tasks) == 4
         finally:
             a.close()
+            b.close()
         deadline = time.monotonic() + 10
         while (totals := stats_json(node)["totals"])["streams_groups"] != 1 and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert (totals["streams_groups"], totals["streams_group_members"]) == (1, 1)
+        assert (totals["streams_groups"], totals["streams_group_members"]) == (1, 2)
         node.stop()
         node.start()
         group, = describe(node.port, "kept")
-        assert int(group.error_code) == NONE and [m.member_id for m in group.members] == ["a"]
+        assert int(group.error_code) == NONE and sorted(m.member_id for m in group.members) == ["a", "b"]
         assert int(group.group_epoch) >= epoch and group.topology is not None
         a = StreamsMember(node.port, "kept", "a", topology=word_count("kept"))
         try:

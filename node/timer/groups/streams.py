@@ -26,6 +26,9 @@ Rules as Kafka's GroupMetadataManager.streamsGroupHeartbeat:
   member id (taking the tasks over without a new group epoch) or their session ends; an instance held by a member
   that did not leave so: UNRELEASED_INSTANCE_ID; a member naming another instance: FENCED_INSTANCE_ID.
 - Only active tasks are assigned: standby replicas are 0 and no warm-up tasks are given (docs/compatibility.md).
+- A member joining an empty group starts the initial rebalance delay (streams_initial_rebalance_delay_ms): until
+  it ends every member is told ASSIGNMENT_DELAYED and given no tasks, so instances starting together get their
+  shares at once; the first heartbeat after it moves the group epoch and computes the target.
 
 Timers (node.timer.groups.sessions wheels): a member's session ends with the member fenced (its tasks free); a
 member asked to revoke tasks that has not within its rebalance timeout is fenced too.
@@ -54,8 +57,8 @@ from shmbroker.node.timer.groups.reconciliation import MemberState, reconcile
 from shmbroker.node.timer.groups.sessions import Sessions
 from shmbroker.node.timer.groups.streams_assignor import TASK_ASSIGNOR
 from shmbroker.node.timer.groups.streams_group import StreamsGroup, StreamsMember
-from shmbroker.node.timer.groups.streams_topology import (SHUTDOWN_APPLICATION, STALE_TOPOLOGY, InvalidTopology,
-                                                          Topology, configure)
+from shmbroker.node.timer.groups.streams_topology import (ASSIGNMENT_DELAYED, SHUTDOWN_APPLICATION, STALE_TOPOLOGY,
+                                                          InvalidTopology, Topology, configure)
 from shmbroker.node.timer.outbox import Outbox
 from shmbroker.shm import messages as M
 
@@ -192,6 +195,9 @@ class StreamsGroups:
             if changed:
                 group.epoch += 1
             self._refresh_target(group)
+            if group.assign_after_ms is not None:
+                statuses.append((ASSIGNMENT_DELAYED, "Assignment delayed due to the configured initial rebalance "
+                                                     "delay."))
             before = member.assigned
             self._reconcile(group, member, as_tasks(d.active))
         except HeartbeatError as exc:
@@ -295,6 +301,8 @@ class StreamsGroups:
                 self.revocations.forget((group.group_id, holder))
                 group.replace_static(holder, member)
                 return group, member, True, True
+            if not group.members and self.config.streams_initial_rebalance_delay_ms > 0:
+                group.assign_after_ms = self.clock() + self.config.streams_initial_rebalance_delay_ms
             if member is None:
                 if self.config.streams_max_size and len(group.members) >= self.config.streams_max_size:
                     raise HeartbeatError(E.group_max_size_reached, "The streams group has reached its maximum "
@@ -435,7 +443,16 @@ class StreamsGroups:
                                                                 f"Number of tasks for this subtopology: {tasks[sub]}")
 
     def _refresh_target(self, group: StreamsGroup) -> None:
+        """The target assignment at the group epoch; while the initial rebalance delay lasts, an empty one (the
+        members settle at the group epoch with no tasks), and when it ends a new group epoch with the real one."""
+        if group.assign_after_ms is not None and self.clock() >= group.assign_after_ms:
+            group.assign_after_ms = None
+            group.epoch += 1
         if group.assignment_epoch == group.epoch:
+            return
+        if group.assign_after_ms is not None:
+            group.target = {member_id: {} for member_id in group.members}
+            group.assignment_epoch = group.epoch
             return
         ready = group.configured is not None and group.configured.ready
         tasks = group.configured.tasks if ready else {}

@@ -92,6 +92,7 @@ class StreamsGroup:
     endpoint_epoch: int = 0
     shutdown_requested_by: str | None = None
     empty_since_ms: int | None = None
+    assign_after_ms: int | None = None  # the initial rebalance delay's end, while the group waits for it
 
     @property
     def state(self) -> str:
