@@ -5,12 +5,13 @@ A Kafka Streams application with group.protocol=streams joins (member epoch 0) w
 member's topology becomes the group's (node.timer.groups.streams_topology). The coordinator configures it
 against the catalog: how many tasks each subtopology has, and the internal topics it needs. Missing internal
 topics (changelogs, repartition topics) are created here, by the node, with the partition counts and topic
-configs the topology implies, as Kafka's broker creates them on a heartbeat. Once configured, the group epoch
-moves, the target assignment of active tasks is computed (sticky, balanced per subtopology:
-node.timer.groups.streams_assignor), and each member reconciles
+configs the topology implies, as Kafka's broker creates them on a heartbeat (for a principal that may create
+them: the worker says). Once configured, the group epoch moves, the target assignment of active tasks is
+computed (sticky, balanced per subtopology: node.timer.groups.streams_assignor), and each member reconciles
 towards it one heartbeat at a time (node.timer.groups.reconciliation: a task is given only once its previous
 owner reported it revoked). The answer carries the member's epoch and, when they changed or the member joined,
-its tasks; and the group's statuses (missing topics, a stale topology, a shutdown request).
+its tasks; and the group's statuses (missing topics, a stale topology, a shutdown request). A refused join
+leaves nothing behind (Kafka writes none of a refused heartbeat's records).
 
 Rules as Kafka's GroupMetadataManager.streamsGroupHeartbeat:
 - Invalid requests (INVALID_REQUEST): empty group or member id, a join without rebalance timeout or topology or
