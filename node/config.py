@@ -315,6 +315,10 @@ class GroupConfig:
                                  "group.consumer.* settings)")
         if self.consumer_session_timeout_ms <= self.consumer_heartbeat_interval_ms:
             raise ValueError("[groups] consumer_session_timeout_ms must be greater than consumer_heartbeat_interval_ms")
+        if not 1 <= self.streams_heartbeat_interval_ms < self.streams_session_timeout_ms:
+            raise ValueError("[groups] 1 <= streams_heartbeat_interval_ms < streams_session_timeout_ms must hold")
+        if min(self.streams_initial_rebalance_delay_ms, self.streams_max_size) < 0:
+            raise ValueError("[groups] streams_initial_rebalance_delay_ms and streams_max_size must be >= 0")
 
 
 @dataclass(frozen=True)

@@ -88,3 +88,15 @@ def test_topologies_that_can_never_work(subtopologies, message):
 def test_a_topology_survives_its_json():
     topology = word_count(copartitioned=True, fixed=4)
     assert Topology.from_json(topology.to_json()) == topology
+
+
+@pytest.mark.parametrize("settings, complaint", [
+    ({"streams_heartbeat_interval_ms": 0}, "1 <= streams_heartbeat_interval_ms"),
+    ({"streams_session_timeout_ms": 5000}, "streams_heartbeat_interval_ms < streams_session_timeout_ms"),
+    ({"streams_initial_rebalance_delay_ms": -1}, "must be >= 0"),
+])
+def test_streams_settings_out_of_their_bounds_are_refused(settings, complaint):
+    from shmbroker.node.config import GroupConfig
+
+    with pytest.raises(ValueError, match=complaint):
+        GroupConfig(**settings)
