@@ -293,6 +293,17 @@ class GroupConfig:
     consumer_max_size: int = 0  # group.consumer.max.size; 0: no limit
     # group.consumer.assignors: the server-side assignors, comma-separated; the first is the default.
     consumer_assignors: str = "uniform,range"
+    # Streams groups (KIP-1071's rebalance protocol, node.timer.groups.streams):
+    streams_session_timeout_ms: int = 45_000  # group.streams.session.timeout.ms
+    streams_heartbeat_interval_ms: int = 5000  # group.streams.heartbeat.interval.ms
+    streams_max_size: int = 0  # group.streams.max.size; 0: no limit
+    # group.streams.initial.rebalance.delay.ms: a member joining an empty group gets no tasks for this long (its
+    # answers say ASSIGNMENT_DELAYED), so instances starting together share the tasks at once (none moves).
+    streams_initial_rebalance_delay_ms: int = 3000
+    # Answered to every member, as Kafka's group configs streams.* (the node assigns no warm-up tasks: see
+    # docs/compatibility.md, so the lag only informs the client).
+    streams_acceptable_recovery_lag: int = 10_000  # streams.acceptable.recovery.lag
+    streams_task_offset_interval_ms: int = 60_000  # streams.task.offset.interval.ms
 
     def __post_init__(self):
         for low, value, high in (("consumer_min_session_timeout_ms", "consumer_session_timeout_ms",
@@ -304,6 +315,10 @@ class GroupConfig:
                                  "group.consumer.* settings)")
         if self.consumer_session_timeout_ms <= self.consumer_heartbeat_interval_ms:
             raise ValueError("[groups] consumer_session_timeout_ms must be greater than consumer_heartbeat_interval_ms")
+        if not 1 <= self.streams_heartbeat_interval_ms < self.streams_session_timeout_ms:
+            raise ValueError("[groups] 1 <= streams_heartbeat_interval_ms < streams_session_timeout_ms must hold")
+        if min(self.streams_initial_rebalance_delay_ms, self.streams_max_size) < 0:
+            raise ValueError("[groups] streams_initial_rebalance_delay_ms and streams_max_size must be >= 0")
 
 
 @dataclass(frozen=True)

@@ -99,6 +99,9 @@ class Kind(IntEnum):
     # The consumer group protocol (KIP-848; node.timer.groups.consumer), answered by a REPLY as the group kinds are.
     CONSUMER_GROUP_HEARTBEAT = 36
     CONSUMER_GROUP_DESCRIBE = 37
+    # The Streams rebalance protocol (KIP-1071; node.timer.groups.streams), answered by a REPLY as the group kinds are.
+    STREAMS_GROUP_HEARTBEAT = 38
+    STREAMS_GROUP_DESCRIBE = 39
     # The transaction coordinator's requests (node.timer.transactions), answered by a REPLY as the group kinds are.
     INIT_PRODUCER_ID = 26  # with a transactional.id (one without is answered by the worker)
     ADD_PARTITIONS_TO_TXN = 27
@@ -297,6 +300,29 @@ DescribedConsumerMember = record("DescribedConsumerMember", [
 DescribedConsumerGroup = record("DescribedConsumerGroup", [
     ("error", "h"), ("error_message", OPT_STR), ("group", STR), ("state", STR), ("epoch", "i"),
     ("assignment_epoch", "i"), ("assignor", STR), ("members", Array(DescribedConsumerMember))])
+# Records of the Streams rebalance protocol (KIP-1071): a topology's subtopologies, tasks, endpoints.
+KeyValue = record("KeyValue", [("key", STR), ("value", STR)])
+StreamsTopic = record("StreamsTopic", [("name", STR), ("partitions", "i"), ("replication_factor", "h"),
+                                       ("configs", Array(KeyValue))])
+CopartitionGroup = record("CopartitionGroup", [("source_topics", Array("h")), ("source_topic_regex", Array("h")),
+                                               ("repartition_source_topics", Array("h"))])
+Subtopology = record("Subtopology", [
+    ("subtopology", STR), ("source_topics", Array(STR)), ("source_topic_regex", Array(STR)),
+    ("changelog_topics", Array(StreamsTopic)), ("repartition_sink_topics", Array(STR)),
+    ("repartition_source_topics", Array(StreamsTopic)), ("copartition_groups", Array(CopartitionGroup))])
+TaskIds = record("TaskIds", [("subtopology", STR), ("partitions", Array("i"))])
+StreamsStatus = record("StreamsStatus", [("code", "b"), ("detail", STR)])
+EndpointPartitions = record("EndpointPartitions", [("host", STR), ("port", "i"), ("active", Array(TopicPartitions)),
+                                                   ("standby", Array(TopicPartitions))])
+DescribedStreamsMember = record("DescribedStreamsMember", [
+    ("member", STR), ("member_epoch", "i"), ("instance", OPT_STR), ("rack", OPT_STR), ("client_id", STR),
+    ("client_host", STR), ("topology_epoch", "i"), ("process_id", STR), ("endpoint_host", OPT_STR),
+    ("endpoint_port", "i"), ("client_tags", Array(KeyValue)), ("active", Array(TaskIds)),
+    ("target_active", Array(TaskIds))])
+DescribedStreamsGroup = record("DescribedStreamsGroup", [
+    ("error", "h"), ("error_message", OPT_STR), ("group", STR), ("state", STR), ("epoch", "i"),
+    ("assignment_epoch", "i"), ("topology_epoch", "i"), ("subtopologies", Array(Subtopology, nullable=True)),
+    ("members", Array(DescribedStreamsMember))])
 # Records of the quota messages.
 ClientUsage = record("ClientUsage", [("client", STR), ("produced", "q"), ("fetched", "q")])
 ClientRate = record("ClientRate", [("client", STR), ("produce_rate", "q"), ("fetch_rate", "q"),
@@ -359,9 +385,28 @@ ConsumerGroupHeartbeat = declare(
            ("heartbeat_interval_ms", "i"), ("assignment", Array(TopicPartitions, nullable=True))]).tuple_class
 ConsumerGroupDescribe = declare(Kind.CONSUMER_GROUP_DESCRIBE, body=ASKED, fields=[("groups", Array(STR))],
                                 reply=[("groups", Array(DescribedConsumerGroup))]).tuple_class
+# topology_epoch -1: no topology (subtopologies None); endpoint_host None: no endpoint, or unchanged; may_create:
+# the principal may create the topology's missing internal topics (CREATE on the cluster or on each of them).
+StreamsGroupHeartbeat = declare(
+    Kind.STREAMS_GROUP_HEARTBEAT, body=ASKED + [("member_epoch", "i"), ("rebalance_timeout_ms", "i"),
+                                                ("topology_epoch", "i"), ("endpoint_epoch", "i"),
+                                                ("endpoint_port", "i"), ("shutdown", "?"), ("may_create", "?")],
+    fields=[("group", STR), ("member", STR), ("instance", OPT_STR), ("rack", OPT_STR),
+            ("subtopologies", Array(Subtopology, nullable=True)), ("active", Array(TaskIds, nullable=True)),
+            ("standby", Array(TaskIds, nullable=True)), ("warmup", Array(TaskIds, nullable=True)),
+            ("process_id", OPT_STR), ("endpoint_host", OPT_STR), ("client_tags", Array(KeyValue, nullable=True)),
+            ("client_id", STR), ("client_host", STR)],
+    reply=[("error", "h"), ("error_message", OPT_STR), ("member", STR), ("member_epoch", "i"),
+           ("heartbeat_interval_ms", "i"), ("acceptable_recovery_lag", "i"), ("task_offset_interval_ms", "i"),
+           ("status", Array(StreamsStatus, nullable=True)), ("active", Array(TaskIds, nullable=True)),
+           ("standby", Array(TaskIds, nullable=True)), ("warmup", Array(TaskIds, nullable=True)),
+           ("endpoint_epoch", "i"), ("endpoints", Array(EndpointPartitions, nullable=True))]).tuple_class
+StreamsGroupDescribe = declare(Kind.STREAMS_GROUP_DESCRIBE, body=ASKED, fields=[("groups", Array(STR))],
+                               reply=[("groups", Array(DescribedStreamsGroup))]).tuple_class
 GROUP_KINDS = (Kind.JOIN_GROUP, Kind.SYNC_GROUP, Kind.HEARTBEAT, Kind.LEAVE_GROUP, Kind.COMMIT_OFFSETS,
                Kind.FETCH_OFFSETS, Kind.LIST_GROUPS, Kind.DESCRIBE_GROUPS, Kind.DELETE_GROUPS, Kind.DELETE_OFFSETS,
-               Kind.CONSUMER_GROUP_HEARTBEAT, Kind.CONSUMER_GROUP_DESCRIBE)
+               Kind.CONSUMER_GROUP_HEARTBEAT, Kind.CONSUMER_GROUP_DESCRIBE, Kind.STREAMS_GROUP_HEARTBEAT,
+               Kind.STREAMS_GROUP_DESCRIBE)
 
 # The transaction coordinator's: every request names its transactional.id and the producer id and epoch it holds.
 TXN_ASKED = ASKED + [("producer_id", "q"), ("producer_epoch", "h")]

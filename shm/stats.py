@@ -178,6 +178,8 @@ FIELDS: tuple[Field, ...] = (
     Field("consumer_groups", counter=False, help="groups of the consumer protocol (KIP-848); `groups` counts classic ones"),
     Field("consumer_group_members", counter=False, help="members of all consumer-protocol groups"),
     Field("target_assignments", help="target assignments computed for consumer-protocol groups"),
+    Field("streams_groups", counter=False, help="groups of the Streams rebalance protocol (KIP-1071)"),
+    Field("streams_group_members", counter=False, help="members of all streams groups"),
     Field("transactions_open", counter=False, help="transactions open or completing (the transaction coordinator)"),
     Field("transactions_committed", help="transactions committed"),
     Field("transactions_aborted", help="transactions aborted (by their producer, a new epoch or a timeout)"),

@@ -241,6 +241,43 @@ def test_a_kip848_consumer_needs_read_on_its_group_and_describe_on_its_topics(se
         assert described()["anon-848"] == (TOPIC_DENIED, NOT_REQUESTED)
 
 
+def test_a_streams_group_needs_read_on_the_group_describe_on_its_topics_and_create_for_internal_ones(secured):
+    from tests.test_streams_groups_protocol import (DESCRIBE as STREAMS_DESCRIBE, MISSING_INTERNAL_TOPICS,
+                                                    StreamsMember, word_count)
+
+    secured.topic("ks-in", 2)
+    secured.add_acl("User:ANONYMOUS", ResourceType.GROUP, "anon-streams", AclOperation.READ)
+    secured.add_acl("User:ANONYMOUS", ResourceType.GROUP, "anon-streams-seen", AclOperation.DESCRIBE)
+    secured.add_acl("User:ANONYMOUS", ResourceType.TOPIC, "ks-in", AclOperation.DESCRIBE)
+    port = secured.node.port
+
+    def join(group: str, member: str = "m-1") -> object:
+        streams_member = StreamsMember(port, group, member, topology=word_count("anon-streams", source="ks-in"))
+        try:
+            return streams_member.heartbeat()
+        finally:
+            streams_member.close()
+
+    assert join("anon-streams-seen").error_code == GROUP_DENIED
+    assert join("anon-streams").error_code == TOPIC_DENIED  # nothing on its internal topics
+    secured.add_acl("User:ANONYMOUS", ResourceType.TOPIC, "anon-streams-", AclOperation.DESCRIBE,
+                    ResourcePatternType.PREFIXED)
+    refused = join("anon-streams")  # may see them, not create them: they stay missing, no tasks
+    assert refused.error_code == NONE and refused.active_tasks == ()
+    missing, = [s for s in refused.status if s.status_code == MISSING_INTERNAL_TOPICS]
+    assert "Unauthorized to CREATE" in missing.status_detail
+    secured.add_acl("User:ANONYMOUS", ResourceType.TOPIC, "anon-streams-", AclOperation.CREATE,
+                    ResourcePatternType.PREFIXED)
+    created = join("anon-streams", "m-2")  # created now (its tasks come after the initial rebalance delay)
+    assert created.error_code == NONE and MISSING_INTERNAL_TOPICS not in [s.status_code for s in created.status]
+    with R.RawConnection("127.0.0.1", port) as conn:
+        described = conn.call(STREAMS_DESCRIBE, 0, R.request_body(
+            STREAMS_DESCRIBE, 0, "StreamsGroupDescribeRequest", group_ids=("anon-streams", "no-acl-streams"),
+            include_authorized_operations=True))
+    assert {g.group_id: (g.error_code, len(g.members)) for g in described.groups} == {
+        "anon-streams": (NONE, 2), "no-acl-streams": (GROUP_DENIED, 0)}
+
+
 def test_group_configs_need_describe_configs_and_alter_configs_on_the_group(secured):
     from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource
 

@@ -564,14 +564,13 @@ BROKER_CONFIGS_NOT_ON_THE_NODE = {
         "share.coordinator.state.topic.replication.factor", "share.coordinator.state.topic.segment.bytes",
         "share.coordinator.threads", "share.coordinator.write.timeout.ms",
         "share.fetch.purgatory.purge.interval.requests"),
-    "streams groups (KIP-1071)": (
-        "group.streams.assignment.interval.ms", "group.streams.assignors", "group.streams.heartbeat.interval.ms",
-        "group.streams.initial.rebalance.delay.ms", "group.streams.max.assignment.interval.ms",
-        "group.streams.max.heartbeat.interval.ms", "group.streams.max.session.timeout.ms", "group.streams.max.size",
+    "streams groups (KIP-1071): the bounds of group configs it does not take, standby replicas, assignors, plug-ins": (
+        "group.streams.assignment.interval.ms", "group.streams.assignors", "group.streams.max.assignment.interval.ms",
+        "group.streams.max.heartbeat.interval.ms", "group.streams.max.session.timeout.ms",
         "group.streams.max.standby.replicas", "group.streams.min.assignment.interval.ms",
         "group.streams.min.heartbeat.interval.ms", "group.streams.min.session.timeout.ms",
         "group.streams.num.standby.replicas", "group.streams.rack.aware.assignment.tags",
-        "group.streams.session.timeout.ms", "group.streams.topology.description.plugin.class"),
+        "group.streams.topology.description.plugin.class"),
     "APIs it does not have: delegation tokens, DescribeTopicPartitions, client telemetry, 2PC (KIP-939)": (
         "delegation.token.expiry.check.interval.ms", "delegation.token.expiry.time.ms",
         "delegation.token.max.lifetime.ms", "delegation.token.secret.key", "max.request.partition.size.limit",
@@ -831,6 +830,81 @@ def test_consumer_group_heartbeat_answers_are_kafkas(servers):
     assert found == [".unknown member, epoch 5.error_code: 69 != 25"], "\n".join(found)
 
 
+# --------------------------------------------------------------------------- streams groups (KIP-1071)
+
+
+STREAMS_GROUP_HEARTBEAT, STREAMS_GROUP_DESCRIBE = 88, 89
+
+
+def streams_heartbeat(port: int, group: str, member: str, epoch: int, topology: Any = None,
+                      instance: str | None = None) -> Any:
+    return ask(port, STREAMS_GROUP_HEARTBEAT, 0, R.request_body(
+        STREAMS_GROUP_HEARTBEAT, 0, "StreamsGroupHeartbeatRequest", group_id=group, member_id=member,
+        member_epoch=i32(epoch), endpoint_information_epoch=i32(0), instance_id=instance, rack_id=None,
+        rebalance_timeout=i32Timedelta.parse(timedelta(seconds=10 if epoch == 0 else -0.001)), topology=topology,
+        active_tasks=() if epoch == 0 else None, standby_tasks=() if epoch == 0 else None,
+        warmup_tasks=() if epoch == 0 else None, process_id="p" if epoch == 0 else None, user_endpoint=None,
+        client_tags=() if epoch == 0 else None, task_offsets=None, task_end_offsets=None, shutdown_application=False))
+
+
+def one_subtopology(source: str, changelog: str, changelog_partitions: int = 0, regex: tuple = ()) -> Any:
+    """A topology of one subtopology reading `source` into a store with a changelog."""
+    def entity(class_name: str, /, **fields: Any) -> Any:
+        return R.request_entity(STREAMS_GROUP_HEARTBEAT, 0, class_name, **fields)
+    return entity("Topology", epoch=i32(0), subtopologies=(entity(
+        "Subtopology", subtopology_id="0", source_topics=(source,), source_topic_regex=regex,
+        state_changelog_topics=(entity("TopicInfo", name=changelog, partitions=i32(changelog_partitions),
+                                       replication_factor=i16(0), topic_configs=()),),
+        repartition_sink_topics=(), repartition_source_topics=(), copartition_groups=()),))
+
+
+def test_streams_group_heartbeat_errors_are_kafkas(servers):
+    def sequence(port: int) -> dict:
+        create_topic(port, "kip1071", partitions=2)
+        group = "kip1071-group"
+        find_coordinator(port, group)
+        topology = one_subtopology("kip1071", "kip1071-group-store-changelog")
+        member = str(uuid.uuid4())
+        answers = {
+            "unknown group, epoch 5": streams_heartbeat(port, group + "-unknown", member, 5),
+            "changelog with partitions": streams_heartbeat(port, group, member, 0, one_subtopology(
+                "kip1071", "c", changelog_partitions=3)),
+            "source regex": streams_heartbeat(port, group, member, 0, one_subtopology("kip1071", "c", regex=("k.*",))),
+            "join without topology": streams_heartbeat(port, group, member, 0),
+            "join": streams_heartbeat(port, group, member, 0, topology),
+        }
+        epoch = answers["join"].member_epoch
+        answers["unknown member, epoch 5"] = streams_heartbeat(port, group, "stranger", 5)
+        answers["a newer epoch"] = streams_heartbeat(port, group, member, epoch + 1)
+        answers["another topology"] = streams_heartbeat(port, group, "other", 0, one_subtopology("kip1071", "x"))
+        answers["topology outside a join"] = streams_heartbeat(port, group, member, epoch, topology)
+        answers["static join"] = streams_heartbeat(port, group, "static-1", 0, topology, instance="instance-1")
+        answers["static leave"] = streams_heartbeat(port, group, "static-1", -2, instance="instance-1")
+        answers["the instance back"] = streams_heartbeat(port, group, "static-2", 0, topology, instance="instance-1")
+        answers["the instance taken"] = streams_heartbeat(port, group, "static-3", 0, topology, instance="instance-1")
+        answers["leave"] = streams_heartbeat(port, group, member, -1)
+        answers["after leaving"] = streams_heartbeat(port, group, member, epoch)
+        answers["describe, unknown"] = ask(port, STREAMS_GROUP_DESCRIBE, 0, R.request_body(
+            STREAMS_GROUP_DESCRIBE, 0, "StreamsGroupDescribeRequest", group_ids=(group + "-unknown",),
+            include_authorized_operations=False))
+        return answers
+
+    kafka, node = on_both(servers, sequence)
+    # Compared: the error codes and the member epochs of leaving. Kafka 4.4 delays a new group's assignment
+    # (ASSIGNMENT_DELAYED) and creates internal topics apart; the node assigns at once: epochs, tasks and statuses
+    # differ within the protocol (docs/compatibility.md).
+    codes = {name: answer["error_code"] if name != "describe, unknown" else answer
+             for name, answer in kafka.items()}, {name: answer["error_code"] if name != "describe, unknown"
+                                                  else answer for name, answer in node.items()}
+    for answers, source in zip(codes, (kafka, node)):
+        for name in ("static leave", "leave"):
+            answers[name] = (source[name]["error_code"], source[name]["member_epoch"])
+    found = differences(*codes)
+    # A heartbeat of a group the coordinator does not know: Kafka GROUP_ID_NOT_FOUND (69), the node
+    # UNKNOWN_MEMBER_ID (25), so that members rejoin (docs/compatibility.md).
+    assert found == [".unknown group, epoch 5: 69 != 25"], "\n".join(found)
+
+
 # --------------------------------------------------------------------------- transactions
 
 
@@ -966,8 +1040,8 @@ API_VERSION_DIFFERENCES = {
     85: [[0, 1], None],  # write_share_group_state
     86: [[0, 0], None],  # delete_share_group_state
     87: [[0, 1], None],  # read_share_group_state_summary
-    88: [[0, 1], None],  # streams_group_heartbeat
-    89: [[0, 1], None],  # streams_group_describe
+    88: [[0, 1], [0, 0]],  # streams_group_heartbeat (1: KIP-1331's topology descriptions)
+    89: [[0, 1], [0, 0]],  # streams_group_describe
     90: [[0, 1], None],  # describe_share_group_offsets
     91: [[0, 0], None],  # alter_share_group_offsets
     92: [[0, 0], None],  # delete_share_group_offsets

@@ -6,6 +6,7 @@ cost 2-4 s on two cores); a tool that reads standard input runs in a JVM of its 
 Client quotas are the node's config: `kafka-configs` describes them, and its --alter on them is refused.
 `kafka-acls` runs against a second node, with the authorizer on and users on a SASL listener: what each change
 lets a user do is checked on that node.
+`kafka-streams-groups` lists, describes (members, tasks, offsets) and deletes a streams group (KIP-1071).
 """
 
 from __future__ import annotations
@@ -47,7 +48,9 @@ initial_rebalance_delay_ms = 0
 
 @pytest.fixture(scope="module")
 def node(tmp_path_factory):
-    with NodeProcess(tmp_path_factory.mktemp("tools"), workers=2, config=QUOTAS) as started:
+    # Streams groups assign at once (no initial rebalance delay): kafka-streams-groups describes the tasks.
+    config = QUOTAS + "[groups]\nstreams_initial_rebalance_delay_ms = 0\n"
+    with NodeProcess(tmp_path_factory.mktemp("tools"), workers=2, config=config) as started:
         yield started
 
 
@@ -157,6 +160,31 @@ def test_kafka_console_producer_and_consumer_round_trip(tools, node):
               "--max-messages", "5", "--formatter-property", "print.key=true", "--formatter-property", "key.separator=:",
               "--timeout-ms", "30000")
     assert got == lines
+
+
+def test_kafka_streams_groups_lists_describes_and_deletes_a_streams_group(tools, node):
+    from tests.test_clients import create_topic
+    from tests.test_streams_groups_protocol import StreamsMember, word_count
+
+    create_topic(node.bootstrap, "cli-streams-in", 2)
+    member = StreamsMember(node.port, "cli-streams-app", "m-1", topology=word_count("cli-streams-app",
+                                                                                   source="cli-streams-in"))
+    try:
+        assert member.heartbeat().error_code == 0
+        command = "streams.StreamsGroupCommand"
+        assert "cli-streams-app" in run(tools, command, node, "--list").split()
+        members = run(tools, command, node, "--describe", "--group", "cli-streams-app", "--members", "--verbose")
+        row = next(line.split() for line in members.splitlines() if line.startswith("cli-streams-app"))
+        assert row[3:7] == ["m-1", "streams", str(member.epoch), "process-m-1"], members
+        assert "ACTIVE: 0:[0,1]; 1:[0,1];" in members, members
+        offsets = run(tools, command, node, "--describe", "--group", "cli-streams-app", "--offsets")
+        assert {tuple(line.split()[1:3]) for line in offsets.splitlines()[1:] if line.strip()} == {
+            (topic, str(p)) for topic in ("cli-streams-in", "cli-streams-app-counts-repartition") for p in (0, 1)}
+        assert member.heartbeat(epoch=-1).error_code == 0
+    finally:
+        member.close()
+    assert "was successful" in run(tools, command, node, "--delete", "--group", "cli-streams-app")
+    assert "cli-streams-app" not in run(tools, command, node, "--list").split()
 
 
 def test_kafka_broker_api_versions_and_transactions_list(tools, node):

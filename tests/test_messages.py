@@ -68,6 +68,12 @@ TYPED = [
     (Kind.CONSUMER_GROUP_HEARTBEAT, (7, 1, 5, -1, "g", "m-1", "static-1", "rack-a", None, "^t.*", None,
                                      [M.TopicPartitions("t", [0, 2])], "c", "h")),
     (Kind.CONSUMER_GROUP_DESCRIBE, (7, 1, ["a", "b"])),
+    (Kind.STREAMS_GROUP_HEARTBEAT, (7, 0, 0, 300000, 1, -1, 8080, False, True, "app", "m-1", None, None, [M.Subtopology(
+        "0", ["in"], [], [M.StreamsTopic("app-store-changelog", 0, 0, [M.KeyValue("cleanup.policy", "compact")])],
+        ["app-rep"], [], [M.CopartitionGroup([0], [], [])])], [], [], [], "p-1", "localhost", [], "c", "h")),
+    (Kind.STREAMS_GROUP_HEARTBEAT, (7, 0, 4, -1, -1, 2, -1, True, False, "app", "m-1", None, None, None,
+                                    [M.TaskIds("0", [0, 1])], None, None, None, None, None, "c", "h")),
+    (Kind.STREAMS_GROUP_DESCRIBE, (7, 0, ["app"])),
     (Kind.INIT_PRODUCER_ID, (7, 1, 60000, 4001, 3, "txn-1")),
     (Kind.ADD_PARTITIONS_TO_TXN, (7, 2, 1000, 3, "txn-1", [M.TopicPartitions("t", [0, 1])])),
     (Kind.ADD_OFFSETS_TO_TXN, (7, 2, 1000, 3, "txn-1", "g")),
@@ -122,6 +128,14 @@ ANSWERS = [
     (Kind.CONSUMER_GROUP_DESCRIBE, ([M.DescribedConsumerGroup(0, None, "g", "Stable", 4, 4, "uniform", [
         M.DescribedConsumerMember("m", None, None, 4, "c", "/127.0.0.1", ["t"], None,
                                   [M.TopicPartitions("t", [0])], [M.TopicPartitions("t", [0, 1])])])],)),
+    (Kind.STREAMS_GROUP_HEARTBEAT, (0, None, "m-1", 3, 5000, 10000, 60000, [M.StreamsStatus(3, "missing")],
+                                    [M.TaskIds("0", [0, 1])], [], [], 1,
+                                    [M.EndpointPartitions("localhost", 8080, [M.TopicPartitions("in", [0])], [])])),
+    (Kind.STREAMS_GROUP_HEARTBEAT, (25, "unknown", "m-1", 0, 0, 0, 0, None, None, None, None, 0, None)),
+    (Kind.STREAMS_GROUP_DESCRIBE, ([M.DescribedStreamsGroup(0, None, "app", "Stable", 4, 4, 0, [M.Subtopology(
+        "0", ["in"], [], [], [], [], [])], [M.DescribedStreamsMember(
+            "m", 4, None, None, "c", "/127.0.0.1", 0, "p-1", None, -1, [], [M.TaskIds("0", [0])],
+            [M.TaskIds("0", [0])])]), M.DescribedStreamsGroup(69, "not found", "x", "Dead", -1, -1, -1, None, [])],)),
     (Kind.INIT_PRODUCER_ID, (0, 1000, 4)),
     (Kind.ADD_PARTITIONS_TO_TXN, ([M.TopicPartitionErrors("t", [M.PartitionError(0, 51)])],)),
     (Kind.ADD_OFFSETS_TO_TXN, (90,)),

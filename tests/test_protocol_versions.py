@@ -147,6 +147,17 @@ def request_for(api_key: int, version: int, tag: str):
                  server_assignor=None, topic_partitions=())
     if api_key == P.CONSUMER_GROUP_DESCRIBE:
         return b("ConsumerGroupDescribeRequest", group_ids=(group,), include_authorized_operations=True)
+    if api_key == P.STREAMS_GROUP_HEARTBEAT:  # a topology of one subtopology reading the topic, no state
+        return b("StreamsGroupHeartbeatRequest", group_id=group, member_id=f"m-{tag}", member_epoch=i32(0),
+                 endpoint_information_epoch=i32(0), instance_id=None, rack_id=None, rebalance_timeout=ms(10_000),
+                 topology=b("Topology", epoch=i32(0), subtopologies=(b(
+                     "Subtopology", subtopology_id="0", source_topics=(TOPIC,), source_topic_regex=(),
+                     state_changelog_topics=(), repartition_sink_topics=(), repartition_source_topics=(),
+                     copartition_groups=()),)),
+                 active_tasks=(), standby_tasks=(), warmup_tasks=(), process_id="p", user_endpoint=None,
+                 client_tags=(), task_offsets=(), task_end_offsets=(), shutdown_application=False)
+    if api_key == P.STREAMS_GROUP_DESCRIBE:
+        return b("StreamsGroupDescribeRequest", group_ids=(group,), include_authorized_operations=True)
     if api_key == P.SASL_HANDSHAKE:  # on a PLAINTEXT listener: answered ILLEGAL_SASL_STATE, as Kafka does
         return b("SaslHandshakeRequest", mechanism="PLAIN")
     if api_key == P.SASL_AUTHENTICATE:

@@ -104,6 +104,7 @@ class TimerProcess:
         self.groups = GroupCoordinator(groups, self.outbox, offsets, self.store, config.timer.wheel,
                                        config.timer.purgatory, now)
         self.controller = Controller(self.store, self.outbox, self.flusher, groups)
+        self.groups.streams.catalog_changed = self.controller.catalog_changed  # after it creates internal topics
         txn = config.transactions
         # The coordinator's state records that clients wait for (EndTxn's decision, ...) are synced at once.
         state_log = TransactionStateLog(self.store, self.operations.wait_flushed,

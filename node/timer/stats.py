@@ -118,6 +118,8 @@ class TimerStats:
         w.set("consumer_groups", len(groups.consumer.groups))
         w.set("consumer_group_members", sum(len(g.members) for g in groups.consumer.groups.values()))
         w.set("target_assignments", groups.consumer.target_computations)
+        w.set("streams_groups", len(groups.streams.groups))
+        w.set("streams_group_members", sum(len(g.members) for g in groups.streams.groups.values()))
         transactions = timer.transactions
         w.set("transactions_open", transactions.open_transactions())
         w.set("transactions_committed", transactions.commits)

@@ -109,6 +109,9 @@ NODE_SETTINGS = (
     ("group.consumer.heartbeat.interval.ms", "groups", "consumer_heartbeat_interval_ms", "INT"),
     ("group.consumer.min.heartbeat.interval.ms", "groups", "consumer_min_heartbeat_interval_ms", "INT"),
     ("group.consumer.max.heartbeat.interval.ms", "groups", "consumer_max_heartbeat_interval_ms", "INT"),
+    ("group.streams.session.timeout.ms", "groups", "streams_session_timeout_ms", "INT"),
+    ("group.streams.heartbeat.interval.ms", "groups", "streams_heartbeat_interval_ms", "INT"),
+    ("group.streams.initial.rebalance.delay.ms", "groups", "streams_initial_rebalance_delay_ms", "INT"),
     ("connections.max.reauth.ms", "sasl", "connections_max_reauth_ms", "LONG"),
     ("sasl.server.max.receive.size", "sasl", "server_max_receive_size", "INT"),
     ("transaction.max.timeout.ms", "transactions", "transaction_max_timeout_ms", "INT"),
@@ -477,6 +480,8 @@ class AdminHandlers:
             ("group.max.size", str(groups.max_size or 2**31 - 1), groups.max_size != defaults.groups.max_size, "INT"),
             ("group.consumer.max.size", str(groups.consumer_max_size or 2**31 - 1),
              groups.consumer_max_size != defaults.groups.consumer_max_size, "INT"),
+            ("group.streams.max.size", str(groups.streams_max_size or 2**31 - 1),
+             groups.streams_max_size != defaults.groups.streams_max_size, "INT"),
             ("sasl.enabled.mechanisms", ",".join(config.sasl.mechanisms),
              config.sasl.mechanisms != defaults.sasl.mechanisms, "LIST"),
         ]

@@ -93,6 +93,8 @@ INCREMENTAL_ALTER_CONFIGS = 44
 OFFSET_DELETE = 47
 CONSUMER_GROUP_HEARTBEAT = 68
 CONSUMER_GROUP_DESCRIBE = 69
+STREAMS_GROUP_HEARTBEAT = 88
+STREAMS_GROUP_DESCRIBE = 89
 DESCRIBE_CLUSTER = 60
 DESCRIBE_QUORUM = 55
 DESCRIBE_CLIENT_QUOTAS = 48
@@ -141,6 +143,10 @@ SUPPORTED_APIS: dict[int, tuple[int, int]] = {
     # The consumer group protocol, KIP-848 (workers/api/consumer_groups.py, node/timer/groups/consumer.py).
     CONSUMER_GROUP_HEARTBEAT: (0, 1),
     CONSUMER_GROUP_DESCRIBE: (0, 1),
+    # The Streams rebalance protocol, KIP-1071 (workers/api/streams_groups.py, node/timer/groups/streams.py).
+    # StreamsGroupHeartbeat 1: KIP-1331's TopologyDescriptionRequired (the node keeps no topology descriptions).
+    STREAMS_GROUP_HEARTBEAT: (0, 0),
+    STREAMS_GROUP_DESCRIBE: (0, 0),
     # The cluster and the partitions' producers (workers/api/cluster.py).
     DESCRIBE_CLUSTER: (0, 2),
     DESCRIBE_PRODUCERS: (0, 0),
@@ -189,6 +195,7 @@ FIRST_FLEXIBLE: dict[int, int] = {
     CREATE_PARTITIONS: 2, DELETE_GROUPS: 2, INCREMENTAL_ALTER_CONFIGS: 1, DESCRIBE_USER_SCRAM_CREDENTIALS: 0,
     ALTER_USER_SCRAM_CREDENTIALS: 0, DESCRIBE_CLUSTER: 0, DESCRIBE_PRODUCERS: 0, DESCRIBE_TRANSACTIONS: 0,
     LIST_TRANSACTIONS: 0, CONSUMER_GROUP_HEARTBEAT: 0, CONSUMER_GROUP_DESCRIBE: 0, DESCRIBE_QUORUM: 0,
+    STREAMS_GROUP_HEARTBEAT: 0, STREAMS_GROUP_DESCRIBE: 0,
     DESCRIBE_CLIENT_QUOTAS: 1, WRITE_TXN_MARKERS: 1,
 }  # SaslHandshake and OffsetDelete have no flexible version
 
@@ -474,6 +481,8 @@ __all__ = [
     "OFFSET_DELETE",
     "CONSUMER_GROUP_HEARTBEAT",
     "CONSUMER_GROUP_DESCRIBE",
+    "STREAMS_GROUP_HEARTBEAT",
+    "STREAMS_GROUP_DESCRIBE",
     "DESCRIBE_CLUSTER",
     "DESCRIBE_QUORUM",
     "DESCRIBE_CLIENT_QUOTAS",

@@ -232,11 +232,16 @@ class ConsumerGroups:
         classic = self.classic.groups.get(group_id)
         if classic is not None and (classic.members or classic.pending):
             raise HeartbeatError(E.group_id_not_found, f"Group {group_id} is not a consumer group.")
+        streams = self.classic.streams.groups.get(group_id)
+        if streams is not None and streams.members:
+            raise HeartbeatError(E.group_id_not_found, f"Group {group_id} is not a consumer group.")
         if not create:
             raise HeartbeatError(E.unknown_member_id, f"Consumer group {group_id} not found.")
         if classic is not None:  # an empty classic group becomes a consumer group; its offsets stay
             self.classic.forget_empty_group(group_id)
             log.info("group %s: empty classic group converted to a consumer group", group_id)
+        if streams is not None:  # so does an empty streams group
+            self.classic.streams.forget(group_id)
         group = self.groups[group_id] = ConsumerGroup(group_id, empty_since_ms=self.clock())
         return group
 
@@ -432,8 +437,8 @@ class ConsumerGroups:
             if self.classic.offsets.loading:
                 described.append((int(E.coordinator_load_in_progress), None, group_id, "", -1, -1, "", []))
             elif group is None:
-                message = f"Group {group_id} is not a consumer group." if group_id in self.classic.groups \
-                    else f"Group {group_id} not found."
+                other = group_id in self.classic.groups or group_id in self.classic.streams.groups
+                message = f"Group {group_id} is not a consumer group." if other else f"Group {group_id} not found."
                 described.append((int(E.group_id_not_found), message, group_id, "Dead", -1, -1, "", []))
             else:
                 described.append((int(E.none), None, group_id, group.state, group.epoch, group.assignment_epoch,

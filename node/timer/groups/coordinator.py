@@ -36,13 +36,15 @@ from shmbroker.node.timer.groups.delayed import DelayedJoin, InitialDelayedJoin,
 from shmbroker.node.timer.groups.group import Group, GroupState, Member, Waiter
 from shmbroker.node.timer.groups.offsets import OffsetStore
 from shmbroker.node.timer.groups.sessions import Sessions
+from shmbroker.node.timer.groups.streams import StreamsGroups
 from shmbroker.node.timer.outbox import Outbox
 from shmbroker.node.timer.purgatory import Purgatory
 from shmbroker.shm import messages as M
 
 log = logging.getLogger("shmbroker.groups")
-# ListGroups v5's group types: the classic protocol's groups and the consumer protocol's (KIP-848).
-CLASSIC, CONSUMER = "classic", "consumer"
+# ListGroups v5's group types: the classic protocol's groups, the consumer protocol's (KIP-848) and the Streams
+# rebalance protocol's (KIP-1071).
+CLASSIC, CONSUMER, STREAMS = "classic", "consumer", "streams"
 JoinAnswer = M.reply_class(M.Kind.JOIN_GROUP)
 SyncAnswer = M.reply_class(M.Kind.SYNC_GROUP)
 FetchOffsetsAnswer = M.reply_class(M.Kind.FETCH_OFFSETS)
@@ -78,6 +80,8 @@ class GroupCoordinator:
         self.pending_transactional_offsets: Callable[[str], set[tuple[str, int]]] = lambda group: set()
         # Consumer-protocol groups (KIP-848): a group id is in exactly one of self.groups and self.consumer.groups.
         self.consumer = ConsumerGroups(config, outbox, store, wheel, now_ms, clock, classic=self)
+        # Streams groups (KIP-1071): a group id is in exactly one of self.groups, consumer.groups, streams.groups.
+        self.streams = StreamsGroups(config, outbox, store, wheel, now_ms, clock, classic=self)
         self.handlers: dict[M.Kind, Callable[[int, Any], None]] = {
             M.Kind.JOIN_GROUP: self.join_group,
             M.Kind.SYNC_GROUP: self.sync_group,
@@ -91,6 +95,8 @@ class GroupCoordinator:
             M.Kind.DELETE_OFFSETS: self.delete_offsets,
             M.Kind.CONSUMER_GROUP_HEARTBEAT: self.consumer.heartbeat,
             M.Kind.CONSUMER_GROUP_DESCRIBE: self.consumer.describe,
+            M.Kind.STREAMS_GROUP_HEARTBEAT: self.streams.heartbeat,
+            M.Kind.STREAMS_GROUP_DESCRIBE: self.streams.describe,
         }
 
     # -- the timer loop's calls ---------------------------------------------------------------
@@ -98,17 +104,18 @@ class GroupCoordinator:
     def turn(self) -> None:
         """Once per loop turn: load a slice of the offsets log while it loads."""
         if self.offsets.loading and self.offsets.load_step(self.clock()):
+            self.streams.restore(self.offsets.group_states)
             for group_id in self.offsets.groups():
-                if group_id not in self.consumer.groups:
+                if group_id not in self.consumer.groups and group_id not in self.streams.groups:
                     self.groups.setdefault(group_id, Group(group_id))
 
     def advance(self, now_ms: int) -> None:
-        for timers in (self.joins, self.sessions, self.syncs, self.consumer):
+        for timers in (self.joins, self.sessions, self.syncs, self.consumer, self.streams):
             timers.advance(now_ms)
 
     def next_expiration(self) -> int | None:
         """The earliest deadline of a group timer, or of the next slice of the offsets log while it loads."""
-        due = [d for p in (self.joins, self.sessions, self.syncs, self.consumer)
+        due = [d for p in (self.joins, self.sessions, self.syncs, self.consumer, self.streams)
                if (d := p.next_expiration()) is not None]
         if self.offsets.loading:
             due.append(self.offsets.next_load_ms())
@@ -166,6 +173,11 @@ class GroupCoordinator:
             if consumer_group.members:  # a group is one protocol or the other
                 return self._join_reply(waiter, E.inconsistent_group_protocol, member_id)
             del self.consumer.groups[group_id]  # an empty consumer group becomes a classic one; offsets stay
+        streams_group = self.streams.groups.get(group_id)
+        if streams_group is not None:
+            if streams_group.members:
+                return self._join_reply(waiter, E.inconsistent_group_protocol, member_id)
+            self.streams.forget(group_id)  # an empty streams group becomes a classic one; offsets stay
         group = self.groups.get(group_id)
         if group is None:
             if member_id:
@@ -539,8 +551,11 @@ class GroupCoordinator:
             return answer(lambda t, p: E.invalid_group_id)
         group = self.groups.get(group_id)
         consumer_group = self.consumer.groups.get(group_id)
+        streams_group = self.streams.groups.get(group_id)
         if consumer_group is not None:
             error = self.consumer.commit_error(consumer_group, member_id, generation, waiter[2])
+        elif streams_group is not None:
+            error = self.streams.commit_error(streams_group, member_id, generation, waiter[2])
         elif group is None:  # a group only storing offsets (assign() consumers), or a commit of a gone generation
             error = E.none if generation < 0 else E.illegal_generation
         elif group.is_(DEAD):
@@ -566,7 +581,7 @@ class GroupCoordinator:
                     entries[(topic, partition)] = (int(offset), int(leader_epoch), metadata)
         if not entries:
             return answer(lambda t, p: refused.get((t, p), E.none))
-        if group is None and consumer_group is None:
+        if group is None and consumer_group is None and streams_group is None:
             group = self.groups[group_id] = Group(group_id)
             self._transition(group, EMPTY, self.clock())
         if group is not None and group.members.get(member_id) is not None:
@@ -585,7 +600,7 @@ class GroupCoordinator:
         validateTransactionalOffsetCommit): a member named must be in the group, a static instance its own, a
         generation (or member epoch) given the group's; without a member and a generation (a producer that has no
         consumer group metadata, v0-2) nothing is checked."""
-        consumer_group = self.consumer.groups.get(group_id)
+        consumer_group = self.consumer.groups.get(group_id) or self.streams.groups.get(group_id)
         if consumer_group is not None:
             if not member_id and generation < 0:
                 return E.none
@@ -610,7 +625,7 @@ class GroupCoordinator:
     def commit_transaction_offsets(self, group_id: str, entries: dict, done: Callable[..., None]) -> None:
         """The offsets of a committed transaction (the transaction coordinator's): durable, then visible to
         OffsetFetch; `done(flushed, fault)`. The group exists from then on, as after any commit."""
-        if group_id not in self.groups and group_id not in self.consumer.groups:
+        if group_id not in self.groups and group_id not in self.consumer.groups and group_id not in self.streams.groups:
             group = self.groups[group_id] = Group(group_id)
             self._transition(group, EMPTY, self.clock())
         self.offsets.commit(group_id, entries, self.clock(), done)
@@ -622,8 +637,13 @@ class GroupCoordinator:
             return self._reply(waiter, FetchOffsetsAnswer(loading, [
                 (t, [(p, -1, -1, "", loading) for p in partitions]) for t, partitions in (d.topics or [])]))
         consumer_group = self.consumer.groups.get(d.group)
+        streams_group = self.streams.groups.get(d.group)
         if consumer_group is not None and (d.member is not None or d.member_epoch >= 0):
             error = self.consumer.fetch_error(consumer_group, d.member or "", d.member_epoch)
+            if error != E.none:
+                return self._error_only(waiter, error)
+        if streams_group is not None and (d.member is not None or d.member_epoch >= 0):
+            error = self.streams.fetch_error(streams_group, d.member or "", d.member_epoch)
             if error != E.none:
                 return self._error_only(waiter, error)
         wanted = None if d.topics is None else [(t, p) for t, partitions in d.topics for p in partitions]
@@ -648,7 +668,7 @@ class GroupCoordinator:
         d, waiter = message, self._waiter(worker, message)
         if self._unavailable(waiter):
             return
-        group = self.groups.get(d.group) or self.consumer.groups.get(d.group)
+        group = self.groups.get(d.group) or self.consumer.groups.get(d.group) or self.streams.groups.get(d.group)
         if group is None or (isinstance(group, Group) and group.is_(DEAD)):
             return self._error_only(waiter, E.group_id_not_found)
         if isinstance(group, Group) and group.members and group.protocol_type != "consumer":
@@ -679,7 +699,8 @@ class GroupCoordinator:
         self._reply(waiter, M.reply_class(M.Kind.LIST_GROUPS)(
             int(E.none), [(g.group_id, g.protocol_type or "", g.state.value, CLASSIC) for g in self.groups.values()
                           if not g.is_(DEAD)]
-            + [(group_id, "consumer", group.state, CONSUMER) for group_id, group in self.consumer.groups.items()]))
+            + [(group_id, "consumer", group.state, CONSUMER) for group_id, group in self.consumer.groups.items()]
+            + [(group_id, "streams", group.state, STREAMS) for group_id, group in self.streams.groups.items()]))
 
     def describe_groups(self, worker: int, message: Any) -> None:
         waiter = self._waiter(worker, message)
@@ -689,7 +710,7 @@ class GroupCoordinator:
                 described.append((int(E.coordinator_load_in_progress), group_id, "", "", "", ()))
                 continue
             group = self.groups.get(group_id)
-            if group_id in self.consumer.groups:  # as Kafka: DescribeGroups describes classic groups only
+            if group_id in self.consumer.groups or group_id in self.streams.groups:  # as Kafka: classic groups only
                 described.append((int(E.group_id_not_found), group_id, DEAD.value, "", "", ()))
                 continue
             if group is None:
@@ -710,6 +731,13 @@ class GroupCoordinator:
             group = self.groups.get(group_id)
             if self.offsets.loading:
                 results.append((group_id, int(E.coordinator_load_in_progress)))
+            elif group_id in self.streams.groups:
+                if self.streams.groups[group_id].members:
+                    results.append((group_id, int(E.non_empty_group)))
+                else:
+                    self.streams.forget(group_id)
+                    self.offsets.delete(group_id, None, now)
+                    results.append((group_id, int(E.none)))
             elif group_id in self.consumer.groups:
                 if self.consumer.groups[group_id].members:
                     results.append((group_id, int(E.non_empty_group)))
@@ -737,7 +765,7 @@ class GroupCoordinator:
         now, wall = self.clock(), time.time_ns() // 1_000_000
 
         def empty_since_wall_ms(group_id: str) -> int | None:
-            consumer_group = self.consumer.groups.get(group_id)
+            consumer_group = self.consumer.groups.get(group_id) or self.streams.groups.get(group_id)
             if consumer_group is not None:
                 if consumer_group.members or consumer_group.empty_since_ms is None:
                     return None
@@ -752,6 +780,8 @@ class GroupCoordinator:
         expired = self.offsets.expire(wall, self.config.offsets_retention_minutes * 60_000, empty_since_wall_ms, now)
         for group in list(self.groups.values()):
             self._forget_if_unused(group)
+        for group_id in list(self.streams.groups):
+            self.streams.forget_if_unused(group_id, bool(self.offsets.fetch(group_id, None)))
         for group_id in list(self.consumer.groups):
             self.consumer.forget_if_unused(group_id, bool(self.offsets.fetch(group_id, None)))
         if expired:

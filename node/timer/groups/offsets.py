@@ -9,6 +9,13 @@ timer process and fsync'd by the flusher's group commit, as acks=all produces ar
            null (a tombstone)                                           a deletion (DeleteGroups, OffsetDelete,
                                                                         expiry)
 
+Beside commits, the log keeps the state of groups that have one to keep (streams groups, KIP-1071:
+node.timer.groups.streams), one record per group, versioned like commits:
+
+    key    orjson ["streams-group", group]         (two elements: an older node skips it as unreadable)
+    value  orjson [version, state]                  the group's latest snapshot (its own format version inside)
+           null (a tombstone)                       the group is gone
+
 `version` is a logical clock: one more than the highest seen, per record written; load keeps, per key, the
 record of the highest version (logs written before the log cleaner held rewrites out of order), and a
 tombstone deletes its key.
@@ -48,6 +55,7 @@ OFFSETS_TOPIC = "__consumer_offsets"
 RECORDS_PER_BATCH = 500
 
 Key = tuple[str, str, int]  # group, topic, partition
+GROUP_STATE = "streams-group"  # the first element of a group state record's key
 
 
 @dataclass(frozen=True)
@@ -80,6 +88,8 @@ class OffsetStore:
         self.records = 0  # records read by the load
         self._load_offset = 0
         self._versions: dict[Key, int] = {}  # during load: highest version per key, deletions included
+        self.group_states: dict[str, Any] = {}  # group -> its latest state (streams groups)
+        self._state_versions: dict[str, int] = {}  # during load: highest version per group state, deletions included
         settings = {"cleanup.policy": "compact", "segment.bytes": str(segment_bytes)}
         created = store.create_topics([(OFFSETS_TOPIC, 1, settings)], internal=True)
         code, message = created[OFFSETS_TOPIC]
@@ -131,7 +141,10 @@ class OffsetStore:
 
     def _apply_record(self, key: bytes | None, value: bytes | None) -> None:
         try:
-            group, topic, partition = orjson.loads(key)
+            decoded_key = orjson.loads(key)
+            if isinstance(decoded_key, list) and len(decoded_key) == 2 and decoded_key[0] == GROUP_STATE:
+                return self._apply_group_state(str(decoded_key[1]), value)
+            group, topic, partition = decoded_key
             full_key = (str(group), str(topic), int(partition))
             if value is None:  # a tombstone: the key is gone, whatever came before it
                 self._versions.pop(full_key, None)
@@ -152,9 +165,23 @@ class OffsetStore:
         else:
             offsets[full_key[1:]] = OffsetEntry(int(fields[1]), int(fields[2]), fields[3], int(fields[4]), version)
 
+    def _apply_group_state(self, group: str, value: bytes | None) -> None:
+        if value is None:
+            self._state_versions.pop(group, None)
+            self.group_states.pop(group, None)
+            return
+        version, state = orjson.loads(value)
+        version = int(version)
+        self.version = max(self.version, version)
+        if version <= self._state_versions.get(group, -1):
+            return
+        self._state_versions[group] = version
+        self.group_states[group] = state
+
     def _finish_load(self) -> None:
         self.loading = False
         self._versions = {}
+        self._state_versions = {}
         self.table = {group: offsets for group, offsets in self.table.items() if offsets}
         self.live = sum(len(offsets) for offsets in self.table.values())
         log.info("loaded %d committed offsets of %d groups from %d records", self.live_entries(), len(self.table),
@@ -223,6 +250,18 @@ class OffsetStore:
         elif done is not None:
             done(True)
         return doomed
+
+    def write_group_state(self, group: str, state: Any, now_ms: int) -> None:
+        """Append `group`'s state (None: a tombstone); it is fsync'd with the log's next flush, and a storage
+        fault is logged: the group's members rejoin after a restart that lost it."""
+        self.version += 1
+        if state is None:
+            self.group_states.pop(group, None)
+            record = (orjson.dumps([GROUP_STATE, group]), None)
+        else:
+            self.group_states[group] = state
+            record = (orjson.dumps([GROUP_STATE, group]), orjson.dumps([self.version, state]))
+        self._append([record], now_ms, lambda flushed, fault=False: None)
 
     def _append(self, records: list[tuple[bytes, bytes | None]], now_ms: int, done: Callable[..., None]) -> None:
         plog = self.store.log(self.row)

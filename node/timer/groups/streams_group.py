@@ -1,0 +1,199 @@
+"""One streams group (KIP-1071) as the coordinator holds it: its topology, members with their member epochs and
+active tasks, the group epoch and the target assignment (Kafka's StreamsGroup).
+
+A task is (subtopology id, partition); tasks are held as {subtopology id: {partitions}}, the shape of a consumer
+group's {topic: {partitions}}, so node.timer.groups.reconciliation reconciles them unchanged (revocation before
+assignment).
+
+Invariants:
+- `epoch` (the group epoch) grows whenever what the target depends on changes: a member joins, leaves or is
+  fenced, the topology is set, or its configuration (the tasks per subtopology) changes. `assignment_epoch` is
+  the group epoch the target was computed at.
+- `owners` maps every task some member holds (assigned or pending revocation) to that member and its epoch; a
+  task has at most one owner.
+- A static member's instance id maps to exactly one member id (`static_members`); member epoch -2 means the static
+  member left for a while and keeps its tasks until it comes back (under a new member id) or its session ends.
+- State (StreamsGroupDescribe, ListGroups): Empty without members, NotReady while the topology is not configured
+  (missing source or internal topics, wrong partition counts), Assigning while the target is behind the group
+  epoch, Reconciling while a member has not reached it, else Stable.
+- `snapshot`/`restore` round-trip everything but sessions; the configuration comes back as its tasks per
+  subtopology, and is computed again from the catalog (catalog_version -1) at the group's next heartbeat.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from shmbroker.node.timer.groups.reconciliation import MemberState, Partitions, Reconciled
+from shmbroker.node.timer.groups.streams_topology import Configured, Topology
+
+SNAPSHOT_FORMAT = 1  # the version of `snapshot`'s layout in the offsets log; `restore` reads this one only
+
+
+@dataclass
+class StreamsMember:
+    member_id: str
+    instance_id: str | None = None
+    process_id: str = ""
+    rack_id: str | None = None
+    client_id: str = ""
+    client_host: str = ""
+    rebalance_timeout_ms: int = 0
+    topology_epoch: int = -1
+    endpoint: tuple[str, int] | None = None
+    client_tags: tuple[tuple[str, str], ...] = ()
+    epoch: int = 0
+    previous_epoch: int = -1
+    state: MemberState = MemberState.STABLE
+    assigned: Partitions = field(default_factory=dict)
+    pending_revocation: Partitions = field(default_factory=dict)
+
+    def owned(self) -> Partitions:
+        return {t: self.assigned.get(t, set()) | self.pending_revocation.get(t, set())
+                for t in set(self.assigned) | set(self.pending_revocation)}
+
+    def snapshot(self) -> list:
+        return [self.member_id, self.instance_id, self.process_id, self.rack_id, self.client_id, self.client_host,
+                self.rebalance_timeout_ms, self.topology_epoch, list(self.endpoint) if self.endpoint else None,
+                [list(kv) for kv in self.client_tags], self.epoch, self.previous_epoch, self.state.value,
+                _tasks_json(self.assigned), _tasks_json(self.pending_revocation)]
+
+    @staticmethod
+    def restore(data: list) -> StreamsMember:
+        (member_id, instance_id, process_id, rack_id, client_id, client_host, rebalance_timeout_ms, topology_epoch,
+         endpoint, tags, epoch, previous_epoch, state, assigned, pending) = data
+        return StreamsMember(member_id, instance_id, process_id, rack_id, client_id, client_host,
+                             int(rebalance_timeout_ms), int(topology_epoch),
+                             (endpoint[0], int(endpoint[1])) if endpoint else None,
+                             tuple((k, v) for k, v in tags), int(epoch), int(previous_epoch), MemberState(state),
+                             _tasks_from_json(assigned), _tasks_from_json(pending))
+
+
+def _tasks_json(tasks: Partitions) -> list:
+    return [[sub, sorted(parts)] for sub, parts in sorted(tasks.items()) if parts]
+
+
+def _tasks_from_json(data: list) -> Partitions:
+    return {str(sub): {int(p) for p in parts} for sub, parts in data}
+
+
+@dataclass
+class StreamsGroup:
+    group_id: str
+    epoch: int = 0
+    assignment_epoch: int = 0
+    topology: Topology | None = None
+    members: dict[str, StreamsMember] = field(default_factory=dict)
+    static_members: dict[str, str] = field(default_factory=dict)  # instance id -> member id
+    target: dict[str, Partitions] = field(default_factory=dict)  # member id -> its target active tasks
+    owners: dict[tuple[str, int], tuple[str, int]] = field(default_factory=dict)  # task -> (member, its epoch)
+    configured: Configured | None = None  # the topology against the catalog of `catalog_version`
+    catalog_version: int = -1
+    endpoint_epoch: int = 0
+    shutdown_requested_by: str | None = None
+    empty_since_ms: int | None = None
+    assign_after_ms: int | None = None  # the initial rebalance delay's end, while the group waits for it
+
+    @property
+    def state(self) -> str:
+        if not self.members:
+            return "Empty"
+        if self.configured is None or not self.configured.ready:
+            return "NotReady"
+        if self.assignment_epoch != self.epoch:
+            return "Assigning"
+        if any(m.epoch != self.assignment_epoch or m.state is not MemberState.STABLE for m in self.members.values()):
+            return "Reconciling"
+        return "Stable"
+
+    def owner_epoch(self, member_id: str):
+        def epoch_of(subtopology: str, partition: int) -> int:
+            owner = self.owners.get((subtopology, partition))
+            return -1 if owner is None or owner[0] == member_id else owner[1]
+        return epoch_of
+
+    def apply(self, member: StreamsMember, outcome: Reconciled) -> None:
+        self.release(member)
+        member.state, member.epoch, member.previous_epoch = outcome.state, outcome.epoch, outcome.previous_epoch
+        member.assigned, member.pending_revocation = outcome.assigned, outcome.pending_revocation
+        self.hold(member)
+
+    def hold(self, member: StreamsMember) -> None:
+        for sub, partitions in member.owned().items():
+            for partition in partitions:
+                self.owners[(sub, partition)] = (member.member_id, member.epoch)
+
+    def release(self, member: StreamsMember) -> None:
+        for sub, partitions in member.owned().items():
+            for partition in partitions:
+                if self.owners.get((sub, partition), ("",))[0] == member.member_id:
+                    del self.owners[(sub, partition)]
+
+    def add(self, member: StreamsMember) -> None:
+        self.members[member.member_id] = member
+        if member.instance_id is not None:
+            self.static_members[member.instance_id] = member.member_id
+        self.empty_since_ms = None
+
+    def remove(self, member_id: str, now_ms: int) -> StreamsMember | None:
+        member = self.members.pop(member_id, None)
+        if member is None:
+            return None
+        self.release(member)
+        self.target.pop(member_id, None)
+        if member.instance_id is not None and self.static_members.get(member.instance_id) == member_id:
+            del self.static_members[member.instance_id]
+        if self.shutdown_requested_by == member_id:
+            self.shutdown_requested_by = None
+        if not self.members:
+            self.empty_since_ms = now_ms
+        return member
+
+    def replace_static(self, old_id: str, member: StreamsMember) -> None:
+        """A static member back under a new member id takes over its instance's tasks and metadata (as Kafka
+        copies the member under its new id): the group epoch stays and no other member reconciles."""
+        old = self.members.pop(old_id)
+        self.release(old)
+        for name in ("process_id", "rack_id", "rebalance_timeout_ms", "topology_epoch", "endpoint", "client_tags",
+                     "assigned", "pending_revocation", "state", "previous_epoch"):
+            setattr(member, name, getattr(old, name))
+        member.epoch = 0
+        if old_id in self.target:
+            self.target[member.member_id] = self.target.pop(old_id)
+        self.add(member)
+        self.hold(member)
+
+    def subscribed_topics(self) -> set[str]:
+        """The topics the group reads (its offsets there may not be deleted while it has members)."""
+        if self.topology is None:
+            return set()
+        return {t for sub in self.topology.subtopologies
+                for t in (*sub.source_topics, *(r.name for r in sub.repartition_source_topics))}
+
+    def snapshot(self) -> list:
+        """The group as the offsets log keeps it (SNAPSHOT_FORMAT)."""
+        return [SNAPSHOT_FORMAT, self.epoch, self.assignment_epoch,
+                self.topology.to_json() if self.topology is not None else None,
+                [m.snapshot() for m in self.members.values()],
+                [[member, _tasks_json(tasks)] for member, tasks in sorted(self.target.items())], self.endpoint_epoch,
+                self.configured.tasks if self.configured is not None and self.configured.ready else None]
+
+    @staticmethod
+    def restore(group_id: str, data: list, now_ms: int) -> StreamsGroup:
+        """ValueError if `data` is not a snapshot of SNAPSHOT_FORMAT."""
+        if not isinstance(data, list) or not data or data[0] != SNAPSHOT_FORMAT:
+            raise ValueError(f"not a streams group snapshot of format {SNAPSHOT_FORMAT}")
+        _, epoch, assignment_epoch, topology, members, target, endpoint_epoch, tasks = data
+        group = StreamsGroup(group_id, int(epoch), int(assignment_epoch),
+                             Topology.from_json(topology) if topology is not None else None)
+        for member_data in members:
+            member = StreamsMember.restore(member_data)
+            group.add(member)
+            group.hold(member)
+        group.target = {str(m): _tasks_from_json(tasks) for m, tasks in target}
+        group.endpoint_epoch = int(endpoint_epoch)
+        if tasks is not None:  # configured again against the catalog at the next heartbeat; the same tasks move none
+            group.configured = Configured(None, {str(sub): int(count) for sub, count in tasks.items()})
+        if not group.members:
+            group.empty_since_ms = now_ms
+        return group
