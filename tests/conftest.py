@@ -110,8 +110,9 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
 
 # SHMBROKER_TEST_CPU_LOG=<file>: each test's CPU seconds (this process and the children it waited for: its nodes,
-# JVMs and clients) and wall seconds, set-up and teardown included, appended as "<cpu> <wall> <id>" lines. On a
-# CPU-bound machine the suite's time follows the CPU its tests take, which durations alone do not show.
+# JVMs and clients) and wall seconds, set-up and teardown included, and the time it ended (Unix seconds), appended
+# as "<cpu> <wall> <end> <id>" lines. On a CPU-bound machine the suite's time follows the CPU its tests take, which
+# durations alone do not show; the end times show which tests hold the run's last minutes.
 CPU_LOG = os.environ.get("SHMBROKER_TEST_CPU_LOG")
 
 
@@ -128,7 +129,7 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
     cpu, wall = _cpu_seconds(), time.monotonic()
     yield
     with open(CPU_LOG, "a") as log:
-        log.write(f"{_cpu_seconds() - cpu:.2f} {time.monotonic() - wall:.2f} {item.nodeid}\n")
+        log.write(f"{_cpu_seconds() - cpu:.2f} {time.monotonic() - wall:.2f} {time.time():.1f} {item.nodeid}\n")
 
 
 def _group_of(item: pytest.Item) -> str:

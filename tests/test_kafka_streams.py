@@ -17,8 +17,9 @@ user's window in the input's order. "Exact" is that sequence, whole: a record pr
 effect seen, or a count restored from a stale changelog) shows as a repeated or skipped value, and a record of an
 aborted transaction as one too many.
 
-The group protocol is a parameter (PROTOCOLS): "classic" now; "streams" (KIP-1071) joins it when the node serves
-it. The tests share one node; each protocol's application has its own application id and topics.
+Each test runs under both rebalance protocols (PROTOCOLS): "classic" and "streams" (KIP-1071, the node's
+StreamsGroupHeartbeat). The tests share one node; each protocol's application has its own application id and
+topics.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ from tests.test_java_clients import CLIENT_JVM_OPTIONS
 
 pytestmark = pytest.mark.node
 
-PROTOCOLS = ("classic",)
+PROTOCOLS = ("classic", "streams")
 PROGRAM = Path(__file__).resolve().parent / "java" / "StreamsApp.java"
 # No wait before a new group's first rebalance (Kafka's tests set group.initial.rebalance.delay.ms to 0 too).
 NODE_CONFIG = "[groups]\ninitial_rebalance_delay_ms = 0\n"
