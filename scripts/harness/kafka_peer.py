@@ -102,7 +102,8 @@ def maven_jars(pom: Path, cache: Path, marker: str, fetch: bool = True) -> Path:
     staging = cache / "lib.partial"
     shutil.rmtree(staging, ignore_errors=True)
     subprocess.run([mvn, "-q", "-B", "-Dstyle.color=never", "-f", str(pom), "dependency:copy-dependencies",
-                    "-DincludeScope=runtime", f"-DoutputDirectory={staging}"], check=True, timeout=FETCH_TIMEOUT_S)
+                    "-DincludeScope=runtime", f"-DoutputDirectory={staging}"], check=True, timeout=FETCH_TIMEOUT_S,
+                   stdout=sys.stderr)  # Maven's output is progress: a script's stdout is its results (--json)
     shutil.rmtree(lib, ignore_errors=True)
     staging.rename(lib)  # whole or not at all: an interrupted fetch leaves only lib.partial
     stamp.write_text(digest)
