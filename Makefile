@@ -112,6 +112,7 @@ install-service: wheel
 		$(SERVICE_PYTHON) -m venv --clear $(ROOT)$(PREFIX)/.venv; }
 	$(ROOT)$(PREFIX)/.venv/bin/pip install --quiet $(WHEEL_DIR)/shmbroker-*.whl
 	install -m 0644 README.md $(ROOT)$(PREFIX)/README.md
+	install -d $(ROOT)$(PREFIX)/docs && install -m 0644 docs/*.md $(ROOT)$(PREFIX)/docs/
 	install -m 0644 systemd/shmbroker.sysusers $(ROOT)/usr/lib/sysusers.d/shmbroker.conf
 	install -m 0644 systemd/shmbroker.tmpfiles $(ROOT)/usr/lib/tmpfiles.d/shmbroker.conf
 	systemd-sysusers --root=$(ROOT)/ $(ROOT)/usr/lib/sysusers.d/shmbroker.conf

@@ -1,6 +1,7 @@
-"""README.md and the example config say what the node does: every config key they name is one the node accepts,
-every config section is listed, and the APIs README lists are exactly those a running node advertises in
-ApiVersions, with the same version ranges."""
+"""README.md, the hand-written pages of docs/ and the example config say what the node does: every config key they
+name is one the node accepts, every config section is listed, and the APIs docs/compatibility.md lists are exactly
+those a running node advertises in ApiVersions, with the same version ranges. (The generated pages, configuration,
+metrics and cli: tests/test_docs.py.)"""
 
 from __future__ import annotations
 
@@ -16,7 +17,9 @@ from shmbroker.node import config as node_config
 from scripts.harness import rawkafka as R
 
 REPO = Path(__file__).resolve().parent.parent
-README = (REPO / "README.md").read_text()
+GENERATED = {f"{page}.md" for page in ("configuration", "metrics", "cli")}
+WRITTEN = [REPO / "README.md"] + sorted(p for p in (REPO / "docs").glob("*.md") if p.name not in GENERATED)
+README = "\n\n".join(path.read_text() for path in WRITTEN)
 SECTIONS = {f.name for f in dataclasses.fields(node_config.NodeConfig)}
 
 
@@ -40,7 +43,7 @@ def _backticked() -> list[str]:
 
 def test_every_dotted_setting_named_in_the_readme_exists():
     named = [t for t in _backticked() if re.fullmatch(r"[a-z_]+(\.[a-z_0-9]+)+", t) and t.split(".")[0] in SECTIONS]
-    assert len(named) > 10, named  # the README names settings this way throughout
+    assert len(named) > 10, named  # the pages name settings this way throughout
     assert [t for t in named if not _resolve(t)] == []
 
 

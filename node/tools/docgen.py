@@ -168,21 +168,23 @@ def section_keys(cls: type, instance: Any) -> list[KeyDoc]:
             for f in dataclasses.fields(cls)]
 
 
-def config_sections(config: Any = None, prefix: str = "") -> Iterator[tuple[str, type, Any, str, list[KeyDoc]]]:
-    """(table name, class, defaults, how it is written, its plain keys) for every table of the config, depth
-    first; the nested tables come after their parent's keys."""
+def config_sections(config: Any = None, prefix: str = "") -> Iterator[
+        tuple[str, type, Any, str, str, list[KeyDoc]]]:
+    """(table name, class, defaults, how it is written, what its parent's comments say of it, its plain keys) for
+    every table of the config, depth first; the nested tables come after their parent's keys."""
     config = node_config.NodeConfig() if config is None else config
+    said = _read(type(config))[0].help
     for f in dataclasses.fields(config):
         value = getattr(config, f.name)
         name = f"{prefix}{f.name}"
         if f.metadata.get("items"):
             cls = f.metadata["items"]
-            yield name, cls, cls(), f"[[{name}]]", _plain(cls, cls())
+            yield name, cls, cls(), f"[[{name}]]", said[f.name], _plain(cls, cls())
         elif f.metadata.get("entries"):
             cls = f.metadata["entries"]
-            yield name, cls, cls(), f'[{name}."NAME"]', _plain(cls, cls())
+            yield name, cls, cls(), f'[{name}."NAME"]', said[f.name], _plain(cls, cls())
         elif dataclasses.is_dataclass(value):
-            yield name, type(value), value, f"[{name}]", _plain(type(value), value)
+            yield name, type(value), value, f"[{name}]", said[f.name], _plain(type(value), value)
             yield from config_sections(value, f"{name}.")
 
 
@@ -246,12 +248,12 @@ def configuration_page() -> str:
            "unknown key, a value of the wrong type or one a check refuses stops the node with the file, line and "
            "key. Sections a running node reloads on SIGHUP: "
            + ", ".join(f"`[{name}]`" for name in node_config.RELOADABLE) + "; a change to any other needs a restart. "
-           "How to use them: [operations](operations.md), [security](security.md), the README's links.", "",
-           "Sections: " + ", ".join(f"[`{how}`](#{_anchor(how)})" for _, _, _, how, _ in config_sections()) + ".",
+           "How to use them: [operations](operations.md), [security](security.md) and the README's links.", "",
+           "Sections: " + ", ".join(f"[`{how}`](#{_anchor(how)})" for _, _, _, how, _, _ in config_sections()) + ".",
            ""]
-    for name, cls, _, how, keys in config_sections():
+    for name, cls, _, how, said, keys in config_sections():
         out += [f"## `{how}`", ""]
-        doc = _docstring(cls)
+        doc = " ".join(part for part in (_docstring(cls), _sentence(said)) if part)
         if doc:
             out += [doc, ""]
         if not keys:
@@ -269,12 +271,20 @@ def configuration_page() -> str:
     return _tidy(out)
 
 
+def _sentence(text: str) -> str:
+    """A comment as a sentence of a paragraph: capitalised, with a full stop."""
+    if not text:
+        return ""
+    text = text[0].upper() + text[1:]
+    return text if text.endswith(".") else text + "."
+
+
 def _anchor(heading: str) -> str:
     return re.sub(r"[^a-z0-9 _-]", "", heading.lower()).replace(" ", "-")
 
 
 def missing_help() -> list[str]:
-    return [f"{name}.{key.name}" for name, _, _, _, keys in config_sections() for key in keys if not key.help]
+    return [f"{name}.{key.name}" for name, _, _, _, _, keys in config_sections() for key in keys if not key.help]
 
 
 # -- metrics ------------------------------------------------------------------------------------------------------
