@@ -145,14 +145,21 @@ class Checks:
         names the setting, not a value)."""
         try:
             return eval(compile(ast.Expression(node), "<check>", "eval"), dict(namespace),
-                        {**bound, "self": _Names(), "getattr": lambda obj, name: name})
+                        {**bound, "self": _Names(), "getattr": lambda obj, name: _Name(name)})
         except Exception:  # a message built from something else: left out of the page
             return None
 
 
+class _Name(str):
+    """A setting's name standing for its value in a message: shown bare, even where the message quotes (!r)."""
+
+    def __repr__(self) -> str:
+        return str(self)
+
+
 class _Names:
     def __getattr__(self, name: str) -> str:
-        return name
+        return _Name(name)
 
 
 @functools.cache
