@@ -13,7 +13,7 @@ TEST_STAMP := $(VENV)/.installed-test
 APT_INSTALL = SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
 	$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq
 
-.PHONY: run test check venv test-venv wheel sysdeps clean install-service uninstall-service redis kafka \
+.PHONY: run test check docs venv test-venv wheel sysdeps clean install-service uninstall-service redis kafka \
 	librdkafka
 
 # The C compiler and Python headers build shm/_ringops.c, the ring's compiled one-frame paths.
@@ -112,6 +112,7 @@ install-service: wheel
 		$(SERVICE_PYTHON) -m venv --clear $(ROOT)$(PREFIX)/.venv; }
 	$(ROOT)$(PREFIX)/.venv/bin/pip install --quiet $(WHEEL_DIR)/shmbroker-*.whl
 	install -m 0644 README.md $(ROOT)$(PREFIX)/README.md
+	install -d $(ROOT)$(PREFIX)/docs && install -m 0644 docs/*.md $(ROOT)$(PREFIX)/docs/
 	install -m 0644 systemd/shmbroker.sysusers $(ROOT)/usr/lib/sysusers.d/shmbroker.conf
 	install -m 0644 systemd/shmbroker.tmpfiles $(ROOT)/usr/lib/tmpfiles.d/shmbroker.conf
 	systemd-sysusers --root=$(ROOT)/ $(ROOT)/usr/lib/sysusers.d/shmbroker.conf
@@ -155,6 +156,11 @@ test: test-venv sysdeps redis kafka librdkafka
 	$(PY) -m pytest -q tests -m "not serial" -n $(TEST_JOBS) --dist loadgroup --no-loadscope-reorder || status=$$?; \
 	$(PY) -m pytest -q tests -m serial || status=$$?; \
 	exit $$status
+
+# The reference pages written from the code: docs/configuration.md (node/config.py), docs/metrics.md (the stats
+# segment and the Prometheus series) and docs/cli.md (`shmbroker --help`); tests/test_docs.py fails when one is stale.
+docs: venv
+	$(PY) -m shmbroker.node.tools.docgen
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info shm/*.so

@@ -40,35 +40,35 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True)
 class ServerConfig:
-    host: str = "127.0.0.1"
-    port: int = 9092
+    host: str = "127.0.0.1"  # where the default PLAINTEXT listener listens (no [[listeners]]; --listen)
+    port: int = 9092  # ... and its port
     # Host and port written into Metadata responses; default: the listen address.
     advertised_host: str = ""
-    advertised_port: int = 0
-    data_dir: str = "./data"
+    advertised_port: int = 0  # 0: the listen port
+    data_dir: str = "./data"  # the logs, the catalog, the offsets and transaction logs (--data-dir)
     # Network worker processes; 0 means one per CPU.
     workers: int = 0
-    node_id: int = 0
+    node_id: int = 0  # the broker id Metadata, FindCoordinator and DescribeCluster answer
     # A length prefix above this closes the connection (Kafka's socket.request.max.bytes).
     request_max_bytes: int = 100 * 1024 * 1024
-    listen_backlog: int = 1024
+    listen_backlog: int = 1024  # listen(2) backlog of each listening socket (Kafka's socket.listen.backlog.size)
     # Accepts per readiness event, so a connection storm cannot starve established clients.
     accepts_per_turn: int = 64
-    socket_send_buffer_bytes: int = 1024 * 1024
-    socket_receive_buffer_bytes: int = 1024 * 1024
+    socket_send_buffer_bytes: int = 1024 * 1024  # SO_SNDBUF of client sockets (Kafka's socket.send.buffer.bytes)
+    socket_receive_buffer_bytes: int = 1024 * 1024  # SO_RCVBUF (Kafka's socket.receive.buffer.bytes)
     # Most bytes a worker takes from one socket per read (a large request arrives over several reads).
     recv_bytes: int = 256 * 1024
     # On SIGTERM, in-flight responses get this long to finish.
     shutdown_grace_ms: int = 5000
     # Backoff between restarts of a child that keeps dying: doubles up to the maximum.
     restart_backoff_min_ms: int = 100
-    restart_backoff_max_ms: int = 5000
+    restart_backoff_max_ms: int = 5000  # ... the maximum
     # A child that lived this long resets its backoff.
     restart_backoff_reset_ms: int = 10000
     # A child that exits this soon after starting, this many times in a row, cannot boot (a bad install,
     # a broken config): the node stops with exit code 1 instead of restarting it forever.
     child_boot_window_ms: int = 5000
-    child_boot_failures_max: int = 5
+    child_boot_failures_max: int = 5  # ... this many times
     # The supervisor looks at its children at least this often (a SIGCHLD can be merged with another).
     supervisor_poll_ms: int = 1000
     # Allocations between two young-generation collections of the garbage collector in every child (Python's
@@ -88,7 +88,7 @@ class ServerConfig:
     # decode, and an empty read it made is reused while its partitions stay unchanged. 0: every Fetch is
     # decoded and read. A Fetch body over repeated_fetch_max_bytes is never kept.
     repeated_fetches_per_connection: int = 8
-    repeated_fetch_max_bytes: int = 4096
+    repeated_fetch_max_bytes: int = 4096  # ... the largest body kept
 
     # -- bounds on memory (-1: no bound) --
     # Bytes held for requests that are incomplete or not yet served, and for unsent responses, across the
@@ -103,7 +103,7 @@ class ServerConfig:
     # Kafka's max.connections and max.connections.per.ip, node-wide (Kafka's defaults: no limit): over
     # them a new connection is closed at accept.
     max_connections: int = 2**31 - 1
-    max_connections_per_ip: int = 2**31 - 1
+    max_connections_per_ip: int = 2**31 - 1  # ... per client address
     # Client addresses are counted in this many shared buckets (a collision only makes the per-IP limit stricter).
     connection_ip_buckets: int = 65536
     # Kafka's connections.max.idle.ms: a connection with no request in flight and no byte read or written for
@@ -159,8 +159,8 @@ class ServerConfig:
 
 @dataclass(frozen=True)
 class TopicDefaults:
-    auto_create_topics: bool = True
-    num_partitions: int = 1
+    auto_create_topics: bool = True  # auto.create.topics.enable: Metadata and Produce create unknown topics
+    num_partitions: int = 1  # num.partitions: of a topic created on demand or with the default count (-1)
     # Upper bound of partitions on the node (rows of the shared partition table).
     max_partitions: int = 4096
     # Partitions whose directories and files one CreateTopics / CreatePartitions makes at once (threads).
@@ -179,8 +179,8 @@ class TopicDefaults:
 class WheelConfig:
     """Tunables of a TimingWheel (node.timer.wheel; the timer process builds its wheels from this)."""
 
-    tick_ms: int = 1
-    wheel_size: int = 20
+    tick_ms: int = 1  # the first level's slot width: the timers' resolution
+    wheel_size: int = 20  # slots per level (each level's slot spans the level below)
     initial_capacity: int = 1024  # entry slots allocated up front; doubles when full
     bucket_initial_capacity: int = 64  # references per bucket member array; doubles when full
     # The constant C in slots_in_use <= 2 * pending + C. Large enough that a steady load whose cancels are
@@ -244,7 +244,7 @@ class FlushConfig:
     # Producer-state snapshots bound the catch-up scan a worker does on its first idempotent batch. A round
     # writes one only for a partition with batches since its last (an idle node writes nothing).
     producer_snapshot_interval_ms: int = 30_000
-    retention_check_interval_ms: int = 300_000
+    retention_check_interval_ms: int = 300_000  # log.retention.check.interval.ms: time and size retention
 
     def __post_init__(self):
         if self.flush_interval_ms <= 0 or self.sync_threads <= 0:
@@ -364,8 +364,8 @@ class TransactionConfig:
 class QuotaLimits:
     """Byte-rate quotas of one client id (0: unlimited), Kafka's producer_byte_rate and consumer_byte_rate."""
 
-    producer_byte_rate: int = 0
-    consumer_byte_rate: int = 0
+    producer_byte_rate: int = 0  # bytes per second the client id may produce
+    consumer_byte_rate: int = 0  # bytes per second the client id may fetch
 
     def __post_init__(self) -> None:
         for key in ("producer_byte_rate", "consumer_byte_rate"):
@@ -425,8 +425,8 @@ class PriorityConfig:
 class StatsConfig:
     # The shared-memory stats segment (shm.stats): every process publishes its counters this often. The
     # systemd watchdog reads the children's heartbeats (server.heartbeat_interval_ms, child_hang_timeout_ms).
-    enabled: bool = True
-    publish_interval_ms: int = 500
+    enabled: bool = True  # false: no stats segment (`shmbroker stats`, the dashboard and /metrics see nothing)
+    publish_interval_ms: int = 500  # how often every process publishes
     # Room for the groups' committed offsets in the segment (twice: double-buffered), about 40 bytes per
     # group and partition; groups beyond it are left out of the segment (the Kafka API still has them).
     committed_offsets_bytes: int = 1 << 20
@@ -473,8 +473,8 @@ def split_address(text: str) -> tuple[str, int]:
 class ListenerConfig:
     """One `[[listeners]]` table: where the node accepts connections and what a client must do there."""
 
-    name: str = DEFAULT_LISTENER_NAME
-    address: str = "127.0.0.1:9092"
+    name: str = DEFAULT_LISTENER_NAME  # unique; the one of --listen is PLAINTEXT
+    address: str = "127.0.0.1:9092"  # HOST:PORT it listens on (unique)
     security_protocol: str = "PLAINTEXT"  # PLAINTEXT | SSL | SASL_PLAINTEXT | SASL_SSL
     # HOST:PORT written into Metadata and FindCoordinator for clients that connected here; default: `address`,
     # or, for a wildcard host (0.0.0.0), the address the client connected to.
@@ -506,7 +506,7 @@ class TlsConfig:
     """The certificate of the SSL and SASL_SSL listeners (Python's ssl; TLS 1.2 and newer)."""
 
     certfile: str = ""  # PEM chain
-    keyfile: str = ""
+    keyfile: str = ""  # PEM private key of certfile
     # Set: clients must present a certificate this CA file verifies (mTLS); their principal is the subject.
     cafile: str = ""
     minimum_version: str = "TLSv1.2"  # TLSv1.2 | TLSv1.3
@@ -520,7 +520,7 @@ class TlsConfig:
 class SaslConfig:
     """Authentication on the SASL_PLAINTEXT and SASL_SSL listeners, against the users store (node.security.users)."""
 
-    mechanisms: list = field(default_factory=lambda: list(SASL_MECHANISMS))
+    mechanisms: list = field(default_factory=lambda: list(SASL_MECHANISMS))  # those offered to clients
     # Kafka's connections.max.reauth.ms (KIP-368): a session lasts this long, then the client re-authenticates on
     # the same connection or it is closed at its next request (0: sessions never end).
     connections_max_reauth_ms: int = 0

@@ -12,14 +12,14 @@ as real JVMs of Connect 4.3.1 (scripts/harness/connect_worker.py; scripts/harnes
   on the node, the sink gets again the records after its group's committed offset. Last, Connect's offsets API
   (KIP-875) on the stopped connectors: their offsets as the node keeps them, the sink's moved back, the source's
   reset; resumed, each starts again from there.
-- MirrorMaker 2, the README's "Moving to a Kafka cluster": the README's mm2.properties, as it stands but for the
+- MirrorMaker 2, "Moving to a Kafka cluster" (docs/migration.md): its mm2.properties, as it stands but for the
   two bootstrap addresses and the replication factors of the topics it makes on the test's one-broker Kafka,
   run by MirrorMaker's driver (what bin/connect-mirror-maker.sh runs) from the node to Kafka 4.4: the topics with
   their records at the same offsets and their configs, and the consumer groups' offsets. A group that read to the
   end resumes on Kafka at exactly its offsets (it reads only what is produced on Kafka after the move); one that
   stopped half way resumes at or before its offsets, never after (MirrorMaker's translation; nothing lost). The
   offset syncs are in a compacted topic on the node, the checkpoints in one on Kafka; `kafka-consumer-groups
-  --describe --all-groups` shows the moved offsets. Then back, as the README says: the same file with the flow
+  --describe --all-groups` shows the moved offsets. Then back, as the page says: the same file with the flow
   turned copies the topic and the groups' offsets from Kafka to a new node.
 """
 
@@ -41,7 +41,7 @@ from scripts.harness.nodeproc import NodeProcess
 
 pytestmark = pytest.mark.node
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+MIGRATION_PAGE = Path(__file__).resolve().parent.parent / "docs" / "migration.md"
 NODE_CONFIG = "[topics]\naccept_replication_factor_above_one = true\n"
 WAIT_S = 60.0
 COORDINATOR_NOT_YET = {KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_NOT_AVAILABLE,
@@ -297,9 +297,9 @@ def topic_values(bootstrap: str) -> list[str]:
 
 
 def readme_mm2_properties() -> str:
-    """The README's mm2.properties: the first properties block of its "Moving to a Kafka cluster" section."""
-    section = README.read_text().split("## Moving to a Kafka cluster", 1)[1].split("\n## ", 1)[0]
-    (block, *_) = re.findall(r"```properties\n(.*?)```", section, re.S)
+    """The mm2.properties of "Moving to a Kafka cluster" (docs/migration.md, where the README links): the page's
+    first properties block."""
+    (block, *_) = re.findall(r"```properties\n(.*?)```", MIGRATION_PAGE.read_text(), re.S)
     return block
 
 
@@ -393,7 +393,7 @@ def test_moving_to_kafka_with_the_readme_mm2_properties(node, kafka, tmp_path):
     # Read once MirrorMaker stopped: a later checkpoint may still move audit's offsets forward (a better sync).
     audit_on_kafka = committed(kafka.bootstrap, "audit", "orders", 3)
     assert all(0 <= offset <= AUDIT_AT for offset in audit_on_kafka), audit_on_kafka
-    # The README's check: bin/kafka-consumer-groups.sh --describe --all-groups.
+    # The page's check: bin/kafka-consumer-groups.sh --describe --all-groups.
     described = tool("org.apache.kafka.tools.consumer.group.ConsumerGroupCommand", "--bootstrap-server",
                      kafka.bootstrap, "--describe", "--all-groups").stdout
     rows = {(row[0], int(row[2])): int(row[3]) for row in (line.split() for line in described.splitlines())
@@ -411,7 +411,7 @@ def test_moving_to_kafka_with_the_readme_mm2_properties(node, kafka, tmp_path):
         expected = [value for offset, _, value in on_node[p] if offset >= audit_on_kafka[p]] + [f"on-kafka-{p}-{end}"]
         assert [value for partition, _, value in read if partition == p] == expected
 
-    # And back, as the README says: the same file with the flow turned, from Kafka to a new node. Both groups read
+    # And back, as the page says: the same file with the flow turned, from Kafka to a new node. Both groups read
     # to the end on Kafka; they move back exactly.
     (tmp_path / "node-back").mkdir()
     with NodeProcess(tmp_path / "node-back", workers=2, config=NODE_CONFIG) as back:
@@ -436,7 +436,7 @@ def test_moving_to_kafka_with_the_readme_mm2_properties(node, kafka, tmp_path):
 
 
 def turned(properties: str) -> str:
-    """The README's way back: the flow from Kafka to the node, and the Kafka side's worker settings given to the
+    """The page's way back: the flow from Kafka to the node, and the Kafka side's worker settings given to the
     node's side (MirrorMaker's worker runs on the target's side)."""
     properties = properties.replace("shmbroker->kafka.", "kafka->shmbroker.")
     for key in ("offset.flush.interval.ms", "plugin.discovery"):

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -33,6 +34,7 @@ from shmbroker.node.storage.catalog import topic_id_text
 from scripts.harness import rawkafka as R
 from scripts.harness.nodeproc import CLI
 from shmbroker.shm import stats as S
+from tests.test_docs import documented_series
 from tests.waiting import wait_for
 from shmbroker.workers.codecs import protocol as P
 
@@ -348,6 +350,8 @@ def test_prometheus_endpoint(node_factory):
     assert 'kafka_log_log_end_offset{partition="0",topic="metrics-topic"} 100.0' in text
     assert 'kafka_server_delayed_operations{purgatory="fetch"}' in text
     assert "shmbroker_fsyncs_total" in text
+    # docs/metrics.md (generated from the collector) lists exactly the series a live node exposes.
+    assert set(re.findall(r"^# TYPE (\w+) ", text, re.M)) == documented_series()
     # Every child settles its collector and counts each collection from then on (gc.freeze's own is before).
     assert 'shmbroker_gc_collections_total{generation="0",index="0",process="worker"}' in text
     assert "shmbroker_gc_pause_us_total" in text and "shmbroker_gc_collected_total" in text

@@ -99,7 +99,7 @@ class CleanerConfig:
     # for long cleans late) or "normal" at `nice` (0-19; I/O priority follows it), which keeps cleaning under
     # any load at some cost to the clients (scripts/bench_cleaner.py measures both).
     scheduling: str = "idle"
-    nice: int = 10
+    nice: int = 10  # ... the niceness of "normal"
 
     def __post_init__(self) -> None:
         if self.processes < 1 or self.dedupe_buffer_bytes < MAP_ENTRY_BYTES or self.io_buffer_bytes < 4096 \

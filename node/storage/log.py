@@ -116,7 +116,7 @@ class LogConfig:
     max_message_bytes: int = 1048588  # message.max.bytes: largest batch accepted
     producer_batches_retained: int = 5  # Kafka's max in-flight batches per idempotent producer
     producer_id_expiration_ms: int = 24 * 3600 * 1000  # producer.id.expiration.ms
-    producer_snapshots_retained: int = 2
+    producer_snapshots_retained: int = 2  # producer-state snapshots kept per partition
     scan_chunk_bytes: int = 8192  # most bytes read per pread when scanning batch headers
     scan_first_read_bytes: int = 512  # first pread of a scan: a lookup usually needs just one header
     retired_segment_close_delay_s: float = 60.0  # like file.delete.delay.ms: keeps fds valid for sendfile

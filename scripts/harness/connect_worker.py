@@ -1,5 +1,5 @@
-"""Kafka Connect and MirrorMaker 2 as real JVMs beside the node, for tests/test_connect.py and the README's
-"Moving to a Kafka cluster".
+"""Kafka Connect and MirrorMaker 2 as real JVMs beside the node, for tests/test_connect.py and
+"Moving to a Kafka cluster" (docs/migration.md).
 
 - The jars: connect-runtime, connect-file, connect-mirror and their dependencies, copied by Maven from
   scripts/harness/connect/pom.xml into a cache of their own (KAFKA_CACHE/connect-<version>; the pom says why
