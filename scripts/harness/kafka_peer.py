@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import base64
 import contextlib
+import fcntl
 import hashlib
 import os
 import shutil
@@ -94,6 +95,16 @@ def maven_jars(pom: Path, cache: Path, marker: str, fetch: bool = True) -> Path:
         return lib
     if not fetch:
         raise FileNotFoundError(f"the jars of {pom} are not in {lib}: python -m scripts.harness.kafka_peer --fetch")
+    cache.mkdir(parents=True, exist_ok=True)
+    with open(cache / "fetch.lock", "w") as lock:  # processes that find the jars stale at once fetch them once
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if stamp.exists() and stamp.read_text() == digest and any(lib.glob(marker)):
+            return lib
+        return _fetch(pom, cache, lib, stamp, digest)
+
+
+def _fetch(pom: Path, cache: Path, lib: Path, stamp: Path, digest: str) -> Path:
+    """maven_jars' fetch, under its lock."""
     mvn = shutil.which("mvn")
     if mvn is None:
         raise SystemExit("Maven (mvn) is missing: `make sysdeps` installs it (Debian package maven)")

@@ -179,7 +179,8 @@ class AnswerWatch:
                     continue
                 where = f"{name}-{part.partition_index}"
                 fetch_offset = None if offsets is None else offsets.get((_topic_of(topic), part.partition_index))
-                self._check_batches(req, where, name, part, fetch_offset, committed)
+                self._check_batches(req, where, name, part, fetch_offset, committed,
+                                    lambda t=topic, p=part.partition_index: _asked(request, t, p))
                 if key_bytes is not None:
                     key = (key_bytes, part.partition_index)
                     lso = part.last_stable_offset
@@ -190,7 +191,7 @@ class AnswerWatch:
                         self._never_back(req, where, "log start offset", view.log_start, key, start)
 
     def _check_batches(self, req: Request, where: str, name: str | None, part: Any, fetch_offset: int | None,
-                       committed: bool) -> None:
+                       committed: bool, asked: Callable[[], str] = lambda: "") -> None:
         batches = _batches(part.records or b"")
         if not batches:
             return
@@ -200,7 +201,7 @@ class AnswerWatch:
         if fetch_offset is not None:
             if first_last < fetch_offset:
                 self._breach(req, f"{where}: fetched from {fetch_offset}, the first batch ends before it "
-                                  f"({first_base}..{first_last})")
+                                  f"({first_base}..{first_last}; {asked()})")
             elif first_base > fetch_offset and not compacted:
                 self._breach(req, f"{where}: fetched from {fetch_offset}, the first batch starts after it "
                                   f"({first_base}..{first_last}) on a log that is not compacted")
@@ -258,6 +259,18 @@ class AnswerWatch:
         h = req.header
         log.error("%s: %s (api %d v%d, correlation id %d, client %r, connection from %s)", ANSWER_WATCH_BREACH,
                   what, h.api_key, h.api_version, h.correlation_id, h.client_id, req.conn.peer)
+
+
+def _asked(request: Any, topic: Any, partition: int) -> str:
+    """Where a breach's fetch offset came from: the request's own partition, or the session the request is in."""
+    name = _topic_of(topic)
+    for asked_topic in request.topics:
+        if _topic_of(asked_topic) == name:
+            for part in asked_topic.partitions:
+                if part.partition == partition:
+                    return f"the request asked {part.fetch_offset}, session {getattr(request, 'session_id', 0)} " \
+                           f"epoch {getattr(request, 'session_epoch', -1)}"
+    return f"from the session {getattr(request, 'session_id', 0)} epoch {getattr(request, 'session_epoch', -1)}"
 
 
 def reader_of(codec: P.Codec) -> Callable:
