@@ -80,6 +80,25 @@ def test_a_full_fetch_opens_a_session_that_incremental_fetches_follow_epoch_by_e
     assert cache.incremental_fetches == 2 and cache.session_errors == 2
 
 
+def test_an_incremental_fetch_must_name_topics_as_its_session_was_opened():
+    """Kafka's FETCH_SESSION_TOPIC_ID_ERROR: the Java client drops from Fetch v13 (topics by id) to v12 when a topic
+    of its fetch has no id in its metadata. Taken as incremental, the v12 request's partitions were keyed by name
+    beside the session's entries keyed by id: each partition read twice, once at its stale offset (a Kafka Streams
+    restore consumer got a batch ending before the offset it asked, which the answer watch caught)."""
+    for opened_with, then in ((13, 12), (12, 13)):
+        cache = FetchSessionCache(10, 120_000, worker_index=0, workers=1, clock_ms=Clock())
+        context = context_of(cache, request({("t", 0): 5}, 0, 0), version=opened_with)
+        context.answer([])
+        session_id = context.session_id
+        context = context_of(cache, request({("t", 0): 6}, session_id, 1), version=then)
+        assert context.error_code == E.FETCH_SESSION_TOPIC_ID_ERROR and context.topics() == []
+        # The session stays as it was (as Kafka's): its next fetch of the right kind goes on at the same epoch.
+        context = context_of(cache, request({("t", 0): 6}, session_id, 1), version=opened_with)
+        assert context.incremental and [(p.partition, p.fetch_offset) for t in context.topics()
+                                        for p in t.partitions] == [(0, 6)]
+        assert cache.session_errors == 1
+
+
 def test_final_epoch_closes_and_versions_before_7_have_no_sessions():
     cache = FetchSessionCache(10, 120_000, 0, 1, Clock())
     session_id = opened(cache, {("t", 0): 0})

@@ -13,8 +13,11 @@ The request's (session id, epoch) pair says what to do, as in Kafka's FetchManag
   0 if not). (id, 0) closes session `id` first; (id, -1) closes it and asks for no new one.
 - (id, epoch > 0): an incremental fetch of session `id`: FETCH_SESSION_ID_NOT_FOUND if this worker does not
   hold it (evicted, or opened on another worker before the connection moved: the client falls back to a full
-  fetch), INVALID_FETCH_SESSION_EPOCH unless epoch is the session's next one. A session left without
-  partitions is closed and the fetch answered as a sessionless one.
+  fetch), INVALID_FETCH_SESSION_EPOCH unless epoch is the session's next one, FETCH_SESSION_TOPIC_ID_ERROR
+  if it names topics by id (v13+) where the session's full fetch named them by name, or the other way (the Java
+  client drops to v12 when a topic of its fetch has no id in its metadata: the session keeps its partitions
+  keyed one way, and a partition named the other way would be a second entry, read at its stale offset too).
+  A session left without partitions is closed and the fetch answered as a sessionless one.
 
 Eviction follows Kafka's FetchSessionCache: a new session takes a free slot; without one it evicts the least
 recently used session if that one was idle for `min_incremental_fetch_session_eviction_ms`, else the smallest
@@ -45,6 +48,7 @@ INITIAL_EPOCH = 0
 FINAL_EPOCH = -1
 _MAX_SESSION_ID = 2**31 - 1
 _MAX_EPOCH = 2**31 - 1
+FETCH_BY_TOPIC_ID = 13  # the first Fetch version naming topics by id (KIP-516)
 
 
 @dataclass(slots=True)
@@ -83,6 +87,7 @@ class FetchSession:
     created_ms: int
     last_used_ms: int
     epoch: int = 1  # the epoch the next incremental fetch must carry
+    uses_topic_ids: bool = False  # opened by a Fetch v13+ (topics by id): its incremental fetches must be too
     # (topic, topic id bytes, partition) -> SessionPartition
     partitions: OrderedDict = field(default_factory=OrderedDict)
 
@@ -146,12 +151,13 @@ class SessionErrorContext(FetchContext):
 class FullContext(FetchContext):
     """A full fetch that may open a session: it is cached with the state of the answer it gets."""
 
-    def __init__(self, request: Any, asked: list[Any], cache: "FetchSessionCache") -> None:
+    def __init__(self, request: Any, asked: list[Any], cache: "FetchSessionCache", uses_topic_ids: bool) -> None:
         super().__init__(request, asked)
         self.cache = cache
+        self.uses_topic_ids = uses_topic_ids
 
     def answer(self, results: list[FetchTopicResult]) -> list[FetchTopicResult]:
-        session = self.cache.open(self.asked)
+        session = self.cache.open(self.asked, self.uses_topic_ids)
         if session is not None:
             self.session_id = session.id
             remember(session, results)
@@ -237,7 +243,7 @@ class FetchSessionCache:
                 self.sessions.pop(session_id, None)
             if epoch == FINAL_EPOCH or self.slots == 0:
                 return FetchContext(request, asked)
-            return FullContext(request, asked, self)
+            return FullContext(request, asked, self, version >= FETCH_BY_TOPIC_ID)
         session = self.sessions.get(session_id)
         if session is None:
             self.session_errors += 1
@@ -245,6 +251,9 @@ class FetchSessionCache:
         if epoch != session.epoch:
             self.session_errors += 1
             return SessionErrorContext(request, E.INVALID_FETCH_SESSION_EPOCH)
+        if session.uses_topic_ids != (version >= FETCH_BY_TOPIC_ID):
+            self.session_errors += 1
+            return SessionErrorContext(request, E.FETCH_SESSION_TOPIC_ID_ERROR)
         session.update(asked, forgotten)
         if not session.partitions:
             del self.sessions[session_id]
@@ -254,13 +263,14 @@ class FetchSessionCache:
         self.incremental_fetches += 1
         return IncrementalContext(request, session)
 
-    def open(self, asked: list[Any]) -> FetchSession | None:
-        """A new session for a full fetch's partitions, or None when no slot is free or can be freed."""
+    def open(self, asked: list[Any], uses_topic_ids: bool = False) -> FetchSession | None:
+        """A new session for a full fetch's partitions (named by id: `uses_topic_ids`), or None when no slot is
+        free or can be freed."""
         size = sum(len(topic.partitions) for topic in asked)
         now = self.clock_ms()
         if len(self.sessions) >= self.slots and not self._evict_for(size, now):
             return None
-        session = FetchSession(self._new_id(), now, now)
+        session = FetchSession(self._new_id(), now, now, uses_topic_ids=uses_topic_ids)
         session.update(asked, ())
         self.sessions[session.id] = session
         self.opened += 1

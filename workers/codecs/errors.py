@@ -57,6 +57,7 @@ UNSUPPORTED_SASL_MECHANISM = ErrorCode.unsupported_sasl_mechanism
 INVALID_RECORD = ErrorCode.invalid_record
 FETCH_SESSION_ID_NOT_FOUND = ErrorCode.fetch_session_id_not_found
 INVALID_FETCH_SESSION_EPOCH = ErrorCode.invalid_fetch_session_epoch
+FETCH_SESSION_TOPIC_ID_ERROR = ErrorCode.fetch_session_topic_id_error
 UNKNOWN_TOPIC_ID = ErrorCode.unknown_topic_id
 
 __all__ = [
@@ -101,4 +102,5 @@ __all__ = [
     "INVALID_RECORD",
     "FETCH_SESSION_ID_NOT_FOUND",
     "INVALID_FETCH_SESSION_EPOCH",
+    "FETCH_SESSION_TOPIC_ID_ERROR",
 ]
