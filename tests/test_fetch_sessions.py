@@ -11,7 +11,7 @@ import time
 import pytest
 from confluent_kafka import Consumer
 
-from pyspark_shmbroker import wire
+from shmbroker.clients import wire
 from scripts.harness import rawkafka as R
 from tests.test_clients import CLIENT_TIMEOUT_S, create_topic, produce
 from tests.test_node_protocol import connect
