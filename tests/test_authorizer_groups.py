@@ -57,11 +57,8 @@ class SecuredNode(AuthorizedNode):
 
 @pytest.fixture(scope="module")
 def secured(tmp_path_factory):
-    node = SecuredNode(tmp_path_factory.mktemp("authz-groups"))
-    try:
+    with SecuredNode(tmp_path_factory.mktemp("authz-groups")) as node:
         yield node
-    finally:
-        node.stop()
 
 
 def commit_body(group: str, offsets: dict[tuple[str, int], int]) -> bytes:
