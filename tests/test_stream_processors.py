@@ -122,8 +122,10 @@ def read_all(bootstrap: str, topic: str) -> list[tuple[bytes, bytes]]:
         consumer.close()
 
 
-def end_offset(bootstrap: str, topic: str) -> int:
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "watermarks"})
+def end_offset(bootstrap: str, topic: str, isolation: str = "read_uncommitted") -> int:
+    """The end of partition 0 as a reader of `isolation` sees it: the high watermark, or the LSO (0 while the
+    node does not answer)."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "watermarks", "isolation.level": isolation})
     try:
         return consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=TIMEOUT_S)[1]
     except Exception:
@@ -224,17 +226,6 @@ EOS_WORDS, EOS_RECORDS = 10, 6000
 QUIX_TRANSACTION_TIMEOUT_MS = 5000
 
 
-def end_offsets(bootstrap: str, topic: str, isolation: str) -> int:
-    """The end of partition 0 as a reader of `isolation` sees it: the high watermark, or the LSO."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "watermarks", "isolation.level": isolation})
-    try:
-        return consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=TIMEOUT_S)[1]
-    except Exception:
-        return 0
-    finally:
-        consumer.close()
-
-
 def committed_offset(bootstrap: str, group: str, topic: str) -> int:
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group})
     try:
@@ -269,8 +260,8 @@ def kill_inside_a_transaction(app: App, bootstrap: str, topic: str, at_least: in
     """SIGKILL the app once `topic` holds `at_least` records and its end is past its LSO: an open transaction
     of the app has written there, so the kill lands in its middle."""
     def open_transaction_past_the_mark() -> bool:
-        high = end_offsets(bootstrap, topic, "read_uncommitted")
-        return app.proc.poll() is not None or (high >= at_least and high > end_offsets(bootstrap, topic,
+        high = end_offset(bootstrap, topic, "read_uncommitted")
+        return app.proc.poll() is not None or (high >= at_least and high > end_offset(bootstrap, topic,
                                                                                         "read_committed"))
     try:
         assert waiting.poll(open_transaction_past_the_mark, TIMEOUT_S, 0.05) and app.proc.poll() is None, \
