@@ -19,11 +19,12 @@ import venv
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource
 
 from tests import waiting
 from tests.test_clients import create_topic
+from tests.test_transactions import consume_all
 
 pytestmark = pytest.mark.node
 REPO = Path(__file__).resolve().parent.parent
@@ -236,24 +237,7 @@ def committed_offset(bootstrap: str, group: str, topic: str) -> int:
 
 def read_values(bootstrap: str, topic: str, isolation: str = "read_committed") -> list[dict]:
     """Every value of partition 0 up to its end for `isolation` (the LSO for read_committed), as JSON."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"check-{time.monotonic_ns()}",
-                         "enable.auto.commit": False, "isolation.level": isolation, "enable.partition.eof": True})
-    consumer.assign([TopicPartition(topic, 0, 0)])
-    values = []
-    deadline = time.monotonic() + TIMEOUT_S
-    try:
-        while time.monotonic() < deadline:
-            msg = consumer.poll(0.5)
-            if msg is None:
-                continue
-            if msg.error():
-                if msg.error().code() == KafkaError._PARTITION_EOF:
-                    return values
-                raise KafkaException(msg.error())
-            values.append(json.loads(msg.value()))
-    finally:
-        consumer.close()
-    raise AssertionError(f"{topic} not read to its end in {TIMEOUT_S}s ({len(values)} values)")
+    return [json.loads(value) for value in consume_all(bootstrap, topic, isolation, timeout_s=TIMEOUT_S, must_end=True)]
 
 
 def kill_inside_a_transaction(app: App, bootstrap: str, topic: str, at_least: int) -> None:
