@@ -183,6 +183,20 @@ class PurgatoryImpl:
         return {"purges": p.purges, "levels": p.timer.levels}
 
 
+def pop_due(heap: list[tuple[int, int]], finished: bytearray, now_ms: int, mark: bool) -> list[int]:
+    """The requests of the heap's entries due by `now_ms` (popped) that are not `finished`, which marks them
+    finished with `mark`: the expiry step both heap baselines share."""
+    pop = heapq.heappop
+    expired = []
+    while heap and heap[0][0] <= now_ms:
+        _, i = pop(heap)
+        if not finished[i]:
+            if mark:
+                finished[i] = 1
+            expired.append(i)
+    return expired
+
+
 class HeapqTimer:
     """Baseline (a): a bare heapq timer. Inputs are Python lists (converted before timing) to be fair."""
 
@@ -208,13 +222,7 @@ class HeapqTimer:
         return c1 - c0
 
     def advance(self, now_ms: int) -> list[int]:
-        heap, cancelled, pop = self.heap, self.cancelled, heapq.heappop
-        expired = []
-        while heap and heap[0][0] <= now_ms:
-            _, i = pop(heap)
-            if not cancelled[i]:
-                expired.append(i)
-        return expired
+        return pop_due(self.heap, self.cancelled, now_ms, mark=False)
 
     def extra(self) -> dict:
         return {}
@@ -257,13 +265,8 @@ class Purgatory08:
         return done
 
     def advance(self, now_ms: int) -> list[int]:
-        heap, satisfied, pop = self.heap, self.satisfied, heapq.heappop
-        expired = []
-        while heap and heap[0][0] <= now_ms:
-            _, i = pop(heap)
-            if not satisfied[i]:
-                satisfied[i] = 1
-                expired.append(i)
+        heap, satisfied = self.heap, self.satisfied
+        expired = pop_due(heap, satisfied, now_ms, mark=True)
         if self.watched_total >= self.purge_interval:  # scan every watcher list
             total = 0
             for lst in self.watchers:

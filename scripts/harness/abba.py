@@ -20,6 +20,8 @@ import statistics
 import sys
 from typing import Iterator
 
+from scripts.harness.benchnode import DEFAULT_WORKERS
+
 RATIO_DIGITS = 4
 
 
@@ -81,7 +83,7 @@ def ab_parser(script: str, description: str, runs: int, runs_help: str, json_hel
     node and --json; the benchmark adds its own options."""
     parser = argparse.ArgumentParser(prog=f"python -m scripts.{script}", description=description.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=runs, help=runs_help)
-    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--workers", type=int, default=DEFAULT_WORKERS)
     parser.add_argument("--json", action="store_true", help=json_help)
     return parser
 
