@@ -5,9 +5,9 @@ itself, so ``spark.read.format("shmbroker")``, ``spark.readStream``, ``df.write`
 work in any new SparkSession. Modules: ``source`` (DefaultSource, schema), ``options`` (every option,
 checked), ``reader`` (batch and streaming reads), ``writer`` and ``producer`` (writes, the idempotent
 producer), ``records`` (record batches into Arrow), ``offsets`` (offset resolution, ranges, read
-limits), ``wire`` (the Kafka protocol client, kio), ``dependencies`` (kio, pyarrow and the rest, or an
-error saying how to run Spark with the Python that has them). A client package: it imports nothing of
-the node.
+limits), ``dependencies`` (kio, pyarrow and the rest, or an error saying how to run Spark with the
+Python that has them). It speaks Kafka's protocol through ``shmbroker.clients.wire`` (kio). A client
+package: of the node it imports only the record-batch codec.
 
 Importing the package needs pyspark only (see ``source``): Spark's Python workers must run a Python that
 has the dependencies too (PYSPARK_PYTHON, or the venv activated), and one that lacks them fails when the

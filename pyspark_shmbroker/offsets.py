@@ -25,8 +25,9 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Iterable, Mapping, TypeVar
 
+from pyspark_shmbroker import dependencies  # noqa: F401  (first: without them, an error saying what to do)
 from pyspark_shmbroker.options import EARLIEST, LATEST, ConsumerSettings, OffsetSpec, OptionError, Subscription
-from pyspark_shmbroker.wire import (
+from shmbroker.clients.wire import (
     EARLIEST_TIMESTAMP,
     LATEST_TIMESTAMP,
     BrokerError,

@@ -25,7 +25,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from pyspark_shmbroker.wire import ISOLATION_LEVELS, TopicPartition, parse_servers
+from pyspark_shmbroker import dependencies  # noqa: F401  (first: without them, an error saying what to do)
+from shmbroker.clients.wire import ISOLATION_LEVELS, TopicPartition, parse_servers
 
 EARLIEST = -2
 LATEST = -1

@@ -44,7 +44,7 @@ from kio.schema.errors import ErrorCode
 from shmbroker.node.storage import compression
 from shmbroker.node.storage.records import BATCH_HEADER_SIZE, NO_PARTITION_LEADER_EPOCH, pack_header, set_producer
 from pyspark_shmbroker.options import ProducerSettings
-from pyspark_shmbroker.wire import (
+from shmbroker.clients.wire import (
     BrokerError,
     Connection,
     NodeUnavailable,

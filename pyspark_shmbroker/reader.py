@@ -54,8 +54,8 @@ from pyspark_shmbroker.offsets import (
 from pyspark_shmbroker.options import SourceOptions
 from shmbroker.node.storage.records import iter_batches
 from pyspark_shmbroker.records import decode_record_set
-from pyspark_shmbroker.wire import (EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, BrokerError, Connection, TopicPartition,
-                                    fetch_request, list_offsets)
+from shmbroker.clients.wire import (EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, BrokerError, Connection, TopicPartition,
+                                   fetch_request, list_offsets)
 
 log = logging.getLogger("pyspark_shmbroker")
 

@@ -133,7 +133,7 @@ def decode_record_set(records: bytes | memoryview, topic: str, partition: int, *
     transactional batches of the aborted transactions listed as (producer id, first offset).
 
     `buffer`, when given, is the buffer `records` is a view of, starting at `records_at`, with at least
-    16 spare bytes after it (wire.FRAME_SLACK): uncompressed records are then decoded in place, with no
+    16 spare bytes after it (shmbroker.clients.wire.FRAME_SLACK): uncompressed records are then decoded in place, with no
     copy into an arena of their own."""
     view = memoryview(records)
     pos, end = 0, len(view)

@@ -42,7 +42,7 @@ from pyspark.sql.types import ArrayType, BinaryType, IntegerType, StringType, St
 
 from pyspark_shmbroker.options import SinkOptions
 from pyspark_shmbroker.producer import CODECS, IdempotentProducer, WriteError, encode_partition, murmur2
-from pyspark_shmbroker.wire import TopicPartition
+from shmbroker.clients.wire import TopicPartition
 
 log = logging.getLogger("pyspark_shmbroker")
 ROW_CHUNK = 8192

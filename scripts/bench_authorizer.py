@@ -20,7 +20,6 @@ Only 127.0.0.1 is used; every measurement and wait is bounded in time; the node 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import sys
@@ -29,8 +28,7 @@ import time
 from pathlib import Path
 
 from shmbroker.node.storage.acls import AclBinding, AclStore, Operation, PatternType, Permission, ResourceType
-from scripts.harness import benchnode
-from scripts.harness.abba import AlternatingRounds
+from scripts.harness import abba, benchnode
 from scripts.harness.nodeproc import NodeProcess
 from scripts.producer_perf import RawProduceLoad, run_raw_producer
 
@@ -81,21 +79,15 @@ def measure(node: NodeProcess, args: argparse.Namespace) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m scripts.bench_authorizer", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--runs", type=int, default=6, help="rounds: a step of each mode")
-    parser.add_argument("--seconds", type=float, default=5.0, help="length of each measurement")
-    parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--partitions", type=int, default=4)
-    parser.add_argument("--connections", type=int, default=4)
-    parser.add_argument("--inflight", type=int, default=8)
+    parser = abba.ab_parser(SCRIPT, __doc__, 6, "rounds: a step of each mode", "one JSON document on stdout")
+    abba.add_pipeline_arguments(parser)
     parser.add_argument("--other-acls", type=int, default=1000, help="ACLs of other principals on the node")
     parser.add_argument("--control", action="store_true",
                         help="the authorizer off in both modes (an A/A run: the bench's own noise)")
-    parser.add_argument("--json", action="store_true", help="one JSON document on stdout")
     args = parser.parse_args(argv)
     if args.runs < 1 or args.seconds <= 0 or args.other_acls < 0:
         parser.error("--runs and --seconds must be positive, --other-acls at least 0")
-    rounds = AlternatingRounds("authorizer_on", "authorizer_off", args.runs)
+    rounds = abba.AlternatingRounds("authorizer_on", "authorizer_off", args.runs)
     settings = CONTROL_SETTINGS if args.control else SETTINGS
     with tempfile.TemporaryDirectory(prefix="bench-authorizer-") as work_dir:
         work = Path(work_dir)
@@ -114,18 +106,13 @@ def main(argv: list[str] | None = None) -> int:
                     reload_config(node, current, reloads * args.workers)
                 values = measure(node, args)
                 rounds.record(round_index, mode, values)
-                print(f"{SCRIPT}: round {round_index} {mode}: "
-                      + ", ".join(f"{k} {v:,.1f}" for k, v in values.items()), file=sys.stderr, flush=True)
+                abba.log_step(SCRIPT, round_index, mode, values)
         finally:
             node.stop()
     report = {"script": SCRIPT, "workers": args.workers, "seconds": args.seconds, "other_acls": args.other_acls,
               "control": args.control, "reloads": reloads,
               "metrics": {metric: rounds.compare(metric, 2) for metric in METRICS}}
-    if args.json:
-        print(json.dumps(report))
-    else:
-        for metric, summary in report["metrics"].items():
-            print(f"{metric}: {summary}")
+    abba.print_report(report, args.json)
     return 0
 
 

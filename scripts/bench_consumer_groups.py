@@ -28,7 +28,6 @@ import random
 import struct
 import sys
 import time
-from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -43,6 +42,7 @@ from scripts.harness.rawkafka import millis as ms, request_body as kio_body, req
 from shmbroker.workers.codecs import protocol as P
 
 SCRIPT = "bench_consumer_groups"
+WORKLOADS = ("heartbeat", "rebalance")
 HB, HB_V = P.CONSUMER_GROUP_HEARTBEAT, 1
 TOPIC = "bench-consumer-groups"
 SETUP_WINDOW = 500  # heartbeats in flight while groups form
@@ -160,14 +160,9 @@ def run_heartbeat(args, target, server_cpu_s: Callable[[], float] | None = None)
         members = [m for g in groups for m in g]
         steady = [driver.steady_frame(m) for m in members]
         frames = list(steady)  # each member's next heartbeat: steady, or acknowledging a new assignment
-        period_ns = args.heartbeat_ms * 1_000_000
-        rng = random.Random(1)
-        start = time.monotonic_ns() + 100_000_000
-        due = deque(sorted((start + rng.randrange(period_ns), i) for i in range(len(members))))
         latencies: list[int] = []
         bad: set[int] = set()
         error_codes: dict[int, int] = {}
-        end = start + int(args.seconds * 1e9)
 
         def answered(index: int, sent_ns: int) -> Callable:
             def callback(body: bytes, received_ns: int) -> None:
@@ -190,21 +185,13 @@ def run_heartbeat(args, target, server_cpu_s: Callable[[], float] | None = None)
                     frames[index] = steady[index]
             return callback
 
+        def send(index: int) -> None:
+            mux.send_frame(members[index].conn, HB, HB_V, frames[index], answered(index, time.monotonic_ns()))
+
         progress(f"{len(members)} members heartbeating every {args.heartbeat_ms} ms for {args.seconds} s")
         cpu_before = server_cpu_s() if server_cpu_s else None
         with benchnode.CpuMeter(target.node) as meter:
-            while True:
-                now = time.monotonic_ns()
-                if now >= end and not due:
-                    break
-                while due and due[0][0] <= now:
-                    when, index = due.popleft()
-                    mux.send_frame(members[index].conn, HB, HB_V, frames[index], answered(index, time.monotonic_ns()))
-                    if when + period_ns < end:
-                        due.append((when + period_ns, index))
-                wait = (due[0][0] - time.monotonic_ns()) / 1e9 if due else 0.01
-                mux.poll(max(0.0, min(wait, 0.005)))
-            mux.run_until(lambda: mux.pending() == 0, 30, "the last heartbeat answers")
+            mux.run_paced(len(members), args.heartbeat_ms, args.seconds, send, progress)
         return benchnode.result_row(SCRIPT, "raw", len(latencies), args.seconds, None, latencies, workload="heartbeat",
                                     protocol="consumer", members=len(members), groups=count,
                                     heartbeat_ms=args.heartbeat_ms, members_with_errors=len(bad),
@@ -293,45 +280,30 @@ def print_table(rows: list[dict]) -> None:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m scripts.bench_consumer_groups",
-                                     description=__doc__.split("\n\n")[0])
-    benchnode.add_common_arguments(parser, default_seconds=60)
-    parser.add_argument("--workload", action="append", choices=["heartbeat", "rebalance"])
-    parser.add_argument("--members", type=int, default=10_000)
-    parser.add_argument("--group-size", type=int, default=10)
+    parser = bench_groups.group_bench_parser(SCRIPT, __doc__, WORKLOADS, heartbeat_ms=5000, rebalance_rounds=5,
+                                             setup_timeout_s=300.0)
     parser.add_argument("--partitions", type=int, default=10, help="of the topic every group subscribes to")
-    parser.add_argument("--heartbeat-ms", type=int, default=5000)
-    parser.add_argument("--connections", type=int, default=32)
     parser.add_argument("--rebalance-timeout-ms", type=int, default=60_000)
-    parser.add_argument("--rebalance-members", type=int, default=100)
     parser.add_argument("--rebalance-partitions", type=int, default=200)
     parser.add_argument("--rebalance-heartbeat-ms", type=int, default=50)
     parser.add_argument("--rebalance-unreleased-heartbeat-ms", type=int, default=5,
                         help="the node's interval for a member waiting for partitions (0: off, as Kafka); "
                              "default a tenth of the interval, as the node's defaults (500 of 5000)")
-    parser.add_argument("--rebalance-rounds", type=int, default=5)
-    parser.add_argument("--setup-timeout-s", type=float, default=300.0)
     args = parser.parse_args(argv)
-    workloads = args.workload or ["heartbeat", "rebalance"]
+    workloads = args.workload or WORKLOADS
     # Sessions outlive the bench's setup; the node's heartbeat interval is what the rebalance members use.
     config = ("[groups]\nmin_session_timeout_ms = 500\nconsumer_session_timeout_ms = 600000\n"
               "consumer_max_session_timeout_ms = 600000\nconsumer_min_heartbeat_interval_ms = 1\n"
               f"consumer_max_heartbeat_interval_ms = {max(15_000, args.rebalance_heartbeat_ms)}\n"
               f"consumer_heartbeat_interval_ms = {args.rebalance_heartbeat_ms}\n"
               f"consumer_unreleased_heartbeat_interval_ms = {args.rebalance_unreleased_heartbeat_ms}\n")
-    rows = []
     with benchnode.node_for(args, config_toml=config) as target:
         partitions = max(args.partitions, args.rebalance_partitions)
         benchnode.create_topic(target.host, target.port, TOPIC, partitions)
         args.partitions = args.rebalance_partitions = partitions
-        for workload in workloads:
-            if workload == "heartbeat":
-                new = [run_heartbeat(args, target)]
-            else:
-                new = [run_rebalance(args, target), run_classic_rebalance(args, target)]
-            for row in new:
-                benchnode.emit(row, args.json)
-            rows += new
+        rows = benchnode.run_workloads(workloads, {
+            "heartbeat": lambda: [run_heartbeat(args, target)],
+            "rebalance": lambda: [run_rebalance(args, target), run_classic_rebalance(args, target)]}, args.json)
     if not args.json:
         print_table(rows)
     return 0

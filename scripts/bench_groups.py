@@ -31,7 +31,7 @@ import sys
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 from kio.static.primitive import i32, i64
@@ -42,6 +42,7 @@ from scripts.harness.rawkafka import millis as ms, request_body as kio_body, req
 from shmbroker.workers.codecs import protocol as P
 
 SCRIPT = "bench_groups"
+WORKLOADS = ("heartbeat", "rebalance", "failure", "commit")
 JOIN_V, SYNC_V, HEARTBEAT_V, COMMIT_V = 5, 3, 3, 7
 MEMBER_ID_REQUIRED, REBALANCE_IN_PROGRESS = 79, 27
 TOPIC = "bench-groups"
@@ -152,6 +153,36 @@ class Mux:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"timed out after {timeout_s} s waiting for {what}")
             self.poll(0.01)
+
+    def run_paced(self, members: int, period_ms: int, seconds: float, send: Callable[[int], None],
+                  progress: Callable[[str], None]) -> int:
+        """Members 0..`members`-1 each send a request every `period_ms` for `seconds` (send(index): member
+        index's, now), each at a phase of its own (seeded: the same phases in every run), from 0.1 s on; then
+        waits for the last answers. Returns the requests sent; reports progress every 10 s."""
+        period_ns = period_ms * 1_000_000
+        rng = random.Random(1)
+        start = time.monotonic_ns() + 100_000_000
+        due = deque(sorted((start + rng.randrange(period_ns), i) for i in range(members)))
+        end = start + int(seconds * 1e9)
+        sent = 0
+        next_report = time.monotonic() + 10
+        while True:
+            now = time.monotonic_ns()
+            if now >= end and not due:
+                break
+            while due and due[0][0] <= now:
+                when, index = due.popleft()
+                send(index)
+                sent += 1
+                if when + period_ns < end:
+                    due.append((when + period_ns, index))
+            wait = (due[0][0] - time.monotonic_ns()) / 1e9 if due else 0.01
+            self.poll(max(0.0, min(wait, 0.005)))
+            if time.monotonic() > next_report:
+                next_report += 10
+                progress(f"  {sent} sent, {self.pending()} unanswered")
+        self.run_until(lambda: self.pending() == 0, 30, "the last answers")
+        return sent
 
     def close(self) -> None:
         for conn in self.conns:
@@ -274,16 +305,8 @@ def run_heartbeat(args, target, server_cpu_s: Callable[[], float] | None = None)
         groups = form_groups(mux, "heartbeat", args.members // args.group_size, args.group_size, args.session_ms,
                              args.session_ms, 4, args.setup_timeout_s)
         members = [(g, m, g.heartbeat_frame(m)) for g in groups for m in g.members]
-        period_ns = args.heartbeat_ms * 1_000_000
-        rng = random.Random(1)
-        start = time.monotonic_ns() + 100_000_000
-        schedule = [(start + rng.randrange(period_ns), i) for i in range(len(members))]
-        schedule.sort()
-        due = deque(schedule)
         latencies: list[int] = []
         bad: set[int] = set()
-        sent = 0
-        end = start + int(args.seconds * 1e9)
 
         def answered(index: int, sent_ns: int) -> Callable:
             def callback(body: bytes, received_ns: int) -> None:
@@ -293,29 +316,15 @@ def run_heartbeat(args, target, server_cpu_s: Callable[[], float] | None = None)
                     bad.add(index)
             return callback
 
+        def send(index: int) -> None:
+            group, member, frame = members[index]
+            mux.send_frame(member.conn, P.HEARTBEAT, HEARTBEAT_V, frame, answered(index, time.monotonic_ns()))
+
         progress(f"{len(members)} members heartbeating every {args.heartbeat_ms} ms for {args.seconds} s")
-        next_report = time.monotonic() + 10
         cpu_before = server_cpu_s() if server_cpu_s else None
         with benchnode.CpuMeter(target.node) as meter:
-            while True:
-                now = time.monotonic_ns()
-                if now >= end and not due:
-                    break
-                while due and due[0][0] <= now:
-                    when, index = due.popleft()
-                    group, member, frame = members[index]
-                    mux.send_frame(member.conn, P.HEARTBEAT, HEARTBEAT_V, frame, answered(index, time.monotonic_ns()))
-                    sent += 1
-                    if when + period_ns < end:
-                        due.append((when + period_ns, index))
-                wait = (due[0][0] - time.monotonic_ns()) / 1e9 if due else 0.01
-                mux.poll(max(0.0, min(wait, 0.005)))
-                if time.monotonic() > next_report:
-                    next_report += 10
-                    progress(f"  {sent} heartbeats sent, {len(latencies)} answered")
-            mux.run_until(lambda: mux.pending() == 0, 30, "the last heartbeat answers")
-        seconds = args.seconds
-        return benchnode.result_row(SCRIPT, "raw", len(latencies), seconds, None, latencies, workload="heartbeat",
+            mux.run_paced(len(members), args.heartbeat_ms, args.seconds, send, progress)
+        return benchnode.result_row(SCRIPT, "raw", len(latencies), args.seconds, None, latencies, workload="heartbeat",
                                     members=len(members), groups=len(groups), heartbeat_ms=args.heartbeat_ms,
                                     members_with_errors=len(bad), target_p99_ms=5.0, **meter.fields,
                                     server_cpu_s=round(server_cpu_s() - cpu_before, 3) if server_cpu_s else None)
@@ -480,17 +489,28 @@ def print_table(rows: list[dict]) -> None:
         print(f"{w:12} {setting:24} {result:44} {goal}")
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m scripts.bench_groups", description=__doc__.split("\n\n")[0])
+def group_bench_parser(script: str, description: str, workloads: Sequence[str], heartbeat_ms: int,
+                       rebalance_rounds: int, setup_timeout_s: float) -> argparse.ArgumentParser:
+    """The command line both group benchmarks (this one, the classic protocol's, and bench_consumer_groups,
+    KIP-848's) start with: the node's options, the workloads, the heartbeating members and the rebalancing
+    group, with each one's defaults."""
+    parser = argparse.ArgumentParser(prog=f"python -m scripts.{script}", description=description.split("\n\n")[0])
     benchnode.add_common_arguments(parser, default_seconds=60)
-    parser.add_argument("--workload", action="append", choices=["heartbeat", "rebalance", "failure", "commit"])
+    parser.add_argument("--workload", action="append", choices=workloads)
     parser.add_argument("--members", type=int, default=10_000)
     parser.add_argument("--group-size", type=int, default=10)
-    parser.add_argument("--heartbeat-ms", type=int, default=1000)
-    parser.add_argument("--session-ms", type=int, default=30_000)
+    parser.add_argument("--heartbeat-ms", type=int, default=heartbeat_ms)
     parser.add_argument("--connections", type=int, default=32)
     parser.add_argument("--rebalance-members", type=int, default=100)
-    parser.add_argument("--rebalance-rounds", type=int, default=10)
+    parser.add_argument("--rebalance-rounds", type=int, default=rebalance_rounds)
+    parser.add_argument("--setup-timeout-s", type=float, default=setup_timeout_s)
+    return parser
+
+
+def main(argv=None) -> int:
+    parser = group_bench_parser(SCRIPT, __doc__, WORKLOADS, heartbeat_ms=1000, rebalance_rounds=10,
+                                setup_timeout_s=120.0)
+    parser.add_argument("--session-ms", type=int, default=30_000)
     parser.add_argument("--failure-members", type=int, default=5)
     parser.add_argument("--failure-partitions", type=int, default=10)
     parser.add_argument("--failure-session-ms", type=int, default=3000)
@@ -498,22 +518,13 @@ def main(argv=None) -> int:
     parser.add_argument("--failure-rounds", type=int, default=3)
     parser.add_argument("--committers", type=int, action="append", help="default: 1, 10 and 100")
     parser.add_argument("--commit-seconds", type=float, default=10.0)
-    parser.add_argument("--setup-timeout-s", type=float, default=120.0)
     args = parser.parse_args(argv)
-    rows = []
     with benchnode.node_for(args, config_toml=NODE_CONFIG) as target:
-        for workload in args.workload or ["heartbeat", "rebalance", "failure", "commit"]:
-            if workload == "heartbeat":
-                new = [run_heartbeat(args, target)]
-            elif workload == "rebalance":
-                new = [run_rebalance(args, target)]
-            elif workload == "failure":
-                new = [run_failure(args, target)]
-            else:
-                new = [run_commit(args, target, c) for c in (args.committers or [1, 10, 100])]
-            for row in new:
-                benchnode.emit(row, args.json)
-            rows += new
+        rows = benchnode.run_workloads(args.workload or WORKLOADS, {
+            "heartbeat": lambda: [run_heartbeat(args, target)],
+            "rebalance": lambda: [run_rebalance(args, target)],
+            "failure": lambda: [run_failure(args, target)],
+            "commit": lambda: [run_commit(args, target, c) for c in (args.committers or [1, 10, 100])]}, args.json)
     if not args.json:
         print_table(rows)
     return 0

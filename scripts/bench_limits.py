@@ -31,8 +31,7 @@ import sys
 import time
 
 from scripts import e2e_latency, producer_perf
-from scripts.harness import benchnode
-from scripts.harness.abba import AlternatingRounds
+from scripts.harness import abba, benchnode
 from scripts.harness.nodeproc import LOOPBACK, NodeProcess
 
 SCRIPT = "bench_limits"
@@ -75,18 +74,16 @@ def measure_e2e(node: NodeProcess, topic: str, args: argparse.Namespace) -> dict
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m scripts.bench_limits", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--runs", type=int, default=10, help="rounds: one slice of each load on each node")
-    parser.add_argument("--workers", type=int, default=2)
+    parser = abba.ab_parser(SCRIPT, __doc__, 10, "rounds: one slice of each load on each node",
+                            "one JSON object per measurement and a summary")
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--producer-seconds", type=float, default=3.0)
     parser.add_argument("--e2e-seconds", type=float, default=3.0)
-    parser.add_argument("--json", action="store_true", help="one JSON object per measurement and a summary")
     args = parser.parse_args(argv)
     if args.runs < 1 or args.workers < 1 or args.partitions < 1 or args.producer_seconds <= 0 \
             or args.e2e_seconds <= 0:
         parser.error("counts and durations must be positive")
-    rounds = AlternatingRounds("on", "off", args.runs)
+    rounds = abba.AlternatingRounds("on", "off", args.runs)
     started = time.monotonic()
     with contextlib.ExitStack() as stack:
         nodes = {mode: stack.enter_context(NodeProcess(workers=args.workers, config=config, announce=True))

@@ -19,7 +19,6 @@ Only 127.0.0.1; every phase is bounded in time. Usage:
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import threading
@@ -29,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from shmbroker.clients.priority import level_of, level_topic
-from scripts.harness import benchnode
+from scripts.harness import abba, benchnode
 from scripts.harness import rawkafka as R
 from scripts.harness.nodeproc import NodeProcess
 
@@ -209,9 +208,8 @@ def plot(rows: list[dict], path: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m scripts.bench_priority", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--workers", type=int, default=benchnode.DEFAULT_WORKERS)
-    parser.add_argument("--runs", type=int, default=3, help="trials of each mode, alternating (default %(default)s)")
+    parser = abba.ab_parser(SCRIPT, __doc__, 3, "trials of each mode, alternating (default %(default)s)",
+                            "one JSON object per line")
     parser.add_argument("--backlog", type=int, default=60_000, help="records waiting on each level at the start")
     parser.add_argument("--arrival-rate", type=float, default=1000.0, help="level-2 records/s during the trial")
     parser.add_argument("--consume-rate", type=float, default=30_000.0, help="records/s the consumer processes")
@@ -220,7 +218,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fetch-max-bytes", type=int, default=256 * 1024)
     parser.add_argument("--prefetch-kbytes", type=int, default=256, help="librdkafka queued.max.messages.kbytes")
     parser.add_argument("--plot", help="PNG path of the plot")
-    parser.add_argument("--json", action="store_true", help="one JSON object per line")
     args = parser.parse_args(argv)
     if args.runs < 1 or args.backlog < BACKLOG_BATCH or args.consume_rate <= 0 or args.arrival_rate <= 0:
         parser.error("--runs >= 1, --backlog >= 50, positive rates")

@@ -183,6 +183,20 @@ class PurgatoryImpl:
         return {"purges": p.purges, "levels": p.timer.levels}
 
 
+def pop_due(heap: list[tuple[int, int]], finished: bytearray, now_ms: int, mark: bool) -> list[int]:
+    """The requests of the heap's entries due by `now_ms` (popped) that are not `finished`, which marks them
+    finished with `mark`: the expiry step both heap baselines share."""
+    pop = heapq.heappop
+    expired = []
+    while heap and heap[0][0] <= now_ms:
+        _, i = pop(heap)
+        if not finished[i]:
+            if mark:
+                finished[i] = 1
+            expired.append(i)
+    return expired
+
+
 class HeapqTimer:
     """Baseline (a): a bare heapq timer. Inputs are Python lists (converted before timing) to be fair."""
 
@@ -208,13 +222,7 @@ class HeapqTimer:
         return c1 - c0
 
     def advance(self, now_ms: int) -> list[int]:
-        heap, cancelled, pop = self.heap, self.cancelled, heapq.heappop
-        expired = []
-        while heap and heap[0][0] <= now_ms:
-            _, i = pop(heap)
-            if not cancelled[i]:
-                expired.append(i)
-        return expired
+        return pop_due(self.heap, self.cancelled, now_ms, mark=False)
 
     def extra(self) -> dict:
         return {}
@@ -257,13 +265,8 @@ class Purgatory08:
         return done
 
     def advance(self, now_ms: int) -> list[int]:
-        heap, satisfied, pop = self.heap, self.satisfied, heapq.heappop
-        expired = []
-        while heap and heap[0][0] <= now_ms:
-            _, i = pop(heap)
-            if not satisfied[i]:
-                satisfied[i] = 1
-                expired.append(i)
+        heap, satisfied = self.heap, self.satisfied
+        expired = pop_due(heap, satisfied, now_ms, mark=True)
         if self.watched_total >= self.purge_interval:  # scan every watcher list
             total = 0
             for lst in self.watchers:
@@ -408,6 +411,24 @@ def run_child(args) -> dict:
 
 
 # --------------------------------------------------------------------------- parent
+# The run's whole-number options, declared once: name -> (default, smallest allowed or None, help). The parent
+# passes each to its children as given, but REPEAT (its own).
+WHOLE_NUMBER_OPTIONS: dict[str, tuple[int, int | None, str | None]] = {
+    "requests": (1_000_000, 1, None),
+    "timeout-ms": (200, 1, None),
+    "tick-ms": (1, 1, None),
+    "wheel-size": (20, 1, None),
+    "keys-per-request": (3, 1, None),
+    "key-space": (100, 1, None),
+    "purge-interval": (1000, 0, "Kafka's default: 1000"),
+    "step-ms": (1, 1, "virtual clock: time per owner wake-up (default 1 tick)"),
+    "outstanding": (0, 0, "timers preloaded hours away before the run"),
+    "repeat": (1, 1, "runs per configuration; the median is reported"),
+    "seed": (1, None, None),
+}
+REPEAT = "repeat"
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(prog="python -m scripts.bench_purgatory", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
@@ -417,31 +438,19 @@ def parse_args(argv=None):
     p.add_argument("--case", choices=tuple(CASES), action="append",
                    help="low (pct75/pct50 = 60/20 ms) or high (400/200 ms); repeatable; default both")
     p.add_argument("--rate", type=float, action="append", help="requests/s; repeatable; default 100k and 1M")
-    p.add_argument("--requests", type=int, default=1_000_000)
     p.add_argument("--pct75", type=float, help="custom latency 75th percentile, ms (with --pct50)")
     p.add_argument("--pct50", type=float, help="custom latency median, ms (with --pct75)")
-    p.add_argument("--timeout-ms", type=int, default=200)
-    p.add_argument("--tick-ms", type=int, default=1)
-    p.add_argument("--wheel-size", type=int, default=20)
-    p.add_argument("--keys-per-request", type=int, default=3)
-    p.add_argument("--key-space", type=int, default=100)
-    p.add_argument("--purge-interval", type=int, default=1000, help="Kafka's default: 1000")
-    p.add_argument("--step-ms", type=int, default=1, help="virtual clock: time per owner wake-up (default 1 tick)")
-    p.add_argument("--outstanding", type=int, default=0, help="timers preloaded hours away before the run")
-    p.add_argument("--repeat", type=int, default=1, help="runs per configuration; the median is reported")
-    p.add_argument("--seed", type=int, default=1)
+    for name, (default, _, help_text) in WHOLE_NUMBER_OPTIONS.items():
+        p.add_argument(f"--{name}", type=int, default=default, help=help_text)
     p.add_argument("--json", action="store_true", help="one JSON object per line")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     unknown = [i for i in args.impl if i not in IMPLS]
     if unknown:
         p.error(f"unknown --impl {unknown}; choose from {IMPLS}")
-    for name in ("requests", "timeout_ms", "tick_ms", "wheel_size", "keys_per_request", "key_space", "step_ms",
-                 "repeat"):
-        if getattr(args, name) < 1:
-            p.error(f"--{name.replace('_', '-')} must be >= 1")
-    if args.purge_interval < 0 or args.outstanding < 0:
-        p.error("--purge-interval and --outstanding must be >= 0")
+    for name, (_, smallest, _) in WHOLE_NUMBER_OPTIONS.items():
+        if smallest is not None and getattr(args, name.replace("-", "_")) < smallest:
+            p.error(f"--{name} must be >= {smallest}")
     if (args.pct75 is None) != (args.pct50 is None) or (args.pct75 is not None and not 0 < args.pct50 < args.pct75):
         p.error("--pct75 and --pct50 go together, with 0 < pct50 < pct75")
     if args.rate and any(r <= 0 for r in args.rate):
@@ -453,11 +462,10 @@ def parse_args(argv=None):
 
 def child_argv(args, impl: str, case: str, rate: float) -> list[str]:
     argv = [sys.executable, "-m", "scripts.bench_purgatory", "--child", "--impl", impl, "--rate", repr(rate),
-            "--clock", args.clock, "--requests", str(args.requests), "--timeout-ms", str(args.timeout_ms),
-            "--tick-ms", str(args.tick_ms), "--wheel-size", str(args.wheel_size),
-            "--keys-per-request", str(args.keys_per_request), "--key-space", str(args.key_space),
-            "--purge-interval", str(args.purge_interval), "--step-ms", str(args.step_ms),
-            "--outstanding", str(args.outstanding), "--seed", str(args.seed)]
+            "--clock", args.clock]
+    for name in WHOLE_NUMBER_OPTIONS:
+        if name != REPEAT:
+            argv += [f"--{name}", str(getattr(args, name.replace("-", "_")))]
     if case == "custom":
         argv += ["--pct75", repr(args.pct75), "--pct50", repr(args.pct50)]
     else:

@@ -14,7 +14,6 @@ Only 127.0.0.1; bounded by --runs x 2 x (--seconds + node start). Usage:
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
@@ -24,8 +23,7 @@ from typing import Any
 
 import psutil
 
-from scripts.harness import benchnode
-from scripts.harness.abba import AlternatingRounds
+from scripts.harness import abba, benchnode
 from scripts.harness.nodeproc import NodeProcess
 
 SCRIPT = "bench_quotas"
@@ -65,16 +63,14 @@ def cpu_seconds(process: psutil.Process) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m scripts.bench_quotas", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--workers", type=int, default=benchnode.DEFAULT_WORKERS)
-    parser.add_argument("--runs", type=int, default=6, help="pairs of trials, the order alternating (even)")
+    parser = abba.ab_parser(SCRIPT, __doc__, 6, "pairs of trials, the order alternating (even)",
+                            "one JSON object per line")
     parser.add_argument("--settle-s", type=float, default=2.0, help="pause after the sync before each trial")
     parser.add_argument("--seconds", type=float, default=8.0, help="producer time per trial")
-    parser.add_argument("--json", action="store_true", help="one JSON object per line")
     args = parser.parse_args(argv)
     if args.runs < 1 or args.seconds <= 0:
         parser.error("--runs >= 1 and --seconds > 0")
-    rounds = AlternatingRounds("on", "off", args.runs)
+    rounds = abba.AlternatingRounds("on", "off", args.runs)
     rows = []
     for run, mode in rounds.steps():
         progress(f"run {run + 1}/{args.runs}: quotas {mode}")

@@ -19,7 +19,6 @@ Only 127.0.0.1 is used; every measurement is bounded in time; the node is stoppe
 from __future__ import annotations
 
 import argparse
-import json
 import socket
 import ssl
 import struct
@@ -28,14 +27,12 @@ import tempfile
 import time
 from pathlib import Path
 
-import trustme
 from confluent_kafka import Consumer, Producer, TopicPartition
 from scramp import ScramClient
 
 from shmbroker.node.storage.users import UsersStore
-from scripts.harness import benchnode
+from scripts.harness import abba, benchnode
 from scripts.harness import rawkafka as R
-from scripts.harness.abba import AlternatingRounds
 from scripts.harness.nodeproc import LOOPBACK, NodeProcess, free_port
 
 SCRIPT = "bench_security"
@@ -47,6 +44,8 @@ TIMEOUT_S = 60.0
 
 class Listeners:
     def __init__(self, work: Path) -> None:
+        import trustme  # the test extra's: the module imports with the node's dependencies alone
+
         ca = trustme.CA()
         self.ca = str(work / "ca.pem")
         self.server = str(work / "server.pem")
@@ -131,17 +130,14 @@ def measure_connects(mode: str, port: int, context: ssl.SSLContext, args: argpar
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m scripts.bench_security", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--runs", type=int, default=4, help="rounds: each load on each listener")
-    parser.add_argument("--workers", type=int, default=2)
+    parser = abba.ab_parser(SCRIPT, __doc__, 4, "rounds: each load on each listener", "one JSON document on stdout")
     parser.add_argument("--records", type=int, default=200_000)
     parser.add_argument("--record-bytes", type=int, default=100)
     parser.add_argument("--connect-seconds", type=float, default=3.0)
-    parser.add_argument("--json", action="store_true", help="one JSON document on stdout")
     args = parser.parse_args(argv)
     if args.runs < 1 or args.records < 1 or args.connect_seconds <= 0:
         parser.error("--runs, --records and --connect-seconds must be positive")
-    rounds = AlternatingRounds("sasl_ssl", "plaintext", args.runs)
+    rounds = abba.AlternatingRounds("sasl_ssl", "plaintext", args.runs)
     with tempfile.TemporaryDirectory(prefix="bench-security-") as work_dir:
         work = Path(work_dir)
         listeners = Listeners(work)
@@ -158,17 +154,12 @@ def main(argv: list[str] | None = None) -> int:
                 port = node.port if mode == "plaintext" else listeners.sasl_ssl_port
                 values |= measure_connects(mode, port, context, args)
                 rounds.record(round_index, mode, values)
-                print(f"bench_security: round {round_index} {mode}: "
-                      + ", ".join(f"{k} {v:,.1f}" for k, v in values.items()), file=sys.stderr, flush=True)
+                abba.log_step(SCRIPT, round_index, mode, values)
         finally:
             node.stop()
     report = {"script": SCRIPT, "workers": args.workers, "records": args.records, "record_bytes": args.record_bytes,
               "metrics": {metric: rounds.compare(metric, 2) for metric in METRICS}}
-    if args.json:
-        print(json.dumps(report))
-    else:
-        for metric, summary in report["metrics"].items():
-            print(f"{metric}: {summary}")
+    abba.print_report(report, args.json)
     return 0
 
 

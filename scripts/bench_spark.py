@@ -35,18 +35,19 @@ import tempfile
 import time
 import timeit
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 import psutil
-import pyarrow as pa
 
 from shmbroker.node.storage.records import set_producer
-from pyspark_shmbroker import records as R
-from pyspark_shmbroker.options import ProducerSettings
-from pyspark_shmbroker.producer import IdempotentProducer, encode_partition
-from pyspark_shmbroker.wire import TopicPartition, parse_servers
+from shmbroker.clients.wire import TopicPartition, parse_servers
 from scripts.harness import benchnode, sparkjob
+
+# The connector and pyarrow (shmbroker[spark]) are imported where a measure needs them, so that the module
+# imports with the node's dependencies alone (tests/test_script_imports.py), as every script does.
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 SCRIPT = "bench_spark"
 READ_TARGET = 1_000_000
@@ -62,6 +63,8 @@ def progress(message: str) -> None:
 
 def fixed_values(first: int, count: int, size: int) -> pa.Array:
     """`count` values of `size` bytes, each starting with its index (8 bytes, big-endian)."""
+    import pyarrow as pa
+
     matrix = np.full((count, size), ord("x"), dtype=np.uint8)
     matrix[:, : min(8, size)] = (np.arange(first, first + count, dtype=">u8").view(np.uint8)
                                  .reshape(count, 8)[:, : min(8, size)])
@@ -71,6 +74,9 @@ def fixed_values(first: int, count: int, size: int) -> pa.Array:
 
 def fill_topic(bootstrap: str, topic: str, partitions: int, records: int, record_size: int) -> float:
     """The topic filled with the connector's own producer (outside Spark); returns records/s."""
+    from pyspark_shmbroker.options import ProducerSettings
+    from pyspark_shmbroker.producer import IdempotentProducer, encode_partition
+
     started = time.monotonic()
     producer = IdempotentProducer(ProducerSettings(servers=tuple(parse_servers(bootstrap))))
     try:
@@ -208,6 +214,11 @@ def run_stream(spark: Any, bootstrap: str, topic: str, max_offsets: int, checkpo
 
 def decode_figures(record_size: int) -> list[dict[str, Any]]:
     """ns per record of decode_record_set on one ~1 MiB batch: fixed-size and varying-size values."""
+    import pyarrow as pa
+
+    from pyspark_shmbroker import records as R
+    from pyspark_shmbroker.producer import encode_partition
+
     rng = np.random.default_rng(16)
     cases = {"fixed-size": fixed_values(0, DECODE_RECORDS, record_size),
              "varying-size": pa.array([b"v" * int(n) for n in rng.integers(record_size // 2, record_size * 3 // 2,

@@ -28,8 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from scripts import consumer_perf
-from scripts.harness import benchnode
-from scripts.harness.abba import AlternatingRounds
+from scripts.harness import abba, benchnode
 from scripts.harness.nodeproc import NodeProcess
 from scripts.producer_perf import RawProduceLoad, run_raw_producer
 
@@ -75,22 +74,16 @@ def measure(node: NodeProcess, args: argparse.Namespace, versions: Versions,
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m scripts.bench_versions", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--runs", type=int, default=6, help="rounds: a step of each mode")
-    parser.add_argument("--seconds", type=float, default=5.0, help="length of each measurement")
-    parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--partitions", type=int, default=4)
-    parser.add_argument("--connections", type=int, default=4)
-    parser.add_argument("--inflight", type=int, default=8)
+    parser = abba.ab_parser(SCRIPT, __doc__, 6, "rounds: a step of each mode", "one JSON document on stdout")
+    abba.add_pipeline_arguments(parser)
     parser.add_argument("--fetch-records", type=int, default=1_000_000, help="records in the consumed topic")
     parser.add_argument("--fetch-bytes", type=int, default=4 * 1024 * 1024, help="bytes asked per fetch")
     parser.add_argument("--control", action="store_true", help="the newest versions in both modes (A/A)")
-    parser.add_argument("--json", action="store_true", help="one JSON document on stdout")
     args = parser.parse_args(argv)
     if min(args.runs, args.partitions, args.connections, args.inflight, args.fetch_records) < 1 or args.seconds <= 0:
         parser.error("counts and --seconds must be positive")
     versions = {"newest": NEWEST, "non_flexible": NEWEST if args.control else NON_FLEXIBLE}
-    rounds = AlternatingRounds("newest", "non_flexible", args.runs)
+    rounds = abba.AlternatingRounds("newest", "non_flexible", args.runs)
     with tempfile.TemporaryDirectory(prefix="bench-versions-") as work_dir:
         node = NodeProcess(Path(work_dir), workers=args.workers, announce=True).start()
         try:
@@ -101,8 +94,7 @@ def main(argv: list[str] | None = None) -> int:
             for round_index, mode in rounds.steps():
                 values = measure(node, args, versions[mode], filled)
                 rounds.record(round_index, mode, values)
-                print(f"{SCRIPT}: round {round_index} {mode}: "
-                      + ", ".join(f"{k} {v:,.1f}" for k, v in values.items()), file=sys.stderr, flush=True)
+                abba.log_step(SCRIPT, round_index, mode, values)
         finally:
             node.stop()
     report = {"script": SCRIPT, "workers": args.workers, "seconds": args.seconds, "control": args.control,

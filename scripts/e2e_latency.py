@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from shmbroker.node.storage import records
-from pyspark_shmbroker import wire
+from shmbroker.clients import wire
 from scripts.harness import benchnode, rawkafka, results
 
 SCRIPT = "e2e_latency"

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import urllib.request
 from typing import Any
 
 import pytest
@@ -22,7 +21,7 @@ from kio.static.primitive import i8
 from scripts.harness import rawkafka as R
 from scripts.harness.nodeproc import CLI, REPO_ROOT, free_port
 from tests.test_security_sasl import PASSWORD, SaslNode, with_users
-from tests.test_stats_cli import stats_json
+from tests.test_stats_cli import stats_json, wait_for_metric
 from tests.waiting import wait_for
 from shmbroker.workers.codecs import protocol as P
 
@@ -38,16 +37,21 @@ def admin_for(sasl: SaslNode, user: str) -> AdminClient:
     return AdminClient(sasl.client("SCRAM-SHA-256", user, tls=False))
 
 
-def create(admin: AdminClient, *bindings: AclBinding) -> dict:
-    """binding -> None (created) or the error's name."""
-    outcome = {}
-    for binding, future in admin.create_acls(list(bindings), request_timeout=10).items():
+def outcomes(futures: dict) -> dict:
+    """What an AdminClient call's futures came to: each key -> None (done) or the error's name."""
+    found = {}
+    for key, future in futures.items():
         try:
             future.result(timeout=20)
-            outcome[binding] = None
+            found[key] = None
         except KafkaException as exc:
-            outcome[binding] = exc.args[0].name()
-    return outcome
+            found[key] = exc.args[0].name()
+    return found
+
+
+def create(admin: AdminClient, *bindings: AclBinding) -> dict:
+    """binding -> None (created) or the error's name."""
+    return outcomes(admin.create_acls(list(bindings), request_timeout=10))
 
 
 def describe_error(sasl: SaslNode, user: str) -> str | None:
@@ -161,11 +165,8 @@ def test_acls_cli_over_sasl_and_acls_survive_a_restart(sasl: SaslNode, tmp_path)
     refused = acls_cli(sasl, properties, "add", "--topic", "t", "--allow-principal", "User:alice", "--operation", "ALL")
     assert refused.returncode == 1 and "CLUSTER_AUTHORIZATION_FAILED" in refused.stderr
 
-    def scraped():
-        text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).read().decode()
-        return text if "kafka_security_authorizer_denials_total{request=\"CreateAcls\"" in text else None
-
-    text = wait_for(scraped, what="the denial in /metrics")
+    text = wait_for_metric(metrics_port, 'kafka_security_authorizer_denials_total{request="CreateAcls"',
+                           "the denial in /metrics")
     assert 'kafka_server_sasl_logins_total{listener="SASL",mechanism="SCRAM-SHA-256"}' in text
     assert 'kafka_security_authorizer_principal_denials_total{principal="User:alice",request="CreateAcls"} 1.0' in text
 

@@ -17,8 +17,8 @@ import time
 import pytest
 from kio.static.primitive import i32, i64
 
-from pyspark_shmbroker import wire
-from pyspark_shmbroker.wire import TopicPartition, millis
+from shmbroker.clients import wire
+from shmbroker.clients.wire import TopicPartition, millis
 from scripts.harness import rawkafka as R
 from scripts.harness.nodeproc import NodeProcess
 from shmbroker.node.config import ANSWER_WATCH_BREACH, NodeConfig

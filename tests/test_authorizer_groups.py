@@ -45,6 +45,11 @@ class SecuredNode(AuthorizedNode):
               permission: AclPermissionType = AclPermissionType.ALLOW) -> None:
         self.grant(AclBinding(resource_type, name, pattern, principal, "*", operation, permission))
 
+    def allow_alice(self, *grants: tuple[ResourceType, str, AclOperation]) -> None:
+        """ALLOW ACLs of alice, each (resource type, literal name, operation)."""
+        for resource_type, name, operation in grants:
+            self.add_acl("User:alice", resource_type, name, operation)
+
     def topic(self, name: str, partitions: int = 1) -> None:
         self.create_topic(name, partitions)
 
@@ -57,11 +62,8 @@ class SecuredNode(AuthorizedNode):
 
 @pytest.fixture(scope="module")
 def secured(tmp_path_factory):
-    node = SecuredNode(tmp_path_factory.mktemp("authz-groups"))
-    try:
+    with SecuredNode(tmp_path_factory.mktemp("authz-groups")) as node:
         yield node
-    finally:
-        node.stop()
 
 
 def commit_body(group: str, offsets: dict[tuple[str, int], int]) -> bytes:
@@ -499,9 +501,9 @@ def test_a_transactional_producer_needs_write_on_its_transactional_id(secured):
 
 def test_send_offsets_to_transaction_needs_read_on_the_group(secured):
     secured.topic("txo-topic")
-    secured.add_acl("User:alice", ResourceType.TOPIC, "txo-topic", AclOperation.WRITE)
-    secured.add_acl("User:alice", ResourceType.TOPIC, "txo-topic", AclOperation.READ)
-    secured.add_acl("User:alice", ResourceType.TRANSACTIONAL_ID, "alice-txo", AclOperation.WRITE)
+    secured.allow_alice((ResourceType.TOPIC, "txo-topic", AclOperation.WRITE),
+                        (ResourceType.TOPIC, "txo-topic", AclOperation.READ),
+                        (ResourceType.TRANSACTIONAL_ID, "alice-txo", AclOperation.WRITE))
     producer = transactional(secured, "alice", "alice-txo")
     producer.init_transactions(TIMEOUT_S)
     consumer = Consumer(secured.client("alice", **{"group.id": "txo-group"}))
@@ -529,10 +531,10 @@ def test_send_offsets_to_transaction_needs_read_on_the_group(secured):
 def test_a_transaction_needs_write_on_its_topics_read_on_committed_ones_and_write_on_its_id_to_end(secured):
     secured.topic("txp-writable")
     secured.topic("txp-readonly")
-    secured.add_acl("User:alice", ResourceType.TOPIC, "txp-writable", AclOperation.WRITE)
-    secured.add_acl("User:alice", ResourceType.TOPIC, "txp-readonly", AclOperation.DESCRIBE)
-    secured.add_acl("User:alice", ResourceType.GROUP, "txp-group", AclOperation.READ)
-    secured.add_acl("User:alice", ResourceType.TRANSACTIONAL_ID, "txp-id", AclOperation.WRITE)
+    secured.allow_alice((ResourceType.TOPIC, "txp-writable", AclOperation.WRITE),
+                        (ResourceType.TOPIC, "txp-readonly", AclOperation.DESCRIBE),
+                        (ResourceType.GROUP, "txp-group", AclOperation.READ),
+                        (ResourceType.TRANSACTIONAL_ID, "txp-id", AclOperation.WRITE))
     producer = transactional(secured, "alice", "txp-id")
     producer.init_transactions(TIMEOUT_S)
     consumer = Consumer(secured.client("alice", **{"group.id": "txp-group"}))

@@ -59,6 +59,12 @@ class SecuredNode:
         self.node = NodeProcess(work_dir, workers=workers, config=config, data_dir=data_dir).start()
         self._admin: AdminClient | None = None
 
+    def __enter__(self) -> "SecuredNode":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
     def stop(self) -> None:
         # Clients are gone before the node (no reconnection attempts to a stopped node, no client left for a later
         # test's forked child to destroy): pytest.raises keeps a test's frames, and their clients, in cycles.
@@ -138,11 +144,8 @@ CLUSTER = "kafka-cluster"
 
 @pytest.fixture(scope="module")
 def secured(tmp_path_factory):
-    node = SecuredNode(tmp_path_factory.mktemp("authz"))
-    try:
+    with SecuredNode(tmp_path_factory.mktemp("authz")) as node:
         yield node
-    finally:
-        node.stop()
 
 
 # -- raw requests ------------------------------------------------------------------------------------------------

@@ -35,6 +35,21 @@ def produce(bootstrap: str, topic: str, records: list[dict], **config) -> list:
     return delivered
 
 
+def produce_values(bootstrap: str, topic: str, values: list[bytes]) -> None:
+    """Keyless records of `values`, each acknowledged."""
+    produce(bootstrap, topic, [{"value": value} for value in values])
+
+
+def topic_with_values(bootstrap: str, topic: str, partitions: int, prefix: str, count: int,
+                      produced: int) -> list[bytes]:
+    """A new topic and `count` values "<prefix>0", "<prefix>1", ...; the first `produced` of them produced now
+    (the rest are the caller's to produce later)."""
+    create_topic(bootstrap, topic, partitions)
+    values = [f"{prefix}{i}".encode() for i in range(count)]
+    produce_values(bootstrap, topic, values[:produced])
+    return values
+
+
 def consume_all(bootstrap: str, topic: str, partitions: int, expected: int, *, at_least: bool = False,
                 **config) -> list:
     """Every record from offset 0: exactly `expected` of them, or with `at_least` all there are

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from pyspark_shmbroker.offsets import OffsetRange, limit_offsets, split_ranges
 from pyspark_shmbroker.options import OptionError, SinkOptions, SourceOptions
-from pyspark_shmbroker.wire import TopicPartition
+from shmbroker.clients.wire import TopicPartition
 
 REPO = Path(__file__).resolve().parent.parent
 BOOT = {"kafka.bootstrap.servers": "127.0.0.1:9092"}

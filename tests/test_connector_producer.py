@@ -15,7 +15,7 @@ from pyspark_shmbroker.offsets import OffsetRange, OffsetResolver
 from pyspark_shmbroker.options import ConsumerSettings, ProducerSettings, SourceOptions
 from pyspark_shmbroker.producer import IdempotentProducer, encode_partition
 from pyspark_shmbroker.reader import read_range
-from pyspark_shmbroker.wire import Connection, NodeUnavailable, TopicPartition, parse_servers
+from shmbroker.clients.wire import Connection, NodeUnavailable, TopicPartition, parse_servers
 
 RECORDS_PER_CHUNK = 2000
 CHUNKS = 40

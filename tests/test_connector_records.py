@@ -21,7 +21,7 @@ from shmbroker.node.storage.records import (NO_PARTITION_LEADER_EPOCH, ControlTy
                                             set_producer)
 from pyspark_shmbroker import producer as P
 from pyspark_shmbroker import records as R
-from pyspark_shmbroker.wire import TopicPartition
+from shmbroker.clients.wire import TopicPartition
 from tests.record_batches import recrc
 
 # Longer values repeat a short random pattern, so generating them costs little entropy.
@@ -252,7 +252,7 @@ def test_fetch_response_walk_matches_kio():
     from kio.static.constants import EntityType
     from kio.static.primitive import i16, i32, i32Timedelta, i64
 
-    from pyspark_shmbroker import wire
+    from shmbroker.clients import wire
 
     schema = load_payload_module(1, 11, EntityType.response)
     batch = kafka_python_batch(5, [(b"k", b"v", [], 0)] * 3)

@@ -20,7 +20,7 @@ from typing import Any, Callable
 import pytest
 from kio.static.primitive import i8, i16, i32, i32Timedelta, i64
 
-from pyspark_shmbroker import wire
+from shmbroker.clients import wire
 from scripts.harness import rawkafka as R
 from shmbroker.node.storage import records
 from scripts.harness.kafka_peer import KafkaPeer

@@ -7,7 +7,7 @@ import pytest
 from confluent_kafka import Producer
 
 from shmbroker.node.storage import records
-from pyspark_shmbroker import wire
+from shmbroker.clients import wire
 from scripts.harness import rawkafka as R
 from tests.test_fetch_sessions import request
 from tests.test_node_protocol import connect

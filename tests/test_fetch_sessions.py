@@ -11,9 +11,9 @@ import time
 import pytest
 from confluent_kafka import Consumer
 
-from pyspark_shmbroker import wire
+from shmbroker.clients import wire
 from scripts.harness import rawkafka as R
-from tests.test_clients import CLIENT_TIMEOUT_S, create_topic, produce
+from tests.test_clients import CLIENT_TIMEOUT_S, create_topic, produce, produce_values, topic_with_values
 from tests.test_node_protocol import connect
 from tests.test_stats_cli import stats_json
 from tests.waiting import wait_for
@@ -209,11 +209,9 @@ def kafka_python_consume(bootstrap: str, topic: str, expect: int, group: str, th
 
 def test_kafka_python_consumes_through_a_session(node_factory):
     node = node_factory(workers=2, config=STATS)
-    create_topic(node.bootstrap, "kp-sessions", 4)
-    sent = [b"v%d" % i for i in range(200)]
-    produce(node.bootstrap, "kp-sessions", [{"value": v} for v in sent[:100]])
+    sent = topic_with_values(node.bootstrap, "kp-sessions", 4, "v", 200, produced=100)
     got = kafka_python_consume(node.bootstrap, "kp-sessions", len(sent), "kp",
-                               then=lambda: produce(node.bootstrap, "kp-sessions", [{"value": v} for v in sent[100:]]))
+                               then=lambda: produce_values(node.bootstrap, "kp-sessions", sent[100:]))
     assert sorted(got) == sorted(sent)
     totals = wait_for(lambda: (lambda t: t if t["fetches_incremental"] > 0 else None)(stats_json(node)["totals"]),
                       what="incremental fetches in the stats")
@@ -256,9 +254,7 @@ def test_sessions_evicted_under_a_small_cache_fall_back_to_full_fetches_unseen(n
 
 def test_librdkafka_and_aiokafka_fetch_without_sessions(node_factory):
     node = node_factory(workers=1, config=STATS)
-    create_topic(node.bootstrap, "sessionless", 2)
-    sent = [b"s%d" % i for i in range(100)]
-    produce(node.bootstrap, "sessionless", [{"value": v} for v in sent])
+    sent = topic_with_values(node.bootstrap, "sessionless", 2, "s", 100, produced=100)
     consumer = Consumer({"bootstrap.servers": node.bootstrap, "group.id": "rd", "auto.offset.reset": "earliest"})
     try:
         consumer.subscribe(["sessionless"])

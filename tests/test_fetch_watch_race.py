@@ -291,7 +291,7 @@ def test_a_long_poll_no_longer_than_the_handoff_goes_to_the_timer_at_once(worker
 
 def test_a_read_committed_fetch_stops_at_the_lso_and_lists_the_aborted_transactions(worker_side):
     from shmbroker.node.storage.records import ControlType, build_batch
-    from pyspark_shmbroker import wire
+    from shmbroker.clients import wire
 
     store, handlers, delayed, requests, conn = worker_side
     plog = store.log(store.row("t", 0))

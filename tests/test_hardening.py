@@ -262,6 +262,19 @@ def _admitted(node):
     return None
 
 
+def assert_closed_and_kept(node, closed: socket.socket, kept: socket.socket, timeout: float, *logged: str) -> None:
+    """The node closed `closed` (within `timeout` s), still answers on `kept`, and logged each of `logged`; both
+    sockets are closed after."""
+    try:
+        assert closed_by_peer(closed, timeout=timeout)
+        assert api_versions_ok(kept)
+        log = node.log()
+        assert all(line in log for line in logged), log
+    finally:
+        closed.close()
+        kept.close()
+
+
 def test_idle_connections_are_closed_busy_and_waiting_ones_are_not(node_factory):
     node = node_factory(workers=1, config="[server]\nconnections_max_idle_ms = 700\n")
     create_topic(node.bootstrap, "poll", 1)
@@ -277,12 +290,7 @@ def test_idle_connections_are_closed_busy_and_waiting_ones_are_not(node_factory)
             time.sleep(0.2)
         _, _, _, body = waiting.recv_response()
         assert R.parse_fetch_response(11, body).partitions[0].error_code == 0
-    assert closed_by_peer(idle, timeout=1)
-    assert api_versions_ok(busy)
-    log = node.log()
-    assert "(server.connections_max_idle_ms)" in log and "idle for" in log, log
-    idle.close()
-    busy.close()
+    assert_closed_and_kept(node, idle, busy, 1, "(server.connections_max_idle_ms)", "idle for")
 
 
 def test_a_request_that_stays_incomplete_closes_its_connection(node_factory):
@@ -297,12 +305,7 @@ def test_a_request_that_stays_incomplete_closes_its_connection(node_factory):
     slow.settimeout(5)
     size = struct.unpack(">i", slow.recv(4, socket.MSG_WAITALL))[0]
     assert struct.unpack_from(">ih", slow.recv(size, socket.MSG_WAITALL)) == (7, 0)
-    assert closed_by_peer(stalled, timeout=5)
-    assert api_versions_ok(slow)
-    log = node.log()
-    assert "request incomplete for" in log and "(server.request_timeout_ms)" in log, log
-    stalled.close()
-    slow.close()
+    assert_closed_and_kept(node, stalled, slow, 5, "request incomplete for", "(server.request_timeout_ms)")
 
 
 # -- hung children ---------------------------------------------------------------------------------

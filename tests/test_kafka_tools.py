@@ -276,11 +276,8 @@ def test_kafka_transactions_finds_and_aborts_a_hanging_transaction(tools, node):
 @pytest.fixture(scope="module")
 def secured(tmp_path_factory):
     """A node with the authorizer on: users admin (a super user), alice and bob on a SASL_PLAINTEXT listener."""
-    node = SecuredNode(tmp_path_factory.mktemp("tools-acls"))
-    try:
+    with SecuredNode(tmp_path_factory.mktemp("tools-acls")) as node:
         yield node
-    finally:
-        node.stop()
 
 
 def acls(tools: ToolRunner, secured: SecuredNode, admin_config, *args: str) -> str:

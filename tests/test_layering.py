@@ -20,6 +20,8 @@ SHARED = ("node.config", "node.logging_setup", "node.proctitle", "node.child")
 # What the Spark connector may import of the server: the record-batch codec it shares with the node (batch
 # headers, codecs, every record's fields as arrays), modules that import nothing else of the node.
 CONNECTOR_SHARES: tuple[str, ...] = ("node.storage.records", "node.storage.record_arrays", "node.storage.compression")
+# The client code the connector speaks Kafka's protocol through (the benchmarks and the tests too).
+CLIENT_WIRE = "clients.wire"
 
 # One rule per room: what it may import besides its own modules. A module's room is the longest key here
 # that a module falls under, so "node" is the supervisor side (node's root) and "workers" the workers' base
@@ -43,7 +45,7 @@ RULES: dict[str, tuple[str, ...]] = {
                        "workers.api") + SHARED,
     "workers": ("shm",) + SHARED,
     "clients": (),
-    "pyspark_shmbroker": CONNECTOR_SHARES,
+    "pyspark_shmbroker": CONNECTOR_SHARES + (CLIENT_WIRE,),
 }
 
 

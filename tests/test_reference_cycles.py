@@ -19,9 +19,9 @@ import subprocess
 import time
 from pathlib import Path
 
-from confluent_kafka import Consumer, Producer
+from confluent_kafka import Consumer
 
-from tests.test_clients import create_topic
+from tests.test_clients import create_topic, produce
 from tests.test_consumer_groups_protocol import CONFIG as CONSUMER_GROUP_CONFIG
 from tests.test_consumer_groups_protocol import Member
 from scripts.harness.nodeproc import CLI
@@ -72,10 +72,7 @@ def consume_in_a_group(bootstrap: str, topic: str, protocol: str, seconds: float
 def test_heartbeats_joins_commits_and_fetches_leave_no_cycles_for_the_collector(node_factory):
     node = node_factory(workers=2, config=CONFIG)
     create_topic(node.bootstrap, "t", 6)
-    producer = Producer({"bootstrap.servers": node.bootstrap, "linger.ms": 5})
-    for i in range(500):
-        producer.produce("t", value=b"v%d" % i, key=b"k%d" % (i % 50))
-    assert producer.flush(30) == 0
+    produce(node.bootstrap, "t", [{"value": b"v%d" % i, "key": b"k%d" % (i % 50)} for i in range(500)])
     member = Member(node, "cycles-raw", "cycles-raw-member")
     try:
         assert int(member.heartbeat().error_code) == 0

@@ -12,7 +12,7 @@ from confluent_kafka import Consumer
 
 from shmbroker.node import config as node_config
 from scripts.harness import rawkafka as R
-from tests.test_clients import CLIENT_TIMEOUT_S, create_topic, produce
+from tests.test_clients import CLIENT_TIMEOUT_S, create_topic, produce_values, topic_with_values
 from tests.test_node_protocol import FETCH, NONE, PRODUCE, connect
 from tests.test_stats_cli import stats_json
 from tests.waiting import wait_for
@@ -118,9 +118,7 @@ def _more_idle_repeats(node, before: tuple[int, int]) -> bool:
 @pytest.mark.parametrize("workers", [1, 2])
 def test_an_idle_librdkafka_consumer_repeats_its_long_polls_and_gets_every_later_record(node_factory, workers):
     node = node_factory(workers=workers, config=STATS)
-    create_topic(node.bootstrap, "idle-rd", 2)
-    sent = [b"rd-%d" % i for i in range(40)]
-    produce(node.bootstrap, "idle-rd", [{"value": v} for v in sent[:20]])
+    sent = topic_with_values(node.bootstrap, "idle-rd", 2, "rd-", 40, produced=20)
     consumer = Consumer({"bootstrap.servers": node.bootstrap, "group.id": "idle-rd", "auto.offset.reset": "earliest",
                          "fetch.wait.max.ms": 100})
     got: list[bytes] = []
@@ -140,7 +138,7 @@ def test_an_idle_librdkafka_consumer_repeats_its_long_polls_and_gets_every_later
         poll_for(IDLE_S, len(sent))
         assert len(got) == 20
         wait_for(lambda: _more_idle_repeats(node, before), what="the idle consumer's repeated long polls")
-        produce(node.bootstrap, "idle-rd", [{"value": v} for v in sent[20:]])
+        produce_values(node.bootstrap, "idle-rd", sent[20:])
         poll_for(CLIENT_TIMEOUT_S, len(sent))
         assert sorted(got) == sorted(sent)
     finally:
@@ -149,9 +147,7 @@ def test_an_idle_librdkafka_consumer_repeats_its_long_polls_and_gets_every_later
 
 def test_an_idle_aiokafka_consumer_repeats_its_long_polls_and_gets_every_later_record(node_factory):
     node = node_factory(workers=1, config=STATS)
-    create_topic(node.bootstrap, "idle-aio", 2)
-    sent = [b"aio-%d" % i for i in range(40)]
-    produce(node.bootstrap, "idle-aio", [{"value": v} for v in sent[:20]])
+    sent = topic_with_values(node.bootstrap, "idle-aio", 2, "aio-", 40, produced=20)
 
     async def consume() -> tuple[list[bytes], list[bytes], bool]:
         from aiokafka import AIOKafkaConsumer
@@ -174,7 +170,7 @@ def test_an_idle_aiokafka_consumer_repeats_its_long_polls_and_gets_every_later_r
             deadline = time.monotonic() + CLIENT_TIMEOUT_S
             while not (repeated := _more_idle_repeats(node, before)) and time.monotonic() < deadline:
                 await poll_for(0.2, 1, idle)
-            produce(node.bootstrap, "idle-aio", [{"value": v} for v in sent[20:]])
+            produce_values(node.bootstrap, "idle-aio", sent[20:])
             later: list[bytes] = []
             await poll_for(CLIENT_TIMEOUT_S, 20, later)
             return first + idle, later, repeated

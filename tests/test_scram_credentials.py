@@ -14,25 +14,13 @@ from confluent_kafka.admin import (ScramCredentialInfo, ScramMechanism, UserScra
                                    UserScramCredentialUpsertion)
 
 from scripts.harness import rawkafka as R
-from tests.test_acls_api import AUTHORIZER, admin_for
+from tests.test_acls_api import AUTHORIZER, admin_for, outcomes
 from tests.test_security_sasl import SaslNode, login_error, raw_frame, with_users
 
 pytestmark = [pytest.mark.node, pytest.mark.usefixtures("librdkafka_clients_collected")]
 
 DESCRIBE_SCRAM = 50
 CLUSTER_AUTHORIZATION_FAILED = 31
-
-
-def outcomes(futures: dict) -> dict:
-    """user -> None (done) or the error's name."""
-    found = {}
-    for user, future in futures.items():
-        try:
-            future.result(timeout=20)
-            found[user] = None
-        except KafkaException as exc:
-            found[user] = exc.args[0].name()
-    return found
 
 
 def test_users_made_through_the_api_log_in_are_listed_and_deleted(node_factory, tmp_path) -> None:

@@ -55,6 +55,16 @@ def stats_json(node) -> dict:
     return json.loads(done.stdout)
 
 
+def metrics_page(port: int) -> str:
+    """The text of the node's Prometheus endpoint on `port`."""
+    return urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+
+
+def wait_for_metric(port: int, sample: str, what: str) -> str:
+    """The endpoint's text once it holds `sample` (a sample's line, or its start)."""
+    return wait_for(lambda: (lambda text: text if sample in text else None)(metrics_page(port)), what=what)
+
+
 # -- the segment ------------------------------------------------------------------------------
 
 WRITER = r"""
@@ -342,11 +352,8 @@ def test_prometheus_endpoint(node_factory):
         producer.produce("metrics-topic", value=b"m")
     assert producer.flush(30) == 0
 
-    def scraped():
-        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-        return text if 'kafka_network_requests_total{request="Produce",worker="0"}' in text else None
-
-    text = wait_for(scraped, what="Produce requests in /metrics")
+    text = wait_for_metric(port, 'kafka_network_requests_total{request="Produce",worker="0"}',
+                           "Produce requests in /metrics")
     assert 'kafka_log_log_end_offset{partition="0",topic="metrics-topic"} 100.0' in text
     assert 'kafka_server_delayed_operations{purgatory="fetch"}' in text
     assert "shmbroker_fsyncs_total" in text
@@ -359,9 +366,7 @@ def test_prometheus_endpoint(node_factory):
     with R.RawConnection("127.0.0.1", node.port) as conn:
         fetched = R.parse_fetch_response(11, conn.request(P.FETCH, 11, R.fetch_body({"metrics-topic": {5: 0}})))
         assert [p.error_code for p in fetched.partitions] == [UNKNOWN_TOPIC_OR_PARTITION]
-    text = wait_for(lambda: (lambda t: t if 'error="UNKNOWN_TOPIC_OR_PARTITION"' in t else None)(
-        urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()),
-        what="the error code in /metrics")
+    text = wait_for_metric(port, 'error="UNKNOWN_TOPIC_OR_PARTITION"', "the error code in /metrics")
     assert 'kafka_network_error_responses_total{request="Fetch",worker="0"} 1.0' in text
     # A group's committed offset and lag.
     consumer = Consumer({"bootstrap.servers": node.bootstrap, "group.id": "metrics-group"})
@@ -370,9 +375,7 @@ def test_prometheus_endpoint(node_factory):
     finally:
         consumer.close()
     lag_line = 'kafka_consumergroup_lag{consumergroup="metrics-group",partition="0",topic="metrics-topic"} 60.0'
-    wait_for(lambda: (lambda t: t if lag_line in t else None)(
-        urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()),
-        what="the group's lag in /metrics")
+    wait_for_metric(port, lag_line, "the group's lag in /metrics")
 
 
 def test_transactions_in_the_cli_stats_dashboard_and_metrics(node_factory):
@@ -479,7 +482,7 @@ def test_transactions_in_the_cli_stats_dashboard_and_metrics(node_factory):
         assert "transactions open / committed / aborted (timed out)" in screen and "1 / 1 / 2 (1)" in screen
         assert "partition txn-stats-1: LSO lag" in screen and "transaction open: Ongoing" in screen
 
-        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+        text = metrics_page(port)
         for line in ('shmbroker_transactions_open{index="0",process="timer"} 1.0',
                      'shmbroker_transactions_committed_total{index="0",process="timer"} 1.0',
                      'shmbroker_transactions_aborted_total{index="0",process="timer"} 2.0',

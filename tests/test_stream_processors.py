@@ -19,11 +19,12 @@ import venv
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource
 
 from tests import waiting
 from tests.test_clients import create_topic
+from tests.test_transactions import consume_all
 
 pytestmark = pytest.mark.node
 REPO = Path(__file__).resolve().parent.parent
@@ -122,8 +123,10 @@ def read_all(bootstrap: str, topic: str) -> list[tuple[bytes, bytes]]:
         consumer.close()
 
 
-def end_offset(bootstrap: str, topic: str) -> int:
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "watermarks"})
+def end_offset(bootstrap: str, topic: str, isolation: str = "read_uncommitted") -> int:
+    """The end of partition 0 as a reader of `isolation` sees it: the high watermark, or the LSO (0 while the
+    node does not answer)."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "watermarks", "isolation.level": isolation})
     try:
         return consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=TIMEOUT_S)[1]
     except Exception:
@@ -224,17 +227,6 @@ EOS_WORDS, EOS_RECORDS = 10, 6000
 QUIX_TRANSACTION_TIMEOUT_MS = 5000
 
 
-def end_offsets(bootstrap: str, topic: str, isolation: str) -> int:
-    """The end of partition 0 as a reader of `isolation` sees it: the high watermark, or the LSO."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "watermarks", "isolation.level": isolation})
-    try:
-        return consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=TIMEOUT_S)[1]
-    except Exception:
-        return 0
-    finally:
-        consumer.close()
-
-
 def committed_offset(bootstrap: str, group: str, topic: str) -> int:
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group})
     try:
@@ -245,32 +237,15 @@ def committed_offset(bootstrap: str, group: str, topic: str) -> int:
 
 def read_values(bootstrap: str, topic: str, isolation: str = "read_committed") -> list[dict]:
     """Every value of partition 0 up to its end for `isolation` (the LSO for read_committed), as JSON."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"check-{time.monotonic_ns()}",
-                         "enable.auto.commit": False, "isolation.level": isolation, "enable.partition.eof": True})
-    consumer.assign([TopicPartition(topic, 0, 0)])
-    values = []
-    deadline = time.monotonic() + TIMEOUT_S
-    try:
-        while time.monotonic() < deadline:
-            msg = consumer.poll(0.5)
-            if msg is None:
-                continue
-            if msg.error():
-                if msg.error().code() == KafkaError._PARTITION_EOF:
-                    return values
-                raise KafkaException(msg.error())
-            values.append(json.loads(msg.value()))
-    finally:
-        consumer.close()
-    raise AssertionError(f"{topic} not read to its end in {TIMEOUT_S}s ({len(values)} values)")
+    return [json.loads(value) for value in consume_all(bootstrap, topic, isolation, timeout_s=TIMEOUT_S, must_end=True)]
 
 
 def kill_inside_a_transaction(app: App, bootstrap: str, topic: str, at_least: int) -> None:
     """SIGKILL the app once `topic` holds `at_least` records and its end is past its LSO: an open transaction
     of the app has written there, so the kill lands in its middle."""
     def open_transaction_past_the_mark() -> bool:
-        high = end_offsets(bootstrap, topic, "read_uncommitted")
-        return app.proc.poll() is not None or (high >= at_least and high > end_offsets(bootstrap, topic,
+        high = end_offset(bootstrap, topic, "read_uncommitted")
+        return app.proc.poll() is not None or (high >= at_least and high > end_offset(bootstrap, topic,
                                                                                         "read_committed"))
     try:
         assert waiting.poll(open_transaction_past_the_mark, TIMEOUT_S, 0.05) and app.proc.poll() is None, \

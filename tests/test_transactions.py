@@ -60,10 +60,19 @@ def in_transaction(producer: Producer, topic: str, values: list[bytes], commit: 
         producer.abort_transaction(TIMEOUT_S)
 
 
+def produce_numbers(bootstrap: str, topic: str, count: int) -> None:
+    """`count` records outside any transaction, valued b"0", b"1", ...: every one acknowledged."""
+    plain = Producer({"bootstrap.servers": bootstrap, "linger.ms": 1})
+    for i in range(count):
+        plain.produce(topic, value=b"%d" % i)
+    assert plain.flush(TIMEOUT_S) == 0
+
+
 def consume_all(bootstrap: str, topic: str, isolation: str, partitions: int = 1, expect: int | None = None,
-                timeout_s: float = TIMEOUT_S) -> list[bytes]:
+                timeout_s: float = TIMEOUT_S, must_end: bool = False) -> list[bytes]:
     """Every value from the start to the end each partition reports (its LSO for read_committed), in order per
-    partition; with `expect`, until that many came (or the time is up)."""
+    partition; with `expect`, until that many came (or the time is up); with `must_end`, failing when the ends
+    are not reached in time."""
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"reader-{time.monotonic_ns()}",
                          "isolation.level": isolation, "enable.partition.eof": True, "auto.offset.reset": "earliest",
                          "enable.auto.commit": False})
@@ -86,6 +95,8 @@ def consume_all(bootstrap: str, topic: str, isolation: str, partitions: int = 1,
             values.append(message.value())
             if expect is not None and len(values) >= expect:
                 break
+        else:
+            assert not must_end, f"{topic} not read to its end in {timeout_s} s ({len(values)} values)"
     finally:
         consumer.close()
     return values
@@ -202,10 +213,7 @@ def test_send_offsets_to_transaction_commits_the_offsets_with_the_output(node_fa
     node = node_factory(workers=2, config=CONFIG)
     create(node.bootstrap, "input")
     create(node.bootstrap, "output")
-    plain = Producer({"bootstrap.servers": node.bootstrap, "linger.ms": 1})
-    for i in range(30):
-        plain.produce("input", value=b"%d" % i)
-    plain.flush(TIMEOUT_S)
+    produce_numbers(node.bootstrap, "input", 30)
     consumer = Consumer({"bootstrap.servers": node.bootstrap, "group.id": "transform", "enable.auto.commit": False,
                          "auto.offset.reset": "earliest", "isolation.level": "read_committed"})
     consumer.assign([TopicPartition("input", 0, 0)])
@@ -734,10 +742,7 @@ def test_kafkajs_transactions_commit_abort_and_send_offsets(node_factory):
     node = node_factory(workers=2, config=CONFIG)
     create(node.bootstrap, "kafkajs")
     create(node.bootstrap, "kafkajs-in")
-    plain = Producer({"bootstrap.servers": node.bootstrap, "linger.ms": 1})
-    for i in range(10):
-        plain.produce("kafkajs-in", value=b"%d" % i)
-    assert plain.flush(TIMEOUT_S) == 0
+    produce_numbers(node.bootstrap, "kafkajs-in", 10)
     done = subprocess.run(["node", str(FRAMEWORKS / "kafkajs_transactions.js"), node.bootstrap, "kafkajs",
                            "kafkajs-in", "kafkajs-group"], capture_output=True, text=True, timeout=120,
                           env={**os.environ, "NODE_PATH": str(modules), "KAFKAJS_NO_PARTITIONER_WARNING": "1"})

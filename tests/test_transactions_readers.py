@@ -12,7 +12,7 @@ import time
 import pytest
 
 from shmbroker.clients.priority import CapacityBurstPriorityConsumer, level_topic
-from pyspark_shmbroker import wire
+from shmbroker.clients import wire
 from scripts import e2e_latency
 from scripts.harness import rawkafka
 from tests.test_quotas import TINY

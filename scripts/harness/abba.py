@@ -7,12 +7,20 @@ over two rounds each mode goes first once and a drift of the shared machine hits
 The figure of a metric is its ratio A / B: the median over rounds of each round's own ratio (two
 measurements taken seconds apart), with the smallest and largest; each mode's median is given beside it.
 A round whose B value is 0 has no ratio. Ratios are rounded to 4 decimals.
+
+The benchmarks built on it share their command line's start (``ab_parser``: --runs, --workers, --json),
+the line each step logs (``log_step``) and the report's output (``print_report``).
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import statistics
+import sys
 from typing import Iterator
+
+from scripts.harness.benchnode import DEFAULT_WORKERS
 
 RATIO_DIGITS = 4
 
@@ -68,3 +76,37 @@ class AlternatingRounds:
                       ratio_max=max(ratios, default=None))
         figure.update({mode: [round(v, digits) for v in self.values(mode, metric)] for mode in self.modes})
         return figure
+
+
+def ab_parser(script: str, description: str, runs: int, runs_help: str, json_help: str) -> argparse.ArgumentParser:
+    """The command line of an A/B benchmark `scripts.<script>`: --runs (rounds, default `runs`), --workers of its
+    node and --json; the benchmark adds its own options."""
+    parser = argparse.ArgumentParser(prog=f"python -m scripts.{script}", description=description.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=runs, help=runs_help)
+    parser.add_argument("--workers", type=int, default=DEFAULT_WORKERS)
+    parser.add_argument("--json", action="store_true", help=json_help)
+    return parser
+
+
+def add_pipeline_arguments(parser: argparse.ArgumentParser) -> None:
+    """A raw pipelined load's options: --seconds per step, --partitions of its topic, --connections and
+    --inflight requests on each."""
+    parser.add_argument("--seconds", type=float, default=5.0, help="length of each measurement")
+    parser.add_argument("--partitions", type=int, default=4)
+    parser.add_argument("--connections", type=int, default=4)
+    parser.add_argument("--inflight", type=int, default=8)
+
+
+def log_step(script: str, round_index: int, mode: str, values: dict[str, float]) -> None:
+    """One measured step on stderr (stdout carries the report)."""
+    print(f"{script}: round {round_index} {mode}: " + ", ".join(f"{k} {v:,.1f}" for k, v in values.items()),
+          file=sys.stderr, flush=True)
+
+
+def print_report(report: dict, as_json: bool) -> None:
+    """The report (its "metrics": each metric's figure from ``compare``): one JSON document, or a line per metric."""
+    if as_json:
+        print(json.dumps(report))
+    else:
+        for metric, summary in report["metrics"].items():
+            print(f"{metric}: {summary}")

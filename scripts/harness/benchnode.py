@@ -274,6 +274,18 @@ def emit(row: dict[str, Any], as_json: bool) -> None:
         print("  ".join(f"{k}={v}" for k, v in row.items()), flush=True)
 
 
+def run_workloads(workloads: Sequence[str], runners: dict[str, Callable[[], list[dict[str, Any]]]],
+                  as_json: bool) -> list[dict[str, Any]]:
+    """Each of `workloads` in turn (runners[name]() measures it: its rows), every row emitted as it comes;
+    returns them all."""
+    rows: list[dict[str, Any]] = []
+    for workload in workloads:
+        for row in runners[workload]():
+            emit(row, as_json)
+            rows.append(row)
+    return rows
+
+
 # --------------------------------------------------------------------------- pipelined requests
 
 

@@ -34,10 +34,10 @@ from kio.static.primitive import i16, i32
 
 from shmbroker.node.storage import records
 from shmbroker.workers.codecs.tagged_fields import uvarint
-from pyspark_shmbroker import wire
+from shmbroker.clients import wire
 # The API keys are re-exported for the scripts and tests (rawkafka.FETCH ...).
-from pyspark_shmbroker.wire import (API_VERSIONS, FETCH, INIT_PRODUCER_ID, LIST_OFFSETS, METADATA, PRODUCE,
-                                    TopicPartition, encode_body, entity, millis)
+from shmbroker.clients.wire import (API_VERSIONS, FETCH, INIT_PRODUCER_ID, LIST_OFFSETS, METADATA, PRODUCE,
+                                   TopicPartition, encode_body, entity, millis)
 
 CREATE_TOPICS = 19
 DELETE_TOPICS = 20

@@ -73,6 +73,16 @@ public class AdminSteps {
         return future.get(WAIT_MS, TimeUnit.MILLISECONDS);
     }
 
+    /** "described" when a describe of something that is not there succeeds, else the name of its error. */
+    static String describedOrError(KafkaFuture<?> future) throws Exception {
+        try {
+            get(future);
+            return "described";
+        } catch (ExecutionException e) {
+            return e.getCause().getClass().getSimpleName();
+        }
+    }
+
     static List<String> sorted(Collection<String> names) {
         List<String> out = new ArrayList<>(names);
         Collections.sort(out);
@@ -261,14 +271,8 @@ public class AdminSteps {
                         "simple", d.isSimpleConsumerGroup()));
             }
             out.put("described", descriptions);
-            String unknown;
-            try {
-                get(admin.describeConsumerGroups(List.of(prefix + "-nobody")).all());
-                unknown = "described";
-            } catch (ExecutionException e) {
-                unknown = e.getCause().getClass().getSimpleName();
-            }
-            out.put("describe_unknown", unknown);
+            out.put("describe_unknown",
+                    describedOrError(admin.describeConsumerGroups(List.of(prefix + "-nobody")).all()));
             String busy;
             try {
                 get(admin.alterConsumerGroupOffsets(classic, Map.of(new TopicPartition(topic, 0),
@@ -376,13 +380,8 @@ public class AdminSteps {
         Map<String, Object> one = describeScram(List.of(alice));
         // all() leaves out a user without credentials (RESOURCE_NOT_FOUND); description(user) raises it.
         Map<String, Object> unknownInAll = describeScram(List.of(prefix + "-nobody"));
-        String unknown;
-        try {
-            get(admin.describeUserScramCredentials(List.of(prefix + "-nobody")).description(prefix + "-nobody"));
-            unknown = "described";
-        } catch (ExecutionException e) {
-            unknown = e.getCause().getClass().getSimpleName();
-        }
+        String unknown = describedOrError(
+                admin.describeUserScramCredentials(List.of(prefix + "-nobody")).description(prefix + "-nobody"));
         String tooFew;
         try {
             get(admin.alterUserScramCredentials(List.of(new UserScramCredentialUpsertion(bob,
@@ -437,13 +436,7 @@ public class AdminSteps {
                 List.of(TransactionState.ONGOING))).all())) {
             if (t.transactionalId().startsWith(prefix)) ongoing.put(t.transactionalId(), t.state().toString());
         }
-        String unknown;
-        try {
-            get(admin.describeTransactions(List.of(prefix + "-nobody")).all());
-            unknown = "described";
-        } catch (ExecutionException e) {
-            unknown = e.getCause().getClass().getSimpleName();
-        }
+        String unknown = describedOrError(admin.describeTransactions(List.of(prefix + "-nobody")).all());
         TopicPartition tp = new TopicPartition(topic, 0);
         long lso = get(admin.listOffsets(Map.of(tp, OffsetSpec.latest()), new ListOffsetsOptions(
                 IsolationLevel.READ_COMMITTED)).partitionResult(tp)).offset();

@@ -247,6 +247,14 @@ public class Clients {
         return false;
     }
 
+    /** Polls every member in turn for `millis` (a rebalance that started shows in their listeners). */
+    static void pollFor(List<Member> members, long millis) {
+        long until = System.currentTimeMillis() + millis;
+        while (System.currentTimeMillis() < until) {
+            for (Member m : members) m.consumer.poll(Duration.ofMillis(50));
+        }
+    }
+
     static boolean settled(List<Member> members, int partitions) {
         int total = 0;
         Set<Integer> generations = new HashSet<>();
@@ -275,11 +283,7 @@ public class Clients {
         Member again = new Member("a", topic, configA);
         boolean back = pollUntil(List.of(again, b), () -> !again.consumer.assignment().isEmpty());
         // Some more polls of both, so that a rebalance the return started would show in b's listener.
-        long until = System.currentTimeMillis() + 3000;
-        while (System.currentTimeMillis() < until) {
-            again.consumer.poll(Duration.ofMillis(50));
-            b.consumer.poll(Duration.ofMillis(50));
-        }
+        pollFor(List.of(again, b), 3000);
         emit("returned", "back", back, "a", again.state(), "b", b.state());
         again.consumer.close();
         b.consumer.close();
@@ -297,11 +301,7 @@ public class Clients {
         boolean shared = pollUntil(List.of(first, second), () -> first.consumer.assignment().size() == 2
                 && second.consumer.assignment().size() == 2);
         // Rebalances settle: a few more polls of both.
-        long until = System.currentTimeMillis() + 2000;
-        while (System.currentTimeMillis() < until) {
-            first.consumer.poll(Duration.ofMillis(50));
-            second.consumer.poll(Duration.ofMillis(50));
-        }
+        pollFor(List.of(first, second), 2000);
         emit("shared", "settled", shared, "first", first.state(), "second", second.state());
         second.consumer.close();
         boolean back = pollUntil(List.of(first), () -> first.consumer.assignment().size() == 4);

@@ -15,7 +15,7 @@ from spark_testing import TransactionalWriter, create_topic, produce, read, rows
 
 from pyspark_shmbroker.options import ConsumerSettings
 from pyspark_shmbroker.offsets import OffsetResolver
-from pyspark_shmbroker.wire import TopicPartition, parse_servers
+from shmbroker.clients.wire import TopicPartition, parse_servers
 
 CODECS = ("none", "gzip", "snappy", "lz4", "zstd")
 

@@ -221,7 +221,7 @@ def test_each_module_needing_a_dependency_names_the_fix_in_a_python_without_them
 
     zips = sorted(str(z) for z in (Path(pyspark.__file__).parent / "python" / "lib").glob("*.zip"))
     assert len(zips) == 2, zips  # pyspark.zip and py4j's
-    modules = ("wire", "options", "offsets", "records", "producer", "reader", "writer")
+    modules = ("options", "offsets", "records", "producer", "reader", "writer")
     probe = f"""
 import json, importlib
 import pyspark_shmbroker

@@ -46,6 +46,7 @@ from shmbroker.workers.timer_client.delayed import DelayedRequests, DocumentTooL
 from shmbroker.workers.timer_client.outcome import Outcome
 from shmbroker.workers.api.responses import ZERO_THROTTLE, code, entity, reply
 from shmbroker.workers.api.authorizer import RequestAuthorizer
+from shmbroker.workers.api.family import HandlerFamily
 from shmbroker.node.storage.acls import CLUSTER_NAME, Operation, ResourceType
 
 log = logging.getLogger("shmbroker.admin")
@@ -129,13 +130,11 @@ def _setting(config: NodeConfig, section: str, setting: str) -> Any:
     return getattr(config, setting)
 
 
-class AdminHandlers:
+class AdminHandlers(HandlerFamily):
     def __init__(self, partitions: PartitionStore, config: NodeConfig, delayed: DelayedRequests,
                  authorizer: RequestAuthorizer | None = None) -> None:
+        super().__init__(config, delayed, authorizer)
         self.partitions = partitions
-        self.config = config
-        self.delayed = delayed
-        self.authorizer = authorizer or RequestAuthorizer.open_to_all()
         self.node_id = config.server.node_id
 
     def table(self) -> dict[int, Callable[[Request, Any], Outcome]]:

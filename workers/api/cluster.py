@@ -37,6 +37,7 @@ from shmbroker.workers.codecs import protocol as P
 from shmbroker.workers.connection import Request
 from shmbroker.workers.timer_client.outcome import Outcome
 from shmbroker.workers.api.authorizer import RequestAuthorizer
+from shmbroker.workers.api.family import HandlerFamily
 
 BROKER_ENDPOINTS = 1  # DescribeCluster v1's endpoint_type: brokers (2: controllers)
 NO_COORDINATOR_EPOCH = -1  # markers here carry no coordinator epoch (one coordinator, never moved)
@@ -45,13 +46,12 @@ METADATA_PARTITION = 0
 QUORUM_LEADER_EPOCH = 1
 
 
-class ClusterHandlers:
+class ClusterHandlers(HandlerFamily):
     def __init__(self, partitions: PartitionStore, config: NodeConfig, cluster_id: str,
                  authorizer: RequestAuthorizer | None = None) -> None:
+        super().__init__(config, authorizer=authorizer)
         self.partitions = partitions
-        self.config = config
         self.cluster_id = cluster_id
-        self.authorizer = authorizer or RequestAuthorizer.open_to_all()
 
     def table(self) -> dict[int, Callable[[Request, Any], Outcome]]:
         return {P.DESCRIBE_CLUSTER: self.describe_cluster, P.DESCRIBE_PRODUCERS: self.describe_producers,

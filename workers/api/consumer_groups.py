@@ -35,6 +35,7 @@ from shmbroker.workers.connection import Request
 from shmbroker.workers.timer_client.delayed import DelayedRequests, DocumentTooLarge
 from shmbroker.workers.timer_client.outcome import Outcome
 from shmbroker.workers.api.authorizer import RequestAuthorizer
+from shmbroker.workers.api.family import HandlerFamily
 
 HeartbeatAnswer = M.reply_class(M.Kind.CONSUMER_GROUP_HEARTBEAT)
 DescribeAnswer = M.reply_class(M.Kind.CONSUMER_GROUP_DESCRIBE)
@@ -54,13 +55,11 @@ class TopicIds:
         return self.partitions.topic_by_id(topic_id)
 
 
-class ConsumerGroupHandlers:
+class ConsumerGroupHandlers(HandlerFamily):
     def __init__(self, partitions: PartitionStore, config: NodeConfig, delayed: DelayedRequests,
                  authorizer: RequestAuthorizer | None = None) -> None:
-        self.config = config
-        self.delayed = delayed
+        super().__init__(config, delayed, authorizer)
         self.topic_ids = TopicIds(partitions)
-        self.authorizer = authorizer or RequestAuthorizer.open_to_all()
 
     def table(self) -> dict[int, Callable[[Request, Any], Outcome]]:
         return {P.CONSUMER_GROUP_HEARTBEAT: self.heartbeat, P.CONSUMER_GROUP_DESCRIBE: self.describe}

@@ -30,16 +30,15 @@ from typing import Any, Callable
 
 from kio.static.primitive import i32, i64
 
-from shmbroker.node.config import NodeConfig
 from shmbroker.node.storage.acls import CLUSTER_NAME, Operation, ResourceType
 from shmbroker.shm import messages as M
 from shmbroker.workers.api.responses import NOT_REQUESTED, ZERO_THROTTLE, code, entity, reply
 from shmbroker.workers.codecs import errors as E
 from shmbroker.workers.codecs import protocol as P
 from shmbroker.workers.connection import Request
-from shmbroker.workers.timer_client.delayed import DelayedRequests, DocumentTooLarge
+from shmbroker.workers.timer_client.delayed import DocumentTooLarge
 from shmbroker.workers.timer_client.outcome import Outcome
-from shmbroker.workers.api.authorizer import RequestAuthorizer
+from shmbroker.workers.api.family import HandlerFamily
 
 GROUP_KEY_TYPE = 0
 TRANSACTION_KEY_TYPE = 1
@@ -63,12 +62,8 @@ def millis(delta: Any) -> int:
 FIRST_BATCHED_OFFSET_FETCH = 8  # OffsetFetch v8+: several groups per request (KIP-709)
 
 
-class GroupHandlers:
-    def __init__(self, config: NodeConfig, delayed: DelayedRequests,
-                 authorizer: RequestAuthorizer | None = None) -> None:
-        self.config = config
-        self.delayed = delayed
-        self.authorizer = authorizer or RequestAuthorizer.open_to_all()
+class GroupHandlers(HandlerFamily):
+    """Made with the node's config, the delayed requests' client and the authorizer (HandlerFamily)."""
 
     def table(self) -> dict[int, Callable[[Request, Any], Outcome]]:
         return {

@@ -29,7 +29,6 @@ from typing import Any, Callable
 
 from kio.static.primitive import i16, i32, i32Timedelta, i64
 
-from shmbroker.node.config import NodeConfig
 from shmbroker.node.storage.acls import Operation, ResourceType
 from shmbroker.shm import messages as M
 from shmbroker.workers.api.groups import failed
@@ -37,9 +36,9 @@ from shmbroker.workers.api.responses import ZERO_THROTTLE, code, entity, reply
 from shmbroker.workers.codecs import errors as E
 from shmbroker.workers.codecs import protocol as P
 from shmbroker.workers.connection import Request
-from shmbroker.workers.timer_client.delayed import DelayedRequests, DocumentTooLarge
+from shmbroker.workers.timer_client.delayed import DocumentTooLarge
 from shmbroker.workers.timer_client.outcome import Outcome
-from shmbroker.workers.api.authorizer import RequestAuthorizer
+from shmbroker.workers.api.family import HandlerFamily
 
 # The first version of each API that may carry PRODUCER_FENCED (KIP-588).
 PRODUCER_FENCED_SINCE = {P.INIT_PRODUCER_ID: 4, P.ADD_PARTITIONS_TO_TXN: 2, P.ADD_OFFSETS_TO_TXN: 2, P.END_TXN: 2,
@@ -54,12 +53,8 @@ def expected_producer(request: Any) -> tuple[int, int] | None:
     return None if (producer_id == -1) != (epoch == -1) else (producer_id, epoch)
 
 
-class TransactionHandlers:
-    def __init__(self, config: NodeConfig, delayed: DelayedRequests,
-                 authorizer: RequestAuthorizer | None = None) -> None:
-        self.config = config
-        self.delayed = delayed
-        self.authorizer = authorizer or RequestAuthorizer.open_to_all()
+class TransactionHandlers(HandlerFamily):
+    """Made with the node's config, the delayed requests' client and the authorizer (HandlerFamily)."""
 
     def table(self) -> dict[int, Callable[[Request, Any], Outcome]]:
         return {

@@ -40,6 +40,7 @@ from shmbroker.node.storage.records import ControlType, StorageError
 from shmbroker.node.storage.store import PartitionStore
 from shmbroker.shm import messages as M
 from shmbroker.workers.api.authorizer import RequestAuthorizer
+from shmbroker.workers.api.family import HandlerFamily
 from shmbroker.workers.api.responses import code, entity, reply
 from shmbroker.workers.codecs import errors as E
 from shmbroker.workers.codecs import protocol as P
@@ -48,13 +49,11 @@ from shmbroker.workers.timer_client.delayed import Completed, DelayedRequests
 from shmbroker.workers.timer_client.outcome import Outcome
 
 
-class TxnMarkerHandlers:
+class TxnMarkerHandlers(HandlerFamily):
     def __init__(self, partitions: PartitionStore, config: NodeConfig, delayed: DelayedRequests,
                  authorizer: RequestAuthorizer | None = None) -> None:
+        super().__init__(config, delayed, authorizer)
         self.partitions = partitions
-        self.config = config
-        self.delayed = delayed
-        self.authorizer = authorizer or RequestAuthorizer.open_to_all()
 
     def table(self) -> dict[int, Callable[[Request, Any], Outcome]]:
         return {P.WRITE_TXN_MARKERS: self.write_txn_markers}

@@ -1,8 +1,10 @@
-"""The connector's Kafka wire client: blocking connections to the node, every request encoded and every
-response decoded by kio (Kafka's own JSON schemas as data: one codec, no hand-written layouts). The request
-builders, the frame header and the Fetch walk take any version the node serves (default: the one the
-connector speaks), so the benchmarks' raw client (scripts/harness/rawkafka.py) encodes and decodes through
-them too; this module imports nothing of the node.
+"""The clients' Kafka wire module: blocking connections to the node, every request encoded and every
+response decoded by kio (Kafka's own JSON schemas as data: one codec, no hand-written layouts). The Spark
+connector (pyspark_shmbroker) speaks through it; the request builders, the frame header and the Fetch walk
+take any version the node serves (default: the one the connector speaks), so the benchmarks' raw client
+(scripts/harness/rawkafka.py) encodes and decodes through them too. It imports nothing of the node nor of
+the connector, so neither pyspark nor pyarrow is on its path: kio (a dependency of the node itself) is all
+it needs.
 
 Except Fetch responses, the read hot path: ``receive_fetch`` walks them with layouts declared as data
 (``FETCH_RESPONSE_LAYOUT``) and hands out the record sets as views into the connection's receive buffer,
@@ -37,7 +39,6 @@ import struct
 from typing import Any, Iterable, Mapping, NamedTuple, Sequence
 import uuid
 
-from pyspark_shmbroker import dependencies  # noqa: F401  (first: without them, an error saying what to do)
 from kio.index import load_payload_module
 from kio.schema.errors import ErrorCode
 from kio.serial import entity_reader, entity_writer
