@@ -250,7 +250,7 @@ def test_fetch_response_walk_matches_kio():
     from kio.schema.errors import ErrorCode
     from kio.serial import entity_reader, entity_writer
     from kio.static.constants import EntityType
-    from kio.static.primitive import i16, i32, i32Timedelta, i64
+    from kio.static.primitive import i32, i32Timedelta, i64
 
     from shmbroker.clients import wire
 

@@ -26,7 +26,6 @@ import uuid
 from pathlib import Path
 
 import psutil
-import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from shm_testing import unique_instance_id
 

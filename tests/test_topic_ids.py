@@ -9,7 +9,6 @@ import time
 import uuid
 
 import pytest
-from kio.static.primitive import i32, i64
 
 from scripts.harness import rawkafka as R
 from shmbroker.workers.codecs import protocol as P

@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 import psutil
 from rich.console import Console, Group
 from rich.live import Live
-from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 

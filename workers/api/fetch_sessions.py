@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, NamedTuple
 
 from shmbroker.workers.codecs import errors as E
-from shmbroker.workers.codecs.fetch import FetchPartitionResult, FetchTopicResult
+from shmbroker.workers.codecs.fetch import FetchTopicResult
 
 NO_SESSION = 0
 INITIAL_EPOCH = 0
