@@ -22,7 +22,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping
 
-from shmbroker.node.timer.groups.reconciliation import MemberState, Partitions, Reconciled
+from shmbroker.node.timer.groups.reconciliation import MemberBook, MemberState, Partitions
 
 LEAVE_EPOCH = -1
 STATIC_LEAVE_EPOCH = -2
@@ -51,7 +51,7 @@ class ConsumerMember:
 
 
 @dataclass
-class ConsumerGroup:
+class ConsumerGroup(MemberBook):
     group_id: str
     epoch: int = 0
     assignment_epoch: int = 0
@@ -111,49 +111,8 @@ class ConsumerGroup:
     def subscribed_topics(self) -> set[str]:
         return set(self.subscribed_partitions)
 
-    def owner_epoch(self, member_id: str):
-        """owner_epoch(topic, partition) for reconciling `member_id`: -1 if the partition is free or its own."""
-        def epoch_of(topic: str, partition: int) -> int:
-            owner = self.owners.get((topic, partition))
-            return -1 if owner is None or owner[0] == member_id else owner[1]
-        return epoch_of
-
-    def apply(self, member: ConsumerMember, outcome: Reconciled) -> None:
-        """The member after reconciliation: its partitions in `owners` follow."""
-        self.release(member)
-        member.state, member.epoch, member.previous_epoch = outcome.state, outcome.epoch, outcome.previous_epoch
-        member.assigned, member.pending_revocation = outcome.assigned, outcome.pending_revocation
-        self.hold(member)
-
-    def hold(self, member: ConsumerMember) -> None:
-        for topic, partitions in member.owned().items():
-            for partition in partitions:
-                self.owners[(topic, partition)] = (member.member_id, member.epoch)
-
-    def release(self, member: ConsumerMember) -> None:
-        for topic, partitions in member.owned().items():
-            for partition in partitions:
-                if self.owners.get((topic, partition), ("",))[0] == member.member_id:
-                    del self.owners[(topic, partition)]
-
-    def add(self, member: ConsumerMember) -> None:
-        self.members[member.member_id] = member
-        if member.instance_id is not None:
-            self.static_members[member.instance_id] = member.member_id
-        self.empty_since_ms = None
-
-    def remove(self, member_id: str, now_ms: int) -> ConsumerMember | None:
-        member = self.members.pop(member_id, None)
-        if member is None:
-            return None
-        self.release(member)
-        self.target.pop(member_id, None)
-        if member.instance_id is not None and self.static_members.get(member.instance_id) == member_id:
-            del self.static_members[member.instance_id]
+    def removed(self, member: ConsumerMember) -> None:
         self.forget_unused_regexes()
-        if not self.members:
-            self.empty_since_ms = now_ms
-        return member
 
     def replace_static(self, old_id: str, member: ConsumerMember) -> None:
         """A static member back under a new member id takes over its instance's assignment and subscription (as

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Callable, Mapping
+from typing import Any, Callable, Mapping
 
 Partitions = dict[str, set[int]]  # topic -> partitions
 
@@ -87,3 +87,60 @@ def _next_assignment(epoch: int, previous_epoch: int, assigned: Partitions, targ
     # The epoch the member held before, which a heartbeat that missed its answer may still carry.
     previous = epoch if target_epoch != epoch else previous_epoch
     return Reconciled(state, target_epoch, previous, new_assigned, {})
+
+
+class MemberBook:
+    """The members of a group whose members reconcile to a target (KIP-848's consumer groups, KIP-1071's streams
+    groups): each by member id, the static ones by instance id, and the owner of each partition (or task) with
+    the member epoch it was given at, which reconcile() asks through owner_epoch.
+
+    Invariant: `owners` holds exactly the partitions the members own (assigned, or pending revocation), each at its
+    member's epoch. The subclasses are dataclasses with the fields members, static_members, target, owners and
+    empty_since_ms."""
+
+    def owner_epoch(self, member_id: str):
+        """owner_epoch(topic, partition) for reconciling `member_id`: -1 if the partition is free or its own."""
+        def epoch_of(topic: str, partition: int) -> int:
+            owner = self.owners.get((topic, partition))
+            return -1 if owner is None or owner[0] == member_id else owner[1]
+        return epoch_of
+
+    def apply(self, member: Any, outcome: Reconciled) -> None:
+        """The member after reconciliation: its partitions in `owners` follow."""
+        self.release(member)
+        member.state, member.epoch, member.previous_epoch = outcome.state, outcome.epoch, outcome.previous_epoch
+        member.assigned, member.pending_revocation = outcome.assigned, outcome.pending_revocation
+        self.hold(member)
+
+    def hold(self, member: Any) -> None:
+        for topic, partitions in member.owned().items():
+            for partition in partitions:
+                self.owners[(topic, partition)] = (member.member_id, member.epoch)
+
+    def release(self, member: Any) -> None:
+        for topic, partitions in member.owned().items():
+            for partition in partitions:
+                if self.owners.get((topic, partition), ("",))[0] == member.member_id:
+                    del self.owners[(topic, partition)]
+
+    def add(self, member: Any) -> None:
+        self.members[member.member_id] = member
+        if member.instance_id is not None:
+            self.static_members[member.instance_id] = member.member_id
+        self.empty_since_ms = None
+
+    def remove(self, member_id: str, now_ms: int) -> Any | None:
+        member = self.members.pop(member_id, None)
+        if member is None:
+            return None
+        self.release(member)
+        self.target.pop(member_id, None)
+        if member.instance_id is not None and self.static_members.get(member.instance_id) == member_id:
+            del self.static_members[member.instance_id]
+        self.removed(member)
+        if not self.members:
+            self.empty_since_ms = now_ms
+        return member
+
+    def removed(self, member: Any) -> None:
+        """What a group forgets with a member that left (called before the group may become empty)."""

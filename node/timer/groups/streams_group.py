@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from shmbroker.node.timer.groups.reconciliation import MemberState, Partitions, Reconciled
+from shmbroker.node.timer.groups.reconciliation import MemberBook, MemberState, Partitions
 from shmbroker.node.timer.groups.streams_topology import Configured, Topology
 
 SNAPSHOT_FORMAT = 1  # the version of `snapshot`'s layout in the offsets log; `restore` reads this one only
@@ -78,7 +78,7 @@ def _tasks_from_json(data: list) -> Partitions:
 
 
 @dataclass
-class StreamsGroup:
+class StreamsGroup(MemberBook):
     group_id: str
     epoch: int = 0
     assignment_epoch: int = 0
@@ -106,48 +106,9 @@ class StreamsGroup:
             return "Reconciling"
         return "Stable"
 
-    def owner_epoch(self, member_id: str):
-        def epoch_of(subtopology: str, partition: int) -> int:
-            owner = self.owners.get((subtopology, partition))
-            return -1 if owner is None or owner[0] == member_id else owner[1]
-        return epoch_of
-
-    def apply(self, member: StreamsMember, outcome: Reconciled) -> None:
-        self.release(member)
-        member.state, member.epoch, member.previous_epoch = outcome.state, outcome.epoch, outcome.previous_epoch
-        member.assigned, member.pending_revocation = outcome.assigned, outcome.pending_revocation
-        self.hold(member)
-
-    def hold(self, member: StreamsMember) -> None:
-        for sub, partitions in member.owned().items():
-            for partition in partitions:
-                self.owners[(sub, partition)] = (member.member_id, member.epoch)
-
-    def release(self, member: StreamsMember) -> None:
-        for sub, partitions in member.owned().items():
-            for partition in partitions:
-                if self.owners.get((sub, partition), ("",))[0] == member.member_id:
-                    del self.owners[(sub, partition)]
-
-    def add(self, member: StreamsMember) -> None:
-        self.members[member.member_id] = member
-        if member.instance_id is not None:
-            self.static_members[member.instance_id] = member.member_id
-        self.empty_since_ms = None
-
-    def remove(self, member_id: str, now_ms: int) -> StreamsMember | None:
-        member = self.members.pop(member_id, None)
-        if member is None:
-            return None
-        self.release(member)
-        self.target.pop(member_id, None)
-        if member.instance_id is not None and self.static_members.get(member.instance_id) == member_id:
-            del self.static_members[member.instance_id]
-        if self.shutdown_requested_by == member_id:
+    def removed(self, member: StreamsMember) -> None:
+        if self.shutdown_requested_by == member.member_id:
             self.shutdown_requested_by = None
-        if not self.members:
-            self.empty_since_ms = now_ms
-        return member
 
     def replace_static(self, old_id: str, member: StreamsMember) -> None:
         """A static member back under a new member id takes over its instance's tasks and metadata (as Kafka
