@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from shmbroker.node.config import AuthorizerConfig
 from shmbroker.node.storage.acls import (CLUSTER_NAME, OPERATIONS_OF, Authorization, Operation, ResourceType, acls_path,
@@ -31,6 +31,7 @@ from shmbroker.node.storage.acls import (CLUSTER_NAME, OPERATIONS_OF, Authorizat
 from shmbroker.shm import generations
 from shmbroker.shm.generations import ChangeCounters
 from shmbroker.workers.api.responses import NOT_REQUESTED
+from shmbroker.workers.codecs import errors as E
 from shmbroker.workers.connection import Request
 
 log = logging.getLogger("shmbroker.authorizer")
@@ -141,6 +142,28 @@ class RequestAuthorizer:
         if not self.enabled:
             return sum(1 << op for op in supported)
         return sum(1 << op for op in supported if self._decide(req, op, resource_type, name))
+
+    def split(self, req: Request, operation: Operation, resource_type: ResourceType,
+              names: list[str]) -> tuple[list[str], list[str]]:
+        """(the names the principal may `operation`, the others), each in the order given; with the authorizer
+        off, every name allowed."""
+        if not self.enabled:
+            return names, []
+        allowed, refused = [], []
+        for name in names:
+            (allowed if self.allows(req, operation, resource_type, name) else refused).append(name)
+        return allowed, refused
+
+    def group_operations(self, req: Request, request: Any) -> Callable[[int, str], int]:
+        """operations(error, group): the authorized_operations a describe answers for a group (KIP-430),
+        NOT_REQUESTED unless the request asks (include_authorized_operations) and the group has no error."""
+        requested = getattr(request, "include_authorized_operations", False)
+
+        def operations(error: int, group: str) -> int:
+            if not requested or error != E.NONE:
+                return NOT_REQUESTED
+            return self.operations(req, ResourceType.GROUP, group)
+        return operations
 
     def cluster_operations(self, req: Request, requested: bool) -> int:
         """The cluster_authorized_operations of Metadata v8-10 and DescribeCluster: NOT_REQUESTED unless asked;

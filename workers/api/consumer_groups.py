@@ -27,7 +27,7 @@ from shmbroker.node.config import NodeConfig
 from shmbroker.node.storage.acls import Operation, ResourceType
 from shmbroker.node.storage.store import PartitionStore
 from shmbroker.shm import messages as M
-from shmbroker.workers.api.responses import NOT_REQUESTED, ZERO_THROTTLE, code, entity, reply
+from shmbroker.workers.api.responses import ZERO_THROTTLE, code, entity, reply
 from shmbroker.workers.codecs import errors as E
 from shmbroker.workers.codecs import protocol as P
 from shmbroker.workers.codecs.consumer_group_heartbeat import encode_response_without_assignment
@@ -148,16 +148,8 @@ class ConsumerGroupHandlers(HandlerFamily):
         return all(self.authorizer.permits(req, Operation.DESCRIBE, ResourceType.TOPIC, topic) for topic in topics)
 
     def describe(self, req: Request, request: Any) -> Outcome:
-        names, refused = list(request.group_ids), []
-        if self.authorizer.enabled:
-            allowed = [g for g in names if self.authorizer.allows(req, Operation.DESCRIBE, ResourceType.GROUP, g)]
-            names, refused = allowed, [g for g in names if g not in allowed]
-        with_operations = getattr(request, "include_authorized_operations", False)
-
-        def operations(error: int, group: str) -> int:
-            if not with_operations or error != E.NONE:
-                return NOT_REQUESTED
-            return self.authorizer.operations(req, ResourceType.GROUP, group)
+        names, refused = self.authorizer.split(req, Operation.DESCRIBE, ResourceType.GROUP, list(request.group_ids))
+        operations = self.authorizer.group_operations(req, request)
 
         def visible(group: tuple) -> tuple:
             if not self.authorizer.enabled or group[0] != E.NONE or self._describable(req, group[7]):

@@ -32,7 +32,7 @@ from kio.static.primitive import i32, i64
 
 from shmbroker.node.storage.acls import CLUSTER_NAME, Operation, ResourceType
 from shmbroker.shm import messages as M
-from shmbroker.workers.api.responses import NOT_REQUESTED, ZERO_THROTTLE, code, entity, reply
+from shmbroker.workers.api.responses import ZERO_THROTTLE, code, entity, reply
 from shmbroker.workers.codecs import errors as E
 from shmbroker.workers.codecs import protocol as P
 from shmbroker.workers.connection import Request
@@ -94,12 +94,7 @@ class GroupHandlers(HandlerFamily):
 
     def _split_groups(self, req: Request, operation: Operation, groups: list[str]) -> tuple[list[str], list[str]]:
         """(allowed, refused) of the named groups."""
-        if not self.authorizer.enabled:
-            return groups, []
-        allowed, refused = [], []
-        for group in groups:
-            (allowed if self._group_allows(req, operation, group) else refused).append(group)
-        return allowed, refused
+        return self.authorizer.split(req, operation, ResourceType.GROUP, groups)
 
     def _ask(self, req: Request, kind: M.Kind, fields: tuple, timeout_ms: int,
              answer: Callable[[Any], Outcome], refusal: Callable[[E.ErrorCode], Any], *body: Any) -> Outcome:
@@ -378,12 +373,7 @@ class GroupHandlers(HandlerFamily):
 
     def describe_groups(self, req: Request, request: Any) -> Outcome:
         names, refused = self._split_groups(req, Operation.DESCRIBE, list(request.groups))
-        with_operations = getattr(request, "include_authorized_operations", False)
-
-        def operations(error: int, group: str) -> int:
-            if not with_operations or error != E.NONE:
-                return NOT_REQUESTED
-            return self.authorizer.operations(req, ResourceType.GROUP, group)
+        operations = self.authorizer.group_operations(req, request)
 
         def not_found(error: int, group: str, state: str, members: Any) -> str | None:
             """KIP-1043 (v6+): why a group the timer did not describe is GROUP_ID_NOT_FOUND (it is not there, or

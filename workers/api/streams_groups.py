@@ -23,7 +23,7 @@ from shmbroker.node.config import NodeConfig
 from shmbroker.node.storage.acls import CLUSTER_NAME, Operation, ResourceType
 from shmbroker.shm import messages as M
 from shmbroker.workers.api.authorizer import RequestAuthorizer
-from shmbroker.workers.api.responses import NOT_REQUESTED, ZERO_THROTTLE, code, entity, reply
+from shmbroker.workers.api.responses import ZERO_THROTTLE, code, entity, reply
 from shmbroker.workers.codecs import errors as E
 from shmbroker.workers.codecs import protocol as P
 from shmbroker.workers.connection import Request
@@ -154,16 +154,8 @@ class StreamsGroupHandlers:
         return None
 
     def describe(self, req: Request, request: Any) -> Outcome:
-        names, refused = list(request.group_ids), []
-        if self.authorizer.enabled:
-            allowed = [g for g in names if self.authorizer.allows(req, Operation.DESCRIBE, ResourceType.GROUP, g)]
-            names, refused = allowed, [g for g in names if g not in allowed]
-        with_operations = getattr(request, "include_authorized_operations", False)
-
-        def operations(error: int, group: str) -> int:
-            if not with_operations or error != E.NONE:
-                return NOT_REQUESTED
-            return self.authorizer.operations(req, ResourceType.GROUP, group)
+        names, refused = self.authorizer.split(req, Operation.DESCRIBE, ResourceType.GROUP, list(request.group_ids))
+        operations = self.authorizer.group_operations(req, request)
 
         def task_ids(records: list) -> tuple:
             return tuple(entity(req, "TaskIds", subtopology_id=sub, partitions=tuple(map(i32, parts)))
