@@ -35,7 +35,7 @@ RECORDS = 20
 
 # One client id with quotas, far above what the tests send: what kafka-configs describes. A classic group's first
 # member joins at once (Kafka's tests set group.initial.rebalance.delay.ms=0 too): kafka-verifiable-consumer joins
-# twice.
+# twice. Streams groups assign at once too: kafka-streams-groups describes the tasks.
 QUOTAS = """
 [quotas.clients."cli-quota"]
 producer_byte_rate = 1048576
@@ -43,14 +43,13 @@ consumer_byte_rate = 2097152
 
 [groups]
 initial_rebalance_delay_ms = 0
+streams_initial_rebalance_delay_ms = 0
 """
 
 
 @pytest.fixture(scope="module")
 def node(tmp_path_factory):
-    # Streams groups assign at once (no initial rebalance delay): kafka-streams-groups describes the tasks.
-    config = QUOTAS + "[groups]\nstreams_initial_rebalance_delay_ms = 0\n"
-    with NodeProcess(tmp_path_factory.mktemp("tools"), workers=2, config=config) as started:
+    with NodeProcess(tmp_path_factory.mktemp("tools"), workers=2, config=QUOTAS) as started:
         yield started
 
 

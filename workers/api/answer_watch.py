@@ -201,7 +201,7 @@ class AnswerWatch:
         if fetch_offset is not None:
             if first_last < fetch_offset:
                 self._breach(req, f"{where}: fetched from {fetch_offset}, the first batch ends before it "
-                                  f"({first_base}..{first_last}; {asked()})")
+                                  f"({first_base}..{first_last}): {asked()}")
             elif first_base > fetch_offset and not compacted:
                 self._breach(req, f"{where}: fetched from {fetch_offset}, the first batch starts after it "
                                   f"({first_base}..{first_last}) on a log that is not compacted")
