@@ -67,7 +67,7 @@ LONGEST_GROUPS_FIRST = (
     "test_compaction",
     "test_connect",  # 90 s: Connect's worker started thrice, MirrorMaker twice, a Kafka
     "test_java_clients",  # 60 s: six JVM runs
-    "test_kafka_streams",  # 50 s: five runs of a Kafka Streams application
+    "test_kafka_streams",  # 75 s: ten runs of a Kafka Streams application, both rebalance protocols
     "test_streams_java",  # 45-55 s: Kafka Streams on the node, then Kafka 4.4 and Streams again
 )
 
