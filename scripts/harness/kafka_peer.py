@@ -44,6 +44,7 @@ import psutil
 
 from scripts.harness import rawkafka
 from scripts.harness.nodeproc import LOOPBACK, api_versions_roundtrip, die_with_parent, free_port
+from scripts.harness.sparkjob import quick_jvms
 
 KAFKA_VERSION = "4.4.0"
 POM = Path(__file__).resolve().parent / "kafka" / "pom.xml"
@@ -59,16 +60,14 @@ PROBE_INTERVAL_S = 0.1
 DURABILITIES = ("page-cache", "fsync")
 # Kafka's own kafka-run-class.sh settings (G1, 20 ms pauses, headless), and no hsperfdata files in /tmp.
 JVM_OPTIONS = ("-XX:-UsePerfData", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20", "-Djava.awt.headless=true")
-# Set by the tests (tests/conftest.py): their Kafka JVMs start often and run briefly on small loads, where the C2
-# compiler's threads cost more CPU than they save; QUICK_JVM_OPTIONS then keep them to C1. Benchmarks run Kafka as
-# above, and bench_report names the option in its notes when it was on.
-QUICK_JVMS_ENV = "SHMBROKER_QUICK_JVMS"
+# Where the tests ask for quick JVMs (sparkjob.QUICK_JVMS_ENV): C1 only. Benchmarks run Kafka as above, and
+# bench_report names the option in its notes when it was on.
 QUICK_JVM_OPTIONS = ("-XX:TieredStopAtLevel=1",)
 
 
 def jvm_options() -> tuple[str, ...]:
     """JVM_OPTIONS, and QUICK_JVM_OPTIONS where QUICK_JVMS_ENV asks for them."""
-    return JVM_OPTIONS + (QUICK_JVM_OPTIONS if os.environ.get(QUICK_JVMS_ENV) == "1" else ())
+    return JVM_OPTIONS + (QUICK_JVM_OPTIONS if quick_jvms() else ())
 LOG4J2 = """\
 status = warn
 appender.file.type = File
