@@ -76,7 +76,8 @@ sysdeps:
 
 # Apache Kafka 4.4.0, the node's peer in the benchmarks and the differential tests: its jars, fetched by Maven
 # from scripts/harness/kafka/pom.xml into ~/.cache/shmbroker (once; Maven's repository is ~/.m2), and Kafka
-# Connect's with MirrorMaker 2 (scripts/harness/connect/pom.xml) beside them.
+# Connect's with MirrorMaker 2 (scripts/harness/connect/pom.xml) beside them; and the archive of Kafka's classes
+# the tests' JVMs map instead of loading them each (kafka_peer.make_class_archive: one broker's life, once).
 kafka: test-venv sysdeps
 	$(PY) -m scripts.harness.kafka_peer --fetch
 

@@ -1654,7 +1654,8 @@ def main(argv: list[str] | None = None) -> int:
         plan.notes.append(f"Section 6's warm-up round ran {plan.e2e_warmup_s:g} s of each case, not "
                           f"{E2E_WARMUP_ROUND_S:g} (--e2e-warmup-s).")
     if kafka_peer.jvm_options() != kafka_peer.JVM_OPTIONS:
-        plan.notes.append(f"Kafka's JVMs ran with {' '.join(kafka_peer.QUICK_JVM_OPTIONS)} "
+        quick = kafka_peer.jvm_options()[len(kafka_peer.JVM_OPTIONS):]
+        plan.notes.append(f"Kafka's JVMs ran with {' '.join(quick)} "
                           f"({sparkjob.QUICK_JVMS_ENV}=1, the tests' setting): its figures are not Kafka's.")
     if plan.group_join_delay_ms != GROUP_JOIN_DELAY_MS:
         plan.notes.append(f"The node's and Kafka's initial rebalance delay was {plan.group_join_delay_ms} ms, not "

@@ -38,10 +38,9 @@ import pytest
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from scripts.harness.kafka_peer import classpath, java
 from scripts.harness.nodeproc import NodeProcess, die_with_parent
 from tests import waiting
-from tests.test_java_clients import CLIENT_JVM_OPTIONS
+from tests.test_java_clients import java_command
 
 pytestmark = pytest.mark.node
 
@@ -192,8 +191,7 @@ def app_argv(node: NodeProcess, topics: Topics, state: Path, protocol: str, expe
             "throttle-ms": str(throttle_ms)}
     temp = state.parent / "jvm-tmp"
     temp.mkdir(parents=True, exist_ok=True)
-    return [java(), *CLIENT_JVM_OPTIONS, f"-Djava.io.tmpdir={temp}", "-cp", classpath(), str(PROGRAM),
-            *(f"{k}={v}" for k, v in args.items())]
+    return [*java_command(PROGRAM, f"-Djava.io.tmpdir={temp}"), *(f"{k}={v}" for k, v in args.items())]
 
 
 class StreamsProcess:

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from scripts.harness.kafka_peer import KafkaPeer, classpath, java
+from scripts.harness.kafka_peer import KafkaPeer
 from scripts.harness.nodeproc import NodeProcess, die_with_parent
-from tests.test_java_clients import CLIENT_JVM_OPTIONS, PROGRAMS
+from tests.test_java_clients import PROGRAMS, java_command
 
 pytestmark = pytest.mark.node
 
@@ -45,15 +45,16 @@ def counts(rounds: int) -> dict[str, int]:
 
 
 def run_streams_app(bootstrap: str, work: Path, on_restart=None) -> dict[str, dict]:
-    """StreamsGroupApp.java's lines by step; `on_restart()` runs at its before-restart step (then the program goes on)."""
+    """StreamsGroupApp.java's lines by step; `on_restart()` runs at its before-restart step (then the program goes
+    on)."""
     mode = "restart" if on_restart is not None else "no-restart"
     stderr_path = work / "streams-app.err"
     java_tmp = work / "java-tmp"  # RocksDB unpacks its native library into java.io.tmpdir: kept inside tmp_path
     java_tmp.mkdir(exist_ok=True)
     lines: queue.Queue = queue.Queue()
     with open(stderr_path, "w") as stderr:
-        proc = subprocess.Popen([java(), *CLIENT_JVM_OPTIONS, f"-Djava.io.tmpdir={java_tmp}", "-cp", classpath(),
-                                 str(PROGRAMS / "StreamsGroupApp.java"), bootstrap, PREFIX, str(work / "state"), mode],
+        proc = subprocess.Popen([*java_command(PROGRAMS / "StreamsGroupApp.java", f"-Djava.io.tmpdir={java_tmp}"),
+                                 bootstrap, PREFIX, str(work / "state"), mode],
                                 stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, stderr=stderr, text=True, preexec_fn=die_with_parent)
     reader = threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout] + [lines.put(None)],
