@@ -33,7 +33,8 @@ ALL_TASKS = [f"{s}_{p}" for s in (0, 1) for p in range(4)]
 # A member learns of a new assignment at its next heartbeat: short intervals on both brokers (defaults 5 s), and
 # no initial rebalance delay (3 s by default on both; tests/test_streams_groups_protocol.py tries the node's).
 HEARTBEAT_MS = 500
-NODE_CONFIG = f"[groups]\nstreams_heartbeat_interval_ms = {HEARTBEAT_MS}\nstreams_initial_rebalance_delay_ms = 0\n"
+NODE_CONFIG = (f"[groups]\nstreams_heartbeat_interval_ms = {HEARTBEAT_MS}\n"
+               f"streams_min_heartbeat_interval_ms = {HEARTBEAT_MS}\nstreams_initial_rebalance_delay_ms = 0\n")
 KAFKA_SETTINGS = {"group.streams.heartbeat.interval.ms": str(HEARTBEAT_MS),
                   "group.streams.min.heartbeat.interval.ms": str(HEARTBEAT_MS),
                   "group.streams.initial.rebalance.delay.ms": "0"}
