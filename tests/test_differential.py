@@ -564,12 +564,9 @@ BROKER_CONFIGS_NOT_ON_THE_NODE = {
         "share.coordinator.state.topic.replication.factor", "share.coordinator.state.topic.segment.bytes",
         "share.coordinator.threads", "share.coordinator.write.timeout.ms",
         "share.fetch.purgatory.purge.interval.requests"),
-    "streams groups (KIP-1071): the bounds of group configs it does not take, standby replicas, assignors, plug-ins": (
+    "streams groups (KIP-1071): its assignor runs in each heartbeat, sticky only; no rack tags or plug-ins": (
         "group.streams.assignment.interval.ms", "group.streams.assignors", "group.streams.max.assignment.interval.ms",
-        "group.streams.max.heartbeat.interval.ms", "group.streams.max.session.timeout.ms",
-        "group.streams.max.standby.replicas", "group.streams.min.assignment.interval.ms",
-        "group.streams.min.heartbeat.interval.ms", "group.streams.min.session.timeout.ms",
-        "group.streams.num.standby.replicas", "group.streams.rack.aware.assignment.tags",
+        "group.streams.min.assignment.interval.ms", "group.streams.rack.aware.assignment.tags",
         "group.streams.topology.description.plugin.class"),
     "APIs it does not have: delegation tokens, DescribeTopicPartitions, client telemetry, 2PC (KIP-939)": (
         "delegation.token.expiry.check.interval.ms", "delegation.token.expiry.time.ms",
