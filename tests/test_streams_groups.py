@@ -83,6 +83,34 @@ def test_two_instances_hold_each_others_standbys():
     assert alone == {"m1": {}, "m2": {}}  # two threads of one instance: no other process for a standby
 
 
+def test_a_leaving_members_tasks_go_to_their_standbys():
+    """Three instances, one standby replica: when one leaves, each of its active tasks goes to the member that had
+    it as standby (its state restored) wherever the balance leaves a choice."""
+    active = {"m1": {"0": {0, 1}}, "m2": {"0": {2, 3}}, "m3": {"0": {4, 5}}}
+    standby = {"m1": {"0": {2, 5}}, "m2": {"0": {0, 4}}, "m3": {"0": {1, 3}}}
+    after = TASK_ASSIGNOR.assign(["m1", "m2"], {"0": 6}, active, standby)
+    assert after == {"m1": {"0": {0, 1, 5}}, "m2": {"0": {2, 3, 4}}}  # by ids alone m1 would get 4
+
+
+def test_a_snapshot_of_format_1_restores_without_standbys():
+    """A group kept before standby tasks (format 1: members without standby fields, no standby target) comes back
+    with none, at the number of standbys it had (0), so its first heartbeat moves nothing."""
+    from shmbroker.node.timer.groups.streams_group import StreamsGroup, StreamsMember
+
+    group = StreamsGroup("g", epoch=3, assignment_epoch=3, topology=word_count())
+    member = StreamsMember("m", process_id="p", epoch=3, assigned={"0": {0, 1}})
+    group.add(member)
+    group.hold(member)
+    group.target = {"m": {"0": {0, 1}}}
+    snapshot = group.snapshot()
+    old = [1, *snapshot[1:4], [m[:15] for m in snapshot[4]], *snapshot[5:8]]
+    restored = StreamsGroup.restore("g", old, now_ms=0)
+    assert restored.members["m"].assigned == {"0": {0, 1}} and restored.members["m"].standby == {}
+    assert restored.standby_target == {} and restored.standby_replicas == 0 and restored.owners == group.owners
+    again = StreamsGroup.restore("g", snapshot, now_ms=0)
+    assert again.snapshot() == snapshot
+
+
 def topic(name: str, partitions: int = 0) -> TopicInfo:
     return TopicInfo(name, partitions, 0, ())
 

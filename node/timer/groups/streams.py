@@ -493,7 +493,7 @@ class StreamsGroups:
             return
         ready = group.configured is not None and group.configured.ready
         tasks = group.configured.tasks if ready else {}
-        group.target = TASK_ASSIGNOR.assign(group.members, tasks, group.target)
+        group.target = TASK_ASSIGNOR.assign(group.members, tasks, group.target, group.standby_target)
         stateful = {sub.subtopology_id for sub in group.topology.subtopologies
                     if sub.changelog_topics} if group.topology is not None else set()
         group.standby_target = TASK_ASSIGNOR.assign_standbys(

@@ -3,8 +3,8 @@ in the spirit of Kafka's StickyTaskAssignor.
 
 Each subtopology is assigned on its own, in id order: a member keeps the tasks of it that it had in the previous
 target, up to its share (`tasks // members`); the rest (the remainder included) go one by one to the member with
-the fewest tasks of that subtopology, then the fewest tasks in all, then its previous owner, then the smallest
-id, so the remainders of subtopologies even out the members' totals. So every member runs part of every
+the fewest tasks of that subtopology, then the fewest tasks in all, then its previous owner, then a member that
+held it as standby (its state is warm: Kafka's second pass), then the smallest id, so the remainders of subtopologies even out the members' totals. So every member runs part of every
 subtopology (what Kafka's assignor aims at: a subtopology's load spread over the application's instances), and a
 member that joins or leaves moves few tasks.
 
@@ -44,8 +44,11 @@ class StreamsTaskAssignor:
     name = "sticky"
 
     def assign(self, members: Iterable[str], tasks: Mapping[str, int],
-               previous: Mapping[str, Mapping[str, set[int]]]) -> Assignment:
-        """`tasks`: subtopology id -> its number of tasks; `previous`: the last target assignment."""
+               previous: Mapping[str, Mapping[str, set[int]]],
+               previous_standby: Mapping[str, Mapping[str, set[int]]] | None = None) -> Assignment:
+        """`tasks`: subtopology id -> its number of tasks; `previous`: the last target assignment (its active
+        tasks), `previous_standby` its standby tasks."""
+        previous_standby = previous_standby or {}
         ids = sorted(members)
         result: Assignment = {m: {} for m in ids}
         if not ids:
@@ -66,7 +69,9 @@ class StreamsTaskAssignor:
                 if partition in taken:
                     continue
                 had = {m for m in ids if partition in (previous.get(m) or {}).get(subtopology, ())}
-                member = min(ids, key=lambda m: (len(owned[m]), load[m] + len(owned[m]), m not in had, m))
+                warm = {m for m in ids if partition in (previous_standby.get(m) or {}).get(subtopology, ())}
+                member = min(ids, key=lambda m: (len(owned[m]), load[m] + len(owned[m]), m not in had,
+                                                 m not in warm, m))
                 owned[member].add(partition)
             for member, partitions in owned.items():
                 if partitions:
