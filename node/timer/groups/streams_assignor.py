@@ -4,9 +4,10 @@ in the spirit of Kafka's StickyTaskAssignor.
 Each subtopology is assigned on its own, in id order: a member keeps the tasks of it that it had in the previous
 target, up to its share (`tasks // members`); the rest (the remainder included) go one by one to the member with
 the fewest tasks of that subtopology, then the fewest tasks in all, then its previous owner, then a member that
-held it as standby (its state is warm: Kafka's second pass), then the smallest id, so the remainders of subtopologies even out the members' totals. So every member runs part of every
-subtopology (what Kafka's assignor aims at: a subtopology's load spread over the application's instances), and a
-member that joins or leaves moves few tasks.
+held it as standby (its state is warm: Kafka's second pass), then the smallest id, so the remainders of
+subtopologies even out the members' totals. So every member runs part of every subtopology (what Kafka's
+assignor aims at: a subtopology's load spread over the application's instances), and a member that joins or
+leaves moves few tasks.
 
 Standby tasks (the group's streams.num.standby.replicas > 0), as Kafka's assignStandby: each task of a stateful
 subtopology (one with changelog topics) gets up to that many standby replicas, each on a process (an application
