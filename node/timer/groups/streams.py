@@ -34,7 +34,7 @@ Rules as Kafka's GroupMetadataManager.streamsGroupHeartbeat:
   must give up (active or standby) are revoked first. No warm-up tasks are given (docs/compatibility.md).
 - Settings per group (node.storage.group_config, the GROUP config resource): session timeout, heartbeat interval
   and standby replicas are read at each heartbeat, so an altered group config applies from the next one; a new
-  number of standby replicas moves the group epoch (a new target).
+  number of standby replicas moves the group epoch (a new target), as Kafka's lastAssignmentConfigs check does.
 - A member joining an empty group starts the initial rebalance delay (streams_initial_rebalance_delay_ms): until
   it ends every member is told ASSIGNMENT_DELAYED and given no tasks, so instances starting together get their
   shares at once; the first heartbeat after it moves the group epoch and computes the target.
