@@ -453,6 +453,7 @@ GROUP_ALTERATIONS = {  # name -> the changes of one group: (key, operation, valu
     "streams: null value": [("streams.num.standby.replicas", SET, None)],
     "streams: delete what is not set": [("streams.num.standby.replicas", DELETE, None)],
     "streams: append to a number": [("streams.num.standby.replicas", APPEND, "1")],
+    "streams: no initial rebalance delay": [("streams.initial.rebalance.delay.ms", SET, "0")],
 }
 
 
@@ -494,7 +495,7 @@ def test_streams_group_configs_are_checked_as_kafka_checks_them(servers):
     assert found == list(GROUP_ALTERATION_DIFFERENCES), "\n".join(found)
     assert all(code == 0 for name, (code, _) in kafka.items() if name in (
         "streams: one standby", "streams: the most standbys", "streams: session within bounds",
-        "streams: interval and session", "streams: delete what is not set"))
+        "streams: interval and session", "streams: delete what is not set", "streams: no initial rebalance delay"))
 
 
 def describe_configs(port: int, kind: int, name: str) -> dict[str, list]:

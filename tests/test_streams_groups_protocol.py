@@ -71,7 +71,8 @@ class StreamsMember:
                       rebalance_timeout=ms(5000 if joining else -1),
                       topology=(topology or self.topology) if joining else None, active_tasks=task_ids(owned),
                       standby_tasks=task_ids(self.standby), warmup_tasks=(), process_id="process-" + self.member_id,
-                      user_endpoint=None, client_tags=(), task_offsets=(), task_end_offsets=(), shutdown_application=False)
+                      user_endpoint=None, client_tags=(), task_offsets=(), task_end_offsets=(),
+                      shutdown_application=False)
         values.update(fields)
         response = self.conn.call(HB, 0, body(HB, 0, "StreamsGroupHeartbeatRequest", **values))
         if int(response.error_code) == NONE and epoch >= 0:
@@ -341,10 +342,11 @@ def test_a_silent_member_is_fenced_when_its_session_ends(node, members):
 
 def test_standby_tasks_follow_the_groups_configs_which_survive_a_restart(node, members):
     """KIP-1071's group configs on the GROUP resource (streams.num.standby.replicas, streams.heartbeat.interval.ms,
-    streams.session.timeout.ms), through confluent-kafka's admin client: checked against the node's bounds
-    (INVALID_CONFIG), used at the group's next heartbeat. With one standby replica, each of two processes holds the
-    other's stateful tasks (subtopology 1, the one with a changelog) as standby, in the heartbeat answers and in
-    StreamsGroupDescribe; back to none, the standbys are revoked. Configs and standbys survive a node restart."""
+    streams.session.timeout.ms, streams.initial.rebalance.delay.ms), through confluent-kafka's admin client:
+    checked against the node's bounds (INVALID_CONFIG), used at the group's next heartbeat. With one standby
+    replica, each of two processes holds the other's stateful tasks (subtopology 1, the one with a changelog) as
+    standby, in the heartbeat answers and in StreamsGroupDescribe; back to none, the standbys are revoked. Configs
+    and standbys survive a node restart."""
     from confluent_kafka import KafkaException
     from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
 
@@ -372,10 +374,17 @@ def test_standby_tasks_follow_the_groups_configs_which_survive_a_restart(node, m
     assert alter("sb", streams_session_timeout_ms="60001") == INVALID_CONFIG  # above Kafka's max
     assert alter("sb", streams_heartbeat_interval_ms="15001") == INVALID_CONFIG  # above Kafka's max
     assert alter("sb", streams_heartbeat_interval_ms="1500") == INVALID_CONFIG  # not below the session (1500)
+    assert alter("sb", streams_initial_rebalance_delay_ms="-1") == INVALID_CONFIG
+    assert alter("sb", streams_num_warmup_replicas="1") == INVALID_CONFIG  # Kafka's; the node has no warm-ups
+    # A delay for one group (the node's is 0 here): its first member waits, told so.
+    assert alter("sb-delayed", streams_initial_rebalance_delay_ms="60000") is None
+    delayed = members("sb-delayed", "d", topology=word_count("sb-delayed"))
+    assert statuses(delayed.heartbeat()) == [ASSIGNMENT_DELAYED] and delayed.tasks() == []
     assert alter("sb", streams_num_standby_replicas="1", streams_heartbeat_interval_ms="200",
                  streams_session_timeout_ms="3000") is None  # before the group exists
     assert described("sb") == {"streams.num.standby.replicas": ("1", 8), "streams.heartbeat.interval.ms": ("200", 8),
-                               "streams.session.timeout.ms": ("3000", 8)}  # GROUP_CONFIG
+                               "streams.session.timeout.ms": ("3000", 8),  # GROUP_CONFIG
+                               "streams.initial.rebalance.delay.ms": ("0", 4)}  # STATIC_BROKER_CONFIG
 
     a, b = members("sb", "a"), members("sb", "b")  # processes "process-a" and "process-b"
     assert a.heartbeat().heartbeat_interval.total_seconds() == 0.2

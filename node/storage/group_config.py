@@ -1,17 +1,18 @@
 """Group configs (KIP-848, KIP-1071): per-group overrides of the consumer and streams group protocols' session
-timeout and heartbeat interval, and of a streams group's standby replicas: Kafka's GROUP config resource
-(DescribeConfigs, AlterConfigs, IncrementalAlterConfigs).
+timeout and heartbeat interval, and of a streams group's standby replicas and initial rebalance delay: Kafka's
+GROUP config resource (DescribeConfigs, AlterConfigs, IncrementalAlterConfigs).
 
 Two layers make a group's settings, as in Kafka: the node's TOML file (`[groups] consumer_session_timeout_ms`,
 `consumer_heartbeat_interval_ms`, `streams_session_timeout_ms`, `streams_heartbeat_interval_ms`,
-`streams_num_standby_replicas`: Kafka's `group.consumer.*` and `group.streams.*` broker configs, with Kafka's
-defaults), then the group's own overrides in the catalog (`consumer.session.timeout.ms`,
-`consumer.heartbeat.interval.ms`, `streams.session.timeout.ms`, `streams.heartbeat.interval.ms`,
-`streams.num.standby.replicas`). Overrides name a group id, not a group: they may be set before the group exists
-and stay when it is deleted; the coordinators read them at each heartbeat, so a change applies from the group's
-next heartbeat on. Kafka's share-group settings (`share.*`) are refused: this node has no share groups; so are
-Kafka 4.4's other `streams.*` group configs (warm-up replicas, rack-aware tags, the assignor's name, ...), which
-the node's streams assignor does not use (docs/compatibility.md).
+`streams_num_standby_replicas`, `streams_initial_rebalance_delay_ms`: Kafka's `group.consumer.*` and
+`group.streams.*` broker configs, with Kafka's defaults), then the group's own overrides in the catalog
+(`consumer.session.timeout.ms`, `consumer.heartbeat.interval.ms`, `streams.session.timeout.ms`,
+`streams.heartbeat.interval.ms`, `streams.num.standby.replicas`, `streams.initial.rebalance.delay.ms`).
+Overrides name a group id, not a group: they may be set before the group exists and stay when it is deleted; the
+coordinators read them at each heartbeat, so a change applies from the group's next heartbeat on. Kafka's
+share-group settings (`share.*`) are refused: this node has no share groups; so are Kafka 4.4's other `streams.*`
+group configs (warm-up replicas, rack-aware tags, the assignor's name, the recovery lag and task offset interval,
+...), which the node does not take per group (docs/compatibility.md).
 
 Invariants: stored overrides are canonical, and were valid when stored: within the node's bounds
 (`consumer_min_*`/`consumer_max_*` and `streams_min_*`/`streams_max_*`, Kafka's `group.consumer.min/max.*` and
@@ -37,13 +38,14 @@ HEARTBEAT_INTERVAL = "consumer.heartbeat.interval.ms"
 STREAMS_SESSION_TIMEOUT = "streams.session.timeout.ms"
 STREAMS_HEARTBEAT_INTERVAL = "streams.heartbeat.interval.ms"
 STREAMS_STANDBY_REPLICAS = "streams.num.standby.replicas"
+STREAMS_INITIAL_DELAY = "streams.initial.rebalance.delay.ms"
 
 
 @dataclass(frozen=True)
 class GroupSetting:
     definition: TopicConfigDef  # name, type, broker synonym and documentation; `field` is GroupConfig's
     low: str | None  # the GroupConfig fields that bound it (None: only the definition's own check)
-    high: str
+    high: str | None
     # How a value out of bounds is told: Kafka 4.4 words the consumer settings' bounds one by one
     # ("... must be greater than or equal to group.consumer.min...") and the streams settings' as a range.
     as_range: bool = False
@@ -54,7 +56,7 @@ class GroupSetting:
             return f"{name} must be in the range {low} to {high} inclusive."
         if low is not None and value < low:
             return f"{name} must be greater than or equal to group.{_kafka_name(self.low)}"
-        if value > high:
+        if high is not None and value > high:
             return f"{name} must be less than or equal to " + (str(high) if self.as_range
                                                               else f"group.{_kafka_name(self.high)}")
         return None
@@ -82,6 +84,10 @@ SETTINGS: tuple[GroupSetting, ...] = (
         "How many standby replicas of each stateful task the streams group's assignor places, each on another "
         "process than the task's active one (fewer while the group has too few processes).", at_least(0)),
         None, "streams_max_standby_replicas", as_range=True),
+    GroupSetting(TopicConfigDef(
+        STREAMS_INITIAL_DELAY, "INT", "group.streams.initial.rebalance.delay.ms",
+        "streams_initial_rebalance_delay_ms", "3000", "How long a member joining the empty streams group waits "
+        "for others before the tasks are assigned (ASSIGNMENT_DELAYED meanwhile).", at_least(0)), None, None),
 )
 # The pairs whose session timeout must stay above their heartbeat interval.
 SESSION_ABOVE_HEARTBEAT = ((SESSION_TIMEOUT, HEARTBEAT_INTERVAL), (STREAMS_SESSION_TIMEOUT, STREAMS_HEARTBEAT_INTERVAL))
@@ -105,6 +111,7 @@ class NodeGroupSettings(Protocol):
     streams_min_heartbeat_interval_ms: int
     streams_max_heartbeat_interval_ms: int
     streams_max_standby_replicas: int
+    streams_initial_rebalance_delay_ms: int
 
 
 @dataclass(frozen=True)
@@ -118,6 +125,7 @@ class StreamsSettings:
     session_timeout_ms: int
     heartbeat_interval_ms: int
     num_standby_replicas: int
+    initial_rebalance_delay_ms: int
 
 
 def check_overrides(config: NodeGroupSettings, values: dict[str, str | None]) -> dict[str, str]:
@@ -137,7 +145,8 @@ def check_overrides(config: NodeGroupSettings, values: dict[str, str | None]) ->
         name = setting.definition.name
         if name in canonical:
             low = getattr(config, setting.low) if setting.low is not None else None
-            problem = setting.out_of_bounds(int(canonical[name]), low, getattr(config, setting.high))
+            high = getattr(config, setting.high) if setting.high is not None else None
+            problem = setting.out_of_bounds(int(canonical[name]), low, high)
             if problem is not None:
                 raise TopicConfigError(problem)
     for session, heartbeat in SESSION_ABOVE_HEARTBEAT:
@@ -167,7 +176,7 @@ def effective_streams(config: NodeGroupSettings, overrides: dict[str, str] | Non
     """A streams group's settings: its overrides on the node's defaults."""
     overrides = overrides or {}
     return StreamsSettings(*(_value(config, overrides, name) for name in (
-        STREAMS_SESSION_TIMEOUT, STREAMS_HEARTBEAT_INTERVAL, STREAMS_STANDBY_REPLICAS)))
+        STREAMS_SESSION_TIMEOUT, STREAMS_HEARTBEAT_INTERVAL, STREAMS_STANDBY_REPLICAS, STREAMS_INITIAL_DELAY)))
 
 
 def describe_group(config: NodeGroupSettings, overrides: dict[str, str] | None) -> list[DescribedConfig]:

@@ -32,12 +32,14 @@ Rules as Kafka's GroupMetadataManager.streamsGroupHeartbeat:
   member is given an active task only once no other member owns it and no other member of its process holds it
   as standby; a standby task only once no other member of its process holds it (active or standby); tasks it
   must give up (active or standby) are revoked first. No warm-up tasks are given (docs/compatibility.md).
-- Settings per group (node.storage.group_config, the GROUP config resource): session timeout, heartbeat interval
-  and standby replicas are read at each heartbeat, so an altered group config applies from the next one; a new
-  number of standby replicas moves the group epoch (a new target), as Kafka's lastAssignmentConfigs check does.
-- A member joining an empty group starts the initial rebalance delay (streams_initial_rebalance_delay_ms): until
-  it ends every member is told ASSIGNMENT_DELAYED and given no tasks, so instances starting together get their
-  shares at once; the first heartbeat after it moves the group epoch and computes the target.
+- Settings per group (node.storage.group_config, the GROUP config resource): session timeout, heartbeat interval,
+  standby replicas and initial rebalance delay are read at each heartbeat, so an altered group config applies
+  from the next one; a new number of standby replicas moves the group epoch (a new target), as Kafka's
+  lastAssignmentConfigs check does.
+- A member joining an empty group starts the initial rebalance delay (the group's
+  streams.initial.rebalance.delay.ms, else streams_initial_rebalance_delay_ms): until it ends every member is
+  told ASSIGNMENT_DELAYED and given no tasks, so instances starting together get their shares at once; the
+  first heartbeat after it moves the group epoch and computes the target.
 
 Timers (node.timer.groups.sessions wheels): a member's session ends with the member fenced (its tasks free); a
 member asked to revoke tasks that has not within its rebalance timeout is fenced too.
@@ -335,8 +337,9 @@ class StreamsGroups:
                 self.revocations.forget((group.group_id, holder))
                 group.replace_static(holder, member)
                 return group, member, True, True
-            if not group.members and self.config.streams_initial_rebalance_delay_ms > 0:
-                group.assign_after_ms = self.clock() + self.config.streams_initial_rebalance_delay_ms
+            delay_ms = self.settings(group.group_id).initial_rebalance_delay_ms
+            if not group.members and delay_ms > 0:
+                group.assign_after_ms = self.clock() + delay_ms
             if member is None:
                 if self.config.streams_max_size and len(group.members) >= self.config.streams_max_size:
                     raise HeartbeatError(E.group_max_size_reached, "The streams group has reached its maximum "
