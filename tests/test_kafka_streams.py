@@ -50,7 +50,8 @@ PROGRAM = Path(__file__).resolve().parent / "java" / "StreamsApp.java"
 # The streams protocol's session timeout is the group coordinator's (KIP-1071): as short as the classic runs'
 # consumers ask for theirs (StreamsApp.java, 6 s), so a killed instance's member leaves as soon in both.
 NODE_CONFIG = ("[groups]\ninitial_rebalance_delay_ms = 0\nstreams_session_timeout_ms = 6000\n"
-               "streams_heartbeat_interval_ms = 1000\n")
+               "streams_heartbeat_interval_ms = 1000\nstreams_min_session_timeout_ms = 6000\n"
+               "streams_min_heartbeat_interval_ms = 1000\n")
 USERS = 7
 AMOUNTS = 10
 WINDOW_MS = 60_000
