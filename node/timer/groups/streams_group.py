@@ -22,35 +22,20 @@ Invariants:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from shmbroker.node.timer.groups.reconciliation import MemberBook, MemberState, Partitions
+from shmbroker.node.timer.groups.reconciliation import MemberBook, MemberState, Partitions, ReconcilingMember
 from shmbroker.node.timer.groups.streams_topology import Configured, Topology
 
 SNAPSHOT_FORMAT = 1  # the version of `snapshot`'s layout in the offsets log; `restore` reads this one only
 
 
 @dataclass
-class StreamsMember:
-    member_id: str
-    instance_id: str | None = None
+class StreamsMember(ReconcilingMember):
     process_id: str = ""
-    rack_id: str | None = None
-    client_id: str = ""
-    client_host: str = ""
-    rebalance_timeout_ms: int = 0
     topology_epoch: int = -1
     endpoint: tuple[str, int] | None = None
     client_tags: tuple[tuple[str, str], ...] = ()
-    epoch: int = 0
-    previous_epoch: int = -1
-    state: MemberState = MemberState.STABLE
-    assigned: Partitions = field(default_factory=dict)
-    pending_revocation: Partitions = field(default_factory=dict)
-
-    def owned(self) -> Partitions:
-        return {t: self.assigned.get(t, set()) | self.pending_revocation.get(t, set())
-                for t in set(self.assigned) | set(self.pending_revocation)}
 
     def snapshot(self) -> list:
         return [self.member_id, self.instance_id, self.process_id, self.rack_id, self.client_id, self.client_host,
@@ -62,11 +47,12 @@ class StreamsMember:
     def restore(data: list) -> StreamsMember:
         (member_id, instance_id, process_id, rack_id, client_id, client_host, rebalance_timeout_ms, topology_epoch,
          endpoint, tags, epoch, previous_epoch, state, assigned, pending) = data
-        return StreamsMember(member_id, instance_id, process_id, rack_id, client_id, client_host,
-                             int(rebalance_timeout_ms), int(topology_epoch),
-                             (endpoint[0], int(endpoint[1])) if endpoint else None,
-                             tuple((k, v) for k, v in tags), int(epoch), int(previous_epoch), MemberState(state),
-                             _tasks_from_json(assigned), _tasks_from_json(pending))
+        return StreamsMember(
+            member_id, instance_id, rack_id=rack_id, client_id=client_id, client_host=client_host,
+            rebalance_timeout_ms=int(rebalance_timeout_ms), epoch=int(epoch), previous_epoch=int(previous_epoch),
+            state=MemberState(state), assigned=_tasks_from_json(assigned), pending_revocation=_tasks_from_json(pending),
+            process_id=process_id, topology_epoch=int(topology_epoch),
+            endpoint=(endpoint[0], int(endpoint[1])) if endpoint else None, client_tags=tuple((k, v) for k, v in tags))
 
 
 def _tasks_json(tasks: Partitions) -> list:
@@ -78,33 +64,17 @@ def _tasks_from_json(data: list) -> Partitions:
 
 
 @dataclass
-class StreamsGroup(MemberBook):
-    group_id: str
-    epoch: int = 0
-    assignment_epoch: int = 0
+class StreamsGroup(MemberBook):  # its members are StreamsMembers, its target and owners are of tasks
     topology: Topology | None = None
-    members: dict[str, StreamsMember] = field(default_factory=dict)
-    static_members: dict[str, str] = field(default_factory=dict)  # instance id -> member id
-    target: dict[str, Partitions] = field(default_factory=dict)  # member id -> its target active tasks
-    owners: dict[tuple[str, int], tuple[str, int]] = field(default_factory=dict)  # task -> (member, its epoch)
     configured: Configured | None = None  # the topology against the catalog of `catalog_version`
     catalog_version: int = -1
     endpoint_epoch: int = 0
     shutdown_requested_by: str | None = None
-    empty_since_ms: int | None = None
     assign_after_ms: int | None = None  # the initial rebalance delay's end, while the group waits for it
 
-    @property
-    def state(self) -> str:
-        if not self.members:
-            return "Empty"
-        if self.configured is None or not self.configured.ready:
-            return "NotReady"
-        if self.assignment_epoch != self.epoch:
-            return "Assigning"
-        if any(m.epoch != self.assignment_epoch or m.state is not MemberState.STABLE for m in self.members.values()):
-            return "Reconciling"
-        return "Stable"
+    def ready(self) -> bool:
+        """NotReady while the topology is not configured (missing source or internal topics, wrong counts)."""
+        return self.configured is not None and self.configured.ready
 
     def removed(self, member: StreamsMember) -> None:
         if self.shutdown_requested_by == member.member_id:
@@ -146,7 +116,7 @@ class StreamsGroup(MemberBook):
             raise ValueError(f"not a streams group snapshot of format {SNAPSHOT_FORMAT}")
         _, epoch, assignment_epoch, topology, members, target, endpoint_epoch, tasks = data
         group = StreamsGroup(group_id, int(epoch), int(assignment_epoch),
-                             Topology.from_json(topology) if topology is not None else None)
+                             topology=Topology.from_json(topology) if topology is not None else None)
         for member_data in members:
             member = StreamsMember.restore(member_data)
             group.add(member)
