@@ -192,6 +192,15 @@ def librdkafka_clients_collected():
     gc.collect()
 
 
+@pytest.fixture(scope="session")
+def java_classpath(tmp_path_factory) -> str:
+    """The class path of the Java programs of tests/java/: Kafka's jars and their shared kit, compiled once per
+    test process that runs them (tests/test_java_clients.kit_classpath)."""
+    from tests.test_java_clients import kit_classpath
+
+    return kit_classpath(tmp_path_factory.mktemp("java-kit"))
+
+
 @pytest.fixture
 def table():
     """A fresh partition table of 4 rows, unlinked afterwards."""

@@ -1,6 +1,7 @@
 """Apache Kafka 4.4.0's Java client against a real node (2 workers): the programs of tests/java/, single-file
-sources the JVM compiles and runs (`java -cp <Kafka's jars> tests/java/Name.java ...`, on the classpath Maven
-fetched: scripts/harness/kafka_peer.py), print one JSON line per step, and the tests assert on what they read back.
+sources the JVM compiles and runs (`java -cp <Kafka's jars>:<kit> tests/java/Name.java ...`, on the classpath Maven
+fetched: scripts/harness/kafka_peer.py, and their shared tests/java/kit compiled once per test process: the
+java_classpath fixture), print one JSON line per step, and the tests assert on what they read back.
 
 - Clients.java `transactions`: an idempotent producer's records and offsets read back; a consume-transform-produce
   loop of a transactional producer (initTransactions, an aborted then a committed transaction, each with
@@ -47,10 +48,25 @@ CLIENT_JVM_OPTIONS = ("-Xmx256m", "-XX:-UsePerfData", "-XX:TieredStopAtLevel=1",
                       "-Djava.awt.headless=true")
 
 
-def run_java(program: str, *args: str) -> list[dict]:
+KIT = PROGRAMS / "kit"  # what the programs share (ClientKit.java), compiled onto their class path
+
+
+def kit_classpath(directory: Path) -> str:
+    """The programs' class path: Kafka's jars and the kit, compiled into `directory` (javac in the JVM options of
+    the programs' runs)."""
+    javac = Path(java()).with_name("javac")
+    done = subprocess.run([str(javac), *(f"-J{option}" for option in CLIENT_JVM_OPTIONS), "-cp", classpath(),
+                           "-d", str(directory), *map(str, sorted(KIT.glob("*.java")))],
+                          capture_output=True, text=True, timeout=TIMEOUT_S, stdin=subprocess.DEVNULL,
+                          preexec_fn=die_with_parent)
+    assert done.returncode == 0, f"javac of {KIT} exited {done.returncode}:\n{done.stdout}{done.stderr}"
+    return f"{classpath()}:{directory}"
+
+
+def run_java(java_classpath: str, program: str, *args: str) -> list[dict]:
     """The JSON lines a program printed (the client's own log lines are left out); AssertionError with its output
     when it exits non-zero."""
-    done = subprocess.run([java(), *CLIENT_JVM_OPTIONS, "-cp", classpath(), str(PROGRAMS / program), *args],
+    done = subprocess.run([java(), *CLIENT_JVM_OPTIONS, "-cp", java_classpath, str(PROGRAMS / program), *args],
                           capture_output=True, text=True, timeout=TIMEOUT_S, stdin=subprocess.DEVNULL,
                           preexec_fn=die_with_parent)
     assert done.returncode == 0, f"{program} {' '.join(args)} exited {done.returncode}:\n{done.stdout}{done.stderr}"
@@ -70,8 +86,8 @@ def node(tmp_path_factory):
 # --------------------------------------------------------------------------- producers and consumers
 
 
-def test_idempotent_and_transactional_producers_and_read_committed(node):
-    got = steps(run_java("Clients.java", "transactions", node.bootstrap, "jtx"))
+def test_idempotent_and_transactional_producers_and_read_committed(node, java_classpath):
+    got = steps(run_java(java_classpath, "Clients.java", "transactions", node.bootstrap, "jtx"))
     assert got["idempotent"]["sent"] == [f"jtx-in-0@{i}" for i in range(6)]
     assert got["idempotent-read"]["records"] == [[i, f"in-{i}"] for i in range(6)]
     assert got["source"]["records"] == [[0, i, f"in-{i}", f"in-{i}"] for i in range(6)]
@@ -87,8 +103,8 @@ def test_idempotent_and_transactional_producers_and_read_committed(node):
     assert got["read_uncommitted"]["records"] == aborted + committed
 
 
-def test_classic_and_consumer_protocol_groups_read_every_record(node):
-    lines = run_java("Clients.java", "groups", node.bootstrap, "jgroups")
+def test_classic_and_consumer_protocol_groups_read_every_record(node, java_classpath):
+    lines = run_java(java_classpath, "Clients.java", "groups", node.bootstrap, "jgroups")
     assert [line["protocol"] for line in lines] == ["classic", "consumer"]
     partitions = [f"jgroups-topic-{p}" for p in range(3)]
     expected = sorted([i % 3, i // 3, f"k{i}", f"v{i}"] for i in range(30))
@@ -103,9 +119,9 @@ def test_classic_and_consumer_protocol_groups_read_every_record(node):
 
 
 @pytest.mark.parametrize("protocol", ["classic", "consumer"])
-def test_static_member_returns_to_its_partition_without_a_rebalance(node, protocol):
+def test_static_member_returns_to_its_partition_without_a_rebalance(node, protocol, java_classpath):
     prefix = f"jstatic-{protocol}"
-    got = steps(run_java("Clients.java", "static", node.bootstrap, prefix, protocol))
+    got = steps(run_java(java_classpath, "Clients.java", "static", node.bootstrap, prefix, protocol))
     joined, returned = got["joined"], got["returned"]
     assert joined["settled"], joined
     assert sorted(joined["a"]["assignment"] + joined["b"]["assignment"]) == [f"{prefix}-topic-0", f"{prefix}-topic-1"]
@@ -118,8 +134,8 @@ def test_static_member_returns_to_its_partition_without_a_rebalance(node, protoc
     assert returned["b"] == joined["b"]
 
 
-def test_cooperative_sticky_moves_only_the_partitions_that_change_owner(node):
-    got = steps(run_java("Clients.java", "cooperative", node.bootstrap, "jcoop"))
+def test_cooperative_sticky_moves_only_the_partitions_that_change_owner(node, java_classpath):
+    got = steps(run_java(java_classpath, "Clients.java", "cooperative", node.bootstrap, "jcoop"))
     everything = [f"jcoop-topic-{p}" for p in range(4)]
     assert got["alone"]["settled"] and got["alone"]["first"]["assignment"] == everything
     shared = got["shared"]
@@ -143,10 +159,10 @@ def test_cooperative_sticky_moves_only_the_partitions_that_change_owner(node):
 
 
 @pytest.fixture(scope="module")
-def admin_steps(tmp_path_factory) -> dict[str, dict]:
+def admin_steps(tmp_path_factory, java_classpath) -> dict[str, dict]:
     """AdminSteps.java's lines by step, from one run on a node with the authorizer on."""
     with NodeProcess(tmp_path_factory.mktemp("java-admin"), workers=2, config=AUTHORIZER) as started:
-        return steps(run_java("AdminSteps.java", started.bootstrap, "jadm"))
+        return steps(run_java(java_classpath, "AdminSteps.java", started.bootstrap, "jadm"))
 
 
 def ok(admin_steps: dict[str, dict], name: str) -> dict:

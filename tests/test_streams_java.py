@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from scripts.harness.kafka_peer import KafkaPeer, classpath, java
+from scripts.harness.kafka_peer import KafkaPeer, java
 from scripts.harness.nodeproc import NodeProcess, die_with_parent
 from tests.test_java_clients import CLIENT_JVM_OPTIONS, PROGRAMS
 
@@ -44,7 +44,7 @@ def counts(rounds: int) -> dict[str, int]:
     return {word: rounds * (i + 1) for i, word in enumerate(WORDS)}
 
 
-def run_streams_app(bootstrap: str, work: Path, on_restart=None) -> dict[str, dict]:
+def run_streams_app(java_classpath: str, bootstrap: str, work: Path, on_restart=None) -> dict[str, dict]:
     """StreamsGroupApp.java's lines by step; `on_restart()` runs at its before-restart step (then the program goes on)."""
     mode = "restart" if on_restart is not None else "no-restart"
     stderr_path = work / "streams-app.err"
@@ -52,7 +52,7 @@ def run_streams_app(bootstrap: str, work: Path, on_restart=None) -> dict[str, di
     java_tmp.mkdir(exist_ok=True)
     lines: queue.Queue = queue.Queue()
     with open(stderr_path, "w") as stderr:
-        proc = subprocess.Popen([java(), *CLIENT_JVM_OPTIONS, f"-Djava.io.tmpdir={java_tmp}", "-cp", classpath(),
+        proc = subprocess.Popen([java(), *CLIENT_JVM_OPTIONS, f"-Djava.io.tmpdir={java_tmp}", "-cp", java_classpath,
                                  str(PROGRAMS / "StreamsGroupApp.java"), bootstrap, PREFIX, str(work / "state"), mode],
                                 stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, stderr=stderr, text=True, preexec_fn=die_with_parent)
@@ -91,25 +91,25 @@ def run_streams_app(bootstrap: str, work: Path, on_restart=None) -> dict[str, di
 
 
 @pytest.fixture(scope="module")
-def on_node(tmp_path_factory) -> dict[str, dict]:
+def on_node(tmp_path_factory, java_classpath) -> dict[str, dict]:
     work = tmp_path_factory.mktemp("streams-node")
     with NodeProcess(work, workers=2, config=NODE_CONFIG) as node:
         def restart() -> None:
             node.stop()
             node.start()
-        got = run_streams_app(node.bootstrap, work, on_restart=restart)
+        got = run_streams_app(java_classpath, node.bootstrap, work, on_restart=restart)
         assert "Traceback" not in node.log(), node.log()
     assert node.leftovers() == []
     return got
 
 
 @pytest.fixture(scope="module")
-def on_kafka(tmp_path_factory) -> dict[str, dict]:
+def on_kafka(tmp_path_factory, java_classpath) -> dict[str, dict]:
     work = tmp_path_factory.mktemp("streams-kafka")
     kafka = KafkaPeer(partitions=1, settings=KAFKA_SETTINGS)
     kafka.start()
     try:
-        return run_streams_app(kafka.bootstrap, work)
+        return run_streams_app(java_classpath, kafka.bootstrap, work)
     finally:
         kafka.close()
 
