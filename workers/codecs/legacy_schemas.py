@@ -1,44 +1,44 @@
-"""Message schemas for old API versions that kio no longer ships, declared as data.
+"""Message schemas for old API versions that kio no longer ships.
 
 kio is generated from current Kafka schemas, which dropped CreateTopics v0-1,
 DeleteTopics v0, DescribeConfigs v0 and the ACL APIs' v0 (KIP-896). Clients we
 serve may still send them (CreateTopics 0-4, DeleteTopics 0-3, DescribeConfigs
-0-3 and Create/Describe/DeleteAcls 0-3 are advertised), so they are declared
-here in kio's own dataclass form and read/written by kio's one codec, exactly
-like the generated versions. Field lists are Kafka's request and response JSON
-schemas of those APIs at those versions (the ACL APIs' v0 is v1 without the
-pattern type: LITERAL, their JSON's default for it).
+0-3 and Create/Describe/DeleteAcls 0-3 are advertised), so they are made here
+in kio's own dataclass form and read/written by kio's one codec, exactly like
+the generated versions. Where an old version is a newer one without the fields
+Kafka added since (CreateTopics v0-1: v2 without validate_only, the per-topic
+error_message and the throttle time; DeleteTopics v0: v1 without the throttle
+time; the ACL APIs' v0: v1 without the pattern type, LITERAL, their JSON's
+default for it), it is made from kio's classes of that version without them
+(``_Older``); DescribeConfigs v0 (is_default where later versions have
+config_source) is declared field by field from Kafka's JSON schema (``_Schema``).
 
 Invariants:
 - Each class carries kio's class attributes (``__type__``, ``__version__``,
-  ``__flexible__``, ``__api_key__``, ``__header_schema__``), set by its
-  schema's decorator (``_Schema``), so kio's ``entity_reader``/``entity_writer``
-  treat it like a generated entity.
-- ``LEGACY_SCHEMAS`` maps (api_key, version) to a namespace holding the
-  request and response classes with kio's names, so handlers build responses
-  the same way for every version.
+  ``__flexible__``, ``__api_key__``, ``__header_schema__``), so kio's
+  ``entity_reader``/``entity_writer`` treat it like a generated entity.
+- ``legacy_schema(api_key, version)`` is a namespace holding the request and
+  response classes with kio's names, so handlers build responses the same way
+  for every version; made at its first use, once.
 """
-
 # No "from __future__ import annotations": kio introspects real field types.
 
-import datetime
+import dataclasses
+import functools
+import importlib
+import typing
 from dataclasses import dataclass, field
 from types import SimpleNamespace
+from typing import Any, Callable, Iterable
 
 from kio.schema.errors import ErrorCode
 from kio.schema.request_header.v1.header import RequestHeader
 from kio.schema.response_header.v0.header import ResponseHeader
-from kio.schema.types import BrokerId, TopicName
 from kio.static.constants import EntityType
-from kio.static.primitive import i8, i16, i32, i32Timedelta
+from kio.static.primitive import i8, i16, i32Timedelta
 
-_CREATE_TOPICS = i16(19)
-_DELETE_TOPICS = i16(20)
 _DESCRIBE_CONFIGS = i16(32)
-_DESCRIBE_ACLS = i16(29)
-_CREATE_ACLS = i16(30)
-_DELETE_ACLS = i16(31)
-_DEFAULT_TIMEOUT = i32Timedelta.parse(datetime.timedelta(milliseconds=60000))
+_KIO_CLASS_ATTRIBUTES = ("__type__", "__flexible__", "__api_key__", "__header_schema__")  # and __version__
 
 
 class _Schema:
@@ -80,83 +80,55 @@ class _Schema:
         return self._entity(cls, EntityType.nested, ResponseHeader)
 
 
-def _create_topics(version: int) -> SimpleNamespace:
-    """CreateTopics v0 (and v1, which adds validate_only and error_message)."""
-    schema = _Schema(_CREATE_TOPICS, version)
+class _Older:
+    """An older version of an API as kio's oldest shipped one without the fields Kafka added since: every entity
+    class of kio's request and response modules of version `newer` made again, as version `version`, with the
+    fields named in `dropped` left out (in any class) and its nested entities made so too; the rest (field order,
+    Kafka types, defaults, kio's class attributes but the version) is kio's."""
 
-    @schema.request_part
-    class CreatableReplicaAssignment:
-        partition_index: i32 = field(metadata={"kafka_type": "int32"})
-        broker_ids: tuple[BrokerId, ...] = field(metadata={"kafka_type": "int32"}, default=())
+    def __init__(self, api: str, newer: int, version: int, dropped: Iterable[str]) -> None:
+        self.modules = [f"kio.schema.{api}.v{newer}.{part}" for part in ("request", "response")]  # imported when made
+        self.version = i16(version)
+        self.dropped = frozenset(dropped)
+        self.made: dict[type, type] = {}  # kio's class -> its older version
 
-    @schema.request_part
-    class CreatableTopicConfig:
-        name: str = field(metadata={"kafka_type": "string"})
-        value: str | None = field(metadata={"kafka_type": "string"})
+    def namespace(self) -> SimpleNamespace:
+        """Every class by its name, and the two messages as `request` and `response` (as _Schema.namespace)."""
+        classes: dict[str, type] = {}
+        for module in map(importlib.import_module, self.modules):
+            for value in vars(module).values():
+                if isinstance(value, type) and hasattr(value, "__type__") and value.__module__ == module.__name__:
+                    older = classes[value.__name__] = self._older(value)
+                    if value.__type__ != EntityType.nested:
+                        classes[value.__type__.name] = older
+        return SimpleNamespace(**classes)
 
-    @schema.request_part
-    class CreatableTopic:
-        name: TopicName = field(metadata={"kafka_type": "string"})
-        num_partitions: i32 = field(metadata={"kafka_type": "int32"})
-        replication_factor: i16 = field(metadata={"kafka_type": "int16"})
-        assignments: tuple[CreatableReplicaAssignment, ...]
-        configs: tuple[CreatableTopicConfig, ...]
+    def _older(self, cls: type) -> type:
+        if cls not in self.made:
+            fields = [(f.name, self._older_type(f.type), _same_field(f)) for f in dataclasses.fields(cls)
+                      if f.name not in self.dropped]
+            attributes = {name: getattr(cls, name) for name in _KIO_CLASS_ATTRIBUTES}
+            attributes["__version__"] = self.version
+            self.made[cls] = dataclasses.make_dataclass(cls.__name__, fields, namespace=attributes, frozen=True,
+                                                        slots=True, kw_only=True)
+        return self.made[cls]
 
-    if version == 0:
-
-        @schema.request
-        class CreateTopicsRequest:
-            topics: tuple[CreatableTopic, ...]
-            timeout: i32Timedelta = field(
-                metadata={"kafka_type": "timedelta_i32"}, default=_DEFAULT_TIMEOUT
-            )
-
-        @schema.response_part
-        class CreatableTopicResult:
-            name: TopicName = field(metadata={"kafka_type": "string"})
-            error_code: ErrorCode = field(metadata={"kafka_type": "error_code"})
-
-    else:
-
-        @schema.request
-        class CreateTopicsRequest:  # type: ignore[no-redef]
-            topics: tuple[CreatableTopic, ...]
-            timeout: i32Timedelta = field(
-                metadata={"kafka_type": "timedelta_i32"}, default=_DEFAULT_TIMEOUT
-            )
-            validate_only: bool = field(metadata={"kafka_type": "bool"}, default=False)
-
-        @schema.response_part
-        class CreatableTopicResult:  # type: ignore[no-redef]
-            name: TopicName = field(metadata={"kafka_type": "string"})
-            error_code: ErrorCode = field(metadata={"kafka_type": "error_code"})
-            error_message: str | None = field(metadata={"kafka_type": "string"}, default=None)
-
-    @schema.response
-    class CreateTopicsResponse:
-        topics: tuple[CreatableTopicResult, ...]
-
-    return schema.namespace()
+    def _older_type(self, kind: Any) -> Any:
+        """A field's type, with a nested entity (alone, or in a tuple of them) made older too."""
+        if typing.get_origin(kind) is tuple:
+            element, *rest = typing.get_args(kind)
+            if rest == [Ellipsis] and hasattr(element, "__type__"):
+                return tuple[self._older(element), ...]
+        return self._older(kind) if hasattr(kind, "__type__") else kind
 
 
-def _delete_topics_v0() -> SimpleNamespace:
-    schema = _Schema(_DELETE_TOPICS, 0)
-
-    @schema.request
-    class DeleteTopicsRequest:
-        topic_names: tuple[TopicName, ...] = field(metadata={"kafka_type": "string"}, default=())
-        timeout: i32Timedelta = field(metadata={"kafka_type": "timedelta_i32"})
-
-    @schema.response_part
-    class DeletableTopicResult:
-        name: TopicName = field(metadata={"kafka_type": "string"})
-        error_code: ErrorCode = field(metadata={"kafka_type": "error_code"})
-
-    @schema.response
-    class DeleteTopicsResponse:
-        responses: tuple[DeletableTopicResult, ...]
-
-    return schema.namespace()
+def _same_field(original: dataclasses.Field) -> dataclasses.Field:
+    """A field declared as `original` is: its metadata (the Kafka type) and its default."""
+    if original.default is not dataclasses.MISSING:
+        return field(metadata=original.metadata, default=original.default)
+    if original.default_factory is not dataclasses.MISSING:
+        return field(metadata=original.metadata, default_factory=original.default_factory)
+    return field(metadata=original.metadata)
 
 
 def _describe_configs_v0() -> SimpleNamespace:
@@ -197,117 +169,24 @@ def _describe_configs_v0() -> SimpleNamespace:
     return schema.namespace()
 
 
-def _describe_acls_v0() -> SimpleNamespace:
-    schema = _Schema(_DESCRIBE_ACLS, 0)
+# The ACL APIs' v0 is their v1 without the pattern type (LITERAL, v1's default for it).
+_ACL_PATTERN_TYPES = frozenset({"pattern_type_filter", "pattern_type", "resource_pattern_type"})
 
-    @schema.request
-    class DescribeAclsRequest:
-        resource_type_filter: i8 = field(metadata={"kafka_type": "int8"})
-        resource_name_filter: str | None = field(metadata={"kafka_type": "string"})
-        principal_filter: str | None = field(metadata={"kafka_type": "string"})
-        host_filter: str | None = field(metadata={"kafka_type": "string"})
-        operation: i8 = field(metadata={"kafka_type": "int8"})
-        permission_type: i8 = field(metadata={"kafka_type": "int8"})
-
-    @schema.response_part
-    class AclDescription:
-        principal: str = field(metadata={"kafka_type": "string"})
-        host: str = field(metadata={"kafka_type": "string"})
-        operation: i8 = field(metadata={"kafka_type": "int8"})
-        permission_type: i8 = field(metadata={"kafka_type": "int8"})
-
-    @schema.response_part
-    class DescribeAclsResource:
-        resource_type: i8 = field(metadata={"kafka_type": "int8"})
-        resource_name: str = field(metadata={"kafka_type": "string"})
-        acls: tuple[AclDescription, ...]
-
-    @schema.response
-    class DescribeAclsResponse:
-        throttle_time: i32Timedelta = field(metadata={"kafka_type": "timedelta_i32"})
-        error_code: ErrorCode = field(metadata={"kafka_type": "error_code"})
-        error_message: str | None = field(metadata={"kafka_type": "string"})
-        resources: tuple[DescribeAclsResource, ...]
-
-    return schema.namespace()
-
-
-def _create_acls_v0() -> SimpleNamespace:
-    schema = _Schema(_CREATE_ACLS, 0)
-
-    @schema.request_part
-    class AclCreation:
-        resource_type: i8 = field(metadata={"kafka_type": "int8"})
-        resource_name: str = field(metadata={"kafka_type": "string"})
-        principal: str = field(metadata={"kafka_type": "string"})
-        host: str = field(metadata={"kafka_type": "string"})
-        operation: i8 = field(metadata={"kafka_type": "int8"})
-        permission_type: i8 = field(metadata={"kafka_type": "int8"})
-
-    @schema.request
-    class CreateAclsRequest:
-        creations: tuple[AclCreation, ...]
-
-    @schema.response_part
-    class AclCreationResult:
-        error_code: ErrorCode = field(metadata={"kafka_type": "error_code"})
-        error_message: str | None = field(metadata={"kafka_type": "string"})
-
-    @schema.response
-    class CreateAclsResponse:
-        throttle_time: i32Timedelta = field(metadata={"kafka_type": "timedelta_i32"})
-        results: tuple[AclCreationResult, ...]
-
-    return schema.namespace()
-
-
-def _delete_acls_v0() -> SimpleNamespace:
-    schema = _Schema(_DELETE_ACLS, 0)
-
-    @schema.request_part
-    class DeleteAclsFilter:
-        resource_type_filter: i8 = field(metadata={"kafka_type": "int8"})
-        resource_name_filter: str | None = field(metadata={"kafka_type": "string"})
-        principal_filter: str | None = field(metadata={"kafka_type": "string"})
-        host_filter: str | None = field(metadata={"kafka_type": "string"})
-        operation: i8 = field(metadata={"kafka_type": "int8"})
-        permission_type: i8 = field(metadata={"kafka_type": "int8"})
-
-    @schema.request
-    class DeleteAclsRequest:
-        filters: tuple[DeleteAclsFilter, ...]
-
-    @schema.response_part
-    class DeleteAclsMatchingAcl:
-        error_code: ErrorCode = field(metadata={"kafka_type": "error_code"})
-        error_message: str | None = field(metadata={"kafka_type": "string"})
-        resource_type: i8 = field(metadata={"kafka_type": "int8"})
-        resource_name: str = field(metadata={"kafka_type": "string"})
-        principal: str = field(metadata={"kafka_type": "string"})
-        host: str = field(metadata={"kafka_type": "string"})
-        operation: i8 = field(metadata={"kafka_type": "int8"})
-        permission_type: i8 = field(metadata={"kafka_type": "int8"})
-
-    @schema.response_part
-    class DeleteAclsFilterResult:
-        error_code: ErrorCode = field(metadata={"kafka_type": "error_code"})
-        error_message: str | None = field(metadata={"kafka_type": "string"})
-        matching_acls: tuple[DeleteAclsMatchingAcl, ...]
-
-    @schema.response
-    class DeleteAclsResponse:
-        throttle_time: i32Timedelta = field(metadata={"kafka_type": "timedelta_i32"})
-        filter_results: tuple[DeleteAclsFilterResult, ...]
-
-    return schema.namespace()
-
-
-LEGACY_SCHEMAS: dict[tuple[int, int], SimpleNamespace] = {
-    (19, 0): _create_topics(0),
-    (19, 1): _create_topics(1),
-    (20, 0): _delete_topics_v0(),
-    (32, 0): _describe_configs_v0(),
-    (29, 0): _describe_acls_v0(),
-    (30, 0): _create_acls_v0(),
-    (31, 0): _delete_acls_v0(),
+# (api_key, version) -> how its schema is made: at the first request of that version, as kio's own modules are
+# imported (a worker's start imports none).
+_LEGACY_SCHEMAS: dict[tuple[int, int], Callable[[], SimpleNamespace]] = {
+    (19, 0): _Older("create_topics", 2, 0, {"validate_only", "error_message", "throttle_time"}).namespace,
+    (19, 1): _Older("create_topics", 2, 1, {"throttle_time"}).namespace,  # v1 added validate_only, error_message
+    (20, 0): _Older("delete_topics", 1, 0, {"throttle_time"}).namespace,
+    (32, 0): _describe_configs_v0,
+    (29, 0): _Older("describe_acls", 1, 0, _ACL_PATTERN_TYPES).namespace,
+    (30, 0): _Older("create_acls", 1, 0, _ACL_PATTERN_TYPES).namespace,
+    (31, 0): _Older("delete_acls", 1, 0, _ACL_PATTERN_TYPES).namespace,
 }
+
+
+@functools.cache
+def legacy_schema(api_key: int, version: int) -> SimpleNamespace | None:
+    """The namespace of an old version kio no longer ships (None for any other), made once."""
+    make = _LEGACY_SCHEMAS.get((api_key, version))
+    return None if make is None else make()
