@@ -274,8 +274,8 @@ def test_encode_response_reports_bad_values_as_protocol_error() -> None:
 
 @pytest.mark.parametrize(("api_key", "version"), [(CREATE_TOPICS, 0), (CREATE_TOPICS, 1), (DELETE_TOPICS, 0)])
 def test_legacy_versions_kio_no_longer_ships_match_kafka_bytes(api_key: int, version: int) -> None:
-    """CreateTopics v0/v1 and DeleteTopics v0 are made in workers/codecs/legacy_schemas.py (from kio's v2, v1); check them
-    against kafka-python's independent definitions of the same versions."""
+    """CreateTopics v0/v1 and DeleteTopics v0 are made in workers/codecs/legacy_schemas.py (from kio's v2 and v1);
+    check them against kafka-python's independent definitions of the same versions."""
     from kafka.protocol.old.admin import (
         CreateTopicsRequest_v0,
         CreateTopicsRequest_v1,
