@@ -11,9 +11,12 @@ session ends). Each heartbeat moves the member one reconciliation step (`_reconc
 family (or the classic coordinator's groups): a heartbeat for a group id another protocol's group holds with
 members is GROUP_ID_NOT_FOUND; an empty group of another protocol becomes one of this family, its offsets kept.
 
-Each family says what differs: its name in logs and messages (FAMILY), what its members own (UNITS), its
-FENCED_MEMBER_EPOCH message (EPOCH_FENCED, as Kafka words each), its member and group classes, its members'
-session timeout and size bound, the other family, and whether a change is persisted (`persist`).
+A heartbeat is first checked as Kafka checks both families' (`_validate_common`: empty ids, a join's rebalance
+timeout, a static leave's instance id, the member epoch's range), then by the family's own rules. Each family
+says what differs: its name in logs and messages (FAMILY), what its members own (UNITS), its INVALID_REQUEST
+and FENCED_MEMBER_EPOCH messages (EPOCH_INVALID, EPOCH_FENCED: Kafka words each family's its own way), its
+member and group classes, its members' session timeout and size bound, the other family, its join checks
+(`_validate_join`), and whether a change is persisted (`persist`).
 
 Invariants:
 - A member's two timers run only while it is in its group: every removal (fenced, left, replaced by its static
