@@ -1,6 +1,6 @@
 """Kafka Streams 4.4.0 against a real node (2 workers): a stateful application with
 processing.guarantee=exactly_once_v2 (tests/java/StreamsApp.java, a single-file source the JVM runs on the
-classpath Maven fetched) keeps exact outputs
+classpath Maven fetched, with tests/java/kit beside it) keeps exact outputs
 - through a clean run;
 - through a SIGKILL of its JVM in the middle of a run (once some output is committed, and while a stream thread the
   program holds has records of its open transaction at the node) and a restart on the same state dir (the same
@@ -38,7 +38,7 @@ import pytest
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from scripts.harness.kafka_peer import classpath, java
+from scripts.harness.kafka_peer import java
 from scripts.harness.nodeproc import NodeProcess, die_with_parent
 from tests import waiting
 from tests.test_java_clients import CLIENT_JVM_OPTIONS
@@ -183,7 +183,7 @@ def log_ranges(bootstrap: str, topic: str) -> dict[int, tuple[int, int]]:
         consumer.close()
 
 
-def app_argv(node: NodeProcess, topics: Topics, state: Path, protocol: str, expect: int,
+def app_argv(java_classpath: str, node: NodeProcess, topics: Topics, state: Path, protocol: str, expect: int,
              throttle_ms: int = 0) -> list[str]:
     """The program's command line; its state dir and the JVM's temp dir (where RocksDB unpacks its native library,
     15 MB a run, which a killed JVM leaves) beside each other, in the test's tmp_path."""
@@ -192,7 +192,7 @@ def app_argv(node: NodeProcess, topics: Topics, state: Path, protocol: str, expe
             "throttle-ms": str(throttle_ms)}
     temp = state.parent / "jvm-tmp"
     temp.mkdir(parents=True, exist_ok=True)
-    return [java(), *CLIENT_JVM_OPTIONS, f"-Djava.io.tmpdir={temp}", "-cp", classpath(), str(PROGRAM),
+    return [java(), *CLIENT_JVM_OPTIONS, f"-Djava.io.tmpdir={temp}", "-cp", java_classpath, str(PROGRAM),
             *(f"{k}={v}" for k, v in args.items())]
 
 
@@ -332,7 +332,7 @@ def node(tmp_path_factory):
 
 
 @pytest.fixture(scope="module", params=PROTOCOLS)
-def first_run(request, node, tmp_path_factory):
+def first_run(request, node, tmp_path_factory, java_classpath):
     """One clean run of a protocol's application over the first FIRST_RECORDS: its topics, T0, work dir and
     lines. The fresh state dir's test goes on from it (more input, a run killed, another state dir)."""
     protocol = request.param
@@ -341,7 +341,8 @@ def first_run(request, node, tmp_path_factory):
     t0 = t0_ms()
     produce_input(node.bootstrap, topics.input, 0, FIRST_RECORDS, t0)
     work = tmp_path_factory.mktemp(f"streams-{protocol}")
-    lines = run_to_completion(app_argv(node, topics, work / "state", protocol, FIRST_RECORDS), work / "first.log")
+    lines = run_to_completion(app_argv(java_classpath, node, topics, work / "state", protocol, FIRST_RECORDS),
+                              work / "first.log")
     return {"protocol": protocol, "topics": topics, "t0": t0, "work": work, "lines": lines}
 
 
@@ -359,16 +360,17 @@ def test_clean_run_outputs_are_exact(node, first_run):
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
-def test_sigkill_mid_run_then_restart_on_the_same_state_dir_is_exact(node, tmp_path, protocol):
+def test_sigkill_mid_run_then_restart_on_the_same_state_dir_is_exact(node, tmp_path, protocol, java_classpath):
     topics = Topics(f"streams-killed-{protocol}")
     topics.create(node.bootstrap)
     t0 = t0_ms()
     produce_input(node.bootstrap, topics.input, 0, KILLED_RECORDS, t0)
-    killed = app_argv(node, topics, tmp_path / "state", protocol, KILLED_RECORDS, throttle_ms=THROTTLE_MS)
+    killed = app_argv(java_classpath, node, topics, tmp_path / "state", protocol, KILLED_RECORDS,
+                      throttle_ms=THROTTLE_MS)
     kill_inside_a_transaction(node.bootstrap, killed, tmp_path / "killed.log", topics, KILLED_RECORDS // 5)
     # The same state dir: the same process id, so the same transactional ids; the restarted producers fence the
     # killed ones and abort their open transactions.
-    lines = run_to_completion(app_argv(node, topics, tmp_path / "state", protocol, KILLED_RECORDS),
+    lines = run_to_completion(app_argv(java_classpath, node, topics, tmp_path / "state", protocol, KILLED_RECORDS),
                               tmp_path / "restarted.log")
     assert outputs(node.bootstrap, topics) == expected(KILLED_RECORDS, t0)
     # The kill left records of open transactions in the outputs; read_committed skipped them.
@@ -378,12 +380,13 @@ def test_sigkill_mid_run_then_restart_on_the_same_state_dir_is_exact(node, tmp_p
     assert set(restored(lines)) == set(STORES), lines
 
 
-def test_sigkill_mid_run_then_restart_on_a_fresh_state_dir_restores_from_the_changelogs(node, first_run):
+def test_sigkill_mid_run_then_restart_on_a_fresh_state_dir_restores_from_the_changelogs(node, first_run,
+                                                                                         java_classpath):
     """On from the clean run: more input, a run on its state dir killed, a restart on a fresh one."""
     topics, t0, work, protocol = first_run["topics"], first_run["t0"], first_run["work"], first_run["protocol"]
     total = FIRST_RECORDS + MORE_RECORDS
     produce_input(node.bootstrap, topics.input, FIRST_RECORDS, total, t0)
-    kill_inside_a_transaction(node.bootstrap, app_argv(node, topics, work / "state", protocol, total,
+    kill_inside_a_transaction(node.bootstrap, app_argv(java_classpath, node, topics, work / "state", protocol, total,
                                                        throttle_ms=THROTTLE_MS),
                               work / "killed.log", topics, FIRST_RECORDS + MORE_RECORDS // 5)
     # What a restore reads: each changelog's committed records (no cache: one per update); the killed run's open
@@ -394,7 +397,8 @@ def test_sigkill_mid_run_then_restart_on_a_fresh_state_dir_restores_from_the_cha
     # A fresh state dir: a new process id, so new transactional ids. The killed run's open transactions end when
     # the coordinator aborts them at their timeout (Streams' transaction.timeout.ms, 10 s); the restores and the
     # repartition topic's consumer wait for that (their last stable offsets).
-    lines = run_to_completion(app_argv(node, topics, work / "fresh-state", protocol, total), work / "fresh.log")
+    lines = run_to_completion(app_argv(java_classpath, node, topics, work / "fresh-state", protocol, total),
+                              work / "fresh.log")
     # Each store was restored whole, and the counts and sums went on from the restored values.
     assert restored(lines) == changelog, lines
     assert outputs(node.bootstrap, topics) == expected(total, t0)
