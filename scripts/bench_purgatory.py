@@ -46,6 +46,7 @@ import time
 
 import numpy as np
 
+from shmbroker.node.config import WheelConfig
 from shmbroker.node.timer.purgatory import DelayedOperation, Purgatory
 from shmbroker.node.timer.wheel import TimingWheel
 
@@ -147,7 +148,8 @@ class PurgatoryImpl:
     """The node's purgatory calls: try_complete_else_watch per arrival, force_complete per completion."""
 
     def __init__(self, args, w: Workload, start_ms: int) -> None:
-        self.purgatory = Purgatory("bench", args.purge_interval, args.tick_ms, args.wheel_size, start_ms)
+        self.purgatory = Purgatory("bench", args.purge_interval, WheelConfig(tick_ms=args.tick_ms,
+                                                                             wheel_size=args.wheel_size), start_ms)
         self.ops: list[BenchOperation | None] = [None] * w.n
         self.deadlines = w.deadline.tolist()
         self.keys = [tuple(row) for row in w.keys.tolist()]

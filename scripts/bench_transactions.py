@@ -560,44 +560,41 @@ RUNNERS: dict[str, Callable[[argparse.Namespace, NodeProcess], dict]] = {
     "produce": produce_workload, "transform": transform_workload, "read": read_workload}
 
 
+# The numeric options: name -> (type, default, whether 0 is allowed (else it must be above 0), help).
+NUMBER_OPTIONS: dict[str, tuple[type, float, bool, str]] = {
+    "runs": (int, 3, False, "rounds of each mode (default %(default)s)"),
+    "seconds": (float, 5.0, False, "produce: seconds per step (default %(default)s)"),
+    "commit-interval-ms": (int, 100, False, "produce: a commit this often (default %(default)s)"),
+    "records": (int, 100_000, False, "transform: input records per step (default %(default)s)"),
+    "txn-records": (int, 1000, False, "transform and read: records per transaction (default %(default)s)"),
+    "read-transactions": (int, 300, False, "read: transactions in the topic (default %(default)s)"),
+    "aborted-every": (int, 10, False, "read: one transaction in this many is aborted (default %(default)s)"),
+    "queue-records": (int, QUEUE_RECORDS, False,
+                      "produce: both producers' local queue, queue.buffering.max.messages (default %(default)s)"),
+    "keys": (int, 0, True, "produce: records keyed with this many keys, round robin (default 0: keyless, so "
+                           "librdkafka's sticky partitioner fills one partition at a time)"),
+    "record-size": (int, 100, False, "bytes per value (default %(default)s)"),
+    "partitions": (int, 4, False, "of each topic (default %(default)s)"),
+    "linger-ms": (int, 5, True, "producers' linger.ms (default %(default)s)"),
+    "batch-bytes": (int, 16384, False, "producers' batch.size (default %(default)s)"),
+    "fetch-queue-backoff-ms": (int, 1, True,
+                               "consumers' fetch.queue.backoff.ms (librdkafka's default, 1000, idles a fast consumer)"),
+    "timeout-s": (float, 300.0, False, "bound of a transform or read step and of each fill (default %(default)s)"),
+    "workers": (int, benchnode.DEFAULT_WORKERS, False, "network workers of the node (default %(default)s)"),
+}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m scripts.bench_transactions", description=__doc__.splitlines()[0])
     parser.add_argument("--workload", action="append", choices=WORKLOADS, help="default: all three")
-    parser.add_argument("--runs", type=int, default=3, help="rounds of each mode (default %(default)s)")
-    parser.add_argument("--seconds", type=float, default=5.0, help="produce: seconds per step (default %(default)s)")
-    parser.add_argument("--commit-interval-ms", type=int, default=100,
-                        help="produce: a commit this often (default %(default)s)")
-    parser.add_argument("--records", type=int, default=100_000,
-                        help="transform: input records per step (default %(default)s)")
-    parser.add_argument("--txn-records", type=int, default=1000,
-                        help="transform and read: records per transaction (default %(default)s)")
-    parser.add_argument("--read-transactions", type=int, default=300,
-                        help="read: transactions in the topic (default %(default)s)")
-    parser.add_argument("--aborted-every", type=int, default=10,
-                        help="read: one transaction in this many is aborted (default %(default)s)")
-    parser.add_argument("--queue-records", type=int, default=QUEUE_RECORDS,
-                        help="produce: both producers' local queue, queue.buffering.max.messages (default "
-                             "%(default)s)")
-    parser.add_argument("--keys", type=int, default=0,
-                        help="produce: records keyed with this many keys, round robin (default 0: keyless, so "
-                             "librdkafka's sticky partitioner fills one partition at a time)")
-    parser.add_argument("--record-size", type=int, default=100, help="bytes per value (default %(default)s)")
-    parser.add_argument("--partitions", type=int, default=4, help="of each topic (default %(default)s)")
-    parser.add_argument("--linger-ms", type=int, default=5, help="producers' linger.ms (default %(default)s)")
-    parser.add_argument("--batch-bytes", type=int, default=16384, help="producers' batch.size (default %(default)s)")
-    parser.add_argument("--fetch-queue-backoff-ms", type=int, default=1,
-                        help="consumers' fetch.queue.backoff.ms (librdkafka's default, 1000, idles a fast consumer)")
-    parser.add_argument("--timeout-s", type=float, default=300.0,
-                        help="bound of a transform or read step and of each fill (default %(default)s)")
-    parser.add_argument("--workers", type=int, default=benchnode.DEFAULT_WORKERS,
-                        help="network workers of the node (default %(default)s)")
+    for name, (kind, default, _, help_text) in NUMBER_OPTIONS.items():
+        parser.add_argument(f"--{name}", type=kind, default=default, help=help_text)
     parser.add_argument("--json", action="store_true", help="one JSON summary line per workload")
     args = parser.parse_args(argv)
-    if min(args.runs, args.commit_interval_ms, args.records, args.txn_records, args.read_transactions,
-           args.aborted_every, args.record_size, args.partitions, args.queue_records, args.batch_bytes,
-           args.workers) < 1 or args.keys < 0 \
-            or args.seconds <= 0 or args.timeout_s <= 0 or args.linger_ms < 0 or args.fetch_queue_backoff_ms < 0:
-        parser.error("counts, sizes and durations must be positive")
+    for name, (_, _, zero_allowed, _) in NUMBER_OPTIONS.items():
+        value = getattr(args, name.replace("-", "_"))
+        if value < 0 or (value == 0 and not zero_allowed):
+            parser.error(f"--{name} must be {'>= 0' if zero_allowed else '> 0'}, got {value}")
     config = f"[stats]\npublish_interval_ms = {STATS_PUBLISH_MS}\n"
     with NodeProcess(workers=args.workers, config=config, announce=True) as node:
         for workload in args.workload or WORKLOADS:

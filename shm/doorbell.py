@@ -26,6 +26,8 @@ import os
 
 import posix_ipc
 
+from shmbroker.shm.segment import unlink_name
+
 # Bounds the drain loop of a semaphore; more pending rings than this just cause another wakeup.
 MAX_SEMAPHORE_DRAIN = 1 << 16
 _SEMAPHORE_VALUE = posix_ipc.SEMAPHORE_VALUE_SUPPORTED  # sem_getvalue (Linux: yes; macOS: no)
@@ -82,11 +84,7 @@ class SemaphoreDoorbell:
 
 def unlink_semaphore(name: str) -> bool:
     """Remove semaphore `name`; False if it did not exist."""
-    try:
-        posix_ipc.unlink_semaphore(name)
-        return True
-    except posix_ipc.ExistentialError:
-        return False
+    return unlink_name(posix_ipc.unlink_semaphore, name)
 
 
 class EventfdDoorbell:

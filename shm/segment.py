@@ -93,10 +93,16 @@ class Segment:
         unlink_segment(self.name)
 
 
-def unlink_segment(name: str) -> bool:
-    """Remove the segment `name`; False if it did not exist."""
+def unlink_name(unlink: Callable[[str], None], name: str) -> bool:
+    """Remove the POSIX IPC object `name` with posix_ipc's `unlink` of its kind (shared memory, semaphore); False if
+    it did not exist."""
     try:
-        posix_ipc.unlink_shared_memory(name)
+        unlink(name)
         return True
     except posix_ipc.ExistentialError:
         return False
+
+
+def unlink_segment(name: str) -> bool:
+    """Remove the segment `name`; False if it did not exist."""
+    return unlink_name(posix_ipc.unlink_shared_memory, name)

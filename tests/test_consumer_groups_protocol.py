@@ -5,6 +5,7 @@ subscriptions, OffsetCommit v9's and OffsetFetch v9's member epochs, a classic a
 from __future__ import annotations
 
 import datetime
+import functools
 import os
 import signal
 import subprocess
@@ -19,7 +20,7 @@ from scripts.harness import rawkafka as R
 from scripts.harness.nodeproc import CLI
 from scripts.harness.rawkafka import millis as ms, request_body as body, request_entity as nested
 from tests.test_clients import create_topic
-from tests.test_groups_protocol import subscription
+from tests.test_groups_protocol import ClosingFactory, subscription
 from shmbroker.workers.codecs import protocol as P
 
 CONFIG = ("[groups]\ninitial_rebalance_delay_ms = 50\nmin_session_timeout_ms = 500\n"
@@ -107,15 +108,8 @@ def node(node_factory):
 
 @pytest.fixture
 def members(node):
-    made = []
-
-    def make(*args, **kwargs) -> Member:
-        made.append(Member(node, *args, **kwargs))
-        return made[-1]
-
-    yield make
-    for member in made:
-        member.close()
+    with ClosingFactory(functools.partial(Member, node), node) as make:
+        yield make
 
 
 def all_owned(*members) -> list:

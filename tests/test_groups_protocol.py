@@ -4,10 +4,12 @@ offsets APIs, and bad input that must cost nothing but a clear answer or one clo
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 import struct
 import time
+from typing import Any, Callable
 
 import pytest
 from kio.static.primitive import i8, i32, i64
@@ -113,20 +115,33 @@ class Client:
         self.conn.close()
 
 
+class ClosingFactory:
+    """A test's factory of clients (members, connections): `make`'s arguments, and every client it made is closed
+    when the `with` ends (a fixture yields it inside)."""
+
+    def __init__(self, make: Callable[..., Any], node: Any) -> None:
+        self.make = make
+        self.node = node
+        self.made: list[Any] = []
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        self.made.append(self.make(*args, **kwargs))
+        return self.made[-1]
+
+    def __enter__(self) -> ClosingFactory:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for client in self.made:
+            client.close()
+
+
 @pytest.fixture
 def client_factory(node_factory):
-    made = []
     node = node_factory(workers=2, config=GROUP_CONFIG)
     create_topic(node.bootstrap, "t", 3)
-
-    def make() -> Client:
-        made.append(Client(node))
-        return made[-1]
-
-    make.node = node
-    yield make
-    for client in made:
-        client.close()
+    with ClosingFactory(functools.partial(Client, node), node) as make:
+        yield make
 
 
 def test_member_id_handshake_leader_sync_and_heartbeat(client_factory):

@@ -1,6 +1,6 @@
-"""Apache Kafka 4.4.0's Java client against a real node (2 workers): the programs of tests/java/, single-file
-sources the JVM compiles and runs (`java -cp <Kafka's jars> tests/java/Name.java ...`, on the classpath Maven
-fetched: scripts/harness/kafka_peer.py), print one JSON line per step, and the tests assert on what they read back.
+"""Apache Kafka 4.4.0's Java client against a real node (2 workers): the programs of tests/java/, each a source
+file compiled once with what they share (tests/java/kit) onto the classpath Maven fetched (java_command,
+kafka_peer.program), print one JSON line per step, and the tests assert on what they read back.
 
 - Clients.java `transactions`: an idempotent producer's records and offsets read back; a consume-transform-produce
   loop of a transactional producer (initTransactions, an aborted then a committed transaction, each with
@@ -47,11 +47,14 @@ CLIENT_JVM_OPTIONS = ("-Xmx256m", "-XX:-UsePerfData", "-XX:TieredStopAtLevel=1",
                       "-Djava.awt.headless=true")
 
 
+KIT = sorted((PROGRAMS / "kit").glob("*.java"))  # what the programs share (ClientKit.java), compiled with each
+
+
 def java_command(source: Path, *options: str) -> list[str]:
     """The command line (before the program's arguments) that runs the Java program `source` on Kafka's jars:
     CLIENT_JVM_OPTIONS and `options`, Kafka's classes mapped from the class archive, the program compiled once
-    (kafka_peer.program)."""
-    return [java(), *CLIENT_JVM_OPTIONS, *class_sharing(), *options, *program(source)]
+    with the kit (kafka_peer.program)."""
+    return [java(), *CLIENT_JVM_OPTIONS, *class_sharing(), *options, *program(source, *KIT)]
 
 
 def run_java(program: str, *args: str) -> list[dict]:

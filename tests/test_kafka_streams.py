@@ -1,6 +1,6 @@
 """Kafka Streams 4.4.0 against a real node (2 workers): a stateful application with
 processing.guarantee=exactly_once_v2 (tests/java/StreamsApp.java, a single-file source the JVM runs on the
-classpath Maven fetched) keeps exact outputs
+classpath Maven fetched, with tests/java/kit beside it) keeps exact outputs
 - through a clean run;
 - through a SIGKILL of its JVM in the middle of a run (once some output is committed, and while a stream thread the
   program holds has records of its open transaction at the node) and a restart on the same state dir (the same
@@ -340,7 +340,8 @@ def first_run(request, node, tmp_path_factory):
     t0 = t0_ms()
     produce_input(node.bootstrap, topics.input, 0, FIRST_RECORDS, t0)
     work = tmp_path_factory.mktemp(f"streams-{protocol}")
-    lines = run_to_completion(app_argv(node, topics, work / "state", protocol, FIRST_RECORDS), work / "first.log")
+    lines = run_to_completion(app_argv(node, topics, work / "state", protocol, FIRST_RECORDS),
+                              work / "first.log")
     return {"protocol": protocol, "topics": topics, "t0": t0, "work": work, "lines": lines}
 
 
@@ -363,7 +364,8 @@ def test_sigkill_mid_run_then_restart_on_the_same_state_dir_is_exact(node, tmp_p
     topics.create(node.bootstrap)
     t0 = t0_ms()
     produce_input(node.bootstrap, topics.input, 0, KILLED_RECORDS, t0)
-    killed = app_argv(node, topics, tmp_path / "state", protocol, KILLED_RECORDS, throttle_ms=THROTTLE_MS)
+    killed = app_argv(node, topics, tmp_path / "state", protocol, KILLED_RECORDS,
+                      throttle_ms=THROTTLE_MS)
     kill_inside_a_transaction(node.bootstrap, killed, tmp_path / "killed.log", topics, KILLED_RECORDS // 5)
     # The same state dir: the same process id, so the same transactional ids; the restarted producers fence the
     # killed ones and abort their open transactions.
@@ -393,7 +395,8 @@ def test_sigkill_mid_run_then_restart_on_a_fresh_state_dir_restores_from_the_cha
     # A fresh state dir: a new process id, so new transactional ids. The killed run's open transactions end when
     # the coordinator aborts them at their timeout (Streams' transaction.timeout.ms, 10 s); the restores and the
     # repartition topic's consumer wait for that (their last stable offsets).
-    lines = run_to_completion(app_argv(node, topics, work / "fresh-state", protocol, total), work / "fresh.log")
+    lines = run_to_completion(app_argv(node, topics, work / "fresh-state", protocol, total),
+                              work / "fresh.log")
     # Each store was restored whole, and the counts and sums went on from the restored values.
     assert restored(lines) == changelog, lines
     assert outputs(node.bootstrap, topics) == expected(total, t0)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime
 import io
 import struct
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -14,11 +15,12 @@ from kio.schema.request_header.v1.header import RequestHeader as KioHeaderV1
 from kio.schema.request_header.v2.header import RequestHeader as KioHeaderV2
 from kio.serial import entity_reader, entity_writer
 from kio.static.constants import EntityType
-from kio.static.primitive import Records, i16, i32, i64Timedelta
+from kio.static.primitive import Records, i8, i16, i32, i32Timedelta, i64Timedelta
 
 from shmbroker.workers.codecs import protocol
 from shmbroker.workers.codecs.errors import NONE, UNSUPPORTED_VERSION, ErrorCode, ProtocolError
-from shmbroker.workers.codecs.protocol import (API_VERSIONS, CREATE_TOPICS, DELETE_TOPICS, OFFSET_COMMIT, PRODUCE,
+from shmbroker.workers.codecs.protocol import (API_VERSIONS, CREATE_ACLS, CREATE_TOPICS, DELETE_ACLS, DELETE_TOPICS,
+                                               DESCRIBE_ACLS, DESCRIBE_CONFIGS, OFFSET_COMMIT, PRODUCE,
                                                SUPPORTED_APIS, api_versions_response, decode_request,
                                                encode_api_versions_unsupported, encode_response, frame_size,
                                                parse_request_header, response_class, split_frames)
@@ -274,8 +276,8 @@ def test_encode_response_reports_bad_values_as_protocol_error() -> None:
 
 @pytest.mark.parametrize(("api_key", "version"), [(CREATE_TOPICS, 0), (CREATE_TOPICS, 1), (DELETE_TOPICS, 0)])
 def test_legacy_versions_kio_no_longer_ships_match_kafka_bytes(api_key: int, version: int) -> None:
-    """CreateTopics v0/v1 and DeleteTopics v0 are declared in workers/codecs/legacy_schemas.py; check them
-    against kafka-python's independent definitions of the same versions."""
+    """CreateTopics v0/v1 and DeleteTopics v0 are made in workers/codecs/legacy_schemas.py (from kio's v2 and v1);
+    check them against kafka-python's independent definitions of the same versions."""
     from kafka.protocol.old.admin import (
         CreateTopicsRequest_v0,
         CreateTopicsRequest_v1,
@@ -322,6 +324,70 @@ def test_legacy_versions_kio_no_longer_ships_match_kafka_bytes(api_key: int, ver
         )
         expected = DeleteTopicsResponse_v0(topic_error_codes=[("a", 3)]).encode()
     assert encode_response(api_key, version, 1, response)[8:] == expected
+
+
+def _acl_v0_cases() -> list[tuple]:
+    """(api key, kafka-python's request, its fields as the node decodes them, the node's response, kafka-python's)
+    of DescribeConfigs v0 and the ACL APIs' v0, whose schemas legacy_schemas makes from kio's v1."""
+    from kafka.protocol.old import admin as kp
+
+    zero = i32Timedelta.parse(datetime.timedelta(0))
+    binding = (2, "t", "User:alice", "*", 3, 3)  # topic t, the principal and host, READ, ALLOW
+
+    def ours(api_key: int) -> Any:
+        return protocol.response_schema(api_key, 0)
+
+    def describe_configs(schema: Any) -> Any:
+        result = schema.DescribeConfigsResourceResult(name="retention.ms", value="1000", read_only=False,
+                                                      is_default=True, is_sensitive=False)
+        return schema.DescribeConfigsResponse(throttle_time=zero, results=(schema.DescribeConfigsResult(
+            error_code=ErrorCode.none, error_message=None, resource_type=i8(2), resource_name="t",
+            configs=(result,)),))
+
+    def describe_acls(schema: Any) -> Any:
+        acl = schema.AclDescription(principal="User:alice", host="*", operation=i8(3), permission_type=i8(3))
+        return schema.DescribeAclsResponse(throttle_time=zero, error_code=ErrorCode.none, error_message=None,
+                                           resources=(schema.DescribeAclsResource(
+                                               resource_type=i8(2), resource_name="t", acls=(acl,)),))
+
+    def create_acls(schema: Any) -> Any:
+        return schema.CreateAclsResponse(throttle_time=zero, results=(schema.AclCreationResult(
+            error_code=ErrorCode.none, error_message=None),))
+
+    def delete_acls(schema: Any) -> Any:
+        matching = schema.DeleteAclsMatchingAcl(error_code=ErrorCode.none, error_message=None, resource_type=i8(2),
+                                                resource_name="t", principal="User:alice", host="*",
+                                                operation=i8(3), permission_type=i8(3))
+        return schema.DeleteAclsResponse(throttle_time=zero, filter_results=(schema.DeleteAclsFilterResult(
+            error_code=ErrorCode.none, error_message=None, matching_acls=(matching,)),))
+
+    return [
+        (DESCRIBE_CONFIGS, kp.DescribeConfigsRequest_v0([(2, "t", ["retention.ms"])]),
+         lambda r: [(x.resource_type, x.resource_name, x.configuration_keys) for x in r.resources],
+         [(2, "t", ("retention.ms",))], describe_configs,
+         kp.DescribeConfigsResponse_v0(0, [(0, None, 2, "t", [("retention.ms", "1000", False, True, False)])])),
+        (DESCRIBE_ACLS, kp.DescribeAclsRequest_v0(*binding),
+         lambda r: [(r.resource_type_filter, r.resource_name_filter, r.principal_filter, r.host_filter,
+                     r.operation, r.permission_type)], [binding], describe_acls,
+         kp.DescribeAclsResponse_v0(0, 0, None, [(2, "t", [("User:alice", "*", 3, 3)])])),
+        (CREATE_ACLS, kp.CreateAclsRequest_v0([binding]),
+         lambda r: [(c.resource_type, c.resource_name, c.principal, c.host, c.operation, c.permission_type)
+                    for c in r.creations], [binding], create_acls, kp.CreateAclsResponse_v0(0, [(0, None)])),
+        (DELETE_ACLS, kp.DeleteAclsRequest_v0([binding]),
+         lambda r: [(f.resource_type_filter, f.resource_name_filter, f.principal_filter, f.host_filter, f.operation,
+                     f.permission_type) for f in r.filters], [binding], delete_acls,
+         kp.DeleteAclsResponse_v0(0, [(0, None, [(0, None) + binding])])),
+    ]
+
+
+def test_describe_configs_and_acl_v0_kio_no_longer_ships_match_kafka_bytes() -> None:
+    """DescribeConfigs v0 and the ACL APIs' v0, made in workers/codecs/legacy_schemas.py from kio's v1 (without the
+    synonyms and the pattern types): requests as kafka-python encodes them decode to their fields, and responses
+    encode to kafka-python's bytes."""
+    for api_key, request, fields_of, fields, response, expected in _acl_v0_cases():
+        assert fields_of(decode_request(api_key, 0, request.encode())) == fields, api_key
+        assert encode_response(api_key, 0, 1, response(protocol.response_schema(api_key, 0)))[8:] \
+            == expected.encode(), api_key
 
 
 # ------------------------------------------------------------------------------ framing

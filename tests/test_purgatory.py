@@ -9,6 +9,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
+from shmbroker.node.config import WheelConfig
 from shmbroker.node.timer.purgatory import DelayedOperation, Purgatory
 
 HOUR_MS = 3_600_000
@@ -55,7 +56,7 @@ class PurgatoryMachine(RuleBasedStateMachine):
     )
     def setup(self, tick, size, purge_interval, start):
         self.tick = tick
-        self.purgatory = Purgatory("test", purge_interval, tick, size, start)
+        self.purgatory = Purgatory("test", purge_interval, WheelConfig(tick_ms=tick, wheel_size=size), start)
         self.now = start
         self.clock = start
         self.objects: list[Op] = []  # every object operation ever handed in

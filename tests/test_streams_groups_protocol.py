@@ -7,6 +7,7 @@ the group kept across a node restart."""
 from __future__ import annotations
 
 import datetime
+import functools
 import time
 
 import pytest
@@ -16,6 +17,7 @@ from scripts.harness import rawkafka as R
 from scripts.harness.nodeproc import NodeProcess
 from scripts.harness.rawkafka import millis as ms, request_body as body, request_entity as nested
 from tests.test_clients import create_topic
+from tests.test_groups_protocol import ClosingFactory
 from tests.test_stats_cli import stats_json
 from shmbroker.workers.codecs import protocol as P
 
@@ -119,15 +121,8 @@ def node(tmp_path_factory):
 
 @pytest.fixture
 def members(node):
-    made = []
-
-    def make(*args, **kwargs) -> StreamsMember:
-        made.append(StreamsMember(node.port, *args, **kwargs))
-        return made[-1]
-
-    yield make
-    for member in made:
-        member.close()
+    with ClosingFactory(functools.partial(StreamsMember, node.port), node) as make:
+        yield make
 
 
 def topic_partitions(node, *names: str) -> dict:

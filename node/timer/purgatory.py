@@ -76,22 +76,11 @@ class DelayedOperation:
 class Purgatory:
     """Delayed operations waiting on keys or a deadline; see the module docstring."""
 
-    def __init__(
-        self,
-        name: str,
-        purge_interval: int = PurgatoryConfig.purge_interval,
-        tick_ms: int = WheelConfig.tick_ms,
-        wheel_size: int = WheelConfig.wheel_size,
-        start_ms: int = 0,
-        *,
-        wheel_initial_capacity: int = WheelConfig.initial_capacity,
-        bucket_initial_capacity: int = WheelConfig.bucket_initial_capacity,
-        compaction_slack: int = WheelConfig.compaction_slack,
-    ) -> None:
+    def __init__(self, name: str, purge_interval: int = PurgatoryConfig.purge_interval,
+                 wheel: WheelConfig = WheelConfig(), start_ms: int = 0) -> None:
         self.name = str(name)
         self.purge_interval = _check_int("purge_interval", purge_interval, 0)
-        self._timer = TimingWheel(tick_ms, wheel_size, start_ms, initial_capacity=wheel_initial_capacity,
-                                  bucket_initial_capacity=bucket_initial_capacity, compaction_slack=compaction_slack)
+        self._timer = TimingWheel.configured(wheel, start_ms)
         self._operations: dict[int, DelayedOperation] = {}  # timer handle -> pending operation
         self._watchers: dict[object, list[DelayedOperation]] = {}
         self._dirty_keys: set = set()  # keys whose lists hold operations completed since the last purge
@@ -104,9 +93,7 @@ class Purgatory:
     @classmethod
     def configured(cls, name: str, config: PurgatoryConfig, wheel: WheelConfig, start_ms: int) -> "Purgatory":
         """A purgatory with the node's settings (NodeConfig.timer)."""
-        return cls(name, config.purge_interval, wheel.tick_ms, wheel.wheel_size, start_ms,
-                   wheel_initial_capacity=wheel.initial_capacity, bucket_initial_capacity=wheel.bucket_initial_capacity,
-                   compaction_slack=wheel.compaction_slack)
+        return cls(name, config.purge_interval, wheel, start_ms)
 
     # ----------------------------------------------------------------- counters
     @property

@@ -144,6 +144,12 @@ class TimingWheel:
         self._cancelled_unreclaimed = 0
         self.compactions = 0
 
+    @classmethod
+    def configured(cls, wheel: WheelConfig, start_ms: int) -> TimingWheel:
+        """A wheel of the node's settings (NodeConfig.timer.wheel) starting at `start_ms`."""
+        return cls(wheel.tick_ms, wheel.wheel_size, start_ms, initial_capacity=wheel.initial_capacity,
+                   bucket_initial_capacity=wheel.bucket_initial_capacity, compaction_slack=wheel.compaction_slack)
+
     def check_time(self, name: str, value) -> int:
         """value as an int within +-limit_ms, or a clear TypeError / ValueError naming it."""
         if type(value) is int and -self.limit_ms <= value <= self.limit_ms:

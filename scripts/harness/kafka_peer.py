@@ -191,11 +191,13 @@ def make_class_archive() -> Path:
     return archive
 
 
-def program(source: Path) -> list[str]:
-    """`-cp` and the main class that run the single-file Java program `source` (its first class is named after
-    the file) on classpath(), compiled once into the cache for this runtime and these jars; the compiled classes
-    come after the jars on the classpath, so the class archive serves it too."""
-    digest = _runtime_digest(source.read_bytes())
+def program(source: Path, *libraries: Path) -> list[str]:
+    """`-cp` and the main class that run the Java program `source` (its first class is named after the file) on
+    classpath(), compiled once with the sources it uses (`libraries`, in the unnamed package too) into the cache
+    for this runtime and these jars; the compiled classes come after the jars on the classpath, so the class
+    archive serves it too."""
+    sources = (source, *libraries)
+    digest = _runtime_digest(*(f"{s.name}\0".encode() + s.read_bytes() for s in sources))
     target = KAFKA_CACHE / "programs" / f"{source.stem}-{digest}"
     if not (target / f"{source.stem}.class").exists():
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -208,7 +210,7 @@ def program(source: Path) -> list[str]:
                 # classpath is a program argument here, which no launcher expands: the jars one by one.
                 javac = [java(), *JVM_OPTIONS, *QUICK_JVM_OPTIONS, "-m", "jdk.compiler/com.sun.tools.javac.Main"]
                 jar_list = os.pathsep.join(str(jar) for jar in sorted(jars().glob("*.jar")))
-                done = subprocess.run([*javac, "-nowarn", "-d", str(partial), "-cp", jar_list, str(source)],
+                done = subprocess.run([*javac, "-nowarn", "-d", str(partial), "-cp", jar_list, *map(str, sources)],
                                       capture_output=True, text=True, timeout=TOOL_TIMEOUT_S,
                                       preexec_fn=die_with_parent)
                 if done.returncode != 0:

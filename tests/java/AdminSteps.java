@@ -1,9 +1,8 @@
 // Apache Kafka's Java AdminClient against a node, every step in one run:
-//   java -cp <Kafka's jars> tests/java/AdminSteps.java <bootstrap> <prefix>
+//   java -cp <Kafka's jars>:<ClientKit> tests/java/AdminSteps.java <bootstrap> <prefix>
 // Each step prints one JSON line {"step": ..., ...}, or {"step": ..., "error": "<exception>: <message>"} when the
 // client threw; the run goes on with the next step. tests/test_java_clients.py asserts on them. The names of
 // topics, groups, users and transactional ids start with <prefix>; every wait is bounded.
-import com.fasterxml.jackson.databind.ObjectMapper;
 import java.time.Duration;
 import java.util.*;
 import java.util.concurrent.ExecutionException;
@@ -15,12 +14,9 @@ import org.apache.kafka.common.*;
 import org.apache.kafka.common.acl.*;
 import org.apache.kafka.common.config.ConfigResource;
 import org.apache.kafka.common.resource.*;
-import org.apache.kafka.common.serialization.StringDeserializer;
-import org.apache.kafka.common.serialization.StringSerializer;
 
 public class AdminSteps {
     static final long WAIT_MS = 30_000;
-    static final ObjectMapper JSON = new ObjectMapper();
     static String bootstrap;
     static String prefix;
     static Admin admin;
@@ -59,14 +55,11 @@ public class AdminSteps {
             Throwable cause = e instanceof ExecutionException && e.getCause() != null ? e.getCause() : e;
             line.put("error", cause.getClass().getSimpleName() + ": " + cause.getMessage());
         }
-        System.out.println(JSON.writeValueAsString(line));
-        System.out.flush();
+        ClientKit.print(line);
     }
 
     static Map<String, Object> map(Object... pairs) {
-        Map<String, Object> out = new LinkedHashMap<>();
-        for (int i = 0; i < pairs.length; i += 2) out.put((String) pairs[i], pairs[i + 1]);
-        return out;
+        return ClientKit.pairs(pairs);
     }
 
     static <T> T get(KafkaFuture<T> future) throws Exception {
@@ -97,20 +90,11 @@ public class AdminSteps {
     }
 
     static KafkaProducer<String, String> producer(Map<String, Object> more) {
-        Map<String, Object> config = new HashMap<>(Map.of("bootstrap.servers", bootstrap,
-                "key.serializer", StringSerializer.class.getName(),
-                "value.serializer", StringSerializer.class.getName(), "linger.ms", 0));
-        config.putAll(more);
-        return new KafkaProducer<>(config);
+        return ClientKit.producer(bootstrap, more);
     }
 
     static KafkaConsumer<String, String> consumer(Map<String, Object> more) {
-        Map<String, Object> config = new HashMap<>(Map.of("bootstrap.servers", bootstrap,
-                "key.deserializer", StringDeserializer.class.getName(),
-                "value.deserializer", StringDeserializer.class.getName(),
-                "auto.offset.reset", "earliest", "enable.auto.commit", false));
-        config.putAll(more);
-        return new KafkaConsumer<>(config);
+        return ClientKit.consumer(bootstrap, more);
     }
 
     /** Partition -> [leader id, replicas, isr] of a described topic. */

@@ -1,8 +1,7 @@
 // Apache Kafka's Java producer and consumer against a node, one scenario per run:
-//   java -cp <Kafka's jars> tests/java/Clients.java <scenario> <bootstrap> <prefix>
+//   java -cp <Kafka's jars>:<ClientKit> tests/java/Clients.java <scenario> <bootstrap> <prefix>
 // Each step prints one JSON line {"step": ..., ...}; tests/test_java_clients.py asserts on them. Every wait is
 // bounded (WAIT_MS); the names of topics and groups start with <prefix>.
-import com.fasterxml.jackson.databind.ObjectMapper;
 import java.time.Duration;
 import java.util.*;
 import org.apache.kafka.clients.admin.Admin;
@@ -10,12 +9,9 @@ import org.apache.kafka.clients.admin.NewTopic;
 import org.apache.kafka.clients.consumer.*;
 import org.apache.kafka.clients.producer.*;
 import org.apache.kafka.common.TopicPartition;
-import org.apache.kafka.common.serialization.StringDeserializer;
-import org.apache.kafka.common.serialization.StringSerializer;
 
 public class Clients {
     static final long WAIT_MS = 30_000;
-    static final ObjectMapper JSON = new ObjectMapper();
     static String bootstrap;
     static String prefix;
 
@@ -31,12 +27,8 @@ public class Clients {
         }
     }
 
-    static void emit(String step, Object... pairs) throws Exception {
-        Map<String, Object> line = new LinkedHashMap<>();
-        line.put("step", step);
-        for (int i = 0; i < pairs.length; i += 2) line.put((String) pairs[i], pairs[i + 1]);
-        System.out.println(JSON.writeValueAsString(line));
-        System.out.flush();
+    static void emit(String step, Object... pairs) {
+        ClientKit.emit(step, pairs);
     }
 
     static void createTopic(String name, int partitions) throws Exception {
@@ -46,20 +38,11 @@ public class Clients {
     }
 
     static KafkaProducer<String, String> producer(Map<String, Object> more) {
-        Map<String, Object> config = new HashMap<>(Map.of("bootstrap.servers", bootstrap,
-                "key.serializer", StringSerializer.class.getName(),
-                "value.serializer", StringSerializer.class.getName(), "linger.ms", 0));
-        config.putAll(more);
-        return new KafkaProducer<>(config);
+        return ClientKit.producer(bootstrap, more);
     }
 
     static KafkaConsumer<String, String> consumer(Map<String, Object> more) {
-        Map<String, Object> config = new HashMap<>(Map.of("bootstrap.servers", bootstrap,
-                "key.deserializer", StringDeserializer.class.getName(),
-                "value.deserializer", StringDeserializer.class.getName(),
-                "auto.offset.reset", "earliest", "enable.auto.commit", false));
-        config.putAll(more);
-        return new KafkaConsumer<>(config);
+        return ClientKit.consumer(bootstrap, more);
     }
 
     /** Records as [partition, offset, key, value], polled until `count` came or WAIT_MS passed. */

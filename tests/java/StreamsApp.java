@@ -1,5 +1,5 @@
 // A stateful Kafka Streams application with exactly-once processing, against a node (or Kafka), one run:
-//   java -cp <Kafka's jars> tests/java/StreamsApp.java bootstrap=<host:port> app=<application.id>
+//   java -cp <Kafka's jars>:<ClientKit> tests/java/StreamsApp.java bootstrap=<host:port> app=<application.id>
 //        state=<state dir> input=<topic> counts=<topic> amounts=<topic> windows=<topic> protocol=<classic|streams>
 //        expect=<records per output topic> deadline-s=<seconds> [throttle-ms=<ms per record>]
 //        [topic.<config>=<value> ...: configs of the internal topics]
@@ -19,7 +19,6 @@
 // A line "hold" on its standard input: the first stream thread to output a count afterwards stops right after
 // handing it to its producer, inside its transaction (it cannot commit while stopped), and says so ("held");
 // the tests then SIGKILL the JVM with that transaction open and its records at the broker.
-import com.fasterxml.jackson.databind.ObjectMapper;
 import java.time.Duration;
 import java.util.*;
 import java.util.concurrent.CountDownLatch;
@@ -45,7 +44,6 @@ import org.apache.kafka.streams.state.KeyValueStore;
 import org.apache.kafka.streams.state.WindowStore;
 
 public class StreamsApp {
-    static final ObjectMapper JSON = new ObjectMapper();
     static final long STARTED = System.currentTimeMillis();
     static final Duration WINDOW = Duration.ofSeconds(60);
     static final Duration GRACE = Duration.ofHours(1);
@@ -55,17 +53,12 @@ public class StreamsApp {
     static final CountDownLatch HOLD_ASKED = new CountDownLatch(1);
     static final AtomicBoolean HELD = new AtomicBoolean();
 
-    static synchronized void emit(String step, Object... pairs) {
+    static void emit(String step, Object... pairs) {
         Map<String, Object> line = new LinkedHashMap<>();
         line.put("step", step);
         line.put("ms", System.currentTimeMillis() - STARTED);
-        for (int i = 0; i < pairs.length; i += 2) line.put((String) pairs[i], pairs[i + 1]);
-        try {
-            System.out.println(JSON.writeValueAsString(line));
-        } catch (Exception e) {
-            throw new RuntimeException(e);
-        }
-        System.out.flush();
+        line.putAll(ClientKit.pairs(pairs));
+        ClientKit.print(line);
     }
 
     public static void main(String[] argv) throws Exception {

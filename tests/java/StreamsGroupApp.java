@@ -1,5 +1,6 @@
 // A small stateful Kafka Streams application with group.protocol=streams (KIP-1071) against a node or a Kafka:
-//   java -cp <Kafka's jars> tests/java/StreamsGroupApp.java <bootstrap> <prefix> <state dir> <restart|no-restart>
+//   java -cp <Kafka's jars>:<ClientKit> tests/java/StreamsGroupApp.java <bootstrap> <prefix> <state dir>
+//       <restart|no-restart>
 // The topology counts words: subtopology 0 re-keys <prefix>-in by value into a repartition topic, subtopology 1
 // counts per word in a store (with its changelog) and writes the counts to <prefix>-out. Steps, one JSON line each
 // ({"step": ...}): the admin sets the group's streams.num.standby.replicas to 1 (incrementalAlterConfigs on the GROUP
@@ -9,7 +10,6 @@
 // waits for a line on stdin (the test restarts the node meanwhile) and checks the group and the counts after it.
 // Last, once the instance closed: the group's committed offsets (listStreamsGroupOffsets) and its deletion.
 // Every wait is bounded (WAIT_MS).
-import com.fasterxml.jackson.databind.ObjectMapper;
 import java.io.BufferedReader;
 import java.io.InputStreamReader;
 import java.time.Duration;
@@ -20,8 +20,6 @@ import org.apache.kafka.clients.producer.*;
 import org.apache.kafka.common.TopicPartition;
 import org.apache.kafka.common.config.ConfigResource;
 import org.apache.kafka.common.serialization.Serdes;
-import org.apache.kafka.common.serialization.StringDeserializer;
-import org.apache.kafka.common.serialization.StringSerializer;
 import org.apache.kafka.streams.*;
 import org.apache.kafka.streams.kstream.*;
 import org.apache.kafka.streams.processor.TaskId;
@@ -30,7 +28,6 @@ public class StreamsGroupApp {
     static final long WAIT_MS = 60_000;
     static final int PARTITIONS = 4;
     static final List<String> WORDS = List.of("alpha", "beta", "gamma", "delta", "epsilon", "zeta");
-    static final ObjectMapper JSON = new ObjectMapper();
     static String bootstrap, prefix, app, stateDir;
 
     public static void main(String[] args) throws Exception {
@@ -189,10 +186,7 @@ public class StreamsGroupApp {
     }
 
     static void produceRound(int round) throws Exception {
-        Map<String, Object> config = Map.of("bootstrap.servers", bootstrap,
-                "key.serializer", StringSerializer.class.getName(),
-                "value.serializer", StringSerializer.class.getName(), "linger.ms", 0);
-        try (KafkaProducer<String, String> producer = new KafkaProducer<>(config)) {
+        try (KafkaProducer<String, String> producer = ClientKit.producer(bootstrap, Map.of())) {
             for (int i = 0; i < WORDS.size(); i++) {
                 for (int copy = 0; copy <= i; copy++) {  // word i appears i + 1 times per round
                     producer.send(new ProducerRecord<>(prefix + "-in", "r" + round + "-" + i + "-" + copy,
@@ -208,12 +202,9 @@ public class StreamsGroupApp {
     }
 
     static Map<String, Long> waitCounts(String output, int rounds, String isolation) throws Exception {
-        Map<String, Object> config = Map.of("bootstrap.servers", bootstrap,
-                "key.deserializer", StringDeserializer.class.getName(),
-                "value.deserializer", StringDeserializer.class.getName(),
-                "auto.offset.reset", "earliest", "enable.auto.commit", false, "isolation.level", isolation);
         Map<String, Long> latest = new TreeMap<>();
-        try (KafkaConsumer<String, String> consumer = new KafkaConsumer<>(config)) {
+        Map<String, Object> config = Map.of("isolation.level", isolation);
+        try (KafkaConsumer<String, String> consumer = ClientKit.consumer(bootstrap, config)) {
             consumer.assign(List.of(new TopicPartition(output, 0)));  // no group: no rebalance to wait for
             long deadline = System.currentTimeMillis() + WAIT_MS;
             while (System.currentTimeMillis() < deadline) {
@@ -279,11 +270,7 @@ public class StreamsGroupApp {
         throw new IllegalStateException("not in time: " + what);
     }
 
-    static void emit(String step, Object... pairs) throws Exception {
-        Map<String, Object> line = new LinkedHashMap<>();
-        line.put("step", step);
-        for (int i = 0; i < pairs.length; i += 2) line.put((String) pairs[i], pairs[i + 1]);
-        System.out.println(JSON.writeValueAsString(line));
-        System.out.flush();
+    static void emit(String step, Object... pairs) {
+        ClientKit.emit(step, pairs);
     }
 }

@@ -32,7 +32,7 @@ from shmbroker.workers.codecs import errors as E
 from shmbroker.workers.codecs import protocol as P
 from shmbroker.workers.codecs.consumer_group_heartbeat import encode_response_without_assignment
 from shmbroker.workers.connection import Request
-from shmbroker.workers.timer_client.delayed import DelayedRequests, DocumentTooLarge
+from shmbroker.workers.timer_client.delayed import DelayedRequests
 from shmbroker.workers.timer_client.outcome import Outcome
 from shmbroker.workers.api.authorizer import RequestAuthorizer
 from shmbroker.workers.api.family import HandlerFamily
@@ -63,19 +63,6 @@ class ConsumerGroupHandlers(HandlerFamily):
 
     def table(self) -> dict[int, Callable[[Request, Any], Outcome]]:
         return {P.CONSUMER_GROUP_HEARTBEAT: self.heartbeat, P.CONSUMER_GROUP_DESCRIBE: self.describe}
-
-    def _ask(self, req: Request, kind: M.Kind, body: tuple, fields: tuple, answer: Callable[[Any], Outcome],
-             refusal: Callable[[E.ErrorCode], Any]) -> Outcome:
-        """Send the coordinator `kind`; `answer` gets the REPLY's answer (None if the timer never gave one), or
-        `refusal`'s coordinator-shaped answer when the request cannot be sent. `answer` must not refer back to a
-        closure that calls it: such a pair is a reference cycle, kept until a garbage collection
-        (tests/test_reference_cycles.py)."""
-        try:
-            frame = M.encode(kind, 0, req.header.api_version, *body, *fields)
-            return self.delayed.ask(req, frame, self.config.timer.control_timeout_ms,
-                                    lambda got: answer(None if got is None else got.answer))
-        except DocumentTooLarge:
-            return answer(refusal(E.INVALID_REQUEST))
 
     def _by_name(self, topics: Any) -> list | None:
         if topics is None:
@@ -127,8 +114,8 @@ class ConsumerGroupHandlers(HandlerFamily):
             error = self._heartbeat_refusal(req, request)
             if error is not None:  # Kafka's error response: the code alone
                 return answer(HeartbeatAnswer(int(error), None, "", 0, 0, None))
-        return self._ask(req, M.Kind.CONSUMER_GROUP_HEARTBEAT, (int(request.member_epoch), rebalance_ms), fields,
-                         answer, refusal)
+        return self.ask_coordinator(req, M.Kind.CONSUMER_GROUP_HEARTBEAT, (int(request.member_epoch), rebalance_ms),
+                                    fields, answer, refusal)
 
     def _heartbeat_refusal(self, req: Request, request: Any) -> E.ErrorCode | None:
         if not self.authorizer.allows(req, Operation.READ, ResourceType.GROUP, request.group_id):
@@ -182,4 +169,4 @@ class ConsumerGroupHandlers(HandlerFamily):
 
         if refused and not names:
             return answer(DescribeAnswer([]))
-        return self._ask(req, M.Kind.CONSUMER_GROUP_DESCRIBE, (), (names,), answer, refusal)
+        return self.ask_coordinator(req, M.Kind.CONSUMER_GROUP_DESCRIBE, (), (names,), answer, refusal)

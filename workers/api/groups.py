@@ -36,7 +36,6 @@ from shmbroker.workers.api.responses import ZERO_THROTTLE, code, entity, reply
 from shmbroker.workers.codecs import errors as E
 from shmbroker.workers.codecs import protocol as P
 from shmbroker.workers.connection import Request
-from shmbroker.workers.timer_client.delayed import DocumentTooLarge
 from shmbroker.workers.timer_client.outcome import Outcome
 from shmbroker.workers.api.family import HandlerFamily
 
@@ -98,16 +97,8 @@ class GroupHandlers(HandlerFamily):
 
     def _ask(self, req: Request, kind: M.Kind, fields: tuple, timeout_ms: int,
              answer: Callable[[Any], Outcome], refusal: Callable[[E.ErrorCode], Any], *body: Any) -> Outcome:
-        """Send the coordinator `kind` with the request's id-to-be, API version, `body` and `fields`; `answer`
-        gets the REPLY's answer (None if the timer never gave one), or `refusal`'s coordinator-shaped answer when
-        the request cannot be sent. `answer` must not refer back to a closure that calls it: such a pair is a
-        reference cycle, kept until a garbage collection (tests/test_reference_cycles.py)."""
-        try:
-            frame = M.encode(kind, 0, req.header.api_version, *body, *fields)
-            return self.delayed.ask(req, frame, timeout_ms, lambda reply_: answer(None if reply_ is None
-                                                                                  else reply_.answer))
-        except DocumentTooLarge:
-            return answer(refusal(E.INVALID_REQUEST))
+        """HandlerFamily.ask_coordinator, with the message's body (its fixed-size fields) last."""
+        return self.ask_coordinator(req, kind, body, fields, answer, refusal, timeout_ms)
 
     # -- FindCoordinator ----------------------------------------------------------------------
 

@@ -46,8 +46,8 @@ from shmbroker.workers.api.acls import AclHandlers
 from shmbroker.workers.api.admin import AdminHandlers
 from shmbroker.workers.api.authorizer import NOTHING_DENIED, RequestAuthorizer
 from shmbroker.workers.api.scram_credentials import ScramCredentialHandlers
-from shmbroker.workers.api.fetch_sessions import (NO_SESSION, FINAL_EPOCH, FetchContext, FetchSessionCache,
-                                                  ForgottenTopic)
+from shmbroker.workers.api.fetch_sessions import (FETCH_BY_TOPIC_ID, NO_SESSION, FINAL_EPOCH, FetchContext,
+                                                  FetchSessionCache, ForgottenTopic)
 from shmbroker.workers.api.repeated_fetch import IdleRead, RepeatedFetch
 from shmbroker.workers.api.consumer_groups import ConsumerGroupHandlers
 from shmbroker.workers.api.streams_groups import StreamsGroupHandlers
@@ -607,7 +607,7 @@ class Handlers:
     def _fetch_topics(self, request: Any) -> Any:
         """The request's topics, each with its name as `.topic`: as they come up to v12; from v13 (topic ids,
         KIP-516) each looked up in this worker's catalog (a dict; None for an id no live topic has)."""
-        if request.__version__ < _FETCH_BY_TOPIC_ID:
+        if request.__version__ < FETCH_BY_TOPIC_ID:
             return request.topics
         by_id = self.partitions.topic_by_id
         return [_TopicById(by_id(topic.topic_id) if topic.topic_id is not None else None, topic.topic_id,
@@ -616,7 +616,7 @@ class Handlers:
     def _forgotten_topics(self, request: Any) -> list[ForgottenTopic]:
         """The partitions a Fetch v7+ asks its session to forget, named as _fetch_topics names topics."""
         forgotten = getattr(request, "forgotten_topics_data", ())
-        if request.__version__ < _FETCH_BY_TOPIC_ID:
+        if request.__version__ < FETCH_BY_TOPIC_ID:
             return [ForgottenTopic(topic.topic, b"", topic.partitions) for topic in forgotten]
         by_id = self.partitions.topic_by_id
         return [ForgottenTopic(by_id(topic.topic_id) if topic.topic_id is not None else None,
@@ -649,7 +649,7 @@ class Handlers:
                 results[index] = [self._read_partition(read, topic.topic, part) for part in topic.partitions]
             elif results[index] is None:  # the family's first topic: all its levels now
                 self._read_family(read, topics, families[family], results)
-        if request.__version__ >= _FETCH_BY_TOPIC_ID:
+        if request.__version__ >= FETCH_BY_TOPIC_ID:
             answered = [FetchTopicResult(topic.topic, parts, topic.id_bytes) for topic, parts in zip(topics, results)]
         else:
             answered = [FetchTopicResult(topic.topic, parts) for topic, parts in zip(topics, results)]
@@ -717,7 +717,6 @@ class Handlers:
             results[index].append(read.add(result, row, piece))
 
 
-_FETCH_BY_TOPIC_ID = 13  # Fetch v13+ names topics by topic id (KIP-516)
 _NOTHING_REFUSED: frozenset[int] = frozenset()
 
 

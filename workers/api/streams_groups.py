@@ -19,15 +19,13 @@ from typing import Any, Callable
 
 from kio.static.primitive import i8, i16, i32, i32Timedelta, u16
 
-from shmbroker.node.config import NodeConfig
 from shmbroker.node.storage.acls import CLUSTER_NAME, Operation, ResourceType
 from shmbroker.shm import messages as M
-from shmbroker.workers.api.authorizer import RequestAuthorizer
+from shmbroker.workers.api.family import HandlerFamily
 from shmbroker.workers.api.responses import ZERO_THROTTLE, code, entity, reply
 from shmbroker.workers.codecs import errors as E
 from shmbroker.workers.codecs import protocol as P
 from shmbroker.workers.connection import Request
-from shmbroker.workers.timer_client.delayed import DelayedRequests, DocumentTooLarge
 from shmbroker.workers.timer_client.outcome import Outcome
 
 HeartbeatAnswer = M.reply_class(M.Kind.STREAMS_GROUP_HEARTBEAT)
@@ -56,24 +54,11 @@ def _subtopology_record(sub: Any) -> tuple:
               [int(i) for i in g.repartition_source_topics]) for g in sub.copartition_groups])
 
 
-class StreamsGroupHandlers:
-    def __init__(self, config: NodeConfig, delayed: DelayedRequests,
-                 authorizer: RequestAuthorizer | None = None) -> None:
-        self.config = config
-        self.delayed = delayed
-        self.authorizer = authorizer or RequestAuthorizer.open_to_all()
+class StreamsGroupHandlers(HandlerFamily):
+    """Made with the node's config, the delayed requests' client and the authorizer (HandlerFamily)."""
 
     def table(self) -> dict[int, Callable[[Request, Any], Outcome]]:
         return {P.STREAMS_GROUP_HEARTBEAT: self.heartbeat, P.STREAMS_GROUP_DESCRIBE: self.describe}
-
-    def _ask(self, req: Request, kind: M.Kind, body: tuple, fields: tuple, answer: Callable[[Any], Outcome],
-             refusal: Callable[[E.ErrorCode], Any]) -> Outcome:
-        try:
-            frame = M.encode(kind, 0, req.header.api_version, *body, *fields)
-            return self.delayed.ask(req, frame, self.config.timer.control_timeout_ms,
-                                    lambda got: answer(None if got is None else got.answer))
-        except DocumentTooLarge:
-            return answer(refusal(E.INVALID_REQUEST))
 
     def heartbeat(self, req: Request, request: Any) -> Outcome:
         peer = req.conn.peer
@@ -126,7 +111,7 @@ class StreamsGroupHandlers:
             error = self._heartbeat_refusal(req, request)
             if error is not None:
                 return answer(refusal(error))
-        return self._ask(req, M.Kind.STREAMS_GROUP_HEARTBEAT, body, fields, answer, refusal)
+        return self.ask_coordinator(req, M.Kind.STREAMS_GROUP_HEARTBEAT, body, fields, answer, refusal)
 
     def _may_create(self, req: Request, topology: Any) -> bool:
         """Whether the node may create the group's missing internal topics for this principal: CREATE on the
@@ -212,4 +197,4 @@ class StreamsGroupHandlers:
 
         if refused and not names:
             return answer(DescribeAnswer([]))
-        return self._ask(req, M.Kind.STREAMS_GROUP_DESCRIBE, (), (names,), answer, refusal)
+        return self.ask_coordinator(req, M.Kind.STREAMS_GROUP_DESCRIBE, (), (names,), answer, refusal)

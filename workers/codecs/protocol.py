@@ -54,7 +54,7 @@ from kio.static.primitive import i16, i32Timedelta
 from shmbroker.workers.codecs.errors import NONE, UNSUPPORTED_VERSION, ErrorCode, ProtocolError
 from shmbroker.workers.codecs.fetch import (FetchPartitionResult, FetchResponseFrame, FetchTopicResult, FileRange,
                                             encode_fetch_response)
-from shmbroker.workers.codecs.legacy_schemas import LEGACY_SCHEMAS
+from shmbroker.workers.codecs.legacy_schemas import legacy_schema
 from shmbroker.workers.codecs.tagged_fields import known_tags_filter, skip_tagged_fields
 from shmbroker.workers.codecs.produce import (ProducePartitionResult, ProduceRequestView, ProduceTopicResult,
                                               decode_produce_request, encode_produce_response)
@@ -268,7 +268,7 @@ def parse_request_header(frame: Any) -> RequestHeader:
 
 
 def _kio_namespace(api_key: int, version: int, entity_type: EntityType) -> ModuleType | SimpleNamespace:
-    legacy = LEGACY_SCHEMAS.get((api_key, version))
+    legacy = legacy_schema(api_key, version)
     if legacy is not None:
         return legacy
     return load_payload_module(api_key, version, entity_type)

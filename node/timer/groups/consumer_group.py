@@ -22,61 +22,25 @@ import re
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping
 
-from shmbroker.node.timer.groups.reconciliation import MemberBook, MemberState, Partitions
-
-LEAVE_EPOCH = -1
-STATIC_LEAVE_EPOCH = -2
+from shmbroker.node.timer.groups.reconciliation import MemberBook, ReconcilingMember
 
 
 @dataclass
-class ConsumerMember:
-    member_id: str
-    instance_id: str | None = None
-    rack_id: str | None = None
-    client_id: str = ""
-    client_host: str = ""
-    rebalance_timeout_ms: int = 0
+class ConsumerMember(ReconcilingMember):
     subscribed_topics: tuple[str, ...] = ()
     subscribed_regex: str | None = None
     assignor: str | None = None
-    epoch: int = 0
-    previous_epoch: int = -1
-    state: MemberState = MemberState.STABLE
-    assigned: Partitions = field(default_factory=dict)
-    pending_revocation: Partitions = field(default_factory=dict)
-
-    def owned(self) -> Partitions:
-        return {t: self.assigned.get(t, set()) | self.pending_revocation.get(t, set())
-                for t in set(self.assigned) | set(self.pending_revocation)}
 
 
 @dataclass
-class ConsumerGroup(MemberBook):
-    group_id: str
-    epoch: int = 0
-    assignment_epoch: int = 0
-    members: dict[str, ConsumerMember] = field(default_factory=dict)
-    static_members: dict[str, str] = field(default_factory=dict)  # instance id -> member id
-    target: dict[str, Partitions] = field(default_factory=dict)  # member id -> its target assignment
-    owners: dict[tuple[str, int], tuple[str, int]] = field(default_factory=dict)  # partition -> (member, epoch)
+class ConsumerGroup(MemberBook):  # its members are ConsumerMembers; never NotReady
     subscribed_partitions: dict[str, int] = field(default_factory=dict)  # topic -> partitions, of the subscriptions
     catalog_version: int = -1  # the catalog the subscribed partitions were read from
     assignor_name: str = ""
-    empty_since_ms: int | None = None
     # The members' regexes, resolved against the catalog of `resolved_version` (regex text -> matching topics);
     # a regex not in here matches nothing yet.
     resolved: dict[str, frozenset[str]] = field(default_factory=dict)
     resolved_version: int = -1
-
-    @property
-    def state(self) -> str:
-        if not self.members:
-            return "Empty"
-        if self.epoch != self.assignment_epoch:
-            return "Assigning"
-        if any(m.epoch != self.assignment_epoch or m.state is not MemberState.STABLE for m in self.members.values()):
-            return "Reconciling"
-        return "Stable"
 
     def regexes(self) -> set[str]:
         return {m.subscribed_regex for m in self.members.values() if m.subscribed_regex is not None}
@@ -113,6 +77,7 @@ class ConsumerGroup(MemberBook):
 
     def removed(self, member: ConsumerMember) -> None:
         self.forget_unused_regexes()
+        self.catalog_version = -1  # its subscription may have been the only one to a topic: read them again
 
     def replace_static(self, old_id: str, member: ConsumerMember) -> None:
         """A static member back under a new member id takes over its instance's assignment and subscription (as

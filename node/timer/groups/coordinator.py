@@ -35,6 +35,7 @@ from shmbroker.node.timer.groups.consumer import ConsumerGroups
 from shmbroker.node.timer.groups.delayed import DelayedJoin, InitialDelayedJoin, PendingSync, join_key, sync_key
 from shmbroker.node.timer.groups.group import Group, GroupState, Member, Waiter
 from shmbroker.node.timer.groups.offsets import OffsetStore
+from shmbroker.node.timer.groups.reconciling import ReconcilingGroups
 from shmbroker.node.timer.groups.sessions import Sessions
 from shmbroker.node.timer.groups.streams import StreamsGroups
 from shmbroker.node.timer.outbox import Outbox
@@ -82,6 +83,7 @@ class GroupCoordinator:
         self.consumer = ConsumerGroups(config, outbox, store, wheel, now_ms, clock, classic=self)
         # Streams groups (KIP-1071): a group id is in exactly one of self.groups, consumer.groups, streams.groups.
         self.streams = StreamsGroups(config, outbox, store, wheel, now_ms, clock, classic=self)
+        self.reconciling: tuple[ReconcilingGroups, ...] = (self.consumer, self.streams)
         self.handlers: dict[M.Kind, Callable[[int, Any], None]] = {
             M.Kind.JOIN_GROUP: self.join_group,
             M.Kind.SYNC_GROUP: self.sync_group,
@@ -168,16 +170,11 @@ class GroupCoordinator:
             return self._join_reply(waiter, E.invalid_group_id, member_id)
         if not self.config.min_session_timeout_ms <= d.session_timeout_ms <= self.config.max_session_timeout_ms:
             return self._join_reply(waiter, E.invalid_session_timeout, member_id)
-        consumer_group = self.consumer.groups.get(group_id)
-        if consumer_group is not None:
-            if consumer_group.members:  # a group is one protocol or the other
+        family, other = self._reconciling(group_id)
+        if other is not None:
+            if other.members:  # a group is one protocol's
                 return self._join_reply(waiter, E.inconsistent_group_protocol, member_id)
-            del self.consumer.groups[group_id]  # an empty consumer group becomes a classic one; offsets stay
-        streams_group = self.streams.groups.get(group_id)
-        if streams_group is not None:
-            if streams_group.members:
-                return self._join_reply(waiter, E.inconsistent_group_protocol, member_id)
-            self.streams.forget(group_id)  # an empty streams group becomes a classic one; offsets stay
+            family.forget(group_id)  # an empty consumer or streams group becomes a classic one; offsets stay
         group = self.groups.get(group_id)
         if group is None:
             if member_id:
@@ -525,6 +522,15 @@ class GroupCoordinator:
         if group is not None:
             self._transition(group, DEAD, self.clock())
 
+    def _reconciling(self, group_id: str) -> tuple[ReconcilingGroups | None, Any]:
+        """The consumer or streams family holding a group `group_id`, and that group; (None, None) if neither does
+        (a group id is in one family at most)."""
+        for family in self.reconciling:
+            group = family.groups.get(group_id)
+            if group is not None:
+                return family, group
+        return None, None
+
     def _forget_if_unused(self, group: Group) -> None:
         """An empty group with no offsets goes, unless a member given its id (KIP-394) is yet to come back with
         it: forgotten between its two JoinGroups, that member would be refused (UNKNOWN_MEMBER_ID) and join
@@ -550,12 +556,9 @@ class GroupCoordinator:
         if not group_id:
             return answer(lambda t, p: E.invalid_group_id)
         group = self.groups.get(group_id)
-        consumer_group = self.consumer.groups.get(group_id)
-        streams_group = self.streams.groups.get(group_id)
-        if consumer_group is not None:
-            error = self.consumer.commit_error(consumer_group, member_id, generation, waiter[2])
-        elif streams_group is not None:
-            error = self.streams.commit_error(streams_group, member_id, generation, waiter[2])
+        family, other = self._reconciling(group_id)
+        if other is not None:
+            error = family.commit_error(other, member_id, generation, waiter[2])
         elif group is None:  # a group only storing offsets (assign() consumers), or a commit of a gone generation
             error = E.none if generation < 0 else E.illegal_generation
         elif group.is_(DEAD):
@@ -581,7 +584,7 @@ class GroupCoordinator:
                     entries[(topic, partition)] = (int(offset), int(leader_epoch), metadata)
         if not entries:
             return answer(lambda t, p: refused.get((t, p), E.none))
-        if group is None and consumer_group is None and streams_group is None:
+        if group is None and other is None:
             group = self.groups[group_id] = Group(group_id)
             self._transition(group, EMPTY, self.clock())
         if group is not None and group.members.get(member_id) is not None:
@@ -636,14 +639,9 @@ class GroupCoordinator:
             loading = int(E.coordinator_load_in_progress)
             return self._reply(waiter, FetchOffsetsAnswer(loading, [
                 (t, [(p, -1, -1, "", loading) for p in partitions]) for t, partitions in (d.topics or [])]))
-        consumer_group = self.consumer.groups.get(d.group)
-        streams_group = self.streams.groups.get(d.group)
-        if consumer_group is not None and (d.member is not None or d.member_epoch >= 0):
-            error = self.consumer.fetch_error(consumer_group, d.member or "", d.member_epoch)
-            if error != E.none:
-                return self._error_only(waiter, error)
-        if streams_group is not None and (d.member is not None or d.member_epoch >= 0):
-            error = self.streams.fetch_error(streams_group, d.member or "", d.member_epoch)
+        family, other = self._reconciling(d.group)
+        if other is not None and (d.member is not None or d.member_epoch >= 0):
+            error = family.fetch_error(other, d.member or "", d.member_epoch)
             if error != E.none:
                 return self._error_only(waiter, error)
         wanted = None if d.topics is None else [(t, p) for t, partitions in d.topics for p in partitions]
@@ -729,20 +727,14 @@ class GroupCoordinator:
         results, now = [], self.clock()
         for group_id in message.groups:
             group = self.groups.get(group_id)
+            family, other = self._reconciling(group_id)
             if self.offsets.loading:
                 results.append((group_id, int(E.coordinator_load_in_progress)))
-            elif group_id in self.streams.groups:
-                if self.streams.groups[group_id].members:
+            elif other is not None:
+                if other.members:
                     results.append((group_id, int(E.non_empty_group)))
                 else:
-                    self.streams.forget(group_id)
-                    self.offsets.delete(group_id, None, now)
-                    results.append((group_id, int(E.none)))
-            elif group_id in self.consumer.groups:
-                if self.consumer.groups[group_id].members:
-                    results.append((group_id, int(E.non_empty_group)))
-                else:
-                    del self.consumer.groups[group_id]
+                    family.forget(group_id)
                     self.offsets.delete(group_id, None, now)
                     results.append((group_id, int(E.none)))
             elif group is None or group.is_(DEAD):
@@ -780,10 +772,9 @@ class GroupCoordinator:
         expired = self.offsets.expire(wall, self.config.offsets_retention_minutes * 60_000, empty_since_wall_ms, now)
         for group in list(self.groups.values()):
             self._forget_if_unused(group)
-        for group_id in list(self.streams.groups):
-            self.streams.forget_if_unused(group_id, bool(self.offsets.fetch(group_id, None)))
-        for group_id in list(self.consumer.groups):
-            self.consumer.forget_if_unused(group_id, bool(self.offsets.fetch(group_id, None)))
+        for family in self.reconciling:
+            for group_id in list(family.groups):
+                family.forget_if_unused(group_id, bool(self.offsets.fetch(group_id, None)))
         if expired:
             log.info("expired %d committed offsets", expired)
         return expired

@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 Partitions = dict[str, set[int]]  # topic -> partitions
+LEAVE_EPOCH = -1  # a heartbeat's member epoch that leaves the group
+STATIC_LEAVE_EPOCH = -2  # ... that leaves it for now: a static member, which keeps what it owns until it is back
 
 
 class MemberState(enum.Enum):
@@ -89,14 +91,67 @@ def _next_assignment(epoch: int, previous_epoch: int, assigned: Partitions, targ
     return Reconciled(state, target_epoch, previous, new_assigned, {})
 
 
-class MemberBook:
-    """The members of a group whose members reconcile to a target (KIP-848's consumer groups, KIP-1071's streams
-    groups): each by member id, the static ones by instance id, and the owner of each partition (or task) with
-    the member epoch it was given at, which reconcile() asks through owner_epoch.
+@dataclass
+class ReconcilingMember:
+    """What a member of either family that reconciles (KIP-848's consumer groups, KIP-1071's streams groups) is:
+    its ids and client, its rebalance timeout, and its reconciliation state (`assigned` and `pending_revocation`
+    never share a partition). The families' members extend it with what they subscribe to."""
 
-    Invariant: `owners` holds exactly the partitions the members own (assigned, or pending revocation), each at its
-    member's epoch. The subclasses are dataclasses with the fields members, static_members, target, owners and
-    empty_since_ms."""
+    member_id: str
+    instance_id: str | None = None
+    rack_id: str | None = None
+    client_id: str = ""
+    client_host: str = ""
+    rebalance_timeout_ms: int = 0
+    epoch: int = 0
+    previous_epoch: int = -1
+    state: MemberState = MemberState.STABLE
+    assigned: Partitions = field(default_factory=dict)
+    pending_revocation: Partitions = field(default_factory=dict)
+
+    def owned(self) -> Partitions:
+        """What the member holds: assigned, or not yet given up."""
+        return {t: self.assigned.get(t, set()) | self.pending_revocation.get(t, set())
+                for t in set(self.assigned) | set(self.pending_revocation)}
+
+
+@dataclass
+class MemberBook:
+    """A group whose members reconcile to a target (KIP-848's consumer groups, KIP-1071's streams groups): its
+    group epoch and the epoch its target was computed at, its members by member id, the static ones by instance id,
+    the target, and the owner of each partition (or task) with the member epoch it was given at, which reconcile()
+    asks through owner_epoch.
+
+    Invariants: `owners` holds exactly the partitions the members own (assigned, or pending revocation), each at
+    its member's epoch. `empty_since_ms` is set exactly while the group has no members. The families' groups are
+    dataclasses that extend it with what their targets depend on."""
+
+    group_id: str
+    epoch: int = 0
+    assignment_epoch: int = 0
+    members: dict[str, Any] = field(default_factory=dict)
+    static_members: dict[str, str] = field(default_factory=dict)  # instance id -> member id
+    target: dict[str, Partitions] = field(default_factory=dict)  # member id -> its target assignment
+    owners: dict[tuple[str, int], tuple[str, int]] = field(default_factory=dict)  # partition -> (member, epoch)
+    empty_since_ms: int | None = None
+
+    @property
+    def state(self) -> str:
+        """As the families' describes and ListGroups say it: Empty without members, NotReady while the group cannot
+        compute a target (`ready`), Assigning while the target is behind the group epoch, Reconciling while a
+        member has not reached it, else Stable."""
+        if not self.members:
+            return "Empty"
+        if not self.ready():
+            return "NotReady"
+        if self.epoch != self.assignment_epoch:
+            return "Assigning"
+        if any(m.epoch != self.assignment_epoch or m.state is not MemberState.STABLE for m in self.members.values()):
+            return "Reconciling"
+        return "Stable"
+
+    def ready(self) -> bool:
+        return True
 
     def owner_epoch(self, member_id: str):
         """owner_epoch(topic, partition) for reconciling `member_id`: -1 if the partition is free or its own."""

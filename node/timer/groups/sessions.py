@@ -24,9 +24,7 @@ from shmbroker.node.timer.wheel import TimingWheel
 
 class Sessions:
     def __init__(self, wheel: WheelConfig, start_ms: int, on_expired: Callable[[Hashable], None]) -> None:
-        self._wheel = TimingWheel(wheel.tick_ms, wheel.wheel_size, start_ms, initial_capacity=wheel.initial_capacity,
-                                  bucket_initial_capacity=wheel.bucket_initial_capacity,
-                                  compaction_slack=wheel.compaction_slack)
+        self._wheel = TimingWheel.configured(wheel, start_ms)
         self._on_expired = on_expired
         self._sessions: dict[Hashable, list[int]] = {}  # key -> [deadline, armed handle, armed deadline]
         self._keys: dict[int, Hashable] = {}  # armed handle -> key

@@ -41,8 +41,9 @@ Rules as Kafka's GroupMetadataManager.streamsGroupHeartbeat:
   told ASSIGNMENT_DELAYED and given no tasks, so instances starting together get their shares at once; the
   first heartbeat after it moves the group epoch and computes the target.
 
-Timers (node.timer.groups.sessions wheels): a member's session ends with the member fenced (its tasks free); a
-member asked to revoke tasks that has not within its rebalance timeout is fenced too.
+Timers, joins, epoch checks, leaves, reconciliation steps and offset checks are those both families share
+(node.timer.groups.reconciling): a member's session ends with the member fenced (its tasks free); a member asked
+to revoke tasks that has not within its rebalance timeout is fenced too.
 
 Persistence: after a request that changed a group, its snapshot (node.timer.groups.streams_group) is written to
 the offsets log (node.timer.groups.offsets' group states), not waited for; at load the groups come back with
@@ -66,8 +67,9 @@ from shmbroker.node.config import GroupConfig, WheelConfig
 from shmbroker.node.storage import group_config
 from shmbroker.node.storage.group_config import StreamsSettings
 from shmbroker.node.storage.store import PartitionStore
-from shmbroker.node.timer.groups.reconciliation import MemberState, Partitions, reconcile
-from shmbroker.node.timer.groups.sessions import Sessions
+from shmbroker.node.timer.groups.reconciliation import (LEAVE_EPOCH, STATIC_LEAVE_EPOCH, MemberState, Partitions,
+                                                          reconcile)
+from shmbroker.node.timer.groups.reconciling import HeartbeatError, ReconcilingGroups, as_owned, as_records
 from shmbroker.node.timer.groups.streams_assignor import TASK_ASSIGNOR
 from shmbroker.node.timer.groups.streams_group import StreamsGroup, StreamsMember
 from shmbroker.node.timer.groups.streams_topology import (ASSIGNMENT_DELAYED, SHUTDOWN_APPLICATION, STALE_TOPOLOGY,
@@ -80,23 +82,7 @@ E = ErrorCode
 HeartbeatAnswer = M.reply_class(M.Kind.STREAMS_GROUP_HEARTBEAT)
 DescribeAnswer = M.reply_class(M.Kind.STREAMS_GROUP_DESCRIBE)
 STANDBY = "standby"  # reconcile()'s key of a standby task's subtopology: (STANDBY, subtopology id)
-LEAVE_EPOCH = -1
-STATIC_LEAVE_EPOCH = -2
 NO_TOPOLOGY = -1
-
-
-class HeartbeatError(Exception):
-    def __init__(self, error: E, message: str) -> None:
-        super().__init__(message)
-        self.error = error
-
-
-def as_tasks(records: list | None) -> dict[str, set[int]] | None:
-    return None if records is None else {str(sub): set(parts) for sub, parts in records}
-
-
-def as_records(tasks: dict[str, set[int]]) -> list:
-    return [(sub, sorted(parts)) for sub, parts in sorted(tasks.items()) if parts]
 
 
 def with_standbys(active: Partitions, standby: Partitions) -> dict:
@@ -111,54 +97,36 @@ def split_standbys(tasks: dict) -> tuple[Partitions, Partitions]:
     return active, standby
 
 
-class StreamsGroups:
+class StreamsGroups(ReconcilingGroups):
+    FAMILY = "streams"
+    UNITS = "tasks"
+    EPOCH_FENCED = ("The streams group member has a {relation} member epoch ({received}) than the one known by the "
+                    "group coordinator ({known}). The member must abandon all its partitions and rejoin.")
+    EPOCH_INVALID = "MemberEpoch is {epoch}, but must be greater than or equal to -2."
+
     def __init__(self, config: GroupConfig, outbox: Outbox, store: PartitionStore, wheel: WheelConfig, now_ms: int,
                  clock: Callable[[], int], classic: Any) -> None:
-        self.config = config
-        self.outbox = outbox
-        self.store = store
-        self.clock = clock
-        self.classic = classic  # the classic coordinator: its groups, the consumer groups, the offsets log
+        super().__init__(config, outbox, store, wheel, now_ms, clock, classic)
         self.groups: dict[str, StreamsGroup] = {}
-        self.sessions = Sessions(wheel, now_ms, self.session_expired)
-        self.revocations = Sessions(wheel, now_ms, self.revocation_expired)
         self.written: dict[str, bytes] = {}  # group -> its snapshot as last written to the offsets log
         # After the timer created internal topics: the workers and the flusher hear of the new catalog (set by the
         # timer process to the controller's catalog_changed).
         self.catalog_changed: Callable[[], None] = lambda: None
 
-    # -- timers -------------------------------------------------------------------------------
+    def new_group(self, group_id: str) -> StreamsGroup:
+        return StreamsGroup(group_id, empty_since_ms=self.clock())
 
-    def advance(self, now_ms: int) -> None:
-        self.sessions.advance(now_ms)
-        self.revocations.advance(now_ms)
+    def new_member(self, member_id: str, instance_id: str | None) -> StreamsMember:
+        return StreamsMember(member_id, instance_id)
 
-    def next_expiration(self) -> int | None:
-        due = [d for s in (self.sessions, self.revocations) if (d := s.next_expiration()) is not None]
-        return min(due) if due else None
+    def session_timeout_ms(self, group_id: str) -> int:
+        return self.settings(group_id).session_timeout_ms
 
-    def session_expired(self, key: tuple[str, str]) -> None:
-        self._fence(key[0], key[1], "session expired")
+    def max_size(self) -> int:
+        return self.config.streams_max_size
 
-    def revocation_expired(self, key: tuple[str, str]) -> None:
-        group = self.groups.get(key[0])
-        member = group.members.get(key[1]) if group is not None else None
-        if member is not None and member.state is MemberState.UNREVOKED_PARTITIONS:
-            self._fence(key[0], key[1], "did not revoke its tasks within its rebalance timeout")
-
-    def _fence(self, group_id: str, member_id: str, reason: str) -> None:
-        group = self.groups.get(group_id)
-        if group is None or member_id not in group.members:
-            return
-        log.info("streams group %s: member %s fenced: %s", group_id, member_id, reason)
-        self._remove(group, member_id)
-        self.persist(group)
-
-    def _remove(self, group: StreamsGroup, member_id: str) -> None:
-        group.remove(member_id, self.clock())
-        self.sessions.forget((group.group_id, member_id))
-        self.revocations.forget((group.group_id, member_id))
-        group.epoch += 1
+    def other_family(self) -> ReconcilingGroups:
+        return self.classic.consumer
 
     # -- persistence --------------------------------------------------------------------------
 
@@ -185,7 +153,7 @@ class StreamsGroups:
             self.written[group_id] = repr(group.snapshot()).encode()
             session_ms = self.settings(group_id).session_timeout_ms
             for member_id in group.members:
-                self.sessions.renew((group_id, member_id), now + session_ms)
+                self._renew_session(group_id, member_id, session_ms)
         if states:
             log.info("restored %d streams groups from the offsets log", len(self.groups))
 
@@ -195,7 +163,7 @@ class StreamsGroups:
         return group_config.effective_streams(self.config, self.store.catalog.group_configs.get(group_id))
 
     def forget(self, group_id: str) -> None:
-        """Drop an empty group (DeleteGroups, expiry): a tombstone in the offsets log."""
+        """Drop an empty group (DeleteGroups, expiry, a conversion): a tombstone in the offsets log."""
         self.groups.pop(group_id, None)
         if self.written.pop(group_id, None) is not None:
             self.classic.offsets.write_group_state(group_id, None, self.clock())
@@ -234,7 +202,7 @@ class StreamsGroups:
                 statuses.append((ASSIGNMENT_DELAYED, "Assignment delayed due to the configured initial rebalance "
                                                      "delay."))
             before = (member.assigned, member.standby)
-            owned = None if d.active is None else with_standbys(as_tasks(d.active), as_tasks(d.standby) or {})
+            owned = None if d.active is None else with_standbys(as_owned(d.active), as_owned(d.standby) or {})
             self._reconcile(group, member, owned)
         except HeartbeatError as exc:
             if group is not None and joined and not was_member and not replaced:
@@ -250,7 +218,7 @@ class StreamsGroups:
             statuses.append((SHUTDOWN_APPLICATION, f"Streams group member {group.shutdown_requested_by} "
                                                    "encountered a fatal error and requested a shutdown for the "
                                                    "entire application."))
-        self.sessions.renew((group.group_id, member.member_id), self.clock() + settings.session_timeout_ms)
+        self._renew_session(group.group_id, member.member_id, settings.session_timeout_ms)
         tasks_changed = joined or (member.assigned, member.standby) != before
         if tasks_changed and member.endpoint is not None:
             group.endpoint_epoch += 1
@@ -275,107 +243,50 @@ class StreamsGroups:
         """Kafka's throwIfStreamsGroupHeartbeatRequestIsInvalid and ...IsUsingUnsupportedFeatures."""
         if d.subtopologies is not None and any(sub[2] for sub in d.subtopologies):
             raise HeartbeatError(E.invalid_request, "Regular expressions for source topics are not supported yet.")
-        if not d.member:
-            raise HeartbeatError(E.invalid_request, "MemberId can't be empty.")
-        if not d.group:
-            raise HeartbeatError(E.invalid_request, "GroupId can't be empty.")
-        if d.instance is not None and not d.instance:
-            raise HeartbeatError(E.invalid_request, "InstanceId can't be empty.")
-        if d.rack is not None and not d.rack:
-            raise HeartbeatError(E.invalid_request, "RackId can't be empty.")
-        if d.member_epoch == 0:
-            if d.rebalance_timeout_ms == -1:
-                raise HeartbeatError(E.invalid_request, "RebalanceTimeoutMs must be provided in first request.")
-            for tasks, name in ((d.active, "ActiveTasks"), (d.standby, "StandbyTasks"), (d.warmup, "WarmupTasks")):
-                if tasks:
-                    raise HeartbeatError(E.invalid_request, f"{name} must be empty when (re-)joining.")
-            if d.subtopologies is None:
-                raise HeartbeatError(E.invalid_request, "Topology must be non-null when (re-)joining.")
-        elif d.member_epoch == STATIC_LEAVE_EPOCH and d.instance is None:
-            raise HeartbeatError(E.invalid_request, "InstanceId can't be null.")
-        elif d.member_epoch < STATIC_LEAVE_EPOCH:
-            raise HeartbeatError(E.invalid_request,
-                                 f"MemberEpoch is {d.member_epoch}, but must be greater than or equal to -2.")
+        self._validate_common(d, ("member", "group", "instance", "rack"))
         given = [tasks is not None for tasks in (d.active, d.standby, d.warmup)]
         if any(given) and not all(given):
             raise HeartbeatError(E.invalid_request, "If one task-type is non-null, all must be non-null.")
         if d.member_epoch != 0 and d.subtopologies is not None:
             raise HeartbeatError(E.invalid_request, "Topology can only be provided when (re-)joining.")
 
-    def _group(self, group_id: str, create: bool) -> StreamsGroup:
-        group = self.groups.get(group_id)
-        if group is not None:
-            return group
-        classic = self.classic.groups.get(group_id)
-        consumer = self.classic.consumer.groups.get(group_id)
-        if (classic is not None and (classic.members or classic.pending)) or (consumer is not None
-                                                                              and consumer.members):
-            raise HeartbeatError(E.group_id_not_found, f"Group {group_id} is not a streams group.")
-        if not create:
-            raise HeartbeatError(E.unknown_member_id, f"Streams group {group_id} not found.")
-        if classic is not None:  # an empty group of another protocol becomes a streams group; its offsets stay
-            self.classic.forget_empty_group(group_id)
-        if consumer is not None:
-            del self.classic.consumer.groups[group_id]
-        group = self.groups[group_id] = StreamsGroup(group_id, empty_since_ms=self.clock())
-        log.info("streams group %s created", group_id)
-        return group
+    @staticmethod
+    def _validate_join(d: Any) -> None:
+        for tasks, name in ((d.active, "ActiveTasks"), (d.standby, "StandbyTasks"), (d.warmup, "WarmupTasks")):
+            if tasks:
+                raise HeartbeatError(E.invalid_request, f"{name} must be empty when (re-)joining.")
+        if d.subtopologies is None:
+            raise HeartbeatError(E.invalid_request, "Topology must be non-null when (re-)joining.")
 
     def _join_or_find(self, d: Any) -> tuple[StreamsGroup, StreamsMember, bool, bool]:
         """The group and member the heartbeat is for, whether it joins, and whether it is a static member's return
-        under a new member id."""
+        under a new member id. A join to an empty group starts the initial rebalance delay."""
         group = self._group(d.group, create=d.member_epoch == 0)
-        member = group.members.get(d.member)
         if d.member_epoch == 0:
-            holder = group.static_members.get(d.instance) if d.instance is not None else None
-            if holder is not None and holder != d.member:
-                if group.members[holder].epoch != STATIC_LEAVE_EPOCH:
-                    raise HeartbeatError(E.unreleased_instance_id,
-                                         f"Static member {d.instance} was not released by {holder}.")
-                member = StreamsMember(d.member, d.instance)
-                self.sessions.forget((group.group_id, holder))
-                self.revocations.forget((group.group_id, holder))
-                group.replace_static(holder, member)
-                return group, member, True, True
             delay_ms = self.settings(group.group_id).initial_rebalance_delay_ms
             if not group.members and delay_ms > 0:
                 group.assign_after_ms = self.clock() + delay_ms
-            if member is None:
-                if self.config.streams_max_size and len(group.members) >= self.config.streams_max_size:
-                    raise HeartbeatError(E.group_max_size_reached, "The streams group has reached its maximum "
-                                                                   f"capacity of {self.config.streams_max_size} "
-                                                                   "members.")
-                member = StreamsMember(d.member, d.instance)
-                group.add(member)
-            else:  # it rejoins (fenced, or it lost its state): it starts over with nothing
-                group.release(member)
-                member.assigned, member.pending_revocation = {}, {}
-                member.standby, member.standby_pending_revocation = {}, {}
-                member.state, member.epoch, member.previous_epoch = MemberState.STABLE, 0, -1
-                self.revocations.forget((group.group_id, member.member_id))
-            return group, member, True, False
-        if member is None:
-            raise HeartbeatError(E.unknown_member_id, f"Member {d.member} is not a member of group {d.group}.")
-        if member.instance_id is not None and d.instance is not None and d.instance != member.instance_id:
-            raise HeartbeatError(E.fenced_instance_id, f"Member {d.member} is not instance {d.instance}.")
-        self._check_epoch(member, d.member_epoch, as_tasks(d.active), as_tasks(d.standby))
-        return group, member, False, False
+            member, replaced = self._join(group, d)
+            return group, member, True, replaced
+        return group, self._known(group, d, as_owned(d.active)), False, False
 
-    @staticmethod
-    def _check_epoch(member: StreamsMember, received: int, owned: dict | None, owned_standby: dict | None) -> None:
-        if received > member.epoch:
-            raise HeartbeatError(E.fenced_member_epoch, f"The streams group member has a greater member epoch "
-                                                        f"({received}) than the one known by the group coordinator "
-                                                        f"({member.epoch}). The member must abandon all its "
-                                                        "partitions and rejoin.")
-        if received < member.epoch:
-            within = owned is not None and all(parts <= member.assigned.get(t, set()) for t, parts in owned.items())
-            within = within and all(parts <= member.standby.get(t, set()) for t, parts in (owned_standby or {}).items())
-            if received != member.previous_epoch or not within:
-                raise HeartbeatError(E.fenced_member_epoch, f"The streams group member has a smaller member epoch "
-                                                            f"({received}) than the one known by the group "
-                                                            f"coordinator ({member.epoch}). The member must abandon "
-                                                            "all its partitions and rejoin.")
+    def _join(self, group: StreamsGroup, d: Any) -> tuple[StreamsMember, bool]:
+        """The families' join; a member that rejoins starts over without standby tasks too."""
+        member, replaced = super()._join(group, d)
+        if not replaced:
+            member.standby, member.standby_pending_revocation = {}, {}
+        return member, replaced
+
+    def _known(self, group: StreamsGroup, d: Any, owned: dict | None) -> StreamsMember:
+        """The families' check, and a member at its previous epoch may own no standby task beyond its current
+        ones either."""
+        member = super()._known(group, d, owned)
+        standby = as_owned(d.standby) or {}
+        if d.member_epoch < member.epoch and any(not parts <= member.standby.get(t, set())
+                                                 for t, parts in standby.items()):
+            raise HeartbeatError(E.fenced_member_epoch, self.EPOCH_FENCED.format(
+                relation="smaller", received=d.member_epoch, known=member.epoch))
+        return member
 
     @staticmethod
     def _update_member(member: StreamsMember, d: Any) -> bool:
@@ -399,8 +310,7 @@ class StreamsGroups:
         """A join refused after its member was added (as Kafka writes none of a refused heartbeat's records): the
         member goes, and the group too if this join made it."""
         group.remove(member_id, self.clock())
-        self.sessions.forget((group.group_id, member_id))
-        self.revocations.forget((group.group_id, member_id))
+        self._stop_timers(group.group_id, member_id)
         if created and not group.members:
             self.groups.pop(group.group_id, None)
 
@@ -578,51 +488,12 @@ class StreamsGroups:
             return self._error(waiter, E.unknown_member_id, f"Member {d.member} is not a member of group {d.group}.")
         if d.instance is not None and group.static_members.get(d.instance) != d.member:
             return self._error(waiter, E.fenced_instance_id, f"Instance {d.instance} is held by another member.")
-        epoch = LEAVE_EPOCH
-        if d.member_epoch == STATIC_LEAVE_EPOCH:
-            # It keeps its tasks until it is back (under a new member id) or its session ends.
-            member.epoch = epoch = STATIC_LEAVE_EPOCH
-            self.revocations.forget((group.group_id, d.member))
-            self.sessions.renew((group.group_id, d.member), self.clock() + self.settings(d.group).session_timeout_ms)
-            log.info("streams group %s: static member %s (%s) left for now", group.group_id, d.member, d.instance)
-        else:
-            log.info("streams group %s: member %s left", group.group_id, d.member)
-            self._remove(group, d.member)
+        epoch = self._depart(group, d.member, d)
         self.persist(group)
         self._reply(waiter, HeartbeatAnswer(0, None, d.member, epoch, self.settings(d.group).heartbeat_interval_ms,
                                             self.config.streams_acceptable_recovery_lag,
                                             self.config.streams_task_offset_interval_ms, None, None, None, None,
                                             group.endpoint_epoch, None))
-
-    # -- offsets (the classic coordinator asks) -----------------------------------------------
-
-    def commit_error(self, group: StreamsGroup, member_id: str, epoch: int, api_version: int) -> E:
-        """Kafka's StreamsGroup.validateOffsetCommit: without a member epoch only to an empty group; a member's at
-        its current epoch (OffsetCommit v9+, as the consumer protocol's)."""
-        if epoch < 0 and not group.members:
-            return E.none
-        member = group.members.get(member_id)
-        if member is None:
-            return E.unknown_member_id
-        if api_version < 9:
-            return E.unsupported_version
-        if epoch != member.epoch:
-            return E.stale_member_epoch
-        return E.none
-
-    @staticmethod
-    def fetch_error(group: StreamsGroup, member_id: str, epoch: int) -> E:
-        member = group.members.get(member_id)
-        if member is None:
-            return E.unknown_member_id
-        if epoch != member.epoch:
-            return E.stale_member_epoch
-        return E.none
-
-    def forget_if_unused(self, group_id: str, has_offsets: bool) -> None:
-        group = self.groups.get(group_id)
-        if group is not None and not group.members and not has_offsets:
-            self.forget(group_id)
 
     # -- StreamsGroupDescribe -----------------------------------------------------------------
 

@@ -28,39 +28,24 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from shmbroker.node.timer.groups.reconciliation import MemberBook, MemberState, Partitions
+from shmbroker.node.timer.groups.reconciliation import MemberBook, MemberState, Partitions, ReconcilingMember
 from shmbroker.node.timer.groups.streams_topology import Configured, Topology
 
 SNAPSHOT_FORMAT = 2  # the version of `snapshot`'s layout in the offsets log; `restore` reads this one and 1
 
 
 @dataclass
-class StreamsMember:
-    member_id: str
-    instance_id: str | None = None
+class StreamsMember(ReconcilingMember):
     process_id: str = ""
-    rack_id: str | None = None
-    client_id: str = ""
-    client_host: str = ""
-    rebalance_timeout_ms: int = 0
     topology_epoch: int = -1
     endpoint: tuple[str, int] | None = None
     client_tags: tuple[tuple[str, str], ...] = ()
-    epoch: int = 0
-    previous_epoch: int = -1
-    state: MemberState = MemberState.STABLE
-    assigned: Partitions = field(default_factory=dict)
-    pending_revocation: Partitions = field(default_factory=dict)
     standby: Partitions = field(default_factory=dict)
     standby_pending_revocation: Partitions = field(default_factory=dict)
 
     def owned_standby(self) -> Partitions:
         return {t: self.standby.get(t, set()) | self.standby_pending_revocation.get(t, set())
                 for t in set(self.standby) | set(self.standby_pending_revocation)}
-
-    def owned(self) -> Partitions:
-        return {t: self.assigned.get(t, set()) | self.pending_revocation.get(t, set())
-                for t in set(self.assigned) | set(self.pending_revocation)}
 
     def snapshot(self) -> list:
         return [self.member_id, self.instance_id, self.process_id, self.rack_id, self.client_id, self.client_host,
@@ -74,12 +59,13 @@ class StreamsMember:
         (member_id, instance_id, process_id, rack_id, client_id, client_host, rebalance_timeout_ms, topology_epoch,
          endpoint, tags, epoch, previous_epoch, state, assigned, pending, *standbys) = data
         standby, standby_pending = standbys if standbys else ([], [])  # format 1: no standby tasks
-        return StreamsMember(member_id, instance_id, process_id, rack_id, client_id, client_host,
-                             int(rebalance_timeout_ms), int(topology_epoch),
-                             (endpoint[0], int(endpoint[1])) if endpoint else None,
-                             tuple((k, v) for k, v in tags), int(epoch), int(previous_epoch), MemberState(state),
-                             _tasks_from_json(assigned), _tasks_from_json(pending), _tasks_from_json(standby),
-                             _tasks_from_json(standby_pending))
+        return StreamsMember(
+            member_id, instance_id, rack_id=rack_id, client_id=client_id, client_host=client_host,
+            rebalance_timeout_ms=int(rebalance_timeout_ms), epoch=int(epoch), previous_epoch=int(previous_epoch),
+            state=MemberState(state), assigned=_tasks_from_json(assigned), pending_revocation=_tasks_from_json(pending),
+            process_id=process_id, topology_epoch=int(topology_epoch),
+            endpoint=(endpoint[0], int(endpoint[1])) if endpoint else None, client_tags=tuple((k, v) for k, v in tags),
+            standby=_tasks_from_json(standby), standby_pending_revocation=_tasks_from_json(standby_pending))
 
 
 def _tasks_json(tasks: Partitions) -> list:
@@ -91,35 +77,19 @@ def _tasks_from_json(data: list) -> Partitions:
 
 
 @dataclass
-class StreamsGroup(MemberBook):
-    group_id: str
-    epoch: int = 0
-    assignment_epoch: int = 0
+class StreamsGroup(MemberBook):  # its members are StreamsMembers, its target and owners are of tasks
     topology: Topology | None = None
-    members: dict[str, StreamsMember] = field(default_factory=dict)
-    static_members: dict[str, str] = field(default_factory=dict)  # instance id -> member id
-    target: dict[str, Partitions] = field(default_factory=dict)  # member id -> its target active tasks
     standby_target: dict[str, Partitions] = field(default_factory=dict)  # member id -> its target standby tasks
     standby_replicas: int | None = None
-    owners: dict[tuple[str, int], tuple[str, int]] = field(default_factory=dict)  # task -> (member, its epoch)
     configured: Configured | None = None  # the topology against the catalog of `catalog_version`
     catalog_version: int = -1
     endpoint_epoch: int = 0
     shutdown_requested_by: str | None = None
-    empty_since_ms: int | None = None
     assign_after_ms: int | None = None  # the initial rebalance delay's end, while the group waits for it
 
-    @property
-    def state(self) -> str:
-        if not self.members:
-            return "Empty"
-        if self.configured is None or not self.configured.ready:
-            return "NotReady"
-        if self.assignment_epoch != self.epoch:
-            return "Assigning"
-        if any(m.epoch != self.assignment_epoch or m.state is not MemberState.STABLE for m in self.members.values()):
-            return "Reconciling"
-        return "Stable"
+    def ready(self) -> bool:
+        """NotReady while the topology is not configured (missing source or internal topics, wrong counts)."""
+        return self.configured is not None and self.configured.ready
 
     def removed(self, member: StreamsMember) -> None:
         self.standby_target.pop(member.member_id, None)
@@ -168,7 +138,7 @@ class StreamsGroup(MemberBook):
         _, epoch, assignment_epoch, topology, members, target, endpoint_epoch, tasks, *standbys = data
         standby_target, standby_replicas = standbys if data[0] == SNAPSHOT_FORMAT else ([], 0)  # 1: none
         group = StreamsGroup(group_id, int(epoch), int(assignment_epoch),
-                             Topology.from_json(topology) if topology is not None else None)
+                             topology=Topology.from_json(topology) if topology is not None else None)
         for member_data in members:
             member = StreamsMember.restore(member_data)
             group.add(member)
