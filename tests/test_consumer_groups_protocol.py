@@ -551,28 +551,50 @@ def test_after_the_timer_is_killed_members_rejoin_and_committed_offsets_stay(mem
     assert int(fetched.topics[0].partitions[0].committed_offset) == 42
 
 
-def test_group_configs_set_each_groups_interval_and_session_and_survive_a_restart(members, node):
-    """The GROUP config resource (Kafka's consumer.session.timeout.ms and consumer.heartbeat.interval.ms), through
-    confluent-kafka's admin client: described with their sources, checked against the node's bounds, used by the
-    coordinator at the group's next heartbeat, kept across a restart."""
-    from confluent_kafka import KafkaException
-    from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, ConfigSource
+class GroupConfigs:
+    """A group's configs (the GROUP config resource) through confluent-kafka's admin client."""
 
-    client = AdminClient({"bootstrap.servers": node.bootstrap})
+    def __init__(self, bootstrap: str) -> None:
+        self.bootstrap = bootstrap
+        self.renew()
 
-    def alter(group: str, op=AlterConfigOpType.SET, **values) -> int | None:
-        entries = [ConfigEntry(name.replace("_", "."), value, incremental_operation=op)
+    def renew(self) -> None:
+        """A new client (after the node restarted: the old one would first wait out its reconnect backoff)."""
+        from confluent_kafka.admin import AdminClient
+
+        self.client = AdminClient({"bootstrap.servers": self.bootstrap})
+
+    def alter(self, group: str, op: object = None, **values: str) -> int | None:
+        """IncrementalAlterConfigs of `values` (their names with "_" for "."), SET unless `op`: None, or the
+        error code."""
+        from confluent_kafka import KafkaException
+        from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource
+
+        entries = [ConfigEntry(name.replace("_", "."), value, incremental_operation=op or AlterConfigOpType.SET)
                    for name, value in values.items()]
         resource = ConfigResource("group", group, incremental_configs=entries)
         try:
-            client.incremental_alter_configs([resource])[resource].result(timeout=30)
+            self.client.incremental_alter_configs([resource])[resource].result(timeout=30)
             return None
         except KafkaException as exc:
             return exc.args[0].code()
 
-    def described(group: str) -> dict:
+    def described(self, group: str) -> dict:
+        """DescribeConfigs: name -> ConfigEntry."""
+        from confluent_kafka.admin import ConfigResource
+
         resource = ConfigResource("group", group)
-        return client.describe_configs([resource])[resource].result(timeout=30)
+        return self.client.describe_configs([resource])[resource].result(timeout=30)
+
+
+def test_group_configs_set_each_groups_interval_and_session_and_survive_a_restart(members, node):
+    """The GROUP config resource (Kafka's consumer.session.timeout.ms and consumer.heartbeat.interval.ms), through
+    confluent-kafka's admin client: described with their sources, checked against the node's bounds, used by the
+    coordinator at the group's next heartbeat, kept across a restart."""
+    from confluent_kafka.admin import AlterConfigOpType, ConfigResource, ConfigSource
+
+    configs_of = GroupConfigs(node.bootstrap)
+    alter, described = configs_of.alter, configs_of.described
 
     # Overrides: both may be set before the group exists; the session stays above the interval, within bounds.
     assert alter("slow", consumer_heartbeat_interval_ms="250", consumer_session_timeout_ms="1200") is None
@@ -604,7 +626,7 @@ def test_group_configs_set_each_groups_interval_and_session_and_survive_a_restar
     assert alter("slow", op=AlterConfigOpType.DELETE, consumer_heartbeat_interval_ms="") is None
     node.stop()
     node.start()
-    client = AdminClient({"bootstrap.servers": node.bootstrap})
+    configs_of.renew()
     configs = described("slow")
     assert configs["consumer.heartbeat.interval.ms"].value == "100"
     assert (configs["consumer.session.timeout.ms"].value, configs["consumer.session.timeout.ms"].source) == ("1200", 8)
@@ -612,7 +634,7 @@ def test_group_configs_set_each_groups_interval_and_session_and_survive_a_restar
 
     # The node's own group.consumer.* settings are on the broker resource, read-only, from its TOML or defaults.
     broker = ConfigResource("broker", "0")
-    shown = client.describe_configs([broker])[broker].result(timeout=30)
+    shown = configs_of.client.describe_configs([broker])[broker].result(timeout=30)
     assert {name: (entry.value, entry.is_read_only, entry.source) for name, entry in shown.items()
             if name.startswith("group.consumer.")} == {
         "group.consumer.session.timeout.ms": ("3000", True, ConfigSource.STATIC_BROKER_CONFIG.value),

@@ -92,34 +92,34 @@ def test_kafka_topics_creates_describes_alters_and_deletes(tools, node):
     assert "cli-topics" not in run(tools, "TopicCommand", node, "--list").split()
 
 
+def kafka_configs(tools: ToolRunner, node: NodeProcess, entity: str, *args: str) -> str:
+    """kafka-configs on one entity ("topics cli-configs", "brokers" for the broker default): its output."""
+    kind, *name = entity.split()
+    return run(tools, "ConfigCommand", node, "--entity-type", kind,
+               *(["--entity-name", name[0]] if name else ["--entity-default"]), *args)
+
+
 def test_kafka_configs_alters_and_describes_a_topic_and_shows_the_broker(tools, node):
     run(tools, "TopicCommand", node, "--create", "--topic", "cli-configs", "--partitions", "1")
-    run(tools, "ConfigCommand", node, "--entity-type", "topics", "--entity-name", "cli-configs", "--alter",
-        "--add-config", "retention.ms=1000,cleanup.policy=[compact,delete]")
-    described = run(tools, "ConfigCommand", node, "--entity-type", "topics", "--entity-name", "cli-configs",
-                    "--describe")
+    topic = "topics cli-configs"
+    kafka_configs(tools, node, topic, "--alter", "--add-config", "retention.ms=1000,cleanup.policy=[compact,delete]")
+    described = kafka_configs(tools, node, topic, "--describe")
     assert "retention.ms=1000 sensitive=false" in described, described
     assert "cleanup.policy=compact,delete sensitive=false" in described, described
-    run(tools, "ConfigCommand", node, "--entity-type", "topics", "--entity-name", "cli-configs", "--alter",
-        "--delete-config", "retention.ms")
-    described = run(tools, "ConfigCommand", node, "--entity-type", "topics", "--entity-name", "cli-configs",
-                    "--describe")
+    kafka_configs(tools, node, topic, "--alter", "--delete-config", "retention.ms")
+    described = kafka_configs(tools, node, topic, "--describe")
     assert "retention.ms" not in described, described
-    run(tools, "ConfigCommand", node, "--entity-type", "brokers", "--entity-default", "--alter", "--add-config",
-        "log.retention.ms=7200000")
-    assert "log.retention.ms=7200000" in run(tools, "ConfigCommand", node, "--entity-type", "brokers",
-                                             "--entity-default", "--describe")
-    run(tools, "ConfigCommand", node, "--entity-type", "brokers", "--entity-default", "--alter", "--delete-config",
-        "log.retention.ms")
+    kafka_configs(tools, node, "brokers", "--alter", "--add-config", "log.retention.ms=7200000")
+    assert "log.retention.ms=7200000" in kafka_configs(tools, node, "brokers", "--describe")
+    kafka_configs(tools, node, "brokers", "--alter", "--delete-config", "log.retention.ms")
     # A user's SCRAM credential (AlterUserScramCredentials).
-    assert "Completed updating config for user alice" in run(
-        tools, "ConfigCommand", node, "--entity-type", "users", "--entity-name", "alice", "--alter", "--add-config",
-        "SCRAM-SHA-256=[iterations=8192,password=alice-secret]")
+    assert "Completed updating config for user alice" in kafka_configs(
+        tools, node, "users alice", "--alter", "--add-config", "SCRAM-SHA-256=[iterations=8192,password=alice-secret]")
     # A streams group's own configs (KIP-1071's GROUP resource), before the group exists; out of bounds refused.
-    run(tools, "ConfigCommand", node, "--entity-type", "groups", "--entity-name", "cli-streams", "--alter",
-        "--add-config", "streams.num.standby.replicas=1,streams.session.timeout.ms=50000")
-    described = run(tools, "ConfigCommand", node, "--entity-type", "groups", "--entity-name", "cli-streams",
-                    "--describe")
+    group = "groups cli-streams"
+    kafka_configs(tools, node, group, "--alter", "--add-config",
+                  "streams.num.standby.replicas=1,streams.session.timeout.ms=50000")
+    described = kafka_configs(tools, node, group, "--describe")
     assert "streams.num.standby.replicas=1 sensitive=false" in described, described
     assert "streams.session.timeout.ms=50000 sensitive=false" in described, described
     refused = tools.run(TOOLS + "ConfigCommand", "--bootstrap-server", node.bootstrap, "--entity-type", "groups",

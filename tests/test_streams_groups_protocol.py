@@ -17,6 +17,7 @@ from scripts.harness import rawkafka as R
 from scripts.harness.nodeproc import NodeProcess
 from scripts.harness.rawkafka import millis as ms, request_body as body, request_entity as nested
 from tests.test_clients import create_topic
+from tests.test_consumer_groups_protocol import GroupConfigs
 from tests.test_groups_protocol import ClosingFactory
 from tests.test_stats_cli import stats_json
 from shmbroker.workers.codecs import protocol as P
@@ -342,25 +343,13 @@ def test_standby_tasks_follow_the_groups_configs_which_survive_a_restart(node, m
     replica, each of two processes holds the other's stateful tasks (subtopology 1, the one with a changelog) as
     standby, in the heartbeat answers and in StreamsGroupDescribe; back to none, the standbys are revoked. Configs
     and standbys survive a node restart."""
-    from confluent_kafka import KafkaException
-    from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
+    from confluent_kafka.admin import AlterConfigOpType
 
-    client = AdminClient({"bootstrap.servers": node.bootstrap})
-
-    def alter(group: str, op=AlterConfigOpType.SET, **values) -> int | None:
-        entries = [ConfigEntry(name.replace("_", "."), value, incremental_operation=op)
-                   for name, value in values.items()]
-        resource = ConfigResource("group", group, incremental_configs=entries)
-        try:
-            client.incremental_alter_configs([resource])[resource].result(timeout=30)
-            return None
-        except KafkaException as exc:
-            return exc.args[0].code()
+    configs_of = GroupConfigs(node.bootstrap)
+    alter = configs_of.alter
 
     def described(group: str) -> dict:
-        resource = ConfigResource("group", group)
-        return {n: (e.value, e.source) for n, e in client.describe_configs([resource])[resource].result(timeout=30)
-                .items() if n.startswith("streams.")}
+        return {n: (e.value, e.source) for n, e in configs_of.described(group).items() if n.startswith("streams.")}
 
     assert alter("sb", streams_num_standby_replicas="3") == INVALID_CONFIG  # above group.streams.max.standby.replicas
     assert alter("sb", streams_num_standby_replicas="-1") == INVALID_CONFIG
@@ -401,7 +390,7 @@ def test_standby_tasks_follow_the_groups_configs_which_survive_a_restart(node, m
     # The configs outlive the node; so do the members' standby tasks (in the group's snapshot).
     node.stop()
     node.start()
-    client = AdminClient({"bootstrap.servers": node.bootstrap})
+    configs_of.renew()
     assert described("sb")["streams.num.standby.replicas"] == ("1", 8)
     assert assignments("sb") == {"a": (a.standby, a.standby), "b": (b.standby, b.standby)}
     for member in (a, b):
