@@ -157,9 +157,14 @@ def classpath() -> str:
 
 
 def _runtime_digest(*parts: bytes) -> str:
-    """A digest of the Java runtime, the jars (the pom's digest) and `parts`."""
+    """A digest of the Java runtime (its path, and its JVM library's size and time: an upgrade in place changes
+    them), the jars (the pom's digest) and `parts`."""
+    runtime = Path(os.path.realpath(java()))
+    libjvm = runtime.parent.parent / "lib" / "server" / "libjvm.so"
+    built = libjvm.stat() if libjvm.exists() else None
+    identity = f"{runtime}\0{built.st_size if built else 0}\0{built.st_mtime_ns if built else 0}".encode()
     pom_digest = (KAFKA_CACHE / "pom.sha256").read_bytes() if (KAFKA_CACHE / "pom.sha256").exists() else b""
-    return hashlib.sha256(b"\0".join((os.path.realpath(java()).encode(), pom_digest, *parts))).hexdigest()[:16]
+    return hashlib.sha256(b"\0".join((identity, pom_digest, *parts))).hexdigest()[:16]
 
 
 def class_archive() -> Path:
@@ -188,6 +193,9 @@ def make_class_archive() -> Path:
     if not partial.exists():
         raise RuntimeError(f"the broker stopped without dumping its classes into {partial}")
     partial.replace(archive)  # whole or not at all
+    for stale in KAFKA_CACHE.glob("classes-*.jsa"):  # another runtime's or other jars': no JVM here can map it
+        if stale != archive:
+            stale.unlink(missing_ok=True)
     return archive
 
 
