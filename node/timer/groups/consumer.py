@@ -235,6 +235,8 @@ class ConsumerGroups:
         streams = self.classic.streams.groups.get(group_id)
         if streams is not None and streams.members:
             raise HeartbeatError(E.group_id_not_found, f"Group {group_id} is not a consumer group.")
+        if group_id in self.classic.share.groups:
+            raise HeartbeatError(E.group_id_not_found, f"Group {group_id} is not a consumer group.")
         if not create:
             raise HeartbeatError(E.unknown_member_id, f"Consumer group {group_id} not found.")
         if classic is not None:  # an empty classic group becomes a consumer group; its offsets stay

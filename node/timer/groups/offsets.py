@@ -16,6 +16,12 @@ node.timer.groups.streams), one record per group, versioned like commits:
     value  orjson [version, state]                  the group's latest snapshot (its own format version inside)
            null (a tombstone)                       the group is gone
 
+And the state of each share-partition (share groups, KIP-932: node.timer.groups.share), versioned alike:
+
+    key    orjson ["share-partition", group, topic, partition]   (four elements: an older node skips it)
+    value  orjson [version, state]                               its latest state (own format version inside)
+           null (a tombstone)                                    the share group was deleted
+
 `version` is a logical clock: one more than the highest seen, per record written; load keeps, per key, the
 record of the highest version (logs written before the log cleaner held rewrites out of order), and a
 tombstone deletes its key.
@@ -56,6 +62,8 @@ RECORDS_PER_BATCH = 500
 
 Key = tuple[str, str, int]  # group, topic, partition
 GROUP_STATE = "streams-group"  # the first element of a group state record's key
+SHARE_STATE = "share-partition"  # the first element of a share-partition state record's key
+ShareKey = tuple[str, str, int]  # group, topic, partition
 
 
 @dataclass(frozen=True)
@@ -90,6 +98,8 @@ class OffsetStore:
         self._versions: dict[Key, int] = {}  # during load: highest version per key, deletions included
         self.group_states: dict[str, Any] = {}  # group -> its latest state (streams groups)
         self._state_versions: dict[str, int] = {}  # during load: highest version per group state, deletions included
+        self.share_states: dict[ShareKey, Any] = {}  # share-partition -> its latest state (share groups)
+        self._share_versions: dict[ShareKey, int] = {}  # during load: highest version per share state
         settings = {"cleanup.policy": "compact", "segment.bytes": str(segment_bytes)}
         created = store.create_topics([(OFFSETS_TOPIC, 1, settings)], internal=True)
         code, message = created[OFFSETS_TOPIC]
@@ -144,6 +154,9 @@ class OffsetStore:
             decoded_key = orjson.loads(key)
             if isinstance(decoded_key, list) and len(decoded_key) == 2 and decoded_key[0] == GROUP_STATE:
                 return self._apply_group_state(str(decoded_key[1]), value)
+            if isinstance(decoded_key, list) and len(decoded_key) == 4 and decoded_key[0] == SHARE_STATE:
+                return self._apply_share_state((str(decoded_key[1]), str(decoded_key[2]), int(decoded_key[3])),
+                                               value)
             group, topic, partition = decoded_key
             full_key = (str(group), str(topic), int(partition))
             if value is None:  # a tombstone: the key is gone, whatever came before it
@@ -178,10 +191,24 @@ class OffsetStore:
         self._state_versions[group] = version
         self.group_states[group] = state
 
+    def _apply_share_state(self, key: ShareKey, value: bytes | None) -> None:
+        if value is None:
+            self._share_versions.pop(key, None)
+            self.share_states.pop(key, None)
+            return
+        version, state = orjson.loads(value)
+        version = int(version)
+        self.version = max(self.version, version)
+        if version <= self._share_versions.get(key, -1):
+            return
+        self._share_versions[key] = version
+        self.share_states[key] = state
+
     def _finish_load(self) -> None:
         self.loading = False
         self._versions = {}
         self._state_versions = {}
+        self._share_versions = {}
         self.table = {group: offsets for group, offsets in self.table.items() if offsets}
         self.live = sum(len(offsets) for offsets in self.table.values())
         log.info("loaded %d committed offsets of %d groups from %d records", self.live_entries(), len(self.table),
@@ -261,6 +288,18 @@ class OffsetStore:
         else:
             self.group_states[group] = state
             record = (orjson.dumps([GROUP_STATE, group]), orjson.dumps([self.version, state]))
+        self._append([record], now_ms, lambda flushed, fault=False: None)
+
+    def write_share_state(self, key: ShareKey, state: Any, now_ms: int) -> None:
+        """Append a share-partition's state (None: a tombstone), as write_group_state does a group's."""
+        self.version += 1
+        record_key = orjson.dumps([SHARE_STATE, *key])
+        if state is None:
+            self.share_states.pop(key, None)
+            record = (record_key, None)
+        else:
+            self.share_states[key] = state
+            record = (record_key, orjson.dumps([self.version, state]))
         self._append([record], now_ms, lambda flushed, fault=False: None)
 
     def _append(self, records: list[tuple[bytes, bytes | None]], now_ms: int, done: Callable[..., None]) -> None:

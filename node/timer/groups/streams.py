@@ -274,7 +274,8 @@ class StreamsGroups:
         classic = self.classic.groups.get(group_id)
         consumer = self.classic.consumer.groups.get(group_id)
         if (classic is not None and (classic.members or classic.pending)) or (consumer is not None
-                                                                              and consumer.members):
+                                                                              and consumer.members) \
+                or group_id in self.classic.share.groups:
             raise HeartbeatError(E.group_id_not_found, f"Group {group_id} is not a streams group.")
         if not create:
             raise HeartbeatError(E.unknown_member_id, f"Streams group {group_id} not found.")

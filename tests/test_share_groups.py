@@ -1,0 +1,291 @@
+"""Share groups (KIP-932) end to end with confluent-kafka's ShareConsumer (librdkafka's share consumer) against
+real nodes: membership and describes, acquisition and acknowledgement (implicit, explicit ACCEPT / RELEASE /
+REJECT), records shared between consumers of one partition, locks that run out after a consumer is killed,
+the delivery-count limit, and the share state across a node restart and a kill -9 of the timer.
+
+The node's record lock is 1.5 s here ([groups] share_record_lock_duration_ms), so redeliveries come quickly;
+share-partitions start at the earliest offset, so a test produces before its consumer subscribes.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from typing import Any
+
+import pytest
+from confluent_kafka import AcknowledgeType, Producer, ShareConsumer
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from scripts.harness import rawkafka as R
+from scripts.harness.nodeproc import NodeProcess, die_with_parent
+from scripts.harness.rawkafka import request_body as body
+from shmbroker.workers.codecs import protocol as P
+from tests.waiting import wait_for
+
+pytestmark = pytest.mark.node
+
+LOCK_MS = 1500
+CONFIG = f"""[groups]
+share_record_lock_duration_ms = {LOCK_MS}
+share_auto_offset_reset = "earliest"
+share_delivery_count_limit = 3
+"""
+POLL_BUDGET_S = 20.0
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory):
+    with NodeProcess(tmp_path_factory.mktemp("share-groups"), workers=2, config=CONFIG) as started:
+        yield started
+
+
+def create_topic(bootstrap: str, name: str, partitions: int = 1) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_topics([NewTopic(name, partitions, 1)])[name].result(15)
+
+
+def produce(bootstrap: str, topic: str, values: list[str], partition: int = 0) -> None:
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0})
+    for value in values:
+        producer.produce(topic, value=value.encode(), partition=partition)
+    assert producer.flush(15) == 0
+
+
+def share_consumer(bootstrap: str, group: str, topic: str, explicit: bool = False, **conf) -> ShareConsumer:
+    consumer = ShareConsumer({"bootstrap.servers": bootstrap, "group.id": group,
+                              "share.acknowledgement.mode": "explicit" if explicit else "implicit", **conf})
+    consumer.subscribe([topic])
+    return consumer
+
+
+def take(consumer: ShareConsumer, count: int, timeout_s: float = POLL_BUDGET_S) -> list:
+    """Poll until `count` records came (or the time is up): the messages, in the order they came."""
+    got = []
+    deadline = time.monotonic() + timeout_s
+    while len(got) < count and time.monotonic() < deadline:
+        for message in consumer.poll(0.5):
+            assert message.error() is None, message.error()
+            got.append(message)
+    return got
+
+
+def values(messages: list) -> list[str]:
+    return [m.value().decode() for m in messages]
+
+
+def test_implicit_acknowledgement_delivers_each_record_once(node):
+    create_topic(node.bootstrap, "implicit")
+    produce(node.bootstrap, "implicit", [f"r{i}" for i in range(10)])
+    first = share_consumer(node.bootstrap, "g-implicit", "implicit")
+    try:
+        got = take(first, 10)
+        assert values(got) == [f"r{i}" for i in range(10)]
+        assert [m.offset() for m in got] == list(range(10)) and {m.delivery_count() for m in got} == {1}
+        first.poll(0.5)  # acknowledges what the last poll returned (implicit mode)
+    finally:
+        first.close()
+    # Acknowledged records never come back: a second consumer of the group gets the next record first.
+    second = share_consumer(node.bootstrap, "g-implicit", "implicit")
+    try:
+        produce(node.bootstrap, "implicit", ["late"])
+        got = take(second, 1)
+        assert [(m.offset(), m.value(), m.delivery_count()) for m in got] == [(10, b"late", 1)]
+    finally:
+        second.close()
+
+
+def test_explicit_accept_release_reject(node):
+    create_topic(node.bootstrap, "explicit")
+    produce(node.bootstrap, "explicit", [f"e{i}" for i in range(6)])
+    consumer = share_consumer(node.bootstrap, "g-explicit", "explicit", explicit=True)
+    try:
+        got = take(consumer, 6)
+        assert [m.offset() for m in got] == list(range(6))
+        for message in got:
+            kind = (AcknowledgeType.ACCEPT, AcknowledgeType.RELEASE, AcknowledgeType.REJECT)[message.offset() // 2]
+            consumer.acknowledge(message, kind)
+        results = consumer.commit_sync(15)
+        assert all(error is None for error in results.values()), results
+        again = take(consumer, 2)  # the released ones, delivered a second time; the rejected ones never
+        assert [(m.offset(), m.delivery_count()) for m in again] == [(2, 2), (3, 2)]
+        for message in again:
+            consumer.acknowledge(message, AcknowledgeType.ACCEPT)
+        consumer.commit_sync(15)
+        produce(node.bootstrap, "explicit", ["e6"])
+        after = take(consumer, 1)
+        assert [(m.offset(), m.value()) for m in after] == [(6, b"e6")]
+        consumer.acknowledge(after[0], AcknowledgeType.ACCEPT)
+        consumer.commit_sync(15)
+    finally:
+        consumer.close()
+
+
+def test_a_record_released_past_the_delivery_count_limit_is_archived(node):
+    create_topic(node.bootstrap, "limit")
+    produce(node.bootstrap, "limit", ["poison", "fine"])
+    consumer = share_consumer(node.bootstrap, "g-limit", "limit", explicit=True)
+    try:
+        counts = []
+        for _ in range(3):  # the limit is 3 deliveries
+            got = take(consumer, 1)
+            assert got and got[0].offset() == 0, values(got)
+            counts.append(got[0].delivery_count())
+            for message in got:
+                consumer.acknowledge(message, AcknowledgeType.RELEASE if message.offset() == 0
+                                     else AcknowledgeType.ACCEPT)
+            consumer.commit_sync(15)
+        assert counts == [1, 2, 3]
+        produce(node.bootstrap, "limit", ["next"])
+        rest = []
+        deadline = time.monotonic() + POLL_BUDGET_S
+        while "next" not in values(rest) and time.monotonic() < deadline:
+            got = take(consumer, 1, 2.0)
+            for message in got:
+                consumer.acknowledge(message, AcknowledgeType.ACCEPT)
+            consumer.commit_sync(15)
+            rest += got
+        assert 0 not in [m.offset() for m in rest] and "next" in values(rest)
+    finally:
+        consumer.close()
+
+
+def test_two_consumers_of_one_partition_get_distinct_records(node):
+    create_topic(node.bootstrap, "shared")
+    produce(node.bootstrap, "shared", [f"s{i}" for i in range(200)])
+    a = share_consumer(node.bootstrap, "g-shared", "shared", **{"max.poll.records": 10})
+    b = share_consumer(node.bootstrap, "g-shared", "shared", **{"max.poll.records": 10})
+    seen: dict[str, list[str]] = {"a": [], "b": []}
+    try:
+        deadline = time.monotonic() + 2 * POLL_BUDGET_S
+        while len(seen["a"]) + len(seen["b"]) < 200 and time.monotonic() < deadline:
+            for name, consumer in (("a", a), ("b", b)):
+                for message in consumer.poll(0.2):
+                    assert message.error() is None, message.error()
+                    seen[name].append(message.value().decode())
+    finally:
+        a.close()
+        b.close()
+    assert sorted(seen["a"] + seen["b"]) == sorted(f"s{i}" for i in range(200))
+    assert not set(seen["a"]) & set(seen["b"]) and seen["a"] and seen["b"], (len(seen["a"]), len(seen["b"]))
+
+
+HOLDER = """
+import sys, time
+from confluent_kafka import ShareConsumer
+consumer = ShareConsumer({"bootstrap.servers": sys.argv[1], "group.id": sys.argv[2],
+                          "share.acknowledgement.mode": "explicit"})
+consumer.subscribe([sys.argv[3]])
+got = []
+deadline = time.monotonic() + 20
+while len(got) < 5 and time.monotonic() < deadline:
+    got += [m.offset() for m in consumer.poll(0.5) if m.error() is None]
+print(" ".join(map(str, got)), flush=True)
+time.sleep(60)  # holding its records, unacknowledged, until it is killed
+"""
+
+
+def test_records_of_a_killed_consumer_are_redelivered_when_their_locks_expire(node):
+    create_topic(node.bootstrap, "held")
+    produce(node.bootstrap, "held", [f"h{i}" for i in range(5)])
+    held = hold(node.bootstrap, "g-held", "held")
+    killed_at = time.monotonic()
+    assert held == ["0", "1", "2", "3", "4"], held
+    consumer = share_consumer(node.bootstrap, "g-held", "held")
+    try:
+        got = take(consumer, 5)
+        waited = time.monotonic() - killed_at
+        assert [(m.offset(), m.delivery_count()) for m in got] == [(i, 2) for i in range(5)]
+        assert waited < LOCK_MS / 1000 + 10, waited  # the locks ran out, not the member's session (45 s)
+        consumer.poll(0.5)
+    finally:
+        consumer.close()
+
+
+def test_share_groups_are_listed_and_described(node):
+    """ListGroups (type "share"), ShareGroupDescribe (members, each assigned every partition), DescribeGroups
+    (not a classic group) and a classic member refused the share group's id, over the raw protocol."""
+    create_topic(node.bootstrap, "listed", 3)
+    consumer = share_consumer(node.bootstrap, "g-listed", "listed", **{"client.id": "lister"})
+    conn = R.RawConnection("127.0.0.1", node.port)
+    try:
+        def described() -> Any:
+            answer = conn.call(P.SHARE_GROUP_DESCRIBE, 1, body(P.SHARE_GROUP_DESCRIBE, 1, "ShareGroupDescribeRequest",
+                                                               group_ids=("g-listed", "nobody"),
+                                                               include_authorized_operations=False))
+            group = answer.groups[0]
+            return answer if group.members and group.members[0].assignment.topic_partitions else None
+
+        answer = wait_for(described, 15, "the share consumer's membership")
+        group, missing = answer.groups
+        assert (group.group_state, group.assignor_name, int(missing.error_code)) == ("Stable", "simple", 69)
+        (member,) = group.members
+        assert member.client_id == "lister" and member.subscribed_topic_names == ("listed",)
+        assert [(t.topic_name, list(t.partitions)) for t in member.assignment.topic_partitions] == [
+            ("listed", [0, 1, 2])]
+        listed = conn.call(P.LIST_GROUPS, 5, body(P.LIST_GROUPS, 5, "ListGroupsRequest", states_filter=(),
+                                                 types_filter=("share",)))
+        assert [(g.group_id, g.protocol_type, g.group_state, g.group_type) for g in listed.groups] == [
+            ("g-listed", "share", "Stable", "share")]
+        classic = conn.call(P.DESCRIBE_GROUPS, 5, body(P.DESCRIBE_GROUPS, 5, "DescribeGroupsRequest",
+                                                       groups=("g-listed",), include_authorized_operations=False))
+        assert int(classic.groups[0].error_code) == 69  # GROUP_ID_NOT_FOUND: not a classic group
+    finally:
+        conn.close()
+        consumer.close()
+
+
+def hold(bootstrap: str, group: str, topic: str) -> list[str]:
+    """Run HOLDER in a child process until it holds 5 records, then kill it (SIGKILL): the offsets it held."""
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, bootstrap, group, topic], stdout=subprocess.PIPE,
+                              stderr=subprocess.DEVNULL, text=True, preexec_fn=die_with_parent)
+    try:
+        return holder.stdout.readline().split()
+    finally:
+        holder.kill()
+        holder.wait(10)
+        holder.stdout.close()
+
+
+@pytest.mark.parametrize("how", ["node restart", "timer kill -9"])
+def test_share_state_survives(node_factory, how):
+    """Acknowledged records never come back; acquired-but-unacknowledged ones come back with their delivery
+    count, whether the whole node restarts or only its timer process dies (kill -9). The lock is long here
+    (60 s): the held records come back at once because their locks died with the timer, not because they ran
+    out."""
+    started = node_factory(workers=1, config=CONFIG.replace(f"= {LOCK_MS}", "= 60000"))
+    topic, group = "durable", "g-durable"
+    create_topic(started.bootstrap, topic)
+    produce(started.bootstrap, topic, [f"d{i}" for i in range(10)])
+    consumer = share_consumer(started.bootstrap, group, topic, explicit=True, **{"max.poll.records": 5})
+    try:
+        got = take(consumer, 5)
+        assert [m.offset() for m in got] == list(range(5))
+        for message in got:
+            consumer.acknowledge(message, AcknowledgeType.ACCEPT)
+        assert all(error is None for error in consumer.commit_sync(15).values())
+    finally:
+        consumer.close()
+    assert hold(started.bootstrap, group, topic) == [str(i) for i in range(5, 10)]
+    if how == "node restart":
+        started.stop()
+        started.start()
+    else:
+        timer = started.pids("timer")[0]
+        os.kill(timer, signal.SIGKILL)
+        started.wait_for_pids("timer", 1, exclude={timer})
+    began = time.monotonic()
+    consumer = share_consumer(started.bootstrap, group, topic, explicit=True)
+    try:
+        got = take(consumer, 5)
+        assert [(m.offset(), m.delivery_count()) for m in got] == [(i, 2) for i in range(5, 10)]
+        assert time.monotonic() - began < 30
+        for message in got:
+            consumer.acknowledge(message, AcknowledgeType.ACCEPT)
+        consumer.commit_sync(15)
+    finally:
+        consumer.close()
