@@ -58,7 +58,7 @@ def request_class(api_key: int, version: int) -> type:
 def test_advertised_versions_are_the_supported_ones() -> None:
     assert SUPPORTED_APIS == {
         18: (0, 4),  # ApiVersions (4: as 3; KAFKA-17011 let a feature's min version be 0, and the node lists none)
-        10: (0, 6),  # FindCoordinator (5: TRANSACTION_ABORTABLE allowed; 6: share group keys, refused)
+        10: (0, 6),  # FindCoordinator (5: TRANSACTION_ABORTABLE allowed; 6: share-partition keys)
         3: (0, 13),  # Metadata (10+: topic ids; 13: KIP-1102's top-level error code)
         0: (3, 11),  # Produce (12: transactions v2)
         1: (4, 17),  # Fetch (13+: topic ids; 18: KIP-1166)
@@ -108,6 +108,10 @@ def test_advertised_versions_are_the_supported_ones() -> None:
         69: (0, 1),  # ConsumerGroupDescribe
         88: (0, 0),  # StreamsGroupHeartbeat (1: KIP-1331's topology descriptions)
         89: (0, 0),  # StreamsGroupDescribe
+        76: (1, 1),  # ShareGroupHeartbeat (KIP-932; v0 was the early access's)
+        77: (1, 1),  # ShareGroupDescribe
+        78: (1, 2),  # ShareFetch (2: KIP-1222's record-limit acquire mode and RENEW)
+        79: (1, 2),  # ShareAcknowledge
     }
 
 

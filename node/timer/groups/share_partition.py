@@ -121,6 +121,8 @@ class SharePartition:
         if count < 1 or not types or (len(types) != 1 and len(types) != count) \
                 or any(t not in AckType._value2member_map_ for t in types):
             return E.invalid_request
+        if first < self.start_offset or last >= self.next_offset:  # past the in-flight records: none acquired
+            return E.invalid_record_state
         for offset in range(first, last + 1):
             kind = types[0] if len(types) == 1 else types[offset - first]
             record = self.records.get(offset)
