@@ -136,9 +136,9 @@ class SharePartition:
             if record is None:
                 continue
             if kind == AckType.ACCEPT:
-                record.state = RecordState.ACKNOWLEDGED
+                record.state, record.member, record.lock = RecordState.ACKNOWLEDGED, "", 0
             elif kind in (AckType.REJECT, AckType.GAP):
-                record.state = RecordState.ARCHIVED
+                record.state, record.member, record.lock = RecordState.ARCHIVED, "", 0
                 self.archived += kind == AckType.REJECT
             elif kind == AckType.RELEASE:
                 self._release(record)
