@@ -380,3 +380,12 @@ def test_a_worker_starts_without_the_schemas_of_the_versions_it_serves_and_loads
                                                     check=True).stdout)
     assert all(m.split(".")[2] in ("api_versions", "request_header", "response_header") for m in at_start), at_start
     assert first_use == ["kio.schema.metadata.v12.request", "kio.schema.metadata.v12.response"]
+
+
+def test_every_served_api_has_its_own_stats_counters_and_name() -> None:
+    """The stats segment counts requests per API key up to MAX_APIS; a key past it would count in another API's
+    counters (the worker indexes the row's arrays by key)."""
+    from shmbroker.node.tools.inspect import API_NAMES
+    from shmbroker.shm import stats
+    assert max(SUPPORTED_APIS) < stats.MAX_APIS
+    assert set(SUPPORTED_APIS) <= set(API_NAMES), sorted(set(SUPPORTED_APIS) - set(API_NAMES))

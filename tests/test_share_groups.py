@@ -9,6 +9,7 @@ share-partitions start at the earliest offset, so a test produces before its con
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -22,7 +23,7 @@ from confluent_kafka import AcknowledgeType, Producer, ShareConsumer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from scripts.harness import rawkafka as R
-from scripts.harness.nodeproc import NodeProcess, die_with_parent
+from scripts.harness.nodeproc import CLI, NodeProcess, die_with_parent
 from scripts.harness.rawkafka import request_body as body
 from shmbroker.workers.codecs import protocol as P
 from tests.waiting import wait_for
@@ -229,14 +230,31 @@ def test_share_groups_are_listed_and_described(node):
             ("listed", [0, 1, 2])]
         listed = conn.call(P.LIST_GROUPS, 5, body(P.LIST_GROUPS, 5, "ListGroupsRequest", states_filter=(),
                                                  types_filter=("share",)))
-        assert [(g.group_id, g.protocol_type, g.group_state, g.group_type) for g in listed.groups] == [
-            ("g-listed", "share", "Stable", "share")]
+        rows = {g.group_id: (g.protocol_type, g.group_state, g.group_type) for g in listed.groups}
+        assert rows["g-listed"] == ("share", "Stable", "share")  # the module's other groups are share groups too
+        assert {row[2] for row in rows.values()} == {"share"}
         classic = conn.call(P.DESCRIBE_GROUPS, 5, body(P.DESCRIBE_GROUPS, 5, "DescribeGroupsRequest",
                                                        groups=("g-listed",), include_authorized_operations=False))
         assert int(classic.groups[0].error_code) == 69  # GROUP_ID_NOT_FOUND: not a classic group
     finally:
         conn.close()
         consumer.close()
+
+
+def test_stats_count_the_share_apis_and_records(node):
+    """After the tests above on this node: the share APIs counted each under its own key (keys 76-79 were past
+    the stats segment's 72 API keys, and landed in other APIs' counters), and the timer's share counters."""
+    done = subprocess.run([*CLI, "stats", "--data-dir", str(node.data_dir), "--json"], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    document = json.loads(done.stdout)
+    apis, totals = document["apis"], document["totals"]
+    for api in ("ShareGroupHeartbeat", "ShareGroupDescribe", "ShareFetch", "ShareAcknowledge"):
+        assert apis.get(api, {}).get("requests", 0) > 0, (api, sorted(apis))
+    assert sum(counts["request_errors"] for counts in apis.values()) == 0, apis
+    assert totals["share_groups"] >= 6 and totals["share_partitions"] >= 5
+    assert totals["share_records_acquired"] >= 230 and totals["share_redeliveries"] >= 7
+    assert totals["share_records_archived"] >= 3 and totals["share_lock_expiries"] >= 5
 
 
 def hold(bootstrap: str, group: str, topic: str) -> list[str]:

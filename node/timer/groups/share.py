@@ -90,6 +90,7 @@ class ShareGroups:
         self.locks = Sessions(wheel, now_ms, self.lock_expired)  # (group, topic, partition, lock id) deadlines
         self._lock_ids = itertools.count(1)
         self.lock_expiries = 0  # records released by locks that ran out (stats)
+        self.retired: dict[str, int] = {"acquired": 0, "redelivered": 0, "archived": 0}  # of forgotten partitions
         self.written: dict[tuple[str, str, int], Any] = {}  # the state last written per share-partition
 
     # -- timers -------------------------------------------------------------------------------
@@ -248,7 +249,9 @@ class ShareGroups:
         """Drop an empty share group and its share-partitions' state (DeleteGroups)."""
         self.groups.pop(group_id, None)
         for key in [k for k in self.partitions if k[0] == group_id]:
-            del self.partitions[key]
+            gone = self.partitions.pop(key)
+            for name in self.retired:
+                self.retired[name] += getattr(gone, name)
             self._write(*key, gone=True)
 
     # -- ShareFetch, ShareAcknowledge ---------------------------------------------------------
@@ -398,9 +401,10 @@ class ShareGroups:
             self.written[key] = state
             self.groups.setdefault(key[0], ShareGroup(key[0]))
 
-    def empty_since(self, group_id: str) -> bool:
-        group = self.groups.get(group_id)
-        return group is not None and not group.members
+    def counted(self, name: str) -> int:
+        """A share-partition counter (acquired, redelivered, archived) summed over the node's, since the timer
+        started."""
+        return self.retired[name] + sum(getattr(p, name) for p in self.partitions.values())
 
 
 def snapshot(share_partition: SharePartition) -> list:
