@@ -19,8 +19,8 @@ import time
 from typing import Any
 
 import pytest
-from confluent_kafka import AcknowledgeType, Producer, ShareConsumer
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka import AcknowledgeType, KafkaError, KafkaException, Producer, ShareConsumer
+from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, NewTopic
 
 from scripts.harness import rawkafka as R
 from scripts.harness.nodeproc import CLI, NodeProcess, die_with_parent
@@ -33,6 +33,7 @@ pytestmark = pytest.mark.node
 LOCK_MS = 1500
 CONFIG = f"""[groups]
 share_record_lock_duration_ms = {LOCK_MS}
+share_min_record_lock_duration_ms = 1000
 share_auto_offset_reset = "earliest"
 share_delivery_count_limit = 3
 """
@@ -239,6 +240,57 @@ def test_share_groups_are_listed_and_described(node):
     finally:
         conn.close()
         consumer.close()
+
+
+def alter_group(bootstrap: str, group: str, **values: str) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    resource = ConfigResource("group", group, incremental_configs=[
+        ConfigEntry(name.replace("_", "."), value, incremental_operation=AlterConfigOpType.SET)
+        for name, value in values.items()])
+    admin.incremental_alter_configs([resource])[resource].result(timeout=15)
+
+
+def test_group_configs_set_a_share_groups_start_isolation_and_lock(node):
+    """share.auto.offset.reset, share.isolation.level and share.record.lock.duration.ms per group (GROUP config
+    resource) over the node's defaults (earliest, read_uncommitted, 1.5 s here)."""
+    create_topic(node.bootstrap, "configured")
+    alter_group(node.bootstrap, "g-latest", share_auto_offset_reset="latest")
+    alter_group(node.bootstrap, "g-committed", share_isolation_level="read_committed",
+                share_auto_offset_reset="earliest", share_record_lock_duration_ms="20000")
+    with pytest.raises(KafkaException) as refused:
+        alter_group(node.bootstrap, "g-latest", share_record_lock_duration_ms="500")  # below the node's minimum
+    assert refused.value.args[0].code() == KafkaError.INVALID_CONFIG
+    with pytest.raises(KafkaException):
+        alter_group(node.bootstrap, "g-latest", share_auto_offset_reset="by_duration:PT1H")
+    admin = AdminClient({"bootstrap.servers": node.bootstrap})
+    resource = ConfigResource("group", "g-committed")
+    described = admin.describe_configs([resource])[resource].result(timeout=15)
+    assert {name: (described[name].value, described[name].source) for name in (
+        "share.isolation.level", "share.record.lock.duration.ms", "share.auto.offset.reset")} == {
+        "share.isolation.level": ("read_committed", 8), "share.record.lock.duration.ms": ("20000", 8),
+        "share.auto.offset.reset": ("earliest", 8)}
+
+    producer = Producer({"bootstrap.servers": node.bootstrap, "transactional.id": "share-tx"})
+    producer.init_transactions(15)
+    for commit, value in ((False, "aborted"), (True, "committed")):
+        producer.begin_transaction()
+        producer.produce("configured", value=value.encode(), partition=0)
+        producer.flush(15)
+        (producer.commit_transaction if commit else producer.abort_transaction)(15)
+    latest = share_consumer(node.bootstrap, "g-latest", "configured")
+    committed = share_consumer(node.bootstrap, "g-committed", "configured")
+    plain = share_consumer(node.bootstrap, "g-uncommitted", "configured")
+    try:
+        got = take(committed, 1)
+        assert values(got) == ["committed"] and got[0].offset() == 2  # 0 aborted, 1 its marker
+        assert sorted(values(take(plain, 2))) == ["aborted", "committed"]  # read_uncommitted: both
+        latest.poll(1.0)  # joins: its share-partition starts at the end
+        produce(node.bootstrap, "configured", ["after"])
+        assert values(take(latest, 1)) == ["after"]
+        assert values(take(committed, 1)) == ["after"]
+    finally:
+        for consumer in (latest, committed, plain):
+            consumer.close()
 
 
 def test_stats_count_the_share_apis_and_records(node):

@@ -41,9 +41,12 @@ from typing import Any, Callable
 from kio.schema.errors import ErrorCode
 
 from shmbroker.node.config import GroupConfig, WheelConfig
+from shmbroker.node.storage import group_config
+from shmbroker.node.storage.group_config import ShareSettings
 from shmbroker.node.storage.store import PartitionStore
 from shmbroker.node.timer.groups.sessions import Sessions
 from shmbroker.node.timer.groups.share_group import ShareGroup, ShareMember
+from shmbroker.node.timer.groups.share_log import committed_exclusions
 from shmbroker.node.timer.groups.share_partition import InFlight, RecordState, SharePartition
 from shmbroker.node.timer.outbox import Outbox
 from shmbroker.shm import messages as M
@@ -296,7 +299,7 @@ class ShareGroups:
             self._close_session(d.group, d.member)
         elif d.acquire:
             self._acquire(d.group, d.member, session, max(d.max_records, 1), answered, watch)
-        lock_ms = self.config.share_record_lock_duration_ms
+        lock_ms = self.settings(d.group).record_lock_duration_ms
         self.outbox.send(worker, M.encode_reply(d.request_id, d.kind, FetchAnswer(
             int(E.none), None, lock_ms, [tuple(p) for p in answered.values()], watch)))
 
@@ -304,6 +307,10 @@ class ShareGroups:
         worker, request_id, kind = waiter
         self.outbox.send(worker, M.encode_reply(request_id, kind, FetchAnswer(
             int(error), message, self.config.share_record_lock_duration_ms, [], [])))
+
+    def settings(self, group_id: str) -> ShareSettings:
+        """The group's share settings: its group configs on the node's [groups] share_* defaults."""
+        return group_config.share_settings(self.config, self.store.catalog.group_configs.get(group_id))
 
     def _share_partition(self, group_id: str, topic: str, partition: int) -> SharePartition | None:
         """The share-partition, made at first use where share.auto.offset.reset says; None if there is no such
@@ -316,7 +323,8 @@ class ShareGroups:
         if row is None:
             return None
         state = self.store.table.read(row)
-        start = state.high_watermark if self.config.share_auto_offset_reset == "latest" else state.log_start_offset
+        latest = self.settings(group_id).auto_offset_reset == "latest"
+        start = state.high_watermark if latest else state.log_start_offset
         share_partition = self.partitions[key] = SharePartition(start, self.config.share_delivery_count_limit,
                                                                 self.config.share_partition_max_record_locks)
         self._write(group_id, topic, partition)
@@ -335,7 +343,7 @@ class ShareGroups:
             error = error or outcome
         if renew_lock and share_partition.locked(renew_lock):
             self.locks.renew((group_id, topic, partition, renew_lock),
-                             self.clock() + self.config.share_record_lock_duration_ms)
+                             self.clock() + self.settings(group_id).record_lock_duration_ms)
         self._write(group_id, topic, partition)
         return error
 
@@ -345,7 +353,9 @@ class ShareGroups:
         partitions that gave records go to the end of that order, so the next fetch starts with the others.
         `watch` gets the (row, end bytes) of each partition that had nothing, as this acquisition saw it."""
         left = max_records
-        deadline = self.clock() + self.config.share_record_lock_duration_ms
+        settings = self.settings(group_id)
+        deadline = self.clock() + settings.record_lock_duration_ms
+        committed = settings.isolation_level == "read_committed"
         served = []
         for topic, partition in list(session.partitions):
             if left <= 0:
@@ -358,7 +368,11 @@ class ShareGroups:
             row = self.store.row(topic, partition)
             state = self.store.table.read(row)
             lock = next(self._lock_ids)
-            ranges = share_partition.acquire(member_id, left, state.high_watermark, state.log_start_offset, lock)
+            bound, excluded = state.high_watermark, ()
+            if committed:  # up to the LSO, without control batches and aborted transactions' batches
+                bound, excluded = committed_exclusions(self.store.log(row), share_partition.next_offset,
+                                                       state.last_stable_offset)
+            ranges = share_partition.acquire(member_id, left, bound, state.log_start_offset, lock, excluded)
             if not ranges:
                 watch.append((row, state.end_bytes))
                 continue

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import IntEnum
+from typing import Sequence
 
 from kio.schema.errors import ErrorCode
 
@@ -79,9 +80,11 @@ class SharePartition:
 
     # -- acquisition -----------------------------------------------------------------------------
 
-    def acquire(self, member: str, max_records: int, high_watermark: int, log_start: int,
-                lock: int) -> list[tuple[int, int, int]]:
-        """Acquire up to max_records for `member` under lock id `lock`: [(first, last, delivery count)]."""
+    def acquire(self, member: str, max_records: int, high_watermark: int, log_start: int, lock: int,
+                excluded: Sequence[tuple[int, int]] = ()) -> list[tuple[int, int, int]]:
+        """Acquire up to max_records for `member` under lock id `lock`: [(first, last, delivery count)]. New records
+        in an `excluded` range (first, last), ascending (a read_committed group's control batches and aborted
+        transactions), are archived as they are passed, never delivered."""
         if log_start > self.start_offset:  # retention or DeleteRecords took them: they will never be delivered
             self._move_start_to(log_start)
         acquired: list[int] = []
@@ -90,7 +93,16 @@ class SharePartition:
                 break
             acquired.append(offset)
         room = self.max_in_flight - (self.next_offset - self.start_offset)
+        skip = 0
         while len(acquired) < max_records and self.next_offset < high_watermark and room > 0:
+            offset = self.next_offset
+            while skip < len(excluded) and excluded[skip][1] < offset:
+                skip += 1
+            if skip < len(excluded) and excluded[skip][0] <= offset:
+                for passed in range(offset, min(excluded[skip][1] + 1, high_watermark)):
+                    self.records[passed] = InFlight(RecordState.ARCHIVED)
+                self.next_offset = min(excluded[skip][1] + 1, high_watermark)
+                continue
             self.records[self.next_offset] = InFlight()
             acquired.append(self.next_offset)
             self.next_offset += 1
@@ -107,6 +119,7 @@ class SharePartition:
                 ranges[-1][1] = offset
             else:
                 ranges.append([offset, offset, record.delivery_count])
+        self._advance_start()
         return [tuple(r) for r in ranges]
 
     def locked(self, lock: int) -> list[int]:
