@@ -107,6 +107,7 @@ class Kind(IntEnum):
     SHARE_GROUP_HEARTBEAT = 42
     SHARE_GROUP_DESCRIBE = 43
     SHARE_FETCH = 44
+    SHARE_GROUP_OFFSETS = 45  # DescribeShareGroupOffsets: each share-partition's start offset and lag
     # The transaction coordinator's requests (node.timer.transactions), answered by a REPLY as the group kinds are.
     INIT_PRODUCER_ID = 26  # with a transactional.id (one without is answered by the worker)
     ADD_PARTITIONS_TO_TXN = 27
@@ -438,10 +439,18 @@ ShareFetch = declare(
             ("forgotten", Array(TopicPartitions))],
     reply=[("error", "h"), ("error_message", OPT_STR), ("lock_ms", "i"),
            ("partitions", Array(ShareFetched)), ("watch", Array(ShareWatch))]).tuple_class
+ShareOffsetsAsked = record("ShareOffsetsAsked", [("group", STR), ("topics", Array(TopicPartitions, nullable=True))])
+ShareOffset = record("ShareOffset", [("topic", STR), ("partition", "i"), ("start_offset", "q"), ("lag", "q"),
+                                     ("error", "h")])
+ShareGroupOffsets = record("ShareGroupOffsets", [("group", STR), ("error", "h"), ("error_message", OPT_STR),
+                                                 ("partitions", Array(ShareOffset))])
+DescribeShareOffsets = declare(Kind.SHARE_GROUP_OFFSETS, body=ASKED, fields=[("groups", Array(ShareOffsetsAsked))],
+                               reply=[("groups", Array(ShareGroupOffsets))]).tuple_class
 GROUP_KINDS = (Kind.JOIN_GROUP, Kind.SYNC_GROUP, Kind.HEARTBEAT, Kind.LEAVE_GROUP, Kind.COMMIT_OFFSETS,
                Kind.FETCH_OFFSETS, Kind.LIST_GROUPS, Kind.DESCRIBE_GROUPS, Kind.DELETE_GROUPS, Kind.DELETE_OFFSETS,
                Kind.CONSUMER_GROUP_HEARTBEAT, Kind.CONSUMER_GROUP_DESCRIBE, Kind.STREAMS_GROUP_HEARTBEAT,
-               Kind.STREAMS_GROUP_DESCRIBE, Kind.SHARE_GROUP_HEARTBEAT, Kind.SHARE_GROUP_DESCRIBE, Kind.SHARE_FETCH)
+               Kind.STREAMS_GROUP_DESCRIBE, Kind.SHARE_GROUP_HEARTBEAT, Kind.SHARE_GROUP_DESCRIBE, Kind.SHARE_FETCH,
+               Kind.SHARE_GROUP_OFFSETS)
 
 # The transaction coordinator's: every request names its transactional.id and the producer id and epoch it holds.
 TXN_ASKED = ASKED + [("producer_id", "q"), ("producer_epoch", "h")]

@@ -173,6 +173,9 @@ def request_for(api_key: int, version: int, tag: str):
     if api_key == P.SHARE_ACKNOWLEDGE:  # no share session: SHARE_SESSION_NOT_FOUND
         return b("ShareAcknowledgeRequest", group_id=f"share-{group}", member_id=f"m-{tag}",
                  share_session_epoch=i32(1), topics=())
+    if api_key == P.DESCRIBE_SHARE_GROUP_OFFSETS:  # a share group the node does not know: GROUP_ID_NOT_FOUND
+        return b("DescribeShareGroupOffsetsRequest", groups=(b(
+            "DescribeShareGroupOffsetsRequestGroup", group_id=f"share-{group}", topics=None),))
     if api_key == P.SASL_HANDSHAKE:  # on a PLAINTEXT listener: answered ILLEGAL_SASL_STATE, as Kafka does
         return b("SaslHandshakeRequest", mechanism="PLAIN")
     if api_key == P.SASL_AUTHENTICATE:

@@ -18,6 +18,8 @@ import time
 
 from typing import Any
 
+from kio.static.primitive import i32
+
 import pytest
 from confluent_kafka import AcknowledgeType, KafkaError, KafkaException, Producer, ShareConsumer
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, NewTopic
@@ -240,6 +242,34 @@ def test_share_groups_are_listed_and_described(node):
     finally:
         conn.close()
         consumer.close()
+
+
+def test_share_group_offsets_are_described(node):
+    """DescribeShareGroupOffsets after the tests above: a group's start offsets and lags, -1 for a partition it
+    never fetched, GROUP_ID_NOT_FOUND for an id that is not a share group."""
+    conn = R.RawConnection("127.0.0.1", node.port)
+    try:
+        def ask(group: str, topics: Any = None) -> Any:
+            answer = conn.call(P.DESCRIBE_SHARE_GROUP_OFFSETS, 1, body(
+                P.DESCRIBE_SHARE_GROUP_OFFSETS, 1, "DescribeShareGroupOffsetsRequest", groups=(R.request_entity(
+                    P.DESCRIBE_SHARE_GROUP_OFFSETS, 1, "DescribeShareGroupOffsetsRequestGroup", group_id=group,
+                    topics=topics),)))
+            (group_answer,) = answer.groups
+            return group_answer
+
+        explicit = ask("g-explicit")
+        assert int(explicit.error_code) == 0
+        assert [(t.topic_name, [(int(p.partition_index), int(p.start_offset), int(p.lag), int(p.error_code))
+                                for p in t.partitions]) for t in explicit.topics] == [("explicit", [(0, 7, 0, 0)])]
+        produce(node.bootstrap, "explicit", ["waiting", "too"])
+        assert [int(p.lag) for p in ask("g-explicit").topics[0].partitions] == [2]
+        listed = ask("g-listed", (R.request_entity(P.DESCRIBE_SHARE_GROUP_OFFSETS, 1,
+                                                   "DescribeShareGroupOffsetsRequestTopic", topic_name="listed",
+                                                   partitions=(i32(0),)),))
+        assert [(int(p.start_offset), int(p.lag)) for p in listed.topics[0].partitions] == [(-1, -1)]
+        assert int(ask("no-such-group").error_code) == 69
+    finally:
+        conn.close()
 
 
 def alter_group(bootstrap: str, group: str, **values: str) -> None:

@@ -39,7 +39,7 @@ API_NAMES = {
     65: "DescribeTransactions", 66: "ListTransactions", 68: "ConsumerGroupHeartbeat", 69: "ConsumerGroupDescribe",
     50: "DescribeUserScramCredentials", 51: "AlterUserScramCredentials", 48: "DescribeClientQuotas",
     55: "DescribeQuorum", 76: "ShareGroupHeartbeat", 77: "ShareGroupDescribe", 78: "ShareFetch", 79: "ShareAcknowledge",
-    88: "StreamsGroupHeartbeat", 89: "StreamsGroupDescribe",
+    88: "StreamsGroupHeartbeat", 89: "StreamsGroupDescribe", 90: "DescribeShareGroupOffsets",
 }
 
 

@@ -46,6 +46,7 @@ from shmbroker.workers.timer_client.outcome import Outcome
 HeartbeatAnswer = M.reply_class(M.Kind.SHARE_GROUP_HEARTBEAT)
 DescribeAnswer = M.reply_class(M.Kind.SHARE_GROUP_DESCRIBE)
 FetchAnswer = M.reply_class(M.Kind.SHARE_FETCH)
+OffsetsAnswer = M.reply_class(M.Kind.SHARE_GROUP_OFFSETS)
 MAX_READS_PER_RANGE = 1024  # log reads for one acquired range (each returns at least one whole batch)
 READ_CHUNK_BYTES = 1 << 20
 
@@ -67,7 +68,8 @@ class ShareGroupHandlers(HandlerFamily):
 
     def table(self) -> dict[int, Callable[[Request, Any], Outcome]]:
         return {P.SHARE_GROUP_HEARTBEAT: self.heartbeat, P.SHARE_GROUP_DESCRIBE: self.describe,
-                P.SHARE_FETCH: self.fetch, P.SHARE_ACKNOWLEDGE: self.acknowledge}
+                P.SHARE_FETCH: self.fetch, P.SHARE_ACKNOWLEDGE: self.acknowledge,
+                P.DESCRIBE_SHARE_GROUP_OFFSETS: self.offsets}
 
     def _ask(self, req: Request, kind: M.Kind, body: tuple, fields: tuple, answer: Callable[[Any], Outcome],
              refusal: Callable[[E.ErrorCode], Any]) -> Outcome:
@@ -140,6 +142,54 @@ class ShareGroupHandlers(HandlerFamily):
         if refused and not names:
             return answer(DescribeAnswer([]))
         return self._ask(req, M.Kind.SHARE_GROUP_DESCRIBE, (), (names,), answer, refusal)
+
+    # -- DescribeShareGroupOffsets -----------------------------------------------------------
+
+    def offsets(self, req: Request, request: Any) -> Outcome:
+        """Needs DESCRIBE on the group and on each topic (Kafka's); a refused group is answered
+        GROUP_AUTHORIZATION_FAILED, a refused topic's partitions TOPIC_AUTHORIZATION_FAILED."""
+        asked, refused = [], []
+        for group in request.groups:
+            if not self.authorizer.allows(req, Operation.DESCRIBE, ResourceType.GROUP, group.group_id):
+                refused.append(group.group_id)
+            else:
+                asked.append((group.group_id, None if group.topics is None else [
+                    (t.topic_name, [int(p) for p in t.partitions]) for t in group.topics]))
+
+        def partition(p: tuple) -> Any:
+            _topic, index, start, lag, error = p
+            return entity(req, "DescribeShareGroupOffsetsResponsePartition", partition_index=i32(index),
+                          start_offset=i64(start), leader_epoch=i32(0 if start >= 0 else -1), lag=i64(lag),
+                          error_code=code(error), error_message=None)
+
+        def topics(parts: list) -> tuple:
+            by_topic: dict[str, list] = {}
+            for p in parts:
+                if self.authorizer.permits(req, Operation.DESCRIBE, ResourceType.TOPIC, p[0]):
+                    by_topic.setdefault(p[0], []).append(partition(p))
+                else:
+                    by_topic.setdefault(p[0], []).append(partition((p[0], p[1], -1, -1,
+                                                                    int(E.TOPIC_AUTHORIZATION_FAILED))))
+            return tuple(entity(req, "DescribeShareGroupOffsetsResponseTopic", topic_name=name,
+                                topic_id=self.topic_ids.id_of(name), partitions=tuple(found))
+                         for name, found in by_topic.items())
+
+        def answer(outcome: Any) -> Outcome:
+            if outcome is None:
+                outcome = refusal(E.ErrorCode.coordinator_not_available)
+            groups = list(outcome.groups) + [(g, int(E.GROUP_AUTHORIZATION_FAILED), None, []) for g in refused]
+            return reply(req, entity(req, "DescribeShareGroupOffsetsResponse", throttle_time=ZERO_THROTTLE,
+                                     groups=tuple(entity(req, "DescribeShareGroupOffsetsResponseGroup",
+                                                         group_id=group, topics=topics(parts), error_code=code(error),
+                                                         error_message=message)
+                                                  for group, error, message, parts in groups)))
+
+        def refusal(error: E.ErrorCode) -> Any:
+            return OffsetsAnswer([(g, int(error), None, []) for g, _ in asked])
+
+        if not asked:
+            return answer(OffsetsAnswer([]))
+        return self._ask(req, M.Kind.SHARE_GROUP_OFFSETS, (), (asked,), answer, refusal)
 
     # -- ShareFetch, ShareAcknowledge ---------------------------------------------------------
 

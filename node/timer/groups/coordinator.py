@@ -103,6 +103,7 @@ class GroupCoordinator:
             M.Kind.SHARE_GROUP_HEARTBEAT: self.share.heartbeat,
             M.Kind.SHARE_GROUP_DESCRIBE: self.share.describe,
             M.Kind.SHARE_FETCH: self.share.fetch,
+            M.Kind.SHARE_GROUP_OFFSETS: self.share.offsets,
         }
 
     # -- the timer loop's calls ---------------------------------------------------------------

@@ -56,6 +56,7 @@ E = ErrorCode
 HeartbeatAnswer = M.reply_class(M.Kind.SHARE_GROUP_HEARTBEAT)
 DescribeAnswer = M.reply_class(M.Kind.SHARE_GROUP_DESCRIBE)
 FetchAnswer = M.reply_class(M.Kind.SHARE_FETCH)
+OffsetsAnswer = M.reply_class(M.Kind.SHARE_GROUP_OFFSETS)
 LEAVE_EPOCH = -1
 OPEN_SESSION, CLOSE_SESSION = 0, -1
 SHARE_ASSIGNOR = "simple"  # Kafka's name for its share group assignor
@@ -256,6 +257,40 @@ class ShareGroups:
             for name in self.retired:
                 self.retired[name] += getattr(gone, name)
             self._write(*key, gone=True)
+
+    # -- DescribeShareGroupOffsets -----------------------------------------------------------
+
+    def offsets(self, worker: int, d: Any) -> None:
+        """Each share-partition's start offset and lag (records not yet delivered and acknowledged: from the start
+        offset to the high watermark, less those in flight that are done); -1 for a partition without state."""
+        described = []
+        for group_id, topics in d.groups:
+            if self.classic.offsets.loading:
+                described.append((group_id, int(E.coordinator_load_in_progress), "The coordinator is loading.", []))
+                continue
+            if group_id not in self.groups:
+                message = f"Group {group_id} is not a share group." if self.other_kind(group_id) \
+                    else f"Group {group_id} not found."
+                described.append((group_id, int(E.group_id_not_found), message, []))
+                continue
+            if topics is None:
+                wanted = sorted((t, p) for g, t, p in self.partitions if g == group_id)
+            else:
+                wanted = [(topic, partition) for topic, parts in topics for partition in parts]
+            described.append((group_id, 0, None, [self._offset(group_id, t, p) for t, p in wanted]))
+        self.outbox.send(worker, M.encode_reply(d.request_id, d.kind, OffsetsAnswer(described)))
+
+    def _offset(self, group_id: str, topic: str, partition: int) -> tuple:
+        row = self.store.row(topic, partition)
+        if row is None:
+            return (topic, partition, -1, -1, int(E.unknown_topic_or_partition))
+        share_partition = self.partitions.get((group_id, topic, partition))
+        if share_partition is None:
+            return (topic, partition, -1, -1, 0)
+        high_watermark = self.store.table.read(row).high_watermark
+        done = share_partition.next_offset - share_partition.start_offset - share_partition.in_flight()
+        lag = max(0, high_watermark - share_partition.start_offset - done)
+        return (topic, partition, share_partition.start_offset, lag, 0)
 
     # -- ShareFetch, ShareAcknowledge ---------------------------------------------------------
 
