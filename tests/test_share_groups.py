@@ -272,6 +272,26 @@ def test_share_group_offsets_are_described(node):
         conn.close()
 
 
+def test_the_cli_lists_and_describes_share_groups(node):
+    """`shmbroker groups list` shows the share groups beside the others; `groups describe` a share group's
+    members and each share-partition's start offset and lag."""
+    def cli(*args: str) -> Any:
+        done = subprocess.run([*CLI, "groups", *args, "--bootstrap", node.bootstrap, "--json"], capture_output=True,
+                              text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout)
+
+    listed = {g["group"]: g for g in cli("list")}
+    assert listed["g-explicit"]["state"] == "EMPTY" and listed["g-explicit"]["type"] == "share"
+    described = cli("describe", "g-explicit")
+    assert (described["type"], described["state"], described["members"]) == ("share", "EMPTY", [])
+    assert [(p["topic"], p["partition"], p["start_offset"], p["high_watermark"], p["lag"])
+            for p in described["partitions"]] == [("explicit", 0, 7, 9, 2)]  # two produced by the offsets test
+    table = subprocess.run([*CLI, "groups", "describe", "g-explicit", "--bootstrap", node.bootstrap],
+                           capture_output=True, text=True, timeout=60)
+    assert table.returncode == 0 and "start offset" in table.stdout and "type share" in table.stdout, table
+
+
 def alter_group(bootstrap: str, group: str, **values: str) -> None:
     admin = AdminClient({"bootstrap.servers": bootstrap})
     resource = ConfigResource("group", group, incremental_configs=[
