@@ -15,19 +15,20 @@ import signal
 import subprocess
 import sys
 import time
-
+from pathlib import Path
 from typing import Any
 
-from kio.static.primitive import i32
-
 import pytest
+from kio.static.primitive import i32
 from confluent_kafka import AcknowledgeType, KafkaError, KafkaException, Producer, ShareConsumer
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, NewTopic
 
 from scripts.harness import rawkafka as R
+from scripts.harness.kafka_peer import classpath, java
 from scripts.harness.nodeproc import CLI, NodeProcess, die_with_parent
 from scripts.harness.rawkafka import request_body as body
 from shmbroker.workers.codecs import protocol as P
+from tests.test_java_clients import CLIENT_JVM_OPTIONS
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.node
@@ -40,6 +41,7 @@ share_auto_offset_reset = "earliest"
 share_delivery_count_limit = 3
 """
 POLL_BUDGET_S = 20.0
+JAVA = Path(__file__).resolve().parent / "java"
 
 
 @pytest.fixture(scope="module")
@@ -290,6 +292,23 @@ def test_the_cli_lists_and_describes_share_groups(node):
     table = subprocess.run([*CLI, "groups", "describe", "g-explicit", "--bootstrap", node.bootstrap],
                            capture_output=True, text=True, timeout=60)
     assert table.returncode == 0 and "start offset" in table.stdout and "type share" in table.stdout, table
+
+
+def test_kafkas_java_share_consumer_and_admin(node):
+    """Kafka 4.4's KafkaShareConsumer (explicit ACCEPT, RELEASE, REJECT; commitSync) and Admin
+    (incrementalAlterConfigs of a GROUP, describeShareGroups, listShareGroupOffsets), one JVM run
+    (tests/java/ShareClients.java)."""
+    done = subprocess.run([java(), *CLIENT_JVM_OPTIONS, "-cp", classpath(), str(JAVA / "ShareClients.java"),
+                           node.bootstrap, "java"], capture_output=True, text=True, timeout=180,
+                          stdin=subprocess.DEVNULL, preexec_fn=die_with_parent)
+    assert done.returncode == 0, f"ShareClients.java exited {done.returncode}:\n{done.stdout}{done.stderr}"
+    got = {line["step"]: line for line in map(json.loads, (line for line in done.stdout.splitlines()
+                                                              if line.startswith('{"step"')))}
+    assert got["first"]["records"] == [[i, f"v{i}", 1] for i in range(10)]
+    assert got["first"]["commit_errors"] == 0 and got["first"]["lock_ms"] == LOCK_MS
+    assert got["redelivered"]["records"] == [[i, f"v{i}", 2] for i in (5, 6, 7)]
+    assert got["described"] == {"step": "described", "state": "Stable", "members": [["java-share", ["java-q-0"]]]}
+    assert (got["offsets"]["start"], got["offsets"]["lag"]) == (10, 0)
 
 
 def alter_group(bootstrap: str, group: str, **values: str) -> None:
