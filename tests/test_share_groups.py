@@ -15,11 +15,12 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
-from kio.static.primitive import i32
+from kio.static.primitive import i8, i32, i64
 from confluent_kafka import AcknowledgeType, KafkaError, KafkaException, Producer, ShareConsumer
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, NewTopic
 
@@ -292,6 +293,95 @@ def test_the_cli_lists_and_describes_share_groups(node):
     table = subprocess.run([*CLI, "groups", "describe", "g-explicit", "--bootstrap", node.bootstrap],
                            capture_output=True, text=True, timeout=60)
     assert table.returncode == 0 and "start offset" in table.stdout and "type share" in table.stdout, table
+
+
+class RawShareMember:
+    """One share group member over the raw protocol: heartbeats, ShareFetch and ShareAcknowledge of its own."""
+
+    def __init__(self, node, group: str, member: str) -> None:
+        self.conn = R.RawConnection("127.0.0.1", node.port)
+        self.group, self.member, self.epoch = group, member, 0
+
+    def heartbeat(self, epoch: int | None = None, topics: Any = None) -> Any:
+        answer = self.conn.call(P.SHARE_GROUP_HEARTBEAT, 1, body(
+            P.SHARE_GROUP_HEARTBEAT, 1, "ShareGroupHeartbeatRequest", group_id=self.group, member_id=self.member,
+            member_epoch=i32(self.epoch if epoch is None else epoch), rack_id=None, subscribed_topic_names=topics))
+        if int(answer.error_code) == 0:
+            self.epoch = int(answer.member_epoch)
+        return answer
+
+    def fetch_body(self, epoch: int, topic_id: Any, acks: tuple = (), max_wait_ms: int = 0,
+                   max_records: int = 10) -> bytes:
+        def n(name: str, **fields: Any) -> Any:
+            return R.request_entity(P.SHARE_FETCH, 2, name, **fields)
+        return body(P.SHARE_FETCH, 2, "ShareFetchRequest", group_id=self.group, member_id=self.member,
+                    share_session_epoch=i32(epoch), max_wait=R.millis(max_wait_ms), min_bytes=i32(1),
+                    max_bytes=i32(1 << 20), max_records=i32(max_records), batch_size=i32(max_records),
+                    topics=(n("FetchTopic", topic_id=topic_id, partitions=(n(
+                        "FetchPartition", partition_index=i32(0), acknowledgement_batches=tuple(
+                            n("AcknowledgementBatch", first_offset=i64(first), last_offset=i64(last),
+                              acknowledge_types=tuple(i8(t) for t in types)) for first, last, types in acks)),)),),
+                    forgotten_topics_data=())
+
+    def fetch(self, *args: Any, **kwargs: Any) -> Any:
+        return self.conn.call(P.SHARE_FETCH, 2, self.fetch_body(*args, **kwargs))
+
+
+def partition_of(answer: Any) -> Any:
+    ((partition,),) = [t.partitions for t in answer.responses]
+    return partition
+
+
+def test_bad_requests_get_the_protocols_errors_and_a_share_fetch_long_polls(node):
+    """Raw requests: each mistake answered with Kafka's error code, the node unharmed; a ShareFetch that finds
+    nothing waits for an append (the purgatory) and answers with it."""
+    create_topic(node.bootstrap, "raw")
+    topic_id = R.topic_ids("127.0.0.1", node.port, ["raw"])["raw"]
+    member = RawShareMember(node, "g-raw", "m-raw")
+    try:
+        assert int(member.heartbeat(topics=None).error_code) == 42  # INVALID_REQUEST: joining without topics
+        assert int(member.heartbeat(epoch=3, topics=("raw",)).error_code) == 25  # UNKNOWN_MEMBER_ID
+        joined = member.heartbeat(topics=("raw",))
+        assert int(joined.error_code) == 0 and member.epoch >= 1
+        assert [list(t.partitions) for t in joined.assignment.topic_partitions] == [[0]]
+        assert int(member.heartbeat(epoch=member.epoch + 5).error_code) == 110  # FENCED_MEMBER_EPOCH
+        other = RawShareMember(node, "g-implicit-classic", "m")
+        try:  # a classic group's id is not a share group's
+            conn = other.conn
+            conn.call(P.JOIN_GROUP, 5, body(P.JOIN_GROUP, 5, "JoinGroupRequest", group_id="g-implicit-classic",
+                                           session_timeout=R.millis(10_000), rebalance_timeout=R.millis(10_000),
+                                           member_id="", group_instance_id=None, protocol_type="consumer",
+                                           protocols=()))
+            assert int(other.heartbeat(topics=("raw",)).error_code) == 69  # GROUP_ID_NOT_FOUND
+        finally:
+            other.conn.close()
+        conn = member.conn
+        assert int(conn.call(P.SHARE_ACKNOWLEDGE, 2, body(
+            P.SHARE_ACKNOWLEDGE, 2, "ShareAcknowledgeRequest", group_id="g-raw", member_id="m-raw",
+            share_session_epoch=i32(1), topics=())).error_code) == 122  # SHARE_SESSION_NOT_FOUND
+        assert int(member.fetch(3, topic_id).error_code) == 122
+        empty = member.fetch(0, topic_id)  # opens the session: nothing there, max_wait 0 answers at once
+        assert int(empty.error_code) == 0 and not empty.responses
+        assert int(member.fetch(5, topic_id).error_code) == 123  # INVALID_SHARE_SESSION_EPOCH (1 expected)
+        acked = member.fetch(1, topic_id, acks=((0, 10**15, (1,)),))  # nothing of it acquired: refused at once
+        assert int(partition_of(acked).acknowledge_error_code) == 121  # INVALID_RECORD_STATE
+        unknown = member.fetch(2, uuid.UUID(int=99))
+        assert int(partition_of(unknown).error_code) == 100  # UNKNOWN_TOPIC_ID
+
+        began = time.monotonic()
+        conn.send(P.SHARE_FETCH, 2, member.fetch_body(3, topic_id, max_wait_ms=10_000))
+        produce(node.bootstrap, "raw", ["woke"])
+        _, _, _, answer_body = conn.recv_response()
+        waited = time.monotonic() - began
+        woke = partition_of(R.decode_response(P.SHARE_FETCH, 2, answer_body))
+        assert [(int(a.first_offset), int(a.last_offset), int(a.delivery_count)) for a in woke.acquired_records] \
+            == [(0, 0, 1)] and b"woke" in bytes(woke.records)
+        assert waited < 5, waited  # woken by the append, not by its 10 s wait
+        done = member.fetch(4, topic_id, acks=((0, 0, (1,)),))
+        assert int(partition_of(done).acknowledge_error_code) == 0
+        assert int(member.heartbeat(epoch=-1).error_code) == 0
+    finally:
+        member.conn.close()
 
 
 def test_kafkas_java_share_consumer_and_admin(node):
