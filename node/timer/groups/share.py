@@ -241,7 +241,7 @@ class ShareGroups:
             elif group is None:
                 message = f"Group {group_id} is not a share group." if self.other_kind(group_id) \
                     else f"Group {group_id} not found."
-                described.append((int(E.group_id_not_found), message, group_id, "Dead", -1, -1, "", []))
+                described.append((int(E.group_id_not_found), message, group_id, "", -1, -1, "", []))
             else:
                 described.append((int(E.none), None, group_id, group.state, group.epoch, group.epoch, SHARE_ASSIGNOR,
                                   [(m.member_id, m.rack_id, m.epoch, m.client_id, m.client_host,
