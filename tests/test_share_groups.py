@@ -518,3 +518,36 @@ def test_share_state_survives(node_factory, how):
         consumer.commit_sync(15)
     finally:
         consumer.close()
+
+
+def test_a_consumer_goes_on_across_a_kill_of_the_timer(node_factory):
+    """A live ShareConsumer while the timer process is killed (-9) and restarted: it rejoins, opens a new share
+    session and gets every record produced after the kill; before it, nothing it acknowledged comes again."""
+    started = node_factory(workers=2, config=CONFIG)
+    create_topic(started.bootstrap, "live", 2)
+    consumer = share_consumer(started.bootstrap, "g-live", "live", explicit=True)
+    try:
+        produce(started.bootstrap, "live", [f"a{i}" for i in range(5)], partition=0)
+        produce(started.bootstrap, "live", [f"a{i}" for i in range(5, 10)], partition=1)
+        before = take(consumer, 10)
+        for message in before:
+            consumer.acknowledge(message, AcknowledgeType.ACCEPT)
+        assert all(error is None for error in consumer.commit_sync(15).values())
+        assert sorted(values(before)) == sorted(f"a{i}" for i in range(10))
+        timer = started.pids("timer")[0]
+        os.kill(timer, signal.SIGKILL)
+        started.wait_for_pids("timer", 1, exclude={timer})
+        produce(started.bootstrap, "live", [f"b{i}" for i in range(5)], partition=0)
+        produce(started.bootstrap, "live", [f"b{i}" for i in range(5, 10)], partition=1)
+        after = []
+        deadline = time.monotonic() + 2 * POLL_BUDGET_S
+        while len(set(values(after))) < 10 and time.monotonic() < deadline:
+            got = take(consumer, 1, 1.0)
+            for message in got:
+                consumer.acknowledge(message, AcknowledgeType.ACCEPT)
+            if got:
+                consumer.commit_sync(15)
+            after += got
+        assert set(values(after)) == {f"b{i}" for i in range(10)}, values(after)
+    finally:
+        consumer.close()
