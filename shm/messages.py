@@ -108,6 +108,7 @@ class Kind(IntEnum):
     SHARE_GROUP_DESCRIBE = 43
     SHARE_FETCH = 44
     SHARE_GROUP_OFFSETS = 45  # DescribeShareGroupOffsets: each share-partition's start offset and lag
+    ALTER_SHARE_OFFSETS = 46  # AlterShareGroupOffsets (new start offsets) and DeleteShareGroupOffsets (state gone)
     # The transaction coordinator's requests (node.timer.transactions), answered by a REPLY as the group kinds are.
     INIT_PRODUCER_ID = 26  # with a transactional.id (one without is answered by the worker)
     ADD_PARTITIONS_TO_TXN = 27
@@ -446,11 +447,19 @@ ShareGroupOffsets = record("ShareGroupOffsets", [("group", STR), ("error", "h"),
                                                  ("partitions", Array(ShareOffset))])
 DescribeShareOffsets = declare(Kind.SHARE_GROUP_OFFSETS, body=ASKED, fields=[("groups", Array(ShareOffsetsAsked))],
                                reply=[("groups", Array(ShareGroupOffsets))]).tuple_class
+# delete=False: each partition's state starts anew at start_offset; delete=True: the topics' share-partitions go
+# (partition and start_offset unused: -1).
+ShareOffsetChange = record("ShareOffsetChange", [("topic", STR), ("partition", "i"), ("start_offset", "q")])
+ShareOffsetResult = record("ShareOffsetResult", [("topic", STR), ("partition", "i"), ("error", "h")])
+AlterShareOffsets = declare(Kind.ALTER_SHARE_OFFSETS, body=ASKED + [("delete", "?")],
+                            fields=[("group", STR), ("changes", Array(ShareOffsetChange))],
+                            reply=[("error", "h"), ("error_message", OPT_STR),
+                                   ("results", Array(ShareOffsetResult))]).tuple_class
 GROUP_KINDS = (Kind.JOIN_GROUP, Kind.SYNC_GROUP, Kind.HEARTBEAT, Kind.LEAVE_GROUP, Kind.COMMIT_OFFSETS,
                Kind.FETCH_OFFSETS, Kind.LIST_GROUPS, Kind.DESCRIBE_GROUPS, Kind.DELETE_GROUPS, Kind.DELETE_OFFSETS,
                Kind.CONSUMER_GROUP_HEARTBEAT, Kind.CONSUMER_GROUP_DESCRIBE, Kind.STREAMS_GROUP_HEARTBEAT,
                Kind.STREAMS_GROUP_DESCRIBE, Kind.SHARE_GROUP_HEARTBEAT, Kind.SHARE_GROUP_DESCRIBE, Kind.SHARE_FETCH,
-               Kind.SHARE_GROUP_OFFSETS)
+               Kind.SHARE_GROUP_OFFSETS, Kind.ALTER_SHARE_OFFSETS)
 
 # The transaction coordinator's: every request names its transactional.id and the producer id and epoch it holds.
 TXN_ASKED = ASKED + [("producer_id", "q"), ("producer_epoch", "h")]

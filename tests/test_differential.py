@@ -993,8 +993,8 @@ def api_versions(port: int) -> dict[int, list[int]]:
 # docs/compatibility.md: the node's newest versions are those of the kio schemas it decodes with (Kafka 4.4's newer
 # ones: topic ids in Produce and commits, KIP-890's transactions v2, KIP-939); it still takes versions Kafka 4 removed
 # (KIP-896: CreateTopics 0-1, DeleteTopics 0, the ACL APIs and DescribeConfigs 0); it has none of the replication,
-# KRaft, delegation token, client quota and tiered storage APIs, the share coordinator's APIs and Alter/Delete
-# ShareGroupOffsets (KIP-932), and streams groups' v1 APIs (KIP-1071).
+# KRaft, delegation token, client quota and tiered storage APIs, the share coordinator's APIs (KIP-932), and
+# streams groups' v1 APIs (KIP-1071).
 API_VERSION_DIFFERENCES = {
     0: [[0, 13], [3, 11]],  # produce
     1: [[4, 18], [4, 17]],  # fetch
@@ -1039,8 +1039,6 @@ API_VERSION_DIFFERENCES = {
     87: [[0, 1], None],  # read_share_group_state_summary
     88: [[0, 1], [0, 0]],  # streams_group_heartbeat (1: KIP-1331's topology descriptions)
     89: [[0, 1], [0, 0]],  # streams_group_describe
-    91: [[0, 0], None],  # alter_share_group_offsets
-    92: [[0, 0], None],  # delete_share_group_offsets
     93: [[0, 0], None],  # newer than kio's schemas
     94: [[0, 0], None],  # newer than kio's schemas
 }

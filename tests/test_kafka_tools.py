@@ -191,14 +191,16 @@ def test_kafka_broker_api_versions_and_transactions_list(tools, node):
     versions = run(tools, "BrokerApiVersionsCommand", node)
     assert re.search(r"Produce\(0\): 3 to 11 \[usable: 11\]", versions), versions
     assert "ShareFetch(78): 1 to 2 [usable: 2]" in versions
-    assert "AlterShareGroupOffsets(91): UNSUPPORTED" in versions
+    assert "AlterShareGroupOffsets(91): 0 [usable: 0]" in versions
+    assert "StreamsGroupTopologyDescriptionUpdate(93): UNSUPPORTED" in versions
     assert run(tools, "TransactionsCommand", node, "list").split()[:4] == ["TransactionalId", "Coordinator",
                                                                             "ProducerId", "TransactionState"]
 
 
 def test_kafka_share_groups_lists_and_describes_a_share_group(tools, node):
-    """kafka-share-groups (KIP-932): --list, --describe (each share-partition's start offset and lag) and
-    --describe --members of a share group a ShareConsumer read from."""
+    """kafka-share-groups (KIP-932): --list, --describe (each share-partition's start offset and lag),
+    --describe --members of a share group a ShareConsumer read from; once it is empty, --reset-offsets and
+    --delete-offsets."""
     run(tools, "TopicCommand", node, "--create", "--topic", "cli-share", "--partitions", "1")
     consumer = ShareConsumer({"bootstrap.servers": node.bootstrap, "group.id": "cli-share-group",
                               "client.id": "cli-sharer"})
@@ -220,6 +222,14 @@ def test_kafka_share_groups_lists_and_describes_a_share_group(tools, node):
         assert "cli-sharer" in members and "cli-share:0" in members, members
     finally:
         consumer.close()
+    run(tools, command, node, "--reset-offsets", "--group", "cli-share-group", "--topic", "cli-share", "--to-earliest",
+        "--execute")
+    described = run(tools, command, node, "--describe", "--group", "cli-share-group")
+    rows = [line.split() for line in described.splitlines() if line.startswith("cli-share-group ")]
+    assert [row[1:5] for row in rows] == [["cli-share", "0", "0", "5"]], described
+    run(tools, command, node, "--delete-offsets", "--group", "cli-share-group", "--topic", "cli-share")
+    described = run(tools, command, node, "--describe", "--group", "cli-share-group")
+    assert not [line for line in described.splitlines() if line.startswith("cli-share-group cli-share ")], described
 
 
 def test_kafka_metadata_quorum_describes_the_node_as_its_one_voter(tools, node):

@@ -113,6 +113,8 @@ def test_advertised_versions_are_the_supported_ones() -> None:
         78: (1, 2),  # ShareFetch (2: KIP-1222's record-limit acquire mode and RENEW)
         79: (1, 2),  # ShareAcknowledge
         90: (0, 1),  # DescribeShareGroupOffsets (1: each share-partition's lag)
+        91: (0, 0),  # AlterShareGroupOffsets
+        92: (0, 0),  # DeleteShareGroupOffsets
     }
 
 

@@ -176,6 +176,13 @@ def request_for(api_key: int, version: int, tag: str):
     if api_key == P.DESCRIBE_SHARE_GROUP_OFFSETS:  # a share group the node does not know: GROUP_ID_NOT_FOUND
         return b("DescribeShareGroupOffsetsRequest", groups=(b(
             "DescribeShareGroupOffsetsRequestGroup", group_id=f"share-{group}", topics=None),))
+    if api_key == P.ALTER_SHARE_GROUP_OFFSETS:  # a share group the node does not know: GROUP_ID_NOT_FOUND
+        return b("AlterShareGroupOffsetsRequest", group_id=f"share-{group}", topics=(b(
+            "AlterShareGroupOffsetsRequestTopic", topic_name=TOPIC, partitions=(b(
+                "AlterShareGroupOffsetsRequestPartition", partition_index=i32(0), start_offset=i64(0)),)),))
+    if api_key == P.DELETE_SHARE_GROUP_OFFSETS:
+        return b("DeleteShareGroupOffsetsRequest", group_id=f"share-{group}", topics=(b(
+            "DeleteShareGroupOffsetsRequestTopic", topic_name=TOPIC),))
     if api_key == P.SASL_HANDSHAKE:  # on a PLAINTEXT listener: answered ILLEGAL_SASL_STATE, as Kafka does
         return b("SaslHandshakeRequest", mechanism="PLAIN")
     if api_key == P.SASL_AUTHENTICATE:

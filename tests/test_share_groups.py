@@ -384,6 +384,53 @@ def test_bad_requests_get_the_protocols_errors_and_a_share_fetch_long_polls(node
         member.conn.close()
 
 
+def test_share_group_offsets_are_altered_and_deleted(node):
+    """AlterShareGroupOffsets moves an empty group's share-partition (its records in flight forgotten): the records
+    from there come again; DeleteShareGroupOffsets forgets it (share.auto.offset.reset decides again: earliest
+    here); a group with members is refused NON_EMPTY_GROUP, an offset past the high watermark OFFSET_OUT_OF_RANGE."""
+    create_topic(node.bootstrap, "reset")
+    produce(node.bootstrap, "reset", ["r0", "r1", "r2"])
+    conn = R.RawConnection("127.0.0.1", node.port)
+
+    def alter(start: int) -> Any:
+        def n(name: str, **fields: Any) -> Any:
+            return R.request_entity(P.ALTER_SHARE_GROUP_OFFSETS, 0, name, **fields)
+        return conn.call(P.ALTER_SHARE_GROUP_OFFSETS, 0, body(
+            P.ALTER_SHARE_GROUP_OFFSETS, 0, "AlterShareGroupOffsetsRequest", group_id="g-reset", topics=(n(
+                "AlterShareGroupOffsetsRequestTopic", topic_name="reset", partitions=(n(
+                    "AlterShareGroupOffsetsRequestPartition", partition_index=i32(0), start_offset=i64(start)),)),)))
+
+    def read_all(count: int) -> list:
+        consumer = share_consumer(node.bootstrap, "g-reset", "reset")
+        try:
+            got = take(consumer, count)
+            consumer.poll(0.5)  # acknowledged
+            return [(m.offset(), m.delivery_count()) for m in got]
+        finally:
+            consumer.close()
+
+    try:
+        assert read_all(3) == [(0, 1), (1, 1), (2, 1)]
+        refused = alter(99)
+        assert [int(p.error_code) for t in refused.responses for p in t.partitions] == [1]  # OFFSET_OUT_OF_RANGE
+        moved = alter(1)
+        assert int(moved.error_code) == 0 and [int(p.error_code) for t in moved.responses for p in t.partitions] == [0]
+        assert read_all(2) == [(1, 1), (2, 1)]
+        deleted = conn.call(P.DELETE_SHARE_GROUP_OFFSETS, 0, body(
+            P.DELETE_SHARE_GROUP_OFFSETS, 0, "DeleteShareGroupOffsetsRequest", group_id="g-reset", topics=(
+                R.request_entity(P.DELETE_SHARE_GROUP_OFFSETS, 0, "DeleteShareGroupOffsetsRequestTopic",
+                                 topic_name="reset"),)))
+        assert int(deleted.error_code) == 0 and [int(t.error_code) for t in deleted.responses] == [0]
+        assert read_all(3) == [(0, 1), (1, 1), (2, 1)]
+        active = share_consumer(node.bootstrap, "g-reset", "reset")
+        try:
+            wait_for(lambda: int(alter(0).error_code) == 68, 15, "NON_EMPTY_GROUP while a member is in")
+        finally:
+            active.close()
+    finally:
+        conn.close()
+
+
 def test_kafkas_java_share_consumer_and_admin(node):
     """Kafka 4.4's KafkaShareConsumer (explicit ACCEPT, RELEASE, REJECT; commitSync) and Admin
     (incrementalAlterConfigs of a GROUP, describeShareGroups, listShareGroupOffsets), one JVM run

@@ -40,6 +40,7 @@ API_NAMES = {
     50: "DescribeUserScramCredentials", 51: "AlterUserScramCredentials", 48: "DescribeClientQuotas",
     55: "DescribeQuorum", 76: "ShareGroupHeartbeat", 77: "ShareGroupDescribe", 78: "ShareFetch", 79: "ShareAcknowledge",
     88: "StreamsGroupHeartbeat", 89: "StreamsGroupDescribe", 90: "DescribeShareGroupOffsets",
+    91: "AlterShareGroupOffsets", 92: "DeleteShareGroupOffsets",
 }
 
 

@@ -47,6 +47,7 @@ HeartbeatAnswer = M.reply_class(M.Kind.SHARE_GROUP_HEARTBEAT)
 DescribeAnswer = M.reply_class(M.Kind.SHARE_GROUP_DESCRIBE)
 FetchAnswer = M.reply_class(M.Kind.SHARE_FETCH)
 OffsetsAnswer = M.reply_class(M.Kind.SHARE_GROUP_OFFSETS)
+AlterAnswer = M.reply_class(M.Kind.ALTER_SHARE_OFFSETS)
 MAX_READS_PER_RANGE = 1024  # log reads for one acquired range (each returns at least one whole batch)
 READ_CHUNK_BYTES = 1 << 20
 
@@ -69,7 +70,8 @@ class ShareGroupHandlers(HandlerFamily):
     def table(self) -> dict[int, Callable[[Request, Any], Outcome]]:
         return {P.SHARE_GROUP_HEARTBEAT: self.heartbeat, P.SHARE_GROUP_DESCRIBE: self.describe,
                 P.SHARE_FETCH: self.fetch, P.SHARE_ACKNOWLEDGE: self.acknowledge,
-                P.DESCRIBE_SHARE_GROUP_OFFSETS: self.offsets}
+                P.DESCRIBE_SHARE_GROUP_OFFSETS: self.offsets, P.ALTER_SHARE_GROUP_OFFSETS: self.alter_offsets,
+                P.DELETE_SHARE_GROUP_OFFSETS: self.delete_offsets}
 
     def _ask(self, req: Request, kind: M.Kind, body: tuple, fields: tuple, answer: Callable[[Any], Outcome],
              refusal: Callable[[E.ErrorCode], Any]) -> Outcome:
@@ -190,6 +192,57 @@ class ShareGroupHandlers(HandlerFamily):
         if not asked:
             return answer(OffsetsAnswer([]))
         return self._ask(req, M.Kind.SHARE_GROUP_OFFSETS, (), (asked,), answer, refusal)
+
+    # -- AlterShareGroupOffsets, DeleteShareGroupOffsets -------------------------------------
+
+    def alter_offsets(self, req: Request, request: Any) -> Outcome:
+        changes = [(t.topic_name, int(p.partition_index), int(p.start_offset))
+                   for t in request.topics for p in t.partitions]
+
+        def answer(outcome: Any) -> Outcome:
+            if outcome is None:
+                outcome = AlterAnswer(int(E.ErrorCode.coordinator_not_available), None, [])
+            by_topic: dict[str, list] = {}
+            for topic, partition, error in outcome.results:
+                by_topic.setdefault(topic, []).append(entity(
+                    req, "AlterShareGroupOffsetsResponsePartition", partition_index=i32(partition),
+                    error_code=code(error), error_message=None))
+            return reply(req, entity(req, "AlterShareGroupOffsetsResponse", throttle_time=ZERO_THROTTLE,
+                                     error_code=code(outcome.error), error_message=outcome.error_message,
+                                     responses=tuple(entity(req, "AlterShareGroupOffsetsResponseTopic",
+                                                            topic_name=topic, topic_id=self.topic_ids.id_of(topic),
+                                                            partitions=tuple(parts))
+                                                     for topic, parts in by_topic.items())))
+
+        return self._alter(req, request.group_id, changes, False, answer)
+
+    def delete_offsets(self, req: Request, request: Any) -> Outcome:
+        changes = [(t.topic_name, -1, -1) for t in request.topics]
+
+        def answer(outcome: Any) -> Outcome:
+            if outcome is None:
+                outcome = AlterAnswer(int(E.ErrorCode.coordinator_not_available), None, [])
+            return reply(req, entity(req, "DeleteShareGroupOffsetsResponse", throttle_time=ZERO_THROTTLE,
+                                     error_code=code(outcome.error), error_message=outcome.error_message,
+                                     responses=tuple(entity(req, "DeleteShareGroupOffsetsResponseTopic",
+                                                            topic_name=topic, topic_id=self.topic_ids.id_of(topic),
+                                                            error_code=code(error), error_message=None)
+                                                     for topic, _partition, error in outcome.results)))
+
+        return self._alter(req, request.group_id, changes, True, answer)
+
+    def _alter(self, req: Request, group: str, changes: list, delete: bool,
+               answer: Callable[[Any], Outcome]) -> Outcome:
+        """Kafka's checks: DELETE on the group to delete (READ to alter), READ on each topic."""
+        operation = Operation.DELETE if delete else Operation.READ
+        if self.authorizer.enabled:
+            if not self.authorizer.allows(req, operation, ResourceType.GROUP, group):
+                return answer(AlterAnswer(int(E.GROUP_AUTHORIZATION_FAILED), None, []))
+            if any(not self.authorizer.allows(req, Operation.READ, ResourceType.TOPIC, topic)
+                   for topic, _, _ in changes):
+                return answer(AlterAnswer(int(E.TOPIC_AUTHORIZATION_FAILED), None, []))
+        return self._ask(req, M.Kind.ALTER_SHARE_OFFSETS, (delete,), (group, changes), answer,
+                         lambda error: AlterAnswer(int(error), None, []))
 
     # -- ShareFetch, ShareAcknowledge ---------------------------------------------------------
 

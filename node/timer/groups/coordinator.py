@@ -104,6 +104,7 @@ class GroupCoordinator:
             M.Kind.SHARE_GROUP_DESCRIBE: self.share.describe,
             M.Kind.SHARE_FETCH: self.share.fetch,
             M.Kind.SHARE_GROUP_OFFSETS: self.share.offsets,
+            M.Kind.ALTER_SHARE_OFFSETS: self.share.alter_offsets,
         }
 
     # -- the timer loop's calls ---------------------------------------------------------------

@@ -57,6 +57,7 @@ HeartbeatAnswer = M.reply_class(M.Kind.SHARE_GROUP_HEARTBEAT)
 DescribeAnswer = M.reply_class(M.Kind.SHARE_GROUP_DESCRIBE)
 FetchAnswer = M.reply_class(M.Kind.SHARE_FETCH)
 OffsetsAnswer = M.reply_class(M.Kind.SHARE_GROUP_OFFSETS)
+AlterAnswer = M.reply_class(M.Kind.ALTER_SHARE_OFFSETS)
 LEAVE_EPOCH = -1
 OPEN_SESSION, CLOSE_SESSION = 0, -1
 SHARE_ASSIGNOR = "simple"  # Kafka's name for its share group assignor
@@ -291,6 +292,45 @@ class ShareGroups:
         done = share_partition.next_offset - share_partition.start_offset - share_partition.in_flight()
         lag = max(0, high_watermark - share_partition.start_offset - done)
         return (topic, partition, share_partition.start_offset, lag, 0)
+
+    def alter_offsets(self, worker: int, d: Any) -> None:
+        """AlterShareGroupOffsets (a share-partition starts anew at the given offset, its records in flight
+        forgotten) and DeleteShareGroupOffsets (the topics' share-partitions forgotten: share.auto.offset.reset
+        decides again), on a share group without members only (NON_EMPTY_GROUP), as Kafka's."""
+        def answer(error: E, message: str | None, results: list) -> None:
+            self.outbox.send(worker, M.encode_reply(d.request_id, d.kind, AlterAnswer(int(error), message, results)))
+
+        if self.classic.offsets.loading:
+            return answer(E.coordinator_load_in_progress, "The coordinator is loading.", [])
+        group = self.groups.get(d.group)
+        if group is None:
+            message = f"Group {d.group} is not a share group." if self.other_kind(d.group) \
+                else f"Group {d.group} not found."
+            return answer(E.group_id_not_found, message, [])
+        if group.members:
+            return answer(E.non_empty_group, f"The group {d.group} has members: its offsets cannot change.", [])
+        results = []
+        for topic, partition, start in d.changes:
+            if d.delete:
+                for key in [k for k in self.partitions if k[0] == d.group and k[1] == topic]:
+                    del self.partitions[key]
+                    self._write(*key, gone=True)
+                known = self.store.topic_partitions(topic) is not None
+                results.append((topic, -1, 0 if known else int(E.unknown_topic_or_partition)))
+                continue
+            row = self.store.row(topic, partition)
+            if row is None:
+                results.append((topic, partition, int(E.unknown_topic_or_partition)))
+                continue
+            state = self.store.table.read(row)
+            if not state.log_start_offset <= start <= state.high_watermark:
+                results.append((topic, partition, int(E.offset_out_of_range)))
+                continue
+            self.partitions[(d.group, topic, partition)] = SharePartition(
+                start, self.config.share_delivery_count_limit, self.config.share_partition_max_record_locks)
+            self._write(d.group, topic, partition)
+            results.append((topic, partition, 0))
+        answer(E.none, None, results)
 
     # -- ShareFetch, ShareAcknowledge ---------------------------------------------------------
 
