@@ -513,6 +513,8 @@ def test_stats_count_the_share_apis_and_records(node):
     assert totals["share_groups"] >= 6 and totals["share_partitions"] >= 5
     assert totals["share_records_acquired"] >= 230 and totals["share_redeliveries"] >= 7
     assert totals["share_records_archived"] >= 3 and totals["share_lock_expiries"] >= 5
+    assert totals["share_acknowledged_accept"] >= 200 and totals["share_acknowledged_release"] >= 5
+    assert totals["share_acknowledged_reject"] >= 2
 
 
 def hold(bootstrap: str, group: str, topic: str) -> list[str]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from shmbroker.node.timer.groups.share_partition import AckType
 from shmbroker.shm import stats as S
 
 MAX_LATENESS_SAMPLES = 100_000
@@ -128,6 +129,8 @@ class TimerStats:
         w.set("share_redeliveries", share.counted("redelivered"))
         w.set("share_records_archived", share.counted("archived"))
         w.set("share_lock_expiries", share.lock_expiries)
+        for kind in AckType:
+            w.set(f"share_acknowledged_{kind.name.lower()}", share.acknowledged[kind])
         w.set("streams_group_members", sum(len(g.members) for g in groups.streams.groups.values()))
         transactions = timer.transactions
         w.set("transactions_open", transactions.open_transactions())

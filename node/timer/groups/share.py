@@ -47,7 +47,7 @@ from shmbroker.node.storage.store import PartitionStore
 from shmbroker.node.timer.groups.sessions import Sessions
 from shmbroker.node.timer.groups.share_group import ShareGroup, ShareMember
 from shmbroker.node.timer.groups.share_log import committed_exclusions
-from shmbroker.node.timer.groups.share_partition import InFlight, RecordState, SharePartition
+from shmbroker.node.timer.groups.share_partition import AckType, InFlight, RecordState, SharePartition
 from shmbroker.node.timer.outbox import Outbox
 from shmbroker.shm import messages as M
 
@@ -95,6 +95,7 @@ class ShareGroups:
         self.locks = Sessions(wheel, now_ms, self.lock_expired)  # (group, topic, partition, lock id) deadlines
         self._lock_ids = itertools.count(1)
         self.lock_expiries = 0  # records released by locks that ran out (stats)
+        self.acknowledged = [0] * len(AckType)  # records acknowledged, per type (stats)
         self.retired: dict[str, int] = {"acquired": 0, "redelivered": 0, "archived": 0}  # of forgotten partitions
         self.written: dict[tuple[str, str, int], Any] = {}  # the state last written per share-partition
 
@@ -415,6 +416,9 @@ class ShareGroups:
             if 4 in types and not renew_lock:  # RENEW: a fresh lock for the renewed records
                 renew_lock = next(self._lock_ids)
             outcome = share_partition.acknowledge(member_id, first, last, list(types), renew_lock)
+            if outcome == E.none:
+                for kind in (types if len(types) > 1 else [types[0]] * (last - first + 1)):
+                    self.acknowledged[kind] += 1
             error = error or outcome
         if renew_lock and share_partition.locked(renew_lock):
             self.locks.renew((group_id, topic, partition, renew_lock),
