@@ -431,6 +431,31 @@ def test_share_group_offsets_are_altered_and_deleted(node):
         conn.close()
 
 
+def test_a_topic_made_again_under_its_name_starts_a_new_share_partition(node):
+    """The share-partition remembers its topic's id: a topic deleted and created again is read from its start,
+    not from where the old one's share-partition stood."""
+    create_topic(node.bootstrap, "remade")
+    produce(node.bootstrap, "remade", ["old0", "old1", "old2"])
+    consumer = share_consumer(node.bootstrap, "g-remade", "remade")
+    try:
+        assert values(take(consumer, 3)) == ["old0", "old1", "old2"]
+        consumer.poll(0.5)  # acknowledged: the share-partition's start is 3
+    finally:
+        consumer.close()
+    admin = AdminClient({"bootstrap.servers": node.bootstrap})
+    admin.delete_topics(["remade"])["remade"].result(15)
+    wait_for(lambda: "remade" not in admin.list_topics(timeout=10).topics, 15, "the topic gone")
+    create_topic(node.bootstrap, "remade")
+    produce(node.bootstrap, "remade", ["new0", "new1"])
+    consumer = share_consumer(node.bootstrap, "g-remade", "remade")
+    try:
+        got = take(consumer, 2)
+        assert [(m.offset(), m.value()) for m in got] == [(0, b"new0"), (1, b"new1")]
+        consumer.poll(0.5)
+    finally:
+        consumer.close()
+
+
 def test_kafkas_java_share_consumer_and_admin(node):
     """Kafka 4.4's KafkaShareConsumer (explicit ACCEPT, RELEASE, REJECT; commitSync) and Admin
     (incrementalAlterConfigs of a GROUP, describeShareGroups, listShareGroupOffsets), one JVM run

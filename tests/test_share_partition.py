@@ -103,7 +103,7 @@ def test_the_state_record_round_trips_and_acquired_records_come_back_available()
     p.acknowledge("a", 11, 12, [ACCEPT])
     p.acknowledge("a", 13, 13, [RELEASE])
     state = snapshot(p)
-    assert state == [1, 10, 16, [[10, 10, 1, 1], [11, 12, 2, 1], [13, 13, 0, 1], [14, 15, 1, 1]]]
+    assert state == [1, 10, 16, [[10, 10, 1, 1], [11, 12, 2, 1], [13, 13, 0, 1], [14, 15, 1, 1]], ""]
     back = restored(state, 3, 100)
     assert (back.start_offset, back.next_offset) == (10, 16)
     assert {o: (r.state, r.delivery_count) for o, r in back.records.items() if r.state not in DONE} == {

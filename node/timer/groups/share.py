@@ -328,7 +328,8 @@ class ShareGroups:
                 results.append((topic, partition, int(E.offset_out_of_range)))
                 continue
             self.partitions[(d.group, topic, partition)] = SharePartition(
-                start, self.config.share_delivery_count_limit, self.config.share_partition_max_record_locks)
+                start, self.config.share_delivery_count_limit, self.config.share_partition_max_record_locks,
+                topic_id=str(self.store.topic_id(topic) or ""))
             self._write(d.group, topic, partition)
             results.append((topic, partition, 0))
         answer(E.none, None, results)
@@ -389,20 +390,22 @@ class ShareGroups:
         return group_config.share_settings(self.config, self.store.catalog.group_configs.get(group_id))
 
     def _share_partition(self, group_id: str, topic: str, partition: int) -> SharePartition | None:
-        """The share-partition, made at first use where share.auto.offset.reset says; None if there is no such
-        partition."""
+        """The share-partition, made at first use where share.auto.offset.reset says (and made anew when its topic
+        was deleted and made again under its name: another topic id); None if there is no such partition."""
         key = (group_id, topic, partition)
         share_partition = self.partitions.get(key)
-        if share_partition is not None:
-            return share_partition
         row = self.store.row(topic, partition)
+        topic_id = str(self.store.topic_id(topic) or "")
+        if share_partition is not None and (row is None or share_partition.topic_id in ("", topic_id)):
+            return share_partition
         if row is None:
             return None
         state = self.store.table.read(row)
         latest = self.settings(group_id).auto_offset_reset == "latest"
         start = state.high_watermark if latest else state.log_start_offset
         share_partition = self.partitions[key] = SharePartition(start, self.config.share_delivery_count_limit,
-                                                                self.config.share_partition_max_record_locks)
+                                                                self.config.share_partition_max_record_locks,
+                                                                topic_id=topic_id)
         self._write(group_id, topic, partition)
         return share_partition
 
@@ -501,8 +504,8 @@ class ShareGroups:
 
 
 def snapshot(share_partition: SharePartition) -> list:
-    """[format, start offset, next offset, [[first, last, state, delivery count], ...]]: runs of in-flight
-    records of one state and count (an acquired one written as acquired: it comes back available)."""
+    """[format, start offset, next offset, [[first, last, state, delivery count], ...], topic id]: runs of
+    in-flight records of one state and count (an acquired one written as acquired: it comes back available)."""
     runs: list[list[int]] = []
     for offset in range(share_partition.start_offset, share_partition.next_offset):
         record = share_partition.records.get(offset)
@@ -512,14 +515,14 @@ def snapshot(share_partition: SharePartition) -> list:
             runs[-1][1] = offset
         else:
             runs.append([offset, offset, state, count])
-    return [STATE_FORMAT, share_partition.start_offset, share_partition.next_offset, runs]
+    return [STATE_FORMAT, share_partition.start_offset, share_partition.next_offset, runs, share_partition.topic_id]
 
 
 def restored(state: list, delivery_limit: int, max_in_flight: int) -> SharePartition:
-    version, start, next_offset, runs = state
+    version, start, next_offset, runs, topic_id = state
     if version != STATE_FORMAT:
         raise ValueError(f"share-partition state format {version}")
-    share_partition = SharePartition(int(start), delivery_limit, max_in_flight, int(next_offset))
+    share_partition = SharePartition(int(start), delivery_limit, max_in_flight, int(next_offset), str(topic_id))
     for first, last, record_state, count in runs:
         record_state = RecordState(record_state)
         for offset in range(int(first), int(last) + 1):

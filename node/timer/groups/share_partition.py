@@ -68,6 +68,7 @@ class SharePartition:
     delivery_limit: int
     max_in_flight: int
     next_offset: int = -1
+    topic_id: str = ""  # the topic's id when the state began: a topic made again under its name starts anew
     records: dict[int, InFlight] = field(default_factory=dict)
     # Counts for stats: acquired records, acknowledgements by type, records archived, redeliveries.
     acquired: int = 0
