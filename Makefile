@@ -26,7 +26,10 @@ PY_DEV_PACKAGE = python$$($(PYTHON) -c 'import sys; print("%d.%d" % sys.version_
 # directory, as Spark's data source lookup needs (the finder's packages are invisible to it).
 SITE_PACKAGES = $$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 # One install per target: `make test` on a fresh checkout builds the editable wheel (and resolves) once, not
-# once for the node and again for its extras.
+# once for the node and again for its extras. --no-compile: Python writes each module's bytecode at its first
+# import, as it would anyway; pip compiling every file of every package (pyspark's thousands) up front took 15 of
+# the test venv's 26 s of CPU.
+PIP_INSTALL = $(PY) -m pip install --quiet --no-compile
 define NEW_VENV
 	@test -n "$(PYTHON)" || { echo "make: Python 3.11 is needed"; exit 1; }
 	@{ command -v gcc >/dev/null 2>&1 && $(HAVE_PY_HEADERS); } || { $(APT_INSTALL) gcc $(PY_DEV_PACKAGE); } || { $(APT_INSTALL) gcc python3-dev; }
@@ -37,13 +40,13 @@ endef
 
 $(STAMP): pyproject.toml setup.py shm/_ringops.c
 	$(NEW_VENV)
-	$(PY) -m pip install --quiet -e .
+	$(PIP_INSTALL) -e .
 	echo "$(CURDIR)" > "$(SITE_PACKAGES)/shmbroker-checkout.pth"
 	touch $(STAMP)
 
 $(TEST_STAMP): pyproject.toml setup.py shm/_ringops.c
 	$(NEW_VENV)
-	$(PY) -m pip install --quiet -e '.[test,spark]'
+	$(PIP_INSTALL) -e '.[test,spark]'
 	echo "$(CURDIR)" > "$(SITE_PACKAGES)/shmbroker-checkout.pth"
 	touch $(STAMP) $(TEST_STAMP)
 
@@ -73,7 +76,8 @@ sysdeps:
 
 # Apache Kafka 4.4.0, the node's peer in the benchmarks and the differential tests: its jars, fetched by Maven
 # from scripts/harness/kafka/pom.xml into ~/.cache/shmbroker (once; Maven's repository is ~/.m2), and Kafka
-# Connect's with MirrorMaker 2 (scripts/harness/connect/pom.xml) beside them.
+# Connect's with MirrorMaker 2 (scripts/harness/connect/pom.xml) beside them; and the archive of Kafka's classes
+# the tests' JVMs map instead of loading them each (kafka_peer.make_class_archive: one broker's life, once).
 kafka: test-venv sysdeps
 	$(PY) -m scripts.harness.kafka_peer --fetch
 

@@ -296,6 +296,15 @@ class GroupConfig:
     # Streams groups (KIP-1071's rebalance protocol, node.timer.groups.streams):
     streams_session_timeout_ms: int = 45_000  # group.streams.session.timeout.ms
     streams_heartbeat_interval_ms: int = 5000  # group.streams.heartbeat.interval.ms
+    # The bounds of the two above, for the node's own values and for a group's overrides (group configs).
+    streams_min_session_timeout_ms: int = 45_000  # group.streams.min.session.timeout.ms
+    streams_max_session_timeout_ms: int = 60_000  # group.streams.max.session.timeout.ms
+    streams_min_heartbeat_interval_ms: int = 5000  # group.streams.min.heartbeat.interval.ms
+    streams_max_heartbeat_interval_ms: int = 15_000  # group.streams.max.heartbeat.interval.ms
+    # group.streams.num.standby.replicas: standby replicas of each stateful task, each on another application
+    # instance than the task's active one (a group's streams.num.standby.replicas overrides it).
+    streams_num_standby_replicas: int = 0
+    streams_max_standby_replicas: int = 2  # group.streams.max.standby.replicas: the most a group may ask for
     streams_max_size: int = 0  # group.streams.max.size; 0: no limit
     # group.streams.initial.rebalance.delay.ms: a member joining an empty group gets no tasks for this long (its
     # answers say ASSIGNMENT_DELAYED), so instances starting together share the tasks at once (none moves).
@@ -334,6 +343,15 @@ class GroupConfig:
             raise ValueError("[groups] consumer_session_timeout_ms must be greater than consumer_heartbeat_interval_ms")
         if not 1 <= self.streams_heartbeat_interval_ms < self.streams_session_timeout_ms:
             raise ValueError("[groups] 1 <= streams_heartbeat_interval_ms < streams_session_timeout_ms must hold")
+        for low, value, high in (("streams_min_session_timeout_ms", "streams_session_timeout_ms",
+                                  "streams_max_session_timeout_ms"),
+                                 ("streams_min_heartbeat_interval_ms", "streams_heartbeat_interval_ms",
+                                  "streams_max_heartbeat_interval_ms"),
+                                 (None, "streams_num_standby_replicas", "streams_max_standby_replicas")):
+            floor = getattr(self, low) if low is not None else 0
+            if not (1 if low is not None else 0) <= floor <= getattr(self, value) <= getattr(self, high):
+                raise ValueError(f"[groups] {low or 0} <= {value} <= {high} must hold (as Kafka's group.streams.* "
+                                 "settings)")
         if min(self.streams_initial_rebalance_delay_ms, self.streams_max_size) < 0:
             raise ValueError("[groups] streams_initial_rebalance_delay_ms and streams_max_size must be >= 0")
         if not 1 <= self.share_heartbeat_interval_ms < self.share_session_timeout_ms:

@@ -73,7 +73,7 @@ import psutil
 
 from scripts import (bench_consumer_groups, bench_delayed, bench_groups, bench_transactions, consumer_perf, e2e_latency,
                      producer_perf, redis_peer)
-from scripts.harness import benchnode, kafka_peer, rawkafka, servers
+from scripts.harness import benchnode, kafka_peer, rawkafka, servers, sparkjob
 from scripts.harness.nodeproc import NodeProcess
 
 SIZES = (10, 100, 1000, 10_000, 100_000)
@@ -1654,8 +1654,9 @@ def main(argv: list[str] | None = None) -> int:
         plan.notes.append(f"Section 6's warm-up round ran {plan.e2e_warmup_s:g} s of each case, not "
                           f"{E2E_WARMUP_ROUND_S:g} (--e2e-warmup-s).")
     if kafka_peer.jvm_options() != kafka_peer.JVM_OPTIONS:
-        plan.notes.append(f"Kafka's JVMs ran with {' '.join(kafka_peer.QUICK_JVM_OPTIONS)} "
-                          f"({kafka_peer.QUICK_JVMS_ENV}=1, the tests' setting): its figures are not Kafka's.")
+        quick = kafka_peer.jvm_options()[len(kafka_peer.JVM_OPTIONS):]
+        plan.notes.append(f"Kafka's JVMs ran with {' '.join(quick)} "
+                          f"({sparkjob.QUICK_JVMS_ENV}=1, the tests' setting): its figures are not Kafka's.")
     if plan.group_join_delay_ms != GROUP_JOIN_DELAY_MS:
         plan.notes.append(f"The node's and Kafka's initial rebalance delay was {plan.group_join_delay_ms} ms, not "
                           f"{GROUP_JOIN_DELAY_MS} (--group-join-delay-ms).")

@@ -251,6 +251,8 @@ def summarize(series: Series, baseline: Series | None, ceiling: Series | None, r
                                rows_per_s_max=round(max(rates), 1))
     for key in ("jvm", "python_workers", "node"):
         row[f"{key}_core_s_per_m_rows"] = round(statistics.median(c[key] for c in series.cpu), 3)
+    if sparkjob.quick_jvms():  # the tests' setting: C1 only, not Spark as users run it
+        row["jvm_options"] = sparkjob.FAST_START_JVM_OPTIONS
     if baseline is not None:
         row[f"vs_{baseline.path}"] = round(series.median_rate() / baseline.median_rate(), 2)
     if ceiling is not None:
@@ -363,7 +365,9 @@ def run_spark_measures(args: argparse.Namespace, measures: list[str]) -> list[di
                      "partitions")
             fill_rate = fill_topic(target.bootstrap, topic, args.partitions, args.records, args.record_size)
             progress(f"filled at {fill_rate:,.0f} records/s")
-            progress(f"starting Spark ({args.master})")
+            progress(f"starting Spark ({args.master})" + (
+                f"; its JVM with {sparkjob.FAST_START_JVM_OPTIONS} ({sparkjob.QUICK_JVMS_ENV}=1, the tests' setting): "
+                "its figures are not Spark's" if sparkjob.quick_jvms() else ""))
             with sparkjob.spark_session(args.master, scratch, app_name=SCRIPT,
                                         conf={"spark.driver.memory": "2g",
                                               "spark.sql.shuffle.partitions": "2"}) as spark:

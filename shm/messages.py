@@ -325,7 +325,7 @@ DescribedStreamsMember = record("DescribedStreamsMember", [
     ("member", STR), ("member_epoch", "i"), ("instance", OPT_STR), ("rack", OPT_STR), ("client_id", STR),
     ("client_host", STR), ("topology_epoch", "i"), ("process_id", STR), ("endpoint_host", OPT_STR),
     ("endpoint_port", "i"), ("client_tags", Array(KeyValue)), ("active", Array(TaskIds)),
-    ("target_active", Array(TaskIds))])
+    ("target_active", Array(TaskIds)), ("standby", Array(TaskIds)), ("target_standby", Array(TaskIds))])
 DescribedStreamsGroup = record("DescribedStreamsGroup", [
     ("error", "h"), ("error_message", OPT_STR), ("group", STR), ("state", STR), ("epoch", "i"),
     ("assignment_epoch", "i"), ("topology_epoch", "i"), ("subtopologies", Array(Subtopology, nullable=True)),

@@ -25,16 +25,16 @@ import time
 import pytest
 
 from scripts.harness.nodeproc import REFUSE_NODES_ENV, NodeProcess  # the one launcher of tests and benchmarks
-from scripts.harness.sparkjob import REFUSE_JVMS_ENV
-from scripts.harness.kafka_peer import QUICK_JVMS_ENV
+from scripts.harness.sparkjob import QUICK_JVMS_ENV, REFUSE_JVMS_ENV
 from shmbroker.node.config import WATCH_ANSWERS_ENV
 from tests.record_batches import SharedTable, dev_shm_entries
 
 # Every node the tests start, whatever starts it, checks its answers (workers.api.answer_watch); NodeProcess fails
 # the test whose node logged a breach. SHMBROKER_WATCH_ANSWERS=0 turns it off for a run.
 os.environ.setdefault(WATCH_ANSWERS_ENV, "1")
-# Kafka's JVMs (the peer, its tools) with C1 only: they start often here and run briefly on small loads, where C2's
-# compiles cost more CPU than they save (test_kafka_peer: 19 s of CPU, 12 s with C1).
+# Kafka's JVMs (the peer, its tools) and the scripts' Spark drivers with C1 only: they start often here and run
+# briefly on small loads, where C2's compiles cost more CPU than they save (test_kafka_peer: 19 s of CPU, 12 s with
+# C1). The tests' own Spark session always starts so (tests/spark/conftest.py).
 os.environ.setdefault(QUICK_JVMS_ENV, "1")
 
 NODE_FIXTURES = {"node", "node_factory"}

@@ -436,6 +436,68 @@ def test_alter_configs_refuses_what_kafka_refuses_with_its_error_codes(servers):
     assert not found, "\n".join(found)
 
 
+GROUP_RESOURCE = 32
+GROUP_ALTERATIONS = {  # name -> the changes of one group: (key, operation, value)
+    "streams: one standby": [("streams.num.standby.replicas", SET, "1")],
+    "streams: the most standbys": [("streams.num.standby.replicas", SET, "2")],
+    "streams: too many standbys": [("streams.num.standby.replicas", SET, "3")],
+    "streams: negative standbys": [("streams.num.standby.replicas", SET, "-1")],
+    "streams: standbys not a number": [("streams.num.standby.replicas", SET, "one")],
+    "streams: session within bounds": [("streams.session.timeout.ms", SET, "50000")],
+    "streams: session below its min": [("streams.session.timeout.ms", SET, "44999")],
+    "streams: session above its max": [("streams.session.timeout.ms", SET, "60001")],
+    "streams: interval below its min": [("streams.heartbeat.interval.ms", SET, "4999")],
+    "streams: interval above its max": [("streams.heartbeat.interval.ms", SET, "15001")],
+    "streams: interval and session": [("streams.heartbeat.interval.ms", SET, "15000"),
+                                      ("streams.session.timeout.ms", SET, "45000")],
+    "streams: null value": [("streams.num.standby.replicas", SET, None)],
+    "streams: delete what is not set": [("streams.num.standby.replicas", DELETE, None)],
+    "streams: append to a number": [("streams.num.standby.replicas", APPEND, "1")],
+    "streams: no initial rebalance delay": [("streams.initial.rebalance.delay.ms", SET, "0")],
+}
+
+
+def alter_group_configs(port: int, group: str, changes: list[tuple[str, int, str | None]]) -> list:
+    """One IncrementalAlterConfigs of a GROUP resource, validate only: [error code, error message]."""
+    api, version = INCREMENTAL_ALTER_CONFIGS, 1
+    configs = tuple(R.request_entity(api, version, "AlterableConfig", name=key, value=value,
+                                     config_operation=i8(operation)) for key, operation, value in changes)
+    resource = R.request_entity(api, version, "AlterConfigsResource", resource_type=i8(GROUP_RESOURCE),
+                                resource_name=group, configs=configs)
+    answer = ask(port, api, version, R.request_body(api, version, "IncrementalAlterConfigsRequest",
+                                                    resources=(resource,), validate_only=True))
+    return [int(answer.responses[0].error_code), answer.responses[0].error_message]
+
+
+# The node's config parser words these as it does for topic configs (same error codes).
+PARSER_WORDING = "the node's config parser's wording, shared with topic configs"
+GROUP_ALTERATION_DIFFERENCES = {
+    ".streams: append to a number[1]: \"Can't APPEND to key streams.num.standby.replicas because its type is not "
+    "LIST.\" != 'Config value append is not allowed for config key: streams.num.standby.replicas'": PARSER_WORDING,
+    ".streams: negative standbys[1]: 'Invalid value -1 for configuration streams.num.standby.replicas: Value must be "
+    "at least 0' != 'Invalid value -1 for configuration streams.num.standby.replicas: must be at least 0'":
+        PARSER_WORDING,
+    ".streams: null value[1]: 'Null value not supported for : streams.num.standby.replicas' != 'Null value not "
+    "supported for configuration streams.num.standby.replicas'": PARSER_WORDING,
+    ".streams: standbys not a number[1]: 'Invalid value one for configuration streams.num.standby.replicas: Not a "
+    "number of type INT' != 'Invalid value one for configuration streams.num.standby.replicas: not a valid int'":
+        PARSER_WORDING,
+}
+
+
+def test_streams_group_configs_are_checked_as_kafka_checks_them(servers):
+    """KIP-1071's group configs on the GROUP resource: the same error codes (INVALID_CONFIG, INVALID_REQUEST) as
+    Kafka 4.4 with its bounds (the node's [groups] streams_* defaults are Kafka's), and the same messages for the
+    bounds; the parser's own messages are worded apart (GROUP_ALTERATION_DIFFERENCES)."""
+    kafka, node = on_both(servers, lambda port: {name: alter_group_configs(port, "diff-streams", changes)
+                                                 for name, changes in GROUP_ALTERATIONS.items()})
+    found = differences(kafka, node)
+    assert found == list(GROUP_ALTERATION_DIFFERENCES), "\n".join(found)
+    assert all(code == 0 for name, (code, _) in kafka.items() if name in (
+        "streams: one standby", "streams: the most standbys", "streams: session within bounds",
+        "streams: interval and session", "streams: delete what is not set", "streams: no initial rebalance delay"))
+
+
 def describe_configs(port: int, kind: int, name: str) -> dict[str, list]:
     """Every config of a resource: name -> [value, source, read-only, sensitive, type]."""
     body = R.request_body(DESCRIBE_CONFIGS, 4, "DescribeConfigsRequest", resources=(
@@ -564,12 +626,9 @@ BROKER_CONFIGS_NOT_ON_THE_NODE = {
         "share.coordinator.state.topic.replication.factor", "share.coordinator.state.topic.segment.bytes",
         "share.coordinator.threads", "share.coordinator.write.timeout.ms",
         "share.fetch.purgatory.purge.interval.requests"),
-    "streams groups (KIP-1071): the bounds of group configs it does not take, standby replicas, assignors, plug-ins": (
+    "streams groups (KIP-1071): its assignor runs in each heartbeat, sticky only; no rack tags or plug-ins": (
         "group.streams.assignment.interval.ms", "group.streams.assignors", "group.streams.max.assignment.interval.ms",
-        "group.streams.max.heartbeat.interval.ms", "group.streams.max.session.timeout.ms",
-        "group.streams.max.standby.replicas", "group.streams.min.assignment.interval.ms",
-        "group.streams.min.heartbeat.interval.ms", "group.streams.min.session.timeout.ms",
-        "group.streams.num.standby.replicas", "group.streams.rack.aware.assignment.tags",
+        "group.streams.min.assignment.interval.ms", "group.streams.rack.aware.assignment.tags",
         "group.streams.topology.description.plugin.class"),
     "APIs it does not have: delegation tokens, DescribeTopicPartitions, client telemetry, 2PC (KIP-939)": (
         "delegation.token.expiry.check.interval.ms", "delegation.token.expiry.time.ms",

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import pytest
 
-from scripts.harness.kafka_peer import classpath, java
+from scripts.harness.kafka_peer import class_sharing, java, program
 from scripts.harness.nodeproc import NodeProcess, die_with_parent
 
 pytestmark = pytest.mark.node
@@ -41,16 +41,23 @@ pytestmark = pytest.mark.node
 PROGRAMS = Path(__file__).resolve().parent / "java"
 TIMEOUT_S = 180
 AUTHORIZER = '[authorizer]\nenabled = true\nsuper_users = ["User:ANONYMOUS"]\n'
-# Short client runs: C1 alone compiles the source (javac runs in the JVM) and starts the client in a third of the
-# time the full tiered JIT takes on two busy cores (3-4 s a run, not 9-11); no hsperfdata in /tmp.
+# Short client runs: C1 alone starts the client in a third of the time the full tiered JIT takes on two busy cores;
+# no hsperfdata in /tmp.
 CLIENT_JVM_OPTIONS = ("-Xmx256m", "-XX:-UsePerfData", "-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC",
                       "-Djava.awt.headless=true")
+
+
+def java_command(source: Path, *options: str) -> list[str]:
+    """The command line (before the program's arguments) that runs the Java program `source` on Kafka's jars:
+    CLIENT_JVM_OPTIONS and `options`, Kafka's classes mapped from the class archive, the program compiled once
+    (kafka_peer.program)."""
+    return [java(), *CLIENT_JVM_OPTIONS, *class_sharing(), *options, *program(source)]
 
 
 def run_java(program: str, *args: str) -> list[dict]:
     """The JSON lines a program printed (the client's own log lines are left out); AssertionError with its output
     when it exits non-zero."""
-    done = subprocess.run([java(), *CLIENT_JVM_OPTIONS, "-cp", classpath(), str(PROGRAMS / program), *args],
+    done = subprocess.run([*java_command(PROGRAMS / program), *args],
                           capture_output=True, text=True, timeout=TIMEOUT_S, stdin=subprocess.DEVNULL,
                           preexec_fn=die_with_parent)
     assert done.returncode == 0, f"{program} {' '.join(args)} exited {done.returncode}:\n{done.stdout}{done.stderr}"

@@ -38,10 +38,9 @@ import pytest
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from scripts.harness.kafka_peer import classpath, java
 from scripts.harness.nodeproc import NodeProcess, die_with_parent
 from tests import waiting
-from tests.test_java_clients import CLIENT_JVM_OPTIONS
+from tests.test_java_clients import java_command
 
 pytestmark = pytest.mark.node
 
@@ -51,7 +50,8 @@ PROGRAM = Path(__file__).resolve().parent / "java" / "StreamsApp.java"
 # The streams protocol's session timeout is the group coordinator's (KIP-1071): as short as the classic runs'
 # consumers ask for theirs (StreamsApp.java, 6 s), so a killed instance's member leaves as soon in both.
 NODE_CONFIG = ("[groups]\ninitial_rebalance_delay_ms = 0\nstreams_session_timeout_ms = 6000\n"
-               "streams_heartbeat_interval_ms = 1000\n")
+               "streams_heartbeat_interval_ms = 1000\nstreams_min_session_timeout_ms = 6000\n"
+               "streams_min_heartbeat_interval_ms = 1000\n")
 USERS = 7
 AMOUNTS = 10
 WINDOW_MS = 60_000
@@ -192,8 +192,7 @@ def app_argv(node: NodeProcess, topics: Topics, state: Path, protocol: str, expe
             "throttle-ms": str(throttle_ms)}
     temp = state.parent / "jvm-tmp"
     temp.mkdir(parents=True, exist_ok=True)
-    return [java(), *CLIENT_JVM_OPTIONS, f"-Djava.io.tmpdir={temp}", "-cp", classpath(), str(PROGRAM),
-            *(f"{k}={v}" for k, v in args.items())]
+    return [*java_command(PROGRAM, f"-Djava.io.tmpdir={temp}"), *(f"{k}={v}" for k, v in args.items())]
 
 
 class StreamsProcess:

@@ -3,7 +3,8 @@ tool's main class on the classpath Maven fetched (scripts/harness/kafka_peer.py)
 tools run one after another in one JVM (kafka_peer.ToolRunner, as Kafka's own tests run them: a JVM start per run
 cost 2-4 s on two cores); a tool that reads standard input runs in a JVM of its own.
 
-Client quotas are the node's config: `kafka-configs` describes them, and its --alter on them is refused.
+Client quotas are the node's config: `kafka-configs` describes them, and its --alter on them is refused; it sets
+and describes a streams group's configs (KIP-1071's streams.* on the GROUP resource).
 `kafka-acls` runs against a second node, with the authorizer on and users on a SASL listener: what each change
 lets a user do is checked on that node.
 `kafka-streams-groups` lists, describes (members, tasks, offsets) and deletes a streams group (KIP-1071);
@@ -115,6 +116,17 @@ def test_kafka_configs_alters_and_describes_a_topic_and_shows_the_broker(tools, 
     assert "Completed updating config for user alice" in run(
         tools, "ConfigCommand", node, "--entity-type", "users", "--entity-name", "alice", "--alter", "--add-config",
         "SCRAM-SHA-256=[iterations=8192,password=alice-secret]")
+    # A streams group's own configs (KIP-1071's GROUP resource), before the group exists; out of bounds refused.
+    run(tools, "ConfigCommand", node, "--entity-type", "groups", "--entity-name", "cli-streams", "--alter",
+        "--add-config", "streams.num.standby.replicas=1,streams.session.timeout.ms=50000")
+    described = run(tools, "ConfigCommand", node, "--entity-type", "groups", "--entity-name", "cli-streams",
+                    "--describe")
+    assert "streams.num.standby.replicas=1 sensitive=false" in described, described
+    assert "streams.session.timeout.ms=50000 sensitive=false" in described, described
+    refused = tools.run(TOOLS + "ConfigCommand", "--bootstrap-server", node.bootstrap, "--entity-type", "groups",
+                        "--entity-name", "cli-streams", "--alter", "--add-config", "streams.num.standby.replicas=3",
+                        check=False, timeout=TIMEOUT_S)
+    assert refused.returncode != 0 and "less than or equal to 2" in refused.stdout + refused.stderr, refused
 
 
 def test_kafka_consumer_groups_lists_describes_resets_and_deletes(tools, node):

@@ -135,7 +135,8 @@ ANSWERS = [
     (Kind.STREAMS_GROUP_DESCRIBE, ([M.DescribedStreamsGroup(0, None, "app", "Stable", 4, 4, 0, [M.Subtopology(
         "0", ["in"], [], [], [], [], [])], [M.DescribedStreamsMember(
             "m", 4, None, None, "c", "/127.0.0.1", 0, "p-1", None, -1, [], [M.TaskIds("0", [0])],
-            [M.TaskIds("0", [0])])]), M.DescribedStreamsGroup(69, "not found", "x", "Dead", -1, -1, -1, None, [])],)),
+            [M.TaskIds("0", [0])], [M.TaskIds("1", [1])], [M.TaskIds("1", [1, 2])])]),
+        M.DescribedStreamsGroup(69, "not found", "x", "Dead", -1, -1, -1, None, [])],)),
     (Kind.INIT_PRODUCER_ID, (0, 1000, 4)),
     (Kind.ADD_PARTITIONS_TO_TXN, ([M.TopicPartitionErrors("t", [M.PartitionError(0, 51)])],)),
     (Kind.ADD_OFFSETS_TO_TXN, (90,)),

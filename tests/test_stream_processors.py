@@ -4,8 +4,9 @@ restore it from them after a restart without their local state; quixstreams' run
 processing_guarantee="exactly-once" (its output, changelog and offsets in one transaction) stays exact across
 kill -9 of the app in the middle of a transaction.
 
-Each framework runs from a venv of its own (`.frameworks/<name>` in the checkout, made from the package
-registry on first use), since their pins (confluent-kafka, aiokafka) differ from the node's test venv."""
+Each framework runs from a venv of its own (in the frameworks cache outside the checkout, tests/frameworks/cache.py,
+made from the package registry on first use), since their pins (confluent-kafka, aiokafka) differ from the node's
+test venv."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 import venv
 from pathlib import Path
@@ -23,11 +25,11 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource
 
 from tests import waiting
+from tests.frameworks.cache import install_home, installed, mark_installed
 from tests.test_clients import create_topic
 from tests.test_transactions import consume_all
 
 pytestmark = pytest.mark.node
-REPO = Path(__file__).resolve().parent.parent
 APPS = Path(__file__).resolve().parent / "frameworks"
 INSTALL_TIMEOUT_S = 900
 TIMEOUT_S = 120
@@ -36,22 +38,23 @@ HOUR_START_MS = 1_700_002_800_000
 
 
 def framework_python(name: str, requirement: str) -> Path:
-    """The Python of a venv with `requirement` installed (made once; reused while the requirement is the same)."""
-    home = REPO / ".frameworks" / name
-    stamp = home / ".installed"
+    """The Python of a venv with `requirement` installed for this interpreter (made once; reused while both are
+    the same)."""
+    spec = f"{requirement} for {os.path.realpath(sys.executable)}"
     failures = []
-    while not stamp.exists() or stamp.read_text() != requirement:
-        # Once more from a fresh venv if pip fails (a full suite once saw pip lose a file of its own mid-install,
-        # OSError ENOENT on a dist-info temp file); twice is a failure.
-        assert len(failures) < 2, "\n".join(failures)
-        shutil.rmtree(home, ignore_errors=True)
-        venv.create(home, with_pip=True)
-        done = subprocess.run([str(home / "bin" / "python"), "-m", "pip", "install", "--quiet", requirement],
-                              capture_output=True, text=True, timeout=INSTALL_TIMEOUT_S)
-        if done.returncode == 0:
-            stamp.write_text(requirement)
-        else:
-            failures.append(done.stderr[-3000:])
+    with install_home(f"python-{name}", spec) as home:
+        while not installed(home, spec):
+            # Once more from a fresh venv if pip fails (a full suite once saw pip lose a file of its own
+            # mid-install, OSError ENOENT on a dist-info temp file); twice is a failure.
+            assert len(failures) < 2, "\n".join(failures)
+            shutil.rmtree(home, ignore_errors=True)
+            venv.create(home, with_pip=True)
+            done = subprocess.run([str(home / "bin" / "python"), "-m", "pip", "install", "--quiet", requirement],
+                                  capture_output=True, text=True, timeout=INSTALL_TIMEOUT_S)
+            if done.returncode == 0:
+                mark_installed(home, spec)
+            else:
+                failures.append(done.stderr[-3000:])
     return home / "bin" / "python"
 
 

@@ -43,6 +43,74 @@ def test_a_member_that_joins_takes_a_share_of_every_subtopology():
     assert TASK_ASSIGNOR.assign([], {"0": 4}, both) == {}
 
 
+@settings(max_examples=60, deadline=None, database=None)
+@given(processes=st.dictionaries(st.sampled_from("abcdefg"), st.sampled_from("PQRS"), min_size=1),
+       tasks=st.dictionaries(st.sampled_from(["0", "1", "2"]), st.integers(1, 6), min_size=1),
+       stateful=st.sets(st.sampled_from(["0", "1", "2"])), replicas=st.integers(0, 3))
+def test_standbys_never_beside_their_active_task_and_sticky(processes, tasks, stateful, replicas):
+    active = TASK_ASSIGNOR.assign(processes, tasks, {})
+    standby = TASK_ASSIGNOR.assign_standbys(processes, tasks, stateful, replicas, active, {})
+    holders: dict = {}
+    for member, assigned in active.items():
+        for sub, parts in assigned.items():
+            for p in parts:
+                holders.setdefault((sub, p), []).append(processes[member])
+    for member, assigned in standby.items():
+        for sub, parts in assigned.items():
+            assert sub in stateful
+            for p in parts:
+                holders.setdefault((sub, p), []).append(processes[member])
+    distinct = len(set(processes.values()))
+    for (sub, p), where in holders.items():
+        assert len(where) == len(set(where)), "two replicas of a task on one process"
+        if sub in stateful:  # as many standbys as asked, or one per other process
+            assert len(where) - 1 == min(replicas, distinct - 1)
+        else:
+            assert len(where) == 1
+    again = TASK_ASSIGNOR.assign_standbys(processes, tasks, stateful, replicas, active, standby)
+    assert again == standby  # nothing changed: no standby moves
+
+
+def test_two_instances_hold_each_others_standbys():
+    """Two application instances of one thread each (KIP-1071's processes), one standby replica: each instance
+    holds, as standby, exactly the stateful tasks the other runs; a stateless subtopology gets none."""
+    processes = {"m1": "instance-1", "m2": "instance-2"}
+    active = TASK_ASSIGNOR.assign(processes, {"0": 4, "1": 4}, {})
+    standby = TASK_ASSIGNOR.assign_standbys(processes, {"0": 4, "1": 4}, {"1"}, 1, active, {})
+    assert standby == {"m1": {"1": active["m2"]["1"]}, "m2": {"1": active["m1"]["1"]}}
+    alone = TASK_ASSIGNOR.assign_standbys({"m1": "instance-1", "m2": "instance-1"}, {"1": 4}, {"1"}, 1,
+                                          TASK_ASSIGNOR.assign(["m1", "m2"], {"1": 4}, {}), {})
+    assert alone == {"m1": {}, "m2": {}}  # two threads of one instance: no other process for a standby
+
+
+def test_a_leaving_members_tasks_go_to_their_standbys():
+    """Three instances, one standby replica: when one leaves, each of its active tasks goes to the member that had
+    it as standby (its state restored) wherever the balance leaves a choice."""
+    active = {"m1": {"0": {0, 1}}, "m2": {"0": {2, 3}}, "m3": {"0": {4, 5}}}
+    standby = {"m1": {"0": {2, 5}}, "m2": {"0": {0, 4}}, "m3": {"0": {1, 3}}}
+    after = TASK_ASSIGNOR.assign(["m1", "m2"], {"0": 6}, active, standby)
+    assert after == {"m1": {"0": {0, 1, 5}}, "m2": {"0": {2, 3, 4}}}  # by ids alone m1 would get 4
+
+
+def test_a_snapshot_of_format_1_restores_without_standbys():
+    """A group kept before standby tasks (format 1: members without standby fields, no standby target) comes back
+    with none, at the number of standbys it had (0), so its first heartbeat moves nothing."""
+    from shmbroker.node.timer.groups.streams_group import StreamsGroup, StreamsMember
+
+    group = StreamsGroup("g", epoch=3, assignment_epoch=3, topology=word_count())
+    member = StreamsMember("m", process_id="p", epoch=3, assigned={"0": {0, 1}})
+    group.add(member)
+    group.hold(member)
+    group.target = {"m": {"0": {0, 1}}}
+    snapshot = group.snapshot()
+    old = [1, *snapshot[1:4], [m[:15] for m in snapshot[4]], *snapshot[5:8]]
+    restored = StreamsGroup.restore("g", old, now_ms=0)
+    assert restored.members["m"].assigned == {"0": {0, 1}} and restored.members["m"].standby == {}
+    assert restored.standby_target == {} and restored.standby_replicas == 0 and restored.owners == group.owners
+    again = StreamsGroup.restore("g", snapshot, now_ms=0)
+    assert again.snapshot() == snapshot
+
+
 def topic(name: str, partitions: int = 0) -> TopicInfo:
     return TopicInfo(name, partitions, 0, ())
 

@@ -22,8 +22,9 @@ from shmbroker.workers.codecs import protocol as P
 pytestmark = pytest.mark.node
 
 CONFIG = ("[groups]\nstreams_session_timeout_ms = 1500\nstreams_heartbeat_interval_ms = 100\n"
+          "streams_min_session_timeout_ms = 1500\nstreams_min_heartbeat_interval_ms = 100\n"
           "streams_initial_rebalance_delay_ms = 0\n")
-NONE, UNKNOWN_MEMBER, INVALID_REQUEST, GROUP_ID_NOT_FOUND, NON_EMPTY_GROUP = 0, 25, 42, 69, 68
+NONE, UNKNOWN_MEMBER, INVALID_REQUEST, GROUP_ID_NOT_FOUND, NON_EMPTY_GROUP, INVALID_CONFIG = 0, 25, 42, 69, 68, 40
 INCONSISTENT_PROTOCOL = 23
 FENCED_EPOCH, STALE_EPOCH, INVALID_TOPOLOGY, UNRELEASED_INSTANCE = 110, 113, 130, 111
 STALE_TOPOLOGY, MISSING_SOURCE_TOPICS, MISSING_INTERNAL_TOPICS, SHUTDOWN_APPLICATION, ASSIGNMENT_DELAYED = 0, 1, 3, 4, 5
@@ -56,26 +57,29 @@ class StreamsMember:
         self.conn = R.RawConnection("127.0.0.1", port)
         self.group, self.member_id = group, member_id
         self.topology = topology if topology is not None else word_count(group)
-        self.epoch, self.owned = 0, {}
+        self.epoch, self.owned, self.standby = 0, {}, {}
 
     def heartbeat(self, epoch: int | None = None, topology=None, owned: dict | None = None, **fields):
         epoch = self.epoch if epoch is None else epoch
         owned = self.owned if owned is None else owned
         joining = epoch == 0
-        tasks = tuple(nested(HB, 0, "TaskIds", subtopology_id=s, partitions=tuple(map(i32, sorted(ps))))
-                      for s, ps in sorted(owned.items()) if ps) if not joining else ()
+        def task_ids(tasks: dict) -> tuple:
+            return tuple(nested(HB, 0, "TaskIds", subtopology_id=s, partitions=tuple(map(i32, sorted(ps))))
+                         for s, ps in sorted(tasks.items()) if ps) if not joining else ()
         values = dict(group_id=self.group, member_id=self.member_id, member_epoch=i32(epoch),
                       endpoint_information_epoch=i32(0), instance_id=None, rack_id=None,
                       rebalance_timeout=ms(5000 if joining else -1),
-                      topology=(topology or self.topology) if joining else None, active_tasks=tasks,
-                      standby_tasks=(), warmup_tasks=(), process_id="process-" + self.member_id, user_endpoint=None,
-                      client_tags=(), task_offsets=(), task_end_offsets=(), shutdown_application=False)
+                      topology=(topology or self.topology) if joining else None, active_tasks=task_ids(owned),
+                      standby_tasks=task_ids(self.standby), warmup_tasks=(), process_id="process-" + self.member_id,
+                      user_endpoint=None, client_tags=(), task_offsets=(), task_end_offsets=(),
+                      shutdown_application=False)
         values.update(fields)
         response = self.conn.call(HB, 0, body(HB, 0, "StreamsGroupHeartbeatRequest", **values))
         if int(response.error_code) == NONE and epoch >= 0:
             self.epoch = int(response.member_epoch)
             if response.active_tasks is not None:
                 self.owned = {t.subtopology_id: set(map(int, t.partitions)) for t in response.active_tasks}
+                self.standby = {t.subtopology_id: set(map(int, t.partitions)) for t in response.standby_tasks}
         return response
 
     def tasks(self) -> list:
@@ -98,10 +102,10 @@ def statuses(response) -> list:
 def settle(*members, rounds: int = 10) -> None:
     """Heartbeat every member in turn until no answer changes anything (at most `rounds` rounds)."""
     for _ in range(rounds):
-        before = [(m.epoch, m.tasks()) for m in members]
+        before = [(m.epoch, m.tasks(), m.standby) for m in members]
         for member in members:
             assert int(member.heartbeat().error_code) == NONE
-        if [(m.epoch, m.tasks()) for m in members] == before:
+        if [(m.epoch, m.tasks(), m.standby) for m in members] == before:
             return
     raise AssertionError("the members did not settle")
 
@@ -334,6 +338,86 @@ def test_a_silent_member_is_fenced_when_its_session_ends(node, members):
         time.sleep(0.1)
     assert len(b.tasks()) == 8
     assert int(a.heartbeat().error_code) == UNKNOWN_MEMBER
+
+
+def test_standby_tasks_follow_the_groups_configs_which_survive_a_restart(node, members):
+    """KIP-1071's group configs on the GROUP resource (streams.num.standby.replicas, streams.heartbeat.interval.ms,
+    streams.session.timeout.ms, streams.initial.rebalance.delay.ms), through confluent-kafka's admin client:
+    checked against the node's bounds (INVALID_CONFIG), used at the group's next heartbeat. With one standby
+    replica, each of two processes holds the other's stateful tasks (subtopology 1, the one with a changelog) as
+    standby, in the heartbeat answers and in StreamsGroupDescribe; back to none, the standbys are revoked. Configs
+    and standbys survive a node restart."""
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
+
+    client = AdminClient({"bootstrap.servers": node.bootstrap})
+
+    def alter(group: str, op=AlterConfigOpType.SET, **values) -> int | None:
+        entries = [ConfigEntry(name.replace("_", "."), value, incremental_operation=op)
+                   for name, value in values.items()]
+        resource = ConfigResource("group", group, incremental_configs=entries)
+        try:
+            client.incremental_alter_configs([resource])[resource].result(timeout=30)
+            return None
+        except KafkaException as exc:
+            return exc.args[0].code()
+
+    def described(group: str) -> dict:
+        resource = ConfigResource("group", group)
+        return {n: (e.value, e.source) for n, e in client.describe_configs([resource])[resource].result(timeout=30)
+                .items() if n.startswith("streams.")}
+
+    assert alter("sb", streams_num_standby_replicas="3") == INVALID_CONFIG  # above group.streams.max.standby.replicas
+    assert alter("sb", streams_num_standby_replicas="-1") == INVALID_CONFIG
+    assert alter("sb", streams_num_standby_replicas="one") == INVALID_CONFIG
+    assert alter("sb", streams_session_timeout_ms="1499") == INVALID_CONFIG  # below its min (1500 here)
+    assert alter("sb", streams_session_timeout_ms="60001") == INVALID_CONFIG  # above Kafka's max
+    assert alter("sb", streams_heartbeat_interval_ms="15001") == INVALID_CONFIG  # above Kafka's max
+    assert alter("sb", streams_heartbeat_interval_ms="1500") == INVALID_CONFIG  # not below the session (1500)
+    assert alter("sb", streams_initial_rebalance_delay_ms="-1") == INVALID_CONFIG
+    assert alter("sb", streams_num_warmup_replicas="1") == INVALID_CONFIG  # Kafka's; the node has no warm-ups
+    # A delay for one group (the node's is 0 here): its first member waits, told so.
+    assert alter("sb-delayed", streams_initial_rebalance_delay_ms="60000") is None
+    delayed = members("sb-delayed", "d", topology=word_count("sb-delayed"))
+    assert statuses(delayed.heartbeat()) == [ASSIGNMENT_DELAYED] and delayed.tasks() == []
+    assert alter("sb", streams_num_standby_replicas="1", streams_heartbeat_interval_ms="200",
+                 streams_session_timeout_ms="3000") is None  # before the group exists
+    assert described("sb") == {"streams.num.standby.replicas": ("1", 8), "streams.heartbeat.interval.ms": ("200", 8),
+                               "streams.session.timeout.ms": ("3000", 8),  # GROUP_CONFIG
+                               "streams.initial.rebalance.delay.ms": ("0", 4)}  # STATIC_BROKER_CONFIG
+
+    a, b = members("sb", "a"), members("sb", "b")  # processes "process-a" and "process-b"
+    assert a.heartbeat().heartbeat_interval.total_seconds() == 0.2
+    b.heartbeat()
+    settle(a, b)
+    assert sorted(a.owned) == sorted(b.owned) == ["0", "1"] and len(a.tasks()) == len(b.tasks()) == 4
+    assert a.standby == {"1": b.owned["1"]} and b.standby == {"1": a.owned["1"]}  # stateless "0": none
+
+    def assignments(group_id: str) -> dict:
+        group, = describe(node.port, group_id)
+        assert int(group.error_code) == NONE
+
+        def tasks(ids) -> dict:
+            return {t.subtopology_id: set(map(int, t.partitions)) for t in ids}
+        return {m.member_id: (tasks(m.assignment.standby_tasks), tasks(m.target_assignment.standby_tasks))
+                for m in group.members}
+    assert assignments("sb") == {"a": (a.standby, a.standby), "b": (b.standby, b.standby)}
+
+    # The configs outlive the node; so do the members' standby tasks (in the group's snapshot).
+    node.stop()
+    node.start()
+    client = AdminClient({"bootstrap.servers": node.bootstrap})
+    assert described("sb")["streams.num.standby.replicas"] == ("1", 8)
+    assert assignments("sb") == {"a": (a.standby, a.standby), "b": (b.standby, b.standby)}
+    for member in (a, b):
+        member.conn.close()
+        member.conn = R.RawConnection("127.0.0.1", node.port)
+
+    epoch = a.epoch
+    assert alter("sb", op=AlterConfigOpType.DELETE, streams_num_standby_replicas="") is None  # the node's 0
+    settle(a, b)
+    assert a.epoch > epoch and a.standby == b.standby == {} and len(a.tasks()) == len(b.tasks()) == 4
+    assert assignments("sb") == {"a": ({}, {}), "b": ({}, {})}
 
 
 def test_the_initial_rebalance_delay_and_a_restart_that_keeps_the_group(tmp_path):

@@ -3,7 +3,8 @@ real Apache Kafka 4.4.0 (scripts.harness.kafka_peer) to compare: tests/java/Stre
 (a repartition topic and a store with its changelog, both created by the broker), one JVM per broker, one JSON line
 per step.
 
-On the node the program runs two instances that share the tasks, has the admin describe the group
+On the node the program sets the group's streams.num.standby.replicas to 1 with the admin (a GROUP config), runs two
+instances that share the tasks, each holding the other's stateful tasks as standby, has the admin describe the group
 (describeStreamsGroups), closes one instance (the other takes every task), then waits while the test restarts the
 node and checks that the group, its epochs and the counts go on; then a third instance of another application
 counts with exactly_once_v2, and the admin lists the first group's offsets and deletes it.
@@ -20,9 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from scripts.harness.kafka_peer import KafkaPeer, classpath, java
+from scripts.harness.kafka_peer import KafkaPeer
 from scripts.harness.nodeproc import NodeProcess, die_with_parent
-from tests.test_java_clients import CLIENT_JVM_OPTIONS, PROGRAMS
+from tests.test_java_clients import PROGRAMS, java_command
 
 pytestmark = pytest.mark.node
 
@@ -33,7 +34,8 @@ ALL_TASKS = [f"{s}_{p}" for s in (0, 1) for p in range(4)]
 # A member learns of a new assignment at its next heartbeat: short intervals on both brokers (defaults 5 s), and
 # no initial rebalance delay (3 s by default on both; tests/test_streams_groups_protocol.py tries the node's).
 HEARTBEAT_MS = 500
-NODE_CONFIG = f"[groups]\nstreams_heartbeat_interval_ms = {HEARTBEAT_MS}\nstreams_initial_rebalance_delay_ms = 0\n"
+NODE_CONFIG = (f"[groups]\nstreams_heartbeat_interval_ms = {HEARTBEAT_MS}\n"
+               f"streams_min_heartbeat_interval_ms = {HEARTBEAT_MS}\nstreams_initial_rebalance_delay_ms = 0\n")
 KAFKA_SETTINGS = {"group.streams.heartbeat.interval.ms": str(HEARTBEAT_MS),
                   "group.streams.min.heartbeat.interval.ms": str(HEARTBEAT_MS),
                   "group.streams.initial.rebalance.delay.ms": "0"}
@@ -45,15 +47,16 @@ def counts(rounds: int) -> dict[str, int]:
 
 
 def run_streams_app(bootstrap: str, work: Path, on_restart=None) -> dict[str, dict]:
-    """StreamsGroupApp.java's lines by step; `on_restart()` runs at its before-restart step (then the program goes on)."""
+    """StreamsGroupApp.java's lines by step; `on_restart()` runs at its before-restart step (then the program goes
+    on)."""
     mode = "restart" if on_restart is not None else "no-restart"
     stderr_path = work / "streams-app.err"
     java_tmp = work / "java-tmp"  # RocksDB unpacks its native library into java.io.tmpdir: kept inside tmp_path
     java_tmp.mkdir(exist_ok=True)
     lines: queue.Queue = queue.Queue()
     with open(stderr_path, "w") as stderr:
-        proc = subprocess.Popen([java(), *CLIENT_JVM_OPTIONS, f"-Djava.io.tmpdir={java_tmp}", "-cp", classpath(),
-                                 str(PROGRAMS / "StreamsGroupApp.java"), bootstrap, PREFIX, str(work / "state"), mode],
+        proc = subprocess.Popen([*java_command(PROGRAMS / "StreamsGroupApp.java", f"-Djava.io.tmpdir={java_tmp}"),
+                                 bootstrap, PREFIX, str(work / "state"), mode],
                                 stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, stderr=stderr, text=True, preexec_fn=die_with_parent)
     reader = threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout] + [lines.put(None)],
@@ -126,6 +129,32 @@ def test_two_instances_share_every_subtopology(on_node):
     assert sorted(a + b) == ALL_TASKS
     assert per_subtopology(a) == per_subtopology(b) == {"0": 2, "1": 2}  # as Kafka's assignor spreads them
     assert on_node["counts"]["counts"] == counts(1)
+
+
+def stateful(tasks: list[str]) -> list[str]:
+    return [t for t in tasks if t.startswith("1_")]  # subtopology 1 has the store (a changelog)
+
+
+@pytest.mark.parametrize("broker", ["node", "kafka"])
+def test_with_one_standby_replica_each_instance_holds_the_others_stateful_tasks(on_node, on_kafka, broker):
+    """streams.num.standby.replicas=1, a GROUP config set by the admin before the group exists: as Kafka's assignor,
+    the node gives each instance the other's tasks of the stateful subtopology as standby (never its own); the
+    instances' own metadata (metadataForLocalThreads) and describeStreamsGroups say so."""
+    got = {"node": on_node, "kafka": on_kafka}[broker]
+    two = got["two-instances"]
+    assert two["standbyA"] == stateful(two["b"]) and two["standbyB"] == stateful(two["a"]) and two["standbyA"]
+    assert [m["standby"] for m in got["describe"]["group"]["members"]] == [two["standbyA"], two["standbyB"]]
+    assert got["one-left"]["a"] == ALL_TASKS  # the standbys of the instance left became active
+
+
+def test_the_group_configs_as_kafka(on_node, on_kafka):
+    # 3 is above group.streams.max.standby.replicas (2); the override is the group's (source GROUP_CONFIG, 8), the
+    # heartbeat interval the broker's static setting, the session timeout its default.
+    assert on_node["group-config"] == on_kafka["group-config"] == {"step": "group-config", "result": {
+        "three": "InvalidConfigurationException", "configs": {
+            "streams.heartbeat.interval.ms": f"{HEARTBEAT_MS} STATIC_BROKER_CONFIG",
+            "streams.num.standby.replicas": "1 DYNAMIC_GROUP_CONFIG",
+            "streams.session.timeout.ms": "45000 DEFAULT_CONFIG"}}}
 
 
 def test_the_admin_describes_members_tasks_and_topology(on_node):

@@ -3,8 +3,8 @@ a second producer of the same transactional.id, send_offsets_to_transaction, the
 its killed client left open past its timeout, outcomes that survive a kill -9 of the node, consume-transform-
 produce exactly once across kills of the client and of the node's timer, worker or supervisor (at any point, and
 with an EndTxn in the node: each role, a commit and an abort), the transactional producers of kafka-python and
-aiokafka, and KafkaJS' transactions (node, with kafkajs from the npm registry in `.frameworks/kafkajs` of the
-checkout, installed on first use)."""
+aiokafka, and KafkaJS' transactions (node, with kafkajs from the npm registry in the frameworks cache,
+tests/frameworks/cache.py, installed on first use)."""
 
 from __future__ import annotations
 

@@ -1,19 +1,27 @@
-"""Group configs (KIP-848, KIP-932): per-group overrides of the consumer group protocol's session timeout and
-heartbeat interval and of a share group's record lock duration, start offset and isolation level, Kafka's GROUP
-config resource (DescribeConfigs, AlterConfigs, IncrementalAlterConfigs).
+"""Group configs (KIP-848, KIP-1071, KIP-932): per-group overrides of the consumer and streams group protocols'
+session timeout and heartbeat interval, of a streams group's standby replicas and initial rebalance delay, and of a
+share group's record lock duration, start offset and isolation level: Kafka's GROUP config resource
+(DescribeConfigs, AlterConfigs, IncrementalAlterConfigs).
 
 Two layers make a group's settings, as in Kafka: the node's TOML file (`[groups] consumer_session_timeout_ms`,
-`consumer_heartbeat_interval_ms`: Kafka's `group.consumer.*` broker configs, with Kafka's defaults), then the
-group's own overrides in the catalog (`consumer.session.timeout.ms`, `consumer.heartbeat.interval.ms`,
-`share.record.lock.duration.ms`, `share.auto.offset.reset`, `share.isolation.level`). Overrides name a group id,
-not a group: they may be set before the group exists and stay when it is deleted. `share.auto.offset.reset` takes
-`latest` and `earliest` (Kafka's `by_duration:` is refused), `share.isolation.level` `read_uncommitted` and
-`read_committed`.
+`consumer_heartbeat_interval_ms`, `streams_session_timeout_ms`, `streams_heartbeat_interval_ms`,
+`streams_num_standby_replicas`, `streams_initial_rebalance_delay_ms`: Kafka's `group.consumer.*` and
+`group.streams.*` broker configs, with Kafka's defaults), then the group's own overrides in the catalog
+(`consumer.session.timeout.ms`, `consumer.heartbeat.interval.ms`, `streams.session.timeout.ms`,
+`streams.heartbeat.interval.ms`, `streams.num.standby.replicas`, `streams.initial.rebalance.delay.ms`).
+Overrides name a group id, not a group: they may be set before the group exists and stay when it is deleted; the
+coordinators read them at each heartbeat, so a change applies from the group's next heartbeat on. A share group's
+`share.record.lock.duration.ms` (within `share_min/max_record_lock_duration_ms`), `share.auto.offset.reset`
+(`latest`, `earliest`; Kafka's `by_duration:` is refused) and `share.isolation.level` (`read_uncommitted`,
+`read_committed`) apply to its next acquisition; its other `share.*` configs are refused, and so are Kafka 4.4's
+other `streams.*` group configs (warm-up replicas, rack-aware tags, the assignor's name, the recovery lag and task
+offset interval, ...), which the node does not take per group (docs/compatibility.md).
 
 Invariants: stored overrides are canonical, and were valid when stored: within the node's bounds
-(`consumer_min_*` and `consumer_max_*`, Kafka's `group.consumer.min/max.*`) and with the session timeout above
-the heartbeat interval once stacked on the node's defaults (a later change of the TOML file does not re-check
-them, as in Kafka); `effective()` never raises on stored overrides.
+(`consumer_min_*`/`consumer_max_*` and `streams_min_*`/`streams_max_*`, Kafka's `group.consumer.min/max.*` and
+`group.streams.min/max.*`) and with each protocol's session timeout above its heartbeat interval once stacked on
+the node's defaults (a later change of the TOML file does not re-check them, as in Kafka); `effective()` and
+`effective_streams()` never raise on stored overrides.
 """
 
 from __future__ import annotations
@@ -30,6 +38,10 @@ SOURCE_GROUP = 8  # Kafka's ConfigSource.GROUP_CONFIG
 
 SESSION_TIMEOUT = "consumer.session.timeout.ms"
 HEARTBEAT_INTERVAL = "consumer.heartbeat.interval.ms"
+STREAMS_SESSION_TIMEOUT = "streams.session.timeout.ms"
+STREAMS_HEARTBEAT_INTERVAL = "streams.heartbeat.interval.ms"
+STREAMS_STANDBY_REPLICAS = "streams.num.standby.replicas"
+STREAMS_INITIAL_DELAY = "streams.initial.rebalance.delay.ms"
 SHARE_LOCK_DURATION = "share.record.lock.duration.ms"
 SHARE_AUTO_OFFSET_RESET = "share.auto.offset.reset"
 SHARE_ISOLATION_LEVEL = "share.isolation.level"
@@ -38,8 +50,22 @@ SHARE_ISOLATION_LEVEL = "share.isolation.level"
 @dataclass(frozen=True)
 class GroupSetting:
     definition: TopicConfigDef  # name, type, broker synonym and documentation; `field` is GroupConfig's
-    low: str | None  # the GroupConfig fields that bound it (None: a text setting, checked by its definition)
+    low: str | None  # the GroupConfig fields that bound it (None: only the definition's own check)
     high: str | None
+    # How a value out of bounds is told: Kafka 4.4 words the consumer settings' bounds one by one
+    # ("... must be greater than or equal to group.consumer.min...") and the streams settings' as a range.
+    as_range: bool = False
+
+    def out_of_bounds(self, value: int, low: int | None, high: int) -> str | None:
+        name = self.definition.name
+        if self.as_range and low is not None and not low <= value <= high:
+            return f"{name} must be in the range {low} to {high} inclusive."
+        if low is not None and value < low:
+            return f"{name} must be greater than or equal to group.{_kafka_name(self.low)}"
+        if high is not None and value > high:
+            return f"{name} must be less than or equal to " + (str(high) if self.as_range
+                                                              else f"group.{_kafka_name(self.high)}")
+        return None
 
 
 SETTINGS: tuple[GroupSetting, ...] = (
@@ -51,6 +77,23 @@ SETTINGS: tuple[GroupSetting, ...] = (
         HEARTBEAT_INTERVAL, "INT", "group.consumer.heartbeat.interval.ms", "consumer_heartbeat_interval_ms",
         "5000", "The heartbeat interval the coordinator gives the members of a consumer-protocol group.",
         at_least(1)), "consumer_min_heartbeat_interval_ms", "consumer_max_heartbeat_interval_ms"),
+    GroupSetting(TopicConfigDef(
+        STREAMS_SESSION_TIMEOUT, "INT", "group.streams.session.timeout.ms", "streams_session_timeout_ms", "45000",
+        "How long a streams-protocol member may go without a heartbeat before it is fenced and its tasks move.",
+        at_least(1)), "streams_min_session_timeout_ms", "streams_max_session_timeout_ms", as_range=True),
+    GroupSetting(TopicConfigDef(
+        STREAMS_HEARTBEAT_INTERVAL, "INT", "group.streams.heartbeat.interval.ms", "streams_heartbeat_interval_ms",
+        "5000", "The heartbeat interval the coordinator gives the members of a streams-protocol group.",
+        at_least(1)), "streams_min_heartbeat_interval_ms", "streams_max_heartbeat_interval_ms", as_range=True),
+    GroupSetting(TopicConfigDef(
+        STREAMS_STANDBY_REPLICAS, "INT", "group.streams.num.standby.replicas", "streams_num_standby_replicas", "0",
+        "How many standby replicas of each stateful task the streams group's assignor places, each on another "
+        "process than the task's active one (fewer while the group has too few processes).", at_least(0)),
+        None, "streams_max_standby_replicas", as_range=True),
+    GroupSetting(TopicConfigDef(
+        STREAMS_INITIAL_DELAY, "INT", "group.streams.initial.rebalance.delay.ms",
+        "streams_initial_rebalance_delay_ms", "3000", "How long a member joining the empty streams group waits "
+        "for others before the tasks are assigned (ASSIGNMENT_DELAYED meanwhile).", at_least(0)), None, None),
     GroupSetting(TopicConfigDef(
         SHARE_LOCK_DURATION, "INT", "group.share.record.lock.duration.ms", "share_record_lock_duration_ms", "30000",
         "How long a share group's acquired records stay locked to the consumer that acquired them.", at_least(1)),
@@ -64,6 +107,9 @@ SETTINGS: tuple[GroupSetting, ...] = (
         "What a share group reads: read_uncommitted, or read_committed (records of committed transactions only).",
         one_of("read_uncommitted", "read_committed")), None, None),
 )
+TEXT_SETTINGS = frozenset((SHARE_AUTO_OFFSET_RESET, SHARE_ISOLATION_LEVEL))  # not numbers: no bounds
+# The pairs whose session timeout must stay above their heartbeat interval.
+SESSION_ABOVE_HEARTBEAT = ((SESSION_TIMEOUT, HEARTBEAT_INTERVAL), (STREAMS_SESSION_TIMEOUT, STREAMS_HEARTBEAT_INTERVAL))
 BY_NAME: dict[str, TopicConfigDef] = {s.definition.name: s.definition for s in SETTINGS}
 
 
@@ -76,6 +122,15 @@ class NodeGroupSettings(Protocol):
     consumer_max_session_timeout_ms: int
     consumer_min_heartbeat_interval_ms: int
     consumer_max_heartbeat_interval_ms: int
+    streams_session_timeout_ms: int
+    streams_heartbeat_interval_ms: int
+    streams_num_standby_replicas: int
+    streams_min_session_timeout_ms: int
+    streams_max_session_timeout_ms: int
+    streams_min_heartbeat_interval_ms: int
+    streams_max_heartbeat_interval_ms: int
+    streams_max_standby_replicas: int
+    streams_initial_rebalance_delay_ms: int
     share_record_lock_duration_ms: int
     share_min_record_lock_duration_ms: int
     share_max_record_lock_duration_ms: int
@@ -87,6 +142,14 @@ class NodeGroupSettings(Protocol):
 class GroupSettings:
     session_timeout_ms: int
     heartbeat_interval_ms: int
+
+
+@dataclass(frozen=True)
+class StreamsSettings:
+    session_timeout_ms: int
+    heartbeat_interval_ms: int
+    num_standby_replicas: int
+    initial_rebalance_delay_ms: int
 
 
 @dataclass(frozen=True)
@@ -110,17 +173,21 @@ def check_overrides(config: NodeGroupSettings, values: dict[str, str | None]) ->
         canonical[key] = definition.canonical(text)
     for setting in SETTINGS:
         name = setting.definition.name
-        if name in canonical and setting.low is not None:
-            value = int(canonical[name])
-            low, high = getattr(config, setting.low), getattr(config, setting.high)
-            if value < low:
-                raise TopicConfigError(f"{name} must be greater than or equal to group.{_kafka_name(setting.low)}")
-            if value > high:
-                raise TopicConfigError(f"{name} must be less than or equal to group.{_kafka_name(setting.high)}")
-    settings = effective(config, canonical)
-    if settings.session_timeout_ms <= settings.heartbeat_interval_ms:
-        raise TopicConfigError(f"{SESSION_TIMEOUT} must be greater than {HEARTBEAT_INTERVAL}")
+        if name in canonical and name not in TEXT_SETTINGS:
+            low = getattr(config, setting.low) if setting.low is not None else None
+            high = getattr(config, setting.high) if setting.high is not None else None
+            problem = setting.out_of_bounds(int(canonical[name]), low, high)
+            if problem is not None:
+                raise TopicConfigError(problem)
+    for session, heartbeat in SESSION_ABOVE_HEARTBEAT:
+        if _value(config, canonical, session) <= _value(config, canonical, heartbeat):
+            raise TopicConfigError(f"{session} must be greater than {heartbeat}")
     return canonical
+
+
+def _value(config: NodeGroupSettings, overrides: dict[str, str], name: str) -> int:
+    """A setting's value: the group's override, else the node's."""
+    return int(overrides[name]) if name in overrides else getattr(config, BY_NAME[name].field)
 
 
 def _kafka_name(field: str) -> str:
@@ -133,6 +200,13 @@ def effective(config: NodeGroupSettings, overrides: dict[str, str] | None) -> Gr
     overrides = overrides or {}
     return GroupSettings(int(overrides.get(SESSION_TIMEOUT, config.consumer_session_timeout_ms)),
                          int(overrides.get(HEARTBEAT_INTERVAL, config.consumer_heartbeat_interval_ms)))
+
+
+def effective_streams(config: NodeGroupSettings, overrides: dict[str, str] | None) -> StreamsSettings:
+    """A streams group's settings: its overrides on the node's defaults."""
+    overrides = overrides or {}
+    return StreamsSettings(*(_value(config, overrides, name) for name in (
+        STREAMS_SESSION_TIMEOUT, STREAMS_HEARTBEAT_INTERVAL, STREAMS_STANDBY_REPLICAS, STREAMS_INITIAL_DELAY)))
 
 
 def share_settings(config: NodeGroupSettings, overrides: dict[str, str] | None) -> ShareSettings:

@@ -16,6 +16,8 @@ benchmarks (scripts/bench_report.py) and as the reference of the differential te
   append, the node's acks=all promise.
 - ``tool(main_class, *args)``: a Kafka tool's main class on the same classpath (kafka-producer-perf-test is
   org.apache.kafka.tools.ProducerPerformance, and so on).
+- Quick JVMs, for the tests (sparkjob.QUICK_JVMS_ENV): C1 only and Kafka's classes mapped from an archive
+  (``class_sharing``); ``program(source)`` runs a single-file Java program compiled once.
 
 Invariants: only 127.0.0.1; every wait is bounded; the JVM dies with the process that started it
 (PR_SET_PDEATHSIG) and is stopped by its pid.
@@ -44,6 +46,7 @@ import psutil
 
 from scripts.harness import rawkafka
 from scripts.harness.nodeproc import LOOPBACK, api_versions_roundtrip, die_with_parent, free_port
+from scripts.harness.sparkjob import quick_jvms
 
 KAFKA_VERSION = "4.4.0"
 POM = Path(__file__).resolve().parent / "kafka" / "pom.xml"
@@ -59,16 +62,18 @@ PROBE_INTERVAL_S = 0.1
 DURABILITIES = ("page-cache", "fsync")
 # Kafka's own kafka-run-class.sh settings (G1, 20 ms pauses, headless), and no hsperfdata files in /tmp.
 JVM_OPTIONS = ("-XX:-UsePerfData", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20", "-Djava.awt.headless=true")
-# Set by the tests (tests/conftest.py): their Kafka JVMs start often and run briefly on small loads, where the C2
-# compiler's threads cost more CPU than they save; QUICK_JVM_OPTIONS then keep them to C1. Benchmarks run Kafka as
-# above, and bench_report names the option in its notes when it was on.
-QUICK_JVMS_ENV = "SHMBROKER_QUICK_JVMS"
+# Where the tests ask for quick JVMs (sparkjob.QUICK_JVMS_ENV): C1 only, and Kafka's classes mapped from the class
+# archive (class_sharing). Benchmarks run Kafka as above, and bench_report names the options in its notes when
+# they were on.
 QUICK_JVM_OPTIONS = ("-XX:TieredStopAtLevel=1",)
+# The class archive's own warnings (an archive made by another Java runtime is skipped) go to stdout, where tools
+# print their answers: silenced.
+CLASS_ARCHIVE_QUIET = ("-Xlog:cds=off", "-Xlog:cds+dynamic=off")
 
 
 def jvm_options() -> tuple[str, ...]:
-    """JVM_OPTIONS, and QUICK_JVM_OPTIONS where QUICK_JVMS_ENV asks for them."""
-    return JVM_OPTIONS + (QUICK_JVM_OPTIONS if os.environ.get(QUICK_JVMS_ENV) == "1" else ())
+    """JVM_OPTIONS, and QUICK_JVM_OPTIONS with class_sharing() where QUICK_JVMS_ENV asks for them."""
+    return JVM_OPTIONS + (QUICK_JVM_OPTIONS + class_sharing() if quick_jvms() else ())
 LOG4J2 = """\
 status = warn
 appender.file.type = File
@@ -140,6 +145,78 @@ def classpath() -> str:
     return f"{jars()}/*"
 
 
+# -- quick JVMs: Kafka's classes shared, the tests' Java programs compiled once -------------------------------------
+#
+# A JVM spends most of a short life loading and verifying classes: a tool's start took 1.0 s of CPU, a broker's
+# start with its format 5.2 s. A dynamic class archive (AppCDS, -XX:ArchiveClassesAtExit), dumped at the end of one
+# broker's life, holds those classes ready to map: the same tool then takes 0.5 s, the broker 3.1 s. The archive
+# belongs to one Java runtime and one set of jars; a JVM may use it only when its classpath starts with
+# classpath() (Connect's does not). `make kafka` dumps it (make_class_archive); until then JVMs run without it.
+# The tests' single-file Java programs (tests/java/) are compiled once into the cache too: the source launcher
+# compiles a program in every JVM it starts (1.2 s of CPU each).
+
+
+def _runtime_digest(*parts: bytes) -> str:
+    """A digest of the Java runtime, the jars (the pom's digest) and `parts`."""
+    pom_digest = (KAFKA_CACHE / "pom.sha256").read_bytes() if (KAFKA_CACHE / "pom.sha256").exists() else b""
+    return hashlib.sha256(b"\0".join((os.path.realpath(java()).encode(), pom_digest, *parts))).hexdigest()[:16]
+
+
+def class_archive() -> Path:
+    return KAFKA_CACHE / f"classes-{_runtime_digest()}.jsa"
+
+
+def class_sharing() -> tuple[str, ...]:
+    """The options that map Kafka's classes from the class archive, for a JVM on classpath() (none while there is
+    no archive)."""
+    archive = class_archive()
+    return (f"-XX:SharedArchiveFile={archive}", *CLASS_ARCHIVE_QUIET) if archive.exists() else ()
+
+
+def make_class_archive() -> Path:
+    """The class archive, dumped by a broker that starts, serves a topic's creation, produce and fetch, and
+    stops (once per runtime and jars; a second caller finds it made)."""
+    archive = class_archive()
+    if archive.exists():
+        return archive
+    partial = archive.with_suffix(f".{os.getpid()}.partial")
+    print(f"kafka_peer: dumping Kafka's classes into {archive} (once)", file=sys.stderr, flush=True)
+    with KafkaPeer(archive_to=partial) as peer, rawkafka.RawConnection(LOOPBACK, peer.port) as conn:
+        conn.call(rawkafka.CREATE_TOPICS, 4, rawkafka.create_topics_body({"class-archive": 1}))
+        conn.call(rawkafka.PRODUCE, 8, rawkafka.produce_body({"class-archive": {0: rawkafka.make_batch(10, 100)}}))
+        conn.call(rawkafka.FETCH, 11, rawkafka.fetch_body({"class-archive": {0: 0}}, max_wait_ms=0))
+    if not partial.exists():
+        raise RuntimeError(f"the broker stopped without dumping its classes into {partial}")
+    partial.replace(archive)  # whole or not at all
+    return archive
+
+
+def program(source: Path) -> list[str]:
+    """`-cp` and the main class that run the single-file Java program `source` (its first class is named after
+    the file) on classpath(), compiled once into the cache for this runtime and these jars; the compiled classes
+    come after the jars on the classpath, so the class archive serves it too."""
+    digest = _runtime_digest(source.read_bytes())
+    target = KAFKA_CACHE / "programs" / f"{source.stem}-{digest}"
+    if not (target / f"{source.stem}.class").exists():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with open(target.parent / ".compile.lock", "w") as lock:  # tests side by side compile it once
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not (target / f"{source.stem}.class").exists():
+                partial = target.with_suffix(".partial")
+                shutil.rmtree(partial, ignore_errors=True)
+                # javac as the source launcher runs it: the runtime's own jdk.compiler module (no JDK needed). Its
+                # classpath is a program argument here, which no launcher expands: the jars one by one.
+                javac = [java(), *JVM_OPTIONS, *QUICK_JVM_OPTIONS, "-m", "jdk.compiler/com.sun.tools.javac.Main"]
+                jar_list = os.pathsep.join(str(jar) for jar in sorted(jars().glob("*.jar")))
+                done = subprocess.run([*javac, "-nowarn", "-d", str(partial), "-cp", jar_list, str(source)],
+                                      capture_output=True, text=True, timeout=TOOL_TIMEOUT_S,
+                                      preexec_fn=die_with_parent)
+                if done.returncode != 0:
+                    raise RuntimeError(f"javac {source} exited {done.returncode}:\n{done.stdout}{done.stderr}")
+                partial.rename(target)
+    return ["-cp", f"{classpath()}{os.pathsep}{target}", source.stem]
+
+
 def tool(main_class: str, *args: str, timeout: float = TOOL_TIMEOUT_S, heap_mb: int = 256, check: bool = True,
          stdin: str | None = None) -> subprocess.CompletedProcess:
     """Run one of Kafka's tools (its main class) on the fetched classpath, `stdin` its input; its output
@@ -165,7 +242,7 @@ class ToolRunner:
         self.errors = tempfile.TemporaryFile()  # the JVM's own (a tool's error is captured with its output)
         # java.lang opened to the runner: it finds the shutdown hooks a tool added (ToolRunner.java).
         self.proc = subprocess.Popen([java(), f"-Xmx{heap_mb}m", *jvm_options(), "--add-opens",
-                                      "java.base/java.lang=ALL-UNNAMED", "-cp", classpath(), str(self.SOURCE)],
+                                      "java.base/java.lang=ALL-UNNAMED", *program(self.SOURCE)],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.errors,
                                      preexec_fn=die_with_parent)
 
@@ -229,13 +306,15 @@ class KafkaPeer:
     """One Apache Kafka node (KRaft, broker and controller in one JVM) on free loopback ports."""
 
     def __init__(self, durability: str = "page-cache", heap_mb: int = HEAP_MB, partitions: int = 1,
-                 settings: dict[str, str] | None = None) -> None:
+                 settings: dict[str, str] | None = None, archive_to: Path | None = None) -> None:
+        """archive_to: the broker dumps the classes it loaded there as it stops (make_class_archive)."""
         if durability not in DURABILITIES:
             raise ValueError(f"durability: one of {DURABILITIES}, got {durability!r}")
         self.durability = durability
         self.heap_mb = heap_mb
         self.partitions = partitions
         self.settings = dict(settings or {})
+        self.archive_to = archive_to
         self.port = 0
         self.work: Path | None = None
         self.proc: subprocess.Popen | None = None
@@ -295,7 +374,9 @@ class KafkaPeer:
         config.write_text("".join(f"{key}={value}\n" for key, value in self.properties(controller_port).items()))
         log4j = self.work / "log4j2.properties"
         log4j.write_text(LOG4J2.format(path=self.log_path, level="INFO"))
-        jvm = [java(), f"-Xms{self.heap_mb // 2}m", f"-Xmx{self.heap_mb}m", *jvm_options(),
+        options = (*JVM_OPTIONS, *QUICK_JVM_OPTIONS) if self.archive_to else jvm_options()
+        dump = (f"-XX:ArchiveClassesAtExit={self.archive_to}",) if self.archive_to else ()
+        jvm = [java(), f"-Xms{self.heap_mb // 2}m", f"-Xmx{self.heap_mb}m", *options,
                f"-Dlog4j2.configurationFile={log4j}", f"-Dkafka.logs.dir={self.work}", "-cp", classpath()]
         cluster_id = new_cluster_id()
         started = time.monotonic()
@@ -306,8 +387,8 @@ class KafkaPeer:
             raise RuntimeError(f"kafka storage format failed: {formatted.stdout[-2000:]}{formatted.stderr[-2000:]}")
         self.format_s = time.monotonic() - started
         with open(self.work / "stdout.log", "wb") as out:
-            self.proc = subprocess.Popen([*jvm, "kafka.Kafka", str(config)], stdout=out, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, preexec_fn=die_with_parent)
+            self.proc = subprocess.Popen([jvm[0], *dump, *jvm[1:], "kafka.Kafka", str(config)], stdout=out,
+                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, preexec_fn=die_with_parent)
         try:
             self._wait_serving()
         except BaseException:
@@ -387,6 +468,7 @@ def main() -> None:
     if args.fetch:
         from scripts.harness import connect_worker
 
+        make_class_archive()
         print(f"kafka_peer: Apache Kafka {KAFKA_VERSION} in {lib}, Kafka Connect {connect_worker.CONNECT_VERSION} in "
               f"{connect_worker.jars()}", file=sys.stderr)
         return

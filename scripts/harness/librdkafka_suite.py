@@ -42,7 +42,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from scripts.harness.kafka_peer import classpath, java
+from scripts.harness.kafka_peer import class_sharing, classpath, java
 from scripts.harness.nodeproc import die_with_parent
 
 LIBRDKAFKA_VERSION = "2.15.1"
@@ -142,7 +142,7 @@ class KafkaTools:
         self.path = directory
         bin_dir = directory / "bin"
         bin_dir.mkdir(parents=True, exist_ok=True)
-        jvm = " ".join(shlex.quote(word) for word in (java(), *TOOL_JVM_OPTIONS, "-cp", classpath()))
+        jvm = " ".join(shlex.quote(word) for word in (java(), *TOOL_JVM_OPTIONS, *class_sharing(), "-cp", classpath()))
         for script, main_class in TOOL_SCRIPTS.items():
             target = bin_dir / script
             target.write_text(f'#!/bin/sh\nexec {jvm} {main_class} "$@"\n')

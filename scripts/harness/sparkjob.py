@@ -24,8 +24,16 @@ from pathlib import Path
 from typing import Any, Iterator
 
 JVM_EXIT_TIMEOUT_S = 60.0
-# For short jobs (tests): the C1 compiler only and serial GC start fastest. Benchmarks leave them out.
+# For short jobs (tests): the C1 compiler only and serial GC start fastest. Benchmarks leave them out, unless
+# QUICK_JVMS_ENV is "1": the tests set it (tests/conftest.py), as their JVMs start often and run briefly on small
+# loads, where the C2 compiler's threads cost more CPU than they save; a script then says its figures are not the
+# JVM's as users run it.
 FAST_START_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -Xshare:auto"
+QUICK_JVMS_ENV = "SHMBROKER_QUICK_JVMS"
+
+
+def quick_jvms() -> bool:
+    return os.environ.get(QUICK_JVMS_ENV) == "1"
 # Always: no hsperfdata files in /tmp.
 JVM_OPTIONS = "-XX:-UsePerfData"
 
@@ -61,10 +69,13 @@ def java_home() -> str | None:
 
 
 @contextlib.contextmanager
-def spark_session(master: str, scratch_dir: str | Path, app_name: str = "shmbroker", fast_start: bool = False,
+def spark_session(master: str, scratch_dir: str | Path, app_name: str = "shmbroker", fast_start: bool | None = None,
                   conf: dict[str, str] | None = None) -> Iterator[Any]:
+    """fast_start: FAST_START_JVM_OPTIONS for the driver (None: where QUICK_JVMS_ENV asks for them)."""
     import psutil
 
+    if fast_start is None:
+        fast_start = quick_jvms()
     home = java_home()
     if home is None:
         raise SystemExit("Spark needs a Java 17+ runtime: `make test` installs Debian's openjdk-17-jre-headless")

@@ -1,16 +1,16 @@
-"""Node.js packages for the framework tests: installed from the npm registry into `.frameworks/NAME` of the
-checkout, once per package spec (a stamp file names the spec installed), reused by later runs."""
+"""Node.js packages for the framework tests: installed from the npm registry into the frameworks cache
+(tests/frameworks/cache.py, outside the checkout), once per package spec, reused by later runs and checkouts."""
 
 from __future__ import annotations
 
-import fcntl
 import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
-CHECKOUT = Path(__file__).resolve().parent.parent.parent
+from tests.frameworks.cache import install_home, installed, mark_installed
+
 NPM_TIMEOUT_S = 300
 REGISTRY_UNREACHABLE = ("ENOTFOUND", "EAI_AGAIN", "ECONNREFUSED", "ETIMEDOUT", "ECONNRESET", "ENETUNREACH")
 NODE_MISSING = "make test installs nodejs and npm; run through make"
@@ -29,19 +29,13 @@ def node_version() -> tuple[int, ...]:
 def node_modules(name: str, package: str) -> Path:
     """A node_modules directory with `package` installed from the npm registry (once; reused while the package
     spec is the same). Skips the test when the registry cannot be reached."""
-    home = CHECKOUT / ".frameworks" / name
-    home.parent.mkdir(exist_ok=True)
-    # One install at a time: tests run side by side (pytest-xdist) may ask for the same package.
-    with open(home.parent / f".{name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        _install(home, package)
+    with install_home(f"npm-{name}", package) as home:
+        if not installed(home, package):
+            _install(home, package)
     return home / "node_modules"
 
 
 def _install(home: Path, package: str) -> None:
-    stamp = home / ".installed"
-    if stamp.exists() and stamp.read_text() == package:
-        return
     shutil.rmtree(home, ignore_errors=True)
     home.mkdir(parents=True)
     try:
@@ -52,4 +46,4 @@ def _install(home: Path, package: str) -> None:
     if done.returncode != 0 and any(code in done.stderr for code in REGISTRY_UNREACHABLE):
         pytest.skip(f"npm install {package}: the registry is unreachable:\n{done.stderr[-2000:]}")
     assert done.returncode == 0, done.stderr[-3000:]
-    stamp.write_text(package)
+    mark_installed(home, package)

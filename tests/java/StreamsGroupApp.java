@@ -2,7 +2,9 @@
 //   java -cp <Kafka's jars> tests/java/StreamsGroupApp.java <bootstrap> <prefix> <state dir> <restart|no-restart>
 // The topology counts words: subtopology 0 re-keys <prefix>-in by value into a repartition topic, subtopology 1
 // counts per word in a store (with its changelog) and writes the counts to <prefix>-out. Steps, one JSON line each
-// ({"step": ...}): two instances share the tasks; the counts are right; the admin describes the group; one instance
+// ({"step": ...}): the admin sets the group's streams.num.standby.replicas to 1 (incrementalAlterConfigs on the GROUP
+// resource; a value above the broker's maximum refused) and describes it; two instances share the tasks, each
+// holding the other's stateful tasks as standby; the counts are right; the admin describes the group; one instance
 // leaves and the other takes every task; the counts go on. With `restart` the program prints "before-restart",
 // waits for a line on stdin (the test restarts the node meanwhile) and checks the group and the counts after it.
 // Last, once the instance closed: the group's committed offsets (listStreamsGroupOffsets) and its deletion.
@@ -16,6 +18,7 @@ import org.apache.kafka.clients.admin.*;
 import org.apache.kafka.clients.consumer.*;
 import org.apache.kafka.clients.producer.*;
 import org.apache.kafka.common.TopicPartition;
+import org.apache.kafka.common.config.ConfigResource;
 import org.apache.kafka.common.serialization.Serdes;
 import org.apache.kafka.common.serialization.StringDeserializer;
 import org.apache.kafka.common.serialization.StringSerializer;
@@ -40,12 +43,14 @@ public class StreamsGroupApp {
             admin.createTopics(List.of(new NewTopic(prefix + "-in", PARTITIONS, (short) 1),
                     new NewTopic(prefix + "-out", 1, (short) 1), new NewTopic(prefix + "-eos-out", 1, (short) 1)))
                     .all().get();
+            emit("group-config", "result", groupConfig(admin));
         }
         KafkaStreams a = start("a"), b = start("b");
-        waitFor("two instances share every task",
+        waitFor("two instances share every task, each with the other's stateful ones as standby",
                 () -> running(a) && running(b) && tasks(a).size() + tasks(b).size() == 2 * PARTITIONS
-                        && !tasks(a).isEmpty() && !tasks(b).isEmpty() && disjoint(tasks(a), tasks(b)));
-        emit("two-instances", "a", tasks(a), "b", tasks(b));
+                        && !tasks(a).isEmpty() && !tasks(b).isEmpty() && disjoint(tasks(a), tasks(b))
+                        && standbys(a).equals(stateful(tasks(b))) && standbys(b).equals(stateful(tasks(a))));
+        emit("two-instances", "a", tasks(a), "b", tasks(b), "standbyA", standbys(a), "standbyB", standbys(b));
         produceRound(1);
         emit("counts", "counts", waitCounts(1));
         emit("describe", "group", describe());
@@ -135,6 +140,50 @@ public class StreamsGroupApp {
         return tasks;
     }
 
+    static List<String> standbys(KafkaStreams streams) {
+        List<String> tasks = new ArrayList<>();
+        for (var thread : streams.metadataForLocalThreads()) {
+            for (var task : thread.standbyTasks()) tasks.add(task.taskId().toString());
+        }
+        Collections.sort(tasks);
+        return tasks;
+    }
+
+    /** The tasks of subtopology 1, the one with a store (so a changelog): the only ones with standby replicas. */
+    static List<String> stateful(List<String> tasks) {
+        List<String> kept = new ArrayList<>();
+        for (String task : tasks) if (task.startsWith("1_")) kept.add(task);
+        return kept;
+    }
+
+    /** streams.num.standby.replicas=1 for the application's group (before it exists), a refused 3 (above
+     *  group.streams.max.standby.replicas, 2), and the group's streams.* configs as DescribeConfigs shows them. */
+    static Map<String, Object> groupConfig(Admin admin) throws Exception {
+        ConfigResource group = new ConfigResource(ConfigResource.Type.GROUP, app);
+        Map<String, Object> out = new LinkedHashMap<>();
+        try {
+            admin.incrementalAlterConfigs(Map.of(group, List.of(new AlterConfigOp(
+                    new ConfigEntry("streams.num.standby.replicas", "3"), AlterConfigOp.OpType.SET)))).all().get();
+            out.put("three", "accepted");
+        } catch (java.util.concurrent.ExecutionException e) {
+            out.put("three", e.getCause().getClass().getSimpleName());
+        }
+        admin.incrementalAlterConfigs(Map.of(group, List.of(new AlterConfigOp(
+                new ConfigEntry("streams.num.standby.replicas", "1"), AlterConfigOp.OpType.SET)))).all().get();
+        // Kafka applies an altered config through its metadata log: a describe right after may not show it yet.
+        waitFor("the group config is described", () -> "1".equals(admin.describeConfigs(List.of(group)).all().get()
+                .get(group).get("streams.num.standby.replicas").value()));
+        Config described = admin.describeConfigs(List.of(group)).all().get().get(group);
+        Map<String, Object> configs = new TreeMap<>();
+        for (String name : List.of("streams.num.standby.replicas", "streams.session.timeout.ms",
+                "streams.heartbeat.interval.ms")) {
+            ConfigEntry entry = described.get(name);
+            configs.put(name, entry == null ? null : entry.value() + " " + entry.source());
+        }
+        out.put("configs", configs);
+        return out;
+    }
+
     static boolean disjoint(List<String> one, List<String> other) {
         return Collections.disjoint(one, other);
     }
@@ -205,8 +254,13 @@ public class StreamsGroupApp {
                     for (int partition : ids.partitions()) active.add(ids.subtopologyId() + "_" + partition);
                 }
                 Collections.sort(active);
+                List<String> standby = new ArrayList<>();
+                for (var ids : member.assignment().standbyTasks()) {
+                    for (int partition : ids.partitions()) standby.add(ids.subtopologyId() + "_" + partition);
+                }
+                Collections.sort(standby);
                 members.add(Map.of("clientId", member.clientId(), "memberEpoch", member.memberEpoch(),
-                        "active", active));
+                        "active", active, "standby", standby));
             }
             members.sort(Comparator.comparing(m -> (String) ((Map<?, ?>) m).get("clientId")));
             out.put("members", members);

@@ -15,6 +15,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from scripts.harness import sparkjob
+
 pytestmark = pytest.mark.node  # the script starts its own node
 REPO = Path(__file__).resolve().parents[2]
 
@@ -35,6 +37,8 @@ def test_bench_spark_smoke(tmp_path):
         ("stream", "trigger6000")}
     for row in rows:
         assert row["script"] == "bench_spark" and row["records_per_s"] > 0, row
+    # The tests' quick JVMs (tests/conftest.py) are named in every row Spark measured.
+    assert all(r.get("jvm_options") == sparkjob.FAST_START_JVM_OPTIONS for r in rows if r["measure"] != "decode")
     by = {(r["measure"], r["path"]): r for r in rows}
     assert by[("read", "arrow")]["records"] == 20000 and by[("read", "arrow")]["vs_rows"] > 0
     assert by[("write", "arrow")]["target_rows_per_s"] == 500_000

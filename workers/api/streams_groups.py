@@ -161,8 +161,9 @@ class StreamsGroupHandlers:
             return tuple(entity(req, "TaskIds", subtopology_id=sub, partitions=tuple(map(i32, parts)))
                          for sub, parts in records)
 
-        def assignment(active: list) -> Any:
-            return entity(req, "Assignment", active_tasks=task_ids(active), standby_tasks=(), warmup_tasks=())
+        def assignment(active: list, standby: list) -> Any:
+            return entity(req, "Assignment", active_tasks=task_ids(active), standby_tasks=task_ids(standby),
+                          warmup_tasks=())
 
         def topic_info(topic: Any) -> Any:
             name, partitions, replication_factor, configs = topic
@@ -181,7 +182,7 @@ class StreamsGroupHandlers:
 
         def member(m: tuple) -> Any:
             (member_id, member_epoch, instance, rack, client_id, client_host, topology_epoch, process_id,
-             endpoint_host, endpoint_port, tags, active, target) = m
+             endpoint_host, endpoint_port, tags, active, target, standby, target_standby) = m
             return entity(
                 req, "Member", member_id=member_id, member_epoch=i32(member_epoch), instance_id=instance,
                 rack_id=rack, client_id=client_id, client_host=client_host, topology_epoch=i32(topology_epoch),
@@ -189,7 +190,8 @@ class StreamsGroupHandlers:
                 user_endpoint=None if endpoint_host is None else entity(req, "Endpoint", host=endpoint_host,
                                                                         port=u16(endpoint_port)),
                 client_tags=tuple(entity(req, "KeyValue", key=k, value=v) for k, v in tags), task_offsets=(),
-                task_end_offsets=(), assignment=assignment(active), target_assignment=assignment(target),
+                task_end_offsets=(), assignment=assignment(active, standby),
+                target_assignment=assignment(target, target_standby),
                 is_classic=False)
 
         def answer(outcome: Any) -> Outcome:

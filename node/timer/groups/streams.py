@@ -26,10 +26,20 @@ Rules as Kafka's GroupMetadataManager.streamsGroupHeartbeat:
 - Static members (an instance id) leave with epoch -2 and keep their tasks until they come back under a new
   member id (taking the tasks over without a new group epoch) or their session ends; an instance held by a member
   that did not leave so: UNRELEASED_INSTANCE_ID; a member naming another instance: FENCED_INSTANCE_ID.
-- Only active tasks are assigned: standby replicas are 0 and no warm-up tasks are given (docs/compatibility.md).
-- A member joining an empty group starts the initial rebalance delay (streams_initial_rebalance_delay_ms): until
-  it ends every member is told ASSIGNMENT_DELAYED and given no tasks, so instances starting together get their
-  shares at once; the first heartbeat after it moves the group epoch and computes the target.
+- Standby tasks: the group's streams.num.standby.replicas (its group config, else the node's
+  streams_num_standby_replicas) standby replicas of each stateful task, placed by the assignor on other processes
+  than the active task's. They reconcile as Kafka's CurrentAssignmentBuilder does, beside the active tasks: a
+  member is given an active task only once no other member owns it and no other member of its process holds it
+  as standby; a standby task only once no other member of its process holds it (active or standby); tasks it
+  must give up (active or standby) are revoked first. No warm-up tasks are given (docs/compatibility.md).
+- Settings per group (node.storage.group_config, the GROUP config resource): session timeout, heartbeat interval,
+  standby replicas and initial rebalance delay are read at each heartbeat, so an altered group config applies
+  from the next one; a new number of standby replicas moves the group epoch (a new target), as Kafka's
+  lastAssignmentConfigs check does.
+- A member joining an empty group starts the initial rebalance delay (the group's
+  streams.initial.rebalance.delay.ms, else streams_initial_rebalance_delay_ms): until it ends every member is
+  told ASSIGNMENT_DELAYED and given no tasks, so instances starting together get their shares at once; the
+  first heartbeat after it moves the group epoch and computes the target.
 
 Timers (node.timer.groups.sessions wheels): a member's session ends with the member fenced (its tasks free); a
 member asked to revoke tasks that has not within its rebalance timeout is fenced too.
@@ -53,8 +63,10 @@ from typing import Any, Callable
 from kio.schema.errors import ErrorCode
 
 from shmbroker.node.config import GroupConfig, WheelConfig
+from shmbroker.node.storage import group_config
+from shmbroker.node.storage.group_config import StreamsSettings
 from shmbroker.node.storage.store import PartitionStore
-from shmbroker.node.timer.groups.reconciliation import MemberState, reconcile
+from shmbroker.node.timer.groups.reconciliation import MemberState, Partitions, reconcile
 from shmbroker.node.timer.groups.sessions import Sessions
 from shmbroker.node.timer.groups.streams_assignor import TASK_ASSIGNOR
 from shmbroker.node.timer.groups.streams_group import StreamsGroup, StreamsMember
@@ -67,6 +79,7 @@ log = logging.getLogger("shmbroker.groups")
 E = ErrorCode
 HeartbeatAnswer = M.reply_class(M.Kind.STREAMS_GROUP_HEARTBEAT)
 DescribeAnswer = M.reply_class(M.Kind.STREAMS_GROUP_DESCRIBE)
+STANDBY = "standby"  # reconcile()'s key of a standby task's subtopology: (STANDBY, subtopology id)
 LEAVE_EPOCH = -1
 STATIC_LEAVE_EPOCH = -2
 NO_TOPOLOGY = -1
@@ -84,6 +97,18 @@ def as_tasks(records: list | None) -> dict[str, set[int]] | None:
 
 def as_records(tasks: dict[str, set[int]]) -> list:
     return [(sub, sorted(parts)) for sub, parts in sorted(tasks.items()) if parts]
+
+
+def with_standbys(active: Partitions, standby: Partitions) -> dict:
+    """Active and standby tasks in one map for reconcile(): a standby's subtopology as (STANDBY, id)."""
+    return {**active, **{(STANDBY, sub): set(parts) for sub, parts in standby.items()}}
+
+
+def split_standbys(tasks: dict) -> tuple[Partitions, Partitions]:
+    """with_standbys' inverse: (active, standby)."""
+    active = {sub: parts for sub, parts in tasks.items() if not isinstance(sub, tuple) and parts}
+    standby = {sub[1]: parts for sub, parts in tasks.items() if isinstance(sub, tuple) and parts}
+    return active, standby
 
 
 class StreamsGroups:
@@ -158,10 +183,16 @@ class StreamsGroups:
                 continue
             self.groups[group_id] = group
             self.written[group_id] = repr(group.snapshot()).encode()
+            session_ms = self.settings(group_id).session_timeout_ms
             for member_id in group.members:
-                self.sessions.renew((group_id, member_id), now + self.config.streams_session_timeout_ms)
+                self.sessions.renew((group_id, member_id), now + session_ms)
         if states:
             log.info("restored %d streams groups from the offsets log", len(self.groups))
+
+    def settings(self, group_id: str) -> StreamsSettings:
+        """The group's session timeout, heartbeat interval and standby replicas: its group configs on the node's
+        defaults."""
+        return group_config.effective_streams(self.config, self.store.catalog.group_configs.get(group_id))
 
     def forget(self, group_id: str) -> None:
         """Drop an empty group (DeleteGroups, expiry): a tombstone in the offsets log."""
@@ -193,14 +224,18 @@ class StreamsGroups:
                                                  f"the group's topology epoch {group.topology.epoch}."))
             changed = self._configure(group, d.may_create) or changed
             self._check_owned(group, d)
+            settings = self.settings(group.group_id)
+            if group.standby_replicas is not None and group.standby_replicas != settings.num_standby_replicas:
+                changed = True  # the group config changed: a new target with as many standbys as it says
             if changed:
                 group.epoch += 1
-            self._refresh_target(group)
+            self._refresh_target(group, settings.num_standby_replicas)
             if group.assign_after_ms is not None:
                 statuses.append((ASSIGNMENT_DELAYED, "Assignment delayed due to the configured initial rebalance "
                                                      "delay."))
-            before = member.assigned
-            self._reconcile(group, member, as_tasks(d.active))
+            before = (member.assigned, member.standby)
+            owned = None if d.active is None else with_standbys(as_tasks(d.active), as_tasks(d.standby) or {})
+            self._reconcile(group, member, owned)
         except HeartbeatError as exc:
             if group is not None and joined and not was_member and not replaced:
                 self._undo_join(group, d.member, created=known is None)
@@ -215,18 +250,18 @@ class StreamsGroups:
             statuses.append((SHUTDOWN_APPLICATION, f"Streams group member {group.shutdown_requested_by} "
                                                    "encountered a fatal error and requested a shutdown for the "
                                                    "entire application."))
-        self.sessions.renew((group.group_id, member.member_id), self.clock() + self.config.streams_session_timeout_ms)
-        tasks_changed = joined or member.assigned != before
+        self.sessions.renew((group.group_id, member.member_id), self.clock() + settings.session_timeout_ms)
+        tasks_changed = joined or (member.assigned, member.standby) != before
         if tasks_changed and member.endpoint is not None:
             group.endpoint_epoch += 1
         endpoints = self._endpoints(group) if group.endpoint_epoch != d.endpoint_epoch else None
         self.persist(group)
         tasks = as_records(member.assigned) if tasks_changed else None
         self._reply(waiter, HeartbeatAnswer(
-            0, None, member.member_id, member.epoch, self.config.streams_heartbeat_interval_ms,
+            0, None, member.member_id, member.epoch, settings.heartbeat_interval_ms,
             self.config.streams_acceptable_recovery_lag, self.config.streams_task_offset_interval_ms,
-            statuses or None, tasks, [] if tasks is not None else None, [] if tasks is not None else None,
-            group.endpoint_epoch, endpoints))
+            statuses or None, tasks, as_records(member.standby) if tasks is not None else None,
+            [] if tasks is not None else None, group.endpoint_epoch, endpoints))
 
     def _reply(self, waiter: tuple, answer: Any) -> None:
         worker, request_id, kind = waiter
@@ -303,8 +338,9 @@ class StreamsGroups:
                 self.revocations.forget((group.group_id, holder))
                 group.replace_static(holder, member)
                 return group, member, True, True
-            if not group.members and self.config.streams_initial_rebalance_delay_ms > 0:
-                group.assign_after_ms = self.clock() + self.config.streams_initial_rebalance_delay_ms
+            delay_ms = self.settings(group.group_id).initial_rebalance_delay_ms
+            if not group.members and delay_ms > 0:
+                group.assign_after_ms = self.clock() + delay_ms
             if member is None:
                 if self.config.streams_max_size and len(group.members) >= self.config.streams_max_size:
                     raise HeartbeatError(E.group_max_size_reached, "The streams group has reached its maximum "
@@ -315,6 +351,7 @@ class StreamsGroups:
             else:  # it rejoins (fenced, or it lost its state): it starts over with nothing
                 group.release(member)
                 member.assigned, member.pending_revocation = {}, {}
+                member.standby, member.standby_pending_revocation = {}, {}
                 member.state, member.epoch, member.previous_epoch = MemberState.STABLE, 0, -1
                 self.revocations.forget((group.group_id, member.member_id))
             return group, member, True, False
@@ -322,11 +359,11 @@ class StreamsGroups:
             raise HeartbeatError(E.unknown_member_id, f"Member {d.member} is not a member of group {d.group}.")
         if member.instance_id is not None and d.instance is not None and d.instance != member.instance_id:
             raise HeartbeatError(E.fenced_instance_id, f"Member {d.member} is not instance {d.instance}.")
-        self._check_epoch(member, d.member_epoch, as_tasks(d.active))
+        self._check_epoch(member, d.member_epoch, as_tasks(d.active), as_tasks(d.standby))
         return group, member, False, False
 
     @staticmethod
-    def _check_epoch(member: StreamsMember, received: int, owned: dict | None) -> None:
+    def _check_epoch(member: StreamsMember, received: int, owned: dict | None, owned_standby: dict | None) -> None:
         if received > member.epoch:
             raise HeartbeatError(E.fenced_member_epoch, f"The streams group member has a greater member epoch "
                                                         f"({received}) than the one known by the group coordinator "
@@ -334,6 +371,7 @@ class StreamsGroups:
                                                         "partitions and rejoin.")
         if received < member.epoch:
             within = owned is not None and all(parts <= member.assigned.get(t, set()) for t, parts in owned.items())
+            within = within and all(parts <= member.standby.get(t, set()) for t, parts in (owned_standby or {}).items())
             if received != member.previous_epoch or not within:
                 raise HeartbeatError(E.fenced_member_epoch, f"The streams group member has a smaller member epoch "
                                                             f"({received}) than the one known by the group "
@@ -444,7 +482,7 @@ class StreamsGroups:
                         raise HeartbeatError(E.invalid_request, f"Task {partition} for subtopology {sub} is invalid. "
                                                                 f"Number of tasks for this subtopology: {tasks[sub]}")
 
-    def _refresh_target(self, group: StreamsGroup) -> None:
+    def _refresh_target(self, group: StreamsGroup, standby_replicas: int) -> None:
         """The target assignment at the group epoch; while the initial rebalance delay lasts, an empty one (the
         members settle at the group epoch with no tasks), and when it ends a new group epoch with the real one."""
         if group.assign_after_ms is not None and self.clock() >= group.assign_after_ms:
@@ -454,11 +492,18 @@ class StreamsGroups:
             return
         if group.assign_after_ms is not None:
             group.target = {member_id: {} for member_id in group.members}
+            group.standby_target = {}
             group.assignment_epoch = group.epoch
             return
         ready = group.configured is not None and group.configured.ready
         tasks = group.configured.tasks if ready else {}
-        group.target = TASK_ASSIGNOR.assign(group.members, tasks, group.target)
+        group.target = TASK_ASSIGNOR.assign(group.members, tasks, group.target, group.standby_target)
+        stateful = {sub.subtopology_id for sub in group.topology.subtopologies
+                    if sub.changelog_topics} if group.topology is not None else set()
+        group.standby_target = TASK_ASSIGNOR.assign_standbys(
+            {m.member_id: m.process_id for m in group.members.values()}, tasks, stateful, standby_replicas,
+            group.target, group.standby_target)
+        group.standby_replicas = standby_replicas
         group.assignment_epoch = group.epoch
 
     def _reconcile(self, group: StreamsGroup, member: StreamsMember, owned: dict | None) -> None:
@@ -466,15 +511,45 @@ class StreamsGroups:
                 and not member.pending_revocation):
             return
         was = member.state
-        outcome = reconcile(member.state, member.epoch, member.previous_epoch, member.assigned,
-                            member.pending_revocation, group.assignment_epoch, group.target.get(member.member_id, {}),
-                            owned, group.owner_epoch(member.member_id))
-        group.apply(member, outcome)
+        outcome = reconcile(member.state, member.epoch, member.previous_epoch,
+                            with_standbys(member.assigned, member.standby),
+                            with_standbys(member.pending_revocation, member.standby_pending_revocation),
+                            group.assignment_epoch,
+                            with_standbys(group.target.get(member.member_id, {}),
+                                          group.standby_target.get(member.member_id, {})),
+                            owned, self._holder_epoch(group, member))
+        group.release(member)
+        member.state, member.epoch, member.previous_epoch = outcome.state, outcome.epoch, outcome.previous_epoch
+        member.assigned, member.standby = split_standbys(outcome.assigned)
+        member.pending_revocation, member.standby_pending_revocation = split_standbys(outcome.pending_revocation)
+        group.hold(member)
         key = (group.group_id, member.member_id)
         if member.state is MemberState.UNREVOKED_PARTITIONS and was is not MemberState.UNREVOKED_PARTITIONS:
             self.revocations.renew(key, self.clock() + max(member.rebalance_timeout_ms, 0))
         elif member.state is not MemberState.UNREVOKED_PARTITIONS:
             self.revocations.forget(key)
+
+    @staticmethod
+    def _holder_epoch(group: StreamsGroup, member: StreamsMember) -> Callable[[Any, int], int]:
+        """reconcile()'s owner_epoch for `member`, over active and standby tasks (Kafka's isUnreleasedTask): an
+        active task is held while another member owns it, or another member of its process has it as standby; a
+        standby task while a member of its process other than itself has it (active or standby). -1: free."""
+        active_owner = group.owner_epoch(member.member_id)
+        neighbours = [m for m in group.members.values()
+                      if m.member_id != member.member_id and m.process_id == member.process_id]
+
+        def epoch_of(sub: Any, partition: int) -> int:
+            if isinstance(sub, tuple):
+                sub = sub[1]
+                holders = [m for m in neighbours if partition in m.owned().get(sub, ())]
+            else:
+                epoch = active_owner(sub, partition)
+                if epoch != -1:
+                    return epoch
+                holders = []
+            holders += [m for m in neighbours if partition in m.owned_standby().get(sub, ())]
+            return holders[0].epoch if holders else -1
+        return epoch_of
 
     def _endpoints(self, group: StreamsGroup) -> list:
         """PartitionsByUserEndpoint: per member with an endpoint, the source partitions of its active tasks."""
@@ -487,12 +562,14 @@ class StreamsGroups:
         for member in group.members.values():
             if member.endpoint is None:
                 continue
-            by_topic: dict[str, set[int]] = {}
-            for sub, partitions in member.assigned.items():
-                for topic in sources.get(sub, ()):
-                    by_topic.setdefault(topic, set()).update(p for p in partitions if p < counts.get(topic, 0))
-            answer.append((member.endpoint[0], member.endpoint[1],
-                           [(t, sorted(p)) for t, p in sorted(by_topic.items()) if p], []))
+            partitions_of = []
+            for tasks in (member.assigned, member.standby):
+                by_topic: dict[str, set[int]] = {}
+                for sub, partitions in tasks.items():
+                    for topic in sources.get(sub, ()):
+                        by_topic.setdefault(topic, set()).update(p for p in partitions if p < counts.get(topic, 0))
+                partitions_of.append([(t, sorted(p)) for t, p in sorted(by_topic.items()) if p])
+            answer.append((member.endpoint[0], member.endpoint[1], *partitions_of))
         return answer
 
     def _leave(self, waiter: tuple, d: Any) -> None:
@@ -507,13 +584,13 @@ class StreamsGroups:
             # It keeps its tasks until it is back (under a new member id) or its session ends.
             member.epoch = epoch = STATIC_LEAVE_EPOCH
             self.revocations.forget((group.group_id, d.member))
-            self.sessions.renew((group.group_id, d.member), self.clock() + self.config.streams_session_timeout_ms)
+            self.sessions.renew((group.group_id, d.member), self.clock() + self.settings(d.group).session_timeout_ms)
             log.info("streams group %s: static member %s (%s) left for now", group.group_id, d.member, d.instance)
         else:
             log.info("streams group %s: member %s left", group.group_id, d.member)
             self._remove(group, d.member)
         self.persist(group)
-        self._reply(waiter, HeartbeatAnswer(0, None, d.member, epoch, self.config.streams_heartbeat_interval_ms,
+        self._reply(waiter, HeartbeatAnswer(0, None, d.member, epoch, self.settings(d.group).heartbeat_interval_ms,
                                             self.config.streams_acceptable_recovery_lag,
                                             self.config.streams_task_offset_interval_ms, None, None, None, None,
                                             group.endpoint_epoch, None))
@@ -568,7 +645,8 @@ class StreamsGroups:
                     [self._subtopology_record(s) for s in topology.subtopologies] if topology is not None else None,
                     [(m.member_id, m.epoch, m.instance_id, m.rack_id, m.client_id, m.client_host, m.topology_epoch,
                       m.process_id, m.endpoint[0] if m.endpoint else None, m.endpoint[1] if m.endpoint else -1,
-                      list(m.client_tags), as_records(m.assigned), as_records(group.target.get(m.member_id, {})))
+                      list(m.client_tags), as_records(m.assigned), as_records(group.target.get(m.member_id, {})),
+                      as_records(m.standby), as_records(group.standby_target.get(m.member_id, {})))
                      for m in group.members.values()]))
         self.outbox.send(worker, M.encode_reply(d.request_id, d.kind, DescribeAnswer(described)))
 
