@@ -290,6 +290,13 @@ class OffsetStore:
             record = (orjson.dumps([GROUP_STATE, group]), orjson.dumps([self.version, state]))
         self._append([record], now_ms, lambda flushed, fault=False: None)
 
+    def when_durable(self, now_ms: int, done: Callable[[bool], None]) -> None:
+        """done(True) once every record appended to the log so far is fsync'd, done(False) at the commit timeout or
+        on a disk fault: through the flusher's group commit, as a commit's."""
+        end = self.store.table.read(self.row).log_end_offset
+        self._wait_flushed([self.row], [end], now_ms + self.commit_timeout_ms,
+                           lambda flushed, fault=False: done(flushed and not fault))
+
     def write_share_state(self, key: ShareKey, state: Any, now_ms: int) -> None:
         """Append a share-partition's state (None: a tombstone), as write_group_state does a group's."""
         self.version += 1

@@ -22,7 +22,10 @@ the session's next epoch (INVALID_SHARE_SESSION_EPOCH), and a session must exist
 Durability: every share-partition's state is written, at each change, to the offsets log as one record per
 share-partition (node.timer.groups.offsets' share states, versioned), and restored when the log loads: the
 start offset and the in-flight records with their states and delivery counts. An acquired record comes back
-AVAILABLE with its delivery count (its lock died with the process that held it).
+AVAILABLE with its delivery count (its lock died with the process that held it). A request that carries
+acknowledgements is answered once the log is fsync'd past its records (the flusher's group commit, as an offset
+commit), so an acknowledged record never comes back, even after a crash of the machine; an acquisition alone is
+answered at once (lost, it only costs a delivery count).
 
 Invariants:
 - Every request gets exactly one REPLY.
@@ -376,9 +379,18 @@ class ShareGroups:
             self._close_session(d.group, d.member)
         elif d.acquire:
             self._acquire(d.group, d.member, session, max(d.max_records, 1), answered, watch)
-        lock_ms = self.settings(d.group).record_lock_duration_ms
-        self.outbox.send(worker, M.encode_reply(d.request_id, d.kind, FetchAnswer(
-            int(E.none), None, lock_ms, [tuple(p) for p in answered.values()], watch)))
+        reply = M.encode_reply(d.request_id, d.kind, FetchAnswer(
+            int(E.none), None, self.settings(d.group).record_lock_duration_ms,
+            [tuple(p) for p in answered.values()], watch))
+        if d.again or not any(acks for _, _, acks in d.partitions):
+            return self.outbox.send(worker, reply)
+
+        def durable(flushed: bool) -> None:  # acknowledgements are answered once their state is fsync'd
+            if not flushed:
+                log.warning("share group %s: acknowledgements answered without their state fsync'd", d.group)
+            self.outbox.send(worker, reply)
+
+        self.classic.offsets.when_durable(self.clock(), durable)
 
     def _fetch_answer(self, waiter: tuple, error: E, message: str | None = None) -> None:
         worker, request_id, kind = waiter
