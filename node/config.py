@@ -313,6 +313,23 @@ class GroupConfig:
     # docs/compatibility.md, so the lag only informs the client).
     streams_acceptable_recovery_lag: int = 10_000  # streams.acceptable.recovery.lag
     streams_task_offset_interval_ms: int = 60_000  # streams.task.offset.interval.ms
+    # Share groups (KIP-932's queues, node.timer.groups.share and share_partition):
+    share_session_timeout_ms: int = 45_000  # group.share.session.timeout.ms
+    share_heartbeat_interval_ms: int = 5000  # group.share.heartbeat.interval.ms
+    share_max_size: int = 0  # group.share.max.size; 0: no limit
+    # group.share.record.lock.duration.ms: how long a ShareFetch's acquired records stay locked to their member;
+    # a lock that runs out makes its records available again (a redelivery).
+    share_record_lock_duration_ms: int = 30_000
+    # The bounds of a group's share.record.lock.duration.ms, and of the one above:
+    share_min_record_lock_duration_ms: int = 15_000  # group.share.min.record.lock.duration.ms
+    share_max_record_lock_duration_ms: int = 60_000  # group.share.max.record.lock.duration.ms
+    share_delivery_count_limit: int = 5  # group.share.delivery.count.limit: past it a record is archived
+    # group.share.partition.max.record.locks: in-flight records (acquired or waiting) per share-partition.
+    share_partition_max_record_locks: int = 2000
+    # share.auto.offset.reset's default: where a share-partition starts ("latest" or "earliest").
+    share_auto_offset_reset: str = "latest"
+    # share.isolation.level's default: "read_uncommitted", or "read_committed" (committed transactions' records).
+    share_isolation_level: str = "read_uncommitted"
 
     def __post_init__(self):
         for low, value, high in (("consumer_min_session_timeout_ms", "consumer_session_timeout_ms",
@@ -337,6 +354,20 @@ class GroupConfig:
                                  "settings)")
         if min(self.streams_initial_rebalance_delay_ms, self.streams_max_size) < 0:
             raise ValueError("[groups] streams_initial_rebalance_delay_ms and streams_max_size must be >= 0")
+        if not 1 <= self.share_heartbeat_interval_ms < self.share_session_timeout_ms:
+            raise ValueError("[groups] 1 <= share_heartbeat_interval_ms < share_session_timeout_ms must hold")
+        if not 1 <= self.share_min_record_lock_duration_ms <= self.share_record_lock_duration_ms \
+                <= self.share_max_record_lock_duration_ms:
+            raise ValueError("[groups] 1 <= share_min_record_lock_duration_ms <= share_record_lock_duration_ms <= "
+                             "share_max_record_lock_duration_ms must hold (as Kafka's group.share.* settings)")
+        if self.share_isolation_level not in ("read_uncommitted", "read_committed"):
+            raise ValueError("[groups] share_isolation_level must be 'read_uncommitted' or 'read_committed'")
+        if self.share_record_lock_duration_ms < 1 or self.share_delivery_count_limit < 1 \
+                or self.share_partition_max_record_locks < 1 or self.share_max_size < 0:
+            raise ValueError("[groups] share_record_lock_duration_ms, share_delivery_count_limit and "
+                             "share_partition_max_record_locks must be >= 1, share_max_size >= 0")
+        if self.share_auto_offset_reset not in ("latest", "earliest"):
+            raise ValueError("[groups] share_auto_offset_reset must be 'latest' or 'earliest'")
 
 
 @dataclass(frozen=True)

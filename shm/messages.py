@@ -60,7 +60,7 @@ from typing import Any, Iterable
 
 import msgpack
 
-LAYOUT_VERSION = 6  # 6: a delayed fetch's items say where read_committed ones became stable
+LAYOUT_VERSION = 7  # 7: share groups' kinds (KIP-932); 6: delayed fetch items say where read_committed became stable
 MAX_ITEMS = 0xFFFF
 HEADER = struct.Struct("<BBHI")
 FIRST_TIMER_KIND = 64  # kinds >= this travel timer -> worker
@@ -102,6 +102,13 @@ class Kind(IntEnum):
     # The Streams rebalance protocol (KIP-1071; node.timer.groups.streams), answered by a REPLY as the group kinds are.
     STREAMS_GROUP_HEARTBEAT = 38
     STREAMS_GROUP_DESCRIBE = 39
+    # Share groups (KIP-932; node.timer.groups.share), answered by a REPLY as the group kinds are: membership, and
+    # the share-partitions' records (acquisitions, acknowledgements) of ShareFetch and ShareAcknowledge.
+    SHARE_GROUP_HEARTBEAT = 42
+    SHARE_GROUP_DESCRIBE = 43
+    SHARE_FETCH = 44
+    SHARE_GROUP_OFFSETS = 45  # DescribeShareGroupOffsets: each share-partition's start offset and lag
+    ALTER_SHARE_OFFSETS = 46  # AlterShareGroupOffsets (new start offsets) and DeleteShareGroupOffsets (state gone)
     # The transaction coordinator's requests (node.timer.transactions), answered by a REPLY as the group kinds are.
     INIT_PRODUCER_ID = 26  # with a transactional.id (one without is answered by the worker)
     ADD_PARTITIONS_TO_TXN = 27
@@ -403,10 +410,56 @@ StreamsGroupHeartbeat = declare(
            ("endpoint_epoch", "i"), ("endpoints", Array(EndpointPartitions, nullable=True))]).tuple_class
 StreamsGroupDescribe = declare(Kind.STREAMS_GROUP_DESCRIBE, body=ASKED, fields=[("groups", Array(STR))],
                                reply=[("groups", Array(DescribedStreamsGroup))]).tuple_class
+# Share groups (KIP-932): every member is assigned every partition of its subscribed topics.
+ShareGroupHeartbeat = declare(
+    Kind.SHARE_GROUP_HEARTBEAT, body=ASKED + [("member_epoch", "i")],
+    fields=[("group", STR), ("member", STR), ("rack", OPT_STR), ("subscribed_topics", Array(STR, nullable=True)),
+            ("client_id", STR), ("client_host", STR)],
+    reply=[("error", "h"), ("error_message", OPT_STR), ("member", STR), ("member_epoch", "i"),
+           ("heartbeat_interval_ms", "i"), ("assignment", Array(TopicPartitions, nullable=True))]).tuple_class
+DescribedShareMember = record("DescribedShareMember", [
+    ("member", STR), ("rack", OPT_STR), ("member_epoch", "i"), ("client_id", STR), ("client_host", STR),
+    ("subscribed_topics", Array(STR)), ("assignment", Array(TopicPartitions))])
+DescribedShareGroup = record("DescribedShareGroup", [
+    ("error", "h"), ("error_message", OPT_STR), ("group", STR), ("state", STR), ("epoch", "i"),
+    ("assignment_epoch", "i"), ("assignor", STR), ("members", Array(DescribedShareMember))])
+ShareGroupDescribe = declare(Kind.SHARE_GROUP_DESCRIBE, body=ASKED, fields=[("groups", Array(STR))],
+                             reply=[("groups", Array(DescribedShareGroup))]).tuple_class
+# A ShareFetch (acquire=True) or ShareAcknowledge (acquire=False) of one share session: the acknowledgements of
+# each partition (types: one for the whole range, or one per offset), then, for a fetch, up to max_records newly
+# acquired. again=True: the same fetch after its long poll waited (no session epoch, no acknowledgements).
+AckBatch = record("AckBatch", [("first", "q"), ("last", "q"), ("types", Array("b"))])
+SharePartitionAcks = record("SharePartitionAcks", [("topic", STR), ("partition", "i"), ("acks", Array(AckBatch))])
+AcquiredRange = record("AcquiredRange", [("first", "q"), ("last", "q"), ("delivery_count", "h")])
+ShareFetched = record("ShareFetched", [("topic", STR), ("partition", "i"), ("error", "h"), ("ack_error", "h"),
+                                       ("acquired", Array(AcquiredRange))])
+ShareWatch = record("ShareWatch", [("row", "I"), ("end_bytes", "q")])  # a partition a fetch found empty, as seen
+ShareFetch = declare(
+    Kind.SHARE_FETCH, body=ASKED + [("session_epoch", "i"), ("max_records", "i"), ("acquire", "?"), ("again", "?")],
+    fields=[("group", STR), ("member", STR), ("partitions", Array(SharePartitionAcks)),
+            ("forgotten", Array(TopicPartitions))],
+    reply=[("error", "h"), ("error_message", OPT_STR), ("lock_ms", "i"),
+           ("partitions", Array(ShareFetched)), ("watch", Array(ShareWatch))]).tuple_class
+ShareOffsetsAsked = record("ShareOffsetsAsked", [("group", STR), ("topics", Array(TopicPartitions, nullable=True))])
+ShareOffset = record("ShareOffset", [("topic", STR), ("partition", "i"), ("start_offset", "q"), ("lag", "q"),
+                                     ("error", "h")])
+ShareGroupOffsets = record("ShareGroupOffsets", [("group", STR), ("error", "h"), ("error_message", OPT_STR),
+                                                 ("partitions", Array(ShareOffset))])
+DescribeShareOffsets = declare(Kind.SHARE_GROUP_OFFSETS, body=ASKED, fields=[("groups", Array(ShareOffsetsAsked))],
+                               reply=[("groups", Array(ShareGroupOffsets))]).tuple_class
+# delete=False: each partition's state starts anew at start_offset; delete=True: the topics' share-partitions go
+# (partition and start_offset unused: -1).
+ShareOffsetChange = record("ShareOffsetChange", [("topic", STR), ("partition", "i"), ("start_offset", "q")])
+ShareOffsetResult = record("ShareOffsetResult", [("topic", STR), ("partition", "i"), ("error", "h")])
+AlterShareOffsets = declare(Kind.ALTER_SHARE_OFFSETS, body=ASKED + [("delete", "?")],
+                            fields=[("group", STR), ("changes", Array(ShareOffsetChange))],
+                            reply=[("error", "h"), ("error_message", OPT_STR),
+                                   ("results", Array(ShareOffsetResult))]).tuple_class
 GROUP_KINDS = (Kind.JOIN_GROUP, Kind.SYNC_GROUP, Kind.HEARTBEAT, Kind.LEAVE_GROUP, Kind.COMMIT_OFFSETS,
                Kind.FETCH_OFFSETS, Kind.LIST_GROUPS, Kind.DESCRIBE_GROUPS, Kind.DELETE_GROUPS, Kind.DELETE_OFFSETS,
                Kind.CONSUMER_GROUP_HEARTBEAT, Kind.CONSUMER_GROUP_DESCRIBE, Kind.STREAMS_GROUP_HEARTBEAT,
-               Kind.STREAMS_GROUP_DESCRIBE)
+               Kind.STREAMS_GROUP_DESCRIBE, Kind.SHARE_GROUP_HEARTBEAT, Kind.SHARE_GROUP_DESCRIBE, Kind.SHARE_FETCH,
+               Kind.SHARE_GROUP_OFFSETS, Kind.ALTER_SHARE_OFFSETS)
 
 # The transaction coordinator's: every request names its transactional.id and the producer id and epoch it holds.
 TXN_ASKED = ASKED + [("producer_id", "q"), ("producer_epoch", "h")]

@@ -61,7 +61,7 @@ ROW_HEAD_WORDS = 8
 ROLES = ("supervisor", "timer", "worker", "cleaner")
 SUPERVISOR_ROW = 0
 TIMER_ROW = 1
-MAX_APIS = 72  # Kafka API keys 0..71
+MAX_APIS = 96  # Kafka API keys 0..95 (Kafka 4.4's reach 94; the node serves up to 89)
 MAX_RINGS = 64  # rings described per row (one per worker)
 MAX_LISTENERS = 16  # listeners whose logins are counted one by one (the config's first ones)
 SASL_MECHANISMS = ("SCRAM-SHA-256", "SCRAM-SHA-512", "PLAIN")  # the order of the per-listener login counts
@@ -179,6 +179,19 @@ FIELDS: tuple[Field, ...] = (
     Field("consumer_group_members", counter=False, help="members of all consumer-protocol groups"),
     Field("target_assignments", help="target assignments computed for consumer-protocol groups"),
     Field("streams_groups", counter=False, help="groups of the Streams rebalance protocol (KIP-1071)"),
+    Field("share_groups", counter=False, help="share groups (KIP-932)"),
+    Field("share_group_members", counter=False, help="members of all share groups"),
+    Field("share_partitions", counter=False, help="share-partitions (a share group's state of one partition)"),
+    Field("share_records_in_flight", counter=False, help="share-partitions' records acquired or waiting to be again"),
+    Field("share_records_acquired", help="records acquired by share consumers (each delivery counts)"),
+    Field("share_redeliveries", help="records acquired again after a release or an expired lock"),
+    Field("share_records_archived", help="records archived: rejected, or past the delivery-count limit"),
+    Field("share_lock_expiries", help="acquired records whose lock ran out (made available again)"),
+    Field("share_acknowledged_accept", help="records share consumers accepted (ACCEPT)"),
+    Field("share_acknowledged_release", help="records share consumers released for redelivery (RELEASE)"),
+    Field("share_acknowledged_reject", help="records share consumers rejected (REJECT: archived)"),
+    Field("share_acknowledged_gap", help="offsets acknowledged as gaps (no record there)"),
+    Field("share_acknowledged_renew", help="records whose lock share consumers renewed (RENEW)"),
     Field("streams_group_members", counter=False, help="members of all streams groups"),
     Field("transactions_open", counter=False, help="transactions open or completing (the transaction coordinator)"),
     Field("transactions_committed", help="transactions committed"),
@@ -221,7 +234,7 @@ VERSION = struct.Struct("<q")
 # A row's area of denials per principal: about 300 principals of 40-byte names denied on two APIs each.
 PRINCIPALS_BYTES = 32 << 10
 # The header's sizes: rows, a row's bytes, the document areas' slot bytes; rows come first, then the areas.
-LAYOUT = Layout("a stats segment", magic=0x5354_4154_5342_4D54, version=4,  # "SMBSTATT"
+LAYOUT = Layout("a stats segment", magic=0x5354_4154_5342_4D54, version=5,  # "SMBSTATT"; 5: 96 APIs, share
                 sizes=("rows", "row_bytes", "committed_bytes", "transactions_bytes", "principals_bytes"),
                 fixed={"row_bytes": ROW_BYTES},
                 bytes_for=lambda rows, row_bytes, committed_bytes, transactions_bytes, principals_bytes:

@@ -1052,7 +1052,8 @@ def api_versions(port: int) -> dict[int, list[int]]:
 # docs/compatibility.md: the node's newest versions are those of the kio schemas it decodes with (Kafka 4.4's newer
 # ones: topic ids in Produce and commits, KIP-890's transactions v2, KIP-939); it still takes versions Kafka 4 removed
 # (KIP-896: CreateTopics 0-1, DeleteTopics 0, the ACL APIs and DescribeConfigs 0); it has none of the replication,
-# KRaft, delegation token, client quota, tiered storage, share group (KIP-932) and streams group (KIP-1071) APIs.
+# KRaft, delegation token, client quota and tiered storage APIs, the share coordinator's APIs (KIP-932), and
+# streams groups' v1 APIs (KIP-1071).
 API_VERSION_DIFFERENCES = {
     0: [[0, 13], [3, 11]],  # produce
     1: [[4, 18], [4, 17]],  # fetch
@@ -1088,10 +1089,6 @@ API_VERSION_DIFFERENCES = {
     64: [[0, 0], None],  # unregister_broker
     74: [[0, 1], None],  # list_config_resources
     75: [[0, 0], None],  # describe_topic_partitions
-    76: [[1, 1], None],  # share_group_heartbeat
-    77: [[1, 1], None],  # share_group_describe
-    78: [[1, 2], None],  # share_fetch
-    79: [[1, 2], None],  # share_acknowledge
     80: [[0, 1], None],  # add_raft_voter
     81: [[0, 0], None],  # remove_raft_voter
     83: [[0, 0], None],  # initialize_share_group_state
@@ -1101,9 +1098,6 @@ API_VERSION_DIFFERENCES = {
     87: [[0, 1], None],  # read_share_group_state_summary
     88: [[0, 1], [0, 0]],  # streams_group_heartbeat (1: KIP-1331's topology descriptions)
     89: [[0, 1], [0, 0]],  # streams_group_describe
-    90: [[0, 1], None],  # describe_share_group_offsets
-    91: [[0, 0], None],  # alter_share_group_offsets
-    92: [[0, 0], None],  # delete_share_group_offsets
     93: [[0, 0], None],  # newer than kio's schemas
     94: [[0, 0], None],  # newer than kio's schemas
 }

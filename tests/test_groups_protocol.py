@@ -341,8 +341,12 @@ def test_find_coordinator_and_advertised_versions(client_factory):
     assert int(transactional.error_code) == NONE and transactional.port == node.port  # the transaction coordinator
     batched = c.conn.call(P.FIND_COORDINATOR, 6, body(P.FIND_COORDINATOR, 6, "FindCoordinatorRequest", key_type=i8(2),
                                                       coordinator_keys=("share-group:topic:0",)))
-    (share,) = batched.coordinators  # a share group's (KIP-932): the node has none, and says so
-    assert int(share.error_code) == INVALID_REQUEST and share.node_id == -1 and "key type 2" in share.error_message
+    (share,) = batched.coordinators  # a share-partition's (KIP-932): the node's, as every coordinator
+    assert int(share.error_code) == NONE and share.node_id == 0 and share.port == node.port
+    other = c.conn.call(P.FIND_COORDINATOR, 6, body(P.FIND_COORDINATOR, 6, "FindCoordinatorRequest", key_type=i8(3),
+                                                    coordinator_keys=("k",)))
+    (unknown,) = other.coordinators
+    assert (int(unknown.error_code), unknown.node_id) == (INVALID_REQUEST, -1) and "key type 3" in unknown.error_message
     versions = c.conn.call(R.API_VERSIONS, 3, R.api_versions_body(3))
     advertised = {int(k.api_key): (int(k.min_version), int(k.max_version)) for k in versions.api_keys}
     assert {key: advertised[key] for key in (10, 11, 14, 12, 13, 8, 9, 16, 15, 42, 47, 68, 69)} == {

@@ -7,7 +7,8 @@ Client quotas are the node's config: `kafka-configs` describes them, and its --a
 and describes a streams group's configs (KIP-1071's streams.* on the GROUP resource).
 `kafka-acls` runs against a second node, with the authorizer on and users on a SASL listener: what each change
 lets a user do is checked on that node.
-`kafka-streams-groups` lists, describes (members, tasks, offsets) and deletes a streams group (KIP-1071).
+`kafka-streams-groups` lists, describes (members, tasks, offsets) and deletes a streams group (KIP-1071);
+`kafka-share-groups` lists and describes a share group (KIP-932).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import re
 import time
 
 import pytest
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, Producer, ShareConsumer, TopicPartition
 
 from scripts.harness import rawkafka as R
 from scripts.harness.kafka_peer import ToolRunner, tool
@@ -201,9 +202,46 @@ def test_kafka_streams_groups_lists_describes_and_deletes_a_streams_group(tools,
 def test_kafka_broker_api_versions_and_transactions_list(tools, node):
     versions = run(tools, "BrokerApiVersionsCommand", node)
     assert re.search(r"Produce\(0\): 3 to 11 \[usable: 11\]", versions), versions
-    assert "ShareFetch(78): UNSUPPORTED" in versions
+    assert "ShareFetch(78): 1 to 2 [usable: 2]" in versions
+    assert "AlterShareGroupOffsets(91): 0 [usable: 0]" in versions
+    assert "StreamsGroupTopologyDescriptionUpdate(93): UNSUPPORTED" in versions
     assert run(tools, "TransactionsCommand", node, "list").split()[:4] == ["TransactionalId", "Coordinator",
                                                                             "ProducerId", "TransactionState"]
+
+
+def test_kafka_share_groups_lists_and_describes_a_share_group(tools, node):
+    """kafka-share-groups (KIP-932): --list, --describe (each share-partition's start offset and lag),
+    --describe --members of a share group a ShareConsumer read from; once it is empty, --reset-offsets and
+    --delete-offsets."""
+    run(tools, "TopicCommand", node, "--create", "--topic", "cli-share", "--partitions", "1")
+    consumer = ShareConsumer({"bootstrap.servers": node.bootstrap, "group.id": "cli-share-group",
+                              "client.id": "cli-sharer"})
+    consumer.subscribe(["cli-share"])
+    try:
+        consumer.poll(1.0)  # joined: the share-partition starts at the end (share.auto.offset.reset latest)
+        produce(node, "cli-share", 5, partitions=1)
+        got, deadline = 0, time.monotonic() + TIMEOUT_S
+        while got < 5 and time.monotonic() < deadline:
+            got += sum(1 for m in consumer.poll(0.5) if m.error() is None)
+        assert got == 5
+        consumer.poll(0.5)  # acknowledges them (implicit mode)
+        command = "consumer.group.ShareGroupCommand"
+        assert "cli-share-group" in run(tools, command, node, "--list").split()
+        described = run(tools, command, node, "--describe", "--group", "cli-share-group")
+        rows = [line.split() for line in described.splitlines() if line.startswith("cli-share-group ")]
+        assert [row[1:5] for row in rows] == [["cli-share", "0", "5", "0"]], described
+        members = run(tools, command, node, "--describe", "--group", "cli-share-group", "--members")
+        assert "cli-sharer" in members and "cli-share:0" in members, members
+    finally:
+        consumer.close()
+    run(tools, command, node, "--reset-offsets", "--group", "cli-share-group", "--topic", "cli-share", "--to-earliest",
+        "--execute")
+    described = run(tools, command, node, "--describe", "--group", "cli-share-group")
+    rows = [line.split() for line in described.splitlines() if line.startswith("cli-share-group ")]
+    assert [row[1:5] for row in rows] == [["cli-share", "0", "0", "5"]], described
+    run(tools, command, node, "--delete-offsets", "--group", "cli-share-group", "--topic", "cli-share")
+    described = run(tools, command, node, "--describe", "--group", "cli-share-group")
+    assert not [line for line in described.splitlines() if line.startswith("cli-share-group cli-share ")], described
 
 
 def test_kafka_metadata_quorum_describes_the_node_as_its_one_voter(tools, node):

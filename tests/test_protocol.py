@@ -60,7 +60,7 @@ def request_class(api_key: int, version: int) -> type:
 def test_advertised_versions_are_the_supported_ones() -> None:
     assert SUPPORTED_APIS == {
         18: (0, 4),  # ApiVersions (4: as 3; KAFKA-17011 let a feature's min version be 0, and the node lists none)
-        10: (0, 6),  # FindCoordinator (5: TRANSACTION_ABORTABLE allowed; 6: share group keys, refused)
+        10: (0, 6),  # FindCoordinator (5: TRANSACTION_ABORTABLE allowed; 6: share-partition keys)
         3: (0, 13),  # Metadata (10+: topic ids; 13: KIP-1102's top-level error code)
         0: (3, 11),  # Produce (12: transactions v2)
         1: (4, 17),  # Fetch (13+: topic ids; 18: KIP-1166)
@@ -110,6 +110,13 @@ def test_advertised_versions_are_the_supported_ones() -> None:
         69: (0, 1),  # ConsumerGroupDescribe
         88: (0, 0),  # StreamsGroupHeartbeat (1: KIP-1331's topology descriptions)
         89: (0, 0),  # StreamsGroupDescribe
+        76: (1, 1),  # ShareGroupHeartbeat (KIP-932; v0 was the early access's)
+        77: (1, 1),  # ShareGroupDescribe
+        78: (1, 2),  # ShareFetch (2: KIP-1222's record-limit acquire mode and RENEW)
+        79: (1, 2),  # ShareAcknowledge
+        90: (0, 1),  # DescribeShareGroupOffsets (1: each share-partition's lag)
+        91: (0, 0),  # AlterShareGroupOffsets
+        92: (0, 0),  # DeleteShareGroupOffsets
     }
 
 
@@ -442,3 +449,12 @@ def test_a_worker_starts_without_the_schemas_of_the_versions_it_serves_and_loads
                                                     check=True).stdout)
     assert all(m.split(".")[2] in ("api_versions", "request_header", "response_header") for m in at_start), at_start
     assert first_use == ["kio.schema.metadata.v12.request", "kio.schema.metadata.v12.response"]
+
+
+def test_every_served_api_has_its_own_stats_counters_and_name() -> None:
+    """The stats segment counts requests per API key up to MAX_APIS; a key past it would count in another API's
+    counters (the worker indexes the row's arrays by key)."""
+    from shmbroker.node.tools.inspect import API_NAMES
+    from shmbroker.shm import stats
+    assert max(SUPPORTED_APIS) < stats.MAX_APIS
+    assert set(SUPPORTED_APIS) <= set(API_NAMES), sorted(set(SUPPORTED_APIS) - set(API_NAMES))

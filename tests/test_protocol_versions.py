@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import io
+import uuid
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -158,6 +159,30 @@ def request_for(api_key: int, version: int, tag: str):
                  client_tags=(), task_offsets=(), task_end_offsets=(), shutdown_application=False)
     if api_key == P.STREAMS_GROUP_DESCRIBE:
         return b("StreamsGroupDescribeRequest", group_ids=(group,), include_authorized_operations=True)
+    if api_key == P.SHARE_GROUP_HEARTBEAT:
+        return b("ShareGroupHeartbeatRequest", group_id=f"share-{group}", member_id=f"m-{tag}", member_epoch=i32(0),
+                 rack_id=None, subscribed_topic_names=(TOPIC,))
+    if api_key == P.SHARE_GROUP_DESCRIBE:
+        return b("ShareGroupDescribeRequest", group_ids=(f"share-{group}",), include_authorized_operations=True)
+    if api_key == P.SHARE_FETCH:  # a session opened on a topic id no topic has: UNKNOWN_TOPIC_ID, no wait
+        return b("ShareFetchRequest", group_id=f"share-{group}", member_id=f"m-{tag}", share_session_epoch=i32(0),
+                 max_wait=ms(0), min_bytes=i32(1), max_bytes=i32(1 << 20), max_records=i32(10), batch_size=i32(10),
+                 topics=(b("FetchTopic", topic_id=uuid.UUID(int=7), partitions=(b(
+                     "FetchPartition", partition_index=i32(0), acknowledgement_batches=()),)),),
+                 forgotten_topics_data=())
+    if api_key == P.SHARE_ACKNOWLEDGE:  # no share session: SHARE_SESSION_NOT_FOUND
+        return b("ShareAcknowledgeRequest", group_id=f"share-{group}", member_id=f"m-{tag}",
+                 share_session_epoch=i32(1), topics=())
+    if api_key == P.DESCRIBE_SHARE_GROUP_OFFSETS:  # a share group the node does not know: GROUP_ID_NOT_FOUND
+        return b("DescribeShareGroupOffsetsRequest", groups=(b(
+            "DescribeShareGroupOffsetsRequestGroup", group_id=f"share-{group}", topics=None),))
+    if api_key == P.ALTER_SHARE_GROUP_OFFSETS:  # a share group the node does not know: GROUP_ID_NOT_FOUND
+        return b("AlterShareGroupOffsetsRequest", group_id=f"share-{group}", topics=(b(
+            "AlterShareGroupOffsetsRequestTopic", topic_name=TOPIC, partitions=(b(
+                "AlterShareGroupOffsetsRequestPartition", partition_index=i32(0), start_offset=i64(0)),)),))
+    if api_key == P.DELETE_SHARE_GROUP_OFFSETS:
+        return b("DeleteShareGroupOffsetsRequest", group_id=f"share-{group}", topics=(b(
+            "DeleteShareGroupOffsetsRequestTopic", topic_name=TOPIC),))
     if api_key == P.SASL_HANDSHAKE:  # on a PLAINTEXT listener: answered ILLEGAL_SASL_STATE, as Kafka does
         return b("SaslHandshakeRequest", mechanism="PLAIN")
     if api_key == P.SASL_AUTHENTICATE:

@@ -1,6 +1,7 @@
-"""Group configs (KIP-848, KIP-1071): per-group overrides of the consumer and streams group protocols' session
-timeout and heartbeat interval, and of a streams group's standby replicas and initial rebalance delay: Kafka's
-GROUP config resource (DescribeConfigs, AlterConfigs, IncrementalAlterConfigs).
+"""Group configs (KIP-848, KIP-1071, KIP-932): per-group overrides of the consumer and streams group protocols'
+session timeout and heartbeat interval, of a streams group's standby replicas and initial rebalance delay, and of a
+share group's record lock duration, start offset and isolation level: Kafka's GROUP config resource
+(DescribeConfigs, AlterConfigs, IncrementalAlterConfigs).
 
 Two layers make a group's settings, as in Kafka: the node's TOML file (`[groups] consumer_session_timeout_ms`,
 `consumer_heartbeat_interval_ms`, `streams_session_timeout_ms`, `streams_heartbeat_interval_ms`,
@@ -9,10 +10,12 @@ Two layers make a group's settings, as in Kafka: the node's TOML file (`[groups]
 (`consumer.session.timeout.ms`, `consumer.heartbeat.interval.ms`, `streams.session.timeout.ms`,
 `streams.heartbeat.interval.ms`, `streams.num.standby.replicas`, `streams.initial.rebalance.delay.ms`).
 Overrides name a group id, not a group: they may be set before the group exists and stay when it is deleted; the
-coordinators read them at each heartbeat, so a change applies from the group's next heartbeat on. Kafka's
-share-group settings (`share.*`) are refused: this node has no share groups; so are Kafka 4.4's other `streams.*`
-group configs (warm-up replicas, rack-aware tags, the assignor's name, the recovery lag and task offset interval,
-...), which the node does not take per group (docs/compatibility.md).
+coordinators read them at each heartbeat, so a change applies from the group's next heartbeat on. A share group's
+`share.record.lock.duration.ms` (within `share_min/max_record_lock_duration_ms`), `share.auto.offset.reset`
+(`latest`, `earliest`; Kafka's `by_duration:` is refused) and `share.isolation.level` (`read_uncommitted`,
+`read_committed`) apply to its next acquisition; its other `share.*` configs are refused, and so are Kafka 4.4's
+other `streams.*` group configs (warm-up replicas, rack-aware tags, the assignor's name, the recovery lag and task
+offset interval, ...), which the node does not take per group (docs/compatibility.md).
 
 Invariants: stored overrides are canonical, and were valid when stored: within the node's bounds
 (`consumer_min_*`/`consumer_max_*` and `streams_min_*`/`streams_max_*`, Kafka's `group.consumer.min/max.*` and
@@ -29,7 +32,7 @@ from typing import Protocol
 from kio.schema.errors import ErrorCode
 
 from shmbroker.node.storage.topic_config import (SOURCE_DEFAULT, SOURCE_STATIC_BROKER, DescribedConfig, TopicConfigDef,
-                                                 TopicConfigError, at_least)
+                                                 TopicConfigError, at_least, one_of)
 
 SOURCE_GROUP = 8  # Kafka's ConfigSource.GROUP_CONFIG
 
@@ -39,6 +42,9 @@ STREAMS_SESSION_TIMEOUT = "streams.session.timeout.ms"
 STREAMS_HEARTBEAT_INTERVAL = "streams.heartbeat.interval.ms"
 STREAMS_STANDBY_REPLICAS = "streams.num.standby.replicas"
 STREAMS_INITIAL_DELAY = "streams.initial.rebalance.delay.ms"
+SHARE_LOCK_DURATION = "share.record.lock.duration.ms"
+SHARE_AUTO_OFFSET_RESET = "share.auto.offset.reset"
+SHARE_ISOLATION_LEVEL = "share.isolation.level"
 
 
 @dataclass(frozen=True)
@@ -88,7 +94,20 @@ SETTINGS: tuple[GroupSetting, ...] = (
         STREAMS_INITIAL_DELAY, "INT", "group.streams.initial.rebalance.delay.ms",
         "streams_initial_rebalance_delay_ms", "3000", "How long a member joining the empty streams group waits "
         "for others before the tasks are assigned (ASSIGNMENT_DELAYED meanwhile).", at_least(0)), None, None),
+    GroupSetting(TopicConfigDef(
+        SHARE_LOCK_DURATION, "INT", "group.share.record.lock.duration.ms", "share_record_lock_duration_ms", "30000",
+        "How long a share group's acquired records stay locked to the consumer that acquired them.", at_least(1)),
+        "share_min_record_lock_duration_ms", "share_max_record_lock_duration_ms"),
+    GroupSetting(TopicConfigDef(
+        SHARE_AUTO_OFFSET_RESET, "STRING", None, "share_auto_offset_reset", "latest",
+        "Where a share group's share-partition starts when it has no state: latest or earliest.",
+        one_of("latest", "earliest")), None, None),
+    GroupSetting(TopicConfigDef(
+        SHARE_ISOLATION_LEVEL, "STRING", None, "share_isolation_level", "read_uncommitted",
+        "What a share group reads: read_uncommitted, or read_committed (records of committed transactions only).",
+        one_of("read_uncommitted", "read_committed")), None, None),
 )
+TEXT_SETTINGS = frozenset((SHARE_AUTO_OFFSET_RESET, SHARE_ISOLATION_LEVEL))  # not numbers: no bounds
 # The pairs whose session timeout must stay above their heartbeat interval.
 SESSION_ABOVE_HEARTBEAT = ((SESSION_TIMEOUT, HEARTBEAT_INTERVAL), (STREAMS_SESSION_TIMEOUT, STREAMS_HEARTBEAT_INTERVAL))
 BY_NAME: dict[str, TopicConfigDef] = {s.definition.name: s.definition for s in SETTINGS}
@@ -112,6 +131,11 @@ class NodeGroupSettings(Protocol):
     streams_max_heartbeat_interval_ms: int
     streams_max_standby_replicas: int
     streams_initial_rebalance_delay_ms: int
+    share_record_lock_duration_ms: int
+    share_min_record_lock_duration_ms: int
+    share_max_record_lock_duration_ms: int
+    share_auto_offset_reset: str
+    share_isolation_level: str
 
 
 @dataclass(frozen=True)
@@ -128,6 +152,13 @@ class StreamsSettings:
     initial_rebalance_delay_ms: int
 
 
+@dataclass(frozen=True)
+class ShareSettings:
+    record_lock_duration_ms: int
+    auto_offset_reset: str  # latest, earliest
+    isolation_level: str  # read_uncommitted, read_committed
+
+
 def check_overrides(config: NodeGroupSettings, values: dict[str, str | None]) -> dict[str, str]:
     """Validate a group's overrides against the node's bounds; returns their canonical texts. Raises
     TopicConfigError: INVALID_CONFIG for an unknown key or a value out of bounds, INVALID_REQUEST for a null
@@ -136,14 +167,13 @@ def check_overrides(config: NodeGroupSettings, values: dict[str, str | None]) ->
     for key, text in values.items():
         definition = BY_NAME.get(key)
         if definition is None:
-            reason = " (this node has no share groups)" if key.startswith("share.") else ""
-            raise TopicConfigError(f"Unknown group config name: {key}{reason}")
+            raise TopicConfigError(f"Unknown group config name: {key}")
         if text is None:
             raise TopicConfigError(f"Null value not supported for configuration {key}", ErrorCode.invalid_request)
         canonical[key] = definition.canonical(text)
     for setting in SETTINGS:
         name = setting.definition.name
-        if name in canonical:
+        if name in canonical and name not in TEXT_SETTINGS:
             low = getattr(config, setting.low) if setting.low is not None else None
             high = getattr(config, setting.high) if setting.high is not None else None
             problem = setting.out_of_bounds(int(canonical[name]), low, high)
@@ -179,6 +209,14 @@ def effective_streams(config: NodeGroupSettings, overrides: dict[str, str] | Non
         STREAMS_SESSION_TIMEOUT, STREAMS_HEARTBEAT_INTERVAL, STREAMS_STANDBY_REPLICAS, STREAMS_INITIAL_DELAY)))
 
 
+def share_settings(config: NodeGroupSettings, overrides: dict[str, str] | None) -> ShareSettings:
+    """A share group's settings: its overrides on the node's defaults."""
+    overrides = overrides or {}
+    return ShareSettings(int(overrides.get(SHARE_LOCK_DURATION, config.share_record_lock_duration_ms)),
+                         overrides.get(SHARE_AUTO_OFFSET_RESET, config.share_auto_offset_reset),
+                         overrides.get(SHARE_ISOLATION_LEVEL, config.share_isolation_level))
+
+
 def describe_group(config: NodeGroupSettings, overrides: dict[str, str] | None) -> list[DescribedConfig]:
     """Every group config of a group id, as Kafka's DescribeConfigs reports it: the override (GROUP_CONFIG)
     first, then the node's setting by its broker name (static when the TOML file sets it, else default)."""
@@ -188,7 +226,7 @@ def describe_group(config: NodeGroupSettings, overrides: dict[str, str] | None) 
         definition = setting.definition
         node_value = getattr(config, definition.field)
         node_source = SOURCE_DEFAULT if str(node_value) == definition.default else SOURCE_STATIC_BROKER
-        synonyms = [(definition.broker, str(node_value), node_source)]
+        synonyms = [(definition.broker or definition.name, str(node_value), node_source)]
         if definition.name in overrides:
             synonyms.insert(0, (definition.name, overrides[definition.name], SOURCE_GROUP))
         described.append(DescribedConfig.of(definition.name, synonyms, definition))

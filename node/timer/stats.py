@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from shmbroker.node.timer.groups.share_partition import AckType
 from shmbroker.shm import stats as S
 
 MAX_LATENESS_SAMPLES = 100_000
@@ -119,6 +120,17 @@ class TimerStats:
         w.set("consumer_group_members", sum(len(g.members) for g in groups.consumer.groups.values()))
         w.set("target_assignments", groups.consumer.target_computations)
         w.set("streams_groups", len(groups.streams.groups))
+        share = groups.share
+        w.set("share_groups", len(share.groups))
+        w.set("share_group_members", sum(len(g.members) for g in share.groups.values()))
+        w.set("share_partitions", len(share.partitions))
+        w.set("share_records_in_flight", sum(p.in_flight() for p in share.partitions.values()))
+        w.set("share_records_acquired", share.counted("acquired"))
+        w.set("share_redeliveries", share.counted("redelivered"))
+        w.set("share_records_archived", share.counted("archived"))
+        w.set("share_lock_expiries", share.lock_expiries)
+        for kind in AckType:
+            w.set(f"share_acknowledged_{kind.name.lower()}", share.acknowledged[kind])
         w.set("streams_group_members", sum(len(g.members) for g in groups.streams.groups.values()))
         transactions = timer.transactions
         w.set("transactions_open", transactions.open_transactions())

@@ -11,7 +11,9 @@ raises AdminError with Kafka's error name, and a group that does not exist raise
 
 A consumer-protocol group's epochs (the group's, its target assignment's, each member's) are not in librdkafka's
 admin API: they come from one ConsumerGroupDescribe request of this module's own (kio's schema), sent to the
-bootstrap broker, which is the coordinator of every group on a shmbroker node.
+bootstrap broker, which is the coordinator of every group on a shmbroker node. Share groups (KIP-932) are not in
+it either: they are listed with a ListGroups v5 (type "share") and described with ShareGroupDescribe and
+DescribeShareGroupOffsets (each share-partition's start offset and lag) of the same kind.
 """
 
 from __future__ import annotations
@@ -24,6 +26,13 @@ from dataclasses import dataclass
 
 from kio.schema.consumer_group_describe.v1.request import ConsumerGroupDescribeRequest
 from kio.schema.consumer_group_describe.v1.response import ConsumerGroupDescribeResponse
+from kio.schema.describe_share_group_offsets.v1.request import (DescribeShareGroupOffsetsRequest,
+                                                                 DescribeShareGroupOffsetsRequestGroup)
+from kio.schema.describe_share_group_offsets.v1.response import DescribeShareGroupOffsetsResponse
+from kio.schema.list_groups.v5.request import ListGroupsRequest
+from kio.schema.list_groups.v5.response import ListGroupsResponse
+from kio.schema.share_group_describe.v1.request import ShareGroupDescribeRequest
+from kio.schema.share_group_describe.v1.response import ShareGroupDescribeResponse
 from kio.schema.request_header.v2.header import RequestHeader
 from kio.serial import entity_reader, entity_writer
 from kio.static.primitive import i16, i32
@@ -177,10 +186,14 @@ class Admin:
                 except KafkaException as exc:
                     _raise(exc, f"cannot describe group {group_id}")
         return [{"group": g.group_id, "state": states[g.group_id].name if g.group_id in states else "UNKNOWN",
-                 "simple": bool(g.is_simple_consumer_group)} for g in listed]
+                 "simple": bool(g.is_simple_consumer_group)} for g in listed] + self.share_groups()
 
     def describe_group(self, group_id: str) -> dict:
-        """Members and, per partition with a committed offset, its offset, the high watermark and the lag."""
+        """Members and, per partition with a committed offset, its offset, the high watermark and the lag (a
+        share group's: per share-partition, its start offset, the high watermark and the lag)."""
+        shared = self.describe_share_group(group_id)
+        if shared is not None:
+            return shared
         futures = self.client.describe_consumer_groups([group_id], request_timeout=self.timeout_s)
         try:
             description = futures[group_id].result(timeout=self.timeout_s * 2)
@@ -230,13 +243,64 @@ class Admin:
     def consumer_group_epochs(self, group_id: str) -> dict | None:
         """{"group_epoch", "assignment_epoch", "assignor", "members": {member id: epoch}} of a consumer-protocol
         group, or None if the group is not one (or the broker does not speak ConsumerGroupDescribe)."""
+        response = self._raw(69, 1, ConsumerGroupDescribeRequest(group_ids=(group_id,),
+                                                                 include_authorized_operations=False),
+                             ConsumerGroupDescribeResponse)
+        if response is None:
+            return None
+        (group,) = response.groups
+        if int(group.error_code):
+            return None
+        return {"group_epoch": int(group.group_epoch), "assignment_epoch": int(group.assignment_epoch),
+                "assignor": group.assignor_name, "members": {m.member_id: int(m.member_epoch) for m in group.members}}
+
+    def share_groups(self) -> list[dict]:
+        """The share groups (ListGroups v5, type "share"), or [] if the broker has none or no such API."""
+        response = self._raw(16, 5, ListGroupsRequest(states_filter=(), types_filter=("share",)), ListGroupsResponse)
+        if response is None or int(response.error_code):
+            return []
+        return [{"group": g.group_id, "state": g.group_state.upper(), "simple": False, "type": "share"}
+                for g in sorted(response.groups, key=lambda g: g.group_id) if g.group_type == "share"]
+
+    def describe_share_group(self, group_id: str) -> dict | None:
+        """A share group's members and, per share-partition, its start offset, high watermark and lag; None if
+        the group is not a share group."""
+        described = self._raw(77, 1, ShareGroupDescribeRequest(group_ids=(group_id,),
+                                                               include_authorized_operations=False),
+                              ShareGroupDescribeResponse)
+        if described is None or int(described.groups[0].error_code):
+            return None
+        group = described.groups[0]
+        offsets = self._raw(90, 1, DescribeShareGroupOffsetsRequest(groups=(DescribeShareGroupOffsetsRequestGroup(
+            group_id=group_id, topics=None),)), DescribeShareGroupOffsetsResponse)
+        members = [{"member_id": m.member_id, "client_id": m.client_id, "host": m.client_host, "instance_id": None,
+                    "member_epoch": int(m.member_epoch), "target": None,
+                    "partitions": sorted(f"{t.topic_name}-{p}" for t in m.assignment.topic_partitions
+                                         for p in t.partitions)} for m in group.members]
+        partitions = []
+        if offsets is not None and not int(offsets.groups[0].error_code):
+            with self._consumer() as consumer:
+                for topic in sorted(offsets.groups[0].topics, key=lambda t: t.topic_name):
+                    for p in sorted(topic.partitions, key=lambda p: p.partition_index):
+                        _, high = self._watermarks(consumer, topic.topic_name, int(p.partition_index))
+                        start = int(p.start_offset)
+                        partitions.append({"topic": topic.topic_name, "partition": int(p.partition_index),
+                                           "start_offset": start if start >= 0 else None, "high_watermark": high,
+                                           "lag": int(p.lag) if int(p.lag) >= 0 else None})
+        return {"group": group_id, "state": group.group_state.upper(), "type": "share",
+                "group_epoch": int(group.group_epoch), "assignment_epoch": int(group.assignment_epoch),
+                "protocol": group.assignor_name, "members": members, "partitions": partitions,
+                "total_lag": sum(p["lag"] or 0 for p in partitions)}
+
+    def _raw(self, api_key: int, version: int, request, response_class):
+        """One request of this module's own to the bootstrap broker (header v2, flexible versions only); its
+        decoded response, or None if the broker is unreachable or answers something else."""
         host, _, port = self.bootstrap.split(",")[0].strip().rpartition(":")
-        header = RequestHeader(request_api_key=i16(69), request_api_version=i16(1), correlation_id=i32(1),
+        header = RequestHeader(request_api_key=i16(api_key), request_api_version=i16(version), correlation_id=i32(1),
                                client_id="shmbroker-cli")
         out = io.BytesIO()
         entity_writer(RequestHeader)(out, header)
-        entity_writer(ConsumerGroupDescribeRequest)(out, ConsumerGroupDescribeRequest(
-            group_ids=(group_id,), include_authorized_operations=False))
+        entity_writer(type(request))(out, request)
         try:
             with socket.create_connection((host.strip("[]"), int(port)), timeout=self.timeout_s) as sock:
                 sock.sendall(struct.pack(">i", len(out.getvalue())) + out.getvalue())
@@ -244,14 +308,10 @@ class Admin:
         except (OSError, ValueError, struct.error):
             return None
         try:  # after the correlation id, response header v1's (empty) tagged fields: one byte
-            response, _ = entity_reader(ConsumerGroupDescribeResponse)(frame, 5)
+            response, _ = entity_reader(response_class)(frame, 5)
         except Exception:  # kio's decoding errors have no common base; a broker without the API answers otherwise
             return None
-        (group,) = response.groups
-        if int(group.error_code):
-            return None
-        return {"group_epoch": int(group.group_epoch), "assignment_epoch": int(group.assignment_epoch),
-                "assignor": group.assignor_name, "members": {m.member_id: int(m.member_epoch) for m in group.members}}
+        return response
 
     def _consumer(self) -> Consumer:
         return _ClosingConsumer({**self._config, "group.id": "shmbroker-cli-watermarks",

@@ -4,7 +4,7 @@
     shmbroker stats [--data-dir DIR] [--json]           one snapshot of the stats segment (no request to the node)
     shmbroker dashboard [--data-dir DIR]                live view: processes (psutil) and the node's rates
     shmbroker topics list|create|describe|delete [--bootstrap HOST:PORT] ...
-    shmbroker groups list|describe [--bootstrap HOST:PORT] ...      (lag per partition)
+    shmbroker groups list|describe [--bootstrap HOST:PORT] ...      (lag per partition; share groups too)
     shmbroker transactions list|describe ID [--data-dir DIR | --bootstrap HOST:PORT] [--json]
                                             (the coordinator's state: from shared memory, or the Kafka API)
     shmbroker users add NAME --mechanism SCRAM-SHA-256|SCRAM-SHA-512|PLAIN --password-stdin [--data-dir DIR]
@@ -119,10 +119,11 @@ def _parser() -> argparse.ArgumentParser:
         if action == "create":
             p.add_argument("--partitions", type=int, default=1, help="number of partitions")
 
-    groups = command(sub, "groups", "list consumer groups, describe one with its lag (Kafka API)")
+    groups = command(sub, "groups", "list consumer and share groups, describe one with its lag (Kafka API)")
     groups_sub = groups.add_subparsers(dest="action", required=True)
-    for action, text in (("list", "every consumer group and its state"),
-                         ("describe", "a group's members, committed offsets and lag per partition")):
+    for action, text in (("list", "every consumer group and share group (KIP-932) and its state"),
+                         ("describe", "a group's members, committed offsets and lag per partition (a share group's: "
+                                      "each share-partition's start offset and lag)")):
         p = command(groups_sub, action, text)
         kafka_api(p)
         if action == "describe":

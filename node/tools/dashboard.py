@@ -477,6 +477,14 @@ def render_group(group: dict) -> None:
                             m["client_id"], " ".join(m["partitions"]), "" if target is None else " ".join(target))
         console.print(members)
     table = Table()
+    if group.get("type") == "share":  # KIP-932: each share-partition's start offset, no owner
+        for column in ("topic", "partition", "start offset", "high watermark", "lag"):
+            table.add_column(column, justify="right")
+        for p in group["partitions"]:
+            table.add_row(p["topic"], str(p["partition"]), "-" if p["start_offset"] is None else str(p["start_offset"]),
+                          str(p["high_watermark"]), "-" if p["lag"] is None else str(p["lag"]))
+        console.print(table)
+        return
     for column in ("topic", "partition", "committed", "high watermark", "lag", "member"):
         table.add_column(column, justify="right")
     for p in group["partitions"]:

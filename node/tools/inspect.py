@@ -37,7 +37,10 @@ API_NAMES = {
     44: "IncrementalAlterConfigs", 47: "OffsetDelete", 17: "SaslHandshake", 29: "DescribeAcls", 30: "CreateAcls",
     31: "DeleteAcls", 36: "SaslAuthenticate", 60: "DescribeCluster", 61: "DescribeProducers",
     65: "DescribeTransactions", 66: "ListTransactions", 68: "ConsumerGroupHeartbeat", 69: "ConsumerGroupDescribe",
-    50: "DescribeUserScramCredentials", 51: "AlterUserScramCredentials",
+    50: "DescribeUserScramCredentials", 51: "AlterUserScramCredentials", 48: "DescribeClientQuotas",
+    55: "DescribeQuorum", 76: "ShareGroupHeartbeat", 77: "ShareGroupDescribe", 78: "ShareFetch", 79: "ShareAcknowledge",
+    88: "StreamsGroupHeartbeat", 89: "StreamsGroupDescribe", 90: "DescribeShareGroupOffsets",
+    91: "AlterShareGroupOffsets", 92: "DeleteShareGroupOffsets",
 }
 
 

@@ -41,6 +41,7 @@ from shmbroker.workers.api.family import HandlerFamily
 
 GROUP_KEY_TYPE = 0
 TRANSACTION_KEY_TYPE = 1
+SHARE_KEY_TYPE = 2  # v6 (KIP-932): a share-partition's coordinator, "group:topic id:partition"
 JoinAnswer = M.reply_class(M.Kind.JOIN_GROUP)
 SyncAnswer = M.reply_class(M.Kind.SYNC_GROUP)
 HeartbeatAnswer = M.reply_class(M.Kind.HEARTBEAT)
@@ -115,9 +116,9 @@ class GroupHandlers(HandlerFamily):
                     req, Operation.DESCRIBE, ResourceType.TRANSACTIONAL_ID, key):
                 error, message, node = E.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, "Not authorized to access " \
                                                                                "transactional id", -1
-            elif key_type in (GROUP_KEY_TYPE, TRANSACTION_KEY_TYPE):  # both coordinators are the node's (timer)
+            elif key_type in (GROUP_KEY_TYPE, TRANSACTION_KEY_TYPE, SHARE_KEY_TYPE):  # all the node's (timer)
                 error, message, node = E.NONE, None, server.node_id
-            else:  # v6's share groups (KIP-932) among them: the node has none
+            else:
                 error, message, node = E.INVALID_REQUEST, f"unknown key type {key_type}", -1
             return dict(error_code=error, error_message=message, node_id=i32(node),
                         host=host if node >= 0 else "", port=i32(port) if node >= 0 else i32(-1))

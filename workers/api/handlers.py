@@ -50,6 +50,7 @@ from shmbroker.workers.api.fetch_sessions import (FETCH_BY_TOPIC_ID, NO_SESSION,
                                                   FetchSessionCache, ForgottenTopic)
 from shmbroker.workers.api.repeated_fetch import IdleRead, RepeatedFetch
 from shmbroker.workers.api.consumer_groups import ConsumerGroupHandlers
+from shmbroker.workers.api.share_groups import ShareGroupHandlers
 from shmbroker.workers.api.streams_groups import StreamsGroupHandlers
 from shmbroker.workers.api.cluster import ClusterHandlers
 from shmbroker.workers.api.client_quotas import ClientQuotaHandlers
@@ -127,6 +128,7 @@ class Handlers:
             **GroupHandlers(config, delayed, authorizer).table(),
             **ConsumerGroupHandlers(partitions, config, delayed, authorizer).table(),
             **StreamsGroupHandlers(config, delayed, authorizer).table(),
+            **ShareGroupHandlers(partitions, config, delayed, authorizer).table(),
             **self.transactions.table(),
             **TxnMarkerHandlers(partitions, config, delayed, authorizer).table(),
             **AdminHandlers(partitions, config, delayed, authorizer).table(),

@@ -59,7 +59,8 @@ from shmbroker.node.storage.store import PartitionStore
 from shmbroker.node.timer.groups.assignors import ASSIGNORS
 from shmbroker.node.timer.groups.consumer_group import ConsumerGroup, ConsumerMember
 from shmbroker.node.timer.groups.reconciliation import LEAVE_EPOCH, STATIC_LEAVE_EPOCH, MemberState
-from shmbroker.node.timer.groups.reconciling import HeartbeatError, ReconcilingGroups, as_owned, as_records
+from shmbroker.node.timer.groups.reconciling import (HeartbeatError, ReconcilingGroups, as_owned, as_records,
+                                                      describe_rows)
 from shmbroker.node.timer.outbox import Outbox
 from shmbroker.shm import messages as M
 
@@ -287,20 +288,15 @@ class ConsumerGroups(ReconcilingGroups):
     # -- ConsumerGroupDescribe ----------------------------------------------------------------
 
     def describe(self, worker: int, d: Any) -> None:
-        described = []
-        for group_id in d.groups:
-            group = self.groups.get(group_id)
-            if self.classic.offsets.loading:
-                described.append((int(E.coordinator_load_in_progress), None, group_id, "", -1, -1, "", []))
-            elif group is None:
-                other = group_id in self.classic.groups or group_id in self.classic.streams.groups
-                message = f"Group {group_id} is not a consumer group." if other else f"Group {group_id} not found."
-                described.append((int(E.group_id_not_found), message, group_id, "Dead", -1, -1, "", []))
-            else:
-                described.append((int(E.none), None, group_id, group.state, group.epoch, group.assignment_epoch,
-                                  group.assignor_name or self._assignor_of(group), [
-                                      (m.member_id, m.instance_id, m.rack_id, m.epoch, m.client_id, m.client_host,
-                                       list(m.subscribed_topics), m.subscribed_regex, as_records(m.assigned),
-                                       as_records(group.target.get(m.member_id, {})))
-                                      for m in group.members.values()]))
+        def row(group: ConsumerGroup) -> tuple:
+            return (int(E.none), None, group.group_id, group.state, group.epoch, group.assignment_epoch,
+                    group.assignor_name or self._assignor_of(group), [
+                        (m.member_id, m.instance_id, m.rack_id, m.epoch, m.client_id, m.client_host,
+                         list(m.subscribed_topics), m.subscribed_regex, as_records(m.assigned),
+                         as_records(group.target.get(m.member_id, {})))
+                        for m in group.members.values()])
+
+        described = describe_rows(d.groups, self.groups, self.classic.offsets.loading, self.FAMILY,
+                                  lambda group_id: group_id in self.classic.groups
+                                  or group_id in self.classic.streams.groups, "Dead", row)
         self.outbox.send(worker, M.encode_reply(d.request_id, d.kind, DescribeAnswer(described)))

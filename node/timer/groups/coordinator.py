@@ -37,15 +37,16 @@ from shmbroker.node.timer.groups.group import Group, GroupState, Member, Waiter
 from shmbroker.node.timer.groups.offsets import OffsetStore
 from shmbroker.node.timer.groups.reconciling import ReconcilingGroups
 from shmbroker.node.timer.groups.sessions import Sessions
+from shmbroker.node.timer.groups.share import ShareGroups
 from shmbroker.node.timer.groups.streams import StreamsGroups
 from shmbroker.node.timer.outbox import Outbox
 from shmbroker.node.timer.purgatory import Purgatory
 from shmbroker.shm import messages as M
 
 log = logging.getLogger("shmbroker.groups")
-# ListGroups v5's group types: the classic protocol's groups, the consumer protocol's (KIP-848) and the Streams
-# rebalance protocol's (KIP-1071).
-CLASSIC, CONSUMER, STREAMS = "classic", "consumer", "streams"
+# ListGroups v5's group types: the classic protocol's groups, the consumer protocol's (KIP-848), the Streams
+# rebalance protocol's (KIP-1071) and share groups (KIP-932).
+CLASSIC, CONSUMER, STREAMS, SHARE = "classic", "consumer", "streams", "share"
 JoinAnswer = M.reply_class(M.Kind.JOIN_GROUP)
 SyncAnswer = M.reply_class(M.Kind.SYNC_GROUP)
 FetchOffsetsAnswer = M.reply_class(M.Kind.FETCH_OFFSETS)
@@ -84,6 +85,8 @@ class GroupCoordinator:
         # Streams groups (KIP-1071): a group id is in exactly one of self.groups, consumer.groups, streams.groups.
         self.streams = StreamsGroups(config, outbox, store, wheel, now_ms, clock, classic=self)
         self.reconciling: tuple[ReconcilingGroups, ...] = (self.consumer, self.streams)
+        # Share groups (KIP-932): a group id is in one of the above or in share.groups.
+        self.share = ShareGroups(config, outbox, store, wheel, now_ms, clock, classic=self)
         self.handlers: dict[M.Kind, Callable[[int, Any], None]] = {
             M.Kind.JOIN_GROUP: self.join_group,
             M.Kind.SYNC_GROUP: self.sync_group,
@@ -99,6 +102,11 @@ class GroupCoordinator:
             M.Kind.CONSUMER_GROUP_DESCRIBE: self.consumer.describe,
             M.Kind.STREAMS_GROUP_HEARTBEAT: self.streams.heartbeat,
             M.Kind.STREAMS_GROUP_DESCRIBE: self.streams.describe,
+            M.Kind.SHARE_GROUP_HEARTBEAT: self.share.heartbeat,
+            M.Kind.SHARE_GROUP_DESCRIBE: self.share.describe,
+            M.Kind.SHARE_FETCH: self.share.fetch,
+            M.Kind.SHARE_GROUP_OFFSETS: self.share.offsets,
+            M.Kind.ALTER_SHARE_OFFSETS: self.share.alter_offsets,
         }
 
     # -- the timer loop's calls ---------------------------------------------------------------
@@ -107,17 +115,19 @@ class GroupCoordinator:
         """Once per loop turn: load a slice of the offsets log while it loads."""
         if self.offsets.loading and self.offsets.load_step(self.clock()):
             self.streams.restore(self.offsets.group_states)
+            self.share.restore(self.offsets.share_states)
             for group_id in self.offsets.groups():
-                if group_id not in self.consumer.groups and group_id not in self.streams.groups:
+                if group_id not in self.consumer.groups and group_id not in self.streams.groups \
+                        and group_id not in self.share.groups:
                     self.groups.setdefault(group_id, Group(group_id))
 
     def advance(self, now_ms: int) -> None:
-        for timers in (self.joins, self.sessions, self.syncs, self.consumer, self.streams):
+        for timers in (self.joins, self.sessions, self.syncs, self.consumer, self.streams, self.share):
             timers.advance(now_ms)
 
     def next_expiration(self) -> int | None:
         """The earliest deadline of a group timer, or of the next slice of the offsets log while it loads."""
-        due = [d for p in (self.joins, self.sessions, self.syncs, self.consumer, self.streams)
+        due = [d for p in (self.joins, self.sessions, self.syncs, self.consumer, self.streams, self.share)
                if (d := p.next_expiration()) is not None]
         if self.offsets.loading:
             due.append(self.offsets.next_load_ms())
@@ -175,6 +185,8 @@ class GroupCoordinator:
             if other.members:  # a group is one protocol's
                 return self._join_reply(waiter, E.inconsistent_group_protocol, member_id)
             family.forget(group_id)  # an empty consumer or streams group becomes a classic one; offsets stay
+        if group_id in self.share.groups:  # a share group stays one (its share-partitions have state)
+            return self._join_reply(waiter, E.inconsistent_group_protocol, member_id)
         group = self.groups.get(group_id)
         if group is None:
             if member_id:
@@ -698,7 +710,8 @@ class GroupCoordinator:
             int(E.none), [(g.group_id, g.protocol_type or "", g.state.value, CLASSIC) for g in self.groups.values()
                           if not g.is_(DEAD)]
             + [(group_id, "consumer", group.state, CONSUMER) for group_id, group in self.consumer.groups.items()]
-            + [(group_id, "streams", group.state, STREAMS) for group_id, group in self.streams.groups.items()]))
+            + [(group_id, "streams", group.state, STREAMS) for group_id, group in self.streams.groups.items()]
+            + [(group_id, "share", group.state, SHARE) for group_id, group in self.share.groups.items()]))
 
     def describe_groups(self, worker: int, message: Any) -> None:
         waiter = self._waiter(worker, message)
@@ -708,7 +721,8 @@ class GroupCoordinator:
                 described.append((int(E.coordinator_load_in_progress), group_id, "", "", "", ()))
                 continue
             group = self.groups.get(group_id)
-            if group_id in self.consumer.groups or group_id in self.streams.groups:  # as Kafka: classic groups only
+            if group_id in self.consumer.groups or group_id in self.streams.groups \
+                    or group_id in self.share.groups:  # as Kafka: classic groups only
                 described.append((int(E.group_id_not_found), group_id, DEAD.value, "", "", ()))
                 continue
             if group is None:
@@ -736,6 +750,12 @@ class GroupCoordinator:
                 else:
                     family.forget(group_id)
                     self.offsets.delete(group_id, None, now)
+                    results.append((group_id, int(E.none)))
+            elif group_id in self.share.groups:
+                if self.share.groups[group_id].members:
+                    results.append((group_id, int(E.non_empty_group)))
+                else:
+                    self.share.forget(group_id)
                     results.append((group_id, int(E.none)))
             elif group is None or group.is_(DEAD):
                 results.append((group_id, int(E.group_id_not_found)))

@@ -16,6 +16,12 @@ node.timer.groups.streams), one record per group, versioned like commits:
     value  orjson [version, state]                  the group's latest snapshot (its own format version inside)
            null (a tombstone)                       the group is gone
 
+And the state of each share-partition (share groups, KIP-932: node.timer.groups.share), versioned alike:
+
+    key    orjson ["share-partition", group, topic, partition]   (four elements: an older node skips it)
+    value  orjson [version, state]                               its latest state (own format version inside)
+           null (a tombstone)                                    the share group was deleted
+
 `version` is a logical clock: one more than the highest seen, per record written; load keeps, per key, the
 record of the highest version (logs written before the log cleaner held rewrites out of order), and a
 tombstone deletes its key.
@@ -56,6 +62,8 @@ RECORDS_PER_BATCH = 500
 
 Key = tuple[str, str, int]  # group, topic, partition
 GROUP_STATE = "streams-group"  # the first element of a group state record's key
+SHARE_STATE = "share-partition"  # the first element of a share-partition state record's key
+ShareKey = tuple[str, str, int]  # group, topic, partition
 
 
 @dataclass(frozen=True)
@@ -90,6 +98,8 @@ class OffsetStore:
         self._versions: dict[Key, int] = {}  # during load: highest version per key, deletions included
         self.group_states: dict[str, Any] = {}  # group -> its latest state (streams groups)
         self._state_versions: dict[str, int] = {}  # during load: highest version per group state, deletions included
+        self.share_states: dict[ShareKey, Any] = {}  # share-partition -> its latest state (share groups)
+        self._share_versions: dict[ShareKey, int] = {}  # during load: highest version per share state
         settings = {"cleanup.policy": "compact", "segment.bytes": str(segment_bytes)}
         created = store.create_topics([(OFFSETS_TOPIC, 1, settings)], internal=True)
         code, message = created[OFFSETS_TOPIC]
@@ -143,7 +153,10 @@ class OffsetStore:
         try:
             decoded_key = orjson.loads(key)
             if isinstance(decoded_key, list) and len(decoded_key) == 2 and decoded_key[0] == GROUP_STATE:
-                return self._apply_group_state(str(decoded_key[1]), value)
+                return self._apply_versioned(str(decoded_key[1]), value, self.group_states, self._state_versions)
+            if isinstance(decoded_key, list) and len(decoded_key) == 4 and decoded_key[0] == SHARE_STATE:
+                share_key = (str(decoded_key[1]), str(decoded_key[2]), int(decoded_key[3]))
+                return self._apply_versioned(share_key, value, self.share_states, self._share_versions)
             group, topic, partition = decoded_key
             full_key = (str(group), str(topic), int(partition))
             if value is None:  # a tombstone: the key is gone, whatever came before it
@@ -165,23 +178,26 @@ class OffsetStore:
         else:
             offsets[full_key[1:]] = OffsetEntry(int(fields[1]), int(fields[2]), fields[3], int(fields[4]), version)
 
-    def _apply_group_state(self, group: str, value: bytes | None) -> None:
+    def _apply_versioned(self, key: Any, value: bytes | None, states: dict, versions: dict) -> None:
+        """A group's or a share-partition's state record into `states`: a newer version replaces what is there, a
+        tombstone (None) drops it."""
         if value is None:
-            self._state_versions.pop(group, None)
-            self.group_states.pop(group, None)
+            versions.pop(key, None)
+            states.pop(key, None)
             return
         version, state = orjson.loads(value)
         version = int(version)
         self.version = max(self.version, version)
-        if version <= self._state_versions.get(group, -1):
+        if version <= versions.get(key, -1):
             return
-        self._state_versions[group] = version
-        self.group_states[group] = state
+        versions[key] = version
+        states[key] = state
 
     def _finish_load(self) -> None:
         self.loading = False
         self._versions = {}
         self._state_versions = {}
+        self._share_versions = {}
         self.table = {group: offsets for group, offsets in self.table.items() if offsets}
         self.live = sum(len(offsets) for offsets in self.table.values())
         log.info("loaded %d committed offsets of %d groups from %d records", self.live_entries(), len(self.table),
@@ -261,6 +277,25 @@ class OffsetStore:
         else:
             self.group_states[group] = state
             record = (orjson.dumps([GROUP_STATE, group]), orjson.dumps([self.version, state]))
+        self._append([record], now_ms, lambda flushed, fault=False: None)
+
+    def when_durable(self, now_ms: int, done: Callable[[bool], None]) -> None:
+        """done(True) once every record appended to the log so far is fsync'd, done(False) at the commit timeout or
+        on a disk fault: through the flusher's group commit, as a commit's."""
+        end = self.store.table.read(self.row).log_end_offset
+        self._wait_flushed([self.row], [end], now_ms + self.commit_timeout_ms,
+                           lambda flushed, fault=False: done(flushed and not fault))
+
+    def write_share_state(self, key: ShareKey, state: Any, now_ms: int) -> None:
+        """Append a share-partition's state (None: a tombstone), as write_group_state does a group's."""
+        self.version += 1
+        record_key = orjson.dumps([SHARE_STATE, *key])
+        if state is None:
+            self.share_states.pop(key, None)
+            record = (record_key, None)
+        else:
+            self.share_states[key] = state
+            record = (record_key, orjson.dumps([self.version, state]))
         self._append([record], now_ms, lambda flushed, fault=False: None)
 
     def _append(self, records: list[tuple[bytes, bytes | None]], now_ms: int, done: Callable[..., None]) -> None:

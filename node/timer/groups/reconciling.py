@@ -35,6 +35,7 @@ from kio.schema.errors import ErrorCode
 from shmbroker.node.config import GroupConfig, WheelConfig
 from shmbroker.node.storage.store import PartitionStore
 from shmbroker.node.timer.groups.reconciliation import LEAVE_EPOCH, STATIC_LEAVE_EPOCH, MemberState, reconcile
+from shmbroker.node.timer.groups.family import GroupFamily
 from shmbroker.node.timer.groups.sessions import Sessions
 from shmbroker.node.timer.outbox import Outbox
 
@@ -61,7 +62,26 @@ def as_records(owned: dict[str, set[int]]) -> list:
     return [(name, sorted(parts)) for name, parts in sorted(owned.items()) if parts]
 
 
-class ReconcilingGroups:
+def describe_rows(group_ids: list[str], groups: dict[str, Any], loading: bool, family: str,
+                  other_kind: Callable[[str], bool], missing_state: str, row: Callable[[Any], tuple]) -> list[tuple]:
+    """The rows of ConsumerGroupDescribe's and ShareGroupDescribe's answers (one layout): each id's
+    COORDINATOR_LOAD_IN_PROGRESS while the offsets log loads, GROUP_ID_NOT_FOUND for an unknown id (its message
+    says whether the id is a group of another kind), else `row(group)`."""
+    rows = []
+    for group_id in group_ids:
+        group = groups.get(group_id)
+        if loading:
+            rows.append((int(E.coordinator_load_in_progress), None, group_id, "", -1, -1, "", []))
+        elif group is None:
+            message = f"Group {group_id} is not a {family} group." if other_kind(group_id) \
+                else f"Group {group_id} not found."
+            rows.append((int(E.group_id_not_found), message, group_id, missing_state, -1, -1, "", []))
+        else:
+            rows.append(row(group))
+    return rows
+
+
+class ReconcilingGroups(GroupFamily):
     FAMILY = ""  # "consumer" or "streams"
     UNITS = ""  # what its members own: "partitions" or "tasks"
     # FENCED_MEMBER_EPOCH's message; {relation} is "greater" or "smaller", {received} and {known} the epochs.
@@ -71,13 +91,7 @@ class ReconcilingGroups:
 
     def __init__(self, config: GroupConfig, outbox: Outbox, store: PartitionStore, wheel: WheelConfig, now_ms: int,
                  clock: Callable[[], int], classic: Any) -> None:
-        self.config = config
-        self.outbox = outbox
-        self.store = store
-        self.clock = clock
-        self.classic = classic  # the classic coordinator: its groups, the other family, the offsets log
-        self.groups: dict[str, Any] = {}
-        self.sessions = Sessions(wheel, now_ms, self.session_expired)
+        super().__init__(config, outbox, store, wheel, now_ms, clock, classic)
         self.revocations = Sessions(wheel, now_ms, self.revocation_expired)
 
     # -- what each family says ----------------------------------------------------------------
@@ -108,13 +122,8 @@ class ReconcilingGroups:
 
     # -- timers -------------------------------------------------------------------------------
 
-    def advance(self, now_ms: int) -> None:
-        self.sessions.advance(now_ms)
-        self.revocations.advance(now_ms)
-
-    def next_expiration(self) -> int | None:
-        due = [d for s in (self.sessions, self.revocations) if (d := s.next_expiration()) is not None]
-        return min(due) if due else None
+    def timer_wheels(self) -> tuple[Sessions, ...]:
+        return self.sessions, self.revocations
 
     def session_expired(self, key: tuple[str, str]) -> None:
         self._fence(key[0], key[1], "session expired")
@@ -176,7 +185,8 @@ class ReconcilingGroups:
         classic = self.classic.groups.get(group_id)
         family = self.other_family()
         other = family.groups.get(group_id)
-        if (classic is not None and (classic.members or classic.pending)) or (other is not None and other.members):
+        if (classic is not None and (classic.members or classic.pending)) or (other is not None and other.members) \
+                or group_id in self.classic.share.groups:  # a share group stays one (its share-partitions' state)
             raise HeartbeatError(E.group_id_not_found, f"Group {group_id} is not a {self.FAMILY} group.")
         if not create:
             raise HeartbeatError(E.unknown_member_id, f"{self.FAMILY.capitalize()} group {group_id} not found.")

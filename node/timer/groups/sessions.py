@@ -76,3 +76,4 @@ class Sessions:
     @property
     def wheel(self) -> TimingWheel:
         return self._wheel
+

@@ -1,0 +1,143 @@
+"""A share-partition's records without a node (node.timer.groups.share_partition, and the state record that
+node.timer.groups.share writes and restores): acquisition, acknowledgement, locks, the delivery-count limit."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings, strategies as st
+from kio.schema.errors import ErrorCode as E
+
+from shmbroker.node.timer.groups.share import restored, snapshot
+from shmbroker.node.timer.groups.share_partition import DONE, AckType, RecordState, SharePartition
+
+ACCEPT, RELEASE, REJECT, GAP, RENEW = (int(AckType.ACCEPT), int(AckType.RELEASE), int(AckType.REJECT),
+                                      int(AckType.GAP), int(AckType.RENEW))
+
+
+def partition(start: int = 0, limit: int = 3, in_flight: int = 100) -> SharePartition:
+    return SharePartition(start, limit, in_flight)
+
+
+def test_acquisition_takes_new_records_up_to_the_high_watermark_and_max_records():
+    p = partition()
+    assert p.acquire("a", 4, 10, 0, lock=1) == [(0, 3, 1)]
+    assert p.acquire("b", 100, 10, 0, lock=2) == [(4, 9, 1)]
+    assert p.acquire("a", 5, 10, 0, lock=3) == []  # nothing left: every record is acquired
+    assert (p.start_offset, p.next_offset, p.in_flight()) == (0, 10, 10)
+
+
+def test_accept_moves_the_start_and_forgets_done_records():
+    p = partition()
+    p.acquire("a", 5, 5, 0, lock=1)
+    assert p.acknowledge("a", 0, 1, [ACCEPT]) == E.none
+    assert p.acknowledge("a", 3, 4, [ACCEPT]) == E.none
+    assert p.start_offset == 2 and sorted(p.records) == [2, 3, 4]  # 3 and 4 wait behind 2
+    assert p.acknowledge("a", 2, 2, [REJECT]) == E.none
+    assert (p.start_offset, p.records) == (5, {})
+
+
+def test_released_records_go_out_again_first_with_their_delivery_count():
+    p = partition()
+    p.acquire("a", 4, 10, 0, lock=1)
+    assert p.acknowledge("a", 0, 3, [ACCEPT, RELEASE, RELEASE, ACCEPT]) == E.none
+    assert p.acquire("b", 3, 10, 0, lock=2) == [(1, 2, 2), (4, 4, 1)]
+    assert p.redelivered == 2
+
+
+def test_only_the_holder_acknowledges_and_a_refused_batch_changes_nothing():
+    p = partition()
+    p.acquire("a", 3, 10, 0, lock=1)
+    assert p.acknowledge("b", 0, 0, [ACCEPT]) == E.invalid_record_state
+    assert p.acknowledge("a", 1, 5, [ACCEPT]) == E.invalid_record_state  # 3-5 were never acquired
+    assert p.acknowledge("a", 0, 2, [ACCEPT, ACCEPT]) == E.invalid_request  # two types for three offsets
+    assert p.acknowledge("a", 0, 0, [9]) == E.invalid_request
+    assert p.acknowledge("a", 10**15, 10**18, [ACCEPT]) == E.invalid_record_state  # no walk over the range
+    assert all(r.state is RecordState.ACQUIRED and r.member == "a" for r in p.records.values())
+    assert p.acknowledge("a", 0, 2, [ACCEPT]) == E.none and p.start_offset == 3
+
+
+def test_an_expired_lock_releases_only_its_own_records():
+    p = partition()
+    p.acquire("a", 2, 10, 0, lock=1)
+    p.acquire("b", 2, 10, 0, lock=2)
+    assert p.expire(1) == 2
+    assert [p.records[o].state for o in range(4)] == [RecordState.AVAILABLE] * 2 + [RecordState.ACQUIRED] * 2
+    assert p.expire(1) == 0
+    assert p.acknowledge("a", 0, 0, [ACCEPT]) == E.invalid_record_state  # its lock ran out
+
+
+def test_the_delivery_count_limit_archives():
+    p = partition(limit=2)
+    for lock in (1, 2):
+        assert p.acquire("a", 1, 1, 0, lock) == [(0, 0, lock)]
+        p.acknowledge("a", 0, 0, [RELEASE]) if lock == 1 else p.expire(lock)
+    assert p.acquire("a", 1, 1, 0, lock=3) == [] and p.start_offset == 1 and p.archived == 1
+
+
+def test_renew_moves_records_to_a_new_lock():
+    p = partition()
+    p.acquire("a", 2, 10, 0, lock=1)
+    assert p.acknowledge("a", 0, 0, [RENEW], renew_lock=7) == E.none
+    assert p.expire(1) == 1 and p.records[0].state is RecordState.ACQUIRED and p.locked(7) == [0]
+
+
+def test_gaps_and_bounds():
+    p = partition(in_flight=5)
+    assert p.acquire("a", 100, 50, 0, lock=1) == [(0, 4, 1)]  # at most 5 in flight
+    del p.records[2]  # as a control record's offset: nothing to acknowledge there but a GAP
+    p.records[2] = p.records[1].__class__(RecordState.ACQUIRED, 1, "a", 1)
+    assert p.acknowledge("a", 0, 4, [ACCEPT, ACCEPT, GAP, ACCEPT, ACCEPT]) == E.none and p.start_offset == 5
+    p.acquire("a", 1, 50, 20, lock=2)  # the log's start moved to 20: what is below it is gone
+    assert p.start_offset == 20 and sorted(p.records) == [20]
+
+
+def test_a_member_that_leaves_releases_what_it_holds():
+    p = partition()
+    p.acquire("a", 2, 10, 0, lock=1)
+    p.acquire("b", 2, 10, 0, lock=2)
+    assert p.release_member("a") == 2 and p.locked(2) == [2, 3]
+
+
+def test_the_state_record_round_trips_and_acquired_records_come_back_available():
+    p = partition(start=10)
+    p.acquire("a", 6, 30, 0, lock=1)
+    p.acknowledge("a", 11, 12, [ACCEPT])
+    p.acknowledge("a", 13, 13, [RELEASE])
+    state = snapshot(p)
+    assert state == [1, 10, 16, [[10, 10, 1, 1], [11, 12, 2, 1], [13, 13, 0, 1], [14, 15, 1, 1]], ""]
+    back = restored(state, 3, 100)
+    assert (back.start_offset, back.next_offset) == (10, 16)
+    assert {o: (r.state, r.delivery_count) for o, r in back.records.items() if r.state not in DONE} == {
+        10: (RecordState.AVAILABLE, 1), 13: (RecordState.AVAILABLE, 1), 14: (RecordState.AVAILABLE, 1),
+        15: (RecordState.AVAILABLE, 1)}
+    assert back.acquire("b", 10, 30, 0, lock=2)[:2] == [(10, 10, 2), (13, 15, 2)]
+
+
+operations = st.lists(st.tuples(st.sampled_from(["acquire", "ack", "expire", "leave"]), st.sampled_from("ab"),
+                                st.integers(0, 12), st.integers(0, 4), st.sampled_from([ACCEPT, RELEASE, REJECT])),
+                      max_size=60)
+
+
+@settings(max_examples=100, deadline=None, database=None)
+@given(operations)
+def test_a_record_has_one_holder_and_the_start_never_rests_on_a_done_record(ops):
+    p = partition(limit=3, in_flight=8)
+    delivered: dict[int, int] = {}
+    for lock, (op, member, offset, span, kind) in enumerate(ops, start=1):
+        if op == "acquire":
+            for first, last, count in p.acquire(member, span + 1, 20, 0, lock):
+                for o in range(first, last + 1):
+                    assert count == delivered.get(o, 0) + 1 <= 3
+                    delivered[o] = count
+        elif op == "ack":
+            p.acknowledge(member, offset, offset + span, [kind])
+        elif op == "expire":
+            p.expire(offset)
+        else:
+            p.release_member(member)
+        assert p.start_offset <= p.next_offset and p.next_offset - p.start_offset <= 8
+        assert all(p.start_offset <= o < p.next_offset for o in p.records)
+        assert p.start_offset == p.next_offset or p.records[p.start_offset].state not in DONE
+        assert all((r.state is RecordState.ACQUIRED) == bool(r.member) for r in p.records.values())
+    back = restored(snapshot(p), 3, 8)  # acquired records come back released: archived at the limit
+    assert back.start_offset >= p.start_offset and back.next_offset == p.next_offset
+    assert all(r.state is not RecordState.ACQUIRED for r in back.records.values())
