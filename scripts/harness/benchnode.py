@@ -114,6 +114,7 @@ class CpuMeter:
         self.node = node
         self.fields: dict[str, float | None] = {"client_cores": None, "node_cores": None,
                                                 "timer_cores": None, "worker_cores": None}
+        self.cpu_s: dict[str, float] = {}  # CPU seconds used per role (timer, worker, supervisor) once exited
 
     def _node_cpu(self) -> dict[int, tuple[str, float]]:
         if self.node is None or self.node.proc is None:
@@ -144,6 +145,17 @@ class CpuMeter:
             self.fields["node_cores"] = round(sum(used.values()) / wall, 3)
             self.fields["timer_cores"] = round(used.get("timer", 0.0) / wall, 3)
             self.fields["worker_cores"] = round(used.get("worker", 0.0) / wall, 3)
+            self.cpu_s = used
+
+    def per_op_fields(self, operations: int) -> dict[str, float | None]:
+        """The timer's and the workers' CPU microseconds per operation over the measurement (None when the node
+        was not started here or no operation completed): what an operation costs, whatever else the shared
+        machine runs meanwhile, and whatever the wall time (idle ticks in the measurement are included)."""
+        fields: dict[str, float | None] = {"timer_us_per_op": None, "worker_us_per_op": None}
+        if self.node is not None and self.cpu_s and operations > 0:
+            fields["timer_us_per_op"] = round(self.cpu_s.get("timer", 0.0) / operations * 1e6, 3)
+            fields["worker_us_per_op"] = round(self.cpu_s.get("worker", 0.0) / operations * 1e6, 3)
+        return fields
 
 
 # --------------------------------------------------------------------------- topics
