@@ -28,6 +28,7 @@ Invariants (after every public call):
 
 from __future__ import annotations
 
+from collections import deque
 from typing import Any
 
 import numpy as np
@@ -37,7 +38,7 @@ from shmbroker.node.timer.outbox import Outbox
 from shmbroker.node.timer.wheel import SLOT_MASK, TimingWheel, doubled
 from shmbroker.shm import messages as M
 from shmbroker.shm.fetch_condition import FetchCondition
-from shmbroker.shm.table import PartitionTable
+from shmbroker.shm.table import END_BYTES, PartitionTable
 
 _PAYLOAD = (("worker", np.int64), ("request_id", np.uint64), ("row", np.int64), ("start_bytes", np.int64),
             ("min_bytes", np.int64), ("stable_from", np.int64))
@@ -67,7 +68,7 @@ class FetchWaits:
         return self.timer.next_expiration()
 
     def _end_bytes(self, rows: np.ndarray) -> np.ndarray:
-        return self.table.read_rows(rows)["end_bytes"]
+        return self.table.read_field_rows(rows, END_BYTES)
 
     def add(self, worker: int, records: np.ndarray) -> np.ndarray:
         """Wait for the fetches of `records` (DELAY_FETCH_ONE records of one worker, keys new to the caller and
@@ -135,9 +136,7 @@ class FetchWaits:
                                                  int(payload["min_bytes"][slot])).satisfied(self.table)
         statuses = np.where(satisfied, M.Status.SATISFIED, M.Status.EXPIRED)
         worker_list, id_list = workers.tolist(), request_ids.tolist()
-        keys = self.keys
-        for key in zip(worker_list, id_list):
-            del keys[key]
+        deque(map(self.keys.__delitem__, zip(worker_list, id_list)), maxlen=0)  # del each key, in C
         if (workers == workers[0]).all():
             self.outbox.complete_many(worker_list[0], id_list, statuses.tolist())
         else:
