@@ -38,8 +38,8 @@ Costs: add is O(1) amortised per level it passes through (an entry moves down at
 cancel is O(1) amortised: compaction costs O(pending + cancelled + buckets) and is paid for by the
 > pending + compaction_slack cancels since the previous one. advance costs a handful of numpy calls plus a
 Python step per distinct bucket it drains, never a Python step per entry: a bucket's entries fire or cascade
-as one array. (The node adds and cancels one entry at a time: batch add/cancel calls measured faster only
-from 4-8 entries per batch, and the timer process's drains mostly carry fewer; see node.timer.purgatory.)
+as one array. (The purgatory adds and cancels one entry at a time: batch add/cancel calls measured faster only
+from 4-8 entries per batch; add_many() serves the runs of long polls that node.timer.fetch_waits takes.)
 """
 
 from __future__ import annotations
