@@ -4,7 +4,9 @@ One node; for each load point, alternating rounds of acks=all and acks=1 (script
 order, so a drift of the shared machine hits both alike), each measurement one raw producer run of --seconds
 (scripts/producer_perf.py's load: 100-byte records, Produce requests over sockets with requests in flight, a
 fresh topic per acks). Per point: medians over rounds of records/s, request p50 and p99 for each acks, and
-acks=all / acks=1 (records/s: the median of the rounds' own ratios).
+acks=all / acks=1 (records/s: the median of the rounds' own ratios). Each round's row also gives the timer's and
+the workers' CPU microseconds per Produce request (`timer_us_per_op`, `worker_us_per_op`): under acks=all, the
+timer's is the cost of one produce it holds until its batch is fsynced (acks=1 gives the baseline).
 
 Load points (`--points`, NAME=BATCH_BYTESxCONNECTIONSxINFLIGHT):
 - reference: 64,000-byte batches from one producer with 2 requests in flight: Kafka's reference run for
@@ -77,11 +79,13 @@ def run_point(node: NodeProcess, point: LoadPoint, rounds_count: int, seconds: f
         settle_started = time.monotonic()
         os.sync()
         settle_s = time.monotonic() - settle_started
-        outcome = run_raw_producer(benchnode.LOOPBACK, node.port, load, seconds)
+        with benchnode.CpuMeter(node) as meter:
+            outcome = run_raw_producer(benchnode.LOOPBACK, node.port, load, seconds)
         row = {"script": SCRIPT, "point": point.name, "step": step, "of": steps, "acks": mode,
                "records_per_s": round(outcome.records / outcome.elapsed_s) if outcome.elapsed_s else 0,
                **benchnode.percentiles_ms(outcome.latencies_ns), "records_per_batch": load.records_per_batch(),
-               "settle_s": round(settle_s, 3), "errors": {str(k): v for k, v in outcome.errors.items()}}
+               "settle_s": round(settle_s, 3), "errors": {str(k): v for k, v in outcome.errors.items()},
+               "requests": outcome.requests, **meter.per_op_fields(outcome.requests)}
         rounds.record(round_index, mode, {key: row[key] for key in ("records_per_s", "p50_ms", "p99_ms")})
         if as_json:
             benchnode.emit(row, True)

@@ -12,7 +12,11 @@ partitions of a new topic), ``--rounds`` times:
   of ``--rates`` fetches/s in turn, open loop, for ``--step-seconds`` each; per rate: offered vs completed
   per second, lateness past max_wait, and the timer's own lateness and expiries from the node's stats
   segment (see run_offered).
-Node CPU (cores: CPU seconds per wall second, all node processes) is taken over the rounds.
+Node CPU (cores: CPU seconds per wall second, all node processes) is taken over the rounds (fanout: the settle
+time included), and per operation: `timer_us_per_op` and `worker_us_per_op` are the timer's and the workers' CPU
+microseconds per answered long poll (fanout: one an append completed; expire and offered: one that expired),
+robust on a shared machine where cores are not. acks=all produces held by the timer: scripts/bench_acks.py
+(`timer_us_per_request`).
 
 The load generator is one process with every connection in one selector: its own time is in the figures,
 the same for whatever node it runs against. Only 127.0.0.1; every wait is bounded.
@@ -237,7 +241,8 @@ def run_fanout(args, target, while_waiting: Callable[[int], dict[str, Any]] | No
                                 outcome.latencies_ns, workload="fanout", waiters=args.waiters,
                                 partitions=args.partitions, rounds=args.rounds,
                                 fanout_ms_median=round(float(np.median(fanouts_ms)), 3),
-                                fanout_ms=[round(f, 3) for f in fanouts_ms], **extra, **meter.fields)
+                                fanout_ms=[round(f, 3) for f in fanouts_ms], **extra, **meter.fields,
+                                **meter.per_op_fields(len(outcome.latencies_ns)))
 
 
 def run_expire(args, target) -> dict:
@@ -263,7 +268,8 @@ def run_expire(args, target) -> dict:
     return benchnode.result_row(SCRIPT, "raw", len(late), seconds, None, np.maximum(late, 1),
                                 workload="expire", waiters=args.waiters, partitions=args.partitions,
                                 rounds=args.rounds, expire_ms=args.expire_ms,
-                                early_answers=int((late < -EARLY_TOLERANCE_NS).sum()), **meter.fields)
+                                early_answers=int((late < -EARLY_TOLERANCE_NS).sum()), **meter.fields,
+                                **meter.per_op_fields(len(late)))
 
 
 class TimerStats:
@@ -369,7 +375,7 @@ def run_offered(args, target, server_cpu_s: Callable[[], float] | None = None) -
                                        completed_per_s=round(in_window / args.step_seconds, 1),
                                        unanswered=waiters.in_flight,
                                        early_answers=int((late < -EARLY_TOLERANCE_NS).sum()), **meter.fields,
-                                       **server)
+                                       **meter.per_op_fields(len(late)), **server)
             if timer:
                 expired, completed = (after - before for after, before in zip(timer.fetch_counts(), counts_before))
                 row["node_fetches_expired"] = expired

@@ -121,6 +121,8 @@ def test_bench_delayed_offered_rates_are_completed_with_timer_stats(tmp_path):
         # Every fetch expired in the node (its stats segment says so) and came back to the client.
         assert row["records"] == row["sent_per_s"] * 0.5 == row["node_fetches_expired"], row
         assert row["completed_per_s"] > 0 and row["timer_lateness_p99_us"] is not None, row
+        # CPU per operation (issue 57): the timer's and the workers' microseconds per answered long poll.
+        assert row["timer_us_per_op"] > 0 and row["worker_us_per_op"] > 0, row
 
 
 @pytest.mark.node
@@ -136,6 +138,7 @@ def test_bench_delayed_answers_every_waiter_in_both_workloads(tmp_path):
     assert expire["records"] == 100 and expire["early_answers"] == 0, expire
     for row in rows:
         assert row["timer_cores"] is not None and row["worker_cores"] is not None, row
+        assert row["timer_us_per_op"] > 0 and row["worker_us_per_op"] > 0, row
 
 
 @pytest.mark.serial  # its p999 bound: run alone (tests/conftest.py)
@@ -283,6 +286,10 @@ def test_bench_acks_compares_acks_all_with_acks_1(tmp_path):
     steps, summary = rows[:-1], rows[-1]
     assert [row["acks"] for row in steps] == ["all", "1", "1", "all"]
     assert all(row["records_per_s"] > 0 and not row["errors"] for row in steps), steps
+    # CPU per Produce request: the timer holds every acks=all produce (acks=1's may round to 0 at 10 ms ticks).
+    assert all(row["requests"] > 0 and row["worker_us_per_op"] > 0 and row["timer_us_per_op"] is not None
+               for row in steps), steps
+    assert all(row["timer_us_per_op"] > 0 for row in steps if row["acks"] == "all"), steps
     assert summary["summary"] and summary["point"] == "tiny" and summary["rounds"] == 2
     ratios = [a["records_per_s"] / b["records_per_s"] for a, b in ((steps[0], steps[1]), (steps[3], steps[2]))]
     assert summary["all_over_1"] == pytest.approx(sum(ratios) / 2, abs=1e-3)

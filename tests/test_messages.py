@@ -22,6 +22,15 @@ def test_delay_fetch_round_trip(request_id, deadline, min_bytes, items):
     assert message.kind is Kind.DELAY_FETCH and isinstance(message, M.DelayFetch)
     assert (message.request_id, message.deadline_ms, message.min_bytes) == (request_id, deadline, min_bytes)
     assert message.items == items and message.document is None
+    # The worker's encoder (one struct call for one item) makes the same bytes; the timer's array view reads them.
+    assert M.encode_delay_fetch(request_id, deadline, min_bytes, items) == frame
+    records = M.delay_fetch_records([memoryview(frame)] * 3)
+    if len(items) != 1:
+        assert records is None
+    else:
+        assert len(records) == 3 and records.dtype.itemsize == len(frame) == M.DELAY_FETCH_ONE_BYTES
+        assert [records[name][2] for name in ("request_id", "deadline_ms", "min_bytes", "row", "start_bytes",
+                                              "stable_from")] == [request_id, deadline, min_bytes, *items[0]]
 
 
 @pytest.mark.parametrize("kind, body, items, document", [
@@ -229,6 +238,16 @@ def test_bad_values_raise_message_error():
         M.encode(Kind.FLUSH, items=[(1, 2)])  # one field too many
     with pytest.raises(MessageError):
         M.encode(Kind.DELAY_FETCH, 1, 2, items=[])  # a body field missing
+    with pytest.raises(MessageError):
+        M.encode_delay_fetch(-1, 2, 3, [(1, 2, 3)])  # negative u64
+    with pytest.raises(MessageError):
+        M.encode_delay_fetch(1, 2, 3, [(1, 2)])  # an item field missing
+    # Not one-partition DELAY_FETCH frames of this layout: no array view (the timer decodes them one by one).
+    one = M.encode(Kind.DELAY_FETCH, 1, 2, 3, items=[(1, 2, 3)])
+    assert M.delay_fetch_records([]) is None
+    assert M.delay_fetch_records([one, one[:1] + bytes([M.LAYOUT_VERSION - 1]) + one[2:]]) is None
+    assert M.delay_fetch_records([one, bytes([Kind.DELAY_PRODUCE]) + one[1:]]) is None
+    assert M.delay_fetch_records([one, one[:2] + (2).to_bytes(2, "little") + one[4:]]) is None  # count 2, 1 item
     with pytest.raises(MessageError):
         M.encode(Kind.CANCEL, items=[(i,) for i in range(M.MAX_ITEMS + 1)])
     with pytest.raises(MessageError):

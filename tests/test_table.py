@@ -69,6 +69,10 @@ def test_vectorised_read_matches_row_reads():
         assert np.array_equal(rows["log_end_offset"], np.arange(50) * 3)
         some = table.read_rows([4, 9])
         assert list(some["end_bytes"]) == [400, 900]
+        # One field of many rows (the timer's array path), in the rows' order, repeats allowed.
+        picked = np.array([9, 4, 4, 49], np.int64)
+        assert table.read_field_rows(picked, END_BYTES).tolist() == [900, 400, 400, 4900]
+        assert table.read_field_rows(picked, 0).tolist() == [27, 12, 12, 147]
 
 
 def _writer(name: str, row: int, count: int, ready) -> None:
@@ -97,6 +101,8 @@ def test_readers_never_see_a_torn_row_while_another_process_writes():
                 last_field = field
                 rows = table.read_rows([0, 1])
                 assert len(set(rows[1].tolist())) == 1
+                both = table.read_field_rows(np.array([1, 1], np.int64), END_BYTES).tolist()
+                assert min(both) >= field, (both, field)  # published values, never going back
                 seen.add(state[0])
             writer.join(20)
             assert writer.exitcode == 0

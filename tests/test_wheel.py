@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import bisect
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
@@ -61,6 +62,15 @@ class WheelMachine(RuleBasedStateMachine):
     def add(self, offset):
         deadline = self.now + offset
         self._insert(self.wheel.add(deadline), deadline)
+
+    @rule(batch=st.lists(offsets, min_size=0, max_size=12))
+    def add_many(self, batch):
+        """The timer process's batch path: one call for a ring drain's deadlines, handles in their order."""
+        deadlines = [self.now + offset for offset in batch]
+        handles = self.wheel.add_many(np.array(deadlines, np.int64)).tolist()
+        assert len(handles) == len(deadlines) == len(set(handles))
+        for handle, deadline in zip(handles, deadlines):
+            self._insert(handle, deadline)
 
     @precondition(lambda self: self.deadline or self.dead)
     @rule(data=st.data())

@@ -37,6 +37,14 @@ class Outbox:
             self._queue_completions(worker)
             self._write(worker)
 
+    def complete_many(self, worker: int, request_ids: list[int], statuses: list[int]) -> None:
+        """complete() of many requests of one worker (error code 0 each), in one call: a wheel slot's expiries."""
+        items = self._completions[worker]
+        items.extend(zip(request_ids, statuses, [0] * len(request_ids)))
+        if len(items) >= self.chunk:
+            self._queue_completions(worker)
+            self._write(worker)
+
     def send(self, worker: int, frame: bytes) -> None:
         self._queued[worker].append(frame)
 
@@ -55,8 +63,9 @@ class Outbox:
     def _queue_completions(self, worker: int) -> None:
         items = self._completions[worker]
         if items:
-            for start in range(0, len(items), M.MAX_ITEMS):
-                self._queued[worker].append(M.encode(M.Kind.COMPLETION, items=items[start:start + M.MAX_ITEMS]))
+            chunk = self.chunk  # <= MAX_ITEMS; complete_many may have gone past it
+            for start in range(0, len(items), chunk):
+                self._queued[worker].append(M.encode(M.Kind.COMPLETION, items=items[start:start + chunk]))
             self._completions[worker] = []
 
     def _write(self, worker: int) -> None:

@@ -184,11 +184,36 @@ class TimerProcess:
                 log.error("request ring of worker %d is corrupt (%s): dropping its content", worker, exc)
                 reader.discard_pending()
                 continue
-            for frame in frames:
-                self._dispatch(worker, frame)
+            self._dispatch_all(worker, frames)
             reader.release()
             if self.stats is not None and frames:
                 self.stats.received(worker, len(frames))
+
+    def _dispatch_all(self, worker: int, frames: list[memoryview]) -> None:
+        """Each frame in order, but a run of at least `fetch_batch_min` one-partition DELAY_FETCH frames in one
+        call on the array path (DelayedOperations.delay_fetches); whatever it does not take, one by one."""
+        least = self.config.timer.fetch_batch_min
+        if not least or len(frames) < least:
+            for frame in frames:
+                self._dispatch(worker, frame)
+            return
+        run_start = 0  # frames[run_start:index] are one-partition DELAY_FETCH frames
+        for index, frame in enumerate(frames):
+            if len(frame) == M.DELAY_FETCH_ONE_BYTES and frame[0] == M.Kind.DELAY_FETCH:
+                continue
+            self._dispatch_run(worker, frames[run_start:index], least)
+            self._dispatch(worker, frame)
+            run_start = index + 1
+        self._dispatch_run(worker, frames[run_start:], least)
+
+    def _dispatch_run(self, worker: int, run: list[memoryview], least: int) -> None:
+        try:
+            if len(run) >= least and self.operations.delay_fetches(worker, run):
+                return
+        except Exception:  # a bug costs the run's array path, never the timer process: one by one below
+            log.exception("the array path of %d delayed fetches from worker %d failed", len(run), worker)
+        for frame in run:
+            self._dispatch(worker, frame)
 
     def _dispatch(self, worker: int, frame: memoryview) -> None:
         try:

@@ -2,7 +2,8 @@
 purgatories, completed by flushes and deadlines, answered through the outbox.
 
 Invariants:
-- Exactly one live operation per (worker, request id): duplicates (a re-submission after a timer
+- Exactly one live operation per (worker, request id), in `operations` or in `fetch_waits` (the array path of
+  one-partition long polls, node.timer.fetch_waits), never both: duplicates (a re-submission after a timer
   restart, a frame delivered twice after a consumer crash) are ignored.
 - Every operation completes once, satisfied or expired, and yields exactly one completion to its
   worker; a cancelled operation (its connection closed) yields none.
@@ -20,6 +21,7 @@ from typing import Any
 
 from shmbroker.node.config import NodeConfig
 from shmbroker.node.timer.delayed import DelayedFetch, DelayedFlush, DelayedProduce, DelayedTimeout, TimerOperation
+from shmbroker.node.timer.fetch_waits import FetchWaits
 from shmbroker.node.timer.flusher import Flusher
 from shmbroker.node.timer.outbox import Outbox
 from shmbroker.node.timer.purgatory import Purgatory
@@ -39,6 +41,7 @@ class DelayedOperations:
         self.fetches = Purgatory.configured("fetch", timer.purgatory, timer.wheel, now_ms)
         self.produces = Purgatory.configured("produce", timer.purgatory, timer.wheel, now_ms)
         self.throttles = Purgatory.configured("throttle", timer.purgatory, timer.wheel, now_ms)
+        self.fetch_waits = FetchWaits(table, outbox, timer.wheel, now_ms)  # one-partition fetches, as arrays
         self.operations: dict[tuple[int, int], TimerOperation] = {}
         self.cancelled: set[tuple[int, int]] = set()
         self.failed_rows: dict[int, int] = {}  # row -> last flush round that failed on it
@@ -49,6 +52,26 @@ class DelayedOperations:
         op = DelayedFetch(worker, message.request_id, FetchCondition(message.items, message.min_bytes), self.table,
                           self._completed)
         self._watch(self.fetches, op, message.deadline_ms)
+
+    def delay_fetches(self, worker: int, frames: list) -> bool:
+        """A run of DELAY_FETCH frames of one worker, on the array path (node.timer.fetch_waits); False, with
+        nothing done, unless every frame is a one-partition DELAY_FETCH on a row of the table with a key new to
+        the timer and to the run (then the caller decodes them one by one)."""
+        records = M.delay_fetch_records(frames)
+        if records is None:
+            return False
+        keys = list(zip([worker] * len(records), records["request_id"].tolist()))
+        if (len(set(keys)) != len(keys) or not self.operations.keys().isdisjoint(keys)
+                or not self.fetch_waits.keys.keys().isdisjoint(keys)
+                or int(records["row"].max()) >= self.table.rows):
+            return False
+        for position in self.fetch_waits.add(worker, records).tolist():
+            record = records[position]
+            self.delay_fetch(worker, M.DelayFetch(int(record["request_id"]), int(record["deadline_ms"]),
+                                                  int(record["min_bytes"]),
+                                                  [(int(record["row"]), int(record["start_bytes"]),
+                                                    int(record["stable_from"]))], None))
+        return True
 
     def delay_produce(self, worker: int, message: Any) -> None:
         op = DelayedProduce(worker, message.request_id, [row for row, _ in message.items],
@@ -68,6 +91,8 @@ class DelayedOperations:
             if op is not None:
                 self.cancelled.add(op.key)
                 op.force_complete()
+            else:
+                self.fetch_waits.cancel(worker, request_id)
 
     def wait_flushed(self, rows: list[int], required_offsets: list[int], deadline_ms: int, done,
                      urgent: bool = False) -> None:
@@ -96,15 +121,17 @@ class DelayedOperations:
     def advance(self, now_ms: int) -> None:
         for purgatory in (self.fetches, self.produces, self.throttles):
             purgatory.advance(now_ms)
+        self.fetch_waits.advance(now_ms)
 
     def next_expiration(self) -> int | None:
-        deadlines = [d for p in (self.fetches, self.produces, self.throttles) if (d := p.next_expiration()) is not None]
+        deadlines = [d for p in (self.fetches, self.produces, self.throttles, self.fetch_waits)
+                     if (d := p.next_expiration()) is not None]
         return min(deadlines) if deadlines else None
 
     # -- internals --------------------------------------------------------------------------------
 
     def _watch(self, purgatory: Purgatory, op: TimerOperation, deadline_ms: int) -> None:
-        if op.key in self.operations:  # a re-submission, or a frame delivered twice
+        if op.key in self.operations or op.key in self.fetch_waits.keys:  # a re-submission, or a frame twice
             return
         self.operations[op.key] = op
         purgatory.try_complete_else_watch(op, op.watch_keys(), deadline_ms)

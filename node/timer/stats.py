@@ -73,14 +73,17 @@ class TimerStats:
                        "join": groups.joins, "sync": groups.syncs}
         entries = levels = slots = 0
         by_level = [0] * S.MAX_WHEEL_LEVELS
+        waits = ops.fetch_waits  # the fetch purgatory's array path: its figures count as the purgatory's
         for kind, purgatory in purgatories.items():
-            w.set(f"purgatory_{kind}_pending", purgatory.pending)
-            w.set(f"purgatory_{kind}_watched", purgatory.watched)
-            w.set(f"purgatory_{kind}_completed", purgatory.completed)
-            w.set(f"purgatory_{kind}_expired", purgatory.expired)
-            wheel = purgatory.timer
-            entries, levels, slots = entries + wheel.pending, max(levels, wheel.levels), slots + wheel.slots_in_use
-            _add_levels(by_level, wheel)
+            extra = waits if kind == "fetch" else None
+            w.set(f"purgatory_{kind}_pending", purgatory.pending + (extra.pending if extra else 0))
+            w.set(f"purgatory_{kind}_watched", purgatory.watched + (extra.pending if extra else 0))
+            w.set(f"purgatory_{kind}_completed", purgatory.completed + (extra.completed if extra else 0))
+            w.set(f"purgatory_{kind}_expired", purgatory.expired + (extra.expired if extra else 0))
+            for wheel in (purgatory.timer, extra.timer) if extra else (purgatory.timer,):
+                entries, levels = entries + wheel.pending, max(levels, wheel.levels)
+                slots += wheel.slots_in_use
+                _add_levels(by_level, wheel)
         sessions = groups.sessions
         w.set("purgatory_session_pending", len(sessions))
         w.set("purgatory_session_watched", len(sessions))

@@ -38,8 +38,8 @@ Costs: add is O(1) amortised per level it passes through (an entry moves down at
 cancel is O(1) amortised: compaction costs O(pending + cancelled + buckets) and is paid for by the
 > pending + compaction_slack cancels since the previous one. advance costs a handful of numpy calls plus a
 Python step per distinct bucket it drains, never a Python step per entry: a bucket's entries fire or cascade
-as one array. (The node adds and cancels one entry at a time: batch add/cancel calls measured faster only
-from 4-8 entries per batch, and the timer process's drains mostly carry fewer; see node.timer.purgatory.)
+as one array. (The purgatory adds and cancels one entry at a time: batch add/cancel calls measured faster only
+from 4-8 entries per batch; add_many() serves the runs of long polls that node.timer.fetch_waits takes.)
 """
 
 from __future__ import annotations
@@ -331,6 +331,37 @@ class TimingWheel:
         self._append_one(level * self.wheel_size + vid % self.wheel_size, slot, vid * span)
         self._pending += 1
         return handle
+
+    def add_many(self, deadlines_ms: np.ndarray) -> np.ndarray:
+        """Add one timer per deadline (int64 ms, each within +-limit_ms) in one call; returns their handles, in
+        the deadlines' order. The entries are placed as a cascade places them (_place: one numpy pass over the
+        batch), so a batch costs a handful of numpy calls plus a Python step per bucket it reaches; one epoch
+        for the whole call (the slots differ, so the handles do). The same invariants as add()."""
+        deadlines = np.asarray(deadlines_ms, dtype=np.int64)
+        count = len(deadlines)
+        if not count:
+            return _EMPTY
+        if int(_min(deadlines)) < -self.limit_ms or int(_max(deadlines)) > self.limit_ms:
+            raise ValueError(f"deadline_ms must be within +-{self.limit_ms}")
+        reused = min(self._free_top, count)
+        fresh = count - reused
+        self._grow(self._high + fresh)
+        slots = np.empty(count, np.int64)
+        if reused:
+            top = self._free_top
+            slots[:reused] = self._free[top - reused : top][::-1]
+            self._free_top = top - reused
+        if fresh:
+            slots[reused:] = np.arange(self._high, self._high + fresh, dtype=np.int64)
+            self._high += fresh
+        handles = slots | self._next_epoch()
+        self._deadline[slots] = deadlines
+        self._live[slots] = handles
+        ticks = deadlines if self.tick_ms == 1 else -((-deadlines) // self.tick_ms)
+        ticks = np.maximum(ticks, self._tick)
+        self._place(slots, ticks, int(_min(ticks)), int(_max(ticks)))
+        self._pending += count
+        return handles
 
     def _append_one(self, bucket: int, slot: int, expiration: int) -> None:
         fill = self._fill[bucket]

@@ -114,6 +114,8 @@ class CpuMeter:
         self.node = node
         self.fields: dict[str, float | None] = {"client_cores": None, "node_cores": None,
                                                 "timer_cores": None, "worker_cores": None}
+        self.cpu_s: dict[str, float] = {}  # CPU seconds used per role (timer, worker, supervisor) once exited
+        self._threads: dict[int, dict[int, int]] = {}
 
     def _node_cpu(self) -> dict[int, tuple[str, float]]:
         if self.node is None or self.node.proc is None:
@@ -126,10 +128,23 @@ class CpuMeter:
                 found[pid] = (roles.get(pid, "supervisor"), times.user + times.system)
         return found
 
+    @staticmethod
+    def _thread_cpu_ns(pid: int) -> dict[int, int]:
+        """CPU nanoseconds of each live thread of `pid` (/proc/PID/task/TID/schedstat: exact, where cpu_times()
+        counts 10 ms ticks, too coarse for the timer's share of a short step); {} if unreadable."""
+        found = {}
+        with contextlib.suppress(OSError):
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                with contextlib.suppress(OSError, ValueError, IndexError):
+                    with open(f"/proc/{pid}/task/{tid}/schedstat") as stat:
+                        found[int(tid)] = int(stat.read().split()[0])
+        return found
+
     def __enter__(self) -> CpuMeter:
         self._wall = time.monotonic()
         self._self = time.process_time()
         self._node = self._node_cpu()
+        self._threads = {pid: self._thread_cpu_ns(pid) for pid in self._node}
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -144,6 +159,27 @@ class CpuMeter:
             self.fields["node_cores"] = round(sum(used.values()) / wall, 3)
             self.fields["timer_cores"] = round(used.get("timer", 0.0) / wall, 3)
             self.fields["worker_cores"] = round(used.get("worker", 0.0) / wall, 3)
+            # Per operation, the exact per-thread figures (a thread that ended during the step is missed: the
+            # node's threads live as long as their process).
+            exact: dict[str, float] = {}
+            for pid, (role, _) in self._node.items():
+                before = self._threads.get(pid, {})
+                after = self._thread_cpu_ns(pid)
+                if not after:
+                    exact = {}
+                    break
+                exact[role] = exact.get(role, 0.0) + sum(ns - before.get(tid, 0) for tid, ns in after.items()) / 1e9
+            self.cpu_s = exact or used
+
+    def per_op_fields(self, operations: int) -> dict[str, float | None]:
+        """The timer's and the workers' CPU microseconds per operation over the measurement (None when the node
+        was not started here or no operation completed): what an operation costs, whatever else the shared
+        machine runs meanwhile, and whatever the wall time (idle ticks in the measurement are included)."""
+        fields: dict[str, float | None] = {"timer_us_per_op": None, "worker_us_per_op": None}
+        if self.node is not None and self.cpu_s and operations > 0:
+            fields["timer_us_per_op"] = round(self.cpu_s.get("timer", 0.0) / operations * 1e6, 3)
+            fields["worker_us_per_op"] = round(self.cpu_s.get("worker", 0.0) / operations * 1e6, 3)
+        return fields
 
 
 # --------------------------------------------------------------------------- topics

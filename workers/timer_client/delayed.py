@@ -182,7 +182,7 @@ class DelayedRequests:
         handoff = self.fetch_handoff_ms
         hand_off_at = now + handoff if 0 < handoff < max_wait_ms else None
         return self._wait(req, deadline, finish,
-                          lambda rid: M.encode(M.Kind.DELAY_FETCH, rid, deadline, min_bytes, items=watch),
+                          lambda rid: M.encode_delay_fetch(rid, deadline, min_bytes, watch),
                           FetchCondition(watch, min_bytes), hand_off_at)
 
     def throttle(self, req: Request, client: str | None, quota_kind: int, throttle_ms: int,
