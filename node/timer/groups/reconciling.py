@@ -253,16 +253,20 @@ class ReconcilingGroups(GroupFamily):
                 and not member.pending_revocation):
             return False  # the common heartbeat: at its target already
         was, before = member.state, member.assigned
-        outcome = reconcile(member.state, member.epoch, member.previous_epoch, member.assigned,
-                            member.pending_revocation, group.assignment_epoch, group.target.get(member.member_id, {}),
-                            owned, group.owner_epoch(member.member_id))
-        group.apply(member, outcome)
+        self._step(group, member, owned)
         key = (group.group_id, member.member_id)
         if member.state is MemberState.UNREVOKED_PARTITIONS and was is not MemberState.UNREVOKED_PARTITIONS:
             self.revocations.renew(key, self.clock() + max(member.rebalance_timeout_ms, 0))
         elif member.state is not MemberState.UNREVOKED_PARTITIONS:
             self.revocations.forget(key)
         return member.assigned != before
+
+    def _step(self, group: Any, member: Any, owned: dict | None) -> None:
+        """reconcile() once for the member, toward its target: its state, epochs, assigned and pending revocation."""
+        outcome = reconcile(member.state, member.epoch, member.previous_epoch, member.assigned,
+                            member.pending_revocation, group.assignment_epoch, group.target.get(member.member_id, {}),
+                            owned, group.owner_epoch(member.member_id))
+        group.apply(member, outcome)
 
     def _depart(self, group: Any, member_id: str, d: Any) -> int:
         """A member's leave (its request checked): the epoch its answer carries. A static member leaving for now

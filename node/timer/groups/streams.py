@@ -67,8 +67,7 @@ from shmbroker.node.config import GroupConfig, WheelConfig
 from shmbroker.node.storage import group_config
 from shmbroker.node.storage.group_config import StreamsSettings
 from shmbroker.node.storage.store import PartitionStore
-from shmbroker.node.timer.groups.reconciliation import (LEAVE_EPOCH, STATIC_LEAVE_EPOCH, MemberState, Partitions,
-                                                          reconcile)
+from shmbroker.node.timer.groups.reconciliation import LEAVE_EPOCH, STATIC_LEAVE_EPOCH, Partitions, reconcile
 from shmbroker.node.timer.groups.reconciling import HeartbeatError, ReconcilingGroups, as_owned, as_records
 from shmbroker.node.timer.groups.streams_assignor import TASK_ASSIGNOR
 from shmbroker.node.timer.groups.streams_group import StreamsGroup, StreamsMember
@@ -415,11 +414,9 @@ class StreamsGroups(ReconcilingGroups):
         group.standby_replicas = standby_replicas
         group.assignment_epoch = group.epoch
 
-    def _reconcile(self, group: StreamsGroup, member: StreamsMember, owned: dict | None) -> None:
-        if (member.state is MemberState.STABLE and member.epoch == group.assignment_epoch
-                and not member.pending_revocation):
-            return
-        was = member.state
+    def _step(self, group: StreamsGroup, member: StreamsMember, owned: dict | None) -> None:
+        """reconcile() once over the member's active and standby tasks together (a standby's subtopology keyed
+        apart: with_standbys), so standbys are revoked before anything new is given, as active tasks are."""
         outcome = reconcile(member.state, member.epoch, member.previous_epoch,
                             with_standbys(member.assigned, member.standby),
                             with_standbys(member.pending_revocation, member.standby_pending_revocation),
@@ -427,16 +424,9 @@ class StreamsGroups(ReconcilingGroups):
                             with_standbys(group.target.get(member.member_id, {}),
                                           group.standby_target.get(member.member_id, {})),
                             owned, self._holder_epoch(group, member))
-        group.release(member)
-        member.state, member.epoch, member.previous_epoch = outcome.state, outcome.epoch, outcome.previous_epoch
-        member.assigned, member.standby = split_standbys(outcome.assigned)
-        member.pending_revocation, member.standby_pending_revocation = split_standbys(outcome.pending_revocation)
-        group.hold(member)
-        key = (group.group_id, member.member_id)
-        if member.state is MemberState.UNREVOKED_PARTITIONS and was is not MemberState.UNREVOKED_PARTITIONS:
-            self.revocations.renew(key, self.clock() + max(member.rebalance_timeout_ms, 0))
-        elif member.state is not MemberState.UNREVOKED_PARTITIONS:
-            self.revocations.forget(key)
+        outcome.assigned, member.standby = split_standbys(outcome.assigned)
+        outcome.pending_revocation, member.standby_pending_revocation = split_standbys(outcome.pending_revocation)
+        group.apply(member, outcome)  # its active tasks, whose owners the group tracks
 
     @staticmethod
     def _holder_epoch(group: StreamsGroup, member: StreamsMember) -> Callable[[Any, int], int]:
