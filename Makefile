@@ -148,9 +148,9 @@ run: venv
 # Two parts, both always run: the tests marked `serial` (they time things, or use both cores) alone, after the
 # others ran TEST_JOBS at a time (pytest-xdist; a file's tests stay together in one worker, the longest files
 # first: tests/conftest.py).
-# Three on two cores: the tests wait on their nodes and clients more than they compute (a full run at 2 used about
-# one core; at 3 the first part took 13 minutes, not 25).
-TEST_JOBS ?= 3
+# Four on two cores: the tests wait on their nodes and clients more than they compute (a full run at 2 used about
+# one core; at 3 the first part took 12:15 with a quarter of the CPU idle, at 4 10:51 with 1-8% idle).
+TEST_JOBS ?= 4
 # The edit-test loop: the tests that start no node, JVM or Spark session, TEST_JOBS at a time.
 check: test-venv
 	$(PY) -m pytest -q tests -m "not node and not jvm and not serial" -n $(TEST_JOBS) --dist loadgroup --no-loadscope-reorder

@@ -41,7 +41,7 @@ NODE_FIXTURES = {"node", "node_factory"}
 JVM_FIXTURES = {"spark"}  # tests/spark/conftest.py: one Spark session for the run
 
 
-# `make test` runs the tests in two parts: those marked `serial` alone, the others three at a time (pytest-xdist,
+# `make test` runs the tests in two parts: those marked `serial` alone, the others four at a time (pytest-xdist,
 # --dist loadgroup), each file's tests in one worker, in order (but those of SPREAD_FILES). Files that share
 # something run in one group.
 SHARED_GROUPS = {
@@ -74,7 +74,7 @@ LONGEST_GROUPS_FIRST = (
 
 # Files of pure functions (no node, no files, no shared memory of their own) that would hold one worker for long:
 # their tests are dealt in turn to this many groups, which any worker may take.
-SPREAD_FILES = {"test_protocol.py": 3}
+SPREAD_FILES = {"test_protocol.py": 4}
 
 
 def _xdist_group(item: pytest.Item, index: int) -> str:
