@@ -181,6 +181,7 @@ FIELDS: tuple[Field, ...] = (
     Field("streams_groups", counter=False, help="groups of the Streams rebalance protocol (KIP-1071)"),
     Field("share_groups", counter=False, help="share groups (KIP-932)"),
     Field("share_group_members", counter=False, help="members of all share groups"),
+    Field("share_member_joins", help="share group members that joined or rejoined (a heartbeat of member epoch 0)"),
     Field("share_partitions", counter=False, help="share-partitions (a share group's state of one partition)"),
     Field("share_records_in_flight", counter=False, help="share-partitions' records acquired or waiting to be again"),
     Field("share_records_acquired", help="records acquired by share consumers (each delivery counts)"),

@@ -594,11 +594,47 @@ def test_share_state_survives(node_factory, how):
         consumer.close()
 
 
-def test_a_consumer_goes_on_across_a_kill_of_the_timer(node_factory):
-    """A live ShareConsumer while the timer process is killed (-9) and restarted: it rejoins, opens a new share
-    session and gets every record produced after the kill; before it, nothing it acknowledged comes again."""
-    started = node_factory(workers=2, config=CONFIG)
+def node_stats(started: Any) -> dict:
+    """The node's stats document (`shmbroker stats --json`): per-API counts and the processes' totals."""
+    done = subprocess.run([*CLI, "stats", "--data-dir", str(started.data_dir), "--json"], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def heartbeats(started: Any) -> int:
+    return node_stats(started)["apis"].get("ShareGroupHeartbeat", {}).get("requests", 0)
+
+
+def described_member(started: Any, group: str) -> tuple[str, int]:
+    """The (member id, member epoch) of the group's only member, by ShareGroupDescribe."""
+    conn = R.RawConnection("127.0.0.1", started.port)
+    try:
+        answer = conn.call(P.SHARE_GROUP_DESCRIBE, 1, body(P.SHARE_GROUP_DESCRIBE, 1, "ShareGroupDescribeRequest",
+                                                           group_ids=(group,), include_authorized_operations=False))
+    finally:
+        conn.close()
+    (described,) = answer.groups
+    assert int(described.error_code) == 0 and len(described.members) == 1, described
+    return described.members[0].member_id, int(described.members[0].member_epoch)
+
+
+@pytest.mark.parametrize("how", ["node restart", "timer kill -9"])
+def test_a_consumer_goes_on_across_a_restart_as_the_same_member(node_factory, how):
+    """A live ShareConsumer while the node restarts, or its timer process is killed (-9) and restarted: its
+    membership is kept (the offsets log), so it heartbeats on with its member id and epoch, never fenced nor
+    rejoining (no join in the new timer, the same id and epoch in ShareGroupDescribe after two heartbeats); it
+    opens a new share session and gets every record produced after the restart once; none it acknowledged before
+    comes again. A member that joined and left first puts the group epoch above what a group made again by the
+    consumer's join would be at."""
+    started = node_factory(workers=2, config=CONFIG + "share_heartbeat_interval_ms = 300\n")
     create_topic(started.bootstrap, "live", 2)
+    passer = RawShareMember(started, "g-live", "passer")
+    try:
+        assert int(passer.heartbeat(topics=("live",)).error_code) == 0
+        assert int(passer.heartbeat(epoch=-1).error_code) == 0
+    finally:
+        passer.conn.close()
     consumer = share_consumer(started.bootstrap, "g-live", "live", explicit=True)
     try:
         produce(started.bootstrap, "live", [f"a{i}" for i in range(5)], partition=0)
@@ -608,20 +644,32 @@ def test_a_consumer_goes_on_across_a_kill_of_the_timer(node_factory):
             consumer.acknowledge(message, AcknowledgeType.ACCEPT)
         assert all(error is None for error in consumer.commit_sync(15).values())
         assert sorted(values(before)) == sorted(f"a{i}" for i in range(10))
-        timer = started.pids("timer")[0]
-        os.kill(timer, signal.SIGKILL)
-        started.wait_for_pids("timer", 1, exclude={timer})
+        member = described_member(started, "g-live")
+        assert member[1] > 2, member  # a group made again by the consumer's join would be at 2
+        if how == "node restart":
+            started.stop()
+            started.start()
+        else:
+            timer = started.pids("timer")[0]
+            os.kill(timer, signal.SIGKILL)
+            started.wait_for_pids("timer", 1, exclude={timer})
         produce(started.bootstrap, "live", [f"b{i}" for i in range(5)], partition=0)
         produce(started.bootstrap, "live", [f"b{i}" for i in range(5, 10)], partition=1)
         after = []
         deadline = time.monotonic() + 2 * POLL_BUDGET_S
-        while len(set(values(after))) < 10 and time.monotonic() < deadline:
+        while len(after) < 10 and time.monotonic() < deadline:
             got = take(consumer, 1, 1.0)
             for message in got:
                 consumer.acknowledge(message, AcknowledgeType.ACCEPT)
             if got:
                 consumer.commit_sync(15)
             after += got
-        assert set(values(after)) == {f"b{i}" for i in range(10)}, values(after)
+        assert sorted(values(after)) == sorted(f"b{i}" for i in range(10)), values(after)
+        seen = heartbeats(started)
+        wait_for(lambda: heartbeats(started) >= seen + 2 or None, 15, "two more heartbeats of the consumer")
+        assert described_member(started, "g-live") == member
+        assert node_stats(started)["totals"]["share_member_joins"] == 0
+        consumer.poll(0.5)
+        assert not consumer.poll(0.5)  # nothing more: no record came twice
     finally:
         consumer.close()

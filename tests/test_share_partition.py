@@ -1,12 +1,16 @@
-"""A share-partition's records without a node (node.timer.groups.share_partition, and the state record that
-node.timer.groups.share writes and restores): acquisition, acknowledgement, locks, the delivery-count limit."""
+"""A share-partition's records without a node (node.timer.groups.share_partition, and the state records that
+node.timer.groups.share writes and restores: a share-partition's, a share group's): acquisition, acknowledgement,
+locks, the delivery-count limit."""
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings, strategies as st
 from kio.schema.errors import ErrorCode as E
 
-from shmbroker.node.timer.groups.share import restored, snapshot
+from shmbroker.node.config import GroupConfig, WheelConfig
+from shmbroker.node.timer.groups.share import ShareGroups, restored, snapshot
+from shmbroker.node.timer.groups.share_group import ShareGroup, ShareMember
 from shmbroker.node.timer.groups.share_partition import DONE, AckType, RecordState, SharePartition
 
 ACCEPT, RELEASE, REJECT, GAP, RENEW = (int(AckType.ACCEPT), int(AckType.RELEASE), int(AckType.REJECT),
@@ -141,3 +145,31 @@ def test_a_record_has_one_holder_and_the_start_never_rests_on_a_done_record(ops)
     back = restored(snapshot(p), 3, 8)  # acquired records come back released: archived at the limit
     assert back.start_offset >= p.start_offset and back.next_offset == p.next_offset
     assert all(r.state is not RecordState.ACQUIRED for r in back.records.values())
+
+
+def test_a_share_groups_snapshot_restores_the_same_group():
+    """The share group record (node.timer.groups.share_group): epoch and members with their ids, client, rack,
+    subscription, epochs and assignment come back as they were, in order; another format is refused."""
+    group = ShareGroup("g", epoch=7)
+    group.members["m1"] = ShareMember("m1", None, "c1", "/127.0.0.1", ("a", "b"), 7, 5, {"a": [0, 1], "b": [0]})
+    group.members["m0"] = ShareMember("m0", "rack-1", "c0", "/127.0.0.2", ("a",), 6, 4, {"a": [0, 1]})
+    back = ShareGroup.restore("g", group.snapshot())
+    assert back == group and list(back.members) == ["m1", "m0"]
+    with pytest.raises(ValueError):
+        ShareGroup.restore("g", [99, *group.snapshot()[1:]])
+
+
+def test_share_state_from_before_the_group_records_restores_the_groups_empty():
+    """A data directory written before share groups kept their membership has share-partition records alone:
+    their groups come back, empty, with their share-partitions; a group record that cannot be read is
+    forgotten and its group comes back as the older ones do."""
+    p = partition(start=4)
+    p.acquire("a", 3, 10, 0, lock=1)
+    states = {("old", "t", 0): snapshot(p), ("broken", "t", 1): snapshot(partition())}
+    groups = ShareGroups(GroupConfig(), None, None, WheelConfig(), 0, lambda: 0, classic=None)
+    groups.restore({"broken": [1, "not an epoch"]}, states)
+    assert sorted(groups.groups) == ["broken", "old"]
+    assert all(not g.members and g.epoch == 0 for g in groups.groups.values())
+    back = groups.partitions[("old", "t", 0)]
+    assert (back.start_offset, back.next_offset, back.in_flight()) == (4, 7, 3)
+    assert len(groups.sessions) == 0

@@ -126,6 +126,7 @@ class TimerStats:
         share = groups.share
         w.set("share_groups", len(share.groups))
         w.set("share_group_members", sum(len(g.members) for g in share.groups.values()))
+        w.set("share_member_joins", share.joins)
         w.set("share_partitions", len(share.partitions))
         w.set("share_records_in_flight", sum(p.in_flight() for p in share.partitions.values()))
         w.set("share_records_acquired", share.counted("acquired"))

@@ -115,7 +115,7 @@ class GroupCoordinator:
         """Once per loop turn: load a slice of the offsets log while it loads."""
         if self.offsets.loading and self.offsets.load_step(self.clock()):
             self.streams.restore(self.offsets.group_states)
-            self.share.restore(self.offsets.share_states)
+            self.share.restore(self.offsets.share_group_states, self.offsets.share_states)
             for group_id in self.offsets.groups():
                 if group_id not in self.consumer.groups and group_id not in self.streams.groups \
                         and group_id not in self.share.groups:

@@ -16,7 +16,13 @@ node.timer.groups.streams), one record per group, versioned like commits:
     value  orjson [version, state]                  the group's latest snapshot (its own format version inside)
            null (a tombstone)                       the group is gone
 
-And the state of each share-partition (share groups, KIP-932: node.timer.groups.share), versioned alike:
+Share groups (KIP-932: node.timer.groups.share) keep their membership alike, one record per group:
+
+    key    orjson ["share-group", group]          (two elements: an older node skips it as unreadable)
+    value  orjson [version, state]                  the group's latest snapshot (its epoch and members)
+           null (a tombstone)                       the group is gone
+
+And the state of each share-partition, versioned alike:
 
     key    orjson ["share-partition", group, topic, partition]   (four elements: an older node skips it)
     value  orjson [version, state]                               its latest state (own format version inside)
@@ -62,6 +68,7 @@ RECORDS_PER_BATCH = 500
 
 Key = tuple[str, str, int]  # group, topic, partition
 GROUP_STATE = "streams-group"  # the first element of a group state record's key
+SHARE_GROUP_STATE = "share-group"  # the first element of a share group's state record's key
 SHARE_STATE = "share-partition"  # the first element of a share-partition state record's key
 ShareKey = tuple[str, str, int]  # group, topic, partition
 
@@ -98,6 +105,8 @@ class OffsetStore:
         self._versions: dict[Key, int] = {}  # during load: highest version per key, deletions included
         self.group_states: dict[str, Any] = {}  # group -> its latest state (streams groups)
         self._state_versions: dict[str, int] = {}  # during load: highest version per group state, deletions included
+        self.share_group_states: dict[str, Any] = {}  # group -> its latest state (share groups' membership)
+        self._share_group_versions: dict[str, int] = {}  # during load: highest version per share group state
         self.share_states: dict[ShareKey, Any] = {}  # share-partition -> its latest state (share groups)
         self._share_versions: dict[ShareKey, int] = {}  # during load: highest version per share state
         settings = {"cleanup.policy": "compact", "segment.bytes": str(segment_bytes)}
@@ -154,6 +163,9 @@ class OffsetStore:
             decoded_key = orjson.loads(key)
             if isinstance(decoded_key, list) and len(decoded_key) == 2 and decoded_key[0] == GROUP_STATE:
                 return self._apply_versioned(str(decoded_key[1]), value, self.group_states, self._state_versions)
+            if isinstance(decoded_key, list) and len(decoded_key) == 2 and decoded_key[0] == SHARE_GROUP_STATE:
+                return self._apply_versioned(str(decoded_key[1]), value, self.share_group_states,
+                                             self._share_group_versions)
             if isinstance(decoded_key, list) and len(decoded_key) == 4 and decoded_key[0] == SHARE_STATE:
                 share_key = (str(decoded_key[1]), str(decoded_key[2]), int(decoded_key[3]))
                 return self._apply_versioned(share_key, value, self.share_states, self._share_versions)
@@ -197,6 +209,7 @@ class OffsetStore:
         self.loading = False
         self._versions = {}
         self._state_versions = {}
+        self._share_group_versions = {}
         self._share_versions = {}
         self.table = {group: offsets for group, offsets in self.table.items() if offsets}
         self.live = sum(len(offsets) for offsets in self.table.values())
@@ -267,16 +280,18 @@ class OffsetStore:
             done(True)
         return doomed
 
-    def write_group_state(self, group: str, state: Any, now_ms: int) -> None:
-        """Append `group`'s state (None: a tombstone); it is fsync'd with the log's next flush, and a storage
-        fault is logged: the group's members rejoin after a restart that lost it."""
+    def write_group_state(self, group: str, state: Any, now_ms: int, kind: str = GROUP_STATE) -> None:
+        """Append `group`'s state (None: a tombstone) as a streams group's (kind GROUP_STATE) or a share group's
+        (SHARE_GROUP_STATE); it is fsync'd with the log's next flush, and a storage fault is logged: the group's
+        members rejoin after a restart that lost it."""
+        states = self.group_states if kind == GROUP_STATE else self.share_group_states
         self.version += 1
         if state is None:
-            self.group_states.pop(group, None)
-            record = (orjson.dumps([GROUP_STATE, group]), None)
+            states.pop(group, None)
+            record = (orjson.dumps([kind, group]), None)
         else:
-            self.group_states[group] = state
-            record = (orjson.dumps([GROUP_STATE, group]), orjson.dumps([self.version, state]))
+            states[group] = state
+            record = (orjson.dumps([kind, group]), orjson.dumps([self.version, state]))
         self._append([record], now_ms, lambda flushed, fault=False: None)
 
     def when_durable(self, now_ms: int, done: Callable[[bool], None]) -> None:

@@ -7,6 +7,16 @@ subscribed topics (node.timer.groups.share_group); the answer always carries the
 Sessions end in the timer's wheel (node.timer.groups.sessions): a member whose session runs out is removed,
 and its acquired records are released, as when it leaves.
 
+Membership is kept in the offsets log (node.timer.groups.offsets' share group states, as Kafka keeps
+ShareGroupMetadata and ShareGroupMemberMetadata in __consumer_offsets): after a heartbeat that changed the group
+(a join, a leave, a new epoch, subscription or client) and after a member's removal, the group's snapshot
+(node.timer.groups.share_group) is appended, not waited for. At load the groups come back with their members,
+epochs and assignments, each member's session starting anew, so members heartbeat on with their member id and
+epoch across a node restart or a kill -9 of the timer; their share sessions are not kept (Kafka's are not
+either): the next ShareFetch gets SHARE_SESSION_NOT_FOUND and the client opens a new one. A data directory from
+before the share group records loads as it did: its share groups come back, empty, from their share-partitions.
+A change lost in a crash of the machine before its fsync only makes members rejoin (UNKNOWN_MEMBER_ID).
+
 Records (node.timer.groups.share_partition): a ShareFetch comes here with its share session epoch, its
 acknowledgements per partition and its partitions; the coordinator keeps each member's share session (its
 partitions, its next epoch), applies the acknowledgements, then acquires up to max_records from the session's
@@ -47,6 +57,7 @@ from shmbroker.node.config import GroupConfig, WheelConfig
 from shmbroker.node.storage import group_config
 from shmbroker.node.storage.group_config import ShareSettings
 from shmbroker.node.storage.store import PartitionStore
+from shmbroker.node.timer.groups.offsets import SHARE_GROUP_STATE
 from shmbroker.node.timer.groups.reconciling import HeartbeatError, describe_rows
 from shmbroker.node.timer.groups.family import GroupFamily
 from shmbroker.node.timer.groups.sessions import Sessions
@@ -89,9 +100,11 @@ class ShareGroups(GroupFamily):
         self.locks = Sessions(wheel, now_ms, self.lock_expired)  # (group, topic, partition, lock id) deadlines
         self._lock_ids = itertools.count(1)
         self.lock_expiries = 0  # records released by locks that ran out (stats)
+        self.joins = 0  # heartbeats of member epoch 0 accepted: members that joined or rejoined (stats)
         self.acknowledged = [0] * len(AckType)  # records acknowledged, per type (stats)
         self.retired: dict[str, int] = {"acquired": 0, "redelivered": 0, "archived": 0}  # of forgotten partitions
         self.written: dict[tuple[str, str, int], Any] = {}  # the state last written per share-partition
+        self.groups_written: dict[str, list] = {}  # the snapshot last written per share group
 
     # -- timers -------------------------------------------------------------------------------
 
@@ -118,6 +131,7 @@ class ShareGroups(GroupFamily):
         group.epoch += 1
         self.sessions.forget((group.group_id, member_id))
         self._close_session(group.group_id, member_id)
+        self.persist(group)
 
     def _close_session(self, group_id: str, member_id: str) -> None:
         """Drop the member's share session and release what it holds in the group's share-partitions."""
@@ -140,6 +154,8 @@ class ShareGroups(GroupFamily):
                     self._remove(group, d.member)
                 return self._answer(waiter, E.none, None, d.member, LEAVE_EPOCH)
             group = self._group(d.group, create=d.member_epoch == 0)
+            known = group.members.get(d.member)
+            before = (group.epoch, known.snapshot() if known is not None else None)
             member = self._member(group, d)
         except HeartbeatError as exc:
             return self._answer(waiter, exc.error, str(exc), d.member, d.member_epoch)
@@ -149,6 +165,8 @@ class ShareGroups(GroupFamily):
                 group.epoch += 1
             member.assignment = assignment
             member.previous_epoch, member.epoch = member.epoch, group.epoch
+        if (group.epoch, member.snapshot()) != before:
+            self.persist(group)
         self.sessions.renew((group.group_id, member.member_id), self.clock() + self.config.share_session_timeout_ms)
         self._answer(waiter, E.none, None, member.member_id, member.epoch,
                      [(topic, parts) for topic, parts in sorted(member.assignment.items())],
@@ -192,6 +210,7 @@ class ShareGroups(GroupFamily):
                 member = group.members[d.member] = ShareMember(d.member)
                 group.epoch += 1
             member.epoch = 0
+            self.joins += 1
         elif member is None:
             raise HeartbeatError(E.unknown_member_id, f"Member {d.member} is not a member of group {d.group}.")
         elif d.member_epoch > member.epoch or (d.member_epoch < member.epoch
@@ -236,6 +255,8 @@ class ShareGroups(GroupFamily):
     def forget(self, group_id: str) -> None:
         """Drop an empty share group and its share-partitions' state (DeleteGroups)."""
         self.groups.pop(group_id, None)
+        if self.groups_written.pop(group_id, None) is not None:
+            self.classic.offsets.write_group_state(group_id, None, self.clock(), SHARE_GROUP_STATE)
         for key in [k for k in self.partitions if k[0] == group_id]:
             gone = self.partitions.pop(key)
             for name in self.retired:
@@ -474,9 +495,33 @@ class ShareGroups(GroupFamily):
             self.written[key] = state
         self.classic.offsets.write_share_state(key, state, self.clock())
 
-    def restore(self, states: dict[tuple[str, str, int], Any]) -> None:
-        """The share-partitions the offsets log kept (at the end of its load); acquired records come back
-        available, with their delivery counts."""
+    def persist(self, group: ShareGroup) -> None:
+        """Write the group's snapshot to the offsets log if it differs from the last one written."""
+        snapshot_now = group.snapshot()
+        if self.groups_written.get(group.group_id) == snapshot_now:
+            return
+        self.groups_written[group.group_id] = snapshot_now
+        self.classic.offsets.write_group_state(group.group_id, snapshot_now, self.clock(), SHARE_GROUP_STATE)
+
+    def restore(self, group_states: dict[str, Any], states: dict[tuple[str, str, int], Any]) -> None:
+        """The share groups and share-partitions the offsets log kept (at the end of its load): members come back
+        with their ids, epochs and assignments, their sessions starting now; acquired records come back
+        available, with their delivery counts. A group with share-partitions and no group record (a data
+        directory from before those records) comes back empty."""
+        now = self.clock()
+        for group_id, group_state in group_states.items():
+            try:
+                group = ShareGroup.restore(group_id, group_state)
+            except (ValueError, TypeError, KeyError, IndexError) as exc:
+                log.warning("share group %s: its state in the offsets log is unreadable (%s): forgotten", group_id,
+                            exc)
+                continue
+            self.groups[group_id] = group
+            self.groups_written[group_id] = group.snapshot()
+            for member_id in group.members:
+                self.sessions.renew((group_id, member_id), now + self.config.share_session_timeout_ms)
+        if group_states:
+            log.info("restored %d share groups from the offsets log", len(self.groups))
         for key, state in states.items():
             try:
                 self.partitions[key] = restored(state, self.config.share_delivery_count_limit,
