@@ -322,6 +322,12 @@ class GroupConfig:
     # Share groups (KIP-932's queues, node.timer.groups.share and share_partition):
     share_session_timeout_ms: int = 45_000  # group.share.session.timeout.ms
     share_heartbeat_interval_ms: int = 5000  # group.share.heartbeat.interval.ms
+    # The bounds of the two above, for the node's own values and for a group's share.session.timeout.ms and
+    # share.heartbeat.interval.ms (group configs).
+    share_min_session_timeout_ms: int = 45_000  # group.share.min.session.timeout.ms
+    share_max_session_timeout_ms: int = 60_000  # group.share.max.session.timeout.ms
+    share_min_heartbeat_interval_ms: int = 5000  # group.share.min.heartbeat.interval.ms
+    share_max_heartbeat_interval_ms: int = 15_000  # group.share.max.heartbeat.interval.ms
     share_max_size: int = 0  # group.share.max.size; 0: no limit
     # group.share.record.lock.duration.ms: how long a ShareFetch's acquired records stay locked to their member;
     # a lock that runs out makes its records available again (a redelivery).
@@ -330,8 +336,14 @@ class GroupConfig:
     share_min_record_lock_duration_ms: int = 15_000  # group.share.min.record.lock.duration.ms
     share_max_record_lock_duration_ms: int = 60_000  # group.share.max.record.lock.duration.ms
     share_delivery_count_limit: int = 5  # group.share.delivery.count.limit: past it a record is archived
+    # The bounds of the one above, and of a group's share.delivery.count.limit:
+    share_min_delivery_count_limit: int = 2  # group.share.min.delivery.count.limit
+    share_max_delivery_count_limit: int = 10  # group.share.max.delivery.count.limit
     # group.share.partition.max.record.locks: in-flight records (acquired or waiting) per share-partition.
     share_partition_max_record_locks: int = 2000
+    # The bounds of the one above, and of a group's share.partition.max.record.locks:
+    share_min_partition_max_record_locks: int = 100  # group.share.min.partition.max.record.locks
+    share_max_partition_max_record_locks: int = 4000  # group.share.max.partition.max.record.locks
     # share.auto.offset.reset's default: where a share-partition starts ("latest" or "earliest").
     share_auto_offset_reset: str = "latest"
     # share.isolation.level's default: "read_uncommitted", or "read_committed" (committed transactions' records).
@@ -362,6 +374,17 @@ class GroupConfig:
             raise ValueError("[groups] streams_initial_rebalance_delay_ms and streams_max_size must be >= 0")
         if not 1 <= self.share_heartbeat_interval_ms < self.share_session_timeout_ms:
             raise ValueError("[groups] 1 <= share_heartbeat_interval_ms < share_session_timeout_ms must hold")
+        for low, value, high in (("share_min_session_timeout_ms", "share_session_timeout_ms",
+                                  "share_max_session_timeout_ms"),
+                                 ("share_min_heartbeat_interval_ms", "share_heartbeat_interval_ms",
+                                  "share_max_heartbeat_interval_ms"),
+                                 ("share_min_delivery_count_limit", "share_delivery_count_limit",
+                                  "share_max_delivery_count_limit"),
+                                 ("share_min_partition_max_record_locks", "share_partition_max_record_locks",
+                                  "share_max_partition_max_record_locks")):
+            if not 1 <= getattr(self, low) <= getattr(self, value) <= getattr(self, high):
+                raise ValueError(f"[groups] 1 <= {low} <= {value} <= {high} must hold (as Kafka's "
+                                 "group.share.* settings)")
         if not 1 <= self.share_min_record_lock_duration_ms <= self.share_record_lock_duration_ms \
                 <= self.share_max_record_lock_duration_ms:
             raise ValueError("[groups] 1 <= share_min_record_lock_duration_ms <= share_record_lock_duration_ms <= "

@@ -602,7 +602,7 @@ def test_group_configs_set_each_groups_interval_and_session_and_survive_a_restar
     assert alter("slow", consumer_session_timeout_ms="60001") == INVALID_CONFIG  # above Kafka's max 60000
     assert alter("slow", consumer_heartbeat_interval_ms="1200") == INVALID_CONFIG  # not below the session
     assert alter("slow", consumer_heartbeat_interval_ms="20") == INVALID_CONFIG  # below min 50
-    assert alter("slow", share_session_timeout_ms="45000") == INVALID_CONFIG  # not a group config on the node
+    assert alter("slow", share_assignment_interval_ms="1000") == INVALID_CONFIG  # not a group config on the node
     assert alter("slow", op=AlterConfigOpType.APPEND, consumer_heartbeat_interval_ms="300") == INVALID_CONFIG
     configs = described("slow")
     interval = configs["consumer.heartbeat.interval.ms"]

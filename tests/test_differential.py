@@ -454,6 +454,21 @@ GROUP_ALTERATIONS = {  # name -> the changes of one group: (key, operation, valu
     "streams: delete what is not set": [("streams.num.standby.replicas", DELETE, None)],
     "streams: append to a number": [("streams.num.standby.replicas", APPEND, "1")],
     "streams: no initial rebalance delay": [("streams.initial.rebalance.delay.ms", SET, "0")],
+    "share: session within bounds": [("share.session.timeout.ms", SET, "50000")],
+    "share: session below its min": [("share.session.timeout.ms", SET, "44999")],
+    "share: session above its max": [("share.session.timeout.ms", SET, "60001")],
+    "share: interval below its min": [("share.heartbeat.interval.ms", SET, "4999")],
+    "share: interval above its max": [("share.heartbeat.interval.ms", SET, "15001")],
+    "share: interval and session": [("share.heartbeat.interval.ms", SET, "15000"),
+                                    ("share.session.timeout.ms", SET, "45000")],
+    "share: delivery count limit": [("share.delivery.count.limit", SET, "2")],
+    "share: delivery count limit above its max": [("share.delivery.count.limit", SET, "11")],
+    "share: delivery count limit below 2": [("share.delivery.count.limit", SET, "1")],
+    "share: record locks": [("share.partition.max.record.locks", SET, "4000")],
+    "share: record locks above its max": [("share.partition.max.record.locks", SET, "4001")],
+    "share: lock duration above its max": [("share.record.lock.duration.ms", SET, "60001")],
+    "share: lock duration below its min": [("share.record.lock.duration.ms", SET, "14999")],
+    "share: renew acknowledgements off": [("share.renew.acknowledge.enable", SET, "false")],
 }
 
 
@@ -471,7 +486,14 @@ def alter_group_configs(port: int, group: str, changes: list[tuple[str, int, str
 
 # The node's config parser words these as it does for topic configs (same error codes).
 PARSER_WORDING = "the node's config parser's wording, shared with topic configs"
+RENEW_ALWAYS_ON = "the node refuses share.renew.acknowledge.enable: RENEW is always on (docs/compatibility.md)"
 GROUP_ALTERATION_DIFFERENCES = {
+    ".share: delivery count limit below 2[1]: 'Invalid value 1 for configuration share.delivery.count.limit: Value "
+    "must be at least 2' != 'Invalid value 1 for configuration share.delivery.count.limit: must be at least 2'":
+        PARSER_WORDING,
+    ".share: renew acknowledgements off[0]: 0 != 40": RENEW_ALWAYS_ON,
+    ".share: renew acknowledgements off[1]: None != 'Unknown group config name: share.renew.acknowledge.enable'":
+        RENEW_ALWAYS_ON,
     ".streams: append to a number[1]: \"Can't APPEND to key streams.num.standby.replicas because its type is not "
     "LIST.\" != 'Config value append is not allowed for config key: streams.num.standby.replicas'": PARSER_WORDING,
     ".streams: negative standbys[1]: 'Invalid value -1 for configuration streams.num.standby.replicas: Value must be "
@@ -485,17 +507,20 @@ GROUP_ALTERATION_DIFFERENCES = {
 }
 
 
-def test_streams_group_configs_are_checked_as_kafka_checks_them(servers):
-    """KIP-1071's group configs on the GROUP resource: the same error codes (INVALID_CONFIG, INVALID_REQUEST) as
-    Kafka 4.4 with its bounds (the node's [groups] streams_* defaults are Kafka's), and the same messages for the
-    bounds; the parser's own messages are worded apart (GROUP_ALTERATION_DIFFERENCES)."""
-    kafka, node = on_both(servers, lambda port: {name: alter_group_configs(port, "diff-streams", changes)
+def test_streams_and_share_group_configs_are_checked_as_kafka_checks_them(servers):
+    """KIP-1071's and KIP-932's group configs on the GROUP resource: the same error codes (INVALID_CONFIG,
+    INVALID_REQUEST) as Kafka 4.4 with its bounds (the node's [groups] streams_* and share_* defaults are Kafka's),
+    and the same messages for the bounds; the parser's own messages are worded apart, and a config the node
+    refuses is told (GROUP_ALTERATION_DIFFERENCES)."""
+    kafka, node = on_both(servers, lambda port: {name: alter_group_configs(port, "diff-groups", changes)
                                                  for name, changes in GROUP_ALTERATIONS.items()})
     found = differences(kafka, node)
-    assert found == list(GROUP_ALTERATION_DIFFERENCES), "\n".join(found)
+    assert found == sorted(GROUP_ALTERATION_DIFFERENCES), "\n".join(found)
     assert all(code == 0 for name, (code, _) in kafka.items() if name in (
         "streams: one standby", "streams: the most standbys", "streams: session within bounds",
-        "streams: interval and session", "streams: delete what is not set", "streams: no initial rebalance delay"))
+        "streams: interval and session", "streams: delete what is not set", "streams: no initial rebalance delay",
+        "share: session within bounds", "share: interval and session", "share: delivery count limit",
+        "share: record locks"))
 
 
 def describe_configs(port: int, kind: int, name: str) -> dict[str, list]:

@@ -40,6 +40,8 @@ share_record_lock_duration_ms = {LOCK_MS}
 share_min_record_lock_duration_ms = 1000
 share_auto_offset_reset = "earliest"
 share_delivery_count_limit = 3
+share_min_session_timeout_ms = 1000
+share_min_heartbeat_interval_ms = 100
 """
 POLL_BUDGET_S = 20.0
 JAVA = Path(__file__).resolve().parent / "java"
@@ -522,6 +524,63 @@ def test_group_configs_set_a_share_groups_start_isolation_and_lock(node):
     finally:
         for consumer in (latest, committed, plain):
             consumer.close()
+
+
+def test_group_configs_set_a_share_groups_session_heartbeat_and_limits(node):
+    """share.session.timeout.ms, share.heartbeat.interval.ms, share.delivery.count.limit and
+    share.partition.max.record.locks per group (GROUP config resource) within the node's group.share.min/max.*
+    bounds (Kafka 4.4's checks: each within its range, the session above the interval), read at each heartbeat
+    and acquisition; Kafka's other share group configs refused."""
+    create_topic(node.bootstrap, "beat")
+    produce(node.bootstrap, "beat", ["b0", "b1"])
+    topic_id = R.topic_ids("127.0.0.1", node.port, ["beat"])["beat"]
+    alter_group(node.bootstrap, "g-beat", share_heartbeat_interval_ms="700", share_session_timeout_ms="1500",
+                share_delivery_count_limit="2", share_partition_max_record_locks="100")
+    for refused in ({"share_session_timeout_ms": "60001"}, {"share_heartbeat_interval_ms": "1500"},
+                    {"share_heartbeat_interval_ms": "50"}, {"share_delivery_count_limit": "11"},
+                    {"share_delivery_count_limit": "1"}, {"share_partition_max_record_locks": "4001"},
+                    {"share_renew_acknowledge_enable": "false"}, {"share_assignment_interval_ms": "1000"},
+                    {"errors_deadletterqueue_topic_name": "dlq"}):
+        with pytest.raises(KafkaException) as error:
+            alter_group(node.bootstrap, "g-beat", **refused)
+        assert error.value.args[0].code() == KafkaError.INVALID_CONFIG, refused
+    admin = AdminClient({"bootstrap.servers": node.bootstrap})
+    resource = ConfigResource("group", "g-beat")
+    described = admin.describe_configs([resource])[resource].result(timeout=15)
+    assert {name: (described[name].value, described[name].source) for name in (
+        "share.heartbeat.interval.ms", "share.session.timeout.ms", "share.delivery.count.limit",
+        "share.partition.max.record.locks")} == {
+        "share.heartbeat.interval.ms": ("700", 8), "share.session.timeout.ms": ("1500", 8),
+        "share.delivery.count.limit": ("2", 8), "share.partition.max.record.locks": ("100", 8)}
+    assert [(y.name, y.value) for y in described["share.delivery.count.limit"].synonyms.values()] == [
+        ("share.delivery.count.limit", "2"), ("group.share.delivery.count.limit", "3")]
+
+    member = RawShareMember(node, "g-beat", "m-beat")
+    try:
+        joined = member.heartbeat(topics=("beat",))
+        assert int(joined.error_code) == 0 and joined.heartbeat_interval.total_seconds() == 0.7
+        alter_group(node.bootstrap, "g-beat", share_heartbeat_interval_ms="900")
+        assert member.heartbeat().heartbeat_interval.total_seconds() == 0.9  # the next heartbeat takes it
+        deliveries = []
+        for epoch in range(3):  # acquire, release; again; then nothing: archived at the group's limit of 2
+            answer = member.fetch(epoch, topic_id, acks=((0, 1, (2,)),) if epoch else (), max_records=2)
+            deliveries.append([(int(a.first_offset), int(a.last_offset), int(a.delivery_count))
+                               for t in answer.responses for p in t.partitions for a in p.acquired_records])
+        assert deliveries == [[(0, 1, 1)], [(0, 1, 2)], []]
+        # Its session is the group's 1.5 s: silent, the member is removed.
+        began = time.monotonic()
+        conn = member.conn
+
+        def members_left() -> Any:
+            answer = conn.call(P.SHARE_GROUP_DESCRIBE, 1, body(
+                P.SHARE_GROUP_DESCRIBE, 1, "ShareGroupDescribeRequest", group_ids=("g-beat",),
+                include_authorized_operations=False))
+            return answer.groups[0].group_state == "Empty"
+
+        wait_for(members_left, 15, "the silent member's session to end")
+        assert time.monotonic() - began < 10  # 1.5 s, not the node's 45 s
+    finally:
+        member.conn.close()
 
 
 def test_stats_count_the_share_apis_and_records(node):

@@ -8,10 +8,12 @@ import pytest
 from hypothesis import given, settings, strategies as st
 from kio.schema.errors import ErrorCode as E
 
-from shmbroker.node.config import GroupConfig, WheelConfig
+from shmbroker.node.config import GroupConfig, NodeConfig, WheelConfig
+from shmbroker.node.storage.store import GROUP_RESOURCE, PartitionStore
 from shmbroker.node.timer.groups.share import ShareGroups, restored, snapshot
 from shmbroker.node.timer.groups.share_group import ShareGroup, ShareMember
 from shmbroker.node.timer.groups.share_partition import DONE, AckType, RecordState, SharePartition
+from tests.record_batches import SharedTable
 
 ACCEPT, RELEASE, REJECT, GAP, RENEW = (int(AckType.ACCEPT), int(AckType.RELEASE), int(AckType.REJECT),
                                       int(AckType.GAP), int(AckType.RENEW))
@@ -159,17 +161,61 @@ def test_a_share_groups_snapshot_restores_the_same_group():
         ShareGroup.restore("g", [99, *group.snapshot()[1:]])
 
 
-def test_share_state_from_before_the_group_records_restores_the_groups_empty():
+def test_share_state_from_before_the_group_records_restores_the_groups_empty(tmp_path):
     """A data directory written before share groups kept their membership has share-partition records alone:
-    their groups come back, empty, with their share-partitions; a group record that cannot be read is
+    their groups come back, empty, with their share-partitions (under the group's configs at restore: a
+    delivery-count limit of 2 archives the record delivered twice); a group record that cannot be read is
     forgotten and its group comes back as the older ones do."""
     p = partition(start=4)
     p.acquire("a", 3, 10, 0, lock=1)
+    p.expire(1)
+    p.acquire("a", 1, 10, 0, lock=2)  # offset 4 delivered twice, 5 and 6 once
     states = {("old", "t", 0): snapshot(p), ("broken", "t", 1): snapshot(partition())}
-    groups = ShareGroups(GroupConfig(), None, None, WheelConfig(), 0, lambda: 0, classic=None)
-    groups.restore({"broken": [1, "not an epoch"]}, states)
+    config = NodeConfig()
+    with SharedTable(rows=4) as table:
+        store = PartitionStore(str(tmp_path), table, config.log, 4)
+        try:
+            assert store.alter_configs([(GROUP_RESOURCE, "old", "incremental", [
+                (0, "share.delivery.count.limit", "2")])], groups=config.groups) == [(0, None)]
+            groups = ShareGroups(config.groups, None, store, WheelConfig(), 0, lambda: 0, classic=None)
+            groups.restore({"broken": [1, "not an epoch"]}, states)
+        finally:
+            store.close()
     assert sorted(groups.groups) == ["broken", "old"]
     assert all(not g.members and g.epoch == 0 for g in groups.groups.values())
     back = groups.partitions[("old", "t", 0)]
-    assert (back.start_offset, back.next_offset, back.in_flight()) == (4, 7, 3)
+    assert (back.start_offset, back.next_offset, back.in_flight(), back.delivery_limit) == (5, 7, 2, 2)
     assert len(groups.sessions) == 0
+
+
+def test_configure_takes_a_groups_new_limits():
+    """A lowered delivery-count limit archives the waiting records that reached it (never delivered again); a
+    lowered in-flight bound stops new acquisitions until the records in flight are done."""
+    p = partition(limit=5, in_flight=100)
+    p.acquire("a", 4, 10, 0, lock=1)
+    p.expire(1)
+    p.acquire("a", 2, 10, 0, lock=2)  # 0 and 1 delivered twice, 2 and 3 once and waiting
+    p.expire(2)
+    p.configure(2, 2)
+    assert (p.start_offset, p.archived, sorted(p.records)) == (2, 2, [2, 3])
+    assert p.acquire("b", 10, 10, 0, lock=3) == [(2, 3, 2)]  # no new record: 2 in flight already
+    p.configure(2, 100)
+    assert p.acquire("b", 10, 6, 0, lock=4) == [(4, 5, 1)]
+
+
+@pytest.mark.parametrize("settings, complaint, widened", [
+    ({"share_session_timeout_ms": 6000}, "share_min_session_timeout_ms <= share_session_timeout_ms",
+     {"share_min_session_timeout_ms": 6000}),
+    ({"share_heartbeat_interval_ms": 16_000}, "<= share_max_heartbeat_interval_ms",
+     {"share_max_heartbeat_interval_ms": 16_000}),
+    ({"share_delivery_count_limit": 1}, "share_min_delivery_count_limit <= share_delivery_count_limit",
+     {"share_min_delivery_count_limit": 1}),
+    ({"share_partition_max_record_locks": 5000}, "<= share_max_partition_max_record_locks",
+     {"share_max_partition_max_record_locks": 5000}),
+])
+def test_the_nodes_share_settings_stay_within_their_bounds(settings, complaint, widened):
+    """As Kafka's broker refuses group.share.* values outside their min/max: the node's [groups] share_* too,
+    unless the bound is moved with them."""
+    with pytest.raises(ValueError, match=complaint):
+        GroupConfig(**settings)
+    assert GroupConfig(**settings, **widened)

@@ -1,7 +1,8 @@
-"""Group configs (KIP-848, KIP-1071, KIP-932): per-group overrides of the consumer and streams group protocols'
-session timeout and heartbeat interval, of a streams group's standby replicas and initial rebalance delay, and of a
-share group's record lock duration, start offset and isolation level: Kafka's GROUP config resource
-(DescribeConfigs, AlterConfigs, IncrementalAlterConfigs).
+"""Group configs (KIP-848, KIP-1071, KIP-932): per-group overrides of the consumer, streams and share group
+protocols' session timeout and heartbeat interval, of a streams group's standby replicas and initial rebalance
+delay, and of a share group's record lock duration, delivery-count limit, in-flight records per share-partition,
+start offset and isolation level: Kafka's GROUP config resource (DescribeConfigs, AlterConfigs,
+IncrementalAlterConfigs).
 
 Two layers make a group's settings, as in Kafka: the node's TOML file (`[groups] consumer_session_timeout_ms`,
 `consumer_heartbeat_interval_ms`, `streams_session_timeout_ms`, `streams_heartbeat_interval_ms`,
@@ -11,17 +12,23 @@ Two layers make a group's settings, as in Kafka: the node's TOML file (`[groups]
 `streams.heartbeat.interval.ms`, `streams.num.standby.replicas`, `streams.initial.rebalance.delay.ms`).
 Overrides name a group id, not a group: they may be set before the group exists and stay when it is deleted; the
 coordinators read them at each heartbeat, so a change applies from the group's next heartbeat on. A share group's
-`share.record.lock.duration.ms` (within `share_min/max_record_lock_duration_ms`), `share.auto.offset.reset`
-(`latest`, `earliest`; Kafka's `by_duration:` is refused) and `share.isolation.level` (`read_uncommitted`,
-`read_committed`) apply to its next acquisition; its other `share.*` configs are refused, and so are Kafka 4.4's
-other `streams.*` group configs (warm-up replicas, rack-aware tags, the assignor's name, the recovery lag and task
-offset interval, ...), which the node does not take per group (docs/compatibility.md).
+`share.session.timeout.ms` and `share.heartbeat.interval.ms` (within `share_min/max_*`, as the consumer ones) apply
+at its members' next heartbeats; `share.record.lock.duration.ms` (within `share_min/max_record_lock_duration_ms`),
+`share.delivery.count.limit` (within `share_min/max_delivery_count_limit`), `share.partition.max.record.locks`
+(within `share_min/max_partition_max_record_locks`), `share.auto.offset.reset` (`latest`, `earliest`; Kafka's
+`by_duration:` is refused) and `share.isolation.level` (`read_uncommitted`, `read_committed`) apply to its next
+acquisition and acknowledgement. Kafka 4.4's other share group configs (`share.renew.acknowledge.enable`,
+`share.assignment.interval.ms`, `share.assignor.offload.enable`, the dead-letter queue's `errors.deadletterqueue.*`)
+are refused, and so are its other `streams.*` group configs (warm-up replicas, rack-aware tags, the assignor's
+name, the recovery lag and task offset interval, ...), which the node does not take per group
+(docs/compatibility.md).
 
 Invariants: stored overrides are canonical, and were valid when stored: within the node's bounds
-(`consumer_min_*`/`consumer_max_*` and `streams_min_*`/`streams_max_*`, Kafka's `group.consumer.min/max.*` and
-`group.streams.min/max.*`) and with each protocol's session timeout above its heartbeat interval once stacked on
-the node's defaults (a later change of the TOML file does not re-check them, as in Kafka); `effective()` and
-`effective_streams()` never raise on stored overrides.
+(`consumer_min_*`/`consumer_max_*`, `streams_min_*`/`streams_max_*` and `share_min_*`/`share_max_*`, Kafka's
+`group.consumer.min/max.*`, `group.streams.min/max.*` and `group.share.min/max.*`) and with each protocol's session
+timeout above its heartbeat interval once stacked on the node's defaults (a later change of the TOML file does not
+re-check them, as in Kafka); `effective()`, `effective_streams()` and `share_settings()` never raise on stored
+overrides.
 """
 
 from __future__ import annotations
@@ -42,7 +49,11 @@ STREAMS_SESSION_TIMEOUT = "streams.session.timeout.ms"
 STREAMS_HEARTBEAT_INTERVAL = "streams.heartbeat.interval.ms"
 STREAMS_STANDBY_REPLICAS = "streams.num.standby.replicas"
 STREAMS_INITIAL_DELAY = "streams.initial.rebalance.delay.ms"
+SHARE_SESSION_TIMEOUT = "share.session.timeout.ms"
+SHARE_HEARTBEAT_INTERVAL = "share.heartbeat.interval.ms"
 SHARE_LOCK_DURATION = "share.record.lock.duration.ms"
+SHARE_DELIVERY_COUNT_LIMIT = "share.delivery.count.limit"
+SHARE_PARTITION_MAX_RECORD_LOCKS = "share.partition.max.record.locks"
 SHARE_AUTO_OFFSET_RESET = "share.auto.offset.reset"
 SHARE_ISOLATION_LEVEL = "share.isolation.level"
 
@@ -53,7 +64,7 @@ class GroupSetting:
     low: str | None  # the GroupConfig fields that bound it (None: only the definition's own check)
     high: str | None
     # How a value out of bounds is told: Kafka 4.4 words the consumer settings' bounds one by one
-    # ("... must be greater than or equal to group.consumer.min...") and the streams settings' as a range.
+    # ("... must be greater than or equal to group.consumer.min...") and the streams and share settings' as a range.
     as_range: bool = False
 
     def out_of_bounds(self, value: int, low: int | None, high: int) -> str | None:
@@ -95,9 +106,28 @@ SETTINGS: tuple[GroupSetting, ...] = (
         "streams_initial_rebalance_delay_ms", "3000", "How long a member joining the empty streams group waits "
         "for others before the tasks are assigned (ASSIGNMENT_DELAYED meanwhile).", at_least(0)), None, None),
     GroupSetting(TopicConfigDef(
+        SHARE_SESSION_TIMEOUT, "INT", "group.share.session.timeout.ms", "share_session_timeout_ms", "45000",
+        "How long a share group member may go without a heartbeat before it is removed and the records it holds "
+        "are released.", at_least(1)), "share_min_session_timeout_ms", "share_max_session_timeout_ms",
+        as_range=True),
+    GroupSetting(TopicConfigDef(
+        SHARE_HEARTBEAT_INTERVAL, "INT", "group.share.heartbeat.interval.ms", "share_heartbeat_interval_ms", "5000",
+        "The heartbeat interval the coordinator gives the members of a share group.", at_least(1)),
+        "share_min_heartbeat_interval_ms", "share_max_heartbeat_interval_ms", as_range=True),
+    GroupSetting(TopicConfigDef(
         SHARE_LOCK_DURATION, "INT", "group.share.record.lock.duration.ms", "share_record_lock_duration_ms", "30000",
-        "How long a share group's acquired records stay locked to the consumer that acquired them.", at_least(1)),
-        "share_min_record_lock_duration_ms", "share_max_record_lock_duration_ms"),
+        "How long a share group's acquired records stay locked to the consumer that acquired them.",
+        at_least(1000)), "share_min_record_lock_duration_ms", "share_max_record_lock_duration_ms", as_range=True),
+    GroupSetting(TopicConfigDef(
+        SHARE_DELIVERY_COUNT_LIMIT, "INT", "group.share.delivery.count.limit", "share_delivery_count_limit", "5",
+        "How many times a share group delivers a record at most: a record released or expired at this count is "
+        "archived.", at_least(2)), "share_min_delivery_count_limit", "share_max_delivery_count_limit",
+        as_range=True),
+    GroupSetting(TopicConfigDef(
+        SHARE_PARTITION_MAX_RECORD_LOCKS, "INT", "group.share.partition.max.record.locks",
+        "share_partition_max_record_locks", "2000", "How many records of a share-partition may be in flight "
+        "(acquired, or waiting to be again) at once.", at_least(100)), "share_min_partition_max_record_locks",
+        "share_max_partition_max_record_locks", as_range=True),
     GroupSetting(TopicConfigDef(
         SHARE_AUTO_OFFSET_RESET, "STRING", None, "share_auto_offset_reset", "latest",
         "Where a share group's share-partition starts when it has no state: latest or earliest.",
@@ -109,7 +139,8 @@ SETTINGS: tuple[GroupSetting, ...] = (
 )
 TEXT_SETTINGS = frozenset((SHARE_AUTO_OFFSET_RESET, SHARE_ISOLATION_LEVEL))  # not numbers: no bounds
 # The pairs whose session timeout must stay above their heartbeat interval.
-SESSION_ABOVE_HEARTBEAT = ((SESSION_TIMEOUT, HEARTBEAT_INTERVAL), (STREAMS_SESSION_TIMEOUT, STREAMS_HEARTBEAT_INTERVAL))
+SESSION_ABOVE_HEARTBEAT = ((SESSION_TIMEOUT, HEARTBEAT_INTERVAL), (STREAMS_SESSION_TIMEOUT, STREAMS_HEARTBEAT_INTERVAL),
+                           (SHARE_SESSION_TIMEOUT, SHARE_HEARTBEAT_INTERVAL))
 BY_NAME: dict[str, TopicConfigDef] = {s.definition.name: s.definition for s in SETTINGS}
 
 
@@ -131,9 +162,21 @@ class NodeGroupSettings(Protocol):
     streams_max_heartbeat_interval_ms: int
     streams_max_standby_replicas: int
     streams_initial_rebalance_delay_ms: int
+    share_session_timeout_ms: int
+    share_heartbeat_interval_ms: int
+    share_min_session_timeout_ms: int
+    share_max_session_timeout_ms: int
+    share_min_heartbeat_interval_ms: int
+    share_max_heartbeat_interval_ms: int
     share_record_lock_duration_ms: int
     share_min_record_lock_duration_ms: int
     share_max_record_lock_duration_ms: int
+    share_delivery_count_limit: int
+    share_min_delivery_count_limit: int
+    share_max_delivery_count_limit: int
+    share_partition_max_record_locks: int
+    share_min_partition_max_record_locks: int
+    share_max_partition_max_record_locks: int
     share_auto_offset_reset: str
     share_isolation_level: str
 
@@ -154,7 +197,11 @@ class StreamsSettings:
 
 @dataclass(frozen=True)
 class ShareSettings:
+    session_timeout_ms: int
+    heartbeat_interval_ms: int
     record_lock_duration_ms: int
+    delivery_count_limit: int
+    partition_max_record_locks: int
     auto_offset_reset: str  # latest, earliest
     isolation_level: str  # read_uncommitted, read_committed
 
@@ -212,9 +259,10 @@ def effective_streams(config: NodeGroupSettings, overrides: dict[str, str] | Non
 def share_settings(config: NodeGroupSettings, overrides: dict[str, str] | None) -> ShareSettings:
     """A share group's settings: its overrides on the node's defaults."""
     overrides = overrides or {}
-    return ShareSettings(int(overrides.get(SHARE_LOCK_DURATION, config.share_record_lock_duration_ms)),
-                         overrides.get(SHARE_AUTO_OFFSET_RESET, config.share_auto_offset_reset),
-                         overrides.get(SHARE_ISOLATION_LEVEL, config.share_isolation_level))
+    return ShareSettings(*(_value(config, overrides, name) for name in (
+        SHARE_SESSION_TIMEOUT, SHARE_HEARTBEAT_INTERVAL, SHARE_LOCK_DURATION, SHARE_DELIVERY_COUNT_LIMIT,
+        SHARE_PARTITION_MAX_RECORD_LOCKS)), overrides.get(SHARE_AUTO_OFFSET_RESET, config.share_auto_offset_reset),
+        overrides.get(SHARE_ISOLATION_LEVEL, config.share_isolation_level))
 
 
 def describe_group(config: NodeGroupSettings, overrides: dict[str, str] | None) -> list[DescribedConfig]:

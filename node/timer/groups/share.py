@@ -159,6 +159,7 @@ class ShareGroups(GroupFamily):
             member = self._member(group, d)
         except HeartbeatError as exc:
             return self._answer(waiter, exc.error, str(exc), d.member, d.member_epoch)
+        settings = self.settings(group.group_id)
         assignment = self._assignment(member.subscribed_topics)
         if member.epoch == 0 or assignment != member.assignment:
             if member.epoch != 0:  # a subscribed topic's partitions changed
@@ -167,10 +168,10 @@ class ShareGroups(GroupFamily):
             member.previous_epoch, member.epoch = member.epoch, group.epoch
         if (group.epoch, member.snapshot()) != before:
             self.persist(group)
-        self.sessions.renew((group.group_id, member.member_id), self.clock() + self.config.share_session_timeout_ms)
+        self.sessions.renew((group.group_id, member.member_id), self.clock() + settings.session_timeout_ms)
         self._answer(waiter, E.none, None, member.member_id, member.epoch,
                      [(topic, parts) for topic, parts in sorted(member.assignment.items())],
-                     self.config.share_heartbeat_interval_ms)
+                     settings.heartbeat_interval_ms)
 
     @staticmethod
     def _validate(d: Any) -> None:
@@ -330,8 +331,9 @@ class ShareGroups(GroupFamily):
             if not state.log_start_offset <= start <= state.high_watermark:
                 results.append((topic, partition, int(E.offset_out_of_range)))
                 continue
+            settings = self.settings(d.group)
             self.partitions[(d.group, topic, partition)] = SharePartition(
-                start, self.config.share_delivery_count_limit, self.config.share_partition_max_record_locks,
+                start, settings.delivery_count_limit, settings.partition_max_record_locks,
                 topic_id=str(self.store.topic_id(topic) or ""))
             self._write(d.group, topic, partition)
             results.append((topic, partition, 0))
@@ -401,22 +403,24 @@ class ShareGroups(GroupFamily):
         """The group's share settings: its group configs on the node's [groups] share_* defaults."""
         return group_config.share_settings(self.config, self.store.catalog.group_configs.get(group_id))
 
-    def _share_partition(self, group_id: str, topic: str, partition: int) -> SharePartition | None:
+    def _share_partition(self, group_id: str, topic: str, partition: int,
+                         settings: ShareSettings) -> SharePartition | None:
         """The share-partition, made at first use where share.auto.offset.reset says (and made anew when its topic
-        was deleted and made again under its name: another topic id); None if there is no such partition."""
+        was deleted and made again under its name: another topic id), with the group's current limits; None if
+        there is no such partition."""
         key = (group_id, topic, partition)
         share_partition = self.partitions.get(key)
         row = self.store.row(topic, partition)
         topic_id = str(self.store.topic_id(topic) or "")
         if share_partition is not None and (row is None or share_partition.topic_id in ("", topic_id)):
+            share_partition.configure(settings.delivery_count_limit, settings.partition_max_record_locks)
             return share_partition
         if row is None:
             return None
         state = self.store.table.read(row)
-        latest = self.settings(group_id).auto_offset_reset == "latest"
-        start = state.high_watermark if latest else state.log_start_offset
-        share_partition = self.partitions[key] = SharePartition(start, self.config.share_delivery_count_limit,
-                                                                self.config.share_partition_max_record_locks,
+        start = state.high_watermark if settings.auto_offset_reset == "latest" else state.log_start_offset
+        share_partition = self.partitions[key] = SharePartition(start, settings.delivery_count_limit,
+                                                                settings.partition_max_record_locks,
                                                                 topic_id=topic_id)
         self._write(group_id, topic, partition)
         return share_partition
@@ -426,6 +430,8 @@ class ShareGroups(GroupFamily):
         if share_partition is None:
             return E.invalid_record_state if self.store.row(topic, partition) is not None \
                 else E.unknown_topic_or_partition
+        settings = self.settings(group_id)
+        share_partition.configure(settings.delivery_count_limit, settings.partition_max_record_locks)
         renew_lock, error = 0, E.none
         for first, last, types in acks:
             if 4 in types and not renew_lock:  # RENEW: a fresh lock for the renewed records
@@ -437,7 +443,7 @@ class ShareGroups(GroupFamily):
             error = error or outcome
         if renew_lock and share_partition.locked(renew_lock):
             self.locks.renew((group_id, topic, partition, renew_lock),
-                             self.clock() + self.settings(group_id).record_lock_duration_ms)
+                             self.clock() + settings.record_lock_duration_ms)
         self._write(group_id, topic, partition)
         return error
 
@@ -454,7 +460,7 @@ class ShareGroups(GroupFamily):
         for topic, partition in list(session.partitions):
             if left <= 0:
                 break
-            share_partition = self._share_partition(group_id, topic, partition)
+            share_partition = self._share_partition(group_id, topic, partition, settings)
             if share_partition is None:
                 entry = answered.setdefault((topic, partition), [topic, partition, 0, 0, []])
                 entry[2] = int(E.unknown_topic_or_partition)
@@ -518,14 +524,16 @@ class ShareGroups(GroupFamily):
                 continue
             self.groups[group_id] = group
             self.groups_written[group_id] = group.snapshot()
+            session_ms = self.settings(group_id).session_timeout_ms
             for member_id in group.members:
-                self.sessions.renew((group_id, member_id), now + self.config.share_session_timeout_ms)
+                self.sessions.renew((group_id, member_id), now + session_ms)
         if group_states:
             log.info("restored %d share groups from the offsets log", len(self.groups))
         for key, state in states.items():
             try:
-                self.partitions[key] = restored(state, self.config.share_delivery_count_limit,
-                                                self.config.share_partition_max_record_locks)
+                settings = self.settings(key[0])
+                self.partitions[key] = restored(state, settings.delivery_count_limit,
+                                                settings.partition_max_record_locks)
             except (ValueError, TypeError, KeyError, IndexError) as exc:
                 log.warning("share group %s: the state of %s-%d in the offsets log is unreadable (%s): forgotten",
                             key[0], key[1], key[2], exc)

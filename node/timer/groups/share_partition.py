@@ -16,6 +16,8 @@ member holding it and the id of the acquisition that locked it. Below `start_off
 - a lock that runs out (`expire(lock id)`) and a member that leaves (`release_member`) make their still-acquired
   records AVAILABLE (or ARCHIVED at the delivery-count limit), as a RELEASE does.
 - after every change the start offset moves past the done records at its head, which are then forgotten.
+- `configure` takes the group's current delivery-count limit and in-flight bound (its group configs may change
+  them): a record waiting for redelivery that has reached a lowered limit is archived then.
 
 Invariants:
 - start_offset <= next_offset; every offset in [start_offset, next_offset) has an entry, and the entry at
@@ -78,6 +80,20 @@ class SharePartition:
     def __post_init__(self) -> None:
         if self.next_offset < self.start_offset:
             self.next_offset = self.start_offset
+
+    def configure(self, delivery_limit: int, max_in_flight: int) -> None:
+        """Take the group's current limits (share.delivery.count.limit, share.partition.max.record.locks)."""
+        self.max_in_flight = max_in_flight
+        if delivery_limit == self.delivery_limit:
+            return
+        lowered = delivery_limit < self.delivery_limit
+        self.delivery_limit = delivery_limit
+        if lowered:
+            for record in self.records.values():
+                if record.state is RecordState.AVAILABLE and record.delivery_count >= delivery_limit:
+                    record.state = RecordState.ARCHIVED
+                    self.archived += 1
+            self._advance_start()
 
     # -- acquisition -----------------------------------------------------------------------------
 
