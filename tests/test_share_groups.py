@@ -297,6 +297,35 @@ def test_the_cli_lists_and_describes_share_groups(node):
     assert table.returncode == 0 and "start offset" in table.stdout and "type share" in table.stdout, table
 
 
+def test_the_cli_counts_each_share_partitions_records_in_flight(node):
+    """`shmbroker groups describe` of a share group: per share-partition, the records in flight (acquired, or
+    waiting for redelivery) from the node's latest state record, while a killed ShareConsumer's five records are
+    held or wait for redelivery (two more produced are not in flight: never delivered), and none once a consumer
+    acknowledged them all."""
+    def described() -> dict:
+        done = subprocess.run([*CLI, "groups", "describe", "g-flight", "--bootstrap", node.bootstrap, "--json"],
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        return {(p["topic"], p["partition"]): (p["start_offset"], p["lag"], p["in_flight"])
+                for p in json.loads(done.stdout)["partitions"]}
+
+    create_topic(node.bootstrap, "flight")
+    produce(node.bootstrap, "flight", [f"f{i}" for i in range(5)])
+    assert hold(node.bootstrap, "g-flight", "flight") == [str(i) for i in range(5)]
+    produce(node.bootstrap, "flight", ["f5", "f6"])
+    assert described() == {("flight", 0): (0, 7, 5)}
+    consumer = share_consumer(node.bootstrap, "g-flight", "flight")
+    try:
+        assert sorted(values(take(consumer, 7))) == [f"f{i}" for i in range(7)]
+        consumer.poll(0.5)  # acknowledges them (implicit mode)
+    finally:
+        consumer.close()
+    assert described() == {("flight", 0): (7, 0, 0)}
+    table = subprocess.run([*CLI, "groups", "describe", "g-flight", "--bootstrap", node.bootstrap],
+                           capture_output=True, text=True, timeout=60)
+    assert table.returncode == 0 and "in flight" in table.stdout, table
+
+
 class RawShareMember:
     """One share group member over the raw protocol: heartbeats, ShareFetch and ShareAcknowledge of its own."""
 

@@ -4,12 +4,16 @@ locks, the delivery-count limit."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 from hypothesis import given, settings, strategies as st
 from kio.schema.errors import ErrorCode as E
 
 from shmbroker.node.config import GroupConfig, NodeConfig, WheelConfig
 from shmbroker.node.storage.store import GROUP_RESOURCE, PartitionStore
+from shmbroker.node.timer.groups.offsets import SHARE_GROUP_STATE, OffsetStore
+from shmbroker.node.storage.share_records import recorded_in_flight
 from shmbroker.node.timer.groups.share import ShareGroups, restored, snapshot
 from shmbroker.node.timer.groups.share_group import ShareGroup, ShareMember
 from shmbroker.node.timer.groups.share_partition import DONE, AckType, RecordState, SharePartition
@@ -161,31 +165,49 @@ def test_a_share_groups_snapshot_restores_the_same_group():
         ShareGroup.restore("g", [99, *group.snapshot()[1:]])
 
 
+def open_offsets(store: PartitionStore) -> OffsetStore:
+    """The offsets log of the store, loaded as a timer loads it at start (writes need no fsync here)."""
+    offsets = OffsetStore(store, lambda rows, ends, deadline_ms, done: done(True), lambda name, job: None,
+                          load_bytes_per_turn=1 << 20, load_interval_ms=0, segment_bytes=1 << 20,
+                          commit_timeout_ms=1000)
+    for _ in range(100):
+        if offsets.load_step(0):
+            return offsets
+    raise AssertionError("the offsets log did not load")
+
+
 def test_share_state_from_before_the_group_records_restores_the_groups_empty(tmp_path):
-    """A data directory written before share groups kept their membership has share-partition records alone:
-    their groups come back, empty, with their share-partitions (under the group's configs at restore: a
-    delivery-count limit of 2 archives the record delivered twice); a group record that cannot be read is
-    forgotten and its group comes back as the older ones do."""
+    """An offsets log written before share groups kept their membership has share-partition records alone: their
+    groups come back, empty, with their share-partitions, under the group's configs at restore (a delivery-count
+    limit of 2 archives the record its dead lock had delivered twice); a share group record that cannot be read is
+    forgotten and its group comes back as the older ones do. A share-partition that restore changed is written
+    again: the log's latest record of it is what memory holds (what `shmbroker groups describe` reads)."""
     p = partition(start=4)
     p.acquire("a", 3, 10, 0, lock=1)
     p.expire(1)
-    p.acquire("a", 1, 10, 0, lock=2)  # offset 4 delivered twice, 5 and 6 once
-    states = {("old", "t", 0): snapshot(p), ("broken", "t", 1): snapshot(partition())}
+    p.acquire("a", 1, 10, 0, lock=2)  # offset 4 delivered twice and held, 5 and 6 once and waiting
     config = NodeConfig()
     with SharedTable(rows=4) as table:
         store = PartitionStore(str(tmp_path), table, config.log, 4)
         try:
             assert store.alter_configs([(GROUP_RESOURCE, "old", "incremental", [
                 (0, "share.delivery.count.limit", "2")])], groups=config.groups) == [(0, None)]
-            groups = ShareGroups(config.groups, None, store, WheelConfig(), 0, lambda: 0, classic=None)
-            groups.restore({"broken": [1, "not an epoch"]}, states)
+            before = open_offsets(store)  # what a node before the share group records wrote, and a broken one
+            before.write_share_state(("old", "t", 0), snapshot(p), 0)
+            before.write_share_state(("broken", "t", 1), snapshot(partition()), 0)
+            before.write_group_state("broken", [1, "not an epoch"], 0, SHARE_GROUP_STATE)
+            offsets = open_offsets(store)
+            groups = ShareGroups(config.groups, None, store, WheelConfig(), 0, lambda: 0,
+                                 classic=SimpleNamespace(offsets=offsets))
+            groups.restore(offsets.share_group_states, offsets.share_states)
+            assert sorted(groups.groups) == ["broken", "old"]
+            assert all(not g.members and g.epoch == 0 for g in groups.groups.values())
+            back = groups.partitions[("old", "t", 0)]
+            assert (back.start_offset, back.next_offset, back.in_flight(), back.delivery_limit) == (5, 7, 2, 2)
+            assert len(groups.sessions) == 0
+            assert recorded_in_flight(open_offsets(store).share_states[("old", "t", 0)]) == (5, 2)
         finally:
             store.close()
-    assert sorted(groups.groups) == ["broken", "old"]
-    assert all(not g.members and g.epoch == 0 for g in groups.groups.values())
-    back = groups.partitions[("old", "t", 0)]
-    assert (back.start_offset, back.next_offset, back.in_flight(), back.delivery_limit) == (5, 7, 2, 2)
-    assert len(groups.sessions) == 0
 
 
 def test_configure_takes_a_groups_new_limits():

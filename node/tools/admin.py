@@ -14,6 +14,16 @@ admin API: they come from one ConsumerGroupDescribe request of this module's own
 bootstrap broker, which is the coordinator of every group on a shmbroker node. Share groups (KIP-932) are not in
 it either: they are listed with a ListGroups v5 (type "share") and described with ShareGroupDescribe and
 DescribeShareGroupOffsets (each share-partition's start offset and lag) of the same kind.
+
+A share-partition's records in flight (acquired, or available for redelivery, between its start offset and the end
+of its in-flight window) are in no Kafka API's answer. The node writes a share-partition's whole state to its
+`__consumer_offsets` at every change (node.timer.groups.share), so the latest record of the share-partition there
+is its state in the coordinator's memory: `describe` reads that topic (a Fetch, as any client may) to the high
+watermark it found, keeps each of the group's share-partitions' latest record as the node's load does, and counts
+with the node's own decoder of that record (node.storage.share_records, versioned: a format it does not know is
+told as unknown, never misread). That count is exact as of the read, where a counter of the stats segment would be
+as of its last publication. A broker that is not a shmbroker node (or a log not read to its end in `timeout_s`)
+gives no count ("-").
 """
 
 from __future__ import annotations
@@ -21,6 +31,7 @@ from __future__ import annotations
 import io
 import socket
 import struct
+import time
 import uuid
 from dataclasses import dataclass
 
@@ -37,11 +48,15 @@ from kio.schema.request_header.v2.header import RequestHeader
 from kio.serial import entity_reader, entity_writer
 from kio.static.primitive import i16, i32
 
-from confluent_kafka import (ConsumerGroupState, ConsumerGroupTopicPartitions, Consumer, KafkaException, TopicCollection,
-                             TopicPartition)
+from confluent_kafka import (ConsumerGroupState, ConsumerGroupTopicPartitions, Consumer, KafkaError, KafkaException,
+                             TopicCollection, TopicPartition)
 from confluent_kafka.admin import AdminClient, NewTopic
+import orjson
 
 from shmbroker.node.storage.catalog import topic_id_text
+from shmbroker.node.storage.share_records import apply_versioned, recorded_in_flight, share_state_key
+
+OFFSETS_TOPIC = "__consumer_offsets"  # where a shmbroker node keeps the share-partitions' states
 
 
 class AdminError(RuntimeError):
@@ -263,8 +278,8 @@ class Admin:
                 for g in sorted(response.groups, key=lambda g: g.group_id) if g.group_type == "share"]
 
     def describe_share_group(self, group_id: str) -> dict | None:
-        """A share group's members and, per share-partition, its start offset, high watermark and lag; None if
-        the group is not a share group."""
+        """A share group's members and, per share-partition, its start offset, high watermark, lag and records in
+        flight; None if the group is not a share group."""
         described = self._raw(77, 1, ShareGroupDescribeRequest(group_ids=(group_id,),
                                                                include_authorized_operations=False),
                               ShareGroupDescribeResponse)
@@ -279,6 +294,7 @@ class Admin:
                                          for p in t.partitions)} for m in group.members]
         partitions = []
         if offsets is not None and not int(offsets.groups[0].error_code):
+            in_flight = self.share_in_flight(group_id)
             with self._consumer() as consumer:
                 for topic in sorted(offsets.groups[0].topics, key=lambda t: t.topic_name):
                     for p in sorted(topic.partitions, key=lambda p: p.partition_index):
@@ -286,11 +302,52 @@ class Admin:
                         start = int(p.start_offset)
                         partitions.append({"topic": topic.topic_name, "partition": int(p.partition_index),
                                            "start_offset": start if start >= 0 else None, "high_watermark": high,
-                                           "lag": int(p.lag) if int(p.lag) >= 0 else None})
+                                           "lag": int(p.lag) if int(p.lag) >= 0 else None,
+                                           "in_flight": in_flight.get((topic.topic_name, int(p.partition_index)))})
         return {"group": group_id, "state": group.group_state.upper(), "type": "share",
                 "group_epoch": int(group.group_epoch), "assignment_epoch": int(group.assignment_epoch),
                 "protocol": group.assignor_name, "members": members, "partitions": partitions,
                 "total_lag": sum(p["lag"] or 0 for p in partitions)}
+
+    def share_in_flight(self, group_id: str) -> dict[tuple[str, int], int | None]:
+        """(topic, partition) -> records in flight of each of the group's share-partitions, from their latest state
+        records in the node's __consumer_offsets (this module's header); {} if the topic cannot be read to its
+        end within timeout_s; a partition whose record this node's decoder cannot read maps to None."""
+        states: dict = {}
+        versions: dict = {}
+        deadline = time.monotonic() + self.timeout_s
+        with _ClosingConsumer({**self._config, "group.id": "shmbroker-cli-share-states", "enable.auto.commit": False,
+                               "enable.partition.eof": True, "logger": _QuietLogger()}) as consumer:
+            try:
+                low, high = consumer.get_watermark_offsets(TopicPartition(OFFSETS_TOPIC, 0), timeout=self.timeout_s)
+            except KafkaException:
+                return {}
+            consumer.assign([TopicPartition(OFFSETS_TOPIC, 0, low)])
+            position = low
+            while position < high and time.monotonic() < deadline:
+                # A short wait per call: consume() returns at its timeout unless 1000 records came first.
+                for message in consumer.consume(1000, timeout=min(0.05, max(0.0, deadline - time.monotonic()))):
+                    error = message.error()
+                    if error is not None:
+                        if error.code() == KafkaError._PARTITION_EOF:
+                            position = high  # the end: records compacted away may leave no offset up to it
+                        continue
+                    position = message.offset() + 1
+                    try:
+                        key = share_state_key(orjson.loads(message.key() or b"null"))
+                        if key is not None and key[0] == group_id:
+                            apply_versioned(key, message.value(), states, versions)
+                    except (ValueError, TypeError):
+                        continue  # not a record of this format: the node's load skips it too
+        if position < high:
+            return {}
+        counts: dict[tuple[str, int], int | None] = {}
+        for (_, topic, partition), state in states.items():
+            try:
+                counts[(topic, partition)] = recorded_in_flight(state)[1]
+            except (ValueError, TypeError, IndexError):
+                counts[(topic, partition)] = None
+        return counts
 
     def _raw(self, api_key: int, version: int, request, response_class):
         """One request of this module's own to the bootstrap broker (header v2, flexible versions only); its

@@ -123,7 +123,7 @@ def _parser() -> argparse.ArgumentParser:
     groups_sub = groups.add_subparsers(dest="action", required=True)
     for action, text in (("list", "every consumer group and share group (KIP-932) and its state"),
                          ("describe", "a group's members, committed offsets and lag per partition (a share group's: "
-                                      "each share-partition's start offset and lag)")):
+                                      "each share-partition's start offset, lag and records in flight)")):
         p = command(groups_sub, action, text)
         kafka_api(p)
         if action == "describe":

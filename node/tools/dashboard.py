@@ -478,11 +478,12 @@ def render_group(group: dict) -> None:
         console.print(members)
     table = Table()
     if group.get("type") == "share":  # KIP-932: each share-partition's start offset, no owner
-        for column in ("topic", "partition", "start offset", "high watermark", "lag"):
+        for column in ("topic", "partition", "start offset", "high watermark", "lag", "in flight"):
             table.add_column(column, justify="right")
         for p in group["partitions"]:
             table.add_row(p["topic"], str(p["partition"]), "-" if p["start_offset"] is None else str(p["start_offset"]),
-                          str(p["high_watermark"]), "-" if p["lag"] is None else str(p["lag"]))
+                          str(p["high_watermark"]), "-" if p["lag"] is None else str(p["lag"]),
+                          "-" if p.get("in_flight") is None else str(p["in_flight"]))
         console.print(table)
         return
     for column in ("topic", "partition", "committed", "high watermark", "lag", "member"):

@@ -22,7 +22,7 @@ Share groups (KIP-932: node.timer.groups.share) keep their membership alike, one
     value  orjson [version, state]                  the group's latest snapshot (its epoch and members)
            null (a tombstone)                       the group is gone
 
-And the state of each share-partition, versioned alike:
+And the state of each share-partition, versioned alike (its format: node.storage.share_records):
 
     key    orjson ["share-partition", group, topic, partition]   (four elements: an older node skips it)
     value  orjson [version, state]                               its latest state (own format version inside)
@@ -58,6 +58,7 @@ import orjson
 
 from shmbroker.node.storage.records import (BATCH_HEADER_SIZE, LENGTH_FIELDS_SIZE, OFFSET_AND_LENGTH, ErrorCode,
                                             StorageError, build_batch, iter_records, parse_header)
+from shmbroker.node.storage.share_records import SHARE_STATE, ShareKey, apply_versioned, share_state_key
 from shmbroker.node.storage.store import TOPIC_RESOURCE, PartitionStore
 
 log = logging.getLogger("shmbroker.offsets")
@@ -69,8 +70,6 @@ RECORDS_PER_BATCH = 500
 Key = tuple[str, str, int]  # group, topic, partition
 GROUP_STATE = "streams-group"  # the first element of a group state record's key
 SHARE_GROUP_STATE = "share-group"  # the first element of a share group's state record's key
-SHARE_STATE = "share-partition"  # the first element of a share-partition state record's key
-ShareKey = tuple[str, str, int]  # group, topic, partition
 
 
 @dataclass(frozen=True)
@@ -166,8 +165,8 @@ class OffsetStore:
             if isinstance(decoded_key, list) and len(decoded_key) == 2 and decoded_key[0] == SHARE_GROUP_STATE:
                 return self._apply_versioned(str(decoded_key[1]), value, self.share_group_states,
                                              self._share_group_versions)
-            if isinstance(decoded_key, list) and len(decoded_key) == 4 and decoded_key[0] == SHARE_STATE:
-                share_key = (str(decoded_key[1]), str(decoded_key[2]), int(decoded_key[3]))
+            share_key = share_state_key(decoded_key)
+            if share_key is not None:
                 return self._apply_versioned(share_key, value, self.share_states, self._share_versions)
             group, topic, partition = decoded_key
             full_key = (str(group), str(topic), int(partition))
@@ -191,19 +190,11 @@ class OffsetStore:
             offsets[full_key[1:]] = OffsetEntry(int(fields[1]), int(fields[2]), fields[3], int(fields[4]), version)
 
     def _apply_versioned(self, key: Any, value: bytes | None, states: dict, versions: dict) -> None:
-        """A group's or a share-partition's state record into `states`: a newer version replaces what is there, a
-        tombstone (None) drops it."""
-        if value is None:
-            versions.pop(key, None)
-            states.pop(key, None)
-            return
-        version, state = orjson.loads(value)
-        version = int(version)
-        self.version = max(self.version, version)
-        if version <= versions.get(key, -1):
-            return
-        versions[key] = version
-        states[key] = state
+        """A group's or a share-partition's state record into `states` (apply_versioned), the log's version
+        clock past its version."""
+        version = apply_versioned(key, value, states, versions)
+        if version is not None:
+            self.version = max(self.version, version)
 
     def _finish_load(self) -> None:
         self.loading = False

@@ -56,6 +56,7 @@ from kio.schema.errors import ErrorCode
 from shmbroker.node.config import GroupConfig, WheelConfig
 from shmbroker.node.storage import group_config
 from shmbroker.node.storage.group_config import ShareSettings
+from shmbroker.node.storage.share_records import decoded, encoded_state
 from shmbroker.node.storage.store import PartitionStore
 from shmbroker.node.timer.groups.offsets import SHARE_GROUP_STATE
 from shmbroker.node.timer.groups.reconciling import HeartbeatError, describe_rows
@@ -77,7 +78,6 @@ AlterAnswer = M.reply_class(M.Kind.ALTER_SHARE_OFFSETS)
 LEAVE_EPOCH = -1
 OPEN_SESSION, CLOSE_SESSION = 0, -1
 SHARE_ASSIGNOR = "simple"  # Kafka's name for its share group assignor
-STATE_FORMAT = 1  # the share-partition state record's own format version
 
 
 @dataclass
@@ -413,7 +413,6 @@ class ShareGroups(GroupFamily):
         row = self.store.row(topic, partition)
         topic_id = str(self.store.topic_id(topic) or "")
         if share_partition is not None and (row is None or share_partition.topic_id in ("", topic_id)):
-            share_partition.configure(settings.delivery_count_limit, settings.partition_max_record_locks)
             return share_partition
         if row is None:
             return None
@@ -472,9 +471,13 @@ class ShareGroups(GroupFamily):
             if committed:  # up to the LSO, without control batches and aborted transactions' batches
                 bound, excluded = committed_exclusions(self.store.log(row), share_partition.next_offset,
                                                        state.last_stable_offset)
+            before = (share_partition.start_offset, share_partition.next_offset, share_partition.archived)
+            share_partition.configure(settings.delivery_count_limit, settings.partition_max_record_locks)
             ranges = share_partition.acquire(member_id, left, bound, state.log_start_offset, lock, excluded)
             if not ranges:
                 watch.append((row, state.end_bytes))
+                if (share_partition.start_offset, share_partition.next_offset, share_partition.archived) != before:
+                    self._write(group_id, topic, partition)  # archived at a lowered limit, or the log start moved
                 continue
             left -= sum(last - first + 1 for first, last, _ in ranges)
             self.locks.renew((group_id, topic, partition, lock), deadline)
@@ -512,8 +515,9 @@ class ShareGroups(GroupFamily):
     def restore(self, group_states: dict[str, Any], states: dict[tuple[str, str, int], Any]) -> None:
         """The share groups and share-partitions the offsets log kept (at the end of its load): members come back
         with their ids, epochs and assignments, their sessions starting now; acquired records come back
-        available, with their delivery counts. A group with share-partitions and no group record (a data
-        directory from before those records) comes back empty."""
+        available, with their delivery counts (archived at the group's limit), and a share-partition that changed
+        so is written again: the latest record of every share-partition is its state in memory. A group with
+        share-partitions and no group record (a data directory from before those records) comes back empty."""
         now = self.clock()
         for group_id, group_state in group_states.items():
             try:
@@ -540,6 +544,7 @@ class ShareGroups(GroupFamily):
                 continue
             self.written[key] = state
             self.groups.setdefault(key[0], ShareGroup(key[0]))
+            self._write(*key)
 
     def counted(self, name: str) -> int:
         """A share-partition counter (acquired, redelivered, archived) summed over the node's, since the timer
@@ -559,19 +564,19 @@ def snapshot(share_partition: SharePartition) -> list:
             runs[-1][1] = offset
         else:
             runs.append([offset, offset, state, count])
-    return [STATE_FORMAT, share_partition.start_offset, share_partition.next_offset, runs, share_partition.topic_id]
+    return encoded_state(share_partition.start_offset, share_partition.next_offset, runs, share_partition.topic_id)
 
 
 def restored(state: list, delivery_limit: int, max_in_flight: int) -> SharePartition:
-    version, start, next_offset, runs, topic_id = state
-    if version != STATE_FORMAT:
-        raise ValueError(f"share-partition state format {version}")
-    share_partition = SharePartition(int(start), delivery_limit, max_in_flight, int(next_offset), str(topic_id))
+    """The share-partition of a state record, under the group's current limits: an acquired record is released
+    (its lock died with the process), a waiting one that reached the delivery-count limit archived."""
+    start, next_offset, runs, topic_id = decoded(state)
+    share_partition = SharePartition(start, delivery_limit, max_in_flight, next_offset, topic_id)
     for first, last, record_state, count in runs:
-        record_state = RecordState(record_state)
-        for offset in range(int(first), int(last) + 1):
-            record = InFlight(record_state, int(count))
-            if record_state is RecordState.ACQUIRED:
+        for offset in range(first, last + 1):
+            record = InFlight(record_state, count)
+            if record_state is RecordState.ACQUIRED or (record_state is RecordState.AVAILABLE
+                                                        and count >= delivery_limit):
                 share_partition._release(record)
             share_partition.records[offset] = record
     share_partition._advance_start()

@@ -34,14 +34,9 @@ from typing import Sequence
 
 from kio.schema.errors import ErrorCode
 
+from shmbroker.node.storage.share_records import DONE, RecordState
+
 E = ErrorCode
-
-
-class RecordState(IntEnum):
-    AVAILABLE = 0
-    ACQUIRED = 1
-    ACKNOWLEDGED = 2
-    ARCHIVED = 4
 
 
 class AckType(IntEnum):
@@ -51,9 +46,6 @@ class AckType(IntEnum):
     RELEASE = 2
     REJECT = 3
     RENEW = 4
-
-
-DONE = (RecordState.ACKNOWLEDGED, RecordState.ARCHIVED)
 
 
 @dataclass(slots=True)
