@@ -12,11 +12,13 @@ same two round trips per batch as the share consumers.
 
 One producer (in this process) appends 100-byte records (--record-size), each carrying its append time (the
 monotonic clock, one for every process of the machine): to the node with confluent-kafka (acks=all), to
-Redis with XADDs over raw RESP, the records due in one write (at most --chunk per round trip). An acknowledgement's time is taken when the
-consumer holds the server's answer to it; the latency of a record is that time less its append time.
+Redis with XADDs over raw RESP, the records due in one write (at most --chunk per round trip). An
+acknowledgement's time is taken when the consumer holds the server's answer to it; the latency of a record is
+that time less its append time.
 
-Workloads, each measured for --seconds after every consumer has acknowledged a record (a slow priming
-append makes sure the group has formed):
+Workloads, each measured for --seconds, in turn with the same consumers, once every consumer has acknowledged
+a record (a slow priming append makes sure the group has formed); after each window every record appended is
+acknowledged before the next begins:
 - throughput: the producer appends as fast as it goes while fewer than --max-lag records are appended and not
   yet acknowledged (the queue stays bounded, so the producer does not starve the consumers of the two shared
   cores): records/s acknowledged is what the consumers and the server can do; latency is mostly queueing
@@ -33,7 +35,8 @@ acknowledgements once they are fsync'd (the share state goes to the offsets log,
 appendfsync always fsyncs its AOF before replying to XADD and XACK (the same promise), with everysec once a
 second (a crash loses up to a second of appends and acknowledgements: acknowledged entries come back pending).
 
-Runs (--runs, 3) alternate the systems (node, redis-always, redis-everysec, then the other way round, ...); every
+Runs (--runs, 3) alternate the systems (node, redis-always, redis-everysec, then the other way round, ...: each
+system measures its workloads in its turn, on a new topic or stream and group); every
 run's rows are printed (JSON lines with --json) and then a summary per workload: the medians over the runs and
 node / Redis ratios (the median of each run's own ratio). Every server starts here on a free 127.0.0.1 port
 with its own temp dir and is stopped by its pid; every wait is bounded.
@@ -101,15 +104,18 @@ class AckLog:
     def __init__(self, path: str) -> None:
         self.path = path
         self.appended = array("q")
+        self.received = array("q")  # when the poll (XREADGROUP) that delivered it returned
         self.acked = array("q")
         self.errors = 0
 
-    def add(self, stamps: list[int], acked_ns: int) -> None:
+    def add(self, stamps: list[int], received_ns: int, acked_ns: int) -> None:
         self.appended.extend(stamps)
+        self.received.extend([received_ns] * len(stamps))
         self.acked.extend([acked_ns] * len(stamps))
 
     def save(self) -> None:
         np.savez(self.path, appended=np.frombuffer(self.appended, dtype=np.int64),
+                 received=np.frombuffer(self.received, dtype=np.int64),
                  acked=np.frombuffer(self.acked, dtype=np.int64), errors=self.errors)
 
 
@@ -129,6 +135,7 @@ def share_consumer_child(slot: benchnode.CountSlot, bootstrap: str, group: str, 
             messages = consumer.poll(POLL_S)
             if not messages:
                 continue
+            received_ns = time.monotonic_ns()
             stamps = []
             for message in messages:
                 if message.error() is not None:
@@ -140,7 +147,7 @@ def share_consumer_child(slot: benchnode.CountSlot, bootstrap: str, group: str, 
             results = consumer.commit_sync(COMMIT_TIMEOUT_S)
             acked_ns = time.monotonic_ns()
             log.errors += sum(1 for error in results.values() if error is not None)
-            log.add(stamps, acked_ns)
+            log.add(stamps, received_ns, acked_ns)
             slot.add(len(stamps), acked_ns)
     finally:
         consumer.close()
@@ -162,11 +169,12 @@ def redis_consumer_child(slot: benchnode.CountSlot, port: int, stream: str, grou
             reply = client.xreadgroup(group, name, {stream: ">"}, count=batch, block=int(POLL_S * 1000))
             if not reply:
                 continue
+            received_ns = time.monotonic_ns()
             entries = reply[0][1]
             acked = client.xack(stream, group, *(entry_id for entry_id, _ in entries))
             acked_ns = time.monotonic_ns()
             log.errors += len(entries) - int(acked)
-            log.add([int(fields[b"t"]) for _, fields in entries], acked_ns)
+            log.add([int(fields[b"t"]) for _, fields in entries], received_ns, acked_ns)
             slot.add(len(entries), acked_ns)
     finally:
         client.close()
@@ -206,9 +214,12 @@ class NodeAppender:
     def idle(self) -> None:
         self.producer.poll(0)
 
-    def close(self) -> None:
-        """Flush what is still queued (its failures counted); again, a no-op."""
+    def flush(self) -> None:
+        """Until every record handed over is answered (those still unanswered after FLUSH_TIMEOUT_S: failed)."""
         self.failed += self.producer.flush(FLUSH_TIMEOUT_S)
+
+    def close(self) -> None:
+        self.flush()
 
 
 class RedisAppender:
@@ -239,6 +250,9 @@ class RedisAppender:
 
     def idle(self) -> None:
         pass
+
+    def flush(self) -> None:
+        pass  # every XADD was answered before append() returned
 
     def close(self) -> None:
         self.sock.close()
@@ -291,11 +305,13 @@ class Systems:
         return servers.Spent(servers.of_redis(self.redis[system]))
 
 
-def measure(systems: Systems, system: str, workload: str, run_index: int, args: argparse.Namespace,
-            out_dir: str) -> dict:
-    name = f"share-{workload}-{run_index}-{system}"
+def measure(systems: Systems, system: str, workloads: list[str], run_index: int, args: argparse.Namespace,
+            out_dir: str) -> list[dict]:
+    """One system's workloads, in turn, with one set of consumers: each workload's window is followed by a
+    drain (every record appended so far acknowledged), so the windows never overlap. A row per workload."""
+    name = f"share-{run_index}-{system}"
     paths = [os.path.join(out_dir, f"{name}-{i}.npz") for i in range(args.consumers)]
-    life_s = READY_TIMEOUT_S + JOIN_TIMEOUT_S + args.seconds + DRAIN_TIMEOUT_S
+    life_s = READY_TIMEOUT_S + JOIN_TIMEOUT_S + len(workloads) * (args.seconds + DRAIN_TIMEOUT_S)
     if system == NODE:
         target = systems.node_target
         benchnode.create_topic(target.host, target.port, name, args.partitions)
@@ -310,35 +326,52 @@ def measure(systems: Systems, system: str, workload: str, run_index: int, args: 
         appender = RedisAppender(server, name, args.record_size)
         child, child_args = redis_consumer_child, [(server.port, name, name, args.batch, path, life_s)
                                                    for path in paths]
-    rate = args.rate if workload == "paced" else 0.0
+    windows: list[tuple[str, Window, Any]] = []
     try:
         with benchnode.CountingProcesses(_each_child, args.consumers, child, child_args) as procs:
             procs.wait_ready(READY_TIMEOUT_S)
-            prime = produce(appender, procs.records, 0, JOIN_TIMEOUT_S, PRIME_RATE, args.max_lag, 1,
-                            until=lambda: all(procs.per_process()))
+            total = produce(appender, procs.records, 0, JOIN_TIMEOUT_S, PRIME_RATE, args.max_lag, 1,
+                            until=lambda: all(procs.per_process())).appended
             if not all(procs.per_process()):
                 raise RuntimeError(f"{system}: consumers with no record after {JOIN_TIMEOUT_S:.0f} s: "
                                    f"{procs.per_process()}")
-            with systems.meter(system) as meter:
-                window = produce(appender, procs.records, prime.appended, args.seconds, rate, args.max_lag,
-                                 args.chunk)
-            appender.close()
-            total = prime.appended + window.appended
-            if procs.wait_for(total, DRAIN_TIMEOUT_S) < total:
-                raise RuntimeError(f"{system}: {procs.records()} of {total} records acknowledged after "
-                                   f"{DRAIN_TIMEOUT_S:.0f} s")
+            for workload in workloads:
+                rate = args.rate if workload == "paced" else 0.0
+                with systems.meter(system) as meter:
+                    window = produce(appender, procs.records, total, args.seconds, rate, args.max_lag, args.chunk)
+                windows.append((workload, window, meter))
+                appender.flush()
+                total += window.appended
+                if procs.wait_for(total, DRAIN_TIMEOUT_S) < total:
+                    raise RuntimeError(f"{system}: {procs.records()} of {total} records acknowledged after "
+                                       f"{DRAIN_TIMEOUT_S:.0f} s")
     finally:
         appender.close()
     logs = []
     for path in paths:
         with np.load(path) as saved:
-            logs.append((saved["appended"], saved["acked"], int(saved["errors"])))
+            logs.append((saved["appended"], saved["acked"], int(saved["errors"]), saved["received"]))
         os.unlink(path)
-    appended_ns, acked_ns = (np.concatenate([log[i] for log in logs]) for i in range(2))
+    appended_ns, acked_ns, received_ns = (np.concatenate([log[i] for log in logs]) for i in (0, 1, 3))
+    errors = sum(log[2] for log in logs) + appender.failed
+    return [window_row(system, workload, window, meter, run_index, args, logs, appended_ns, acked_ns, received_ns,
+                       {"delivered": len(acked_ns), "appended": total, "errors": errors})
+            for workload, window, meter in windows]
+
+
+def window_row(system: str, workload: str, window: Window, meter: Any, run_index: int, args: argparse.Namespace,
+               logs: list, appended_ns: np.ndarray, acked_ns: np.ndarray, received_ns: np.ndarray,
+               totals: dict) -> dict:
+    """The row of one workload's window: records acknowledged in it, latencies of the records appended in it
+    (and their two parts: append -> delivery, and the acknowledgement's round trip)."""
     in_window = (acked_ns >= window.started_ns) & (acked_ns <= window.ended_ns)
     acked = int(in_window.sum())
     appended_in_window = (appended_ns >= window.started_ns) & (appended_ns <= window.ended_ns)
     latencies = (acked_ns - appended_ns)[appended_in_window]
+    delivery = benchnode.percentiles_ms((received_ns - appended_ns)[appended_in_window])
+    ack_trip = benchnode.percentiles_ms((acked_ns - received_ns)[appended_in_window])
+    parts = {"deliver_p50_ms": delivery["p50_ms"], "deliver_p99_ms": delivery["p99_ms"],
+             "ack_p50_ms": ack_trip["p50_ms"], "ack_p99_ms": ack_trip["p99_ms"]}
     per_process = [int(((log[1] >= window.started_ns) & (log[1] <= window.ended_ns)).sum()) for log in logs]
     if system == NODE:
         cpu = {**meter.per_op_fields(acked), "node_cores": meter.fields["node_cores"],
@@ -347,14 +380,14 @@ def measure(systems: Systems, system: str, workload: str, run_index: int, args: 
         spent = meter.fields(acked)
         cpu = {"timer_us_per_op": None, "worker_us_per_op": None, "node_cores": None,
                "server_us_per_record": spent["cpu_us_per_op"]}
+    rate = args.rate if workload == "paced" else None
     return benchnode.result_row(
         SCRIPT, CLIENTS[system], acked, window.seconds, acked * args.record_size, latencies, system=system,
         workload=workload, run=run_index, durability=DURABILITY[system], consumers=args.consumers,
         partitions=args.partitions if system == NODE else 1, batch=args.batch, ack=args.ack,
-        offered_per_s=rate or None, appended_per_s=round(window.appended / window.seconds, 1),
+        offered_per_s=rate, appended_per_s=round(window.appended / window.seconds, 1),
         acked_per_consumer=per_process, appended_in_window=window.appended,
-        acked_of_window=int(appended_in_window.sum()), delivered=len(acked_ns), appended=total,
-        errors=sum(log[2] for log in logs) + appender.failed, **cpu)
+        acked_of_window=int(appended_in_window.sum()), **parts, **totals, **cpu)
 
 
 def _each_child(slot: benchnode.CountSlot, target: Callable[..., None], per_child: list[tuple]) -> None:
@@ -447,11 +480,10 @@ def main(argv: list[str] | None = None) -> int:
         with started(args, systems) as running:
             for run_index in range(args.runs):
                 order = systems if run_index % 2 == 0 else systems[::-1]
-                for workload in workloads:
-                    for system in order:
-                        row = measure(running, system, workload, run_index, args, out_dir)
+                for system in order:
+                    for row in measure(running, system, workloads, run_index, args, out_dir):
                         rows.append(row)
-                        progress(f"run {run_index + 1}/{args.runs} {workload} {system}: "
+                        progress(f"run {run_index + 1}/{args.runs} {row['workload']} {system}: "
                                  f"{row['records_per_s']:,.0f} records/s acknowledged, p50 {row['p50_ms']} ms, "
                                  f"p99 {row['p99_ms']} ms, server {row['server_us_per_record']} us/record")
                         if args.json:
