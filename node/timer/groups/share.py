@@ -536,15 +536,7 @@ class ShareGroups(GroupFamily):
 def snapshot(share_partition: SharePartition) -> list:
     """[format, start offset, next offset, [[first, last, state, delivery count], ...], topic id]: runs of
     in-flight records of one state and count (an acquired one written as acquired: it comes back available)."""
-    runs: list[list[int]] = []
-    for offset in range(share_partition.start_offset, share_partition.next_offset):
-        record = share_partition.records.get(offset)
-        state, count = (int(record.state), record.delivery_count) if record is not None \
-            else (int(RecordState.ARCHIVED), 0)
-        if runs and runs[-1][1] == offset - 1 and runs[-1][2] == state and runs[-1][3] == count:
-            runs[-1][1] = offset
-        else:
-            runs.append([offset, offset, state, count])
+    runs = share_partition.runs()
     return [STATE_FORMAT, share_partition.start_offset, share_partition.next_offset, runs, share_partition.topic_id]
 
 

@@ -18,7 +18,8 @@ member holding it and the id of the acquisition that locked it. Below `start_off
 - after every change the start offset moves past the done records at its head, which are then forgotten.
 
 Invariants:
-- start_offset <= next_offset; every offset in [start_offset, next_offset) has an entry, and the entry at
+- start_offset <= next_offset; every offset in [start_offset, next_offset) has an entry (`records` holds them in
+  offset order: an entry is only ever added at next_offset), and the entry at
   start_offset (if any) is not done.
 - A record is acquired by at most one member at a time, and only under its current lock id.
 - Delivery counts never decrease; a record delivered `delivery_limit` times is never acquired again.
@@ -28,6 +29,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import IntEnum
+from itertools import groupby
+from operator import attrgetter
 from typing import Sequence
 
 from kio.schema.errors import ErrorCode
@@ -52,6 +55,7 @@ class AckType(IntEnum):
 
 
 DONE = (RecordState.ACKNOWLEDGED, RecordState.ARCHIVED)
+_STATE, _COUNT = attrgetter("state"), attrgetter("delivery_count")
 
 
 @dataclass(slots=True)
@@ -200,6 +204,34 @@ class SharePartition:
             del self.records[gone]
         self.start_offset = offset
         self.next_offset = max(self.next_offset, offset)
+
+    # -- what is written --------------------------------------------------------------------------
+
+    def runs(self) -> list[list[int]]:
+        """The records from start_offset to next_offset as runs of one state and delivery count: [[first, last,
+        state, count], ...] (an offset without an entry, if any, as ARCHIVED with count 0)."""
+        records = self.records
+        if records and len(records) == self.next_offset - self.start_offset \
+                and next(iter(records)) == self.start_offset and next(reversed(records)) == self.next_offset - 1:
+            # Every offset has its entry, in offset order (entries are only ever added at next_offset): the runs
+            # are groups of equal neighbours, compared in C (the loop below costs ~0.6 us a record).
+            runs, offset = [], self.start_offset
+            values = records.values()
+            for (state, count), same in groupby(zip(map(_STATE, values), map(_COUNT, values))):
+                length = len(list(same))
+                runs.append([offset, offset + length - 1, int(state), count])
+                offset += length
+            return runs
+        runs = []
+        for offset in range(self.start_offset, self.next_offset):
+            record = records.get(offset)
+            state, count = (int(record.state), record.delivery_count) if record is not None \
+                else (int(RecordState.ARCHIVED), 0)
+            if runs and runs[-1][1] == offset - 1 and runs[-1][2] == state and runs[-1][3] == count:
+                runs[-1][1] = offset
+            else:
+                runs.append([offset, offset, state, count])
+        return runs
 
     # -- what describes show ----------------------------------------------------------------------
 
