@@ -29,8 +29,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import IntEnum
-from itertools import groupby
-from operator import attrgetter
+from itertools import compress, groupby, islice, repeat
+from operator import attrgetter, is_
 from typing import Sequence
 
 from kio.schema.errors import ErrorCode
@@ -55,7 +55,7 @@ class AckType(IntEnum):
 
 
 DONE = (RecordState.ACKNOWLEDGED, RecordState.ARCHIVED)
-_STATE, _COUNT = attrgetter("state"), attrgetter("delivery_count")
+_STATE, _COUNT, _HOLDER = attrgetter("state"), attrgetter("delivery_count"), attrgetter("state", "member")
 
 
 @dataclass(slots=True)
@@ -92,14 +92,15 @@ class SharePartition:
         transactions), are archived as they are passed, never delivered."""
         if log_start > self.start_offset:  # retention or DeleteRecords took them: they will never be delivered
             self._move_start_to(log_start)
-        acquired: list[int] = []
-        for offset in sorted(o for o, r in self.records.items() if r.state is RecordState.AVAILABLE):
-            if len(acquired) >= max_records:
-                break
-            acquired.append(offset)
+        records = self.records
+        # The available records, in offset order (the order of `records`), found in C: none, as a rule.
+        acquired = list(islice(compress(records, map(is_, map(_STATE, records.values()),
+                                                     repeat(RecordState.AVAILABLE))), max_records))
         room = self.max_in_flight - (self.next_offset - self.start_offset)
+        # New records past next_offset: without exclusions one run, made at once below; else one by one.
+        fresh = 0 if excluded else max(0, min(max_records - len(acquired), high_watermark - self.next_offset, room))
         skip = 0
-        while len(acquired) < max_records and self.next_offset < high_watermark and room > 0:
+        while excluded and len(acquired) < max_records and self.next_offset < high_watermark and room > 0:
             offset = self.next_offset
             while skip < len(excluded) and excluded[skip][1] < offset:
                 skip += 1
@@ -124,6 +125,16 @@ class SharePartition:
                 ranges[-1][1] = offset
             else:
                 ranges.append([offset, offset, record.delivery_count])
+        if fresh:
+            first = self.next_offset
+            records.update(zip(range(first, first + fresh),
+                               [InFlight(RecordState.ACQUIRED, 1, member, lock) for _ in range(fresh)]))
+            self.next_offset += fresh
+            self.acquired += fresh
+            if ranges and ranges[-1][1] == first - 1 and ranges[-1][2] == 1:
+                ranges[-1][1] = first + fresh - 1
+            else:
+                ranges.append([first, first + fresh - 1, 1])
         self._advance_start()
         return [tuple(r) for r in ranges]
 
@@ -141,16 +152,24 @@ class SharePartition:
             return E.invalid_request
         if first < self.start_offset or last >= self.next_offset:  # past the in-flight records: none acquired
             return E.invalid_record_state
-        for offset in range(first, last + 1):
-            kind = types[0] if len(types) == 1 else types[offset - first]
-            record = self.records.get(offset)
-            if kind == AckType.GAP and record is None:  # an offset with no record (a control batch's, ...)
-                continue
-            if record is None or record.state is not RecordState.ACQUIRED or record.member != member:
+        batch = list(map(self.records.get, range(first, last + 1)))
+        if len(types) == 1 and None not in batch:  # the common case, checked in C: one type, every record there
+            if set(map(_HOLDER, batch)) != {(RecordState.ACQUIRED, member)}:
                 return E.invalid_record_state
-        for offset in range(first, last + 1):
+            if types[0] == AckType.ACCEPT:
+                for record in batch:
+                    record.state, record.member, record.lock = RecordState.ACKNOWLEDGED, "", 0
+                self._advance_start()
+                return E.none
+        else:
+            for offset, record in enumerate(batch, first):
+                kind = types[0] if len(types) == 1 else types[offset - first]
+                if kind == AckType.GAP and record is None:  # an offset with no record (a control batch's, ...)
+                    continue
+                if record is None or record.state is not RecordState.ACQUIRED or record.member != member:
+                    return E.invalid_record_state
+        for offset, record in enumerate(batch, first):
             kind = types[0] if len(types) == 1 else types[offset - first]
-            record = self.records.get(offset)
             if record is None:
                 continue
             if kind == AckType.ACCEPT:
