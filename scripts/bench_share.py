@@ -76,8 +76,6 @@ DURABILITY = {
     REDIS_EVERYSEC: "appendfsync everysec: a crash loses up to 1 s of XADDs and XACKs",
 }
 CLIENTS = {NODE: "confluent-share", REDIS_ALWAYS: "redis-py", REDIS_EVERYSEC: "redis-py"}
-# Share-partitions start at the earliest offset: the priming records reach consumers that join late.
-NODE_CONFIG = '[groups]\nshare_auto_offset_reset = "earliest"\n'
 STAMP = struct.Struct(">q")  # a node record's value starts with its append time (monotonic ns)
 POLL_S = 0.1  # a share consumer's poll timeout; XREADGROUP's BLOCK
 COMMIT_TIMEOUT_S = 30.0
@@ -315,6 +313,7 @@ def measure(systems: Systems, system: str, workloads: list[str], run_index: int,
     if system == NODE:
         target = systems.node_target
         benchnode.create_topic(target.host, target.port, name, args.partitions)
+        start_at_earliest(target.bootstrap, name)
         appender: Any = NodeAppender(target.bootstrap, name, args.record_size)
         child, child_args = share_consumer_child, [(target.bootstrap, name, name, args.batch,
                                                     args.ack == "explicit", path, life_s) for path in paths]
@@ -375,7 +374,8 @@ def window_row(system: str, workload: str, window: Window, meter: Any, run_index
     per_process = [int(((log[1] >= window.started_ns) & (log[1] <= window.ended_ns)).sum()) for log in logs]
     if system == NODE:
         cpu = {**meter.per_op_fields(acked), "node_cores": meter.fields["node_cores"],
-               "server_us_per_record": round(sum(meter.cpu_s.values()) / acked * 1e6, 3) if acked else None}
+               "server_us_per_record": round(sum(meter.cpu_s.values()) / acked * 1e6, 3)
+               if acked and meter.cpu_s else None}  # None for a node given by --bootstrap
     else:
         spent = meter.fields(acked)
         cpu = {"timer_us_per_op": None, "worker_us_per_op": None, "node_cores": None,
@@ -388,6 +388,17 @@ def window_row(system: str, workload: str, window: Window, meter: Any, run_index
         offered_per_s=rate, appended_per_s=round(window.appended / window.seconds, 1),
         acked_per_consumer=per_process, appended_in_window=window.appended,
         acked_of_window=int(appended_in_window.sum()), **parts, **totals, **cpu)
+
+
+def start_at_earliest(bootstrap: str, group: str) -> None:
+    """The group's share-partitions start at the earliest offset (share.auto.offset.reset, a GROUP config), as a
+    Redis group made at 0 does: the priming records appended before a consumer's first ShareFetch reach it."""
+    from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
+
+    resource = ConfigResource("group", group, incremental_configs=[
+        ConfigEntry("share.auto.offset.reset", "earliest", incremental_operation=AlterConfigOpType.SET)])
+    admin = AdminClient({"bootstrap.servers": bootstrap})  # held until the answer came: its end fails the future
+    admin.incremental_alter_configs([resource])[resource].result(timeout=COMMIT_TIMEOUT_S)
 
 
 def _each_child(slot: benchnode.CountSlot, target: Callable[..., None], per_child: list[tuple]) -> None:
@@ -440,7 +451,7 @@ def print_table(summaries: list[dict], systems: list[str]) -> None:
 @contextlib.contextmanager
 def started(args: argparse.Namespace, systems: list[str]) -> Iterator[Systems]:
     with contextlib.ExitStack() as stack:
-        target = stack.enter_context(benchnode.node_for(args, config_toml=NODE_CONFIG)) if NODE in systems else None
+        target = stack.enter_context(benchnode.node_for(args)) if NODE in systems else None
         redis = {s: stack.enter_context(redis_peer.redis_server(False, appendfsync=REDIS_FSYNC[s]))
                  for s in systems if s != NODE}
         yield Systems(target, redis)
@@ -448,8 +459,7 @@ def started(args: argparse.Namespace, systems: list[str]) -> Iterator[Systems]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog=f"python -m scripts.{SCRIPT}", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--bootstrap", help="HOST:PORT of a running node on 127.0.0.1 (default: start one); its "
-                        "[groups] share_auto_offset_reset must be \"earliest\"")
+    parser.add_argument("--bootstrap", help="HOST:PORT of a running node on 127.0.0.1 (default: start one)")
     parser.add_argument("--workers", type=int, default=benchnode.DEFAULT_WORKERS,
                         help="network workers of the node started here (default %(default)s)")
     parser.add_argument("--runs", type=int, default=3, help="alternating runs of every system (default 3)")
