@@ -12,9 +12,10 @@ same two round trips per batch as the share consumers.
 
 One producer (in this process) appends 100-byte records (--record-size), each carrying its append time (the
 monotonic clock, one for every process of the machine): to the node with confluent-kafka (acks=all), to
-Redis with XADDs over raw RESP, the records due in one write (at most --chunk per round trip). An
-acknowledgement's time is taken when the consumer holds the server's answer to it; the latency of a record is
-that time less its append time.
+Redis with XADDs over raw RESP, the records due in one write (at most --chunk), replies taken as they come (as
+librdkafka keeps Produce requests in flight; both bounded only by --max-lag). An acknowledgement's time is
+taken when the consumer holds the server's answer to it; the latency of a record is that time less its append
+time.
 
 Workloads, each measured for --seconds, in turn with the same consumers, once every consumer has acknowledged
 a record (a slow priming append makes sure the group has formed); after each window every record appended is
@@ -48,6 +49,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import select
 import shutil
 import socket
 import statistics
@@ -221,14 +223,17 @@ class NodeAppender:
 
 
 class RedisAppender:
-    """XADDs over raw RESP (redis_peer.resp_command): the records due go out in one write and their replies are
-    read back before the next (one round trip per step, as a redis-py pipeline, without its per-command cost
-    in this process); stamped as each command is encoded."""
+    """XADDs over raw RESP (redis_peer.resp_command), stamped as each command is encoded: the records due go out
+    in one write, and up to `max_unanswered` records may wait for their replies (Redis answers a batch after its
+    fsync under appendfsync always), as librdkafka keeps several Produce requests in flight; replies are taken as
+    they come."""
 
-    def __init__(self, server: redis_peer.RedisServer, stream: str, record_size: int) -> None:
+    def __init__(self, server: redis_peer.RedisServer, stream: str, record_size: int, max_unanswered: int) -> None:
         self.stream = stream.encode()
         self.padding = b"x" * max(0, record_size - 20)  # 19 digits of the stamp and a byte of field name each
+        self.max_unanswered = max_unanswered
         self.failed = 0
+        self.unanswered = 0
         self.sock = socket.create_connection((LOOPBACK, server.port), timeout=redis_peer.COMMAND_TIMEOUT_S)
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.inbuf = bytearray()
@@ -237,20 +242,30 @@ class RedisAppender:
         self.sock.sendall(b"".join(redis_peer.resp_command(b"XADD", self.stream, b"*", b"t",
                                                            str(time.monotonic_ns()).encode(), b"p", self.padding)
                                    for _ in range(count)))
-        for _ in range(count):
-            while not (end := redis_peer.resp_end(self.inbuf)):
-                data = self.sock.recv(1 << 16)
-                if not data:
-                    raise RuntimeError("redis-server closed the producer's connection")
-                self.inbuf += data
+        self.unanswered += count
+        self._receive(wait=False)
+        while self.unanswered > self.max_unanswered:
+            self._receive(wait=True)
+
+    def _receive(self, wait: bool) -> None:
+        """Read what arrived (waiting for it if `wait`: the socket's timeout bounds that), then count the whole
+        replies off the unanswered XADDs."""
+        if wait or select.select([self.sock], [], [], 0)[0]:
+            data = self.sock.recv(1 << 16)
+            if not data:
+                raise RuntimeError("redis-server closed the producer's connection")
+            self.inbuf += data
+        while self.unanswered and (end := redis_peer.resp_end(self.inbuf)):
             self.failed += self.inbuf[0] == ord("-")
             del self.inbuf[:end]
+            self.unanswered -= 1
 
     def idle(self) -> None:
-        pass
+        self._receive(wait=False)
 
     def flush(self) -> None:
-        pass  # every XADD was answered before append() returned
+        while self.unanswered:
+            self._receive(wait=True)
 
     def close(self) -> None:
         self.sock.close()
@@ -322,7 +337,7 @@ def measure(systems: Systems, system: str, workloads: list[str], run_index: int,
         client = server.client()
         client.xgroup_create(name, name, id="0", mkstream=True)
         client.close()
-        appender = RedisAppender(server, name, args.record_size)
+        appender = RedisAppender(server, name, args.record_size, args.max_lag)
         child, child_args = redis_consumer_child, [(server.port, name, name, args.batch, path, life_s)
                                                    for path in paths]
     windows: list[tuple[str, Window, Any]] = []
