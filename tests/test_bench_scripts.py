@@ -479,7 +479,9 @@ def test_bench_share_measures_share_consumers_beside_redis_in_alternating_runs(t
         (run, s, w) for run, order in ((0, ("shmbroker", "redis-always")), (1, ("redis-always", "shmbroker")))
         for s in order for w in ("throughput", "paced")]
     for row in measured:
-        assert row["errors"] == 0 and len(row["acked_per_consumer"]) == 3 and min(row["acked_per_consumer"]) >= 0
+        assert row["errors"] == 0 and len(row["acked_per_consumer"]) == 3
+        assert sum(row["acked_per_consumer"]) == row["records"] and row["appended_per_s"] > 0, row
+        assert 0 < row["deliver_p50_ms"] <= row["p50_ms"] and 0 < row["ack_p50_ms"] <= row["p50_ms"], row
         # Every record appended in the window was acknowledged (the drain waited for all of them).
         assert row["acked_of_window"] == row["appended_in_window"] > 0 and row["delivered"] >= row["appended"], row
         assert row["server_us_per_record"] > 0 and row["durability"], row
