@@ -26,9 +26,11 @@ acknowledged before the next begins:
   (about max-lag / rate).
 - paced: the producer offers --rate records/s on an absolute schedule: p50/p99 from append to acknowledgement
   at a load both sides carry.
-Per row: records/s acknowledged in the window, p50/p99/p99.9 of the records appended in it, the server's CPU
-microseconds per acknowledged record (user + system of its processes); for the node also the timer's (its
-share-partition acquisition and the lock deadline every acquisition arms in its wheel) and the workers' (the
+Per row: records/s acknowledged in the window, p50/p99/p99.9 of the records appended in it (and its two parts:
+append -> delivery, `deliver_*`, and the acknowledgement's round trip, `ack_*`), the server's CPU microseconds per
+acknowledged record (user + system of its processes: the whole path, appends included, on both sides); for the
+node also the timer's (its share-partition acquisition, the lock deadline every acquisition arms in its wheel,
+the share state records, and the acks=all appends it holds until fsync'd) and the workers' (the Produce,
 ShareFetch and ShareAcknowledge handlers and the reads of the acquired batches), per thread (schedstat).
 
 What each side promises (`durability` in every row): the node answers acks=all appends and share
@@ -37,8 +39,7 @@ appendfsync always fsyncs its AOF before replying to XADD and XACK (the same pro
 second (a crash loses up to a second of appends and acknowledgements: acknowledged entries come back pending).
 
 Runs (--runs, 3) alternate the systems (node, redis-always, redis-everysec, then the other way round, ...: each
-system measures its workloads in its turn, on a new topic or stream and group); every
-run's rows are printed (JSON lines with --json) and then a summary per workload: the medians over the runs and
+system measures its workloads in its turn, on a new topic or stream and group); every run's rows are printed (JSON lines with --json) and then a summary per workload: the medians over the runs and
 node / Redis ratios (the median of each run's own ratio). Every server starts here on a free 127.0.0.1 port
 with its own temp dir and is stopped by its pid; every wait is bounded.
 Usage: .venv/bin/python -m scripts.bench_share [--runs 3] [--seconds 5] [--rate 2000] [--json]
