@@ -39,7 +39,8 @@ appendfsync always fsyncs its AOF before replying to XADD and XACK (the same pro
 second (a crash loses up to a second of appends and acknowledgements: acknowledged entries come back pending).
 
 Runs (--runs, 3) alternate the systems (node, redis-always, redis-everysec, then the other way round, ...: each
-system measures its workloads in its turn, on a new topic or stream and group); every run's rows are printed (JSON lines with --json) and then a summary per workload: the medians over the runs and
+system measures its workloads in its turn, on a new topic or stream and group); every run's rows are printed
+(JSON lines with --json) and then a summary per workload: the medians over the runs and
 node / Redis ratios (the median of each run's own ratio). Every server starts here on a free 127.0.0.1 port
 with its own temp dir and is stopped by its pid; every wait is bounded.
 Usage: .venv/bin/python -m scripts.bench_share [--runs 3] [--seconds 5] [--rate 2000] [--json]
