@@ -2,7 +2,8 @@
 Redis side of each workload, shaped like the node's.
 
 - ``RedisServer``: the distribution's redis-server (`make redis`) on a free 127.0.0.1 port with its own temp dir,
-  without persistence or with appendfsync always (the honest peer of acks=all), stopped by its pid.
+  without persistence, with appendfsync always (the honest peer of acks=all) or everysec (an fsync a second),
+  stopped by its pid.
 - ``xadd_benchmark``: redis-benchmark XADD, pipelined (``PIPELINE`` commands in flight per client).
 - ``read_stream``: reader processes (redis-py) counting what they receive, like the node's consumers:
   XREAD COUNT 1000 BLOCK from the start of the stream (each reader gets every entry), or XREADGROUP in one
@@ -43,6 +44,7 @@ COMMAND_TIMEOUT_S = 600.0
 READ_COUNT = 1000
 READ_BLOCK_MS = 100
 READER_READY_TIMEOUT_S = 60.0
+APPENDFSYNC_MODES = ("always", "everysec", "no")
 
 
 @dataclass
@@ -61,7 +63,12 @@ class RedisServer:
 
 
 @contextlib.contextmanager
-def redis_server(appendfsync_always: bool, max_clients: int = 10_000) -> Iterator[RedisServer]:
+def redis_server(appendfsync_always: bool, max_clients: int = 10_000,
+                 appendfsync: str | None = None) -> Iterator[RedisServer]:
+    """`appendfsync` ("always", "everysec" or "no": no persistence), if given, overrides `appendfsync_always`."""
+    mode = appendfsync or ("always" if appendfsync_always else "no")
+    if mode not in APPENDFSYNC_MODES:
+        raise ValueError(f"appendfsync must be one of {APPENDFSYNC_MODES}, not {mode!r}")
     binary = shutil.which("redis-server")
     if binary is None:
         raise SystemExit("redis-server is missing: run `make redis` (Debian package redis-server)")
@@ -69,7 +76,7 @@ def redis_server(appendfsync_always: bool, max_clients: int = 10_000) -> Iterato
     work = tempfile.mkdtemp(prefix="shmbroker-redis-")
     args = [binary, "--port", str(port), "--bind", LOOPBACK, "--dir", work, "--save", "", "--daemonize", "no",
             "--protected-mode", "yes", "--maxclients", str(max_clients), "--logfile", os.path.join(work, "redis.log")]
-    args += ["--appendonly", "yes", "--appendfsync", "always"] if appendfsync_always else ["--appendonly", "no"]
+    args += ["--appendonly", "yes", "--appendfsync", mode] if mode != "no" else ["--appendonly", "no"]
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=die_with_parent)
     try:
         deadline = time.monotonic() + START_TIMEOUT_S
@@ -84,7 +91,7 @@ def redis_server(appendfsync_always: bool, max_clients: int = 10_000) -> Iterato
         else:
             raise RuntimeError("redis-server did not start")
         print(f"redis_peer: redis-server pid {proc.pid} on {LOOPBACK}:{port}"
-              f"{', appendfsync always' if appendfsync_always else ''}", file=sys.stderr, flush=True)
+              f"{f', appendfsync {mode}' if mode != 'no' else ''}", file=sys.stderr, flush=True)
         yield RedisServer(port, proc.pid)
     finally:
         proc.terminate()  # by pid

@@ -466,3 +466,36 @@ def test_bench_versions_compares_the_newest_versions_with_the_non_flexible_ones(
         figure = report["metrics"][metric]
         assert len(figure["newest"]) == len(figure["non_flexible"]) == 2 and min(figure["non_flexible"]) > 0
         assert figure["ratio_median"] > 0
+
+
+@pytest.mark.node
+def test_bench_share_measures_share_consumers_beside_redis_in_alternating_runs(tmp_path):
+    rows = run_script(tmp_path, "bench_share", "--runs", "2", "--seconds", "0.5", "--rate", "400",
+                      "--system", "shmbroker", "--system", "redis-always", "--max-lag", "5000")
+    measured, summaries = [r for r in rows if not r.get("summary")], [r for r in rows if r.get("summary")]
+    check_rows(measured, "bench_share")
+    # Run 0 measures the node first and run 1 Redis first, each system both workloads in its turn.
+    assert [(r["run"], r["system"], r["workload"]) for r in measured] == [
+        (run, s, w) for run, order in ((0, ("shmbroker", "redis-always")), (1, ("redis-always", "shmbroker")))
+        for s in order for w in ("throughput", "paced")]
+    for row in measured:
+        assert row["errors"] == 0 and len(row["acked_per_consumer"]) == 3
+        assert sum(row["acked_per_consumer"]) == row["records"] and row["appended_per_s"] > 0, row
+        assert 0 < row["deliver_p50_ms"] <= row["p50_ms"] and 0 < row["ack_p50_ms"] <= row["p50_ms"], row
+        # Every record appended in the window was acknowledged (the drain waited for all of them).
+        assert row["acked_of_window"] == row["appended_in_window"] > 0 and row["delivered"] >= row["appended"], row
+        assert row["server_us_per_record"] > 0 and row["durability"], row
+        node = row["system"] == "shmbroker"
+        assert (row["timer_us_per_op"] is not None and row["timer_us_per_op"] > 0
+                and row["worker_us_per_op"] > 0) if node else row["timer_us_per_op"] is None, row
+        assert row["offered_per_s"] == (400.0 if row["workload"] == "paced" else None), row
+    assert [s["workload"] for s in summaries] == ["throughput", "paced"]
+    for summary in summaries:
+        runs = {s: [r for r in measured if r["workload"] == summary["workload"] and r["system"] == s]
+                for s in ("shmbroker", "redis-always")}
+        ratios = [a["records_per_s"] / b["records_per_s"] for a, b in zip(runs["shmbroker"], runs["redis-always"])]
+        assert summary["records_per_s_node_over_redis-always_runs"] == pytest.approx(ratios, rel=1e-2)
+        assert summary["shmbroker_records_per_s"] == pytest.approx(
+            sorted(r["records_per_s"] for r in runs["shmbroker"])[0] / 2
+            + sorted(r["records_per_s"] for r in runs["shmbroker"])[1] / 2, rel=1e-3)
+        assert summary["shmbroker_p99_ms"] > 0 and summary["redis-always_p99_ms"] > 0, summary

@@ -292,17 +292,23 @@ class OffsetStore:
         self._wait_flushed([self.row], [end], now_ms + self.commit_timeout_ms,
                            lambda flushed, fault=False: done(flushed and not fault))
 
-    def write_share_state(self, key: ShareKey, state: Any, now_ms: int) -> None:
-        """Append a share-partition's state (None: a tombstone), as write_group_state does a group's."""
-        self.version += 1
-        record_key = orjson.dumps([SHARE_STATE, *key])
-        if state is None:
-            self.share_states.pop(key, None)
-            record = (record_key, None)
-        else:
-            self.share_states[key] = state
-            record = (record_key, orjson.dumps([self.version, state]))
-        self._append([record], now_ms, lambda flushed, fault=False: None)
+    def write_share_states(self, states: list[tuple[ShareKey, Any]], now_ms: int,
+                           done: Callable[[bool], None] | None = None) -> None:
+        """Append share-partitions' states (None: a tombstone) in one batch, each under its own version, as
+        write_group_state does a group's; done(True), if given, once they are fsync'd, done(False) at the commit
+        timeout or on a disk fault."""
+        records = []
+        for key, state in states:
+            self.version += 1
+            record_key = orjson.dumps([SHARE_STATE, *key])
+            if state is None:
+                self.share_states.pop(key, None)
+                records.append((record_key, None))
+            else:
+                self.share_states[key] = state
+                records.append((record_key, orjson.dumps([self.version, state])))
+        self._append(records, now_ms, (lambda flushed, fault=False: None) if done is None
+                     else (lambda flushed, fault=False: done(flushed and not fault)))
 
     def _append(self, records: list[tuple[bytes, bytes | None]], now_ms: int, done: Callable[..., None]) -> None:
         plog = self.store.log(self.row)

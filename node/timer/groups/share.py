@@ -29,8 +29,9 @@ Share sessions (Kafka's ShareSessionCache, one per member): epoch 0 opens one (r
 -1 closes it (its acknowledgements applied, then the member's acquired records released), any other must be
 the session's next epoch (INVALID_SHARE_SESSION_EPOCH), and a session must exist (SHARE_SESSION_NOT_FOUND).
 
-Durability: every share-partition's state is written, at each change, to the offsets log as one record per
-share-partition (node.timer.groups.offsets' share states, versioned), and restored when the log loads: the
+Durability: every share-partition's state is written, at each change (once per ShareFetch or ShareAcknowledge
+however many of its steps changed it, the request's share-partitions in one batch), to the offsets log as one
+record per share-partition (node.timer.groups.offsets' share states, versioned), and restored when the log loads: the
 start offset and the in-flight records with their states and delivery counts. An acquired record comes back
 AVAILABLE with its delivery count (its lock died with the process that held it). A request that carries
 acknowledgements is answered once the log is fsync'd past its records (the flusher's group commit, as an offset
@@ -105,6 +106,7 @@ class ShareGroups(GroupFamily):
         self.retired: dict[str, int] = {"acquired": 0, "redelivered": 0, "archived": 0}  # of forgotten partitions
         self.written: dict[tuple[str, str, int], Any] = {}  # the state last written per share-partition
         self.groups_written: dict[str, list] = {}  # the snapshot last written per share group
+        self._pending: dict[tuple[str, str, int], None] | None = None  # to write when the ShareFetch is applied
 
     # -- timers -------------------------------------------------------------------------------
 
@@ -262,7 +264,7 @@ class ShareGroups(GroupFamily):
             gone = self.partitions.pop(key)
             for name in self.retired:
                 self.retired[name] += getattr(gone, name)
-            self._write(*key, gone=True)
+            self._write(*key)
 
     # -- DescribeShareGroupOffsets -----------------------------------------------------------
 
@@ -319,7 +321,7 @@ class ShareGroups(GroupFamily):
             if d.delete:
                 for key in [k for k in self.partitions if k[0] == d.group and k[1] == topic]:
                     del self.partitions[key]
-                    self._write(*key, gone=True)
+                    self._write(*key)
                 known = self.store.topic_partitions(topic) is not None
                 results.append((topic, -1, 0 if known else int(E.unknown_topic_or_partition)))
                 continue
@@ -342,6 +344,36 @@ class ShareGroups(GroupFamily):
     # -- ShareFetch, ShareAcknowledge ---------------------------------------------------------
 
     def fetch(self, worker: int, d: Any) -> None:
+        """ShareFetch and ShareAcknowledge. The share-partitions the request changed (acknowledged, acquired,
+        released) are written once each, at its end, as one batch; a request with acknowledgements is answered
+        once that batch (or, if it changed nothing, everything written so far) is fsync'd."""
+        self._pending = {}
+        try:
+            outcome = self._fetch(worker, d)
+        except BaseException:  # what it changed is written all the same
+            pending, self._pending = self._pending, None
+            self._write_now(list(pending))
+            raise
+        pending, self._pending = self._pending, None
+        if outcome is None:
+            self._write_now(list(pending))
+            return
+        reply, acknowledged = outcome
+        if not acknowledged:
+            self._write_now(list(pending))
+            return self.outbox.send(worker, reply)
+
+        def durable(flushed: bool) -> None:  # acknowledgements are answered once their state is fsync'd
+            if not flushed:
+                log.warning("share group %s: acknowledgements answered without their state fsync'd", d.group)
+            self.outbox.send(worker, reply)
+
+        if not self._write_now(list(pending), durable):
+            self.classic.offsets.when_durable(self.clock(), durable)
+
+    def _fetch(self, worker: int, d: Any) -> tuple[bytes, bool] | None:
+        """The request applied: (its reply, whether it carried acknowledgements), or None if it was answered
+        already (refused)."""
         waiter = (worker, d.request_id, d.kind)
         if self.classic.offsets.loading:
             return self._fetch_answer(waiter, E.coordinator_load_in_progress, "The coordinator is loading.")
@@ -384,15 +416,7 @@ class ShareGroups(GroupFamily):
         reply = M.encode_reply(d.request_id, d.kind, FetchAnswer(
             int(E.none), None, self.settings(d.group).record_lock_duration_ms,
             [tuple(p) for p in answered.values()], watch))
-        if d.again or not any(acks for _, _, acks in d.partitions):
-            return self.outbox.send(worker, reply)
-
-        def durable(flushed: bool) -> None:  # acknowledgements are answered once their state is fsync'd
-            if not flushed:
-                log.warning("share group %s: acknowledgements answered without their state fsync'd", d.group)
-            self.outbox.send(worker, reply)
-
-        self.classic.offsets.when_durable(self.clock(), durable)
+        return reply, not d.again and any(acks for _, _, acks in d.partitions)
 
     def _fetch_answer(self, waiter: tuple, error: E, message: str | None = None) -> None:
         worker, request_id, kind = waiter
@@ -491,18 +515,33 @@ class ShareGroups(GroupFamily):
 
     # -- durability ---------------------------------------------------------------------------
 
-    def _write(self, group_id: str, topic: str, partition: int, gone: bool = False) -> None:
-        """Write the share-partition's state to the offsets log if it changed since it was last written."""
+    def _write(self, group_id: str, topic: str, partition: int) -> None:
+        """Write the share-partition's state (a tombstone once it is gone) to the offsets log if it changed since
+        it was last written: at once, or at the end of the ShareFetch being applied (`_pending`)."""
         key = (group_id, topic, partition)
-        share_partition = self.partitions.get(key)
-        state = None if gone or share_partition is None else snapshot(share_partition)
-        if state == self.written.get(key):
-            return
-        if state is None:
-            self.written.pop(key, None)
+        if self._pending is not None:
+            self._pending[key] = None
         else:
-            self.written[key] = state
-        self.classic.offsets.write_share_state(key, state, self.clock())
+            self._write_now([key])
+
+    def _write_now(self, keys: list[tuple[str, str, int]], done: Callable[[bool], None] | None = None) -> bool:
+        """Append the states of `keys` that changed since last written, as one batch, and call done(flushed) once
+        it is fsync'd; False (and done never called) if none changed."""
+        states = []
+        for key in keys:
+            share_partition = self.partitions.get(key)
+            state = None if share_partition is None else snapshot(share_partition)
+            if state == self.written.get(key):
+                continue
+            if state is None:
+                self.written.pop(key, None)
+            else:
+                self.written[key] = state
+            states.append((key, state))
+        if not states:
+            return False
+        self.classic.offsets.write_share_states(states, self.clock(), done)
+        return True
 
     def persist(self, group: ShareGroup) -> None:
         """Write the group's snapshot to the offsets log if it differs from the last one written."""
@@ -555,16 +594,8 @@ class ShareGroups(GroupFamily):
 def snapshot(share_partition: SharePartition) -> list:
     """[format, start offset, next offset, [[first, last, state, delivery count], ...], topic id]: runs of
     in-flight records of one state and count (an acquired one written as acquired: it comes back available)."""
-    runs: list[list[int]] = []
-    for offset in range(share_partition.start_offset, share_partition.next_offset):
-        record = share_partition.records.get(offset)
-        state, count = (int(record.state), record.delivery_count) if record is not None \
-            else (int(RecordState.ARCHIVED), 0)
-        if runs and runs[-1][1] == offset - 1 and runs[-1][2] == state and runs[-1][3] == count:
-            runs[-1][1] = offset
-        else:
-            runs.append([offset, offset, state, count])
-    return encoded_state(share_partition.start_offset, share_partition.next_offset, runs, share_partition.topic_id)
+    return encoded_state(share_partition.start_offset, share_partition.next_offset, share_partition.runs(),
+                         share_partition.topic_id)
 
 
 def restored(state: list, delivery_limit: int, max_in_flight: int) -> SharePartition:
