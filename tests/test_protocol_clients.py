@@ -391,5 +391,8 @@ def test_rawkafka_reads_a_response_larger_than_one_receive(answerer: ProtocolAns
         (partition,) = rawkafka.parse_fetch_response(11, body).partitions
         assert (partition.record_count, partition.batch_count, partition.next_offset) == (
             1000 * batches, batches, 1000 * batches)
+        # kio decodes it too (its compiled reader takes only read-only buffers: make_class_archive's fetch)
+        decoded = rawkafka.decode_response(api_key, 11, body)
+        assert len(decoded.responses[0].partitions[0].records) == len(batch) * batches
         _, api_key, version, body = conn.recv_response()
         assert rawkafka.decode_response(api_key, version, body).error_code == 0

@@ -403,7 +403,9 @@ class RawConnection:
             if n == 0:
                 raise RawProtocolError("broker closed the connection mid-response")
             have += n
-        return view
+        # Read-only, as the small path's bytes are: kio's compiled reader refuses a writable buffer for a bytes
+        # field (a fetch's records), so a response that came in pieces would not decode.
+        return view.toreadonly()
 
     def recv_response(self) -> tuple[int, int, int, memoryview]:
         """The next response: (correlation id, api key, version, body after the header)."""
