@@ -213,6 +213,9 @@ class TimerConfig:
     # (node.timer.fetch_waits: decoded, checked, put in the wheel and expired as arrays); shorter runs, where
     # numpy's fixed costs would dominate, take the per-operation path. 0: never the array path.
     fetch_batch_min: int = 8
+    # The same for runs of DELAY_PRODUCE frames (acks=all produces, node.timer.produce_waits: their arrival, the
+    # check after each flush round and their deadlines as arrays). 0: never the array path.
+    produce_batch_min: int = 8
     # Frames that did not fit a full ring are retried this soon (a worker's requests, the timer's completions).
     ring_full_retry_ms: int = 1
     # Completions go out (and responses are written) in chunks of this many when one turn makes more: the
@@ -233,8 +236,8 @@ class TimerConfig:
     def __post_init__(self) -> None:
         if self.fetch_handoff_ms < 0:
             raise ValueError("fetch_handoff_ms must be 0 (hand over at once) or more")
-        if self.fetch_batch_min < 0:
-            raise ValueError("fetch_batch_min must be 0 (never the array path) or more")
+        if self.fetch_batch_min < 0 or self.produce_batch_min < 0:
+            raise ValueError("fetch_batch_min and produce_batch_min must be 0 (never the array path) or more")
         if self.gil_switch_interval_us <= 0:
             raise ValueError("gil_switch_interval_us must be positive")
 

@@ -568,6 +568,71 @@ def delay_fetch_records(frames: list) -> np.ndarray | None:
     return records
 
 
+def _items_dtype(message: MessageType, count: int) -> np.dtype:
+    """The numpy layout of a frame of `message`'s kind with `count` items: header and body fields at their packed
+    offsets, then `items`, a subarray of `count` item records."""
+    codes = [("kind", "B"), ("layout_version", "B"), ("count", "H"), ("reserved", "I")]
+    codes += list(zip(message.tuple_class._fields[:message.body_count], message.head.format[len("<BBHI"):]))
+    names, formats, offsets, at = [], [], [], 0
+    for name, code in codes:
+        names.append(name)
+        formats.append(np.dtype("<" + code))
+        offsets.append(at)
+        at += struct.calcsize("<" + code)
+    item_fields = [(name, "<" + code) for name, code in zip(_ITEM_NAMES[message.kind], message.item.format[1:])]
+    item = np.dtype({"names": [n for n, _ in item_fields], "formats": [c for _, c in item_fields],
+                     "offsets": [struct.calcsize("<" + message.item.format[1:i + 1]) for i in range(len(item_fields))],
+                     "itemsize": message.item.size})
+    names.append("items")
+    formats.append((item, (count,)))
+    offsets.append(at)
+    return np.dtype({"names": names, "formats": formats, "offsets": offsets,
+                     "itemsize": at + count * message.item.size})
+
+
+_ITEM_NAMES = {Kind.DELAY_PRODUCE: ("row", "required_offset")}
+_DELAY_PRODUCE = MESSAGES[Kind.DELAY_PRODUCE]
+_DELAY_PRODUCE_DTYPES: dict[int, np.dtype] = {}  # frame length -> its layout (a handful of lengths in practice)
+
+
+def delay_produce_records(frames: list) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
+    """DELAY_PRODUCE frames as arrays, in frame order: their request ids (uint64) and deadlines (int64), and their
+    items' rows and required offsets as (frames, most items) int64 arrays, row -1 past a frame's own items. None
+    unless every frame is a well-formed DELAY_PRODUCE of at least one item in this layout version (the caller
+    then decodes them one by one, and decode() names what is wrong). Copies: valid after the ring's release."""
+    if not frames:
+        return None
+    head, item = _DELAY_PRODUCE.head.size, _DELAY_PRODUCE.item.size
+    by_length: dict[int, list[int]] = {}
+    for position, frame in enumerate(frames):
+        by_length.setdefault(len(frame), []).append(position)
+    widest = max(by_length)
+    if (widest - head) % item:
+        return None
+    count = len(frames)
+    request_ids = np.empty(count, np.uint64)
+    deadlines = np.empty(count, np.int64)
+    rows = np.full((count, (widest - head) // item), -1, np.int64)
+    required = np.zeros_like(rows)
+    for length, positions in by_length.items():
+        items, rest = divmod(length - head, item)
+        if rest or items < 1:
+            return None
+        dtype = _DELAY_PRODUCE_DTYPES.get(length)
+        if dtype is None:
+            dtype = _DELAY_PRODUCE_DTYPES[length] = _items_dtype(_DELAY_PRODUCE, items)
+        records = np.frombuffer(b"".join([frames[p] for p in positions]), dtype)
+        if ((records["kind"] != Kind.DELAY_PRODUCE) | (records["layout_version"] != LAYOUT_VERSION)
+                | (records["count"] != items)).any():
+            return None
+        at = positions if len(positions) < count else slice(None)
+        request_ids[at] = records["request_id"]
+        deadlines[at] = records["deadline_ms"]
+        rows[at, :items] = records["items"]["row"]
+        required[at, :items] = records["items"]["required_offset"]
+    return request_ids, deadlines, rows, required
+
+
 def encode(kind: Kind, *values: Any, items: Iterable[tuple] = (), document: Any = None) -> bytes:
     """A frame of `kind` from its body values in declared order (then, for a kind with fields, the fields'
     values in declared order), item tuples and document."""

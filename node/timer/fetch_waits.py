@@ -14,12 +14,12 @@ all. Here a run of them is one structured array (shm.messages.delay_fetch_record
   the purgatory's on_complete does), read_committed ones whose row grew through the one-row FetchCondition; then
   one complete_many() per worker (node.timer.outbox: its COMPLETION frames);
 - cancel (the worker answered by itself, or the client left): O(1), by the (worker, request id) key.
+The wheel, the payload arrays and the keys are node.timer.array_waits' (shared with acks=all produces).
 No watcher lists: the fetch purgatory's were never walked (appends are the workers' to notice:
 workers.timer_client.delayed), so nothing is lost by keeping none.
 
-Invariants (after every public call):
-- `keys` maps every waiting fetch's (worker, request id) to its live wheel handle, and only those: the wheel's
-  pending == len(keys); a key is never both here and in the service's per-operation map (the caller checks).
+Invariants (after every public call), beside node.timer.array_waits':
+- a key is never both here and in the service's per-operation map (the caller checks).
 - Every fetch added here completes exactly once: expired or satisfied at its deadline (one completion to its
   worker), or cancelled (none).
 - Never early: a fetch is answered at its deadline's tick or later (the wheel's I1), unless the caller ran it on
@@ -28,44 +28,20 @@ Invariants (after every public call):
 
 from __future__ import annotations
 
-from collections import deque
-from typing import Any
-
 import numpy as np
 
-from shmbroker.node.config import WheelConfig
-from shmbroker.node.timer.outbox import Outbox
-from shmbroker.node.timer.wheel import SLOT_MASK, TimingWheel, doubled
+from shmbroker.node.timer.array_waits import ArrayWaits
+from shmbroker.node.timer.wheel import SLOT_MASK
 from shmbroker.shm import messages as M
 from shmbroker.shm.fetch_condition import FetchCondition
-from shmbroker.shm.table import END_BYTES, PartitionTable
-
-_PAYLOAD = (("worker", np.int64), ("request_id", np.uint64), ("row", np.int64), ("start_bytes", np.int64),
-            ("min_bytes", np.int64), ("stable_from", np.int64))
+from shmbroker.shm.table import END_BYTES
 
 
-class FetchWaits:
+class FetchWaits(ArrayWaits):
     """Single-partition delayed fetches as arrays under one timing wheel; see the module docstring."""
 
-    def __init__(self, table: PartitionTable, outbox: Outbox, wheel: WheelConfig, now_ms: int) -> None:
-        self.table = table
-        self.outbox = outbox
-        self.timer = TimingWheel(wheel.tick_ms, wheel.wheel_size, now_ms, initial_capacity=wheel.initial_capacity,
-                                 bucket_initial_capacity=wheel.bucket_initial_capacity,
-                                 compaction_slack=wheel.compaction_slack)
-        self.keys: dict[tuple[int, int], int] = {}  # (worker, request id) -> wheel handle
-        self._payload = {name: np.zeros(self.timer.capacity, dtype) for name, dtype in _PAYLOAD}
-        # The purgatory's counters: completed before the deadline (here: cancelled), and reached it (answered
-        # EXPIRED, or SATISFIED when an append came since the worker's last look).
-        self.completed = 0
-        self.expired = 0
-
-    @property
-    def pending(self) -> int:
-        return self.timer.pending
-
-    def next_expiration(self) -> int | None:
-        return self.timer.next_expiration()
+    PAYLOAD = ArrayWaits.PAYLOAD + (("row", np.int64, 0, 0), ("start_bytes", np.int64, 0, 0),
+                                    ("min_bytes", np.int64, 0, 0), ("stable_from", np.int64, 0, 0))
 
     def _end_bytes(self, rows: np.ndarray) -> np.ndarray:
         return self.table.read_field_rows(rows, END_BYTES)
@@ -82,36 +58,13 @@ class FetchWaits:
         if not wait.all():
             records, rows, starts, min_bytes = records[wait], rows[wait], starts[wait], min_bytes[wait]
         if len(records):
-            handles = self.timer.add_many(records["deadline_ms"])
-            slots = handles & SLOT_MASK
-            self._fit(self.timer.capacity)
+            slots = self._keep(worker, records["request_id"], records["deadline_ms"]) & SLOT_MASK
             payload = self._payload
-            payload["worker"][slots] = worker
-            payload["request_id"][slots] = records["request_id"]
             payload["row"][slots] = rows
             payload["start_bytes"][slots] = starts
             payload["min_bytes"][slots] = min_bytes
             payload["stable_from"][slots] = records["stable_from"]
-            self.keys.update(zip(zip([worker] * len(records), records["request_id"].tolist()), handles.tolist()))
         return np.flatnonzero(maybe)
-
-    def _fit(self, capacity: int) -> None:
-        """Payload arrays as long as the wheel's slot arrays (they grow by doubling together)."""
-        if len(self._payload["worker"]) >= capacity:
-            return
-        for name, dtype in _PAYLOAD:
-            old = self._payload[name]
-            grown = np.zeros(doubled(len(old), capacity), dtype)
-            grown[:len(old)] = old
-            self._payload[name] = grown
-
-    def cancel(self, worker: int, request_id: int) -> bool:
-        """Drop a waiting fetch without an answer; False if none waits under that key."""
-        handle = self.keys.pop((worker, request_id), None)
-        if handle is None or not self.timer.cancel(handle):
-            return False
-        self.completed += 1
-        return True
 
     def advance(self, now_ms: int) -> int:
         """Answer every fetch whose deadline is due, per worker in one batch; returns how many."""
@@ -135,16 +88,7 @@ class FetchWaits:
                                                    int(payload["stable_from"][slot]))],
                                                  int(payload["min_bytes"][slot])).satisfied(self.table)
         statuses = np.where(satisfied, M.Status.SATISFIED, M.Status.EXPIRED)
-        worker_list, id_list = workers.tolist(), request_ids.tolist()
-        deque(map(self.keys.__delitem__, zip(worker_list, id_list)), maxlen=0)  # del each key, in C
-        if (workers == workers[0]).all():
-            self.outbox.complete_many(worker_list[0], id_list, statuses.tolist())
-        else:
-            for worker in np.unique(workers).tolist():
-                mine = workers == worker
-                self.outbox.complete_many(worker, request_ids[mine].tolist(), statuses[mine].tolist())
+        self._forget(workers, request_ids)
+        self._complete(workers, request_ids, statuses)
         self.expired += count
         return count
-
-    def describe(self) -> dict[str, Any]:
-        return {"pending": self.pending, "completed": self.completed, "expired": self.expired}

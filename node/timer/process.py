@@ -135,6 +135,11 @@ class TimerProcess:
         self.hanging = HangingTransactions(self.store, self.transactions.owns,
                                            txn.transaction_max_timeout_ms + txn.hanging_check_interval_ms, monotonic_ms)
         self.chores.every("hanging transactions", txn.hanging_check_interval_ms, self.hanging.sweep, now, inline=True)
+        # The array paths of runs of waits (node.timer.fetch_waits, produce_waits): a run's least length, its call.
+        self._batch_paths: dict[M.Kind, tuple[int, Callable[[int, list], bool]]] = {
+            M.Kind.DELAY_FETCH: (config.timer.fetch_batch_min, self.operations.delay_fetches),
+            M.Kind.DELAY_PRODUCE: (config.timer.produce_batch_min, self.operations.delay_produces),
+        }
         self.handlers: dict[M.Kind, Callable[[int, Any], None]] = {
             M.Kind.DELAY_FETCH: self.operations.delay_fetch,
             M.Kind.DELAY_PRODUCE: self.operations.delay_produce,
@@ -190,28 +195,25 @@ class TimerProcess:
                 self.stats.received(worker, len(frames))
 
     def _dispatch_all(self, worker: int, frames: list[memoryview]) -> None:
-        """Each frame in order, but a run of at least `fetch_batch_min` one-partition DELAY_FETCH frames in one
-        call on the array path (DelayedOperations.delay_fetches); whatever it does not take, one by one."""
-        least = self.config.timer.fetch_batch_min
-        if not least or len(frames) < least:
-            for frame in frames:
-                self._dispatch(worker, frame)
-            return
-        run_start = 0  # frames[run_start:index] are one-partition DELAY_FETCH frames
+        """Each frame in order, but a run of consecutive frames of one batch path (one-partition DELAY_FETCH
+        frames, DELAY_PRODUCE frames) at least that path's minimum long in one call on its array path
+        (DelayedOperations.delay_fetches, delay_produces); whatever a path does not take, one by one."""
+        run_path, run_start = None, 0  # frames[run_start:index] are all of run_path (None: no batch path)
         for index, frame in enumerate(frames):
-            if len(frame) == M.DELAY_FETCH_ONE_BYTES and frame[0] == M.Kind.DELAY_FETCH:
-                continue
-            self._dispatch_run(worker, frames[run_start:index], least)
-            self._dispatch(worker, frame)
-            run_start = index + 1
-        self._dispatch_run(worker, frames[run_start:], least)
+            path = _batch_path(frame)
+            if path != run_path:
+                self._dispatch_run(worker, run_path, frames[run_start:index])
+                run_path, run_start = path, index
+        self._dispatch_run(worker, run_path, frames[run_start:])
 
-    def _dispatch_run(self, worker: int, run: list[memoryview], least: int) -> None:
-        try:
-            if len(run) >= least and self.operations.delay_fetches(worker, run):
-                return
-        except Exception:  # a bug costs the run's array path, never the timer process: one by one below
-            log.exception("the array path of %d delayed fetches from worker %d failed", len(run), worker)
+    def _dispatch_run(self, worker: int, path: M.Kind | None, run: list[memoryview]) -> None:
+        if path is not None and run:
+            least, batch = self._batch_paths[path]
+            try:
+                if least and len(run) >= least and batch(worker, run):
+                    return
+            except Exception:  # a bug costs the run's array path, never the timer process: one by one below
+                log.exception("the array path of %d %s frames from worker %d failed", len(run), path.name, worker)
         for frame in run:
             self._dispatch(worker, frame)
 
@@ -313,6 +315,14 @@ class TimerProcess:
         self.outbox.flush()
         close_all(*self.readers, *self.outbox.writers, self.store, self.heartbeats, self.stats_segment)
         return 0
+
+
+def _batch_path(frame: memoryview) -> M.Kind | None:
+    """The array path a frame can take: its kind, or None (a fetch of several partitions takes none)."""
+    kind = frame[0]
+    if kind == M.Kind.DELAY_PRODUCE or (kind == M.Kind.DELAY_FETCH and len(frame) == M.DELAY_FETCH_ONE_BYTES):
+        return kind
+    return None
 
 
 def _write_producer_snapshots(store: PartitionStore) -> None:

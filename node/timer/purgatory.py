@@ -20,7 +20,8 @@ watch/complete call per ring drain) completed a 10,000-waiter fan-out in 0.70x t
 and 1.9x (p99) worse, and it did not lower the timer's CPU. So the node keeps this path for few operations; a
 drain's run of at least [timer] fetch_batch_min one-partition long polls (a loaded node's usual drain: ~120 frames
 per turn at 20,000/s) goes to node.timer.fetch_waits instead, arrays without watcher lists (issue 57: 16.4 -> 7.0
-us of timer CPU per expiring long poll, 14.7 -> 5.0 per one an append completes).
+us of timer CPU per expiring long poll, 14.7 -> 5.0 per one an append completes), and a run of at least [timer]
+produce_batch_min acks=all produces to node.timer.produce_waits.
 
 Invariants (after every public call): each operation completes exactly once (completed + expired counts each
 once); pending == timer.pending (exact); every call that completes or watches ends with the purge check, so

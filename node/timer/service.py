@@ -2,9 +2,10 @@
 purgatories, completed by flushes and deadlines, answered through the outbox.
 
 Invariants:
-- Exactly one live operation per (worker, request id), in `operations` or in `fetch_waits` (the array path of
-  one-partition long polls, node.timer.fetch_waits), never both: duplicates (a re-submission after a timer
-  restart, a frame delivered twice after a consumer crash) are ignored.
+- Exactly one live operation per (worker, request id), in `operations`, in `fetch_waits` (the array path of
+  one-partition long polls, node.timer.fetch_waits) or in `produce_waits` (of acks=all produces,
+  node.timer.produce_waits), never two of them: duplicates (a re-submission after a timer restart, a frame
+  delivered twice after a consumer crash) are ignored.
 - Every operation completes once, satisfied or expired, and yields exactly one completion to its
   worker; a cancelled operation (its connection closed) yields none.
 - A delayed fetch is completed here at its deadline, or at once if its condition already holds when it
@@ -24,6 +25,7 @@ from shmbroker.node.timer.delayed import DelayedFetch, DelayedFlush, DelayedProd
 from shmbroker.node.timer.fetch_waits import FetchWaits
 from shmbroker.node.timer.flusher import Flusher
 from shmbroker.node.timer.outbox import Outbox
+from shmbroker.node.timer.produce_waits import ProduceWaits
 from shmbroker.node.timer.purgatory import Purgatory
 from shmbroker.node.storage.records import ErrorCode
 from shmbroker.shm import messages as M
@@ -42,6 +44,7 @@ class DelayedOperations:
         self.produces = Purgatory.configured("produce", timer.purgatory, timer.wheel, now_ms)
         self.throttles = Purgatory.configured("throttle", timer.purgatory, timer.wheel, now_ms)
         self.fetch_waits = FetchWaits(table, outbox, timer.wheel, now_ms)  # one-partition fetches, as arrays
+        self.produce_waits = ProduceWaits(table, outbox, timer.wheel, now_ms)  # acks=all produces, as arrays
         self.operations: dict[tuple[int, int], TimerOperation] = {}
         self.cancelled: set[tuple[int, int]] = set()
         self.failed_rows: dict[int, int] = {}  # row -> last flush round that failed on it
@@ -58,12 +61,8 @@ class DelayedOperations:
         nothing done, unless every frame is a one-partition DELAY_FETCH on a row of the table with a key new to
         the timer and to the run (then the caller decodes them one by one)."""
         records = M.delay_fetch_records(frames)
-        if records is None:
-            return False
-        keys = list(zip([worker] * len(records), records["request_id"].tolist()))
-        if (len(set(keys)) != len(keys) or not self.operations.keys().isdisjoint(keys)
-                or not self.fetch_waits.keys.keys().isdisjoint(keys)
-                or int(records["row"].max()) >= self.table.rows):
+        if records is None or not self._new_keys(worker, records["request_id"]) \
+                or int(records["row"].max()) >= self.table.rows:
             return False
         for position in self.fetch_waits.add(worker, records).tolist():
             record = records[position]
@@ -72,6 +71,27 @@ class DelayedOperations:
                                                   [(int(record["row"]), int(record["start_bytes"]),
                                                     int(record["stable_from"]))], None))
         return True
+
+    def delay_produces(self, worker: int, frames: list) -> bool:
+        """A run of DELAY_PRODUCE frames of one worker, on the array path (node.timer.produce_waits); False, with
+        nothing done, unless every frame is a well-formed DELAY_PRODUCE on rows of the table with a key new to the
+        timer and to the run (then the caller decodes them one by one)."""
+        decoded = M.delay_produce_records(frames)
+        if decoded is None:
+            return False
+        request_ids, deadlines, rows, required = decoded
+        if not self._new_keys(worker, request_ids) or int(rows.max()) >= self.table.rows:
+            return False
+        if self.produce_waits.add(worker, request_ids, deadlines, rows, required, self.flusher.rounds_started,
+                                  self.failed_rows):
+            self.flusher.request()
+        return True
+
+    def _new_keys(self, worker: int, request_ids) -> bool:
+        """The (worker, request id) keys are distinct and none waits here yet."""
+        keys = list(zip([worker] * len(request_ids), request_ids.tolist()))
+        return (len(set(keys)) == len(keys) and self.operations.keys().isdisjoint(keys)
+                and self.fetch_waits.keys.keys().isdisjoint(keys) and self.produce_waits.keys.keys().isdisjoint(keys))
 
     def delay_produce(self, worker: int, message: Any) -> None:
         op = DelayedProduce(worker, message.request_id, [row for row, _ in message.items],
@@ -91,8 +111,8 @@ class DelayedOperations:
             if op is not None:
                 self.cancelled.add(op.key)
                 op.force_complete()
-            else:
-                self.fetch_waits.cancel(worker, request_id)
+            elif not self.fetch_waits.cancel(worker, request_id):
+                self.produce_waits.cancel(worker, request_id)
 
     def wait_flushed(self, rows: list[int], required_offsets: list[int], deadline_ms: int, done,
                      urgent: bool = False) -> None:
@@ -109,29 +129,39 @@ class DelayedOperations:
     # -- events of the timer process --------------------------------------------------------------
 
     def flushed(self, rows: list[int]) -> None:
+        """A flush report's synced rows: their faults are over; what waits on them is checked once the whole
+        report is applied (a produce on two of its rows is judged on both)."""
         for row in rows:
             self.failed_rows.pop(row, None)
-            self.produces.check_and_complete(row)
+        self._check_produces(rows)
 
     def flush_failed(self, flush_round: int, rows: list[int]) -> None:
         for row in rows:
             self.failed_rows[row] = flush_round
+        self._check_produces(rows)
+
+    def _check_produces(self, rows: list[int]) -> None:
+        for row in rows:
             self.produces.check_and_complete(row)
+        if rows:
+            self.produce_waits.check(self.failed_rows)
 
     def advance(self, now_ms: int) -> None:
         for purgatory in (self.fetches, self.produces, self.throttles):
             purgatory.advance(now_ms)
         self.fetch_waits.advance(now_ms)
+        self.produce_waits.advance(now_ms, self.failed_rows)
 
     def next_expiration(self) -> int | None:
-        deadlines = [d for p in (self.fetches, self.produces, self.throttles, self.fetch_waits)
+        deadlines = [d for p in (self.fetches, self.produces, self.throttles, self.fetch_waits, self.produce_waits)
                      if (d := p.next_expiration()) is not None]
         return min(deadlines) if deadlines else None
 
     # -- internals --------------------------------------------------------------------------------
 
     def _watch(self, purgatory: Purgatory, op: TimerOperation, deadline_ms: int) -> None:
-        if op.key in self.operations or op.key in self.fetch_waits.keys:  # a re-submission, or a frame twice
+        if op.key in self.operations or op.key in self.fetch_waits.keys or op.key in self.produce_waits.keys:
+            # a re-submission, or a frame twice
             return
         self.operations[op.key] = op
         purgatory.try_complete_else_watch(op, op.watch_keys(), deadline_ms)

@@ -73,9 +73,10 @@ class TimerStats:
                        "join": groups.joins, "sync": groups.syncs}
         entries = levels = slots = 0
         by_level = [0] * S.MAX_WHEEL_LEVELS
-        waits = ops.fetch_waits  # the fetch purgatory's array path: its figures count as the purgatory's
+        # The array paths of the fetch and produce purgatories: their figures count as their purgatories'.
+        array_paths = {"fetch": ops.fetch_waits, "produce": ops.produce_waits}
         for kind, purgatory in purgatories.items():
-            extra = waits if kind == "fetch" else None
+            extra = array_paths.get(kind)
             w.set(f"purgatory_{kind}_pending", purgatory.pending + (extra.pending if extra else 0))
             w.set(f"purgatory_{kind}_watched", purgatory.watched + (extra.pending if extra else 0))
             w.set(f"purgatory_{kind}_completed", purgatory.completed + (extra.completed if extra else 0))

@@ -388,6 +388,25 @@ class TimingWheel:
             self._compact()
         return True
 
+    def cancel_many(self, handles: np.ndarray) -> int:
+        """cancel() of each handle (int64, distinct) in one call; returns how many were live."""
+        handles = np.asarray(handles, dtype=np.int64)
+        if not len(handles):
+            return 0
+        slots = handles & SLOT_MASK
+        known = (handles >= 0) & (slots < self._high)
+        live = np.zeros(len(handles), bool)
+        live[known] = self._live[slots[known]] == handles[known]
+        slots = slots[live]
+        count = len(slots)
+        if count:
+            self._live[slots] = NOT_LIVE
+            self._pending -= count
+            self._cancelled_unreclaimed += count
+            if self._cancelled_unreclaimed > self._pending + self.compaction_slack:
+                self._compact()
+        return count
+
     def _compact(self) -> None:
         """Reclaim every cancelled slot by filtering each bucket's members (O(slots in use + buckets))."""
         live = self._live
