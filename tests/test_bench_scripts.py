@@ -499,3 +499,35 @@ def test_bench_share_measures_share_consumers_beside_redis_in_alternating_runs(t
             sorted(r["records_per_s"] for r in runs["shmbroker"])[0] / 2
             + sorted(r["records_per_s"] for r in runs["shmbroker"])[1] / 2, rel=1e-3)
         assert summary["shmbroker_p99_ms"] > 0 and summary["redis-always_p99_ms"] > 0, summary
+
+
+def test_bench_scaling_runs_each_worker_count_pinned_apart_and_projects(tmp_path):
+    png = tmp_path / "scaling.png"
+    rows = run_script(tmp_path, "bench_scaling", "--workers-list", "1", "2", "--runs", "1", "--rates", "300",
+                      "--step-seconds", "0.5", "--expire-ms", "100", "--node-cpus", "0", "--client-cpus", "1",
+                      "--plot", str(png), nodes=2)
+    runs = [row for row in rows if "run" in row]
+    summaries = [row for row in rows if row.get("summary")]
+    (projected,) = [row["projection"] for row in rows if "projection" in row]
+    assert sorted(row["workers"] for row in runs) == [1, 2] == [row["workers"] for row in summaries]
+    for row in runs + summaries:
+        assert row["completed_per_s"] > 0 and row["timer_us_per_op"] > 0 and row["worker_us_per_op"] > 0, row
+    assert [p["host_cores"] for p in projected] == [2, 16, 64]
+    for p in projected:
+        assert p["node_limit_per_s"] == min(p["timer_ceiling_per_s"], p["workers_carry_per_s"]), p
+    assert png.stat().st_size > 0
+
+
+@pytest.mark.node
+def test_a_node_started_on_some_cpus_keeps_every_process_on_them(tmp_path):
+    import argparse
+
+    first = min(os.sched_getaffinity(0))
+    args = argparse.Namespace(bootstrap=None, workers=2, node_cpus={first}, client_cpus=None)
+    with benchnode.node_for(args) as target:
+        pids = [target.node.proc.pid, *target.node.pids()]
+        assert len(pids) >= 4  # supervisor, timer, two workers
+        assert all(os.sched_getaffinity(pid) == {first} for pid in pids), pids
+    assert benchnode.cpu_list("0") == {0} and benchnode.cpu_list(f"{first}-{first}") == {first}
+    with pytest.raises(argparse.ArgumentTypeError):
+        benchnode.cpu_list("9999")

@@ -22,6 +22,7 @@ Invariants:
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import multiprocessing
 import os
@@ -39,7 +40,7 @@ import orjson
 import psutil
 
 from scripts.harness import rawkafka
-from scripts.harness.nodeproc import LOOPBACK, NodeProcess
+from scripts.harness.nodeproc import CLI, LOOPBACK, NodeProcess
 
 _LOOPBACK_NAMES = {"127.0.0.1", "localhost"}
 # Fields every benchmark JSON line has (null where not measured).
@@ -83,6 +84,24 @@ def add_common_arguments(parser: Any, default_seconds: float) -> None:
     parser.add_argument("--seconds", type=float, default=default_seconds,
                         help="upper bound of each measurement (default %(default)s)")
     parser.add_argument("--json", action="store_true", help="one JSON object per line")
+    parser.add_argument("--node-cpus", type=cpu_list, help="CPUs of the node started here (taskset -c's list, "
+                        "e.g. 0 or 0-2): with --client-cpus, node and load generator apart")
+    parser.add_argument("--client-cpus", type=cpu_list, help="CPUs of this load generator (and its children)")
+
+
+def cpu_list(text: str) -> set[int]:
+    """A taskset -c style list of CPUs ("0", "0,2", "1-3") as a set, each CPU one this machine has."""
+    cpus: set[int] = set()
+    try:
+        for part in text.split(","):
+            low, _, high = part.partition("-")
+            cpus.update(range(int(low), int(high or low) + 1))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a CPU list such as 0 or 0,2 or 1-3") from None
+    missing = cpus - os.sched_getaffinity(0)
+    if not cpus or missing:
+        raise argparse.ArgumentTypeError(f"{text!r}: CPUs {sorted(missing)} are not available here")
+    return cpus
 
 
 def _sigterm_as_exit(signum: int, frame: Any) -> None:
@@ -100,7 +119,12 @@ def node_for(args: Any, data_dir: str | None = None, config_toml: str = "") -> I
         return
     if args.workers < 1:
         raise SystemExit("--workers must be at least 1")
-    with NodeProcess(workers=args.workers, config=config_toml, announce=True) as node:
+    node_cpus, client_cpus = getattr(args, "node_cpus", None), getattr(args, "client_cpus", None)
+    # taskset execs the node's command: the pid NodeProcess holds is the node's, its children inherit the CPUs.
+    command = ["taskset", "-c", ",".join(map(str, sorted(node_cpus))), *CLI] if node_cpus else None
+    with NodeProcess(workers=args.workers, config=config_toml, announce=True, command=command) as node:
+        if client_cpus:
+            os.sched_setaffinity(0, client_cpus)  # this process's threads and the children it starts from now on
         yield Target(LOOPBACK, node.port, str(node.data_dir), node)
 
 
