@@ -8,7 +8,8 @@ Layout of the segment (all integers little-endian, 64-bit counters):
                line 1  producer pid + start time, consumer pid + start time
                line 2  head     (written by the producer only)
                line 4  tail     (written by the consumer only)
-               line 6  consumer_sleeping flag (written by the consumer only)
+               line 6  consumer_sleeping word (written by the consumer only): 0 awake, 1 asleep until
+                       rung, >= 2 asleep until that monotonic millisecond at the latest
     page 1.. data, `capacity` bytes, a power of two.
 
 A frame at data offset `head % capacity` is an 8-byte header (u32 payload length, u32
@@ -33,6 +34,13 @@ Invariants:
   on its doorbell; the producer stores head, fences, and rings the doorbell if the flag is
   set. With a full fence on both sides at least one of them sees the other's store, so
   no wakeup is lost (see shm/fence.py).
+- Lazy wakeups: a consumer that sleeps with a timeout (the timer process: until its next deadline) stores that
+  wake-up time (monotonic ms, >= 2) as its sleeping word. A producer whose commit only carries frames the
+  consumer needs by `lazy_until_ms` does not ring when that time is no earlier than the consumer's wake-up: the
+  consumer drains the ring when it wakes, in time. Any other commit rings as before. The workers' CANCELs go so
+  (needed whenever the timer wakes: shm.timer_link): an append that answers a long poll no longer wakes the
+  timer. Only doorbells rung from Python (the timer's semaphore) are lazy; the compiled write rings an fd
+  doorbell itself whenever the word is set.
 
 Memory-ordering assumption: x86-64 (total store order). Aligned 8-byte loads and stores
 are single instructions, hence atomic; stores are seen by other cores in program order
@@ -86,6 +94,7 @@ _PRODUCER_PID, _PRODUCER_START, _CONSUMER_PID, _CONSUMER_START = 8, 9, 10, 11
 _HEAD = 16
 _TAIL = 32
 _SLEEPING = 48
+SLEEPING_UNTIL_RUNG = 1  # the sleeping word of a consumer with no wake-up time of its own
 
 _ALIGN_MASK = ~7
 if _ringops is not None and (_ringops.HEADER_BYTES, _ringops.FRAME_HEADER_BYTES, _ringops.HEAD_WORD,
@@ -286,6 +295,9 @@ class RingWriter(_RingEnd):
         self._data_words = self._map.data_words
         self._head = self._words[_HEAD]  # committed
         self._pending = self._head  # end of reserved, not yet committed frames
+        # Set by the caller around a write: the commit's frames are needed by then at the latest (see "Lazy
+        # wakeups"); None: at once.
+        self.lazy_until_ms: int | None = None
         self._tail_seen = self._words[_TAIL]
         if not 0 <= self._head - self._tail_seen <= self.capacity:
             self.close()
@@ -333,10 +345,16 @@ class RingWriter(_RingEnd):
         self._words[_HEAD] = self._head
         full_fence()  # the head store must be visible before we read the consumer's flag
         if self._words[_SLEEPING]:
-            if self._ring_bell is not None:
-                self._ring_bell()
+            self._wake_consumer()
             return True
         return False
+
+    def _wake_consumer(self) -> None:
+        """The consumer sleeps: ring its doorbell, unless it wakes by itself in time for this commit."""
+        word = self._words[_SLEEPING]
+        lazy = self.lazy_until_ms
+        if self._ring_bell is not None and (lazy is None or word == SLEEPING_UNTIL_RUNG or word > lazy):
+            self._ring_bell()
 
     def abandon(self) -> None:
         """Forget reserved, uncommitted frames."""
@@ -357,8 +375,8 @@ class RingWriter(_RingEnd):
                                     payload, bell.ring_fd if bell is not None else -1, self._ring_bytes)
             if result >= 0:
                 self._head = self._pending = result >> 1
-                if result & 1 and self._ring_bell is not None:
-                    self._ring_bell()
+                if result & 1:
+                    self._wake_consumer()
                 return True
             return self._write_slow(payload, timeout)
         size = len(payload)
@@ -373,8 +391,8 @@ class RingWriter(_RingEnd):
         self._words[_HEAD] = head
         fence_enter()  # full_fence(), inlined: the head store must be visible before we read the flag
         fence_exit()
-        if self._words[_SLEEPING] and self._ring_bell is not None:
-            self._ring_bell()
+        if self._words[_SLEEPING]:
+            self._wake_consumer()
         return True
 
     def _write_slow(self, payload, timeout: float | None) -> bool:
@@ -607,15 +625,18 @@ class RingReader(_RingEnd):
         self._words[_SLEEPING] = 0
 
 
-def announce_sleep_all(readers: Sequence[RingReader]) -> bool:
-    """announce_sleep over many rings sharing one doorbell (one fence for all).
+def announce_sleep_all(readers: Sequence[RingReader], until_ms: int | None = None) -> bool:
+    """announce_sleep over many rings sharing one doorbell (one fence for all). `until_ms`: the caller wakes by
+    this monotonic millisecond at the latest (producers may then leave frames needed no earlier unrung); None:
+    only when rung.
 
     True: all are empty and the caller may sleep. False: some has frames; flags are cleared.
     """
-    if len(readers) == 1:
+    if len(readers) == 1 and until_ms is None:
         return readers[0].announce_sleep()
+    word = SLEEPING_UNTIL_RUNG if until_ms is None else max(until_ms, SLEEPING_UNTIL_RUNG + 1)
     for reader in readers:
-        reader._words[_SLEEPING] = 1
+        reader._words[_SLEEPING] = word
     full_fence()
     for reader in readers:
         if reader._words[_HEAD] != reader._read_pos:

@@ -258,6 +258,33 @@ def test_compiled_write_rings_only_for_a_sleeping_consumer(kind):
             bell.close()
 
 
+@pytest.mark.parametrize("frames", [1, 3])  # the compiled one-frame write and the batch write
+def test_a_consumer_asleep_until_a_time_is_rung_only_for_frames_needed_before_it(frames):
+    """Lazy wakeups: frames needed no earlier than the consumer's wake-up leave it asleep; earlier ones, frames
+    needed at once, and a consumer asleep with no wake-up time of its own are rung as always."""
+    from shmbroker.shm.ring import announce_sleep_all, woke_all
+
+    with fresh_instance() as instance:
+        bell = instance.create_semaphore_doorbell(instance.name("bell"))
+        try:
+            name = instance.create_ring(instance.name("l"), RingConfig(capacity=CAPACITY))
+            with RingWriter(name, bell) as writer, RingReader(name) as reader:
+                batch = [b"poll"] * frames
+                rung = []
+                for until_ms, lazy_until_ms in ((1000, 1000), (1000, 5000), (1000, 999), (1000, None),
+                                                (None, 5000)):
+                    assert announce_sleep_all([reader], until_ms)
+                    writer.lazy_until_ms = lazy_until_ms
+                    assert writer.write_many(batch) == frames
+                    writer.lazy_until_ms = None
+                    rung.append(bell.drain())
+                    woke_all([reader])
+                    assert read_all(reader) == batch  # rung or not, the frames are there for the wake-up
+                assert rung == [0, 0, 1, 1, 1]
+        finally:
+            bell.close()
+
+
 def test_write_after_close_raises_instead_of_touching_the_unmapped_segment(ring):
     writer, _ = ring
     writer.close()

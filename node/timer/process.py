@@ -285,8 +285,13 @@ class TimerProcess:
             if os.getppid() != self.supervisor_pid:
                 log.error("supervisor is gone: exiting")
                 break
-            timeout = self._sleep_timeout_s(monotonic_ms())
-            if announce_sleep_all(self.readers) and self.flusher.reports.empty() and self.flusher.finished.empty():
+            now = monotonic_ms()
+            timeout = self._sleep_timeout_s(now)
+            # The wake-up time goes in the rings' sleeping word: a worker leaves unrung the frames it knows are
+            # needed no earlier (shm.ring, "Lazy wakeups"), which this turn drains when it wakes.
+            wake_by = now + round(timeout * 1000)
+            if announce_sleep_all(self.readers, wake_by) and self.flusher.reports.empty() \
+                    and self.flusher.finished.empty():
                 try:
                     self.bell.wait(timeout)
                 except posix_ipc.SignalError:

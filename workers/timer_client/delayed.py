@@ -42,7 +42,8 @@ Invariants:
   cancelled; an appending worker publishes, fences, then reads the counts of the others and rings them.
   At worst (a worker that died between its append and its rings) a wait is answered at its deadline.
 - Nothing here blocks: frames go to the link's backlog, and doorbells are eventfd writes; `end_turn`
-  flushes the link.
+  flushes the link. A CANCEL does not wake a sleeping timer (shm.timer_link, NOT_URGENT): it takes it in the turn
+  it wakes for anyway, before that turn's expiries.
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ from shmbroker.shm.interest import WorkerWatches, full_fence
 from shmbroker.shm.table import END_BYTES, PartitionTable
 from shmbroker.workers.connection import Connection, Request
 from shmbroker.workers.timer_client.outcome import Outcome
-from shmbroker.shm.timer_link import TimerLink
+from shmbroker.shm.timer_link import NOT_URGENT, TimerLink
 
 log = logging.getLogger("shmbroker.delayed")
 
@@ -311,7 +312,7 @@ class DelayedRequests:
         for request_id in ids:
             self._finish(request_id, Completed(M.Status.EXPIRED))
         if cancelled:
-            self._send_items(M.Kind.CANCEL, cancelled)
+            self._send_items(M.Kind.CANCEL, cancelled, NOT_URGENT)
 
     def cancel_connection(self, conn: Connection) -> None:
         """The connection closed: forget its waits and tell the timer to drop them."""
@@ -326,7 +327,7 @@ class DelayedRequests:
             if waiting.handed_off:
                 cancelled.append((request_id,))
         if cancelled:
-            self._send_items(M.Kind.CANCEL, cancelled)
+            self._send_items(M.Kind.CANCEL, cancelled, NOT_URGENT)
 
     def answer_appended(self, after_each: Callable[[], None]) -> None:
         """Answer this worker's delayed fetches that appends satisfied: on the rows this turn appended to, and
@@ -364,7 +365,7 @@ class DelayedRequests:
             after_each()
         self.answered_on_append += answered
         if cancelled:
-            self._send_items(M.Kind.CANCEL, cancelled)
+            self._send_items(M.Kind.CANCEL, cancelled, NOT_URGENT)
 
     def _appender(self, fetch: FetchCondition, here: set[int], rung: set[int]) -> int | None:
         """Which worker's append answered `fetch`: this one, a peer (the last that rang for the row), or None
@@ -412,6 +413,6 @@ class DelayedRequests:
             self._flush_rows.clear()
         self.link.flush()
 
-    def _send_items(self, kind: M.Kind, items: list[tuple]) -> None:
+    def _send_items(self, kind: M.Kind, items: list[tuple], needed_by_ms: int | None = None) -> None:
         for start in range(0, len(items), M.MAX_ITEMS):
-            self.link.send(M.encode(kind, items=items[start:start + M.MAX_ITEMS]))
+            self.link.send(M.encode(kind, items=items[start:start + M.MAX_ITEMS]), needed_by_ms)
