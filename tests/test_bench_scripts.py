@@ -501,11 +501,13 @@ def test_bench_share_measures_share_consumers_beside_redis_in_alternating_runs(t
         assert summary["shmbroker_p99_ms"] > 0 and summary["redis-always_p99_ms"] > 0, summary
 
 
+@pytest.mark.node
 def test_bench_scaling_runs_each_worker_count_pinned_apart_and_projects(tmp_path):
     png = tmp_path / "scaling.png"
+    cpus = sorted(os.sched_getaffinity(0))  # the node on the first, the load generator on the last
     rows = run_script(tmp_path, "bench_scaling", "--workers-list", "1", "2", "--runs", "1", "--rates", "300",
-                      "--step-seconds", "0.5", "--expire-ms", "100", "--node-cpus", "0", "--client-cpus", "1",
-                      "--plot", str(png), nodes=2)
+                      "--step-seconds", "0.5", "--expire-ms", "100", "--node-cpus", str(cpus[0]),
+                      "--client-cpus", str(cpus[-1]), "--plot", str(png), nodes=2)
     runs = [row for row in rows if "run" in row]
     summaries = [row for row in rows if row.get("summary")]
     (projected,) = [row["projection"] for row in rows if "projection" in row]
