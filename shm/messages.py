@@ -519,17 +519,28 @@ Reply.kind = Kind.REPLY
 def _one_item_dtype(message: MessageType) -> np.dtype:
     """The numpy layout of a frame of `message`'s kind with exactly one item: header, body and item fields at their
     packed offsets, named as declared (the header's as kind, layout_version, count, reserved)."""
-    codes = [("kind", "B"), ("layout_version", "B"), ("count", "H"), ("reserved", "I")]
-    codes += list(zip(message.tuple_class._fields[:message.body_count], message.body.format[1:]))
-    codes += list(zip(DelayFetchItem._fields, message.item.format[1:]))
+    names, formats, offsets, at = _packed(_head_codes(message) + list(zip(DelayFetchItem._fields,
+                                                                          message.item.format[1:])))
+    assert at == message.head.size + message.item.size
+    return np.dtype({"names": names, "formats": formats, "offsets": offsets, "itemsize": at})
+
+
+def _head_codes(message: MessageType) -> list[tuple[str, str]]:
+    """(name, struct code) of a frame's header and body fields, in order (the header's as kind, layout_version,
+    count, reserved)."""
+    return [("kind", "B"), ("layout_version", "B"), ("count", "H"), ("reserved", "I"),
+            *zip(message.tuple_class._fields[:message.body_count], message.body.format[1:])]
+
+
+def _packed(codes: list[tuple[str, str]]) -> tuple[list[str], list[np.dtype], list[int], int]:
+    """Names, numpy formats and offsets of fields packed one after the other (struct's "<"), and their size."""
     names, formats, offsets, at = [], [], [], 0
     for name, code in codes:
         names.append(name)
         formats.append(np.dtype("<" + code))
         offsets.append(at)
         at += struct.calcsize("<" + code)
-    assert at == message.head.size + message.item.size
-    return np.dtype({"names": names, "formats": formats, "offsets": offsets, "itemsize": at})
+    return names, formats, offsets, at
 
 
 DelayFetchItem = namedtuple("DelayFetchItem", ["row", "start_bytes", "stable_from"])
@@ -571,17 +582,9 @@ def delay_fetch_records(frames: list) -> np.ndarray | None:
 def _items_dtype(message: MessageType, count: int) -> np.dtype:
     """The numpy layout of a frame of `message`'s kind with `count` items: header and body fields at their packed
     offsets, then `items`, a subarray of `count` item records."""
-    codes = [("kind", "B"), ("layout_version", "B"), ("count", "H"), ("reserved", "I")]
-    codes += list(zip(message.tuple_class._fields[:message.body_count], message.head.format[len("<BBHI"):]))
-    names, formats, offsets, at = [], [], [], 0
-    for name, code in codes:
-        names.append(name)
-        formats.append(np.dtype("<" + code))
-        offsets.append(at)
-        at += struct.calcsize("<" + code)
-    item_fields = [(name, "<" + code) for name, code in zip(_ITEM_NAMES[message.kind], message.item.format[1:])]
-    item = np.dtype({"names": [n for n, _ in item_fields], "formats": [c for _, c in item_fields],
-                     "offsets": [struct.calcsize("<" + message.item.format[1:i + 1]) for i in range(len(item_fields))],
+    names, formats, offsets, at = _packed(_head_codes(message))
+    item_names, item_formats, item_offsets, _ = _packed(list(zip(_ITEM_NAMES[message.kind], message.item.format[1:])))
+    item = np.dtype({"names": item_names, "formats": item_formats, "offsets": item_offsets,
                      "itemsize": message.item.size})
     names.append("items")
     formats.append((item, (count,)))

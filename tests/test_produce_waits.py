@@ -12,16 +12,12 @@ once, and keep the same counters.
 from __future__ import annotations
 
 import contextlib
-import random
 
 import pytest
-from shm_testing import fresh_instance
 from test_fetch_waits import Side as FetchSide
+from test_fetch_waits import START_MS, same_counters, two_sides
 
-from shmbroker.node.config import NodeConfig
-from shmbroker.shm import instance as shm_instance
 from shmbroker.shm import messages as M
-from shmbroker.shm.table import PartitionTable
 
 ROWS = 4
 WORKERS = 2
@@ -30,18 +26,7 @@ SEEDS = 12
 
 
 class Side(FetchSide):
-    def received(self) -> list[set]:
-        self.outbox.flush()
-        got = []
-        for reader in self.readers:
-            items = set()
-            for view in reader.read_batch():
-                message = M.decode(view)
-                assert message.kind == M.Kind.COMPLETION
-                items.update(message.items)
-            reader.release()
-            got.append(items)
-        return got
+    with_errors = True
 
 
 def one_by_one(side: Side, worker: int, frames: list[bytes]) -> None:
@@ -53,91 +38,60 @@ def one_by_one(side: Side, worker: int, frames: list[bytes]) -> None:
 
 @pytest.mark.parametrize("seed", range(SEEDS))
 def test_the_array_path_answers_as_the_per_operation_path_does(seed):
-    rng = random.Random(seed)
-    config = NodeConfig()
-    now = 1_000
-    with fresh_instance("pw") as instance:
-        table = PartitionTable.create(shm_instance.table_name(instance.instance_id), ROWS)
-        batch, single = Side(instance, "a", table, config, now), Side(instance, "s", table, config, now)
-        try:
-            next_id = [1] * WORKERS
-            appended = [0] * ROWS  # offsets the produces wait for are below this; flushed_offset moves toward it
-            rounds = 0
-            waits: dict[tuple[int, int], tuple[int, list[tuple[int, int]]]] = {}  # key -> deadline, items
-            answered: set[tuple[int, int]] = set()
-            resubmitted: set[tuple[int, int]] = set()
-            array_path_runs = 0
-            for _ in range(STEPS):
-                worker = rng.randrange(WORKERS)
-                frames = []
-                for _ in range(rng.choice([0, 1, 3, 8, 20])):
-                    rows = rng.sample(range(ROWS + (1 if rng.random() < 0.01 else 0)), rng.choice([1, 1, 2, 3]))
-                    items = []
-                    for row in rows:
-                        if row < ROWS and rng.random() < 0.8:
-                            appended[row] += rng.choice([1, 5])
-                        items.append((row, appended[row] if row < ROWS else 1))
-                    request_id = next_id[worker]
-                    if frames and rng.random() < 0.05:  # the previous frame again (a frame delivered twice)
-                        request_id -= 1
-                        resubmitted.add((worker, request_id))
-                    next_id[worker] = request_id + 1
-                    deadline = now + rng.choice([-5, 0, 1, 3, 10, 50, 400])
-                    frames.append(M.encode(M.Kind.DELAY_PRODUCE, request_id, deadline, items=items))
-                    waits.setdefault((worker, request_id), (deadline, items))
-                if frames:
-                    views = [memoryview(frame) for frame in frames]
-                    if batch.ops.delay_produces(worker, views):
-                        array_path_runs += 1
-                    else:
-                        one_by_one(batch, worker, frames)
-                    one_by_one(single, worker, frames)
-                event = rng.random()
-                if event < 0.4:  # a flush round: some rows fsync'd, some or all of the way
-                    rounds += 1
-                    rows = rng.sample(range(ROWS), rng.randint(1, ROWS))
-                    for row in rows:
-                        flushed = table.read(row).flushed_offset
-                        table.update(row, flushed_offset=rng.randint(flushed, appended[row]))
-                    for side in (batch, single):
-                        side.ops.flusher.rounds_started = rounds
-                        side.ops.flushed(rows)
-                elif event < 0.5:  # a round that fails on a row
-                    rounds += 1
-                    rows = [rng.randrange(ROWS)]
-                    for side in (batch, single):
-                        side.ops.flusher.rounds_started = rounds
-                        side.ops.flush_failed(rounds, rows)
-                elif event < 0.6 and waits:  # a cancel, of a waiting produce or one already answered
-                    cancel_worker, request_id = rng.choice(sorted(waits))
-                    message = M.decode(M.encode(M.Kind.CANCEL, items=[(request_id,)]))
-                    batch.ops.cancel(cancel_worker, message)
-                    single.ops.cancel(cancel_worker, message)
-                now += rng.choice([0, 1, 2, 10, 100])
-                batch.ops.advance(now)
-                single.ops.advance(now)
-                got, want = batch.received(), single.received()
-                assert got == want, (seed, now)
-                for worker_index, completions in enumerate(got):
-                    for request_id, status, _ in completions:
-                        key = (worker_index, request_id)
-                        assert key not in answered or key in resubmitted, f"{key} answered twice"
-                        answered.add(key)
-                        deadline, items = waits[key]
-                        if status == M.Status.EXPIRED:
-                            assert now >= deadline, f"{key} expired before its deadline"
-                        if status == M.Status.SATISFIED:
-                            assert all(table.read(row).flushed_offset >= offset for row, offset in items), key
-            produces = (batch.ops.produces, batch.ops.produce_waits)
-            assert sum(p.expired for p in produces) == single.ops.produces.expired
-            assert sum(p.completed for p in produces) == single.ops.produces.completed
-            assert sum(p.pending for p in produces) == single.ops.produces.pending
-            assert len(batch.ops.produce_waits.keys) == batch.ops.produce_waits.pending
-            assert array_path_runs > 0  # the test exercised the array path
-        finally:
-            batch.close()
-            single.close()
-            table.close()
+    with two_sides("pw", Side, seed) as (table, pair):
+        batch, single, rng, now = pair.batch, pair.single, pair.rng, START_MS
+        appended = [0] * ROWS  # offsets the produces wait for are below this; flushed_offset moves toward it
+        rounds = 0
+        waits: dict[tuple[int, int], tuple[int, list[tuple[int, int]]]] = {}  # key -> deadline, items
+        array_path_runs = 0
+        for _ in range(STEPS):
+            worker = rng.randrange(WORKERS)
+            frames = []
+            for _ in range(rng.choice([0, 1, 3, 8, 20])):
+                rows = rng.sample(range(ROWS + (1 if rng.random() < 0.01 else 0)), rng.choice([1, 1, 2, 3]))
+                items = []
+                for row in rows:
+                    if row < ROWS and rng.random() < 0.8:
+                        appended[row] += rng.choice([1, 5])
+                    items.append((row, appended[row] if row < ROWS else 1))
+                request_id = pair.request_id(worker, not frames)
+                deadline = now + rng.choice([-5, 0, 1, 3, 10, 50, 400])
+                frames.append(M.encode(M.Kind.DELAY_PRODUCE, request_id, deadline, items=items))
+                waits.setdefault((worker, request_id), (deadline, items))
+            if frames:
+                views = [memoryview(frame) for frame in frames]
+                if batch.ops.delay_produces(worker, views):
+                    array_path_runs += 1
+                else:
+                    one_by_one(batch, worker, frames)
+                one_by_one(single, worker, frames)
+            event = rng.random()
+            if event < 0.4:  # a flush round: some rows fsync'd, some or all of the way
+                rounds += 1
+                rows = rng.sample(range(ROWS), rng.randint(1, ROWS))
+                for row in rows:
+                    flushed = table.read(row).flushed_offset
+                    table.update(row, flushed_offset=rng.randint(flushed, appended[row]))
+                for side in (batch, single):
+                    side.ops.flusher.rounds_started = rounds
+                    side.ops.flushed(rows)
+            elif event < 0.5:  # a round that fails on a row
+                rounds += 1
+                rows = [rng.randrange(ROWS)]
+                for side in (batch, single):
+                    side.ops.flusher.rounds_started = rounds
+                    side.ops.flush_failed(rounds, rows)
+            elif event < 0.6 and waits:  # a cancel, of a waiting produce or one already answered
+                pair.cancel(waits)
+            now += rng.choice([0, 1, 2, 10, 100])
+            for key, status in pair.step(now, seed):
+                deadline, items = waits[key]
+                if status == M.Status.EXPIRED:
+                    assert now >= deadline, f"{key} expired before its deadline"
+                if status == M.Status.SATISFIED:
+                    assert all(table.read(row).flushed_offset >= offset for row, offset in items), key
+        same_counters(batch.ops.produces, batch.ops.produce_waits, single.ops.produces)
+        assert array_path_runs > 0  # the test exercised the array path
 
 
 def test_a_run_decodes_as_its_frames_do():

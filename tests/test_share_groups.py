@@ -48,6 +48,17 @@ POLL_BUDGET_S = 20.0
 JAVA = Path(__file__).resolve().parent / "java"
 
 
+def restart_or_kill_the_timer(node, how: str) -> None:
+    """The node stopped and started again (how == "node restart"), else its timer killed (-9) and the next one up."""
+    if how == "node restart":
+        node.stop()
+        node.start()
+        return
+    timer = node.pids("timer")[0]
+    os.kill(timer, signal.SIGKILL)
+    node.wait_for_pids("timer", 1, exclude={timer})
+
+
 @pytest.fixture(scope="module")
 def node(tmp_path_factory):
     with NodeProcess(tmp_path_factory.mktemp("share-groups"), workers=2, config=CONFIG) as started:
@@ -719,13 +730,7 @@ def test_share_state_survives(node_factory, how):
     finally:
         consumer.close()
     assert hold(started.bootstrap, group, topic) == [str(i) for i in range(5, 10)]
-    if how == "node restart":
-        started.stop()
-        started.start()
-    else:
-        timer = started.pids("timer")[0]
-        os.kill(timer, signal.SIGKILL)
-        started.wait_for_pids("timer", 1, exclude={timer})
+    restart_or_kill_the_timer(started, how)
     began = time.monotonic()
     consumer = share_consumer(started.bootstrap, group, topic, explicit=True)
     try:
@@ -793,13 +798,7 @@ def test_a_consumer_goes_on_across_a_restart_as_the_same_member(node_factory, ho
         assert sorted(values(before)) == sorted(f"a{i}" for i in range(10))
         member = described_member(started, "g-live")
         assert member[1] > 2, member  # a group made again by the consumer's join would be at 2
-        if how == "node restart":
-            started.stop()
-            started.start()
-        else:
-            timer = started.pids("timer")[0]
-            os.kill(timer, signal.SIGKILL)
-            started.wait_for_pids("timer", 1, exclude={timer})
+        restart_or_kill_the_timer(started, how)
         produce(started.bootstrap, "live", [f"b{i}" for i in range(5)], partition=0)
         produce(started.bootstrap, "live", [f"b{i}" for i in range(5, 10)], partition=1)
         after = []
