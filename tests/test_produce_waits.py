@@ -107,3 +107,14 @@ def test_a_run_decodes_as_its_frames_do():
         assert (rows[position, width:] == -1).all()
     assert M.delay_produce_records([memoryview(frames[0][:-1])]) is None  # a torn frame: one by one, decode() says
     assert M.delay_produce_records([memoryview(M.encode(M.Kind.DELAY_PRODUCE, 1, 1, items=[]))]) is None
+
+
+def test_a_frame_takes_the_array_path_of_its_kind_and_an_empty_one_none():
+    from shmbroker.node.timer.process import _batch_path
+
+    produce = M.encode(M.Kind.DELAY_PRODUCE, 1, 1000, items=[(0, 5), (1, 6)])
+    one_fetch = M.encode_delay_fetch(2, 1000, 1, [(0, 0, -1)])
+    two_fetches = M.encode(M.Kind.DELAY_FETCH, 3, 1000, 1, items=[(0, 0, -1), (1, 0, -1)])
+    cancel = M.encode(M.Kind.CANCEL, items=[(1,)])
+    assert [_batch_path(memoryview(f)) for f in (produce, one_fetch, two_fetches, cancel, b"")] == [
+        M.Kind.DELAY_PRODUCE, M.Kind.DELAY_FETCH, None, None, None]  # b"": a bad frame, dropped with a log line

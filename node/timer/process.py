@@ -329,7 +329,10 @@ class TimerProcess:
 
 
 def _batch_path(frame: memoryview) -> M.Kind | None:
-    """The array path a frame can take: its kind, or None (a fetch of several partitions takes none)."""
+    """The array path a frame can take: its kind, or None (a fetch of several partitions takes none; an empty frame
+    none either: decode() names what is wrong with it)."""
+    if not len(frame):
+        return None
     kind = frame[0]
     if kind == M.Kind.DELAY_PRODUCE or (kind == M.Kind.DELAY_FETCH and len(frame) == M.DELAY_FETCH_ONE_BYTES):
         return kind
