@@ -8,13 +8,15 @@ node's purgatory until an append wakes it. Latency = receive time - value timest
 - ``--client confluent`` (default): confluent-kafka Producer (acks=1, linger.ms=0) and Consumer.
 - ``--client raw``: a raw Produce connection (acks=1, one request per record, waiting for its ack)
   and a raw Fetch v11 long-poll loop that decodes the record values (node.storage.records).
-Without ``--client`` both run. Records sent before the consumer received its first record, and
+Without ``--client`` both run. ``--producer-client X --consumer-client Y`` runs one pair of them, mixed: which
+side a tail comes from (its row's client is "X->Y"). Records sent before the consumer received its first record, and
 during ``--warmup-seconds`` after that, are not measured.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import os
 import struct
@@ -22,7 +24,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Iterator
 
 from shmbroker.node.storage import records
 from shmbroker.clients import wire
@@ -33,6 +35,10 @@ FETCH_VERSION = 11
 PRODUCE_VERSION = 8
 # Value prefix: monotonic send time (ns) and whether the record is measured (0 during warm-up).
 STAMP = struct.Struct(">qB")
+
+
+Sender = Callable[[bytes], None]  # hands one record's value to a producer
+Poller = Callable[[], None]  # one consumer poll: the records it got measured
 
 
 @dataclass(frozen=True)
@@ -153,21 +159,30 @@ def _send_and_consume(run: LatencyRun, outcome: LatencyOutcome, send: Callable[[
 # --------------------------------------------------------------------------- confluent
 
 
-def run_confluent(target: benchnode.Target, run: LatencyRun) -> LatencyOutcome:
-    from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+@contextlib.contextmanager
+def confluent_producer(target: benchnode.Target, run: LatencyRun, outcome: LatencyOutcome) -> Iterator[Sender]:
+    from confluent_kafka import Producer
 
-    outcome = LatencyOutcome()
+    producer = Producer({"bootstrap.servers": target.bootstrap, "acks": 1, "linger.ms": 0,
+                         "enable.idempotence": False})
+
+    def send(value: bytes) -> None:
+        producer.produce(run.topic, value, partition=0)
+        producer.poll(0)
+
+    yield send
+    producer.flush(run.request_timeout_s)
+
+
+@contextlib.contextmanager
+def confluent_consumer(target: benchnode.Target, run: LatencyRun, outcome: LatencyOutcome) -> Iterator[Poller]:
+    from confluent_kafka import Consumer, KafkaException, TopicPartition
+
     consumer = Consumer({"bootstrap.servers": target.bootstrap, "group.id": f"e2e-{os.getpid()}",
                          "enable.auto.commit": False, "fetch.wait.max.ms": run.fetch_wait_ms,
                          "fetch.min.bytes": 1, "enable.partition.eof": False})
-    producer = Producer({"bootstrap.servers": target.bootstrap, "acks": 1, "linger.ms": 0,
-                         "enable.idempotence": False})
     try:
         consumer.assign([TopicPartition(run.topic, 0, 0)])
-
-        def send(value: bytes) -> None:
-            producer.produce(run.topic, value, partition=0)
-            producer.poll(0)
 
         def poll_once() -> None:
             msg = consumer.poll(0.1)
@@ -178,11 +193,9 @@ def run_confluent(target: benchnode.Target, run: LatencyRun) -> LatencyOutcome:
                 raise KafkaException(msg.error())
             _measure(outcome, msg.value(), received_ns)
 
-        _send_and_consume(run, outcome, send, poll_once, run.request_timeout_s)
-        producer.flush(run.request_timeout_s)
+        yield poll_once
     finally:
         consumer.close()
-    return outcome
 
 
 # --------------------------------------------------------------------------- raw
@@ -228,18 +241,26 @@ def fetched_values(partition: wire.FetchedPartition, fetch_offset: int) -> tuple
     return values, next_offset
 
 
-def run_raw(target: benchnode.Target, run: LatencyRun) -> LatencyOutcome:
-    outcome = LatencyOutcome()
-    fetch = FetchFrame(run.topic, 0, run.fetch_wait_ms)
-    timeout = run.request_timeout_s + run.fetch_wait_ms / 1000
-    with rawkafka.RawConnection(target.host, target.port, timeout_s=timeout) as producer_conn, \
-            rawkafka.RawConnection(target.host, target.port, timeout_s=timeout) as fetch_conn:
+def _raw_timeout_s(run: LatencyRun) -> float:
+    return run.request_timeout_s + run.fetch_wait_ms / 1000
+
+
+@contextlib.contextmanager
+def raw_producer(target: benchnode.Target, run: LatencyRun, outcome: LatencyOutcome) -> Iterator[Sender]:
+    with rawkafka.RawConnection(target.host, target.port, timeout_s=_raw_timeout_s(run)) as producer_conn:
         def send(value: bytes) -> None:
             batch = rawkafka.build_record_batch([value])
             body = rawkafka.produce_body({run.topic: {0: batch}}, acks=1)
             if _produce_error(producer_conn.request(rawkafka.PRODUCE, PRODUCE_VERSION, body), run.topic):
                 outcome.send_errors += 1
 
+        yield send
+
+
+@contextlib.contextmanager
+def raw_consumer(target: benchnode.Target, run: LatencyRun, outcome: LatencyOutcome) -> Iterator[Poller]:
+    fetch = FetchFrame(run.topic, 0, run.fetch_wait_ms)
+    with rawkafka.RawConnection(target.host, target.port, timeout_s=_raw_timeout_s(run)) as fetch_conn:
         next_offset = [0]
 
         def poll_once() -> None:
@@ -252,14 +273,41 @@ def run_raw(target: benchnode.Target, run: LatencyRun) -> LatencyOutcome:
             for value in values:
                 _measure(outcome, value, received_ns)
 
-        _send_and_consume(run, outcome, send, poll_once, timeout)
+        yield poll_once
+
+
+PRODUCERS = {"confluent": confluent_producer, "raw": raw_producer}
+CONSUMERS = {"confluent": confluent_consumer, "raw": raw_consumer}
+
+
+def run_clients(target: benchnode.Target, run: LatencyRun, producer: str, consumer: str) -> LatencyOutcome:
+    """The paced producer of one client library, the long-polling consumer of one (the same or the other)."""
+    outcome = LatencyOutcome()
+    with PRODUCERS[producer](target, run, outcome) as send, CONSUMERS[consumer](target, run, outcome) as poll_once:
+        _send_and_consume(run, outcome, send, poll_once, _raw_timeout_s(run))
     return outcome
+
+
+def run_confluent(target: benchnode.Target, run: LatencyRun) -> LatencyOutcome:
+    return run_clients(target, run, "confluent", "confluent")
+
+
+def run_raw(target: benchnode.Target, run: LatencyRun) -> LatencyOutcome:
+    return run_clients(target, run, "raw", "raw")
+
+
+def client_label(producer: str, consumer: str) -> str:
+    """A row's client: the library, or producer->consumer when they differ."""
+    return producer if producer == consumer else f"{producer}->{consumer}"
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m scripts.e2e_latency", description=__doc__.splitlines()[0])
     benchnode.add_common_arguments(parser, default_seconds=10.0)
     parser.add_argument("--client", choices=("confluent", "raw"), help="default: both")
+    parser.add_argument("--producer-client", choices=tuple(PRODUCERS),
+                        help="with --consumer-client: one run with this producer (where the tail comes from)")
+    parser.add_argument("--consumer-client", choices=tuple(CONSUMERS))
     parser.add_argument("--rate", type=float, default=1000.0, help="records per second (default %(default)s)")
     parser.add_argument("--record-size", type=int, default=100)
     parser.add_argument("--fetch-wait-ms", type=int, default=10_000, help="consumer long-poll wait")
@@ -271,18 +319,22 @@ def main(argv: list[str] | None = None) -> int:
     if args.rate <= 0 or args.seconds <= 0 or args.record_size < STAMP.size or args.fetch_wait_ms < 0 \
             or args.warmup_seconds < 0:
         parser.error(f"--rate and --seconds must be positive, --record-size at least {STAMP.size}")
-    clients = [args.client] if args.client else ["confluent", "raw"]
-    runners: dict[str, Callable[[benchnode.Target, LatencyRun], LatencyOutcome]] = {
-        "confluent": run_confluent, "raw": run_raw}
+    if (args.producer_client is None) != (args.consumer_client is None):
+        parser.error("--producer-client and --consumer-client go together")
+    if args.producer_client:
+        pairs = [(args.producer_client, args.consumer_client)]
+    else:
+        pairs = [(client, client) for client in ([args.client] if args.client else ["confluent", "raw"])]
 
     with benchnode.node_for(args) as target:
-        for client in clients:
-            topic = f"{args.topic}-{client}-{os.getpid()}"
+        for producer, consumer in pairs:
+            client = client_label(producer, consumer)
+            topic = f"{args.topic}-{producer}-{consumer}-{os.getpid()}"
             benchnode.create_topic(target.host, target.port, topic, 1)
             run = LatencyRun(topic, args.rate, args.seconds, args.warmup_seconds, args.record_size, args.fetch_wait_ms)
             recorder.start()
             with benchnode.CpuMeter(target.node) as meter:
-                outcome = runners[client](target, run)
+                outcome = run_clients(target, run, producer, consumer)
             row = benchnode.result_row(
                 SCRIPT, client, outcome.received, outcome.elapsed_s, outcome.received * args.record_size,
                 outcome.latencies_ns, sent=outcome.sent, lost=outcome.sent - outcome.received,

@@ -98,6 +98,15 @@ def test_e2e_latency_both_clients(tmp_path):
         assert row["lost"] == 0 and row["sent"] == row["records"], row
 
 
+
+@pytest.mark.node
+def test_e2e_latency_mixes_one_clients_producer_with_the_others_consumer(tmp_path):
+    (row,) = run_script(tmp_path, "e2e_latency", "--seconds", "1", "--rate", "500", "--warmup-seconds", "0.2",
+                        "--producer-client", "confluent", "--consumer-client", "raw")
+    check_rows([row], "e2e_latency")
+    assert row["client"] == "confluent->raw" and row["lost"] == 0 and row["sent"] == row["records"], row
+
+
 @pytest.mark.node
 def test_consumer_perf_group_of_two_reads_everything_once(tmp_path):
     rows = run_script(tmp_path, "consumer_perf", "--client", "group", "--consumers", "2", "--partitions", "2",
