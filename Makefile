@@ -16,7 +16,8 @@ APT_INSTALL = SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
 .PHONY: run test check docs venv test-venv wheel sysdeps clean install-service uninstall-service redis kafka \
 	librdkafka
 
-# The C compiler and Python headers build shm/_ringops.c, the ring's compiled one-frame paths.
+# The C compiler and Python headers build shm/_ringops.c, the ring's compiled one-frame paths, and
+# workers/codecs/_header.c, the request-header parser.
 HAVE_PY_HEADERS = $(PYTHON) -c "import os, sys, sysconfig; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()['include'], 'Python.h')))"
 PY_DEV_PACKAGE = python$$($(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])')-dev
 
@@ -38,13 +39,13 @@ define NEW_VENV
 	$(PY) -m pip install --quiet --upgrade pip
 endef
 
-$(STAMP): pyproject.toml setup.py shm/_ringops.c
+$(STAMP): pyproject.toml setup.py shm/_ringops.c workers/codecs/_header.c
 	$(NEW_VENV)
 	$(PIP_INSTALL) -e .
 	echo "$(CURDIR)" > "$(SITE_PACKAGES)/shmbroker-checkout.pth"
 	touch $(STAMP)
 
-$(TEST_STAMP): pyproject.toml setup.py shm/_ringops.c
+$(TEST_STAMP): pyproject.toml setup.py shm/_ringops.c workers/codecs/_header.c
 	$(NEW_VENV)
 	$(PIP_INSTALL) -e '.[test,spark]'
 	echo "$(CURDIR)" > "$(SITE_PACKAGES)/shmbroker-checkout.pth"
@@ -90,9 +91,9 @@ librdkafka: test-venv sysdeps
 redis:
 	@{ command -v redis-server >/dev/null 2>&1 && command -v redis-benchmark >/dev/null 2>&1; } || { $(APT_INSTALL) redis-server redis-tools; }
 
-# The wheel users install: every package of the node, the compiled shm._ringops for this Python, no tests or
-# scripts. pip builds it in an isolated environment from the sources, as `pip install .` would; setuptools'
-# build/ goes first, as it keeps files since moved or deleted and would put them in the wheel.
+# The wheel users install: every package of the node, the compiled shm._ringops and workers.codecs._header for
+# this Python, no tests or scripts. pip builds it in an isolated environment from the sources, as `pip install .`
+# would; setuptools' build/ goes first, as it keeps files since moved or deleted and would put them in the wheel.
 WHEEL_DIR ?= dist
 wheel: venv
 	rm -rf $(WHEEL_DIR) build

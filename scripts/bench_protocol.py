@@ -1,9 +1,10 @@
 """Benchmark: kio versus our hot-path codecs (Produce request decode, Fetch response encode, the
 ConsumerGroupHeartbeat answer without an assignment).
 
-Cases: request header parse (kio's bare reader against
-workers.codecs.protocol.parse_request_header, which wraps that same reader: the cost
-of the wrapper), Produce request decode, Produce response build+encode, Fetch
+Cases: request header parse (kio's bare reader of header v1 against
+workers.codecs.protocol.parse_request_header, compiled where it was built: workers/codecs/_header.c; and a
+flexible Fetch's header v2 with the Python parser, which wraps kio's reader, on the "kio" side), Produce request
+decode, Produce response build+encode, Fetch
 response build+encode (kio's side includes the pread its in-memory records
 need; ours leaves the records as file ranges for sendfile).
 
@@ -43,7 +44,7 @@ from shmbroker.workers.codecs.consumer_group_heartbeat import encode_response_wi
 from shmbroker.workers.codecs.fetch import FetchPartitionResult, FetchTopicResult, encode_fetch_response
 from shmbroker.workers.codecs.produce import (ProducePartitionResult, ProduceTopicResult, decode_produce_request,
                                               encode_produce_response)
-from shmbroker.workers.codecs.protocol import parse_request_header
+from shmbroker.workers.codecs.protocol import parse_request_header, parse_request_header_python
 
 RECORD_SIZE = 100
 
@@ -208,6 +209,12 @@ def header_cases() -> tuple[Callable, Callable]:
     return (lambda: read_kio(frame, 0)), (lambda: parse_request_header(frame))
 
 
+def flexible_header_cases() -> tuple[Callable, Callable]:
+    """An idle consumer's long poll: Fetch v12, header v2 (the worker parses one per request)."""
+    frame = memoryview(rawkafka.encode_request(1, 12, 7, b"")[4:])
+    return (lambda: parse_request_header_python(frame)), (lambda: parse_request_header(frame))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m scripts.bench_protocol", description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=7, help="runs per case; the median is reported")
@@ -224,6 +231,7 @@ def main(argv: list[str] | None = None) -> int:
         fd = segment.fileno()
         cases = {
             "request_header_v1": header_cases(),
+            "request_header_v2_fetch_v12": flexible_header_cases(),
             "produce_v8_decode_1x8KiB": produce_cases(1, args.batch_bytes),
             "produce_v8_decode_10x8KiB": produce_cases(10, args.batch_bytes),
             "produce_v8_decode_1x1MiB": produce_cases(1, 1024 * 1024),

@@ -92,6 +92,8 @@ def test_wheel_carries_every_package_and_no_tests(wheel):
     assert in_wheel == _packages_in_checkout()
     assert not [n for n in names if n.startswith(("tests/", "scripts/"))]
     assert [n for n in names if re.fullmatch(r"shmbroker/shm/_ringops\.cpython-.*\.so", n)], "no compiled shm._ringops"
+    assert [n for n in names if re.fullmatch(r"shmbroker/workers/codecs/_header\.cpython-.*\.so", n)], \
+        "no compiled workers.codecs._header"
     assert not [n for n in names if n.split("/")[0] in FOLDERS], "a package installed under its folder's bare name"
     assert not [n for n in names if n.endswith(".c")]
 
@@ -106,7 +108,8 @@ def test_wheel_in_a_fresh_venv_serves_kcat(wheel, work):
     # neither imports them.
     shadowing_folders(elsewhere)
     # The installed tree, not the checkout, is what imports.
-    probe = ("import shmbroker.node.storage, shmbroker.shm._ringops, shmbroker.clients.priority; "
+    probe = ("import shmbroker.node.storage, shmbroker.shm._ringops, shmbroker.workers.codecs._header, "
+             "shmbroker.clients.priority; "
              "print(shmbroker.node.storage.__file__)")
     where = _run([venv / "bin" / "python", "-c", probe], cwd=elsewhere, timeout=60).stdout
     assert str(venv) in where and str(REPO) not in where, where

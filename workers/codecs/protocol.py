@@ -264,13 +264,14 @@ _read_header_v1 = entity_reader(KioRequestHeaderV1)
 _API_KEY_AND_VERSION = struct.Struct(">hh")
 
 
-def parse_request_header(frame: Any) -> RequestHeader:
+def parse_request_header_python(frame: Any) -> RequestHeader:
     """Parse a request header (v1, or v2 for a flexible version) at the start of a frame.
 
     Works for any api key and version (so an unsupported request can still be answered or logged with its
     correlation id); the body offset is exact for every version in SUPPORTED_APIS and for ApiVersions of any
     version. Header v2 is v1 (client_id stays a legacy string) plus a tagged-field section, skipped whole: the
-    node uses none of its tags.
+    node uses none of its tags. `parse_request_header` is the compiled form of this (workers/codecs/_header.c)
+    where it was built, with the same results and the same errors (ProtocolError).
     """
     if len(frame) < _API_KEY_AND_VERSION.size:
         raise ProtocolError(f"request header truncated ({len(frame)} bytes)")
@@ -283,6 +284,17 @@ def parse_request_header(frame: Any) -> RequestHeader:
     if flexible:  # an empty section (one 0 byte) stepped over inline: every request pays this
         size = size + 1 if len(frame) > size and frame[size] == 0 else skip_tagged_fields(frame, size, len(frame))
     return RequestHeader(api_key, api_version, header.correlation_id, header.client_id, size, flexible)
+
+
+_NEVER = 1 << 15  # past every int16 version: an API the node does not serve is read with header v1
+try:
+    from shmbroker.workers.codecs import _header
+except ImportError:  # built without a C compiler (setup.py): the Python parser
+    _header = None
+    parse_request_header = parse_request_header_python
+else:
+    _header.configure(RequestHeader, ProtocolError, FIRST_FLEXIBLE)
+    parse_request_header = _header.parse
 
 
 def _kio_namespace(api_key: int, version: int, entity_type: EntityType) -> ModuleType | SimpleNamespace:
@@ -325,7 +337,6 @@ def _load_codec(api_key: int, version: int) -> Codec:
 # took most of a worker's start (2 s of 2.6 s on a 2-vCPU VM), and a worker meets few of them. The first request
 # of a version pays its import once (milliseconds).
 _CODECS: dict[tuple[int, int], Codec] = {}
-_NEVER = 1 << 15  # past every int16 version: an API the node does not serve is read with header v1
 
 
 def codec(api_key: int, version: int) -> Codec:
