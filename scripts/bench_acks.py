@@ -6,7 +6,9 @@ order, so a drift of the shared machine hits both alike), each measurement one r
 fresh topic per acks). Per point: medians over rounds of records/s, request p50 and p99 for each acks, and
 acks=all / acks=1 (records/s: the median of the rounds' own ratios). Each round's row also gives the timer's and
 the workers' CPU microseconds per Produce request (`timer_us_per_op`, `worker_us_per_op`): under acks=all, the
-timer's is the cost of one produce it holds until its batch is fsynced (acks=1 gives the baseline).
+timer's is the cost of one produce it holds until its batch is fsynced (acks=1 gives the baseline), and
+`timer_loop_us_per_op` its main thread's share: the rest is the group commit's flusher and sync threads, whose
+CPU is almost all the kernel's fdatasync.
 
 Load points (`--points`, NAME=BATCH_BYTESxCONNECTIONSxINFLIGHT):
 - reference: 64,000-byte batches from one producer with 2 requests in flight: Kafka's reference run for

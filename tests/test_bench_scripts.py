@@ -299,6 +299,7 @@ def test_bench_acks_compares_acks_all_with_acks_1(tmp_path):
     assert all(row["requests"] > 0 and row["worker_us_per_op"] > 0 and row["timer_us_per_op"] is not None
                for row in steps), steps
     assert all(row["timer_us_per_op"] > 0 for row in steps if row["acks"] == "all"), steps
+    assert all(0 < row["timer_loop_us_per_op"] <= row["timer_us_per_op"] for row in steps if row["acks"] == "all")
     assert summary["summary"] and summary["point"] == "tiny" and summary["rounds"] == 2
     ratios = [a["records_per_s"] / b["records_per_s"] for a, b in ((steps[0], steps[1]), (steps[3], steps[2]))]
     assert summary["all_over_1"] == pytest.approx(sum(ratios) / 2, abs=1e-3)
