@@ -183,8 +183,8 @@ static PyMethodDef header_methods[] = {
 };
 
 static struct PyModuleDef header_module = {
-    PyModuleDef_HEAD_INIT, "_header", "Compiled request-header parser (see workers/codecs/_header.c).", -1,
-    header_methods,
+    PyModuleDef_HEAD_INIT, "shmbroker.workers.codecs._header",
+    "Compiled request-header parser of workers.codecs.protocol.", -1, header_methods,
 };
 
 PyMODINIT_FUNC
